@@ -1,0 +1,169 @@
+/*
+ * dataplane.h - the only interface between Python and the C engine.
+ *
+ * cffi reads this file verbatim as its cdef (csrc/build_ffi.py strips the
+ * preprocessor lines), so it holds declarations only: no macros with
+ * expressions, no inline code. The loop state is opaque to Python.
+ *
+ * The C side knows nothing of etcd and never opens devices: it is handed a
+ * TUN fd (IFF_TUN|IFF_NO_PI) and a UDP socket fd, and moves raw IPv4 packets
+ * between them. Behaviour (identical in dataplane/engine/pyengine.py):
+ *
+ * TUN -> UDP, per batch (read() until EAGAIN or `batch` packets):
+ *   1. validate: len >= 20, version 4, ihl >= 5, ihl*4 <= len,
+ *      tot_len == len                       else drop_malformed (drop_not_ipv4
+ *                                           when the version nibble is not 4)
+ *   2. look up dst in the route table       miss -> drop_no_route, and ICMP
+ *      net unreachable (3/0) into the TUN unless the offender is ICMP or a
+ *      non-first fragment (then just dropped)
+ *   3. TTL <= 1 -> drop_ttl, and ICMP time exceeded (11/0) into the TUN unless
+ *      the offender is an ICMP error (type 3,4,5,11,12) or a non-first fragment
+ *   4. TTL - 1 with the incremental checksum update (RFC 1624, see below)
+ *   5. queue for one sendmmsg() to peer_ip:port; a message the kernel
+ *      refuses is counted in drop_send_error and the rest are still sent.
+ *
+ * UDP -> TUN, per batch (one recvmmsg(MSG_DONTWAIT) of up to `batch`):
+ *   1. MSG_TRUNC (datagram > mtu)             -> drop_truncated
+ *   2. accept_any == 0 and source IP is not the peer_ip of any route
+ *                                             -> drop_bad_source
+ *   3. len < 20 or ihl < 5 or ihl*4 > len or tot_len != len -> drop_malformed
+ *      (version != 4 -> drop_not_ipv4, checked before the length rules)
+ *   4. TTL <= 1 -> drop_ttl (no ICMP on this side)
+ *   5. TTL - 1, incremental checksum; write() to the TUN. EAGAIN ->
+ *      drop_tun_full, any other error -> drop_tun_error; never retried.
+ *
+ * Checks are made in exactly the order listed; a packet is counted in the
+ * first drop reason it meets and in no other.
+ *
+ * Incremental TTL checksum update (both engines, bit for bit):
+ *   old = ttl << 8 | proto;  new = (ttl - 1) << 8 | proto
+ *   s = (~check & 0xffff) + (~old & 0xffff) + new
+ *   s = (s & 0xffff) + (s >> 16); s = (s & 0xffff) + (s >> 16)
+ *   check = ~s & 0xffff
+ *
+ * Generated ICMP errors (written into the TUN, counted in icmp_unreach_sent
+ * or icmp_ttl_sent; a failed write counts in drop_tun_full/drop_tun_error):
+ *   IPv4: 0x45, tos 0, tot_len 28 + q, id 0, frag 0 (no DF), ttl 64, proto 1,
+ *         full header checksum, src = tun_addr, dst = offender's src
+ *   ICMP: type, code, checksum over the ICMP message, 4 zero bytes, then the
+ *         quote: the offender's first min(len, ihl*4 + 8) bytes (q bytes),
+ *         as read (before any TTL change).
+ *
+ * Byte order: addresses are uint32 in network byte order (as in_addr_t);
+ * ports are host order. Counters are uint64, written only by the loop
+ * thread, readable at any time with dp_loop_stats().
+ */
+#ifndef DATAPLANE_H
+#define DATAPLANE_H
+#include <stdint.h>
+
+enum dp_limits {
+    DP_BATCH_MAX = 256,
+    DP_TRACE_RING = 1024,
+    DP_TRACE_HEAD = 64
+};
+
+/* Route: every packet to net/prefixlen goes to peer_ip:port.
+ * Lookup is longest prefix first, over the distinct prefix lengths present
+ * (flannel uses one), with a hash per length: cost does not grow with peers. */
+typedef struct dp_route {
+    uint32_t net;        /* network order, host bits zero */
+    uint32_t prefixlen;  /* 0..32 */
+    uint32_t peer_ip;    /* network order */
+    uint32_t port;       /* host order */
+} dp_route;
+
+/* Counters. Names match the Python engine's stats() keys one for one.
+ * Append new fields by taking them from `reserved`: the size is fixed. */
+typedef struct dp_stats {
+    uint64_t tun_rx_packets;     /* packets read from the TUN */
+    uint64_t tun_rx_bytes;
+    uint64_t udp_tx_packets;     /* datagrams the kernel accepted */
+    uint64_t udp_tx_bytes;
+    uint64_t udp_rx_packets;     /* datagrams received (before checks) */
+    uint64_t udp_rx_bytes;
+    uint64_t tun_tx_packets;     /* forwarded packets written to the TUN */
+    uint64_t tun_tx_bytes;
+    uint64_t icmp_unreach_sent;
+    uint64_t icmp_ttl_sent;
+    uint64_t drop_no_route;
+    uint64_t drop_ttl;
+    uint64_t drop_malformed;
+    uint64_t drop_not_ipv4;
+    uint64_t drop_truncated;
+    uint64_t drop_bad_source;
+    uint64_t drop_send_error;
+    uint64_t drop_tun_full;
+    uint64_t drop_tun_error;
+    uint64_t syscalls;           /* every syscall the loop made */
+    uint64_t tun_reads;          /* read() calls on the TUN, EAGAIN included */
+    uint64_t tun_writes;
+    uint64_t udp_sends;          /* sendmmsg()/sendto() calls */
+    uint64_t udp_recvs;          /* recvmmsg()/recvfrom() calls, EAGAIN included */
+    uint64_t polls;              /* epoll_wait() calls */
+    uint64_t tx_batches;         /* non-empty TUN->UDP batches */
+    uint64_t rx_batches;         /* non-empty UDP->TUN batches */
+    uint64_t route_swaps;        /* route tables taken into use by the loop */
+    uint64_t reserved[36];
+} dp_stats;
+
+/* Trace events, recorded only while tracing is on (for the demo). */
+enum dp_trace_kind {
+    DP_TR_TUN_READ = 1,    /* len, head: packet as read from the TUN */
+    DP_TR_ROUTE_HIT = 2,   /* addr/port: chosen peer; len = route prefixlen */
+    DP_TR_ROUTE_MISS = 3,  /* addr: the destination that had no route */
+    DP_TR_UDP_SEND = 4,    /* addr/port: peer; len; batch: msgs in that sendmmsg */
+    DP_TR_UDP_RECV = 5,    /* addr/port: source; len; batch: msgs in that recvmmsg; head */
+    DP_TR_TUN_WRITE = 6,   /* len, head: packet as written to the TUN */
+    DP_TR_ICMP = 7,        /* len, head: the ICMP error written to the TUN */
+    DP_TR_DROP = 8         /* len; batch = reason index (dp_stats field order) */
+};
+
+typedef struct dp_trace_event {
+    uint64_t seq;          /* 1, 2, 3, ... per loop */
+    uint64_t ts_ns;        /* CLOCK_MONOTONIC */
+    uint32_t kind;
+    uint32_t len;
+    uint32_t addr;         /* network order */
+    uint32_t port;         /* host order */
+    uint32_t batch;
+    uint32_t head_len;
+    uint8_t head[64];
+} dp_trace_event;
+
+typedef struct dp_loop dp_loop;
+
+/* All functions return 0 (or a count) on success and -errno on failure. */
+
+/* tun_addr: network order; mtu bounds both directions' buffers. The loop
+ * sets O_NONBLOCK on tun_fd; udp_fd keeps its mode (sends may block). */
+int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
+                uint32_t mtu, uint32_t batch, int accept_any);
+
+/* Runs until dp_loop_stop(); call from a dedicated thread. Returns 0 when
+ * stopped, -errno if epoll itself fails. */
+int dp_loop_run(dp_loop *loop);
+
+/* Thread-safe, idempotent; the loop returns within one batch. */
+int dp_loop_stop(dp_loop *loop);
+
+/* Frees everything; the fds are not closed (they belong to the caller).
+ * Only after dp_loop_run() has returned. */
+void dp_loop_free(dp_loop *loop);
+
+/* Thread-safe: builds a new table from n routes and publishes it; the loop
+ * takes it into use before its next packet. The routes array is copied. */
+int dp_loop_set_routes(dp_loop *loop, const dp_route *routes, uint32_t n);
+
+/* Thread-safe snapshot of the counters. */
+int dp_loop_stats(dp_loop *loop, dp_stats *out);
+
+/* Thread-safe on/off switch for the trace ring. */
+int dp_loop_trace(dp_loop *loop, int enable);
+
+/* Copies events with seq > after (oldest first, at most max) into out;
+ * returns how many. Events older than the ring are lost. */
+int dp_loop_trace_read(dp_loop *loop, uint64_t after, dp_trace_event *out,
+                       uint32_t max);
+
+#endif

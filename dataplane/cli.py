@@ -1,0 +1,61 @@
+"""`flannel-udp` / `python -m dataplane`: one subcommand per module in dataplane/commands/.
+
+Each command module has ``HELP`` (one line), ``add_arguments(parser)`` and
+``main(args) -> int``; heavy imports stay inside ``main`` so that ``--help`` is fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from . import __version__
+
+# (subcommand, module under dataplane.commands)
+COMMANDS = [
+    ("run", "run"),
+    ("forward", "forward"),
+    ("demo", "demo"),
+    ("bench", "bench"),
+]
+
+
+def _load(module: str):
+    try:
+        return importlib.import_module(f"dataplane.commands.{module}")
+    except ModuleNotFoundError as e:
+        if e.name == f"dataplane.commands.{module}":
+            return None  # not written yet
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flannel-udp",
+        description="A userspace UDP/TUN overlay: a drop-in for flanneld's udp backend, "
+                    "with a batched C fast path and a pure-Python engine.")
+    p.add_argument("--version", action="version", version=f"flannel-udp {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS:
+        mod = _load(module)
+        if mod is None:
+            continue
+        sp = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(sp)
+        sp.set_defaults(_main=mod.main)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_main", None):
+        parser.print_help()
+        return 2
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            stream=sys.stderr)
+    return int(args._main(args) or 0)

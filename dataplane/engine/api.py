@@ -1,0 +1,124 @@
+"""The engine contract shared by the C engine and the pure-Python engine.
+
+Both engines implement :class:`Engine` with the same behaviour, byte for byte
+and counter for counter; ``csrc/dataplane.h`` is the normative description of
+that behaviour (checks, their order, ICMP, checksums). The Python engine is the
+oracle in the differential tests.
+"""
+from __future__ import annotations
+
+import abc
+import ipaddress
+from dataclasses import dataclass
+
+# Counter names, in dp_stats field order (csrc/dataplane.h). A unit test checks
+# that this list and the header agree.
+STAT_NAMES = (
+    "tun_rx_packets", "tun_rx_bytes",
+    "udp_tx_packets", "udp_tx_bytes",
+    "udp_rx_packets", "udp_rx_bytes",
+    "tun_tx_packets", "tun_tx_bytes",
+    "icmp_unreach_sent", "icmp_ttl_sent",
+    "drop_no_route", "drop_ttl", "drop_malformed", "drop_not_ipv4",
+    "drop_truncated", "drop_bad_source", "drop_send_error",
+    "drop_tun_full", "drop_tun_error",
+    "syscalls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
+    "tx_batches", "rx_batches", "route_swaps",
+)
+# Counters that depend on how an engine batches its syscalls; every other
+# counter must be identical between engines for the same input.
+SYSCALL_STATS = frozenset(
+    {"syscalls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
+     "tx_batches", "rx_batches"})
+DROP_STATS = tuple(n for n in STAT_NAMES if n.startswith("drop_"))
+
+# Trace event kinds (enum dp_trace_kind).
+TRACE_KINDS = {1: "tun_read", 2: "route_hit", 3: "route_miss", 4: "udp_send",
+               5: "udp_recv", 6: "tun_write", 7: "icmp", 8: "drop"}
+TRACE_RING = 1024
+TRACE_HEAD = 64
+BATCH_MAX = 256
+DEFAULT_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Route:
+    """Packets to ``subnet`` go as UDP payload to ``peer_ip:port``."""
+    subnet: ipaddress.IPv4Network
+    peer_ip: ipaddress.IPv4Address
+    port: int
+
+    @classmethod
+    def make(cls, subnet, peer_ip, port: int) -> "Route":
+        return cls(ipaddress.IPv4Network(subnet), ipaddress.IPv4Address(peer_ip), int(port))
+
+
+class EngineClosed(OSError):
+    """Raised by calls on an engine after close()."""
+
+
+class Engine(abc.ABC):
+    """One forwarding loop between a TUN fd and a UDP socket fd.
+
+    The engine is handed open fds and never opens or closes devices; the
+    caller owns the fds. ``start()`` runs the loop in its own thread;
+    ``stop()`` is prompt, thread-safe and idempotent; ``close()`` stops,
+    joins and frees (idempotent too).
+    """
+    name: str = "?"
+
+    def __init__(self, tun_fd: int, udp_fd: int, tun_addr, mtu: int, port: int,
+                 batch: int = DEFAULT_BATCH, accept_any: bool = True):
+        if not 68 <= int(mtu) <= 65535:
+            raise ValueError(f"mtu {mtu} out of range 68..65535")
+        if not 1 <= int(batch) <= BATCH_MAX:
+            raise ValueError(f"batch {batch} out of range 1..{BATCH_MAX}")
+        if not 1 <= int(port) <= 65535:
+            raise ValueError(f"port {port} out of range 1..65535")
+        self.tun_fd = tun_fd
+        self.udp_fd = udp_fd
+        self.tun_addr = ipaddress.IPv4Address(tun_addr)
+        self.mtu = int(mtu)
+        self.port = int(port)
+        self.batch = int(batch)
+        self.accept_any = bool(accept_any)
+
+    @abc.abstractmethod
+    def set_routes(self, routes) -> None:
+        """Replace the whole route table atomically (iterable of Route)."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start the loop in a new thread."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Ask the loop to stop; returns at once."""
+
+    @abc.abstractmethod
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the loop thread; True if it has ended."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """stop() + join() + free; idempotent."""
+
+    @abc.abstractmethod
+    def stats(self) -> dict:
+        """Counters as {name: int} for every name in STAT_NAMES."""
+
+    @abc.abstractmethod
+    def trace(self, enable: bool) -> None:
+        """Switch the trace ring on or off."""
+
+    @abc.abstractmethod
+    def trace_events(self, after: int = 0) -> list:
+        """Events with seq > after, oldest first, as dicts with keys
+        seq, ts_ns, kind (name from TRACE_KINDS), len, addr (str), port,
+        batch, head (bytes)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
