@@ -1,0 +1,44 @@
+"""`flannel-udp run`: the daemon, a drop-in for `flanneld` with the udp backend."""
+from __future__ import annotations
+
+import logging
+import sys
+
+from .. import flags
+
+HELP = "run the overlay daemon (flanneld-compatible flags; a drop-in for flanneld's udp backend)"
+DESCRIPTION = """\
+Run the overlay daemon: a drop-in for flanneld with the udp backend.
+
+Takes flanneld's flags, with flanneld's names, meanings and defaults, written
+as --flag, --flag=value, -flag or -flag=value (Go style), each also settable
+as a FLANNELD_<FLAG> environment variable when not on the command line
+(FLANNELD_ETCD_ENDPOINTS, FLANNELD_IFACE, FLANNELD_IP_MASQ, ...).
+
+Example (the same command line as flanneld's):
+  flannel-udp run -etcd-endpoints=http://10.0.0.1:2379 -iface=eth0 -ip-masq
+"""
+
+
+def add_arguments(parser) -> None:
+    flags.add_arguments(parser)
+    parser.set_defaults(_parser=parser)
+
+
+def main(args) -> int:
+    if getattr(args, "_version", False):
+        flags.print_version()
+        return 0
+    try:
+        opts = flags.resolve(args)
+    except flags.FlagError as e:
+        prog = args._parser.prog if getattr(args, "_parser", None) else "flannel-udp run"
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    root = logging.getLogger()
+    if opts.v >= 2:
+        root.setLevel(logging.DEBUG)
+    for w in opts.warnings:
+        logging.getLogger("dataplane.daemon").warning("%s", w)
+    from ..daemon import Daemon
+    return Daemon(opts).run()
