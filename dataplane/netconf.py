@@ -1,0 +1,97 @@
+"""Netlink configuration of the TUN device and lookups of interfaces (pyroute2).
+
+What flanneld does after opening the TUN (FLANNEL_COMPAT.md §1.2): address
+``<lease network>/32``, MTU = external interface MTU - 28, link up, then one
+route ``<Network> dev flannel0`` (EEXIST ignored).
+
+All functions use pyroute2's *synchronous* ``IPRoute`` and act on the network
+namespace of the calling thread. pyroute2 0.9's sync API must not be called
+from a thread that runs an asyncio loop; from a coroutine use
+``await asyncio.to_thread(configure_tun, ...)``. We check and raise a clear
+error rather than failing somewhere inside pyroute2.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+ENCAP_OVERHEAD = 28  # outer IPv4 header (20) + UDP header (8), flanneld's encapOverhead
+
+
+def _ipr() -> IPRoute:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return IPRoute()
+    raise RuntimeError("dataplane.netconf uses pyroute2's sync IPRoute, which must not run inside "
+                       "an asyncio loop: call it with asyncio.to_thread(...)")
+
+
+def _index(ipr: IPRoute, name: str) -> int:
+    idx = ipr.link_lookup(ifname=name)
+    if not idx:
+        raise OSError(errno.ENODEV, f"no such network interface: {name}")
+    return idx[0]
+
+
+def configure_tun(name: str, addr, mtu: int) -> None:
+    """Give ``name`` the address ``addr`` (``"10.5.84.0/32"``, an
+    IPv4Interface, or a bare address meaning /32), set its MTU and bring it up.
+    An address that is already there is not an error (idempotent)."""
+    iface = ipaddress.IPv4Interface(addr)
+    with _ipr() as ipr:
+        idx = _index(ipr, name)
+        try:
+            ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
+        except NetlinkError as e:
+            if e.code != errno.EEXIST:
+                raise
+        ipr.link("set", index=idx, mtu=int(mtu))
+        ipr.link("set", index=idx, state="up")
+
+
+def add_network_route(network, dev: str) -> bool:
+    """Add ``<network> dev <dev>`` (scope universe, no src, as flanneld).
+    Returns False if the route already existed (EEXIST is ignored)."""
+    net = ipaddress.IPv4Network(network)
+    with _ipr() as ipr:
+        idx = _index(ipr, dev)
+        try:
+            # proto boot, as `ip route add` and flanneld (vishvananda/netlink) send it.
+            ipr.route("add", dst=str(net), oif=idx, proto=3)
+        except NetlinkError as e:
+            if e.code != errno.EEXIST:
+                raise
+            return False
+    return True
+
+
+def iface_mtu(name: str) -> int:
+    """MTU of the interface called ``name``."""
+    with _ipr() as ipr:
+        link = ipr.get_links(_index(ipr, name))[0]
+        return int(link.get("mtu"))
+
+
+def iface_for_addr(ip) -> str:
+    """Name of the interface that holds the IPv4 address ``ip``."""
+    ip = str(ipaddress.IPv4Address(ip))
+    with _ipr() as ipr:
+        for msg in ipr.get_addr(family=2):
+            if msg.get("IFA_LOCAL") == ip or msg.get("IFA_ADDRESS") == ip:
+                return ipr.get_links(msg["index"])[0].get("ifname")
+    raise OSError(errno.EADDRNOTAVAIL, f"no interface has the address {ip}")
+
+
+def mtu_for_addr(ip) -> int:
+    """MTU of the interface that holds ``ip`` (the external interface)."""
+    return iface_mtu(iface_for_addr(ip))
+
+
+def tun_mtu_for_addr(ip) -> int:
+    """flannel0's MTU for an external interface holding ``ip``: its MTU - 28."""
+    return mtu_for_addr(ip) - ENCAP_OVERHEAD

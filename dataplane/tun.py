@@ -1,0 +1,52 @@
+"""Opening the TUN device the way flanneld does (FLANNEL_COMPAT.md §1.2).
+
+``open("/dev/net/tun")`` + ``ioctl(TUNSETIFF)`` with ``IFF_TUN|IFF_NO_PI``.
+The device is *not* persistent: it exists for as long as this fd (or a dup of
+it) is open, so closing the fd - or the process exiting - removes it. That is
+why we do not use pyroute2's ``tuntap`` (it makes a persistent device that
+outlives the daemon).
+
+The device is created in the network namespace of the calling thread; to get
+it inside a test namespace, run the opener inside it (``ip netns exec``).
+Address, MTU, link state and routes are set by :mod:`dataplane.netconf`.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+
+TUN_PATH = "/dev/net/tun"
+
+# <linux/if_tun.h>
+TUNSETIFF = 0x400454CA          # _IOW('T', 202, int)
+IFF_TUN = 0x0001
+IFF_NO_PI = 0x1000
+IFNAMSIZ = 16
+
+# struct ifreq is 40 bytes on 64-bit Linux: ifr_name[16], then a union whose
+# first member we use is `short ifr_flags`.
+_IFREQ = struct.Struct("16sH22x")
+
+
+def open_tun(name_template: str = "flannel%d", *, nonblock: bool = True) -> tuple[int, str]:
+    """Create a TUN device and return ``(fd, name)``.
+
+    ``name_template`` may contain ``%d`` for the kernel to pick the first free
+    number (``flannel%d`` -> ``flannel0``), or be a fixed name. The fd is
+    close-on-exec and, by default, non-blocking (the engines read the TUN until
+    EAGAIN). Raises OSError (EPERM without CAP_NET_ADMIN, ENOENT without
+    /dev/net/tun, EBUSY/EINVAL for a name in use by another kind of device).
+    """
+    raw = name_template.encode()
+    if not raw or len(raw) >= IFNAMSIZ:
+        raise ValueError(f"TUN name template {name_template!r} must be 1..{IFNAMSIZ - 1} bytes")
+    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_NONBLOCK if nonblock else 0)
+    fd = os.open(TUN_PATH, flags)
+    try:
+        ifr = fcntl.ioctl(fd, TUNSETIFF, _IFREQ.pack(raw, IFF_TUN | IFF_NO_PI))
+    except BaseException:
+        os.close(fd)
+        raise
+    name = _IFREQ.unpack(ifr)[0].split(b"\0", 1)[0].decode()
+    return fd, name
