@@ -1,0 +1,271 @@
+"""External interface selection, with flanneld's rules.
+
+The external interface carries the encapsulated traffic: the UDP socket is
+bound to its address, flannel0's MTU is its MTU - 28, and (unless
+``--public-ip``) its address is the PublicIP of this host's lease.
+
+Rules (flanneld ``main.go`` / ``LookupExtIface``), in order:
+
+1. no ``--iface``/``--iface-regex``/``--iface-can-reach``: the interface that
+   holds ``--public-ip`` if given, else the interface of the IPv4 default route
+   of the main table;
+2. otherwise each ``--iface`` in order (an IP selects the interface holding
+   it, with that address; anything else is a name), first found wins; then
+   each ``--iface-regex`` in order, matched against every interface's IPv4
+   addresses first, then against the interface names; then
+   ``--iface-can-reach`` (the interface ``ip route get IP`` would use, with
+   the route's source address). Nothing found is an error.
+
+The address is the first global-unicast IPv4 address of the interface (in
+Go's sense: not 0/8-unspecified, loopback, link-local, multicast or
+broadcast; private ranges count), unless a rule chose one.
+
+Netlink access goes through :class:`NetlinkView` so the rules can be tested
+without root against a fake (:class:`StaticView`).
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import socket
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+ENCAP_OVERHEAD = 28  # 20 bytes outer IPv4 + 8 bytes UDP (flanneld's encapOverhead)
+
+
+class IfaceError(RuntimeError):
+    """No usable external interface; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    index: int
+    mtu: int
+    addrs: tuple = ()       # IPv4 addresses as strings, in kernel order
+
+
+@dataclass(frozen=True)
+class ExternalInterface:
+    name: str
+    index: int
+    mtu: int
+    iface_addr: ipaddress.IPv4Address   # the UDP socket binds here
+    ext_addr: ipaddress.IPv4Address     # PublicIP written into the lease
+
+    @property
+    def tun_mtu(self) -> int:
+        return self.mtu - ENCAP_OVERHEAD
+
+
+def is_global_unicast(addr) -> bool:
+    """Go's net.IP.IsGlobalUnicast for IPv4 (private ranges included)."""
+    a = ipaddress.IPv4Address(addr)
+    return not (a.is_unspecified or a.is_loopback or a.is_link_local or a.is_multicast
+                or a == ipaddress.IPv4Address("255.255.255.255"))
+
+
+def first_global_ipv4(link: Link):
+    for a in link.addrs:
+        if is_global_unicast(a):
+            return ipaddress.IPv4Address(a)
+    return None
+
+
+# --------------------------------------------------------------------------
+# netlink views
+
+class NetlinkView:
+    """What the rules need from the kernel, read with pyroute2 (no root needed)."""
+
+    def __init__(self):
+        from pyroute2 import IPRoute  # sync API: never call inside a running asyncio loop
+        self._ipr = IPRoute()
+
+    def close(self):
+        self._ipr.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def links(self) -> list[Link]:
+        addrs: dict[int, list[str]] = {}
+        for a in self._ipr.get_addr(family=socket.AF_INET):
+            ip = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
+            if ip:
+                addrs.setdefault(a["index"], []).append(ip)
+        out = []
+        for ln in self._ipr.get_links():
+            idx = ln["index"]
+            out.append(Link(ln.get_attr("IFLA_IFNAME"), idx, int(ln.get_attr("IFLA_MTU") or 0),
+                            tuple(addrs.get(idx, ()))))
+        out.sort(key=lambda l: l.index)
+        return out
+
+    def default_route_ifindex(self):
+        for r in self._ipr.get_default_routes(family=socket.AF_INET, table=254):
+            oif = r.get_attr("RTA_OIF")
+            if oif:
+                return int(oif)
+            mp = r.get_attr("RTA_MULTIPATH")
+            if mp:
+                return int(mp[0]["oif"])
+        return None
+
+    def route_get(self, dst: str):
+        """(ifindex, preferred source or None) of `ip route get dst`."""
+        for r in self._ipr.route("get", dst=dst):
+            return int(r.get_attr("RTA_OIF")), r.get_attr("RTA_PREFSRC")
+        return None, None
+
+
+@dataclass
+class StaticView:
+    """A fixed view for tests: links, default route interface, route_get map."""
+    links_: list = field(default_factory=list)
+    default_ifindex: int | None = None
+    routes: dict = field(default_factory=dict)   # dst ip -> (ifindex, src)
+
+    def links(self):
+        return list(self.links_)
+
+    def default_route_ifindex(self):
+        return self.default_ifindex
+
+    def route_get(self, dst):
+        if dst not in self.routes:
+            raise OSError(101, "Network is unreachable")
+        return self.routes[dst]
+
+    def close(self):
+        pass
+
+
+# --------------------------------------------------------------------------
+# the rules
+
+def _describe(links) -> str:
+    return ", ".join(f"{l.name}:{first_global_ipv4(l) or '-'}" for l in links)
+
+
+def _by_ip(links, ip: str):
+    for l in links:
+        if ip in l.addrs:
+            return l, ipaddress.IPv4Address(ip)
+    return None, None
+
+
+def _lookup_one(links, view, iface: str = "", regex: str = "", can_reach: str = ""):
+    """One LookupExtIface call: returns (link, addr or None) or raises IfaceError."""
+    if iface:
+        try:
+            ipaddress.IPv4Address(iface)
+            is_ip = True
+        except ValueError:
+            is_ip = False
+        if is_ip:
+            link, addr = _by_ip(links, iface)
+            if link is None:
+                raise IfaceError(f"no interface has the address {iface}")
+            return link, addr
+        for l in links:
+            if l.name == iface:
+                return l, None
+        raise IfaceError(f"no interface named {iface}")
+    if regex:
+        rx = re.compile(regex)
+        for l in links:                 # IPs first ...
+            for a in l.addrs:
+                if rx.search(a):
+                    return l, ipaddress.IPv4Address(a)
+        for l in links:                 # ... then names
+            if rx.search(l.name):
+                return l, None
+        raise IfaceError(f"could not match pattern {regex} to any of the available network "
+                         f"interfaces ({_describe(links)})")
+    if can_reach:
+        try:
+            idx, src = view.route_get(can_reach)
+        except OSError as e:
+            raise IfaceError(f"failed to get the interface that can reach {can_reach}: {e}") from None
+        for l in links:
+            if l.index == idx:
+                return l, ipaddress.IPv4Address(src) if src else None
+        raise IfaceError(f"no interface found to reach {can_reach}")
+    idx = view.default_route_ifindex()
+    if idx is None:
+        raise IfaceError("unable to find the default route: give --iface NAME (or IP), "
+                         "--iface-regex or --iface-can-reach")
+    for l in links:
+        if l.index == idx:
+            return l, None
+    raise IfaceError(f"the default route's interface (index {idx}) was not found")
+
+
+def _finish(link: Link, addr, public_ip: str) -> ExternalInterface:
+    if not link.mtu:
+        raise IfaceError(f"failed to determine the MTU of {link.name}")
+    if addr is None:
+        addr = first_global_ipv4(link)
+        if addr is None:
+            raise IfaceError(f"failed to find an IPv4 address for interface {link.name}: "
+                             "give it an address or choose another with --iface")
+    ext = ipaddress.IPv4Address(public_ip) if public_ip else addr
+    return ExternalInterface(link.name, link.index, link.mtu, addr, ext)
+
+
+def select_interface(ifaces=(), regexes=(), can_reach: str = "", public_ip: str = "",
+                     view=None) -> ExternalInterface:
+    """Pick the external interface with flanneld's rules (see the module doc)."""
+    own_view = view is None
+    view = view if view is not None else NetlinkView()
+    try:
+        links = view.links()
+        if not ifaces and not regexes and not can_reach:
+            if public_ip:
+                log.info("Searching for the interface that holds --public-ip %s", public_ip)
+                link, addr = _lookup_one(links, view, iface=public_ip)
+            else:
+                log.info("Determining IP address of default interface")
+                link, addr = _lookup_one(links, view)
+            ext = _finish(link, addr, public_ip)
+        else:
+            ext = None
+            errors = []
+            for name in ifaces:
+                try:
+                    ext = _finish(*_lookup_one(links, view, iface=name), public_ip)
+                    break
+                except IfaceError as e:
+                    log.info("Could not find a valid interface matching %s: %s", name, e)
+                    errors.append(f"--iface {name}: {e}")
+            if ext is None:
+                for rx in regexes:
+                    try:
+                        ext = _finish(*_lookup_one(links, view, regex=rx), public_ip)
+                        break
+                    except IfaceError as e:
+                        log.info("Could not find a valid interface matching %s: %s", rx, e)
+                        errors.append(f"--iface-regex {rx}: {e}")
+            if ext is None and can_reach:
+                try:
+                    ext = _finish(*_lookup_one(links, view, can_reach=can_reach), public_ip)
+                except IfaceError as e:
+                    errors.append(f"--iface-can-reach {can_reach}: {e}")
+            if ext is None:
+                raise IfaceError("failed to find an interface that matches the interfaces and/or "
+                                 "regexes provided (" + "; ".join(errors) + "); available: "
+                                 + _describe(links))
+    finally:
+        if own_view:
+            view.close()
+    log.info("Using interface with name %s and address %s", ext.name, ext.iface_addr)
+    if ext.ext_addr != ext.iface_addr:
+        log.info("Using %s as external address (--public-ip)", ext.ext_addr)
+    return ext
