@@ -1,0 +1,314 @@
+"""The flannel network config (`<prefix>/config` in etcd), parsed and checked exactly as flanneld does.
+
+Behaviour follows flannel v0.20.2 `subnet/config.go` (`ParseConfig`, `CheckNetworkConfig`) and the udp
+backend's `Port` parsing; see /work/shared/FLANNEL_COMPAT.md §4. Error texts are flanneld's own where it
+has one, so an operator sees the message they already know.
+
+Go's `encoding/json` semantics are mirrored where they matter:
+* object keys match struct fields case-insensitively; unknown keys are ignored; a later duplicate wins;
+* a wrong JSON type for a field is an error (`json: cannot unmarshal ...`);
+* `Backend` absent -> backend `udp`; `Backend` present -> its `Type` (may be empty -> unknown backend).
+
+This daemon runs only the udp backend and forwards IPv4 only, so two extra checks come after flanneld's:
+a non-udp backend type and an IPv6-only config are rejected with a message that says so.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from typing import Any, Optional
+
+log = logging.getLogger(__name__)
+
+DEFAULT_UDP_PORT = 8285
+SUPPORTED_BACKENDS = ("udp",)
+
+
+class ConfigError(ValueError):
+    """The network config is missing, malformed or rejected; str() is the operator-facing message."""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    network: Optional[IPv4Network]
+    subnet_len: int
+    subnet_min: Optional[IPv4Address]
+    subnet_max: Optional[IPv4Address]
+    backend_type: str = "udp"
+    backend_port: int = DEFAULT_UDP_PORT
+    enable_ipv4: bool = True
+    enable_ipv6: bool = False
+    ipv6_network: Optional[IPv6Network] = None
+    ipv6_subnet_len: int = 0
+    ipv6_subnet_min: Optional[IPv6Address] = None
+    ipv6_subnet_max: Optional[IPv6Address] = None
+    backend: Optional[dict] = None          # the raw Backend object, for logging
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def subnet_size(self) -> int:
+        return 1 << (32 - self.subnet_len)
+
+    def subnet_compatible(self, subnet: IPv4Network) -> bool:
+        """flanneld's `isSubnetConfigCompat`: inside [SubnetMin, SubnetMax] with the configured length."""
+        if self.network is None or self.subnet_min is None or self.subnet_max is None:
+            return False
+        return (subnet.prefixlen == self.subnet_len
+                and self.subnet_min <= subnet.network_address <= self.subnet_max)
+
+
+# Go field name -> (kind). Matching is case-insensitive, as encoding/json does.
+_FIELDS = {
+    "EnableIPv4": "bool", "EnableIPv6": "bool",
+    "Network": "cidr4", "IPv6Network": "cidr6",
+    "Networks": "cidr4list", "IPv6Networks": "cidr6list",
+    "SubnetMin": "ip4", "SubnetMax": "ip4",
+    "IPv6SubnetMin": "ip6", "IPv6SubnetMax": "ip6",
+    "SubnetLen": "uint", "IPv6SubnetLen": "uint",
+    "Backend": "raw",
+}
+_FIELDS_LOWER = {k.lower(): k for k in _FIELDS}
+
+_GO_TYPES = {"bool": "bool", "uint": "uint", "cidr4": "ip.IP4Net", "cidr6": "ip.IP6Net",
+             "cidr4list": "[]ip.IP4Net", "cidr6list": "[]ip.IP6Net", "ip4": "ip.IP4", "ip6": "ip.IP6"}
+
+
+def _json_kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return "null"
+
+
+def _unmarshal_error(name: str, kind: str, v: Any) -> ConfigError:
+    shown = _json_kind(v)
+    if shown == "number":
+        shown = f"number {v}"
+    return ConfigError(f"json: cannot unmarshal {shown} into Go struct field Config.{name} of type {_GO_TYPES[kind]}")
+
+
+def _parse_cidr4(text: str) -> IPv4Network:
+    try:
+        net = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise ConfigError(f"invalid CIDR address: {text}") from None
+    if "/" not in text or not isinstance(net, IPv4Network):
+        raise ConfigError(f"invalid CIDR address: {text}")
+    return net
+
+
+def _parse_cidr6(text: str) -> IPv6Network:
+    try:
+        net = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise ConfigError(f"invalid CIDR address: {text}") from None
+    if "/" not in text or not isinstance(net, IPv6Network):
+        raise ConfigError(f"invalid CIDR address: {text}")
+    return net
+
+
+def _convert(name: str, kind: str, v: Any) -> Any:
+    """Decode one field's JSON value as Go would into flannel's Config struct; null leaves the default."""
+    if v is None:
+        return None
+    if kind == "raw":
+        return v
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise _unmarshal_error(name, kind, v)
+        return v
+    if kind == "uint":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 0:
+            raise _unmarshal_error(name, kind, v)
+        return int(v)
+    if kind in ("cidr4list", "cidr6list"):
+        if not isinstance(v, list):
+            raise _unmarshal_error(name, kind, v)
+        one = "cidr4" if kind == "cidr4list" else "cidr6"
+        return [_convert(name, one, item) for item in v if item is not None]
+    if not isinstance(v, str):
+        raise _unmarshal_error(name, kind, v)
+    if kind == "cidr4":
+        return _parse_cidr4(v)
+    if kind == "cidr6":
+        return _parse_cidr6(v)
+    try:
+        addr = ipaddress.ip_address(v)
+    except ValueError:
+        raise ConfigError("Invalid IP address format") from None
+    if kind == "ip4":
+        if not isinstance(addr, IPv4Address):
+            raise ConfigError("Invalid IP address format")
+        return addr
+    if not isinstance(addr, IPv6Address):
+        raise ConfigError("Invalid IP address format")
+    return addr
+
+
+def _decode_fields(doc: dict) -> dict:
+    out: dict = {}
+    for key, value in doc.items():      # dict keeps document order: a later duplicate wins, as in Go
+        name = _FIELDS_LOWER.get(key.lower())
+        if name is None:
+            continue
+        converted = _convert(name, _FIELDS[name], value)
+        if converted is None and _FIELDS[name] != "raw":
+            continue
+        out[name] = converted
+    return out
+
+
+def _backend(fields: dict) -> tuple[str, int, Optional[dict]]:
+    """`parseBackendType` plus the udp backend's own `{"Port": int}` decoding."""
+    if "Backend" not in fields:
+        return "udp", DEFAULT_UDP_PORT, None
+    be = fields["Backend"]
+    if be is None:                       # JSON null decodes into an empty struct: Type ""
+        return "", DEFAULT_UDP_PORT, None
+    if not isinstance(be, dict):
+        raise ConfigError("error decoding Backend property of config: json: cannot unmarshal "
+                          f"{_json_kind(be)} into Go value of type struct {{ Type string }}")
+    btype, port = "", DEFAULT_UDP_PORT
+    for key, value in be.items():
+        low = key.lower()
+        if low == "type":
+            if value is not None and not isinstance(value, str):
+                raise ConfigError("error decoding Backend property of config: json: cannot unmarshal "
+                                  f"{_json_kind(value)} into Go struct field .Type of type string")
+            btype = value or ""
+        elif low == "port":
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+                raise ConfigError("error decoding UDP backend config: json: cannot unmarshal "
+                                  f"{_json_kind(value)} into Go struct field .Port of type int")
+            port = int(value)
+    return btype, port, be
+
+
+def _check_ipv4(network: Optional[IPv4Network], subnet_len: int,
+                smin: Optional[IPv4Address], smax: Optional[IPv4Address]):
+    """flanneld's `CheckNetworkConfig`, IPv4 half. Returns (subnet_len, subnet_min, subnet_max)."""
+    if network is None:
+        raise ConfigError("please define a correct Network parameter in the flannel config")
+    plen = network.prefixlen
+    if subnet_len > 0:
+        if subnet_len > 30:
+            raise ConfigError("SubnetLen must be less than /31")
+        if subnet_len < plen + 2:
+            raise ConfigError("network must be able to accommodate at least four subnets")
+    else:
+        if plen > 28:
+            raise ConfigError("network is too small. Minimum useful network prefix is /28")
+        subnet_len = 24 if plen <= 22 else plen + 2
+    size = 1 << (32 - subnet_len)
+    net_ip = int(network.network_address)
+    # An explicit 0.0.0.0 counts as unset (Go compares against the zero IP4).
+    if smin is None or int(smin) == 0:
+        smin = IPv4Address(net_ip + size)
+    elif smin not in network:
+        raise ConfigError("SubnetMin is not in the range of the Network")
+    if smax is None or int(smax) == 0:
+        smax = IPv4Address(net_ip + network.num_addresses - size)
+    elif smax not in network:
+        raise ConfigError("SubnetMax is not in the range of the Network")
+    mask = (0xFFFFFFFF << (32 - subnet_len)) & 0xFFFFFFFF
+    if int(smin) & mask != int(smin):
+        raise ConfigError(f"SubnetMin is not on a SubnetLen boundary: {smin}")
+    if int(smax) & mask != int(smax):
+        raise ConfigError(f"SubnetMax is not on a SubnetLen boundary: {smax}")
+    return subnet_len, smin, smax
+
+
+def _check_ipv6(network: Optional[IPv6Network], subnet_len: int,
+                smin: Optional[IPv6Address], smax: Optional[IPv6Address]):
+    """The IPv6 half of `CheckNetworkConfig` (/127, /124 minimum, default /64)."""
+    if network is None:
+        raise ConfigError("please define a correct IPv6Network parameter in the flannel config")
+    plen = network.prefixlen
+    if subnet_len > 0:
+        if subnet_len > 126:
+            raise ConfigError("SubnetLen must be less than /127")
+        if subnet_len < plen + 2:
+            raise ConfigError("network must be able to accommodate at least four subnets")
+    else:
+        if plen > 124:
+            raise ConfigError("IPv6Network is too small. Minimum useful network prefix is /124")
+        subnet_len = 64 if plen <= 62 else plen + 2
+    size = 1 << (128 - subnet_len)
+    net_ip = int(network.network_address)
+    if smin is None or int(smin) == 0:
+        smin = IPv6Address(net_ip + size)
+    elif smin not in network:
+        raise ConfigError("IPv6SubnetMin is not in the range of the IPv6Network")
+    if smax is None or int(smax) == 0:
+        smax = IPv6Address(net_ip + network.num_addresses - size)
+    elif smax not in network:
+        raise ConfigError("IPv6SubnetMax is not in the range of the IPv6Network")
+    mask = ((1 << 128) - 1) ^ (size - 1)
+    if int(smin) & mask != int(smin):
+        raise ConfigError(f"IPv6SubnetMin is not on a IPv6SubnetLen boundary: {smin}")
+    if int(smax) & mask != int(smax):
+        raise ConfigError(f"IPv6SubnetMax is not on a IPv6SubnetLen boundary: {smax}")
+    return subnet_len, smin, smax
+
+
+def parse_config(text: "str | bytes") -> NetworkConfig:
+    """Parse and check a flannel network config; raise ConfigError with flanneld's message on failure."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"invalid JSON in network config: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"json: cannot unmarshal {_json_kind(doc)} into Go value of type subnet.Config")
+    f = _decode_fields(doc)
+    btype, port, be = _backend(f)
+    enable4 = f.get("EnableIPv4", True)
+    enable6 = f.get("EnableIPv6", False)
+
+    network = f.get("Network")
+    if f.get("Networks"):
+        network = network or f["Networks"][0]
+    net6 = f.get("IPv6Network")
+    if f.get("IPv6Networks"):
+        net6 = net6 or f["IPv6Networks"][0]
+
+    subnet_len, smin, smax = f.get("SubnetLen", 0), f.get("SubnetMin"), f.get("SubnetMax")
+    if enable4:
+        subnet_len, smin, smax = _check_ipv4(network, subnet_len, smin, smax)
+    len6, min6, max6 = f.get("IPv6SubnetLen", 0), f.get("IPv6SubnetMin"), f.get("IPv6SubnetMax")
+    if enable6:
+        len6, min6, max6 = _check_ipv6(net6, len6, min6, max6)
+
+    # Checks of this daemon, after flanneld's own.
+    if not enable4 and not enable6:
+        raise ConfigError("none defined stack: the config enables neither IPv4 nor IPv6")
+    if not enable4:
+        raise ConfigError("IPv6-only network config is not supported: the udp backend forwards IPv4 only "
+                          "(set EnableIPv4 and Network)")
+    if btype.lower() not in SUPPORTED_BACKENDS:
+        raise ConfigError(f"unknown backend type: {btype} (this daemon runs only the "
+                          f"{', '.join(SUPPORTED_BACKENDS)} backend)")
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"error decoding UDP backend config: Port {port} is not in 1..65535")
+    if enable6:
+        log.warning("EnableIPv6 is set, but the udp backend forwards IPv4 only: IPv6 is ignored")
+
+    return NetworkConfig(
+        network=network, subnet_len=subnet_len, subnet_min=smin, subnet_max=smax,
+        backend_type=btype, backend_port=port, enable_ipv4=enable4, enable_ipv6=enable6,
+        ipv6_network=net6, ipv6_subnet_len=len6, ipv6_subnet_min=min6, ipv6_subnet_max=max6,
+        backend=be, raw=doc,
+    )

@@ -1,0 +1,122 @@
+"""Subnet leases as flanneld stores them in etcd: key names and the JSON value.
+
+* Key: `<prefix>/subnets/<a.b.c.d>-<len>`, with dual stack `<a.b.c.d>-<len>&<v6>-<len6>` (`MakeSubnetKey`,
+  `ParseSubnetKey` in flannel `subnet/subnet.go`).
+* Value (`LeaseAttrs`): the udp backend writes exactly `{"PublicIP":"1.2.3.4","PublicIPv6":null}` (Go's
+  `json.Marshal`, no spaces, `PublicIPv6` without omitempty). Other backends add `BackendType`,
+  `BackendData`, `BackendV6Data`; reading tolerates them (and Go's case-insensitive key matching).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from typing import Any, Optional
+
+# flanneld's ParseSubnetKey, with the dots escaped and the match anchored to the whole name.
+_KEY_RE = re.compile(r"^(\d+\.\d+\.\d+\.\d+)-(\d+)(?:&([a-fA-F\d:]+)-(\d+))?$")
+
+
+class LeaseFormatError(ValueError):
+    """A lease key or value that cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class LeaseAttrs:
+    public_ip: IPv4Address
+    public_ipv6: Optional[IPv6Address] = None
+    backend_type: Optional[str] = None
+    backend_data: Any = None           # decoded JSON, kept only to be tolerant and for logs
+    backend_v6_data: Any = None
+
+    def to_json(self) -> bytes:
+        """Bytes exactly as flanneld's udp backend writes them (field order and spacing of Go's encoder)."""
+        doc: dict = {"PublicIP": str(self.public_ip),
+                     "PublicIPv6": str(self.public_ipv6) if self.public_ipv6 is not None else None}
+        if self.backend_type:
+            doc["BackendType"] = self.backend_type
+        if self.backend_data is not None:
+            doc["BackendData"] = self.backend_data
+        if self.backend_v6_data is not None:
+            doc["BackendV6Data"] = self.backend_v6_data
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: "bytes | str") -> "LeaseAttrs":
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise LeaseFormatError(f"lease value is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise LeaseFormatError("lease value is not a JSON object")
+        fields: dict = {}
+        for key, value in doc.items():          # Go matches field names case-insensitively
+            fields[key.lower()] = value
+        pub = fields.get("publicip")
+        if not isinstance(pub, str):
+            raise LeaseFormatError(f"lease value has no PublicIP: {raw!r}")
+        try:
+            public_ip = IPv4Address(pub)
+        except ValueError:
+            raise LeaseFormatError(f"lease PublicIP is not an IPv4 address: {pub!r}") from None
+        pub6 = fields.get("publicipv6")
+        public_ipv6 = None
+        if isinstance(pub6, str) and pub6:
+            try:
+                public_ipv6 = IPv6Address(pub6)
+            except ValueError:
+                raise LeaseFormatError(f"lease PublicIPv6 is not an IPv6 address: {pub6!r}") from None
+        btype = fields.get("backendtype")
+        return cls(public_ip=public_ip, public_ipv6=public_ipv6,
+                   backend_type=btype if isinstance(btype, str) and btype else None,
+                   backend_data=fields.get("backenddata"),
+                   backend_v6_data=fields.get("backendv6data"))
+
+
+@dataclass(frozen=True)
+class Lease:
+    subnet: IPv4Network
+    attrs: LeaseAttrs
+    ipv6_subnet: Optional[IPv6Network] = None
+    expiration: Optional[float] = None       # unix time; None if unknown (not looked up)
+    lease_id: int = 0                        # the etcd lease the key is attached to, 0 if none
+    mod_revision: int = 0
+    key: str = field(default="", compare=False)
+
+    @property
+    def public_ip(self) -> IPv4Address:
+        return self.attrs.public_ip
+
+
+def subnet_key_name(subnet: IPv4Network, ipv6_subnet: Optional[IPv6Network] = None) -> str:
+    """`MakeSubnetKey`: the last component of the lease key, e.g. `10.5.84.0-24`."""
+    name = f"{subnet.network_address}-{subnet.prefixlen}"
+    if ipv6_subnet is not None:
+        name += f"&{ipv6_subnet.network_address}-{ipv6_subnet.prefixlen}"
+    return name
+
+
+def parse_subnet_key(name: str) -> tuple[IPv4Network, Optional[IPv6Network]]:
+    """Inverse of subnet_key_name; accepts a full key path too. Raises LeaseFormatError."""
+    base = name.rsplit("/", 1)[-1]
+    m = _KEY_RE.match(base)
+    if not m:
+        raise LeaseFormatError(f"not a subnet key: {name!r}")
+    try:
+        subnet = IPv4Network(f"{m.group(1)}/{int(m.group(2))}", strict=False)
+        v6 = None
+        if m.group(3):
+            v6 = IPv6Network(f"{m.group(3)}/{int(m.group(4))}", strict=False)
+    except ValueError as exc:
+        raise LeaseFormatError(f"not a subnet key: {name!r}: {exc}") from None
+    return subnet, v6
+
+
+def lease_from_kv(key: str, value: "bytes | str", lease_id: int = 0, mod_revision: int = 0,
+                  expiration: Optional[float] = None) -> Lease:
+    """Build a Lease from an etcd key/value; raises LeaseFormatError on a malformed key or value."""
+    subnet, v6 = parse_subnet_key(key)
+    attrs = LeaseAttrs.from_json(value)
+    return Lease(subnet=subnet, attrs=attrs, ipv6_subnet=v6, expiration=expiration,
+                 lease_id=lease_id, mod_revision=mod_revision, key=key)

@@ -1,0 +1,116 @@
+"""subnet.env, written and read back exactly as flanneld does (`WriteSubnetFile`, FLANNEL_COMPAT.md §5.1).
+
+    FLANNEL_NETWORK=10.5.0.0/16
+    FLANNEL_SUBNET=10.5.84.1/24      (lease network address + 1, lease prefix length)
+    FLANNEL_MTU=1472
+    FLANNEL_IPMASQ=false
+
+Written to `<dir>/.<name>` and renamed over `<dir>/<name>` so that a reader never sees half a file.
+At start the file is read back to prefer the previous subnet; a truncated or garbage file is ignored
+with a warning (a wrong previous subnet would only cost us the preference, never correctness).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from ipaddress import IPv4Interface, IPv4Network, ip_interface, ip_network
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATH = "/run/flannel/subnet.env"
+
+
+def format_subnet_env(network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool) -> str:
+    first = IPv4Interface(f"{subnet.network_address + 1}/{subnet.prefixlen}")
+    return (f"FLANNEL_NETWORK={network}\n"
+            f"FLANNEL_SUBNET={first}\n"
+            f"FLANNEL_MTU={int(mtu)}\n"
+            f"FLANNEL_IPMASQ={'true' if ipmasq else 'false'}\n")
+
+
+def write_subnet_env(path: str, network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool) -> None:
+    """Atomically replace `path`; raises OSError (flanneld only warns: the caller decides)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    tmp = os.path.join(directory, f".{name}")
+    data = format_subnet_env(network, subnet, mtu, ipmasq).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _parse_lines(text: str) -> dict:
+    """A small godotenv: KEY=VALUE lines, `#` comments, optional `export ` and quotes."""
+    out = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not key or not key.replace("_", "").isalnum():
+            raise ValueError(f"line {lineno} is not KEY=VALUE: {line[:60]!r}")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        out[key] = value
+    return out
+
+
+def _validate(env: dict) -> None:
+    if "FLANNEL_SUBNET" not in env:
+        raise ValueError("no FLANNEL_SUBNET")
+    iface = ip_interface(env["FLANNEL_SUBNET"])
+    if iface.version != 4 or "/" not in env["FLANNEL_SUBNET"]:
+        raise ValueError(f"FLANNEL_SUBNET is not an IPv4 address/prefix: {env['FLANNEL_SUBNET']!r}")
+    if "FLANNEL_NETWORK" in env:
+        net = ip_network(env["FLANNEL_NETWORK"], strict=False)
+        if net.version != 4:
+            raise ValueError(f"FLANNEL_NETWORK is not IPv4: {env['FLANNEL_NETWORK']!r}")
+    if "FLANNEL_MTU" in env:
+        int(env["FLANNEL_MTU"])
+    if "FLANNEL_IPMASQ" in env and env["FLANNEL_IPMASQ"].lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"FLANNEL_IPMASQ is not a boolean: {env['FLANNEL_IPMASQ']!r}")
+
+
+def read_subnet_env(path: str) -> Optional[dict]:
+    """Return the file's variables as strings, or None if it is absent or unusable (warned)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(64 * 1024)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("ignoring subnet file %s: %s", path, exc)
+        return None
+    try:
+        env = _parse_lines(raw.decode("utf-8"))
+        _validate(env)
+    except (ValueError, UnicodeDecodeError) as exc:
+        log.warning("ignoring truncated or malformed subnet file %s: %s", path, exc)
+        return None
+    return env
+
+
+def previous_subnet(env: Optional[dict]) -> Optional[IPv4Network]:
+    """FLANNEL_SUBNET parsed back to the lease: `10.5.84.1/24` -> 10.5.84.0/24."""
+    if not env or "FLANNEL_SUBNET" not in env:
+        return None
+    try:
+        iface = ip_interface(env["FLANNEL_SUBNET"])
+    except ValueError:
+        return None
+    return iface.network if iface.version == 4 else None
+
+
+def read_previous_subnet(path: str) -> Optional[IPv4Network]:
+    return previous_subnet(read_subnet_env(path))

@@ -1,0 +1,265 @@
+"""Real etcd servers for tests and the demo: one member (EtcdServer) or a 3-member cluster (EtcdCluster).
+
+Each server gets free ports and a temporary data dir, optionally runs inside a network namespace
+(`ip netns exec <ns> etcd ...`, which execs etcd so the PID we hold is etcd's) listening on a given
+address. stop()/kill()/start() keep the data dir, so a restarted etcd keeps its revisions; close()
+stops the process by PID and removes the data dir. Health is checked with `etcdctl endpoint health`
+(run in the same namespace), so it works whether or not the caller can reach the namespace.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+ETCD_BIN = "etcd"
+ETCDCTL_BIN = "etcdctl"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on `host` (in the caller's namespace)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host != "0.0.0.0" else "", 0))
+        return s.getsockname()[1]
+
+
+def _free_port_pair(host: str) -> tuple[int, int]:
+    bind_host = host
+    try:
+        socket.inet_aton(host)
+        with socket.socket() as s:
+            s.bind((host, 0))
+    except OSError:          # an address of another namespace: pick on loopback, the netns is fresh
+        bind_host = "127.0.0.1"
+    ports = set()
+    while len(ports) < 2:
+        ports.add(free_port(bind_host))
+    a, b = sorted(ports)
+    return a, b
+
+
+class EtcdServer:
+    """One etcd member. Use as a context manager, or call start() and close()."""
+
+    def __init__(self, host: str = "127.0.0.1", client_port: Optional[int] = None,
+                 peer_port: Optional[int] = None, netns: Optional[str] = None, name: str = "fu-etcd",
+                 data_dir: Optional[str] = None, initial_cluster: Optional[str] = None,
+                 cluster_token: Optional[str] = None, extra_args: tuple = ()):
+        self.host = host
+        self.netns = netns
+        self.name = name
+        if client_port is None or peer_port is None:
+            cp, pp = _free_port_pair(host)
+            client_port = client_port or cp
+            peer_port = peer_port or pp
+        self.client_port = client_port
+        self.peer_port = peer_port
+        self._own_dir = data_dir is None
+        self.base_dir = data_dir or tempfile.mkdtemp(prefix=f"fu-etcd-{os.getpid()}-")
+        self.data_dir = os.path.join(self.base_dir, "data")
+        self.log_path = os.path.join(self.base_dir, "etcd.log")
+        self.initial_cluster = initial_cluster or f"{name}={self.peer_url}"
+        self.cluster_token = cluster_token or f"fu-{os.getpid()}-{self.client_port}"
+        self.extra_args = tuple(extra_args)
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.host}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc else None
+
+    def _wrap(self, argv: list[str]) -> list[str]:
+        return (["ip", "netns", "exec", self.netns] + argv) if self.netns else argv
+
+    def _argv(self) -> list[str]:
+        return self._wrap([
+            ETCD_BIN, "--name", self.name, "--data-dir", self.data_dir,
+            "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", self.initial_cluster, "--initial-cluster-token", self.cluster_token,
+            "--initial-cluster-state", "new", "--log-level", "warn", "--logger", "zap",
+            *self.extra_args,
+        ])
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, wait: bool = True, timeout: float = 20.0) -> "EtcdServer":
+        if self.is_running():
+            return self
+        os.makedirs(self.base_dir, exist_ok=True)
+        logf = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(self._argv(), stdout=logf, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            logf.close()
+        if wait:
+            try:
+                self.wait_healthy(timeout)
+            except BaseException:
+                self.kill()
+                raise
+        return self
+
+    def etcdctl(self, *args: str, timeout: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:
+        env = dict(os.environ, ETCDCTL_API="3")
+        argv = self._wrap([ETCDCTL_BIN, "--endpoints", self.client_url, "--dial-timeout", "2s", *args])
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=check)
+
+    def wait_healthy(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {self.log_tail()}")
+            if self._port_open():
+                try:
+                    r = self.etcdctl("endpoint", "health", timeout=5, check=False)
+                    if r.returncode == 0:
+                        return
+                    last = (r.stderr or r.stdout).strip()
+                except subprocess.TimeoutExpired:
+                    last = "etcdctl timed out"
+            time.sleep(0.1)
+        raise TimeoutError(f"etcd at {self.client_url} not healthy after {timeout}s: {last}\n{self.log_tail()}")
+
+    def _port_open(self) -> bool:
+        if self.netns:
+            return True
+        try:
+            with socket.create_connection((self.host, self.client_port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process (by PID) and wait; SIGKILL if it does not exit. Keeps the data dir."""
+        if not self.is_running():
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the process (by PID). Keeps the data dir."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            log.error("etcd pid %d did not die after SIGKILL", self.proc.pid)
+
+    def restart(self, kill: bool = False, timeout: float = 20.0) -> None:
+        self.kill() if kill else self.stop()
+        self.start(wait=True, timeout=timeout)
+
+    def revision(self) -> int:
+        r = self.etcdctl("endpoint", "status", "-w", "json")
+        return int(json.loads(r.stdout)[0]["Status"]["header"]["revision"])
+
+    def compact(self, revision: Optional[int] = None) -> int:
+        """Compact up to `revision` (default: the current one), physically. Returns the revision."""
+        rev = revision if revision is not None else self.revision()
+        self.etcdctl("compact", str(rev), "--physical")
+        return rev
+
+    def close(self) -> None:
+        try:
+            self.kill()
+        finally:
+            if self._own_dir:
+                shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def __enter__(self) -> "EtcdServer":
+        return self.start() if not self.is_running() else self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class EtcdCluster:
+    """A cluster of `size` members on loopback, each its own process and data dir."""
+
+    def __init__(self, size: int = 3, host: str = "127.0.0.1"):
+        token = f"fu-cluster-{os.getpid()}-{free_port(host)}"
+        ports = []
+        used: set = set()
+        while len(ports) < size:
+            cp, pp = _free_port_pair(host)
+            if cp in used or pp in used:
+                continue
+            used.update((cp, pp))
+            ports.append((cp, pp))
+        names = [f"fu-m{i}" for i in range(size)]
+        initial = ",".join(f"{n}=http://{host}:{pp}" for n, (_, pp) in zip(names, ports))
+        self.members = [EtcdServer(host=host, client_port=cp, peer_port=pp, name=n,
+                                   initial_cluster=initial, cluster_token=token)
+                        for n, (cp, pp) in zip(names, ports)]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.client_url for m in self.members]
+
+    def start(self, timeout: float = 30.0) -> "EtcdCluster":
+        try:
+            for m in self.members:          # all at once: a member alone has no quorum
+                m.start(wait=False)
+            for m in self.members:
+                m.wait_healthy(timeout)
+        except BaseException:
+            for m in self.members:
+                m.kill()
+            raise
+        return self
+
+    def stop_member(self, i: int, kill: bool = False) -> None:
+        self.members[i].kill() if kill else self.members[i].stop()
+
+    def start_member(self, i: int, timeout: float = 30.0) -> None:
+        self.members[i].start(wait=True, timeout=timeout)
+
+    def close(self) -> None:
+        errors = []
+        for m in self.members:
+            try:
+                m.close()
+            except Exception as exc:       # keep closing the others
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> "EtcdCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
