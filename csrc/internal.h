@@ -1,0 +1,122 @@
+/*
+ * internal.h - private interfaces between the C files of the engine.
+ *
+ * Python never sees this file (cffi reads only dataplane.h). Prototypes are
+ * grouped by the file that owns them: dp_<file>_<verb> says where to look.
+ */
+#ifndef DP_INTERNAL_H
+#define DP_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dataplane.h"
+
+/* Counter indices, in dp_stats field order. The drop indices double as the
+ * reason carried by DP_TR_DROP trace events (the header says so). */
+enum dp_stat {
+    DP_ST_TUN_RX_PACKETS = 0,
+    DP_ST_TUN_RX_BYTES,
+    DP_ST_UDP_TX_PACKETS,
+    DP_ST_UDP_TX_BYTES,
+    DP_ST_UDP_RX_PACKETS,
+    DP_ST_UDP_RX_BYTES,
+    DP_ST_TUN_TX_PACKETS,
+    DP_ST_TUN_TX_BYTES,
+    DP_ST_ICMP_UNREACH_SENT,
+    DP_ST_ICMP_TTL_SENT,
+    DP_ST_DROP_NO_ROUTE,
+    DP_ST_DROP_TTL,
+    DP_ST_DROP_MALFORMED,
+    DP_ST_DROP_NOT_IPV4,
+    DP_ST_DROP_TRUNCATED,
+    DP_ST_DROP_BAD_SOURCE,
+    DP_ST_DROP_SEND_ERROR,
+    DP_ST_DROP_TUN_FULL,
+    DP_ST_DROP_TUN_ERROR,
+    DP_ST_SYSCALLS,
+    DP_ST_TUN_READS,
+    DP_ST_TUN_WRITES,
+    DP_ST_UDP_SENDS,
+    DP_ST_UDP_RECVS,
+    DP_ST_POLLS,
+    DP_ST_TX_BATCHES,
+    DP_ST_RX_BATCHES,
+    DP_ST_ROUTE_SWAPS,
+    DP_ST_COUNT,
+    DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
+};
+
+/* The loop thread writes counters through this view; dp_loop_stats() reads
+ * the same words from another thread. */
+typedef union dp_counters {
+    dp_stats s;
+    uint64_t v[sizeof(dp_stats) / sizeof(uint64_t)];
+} dp_counters;
+
+/* IPv4/ICMP wire constants used by packet.c and loop.c. */
+enum dp_ipv4 {
+    DP_IP_HDR_MIN = 20,
+    DP_IP_HDR_MAX = 60,
+    DP_IP_PROTO_ICMP = 1,
+    DP_IP_FRAG_OFFSET_MASK = 0x1fff,
+    DP_ICMP_HDR = 8,
+    DP_ICMP_QUOTE_PAYLOAD = 8,     /* bytes of the offender's payload quoted */
+    DP_ICMP_ERR_MAX = DP_IP_HDR_MIN + DP_ICMP_HDR + DP_IP_HDR_MAX + DP_ICMP_QUOTE_PAYLOAD,
+    DP_ICMP_TTL_OUT = 64,          /* TTL of the errors we generate */
+    DP_ICMP_DEST_UNREACH = 3,
+    DP_ICMP_TIME_EXCEEDED = 11
+};
+
+/* routes.c APIs: an immutable table, built once, then only read. */
+struct dp_routes;
+
+struct dp_route_hit {
+    uint32_t peer_ip;    /* network order */
+    uint32_t port;       /* host order */
+    uint32_t prefixlen;
+};
+
+int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n);
+void dp_routes_free(struct dp_routes *t);
+/* 1 and *hit filled on a match, 0 on a miss. t may be NULL (empty table). */
+int dp_routes_lookup(const struct dp_routes *t, uint32_t dst, struct dp_route_hit *hit);
+/* 1 if ip is the peer_ip of some route. */
+int dp_routes_has_peer(const struct dp_routes *t, uint32_t ip);
+
+/* packet.c APIs: pure functions over byte buffers, no I/O. */
+uint16_t dp_packet_csum(const uint8_t *p, size_t len);
+/* 0 if the TUN-side packet may be routed, else the DP_ST_DROP_* index. */
+int dp_packet_check_tun(const uint8_t *p, uint32_t len);
+/* Same for a datagram payload received on the UDP socket. */
+int dp_packet_check_udp(const uint8_t *p, uint32_t len);
+uint32_t dp_packet_dst(const uint8_t *p);
+uint32_t dp_packet_src(const uint8_t *p);
+/* TTL - 1 with the RFC 1624 checksum update given in dataplane.h. */
+void dp_packet_ttl_dec(uint8_t *p);
+/* Whether a generated error is allowed in reply to this (valid) packet. */
+int dp_packet_may_unreach(const uint8_t *p, uint32_t len);
+int dp_packet_may_time_exceed(const uint8_t *p, uint32_t len);
+/* Builds the ICMP error into out (DP_ICMP_ERR_MAX bytes); returns its length. */
+uint32_t dp_packet_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t len,
+                              uint8_t type, uint8_t code, uint32_t src);
+
+/* trace.c APIs: the ring is written by the loop thread only. */
+struct dp_trace {
+    uint64_t widx;       /* events published so far (= last seq); release/acquire */
+    int enabled;         /* written by any thread, read by the loop (relaxed) */
+    dp_trace_event ring[DP_TRACE_RING];
+};
+
+void dp_trace_init(struct dp_trace *tr);
+static inline int dp_trace_on(const struct dp_trace *tr)
+{
+    return __atomic_load_n(&tr->enabled, __ATOMIC_RELAXED);
+}
+void dp_trace_set(struct dp_trace *tr, int enable);
+/* head may be NULL (head_len 0); it is cut at DP_TRACE_HEAD bytes. */
+void dp_trace_record(struct dp_trace *tr, uint32_t kind, uint32_t len, uint32_t addr,
+                     uint32_t port, uint32_t batch, const uint8_t *head, uint32_t head_len);
+int dp_trace_read(const struct dp_trace *tr, uint64_t after, dp_trace_event *out, uint32_t max);
+
+#endif

@@ -1,0 +1,568 @@
+/*
+ * loop.c - the packet loop: epoll over the TUN, the UDP socket and a stop fd.
+ *
+ * Flow, in the order the functions appear:
+ *   1. counters, trace and syscall helpers (every syscall bumps `syscalls`)
+ *   2. take_routes    at the start of each batch, adopt a published table
+ *   3. icmp_send      an ICMP error back into the TUN
+ *   4. TUN -> UDP     tun_packet: checks of dataplane.h, route, TTL - 1, queue;
+ *                     udp_send: one sendmmsg() per batch, skipping refused
+ *                     messages; tun_batch: read() until EAGAIN or `batch`
+ *   5. UDP -> TUN     udp_packet: checks, TTL - 1, write() to the TUN;
+ *                     udp_batch: one recvmmsg(MSG_DONTWAIT) of up to `batch`
+ *   6. dp_loop_run    epoll_wait, then alternate the two directions, one
+ *                     batch each, while there is work, at most DP_ROUNDS
+ *                     times, so neither direction nor the stop fd starves
+ *   7. the public API of dataplane.h: new/free/stop/set_routes/stats/trace
+ *
+ * Threads: one loop thread runs dp_loop_run(); control calls come from any
+ * thread. What crosses threads is atomic: `stopping`, `pending` (the next
+ * route table), the counters (one writer, relaxed), and the trace ring.
+ * Everything allocated here is allocated in dp_loop_new(); the data path
+ * never allocates.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include "internal.h"
+
+enum dp_loop_limits {
+    DP_MTU_MIN = 68,
+    DP_MTU_MAX = 65535,
+    DP_ROUNDS = 8,          /* batches per direction between two epoll_wait()s */
+    DP_EPOLL_EVENTS = 3
+};
+
+enum dp_loop_fd { DP_FD_TUN = 1, DP_FD_UDP, DP_FD_WAKE };
+
+/* What one batch found: whether the fd may have more to give right away. */
+enum dp_io { DP_IO_IDLE = 0, DP_IO_MORE, DP_IO_ERROR };
+
+struct dp_loop {
+    int tun_fd, udp_fd;         /* the caller's; never closed here */
+    int ep_fd, wake_fd;         /* ours */
+    uint32_t tun_addr, mtu, batch;
+    int accept_any;
+
+    int stopping;               /* any thread sets it (release); the loop polls it */
+    int running;                /* one dp_loop_run() at a time */
+    struct dp_routes *pending;  /* published table, exchanged atomically */
+    struct dp_routes *routes;   /* in use; loop thread only */
+
+    dp_counters c;              /* written by the loop thread only */
+
+    /* TUN -> UDP: slot i holds the i-th packet queued for this sendmmsg. */
+    uint8_t *tx_buf;
+    struct mmsghdr tx_msgs[DP_BATCH_MAX];
+    struct iovec tx_iov[DP_BATCH_MAX];
+    struct sockaddr_in tx_addr[DP_BATCH_MAX];
+
+    /* UDP -> TUN */
+    uint8_t *rx_buf;
+    struct mmsghdr rx_msgs[DP_BATCH_MAX];
+    struct iovec rx_iov[DP_BATCH_MAX];
+    struct sockaddr_in rx_addr[DP_BATCH_MAX];
+
+    uint8_t icmp[DP_ICMP_ERR_MAX];
+    struct dp_trace trace;
+};
+
+/* ---- 1. counters, trace, syscalls ---------------------------------------- */
+
+/* One writer: a relaxed load + store is a plain add that readers on other
+ * threads can never see torn. */
+static inline void st_add(struct dp_loop *l, enum dp_stat i, uint64_t n)
+{
+    __atomic_store_n(&l->c.v[i], __atomic_load_n(&l->c.v[i], __ATOMIC_RELAXED) + n,
+                     __ATOMIC_RELAXED);
+}
+
+static inline void trace(struct dp_loop *l, uint32_t kind, uint32_t len, uint32_t addr,
+                         uint32_t port, uint32_t batch, const uint8_t *head)
+{
+    if (dp_trace_on(&l->trace))
+        dp_trace_record(&l->trace, kind, len, addr, port, batch, head, head ? len : 0);
+}
+
+static inline void drop(struct dp_loop *l, enum dp_stat reason, uint32_t len)
+{
+    st_add(l, reason, 1);
+    trace(l, DP_TR_DROP, len, 0, 0, (uint32_t)reason, NULL);
+}
+
+static inline void sys_count(struct dp_loop *l, enum dp_stat which)
+{
+    st_add(l, DP_ST_SYSCALLS, 1);
+    st_add(l, which, 1);
+}
+
+static inline int is_stopping(struct dp_loop *l)
+{
+    return __atomic_load_n(&l->stopping, __ATOMIC_ACQUIRE);
+}
+
+/* write() to the TUN; a TUN write is all or nothing. EINTR means nothing
+ * was written, so retrying it is not a retry of a failed packet. */
+static ssize_t tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len)
+{
+    ssize_t w;
+
+    do {
+        sys_count(l, DP_ST_TUN_WRITES);
+        w = write(l->tun_fd, p, len);
+    } while (w < 0 && errno == EINTR);
+    return w;
+}
+
+static inline enum dp_stat tun_write_error(int err)
+{
+    return (err == EAGAIN || err == EWOULDBLOCK) ? DP_ST_DROP_TUN_FULL : DP_ST_DROP_TUN_ERROR;
+}
+
+/* ---- 2. route table hand-over -------------------------------------------- */
+
+/* The publisher only ever exchanges `pending`; a table we take out of it is
+ * ours alone, and the one we drop can be in use by nobody else. */
+static void take_routes(struct dp_loop *l)
+{
+    struct dp_routes *t;
+
+    if (!__atomic_load_n(&l->pending, __ATOMIC_RELAXED))
+        return;
+    t = __atomic_exchange_n(&l->pending, NULL, __ATOMIC_ACQ_REL);
+    if (!t)
+        return;
+    dp_routes_free(l->routes);
+    l->routes = t;
+    st_add(l, DP_ST_ROUTE_SWAPS, 1);
+}
+
+/* ---- 3. ICMP errors ------------------------------------------------------- */
+
+static void icmp_send(struct dp_loop *l, const uint8_t *offender, uint32_t len, uint8_t type)
+{
+    uint32_t n = dp_packet_icmp_error(l->icmp, offender, len, type, 0, l->tun_addr);
+
+    if (tun_write(l, l->icmp, n) < 0) {
+        drop(l, tun_write_error(errno), n);
+        return;
+    }
+    st_add(l, type == DP_ICMP_DEST_UNREACH ? DP_ST_ICMP_UNREACH_SENT : DP_ST_ICMP_TTL_SENT, 1);
+    trace(l, DP_TR_ICMP, n, 0, 0, 0, l->icmp);
+}
+
+/* ---- 4. TUN -> UDP -------------------------------------------------------- */
+
+/* Returns 1 if the packet was queued as message `slot` of the next sendmmsg. */
+static int tun_packet(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t slot)
+{
+    struct dp_route_hit hit;
+    int reason;
+
+    st_add(l, DP_ST_TUN_RX_PACKETS, 1);
+    st_add(l, DP_ST_TUN_RX_BYTES, len);
+    trace(l, DP_TR_TUN_READ, len, 0, 0, 0, p);
+
+    reason = dp_packet_check_tun(p, len);
+    if (reason) {
+        drop(l, reason, len);
+        return 0;
+    }
+    if (!dp_routes_lookup(l->routes, dp_packet_dst(p), &hit)) {
+        trace(l, DP_TR_ROUTE_MISS, 0, dp_packet_dst(p), 0, 0, NULL);
+        drop(l, DP_ST_DROP_NO_ROUTE, len);
+        if (dp_packet_may_unreach(p, len))
+            icmp_send(l, p, len, DP_ICMP_DEST_UNREACH);
+        return 0;
+    }
+    trace(l, DP_TR_ROUTE_HIT, hit.prefixlen, hit.peer_ip, hit.port, 0, NULL);
+    if (p[8] <= 1) {
+        drop(l, DP_ST_DROP_TTL, len);
+        if (dp_packet_may_time_exceed(p, len))
+            icmp_send(l, p, len, DP_ICMP_TIME_EXCEEDED);
+        return 0;
+    }
+    dp_packet_ttl_dec(p);
+    l->tx_iov[slot].iov_len = len;
+    l->tx_addr[slot].sin_addr.s_addr = hit.peer_ip;
+    l->tx_addr[slot].sin_port = htons((uint16_t)hit.port);
+    return 1;
+}
+
+/* One sendmmsg() for the queued messages. The kernel stops at the first
+ * message it refuses and reports only how many went before it; so on a
+ * short count we call again from there, and the call that starts with the
+ * refused message fails with its errno: that one is dropped and skipped. */
+static void udp_send(struct dp_loop *l, uint32_t m)
+{
+    uint32_t i = 0, k;
+    int r;
+
+    while (i < m) {
+        sys_count(l, DP_ST_UDP_SENDS);
+        r = sendmmsg(l->udp_fd, &l->tx_msgs[i], m - i, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            drop(l, DP_ST_DROP_SEND_ERROR, (uint32_t)l->tx_iov[i].iov_len);
+            i++;
+            continue;
+        }
+        for (k = i; k < i + (uint32_t)r; k++) {
+            uint32_t len = (uint32_t)l->tx_iov[k].iov_len;
+
+            st_add(l, DP_ST_UDP_TX_PACKETS, 1);
+            st_add(l, DP_ST_UDP_TX_BYTES, len);
+            trace(l, DP_TR_UDP_SEND, len, l->tx_addr[k].sin_addr.s_addr,
+                  ntohs(l->tx_addr[k].sin_port), (uint32_t)r, NULL);
+        }
+        i += (uint32_t)r;
+    }
+}
+
+static enum dp_io tun_batch(struct dp_loop *l)
+{
+    enum dp_io res = DP_IO_MORE;
+    uint32_t n = 0, m = 0;
+    ssize_t r;
+
+    take_routes(l);
+    while (n < l->batch) {
+        sys_count(l, DP_ST_TUN_READS);
+        r = read(l->tun_fd, l->tx_buf + (size_t)m * l->mtu, l->mtu);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            res = (errno == EAGAIN || errno == EWOULDBLOCK) ? DP_IO_IDLE : DP_IO_ERROR;
+            break;
+        }
+        n++;
+        /* A dropped packet leaves its slot free for the next read. */
+        if (tun_packet(l, l->tx_buf + (size_t)m * l->mtu, (uint32_t)r, m))
+            m++;
+    }
+    if (n)
+        st_add(l, DP_ST_TX_BATCHES, 1);
+    if (m)
+        udp_send(l, m);
+    return res;
+}
+
+/* ---- 5. UDP -> TUN -------------------------------------------------------- */
+
+static void udp_packet(struct dp_loop *l, uint32_t k, uint32_t nmsgs)
+{
+    struct mmsghdr *mh = &l->rx_msgs[k];
+    uint8_t *p = l->rx_buf + (size_t)k * l->mtu;
+    uint32_t len = mh->msg_len;
+    uint32_t src = 0, sport = 0;
+    int reason;
+
+    if (mh->msg_hdr.msg_namelen >= sizeof(struct sockaddr_in) &&
+        l->rx_addr[k].sin_family == AF_INET) {
+        src = l->rx_addr[k].sin_addr.s_addr;
+        sport = ntohs(l->rx_addr[k].sin_port);
+    }
+    st_add(l, DP_ST_UDP_RX_PACKETS, 1);
+    st_add(l, DP_ST_UDP_RX_BYTES, len);
+    trace(l, DP_TR_UDP_RECV, len, src, sport, nmsgs, p);
+
+    if (mh->msg_hdr.msg_flags & MSG_TRUNC)
+        reason = DP_ST_DROP_TRUNCATED;
+    else if (!l->accept_any && !dp_routes_has_peer(l->routes, src))
+        reason = DP_ST_DROP_BAD_SOURCE;
+    else if ((reason = dp_packet_check_udp(p, len)) == 0 && p[8] <= 1)
+        reason = DP_ST_DROP_TTL;
+    if (reason) {
+        drop(l, reason, len);
+        return;
+    }
+    dp_packet_ttl_dec(p);
+    if (tun_write(l, p, len) < 0) {
+        drop(l, tun_write_error(errno), len);
+        return;
+    }
+    st_add(l, DP_ST_TUN_TX_PACKETS, 1);
+    st_add(l, DP_ST_TUN_TX_BYTES, len);
+    trace(l, DP_TR_TUN_WRITE, len, 0, 0, 0, p);
+}
+
+static enum dp_io udp_batch(struct dp_loop *l)
+{
+    uint32_t k;
+    int r;
+
+    take_routes(l);
+    do {
+        sys_count(l, DP_ST_UDP_RECVS);
+        r = recvmmsg(l->udp_fd, l->rx_msgs, l->batch, MSG_DONTWAIT, NULL);
+    } while (r < 0 && errno == EINTR);
+    if (r <= 0)
+        return (r == 0 || errno == EAGAIN || errno == EWOULDBLOCK) ? DP_IO_IDLE : DP_IO_ERROR;
+
+    st_add(l, DP_ST_RX_BATCHES, 1);
+    for (k = 0; k < (uint32_t)r; k++) {
+        udp_packet(l, k, (uint32_t)r);
+        /* msg_namelen and msg_flags are value-result: reset for next time. */
+        l->rx_msgs[k].msg_hdr.msg_namelen = sizeof(l->rx_addr[k]);
+        l->rx_msgs[k].msg_hdr.msg_flags = 0;
+    }
+    /* A short batch means the queue was empty a moment ago: let epoll say
+     * when there is more, rather than pay for an EAGAIN recvmmsg(). */
+    return (uint32_t)r == l->batch ? DP_IO_MORE : DP_IO_IDLE;
+}
+
+/* ---- 6. the loop ---------------------------------------------------------- */
+
+static void wake_drain(struct dp_loop *l)
+{
+    uint64_t v;
+
+    st_add(l, DP_ST_SYSCALLS, 1);
+    if (read(l->wake_fd, &v, sizeof(v)) < 0) {
+        /* EAGAIN: someone else's wake-up was already consumed; harmless. */
+    }
+}
+
+int dp_loop_run(dp_loop *l)
+{
+    struct epoll_event ev[DP_EPOLL_EVENTS];
+    int n, i, round, rc = 0;
+    enum dp_io tun, udp;
+    uint32_t tun_events;
+
+    if (!l)
+        return -EINVAL;
+    if (__atomic_exchange_n(&l->running, 1, __ATOMIC_ACQ_REL))
+        return -EBUSY;
+
+    while (!is_stopping(l)) {
+        sys_count(l, DP_ST_POLLS);
+        n = epoll_wait(l->ep_fd, ev, DP_EPOLL_EVENTS, -1);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = -errno;
+            break;
+        }
+        tun = udp = DP_IO_IDLE;
+        tun_events = 0;
+        for (i = 0; i < n; i++) {
+            switch (ev[i].data.u32) {
+            case DP_FD_TUN:
+                tun = DP_IO_MORE;
+                tun_events = ev[i].events;
+                break;
+            case DP_FD_UDP:
+                udp = DP_IO_MORE;
+                break;
+            case DP_FD_WAKE:
+                wake_drain(l);   /* stop, or a new route table */
+                break;
+            }
+        }
+        take_routes(l);
+        for (round = 0; round < DP_ROUNDS && (tun == DP_IO_MORE || udp == DP_IO_MORE); round++) {
+            if (tun == DP_IO_MORE) {
+                tun = tun_batch(l);
+                /* A TUN whose device is gone reports EPOLLERR/HUP and fails
+                 * every read: take it out of the set rather than spin. */
+                if (tun == DP_IO_ERROR && (tun_events & (EPOLLERR | EPOLLHUP))) {
+                    st_add(l, DP_ST_SYSCALLS, 1);
+                    epoll_ctl(l->ep_fd, EPOLL_CTL_DEL, l->tun_fd, NULL);
+                }
+            }
+            if (is_stopping(l))
+                break;
+            if (udp == DP_IO_MORE)
+                udp = udp_batch(l);
+            if (is_stopping(l))
+                break;
+        }
+    }
+    __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
+    return rc;
+}
+
+/* ---- 7. public API -------------------------------------------------------- */
+
+static int wake(dp_loop *l)
+{
+    uint64_t one = 1;
+
+    /* EAGAIN means the counter is already non-zero: the loop will wake. */
+    if (write(l->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        return -errno;
+    return 0;
+}
+
+int dp_loop_stop(dp_loop *l)
+{
+    if (!l)
+        return -EINVAL;
+    __atomic_store_n(&l->stopping, 1, __ATOMIC_RELEASE);
+    return wake(l);
+}
+
+static int ep_add(int ep_fd, int fd, uint32_t tag)
+{
+    struct epoll_event ev = { .events = EPOLLIN, .data.u32 = tag };
+
+    return epoll_ctl(ep_fd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+static void msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *addr,
+                      uint8_t *buf, uint32_t batch, uint32_t mtu)
+{
+    uint32_t i;
+
+    for (i = 0; i < batch; i++) {
+        iov[i].iov_base = buf + (size_t)i * mtu;
+        iov[i].iov_len = mtu;
+        addr[i].sin_family = AF_INET;
+        msgs[i].msg_hdr.msg_name = &addr[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof(addr[i]);
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+}
+
+int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
+                uint32_t mtu, uint32_t batch, int accept_any)
+{
+    struct dp_loop *l;
+    int flags, rc;
+
+    if (!out)
+        return -EINVAL;
+    *out = NULL;
+    if (tun_fd < 0 || udp_fd < 0 || tun_fd == udp_fd)
+        return -EBADF;
+    if (mtu < DP_MTU_MIN || mtu > DP_MTU_MAX || batch < 1 || batch > DP_BATCH_MAX)
+        return -EINVAL;
+
+    l = calloc(1, sizeof(*l));
+    if (!l)
+        return -ENOMEM;
+    l->tun_fd = tun_fd;
+    l->udp_fd = udp_fd;
+    l->ep_fd = l->wake_fd = -1;
+    l->tun_addr = tun_addr;
+    l->mtu = mtu;
+    l->batch = batch;
+    l->accept_any = accept_any != 0;
+    dp_trace_init(&l->trace);
+
+    rc = -ENOMEM;
+    l->tx_buf = malloc((size_t)batch * mtu);
+    l->rx_buf = malloc((size_t)batch * mtu);
+    if (!l->tx_buf || !l->rx_buf)
+        goto err_free;
+    msgs_init(l->tx_msgs, l->tx_iov, l->tx_addr, l->tx_buf, batch, mtu);
+    msgs_init(l->rx_msgs, l->rx_iov, l->rx_addr, l->rx_buf, batch, mtu);
+
+    l->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (l->wake_fd < 0)
+        goto err_errno;
+    l->ep_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (l->ep_fd < 0)
+        goto err_errno;
+    if ((rc = ep_add(l->ep_fd, tun_fd, DP_FD_TUN)) ||
+        (rc = ep_add(l->ep_fd, udp_fd, DP_FD_UDP)) ||
+        (rc = ep_add(l->ep_fd, l->wake_fd, DP_FD_WAKE)))
+        goto err_free;
+
+    /* Last, so that a failure above leaves the caller's fd untouched. Reads
+     * must not block: we read until EAGAIN. The UDP socket keeps its mode. */
+    flags = fcntl(tun_fd, F_GETFL);
+    if (flags < 0 || fcntl(tun_fd, F_SETFL, flags | O_NONBLOCK) < 0)
+        goto err_errno;
+
+    *out = l;
+    return 0;
+
+err_errno:
+    rc = -errno;
+err_free:
+    dp_loop_free(l);
+    return rc;
+}
+
+void dp_loop_free(dp_loop *l)
+{
+    if (!l)
+        return;
+    if (l->ep_fd >= 0)
+        close(l->ep_fd);
+    if (l->wake_fd >= 0)
+        close(l->wake_fd);
+    dp_routes_free(l->routes);
+    dp_routes_free(__atomic_exchange_n(&l->pending, NULL, __ATOMIC_ACQ_REL));
+    free(l->tx_buf);
+    free(l->rx_buf);
+    free(l);
+}
+
+int dp_loop_set_routes(dp_loop *l, const dp_route *routes, uint32_t n)
+{
+    struct dp_routes *t;
+    int rc;
+
+    if (!l)
+        return -EINVAL;
+    rc = dp_routes_build(&t, routes, n);
+    if (rc)
+        return rc;
+    /* A table still pending was never taken by the loop (it exchanges
+     * `pending` out before using a table), so nobody else holds it. */
+    dp_routes_free(__atomic_exchange_n(&l->pending, t, __ATOMIC_ACQ_REL));
+    /* Wake the loop so that it adopts the table now, not at the next packet;
+     * the table is published either way. */
+    wake(l);
+    return 0;
+}
+
+int dp_loop_stats(dp_loop *l, dp_stats *out)
+{
+    uint64_t *dst;
+    size_t i;
+
+    if (!l || !out)
+        return -EINVAL;
+    dst = (uint64_t *)out;
+    for (i = 0; i < DP_ST_SLOTS; i++)
+        dst[i] = __atomic_load_n(&l->c.v[i], __ATOMIC_RELAXED);
+    return 0;
+}
+
+int dp_loop_trace(dp_loop *l, int enable)
+{
+    if (!l)
+        return -EINVAL;
+    dp_trace_set(&l->trace, enable);
+    return 0;
+}
+
+int dp_loop_trace_read(dp_loop *l, uint64_t after, dp_trace_event *out, uint32_t max)
+{
+    if (!l || (!out && max))
+        return -EINVAL;
+    return dp_trace_read(&l->trace, after, out, max);
+}
+
+/* The stats block is part of the ABI: its size is fixed and the counter
+ * indices above must match the field order. */
+_Static_assert(sizeof(dp_stats) == 64 * sizeof(uint64_t), "dp_stats is 64 words");
+_Static_assert(offsetof(dp_stats, drop_no_route) == DP_ST_DROP_NO_ROUTE * 8, "drop index");
+_Static_assert(offsetof(dp_stats, drop_tun_error) == DP_ST_DROP_TUN_ERROR * 8, "drop index");
+_Static_assert(offsetof(dp_stats, route_swaps) == DP_ST_ROUTE_SWAPS * 8, "stats index");
+_Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");

@@ -1,0 +1,177 @@
+/*
+ * packet.c - IPv4 checks, the TTL update and ICMP errors; no I/O here.
+ *
+ * Flow, in the order the functions appear:
+ *   1. dp_packet_csum           internet checksum (RFC 1071) over bytes
+ *   2. dp_packet_check_tun/udp  the validation rules of dataplane.h, in its order,
+ *                               returning the index of the drop counter to bump
+ *   3. dp_packet_ttl_dec        TTL - 1 with the incremental checksum (RFC 1624)
+ *   4. dp_packet_may_*          when a generated ICMP error is allowed
+ *   5. dp_packet_icmp_error     builds 3/0 or 11/0 quoting the offender
+ *
+ * All multi-byte fields are read and written byte by byte in network order,
+ * so nothing here depends on the host's endianness or on alignment.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+static inline uint16_t rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static inline void wr16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+
+/* Returns the checksum as the 16-bit value to store big-endian. */
+uint16_t dp_packet_csum(const uint8_t *p, size_t len)
+{
+    uint64_t s = 0;
+    size_t i;
+
+    for (i = 0; i + 1 < len; i += 2)
+        s += rd16(p + i);
+    if (len & 1)
+        s += (uint32_t)p[len - 1] << 8;   /* odd byte padded with a zero */
+    while (s >> 16)
+        s = (s & 0xffff) + (s >> 16);
+    return (uint16_t)(~s & 0xffff);
+}
+
+static inline unsigned ihl_bytes(const uint8_t *p)
+{
+    return (p[0] & 0x0fu) * 4u;
+}
+
+/* Length rules shared by both directions: the header must fit and tot_len
+ * must be exactly what was read (no trailing bytes, no short packet). */
+static int check_lengths(const uint8_t *p, uint32_t len)
+{
+    if (len < DP_IP_HDR_MIN)
+        return DP_ST_DROP_MALFORMED;
+    if ((p[0] & 0x0f) < 5 || ihl_bytes(p) > len)
+        return DP_ST_DROP_MALFORMED;
+    if (rd16(p + 2) != len)
+        return DP_ST_DROP_MALFORMED;
+    return 0;
+}
+
+/* TUN side: len >= 20 first, then the version, then the other length rules. */
+int dp_packet_check_tun(const uint8_t *p, uint32_t len)
+{
+    if (len < DP_IP_HDR_MIN)
+        return DP_ST_DROP_MALFORMED;
+    if ((p[0] >> 4) != 4)
+        return DP_ST_DROP_NOT_IPV4;
+    return check_lengths(p, len);
+}
+
+/* UDP side: the version is checked before any length rule, so a short
+ * IPv6-looking datagram is "not IPv4"; an empty one has no version at all. */
+int dp_packet_check_udp(const uint8_t *p, uint32_t len)
+{
+    if (len >= 1 && (p[0] >> 4) != 4)
+        return DP_ST_DROP_NOT_IPV4;
+    return check_lengths(p, len);
+}
+
+uint32_t dp_packet_dst(const uint8_t *p)
+{
+    uint32_t a;
+
+    memcpy(&a, p + 16, 4);    /* stays in network order */
+    return a;
+}
+
+uint32_t dp_packet_src(const uint8_t *p)
+{
+    uint32_t a;
+
+    memcpy(&a, p + 12, 4);
+    return a;
+}
+
+/* The formula of dataplane.h, bit for bit: the Python engine does the same
+ * arithmetic, so both give the same checksum even for a header whose
+ * checksum was wrong on arrival (it is patched, never recomputed). */
+void dp_packet_ttl_dec(uint8_t *p)
+{
+    uint32_t ttl = p[8], proto = p[9];
+    uint32_t old = ttl << 8 | proto;
+    uint32_t new = (ttl - 1) << 8 | proto;
+    uint32_t check = rd16(p + 10);
+    uint32_t s;
+
+    s = (~check & 0xffff) + (~old & 0xffff) + new;
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    p[8] = (uint8_t)(ttl - 1);
+    wr16(p + 10, (uint16_t)(~s & 0xffff));
+}
+
+static inline int is_later_fragment(const uint8_t *p)
+{
+    return (rd16(p + 6) & DP_IP_FRAG_OFFSET_MASK) != 0;
+}
+
+/* Net unreachable: never about ICMP (any type), never about a fragment
+ * other than the first, which is what flanneld's proxy does. */
+int dp_packet_may_unreach(const uint8_t *p, uint32_t len)
+{
+    (void)len;
+    return p[9] != DP_IP_PROTO_ICMP && !is_later_fragment(p);
+}
+
+/* Time exceeded: never about an ICMP error (RFC 1812 4.3.2.7) nor a later
+ * fragment. ICMP queries (echo, ...) do get one: that is what traceroute
+ * with ICMP probes relies on. An ICMP packet too short to carry a type is
+ * not known to be an error, so it gets a reply. */
+int dp_packet_may_time_exceed(const uint8_t *p, uint32_t len)
+{
+    unsigned hl = ihl_bytes(p);
+
+    if (is_later_fragment(p))
+        return 0;
+    if (p[9] == DP_IP_PROTO_ICMP && len > hl) {
+        switch (p[hl]) {
+        case 3: case 4: case 5: case 11: case 12:
+            return 0;
+        }
+    }
+    return 1;
+}
+
+uint32_t dp_packet_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t len,
+                              uint8_t type, uint8_t code, uint32_t src)
+{
+    uint32_t q = ihl_bytes(offender) + DP_ICMP_QUOTE_PAYLOAD;
+    uint32_t total;
+    uint8_t *icmp = out + DP_IP_HDR_MIN;
+
+    if (q > len)
+        q = len;
+    total = DP_IP_HDR_MIN + DP_ICMP_HDR + q;
+
+    out[0] = 0x45;
+    out[1] = 0;                          /* tos */
+    wr16(out + 2, (uint16_t)total);
+    wr16(out + 4, 0);                    /* id */
+    wr16(out + 6, 0);                    /* no DF, offset 0 */
+    out[8] = DP_ICMP_TTL_OUT;
+    out[9] = DP_IP_PROTO_ICMP;
+    wr16(out + 10, 0);
+    memcpy(out + 12, &src, 4);
+    memcpy(out + 16, offender + 12, 4);  /* back to the offender's source */
+    wr16(out + 10, dp_packet_csum(out, DP_IP_HDR_MIN));
+
+    icmp[0] = type;
+    icmp[1] = code;
+    memset(icmp + 2, 0, 6);              /* checksum, then the unused word */
+    memcpy(icmp + DP_ICMP_HDR, offender, q);
+    wr16(icmp + 2, dp_packet_csum(icmp, DP_ICMP_HDR + q));
+    return total;
+}
