@@ -1,0 +1,323 @@
+"""Simulated hosts: network namespaces joined by veth pairs to a bridge.
+
+::
+
+      host h0 (netns fu-<pid>-<seq>-h0)      host h1 (netns fu-<pid>-<seq>-h1)   ...
+      fu<id>h0  192.168.77.1/24              fu<id>h1  192.168.77.2/24
+      default via 192.168.77.254             default via 192.168.77.254
+            |  veth                                |  veth
+      ------+------------ bridge fu<id>br ---------+-------------- switch netns
+                           192.168.77.254/24        (fu-<pid>-<seq>-sw; room for an etcd)
+
+The underlay exists only inside these namespaces: nothing is added to the
+caller's namespace, so the range cannot clash with the machine's own
+networks. Each host has a default route through .254 so that a daemon that
+picks "the default-route interface" (flanneld's rule) finds its veth.
+
+Processes started with :meth:`Testbed.popen` run in their own session; they are
+tracked by PID and killed (process group first, then any process left inside
+the namespace) by :meth:`Testbed.remove_host` and :meth:`Testbed.close`.
+``close()`` deletes every namespace, which takes the veths, the bridge and
+any TUN device with it. It runs on ``with`` exit, and at interpreter exit for
+any testbed still open; a testbed of a killed run is swept (by its dead
+pid) when the next one starts.
+"""
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from . import netns as ns
+
+log = logging.getLogger(__name__)
+
+DEFAULT_UNDERLAY = "192.168.77.0/24"
+SWITCH_HOST = 254  # the switch namespace's address: .254
+
+
+@dataclass
+class Host:
+    """One simulated host. ``ip`` is its underlay address, ``iface`` the name
+    of its veth (inside ``netns``). Convenience calls go to the testbed."""
+    name: str
+    index: int
+    netns: str
+    ip: str
+    iface: str
+    mtu: int
+    testbed: "Testbed" = field(repr=False, compare=False, default=None)
+
+    def exec(self, argv, **kw) -> subprocess.CompletedProcess:
+        return self.testbed.exec(self, argv, **kw)
+
+    def popen(self, argv, **kw) -> subprocess.Popen:
+        return self.testbed.popen(self, argv, **kw)
+
+
+_open_testbeds: "weakref.WeakSet[Testbed]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    for tb in list(_open_testbeds):
+        try:
+            tb.close()
+        except Exception as e:  # best effort: the process is exiting
+            log.warning("testbed cleanup at exit failed: %s", e)
+
+
+class Testbed:
+    """N simulated hosts on one L2 segment. A context manager.
+
+    :param hosts: number of hosts to create at once (more with :meth:`add_host`).
+    :param underlay: the private /24 (or larger) the hosts live in; host i gets
+        the (i+1)-th address, the switch the .254 one.
+    :param mtu: MTU of the veths (flannel0 gets mtu - 28).
+    :param sweep: delete stale namespaces of dead runs first.
+    :param disable_ipv6: keep IPv6 off in every namespace (clean TUN counters).
+    """
+
+    def __init__(self, hosts: int = 2, *, underlay: str = DEFAULT_UNDERLAY, mtu: int = 1500,
+                 sweep: bool = True, disable_ipv6: bool = True):
+        self.underlay = ipaddress.IPv4Network(underlay)
+        if self.underlay.num_addresses < 256:
+            raise ValueError("underlay must be a /24 or larger")
+        self.mtu = int(mtu)
+        self.disable_ipv6 = disable_ipv6
+        self.run_id = ns.new_run_id()
+        self.tag = ns.short_id(self.run_id)
+        self.switch = ns.ns_name(self.run_id, "sw")
+        self.bridge = f"{ns.PREFIX}{self.tag}br"
+        self.switch_ip = str(self.underlay.network_address + SWITCH_HOST)
+        self.hosts: list[Host] = []
+        self._procs: dict[int, tuple[subprocess.Popen, str]] = {}  # pid -> (proc, netns)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._namespaces: list[str] = []
+        if sweep:
+            ns.sweep_stale()
+        _open_testbeds.add(self)
+        try:
+            self._make_switch()
+            for _ in range(hosts):
+                self.add_host()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- topology -------------------------------------------------------
+
+    def _make_switch(self) -> None:
+        ns.create(self.switch, disable_ipv6=self.disable_ipv6)
+        self._namespaces.append(self.switch)
+        ns.run_ip(["-batch", "-"], netns=self.switch, input=(
+            f"link add {self.bridge} type bridge stp_state 0 forward_delay 0\n"
+            f"link set {self.bridge} mtu {self.mtu} up\n"
+            f"addr add {self.switch_ip}/{self.underlay.prefixlen} dev {self.bridge}\n"))
+
+    def add_host(self, name: str | None = None) -> Host:
+        """Create one more host (namespace + veth into the bridge + address).
+        ``name`` defaults to ``h<index>``, index being the lowest free one."""
+        self._check_open()
+        used = {h.index for h in self.hosts}
+        index = next(i for i in range(SWITCH_HOST - 1) if i not in used)
+        name = name or f"h{index}"
+        if any(h.name == name for h in self.hosts):
+            raise ValueError(f"host {name!r} exists")
+        netns = ns.ns_name(self.run_id, name)
+        ip = str(self.underlay.network_address + index + 1)
+        iface = f"{ns.PREFIX}{self.tag}h{index}"
+        port = f"{ns.PREFIX}{self.tag}s{index}"
+        if len(iface) > 15:
+            raise ValueError(f"interface name {iface} too long")
+        ns.create(netns, disable_ipv6=self.disable_ipv6)
+        self._namespaces.append(netns)
+        try:
+            ns.run_ip(["-batch", "-"], netns=self.switch, input=(
+                f"link add {port} mtu {self.mtu} type veth peer name {iface} "
+                f"mtu {self.mtu} netns {netns}\n"
+                f"link set {port} master {self.bridge} up\n"))
+            ns.run_ip(["-batch", "-"], netns=netns, input=(
+                f"addr add {ip}/{self.underlay.prefixlen} dev {iface}\n"
+                f"link set {iface} up\n"
+                f"route add default via {self.switch_ip} dev {iface}\n"))
+        except BaseException:
+            self._delete_ns(netns)
+            raise
+        host = Host(name=name, index=index, netns=netns, ip=ip, iface=iface, mtu=self.mtu,
+                    testbed=self)
+        self.hosts.append(host)
+        log.debug("testbed host %s: netns %s, %s on %s", name, netns, ip, iface)
+        return host
+
+    def remove_host(self, host: Host | str) -> None:
+        """Kill the host's processes and delete its namespace (its veth and
+        TUNs go with it)."""
+        host = self.host(host)
+        self.hosts.remove(host)
+        self._delete_ns(host.netns)
+
+    def host(self, key: Host | str | int) -> Host:
+        """A host by Host, name or index."""
+        if isinstance(key, Host):
+            if key not in self.hosts:
+                raise KeyError(f"host {key.name} is not (or no longer) in this testbed")
+            return key
+        for h in self.hosts:
+            if h.name == key or h.index == key:
+                return h
+        raise KeyError(f"no host {key!r}")
+
+    def __getitem__(self, key) -> Host:
+        return self.host(key)
+
+    def __iter__(self):
+        return iter(list(self.hosts))
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def namespaces(self) -> list[str]:
+        """Every namespace of this testbed (switch first)."""
+        return list(self._namespaces)
+
+    def _netns(self, where) -> str:
+        if where in ("switch", self.switch):
+            return self.switch
+        if isinstance(where, str) and where in self._namespaces:
+            return where
+        return self.host(where).netns
+
+    # -- processes --------------------------------------------------------
+
+    def argv(self, where, argv) -> list[str]:
+        """The argv that runs ``argv`` in a host (Host, name, index) or in
+        ``"switch"``."""
+        return ns.exec_argv(self._netns(where), list(argv))
+
+    def exec(self, where, argv, *, timeout: float = 30, check: bool = False,
+             input=None, env=None, text: bool = True) -> subprocess.CompletedProcess:
+        """Run ``argv`` in a host and wait (bounded by ``timeout``); output captured."""
+        self._check_open()
+        return subprocess.run(self.argv(where, argv), capture_output=True, text=text,
+                              timeout=timeout, check=check, input=input, env=env)
+
+    def popen(self, where, argv, *, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+              env=None, text: bool = True, **kw) -> subprocess.Popen:
+        """Start ``argv`` in a host in its own session; tracked by PID and
+        killed by :meth:`kill`, :meth:`remove_host` or :meth:`close`."""
+        self._check_open()
+        netns = self._netns(where)
+        proc = subprocess.Popen(ns.exec_argv(netns, list(argv)), stdout=stdout, stderr=stderr,
+                                env=env, text=text, start_new_session=True, **kw)
+        with self._lock:
+            self._procs[proc.pid] = (proc, netns)
+        return proc
+
+    def kill(self, proc: subprocess.Popen, *, sig: int = signal.SIGTERM,
+             timeout: float = 5.0) -> int | None:
+        """Send ``sig`` to a process started by :meth:`popen` (its process
+        group), wait up to ``timeout``, then SIGKILL. Returns its exit code."""
+        if proc.poll() is None:
+            _signal_group(proc.pid, sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    log.warning("pid %d did not die after SIGKILL", proc.pid)
+        else:
+            _signal_group(proc.pid, signal.SIGKILL)  # stray children of a dead leader
+        with self._lock:
+            self._procs.pop(proc.pid, None)
+        for f in (proc.stdout, proc.stderr, proc.stdin):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        return proc.returncode
+
+    def _kill_in(self, netns: str | None) -> None:
+        with self._lock:
+            procs = [p for p, n in self._procs.values() if netns is None or n == netns]
+        for p in procs:
+            self.kill(p, timeout=3.0)
+
+    # -- teardown ---------------------------------------------------------
+
+    def _delete_ns(self, netns: str) -> None:
+        self._kill_in(netns)
+        ns.delete(netns)
+        if netns in self._namespaces:
+            self._namespaces.remove(netns)
+
+    def close(self) -> None:
+        """Kill tracked processes (by PID), then delete every namespace. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        errors = []
+        self._kill_in(None)
+        for netns in reversed(self._namespaces[:]):
+            try:
+                self._delete_ns(netns)
+            except Exception as e:
+                errors.append(f"{netns}: {e}")
+        self.hosts.clear()
+        _open_testbeds.discard(self)
+        if errors:
+            raise ns.NetnsError("testbed teardown left: " + "; ".join(errors))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("testbed is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "Testbed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<Testbed {self.switch[:-3]} hosts={[h.name for h in self.hosts]}"
+                f"{' closed' if self._closed else ''}>")
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """Signal the process group led by ``pid`` (popen starts a new session,
+    so pgid == pid), falling back to the PID alone."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate()`` until true or ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
