@@ -1,0 +1,183 @@
+"""The C engine: a thin binding of csrc/dataplane.h (built by cffi).
+
+Everything about packets happens in C; this module checks sizes before each
+call, turns ``-errno`` returns into ``OSError`` in one place (:func:`_check`),
+and runs ``dp_loop_run`` in its own thread (cffi releases the GIL for the
+duration of the call, so the loop never contends with Python code).
+
+Importing this module raises ImportError when the extension was not built;
+``dataplane.engine`` catches that and falls back to the Python engine.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+import socket
+import struct
+import threading
+
+from dataplane._dataplane_c import ffi, lib
+
+from .api import (BATCH_MAX, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
+                  EngineClosed, Route)
+
+__all__ = ["CEngine"]
+log = logging.getLogger(__name__)
+
+# One dp_route is four uint32: net, prefixlen (network order bytes for the
+# addresses, native order for the numbers), peer_ip, port.
+_ROUTE = struct.Struct("=4sI4sI")
+assert _ROUTE.size == ffi.sizeof("dp_route")
+assert TRACE_RING == lib.DP_TRACE_RING and TRACE_HEAD == lib.DP_TRACE_HEAD
+assert BATCH_MAX == lib.DP_BATCH_MAX
+
+
+def _check(rc: int) -> int:
+    """Raise OSError for a -errno return; pass counts through."""
+    if rc < 0:
+        raise OSError(-rc, os.strerror(-rc))
+    return rc
+
+
+def _fd(obj) -> int:
+    return obj if isinstance(obj, int) else obj.fileno()
+
+
+def _addr_u32(addr: ipaddress.IPv4Address) -> int:
+    """An address as the uint32 whose memory holds it in network order."""
+    return struct.unpack("=I", addr.packed)[0]
+
+
+def _pack_routes(routes) -> bytes:
+    out = bytearray()
+    for r in routes:
+        if not isinstance(r, Route):
+            raise TypeError(f"expected Route, got {type(r).__name__}")
+        if not isinstance(r.subnet, ipaddress.IPv4Network) or \
+                not isinstance(r.peer_ip, ipaddress.IPv4Address):
+            raise TypeError(f"route {r!r} is not IPv4")
+        if not 1 <= r.port <= 65535:
+            raise ValueError(f"route {r!r}: port out of range 1..65535")
+        out += _ROUTE.pack(r.subnet.network_address.packed, r.subnet.prefixlen,
+                           r.peer_ip.packed, r.port)
+    return bytes(out)
+
+
+class CEngine(Engine):
+    """The C loop of csrc/loop.c behind the Engine interface."""
+    name = "c"
+
+    def __init__(self, tun_fd, udp_fd, tun_addr, mtu: int, port: int,
+                 batch: int = 64, accept_any: bool = True):
+        super().__init__(tun_fd, udp_fd, tun_addr, mtu, port, batch, accept_any)
+        # Guards _loop against free while another thread is in a C call.
+        self._lock = threading.RLock()
+        self._thread: threading.Thread | None = None
+        self._run_rc: int | None = None
+        self._loop = None
+        self._events = ffi.new("dp_trace_event[]", TRACE_RING)
+        pp = ffi.new("dp_loop **")
+        _check(lib.dp_loop_new(pp, _fd(tun_fd), _fd(udp_fd), _addr_u32(self.tun_addr),
+                               self.mtu, self.batch, 1 if self.accept_any else 0))
+        self._loop = pp[0]
+
+    def _live(self):
+        if self._loop is None:
+            raise EngineClosed(errno.EBADF, f"{self.name} engine is closed")
+        return self._loop
+
+    def set_routes(self, routes) -> None:
+        raw = _pack_routes(routes)
+        n = len(raw) // _ROUTE.size
+        if n >= 2 ** 32:
+            raise ValueError("too many routes")
+        arr = ffi.from_buffer("dp_route[]", raw) if n else ffi.NULL
+        with self._lock:
+            _check(lib.dp_loop_set_routes(self._live(), arr, n))
+
+    def start(self) -> None:
+        with self._lock:
+            loop = self._live()
+            if self._thread is not None:
+                raise RuntimeError("engine already started")
+            self._thread = threading.Thread(target=self._run, args=(loop,),
+                                            name="dataplane-c", daemon=True)
+            self._thread.start()
+
+    def _run(self, loop) -> None:
+        # The loop is freed only after this thread is joined (close()).
+        self._run_rc = lib.dp_loop_run(loop)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._loop is not None:
+                _check(lib.dp_loop_stop(self._loop))
+
+    def join(self, timeout: float | None = None) -> bool:
+        t = self._thread
+        if t is None:
+            return True
+        t.join(timeout)
+        return not t.is_alive()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._loop is None:
+                return
+            _check(lib.dp_loop_stop(self._loop))
+            self.join()
+            lib.dp_loop_free(self._loop)
+            self._loop = None
+        if self._run_rc is not None and self._run_rc < 0:
+            # Only epoll itself failing ends the loop with an error.
+            log.error("C loop ended with %s", os.strerror(-self._run_rc))
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def stats(self) -> dict:
+        s = ffi.new("dp_stats *")
+        with self._lock:
+            _check(lib.dp_loop_stats(self._live(), s))
+        return {name: getattr(s, name) for name in STAT_NAMES}
+
+    def trace(self, enable: bool) -> None:
+        with self._lock:
+            _check(lib.dp_loop_trace(self._live(), 1 if enable else 0))
+
+    def trace_events(self, after: int = 0) -> list:
+        after = int(after)
+        if not 0 <= after < 2 ** 64:
+            raise ValueError(f"after {after} out of range")
+        out = []
+        with self._lock:
+            loop = self._live()
+            while True:
+                n = _check(lib.dp_loop_trace_read(loop, after, self._events, TRACE_RING))
+                out.extend(_event(self._events[i]) for i in range(n))
+                if n < TRACE_RING:
+                    break
+                after = out[-1]["seq"]
+        return out
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+def _event(ev) -> dict:
+    return {
+        "seq": ev.seq,
+        "ts_ns": ev.ts_ns,
+        "kind": TRACE_KINDS.get(ev.kind, str(ev.kind)),
+        "len": ev.len,
+        "addr": socket.inet_ntoa(struct.pack("=I", ev.addr)),
+        "port": ev.port,
+        "batch": ev.batch,
+        "head": bytes(ffi.buffer(ev.head, ev.head_len)),
+    }
