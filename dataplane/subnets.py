@@ -1,0 +1,302 @@
+"""The subnet manager: acquire this node's subnet lease, keep it renewed, and get it back if it is lost.
+
+Acquisition follows flanneld's `tryAcquireLease` order (FLANNEL_COMPAT.md §3.4):
+  1. a lease whose PublicIP is ours: reused (renewed) if it fits the config, else deleted;
+  2. the previous subnet from subnet.env, if nobody holds it and it fits the config;
+  3. a uniformly random pick among the first 100 free subnets from SubnetMin to SubnetMax.
+Creation is a create-if-absent transaction with a fresh 24 h etcd lease. Unlike flanneld, losing a
+creation race is not fatal: we re-list and pick again (up to `max_attempts`).
+
+Renewal (§3.3) is a new grant plus a put at `expiration - renew margin`, retried every
+`retry_interval` (1 min) on failure. Our own key is watched: a delete (expiry, revocation, an operator's
+`etcdctl del`) makes us acquire again, preferring the same subnet, and tell the daemon through
+`on_lease_change(lease)` instead of exiting as flanneld does.
+
+Threads: start() runs a maintenance thread (renewal, re-acquisition) and a watch thread (own key).
+`_cond` guards `_lease`, `_gen`, `_lost`, `_stopped` and `_watch`.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from ipaddress import IPv4Address, IPv4Network
+from typing import Callable, Optional
+
+from .config import NetworkConfig
+from .lease import Lease, LeaseAttrs
+from .registry import SUBNET_TTL, Registry, RegistryError, WatchLoop
+
+log = logging.getLogger(__name__)
+
+MAX_FREE_CANDIDATES = 100
+
+
+class SubnetError(RuntimeError):
+    """No lease could be acquired."""
+
+
+class OutOfSubnetsError(SubnetError):
+    pass
+
+
+def check_renew_margin(minutes: int) -> int:
+    if not isinstance(minutes, int) or not 1 <= minutes <= 1439:
+        raise ValueError("Invalid subnet-lease-renew-margin option, out of acceptable range "
+                         f"(want 1..1439 minutes, got {minutes!r})")
+    return minutes
+
+
+def free_subnets(config: NetworkConfig, taken: "list[IPv4Network]",
+                 limit: int = MAX_FREE_CANDIDATES) -> list[IPv4Network]:
+    """The first `limit` subnets of SubnetLen from SubnetMin to SubnetMax overlapping no taken one."""
+    same = {s for s in taken if s.prefixlen == config.subnet_len}
+    other = [s for s in taken if s.prefixlen != config.subnet_len]
+    out: list[IPv4Network] = []
+    size = config.subnet_size
+    cur, last = int(config.subnet_min), int(config.subnet_max)
+    while cur <= last and len(out) < limit:
+        cand = IPv4Network((cur, config.subnet_len))
+        if cand not in same and not any(cand.overlaps(o) for o in other):
+            out.append(cand)
+        cur += size
+    return out
+
+
+class SubnetManager:
+    def __init__(self, registry: Registry, public_ip: "IPv4Address | str",
+                 subnet_file_prev: Optional[IPv4Network] = None, renew_margin_min: int = 60,
+                 on_lease_change: Optional[Callable[[Lease], None]] = None, *,
+                 config: Optional[NetworkConfig] = None, lease_ttl: int = SUBNET_TTL,
+                 renew_margin_s: Optional[float] = None, retry_interval: float = 60.0,
+                 reacquire_interval: float = 1.0, watch_retry_interval: float = 1.0,
+                 max_attempts: int = 20, rng: Optional[random.Random] = None):
+        self.registry = registry
+        self.public_ip = IPv4Address(public_ip)
+        self.attrs = LeaseAttrs(public_ip=self.public_ip)
+        self.subnet_file_prev = subnet_file_prev
+        self.renew_margin = (renew_margin_s if renew_margin_s is not None
+                             else 60.0 * check_renew_margin(renew_margin_min))
+        self.on_lease_change = on_lease_change
+        self.config = config
+        self.lease_ttl = int(lease_ttl)
+        self.retry_interval = retry_interval
+        self.reacquire_interval = reacquire_interval
+        self.watch_retry_interval = watch_retry_interval
+        self.max_attempts = max_attempts
+        self._rng = rng or random.Random()
+        self._cond = threading.Condition()
+        self._lease: Optional[Lease] = None
+        self._gen = 0                         # bumped whenever _lease is replaced by a new acquisition
+        self._lost = False
+        self._stopped = False
+        self._watch: Optional[WatchLoop] = None
+        self._threads: list[threading.Thread] = []
+        self.renewals = 0
+        self.reacquisitions = 0
+
+    @property
+    def lease(self) -> Optional[Lease]:
+        with self._cond:
+            return self._lease
+
+    # -- acquisition --------------------------------------------------------------------------------
+    def acquire(self) -> Lease:
+        """Acquire (or reuse) this node's lease; raises SubnetError, ConfigError or RegistryError."""
+        lease = self._acquire(self.subnet_file_prev)
+        with self._cond:
+            self._lease = lease
+            self._gen += 1
+            self._lost = False
+        return lease
+
+    def _acquire(self, prev: Optional[IPv4Network]) -> Lease:
+        config = self.config or self.registry.get_config()
+        lost_races: set[IPv4Network] = set()
+        for attempt in range(1, self.max_attempts + 1):
+            leases, _ = self.registry.list_leases()
+            lease = self._reuse_by_ip(config, leases)
+            if lease is not None:
+                return lease
+            if prev is not None:
+                lease = self._reuse_previous(config, leases, prev)
+                prev = None                   # tried once; from now on pick at random
+                if lease is not None:
+                    return lease
+            taken = [l.subnet for l in leases] + list(lost_races)
+            free = free_subnets(config, taken)
+            if not free:
+                raise OutOfSubnetsError(
+                    f"out of subnets: no free /{config.subnet_len} left in {config.subnet_min} ... "
+                    f"{config.subnet_max} of {config.network} ({len(leases)} leases held)")
+            log.info("Picking subnet in range %s ... %s", config.subnet_min, config.subnet_max)
+            pick = self._rng.choice(free)
+            lease = self.registry.create_lease(pick, self.attrs, self.lease_ttl)
+            if lease is not None:
+                log.info("Allocated lease (ip: %s ipv6: ::/0) to current node (%s)", pick, self.public_ip)
+                return lease
+            log.info("subnet %s was taken by another node meanwhile (attempt %d/%d), picking again",
+                     pick, attempt, self.max_attempts)
+            lost_races.add(pick)
+        raise SubnetError(f"failed to acquire a subnet lease: lost {self.max_attempts} creation races in a row")
+
+    def _reuse_by_ip(self, config: NetworkConfig, leases: list[Lease]) -> Optional[Lease]:
+        for l in leases:
+            if l.attrs.public_ip != self.public_ip:
+                continue
+            if config.subnet_compatible(l.subnet) and l.ipv6_subnet is None:
+                renewed = self.registry.renew_lease(l.subnet, self.attrs, self.lease_ttl)
+                if renewed is not None:
+                    log.info("Found lease (ip: %s ipv6: ::/0) for current IP (%s), reusing",
+                             l.subnet, self.public_ip)
+                    return renewed
+                continue                      # rewritten by another node since our list
+            log.warning("Found lease (ip: %s) for current IP (%s) that does not fit the network config, "
+                        "deleting it", l.subnet, self.public_ip)
+            self.registry.delete_lease(l.subnet)
+        return None
+
+    def _reuse_previous(self, config: NetworkConfig, leases: list[Lease],
+                        prev: IPv4Network) -> Optional[Lease]:
+        if not config.subnet_compatible(prev):
+            log.info("Previous subnet %s does not fit the network config, not reusing it", prev)
+            return None
+        if any(l.subnet.overlaps(prev) for l in leases):
+            return None
+        lease = self.registry.create_lease(prev, self.attrs, self.lease_ttl)
+        if lease is not None:
+            log.info("Found previously leased subnet (%s), reusing", prev)
+        return lease
+
+    # -- renewal and own-lease monitoring ----------------------------------------------------------
+    def start(self) -> None:
+        if self._lease is None:
+            self.acquire()
+        with self._cond:
+            self._stopped = False
+        for target, name in ((self._maintain, "renew"), (self._watch_own, "own-lease")):
+            t = threading.Thread(target=target, name=f"subnets-{name}-{self.public_ip}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the threads. The lease stays in etcd until it expires, as with flanneld."""
+        with self._cond:
+            self._stopped = True
+            watch = self._watch
+            self._cond.notify_all()
+        if watch is not None:
+            watch.cancel()
+        for t in self._threads:
+            t.join(timeout)
+        self._threads = []
+
+    def _renew_due(self, lease: Lease) -> float:
+        expiration = lease.expiration if lease.expiration is not None else time.time()
+        return expiration - self.renew_margin
+
+    def _wait_until(self, due: float, wake_on_lost: bool = True) -> None:
+        """Sleep until `due` (unix time), a stop, or (if wake_on_lost) a lost lease. Caller holds _cond."""
+        while not self._stopped and not (wake_on_lost and self._lost):
+            left = due - time.time()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
+    def _maintain(self) -> None:
+        due = self._renew_due(self.lease)
+        retry_lost = False                    # True after a failed re-acquisition: wait before retrying
+        while True:
+            with self._cond:
+                self._wait_until(due, wake_on_lost=not retry_lost)
+                if self._stopped:
+                    return
+                lost, lease = self._lost, self._lease
+            if lost:
+                due, retry_lost = self._reacquire(lease)
+                continue
+            retry_lost = False
+            try:
+                renewed = self.registry.renew_lease(lease.subnet, self.attrs, self.lease_ttl)
+            except RegistryError as exc:
+                log.error("Error renewing lease (trying again in %gs): %s", self.retry_interval, exc)
+                due = time.time() + self.retry_interval
+                continue
+            if renewed is None:
+                log.error("Lease %s is now held by another node, acquiring a new one", lease.subnet)
+                with self._cond:
+                    self._lost = True
+                continue
+            with self._cond:
+                if self._lease is lease:
+                    self._lease = renewed
+            self.renewals += 1
+            due = self._renew_due(renewed)
+            log.info("Lease renewed, new expiration: %s", time.strftime(
+                "%Y-%m-%d %H:%M:%S", time.gmtime(renewed.expiration)))
+
+    def _reacquire(self, old: Lease) -> tuple[float, bool]:
+        """Get a lease again after ours was lost. Returns (when the next action is due, failed)."""
+        log.warning("Lease %s has been revoked or has expired: acquiring a lease again", old.subnet)
+        try:
+            lease = self._acquire(old.subnet)
+        except Exception as exc:              # etcd down, out of subnets...: keep trying
+            log.error("Re-acquiring a lease (preferring %s) failed, retrying in %gs: %s",
+                      old.subnet, self.reacquire_interval, exc)
+            return time.time() + self.reacquire_interval, True
+        with self._cond:
+            self._lease = lease
+            self._gen += 1
+            self._lost = False
+            watch = self._watch
+            self._cond.notify_all()
+        if watch is not None:
+            watch.cancel()                    # the watch thread restarts on the new key
+        self.reacquisitions += 1
+        log.info("Acquired lease %s again (was %s)", lease.subnet, old.subnet)
+        if self.on_lease_change is not None:
+            try:
+                self.on_lease_change(lease)
+            except Exception:
+                log.exception("on_lease_change callback failed")
+        return self._renew_due(lease), False
+
+    def _mark_lost(self, why: str) -> None:
+        with self._cond:
+            if not self._lost:
+                log.warning("Own lease: %s", why)
+            self._lost = True
+            self._cond.notify_all()
+
+    def _watch_own(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                lease, gen = self._lease, self._gen
+                mine = self.attrs.to_json()
+
+                def on_events(events, _rev, lease=lease, mine=mine):
+                    for ev in events:
+                        if ev.kind == "delete":
+                            self._mark_lost(f"{lease.subnet} deleted from etcd")
+                        elif ev.value != mine:
+                            self._mark_lost(f"{lease.subnet} overwritten by another node: {ev.value!r}")
+
+                def on_compacted(lease=lease, mine=mine):
+                    kvs, rev = self.registry.get(lease.key)
+                    if not kvs or kvs[0].value != mine:
+                        self._mark_lost(f"{lease.subnet} gone after a compaction")
+                    return rev
+
+                watch = self.registry.watch_loop(
+                    lease.key, prefix=False, start_revision=lease.mod_revision + 1, on_events=on_events,
+                    on_compacted=on_compacted, retry_interval=self.watch_retry_interval,
+                    name=f"own lease {lease.subnet}")
+                self._watch = watch
+            watch.run()
+            with self._cond:
+                # Wait for the maintenance thread to replace the lease before watching again.
+                while not self._stopped and self._gen == gen:
+                    self._cond.wait()
