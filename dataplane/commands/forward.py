@@ -1,0 +1,242 @@
+"""`flannel-udp forward`: the dataplane with a static route table, no etcd.
+
+For tests and measurements: it sets up the TUN device exactly as the daemon
+(and flanneld) does, binds the UDP socket, hands both to an engine with the
+routes from the command line, and forwards until SIGTERM/SIGINT.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+
+HELP = "forward between a TUN device and UDP with static routes (no etcd; for tests and perf)"
+DESCRIPTION = """\
+Forward packets between a TUN device and a UDP socket with a static route table.
+
+The TUN is created in the current network namespace (run it under
+`ip netns exec NS ...` to place it in a test host), gets --tun-addr (the /32
+address, e.g. the lease network 10.5.1.0/32), the MTU, link up, and the
+route `--network dev <tun>`. No etcd is involved.
+
+example (host 192.168.77.1 with lease 10.5.1.0/24, one peer):
+  flannel-udp forward --tun-addr 10.5.1.0/32 --network 10.5.0.0/16 \\
+      --listen 192.168.77.1:8285 --route 10.5.2.0/24=192.168.77.2
+
+--stats-file gets, every second and at exit, a JSON object:
+  {"engine": "c", "tun": "flannel0", "pid": 123, "time": 1700000000.0,
+   "final": false, "stats": {"tun_rx_packets": ..., ...}}
+"""
+
+log = logging.getLogger("dataplane.forward")
+DEFAULT_PORT = 8285
+ENCAP_OVERHEAD = 28
+SOCKBUF = 4 << 20  # large socket buffers absorb bursts (DESIGN.md, Measuring)
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # <asm-generic/socket.h>; not exported by Python 3.11
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = value, str(DEFAULT_PORT)
+    try:
+        ip = str(ipaddress.IPv4Address(host))
+        p = int(port)
+        if not 1 <= p <= 65535:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected IPv4:PORT, e.g. 192.168.77.1:8285")
+    return ip, p
+
+
+def _route(value: str) -> tuple[ipaddress.IPv4Network, str, int | None]:
+    subnet, sep, hop = value.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        net = ipaddress.IPv4Network(subnet)
+        ip, sep, port = hop.partition(":")
+        ip = str(ipaddress.IPv4Address(ip))
+        p = int(port) if sep else None
+        if p is not None and not 1 <= p <= 65535:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected SUBNET=PEER_IP[:PORT], e.g. 10.5.2.0/24=192.168.77.2")
+    return net, ip, p
+
+
+def _iface(value: str) -> ipaddress.IPv4Interface:
+    try:
+        iface = ipaddress.IPv4Interface(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected an IPv4 address, e.g. 10.5.1.0/32")
+    return iface
+
+
+def _network(value: str) -> ipaddress.IPv4Network:
+    try:
+        return ipaddress.IPv4Network(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{value!r}: {e}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tun-name", default="flannel%d", metavar="NAME",
+                   help="TUN device name or template (default: flannel%%d -> flannel0)")
+    p.add_argument("--tun-addr", required=True, type=_iface, metavar="IP[/32]",
+                   help="the TUN address, flanneld's <lease network>/32 (also the source of ICMP errors)")
+    p.add_argument("--network", type=_network, metavar="CIDR",
+                   help="the flannel network: adds the route `CIDR dev <tun>` (e.g. 10.5.0.0/16)")
+    p.add_argument("--listen", required=True, type=_listen, metavar="IP:PORT",
+                   help="bind the UDP socket here (the external interface address; port default 8285)")
+    p.add_argument("--mtu", type=int,
+                   help="TUN MTU (default: MTU of the interface holding the --listen address - 28)")
+    p.add_argument("--route", action="append", type=_route, default=[], metavar="SUBNET=PEER_IP[:PORT]",
+                   help="packets to SUBNET go to PEER_IP:PORT (port default: the --listen port); repeatable")
+    p.add_argument("--engine", choices=("c", "python", "auto"), default=None,
+                   help="engine to run (default: $DATAPLANE_ENGINE, else auto = C if built)")
+    p.add_argument("--batch", type=int, default=None, metavar="N",
+                   help="packets per batch, 1..256 (default: the engine's)")
+    p.add_argument("--accept-from", choices=("leases", "any"), default="any",
+                   help="leases: drop datagrams whose source is no --route peer; any: accept all "
+                        "as flanneld (default: any)")
+    p.add_argument("--sockbuf", type=int, default=SOCKBUF, metavar="BYTES",
+                   help=f"UDP socket send/receive buffer size (default {SOCKBUF})")
+    p.add_argument("--stats-file", metavar="PATH",
+                   help="write the engine's counters as JSON here every second and at exit")
+    p.add_argument("--ready-file", metavar="PATH",
+                   help="create this file once forwarding has started")
+
+
+def _engine_choice(kind: str | None) -> tuple[type, str]:
+    """The engine class and a sentence saying why it was chosen."""
+    from dataplane import engine as eng
+    requested = kind or os.environ.get("DATAPLANE_ENGINE") or "auto"
+    source = "--engine" if kind else ("$DATAPLANE_ENGINE" if os.environ.get("DATAPLANE_ENGINE")
+                                      else "default")
+    cls = eng.engine_class(requested)
+    if requested.lower() == "auto":
+        if eng.c_available():
+            why = f"auto ({source}): the C engine is built"
+        else:
+            why = f"auto ({source}): the C engine is not built ({eng.c_import_error()})"
+    else:
+        why = f"requested with {source}={requested}"
+    return cls, why
+
+
+def _set_bufs(sock: socket.socket, size: int) -> None:
+    for force, opt in ((SO_SNDBUFFORCE, socket.SO_SNDBUF), (SO_RCVBUFFORCE, socket.SO_RCVBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, size)   # beyond wmem_max/rmem_max (root)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+
+
+def _write_json(path: str, obj: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def main(args: argparse.Namespace) -> int:
+    from dataplane import netconf
+    from dataplane.engine import DEFAULT_BATCH, Route
+    from dataplane.tun import open_tun
+
+    listen_ip, port = args.listen
+    tun_addr = args.tun_addr
+    if tun_addr.network.prefixlen != 32:
+        log.warning("--tun-addr %s: flanneld uses a /32 (the lease network address)", tun_addr)
+    try:
+        cls, why = _engine_choice(args.engine)
+    except (ImportError, ValueError) as e:
+        log.error("%s", e)
+        return 2
+    mtu = args.mtu
+    if mtu is None:
+        try:
+            mtu = netconf.tun_mtu_for_addr(listen_ip)
+        except OSError as e:
+            log.error("cannot find the MTU of the interface holding %s (%s); is --listen an "
+                      "address of this namespace? Or pass --mtu", listen_ip, e)
+            return 2
+
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        log.info("got %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    tun_fd = None
+    sock = None
+    engine = None
+    tun_name = "?"
+    try:
+        tun_fd, tun_name = open_tun(args.tun_name)
+        netconf.configure_tun(tun_name, tun_addr.with_prefixlen, mtu)
+        if args.network is not None:
+            netconf.add_network_route(args.network, tun_name)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        _set_bufs(sock, args.sockbuf)
+        sock.bind((listen_ip, port))
+        routes = [Route.make(net, ip, p or port) for net, ip, p in args.route]
+        engine = cls(tun_fd=tun_fd, udp_fd=sock.fileno(), tun_addr=tun_addr.ip, mtu=mtu,
+                     port=port, batch=args.batch or DEFAULT_BATCH,
+                     accept_any=args.accept_from == "any")
+        engine.set_routes(routes)
+        engine.start()
+        log.info("engine %s (%s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",
+                 engine.name, why, tun_name, tun_addr, mtu,
+                 f", route {args.network} dev {tun_name}" if args.network else "",
+                 listen_ip, port, len(routes),
+                 "".join(f"\n  {r.subnet} -> {r.peer_ip}:{r.port}" for r in routes))
+
+        def dump(final: bool) -> None:
+            if args.stats_file:
+                _write_json(args.stats_file, {"engine": engine.name, "tun": tun_name,
+                                              "pid": os.getpid(), "time": time.time(),
+                                              "final": final, "stats": engine.stats()})
+
+        dump(False)
+        if args.ready_file:
+            with open(args.ready_file, "w") as f:
+                f.write(f"{os.getpid()} {engine.name} {tun_name}\n")
+        rc = 0
+        while not stop.wait(1.0):
+            if engine.join(0):
+                log.error("the %s engine's loop ended on its own; exiting", engine.name)
+                rc = 1
+                break
+            dump(False)
+        engine.stop()
+        if not engine.join(5.0):
+            log.error("the %s engine did not stop within 5 s", engine.name)
+            rc = 1
+        dump(True)
+        s = engine.stats()
+        log.info("stopped: tun->udp %d packets, udp->tun %d packets, drops %s",
+                 s.get("udp_tx_packets", 0), s.get("tun_tx_packets", 0),
+                 {k: v for k, v in s.items() if k.startswith("drop_") and v} or "none")
+        return rc
+    except OSError as e:
+        log.error("forward setup failed on %s: %s", tun_name, e)
+        return 1
+    finally:
+        if engine is not None:
+            engine.close()
+        if sock is not None:
+            sock.close()
+        if tun_fd is not None:
+            os.close(tun_fd)  # removes the (non-persistent) TUN device
