@@ -1,0 +1,70 @@
+"""Lease keys and values exactly as flanneld writes and reads them (FLANNEL_COMPAT.md §3.1, §3.2)."""
+import json
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+
+import pytest
+
+from dataplane.lease import (LeaseAttrs, LeaseFormatError, lease_from_kv, parse_subnet_key,
+                             subnet_key_name)
+
+
+def test_udp_value_is_byte_exact():
+    assert LeaseAttrs(IPv4Address("192.168.77.1")).to_json() == b'{"PublicIP":"192.168.77.1","PublicIPv6":null}'
+
+
+def test_roundtrip():
+    a = LeaseAttrs(IPv4Address("1.2.3.4"))
+    assert LeaseAttrs.from_json(a.to_json()) == a
+
+
+def test_key_name_and_parse():
+    s = IPv4Network("10.5.84.0/24")
+    assert subnet_key_name(s) == "10.5.84.0-24"
+    assert parse_subnet_key("/coreos.com/network/subnets/10.5.84.0-24") == (s, None)
+    assert parse_subnet_key("10.5.84.0-24") == (s, None)
+
+
+def test_dual_stack_key():
+    s, v6 = IPv4Network("10.5.84.0/24"), IPv6Network("fc00::/64")
+    assert subnet_key_name(s, v6) == "10.5.84.0-24&fc00::-64"
+    assert parse_subnet_key("/x/subnets/10.5.84.0-24&fc00::-64") == (s, v6)
+
+
+@pytest.mark.parametrize("name", ["10.5.84.0", "10.5.84-24", "10.5.84.0-24x", "abc", "10.5.84.0-33",
+                                  "300.5.84.0-24", "", "10.5.84.0_24"])
+def test_bad_keys(name):
+    with pytest.raises(LeaseFormatError):
+        parse_subnet_key(name)
+
+
+def test_reads_other_backends_values():
+    vx = json.dumps({"PublicIP": "10.0.0.2", "PublicIPv6": None, "BackendType": "vxlan",
+                     "BackendData": {"VNI": 1, "VtepMAC": "aa:bb:cc:dd:ee:ff"}})
+    a = LeaseAttrs.from_json(vx)
+    assert a.public_ip == IPv4Address("10.0.0.2") and a.backend_type == "vxlan"
+    assert a.backend_data["VNI"] == 1
+    # Go's decoder matches keys case-insensitively and ignores unknown ones.
+    b = LeaseAttrs.from_json(b'{"publicip":"10.0.0.3","publicIPv6":"fc00::1","Extra":1}')
+    assert b.public_ip == IPv4Address("10.0.0.3") and b.public_ipv6 == IPv6Address("fc00::1")
+    # An older flanneld omitted PublicIPv6 entirely.
+    assert LeaseAttrs.from_json(b'{"PublicIP":"10.0.0.4"}').public_ipv6 is None
+
+
+def test_other_backend_fields_written_back_in_go_order():
+    a = LeaseAttrs(IPv4Address("10.0.0.2"), backend_type="vxlan", backend_data={"VNI": 1})
+    assert a.to_json() == b'{"PublicIP":"10.0.0.2","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1}}'
+
+
+@pytest.mark.parametrize("raw", [b"", b"null", b"[]", b"{", b'{"PublicIP":null}', b'{"PublicIP":"x"}',
+                                 b'{"PublicIP":"fc00::1"}', b'{"PublicIP":"1.2.3.4","PublicIPv6":"zz"}',
+                                 b"\xff\xfe"])
+def test_bad_values(raw):
+    with pytest.raises(LeaseFormatError):
+        LeaseAttrs.from_json(raw)
+
+
+def test_lease_from_kv():
+    l = lease_from_kv("/p/subnets/10.5.3.0-24", b'{"PublicIP":"1.1.1.1","PublicIPv6":null}', lease_id=7,
+                      mod_revision=9)
+    assert l.subnet == IPv4Network("10.5.3.0/24") and l.public_ip == IPv4Address("1.1.1.1")
+    assert (l.lease_id, l.mod_revision) == (7, 9)
