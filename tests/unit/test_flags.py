@@ -1,0 +1,136 @@
+"""flannel-udp run's flags: flanneld's names, defaults, Go-style spelling, FLANNELD_* env."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dataplane import flags
+from dataplane.cli import build_parser
+
+
+def resolve(argv, env=None):
+    args = build_parser().parse_args(["run", *argv])
+    return flags.resolve(args, env or {})
+
+
+def test_defaults_are_flanneld_defaults():
+    o = resolve([])
+    assert o.etcd_endpoints == ["http://127.0.0.1:4001", "http://127.0.0.1:2379"]
+    assert o.etcd_prefix == "/coreos.com/network"
+    assert o.subnet_file == "/run/flannel/subnet.env"
+    assert o.subnet_lease_renew_margin == 60
+    assert o.ip_masq is False
+    assert o.iptables_resync == 5
+    assert o.iptables_forward_rules is True
+    assert (o.healthz_ip, o.healthz_port) == ("0.0.0.0", 0)
+    assert o.iface == [] and o.iface_regex == [] and o.public_ip == ""
+    assert (o.engine, o.accept_from, o.metrics, o.trace) == ("auto", "leases", "", False)
+
+
+@pytest.mark.parametrize("argv", [
+    ["-etcd-endpoints=http://10.0.0.1:2379", "-ip-masq", "-v=1", "-iface=eth0"],
+    ["--etcd-endpoints", "http://10.0.0.1:2379", "--ip-masq", "-v", "1", "--iface", "eth0"],
+    ["-etcd-endpoints", "http://10.0.0.1:2379", "-ip-masq=true", "-v1", "--iface=eth0"],
+])
+def test_go_and_gnu_spellings(argv):
+    o = resolve(argv)
+    assert o.etcd_endpoints == ["http://10.0.0.1:2379"]
+    assert o.ip_masq is True and o.v == 1 and o.iface == ["eth0"]
+
+
+def test_operator_flanneld_command_line_unchanged():
+    # a typical systemd unit's ExecStart for flanneld
+    argv = ("-etcd-endpoints=https://10.0.0.1:2379,https://10.0.0.2:2379 "
+            "-etcd-prefix=/coreos.com/network -etcd-cafile=/etc/ssl/ca.pem "
+            "-etcd-certfile=/etc/ssl/cert.pem -etcd-keyfile=/etc/ssl/key.pem "
+            "-iface=eth1 -iface=10.0.0.5 -iface-regex=^enp -public-ip=203.0.113.7 "
+            "-subnet-file=/run/flannel/subnet.env -subnet-lease-renew-margin=30 "
+            "-ip-masq=true -iptables-forward-rules=false -iptables-resync=10 "
+            "-healthz-ip=127.0.0.1 -healthz-port=10254 -v=2 -vmodule=foo=3").split()
+    o = resolve(argv)
+    assert o.etcd_endpoints == ["https://10.0.0.1:2379", "https://10.0.0.2:2379"]
+    assert o.iface == ["eth1", "10.0.0.5"] and o.iface_regex == ["^enp"]
+    assert o.public_ip == "203.0.113.7" and o.subnet_lease_renew_margin == 30
+    assert o.ip_masq and not o.iptables_forward_rules and o.iptables_resync == 10
+    assert (o.healthz_ip, o.healthz_port, o.v) == ("127.0.0.1", 10254, 2)
+    assert any("vmodule" in w for w in o.warnings)
+
+
+def test_env_fills_missing_flags_only():
+    env = {"FLANNELD_ETCD_ENDPOINTS": "http://1.2.3.4:2379", "FLANNELD_IP_MASQ": "true",
+           "FLANNELD_IFACE": "eth9", "FLANNELD_SUBNET_LEASE_RENEW_MARGIN": "5",
+           "FLANNELD_ENGINE": "python", "FLANNELD_ACCEPT_FROM": "any"}
+    o = resolve(["--iface", "eth0"], env)
+    assert o.etcd_endpoints == ["http://1.2.3.4:2379"]
+    assert o.ip_masq is True and o.subnet_lease_renew_margin == 5
+    assert o.iface == ["eth0"]                      # command line wins
+    assert o.engine == "python" and o.accept_from == "any"
+    assert o.sources["iface"] == "flag" and o.sources["ip_masq"] == "env"
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["--subnet-lease-renew-margin=0"], "--subnet-lease-renew-margin"),
+    (["--subnet-lease-renew-margin=1440"], "--subnet-lease-renew-margin"),
+    (["--healthz-port=70000"], "--healthz-port"),
+    (["-kube-subnet-mgr"], "--kube-subnet-mgr"),
+    (["--kubeconfig-file=/x"], "--kubeconfig-file"),
+])
+def test_bad_values_name_the_flag(argv, name):
+    with pytest.raises(flags.FlagError, match=name):
+        resolve(argv)
+
+
+def test_env_error_names_the_variable():
+    with pytest.raises(flags.FlagError, match="FLANNELD_IP_MASQ"):
+        resolve([], {"FLANNELD_IP_MASQ": "maybe"})
+
+
+def test_kube_flag_false_is_fine():
+    assert resolve(["-kube-subnet-mgr=false"]).etcd_prefix == "/coreos.com/network"
+
+
+def test_metrics_values():
+    assert resolve(["--metrics", "127.0.0.1:9285"]).metrics_listen() == ("127.0.0.1", 9285)
+    assert resolve(["--metrics=:9285"]).metrics_listen() == ("0.0.0.0", 9285)
+    o = resolve([])
+    assert o.metrics_listen() is None and o.metrics_on_healthz()
+    assert not resolve(["--metrics=off"]).metrics_on_healthz()
+
+
+def _run(*argv, env=None):
+    return subprocess.run([sys.executable, "-m", "dataplane", "run", *argv], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_help_lists_every_flag():
+    out = _run("--help").stdout
+    for f in flags.FLAGS:
+        spelled = f"--{f.name}" if len(f.name) > 1 else f"-{f.name}"
+        assert spelled in out, spelled
+        if f.group != "unsupported":
+            assert f.env in out
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["--bogus"], "--bogus"),
+    (["--healthz-port=abc"], "--healthz-port"),
+    (["--engine=rust"], "--engine"),
+    (["--accept-from=nobody"], "--accept-from"),
+    (["--etcd-endpoints=ftp://x"], "--etcd-endpoints"),
+    (["--public-ip=1.2.3"], "--public-ip"),
+    (["--iface-regex=("], "--iface-regex"),
+    (["--ip-masq=perhaps"], "--ip-masq"),
+    (["--subnet-lease-renew-margin=0"], "--subnet-lease-renew-margin"),
+    (["--kube-subnet-mgr"], "not supported by flannel-udp"),
+])
+def test_cli_bad_flag_exits_nonzero_naming_it(argv, name):
+    r = _run(*argv)
+    assert r.returncode != 0
+    assert name in r.stderr, r.stderr
+
+
+def test_version_goes_to_stderr():
+    r = _run("-version")
+    assert r.returncode == 0 and "flannel-udp" in r.stderr and r.stdout == ""
