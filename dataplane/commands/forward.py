@@ -87,6 +87,16 @@ def _network(value: str) -> ipaddress.IPv4Network:
         raise argparse.ArgumentTypeError(f"{value!r}: {e}")
 
 
+def _mtu(value: str) -> int:
+    try:
+        mtu = int(value)
+        if not 68 <= mtu <= 65535:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected an MTU in 68..65535")
+    return mtu
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tun-name", default="flannel%d", metavar="NAME",
                    help="TUN device name or template (default: flannel%%d -> flannel0)")
@@ -96,7 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the flannel network: adds the route `CIDR dev <tun>` (e.g. 10.5.0.0/16)")
     p.add_argument("--listen", required=True, type=_listen, metavar="IP:PORT",
                    help="bind the UDP socket here (the external interface address; port default 8285)")
-    p.add_argument("--mtu", type=int,
+    p.add_argument("--mtu", type=_mtu,
                    help="TUN MTU (default: MTU of the interface holding the --listen address - 28)")
     p.add_argument("--route", action="append", type=_route, default=[], metavar="SUBNET=PEER_IP[:PORT]",
                    help="packets to SUBNET go to PEER_IP:PORT (port default: the --listen port); repeatable")
@@ -151,6 +161,7 @@ def main(args: argparse.Namespace) -> int:
     from dataplane import netconf
     from dataplane.engine import DEFAULT_BATCH, Route
     from dataplane.tun import open_tun
+    from pyroute2.netlink.exceptions import NetlinkError
 
     listen_ip, port = args.listen
     tun_addr = args.tun_addr
@@ -230,8 +241,8 @@ def main(args: argparse.Namespace) -> int:
                  s.get("udp_tx_packets", 0), s.get("tun_tx_packets", 0),
                  {k: v for k, v in s.items() if k.startswith("drop_") and v} or "none")
         return rc
-    except OSError as e:
-        log.error("forward setup failed on %s: %s", tun_name, e)
+    except (OSError, ValueError, NetlinkError) as e:
+        log.error("forward setup failed (tun %s): %s", tun_name, e)
         return 1
     finally:
         if engine is not None:
