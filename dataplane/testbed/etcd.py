@@ -53,8 +53,12 @@ class EtcdServer:
     def __init__(self, host: str = "127.0.0.1", client_port: Optional[int] = None,
                  peer_port: Optional[int] = None, netns: Optional[str] = None, name: str = "fu-etcd",
                  data_dir: Optional[str] = None, initial_cluster: Optional[str] = None,
-                 cluster_token: Optional[str] = None, extra_args: tuple = ()):
+                 cluster_token: Optional[str] = None, extra_args: tuple = (),
+                 tls: Optional[dict] = None):
+        """tls: {"cert", "key", "ca", "client_cert", "client_key"} paths: serve clients over https and,
+        with a CA, require client certificates signed by it (client_* are what etcdctl presents)."""
         self.host = host
+        self.tls = tls
         self.netns = netns
         self.name = name
         if client_port is None or peer_port is None:
@@ -74,7 +78,8 @@ class EtcdServer:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -94,8 +99,25 @@ class EtcdServer:
             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", self.initial_cluster, "--initial-cluster-token", self.cluster_token,
             "--initial-cluster-state", "new", "--log-level", "warn", "--logger", "zap",
-            *self.extra_args,
+            *self._tls_server_args(), *self.extra_args,
         ])
+
+    def _tls_server_args(self) -> list[str]:
+        if not self.tls:
+            return []
+        args = ["--cert-file", self.tls["cert"], "--key-file", self.tls["key"]]
+        if self.tls.get("ca"):
+            args += ["--trusted-ca-file", self.tls["ca"], "--client-cert-auth"]
+        return args
+
+    def _tls_client_args(self) -> list[str]:
+        if not self.tls:
+            return []
+        t = self.tls
+        args = ["--cacert", t.get("ca") or t["cert"]]
+        if t.get("client_cert"):
+            args += ["--cert", t["client_cert"], "--key", t["client_key"]]
+        return args
 
     def is_running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -120,7 +142,8 @@ class EtcdServer:
 
     def etcdctl(self, *args: str, timeout: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:
         env = dict(os.environ, ETCDCTL_API="3")
-        argv = self._wrap([ETCDCTL_BIN, "--endpoints", self.client_url, "--dial-timeout", "2s", *args])
+        argv = self._wrap([ETCDCTL_BIN, "--endpoints", self.client_url, "--dial-timeout", "2s",
+                           *self._tls_client_args(), *args])
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=check)
 
     def wait_healthy(self, timeout: float = 20.0) -> None:

@@ -1,0 +1,74 @@
+"""Fixtures for integration tests that need a real etcd (started here, cleaned up by PID)."""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import pytest
+
+from dataplane.registry import Registry
+from dataplane.testbed.etcd import EtcdServer
+from tests.conftest import require_etcd
+
+_prefix_seq = itertools.count()
+DEFAULT_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
+
+
+def unique_prefix(tag: str = "t") -> str:
+    return f"/fu-{os.getpid()}-{tag}-{next(_prefix_seq)}/network"
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    """Poll `predicate` until it is truthy; fail the test with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="module")
+def shared_etcd():
+    """One etcd per test module; tests isolate themselves with a unique key prefix."""
+    require_etcd()
+    server = EtcdServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def etcd():
+    """A private etcd for tests that stop, restart or compact it."""
+    require_etcd()
+    server = EtcdServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def make_registry():
+    """Factory: make_registry(server_or_endpoints, prefix=None, config=DEFAULT_CONFIG) -> Registry."""
+    made = []
+
+    def make(target, prefix: str | None = None, config: str | None = DEFAULT_CONFIG, **kw) -> Registry:
+        endpoints = target.endpoints if hasattr(target, "endpoints") else (
+            [target.client_url] if hasattr(target, "client_url") else list(target))
+        reg = Registry(endpoints, prefix=prefix or unique_prefix(), **kw)
+        made.append(reg)
+        if config is not None:
+            reg.put_config(config)
+        return reg
+
+    yield make
+    for reg in made:
+        reg.close()

@@ -1,0 +1,259 @@
+"""The etcd registry against a real etcd: config, leases, guarded writes, watch resume, auth and TLS."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+from ipaddress import IPv4Address, IPv4Network
+
+import grpc
+import pytest
+
+from dataplane import registry as registry_mod
+from dataplane.config import ConfigError
+from dataplane.lease import LeaseAttrs
+from dataplane.registry import (CONFIG_NOT_FOUND, ConfigNotFoundError, Registry, RegistryError,
+                                wait_for_config)
+from dataplane.testbed.etcd import EtcdServer
+from tests.conftest import require_etcd
+from tests.integration.conftest import unique_prefix, wait_until
+
+pytestmark = pytest.mark.etcd
+A1 = LeaseAttrs(IPv4Address("192.168.77.1"))
+A2 = LeaseAttrs(IPv4Address("192.168.77.2"))
+S1 = IPv4Network("10.5.84.0/24")
+
+
+def test_config_missing_then_present(shared_etcd, make_registry):
+    reg = make_registry(shared_etcd, config=None)
+    with pytest.raises(ConfigNotFoundError) as err:
+        reg.get_config()
+    assert str(err.value) == CONFIG_NOT_FOUND
+    reg.put_config('{"Network":"10.9.0.0/16"}')
+    assert reg.get_config().network == IPv4Network("10.9.0.0/16")
+    assert reg.config_key.endswith("/network/config")
+
+
+def test_default_prefix():
+    reg = Registry(["http://127.0.0.1:1"])
+    try:
+        assert reg.config_key == "/coreos.com/network/config"
+        assert reg.lease_key(S1) == "/coreos.com/network/subnets/10.5.84.0-24"
+    finally:
+        reg.close()
+
+
+def test_wait_for_config_retries_missing_and_invalid(shared_etcd, make_registry, caplog):
+    reg = make_registry(shared_etcd, config=None)
+
+    def writer():
+        time.sleep(0.25)
+        reg.put_config('{"Network":"10.5.0.0/29"}')      # invalid: retried with flanneld's message
+        time.sleep(0.3)
+        reg.put_config('{"Network":"10.5.0.0/16"}')
+
+    t = threading.Thread(target=writer)
+    t.start()
+    with caplog.at_level(logging.ERROR, logger="dataplane.registry"):
+        cfg = wait_for_config(reg, interval=0.1, timeout=10)
+    t.join()
+    assert cfg.network == IPv4Network("10.5.0.0/16")
+    assert CONFIG_NOT_FOUND in caplog.text
+    assert "network is too small. Minimum useful network prefix is /28" in caplog.text
+
+
+def test_wait_for_config_timeout(shared_etcd, make_registry):
+    reg = make_registry(shared_etcd, config='{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}')
+    with pytest.raises(ConfigError):
+        reg.get_config()
+    with pytest.raises(TimeoutError):
+        wait_for_config(reg, interval=0.05, timeout=0.2)
+
+
+def test_create_is_exact_and_if_absent(shared_etcd, make_registry):
+    reg = make_registry(shared_etcd)
+    lease = reg.create_lease(S1, A1)
+    assert lease is not None and lease.lease_id
+    kvs, _ = reg.get(reg.lease_key(S1))
+    assert kvs[0].value == b'{"PublicIP":"192.168.77.1","PublicIPv6":null}'
+    assert kvs[0].lease == lease.lease_id
+    assert 86390 <= reg.time_to_live(lease.lease_id) <= 86400       # flanneld's 24 h
+    assert reg.create_lease(S1, A2) is None                        # taken: not overwritten
+    assert reg.get(reg.lease_key(S1))[0][0].value == A1.to_json()
+
+
+def test_renew_is_new_grant_and_guarded(shared_etcd, make_registry):
+    reg = make_registry(shared_etcd)
+    first = reg.create_lease(S1, A1, ttl=60)
+    renewed = reg.renew_lease(S1, A1, ttl=120)
+    assert renewed is not None and renewed.lease_id != first.lease_id
+    kv = reg.get(reg.lease_key(S1))[0][0]
+    assert kv.lease == renewed.lease_id and kv.value == A1.to_json()
+    assert reg.renew_lease(S1, A2, ttl=60) is None                  # held by another node: untouched
+    assert reg.get(reg.lease_key(S1))[0][0].value == A1.to_json()
+    assert reg.delete_lease(S1)
+    assert reg.renew_lease(S1, A1, ttl=60) is not None              # absent: put again
+
+
+def test_list_with_revision_skips_malformed(shared_etcd, make_registry, caplog):
+    reg = make_registry(shared_etcd)
+    reg.create_lease(S1, A1)
+    reg.put(reg.subnets_prefix + "10.5.85.0-24", A2.to_json())       # lease-less, as an operator would
+    reg.put(reg.subnets_prefix + "garbage-key", A2.to_json())
+    reg.put(reg.subnets_prefix + "10.5.86.0-24", b"not json")
+    reg.put(reg.subnets_prefix + "10.5.87.0-24", b'{"PublicIP":"10.0.0.9","BackendType":"vxlan",'
+                                                  b'"BackendData":{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}}')
+    with caplog.at_level(logging.WARNING):
+        leases, rev = reg.list_leases(with_ttl=True)
+    assert rev == reg.current_revision()
+    assert sorted(str(l.subnet) for l in leases) == ["10.5.84.0/24", "10.5.85.0/24", "10.5.87.0/24"]
+    assert "garbage-key" in caplog.text and "10.5.86.0-24" in caplog.text
+    by = {str(l.subnet): l for l in leases}
+    assert by["10.5.84.0/24"].expiration > time.time() + 86000
+    assert by["10.5.85.0/24"].expiration < time.time()              # TTL -1: still accepted
+
+
+def test_failover_to_next_endpoint(shared_etcd, make_registry):
+    # The first endpoint is dead (nothing listens): every call fails over to the live one.
+    reg = make_registry(["http://127.0.0.1:1", shared_etcd.client_url])
+    assert reg.get_config().network == IPv4Network("10.5.0.0/16")
+    assert reg.current_endpoint == shared_etcd.client_url
+
+
+def test_all_endpoints_down_is_a_clear_error():
+    reg = Registry(["http://127.0.0.1:1", "http://127.0.0.1:2"], timeout=1)
+    try:
+        with pytest.raises(RegistryError, match="failed on every endpoint"):
+            reg.get_config()
+    finally:
+        reg.close()
+
+
+def test_keepalive_never_faster_than_5s():
+    opts = dict(registry_mod._CHANNEL_OPTIONS)
+    assert opts["grpc.keepalive_time_ms"] >= 5000
+    assert opts["grpc.keepalive_permit_without_calls"] == 0
+
+
+def _collect_watch(reg, start_revision, retry_interval=0.2):
+    got: list = []
+    relists: list = []
+
+    def relist():
+        rev = reg.current_revision()
+        relists.append(rev)
+        return rev
+
+    loop = reg.watch_loop(reg.subnets_prefix, prefix=True, start_revision=start_revision,
+                          on_events=lambda evs, rev: got.extend(evs), on_compacted=relist,
+                          retry_interval=retry_interval)
+    t = threading.Thread(target=loop.run, daemon=True)
+    t.start()
+    return loop, t, got, relists
+
+
+def test_watch_resumes_after_etcd_restart_without_loss(etcd, make_registry):
+    reg = make_registry(etcd)
+    start = reg.current_revision() + 1
+    loop, t, got, _ = _collect_watch(reg, start)
+    try:
+        wait_until(loop.connected.is_set, what="watch connected")
+        reg.txn_put_delete({reg.subnets_prefix + "10.5.1.0-24": A1.to_json(),
+                            reg.subnets_prefix + "10.5.2.0-24": A2.to_json()})
+        wait_until(lambda: len(got) == 2, what="both events of one txn")
+        etcd.kill()
+        etcd.start()
+        reg.put(reg.subnets_prefix + "10.5.3.0-24", A1.to_json())
+        reg.delete(reg.subnets_prefix + "10.5.1.0-24")
+        wait_until(lambda: len(got) == 4, what="events after the restart")
+        assert [(e.kind, e.key.rsplit("/", 1)[1]) for e in got] == [
+            ("put", "10.5.1.0-24"), ("put", "10.5.2.0-24"), ("put", "10.5.3.0-24"), ("delete", "10.5.1.0-24")]
+        assert loop.reconnects >= 1
+        revs = [e.mod_revision for e in got]
+        assert revs == sorted(revs)
+    finally:
+        loop.cancel()
+        t.join(5)
+    assert not t.is_alive()
+
+
+def test_watch_from_compacted_revision_relists(etcd, make_registry):
+    reg = make_registry(etcd)
+    old = reg.current_revision()
+    for i in range(3):
+        reg.put(reg.subnets_prefix + f"10.5.{i + 1}.0-24", A1.to_json())
+    reg.compact(reg.current_revision())
+    loop, t, got, relists = _collect_watch(reg, old)
+    try:
+        wait_until(lambda: relists, what="re-list after compaction")
+        wait_until(loop.connected.is_set, what="watch re-created after the re-list")
+        reg.put(reg.subnets_prefix + "10.5.9.0-24", A1.to_json())
+        wait_until(lambda: any(e.key.endswith("10.5.9.0-24") for e in got), what="event after re-list")
+        assert loop.resyncs == 1
+    finally:
+        loop.cancel()
+        t.join(5)
+
+
+def test_auth_and_token_refresh():
+    require_etcd()
+    with EtcdServer(extra_args=("--auth-token", "simple", "--auth-token-ttl", "1")) as etcd:
+        etcd.etcdctl("user", "add", "root:rootpw")
+        etcd.etcdctl("auth", "enable")
+        prefix = unique_prefix("auth")
+        reg = Registry([etcd.client_url], prefix=prefix, username="root", password="rootpw")
+        try:
+            reg.put_config('{"Network":"10.5.0.0/16"}')
+            assert reg.get_config().subnet_len == 24
+            time.sleep(3.5)                               # the simple token expires after 1 s idle
+            assert reg.create_lease(S1, A1) is not None    # re-authenticated transparently
+        finally:
+            reg.close()
+        bad = Registry([etcd.client_url], prefix=prefix, username="root", password="wrong")
+        try:
+            with pytest.raises(RegistryError, match="INVALID_ARGUMENT|authentication failed"):
+                bad.get_config()
+        finally:
+            bad.close()
+        anon = Registry([etcd.client_url], prefix=prefix)
+        try:
+            with pytest.raises(RegistryError):
+                anon.get_config()
+        finally:
+            anon.close()
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_tls_with_client_certificates(tmp_path):
+    require_etcd()
+    d = str(tmp_path)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+             "-days", "2", "-subj", "/CN=fu-test-ca", cwd=d)
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN=fu-{name}", cwd=d)
+        (tmp_path / f"{name}.ext").write_text(ext + "\n")
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+    tls = {"cert": f"{d}/server.crt", "key": f"{d}/server.key", "ca": f"{d}/ca.crt",
+           "client_cert": f"{d}/client.crt", "client_key": f"{d}/client.key"}
+    with EtcdServer(tls=tls) as etcd:
+        assert etcd.client_url.startswith("https://")
+        reg = Registry([etcd.client_url], prefix=unique_prefix("tls"), keyfile=f"{d}/client.key",
+                       certfile=f"{d}/client.crt", cafile=f"{d}/ca.crt")
+        try:
+            reg.put_config('{"Network":"10.5.0.0/16"}')
+            assert reg.create_lease(S1, A1) is not None
+            assert len(reg.list_leases()[0]) == 1
+        finally:
+            reg.close()
+        nocert = Registry([etcd.client_url], prefix=unique_prefix("tls"), cafile=f"{d}/ca.crt", timeout=2)
+        try:
+            with pytest.raises(RegistryError):
+                nocert.get_config()
+        finally:
+            nocert.close()
