@@ -41,6 +41,7 @@ log = logging.getLogger("dataplane.daemon")
 CONFIG_RETRY_S = 1.0
 LEASE_RETRY_S = 1.0
 MONITOR_PERIOD_S = 1.0
+PEERS_READY_TIMEOUT_S = 5.0
 BAD_SOURCE_LOG_EVERY_S = 10.0
 SOCKET_BUFFER = 4 << 20          # bytes; large buffers absorb bursts (DESIGN.md "Measuring")
 EXAMPLE_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
@@ -96,6 +97,7 @@ class Daemon:
         self.opts = opts
         self._stop = threading.Event()
         self._reacquire = threading.Event()
+        self._pending_lease = None
         self._lock = threading.RLock()        # guards engine, lease, peers, routes
         self.ext = None                       # ExternalInterface
         self.registry = None
@@ -261,14 +263,16 @@ class Daemon:
             self._wait(CONFIG_RETRY_S)
 
     # -- lease ---------------------------------------------------------
-    def _make_subnet_manager(self):
+    def _make_subnet_manager(self, prev=None):
         from .subnetfile import read_previous_subnet
         from .subnets import SubnetManager
-        prev = read_previous_subnet(self.opts.subnet_file)
-        if prev is not None:
-            log.info("Previous subnet from %s: %s", self.opts.subnet_file, prev)
-        self.subnets = SubnetManager(self.registry, self.ext.ext_addr, self.opts.subnet_file,
-                                     self.opts.subnet_lease_renew_margin, self._on_lease_change)
+        if prev is None:
+            prev = read_previous_subnet(self.opts.subnet_file)
+            if prev is not None:
+                log.info("Previous subnet from %s: %s", self.opts.subnet_file, prev)
+        self.subnets = SubnetManager(self.registry, self.ext.ext_addr, prev,
+                                     self.opts.subnet_lease_renew_margin, self._on_lease_change,
+                                     config=self.config)
 
     def _acquire_lease(self):
         from .registry import RegistryError
@@ -284,45 +288,50 @@ class Daemon:
                 self._wait(LEASE_RETRY_S)
                 continue
             except Exception as e:
-                raise StartupError(f"failed to acquire a lease: {e}") from None
+                raise StartupError(f"failed to acquire a lease: {e}; free subnets by deleting "
+                                   f"stale leases under {self.registry.subnets_prefix} or widen "
+                                   "the Network in the config") from None
             log.info("Lease acquired: %s (PublicIP %s), expires %s", lease.subnet,
                      lease.public_ip, _when(lease.expiration))
             return lease
 
-    def _on_lease_change(self, *args):
-        """SubnetManager callback: renewed (lease) or revoked (None)."""
-        lease = args[-1] if args else None
-        kind = args[0] if len(args) > 1 and isinstance(args[0], str) else None
-        if lease is None or kind in ("revoked", "deleted", "lost", "expired"):
-            log.warning("Our lease was revoked in etcd: re-acquiring (peers are kept)")
-            self._reacquire.set()
-            return
+    def _on_lease_change(self, lease):
+        """SubnetManager callback (its thread): our lease was lost in etcd (deleted, expired,
+        taken) and it acquired one again. The main thread applies it."""
+        log.warning("Our lease was lost in etcd and re-acquired: %s (PublicIP %s), expires %s",
+                    lease.subnet, lease.public_ip, _when(lease.expiration))
         with self._lock:
-            old = self.lease
-            self.lease = lease
-        if old is not None and lease.subnet == old.subnet:
-            log.info("Lease renewed: %s, expires %s", lease.subnet, _when(lease.expiration))
-        else:
-            log.info("Lease changed: %s, expires %s", lease.subnet, _when(lease.expiration))
+            self._pending_lease = lease
 
-    def _reacquire_lease(self):
-        try:
-            self.subnets.stop()
-        except Exception as e:
-            log.debug("stopping the subnet manager: %s", e)
-        self._make_subnet_manager()
-        new = self._acquire_lease()
+    def _current_lease(self):
+        sm = self.subnets
+        lease = sm.lease if sm is not None else None
+        return lease or self.lease
+
+    def _apply_lease(self, new):
+        """Adopt `new` (same or another subnet) without touching the peers' routes."""
         with self._lock:
             old = self.lease
             self.lease = new
         if new.subnet != old.subnet:
             log.warning("The new lease has another subnet (%s, was %s): moving flannel0 and the "
-                        "iptables rules; local workloads need the new subnet (see %s)",
+                        "iptables rules; local workloads must use the new subnet (see %s)",
                         new.subnet, old.subnet, self.opts.subnet_file)
             self._retarget(old.subnet, new.subnet)
-        self._write_subnet_env()
+            self._write_subnet_env()
+        self._rebuild_routes("lease re-acquired")
+
+    def _reacquire_lease(self):
+        """SIGHUP: acquire again (the same lease if etcd still holds it for our PublicIP)."""
+        current = self._current_lease()
+        try:
+            self.subnets.stop()
+        except Exception as e:
+            log.debug("stopping the subnet manager: %s", e)
+        self._make_subnet_manager(prev=current.subnet)
+        new = self._acquire_lease()
         self.subnets.start()
-        self._rebuild_routes("re-acquired lease")
+        self._apply_lease(new)
 
     def _retarget(self, old_subnet, new_subnet):
         from .netconf import configure_tun
@@ -343,11 +352,8 @@ class Daemon:
             self.engine = self._new_engine(self.engine_cls)
             self.engine.set_routes(self._routes())
             self.engine.start()
-        if self.peer_watcher is not None and hasattr(self.peer_watcher, "own_subnet"):
-            try:
-                self.peer_watcher.own_subnet = new_subnet
-            except AttributeError:
-                pass
+        if self.peer_watcher is not None:
+            self.peer_watcher.set_own_subnet(new_subnet)
 
     # -- devices -------------------------------------------------------
     def _open_tun(self):
@@ -449,15 +455,22 @@ class Daemon:
         from .peers import PeerWatcher
         self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self._on_peers)
         self.peer_watcher.start()
+        # READY should mean "routes to the known peers are in": wait for the first snapshot,
+        # but not forever (the watcher keeps retrying on its own if etcd is away).
+        if not self.peer_watcher.wait_ready(PEERS_READY_TIMEOUT_S):
+            log.warning("Peer leases not listed yet (etcd slow or away); routes follow when it "
+                        "answers")
         self.subnets.start()
 
     def _on_peers(self, added, removed):
+        """PeerWatcher callback (its thread): rebuild the whole table, publish it in one swap."""
+        n = self._rebuild_routes()
         for lease in removed or ():
-            log.info("Peer removed: %s (was via %s)", _subnet(lease), _public_ip(lease))
+            log.info("Peer removed: %s (was via %s); %d peer(s) in the route table",
+                     _subnet(lease), _public_ip(lease), n)
         for lease in added or ():
-            log.info("Peer added: %s via %s:%d", _subnet(lease), _public_ip(lease),
-                     self.config.backend_port)
-        self._rebuild_routes()
+            log.info("Peer added: %s via %s:%d; %d peer(s) in the route table", _subnet(lease),
+                     _public_ip(lease), self.config.backend_port, n)
 
     def _routes(self):
         from .engine import Route
@@ -468,15 +481,14 @@ class Daemon:
 
     def _rebuild_routes(self, why: str = ""):
         with self._lock:
-            current = self.peer_watcher.peers() if self.peer_watcher is not None else []
-            if isinstance(current, dict):
-                current = list(current.values())
+            current = self.peer_watcher.peers().values() if self.peer_watcher is not None else []
             own = self.lease.subnet
             self.peers = {l.subnet: l for l in current if l.subnet != own}
             routes = self._routes()
             if self.engine is not None:
                 self.engine.set_routes(routes)
         log.debug("Route table: %d route(s)%s", len(routes), f" ({why})" if why else "")
+        return len(routes)
 
     # ------------------------------------------------------------------ main loop
     def _serve(self):
@@ -485,6 +497,10 @@ class Daemon:
         last_drops = None
         last_drop_log = time.monotonic()
         while not self._stop.wait(MONITOR_PERIOD_S):
+            with self._lock:
+                pending, self._pending_lease = self._pending_lease, None
+            if pending is not None:
+                self._apply_lease(pending)
             if self._reacquire.is_set():
                 self._reacquire.clear()
                 try:
@@ -562,7 +578,7 @@ class Daemon:
         return len(self.peers)
 
     def lease_info(self):
-        lease = self.lease
+        lease = self._current_lease()
         if lease is None:
             return None
         return {"subnet": str(lease.subnet), "expiry": lease.expiration}

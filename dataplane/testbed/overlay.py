@@ -1,0 +1,373 @@
+"""A whole flannel-udp overlay on simulated hosts: etcd, the network config, one daemon per host.
+
+::
+
+      h0 (netns)              h1 (netns)              h2 ...
+      flannel0 10.5.a.0/32    flannel0 10.5.b.0/32
+      flannel-udp run         flannel-udp run          one daemon per host, tracked by PID
+      veth 192.168.77.1       veth 192.168.77.2
+           |                        |
+      -----+--------- bridge --------+----- switch netns: 192.168.77.254, etcd :<port>
+
+Built on :class:`dataplane.testbed.hosts.Testbed` (namespaces, bridge, process
+tracking) and :class:`dataplane.testbed.etcd.EtcdServer` (run inside the switch
+namespace, listening on the underlay only). Each daemon is
+``ip netns exec <ns> python -m dataplane run --etcd-endpoints http://192.168.77.254:<port>
+--iface <veth> --subnet-file <workdir>/<host>/subnet.env --engine <kind> --healthz-port 10254``;
+its readiness is its systemd ``READY=1`` on a per-daemon ``NOTIFY_SOCKET`` (a path
+socket, so it crosses namespaces). Logs go to ``<workdir>/<host>/daemon.log``.
+
+Used by the integration tests, the teaching demo and ``perf/``::
+
+    with Overlay(hosts=3, engine="c") as ov:
+        a, b = ov.hosts[0], ov.hosts[1]
+        ov.ping(a, ov.flannel_ip(b), count=3)
+        ov.add_host(engine="python")
+        ov.stop_etcd(); ...; ov.start_etcd()
+
+Everything (daemons, etcd, namespaces, files) is removed by :meth:`close`, also
+on a failed test (context manager / fixture teardown), and at interpreter exit.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .etcd import EtcdServer
+from .hosts import Host, Testbed, wait_for
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_NETWORK = "10.5.0.0/16"
+DEFAULT_PREFIX = "/coreos.com/network"
+HEALTHZ_PORT = 10254
+READY_TIMEOUT = 30.0
+
+
+class OverlayError(RuntimeError):
+    """A daemon did not come up (the message carries its log tail)."""
+
+
+@dataclass
+class DaemonProc:
+    """One `flannel-udp run` process on one host."""
+    host: Host
+    engine: str
+    args: tuple
+    proc: subprocess.Popen
+    dir: str
+    notify: socket.socket = field(repr=False)
+    started: float = 0.0
+    ready_at: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def subnet_file(self) -> str:
+        return os.path.join(self.dir, "subnet.env")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.dir, "daemon.log")
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+class Overlay:
+    """etcd + network config + daemons on a :class:`Testbed`. A context manager."""
+
+    def __init__(self, hosts: int = 0, *, engine: str = "auto", network: str = DEFAULT_NETWORK,
+                 config: dict | None = None, prefix: str = DEFAULT_PREFIX, mtu: int = 1500,
+                 daemon_args=(), healthz_port: int = HEALTHZ_PORT, wait: bool = True):
+        self.engine = engine
+        self.prefix = prefix
+        self.daemon_args = tuple(daemon_args)
+        self.healthz_port = healthz_port
+        self.config = config or {"Network": network, "Backend": {"Type": "udp"}}
+        self.network = ipaddress.IPv4Network(self.config["Network"], strict=False)
+        self.daemons: dict[str, DaemonProc] = {}
+        self.tb = Testbed(hosts=0, mtu=mtu)
+        try:
+            self.etcd = EtcdServer(host=self.tb.switch_ip, netns=self.tb.switch,
+                                   name=f"fu-etcd-{self.tb.tag}")
+            self.etcd.start()
+            self.put_config(self.config)
+            for _ in range(hosts):
+                self.add_host(wait=False)
+            if wait:
+                for d in list(self.daemons.values()):
+                    self.wait_ready(d.host)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- etcd ---------------------------------------------------------------
+    @property
+    def etcd_url(self) -> str:
+        return self.etcd.client_url
+
+    def etcdctl(self, *args, check: bool = True) -> subprocess.CompletedProcess:
+        return self.etcd.etcdctl(*args, check=check)
+
+    def put_config(self, config) -> None:
+        text = config if isinstance(config, str) else json.dumps(config)
+        self.etcdctl("put", f"{self.prefix}/config", text)
+
+    def leases(self) -> dict:
+        """{subnet: PublicIP} as stored in etcd."""
+        r = self.etcdctl("get", "--prefix", f"{self.prefix}/subnets/")
+        lines = r.stdout.splitlines()
+        out = {}
+        for key, value in zip(lines[::2], lines[1::2]):
+            m = re.search(r"(\d+\.\d+\.\d+\.\d+)-(\d+)$", key)
+            if m:
+                out[ipaddress.IPv4Network(f"{m.group(1)}/{m.group(2)}")] = \
+                    json.loads(value).get("PublicIP")
+        return out
+
+    def delete_lease(self, subnet) -> None:
+        net = ipaddress.IPv4Network(subnet)
+        self.etcdctl("del", f"{self.prefix}/subnets/{net.network_address}-{net.prefixlen}")
+
+    def stop_etcd(self) -> None:
+        self.etcd.stop()
+
+    def start_etcd(self) -> None:
+        self.etcd.start(wait=True)
+
+    # -- hosts and daemons ----------------------------------------------------
+    @property
+    def hosts(self) -> list[Host]:
+        return list(self.tb.hosts)
+
+    def host(self, key) -> Host:
+        return self.tb.host(key)
+
+    def add_host(self, *, engine: str | None = None, args=(), start: bool = True,
+                 wait: bool = True, name: str | None = None) -> Host:
+        """A new simulated host, with its daemon started (and waited for) by default."""
+        h = self.tb.add_host(name)
+        os.makedirs(self._dir(h), exist_ok=True)
+        if start:
+            self.start_daemon(h, engine=engine, args=args, wait=wait)
+        return h
+
+    def remove_host(self, host, *, delete_lease: bool = True) -> None:
+        """Stop the host's daemon, delete its namespace and (by default) its lease."""
+        h = self.host(host)
+        subnet = self.subnet(h) if delete_lease else None
+        self.stop_daemon(h)
+        self.tb.remove_host(h)
+        if subnet is not None and self.etcd.is_running():
+            self.delete_lease(subnet)
+
+    def _dir(self, host) -> str:
+        return os.path.join(self.tb.workdir, self.host(host).name)
+
+    def daemon_argv(self, host: Host, engine: str, args=()) -> list[str]:
+        return [sys.executable, "-m", "dataplane", "run",
+                "--etcd-endpoints", self.etcd_url, "--etcd-prefix", self.prefix,
+                "--iface", host.iface, "--subnet-file", os.path.join(self._dir(host), "subnet.env"),
+                "--engine", engine, "--healthz-port", str(self.healthz_port),
+                *self.daemon_args, *args]
+
+    def start_daemon(self, host, *, engine: str | None = None, args=(), wait: bool = True,
+                     env: dict | None = None) -> DaemonProc:
+        h = self.host(host)
+        if h.name in self.daemons and self.daemons[h.name].running():
+            raise RuntimeError(f"{h.name}: a daemon is already running (pid "
+                               f"{self.daemons[h.name].pid})")
+        engine = engine or self.engine
+        d_dir = self._dir(h)
+        os.makedirs(d_dir, exist_ok=True)
+        sock_path = os.path.join(d_dir, "notify.sock")
+        if os.path.exists(sock_path):
+            os.unlink(sock_path)
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(sock_path)
+        full_env = dict(os.environ, NOTIFY_SOCKET=sock_path, PYTHONUNBUFFERED="1")
+        full_env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + full_env["PYTHONPATH"]
+                                              if full_env.get("PYTHONPATH") else "")
+        full_env.update(env or {})
+        logf = open(os.path.join(d_dir, "daemon.log"), "ab")
+        try:
+            proc = self.tb.popen(h, self.daemon_argv(h, engine, args), stdout=logf,
+                                 stderr=subprocess.STDOUT, env=full_env, text=False)
+        finally:
+            logf.close()
+        d = DaemonProc(h, engine, tuple(args), proc, d_dir, notify, started=time.monotonic())
+        self.daemons[h.name] = d
+        if wait:
+            self.wait_ready(h)
+        return d
+
+    def daemon(self, host) -> DaemonProc:
+        return self.daemons[self.host(host).name]
+
+    def wait_ready(self, host, timeout: float = READY_TIMEOUT) -> DaemonProc:
+        """Wait for READY=1 from the host's daemon; OverlayError if it exits or times out."""
+        d = self.daemon(host)
+        if d.ready_at is not None:
+            return d
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not d.running():
+                raise OverlayError(f"{d.host.name}: daemon exited with {d.proc.returncode}:\n"
+                                   + d.log_text()[-3000:])
+            d.notify.settimeout(0.2)
+            try:
+                msg = d.notify.recv(4096).decode(errors="replace")
+            except socket.timeout:
+                continue
+            if "READY=1" in msg.split("\n"):
+                d.ready_at = time.monotonic()
+                return d
+        raise OverlayError(f"{d.host.name}: daemon not ready after {timeout}s:\n"
+                           + d.log_text()[-3000:])
+
+    def stop_daemon(self, host, *, sig: int = signal.SIGTERM, timeout: float = 10.0):
+        """Signal the daemon (by PID) and wait; returns its exit code (None if none ran)."""
+        h = self.host(host)
+        d = self.daemons.pop(h.name, None)
+        if d is None:
+            return None
+        rc = self.tb.kill(d.proc, sig=sig, timeout=timeout)
+        d.notify.close()
+        return rc
+
+    def restart_daemon(self, host, *, engine: str | None = None, args=None,
+                       wait: bool = True) -> DaemonProc:
+        h = self.host(host)
+        old = self.daemons.get(h.name)
+        engine = engine or (old.engine if old else None)
+        args = args if args is not None else (old.args if old else ())
+        self.stop_daemon(h)
+        return self.start_daemon(h, engine=engine, args=args, wait=wait)
+
+    # -- what a host got ------------------------------------------------------
+    def subnet_env(self, host) -> dict:
+        path = os.path.join(self._dir(host), "subnet.env")
+        out = {}
+        with open(path) as f:
+            for line in f:
+                k, _, v = line.strip().partition("=")
+                if k:
+                    out[k] = v
+        return out
+
+    def subnet(self, host) -> ipaddress.IPv4Network:
+        """The host's lease subnet (from its subnet.env)."""
+        return ipaddress.IPv4Interface(self.subnet_env(host)["FLANNEL_SUBNET"]).network
+
+    def flannel_ip(self, host) -> str:
+        """The host's flannel0 address: its lease's network address."""
+        return str(self.subnet(host).network_address)
+
+    # -- traffic ----------------------------------------------------------------
+    def exec(self, host, argv, **kw) -> subprocess.CompletedProcess:
+        return self.tb.exec(self.host(host), argv, **kw)
+
+    def ping(self, src, dst: str, *, count: int = 3, interval: float = 0.2,
+             deadline: float | None = None, wait: float = 1.0) -> dict:
+        """Ping ``dst`` from host ``src``; returns {"sent", "received", "rtt_avg_ms", "rc"}."""
+        deadline = deadline or (count * interval + wait + 2)
+        r = self.exec(src, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval),
+                            "-W", str(wait), "-w", str(int(deadline + 0.999)), dst],
+                      timeout=deadline + 10)
+        return parse_ping(r.stdout, r.returncode)
+
+    def reachable(self, src, dst: str, timeout: float = 10.0) -> bool:
+        """True once one ping from ``src`` to ``dst`` succeeds within ``timeout``."""
+        return wait_for(lambda: self.ping(src, dst, count=1, wait=0.5)["received"] == 1,
+                        timeout, interval=0.1)
+
+    def healthz(self, host, path: str = "/healthz", port: int | None = None) -> tuple[int, str]:
+        """GET a path of the host's healthz server (from inside the host)."""
+        url = f"http://127.0.0.1:{port or self.healthz_port}{path}"
+        code = ("import sys,urllib.request,urllib.error\n"
+                "try:\n r=urllib.request.urlopen(sys.argv[1],timeout=5); print(r.status); "
+                "sys.stdout.write(r.read().decode())\n"
+                "except urllib.error.HTTPError as e:\n print(e.code); "
+                "sys.stdout.write(e.read().decode())\n")
+        r = self.exec(host, [sys.executable, "-c", code, url], timeout=20)
+        status, _, body = r.stdout.partition("\n")
+        return int(status or 0), body
+
+    def metrics(self, host) -> dict:
+        """The host's /metrics as {"name{labels}": value}."""
+        status, body = self.healthz(host, "/metrics")
+        if status != 200:
+            raise OverlayError(f"{self.host(host).name}: /metrics answered {status}")
+        return parse_metrics(body)
+
+    # -- teardown ---------------------------------------------------------------
+    def close(self) -> None:
+        errors = []
+        for name in list(self.daemons):
+            try:
+                self.stop_daemon(name)
+            except Exception as e:
+                errors.append(f"daemon {name}: {e}")
+        etcd = getattr(self, "etcd", None)
+        if etcd is not None:
+            try:
+                etcd.close()
+            except Exception as e:
+                errors.append(f"etcd: {e}")
+        try:
+            self.tb.close()
+        except Exception as e:
+            errors.append(str(e))
+        if errors:
+            log.warning("overlay teardown: %s", "; ".join(errors))
+
+    def __enter__(self) -> "Overlay":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def parse_ping(out: str, rc: int = 0) -> dict:
+    sent = received = 0
+    m = re.search(r"(\d+) packets transmitted, (\d+) received", out)
+    if m:
+        sent, received = int(m.group(1)), int(m.group(2))
+    rtt = None
+    m = re.search(r"= [\d.]+/([\d.]+)/([\d.]+)/", out)
+    if m:
+        rtt = float(m.group(1))
+    return {"sent": sent, "received": received, "rtt_avg_ms": rtt, "rc": rc}
+
+
+def parse_metrics(text: str) -> dict:
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            pass
+    return out
