@@ -107,6 +107,7 @@ class Testbed:
         self._closed = False
         self._namespaces: list[str] = []
         self._workdir: str | None = None
+        self._etcds: list = []
         if sweep:
             ns.sweep_stale()
         _open_testbeds.add(self)
@@ -259,6 +260,18 @@ class Testbed:
         for p in procs:
             self.kill(p, timeout=3.0)
 
+    def start_etcd(self, **kw):
+        """Start a real etcd in the switch namespace, listening on the switch
+        address (``http://192.168.77.254:<port>``, reachable from every host).
+        Returns the started :class:`dataplane.testbed.etcd.EtcdServer`
+        (``.client_url``); it is closed by :meth:`close`."""
+        self._check_open()
+        from .etcd import EtcdServer  # lazy: the testbed works without etcd installed
+        server = EtcdServer(host=self.switch_ip, netns=self.switch, **kw)
+        self._etcds.append(server)
+        server.start()
+        return server
+
     @property
     def workdir(self) -> str:
         """A temporary directory for this testbed's files (logs, stats,
@@ -282,6 +295,12 @@ class Testbed:
         self._closed = True
         errors = []
         self._kill_in(None)
+        for server in self._etcds:
+            try:
+                server.close()
+            except Exception as e:
+                errors.append(f"etcd: {e}")
+        self._etcds.clear()
         for netns in reversed(self._namespaces[:]):
             try:
                 self._delete_ns(netns)

@@ -205,3 +205,55 @@ def test_forward_bad_route_exits_nonzero_with_message(testbed):
         f.wait_ready(10)
     assert f.proc.returncode != 0
     assert "--mtu" in f.log() and "68..65535" in f.log(), f.log()
+
+
+# A datagram from a host that is no route peer: h2 sends, as flanneld's wire
+# format, an inner IPv4/UDP packet 10.5.3.7:4000 -> 10.5.1.0:5400 to h0:8285.
+_INJECT = r"""
+import socket, struct, sys
+payload = b"fu-injected"
+udp = struct.pack("!HHHH", 4000, 5400, 8 + len(payload), 0) + payload   # UDP checksum 0: none
+hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0,
+                  socket.inet_aton("10.5.3.7"), socket.inet_aton(sys.argv[2]))
+s = sum(struct.unpack("!10H", hdr)); s = (s & 0xffff) + (s >> 16); s = (s & 0xffff) + (s >> 16)
+hdr = hdr[:10] + struct.pack("!H", ~s & 0xffff) + hdr[12:]
+o = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(int(sys.argv[3])):
+    o.sendto(hdr + udp, (sys.argv[1], 8285))
+"""
+
+_LISTEN = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 5400)); s.settimeout(3)
+print("listening", flush=True)
+try:
+    data, src = s.recvfrom(2048); print(src[0], data.decode(), flush=True)
+except socket.timeout:
+    print("timeout", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("accept_from", ["leases", "any"])
+def test_accept_from(engine_kind, accept_from):
+    _require(engine_kind)
+    require_root()
+    from dataplane.testbed.hosts import Forwarder, Testbed
+    with Testbed(3) as tb:
+        h0, h1, h2 = tb.hosts
+        f = Forwarder(tb, h0, tun_addr=f"{A_TUN}/32", routes=[f"10.5.2.0/24={h1.ip}"],
+                      network=NETWORK, engine=engine_kind, accept_from=accept_from).wait_ready()
+        sink = tb.popen(h0, [sys.executable, "-c", _LISTEN, A_TUN])
+        assert sink.stdout.readline().startswith("listening")
+        r = tb.exec(h2, [sys.executable, "-c", _INJECT, h0.ip, A_TUN, "3"], timeout=20)
+        assert r.returncode == 0, r.stderr
+        out, _ = sink.communicate(timeout=10)
+        assert f.stop() == 0, f.log()
+        s = f.stats()
+        if accept_from == "leases":
+            assert out.strip() == "timeout"
+            assert s["drop_bad_source"] == 3 and s["tun_tx_packets"] == 0, s
+        else:
+            assert out.split() == ["10.5.3.7", "fu-injected"], out
+            assert s["drop_bad_source"] == 0 and s["tun_tx_packets"] == 3, s
+        assert s["udp_rx_packets"] == 3, s

@@ -137,3 +137,20 @@ def test_atexit_net_cleans_up_when_the_user_forgets_close(tmp_path):
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert _ours(out.read_text()) == []
+
+
+def test_etcd_in_the_switch_namespace_reachable_from_hosts():
+    from tests.conftest import require_etcd
+    require_etcd()
+    from dataplane.testbed.hosts import Testbed
+    with Testbed(1) as tb:
+        prefix = tb.switch[:-2]
+        etcd = tb.start_etcd()
+        assert etcd.client_url.startswith(f"http://{tb.switch_ip}:")
+        r = tb.exec("h0", ["etcdctl", "--endpoints", etcd.client_url, "put", "fu-key", "v"],
+                    timeout=20)
+        assert r.returncode == 0 and "OK" in r.stdout, r.stderr
+        pid = etcd.pid
+    assert _ours(prefix) == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
