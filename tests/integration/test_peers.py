@@ -1,0 +1,242 @@
+"""PeerWatcher against a real etcd: the peer view always converges to what etcd holds.
+
+Also the 2- and 50-node scenario: every node acquires concurrently with its own SubnetManager and
+watches peers with its own PeerWatcher; no duplicate subnet, and the time until every watcher sees all
+other nodes is measured and printed (run with -s to see it).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from ipaddress import IPv4Address, IPv4Network
+
+import pytest
+
+from dataplane.lease import LeaseAttrs
+from dataplane.peers import PeerWatcher
+from dataplane.subnets import SubnetManager
+from tests.integration.conftest import wait_until
+
+pytestmark = pytest.mark.etcd
+OWN = IPv4Network("10.5.1.0/24")
+
+
+def attrs(i: int) -> bytes:
+    return LeaseAttrs(IPv4Address(f"192.168.77.{i}")).to_json()
+
+
+def key(reg, third: int) -> str:
+    return f"{reg.subnets_prefix}10.5.{third}.0-24"
+
+
+def etcd_view(reg, own=OWN) -> dict:
+    leases, _ = reg.list_leases()
+    return {l.subnet: l.attrs for l in leases if l.subnet != own}
+
+
+def watcher_view(w) -> dict:
+    return {s: l.attrs for s, l in w.peers().items()}
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def __call__(self, added, removed):
+        with self.lock:
+            self.calls.append(([str(l.subnet) for l in added], [str(l.subnet) for l in removed]))
+
+
+@pytest.fixture
+def started():
+    watchers = []
+
+    def start(reg, own=OWN, retry_interval=0.2):
+        rec = Recorder()
+        w = PeerWatcher(reg, own, rec, retry_interval=retry_interval)
+        w.start()
+        watchers.append(w)
+        assert w.wait_ready(10)
+        return w, rec
+
+    yield start
+    for w in watchers:
+        w.stop()
+
+
+def converged(reg, w, own=OWN):
+    return lambda: etcd_view(reg, own) == watcher_view(w)
+
+
+def test_snapshot_filters_own_and_skips_malformed(shared_etcd, make_registry, started, caplog):
+    reg = make_registry(shared_etcd)
+    reg.put(key(reg, 1), attrs(1))                      # our own lease
+    reg.put(key(reg, 2), attrs(2))
+    reg.put(reg.subnets_prefix + "not-a-subnet", attrs(3))
+    reg.put(key(reg, 4), b"{broken")
+    with caplog.at_level(logging.WARNING):
+        w, rec = started(reg)
+    assert set(w.peers()) == {IPv4Network("10.5.2.0/24")}
+    assert rec.calls == [(["10.5.2.0/24"], [])]
+    assert "not-a-subnet" in caplog.text and "10.5.4.0-24" in caplog.text
+    # Malformed events while watching are skipped too; a key whose value turns bad counts as removed.
+    reg.put(reg.subnets_prefix + "zzz", attrs(5))
+    reg.put(key(reg, 2), b'{"PublicIP":"nope"}')
+    reg.put(key(reg, 6), attrs(6))
+    wait_until(lambda: IPv4Network("10.5.6.0/24") in w.peers(), what="event after malformed ones")
+    assert set(w.peers()) == {IPv4Network("10.5.6.0/24")}
+    later = rec.calls[1:]                # one or more calls, depending on how etcd batched the events
+    assert [s for a, _ in later for s in a] == ["10.5.6.0/24"]
+    assert [s for _, r in later for s in r] == ["10.5.2.0/24"]
+
+
+def test_one_by_one_and_in_one_transaction(shared_etcd, make_registry, started):
+    reg = make_registry(shared_etcd)
+    w, rec = started(reg)
+    for i in (2, 3, 4):
+        reg.put(key(reg, i), attrs(i))
+        wait_until(lambda: len(rec.calls) == i - 1, what=f"add {i}")
+    assert rec.calls == [(["10.5.2.0/24"], []), (["10.5.3.0/24"], []), (["10.5.4.0/24"], [])]
+    reg.delete(key(reg, 3))
+    wait_until(lambda: len(rec.calls) == 4, what="remove one")
+    assert rec.calls[-1] == ([], ["10.5.3.0/24"])
+
+    # Several creations and deletions in ONE revision: all arrive, as one change.
+    rev = reg.txn_put_delete({key(reg, i): attrs(i) for i in range(10, 15)}, deletes=[key(reg, 2)])
+    wait_until(lambda: len(rec.calls) == 5, what="txn change")
+    assert rec.calls[-1] == ([f"10.5.{i}.0/24" for i in range(10, 15)], ["10.5.2.0/24"])
+    assert w.revision >= rev
+
+    # Our own lease never shows up; a renewal (same value) is not a change; a new PublicIP is.
+    reg.put(key(reg, 1), attrs(1))
+    reg.put(key(reg, 10), attrs(10))
+    reg.put(key(reg, 11), attrs(99))
+    wait_until(lambda: len(rec.calls) == 6, what="attr change")
+    assert rec.calls[-1] == (["10.5.11.0/24"], [])
+    assert w.peers()[IPv4Network("10.5.11.0/24")].attrs.public_ip == IPv4Address("192.168.77.99")
+
+    # `etcdctl del --prefix`: every lease gone in one revision.
+    reg.delete(reg.subnets_prefix, prefix=True)
+    wait_until(lambda: not w.peers(), what="prefix delete")
+    assert sorted(rec.calls[-1][1]) == sorted(f"10.5.{i}.0/24" for i in (4, 10, 11, 12, 13, 14))
+    assert etcd_view(reg) == watcher_view(w) == {}
+
+
+def test_etcd_restarted_mid_watch(etcd, make_registry, started):
+    reg = make_registry(etcd)
+    reg.put(key(reg, 2), attrs(2))
+    w, rec = started(reg)
+    for round_ in range(2):
+        reg.put(key(reg, 20 + round_), attrs(20))
+        etcd.kill() if round_ == 0 else etcd.stop()      # a crash, then a clean stop
+        etcd.start()
+        reg.txn_put_delete({key(reg, 30 + round_): attrs(30), key(reg, 40 + round_): attrs(40)},
+                           deletes=[key(reg, 2)] if round_ == 0 else [key(reg, 20)])
+        reg.put(key(reg, 50 + round_), attrs(50))
+        wait_until(converged(reg, w), what=f"convergence after restart {round_}")
+    assert w.watch_loop.reconnects >= 2
+    assert set(w.peers()) == {IPv4Network(f"10.5.{n}.0/24") for n in (21, 30, 31, 40, 41, 50, 51)}
+
+
+def test_compacted_mid_watch_relists(etcd, make_registry, started):
+    reg = make_registry(etcd)
+    for i in (2, 3, 4):
+        reg.put(key(reg, i), attrs(i))
+    w, rec = started(reg, retry_interval=3.0)           # the watcher stays away while we compact
+    etcd.kill()
+    etcd.start()
+    reg.delete(key(reg, 3))
+    reg.txn_put_delete({key(reg, 7): attrs(7), key(reg, 8): attrs(8)}, deletes=[key(reg, 4)])
+    reg.put(key(reg, 2), attrs(22))
+    etcd.compact()
+    wait_until(converged(reg, w), timeout=15, what="convergence after compaction")
+    assert w.watch_loop.resyncs >= 1 and w.snapshots >= 2
+    assert set(w.peers()) == {IPv4Network(f"10.5.{n}.0/24") for n in (2, 7, 8)}
+    added = {s for a, _ in rec.calls for s in a}
+    removed = {s for _, r in rec.calls for s in r}
+    assert {"10.5.7.0/24", "10.5.8.0/24", "10.5.2.0/24"} <= added
+    assert {"10.5.3.0/24", "10.5.4.0/24"} <= removed
+    # Still watching after the re-list.
+    reg.put(key(reg, 9), attrs(9))
+    wait_until(converged(reg, w), what="event after re-list")
+
+
+def test_set_own_subnet_after_reacquire(shared_etcd, make_registry, started):
+    reg = make_registry(shared_etcd)
+    reg.put(key(reg, 1), attrs(1))
+    reg.put(key(reg, 2), attrs(2))
+    w, rec = started(reg)
+    assert set(w.peers()) == {IPv4Network("10.5.2.0/24")}
+    # We lost 10.5.1.0/24 to another node and now hold 10.5.2.0/24.
+    w.set_own_subnet(IPv4Network("10.5.2.0/24"))
+    assert set(w.peers()) == {IPv4Network("10.5.1.0/24")}
+    assert rec.calls[-1] == (["10.5.1.0/24"], ["10.5.2.0/24"])
+
+
+def _run_nodes(make_registry, server, n: int):
+    """n simulated nodes: each acquires concurrently, then watches; returns (leases, seconds to converge)."""
+    first = make_registry(server)
+    regs = [first] + [make_registry(server, prefix=first.prefix, config=None) for _ in range(n - 1)]
+    barrier = threading.Barrier(n)
+    leases: list = [None] * n
+    managers: list = [None] * n
+    watchers: list = [None] * n
+    errors: list = []
+    t0 = [0.0]
+
+    def node(i):
+        try:
+            barrier.wait(30)
+            if i == 0:
+                t0[0] = time.monotonic()
+            mgr = SubnetManager(regs[i], IPv4Address(f"192.168.{i // 200}.{i % 200 + 1}"))
+            leases[i] = mgr.acquire()
+            managers[i] = mgr
+            mgr.start()
+            w = PeerWatcher(regs[i], leases[i].subnet, None)
+            watchers[i] = w
+            w.start()
+        except Exception as exc:            # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        subnets = [l.subnet for l in leases]
+        assert len(set(subnets)) == n, "duplicate subnet"
+        deadline = time.monotonic() + 60
+        while not all(w is not None and len(w.peers()) == n - 1 for w in watchers):
+            assert time.monotonic() < deadline, "peer views did not converge"
+            time.sleep(0.01)
+        elapsed = time.monotonic() - t0[0]
+        for i, w in enumerate(watchers):
+            assert set(w.peers()) == set(subnets) - {subnets[i]}
+        held = {l.subnet: l.attrs.public_ip for l in first.list_leases()[0]}
+        assert held == {l.subnet: l.attrs.public_ip for l in leases}
+        return leases, elapsed
+    finally:
+        for w in watchers:
+            if w is not None:
+                w.stop()
+        for m in managers:
+            if m is not None:
+                m.stop()
+
+
+def test_two_nodes_converge(shared_etcd, make_registry):
+    _, elapsed = _run_nodes(make_registry, shared_etcd, 2)
+    print(f"\n2 nodes: acquired distinct subnets and saw each other in {elapsed:.3f}s")
+
+
+@pytest.mark.slow
+def test_fifty_nodes_converge(shared_etcd, make_registry, record_property):
+    _, elapsed = _run_nodes(make_registry, shared_etcd, 50)
+    record_property("convergence_s_50_nodes", elapsed)
+    print(f"\n50 nodes: acquired 50 distinct subnets and every watcher saw all 49 peers in {elapsed:.3f}s")
+    assert elapsed < 30
