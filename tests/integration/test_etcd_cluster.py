@@ -1,0 +1,70 @@
+"""A 3-member etcd cluster on loopback: with the member in use stopped, the client fails over."""
+from __future__ import annotations
+
+import time
+from ipaddress import IPv4Address, IPv4Network
+
+import pytest
+
+from dataplane.lease import LeaseAttrs
+from dataplane.peers import PeerWatcher
+from dataplane.subnets import SubnetManager
+from dataplane.testbed.etcd import EtcdCluster
+from tests.conftest import require_etcd
+from tests.integration.conftest import wait_until
+
+pytestmark = [pytest.mark.etcd, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster():
+    require_etcd()
+    c = EtcdCluster(3)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.close()
+
+
+def test_failover_keeps_acquiring_renewing_and_watching(cluster, make_registry):
+    reg = make_registry(cluster)                    # all three endpoints
+    other = make_registry(cluster, prefix=reg.prefix, config=None)
+    mgr = SubnetManager(reg, "192.168.77.1", lease_ttl=4, renew_margin_s=3.0, retry_interval=0.3,
+                        watch_retry_interval=0.3)
+    own = mgr.acquire()
+    mgr.start()
+    watcher = PeerWatcher(reg, own.subnet, None, retry_interval=0.3)
+    watcher.start()
+    try:
+        assert watcher.wait_ready(10)
+        peer1 = SubnetManager(other, "192.168.77.2").acquire()
+        wait_until(lambda: peer1.subnet in watcher.peers(), what="first peer")
+
+        in_use = reg.endpoints.index(reg.current_endpoint)
+        cluster.stop_member(in_use, kill=True)
+        t0 = time.monotonic()
+        # Unary calls fail over to a live member...
+        assert reg.get_config().network == IPv4Network("10.5.0.0/16")
+        assert reg.current_endpoint != cluster.members[in_use].client_url
+        # ...a third node joins through the other client (which may also have used the dead member)...
+        peer2 = SubnetManager(other, "192.168.77.3").acquire()
+        # ...and the watch resumes on a live member without losing the event.
+        wait_until(lambda: peer2.subnet in watcher.peers(), timeout=15, what="peer seen after failover")
+        print(f"\nwatch failed over in {time.monotonic() - t0:.2f}s")
+        renewals = mgr.renewals
+        wait_until(lambda: mgr.renewals >= renewals + 2, timeout=10, what="renewals after failover")
+        assert mgr.lease.subnet == own.subnet and mgr.reacquisitions == 0
+
+        # The stopped member comes back and catches up; then another member goes away.
+        cluster.start_member(in_use)
+        second = reg.endpoints.index(reg.current_endpoint)
+        cluster.stop_member(second)
+        reg.put(f"{reg.subnets_prefix}10.5.250.0-24", LeaseAttrs(IPv4Address("192.168.77.4")).to_json())
+        wait_until(lambda: IPv4Network("10.5.250.0/24") in watcher.peers(), timeout=15,
+                   what="peer seen after second failover")
+        leases, _ = reg.list_leases()
+        assert {l.subnet for l in leases} - {own.subnet} == set(watcher.peers())
+    finally:
+        watcher.stop()
+        mgr.stop()
