@@ -242,8 +242,9 @@ class Testbed:
                     proc.wait(5)
                 except subprocess.TimeoutExpired:
                     log.warning("pid %d did not die after SIGKILL", proc.pid)
-        else:
-            _signal_group(proc.pid, signal.SIGKILL)  # stray children of a dead leader
+        # A leader that had already exited (and was reaped) is not signalled: its
+        # pid may belong to someone else by now. Strays it left inside the
+        # namespace die with the namespace (remove_host/close kill by netns pids).
         with self._lock:
             self._procs.pop(proc.pid, None)
         for f in (proc.stdout, proc.stderr, proc.stdin):
