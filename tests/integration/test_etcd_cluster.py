@@ -1,4 +1,4 @@
-"""A 3-member etcd cluster on loopback: with the member in use stopped, the client fails over."""
+"""etcd testbed: a 3-member cluster on loopback (the client fails over), and etcd inside a namespace."""
 from __future__ import annotations
 
 import time
@@ -68,3 +68,33 @@ def test_failover_keeps_acquiring_renewing_and_watching(cluster, make_registry):
     finally:
         watcher.stop()
         mgr.stop()
+
+
+def test_server_inside_a_namespace_on_an_underlay_address():
+    """The testbed runs etcd inside a namespace on an underlay address; reach it from that namespace."""
+    import os
+    import subprocess
+
+    from dataplane.testbed.etcd import EtcdServer
+    from tests.conftest import require_root
+
+    require_etcd()
+    require_root()
+    ns = f"fu-etcd-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "-n", ns, "addr", "add", "192.168.250.1/24", "dev", "lo"], check=True)
+        with EtcdServer(host="192.168.250.1", netns=ns) as etcd:
+            assert etcd.client_url.startswith("http://192.168.250.1:")
+            etcd.etcdctl("put", "/fu/k", "v")
+            rev = etcd.revision()
+            assert rev >= 2 and etcd.compact() == rev
+            pid = etcd.pid
+            etcd.restart()
+            assert etcd.pid != pid and etcd.revision() == rev
+            r = etcd.etcdctl("get", "/fu/k", "--print-value-only")
+            assert r.stdout.strip() == "v"
+        assert not os.path.exists(etcd.base_dir)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
