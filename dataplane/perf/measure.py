@@ -1,0 +1,283 @@
+"""One measurement at a time: UDP trials, the no-drop search, TCP, latency, cost.
+
+Every trial runs the C generator on host A (CPU0) towards the C sink on host
+B (CPU1), from 10.5.1.1 to 10.5.2.1, over whatever path is set up. Every
+process is bounded twice: by its own count/duration/deadline arguments and
+by the timeout of the call that waits for it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from .paths import Path, cpu_ns
+from .topo import ECHO_PORT, IPERF_PORT, SINK_PORT, BenchTopo, TopoError
+
+log = logging.getLogger(__name__)
+
+LOSS_LIMIT = 0.005          # no-drop: < 0.5 % loss
+RATE_SLACK = 0.97           # the generator must reach 97 % of a paced target
+FLOOD_COUNT = 50_000_000    # bound on a flood's packets (time bounds it first)
+SINK_IDLE_MS = 150          # the sink drains until quiet this long after the send
+
+
+class MeasureError(RuntimeError):
+    pass
+
+
+@dataclass
+class Tools:
+    udpgen: str
+    iperf3: str
+
+
+def _json_line(text: str, what: str) -> dict:
+    for line in reversed((text or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise MeasureError(f"{what}: no result in output {text!r}")
+
+
+def _wait_ready(proc: subprocess.Popen, what: str, timeout: float = 10.0) -> None:
+    """Wait for the "READY" line a udpgen sink/echo prints once bound."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if r:
+            line = proc.stdout.readline()
+            if line.strip() == "READY":
+                return
+            if not line:
+                break
+        if proc.poll() is not None:
+            break
+    err = proc.stderr.read() if proc.poll() is not None else ""
+    raise MeasureError(f"{what} did not start: {err.strip()}")
+
+
+class Sink:
+    """The C sink on host B, counting one tag's datagrams."""
+
+    def __init__(self, topo: BenchTopo, tools: Tools, tag: int, deadline: float,
+                 port: int = SINK_PORT):
+        self.topo = topo
+        self.proc = topo.b.popen([tools.udpgen, "sink", "--bind", f"{topo.b.app_ip}:{port}",
+                                  "--tag", str(tag), "--deadline", f"{deadline:.1f}",
+                                  "--idle-ms", str(SINK_IDLE_MS), "--batch", "64"])
+        try:
+            _wait_ready(self.proc, "sink")
+        except BaseException:
+            topo.kill(self.proc)
+            raise
+
+    def finish(self, timeout: float = 10.0) -> dict:
+        """Tell the sink the send is over; it drains and reports."""
+        try:
+            self.proc.send_signal(signal.SIGUSR1)
+            out, err = self.proc.communicate(timeout=timeout)
+            return _json_line(out, f"sink ({err.strip()})")
+        finally:
+            self.topo.kill(self.proc)
+
+
+def send_argv(topo: BenchTopo, tools: Tools, *, size: int, rate: float, count: int,
+              duration: float, tag: int) -> list[str]:
+    return [tools.udpgen, "send", "--dst", f"{topo.b.app_ip}:{SINK_PORT}",
+            "--src", topo.a.app_ip, "--size", str(size), "--rate", f"{rate:.0f}",
+            "--count", str(count), "--duration", f"{duration:.3f}", "--tag", str(tag),
+            "--batch", "64" if rate == 0 else "32"]
+
+
+def udp_trial(topo: BenchTopo, tools: Tools, *, size: int, rate: float, duration: float) -> dict:
+    """Send ``size``-byte datagrams at ``rate`` pps (0: flood) for ``duration``
+    seconds; returns offered and received rates and the loss."""
+    tag = random.getrandbits(31)
+    count = FLOOD_COUNT if rate == 0 else max(1, int(rate * duration))
+    sink = Sink(topo, tools, tag, deadline=duration + 10)
+    try:
+        r = topo.a.run(send_argv(topo, tools, size=size, rate=rate, count=count,
+                                 duration=duration, tag=tag),
+                       pin=True, timeout=duration + 15)
+        sent = _json_line(r.stdout, "sender")
+    except BaseException:
+        topo.kill(sink.proc)
+        raise
+    got = sink.finish()
+    n_sent, n_recv = sent["sent"], got["received"]
+    return {
+        "rate_target": rate,
+        "sent": n_sent,
+        "received": n_recv,
+        "tx_pps": sent["rate_pps"],
+        "rx_pps": got["rate_pps"] if n_recv > 1 else 0.0,
+        "loss": (1.0 - n_recv / n_sent) if n_sent else 1.0,
+        "send_errors": sent["errors"],
+    }
+
+
+@dataclass
+class CostWindow:
+    """CPU time and engine counters of the forwarders around one trial."""
+    path: Path
+    cpu0: dict = field(default_factory=dict)
+    cnt0: dict = field(default_factory=dict)
+
+    def start(self, quiet_since: float) -> None:
+        if self.path.kernel:
+            return
+        # Counters only move with traffic: a stats file written after the
+        # last trial ended is exact for this one's start.
+        self.cnt0 = self.path.counters(after=quiet_since)
+        self.cpu0 = {k: cpu_ns(p) for k, p in self.path.forwarder_pids().items()}
+
+    def stop(self) -> dict | None:
+        if self.path.kernel:
+            return None
+        pids = self.path.forwarder_pids()
+        cpu1 = {k: cpu_ns(p) for k, p in pids.items()}
+        cnt1 = self.path.counters(after=time.time())
+        a, b = self.path.topo.a.name, self.path.topo.b.name
+        try:
+            # Send side: host A's forwarder, per packet it sent as UDP; receive
+            # side: host B's, per packet it wrote into its TUN.
+            sent = cnt1[a]["udp_tx_packets"] - self.cnt0[a]["udp_tx_packets"]
+            written = cnt1[b]["tun_tx_packets"] - self.cnt0[b]["tun_tx_packets"]
+            sys_a = cnt1[a]["syscalls"] - self.cnt0[a]["syscalls"]
+            sys_b = cnt1[b]["syscalls"] - self.cnt0[b]["syscalls"]
+        except KeyError:
+            return None
+        cpu_a = _delta(cpu1.get(a), self.cpu0.get(a))
+        cpu_b = _delta(cpu1.get(b), self.cpu0.get(b))
+        out = {
+            "send_packets": sent, "recv_packets": written,
+            "send_syscalls_per_packet": sys_a / sent if sent else None,
+            "recv_syscalls_per_packet": sys_b / written if written else None,
+            "send_cpu_ns_per_packet": cpu_a / sent if sent and cpu_a is not None else None,
+            "recv_cpu_ns_per_packet": cpu_b / written if written and cpu_b is not None else None,
+        }
+        out["syscalls_per_packet"] = _sum(out["send_syscalls_per_packet"],
+                                          out["recv_syscalls_per_packet"])
+        out["cpu_ns_per_packet"] = _sum(out["send_cpu_ns_per_packet"],
+                                        out["recv_cpu_ns_per_packet"])
+        return out
+
+
+def _delta(x, y):
+    return None if x is None or y is None else x - y
+
+
+def _sum(x, y):
+    return None if x is None or y is None else x + y
+
+
+def flood(topo: BenchTopo, tools: Tools, path: Path, *, size: int, duration: float,
+          quiet_since: float) -> dict:
+    """A flood trial, with the forwarders' cost measured over it."""
+    cost = CostWindow(path)
+    cost.start(quiet_since)
+    res = udp_trial(topo, tools, size=size, rate=0, duration=duration)
+    res["cost"] = cost.stop()
+    return res
+
+
+def ndr_search(topo: BenchTopo, tools: Tools, *, size: int, flood_res: dict, steps: int,
+               duration: float, progress=None) -> dict:
+    """Highest offered rate with < 0.5 % loss, by bisection in [0, flood's
+    offered rate], starting at the flood's receive rate. ``steps`` trials."""
+    lo, hi = 0.0, max(flood_res["tx_pps"], 1.0)
+    rate = min(max(flood_res["rx_pps"], hi * 0.05), hi)
+    best = None
+    probes = []
+    for i in range(steps):
+        res = udp_trial(topo, tools, size=size, rate=rate, duration=duration)
+        reached = res["tx_pps"] >= RATE_SLACK * rate
+        ok = res["loss"] < LOSS_LIMIT and res["received"] > 0
+        probes.append({"target": round(rate), "offered": round(res["tx_pps"]),
+                       "loss": res["loss"], "ok": ok})
+        if progress:
+            progress(f"  ndr probe {i + 1}/{steps}: {rate / 1e3:.1f} kpps offered "
+                     f"{res['tx_pps'] / 1e3:.1f}, loss {res['loss'] * 100:.2f}% "
+                     f"{'ok' if ok else 'FAIL'}")
+        if ok:
+            offered = min(res["tx_pps"], rate * 1.01)
+            best = max(best or 0.0, offered)
+            lo = rate
+            if not reached:      # the generator itself is the limit here
+                hi = rate
+        else:
+            hi = rate
+        rate = (lo + hi) / 2
+    return {"ndr_pps": best if best is not None else 0.0, "probes": probes}
+
+
+def latency(topo: BenchTopo, tools: Tools, *, count: int, interval_us: int,
+            bg_rate: float = 0.0, bg_size: int = 64) -> dict:
+    """UDP request/response round trips (C rr client on A, echo on B), idle
+    or under a background load of ``bg_rate`` pps of ``bg_size`` bytes."""
+    probe_s = count * interval_us / 1e6
+    echo = topo.b.popen([tools.udpgen, "echo", "--bind", f"{topo.b.app_ip}:{ECHO_PORT}",
+                         "--deadline", f"{probe_s + 15:.1f}"])
+    sink = bg = None
+    try:
+        _wait_ready(echo, "echo")
+        if bg_rate > 0:
+            tag = random.getrandbits(31)
+            bg_s = probe_s + 0.6
+            sink = Sink(topo, tools, tag, deadline=bg_s + 10)
+            bg = topo.a.popen(send_argv(topo, tools, size=bg_size, rate=bg_rate,
+                                        count=int(bg_rate * bg_s) + 1, duration=bg_s, tag=tag))
+            time.sleep(0.3)    # let the load settle before probing
+        r = topo.a.run([tools.udpgen, "rr", "--dst", f"{topo.b.app_ip}:{ECHO_PORT}",
+                        "--src", topo.a.app_ip, "--count", str(count),
+                        "--interval-us", str(interval_us), "--timeout-ms", "200",
+                        "--deadline", f"{probe_s + 10:.1f}"],
+                       pin=True, timeout=probe_s + 20)
+        res = _json_line(r.stdout, "rr")
+        if bg is not None:
+            out, _ = bg.communicate(timeout=probe_s + 15)
+            sent = _json_line(out, "background sender")
+            got = sink.finish()
+            res["bg_offered_pps"] = sent["rate_pps"]
+            res["bg_loss"] = 1.0 - got["received"] / sent["sent"] if sent["sent"] else 1.0
+            sink = None
+        return res
+    finally:
+        for p in (bg, echo, sink.proc if sink else None):
+            if p is not None:
+                topo.kill(p)
+
+
+def tcp(topo: BenchTopo, tools: Tools, *, seconds: float) -> dict:
+    """One TCP stream with iperf3 from A to B: throughput and retransmits."""
+    server = topo.b.popen([tools.iperf3, "-s", "-1", "-B", topo.b.app_ip, "-p", str(IPERF_PORT)])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            r = topo.b.run(["ss", "-Hltn", f"sport = :{IPERF_PORT}"], check=False)
+            if r.stdout.strip():
+                break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise MeasureError(f"iperf3 server did not start: {server.stderr.read()}")
+            time.sleep(0.05)
+        r = topo.a.run([tools.iperf3, "-c", topo.b.app_ip, "-B", topo.a.app_ip,
+                        "-p", str(IPERF_PORT), "-t", f"{seconds:g}", "-J"],
+                       pin=True, check=False, timeout=seconds + 30)
+        try:
+            data = json.loads(r.stdout)
+        except ValueError:
+            raise MeasureError(f"iperf3 client: {r.stderr.strip() or r.stdout[-300:]}")
+        if "error" in data:
+            raise MeasureError(f"iperf3: {data['error']}")
+        end = data["end"]
+        return {"gbps": end["sum_received"]["bits_per_second"] / 1e9,
+                "retransmits": end["sum_sent"].get("retransmits"),
+                "sender_cpu": end.get("cpu_utilization_percent", {}).get("host_total")}
+    finally:
+        topo.kill(server)

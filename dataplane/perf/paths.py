@@ -1,0 +1,255 @@
+"""The four paths the bench compares, each set up on the same two hosts.
+
+* ``direct``: flannel's host-gw shape, no encapsulation - a route to the
+  peer's /24 via the peer's underlay address. The kernel's limit.
+* ``vxlan``: what flanneld's vxlan backend programs, statically: a
+  ``flannel.1`` VXLAN device (VNI 1, local = underlay address, dstport 8472,
+  nolearning, MTU = veth MTU - 50) with address ``<subnet>.0/32``, and per
+  peer a permanent neighbour entry (peer's ``.0`` -> peer's VTEP MAC), a
+  permanent FDB entry (VTEP MAC -> peer's underlay IP) and the route
+  ``<peer subnet> via <peer .0> dev flannel.1 onlink``.
+* ``c`` and ``python``: this project's engines, one ``flannel-udp forward``
+  process per host with a static route to the peer (the daemon's etcd path is
+  not involved; see perf/README.md).
+
+A path's ``setup()`` and ``teardown()`` leave the hosts as they found them,
+so the paths run one after another on one testbed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+
+from .topo import FLANNEL_PORT, NETWORK, BenchTopo, Side, TopoError
+
+log = logging.getLogger(__name__)
+
+PATHS = ("direct", "vxlan", "c", "python")
+KERNEL_PATHS = ("direct", "vxlan")
+VXLAN_DEV = "flannel.1"
+VXLAN_PORT = 8472
+TUN_DEV = "flannel0"
+ENCAP_UDP = 28      # flannel udp: IPv4 + UDP header
+ENCAP_VXLAN = 50    # flannel vxlan: outer IPv4 + UDP + VXLAN + inner Ethernet
+READY_TIMEOUT = 30.0
+
+
+class Path:
+    name = "?"
+    kernel = True
+
+    def __init__(self, topo: BenchTopo):
+        self.topo = topo
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        raise NotImplementedError
+
+    def mtu(self) -> int:
+        """MTU of the overlay device (what the inner packet may be)."""
+        return self.topo.a.host.mtu
+
+    # Cost accounting (only the engines have forwarding processes).
+    def forwarder_pids(self) -> dict:
+        return {}
+
+    def counters(self, after: float | None = None) -> dict:
+        return {}
+
+
+class DirectPath(Path):
+    name = "direct"
+
+    def _routes(self, verb: str) -> None:
+        for side in self.topo.sides:
+            peer = self.topo.peer(side)
+            side.ip_batch([f"route {verb} {peer.subnet} via {peer.ip} dev {side.iface}"])
+
+    def setup(self) -> None:
+        self._routes("add")
+
+    def teardown(self) -> None:
+        try:
+            self._routes("del")
+        except TopoError as e:
+            log.warning("direct teardown: %s", e)
+
+
+class VxlanPath(Path):
+    name = "vxlan"
+
+    def mtu(self) -> int:
+        return self.topo.a.host.mtu - ENCAP_VXLAN
+
+    def setup(self) -> None:
+        macs = {}
+        for side in self.topo.sides:
+            side.ip_batch([
+                f"link add {VXLAN_DEV} type vxlan id 1 local {side.ip} dev {side.iface} "
+                f"dstport {VXLAN_PORT} nolearning",
+                f"link set {VXLAN_DEV} mtu {self.mtu()} up",
+                f"addr add {side.tun_ip}/32 dev {VXLAN_DEV}",
+            ])
+            out = side.run(["cat", f"/sys/class/net/{VXLAN_DEV}/address"]).stdout.strip()
+            macs[side.name] = out
+            side.steer(VXLAN_DEV)
+        for side in self.topo.sides:
+            peer = self.topo.peer(side)
+            mac = macs[peer.name]
+            side.ip_batch([
+                f"neigh replace {peer.tun_ip} lladdr {mac} dev {VXLAN_DEV} nud permanent",
+                f"route replace {peer.subnet} via {peer.tun_ip} dev {VXLAN_DEV} onlink",
+            ])
+            side.run(["bridge", "fdb", "replace", mac, "dev", VXLAN_DEV, "dst", peer.ip,
+                      "self", "permanent"])
+
+    def teardown(self) -> None:
+        for side in self.topo.sides:
+            side.run(["ip", "link", "del", VXLAN_DEV], check=False)
+
+
+class EnginePath(Path):
+    """``flannel-udp forward`` on each host, pinned to the host's core."""
+    kernel = False
+
+    def __init__(self, topo: BenchTopo, kind: str, batch: int | None = None):
+        super().__init__(topo)
+        self.name = kind
+        self.kind = kind
+        self.batch = batch
+        self.procs: dict[str, object] = {}
+        self.tmp = tempfile.mkdtemp(prefix=f"fubench-{kind}-")
+
+    def mtu(self) -> int:
+        return self.topo.a.host.mtu - ENCAP_UDP
+
+    def _files(self, side: Side) -> tuple[str, str, str]:
+        base = os.path.join(self.tmp, side.name)
+        return base + ".stats.json", base + ".ready", base + ".log"
+
+    def argv(self, side: Side) -> list[str]:
+        peer = self.topo.peer(side)
+        stats, ready, _ = self._files(side)
+        argv = [sys.executable, "-m", "dataplane", "forward",
+                "--tun-name", TUN_DEV, "--tun-addr", side.tun_ip,
+                "--network", str(NETWORK), "--mtu", str(self.mtu()),
+                "--listen", f"{side.ip}:{FLANNEL_PORT}",
+                "--route", f"{peer.subnet}={peer.ip}:{FLANNEL_PORT}",
+                "--engine", self.kind,
+                "--stats-file", stats, "--ready-file", ready]
+        if self.batch:
+            argv += ["--batch", str(self.batch)]
+        return argv
+
+    def setup(self) -> None:
+        env = dict(os.environ, DATAPLANE_ENGINE=self.kind)
+        # The forwarder imports `dataplane` from this checkout even when the
+        # package is not installed.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        try:
+            for side in self.topo.sides:
+                _, ready, logf = self._files(side)
+                with open(logf, "w") as lf:
+                    self.procs[side.name] = side.popen(self.argv(side), stdout=lf, stderr=lf,
+                                                       env=env, cwd=root)
+            deadline = time.monotonic() + READY_TIMEOUT
+            for side in self.topo.sides:
+                _, ready, logf = self._files(side)
+                proc = self.procs[side.name]
+                while not os.path.exists(ready):
+                    if proc.poll() is not None:
+                        raise TopoError(f"{self.kind} forwarder on {side.name} exited "
+                                        f"({proc.returncode}): {_tail(logf)}")
+                    if time.monotonic() > deadline:
+                        raise TopoError(f"{self.kind} forwarder on {side.name} not ready after "
+                                        f"{READY_TIMEOUT:.0f}s: {_tail(logf)}")
+                    time.sleep(0.02)
+                side.steer(TUN_DEV)
+        except BaseException:
+            self.teardown()
+            raise
+
+    def teardown(self) -> None:
+        for name, proc in list(self.procs.items()):
+            self.topo.kill(proc, timeout=5.0)
+        # Keep the final stats (written at exit) readable by counters().
+
+    def forwarder_pids(self) -> dict:
+        return {name: p.pid for name, p in self.procs.items() if p.poll() is None}
+
+    def log_tail(self, side: Side) -> str:
+        return _tail(self._files(side)[2])
+
+    def counters(self, after: float | None = None, timeout: float = 3.0) -> dict:
+        """Engine counters per host from the stats files; with ``after`` (a
+        time.time()), wait until each file was written after that moment."""
+        out = {}
+        for side in self.topo.sides:
+            stats, _, _ = self._files(side)
+            deadline = time.monotonic() + timeout
+            while True:
+                data = None
+                try:
+                    fresh = after is None or os.stat(stats).st_mtime > after
+                    if fresh:
+                        with open(stats) as f:
+                            data = _find_counters(json.load(f))
+                except (OSError, ValueError):
+                    data = None
+                if data is not None:
+                    out[side.name] = data
+                    break
+                if time.monotonic() > deadline:
+                    log.warning("no fresh stats from %s's %s forwarder", side.name, self.kind)
+                    break
+                time.sleep(0.02)
+        return out
+
+
+def _find_counters(obj):
+    """The dict holding the engine counters in a stats file, wherever the
+    forward command nests it (top level, or under a key like "stats")."""
+    if isinstance(obj, dict):
+        if "syscalls" in obj and "udp_tx_packets" in obj:
+            return {k: v for k, v in obj.items() if isinstance(v, (int, float))}
+        for v in obj.values():
+            found = _find_counters(v)
+            if found is not None:
+                return found
+    return None
+
+
+def _tail(path: str, n: int = 600) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:].strip()
+    except OSError:
+        return ""
+
+
+def make_path(topo: BenchTopo, name: str, batch: int | None = None) -> Path:
+    if name == "direct":
+        return DirectPath(topo)
+    if name == "vxlan":
+        return VxlanPath(topo)
+    if name in ("c", "python"):
+        return EnginePath(topo, name, batch=batch)
+    raise ValueError(f"unknown path {name!r}: use {', '.join(PATHS)}")
+
+
+def cpu_ns(pid: int) -> int | None:
+    """utime + stime of a process (all its threads) in ns, from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = int(fields[11]) + int(fields[12])   # fields 14 and 15 of proc(5)
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,243 @@
+"""Results: rows, ratios, the table, the JSON and the plot.
+
+``rows`` has, per path, one row per UDP payload size (64, 1400) and one row
+with ``"size": null`` for what is not a UDP size (the TCP stream, idle
+latency). Every figure is the median over the trials; ``detail`` (written to
+results.json, not to ``--json``) keeps min, max and every trial's value.
+"""
+from __future__ import annotations
+
+import statistics
+
+ROW_KEYS = ("path", "size", "ndr_pps", "flood_rx_pps", "flood_loss", "tcp_gbps",
+            "rtt_p50_us", "rtt_p99_us", "cpu_ns_per_packet", "syscalls_per_packet")
+METRICS = ROW_KEYS[2:]
+# Figures compared between paths, as (ratio name, row size, row key).
+RATIO_FIGURES = (("ndr_pps_64", 64, "ndr_pps"), ("ndr_pps_1400", 1400, "ndr_pps"),
+                 ("flood_rx_pps_64", 64, "flood_rx_pps"),
+                 ("flood_rx_pps_1400", 1400, "flood_rx_pps"),
+                 ("tcp_gbps", None, "tcp_gbps"))
+
+
+def summarize(values) -> dict | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
+            "trials": vals}
+
+
+def build(samples: dict, paths, sizes, machine: dict) -> dict:
+    """``samples[path][size][metric]`` = list of per-trial values (size None
+    for the TCP/idle row). Returns {"rows", "ratios", "machine", "detail"}."""
+    rows, detail = [], []
+    for path in paths:
+        for size in list(sizes) + [None]:
+            per = samples.get(path, {}).get(size, {})
+            row = {"path": path, "size": size}
+            det = {"path": path, "size": size}
+            for key in METRICS:
+                s = summarize(per.get(key, []))
+                row[key] = _round(s["median"]) if s else None
+                if s:
+                    det[key] = {k: (_round(v) if k != "trials" else [_round(x) for x in v])
+                                for k, v in s.items()}
+            for key, vals in per.items():
+                if key not in METRICS:
+                    s = summarize(vals) if all(isinstance(v, (int, float)) or v is None
+                                               for v in vals) else None
+                    det[key] = ({k: (_round(v) if k != "trials" else [_round(x) for x in v])
+                                 for k, v in s.items()} if s else vals)
+            rows.append(row)
+            detail.append(det)
+    return {"rows": rows, "ratios": ratios(rows), "machine": machine, "detail": detail}
+
+
+def _round(v):
+    if isinstance(v, float):
+        return round(v, 4) if abs(v) < 10 else round(v, 1)
+    return v
+
+
+def _get(rows, path, size, key):
+    for r in rows:
+        if r["path"] == path and r["size"] == size:
+            return r.get(key)
+    return None
+
+
+def ratios(rows) -> dict:
+    """{engine: {"vxlan": {figure: x}, "direct": {...}}, "vxlan": {"direct": ...}}:
+    each path's figure divided by the reference path's, from the same run."""
+    out = {}
+    present = {r["path"] for r in rows}
+    pairs = [(p, ref) for p in ("c", "python") for ref in ("vxlan", "direct")]
+    pairs.append(("vxlan", "direct"))
+    for path, ref in pairs:
+        if path not in present or ref not in present:
+            continue
+        figs = {}
+        for name, size, key in RATIO_FIGURES:
+            num, den = _get(rows, path, size, key), _get(rows, ref, size, key)
+            figs[name] = round(num / den, 3) if num is not None and den else None
+        out.setdefault(path, {})[ref] = figs
+    return out
+
+
+def public(result: dict) -> dict:
+    """The object of ``bench --json``: exactly rows, ratios and machine."""
+    return {"rows": result["rows"], "ratios": result["ratios"], "machine": result["machine"]}
+
+
+# -- the table ------------------------------------------------------------
+
+def _spread(det: dict, key: str, scale: float, fmt: str) -> str:
+    s = det.get(key)
+    if not isinstance(s, dict):
+        return "-"
+    med = format(s["median"] * scale, fmt)
+    if len(s["trials"]) > 1:
+        return f"{med} [{format(s['min'] * scale, fmt)}-{format(s['max'] * scale, fmt)}]"
+    return med
+
+
+def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["path", "size", "no-drop kpps", "flood rx kpps", "flood loss %", "TCP Gbit/s",
+            "TCP retr", "RTT p50 us", "RTT p99 us", "CPU ns/pkt", "syscalls/pkt"]
+    body = []
+    for det in result["detail"]:
+        body.append([
+            det["path"], "tcp+idle" if det["size"] is None else f"{det['size']} B",
+            _spread(det, "ndr_pps", 1e-3, ".1f"), _spread(det, "flood_rx_pps", 1e-3, ".1f"),
+            _spread(det, "flood_loss", 100, ".1f"), _spread(det, "tcp_gbps", 1, ".2f"),
+            _spread(det, "tcp_retransmits", 1, ".0f"),
+            _spread(det, "rtt_p50_us", 1, ".0f"), _spread(det, "rtt_p99_us", 1, ".0f"),
+            _spread(det, "cpu_ns_per_packet", 1, ".0f"),
+            _spread(det, "syscalls_per_packet", 1, ".2f"),
+        ])
+    return head, body
+
+
+def ratio_lines(result: dict) -> list[str]:
+    lines = []
+    for path, refs in result["ratios"].items():
+        for ref, figs in refs.items():
+            parts = [f"{k}={v:.2f}x" if v is not None else f"{k}=-" for k, v in figs.items()]
+            lines.append(f"{path} / {ref}: " + "  ".join(parts))
+    return lines
+
+
+def markdown(result: dict) -> str:
+    head, body = table_rows(result)
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(r) + " |" for r in body]
+    out.append("")
+    out.append("| ratio | " + " | ".join(n for n, _, _ in RATIO_FIGURES) + " |")
+    out.append("|" + "---|" * (len(RATIO_FIGURES) + 1))
+    for path, refs in result["ratios"].items():
+        for ref, figs in refs.items():
+            out.append(f"| {path} / {ref} | " + " | ".join(
+                f"{figs[n]:.2f}x" if figs.get(n) is not None else "-"
+                for n, _, _ in RATIO_FIGURES) + " |")
+    return "\n".join(out)
+
+
+def print_table(result: dict, file=None) -> None:
+    """The table on stdout: rich when it is a terminal, plain text otherwise."""
+    import sys
+    file = file or sys.stdout
+    head, body = table_rows(result)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        Console = None
+    if Console is not None and file.isatty():
+        t = Table(title="flannel-udp bench (median [min-max])")
+        for h in head:
+            t.add_column(h, justify="left" if h in ("path", "size") else "right")
+        for r in body:
+            t.add_row(*r)
+        con = Console(file=file)
+        con.print(t)
+        for line in ratio_lines(result):
+            con.print(line)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:{'<' if i < 2 else '>'}{w}}}" for i, w in enumerate(widths))
+    print(fmt.format(*head), file=file)
+    for r in body:
+        print(fmt.format(*r), file=file)
+    print(file=file)
+    for line in ratio_lines(result):
+        print(line, file=file)
+
+
+# -- the plot -------------------------------------------------------------
+
+COLORS = {"direct": "#4c72b0", "vxlan": "#55a868", "c": "#dd8452", "python": "#c44e52"}
+
+
+def plot(result: dict, path: str) -> str:
+    """Three panels: no-drop and flood rates per path and size, TCP, latency."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    det = {(d["path"], d["size"]): d for d in result["detail"]}
+    paths = list(dict.fromkeys(d["path"] for d in result["detail"]))
+    sizes = sorted({d["size"] for d in result["detail"] if d["size"] is not None})
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8), gridspec_kw={"width_ratios": [2, 1, 1.6]})
+
+    def med(d, key):
+        s = d.get(key) if d else None
+        return (s["median"], s["median"] - s["min"], s["max"] - s["median"]) \
+            if isinstance(s, dict) else (0.0, 0.0, 0.0)
+
+    ax = axes[0]
+    w = 0.8 / max(len(paths), 1)
+    for i, p in enumerate(paths):
+        xs = [j + (i - (len(paths) - 1) / 2) * w for j in range(len(sizes))]
+        nd = [med(det.get((p, s)), "ndr_pps") for s in sizes]
+        fl = [med(det.get((p, s)), "flood_rx_pps") for s in sizes]
+        ax.bar(xs, [v[0] / 1e3 for v in nd], w, color=COLORS.get(p), label=p,
+               yerr=[[v[1] / 1e3 for v in nd], [v[2] / 1e3 for v in nd]], capsize=3)
+        ax.plot(xs, [v[0] / 1e3 for v in fl], "kv", markersize=6,
+                label="flood rx" if i == 0 else None)
+    ax.set_xticks(range(len(sizes)), [f"{s} B" for s in sizes])
+    ax.set_ylabel("kpps (bars: no-drop rate, <0.5% loss)")
+    ax.set_title("UDP packet rate")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+    ax = axes[1]
+    tc = [med(det.get((p, None)), "tcp_gbps") for p in paths]
+    ax.bar(paths, [v[0] for v in tc], color=[COLORS.get(p) for p in paths],
+           yerr=[[v[1] for v in tc], [v[2] for v in tc]], capsize=3)
+    ax.set_ylabel("Gbit/s")
+    ax.set_title("one TCP stream (iperf3)")
+    ax.grid(axis="y", alpha=0.3)
+
+    ax = axes[2]
+    groups = [("idle", None)] + [(f"load {s} B", s) for s in sizes]
+    w = 0.8 / max(len(paths), 1)
+    for i, p in enumerate(paths):
+        xs = [j + (i - (len(paths) - 1) / 2) * w for j in range(len(groups))]
+        p50 = [med(det.get((p, s)), "rtt_p50_us")[0] for _, s in groups]
+        p99 = [med(det.get((p, s)), "rtt_p99_us")[0] for _, s in groups]
+        ax.bar(xs, p50, w, color=COLORS.get(p), label=p)
+        ax.plot(xs, p99, "k_", markersize=10, label="p99" if i == 0 else None)
+    ax.set_xticks(range(len(groups)), [g for g, _ in groups])
+    ax.set_yscale("log")
+    ax.set_ylabel("round trip, us (bars p50, dash p99)")
+    ax.set_title("UDP request/response latency")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+
+    m = result.get("machine", {})
+    fig.suptitle(f"flannel-udp bench, {m.get('date_utc', '')}, {m.get('mode', '')} run, "
+                 f"{m.get('trials', '?')} trial(s), {m.get('cpus', '?')} CPUs", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
