@@ -1,0 +1,514 @@
+"""The pure-Python engine: the oracle of the C engine, and its fallback.
+
+It does what csrc/dataplane.h says, in the order it says it, with the same
+counters (all of them but api.SYSCALL_STATS match the C engine exactly for
+the same input) and the same trace events. Python has no recvmmsg/sendmmsg,
+so every packet costs one syscall each way; the rest is kept cheap:
+
+* all buffers are allocated once (one bytearray per batch slot, and
+  memoryviews over them), reads go straight into them (FileIO.readinto,
+  socket.recv_into/recvfrom_into), nothing is copied on the forwarding path;
+* the loop works on locals bound once per thread (bound methods, buffers,
+  constants) and hot counters are kept in locals and added to the shared
+  counter list once per batch;
+* the route table is one dict per prefix length (pytable.RouteTable), and
+  the common case of a single prefix length skips the loop over lengths.
+
+Flow, in the order the code appears in :meth:`PyEngine._run`:
+  1. icmp_error   an ICMP error about a TUN packet, written into the TUN
+  2. tun_batch    read() until EAGAIN or `batch` packets: checks, route,
+                  TTL - 1, queue; then one sendto() per queued packet
+  3. udp_batch    recv(MSG_DONTWAIT) until EAGAIN or `batch` datagrams,
+                  then per datagram: checks, TTL - 1, write() to the TUN
+  4. the loop     epoll, adopt a new route table, then alternate the two
+                  directions one batch each while there is work (at most
+                  ROUNDS times before polling again, so the stop fd is seen)
+
+Threads: the loop thread owns everything above. Other threads only set
+``_stopping`` / ``_published`` / ``_tracing`` (plain attribute stores,
+atomic under the GIL), write the eventfd, and read the counter list and the
+trace deque (copied in one C-level call, so never torn).
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import io
+import ipaddress
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+import time
+
+from .. import ipv4
+from .api import (DEFAULT_BATCH, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
+                  EngineClosed)
+from .pytable import RouteTable, str_to_int
+
+log = logging.getLogger(__name__)
+
+ROUNDS = 8                      # batches per direction between two polls (as loop.c)
+HEADER_MIN = 20
+
+# Counter indices, dp_stats field order.
+_I = {name: i for i, name in enumerate(STAT_NAMES)}
+TUN_RX_PACKETS, TUN_RX_BYTES = _I["tun_rx_packets"], _I["tun_rx_bytes"]
+UDP_TX_PACKETS, UDP_TX_BYTES = _I["udp_tx_packets"], _I["udp_tx_bytes"]
+UDP_RX_PACKETS, UDP_RX_BYTES = _I["udp_rx_packets"], _I["udp_rx_bytes"]
+TUN_TX_PACKETS, TUN_TX_BYTES = _I["tun_tx_packets"], _I["tun_tx_bytes"]
+ICMP_UNREACH_SENT, ICMP_TTL_SENT = _I["icmp_unreach_sent"], _I["icmp_ttl_sent"]
+DROP_NO_ROUTE, DROP_TTL = _I["drop_no_route"], _I["drop_ttl"]
+DROP_MALFORMED, DROP_NOT_IPV4 = _I["drop_malformed"], _I["drop_not_ipv4"]
+DROP_TRUNCATED, DROP_BAD_SOURCE = _I["drop_truncated"], _I["drop_bad_source"]
+DROP_SEND_ERROR = _I["drop_send_error"]
+DROP_TUN_FULL, DROP_TUN_ERROR = _I["drop_tun_full"], _I["drop_tun_error"]
+SYSCALLS, TUN_READS, TUN_WRITES = _I["syscalls"], _I["tun_reads"], _I["tun_writes"]
+UDP_SENDS, UDP_RECVS, POLLS = _I["udp_sends"], _I["udp_recvs"], _I["polls"]
+TX_BATCHES, RX_BATCHES, ROUTE_SWAPS = _I["tx_batches"], _I["rx_batches"], _I["route_swaps"]
+
+# Trace kinds (enum dp_trace_kind).
+TR_TUN_READ, TR_ROUTE_HIT, TR_ROUTE_MISS, TR_UDP_SEND = 1, 2, 3, 4
+TR_UDP_RECV, TR_TUN_WRITE, TR_ICMP, TR_DROP = 5, 6, 7, 8
+
+# Fields the TUN side needs after the length checks, in one unpack:
+# tot_len, flags+fragment offset, ttl, protocol, checksum, dst.
+_TUN_FIELDS = struct.Struct("!2xH2xHBBH4xI").unpack_from
+# TTL, protocol, checksum written back after the decrement.
+_PUT_TTL = struct.Struct("!BBH").pack_into
+_ICMP_ERROR_TYPES = ipv4.ICMP_ERROR_TYPES
+_EMPTY = RouteTable()
+
+
+def _tun_write_drop(err: int) -> int:
+    return DROP_TUN_FULL if err in (errno.EAGAIN, errno.EWOULDBLOCK) else DROP_TUN_ERROR
+
+
+class PyEngine(Engine):
+    """The Engine contract in pure Python (see the module docstring)."""
+    name = "python"
+
+    def __init__(self, tun_fd: int, udp_fd: int, tun_addr, mtu: int, port: int,
+                 batch: int = DEFAULT_BATCH, accept_any: bool = True):
+        super().__init__(tun_fd, udp_fd, tun_addr, mtu, port, batch, accept_any)
+        if tun_fd < 0 or udp_fd < 0 or tun_fd == udp_fd:
+            raise OSError(errno.EBADF, "tun_fd and udp_fd must be two distinct open fds")
+        self._c = [0] * len(STAT_NAMES)
+        self._published = _EMPTY          # the newest table; the loop adopts it
+        self._stopping = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._tracing = False
+        self._trace_seq = 0
+        self._ring: collections.deque = collections.deque(maxlen=TRACE_RING)
+        self._lock = threading.Lock()     # start/close only; never taken by the loop
+
+        # Everything the loop needs is made here, once (like dp_loop_new).
+        # TUN reads get exactly mtu bytes; UDP receives get mtu + 1, so a
+        # datagram that fills the extra byte is known to be longer than mtu.
+        mtu, batch = self.mtu, self.batch
+        self._tx_bufs = [bytearray(mtu) for _ in range(batch)]
+        self._rx_bufs = [bytearray(mtu + 1) for _ in range(batch)]
+        self._tun_addr_packed = self.tun_addr.packed
+        self._sock = socket.socket(fileno=os.dup(udp_fd))   # our dup: we may close it
+        try:
+            self._tun = io.FileIO(tun_fd, "r+b", closefd=False)
+            self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._ep = select.epoll()
+            self._ep.register(tun_fd, select.EPOLLIN)
+            self._ep.register(udp_fd, select.EPOLLIN)
+            self._ep.register(self._wake_fd, select.EPOLLIN)
+            # Last, so that a failure above leaves the caller's fd untouched.
+            os.set_blocking(tun_fd, False)
+        except BaseException:
+            self._free()
+            raise
+
+    # ---- control API (any thread) ------------------------------------------
+
+    def _check_open(self):
+        if self._closed:
+            raise EngineClosed(errno.EBADF, "engine is closed")
+
+    def _wake(self):
+        try:
+            os.eventfd_write(self._wake_fd, 1)
+        except BlockingIOError:       # counter already non-zero: the loop will wake
+            pass
+
+    def set_routes(self, routes) -> None:
+        self._check_open()
+        table = RouteTable(routes)
+        self._published = table       # one reference store: atomic under the GIL
+        self._wake()                  # adopt it now, not at the next packet
+
+    def start(self) -> None:
+        with self._lock:
+            self._check_open()
+            if self._thread is not None:
+                raise RuntimeError("engine already started")
+            self._thread = threading.Thread(target=self._run_guarded, name="pyengine-loop",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        if self._closed:              # a closed engine is stopped: nothing to do
+            return
+        self._stopping = True
+        self._wake()
+
+    def join(self, timeout: float | None = None) -> bool:
+        t = self._thread
+        if t is None:
+            return True
+        t.join(timeout)
+        return not t.is_alive()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._stopping = True
+            self._wake()
+            if self._thread is not None:
+                self._thread.join()
+            self._closed = True
+            self._free()
+
+    def _free(self):
+        for name in ("_ep", "_tun"):
+            obj = self.__dict__.pop(name, None)
+            if obj is not None:
+                obj.close()
+        if getattr(self, "_wake_fd", None) is not None:
+            os.close(self._wake_fd)
+            self._wake_fd = None
+        self._sock.close()            # closes our dup only
+
+    def stats(self) -> dict:
+        self._check_open()
+        return dict(zip(STAT_NAMES, list(self._c)))
+
+    def trace(self, enable: bool) -> None:
+        self._check_open()
+        self._tracing = bool(enable)
+
+    def trace_events(self, after: int = 0) -> list:
+        self._check_open()
+        out = []
+        for seq, ts, kind, length, addr, port, batch, head in self._ring.copy():
+            if seq > after:
+                out.append({"seq": seq, "ts_ns": ts, "kind": TRACE_KINDS[kind], "len": length,
+                            "addr": str(ipaddress.IPv4Address(addr)), "port": port,
+                            "batch": batch, "head": head})
+        return out
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that ended the loop thread, if any."""
+        return self._error
+
+    # ---- the loop thread ----------------------------------------------------
+
+    def _record(self, kind, length, addr, port, batch, head):
+        """One trace event; addr is an int (host order), head bytes-like."""
+        self._trace_seq += 1
+        self._ring.append((self._trace_seq, time.monotonic_ns(), kind, length, addr, port,
+                           batch, bytes(head[:TRACE_HEAD]) if head is not None else b""))
+
+    def _run_guarded(self):
+        try:
+            self._run()
+        except BaseException as e:  # the thread must not die silently
+            self._error = e
+            log.exception("pyengine loop failed")
+
+    def _run(self):
+        c = self._c
+        record = self._record
+        mtu, mtu1, nbatch = self.mtu, self.mtu + 1, self.batch
+        accept_any = self.accept_any
+        tun_fd, udp_fd, wake_fd = self.tun_fd, self.udp_fd, self._wake_fd
+        tun_addr = self._tun_addr_packed
+        readinto, tun_write = self._tun.readinto, self._tun.write
+        sock = self._sock
+        sendto, recv_into, recvfrom_into = sock.sendto, sock.recv_into, sock.recvfrom_into
+        DONTWAIT = socket.MSG_DONTWAIT
+        poll = self._ep.poll
+        tun_fields, put_ttl = _TUN_FIELDS, _PUT_TTL
+        tx_bufs = self._tx_bufs
+        tx_views = [memoryview(b) for b in tx_bufs]
+        tx_len = [0] * nbatch
+        tx_hop = [None] * nbatch
+        rx_bufs = self._rx_bufs
+        rx_views = [memoryview(b) for b in rx_bufs]
+        rx_len = [0] * nbatch
+        rx_src = [None] * nbatch
+        routes = _EMPTY
+
+        def take_routes():
+            """Adopt the newest published table; counted once per table."""
+            nonlocal routes
+            t = self._published
+            if t is not routes:
+                routes = t
+                c[ROUTE_SWAPS] += 1
+
+        def drop(reason, length):
+            c[reason] += 1
+            if self._tracing:
+                record(TR_DROP, length, 0, 0, reason, None)
+
+        # -- 1. ICMP errors back into the TUN --------------------------------
+        def icmp_error(buf, length, type_):
+            pkt = ipv4.icmp_error(buf[:length], type_, 0, tun_addr)
+            c[SYSCALLS] += 1
+            c[TUN_WRITES] += 1
+            try:
+                w = tun_write(pkt)
+            except OSError as e:
+                drop(_tun_write_drop(e.errno), len(pkt))
+                return
+            if w is None:             # EAGAIN: FileIO reports it as None
+                drop(DROP_TUN_FULL, len(pkt))
+                return
+            c[ICMP_UNREACH_SENT if type_ == ipv4.ICMP_DEST_UNREACH else ICMP_TTL_SENT] += 1
+            if self._tracing:
+                record(TR_ICMP, len(pkt), 0, 0, 0, pkt)
+
+        # -- 2. TUN -> UDP ---------------------------------------------------
+        def tun_batch():
+            """Returns (more, error): more if the TUN may have more right now."""
+            take_routes()
+            tracing = self._tracing
+            lens = routes.lens
+            single = len(lens) == 1
+            if single:
+                mask0, plen0, nets0 = lens[0]
+            n = m = 0
+            reads = 0
+            rx_pk = rx_by = 0
+            more, error = True, False
+            while n < nbatch:
+                buf = tx_bufs[m]
+                reads += 1
+                try:
+                    r = readinto(buf)
+                except OSError:
+                    more, error = False, True
+                    break
+                if r is None:          # EAGAIN
+                    more = False
+                    break
+                n += 1
+                rx_pk += 1
+                rx_by += r
+                if tracing:
+                    record(TR_TUN_READ, r, 0, 0, 0, buf[:min(r, TRACE_HEAD)])
+                # 1. validate
+                if r < HEADER_MIN:
+                    drop(DROP_MALFORMED, r)
+                    continue
+                vihl = buf[0]
+                if vihl >> 4 != 4:
+                    drop(DROP_NOT_IPV4, r)
+                    continue
+                ihl4 = (vihl & 15) << 2
+                if ihl4 < HEADER_MIN or ihl4 > r:
+                    drop(DROP_MALFORMED, r)
+                    continue
+                tot, ffo, ttl, proto, check, dst = tun_fields(buf)
+                if tot != r:
+                    drop(DROP_MALFORMED, r)
+                    continue
+                # 2. route
+                if single:
+                    hop = nets0.get(dst & mask0)
+                    plen = plen0
+                else:
+                    hop = None
+                    for mask, plen, nets in lens:
+                        hop = nets.get(dst & mask)
+                        if hop is not None:
+                            break
+                if hop is None:
+                    if tracing:
+                        record(TR_ROUTE_MISS, 0, dst, 0, 0, None)
+                    drop(DROP_NO_ROUTE, r)
+                    if proto != 1 and not ffo & 0x1FFF:
+                        icmp_error(buf, r, 3)
+                    continue
+                if tracing:
+                    record(TR_ROUTE_HIT, plen, str_to_int(hop[0]), hop[1], 0, None)
+                # 3. TTL
+                if ttl <= 1:
+                    drop(DROP_TTL, r)
+                    if not ffo & 0x1FFF and not (
+                            proto == 1 and r > ihl4 and buf[ihl4] in _ICMP_ERROR_TYPES):
+                        icmp_error(buf, r, 11)
+                    continue
+                # 4. TTL - 1 with the checksum formula of dataplane.h. With
+                # old = ttl << 8 | proto and new = old - 0x100 (ttl >= 2),
+                # (~old & 0xffff) + new is always 0xfeff, so
+                # s = (~check & 0xffff) + 0xfeff, folded twice.
+                s = (check ^ 0xFFFF) + 0xFEFF
+                s = (s & 0xFFFF) + (s >> 16)
+                s = (s & 0xFFFF) + (s >> 16)
+                put_ttl(buf, 8, ttl - 1, proto, ~s & 0xFFFF)
+                # 5. queue
+                tx_len[m] = r
+                tx_hop[m] = hop
+                m += 1
+            sends = tx_pk = tx_by = 0
+            for i in range(m):
+                length = tx_len[i]
+                sends += 1
+                try:
+                    sendto(tx_views[i][:length], tx_hop[i])
+                except OSError:
+                    drop(DROP_SEND_ERROR, length)
+                    continue
+                tx_pk += 1
+                tx_by += length
+                if tracing:
+                    hop = tx_hop[i]
+                    record(TR_UDP_SEND, length, str_to_int(hop[0]), hop[1], m, None)
+            c[SYSCALLS] += reads + sends
+            c[TUN_READS] += reads
+            c[UDP_SENDS] += sends
+            c[TUN_RX_PACKETS] += rx_pk
+            c[TUN_RX_BYTES] += rx_by
+            c[UDP_TX_PACKETS] += tx_pk
+            c[UDP_TX_BYTES] += tx_by
+            if n:
+                c[TX_BATCHES] += 1
+            return more, error
+
+        # -- 3. UDP -> TUN ---------------------------------------------------
+        def udp_batch():
+            """Returns True if the socket may have more right now."""
+            take_routes()
+            tracing = self._tracing
+            peers = routes.peers
+            need_src = tracing or not accept_any
+            k = 0
+            more = True
+            while k < nbatch:
+                try:
+                    if need_src:
+                        rx_len[k], rx_src[k] = recvfrom_into(rx_bufs[k], mtu1, DONTWAIT)
+                    else:
+                        rx_len[k] = recv_into(rx_bufs[k], mtu1, DONTWAIT)
+                except BlockingIOError:
+                    more = False
+                    break
+                except OSError:        # e.g. a pending ICMP error on the socket
+                    more = False
+                    break
+                finally:
+                    c[UDP_RECVS] += 1
+                    c[SYSCALLS] += 1
+                k += 1
+            if not k:
+                return False
+            c[RX_BATCHES] += 1
+            rx_pk = rx_by = tx_pk = tx_by = writes = 0
+            for i in range(k):
+                nb = rx_len[i]
+                length = nb if nb <= mtu else mtu
+                rx_pk += 1
+                rx_by += length
+                buf = rx_bufs[i]
+                if tracing:
+                    src = rx_src[i]
+                    record(TR_UDP_RECV, length, str_to_int(src[0]), src[1], k,
+                           buf[:min(length, TRACE_HEAD)])
+                # 1.-4. the checks, in the header's order
+                if nb > mtu:
+                    drop(DROP_TRUNCATED, length)
+                    continue
+                if not accept_any and rx_src[i][0] not in peers:
+                    drop(DROP_BAD_SOURCE, length)
+                    continue
+                if length and buf[0] >> 4 != 4:
+                    drop(DROP_NOT_IPV4, length)
+                    continue
+                if length < HEADER_MIN:
+                    drop(DROP_MALFORMED, length)
+                    continue
+                ihl4 = (buf[0] & 15) << 2
+                if ihl4 < HEADER_MIN or ihl4 > length or (buf[2] << 8 | buf[3]) != length:
+                    drop(DROP_MALFORMED, length)
+                    continue
+                ttl = buf[8]
+                if ttl <= 1:
+                    drop(DROP_TTL, length)
+                    continue
+                # 5. TTL - 1 (see tun_batch for the checksum arithmetic), write
+                s = ((buf[10] << 8 | buf[11]) ^ 0xFFFF) + 0xFEFF
+                s = (s & 0xFFFF) + (s >> 16)
+                s = (s & 0xFFFF) + (s >> 16)
+                put_ttl(buf, 8, ttl - 1, buf[9], ~s & 0xFFFF)
+                writes += 1
+                try:
+                    w = tun_write(rx_views[i][:length])
+                except OSError as e:
+                    drop(_tun_write_drop(e.errno), length)
+                    continue
+                if w is None:
+                    drop(DROP_TUN_FULL, length)
+                    continue
+                tx_pk += 1
+                tx_by += length
+                if tracing:
+                    record(TR_TUN_WRITE, length, 0, 0, 0, buf[:min(length, TRACE_HEAD)])
+            c[SYSCALLS] += writes
+            c[TUN_WRITES] += writes
+            c[UDP_RX_PACKETS] += rx_pk
+            c[UDP_RX_BYTES] += rx_by
+            c[TUN_TX_PACKETS] += tx_pk
+            c[TUN_TX_BYTES] += tx_by
+            return more
+
+        # -- 4. the loop -----------------------------------------------------
+        tun_registered = True
+        while not self._stopping:
+            c[SYSCALLS] += 1
+            c[POLLS] += 1
+            events = poll()
+            tun_more = udp_more = False
+            tun_events = 0
+            for fd, ev in events:
+                if fd == tun_fd:
+                    tun_more = True
+                    tun_events = ev
+                elif fd == udp_fd:
+                    udp_more = True
+                elif fd == wake_fd:   # stop, or a new route table
+                    c[SYSCALLS] += 1
+                    try:
+                        os.eventfd_read(wake_fd)
+                    except BlockingIOError:
+                        pass
+            take_routes()
+            for _ in range(ROUNDS):
+                if not (tun_more or udp_more):
+                    break
+                if tun_more:
+                    tun_more, tun_error = tun_batch()
+                    # A TUN whose device is gone reports ERR/HUP and fails
+                    # every read: take it out of the set rather than spin.
+                    if tun_error and tun_events & (select.EPOLLERR | select.EPOLLHUP) \
+                            and tun_registered:
+                        c[SYSCALLS] += 1
+                        self._ep.unregister(tun_fd)
+                        tun_registered = False
+                if self._stopping:
+                    break
+                if udp_more:
+                    udp_more = udp_batch()
+                if self._stopping:
+                    break

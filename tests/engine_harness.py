@@ -1,0 +1,250 @@
+"""The shared engine test harness: one engine of a given kind, no root needed.
+
+Topology (everything on loopback, nothing leaves the host)::
+
+    test ──send──> tun_test ═══ socketpair(AF_UNIX, SOCK_DGRAM) ═══ tun_engine ──> engine
+    test <──recv── tun_test                                          (the "TUN")
+                                                                          │
+    peer 127.0.0.1x:p  <──── UDP ────  engine UDP socket 127.0.0.1:<port> ┘
+    peer 127.0.0.1x:p  ─────────────>
+
+A SOCK_DGRAM socketpair keeps packet boundaries, as a TUN does. A collector
+thread drains the test's end of the TUN and every peer socket all the time
+(the engine's TUN end is non-blocking, so output nobody reads would be
+dropped as drop_tun_full). Tests inject, then :meth:`Harness.settle` waits
+(bounded) until the engine has consumed what was injected and everything
+its counters say it sent has been collected.
+
+Usage::
+
+    with Harness(engine_kind) as h:
+        p = h.add_peer()
+        h.set_routes([h.route("10.5.2.0/24", p)])
+        h.inject_tun(pkt)
+        h.settle(tun=1)
+        assert p.received == [expected]
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import select
+import socket
+import threading
+import time
+
+from dataplane.engine import STAT_NAMES, SYSCALL_STATS, Route, create_engine
+
+ENGINE_IP = "127.0.0.1"
+DEFAULT_TUN_ADDR = "10.5.1.0"
+PEER_BASE = 16               # peers get 127.0.0.16, 127.0.0.17, ...
+SETTLE_TIMEOUT = 10.0
+
+
+class Peer:
+    """A UDP socket standing for a remote node; ``received`` is what the
+    engine sent to it, in order (payloads as bytes)."""
+
+    def __init__(self, ip: str, port: int = 0):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)
+        self.sock.bind((ip, port))
+        self.sock.setblocking(False)
+        self.ip, self.port = self.sock.getsockname()
+        self.received: list[bytes] = []
+
+    @property
+    def addr(self):
+        return (self.ip, self.port)
+
+    def close(self):
+        self.sock.close()
+
+
+class Harness:
+    """One engine between a socketpair "TUN" and a loopback UDP socket."""
+
+    def __init__(self, kind: str, *, mtu: int = 1472, batch: int = 64, accept_any: bool = True,
+                 tun_addr: str = DEFAULT_TUN_ADDR, start: bool = True, collect_tun: bool = True,
+                 tun_sndbuf: int | None = None):
+        self.kind = kind
+        self.mtu = mtu
+        self.tun_addr = tun_addr
+        self.peers: list[Peer] = []
+        self.tun_received: list[bytes] = []
+        self._injected_tun = 0
+        self._injected_udp = 0
+        self._lock = threading.Lock()
+        self.tun_engine, self.tun_test = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        # Room for a few batches either way; a small engine-side buffer makes
+        # large writes into the "TUN" fail (EMSGSIZE -> drop_tun_error).
+        self.tun_test.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        self.tun_engine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                   1 << 20 if tun_sndbuf is None else tun_sndbuf)
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)
+        self.udp.bind((ENGINE_IP, 0))
+        self.udp_addr = self.udp.getsockname()
+        # A socket to send from a source that is no route's peer.
+        self.stranger = Peer("127.0.0.254")
+        self.engine = create_engine(kind, tun_fd=self.tun_engine.fileno(),
+                                    udp_fd=self.udp.fileno(), tun_addr=tun_addr, mtu=mtu,
+                                    port=self.udp_addr[1], batch=batch, accept_any=accept_any)
+        self._ep = select.epoll()
+        self._stop_r, self._stop_w = os.pipe()
+        self._ep.register(self._stop_r, select.EPOLLIN)
+        self._by_fd: dict[int, object] = {}
+        if collect_tun:
+            self._watch(self.tun_test, None)
+        self._watch(self.stranger.sock, self.stranger)
+        self._collector = threading.Thread(target=self._collect, name="harness-collector",
+                                           daemon=True)
+        self._collector.start()
+        if start:
+            self.engine.start()
+
+    # ---- setup ---------------------------------------------------------------
+
+    def _watch(self, sock, peer):
+        self._by_fd[sock.fileno()] = (sock, peer)
+        self._ep.register(sock.fileno(), select.EPOLLIN)
+
+    def add_peer(self, ip: str | None = None, port: int = 0) -> Peer:
+        if ip is None:
+            ip = f"127.0.0.{PEER_BASE + len(self.peers)}"
+        p = Peer(ip, port)
+        self.peers.append(p)
+        self._watch(p.sock, p)
+        return p
+
+    @staticmethod
+    def route(subnet, peer: Peer) -> Route:
+        return Route.make(subnet, peer.ip, peer.port)
+
+    def set_routes(self, routes) -> None:
+        self.engine.set_routes(list(routes))
+
+    # ---- the collector thread --------------------------------------------------
+
+    def _collect(self):
+        bufsize = 65536
+        while True:
+            for fd, _ in self._ep.poll():
+                if fd == self._stop_r:
+                    return
+                sock, peer = self._by_fd[fd]
+                while True:
+                    try:
+                        data = sock.recv(bufsize, socket.MSG_DONTWAIT)
+                    except OSError:       # EAGAIN: drained
+                        break
+                    with self._lock:
+                        (peer.received if peer is not None else self.tun_received).append(data)
+
+    # ---- injecting --------------------------------------------------------------
+
+    def inject_tun(self, *packets: bytes) -> None:
+        """Write packets into the TUN as the kernel would (blocks if the
+        engine's end is full, so nothing is lost)."""
+        for p in packets:
+            self.tun_test.send(p)
+            self._injected_tun += 1
+
+    def inject_udp(self, peer: Peer | None, *payloads: bytes) -> None:
+        """Send datagrams to the engine from ``peer`` (None: the stranger)."""
+        s = (peer or self.stranger).sock
+        for p in payloads:
+            while True:
+                try:
+                    s.sendto(p, self.udp_addr)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.0005)
+            self._injected_udp += 1
+
+    # ---- waiting ----------------------------------------------------------------
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def wait_for(self, pred, timeout: float = SETTLE_TIMEOUT, what: str = "condition"):
+        """Poll pred(stats) until true; AssertionError with the stats if not."""
+        deadline = time.monotonic() + timeout
+        delay = 0.0002
+        while True:
+            st = self.engine.stats()
+            if pred(st):
+                return st
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timeout waiting for {what}; stats: {nonzero(st)}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def outputs(self):
+        with self._lock:
+            return len(self.tun_received), sum(len(p.received) for p in self.peers + [self.stranger])
+
+    def settle(self, timeout: float = SETTLE_TIMEOUT) -> dict:
+        """Wait until every injected packet has been read by the engine and
+        every output its counters report has arrived; returns the stats."""
+        def consumed(st):
+            return (st["tun_rx_packets"] >= self._injected_tun
+                    and st["udp_rx_packets"] >= self._injected_udp)
+        st = self.wait_for(consumed, timeout, f"{self._injected_tun} TUN + "
+                           f"{self._injected_udp} UDP packets consumed")
+
+        def delivered(st):
+            tun_n, udp_n = self.outputs()
+            return (tun_n >= st["tun_tx_packets"] + st["icmp_unreach_sent"] + st["icmp_ttl_sent"]
+                    and udp_n >= st["udp_tx_packets"])
+        return self.wait_for(delivered, timeout, "outputs collected")
+
+    def take_tun(self) -> list[bytes]:
+        with self._lock:
+            out, self.tun_received = self.tun_received, []
+        return out
+
+    # ---- teardown ---------------------------------------------------------------
+
+    def close(self):
+        try:
+            self.engine.close()
+        finally:
+            os.write(self._stop_w, b"x")
+            self._collector.join(5)
+            self._ep.close()
+            os.close(self._stop_r)
+            os.close(self._stop_w)
+            for p in self.peers + [self.stranger]:
+                p.close()
+            self.udp.close()
+            self.tun_engine.close()
+            self.tun_test.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def nonzero(st: dict) -> dict:
+    return {k: v for k, v in st.items() if v}
+
+
+def behaviour_stats(st: dict) -> dict:
+    """The counters both engines must agree on (all but SYSCALL_STATS)."""
+    return {k: st[k] for k in STAT_NAMES if k not in SYSCALL_STATS}
+
+
+def expect_only(st: dict, **expected) -> None:
+    """Assert that, among the behaviour counters, exactly those given are
+    non-zero and have the given values (route_swaps is ignored unless given)."""
+    got = {k: v for k, v in behaviour_stats(st).items() if v}
+    if "route_swaps" not in expected:
+        got.pop("route_swaps", None)
+    assert got == {k: v for k, v in expected.items() if v}, f"counters {got} != {expected}"
+
+
+def subnet_host(subnet: str, n: int = 1) -> str:
+    return str(ipaddress.IPv4Network(subnet)[n])
