@@ -82,12 +82,16 @@ def choose_engine(requested: str):
             raise StartupError(f"--engine c: the C engine is not built ({e}). Reinstall with a C "
                                "compiler and cffi (pip install -e .), or use --engine python "
                                "or auto") from None
-    if requested == "python":
-        return engine_class("python"), "requested with --engine python"
-    if c_available():
-        return engine_class("c"), "auto: the C engine is built (the fast path)"
-    return engine_class("python"), (f"auto: the C engine is not built ({c_import_error()}); "
-                                    "install a C compiler and reinstall for the fast path")
+    try:
+        if requested == "python":
+            return engine_class("python"), "requested with --engine python"
+        if c_available():
+            return engine_class("c"), "auto: the C engine is built (the fast path)"
+        return engine_class("python"), (f"auto: the C engine is not built ({c_import_error()}); "
+                                        "install a C compiler and reinstall for the fast path")
+    except ImportError as e:
+        raise StartupError(f"the Python engine cannot be loaded ({e}); the installation is "
+                           "incomplete: reinstall flannel-udp (pip install -e .)") from None
 
 
 class Daemon:
@@ -371,9 +375,23 @@ class Daemon:
         except Exception as e:
             raise StartupError(f"failed to configure {self.tun_name} ({addr}, MTU "
                                f"{self.ext.tun_mtu}, route {self.config.network}): {e}") from None
+        self._accept_local()
         log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s", self.tun_name,
                  addr, self.ext.tun_mtu, self.ext.name, self.ext.mtu, self.config.network,
                  self.tun_name)
+
+    def _accept_local(self):
+        """The engine's ICMP net-unreachable comes back through flannel0 with the source
+        <lease net> (flannel0's own address). The kernel drops a packet whose source is a local
+        address as a martian unless accept_local is set on the receiving device, so without
+        this the ICMP (flanneld's included) never reaches the sender. Only flannel0 is touched."""
+        path = f"/proc/sys/net/ipv4/conf/{self.tun_name}/accept_local"
+        try:
+            with open(path, "w") as f:
+                f.write("1")
+        except OSError as e:
+            log.warning("could not set %s (ICMP net unreachable will not reach local senders): "
+                        "%s", path, e)
 
     def _open_socket(self):
         port = self.config.backend_port
