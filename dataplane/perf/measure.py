@@ -195,7 +195,11 @@ def ndr_search(topo: BenchTopo, tools: Tools, *, size: int, flood_res: dict, ste
     rate = min(max(flood_res["rx_pps"], hi * 0.05), hi)
     best = None
     probes = []
-    for i in range(steps):
+    # When every bisection step failed, keep halving (a few more, bounded)
+    # so that a path that forwards at all gets a rate rather than zero.
+    for i in range(steps + 4):
+        if i >= steps and best is not None:
+            break
         res = udp_trial(topo, tools, size=size, rate=rate, duration=duration)
         reached = res["tx_pps"] >= RATE_SLACK * rate
         ok = res["loss"] < LOSS_LIMIT and res["received"] > 0
