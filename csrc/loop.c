@@ -3,7 +3,8 @@
  *
  * Flow, in the order the functions appear:
  *   1. counters, trace and syscall helpers (every syscall bumps `syscalls`)
- *   2. take_routes    at the start of each batch, adopt a published table
+ *   2. take_routes    at the start of each batch and before each packet,
+ *                     adopt a published table (one relaxed load when none)
  *   3. icmp_send      an ICMP error back into the TUN
  *   4. TUN -> UDP     tun_packet: checks of dataplane.h, route, TTL - 1, queue;
  *                     udp_send: one sendmmsg() per batch, skipping refused
@@ -246,6 +247,9 @@ static enum dp_io tun_batch(struct dp_loop *l)
             break;
         }
         n++;
+        /* Checked per packet, not only per batch: a table published before
+         * this packet was written into the TUN is the one that routes it. */
+        take_routes(l);
         /* A dropped packet leaves its slot free for the next read. */
         if (tun_packet(l, l->tx_buf + (size_t)m * l->mtu, (uint32_t)r, m))
             m++;
@@ -311,6 +315,7 @@ static enum dp_io udp_batch(struct dp_loop *l)
 
     st_add(l, DP_ST_RX_BATCHES, 1);
     for (k = 0; k < (uint32_t)r; k++) {
+        take_routes(l);   /* the source check, too, uses the newest table */
         udp_packet(l, k, (uint32_t)r);
         /* msg_namelen and msg_flags are value-result: reset for next time. */
         l->rx_msgs[k].msg_hdr.msg_namelen = sizeof(l->rx_addr[k]);

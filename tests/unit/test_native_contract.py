@@ -251,9 +251,39 @@ def test_source_check_uses_peer_set_of_large_table():
         r.close()
 
 
-def test_set_routes_while_running_swaps_between_packets(rig):
-    """A writer thread republishes the table while packets flow; every packet
-    goes to one of the two peers (no miss, no crash), and the last table wins."""
+def test_set_routes_takes_effect_for_later_packets(rig):
+    """Tables are adopted when the loop reads a packet, never later: a packet
+    written after set_routes(t_j) returned goes by t_j or a newer table, and
+    the table index never goes back as packets are read in order."""
+    groups, per_group = 16, 12
+    peers = [rig.peer() for _ in range(groups)]
+    index_of = {s.getsockname()[1]: j for j, s in enumerate(peers)}
+    rig.engine.start()
+    for j, s in enumerate(peers):
+        rig.engine.set_routes([Route.make("10.7.0.0/16", "127.0.0.1", s.getsockname()[1])])
+        for k in range(per_group):
+            rig.tun.send(ipv4("10.5.1.2", f"10.7.{j}.{k + 1}"))
+    got = recv_all(peers, groups * per_group)
+    table_for = {}
+    for s in peers:
+        for p in got[s]:
+            table_for[(p[18], p[19] - 1)] = index_of[s.getsockname()[1]]
+    assert len(table_for) == groups * per_group
+    used = [table_for[(j, k)] for j in range(groups) for k in range(per_group)]
+    assert all(t >= j for t, (j, _) in zip(used, ((j, k) for j in range(groups)
+                                                    for k in range(per_group))))
+    assert used == sorted(used)
+    assert used[-1] == groups - 1
+    # Once the TUN queue is empty, the next packet uses exactly the new table.
+    rig.engine.set_routes([Route.make("10.7.0.0/16", "127.0.0.1", peers[0].getsockname()[1])])
+    rig.tun.send(ipv4("10.5.1.2", "10.7.99.1"))
+    assert [p[18] for p in recv_all([peers[0]], 1)[peers[0]]] == [99]
+    assert wait_for(lambda: rig.engine.stats()["udp_tx_packets"] == groups * per_group + 1)
+
+
+def test_set_routes_from_another_thread_under_traffic(rig):
+    """A writer thread republishes tables while packets flow: no packet is
+    lost or misrouted, no crash, and the last table wins."""
     a, b = rig.peer(), rig.peer()
     ta = [Route.make("10.7.0.0/16", "127.0.0.1", a.getsockname()[1])]
     tb = [Route.make("10.7.0.0/16", "127.0.0.1", b.getsockname()[1])]
@@ -263,9 +293,10 @@ def test_set_routes_while_running_swaps_between_packets(rig):
     swaps = [0]
 
     def writer():
-        while not stop.is_set() and swaps[0] < 2000:
+        while not stop.is_set() and swaps[0] < 20000:
             rig.engine.set_routes(tb if swaps[0] % 2 else ta)
             swaps[0] += 1
+            time.sleep(0)
 
     w = threading.Thread(target=writer)
     w.start()
@@ -280,12 +311,10 @@ def test_set_routes_while_running_swaps_between_packets(rig):
         stop.set()
         w.join()
     assert sum(map(len, got.values())) == total
-    assert got[a] and got[b]
     assert wait_for(lambda: rig.engine.stats()["udp_tx_packets"] == total)
     st = rig.engine.stats()
-    assert st["drop_no_route"] == 0 and st["udp_tx_packets"] == total
+    assert st["drop_no_route"] == 0
     assert 1 <= st["route_swaps"] <= swaps[0] + 1
-    # The last table published is the one in use for the next packet.
     rig.engine.set_routes(tb)
     rig.tun.send(ipv4("10.5.1.2", "10.7.9.9"))
     assert len(recv_all([b], 1)[b]) == 1
