@@ -26,7 +26,8 @@ def add_arguments(p) -> None:
                    help='print one JSON object {"rows", "ratios", "machine"} on stdout '
                         "instead of the table")
     p.add_argument("--out", metavar="DIR",
-                   help="write results.json and bench.png into DIR")
+                   help="write results.json and bench.png into DIR (default: perf/out "
+                        "of the checkout, unless --json)")
     p.add_argument("--paths", default="direct,vxlan,c,python",
                    help="comma-separated subset of direct,vxlan,c,python (default: all)")
     p.add_argument("--trials", type=int, default=None,
@@ -61,18 +62,22 @@ def main(args) -> int:
         logging.getLogger().setLevel(logging.WARNING)
     profile = runner.QUICK if args.quick else runner.FULL
     progress = runner.Progress(quiet=args.quiet)
+    out_dir = args.out
+    if out_dir is None and not args.json:
+        from dataplane.perf.build import PERF_DIR
+        out_dir = str(PERF_DIR / "out")
     result = runner.run(paths=paths, profile=profile, trials=args.trials, batch=args.batch,
                         progress=progress)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "results.json"), "w") as f:
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "results.json"), "w") as f:
             json.dump(result, f, indent=1)
             f.write("\n")
         try:
-            report.plot(result, os.path.join(args.out, "bench.png"))
+            report.plot(result, os.path.join(out_dir, "bench.png"))
         except ImportError as e:
             print(f"flannel-udp bench: no plot ({e}; pip install matplotlib)", file=sys.stderr)
-        progress(f"wrote {os.path.join(args.out, 'results.json')} and bench.png")
+        progress(f"wrote {os.path.join(out_dir, 'results.json')} and bench.png")
     if args.json:
         json.dump(report.public(result), sys.stdout)
         sys.stdout.write("\n")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -179,7 +180,8 @@ class EnginePath(Path):
     def teardown(self) -> None:
         for name, proc in list(self.procs.items()):
             self.topo.kill(proc, timeout=5.0)
-        # Keep the final stats (written at exit) readable by counters().
+        self.procs.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def forwarder_pids(self) -> dict:
         return {name: p.pid for name, p in self.procs.items() if p.poll() is None}

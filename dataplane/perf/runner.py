@@ -76,6 +76,7 @@ def machine_info(profile: Profile, trials: int, paths, tools: dict) -> dict:
     except Exception:
         c_ok = False
     return {
+        "git": _git_rev(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(shlex.quote(a) for a in ["flannel-udp"] + sys.argv[1:])
         if os.path.basename(sys.argv[0]) in ("flannel-udp", "__main__.py", "-m")
@@ -98,6 +99,21 @@ def machine_info(profile: Profile, trials: int, paths, tools: dict) -> dict:
         "profile": asdict(profile),
         "tools": tools,
     }
+
+
+def _git_rev() -> str | None:
+    """The checkout's commit (with "+dirty" for local changes), if any."""
+    import subprocess
+    root = build.PERF_DIR.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (rev + ("+dirty" if dirty else "")) or None
 
 
 def run(paths=PATHS, profile: Profile = FULL, trials: int | None = None,
