@@ -431,7 +431,9 @@ class WatchLoop:
 
     def _stream(self, idx: int) -> None:
         channel = self._reg._endpoints[idx].channel()
-        metadata = self._reg._metadata(channel) + (("hasleader", "true"),)
+        # After any failure, authenticate again: an etcd restart or a token expiry invalidates the token,
+        # and a watch created with a stale one is cancelled rather than refused with UNAUTHENTICATED.
+        metadata = self._reg._metadata(channel, refresh=self.reconnects > 0) + (("hasleader", "true"),)
         create = etcdrpc.WatchRequest(create_request=etcdrpc.WatchCreateRequest(
             key=self._key, range_end=self._range_end, start_revision=self.next_revision,
             progress_notify=True))

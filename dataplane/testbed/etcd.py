@@ -155,9 +155,10 @@ class EtcdServer:
             if self._port_open():
                 try:
                     r = self.etcdctl("endpoint", "health", timeout=5, check=False)
-                    if r.returncode == 0:
+                    last = (r.stderr + r.stdout).strip()
+                    # With auth enabled, health answers "user name is empty": the server is serving.
+                    if r.returncode == 0 or "user name is empty" in last or "permission denied" in last:
                         return
-                    last = (r.stderr or r.stdout).strip()
                 except subprocess.TimeoutExpired:
                     last = "etcdctl timed out"
             time.sleep(0.1)

@@ -203,12 +203,21 @@ def test_auth_and_token_refresh():
         etcd.etcdctl("auth", "enable")
         prefix = unique_prefix("auth")
         reg = Registry([etcd.client_url], prefix=prefix, username="root", password="rootpw")
+        loop = t = None
         try:
             reg.put_config('{"Network":"10.5.0.0/16"}')
             assert reg.get_config().subnet_len == 24
+            loop, t, got, _ = _collect_watch(reg, reg.current_revision() + 1)
+            wait_until(loop.connected.is_set, what="authenticated watch")
             time.sleep(3.5)                               # the simple token expires after 1 s idle
             assert reg.create_lease(S1, A1) is not None    # re-authenticated transparently
+            etcd.restart()                                # forgets every token: the watch must log in again
+            reg.put(reg.lease_key(IPv4Network("10.5.85.0/24")), A2.to_json())
+            wait_until(lambda: len(got) == 2, what="events through a re-authenticated watch")
         finally:
+            if loop is not None:
+                loop.cancel()
+                t.join(5)
             reg.close()
         bad = Registry([etcd.client_url], prefix=prefix, username="root", password="wrong")
         try:
