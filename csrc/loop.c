@@ -218,13 +218,14 @@ static void udp_send(struct dp_loop *l, uint32_t m)
             i++;
             continue;
         }
+        /* batch = the messages handed to this call (all m when none fails). */
         for (k = i; k < i + (uint32_t)r; k++) {
             uint32_t len = (uint32_t)l->tx_iov[k].iov_len;
 
             st_add(l, DP_ST_UDP_TX_PACKETS, 1);
             st_add(l, DP_ST_UDP_TX_BYTES, len);
             trace(l, DP_TR_UDP_SEND, len, l->tx_addr[k].sin_addr.s_addr,
-                  ntohs(l->tx_addr[k].sin_port), (uint32_t)r, NULL);
+                  ntohs(l->tx_addr[k].sin_port), m - i, NULL);
         }
         i += (uint32_t)r;
     }
