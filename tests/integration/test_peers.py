@@ -163,6 +163,53 @@ def test_compacted_mid_watch_relists(etcd, make_registry, started):
     wait_until(converged(reg, w), what="event after re-list")
 
 
+
+def test_random_churn_with_restarts_and_compaction_converges(etcd, make_registry, started):
+    """Random puts, deletes and multi-key txns while etcd crashes, restarts and compacts."""
+    import random
+
+    from dataplane.registry import RegistryError
+
+    rng = random.Random(1234)
+    reg = make_registry(etcd)
+    w, _ = started(reg, retry_interval=0.2)
+    stop = threading.Event()
+    done = [0]
+
+    def writer():
+        while not stop.is_set() and done[0] < 400:
+            try:
+                op = rng.random()
+                if op < 0.5:
+                    reg.put(key(reg, rng.randrange(1, 40)), attrs(rng.randrange(1, 250)))
+                elif op < 0.8:
+                    reg.delete(key(reg, rng.randrange(1, 40)))
+                else:
+                    picks = rng.sample(range(1, 40), 6)
+                    reg.txn_put_delete({key(reg, i): attrs(i) for i in picks[:3]},
+                                       deletes=[key(reg, i) for i in picks[3:]])
+                done[0] += 1
+            except RegistryError:
+                time.sleep(0.05)              # etcd is down: the writer waits like a real node
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        time.sleep(0.3)
+        etcd.kill()
+        time.sleep(0.3)
+        etcd.start()
+        time.sleep(0.3)
+        etcd.compact()
+        etcd.stop()
+        etcd.start()
+    finally:
+        stop.set()
+        t.join(20)
+    assert done[0] > 20
+    wait_until(converged(reg, w), timeout=15, what="convergence after random churn")
+    assert w.watch_loop.reconnects >= 2
+
 def test_set_own_subnet_after_reacquire(shared_etcd, make_registry, started):
     reg = make_registry(shared_etcd)
     reg.put(key(reg, 1), attrs(1))
