@@ -74,6 +74,7 @@ class Harness:
         self.tun_received: list[bytes] = []
         self._injected_tun = 0
         self._injected_udp = 0
+        self._tables = 0
         self._lock = threading.Lock()
         self.tun_engine, self.tun_test = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         # Room for a few batches either way; a small engine-side buffer makes
@@ -121,8 +122,14 @@ class Harness:
     def route(subnet, peer: Peer) -> Route:
         return Route.make(subnet, peer.ip, peer.port)
 
-    def set_routes(self, routes) -> None:
+    def set_routes(self, routes, wait: bool = True) -> None:
+        """Publish a table; with ``wait``, return once the loop has adopted
+        it (two quick publications would otherwise count one route swap)."""
         self.engine.set_routes(list(routes))
+        self._tables += 1
+        if wait and self.engine.join(0) is False:
+            n = self._tables
+            self.wait_for(lambda st: st["route_swaps"] >= n, what=f"route table {n} adopted")
 
     # ---- the collector thread --------------------------------------------------
 

@@ -173,11 +173,12 @@ def test_swap_under_traffic_never_loses_or_misroutes(engine_kind):
         a, b = h.add_peer(), h.add_peer()
         t1 = [h.route("10.5.2.0/24", a), h.route("10.5.3.0/24", b)]
         t2 = [h.route("10.5.2.0/24", b), h.route("10.5.3.0/24", a)]
+        h.set_routes(t1)
         for i in range(400):
             h.inject_tun(udp_packet("10.5.1.2", "10.5.2.3" if i % 2 else "10.5.3.3",
                                     ident=i))
             if i % 40 == 0:
-                h.set_routes(t1 if (i // 40) % 2 else t2)
+                h.set_routes(t1 if (i // 40) % 2 else t2, wait=False)
         st = h.settle()
         assert st["udp_tx_packets"] == 400 and st["drop_no_route"] == 0
         assert len(a.received) + len(b.received) == 400
