@@ -9,7 +9,7 @@ control that `MultiEndpointEtcd3Client` does not give:
   next endpoint and retries there, once per endpoint, before the call fails with RegistryError;
 * auth: `Authenticate` gives a token sent as `token` metadata; an expired token (UNAUTHENTICATED) is
   renewed once and the call retried;
-* TLS when the endpoint scheme is https (CA, client key and cert optional), as etcd's clientv3 decides;
+* TLS when a client key and cert are given (as flanneld) or the endpoint scheme is https (CA optional);
 * gRPC keepalive every 10 s with a 5 s timeout, only while a call is open: etcd's server enforces a 5 s
   minimum and no pings without streams (`--grpc-keepalive-min-time`), a faster client gets GOAWAY;
 * watches are our own bidi streams (WatchLoop): all events of every response are delivered, the cursor is
@@ -87,14 +87,14 @@ def _range_end(prefix: bytes) -> bytes:
 
 
 class _Endpoint:
-    def __init__(self, url: str, creds: Optional[grpc.ChannelCredentials]):
+    def __init__(self, url: str, creds: Optional[grpc.ChannelCredentials], force_tls: bool = False):
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if not parts.hostname or not parts.port:
             raise ValueError(f"bad etcd endpoint {url!r}: want scheme://host:port")
         host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
         self.url = url
         self.target = f"{host}:{parts.port}"
-        self.secure = parts.scheme in ("https", "unixs")
+        self.secure = force_tls or parts.scheme in ("https", "unixs")
         self._creds = creds
         self._channel: Optional[grpc.Channel] = None
         self._lock = threading.Lock()
@@ -136,10 +136,12 @@ class Registry:
                 raise ValueError("etcd TLS needs both a key file and a cert file")
             creds = grpc.ssl_channel_credentials(
                 root_certificates=_read(cafile), private_key=_read(keyfile), certificate_chain=_read(certfile))
-        self._endpoints = [_Endpoint(e.strip(), creds) for e in endpoints]
-        if not any(ep.secure for ep in self._endpoints):
-            if keyfile:
-                log.warning("etcd key/cert given but the endpoints are http://: connecting to etcd with http")
+        # As flanneld: a client key and cert mean TLS (for every endpoint); an https:// endpoint also
+        # gets TLS, verified against the CA file or the system roots.
+        self._endpoints = [_Endpoint(e.strip(), creds, force_tls=bool(keyfile and certfile)) for e in endpoints]
+        if not all(ep.secure for ep in self._endpoints):
+            log.warning("connecting to etcd with http (%s)",
+                        ", ".join(ep.url for ep in self._endpoints if not ep.secure))
         self._cur = 0
         self._lock = threading.Lock()          # guards _cur and _token
         self._username, self._password = username, password

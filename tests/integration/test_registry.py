@@ -260,6 +260,14 @@ def test_tls_with_client_certificates(tmp_path):
             assert len(reg.list_leases()[0]) == 1
         finally:
             reg.close()
+        # flanneld's rule: a key and a cert mean TLS, even for an endpoint written as http://.
+        plain = etcd.client_url.replace("https://", "http://")
+        reg = Registry([plain], prefix=unique_prefix("tls"), keyfile=f"{d}/client.key",
+                       certfile=f"{d}/client.crt", cafile=f"{d}/ca.crt")
+        try:
+            reg.put_config('{"Network":"10.5.0.0/16"}')
+        finally:
+            reg.close()
         nocert = Registry([etcd.client_url], prefix=unique_prefix("tls"), cafile=f"{d}/ca.crt", timeout=2)
         try:
             with pytest.raises(RegistryError):
