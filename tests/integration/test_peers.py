@@ -124,6 +124,30 @@ def test_one_by_one_and_in_one_transaction(shared_etcd, make_registry, started):
     assert etcd_view(reg) == watcher_view(w) == {}
 
 
+
+def test_transactions_from_another_client(shared_etcd, make_registry, started):
+    """Leases written in one txn by the etcd client library itself (as another tool would) all arrive."""
+    import pyetcd
+
+    reg = make_registry(shared_etcd)
+    w, rec = started(reg)
+    cli = pyetcd.client(host=shared_etcd.host, port=shared_etcd.client_port, timeout=5)
+    try:
+        t = cli.transactions
+        ok, _ = cli.transaction(compare=[], success=[t.put(key(reg, i), attrs(i)) for i in (20, 21, 22, 23)],
+                                failure=[])
+        assert ok
+        wait_until(lambda: len(w.peers()) == 4, what="four leases from one txn")
+        ok, _ = cli.transaction(compare=[], success=[t.delete(key(reg, 21)), t.delete(key(reg, 22)),
+                                                     t.put(key(reg, 24), attrs(24))], failure=[])
+        assert ok
+        wait_until(converged(reg, w), what="deletes and a put from one txn")
+        assert set(w.peers()) == {IPv4Network(f"10.5.{n}.0/24") for n in (20, 23, 24)}
+        assert rec.calls == [(["10.5.20.0/24", "10.5.21.0/24", "10.5.22.0/24", "10.5.23.0/24"], []),
+                             (["10.5.24.0/24"], ["10.5.21.0/24", "10.5.22.0/24"])]
+    finally:
+        cli.close()
+
 def test_etcd_restarted_mid_watch(etcd, make_registry, started):
     reg = make_registry(etcd)
     reg.put(key(reg, 2), attrs(2))
