@@ -98,7 +98,8 @@ class Overlay:
 
     def __init__(self, hosts: int = 0, *, engine: str = "auto", network: str = DEFAULT_NETWORK,
                  config: dict | None = None, prefix: str = DEFAULT_PREFIX, mtu: int = 1500,
-                 daemon_args=(), healthz_port: int = HEALTHZ_PORT, wait: bool = True):
+                 daemon_args=(), healthz_port: int = HEALTHZ_PORT, wait: bool = True,
+                 put_config: bool = True):
         self.engine = engine
         self.prefix = prefix
         self.daemon_args = tuple(daemon_args)
@@ -111,7 +112,8 @@ class Overlay:
             self.etcd = EtcdServer(host=self.tb.switch_ip, netns=self.tb.switch,
                                    name=f"fu-etcd-{self.tb.tag}")
             self.etcd.start()
-            self.put_config(self.config)
+            if put_config:
+                self.put_config(self.config)
             for _ in range(hosts):
                 self.add_host(wait=False)
             if wait:
@@ -185,11 +187,15 @@ class Overlay:
         return os.path.join(self.tb.workdir, self.host(host).name)
 
     def daemon_argv(self, host: Host, engine: str, args=()) -> list[str]:
+        """The daemon's command line; ``--iface <veth>`` unless ``args`` choose the interface."""
+        args = [*self.daemon_args, *args]
+        chooses = any(a.lstrip("-").split("=")[0] in ("iface", "iface-regex", "iface-can-reach",
+                                                     "public-ip") for a in args)
         return [sys.executable, "-m", "dataplane", "run",
                 "--etcd-endpoints", self.etcd_url, "--etcd-prefix", self.prefix,
-                "--iface", host.iface, "--subnet-file", os.path.join(self._dir(host), "subnet.env"),
-                "--engine", engine, "--healthz-port", str(self.healthz_port),
-                *self.daemon_args, *args]
+                *([] if chooses else ["--iface", host.iface]),
+                "--subnet-file", os.path.join(self._dir(host), "subnet.env"),
+                "--engine", engine, "--healthz-port", str(self.healthz_port), *args]
 
     def start_daemon(self, host, *, engine: str | None = None, args=(), wait: bool = True,
                      env: dict | None = None) -> DaemonProc:
@@ -244,6 +250,19 @@ class Overlay:
                 return d
         raise OverlayError(f"{d.host.name}: daemon not ready after {timeout}s:\n"
                            + d.log_text()[-3000:])
+
+    def wait_log(self, host, text: str, timeout: float = 10.0) -> bool:
+        """True once the host's daemon log contains ``text``."""
+        d = self.daemon(host)
+        return wait_for(lambda: text in d.log_text(), timeout, interval=0.1)
+
+    def wait_exit(self, host, timeout: float = 10.0):
+        """The daemon's exit code once it exits by itself (None if still running)."""
+        d = self.daemon(host)
+        try:
+            return d.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stop_daemon(self, host, *, sig: int = signal.SIGTERM, timeout: float = 10.0):
         """Signal the daemon (by PID) and wait; returns its exit code (None if none ran)."""

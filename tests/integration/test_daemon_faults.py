@@ -1,0 +1,116 @@
+"""`flannel-udp run` when things are wrong at startup: what it does and what it tells the operator."""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.conftest import require_etcd, require_root
+
+pytestmark = [pytest.mark.root, pytest.mark.etcd]
+
+
+@pytest.fixture(scope="module")
+def ov():
+    require_root()
+    require_etcd()
+    from dataplane.testbed.overlay import Overlay
+    overlay = Overlay(hosts=0, engine="auto", put_config=False)
+    try:
+        overlay.add_host(start=False)
+        yield overlay
+    finally:
+        overlay.close()
+
+
+@pytest.fixture
+def host(ov):
+    h = ov.hosts[0]
+    yield h
+    ov.stop_daemon(h)
+
+
+def test_waits_for_config_and_says_how_to_put_it(ov, host):
+    ov.etcdctl("del", f"{ov.prefix}/config")
+    ov.start_daemon(host, wait=False)
+    assert ov.wait_log(host, "etcdctl put /coreos.com/network/config", 15)
+    time.sleep(1.5)
+    assert ov.daemon(host).log_text().count("flannel config not found") == 1   # said once
+    ov.put_config(ov.config)
+    ov.wait_ready(host, timeout=15)
+    assert ov.ping(host, ov.flannel_ip(host), count=1)["received"] == 1
+
+
+def test_sigterm_while_etcd_is_away_exits_0(ov, host):
+    ov.stop_etcd()
+    try:
+        ov.start_daemon(host, wait=False)
+        assert ov.wait_log(host, "--etcd-endpoints", 20)
+        assert ov.stop_daemon(host, sig=signal.SIGTERM) == 0
+    finally:
+        ov.start_etcd()
+
+
+def test_wrong_backend_type_waits_naming_udp(ov, host):
+    # flanneld exits on an unknown backend (and systemd restarts it); we keep waiting for a
+    # config we can run, saying why, like for any other invalid config.
+    ov.put_config({"Network": "10.5.0.0/16", "Backend": {"Type": "vxlan"}})
+    try:
+        ov.start_daemon(host, wait=False)
+        assert ov.wait_log(host, "unknown backend type: vxlan", 15)
+        assert "udp" in ov.daemon(host).log_text()
+    finally:
+        ov.put_config(ov.config)
+    ov.wait_ready(host, timeout=15)
+
+
+def test_unknown_iface_exits_1_listing_interfaces(ov, host):
+    ov.start_daemon(host, args=("--iface", "nosuch0"), wait=False)
+    assert ov.wait_exit(host, 15) == 1
+    log = ov.daemon(host).log_text()
+    assert "nosuch0" in log and host.iface in log
+
+
+def test_port_in_use_exits_1_with_a_hint(ov, host):
+    holder = ov.tb.popen(host, [sys.executable, "-c",
+                                "import socket,sys,time; s=socket.socket(socket.AF_INET,"
+                                "socket.SOCK_DGRAM); s.bind((sys.argv[1],8285)); print('bound',"
+                                "flush=True); time.sleep(30)", host.ip], text=True)
+    try:
+        assert holder.stdout.readline().strip() == "bound"
+        ov.start_daemon(host, wait=False)
+        assert ov.wait_exit(host, 15) == 1
+        log = ov.daemon(host).log_text()
+        assert f"{host.ip}:8285" in log and "still running" in log
+        # nothing left behind: flannel0 went with the process
+        assert ov.exec(host, ["ip", "link", "show", "flannel0"]).returncode != 0
+    finally:
+        ov.tb.kill(holder)
+
+
+def test_trace_and_metrics_listener(ov, host):
+    ov.start_daemon(host, args=("--trace", "--metrics", "127.0.0.1:9285"))
+    ov.ping(host, "10.5.250.1", count=1, wait=0.3)      # a packet through the engine
+    status, body = ov.healthz(host, "/debug/trace?after=0")
+    assert status == 200
+    import json
+    events = json.loads(body)
+    assert events and {"seq", "kind", "len", "addr", "head"} <= set(events[0])
+    assert any(e["kind"] in ("route_miss", "tun_read") for e in events)
+    status, body = ov.healthz(host, "/metrics", port=9285)
+    assert status == 200 and "flannel_udp_peers" in body
+    last = events[-1]["seq"]
+    status, body = ov.healthz(host, f"/debug/trace?after={last}")
+    assert status == 200 and all(e["seq"] > last for e in json.loads(body))
+
+
+@pytest.mark.parametrize("flag,value", [("-iface-regex", r"^192\.168\.77\."),
+                                        ("--iface-can-reach", "192.168.77.254"),
+                                        ("--public-ip", None)])
+def test_interface_selection_rules(ov, host, flag, value):
+    value = value or host.ip
+    ov.start_daemon(host, args=(flag, value))
+    assert f"Using interface with name {host.iface} and address {host.ip}" in \
+        ov.daemon(host).log_text()
