@@ -95,6 +95,7 @@ class SubnetManager:
         self._threads: list[threading.Thread] = []
         self.renewals = 0
         self.reacquisitions = 0
+        self.races_lost = 0                   # creations beaten by another node (we picked again)
 
     @property
     def lease(self) -> Optional[Lease]:
@@ -139,6 +140,7 @@ class SubnetManager:
             log.info("subnet %s was taken by another node meanwhile (attempt %d/%d), picking again",
                      pick, attempt, self.max_attempts)
             lost_races.add(pick)
+            self.races_lost += 1
         raise SubnetError(f"failed to acquire a subnet lease: lost {self.max_attempts} creation races in a row")
 
     def _reuse_by_ip(self, config: NetworkConfig, leases: list[Lease]) -> Optional[Lease]:

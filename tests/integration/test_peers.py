@@ -290,6 +290,8 @@ def _run_nodes(make_registry, server, n: int):
             assert set(w.peers()) == set(subnets) - {subnets[i]}
         held = {l.subnet: l.attrs.public_ip for l in first.list_leases()[0]}
         assert held == {l.subnet: l.attrs.public_ip for l in leases}
+        races = sum(m.races_lost for m in managers)
+        print(f"\n{n} nodes: {races} creation race(s) lost and retried", end="")
         return leases, elapsed
     finally:
         for w in watchers:
