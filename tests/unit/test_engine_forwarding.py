@@ -294,3 +294,70 @@ def test_forwarding_invalid_checksum_is_patched_not_fixed(engine_kind):
         assert h.tun_received[0][10:12] == \
             ipv4.ttl_decrement_checksum(0xFFFF, 2, 17).to_bytes(2, "big")
         assert h.tun_received[0][8] == 1
+
+
+# ---- trace events (dataplane.h enum dp_trace_kind) ------------------------------
+
+def test_trace_off_by_default(engine_kind):
+    with Harness(engine_kind) as h:
+        h.inject_tun(udp_packet("10.5.1.2", "10.9.9.9"))
+        h.settle()
+        assert h.engine.trace_events() == []
+
+
+def test_trace_events_both_directions(engine_kind):
+    from dataplane.engine import STAT_NAMES
+    with Harness(engine_kind) as h:
+        p = h.add_peer()
+        h.set_routes([h.route("10.5.2.0/24", p)])
+        h.engine.trace(True)
+        out = udp_packet("10.5.1.2", "10.5.2.3", size=100)
+        h.inject_tun(out)
+        h.settle()
+        ev = h.engine.trace_events()
+        assert [e["kind"] for e in ev] == ["tun_read", "route_hit", "udp_send"]
+        assert [e["seq"] for e in ev] == [1, 2, 3]
+        assert ev[0]["len"] == 100 and ev[0]["head"] == out[:64]
+        assert (ev[1]["len"], ev[1]["addr"], ev[1]["port"]) == (24, p.ip, p.port)
+        assert (ev[2]["len"], ev[2]["addr"], ev[2]["port"], ev[2]["batch"]) == \
+            (100, p.ip, p.port, 1)
+        assert all(set(e) == {"seq", "ts_ns", "kind", "len", "addr", "port", "batch", "head"}
+                   for e in ev)
+        assert ev[0]["ts_ns"] <= ev[1]["ts_ns"] <= ev[2]["ts_ns"]
+
+        back = udp_packet("10.5.2.3", "10.5.1.2", size=40)
+        h.inject_udp(p, back)
+        h.settle()
+        ev = h.engine.trace_events(3)
+        assert [e["kind"] for e in ev] == ["udp_recv", "tun_write"]
+        assert (ev[0]["len"], ev[0]["addr"], ev[0]["port"], ev[0]["batch"], ev[0]["head"]) == \
+            (40, p.ip, p.port, 1, back)
+        assert ev[1]["len"] == 40 and ev[1]["head"] == h.tun_received[-1]   # as written: TTL - 1
+
+        miss = udp_packet("10.5.1.2", "10.7.0.1")
+        h.inject_tun(miss, b"\x45\x00")
+        h.settle()
+        ev = h.engine.trace_events(5)
+        assert [e["kind"] for e in ev] == ["tun_read", "route_miss", "drop", "icmp",
+                                           "tun_read", "drop"]
+        assert (ev[1]["addr"], ev[1]["len"], ev[1]["head"]) == ("10.7.0.1", 0, b"")
+        assert (ev[2]["batch"], ev[2]["len"]) == (STAT_NAMES.index("drop_no_route"), 64)
+        assert ev[3]["head"] == h.tun_received[-1][:64] and ev[3]["len"] == 20 + 8 + 28
+        assert (ev[5]["batch"], ev[5]["len"], ev[4]["head"]) == \
+            (STAT_NAMES.index("drop_malformed"), 2, b"\x45\x00")
+
+        h.engine.trace(False)
+        h.inject_tun(out)
+        h.settle()
+        assert h.engine.trace_events(11) == []
+
+
+def test_trace_ring_keeps_the_newest_1024(engine_kind):
+    with Harness(engine_kind) as h:
+        h.engine.trace(True)
+        h.inject_tun(*[b"\x45" for _ in range(700)])        # 2 events each
+        h.settle()
+        ev = h.engine.trace_events()
+        assert len(ev) == 1024
+        assert [e["seq"] for e in ev] == list(range(1400 - 1023, 1401))
+        assert len(h.engine.trace_events(1390)) == 10
