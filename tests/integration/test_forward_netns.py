@@ -90,18 +90,24 @@ def _rtt_avg(out: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def _listening(tb, host, port: int) -> bool:
+    r = tb.exec(host, ["ss", "-Hltn", f"sport = :{port}"], timeout=10)
+    return bool(r.stdout.strip())
+
+
 def _iperf(tb, client, server, dst):
+    from dataplane.testbed.hosts import wait_for
     srv = tb.popen(server, ["iperf3", "-s", "-1", "-B", dst, "-p", "5201"])
     try:
-        # Retry the connect briefly: the one-off server needs a moment to listen.
-        for _ in range(20):
-            r = tb.exec(client, ["iperf3", "-c", dst, "-p", "5201", "-n", str(TRANSFER), "-J",
-                                 "--connect-timeout", "2000"], timeout=40)
-            if r.returncode == 0 or "Connection refused" not in (r.stdout + r.stderr):
-                break
-            subprocess.run(["sleep", "0.1"])
-        assert r.returncode == 0, f"iperf3 failed: {r.stdout[-2000:]} {r.stderr}"
-        res = json.loads(r.stdout)
+        assert wait_for(lambda: _listening(tb, server, 5201) or srv.poll() is not None, 10), \
+            "iperf3 server not listening after 10 s"
+        assert srv.poll() is None, f"iperf3 server exited: {srv.communicate()}"
+        r = tb.exec(client, ["iperf3", "-c", dst, "-p", "5201", "-n", str(TRANSFER), "-J",
+                             "--connect-timeout", "3000"], timeout=40)
+        # iperf3 -J may exit 0 on errors: the JSON's "error" says so
+        res = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr}
+        assert r.returncode == 0 and "error" not in res and "sum_received" in res.get("end", {}), \
+            f"iperf3 failed ({r.returncode}): {res.get('error')} {r.stderr}"
         # with -n the receiver's summary may close before the last bytes: use the sender's count
         return res["end"]["sum_received"]["bits_per_second"], res["end"]["sum_sent"]["bytes"]
     finally:
