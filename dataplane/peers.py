@@ -23,7 +23,7 @@ from ipaddress import IPv4Network
 from typing import Callable, Optional
 
 from .lease import Lease, LeaseFormatError, lease_from_kv, parse_subnet_key
-from .registry import Registry, RegistryError, WatchLoop
+from .registry import Registry, RegistryClosedError, RegistryError, WatchLoop
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ class PeerWatcher:
         while rev is None and not self._stop.is_set():
             try:
                 rev = self._snapshot()
+            except RegistryClosedError:
+                return
             except RegistryError as exc:
                 log.warning("Watch subnets: listing leases failed, retrying in %gs: %s", self.retry_interval, exc)
                 self._stop.wait(self.retry_interval)

@@ -61,6 +61,10 @@ class ConfigNotFoundError(RegistryError):
         super().__init__(CONFIG_NOT_FOUND)
 
 
+class RegistryClosedError(RegistryError):
+    pass
+
+
 class CompactedError(RegistryError):
     def __init__(self, compact_revision: int):
         super().__init__(f"required revision has been compacted (compact revision {compact_revision})")
@@ -97,10 +101,13 @@ class _Endpoint:
         self.secure = force_tls or parts.scheme in ("https", "unixs")
         self._creds = creds
         self._channel: Optional[grpc.Channel] = None
-        self._lock = threading.Lock()
+        self._closed = False
+        self._lock = threading.Lock()          # guards _channel and _closed
 
     def channel(self) -> grpc.Channel:
         with self._lock:
+            if self._closed:
+                raise RegistryClosedError("the etcd registry is closed")
             if self._channel is None:
                 if self.secure:
                     creds = self._creds or grpc.ssl_channel_credentials()
@@ -111,6 +118,7 @@ class _Endpoint:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None
@@ -405,6 +413,9 @@ class WatchLoop:
             idx = self._reg._cur
             try:
                 self._stream(idx)
+            except RegistryClosedError:
+                log.info("watch %s: registry closed, stopping", self.name)
+                return
             except CompactedError as exc:
                 log.warning("watch %s: revision %d compacted (at %d), re-listing",
                             self.name, self.next_revision, exc.compact_revision)

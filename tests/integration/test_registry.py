@@ -274,3 +274,14 @@ def test_tls_with_client_certificates(tmp_path):
                 nocert.get_config()
         finally:
             nocert.close()
+
+
+def test_closing_the_registry_ends_its_watches(shared_etcd, make_registry):
+    reg = make_registry(shared_etcd)
+    loop, t, _, _ = _collect_watch(reg, reg.current_revision() + 1, retry_interval=0.05)
+    wait_until(loop.connected.is_set, what="watch connected")
+    reg.close()
+    t.join(5)
+    assert not t.is_alive()
+    with pytest.raises(RegistryError, match="closed"):
+        reg.get_config()
