@@ -1,0 +1,50 @@
+"""`flannel-udp forward` argument parsing (no root: nothing is opened)."""
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from dataplane.cli import build_parser
+
+
+def parse(*argv):
+    return build_parser().parse_args(["forward", *argv])
+
+
+def test_defaults_and_routes():
+    a = parse("--tun-addr", "10.5.1.0/32", "--listen", "192.168.77.1:8285",
+              "--route", "10.5.2.0/24=192.168.77.2", "--route", "10.5.3.0/24=192.168.77.3:9000")
+    assert a.tun_addr == ipaddress.IPv4Interface("10.5.1.0/32")
+    assert a.listen == ("192.168.77.1", 8285)
+    assert a.route == [(ipaddress.IPv4Network("10.5.2.0/24"), "192.168.77.2", None),
+                       (ipaddress.IPv4Network("10.5.3.0/24"), "192.168.77.3", 9000)]
+    assert a.tun_name == "flannel%d" and a.network is None and a.mtu is None
+    assert a.engine is None and a.accept_from == "any"
+
+
+def test_listen_port_defaults_to_8285():
+    assert parse("--tun-addr", "10.5.1.0", "--listen", "192.168.77.1").listen == \
+        ("192.168.77.1", 8285)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--route", "10.5.2.0/24"], "--route"),
+    (["--route", "10.5.2.0/24=host"], "--route"),
+    (["--route", "10.5.2.1/24=192.168.77.2"], "--route"),     # host bits set
+    (["--route", "10.5.2.0/24=192.168.77.2:70000"], "--route"),
+    (["--mtu", "20"], "--mtu"),
+    (["--engine", "go"], "--engine"),
+    (["--network", "10.5.0.0/33"], "--network"),
+])
+def test_bad_values_exit_2_naming_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse("--tun-addr", "10.5.1.0/32", "--listen", "192.168.77.1:8285", *argv)
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_bad_listen_exits_2(capsys):
+    with pytest.raises(SystemExit):
+        parse("--tun-addr", "10.5.1.0/32", "--listen", "nowhere:1")
+    assert "--listen" in capsys.readouterr().err
