@@ -110,6 +110,7 @@ class Testbed:
         self._etcds: list = []
         if sweep:
             ns.sweep_stale()
+            _sweep_stale_workdirs()
         _open_testbeds.add(self)
         try:
             self._make_switch()
@@ -331,6 +332,22 @@ class Testbed:
     def __repr__(self) -> str:
         return (f"<Testbed {self.switch[:-3]} hosts={[h.name for h in self.hosts]}"
                 f"{' closed' if self._closed else ''}>")
+
+
+def _sweep_stale_workdirs() -> None:
+    """Remove the workdirs (``<tmp>/fu-tb-<pid>-*``) of dead runs."""
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 4 or parts[:2] != [ns.PREFIX, "tb"] or not parts[2].isdigit():
+            continue
+        pid = int(parts[2])
+        if pid != os.getpid() and not ns._pid_exists(pid):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 
 def _signal_group(pid: int, sig: int) -> None:

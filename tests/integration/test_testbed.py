@@ -123,6 +123,25 @@ def test_stale_sweep_deletes_only_dead_runs():
     assert not any(netns.exists(n) for n in (stale, live, foreign))
 
 
+def test_stale_workdirs_of_dead_runs_are_removed(tmp_path):
+    import tempfile
+
+    from dataplane.testbed.hosts import Testbed
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tempfile.mkdtemp(prefix=f"fu-tb-{dead.pid}-")
+    mine = tempfile.mkdtemp(prefix=f"fu-tb-{os.getpid()}-")
+    try:
+        with Testbed(0):
+            pass
+        assert not os.path.exists(stale)
+        assert os.path.exists(mine)
+    finally:
+        for d in (stale, mine):
+            if os.path.exists(d):
+                os.rmdir(d)
+
+
 def test_atexit_net_cleans_up_when_the_user_forgets_close(tmp_path):
     """A process that opens a testbed and exits without close() leaves nothing."""
     out = tmp_path / "names"
