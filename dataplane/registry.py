@@ -49,6 +49,7 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    ("grpc.max_receive_message_length", 64 << 20),   # a big lease list in one Range response
 ]
 
 
@@ -156,7 +157,6 @@ class Registry:
         if bool(username) != bool(password) and (username or password):
             raise ValueError("etcd auth needs both a username and a password")
         self._token: Optional[str] = None
-        self._closed = False
 
     # -- plumbing -------------------------------------------------------------------------------
     @property
@@ -168,7 +168,6 @@ class Registry:
         return self._endpoints[self._cur].url
 
     def close(self) -> None:
-        self._closed = True
         for ep in self._endpoints:
             ep.close()
 
