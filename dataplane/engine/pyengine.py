@@ -113,7 +113,12 @@ class PyEngine(Engine):
         self._tx_bufs = [bytearray(mtu) for _ in range(batch)]
         self._rx_bufs = [bytearray(mtu + 1) for _ in range(batch)]
         self._tun_addr_packed = self.tun_addr.packed
-        self._sock = socket.socket(fileno=os.dup(udp_fd))   # our dup: we may close it
+        dup = os.dup(udp_fd)              # our own fd: closing it leaves the caller's
+        try:
+            self._sock = socket.socket(fileno=dup)
+        except BaseException:
+            os.close(dup)
+            raise
         try:
             self._tun = io.FileIO(tun_fd, "r+b", closefd=False)
             self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)

@@ -5,6 +5,7 @@ the exact bytes, checked against a builder written here from RFC 792/791
 import pytest
 
 from dataplane import ipv4
+from dataplane.engine import STAT_NAMES
 from tests.engine_harness import Harness, expect_only
 
 TUN_ADDR = "10.5.1.0"
@@ -184,8 +185,14 @@ def test_icmp_write_failure_counts_in_tun_full(engine_kind):
     with Harness(engine_kind, collect_tun=False, tun_sndbuf=4096) as h:
         n = 100
         offenders = [pkt(f"10.9.{i}.1") for i in range(n)]
+        h.engine.trace(True)
         h.inject_tun(*offenders)
         st = h.settle(outputs=False)
+        # Reading: the drop event of a failed ICMP write carries the ICMP's length.
+        full = STAT_NAMES.index("drop_tun_full")
+        drops = [e for e in h.engine.trace_events() if e["kind"] == "drop" and e["batch"] == full]
+        assert len(drops) == st["drop_tun_full"]
+        assert {e["len"] for e in drops} == {len(expected_icmp(offenders[0], 3))}
         assert st["drop_tun_full"] > 0
         assert st["icmp_unreach_sent"] + st["drop_tun_full"] == n
         expect_only(st, tun_rx_packets=n, tun_rx_bytes=sum(map(len, offenders)),
