@@ -280,6 +280,7 @@ class Daemon:
 
     def _acquire_lease(self):
         from .registry import RegistryError
+        from .subnets import SubnetError
         last = None
         while True:
             try:
@@ -291,10 +292,12 @@ class Daemon:
                     last = msg
                 self._wait(LEASE_RETRY_S)
                 continue
-            except Exception as e:
+            except SubnetError as e:
                 raise StartupError(f"failed to acquire a lease: {e}; free subnets by deleting "
                                    f"stale leases under {self.registry.subnets_prefix} or widen "
                                    "the Network in the config") from None
+            except Exception as e:
+                raise StartupError(f"failed to acquire a lease: {e}") from None
             log.info("Lease acquired: %s (PublicIP %s), expires %s", lease.subnet,
                      lease.public_ip, _when(lease.expiration))
             return lease
