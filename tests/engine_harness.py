@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 
-from dataplane.engine import STAT_NAMES, SYSCALL_STATS, Route, create_engine
+from dataplane.engine import DROP_STATS, STAT_NAMES, SYSCALL_STATS, Route, create_engine
 
 ENGINE_IP = "127.0.0.1"
 DEFAULT_TUN_ADDR = "10.5.1.0"
@@ -196,8 +196,14 @@ class Harness:
         (if ``outputs``) every output its counters report has arrived;
         returns the stats."""
         def consumed(st):
+            # Read, and every packet read has met its fate: forwarded, or
+            # counted in one drop reason (a failed ICMP write adds a second
+            # drop, so `done` may overshoot, never undershoot).
+            done = st["udp_tx_packets"] + st["tun_tx_packets"] + sum(
+                st[k] for k in DROP_STATS)
             return (st["tun_rx_packets"] >= self._injected_tun
-                    and st["udp_rx_packets"] >= self._injected_udp)
+                    and st["udp_rx_packets"] >= self._injected_udp
+                    and done >= st["tun_rx_packets"] + st["udp_rx_packets"])
         st = self.wait_for(consumed, timeout, f"{self._injected_tun} TUN + "
                            f"{self._injected_udp} UDP packets consumed")
 
@@ -208,11 +214,14 @@ class Harness:
         deadline = time.monotonic() + timeout
         st = self.wait_for(delivered, timeout, "outputs collected") if outputs else st
         # The C engine counts a packet as received before it has finished
-        # with it: return once the counters have stopped moving.
+        # with it (an ICMP error is counted after its write): return once the
+        # counters have stood still for three looks in a row.
+        still = 0
         while time.monotonic() < deadline:
             time.sleep(0.003)
             st2 = self.engine.stats()
-            if st2 == st and (not outputs or delivered(st2)):
+            still = still + 1 if st2 == st and (not outputs or delivered(st2)) else 0
+            if still == 3:
                 return st2
             st = st2
         raise AssertionError(f"counters never settled: {nonzero(st)}")

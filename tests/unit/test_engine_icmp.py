@@ -198,3 +198,36 @@ def test_icmp_write_failure_counts_in_tun_full(engine_kind):
         expect_only(st, tun_rx_packets=n, tun_rx_bytes=sum(map(len, offenders)),
                     drop_no_route=n, icmp_unreach_sent=st["icmp_unreach_sent"],
                     drop_tun_full=st["drop_tun_full"])
+
+
+# ---- golden packets -----------------------------------------------------------------
+# Annotated hex of what an engine with tun_addr 10.5.1.0 must write into the
+# TUN; fixed bytes, so a change of format in either engine (or in the
+# builder above) shows up here.
+GOLDEN = [
+    (  # UDP 10.5.1.9:33434 -> 10.9.0.1:33435, no route -> net unreachable
+        "4500002c 1234 0000 40 11 5376 0a050109 0a090001"      # offender IPv4 header
+        " 829a829b00180000 30313233343536373839616263646566",   # UDP header + 16 bytes
+        "45000038 0000 0000 40 01 64b3 0a050100 0a050109"      # 0x45, len 56, ttl 64, ICMP
+        " 03 00 f7b1 00000000"                                  # type 3 code 0, csum, unused
+        " 4500002c12340000401153760a0501090a090001"             # quote: offender header
+        " 829a829b00180000",                                    # + first 8 payload bytes
+    ),
+    (  # echo request 10.5.1.9 -> 10.5.2.3 with TTL 1 -> time exceeded
+        "45000020 0102 0000 01 01 a1c6 0a050109 0a050203"
+        " 0800192700070001 70696e67",
+        "45000038 0000 0000 40 01 64b3 0a050100 0a050109"
+        " 0b 00 d3d0 00000000"
+        " 45000020010200000101a1c60a0501090a050203"
+        " 0800192700070001",
+    ),
+]
+
+
+@pytest.mark.parametrize("offender_hex,icmp_hex", GOLDEN, ids=["unreach", "ttl"])
+def test_golden_icmp(h, offender_hex, icmp_hex):
+    offender = bytes.fromhex(offender_hex.replace(" ", ""))
+    golden = bytes.fromhex(icmp_hex.replace(" ", ""))
+    assert expected_icmp(offender, golden[20]) == golden
+    st, out = run(h, offender)
+    assert out == [golden]
