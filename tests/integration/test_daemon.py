@@ -306,13 +306,21 @@ def test_host_joins_later_and_leaves(ov):
 
 def test_ip_masq_rules_installed_and_removed(ov):
     h = ov.hosts[2]
-    ov.restart_daemon(h, args=("-ip-masq",))                # Go spelling, as in a flanneld unit
+    ov.restart_daemon(h, args=("-ip-masq", "-iptables-resync=1"))   # Go spelling
     try:
+        jump = "-A POSTROUTING -m comment --comment \"flanneld masq\" -j FLANNEL-POSTRTG"
         rules = ov.exec(h, ["iptables-save", "-t", "nat"]).stdout
         net, sub = "10.5.0.0/16", str(ov.subnet(h))
-        assert "-A POSTROUTING -m comment --comment \"flanneld masq\" -j FLANNEL-POSTRTG" in rules
+        assert jump in rules
         assert f"-A FLANNEL-POSTRTG ! -s {net} -d {sub} " in rules
         assert ov.subnet_env(h)["FLANNEL_IPMASQ"] == "true"
+        # someone flushes the jump: the resync puts it back
+        ov.exec(h, ["iptables", "-t", "nat", "-D", "POSTROUTING", "-m", "comment", "--comment",
+                    "flanneld masq", "-j", "FLANNEL-POSTRTG"], check=True)
+        deadline = time.monotonic() + 5
+        while jump not in ov.exec(h, ["iptables-save", "-t", "nat"]).stdout:
+            assert time.monotonic() < deadline, "rules not resynced"
+            time.sleep(0.2)
     finally:
         ov.restart_daemon(h, args=())
     assert "FLANNEL-POSTRTG" not in ov.exec(h, ["iptables-save", "-t", "nat"]).stdout
