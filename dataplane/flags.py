@@ -400,7 +400,7 @@ def resolve(args: argparse.Namespace, environ=None) -> Options:
     if bool(opts.etcd_keyfile) != bool(opts.etcd_certfile):
         opts.warnings.append("TLS to etcd needs both --etcd-keyfile and --etcd-certfile; "
                              "one alone is ignored (as flanneld)")
-    if opts.trace and opts.metrics == "off" and not opts.healthz_port:
+    if opts.trace and not opts.healthz_port and opts.metrics_listen() is None:
         opts.warnings.append("--trace is on but no HTTP server serves /debug/trace: set "
                              "--healthz-port or --metrics IP:PORT")
     return opts

@@ -134,3 +134,9 @@ def test_cli_bad_flag_exits_nonzero_naming_it(argv, name):
 def test_version_goes_to_stderr():
     r = _run("-version")
     assert r.returncode == 0 and "flannel-udp" in r.stderr and r.stdout == ""
+
+
+def test_trace_without_any_server_warns():
+    assert any("--trace" in w for w in resolve(["--trace"]).warnings)
+    assert not any("--trace" in w for w in resolve(["--trace", "--healthz-port=10254"]).warnings)
+    assert not any("--trace" in w for w in resolve(["--trace", "--metrics=:9285"]).warnings)
