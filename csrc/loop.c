@@ -248,8 +248,9 @@ static enum dp_io tun_batch(struct dp_loop *l)
             break;
         }
         n++;
-        /* Checked per packet, not only per batch: a table published before
-         * this packet was written into the TUN is the one that routes it. */
+        /* Checked per packet, not only per batch: a packet written into the
+         * TUN after set_routes() returned is routed by that table or a newer
+         * one, never by an older one. */
         take_routes(l);
         /* A dropped packet leaves its slot free for the next read. */
         if (tun_packet(l, l->tx_buf + (size_t)m * l->mtu, (uint32_t)r, m))
