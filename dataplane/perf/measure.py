@@ -190,7 +190,11 @@ def flood(topo: BenchTopo, tools: Tools, path: Path, *, size: int, duration: flo
 def ndr_search(topo: BenchTopo, tools: Tools, *, size: int, flood_res: dict, steps: int,
                duration: float, progress=None) -> dict:
     """Highest offered rate with < 0.5 % loss, by bisection in [0, flood's
-    offered rate], starting at the flood's receive rate. ``steps`` trials."""
+    offered rate], starting at the flood's receive rate; at most ``steps``
+    probes (a few more, halving, if none passed), fewer once the bracket is
+    within 1 %. A probe's rate is what the generator actually offered: when
+    the flood lost nothing, the generator is the limit and the first probe
+    (at that rate) ends the search."""
     lo, hi = 0.0, max(flood_res["tx_pps"], 1.0)
     rate = min(max(flood_res["rx_pps"], hi * 0.05), hi)
     best = None
@@ -217,6 +221,8 @@ def ndr_search(topo: BenchTopo, tools: Tools, *, size: int, flood_res: dict, ste
                 hi = rate
         else:
             hi = rate
+        if best is not None and hi - lo <= 0.01 * hi:
+            break        # bracketed to 1 %: more probes only measure noise
         rate = (lo + hi) / 2
     return {"ndr_pps": best if best is not None else 0.0, "probes": probes}
 
