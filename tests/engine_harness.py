@@ -41,13 +41,22 @@ PEER_BASE = 16               # peers get 127.0.0.16, 127.0.0.17, ...
 SETTLE_TIMEOUT = 10.0
 
 
+def big_rcvbuf(sock, size: int = 4 << 20) -> None:
+    """A receive buffer that a test's bursts cannot overflow: SO_RCVBUFFORCE
+    (root) passes net.core.rmem_max, which caps SO_RCVBUF at ~208 KiB."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), size)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+
+
 class Peer:
     """A UDP socket standing for a remote node; ``received`` is what the
     engine sent to it, in order (payloads as bytes)."""
 
     def __init__(self, ip: str, port: int = 0):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)
+        big_rcvbuf(self.sock)
         self.sock.bind((ip, port))
         self.sock.setblocking(False)
         self.ip, self.port = self.sock.getsockname()
@@ -75,6 +84,7 @@ class Harness:
         self._injected_tun = 0
         self._injected_udp = 0
         self._tables = 0
+        self.kernel_drops0 = kernel_drops()
         self._lock = threading.Lock()
         self.tun_engine, self.tun_test = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         # Room for a few batches either way; a small engine-side buffer makes
@@ -83,7 +93,7 @@ class Harness:
         self.tun_engine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
                                    1 << 20 if tun_sndbuf is None else tun_sndbuf)
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)
+        big_rcvbuf(self.udp)
         self.udp.bind((ENGINE_IP, 0))
         self.udp_addr = self.udp.getsockname()
         # A socket to send from a source that is no route's peer.
@@ -183,7 +193,9 @@ class Harness:
             if pred(st):
                 return st
             if time.monotonic() > deadline:
-                raise AssertionError(f"timeout waiting for {what}; stats: {nonzero(st)}")
+                raise AssertionError(
+                    f"timeout waiting for {what}; stats: {nonzero(st)}; kernel drops on this "
+                    f"host since the harness started: {kernel_drops() - self.kernel_drops0}")
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
 
@@ -253,6 +265,24 @@ class Harness:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def kernel_drops() -> int:
+    """Datagrams the kernel dropped on this host so far: the per-CPU
+    backlog that loopback traffic goes through (/proc/net/softnet_stat,
+    column 2; net.core.netdev_max_backlog deep, shared by every process)
+    plus UDP receive-buffer overflows. Loopback is lossy under load: a test
+    that sees these move lost a packet to the machine, not to an engine."""
+    total = 0
+    try:
+        with open("/proc/net/softnet_stat") as f:
+            total += sum(int(line.split()[1], 16) for line in f if line.strip())
+        with open("/proc/net/snmp") as f:
+            rows = [line.split() for line in f if line.startswith("Udp:")]
+        total += int(rows[1][rows[0].index("RcvbufErrors")])
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
 
 
 def nonzero(st: dict) -> dict:

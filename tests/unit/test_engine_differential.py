@@ -17,7 +17,7 @@ import pytest
 
 from dataplane import ipv4
 from tests.conftest import require_engine
-from tests.engine_harness import Harness, behaviour_stats
+from tests.engine_harness import Harness, behaviour_stats, kernel_drops
 
 MTU = 1472
 NPEERS = 6
@@ -186,9 +186,19 @@ def compare(a, b):
 def test_c_matches_python(seed, npackets, accept_any, batch, trace):
     require_engine("c")
     steps = make_script(seed, npackets)
-    py = play("python", steps, accept_any=accept_any, batch=batch, trace=trace)
-    c = play("c", steps, accept_any=accept_any, batch=batch, trace=trace)
-    compare(c, py)
+    for attempt in range(3):
+        # Loopback drops datagrams when the host is flooded (other tests,
+        # benchmarks): a run that lost packets in the kernel proves nothing
+        # about the engines, so it is played again (at most twice).
+        drops0 = kernel_drops()
+        try:
+            py = play("python", steps, accept_any=accept_any, batch=batch, trace=trace)
+            c = play("c", steps, accept_any=accept_any, batch=batch, trace=trace)
+            compare(c, py)
+            break
+        except AssertionError:
+            if attempt == 2 or kernel_drops() == drops0:
+                raise
     # The script must have exercised every behaviour counter but the
     # failures of the kernel (send error, full or failing TUN).
     exercised = {k for k, v in py["stats"].items() if v}

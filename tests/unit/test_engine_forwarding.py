@@ -278,7 +278,7 @@ def test_stop_while_traffic_flows(engine_kind):
     with Harness(engine_kind) as h:
         p = h.add_peer()
         h.set_routes([h.route("10.5.2.0/24", p)])
-        h.inject_udp(p, *[udp_packet("10.5.2.3", "10.5.1.2", ident=i) for i in range(2000)])
+        h.inject_udp(p, *[udp_packet("10.5.2.3", "10.5.1.2", ident=i) for i in range(500)])
         h.engine.stop()
         assert h.engine.join(2.0)
 
