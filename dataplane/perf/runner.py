@@ -173,6 +173,9 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, progress)
                 _add(out, size, "flood_rx_pps", fl["rx_pps"])
                 _add(out, size, "flood_loss", fl["loss"])
                 _add(out, size, "flood_tx_pps", fl["tx_pps"])
+                # The flood lost nothing: the generator, not the path, was the
+                # limit, and the no-drop rate is a lower bound.
+                _add(out, size, "generator_limited", fl["loss"] < measure.LOSS_LIMIT)
                 _add(out, size, "cpu_ns_per_packet", cost.get("cpu_ns_per_packet"))
                 _add(out, size, "syscalls_per_packet", cost.get("syscalls_per_packet"))
                 for k in ("send_cpu_ns_per_packet", "recv_cpu_ns_per_packet",
