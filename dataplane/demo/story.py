@@ -1,0 +1,564 @@
+"""The demo's story: a real two-host overlay, one ping and one UDP packet, followed.
+
+Every number the demo shows is read from the running system while it runs:
+
+====================  =========================================================
+what                  where it comes from
+====================  =========================================================
+leases, config        etcd (``etcdctl get``), written there by the two daemons
+subnet.env, routes    the daemons' files, ``ip route`` / ``ip route get`` per host
+engine steps          the engines' trace rings (``GET /debug/trace`` on each
+                      daemon, started with ``--trace``): TUN_READ, ROUTE_HIT,
+                      UDP_SEND, UDP_RECV, TUN_WRITE - recorded by the same loop
+                      that forwards, so the demo shows what the daemon does
+syscalls, bytes       the engine counters on each daemon's ``GET /metrics``
+the outer datagram    an AF_PACKET tap on host A's underlay veth (the "wire")
+====================  =========================================================
+
+:class:`Demo` runs the story and hands each finished step to ``on_step`` (the
+renderer), so a classroom can pause between steps (``--step``); ``run()``
+returns the whole trace as one JSON-able dict. Teardown is in ``finally``:
+daemons, etcd, namespaces and probes go, also on Ctrl-C or an error.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import sys
+import time
+
+from . import lab
+from . import trace as tr
+
+log = logging.getLogger(__name__)
+
+PING_SIZE = 56                       # ping's default: 56 data + 8 ICMP + 20 IP = 84 bytes
+UDP_TEXT = "hello from a workload on host A"
+BURST_COUNT = 3000                   # datagrams per engine in the batching measurement
+BURST_SIZE = 36                      # UDP payload: 36 + 8 + 20 = a 64-byte IP packet
+BURST_CHUNK = 100                    # sent back to back, then a short pause: real traffic is bursty
+BURST_GAP_S = 0.002
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+class Demo:
+    """One run of the demo. ``on_step(step)`` is called as each step is ready."""
+
+    def __init__(self, engine: str = "auto", *, on_step=None, on_progress=None,
+                 compare_engines: bool = True):
+        self.engine_req = engine
+        self.on_step = on_step or (lambda step: None)
+        self.on_progress = on_progress or (lambda text: None)
+        self.compare_engines = compare_engines
+        self.ov = None
+        self.workloads: dict[str, lab.Workload] = {}
+        self.tap = None
+        self.result: dict = {"version": 1, "steps": []}
+
+    # -- plumbing ---------------------------------------------------------------------
+    def step(self, sid: str, title: str, **kw) -> dict:
+        s = {"id": sid, "n": len(self.result["steps"]) + 1, "title": title, **kw}
+        self.result["steps"].append(s)
+        self.on_step(s)
+        return s
+
+    def _stats(self, host) -> dict:
+        return tr.stats_from_metrics(self.ov.metrics(host))
+
+    def _trace(self, host, after: int = 0) -> list:
+        status, body = self.ov.healthz(host, f"/debug/trace?after={after}")
+        if status != 200:
+            raise DemoError(f"{host.name}: /debug/trace answered {status}: {body.strip()}")
+        return json.loads(body)
+
+    def _last_seq(self, host) -> int:
+        ev = self._trace(host)
+        return ev[-1]["seq"] if ev else 0
+
+    # -- the story ----------------------------------------------------------------------
+    def run(self) -> dict:
+        t0 = _now()
+        try:
+            self._setup()
+            self._probe_ping()
+            self._probe_udp()
+            self._stop_tap()
+            self._follow()
+            self._costs()
+            self._summary()
+        finally:
+            self._teardown()
+        self.result["duration_s"] = round(_now() - t0, 2)
+        return self.result
+
+    # 1. the overlay ----------------------------------------------------------------------
+    def _setup(self):
+        from ..engine import c_available
+        from ..testbed.overlay import Overlay
+        engine = self.engine_req
+        if engine == "auto":
+            engine = "c" if c_available() else "python"
+        if engine == "c" and not c_available():
+            raise DemoError("--engine c: the C engine is not built (pip install -e . with a C "
+                            "compiler), or use --engine python")
+        self.engine = engine
+        self.result["engine"] = engine
+        self.on_progress(f"starting etcd and two daemons (engine {engine}) ...")
+        t = _now()
+        # --trace switches on the engine's trace ring and serves it at /debug/trace.
+        self.ov = Overlay(hosts=2, engine=engine, daemon_args=("--trace",))
+        ov = self.ov
+        a, b = ov.hosts
+        self.a, self.b = a, b
+        startup = round(_now() - t, 2)
+
+        prefix = ov.prefix
+        r = ov.etcdctl("get", "--prefix", f"{prefix}/")
+        lines = r.stdout.splitlines()
+        kv = dict(zip(lines[::2], lines[1::2]))
+        config = json.loads(kv.get(f"{prefix}/config", "{}"))
+        leases = []
+        for key, value in kv.items():
+            if "/subnets/" in key:
+                v = json.loads(value)
+                subnet = key.rsplit("/", 1)[1].replace("-", "/")
+                leases.append({"key": key, "subnet": subnet, "public_ip": v.get("PublicIP"),
+                               "value": v})
+        hosts = {}
+        for role, h in (("A", a), ("B", b)):
+            env = ov.subnet_env(h)
+            d = ov.daemon(h)
+            hosts[role] = {
+                "name": h.name, "netns": h.netns, "underlay_ip": h.ip, "iface": h.iface,
+                "subnet": str(ov.subnet(h)), "flannel0": ov.flannel_ip(h),
+                "subnet_env": env, "subnet_file": d.subnet_file, "daemon_pid": d.pid,
+                "daemon_argv": " ".join(ov.daemon_argv(h, engine)[2:]),
+                "routes": ov.exec(h, ["ip", "route"]).stdout.strip().splitlines(),
+                "flannel0_link": _flannel0(ov.exec(h, ["ip", "-o", "addr", "show", "flannel0"])
+                                           .stdout, ov.exec(h, ["ip", "-o", "link", "show",
+                                                                "flannel0"]).stdout),
+                "socket": _udp_socket(ov.exec(h, ["ss", "-uanp"]).stdout,
+                                      config.get("Backend", {}).get("Port", 8285)),
+                "lease": next((l for l in leases if l["subnet"] == str(ov.subnet(h))), None),
+            }
+        self.port = int(config.get("Backend", {}).get("Port", 8285))
+        self.result.update(network_config=config, leases=leases, hosts=hosts, port=self.port,
+                           etcd=ov.etcd_url, startup_s=startup)
+        self.step("overlay", "A two-host overlay: etcd, two daemons, their leases",
+                  side="control plane", host="A+B",
+                  why="Each daemon picked its interface, took a /24 lease in etcd (key = subnet, "
+                      "value = its PublicIP), opened flannel0 (MTU = 1500 - 28), routed the whole "
+                      "network into it and wrote subnet.env. The lease table in etcd is the "
+                      "overlay's only routing protocol.",
+                  data={"leases": leases, "hosts": hosts, "config": config,
+                        "startup_s": startup})
+
+        # Workloads: one namespace per host, addressed from subnet.env (as dockerd --bip).
+        for role, h, name in (("A", a, "wa"), ("B", b, "wb")):
+            w = lab.add_workload(ov, h, name, hosts[role]["subnet_env"])
+            self.workloads[role] = w
+            hosts[role]["workload"] = {"ip": w.ip, "gateway": w.gateway, "netns": w.netns,
+                                       "host_iface": w.host_iface, "mtu": w.mtu}
+        wa, wb = self.workloads["A"], self.workloads["B"]
+        # The kernel's own answers, before any packet moves.
+        hosts["A"]["route_get_workload"] = tr.parse_route_get(
+            wa.run(["ip", "route", "get", wb.ip]).stdout)
+        hosts["A"]["route_get"] = tr.parse_route_get(ov.exec(a, [
+            "ip", "route", "get", wb.ip, "from", wa.ip, "iif", wa.host_iface]).stdout)
+        hosts["B"]["route_get"] = tr.parse_route_get(ov.exec(b, [
+            "ip", "route", "get", wb.ip, "from", wa.ip, "iif", "flannel0"]).stdout)
+        hosts["B"]["route_get_reply"] = tr.parse_route_get(ov.exec(b, [
+            "ip", "route", "get", wa.ip, "from", wb.ip, "iif", wb.host_iface]).stdout)
+        hosts["A"]["route_get_reply"] = tr.parse_route_get(ov.exec(a, [
+            "ip", "route", "get", wa.ip, "from", wb.ip, "iif", "flannel0"]).stdout)
+        for role in ("A", "B"):
+            hosts[role]["routes"] = ov.exec(hosts_obj(self, role), ["ip", "route"]) \
+                .stdout.strip().splitlines()
+        self.step("workloads", "Workloads: one 'container' per host, on FLANNEL_SUBNET",
+                  side="kernel", host="A+B",
+                  why="A container host puts its workloads on a bridge addressed from "
+                      "FLANNEL_SUBNET and forwards between them and flannel0; here one namespace "
+                      "per host plays the container.",
+                  data={"A": hosts["A"]["workload"], "B": hosts["B"]["workload"]})
+
+        # The wire tap and the echo service.
+        self.tap = lab.Tap(ov, a, self.port, os.path.join(ov.tb.workdir, "tap.jsonl"))
+        echo_out = os.path.join(ov.tb.workdir, "echo.out")
+        p = wb.popen([lab.PY, "-c", lab.UDP_ECHO, str(lab.ECHO_PORT), "50"], echo_out)
+        if not lab.wait_file_line(echo_out, "ready", proc=p):
+            raise DemoError("the UDP echo service in B's workload did not start")
+        # One warm-up ping so that ARP in the workload namespaces is done before we watch.
+        wa.run(["ping", "-n", "-q", "-c", "1", "-W", "2", wb.ip], timeout=10)
+
+    # 2. the probes -------------------------------------------------------------------------
+    def _window(self, send):
+        """Counters and trace cursors before/after ``send()`` on both hosts."""
+        a, b = self.a, self.b
+        cur = {"A": self._last_seq(a), "B": self._last_seq(b)}
+        before = {"A": self._stats(a), "B": self._stats(b)}
+        out = send()
+        time.sleep(0.15)             # let the loops finish their EAGAIN reads and polls
+        after = {"A": self._stats(a), "B": self._stats(b)}
+        events = {"A": self._trace(a, cur["A"]), "B": self._trace(b, cur["B"])}
+        return {"result": out, "stats_before": before, "stats_after": after,
+                "counters": {k: tr.delta(before[k], after[k]) for k in before},
+                "events": events, "cursor": cur}
+
+    def _probe_ping(self):
+        wa, wb = self.workloads["A"], self.workloads["B"]
+
+        def send():
+            r = wa.run(["ping", "-n", "-c", "1", "-W", "2", "-s", str(PING_SIZE), wb.ip],
+                       timeout=10)
+            return _parse_ping(r.stdout, r.returncode)
+        win = self._window(send)
+        win["result"].update(size=PING_SIZE, expected_len=PING_SIZE + 8 + 20)
+        self.result.setdefault("probes", {})["ping"] = win
+        if not win["result"].get("received"):
+            raise DemoError(f"the ping from {wa.ip} to {wb.ip} got no reply: "
+                            f"{win['result']}")
+
+    def _probe_udp(self):
+        wa, wb = self.workloads["A"], self.workloads["B"]
+
+        def send():
+            r = wa.run([lab.PY, "-c", lab.UDP_CLIENT, wb.ip, str(lab.ECHO_PORT), UDP_TEXT],
+                       timeout=10)
+            try:
+                return json.loads(r.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                raise DemoError(f"UDP probe failed: {r.stdout} {r.stderr}") from None
+        win = self._window(send)
+        win["result"].update(payload=UDP_TEXT, expected_len=len(UDP_TEXT.encode()) + 8 + 20,
+                             dport=lab.ECHO_PORT)
+        self.result["probes"]["udp"] = win
+        if not win["result"].get("received"):
+            raise DemoError(f"the UDP packet from {wa.ip} to {wb.ip}:{lab.ECHO_PORT} got no "
+                            "echo")
+
+    def _stop_tap(self):
+        frames = self.tap.stop() if self.tap else []
+        self.tap = None
+        self.result["wire_frames"] = frames
+
+    # 3. following the packets --------------------------------------------------------------
+    def _legs(self, probe: str, proto: str):
+        p = self.result["probes"][probe]
+        wa, wb = self.workloads["A"], self.workloads["B"]
+        ev = p["events"]
+        req = tr.follow(ev["A"], ev["B"], wa.ip, wb.ip, proto)
+        rep = tr.follow(ev["B"], ev["A"], wb.ip, wa.ip, proto)
+        for leg, s, d in ((req, self.a, self.b), (rep, self.b, self.a)):
+            if "tun_read" in leg:
+                inner = leg["tun_read"]["packet"]
+                leg["outer"] = tr.outer_datagram(leg["tun_read"]["len"], s.ip,
+                                                 leg.get("route_hit", {}).get("peer", "?"),
+                                                 self.port)
+                leg["wire"] = tr.wire_frame_for(self.result["wire_frames"], s.ip, d.ip,
+                                                inner["id"], inner["src"])
+        p["request"], p["reply"] = req, rep
+        missing = [k for k in ("tun_read", "route_hit", "udp_send", "udp_recv", "tun_write")
+                   if k not in req or k not in rep]
+        if missing:
+            raise DemoError(f"{probe}: the engines' trace lacks {', '.join(missing)} "
+                            f"(events: {ev})")
+        return req, rep
+
+    def _follow(self):
+        H = self.result["hosts"]
+        A, B = H["A"], H["B"]
+        wa, wb = self.workloads["A"], self.workloads["B"]
+        req, rep = self._legs("ping", "icmp")
+        ping = self.result["probes"]["ping"]
+        cA, cB = ping["counters"]["A"], ping["counters"]["B"]
+        rd, hit, snd = req["tun_read"], req["route_hit"], req["udp_send"]
+        rcv, wr = req["udp_recv"], req["tun_write"]
+        lease = next((l for l in self.result["leases"]
+                      if l["public_ip"] == hit["peer"]
+                      and ipaddress.IPv4Address(rd["packet"]["dst"])
+                      in ipaddress.IPv4Network(l["subnet"])), None)
+        hit["lease"] = lease
+
+        self.step("app_send", "ping in A's workload sends an echo request", host="A",
+                  side="user -> kernel", syscalls=["sendto() by ping"], copies=1,
+                  why="The application's own cost, the same on every path: one syscall, and "
+                      "its bytes copied into a kernel buffer (an skb).",
+                  data={"from": wa.ip, "to": wb.ip, "size": PING_SIZE,
+                        "ip_len": PING_SIZE + 28, "route_in_workload":
+                            A["route_get_workload"]})
+        self.step("kernel_route", "A's kernel routes it into flannel0", host="A", side="kernel",
+                  syscalls=[], copies=0,
+                  why="Plain kernel forwarding: the longest prefix that matches is the "
+                      f"{self.result['network_config'].get('Network')} route the daemon added "
+                      "'dev flannel0'. Handing the packet to a TUN device just queues the skb "
+                      "for whoever holds the device open: the daemon.",
+                  data={"route_get": A["route_get"],
+                        "route": tr.route_for("\n".join(A["routes"]), wb.ip),
+                        "ttl_after_forward": rd["packet"]["ttl"]})
+        self.step("tun_read", "The engine reads the packet from flannel0", host="A",
+                  side="kernel -> user", syscalls=["read(flannel0)"], copies=1,
+                  why="The first crossing the overlay adds: one read() per packet (a TUN has "
+                      "no batched read), the whole packet copied from the kernel into the "
+                      "engine's buffer. The engine keeps reading until EAGAIN, so a burst costs "
+                      "one extra read, not one per packet.",
+                  data={"len": rd["len"], "packet": rd["packet"], "head": rd["head"],
+                        "tun_reads": cA.get("tun_reads"), "polls": cA.get("polls")})
+        self.step("lookup", "Lease-table lookup: which host holds the destination's subnet?",
+                  host="A", side="user", syscalls=[], copies=0,
+                  why="A hash lookup of the destination in the route table built from the "
+                      "leases in etcd (subnet -> PublicIP); TTL - 1 and an incremental checksum "
+                      "update, in place. No syscall, no copy.",
+                  data={"dst": rd["packet"]["dst"], "prefixlen": hit["prefixlen"],
+                        "peer": hit["peer"], "port": hit["port"], "lease": lease,
+                        "ttl_out": rd["packet"]["ttl"] - 1})
+        wire = req.get("wire")
+        self.step("udp_send", "sendmmsg(): the packet becomes a UDP payload", host="A",
+                  side="user -> kernel", syscalls=[f"sendmmsg() ({snd['batch']} message(s))"],
+                  copies=1,
+                  why="The second crossing: the packet is copied into a new skb and the kernel "
+                      f"puts an IPv4 header ({tr.OUTER_IP} B) and a UDP header ({tr.OUTER_UDP} B) "
+                      f"in front: {tr.OVERHEAD} bytes of overhead, which is why flannel0's MTU is "
+                      "the interface MTU - 28. One sendmmsg() carries the whole batch.",
+                  data={"outer": req["outer"], "batch": snd["batch"], "wire": wire,
+                        "udp_sends": cA.get("udp_sends")})
+        self.step("udp_recv", "B's engine receives the datagram", host="B",
+                  side="kernel -> user", syscalls=[f"recvmmsg() ({rcv['batch']} message(s))"],
+                  copies=1,
+                  why="The third crossing: B's kernel delivers the datagram to the daemon's "
+                      "socket and recvmmsg() copies the payload - the inner packet - out. The "
+                      "source is checked against the leases (--accept-from leases).",
+                  data={"source": rcv["source"], "sport": rcv["sport"], "len": rcv["len"],
+                        "batch": rcv["batch"], "packet": rcv["packet"],
+                        "source_is_lease": any(l["public_ip"] == rcv["source"]
+                                               for l in self.result["leases"]),
+                        "udp_recvs": cB.get("udp_recvs")})
+        self.step("tun_write", "B's engine writes the packet into flannel0", host="B",
+                  side="user -> kernel", syscalls=["write(flannel0)"], copies=1,
+                  why="The fourth crossing: one write() per packet, the packet copied back into "
+                      "a kernel skb. To B's kernel it now looks as if it had arrived on "
+                      "flannel0.",
+                  data={"len": wr["len"], "packet": wr["packet"], "head": wr["head"],
+                        "tun_writes": cB.get("tun_writes")})
+        self.step("deliver", "B's kernel routes it to the workload", host="B", side="kernel",
+                  syscalls=["recvmsg() by ping's peer: the kernel answers the echo itself"],
+                  copies=0,
+                  why="Ordinary forwarding again, out of flannel0 into the workload's veth; the "
+                      "workload's kernel answers the echo request.",
+                  data={"route_get": B["route_get"],
+                        "ttl_at_workload": wr["packet"]["ttl"] - 1})
+        rrd, rhit, rsnd, rrcv, rwr = (rep["tun_read"], rep["route_hit"], rep["udp_send"],
+                                      rep["udp_recv"], rep["tun_write"])
+        self.step("reply", "The reply takes the same path back", host="B -> A",
+                  side="both", syscalls=["read", "sendmmsg", "recvmmsg", "write"], copies=4,
+                  why="Mirror image: B's engine reads the echo reply from its flannel0, looks "
+                      "up A's lease, sends; A's engine receives it and writes it into A's "
+                      "flannel0.",
+                  data={"tun_read": rrd, "route_hit": rhit, "udp_send": rsnd, "udp_recv": rrcv,
+                        "tun_write": rwr, "outer": rep["outer"], "wire": rep.get("wire"),
+                        "rtt_ms": ping["result"].get("rtt_ms"),
+                        "reply_ttl": ping["result"].get("ttl")})
+
+        # The UDP packet: the same steps, shown as one table.
+        ureq, urep = self._legs("udp", "udp")
+        udp = self.result["probes"]["udp"]
+        self.step("udp_packet", "A UDP datagram takes the same path", host="A -> B -> A",
+                  side="both",
+                  why="Any IPv4 packet is carried the same way: the engine does not look past "
+                      "the IP header. The outer datagram is always the inner packet + 28.",
+                  data={"request": _leg_summary(ureq), "reply": _leg_summary(urep),
+                        "result": udp["result"]})
+
+    # 4. costs -------------------------------------------------------------------------------
+    def _costs(self):
+        ping = self.result["probes"]["ping"]
+        cA, cB = ping["counters"]["A"], ping["counters"]["B"]
+        self.step("ping_cost", "What that one ping cost the two engines (measured)",
+                  side="both", host="A+B",
+                  why="Two packets (request and reply) went through each engine. With one "
+                      "packet per wakeup nothing amortises: every packet pays an epoll_wait, "
+                      "a read or recv that finds it, and one that finds EAGAIN.",
+                  data={"A": _cost_row(cA), "B": _cost_row(cB)})
+        bursts = {}
+        engines = [self.engine]
+        if self.compare_engines:
+            from ..engine import c_available
+            other = "python" if self.engine == "c" else "c"
+            if other == "python" or c_available():
+                engines.append(other)
+        for i, kind in enumerate(engines):
+            if i:
+                self.on_progress(f"restarting both daemons with the {kind} engine (the leases "
+                                 "stay) ...")
+                for h in (self.a, self.b):
+                    self.ov.restart_daemon(h, engine=kind)
+                self._wait_path()
+            self.on_progress(f"{kind} engine: {BURST_COUNT} datagrams from A's workload to B's "
+                             "...")
+            bursts[kind] = self._burst(kind)
+        self.result["bursts"] = bursts
+        self.step("batching", "Batching: syscalls per packet under load (measured)",
+                  side="both", host="A+B",
+                  why="When packets queue up, one wakeup drains many: the engine reads the TUN "
+                      "until EAGAIN and hands the batch to one sendmmsg(); the receiver takes up "
+                      "to 64 datagrams per recvmmsg(). TUN reads and writes stay one per packet "
+                      "- a TUN device has no batched read or write - so the floor is about one "
+                      "syscall per packet on each side. The Python engine has no sendmmsg/"
+                      "recvmmsg: one sendto()/recv() per packet.",
+                  data={"bursts": bursts, "reference_flanneld": tr.FLANNELD_REFERENCE})
+
+    def _wait_path(self, timeout: float = 15.0):
+        wa, wb = self.workloads["A"], self.workloads["B"]
+        end = _now() + timeout
+        while _now() < end:
+            r = wa.run(["ping", "-n", "-q", "-c", "1", "-W", "1", wb.ip], timeout=5)
+            if r.returncode == 0:
+                return
+        raise DemoError("the overlay did not carry packets again after the engine switch")
+
+    def _burst(self, kind: str) -> dict:
+        wa, wb = self.workloads["A"], self.workloads["B"]
+        sink_out = os.path.join(self.ov.tb.workdir, f"sink-{kind}.jsonl")
+        sink = wb.popen([lab.PY, "-c", lab.SINK, str(lab.SINK_PORT), "20"], sink_out)
+        if not lab.wait_file_line(sink_out, '"ready"', proc=sink):
+            raise DemoError("the burst sink did not start")
+        before = {"A": self._stats(self.a), "B": self._stats(self.b)}
+        r = wa.run([lab.PY, "-c", lab.BURST, wb.ip, str(lab.SINK_PORT), str(BURST_COUNT),
+                    str(BURST_SIZE), str(BURST_CHUNK), str(BURST_GAP_S)], timeout=30)
+        try:
+            sent = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise DemoError(f"burst sender failed: {r.stdout} {r.stderr}") from None
+        # Wait until B's sink stops counting (the last batch is through), then read counters.
+        last, still = -1, 0
+        end = _now() + 5
+        while _now() < end and still < 3:
+            lines = lab.json_lines(sink_out)
+            n = lines[-1].get("received", 0) if lines else 0
+            still = still + 1 if n == last else 0
+            last = n
+            time.sleep(0.1)
+        after = {"A": self._stats(self.a), "B": self._stats(self.b)}
+        lab.stop_procs(wb)
+        d = {k: tr.delta(before[k], after[k]) for k in before}
+        return {"engine": kind, "sent": sent["sent"], "received": max(last, 0),
+                "ip_len": BURST_SIZE + 28, "seconds": round(sent["seconds"], 3),
+                "send_side": tr.per_packet(d["A"], "send"),
+                "receive_side": tr.per_packet(d["B"], "receive"),
+                "counters": d, "stats_before": before, "stats_after": after}
+
+    def _summary(self):
+        bursts = self.result.get("bursts", {})
+        measured = [{"engine": k, "send": v["send_side"].get("syscalls_per_packet"),
+                     "receive": v["receive_side"].get("syscalls_per_packet"),
+                     "send_batch": v["send_side"].get("avg_batch"),
+                     "receive_batch": v["receive_side"].get("avg_batch")}
+                    for k, v in bursts.items()]
+        ping = self.result["probes"]["ping"]
+        single = {"A": ping["counters"]["A"].get("syscalls"),
+                  "B": ping["counters"]["B"].get("syscalls"),
+                  "packets_each": 2}
+        self.result["summary"] = {"model": tr.COST_MODEL, "measured": measured,
+                                  "single_ping": single,
+                                  "reference_flanneld": tr.FLANNELD_REFERENCE}
+        self.step("summary", "Why a TUN overlay costs what it costs", side="both", host="A+B",
+                  why="Kernel paths move a packet between devices inside the kernel. A TUN "
+                      "overlay takes every packet out to user space and back in on both hosts: "
+                      "4 extra copies and at least 4 extra syscalls (2 with batching amortised), "
+                      "plus the wakeups. Batching cuts the syscalls, never the copies; removing "
+                      "copies needs offloads (IFF_VNET_HDR + UDP GSO/GRO: fewer, bigger "
+                      "packets).",
+                  data=self.result["summary"])
+
+    # 5. teardown ----------------------------------------------------------------------------
+    def _teardown(self):
+        if self.tap is not None:
+            try:
+                self.tap.stop()
+            except Exception as e:
+                log.warning("wire tap: %s", e)
+            self.tap = None
+        for w in list(self.workloads.values()):
+            try:
+                lab.remove_workload(w)
+            except Exception as e:
+                log.warning("workload %s: %s", w.name, e)
+        if self.ov is not None:
+            self.on_progress("tearing down: daemons, etcd, namespaces ...")
+            self.ov.close()
+            self.ov = None
+        self.result["torn_down"] = True
+
+
+def hosts_obj(demo: Demo, role: str):
+    return demo.a if role == "A" else demo.b
+
+
+def _leg_summary(leg: dict) -> dict:
+    out = {"src": leg["src"], "dst": leg["dst"]}
+    for k in ("tun_read", "udp_send", "udp_recv", "tun_write"):
+        if k in leg:
+            out[k] = {x: leg[k][x] for x in ("len", "batch", "peer", "source")
+                      if x in leg[k]}
+            if "packet" in leg[k]:
+                out[k]["ttl"] = leg[k]["packet"]["ttl"]
+    if "route_hit" in leg:
+        out["route_hit"] = {"peer": leg["route_hit"]["peer"], "port": leg["route_hit"]["port"],
+                            "prefixlen": leg["route_hit"]["prefixlen"]}
+    out["outer"] = leg.get("outer")
+    if leg.get("wire"):
+        out["wire_ip_len"] = leg["wire"]["outer"]["tot_len"]
+    return out
+
+
+def _cost_row(c: dict) -> dict:
+    keys = ("syscalls", "polls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs",
+            "tun_rx_packets", "udp_tx_packets", "udp_rx_packets", "tun_tx_packets",
+            "tun_rx_bytes", "udp_tx_bytes", "udp_rx_bytes", "tun_tx_bytes")
+    row = {k: c.get(k, 0) for k in keys}
+    row["packets"] = c.get("tun_rx_packets", 0) + c.get("udp_rx_packets", 0)
+    row["bytes_copied"] = sum(c.get(k, 0) for k in ("tun_rx_bytes", "udp_tx_bytes",
+                                                     "udp_rx_bytes", "tun_tx_bytes"))
+    return row
+
+
+def _parse_ping(out: str, rc: int) -> dict:
+    import re
+    res = {"rc": rc, "output": out.strip().splitlines()[:2]}
+    m = re.search(r"(\d+) bytes from ([\d.]+): icmp_seq=(\d+) ttl=(\d+) time=([\d.]+)", out)
+    if m:
+        res.update(received=1, reply_bytes=int(m.group(1)), ttl=int(m.group(4)),
+                   rtt_ms=float(m.group(5)))
+    else:
+        res["received"] = 0
+    return res
+
+
+def _flannel0(addr_text: str, link_text: str) -> dict:
+    import re
+    out = {}
+    m = re.search(r"inet (\S+)", addr_text)
+    if m:
+        out["addr"] = m.group(1)
+    m = re.search(r"mtu (\d+)", link_text)
+    if m:
+        out["mtu"] = int(m.group(1))
+    m = re.search(r"qlen (\d+)", link_text)
+    if m:
+        out["qlen"] = int(m.group(1))
+    return out
+
+
+def _udp_socket(ss_text: str, port: int) -> str | None:
+    for line in ss_text.splitlines():
+        if f":{port} " in line:
+            return " ".join(line.split())
+    return None
