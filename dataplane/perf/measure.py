@@ -162,6 +162,12 @@ class CostWindow:
             "send_cpu_ns_per_packet": cpu_a / sent if sent and cpu_a is not None else None,
             "recv_cpu_ns_per_packet": cpu_b / written if written and cpu_b is not None else None,
         }
+        # The engines' own drop counters, per host, that moved.
+        for side in (a, b):
+            moved = {k: cnt1[side][k] - self.cnt0[side].get(k, 0) for k in cnt1[side]
+                     if k.startswith("drop_") and cnt1[side][k] - self.cnt0[side].get(k, 0) > 0}
+            if moved:
+                out.setdefault("engine_drops", {})[f"{side} engine"] = moved
         out["syscalls_per_packet"] = _sum(out["send_syscalls_per_packet"],
                                           out["recv_syscalls_per_packet"])
         out["cpu_ns_per_packet"] = _sum(out["send_cpu_ns_per_packet"],
@@ -177,13 +183,62 @@ def _sum(x, y):
     return None if x is None or y is None else x + y
 
 
+def drop_counters(topo: BenchTopo) -> dict:
+    """Where packets can be dropped, as counters: per host, the UDP MIB
+    (socket buffer overflows: the sink's or a forwarder's) and every device's
+    rx/tx drops (a full TUN queue shows as flannel0 tx dropped); and the
+    per-CPU backlog drops of /proc/net/softnet_stat (netdev_max_backlog)."""
+    out = {}
+    for side in topo.sides:
+        c = {}
+        snmp = side.run(["cat", "/proc/net/snmp"], check=False).stdout.splitlines()
+        for head, vals in zip(snmp[::2], snmp[1::2]):
+            if head.startswith("Udp:"):
+                for k, v in zip(head.split()[1:], vals.split()[1:]):
+                    if k in ("InErrors", "RcvbufErrors", "SndbufErrors", "NoPorts"):
+                        c[f"udp_{k}"] = int(v)
+        try:
+            links = json.loads(side.run(["ip", "-s", "-j", "link", "show"], check=False).stdout)
+        except ValueError:
+            links = []
+        for link in links:
+            st = link.get("stats64") or link.get("stats") or {}
+            for d in ("rx", "tx"):
+                c[f"{link.get('ifname')}_{d}_dropped"] = int(st.get(d, {}).get("dropped", 0))
+        out[side.name] = c
+    try:
+        with open("/proc/net/softnet_stat") as f:
+            out["softnet"] = {f"cpu{i}_backlog_dropped": int(line.split()[1], 16)
+                              for i, line in enumerate(f)}
+    except OSError:
+        pass
+    return out
+
+
+def drop_delta(before: dict, after: dict) -> dict:
+    """Counters that moved, as {where: {counter: delta}}."""
+    out = {}
+    for where, counters in after.items():
+        moved = {k: v - before.get(where, {}).get(k, 0) for k, v in counters.items()
+                 if v - before.get(where, {}).get(k, 0) > 0}
+        if moved:
+            out[where] = moved
+    return out
+
+
 def flood(topo: BenchTopo, tools: Tools, path: Path, *, size: int, duration: float,
           quiet_since: float) -> dict:
-    """A flood trial, with the forwarders' cost measured over it."""
+    """A flood trial, with the forwarders' cost and the drop counters
+    measured over it."""
     cost = CostWindow(path)
     cost.start(quiet_since)
+    drops0 = drop_counters(topo)
     res = udp_trial(topo, tools, size=size, rate=0, duration=duration)
+    drops1 = drop_counters(topo)
     res["cost"] = cost.stop()
+    res["drops"] = drop_delta(drops0, drops1)
+    if res["cost"]:
+        res["drops"].update(res["cost"].pop("engine_drops", {}))
     return res
 
 

@@ -141,6 +141,11 @@ def run(paths=PATHS, profile: Profile = FULL, trials: int | None = None,
     return report.build(samples, paths, SIZES, machine)
 
 
+def _top_drops(drops: dict, n: int = 4) -> str:
+    flat = [(v, f"{where} {k}") for where, d in drops.items() for k, v in d.items()]
+    return ", ".join(f"{name} {v}" for v, name in sorted(flat, reverse=True)[:n])
+
+
 def _add(store: dict, size, key: str, value) -> None:
     store.setdefault(size, {}).setdefault(key, []).append(value)
 
@@ -176,6 +181,7 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, progress)
                 # The flood lost nothing: the generator, not the path, was the
                 # limit, and the no-drop rate is a lower bound.
                 _add(out, size, "generator_limited", fl["loss"] < measure.LOSS_LIMIT)
+                _add(out, size, "flood_drops", fl["drops"])
                 _add(out, size, "cpu_ns_per_packet", cost.get("cpu_ns_per_packet"))
                 _add(out, size, "syscalls_per_packet", cost.get("syscalls_per_packet"))
                 for k in ("send_cpu_ns_per_packet", "recv_cpu_ns_per_packet",
@@ -188,6 +194,8 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, progress)
                             f"{cost['syscalls_per_packet']:.2f} syscalls per packet"
                             if cost.get("cpu_ns_per_packet") is not None
                             and cost.get("syscalls_per_packet") is not None else ""))
+                if fl["drops"]:
+                    progress(f"  drops: {_top_drops(fl['drops'])}")
                 nd = measure.ndr_search(topo, tools, size=size, flood_res=fl, steps=profile.steps,
                                         duration=profile.probe_s, progress=progress)
                 _add(out, size, "ndr_pps", nd["ndr_pps"])
