@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from .paths import Path, cpu_ns
-from .topo import ECHO_PORT, IPERF_PORT, SINK_PORT, BenchTopo, TopoError
+from .topo import ECHO_PORT, IPERF_PORT, SINK_PORT, BenchTopo
 
 log = logging.getLogger(__name__)
 
