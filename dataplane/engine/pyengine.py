@@ -93,6 +93,9 @@ class PyEngine(Engine):
     def __init__(self, tun_fd: int, udp_fd: int, tun_addr, mtu: int, port: int,
                  batch: int = DEFAULT_BATCH, accept_any: bool = True):
         super().__init__(tun_fd, udp_fd, tun_addr, mtu, port, batch, accept_any)
+        # Like the C binding, accept anything with a fileno() as well as ints.
+        tun_fd = self.tun_fd = tun_fd if isinstance(tun_fd, int) else tun_fd.fileno()
+        udp_fd = self.udp_fd = udp_fd if isinstance(udp_fd, int) else udp_fd.fileno()
         if tun_fd < 0 or udp_fd < 0 or tun_fd == udp_fd:
             raise OSError(errno.EBADF, "tun_fd and udp_fd must be two distinct open fds")
         self._c = [0] * len(STAT_NAMES)
@@ -105,6 +108,7 @@ class PyEngine(Engine):
         self._trace_seq = 0
         self._ring: collections.deque = collections.deque(maxlen=TRACE_RING)
         self._lock = threading.Lock()     # start/close only; never taken by the loop
+        self._wake_fd = None
 
         # Everything the loop needs is made here, once (like dp_loop_new).
         # TUN reads get exactly mtu bytes; UDP receives get mtu + 1, so a
@@ -139,8 +143,11 @@ class PyEngine(Engine):
             raise EngineClosed(errno.EBADF, "engine is closed")
 
     def _wake(self):
+        fd = self._wake_fd
+        if fd is None:                # closed meanwhile (stop() racing close())
+            return
         try:
-            os.eventfd_write(self._wake_fd, 1)
+            os.eventfd_write(fd, 1)
         except BlockingIOError:       # counter already non-zero: the loop will wake
             pass
 

@@ -10,7 +10,7 @@ import pytest
 
 from dataplane import ipv4
 from dataplane.engine import EngineClosed
-from tests.engine_harness import Harness, assert_forwarded, expect_only, subnet_host
+from tests.engine_harness import Harness, assert_forwarded, expect_only
 
 
 def udp_packet(src, dst, size=64, ttl=64, **kw):
