@@ -362,3 +362,37 @@ def test_trace_ring_keeps_the_newest_1024(engine_kind):
         assert len(ev) == 1024
         assert [e["seq"] for e in ev] == list(range(1400 - 1023, 1401))
         assert len(h.engine.trace_events(1390)) == 10
+
+
+def test_tun_peer_gone(engine_kind):
+    # The other end of the "TUN" closes: writes fail (ECONNREFUSED ->
+    # drop_tun_error, never retried), the loop keeps serving and stops promptly.
+    with Harness(engine_kind) as h:
+        p = h.add_peer()
+        h.set_routes([h.route("10.5.2.0/24", p)])
+        h._ep.unregister(h.tun_test.fileno())
+        h.tun_test.close()
+        h.inject_udp(p, *[udp_packet("10.5.2.3", "10.5.1.2", ident=i) for i in range(3)])
+        st = h.settle()
+        expect_only(st, udp_rx_packets=3, udp_rx_bytes=192, drop_tun_error=3)
+        t0 = time.monotonic()
+        h.engine.stop()
+        assert h.engine.join(2.0) and time.monotonic() - t0 < 1.0
+        h.tun_test = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)   # for close()
+
+
+def test_syscall_counters_add_up(engine_kind):
+    with Harness(engine_kind) as h:
+        p = h.add_peer()
+        h.set_routes([h.route("10.5.2.0/24", p)])
+        h.inject_tun(*[udp_packet("10.5.1.2", "10.5.2.3", ident=i) for i in range(100)])
+        h.inject_tun(udp_packet("10.5.1.2", "10.9.2.3"))                     # + one ICMP write
+        h.inject_udp(p, *[udp_packet("10.5.2.3", "10.5.1.2", ident=i) for i in range(100)])
+        st = h.settle()
+        parts = ("tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls")
+        assert st["syscalls"] >= sum(st[k] for k in parts)
+        assert st["tun_reads"] >= st["tun_rx_packets"] == 101          # + the EAGAIN reads
+        assert st["tun_writes"] == st["tun_tx_packets"] + 1 == 101
+        assert 1 <= st["udp_sends"] <= 100 and 1 <= st["udp_recvs"]
+        assert 1 <= st["tx_batches"] <= 101 and 1 <= st["rx_batches"] <= 100
+        assert st["polls"] >= 1
