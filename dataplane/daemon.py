@@ -131,8 +131,7 @@ class Daemon:
             except StartupError as e:
                 log.error("%s", e)
                 return 1
-            self._serve()
-            return 0
+            return self._serve()
         finally:
             self._shutdown()
             self._restore_signals()
@@ -527,14 +526,20 @@ class Daemon:
                 try:
                     self._reacquire_lease()
                 except _Stopped:
-                    break
+                    return 0
                 except StartupError as e:
                     log.error("%s; retrying in 5 s", e)
                     self._reacquire.set()
                     if self._stop.wait(5):
-                        break
+                        return 0
+            with self._lock:
+                engine = self.engine
+            if engine.join(0):
+                log.error("The %s forwarding engine stopped unexpectedly; exiting so that the "
+                          "service manager restarts the daemon (the lease is kept)", engine.name)
+                return 1
             try:
-                st = self.engine.stats()
+                st = engine.stats()
             except Exception:
                 continue
             bad = st.get("drop_bad_source", 0)
@@ -553,6 +558,7 @@ class Daemon:
                         log.info("Drops in the last %.0f s: %s", now - last_drop_log,
                                  ", ".join(f"{k[5:]}={v}" for k, v in sorted(delta.items())))
                 last_drops, last_drop_log = drops, now
+        return 0
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):
