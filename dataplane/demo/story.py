@@ -42,6 +42,10 @@ BURST_CHUNK = 100                    # sent back to back, then a short pause: re
 BURST_GAP_S = 0.002
 
 
+SYSCALL_NAMES = {"c": {"send": "sendmmsg()", "recv": "recvmmsg()"},
+                 "python": {"send": "sendto()", "recv": "recvfrom_into()"}}
+
+
 class DemoError(RuntimeError):
     pass
 
@@ -112,6 +116,10 @@ class Demo:
                             "compiler), or use --engine python")
         self.engine = engine
         self.result["engine"] = engine
+        # The C engine batches the UDP side (one sendmmsg/recvmmsg per batch); Python has
+        # neither call, so it makes one sendto()/recvfrom_into() per datagram.
+        self.sc = SYSCALL_NAMES[engine]
+        self.result["syscall_names"] = self.sc
         self.on_progress(f"starting etcd and two daemons (engine {engine}) ...")
         t = _now()
         # --trace switches on the engine's trace ring and serves it at /debug/trace.
@@ -321,20 +329,25 @@ class Demo:
                         "peer": hit["peer"], "port": hit["port"], "lease": lease,
                         "ttl_out": rd["packet"]["ttl"] - 1})
         wire = req.get("wire")
-        self.step("udp_send", "sendmmsg(): the packet becomes a UDP payload", host="A",
-                  side="user -> kernel", syscalls=[f"sendmmsg() ({snd['batch']} message(s))"],
+        self.step("udp_send", f"{self.sc['send']}: the packet becomes a UDP payload", host="A",
+                  side="user -> kernel",
+                  syscalls=[f"{self.sc['send']} ({snd['batch']} packet(s) in this batch)"],
                   copies=1,
                   why="The second crossing: the packet is copied into a new skb and the kernel "
                       f"puts an IPv4 header ({tr.OUTER_IP} B) and a UDP header ({tr.OUTER_UDP} B) "
                       f"in front: {tr.OVERHEAD} bytes of overhead, which is why flannel0's MTU is "
-                      "the interface MTU - 28. One sendmmsg() carries the whole batch.",
+                      "the interface MTU - 28. " + (
+                          "One sendmmsg() carries the whole batch." if self.engine == "c" else
+                          "Python has no sendmmsg(): one sendto() per packet of the batch."),
                   data={"outer": req["outer"], "batch": snd["batch"], "wire": wire,
                         "udp_sends": cA.get("udp_sends")})
         self.step("udp_recv", "B's engine receives the datagram", host="B",
-                  side="kernel -> user", syscalls=[f"recvmmsg() ({rcv['batch']} message(s))"],
+                  side="kernel -> user",
+                  syscalls=[f"{self.sc['recv']} ({rcv['batch']} datagram(s) in this batch)"],
                   copies=1,
                   why="The third crossing: B's kernel delivers the datagram to the daemon's "
-                      "socket and recvmmsg() copies the payload - the inner packet - out. The "
+                      f"socket and {self.sc['recv']} copies the payload - the inner packet - "
+                      "out. The "
                       "source is checked against the leases (--accept-from leases).",
                   data={"source": rcv["source"], "sport": rcv["sport"], "len": rcv["len"],
                         "batch": rcv["batch"], "packet": rcv["packet"],
@@ -349,16 +362,18 @@ class Demo:
                   data={"len": wr["len"], "packet": wr["packet"], "head": wr["head"],
                         "tun_writes": cB.get("tun_writes")})
         self.step("deliver", "B's kernel routes it to the workload", host="B", side="kernel",
-                  syscalls=["recvmsg() by ping's peer: the kernel answers the echo itself"],
-                  copies=0,
-                  why="Ordinary forwarding again, out of flannel0 into the workload's veth; the "
-                      "workload's kernel answers the echo request.",
+                  syscalls=[], copies=0,
+                  why="Ordinary forwarding again, out of flannel0 into the workload's veth. An "
+                      "echo request is answered by the workload's kernel itself; a UDP "
+                      "datagram would cost its application one recvfrom() and one copy, as on "
+                      "any path.",
                   data={"route_get": B["route_get"],
                         "ttl_at_workload": wr["packet"]["ttl"] - 1})
         rrd, rhit, rsnd, rrcv, rwr = (rep["tun_read"], rep["route_hit"], rep["udp_send"],
                                       rep["udp_recv"], rep["tun_write"])
         self.step("reply", "The reply takes the same path back", host="B -> A",
-                  side="both", syscalls=["read", "sendmmsg", "recvmmsg", "write"], copies=4,
+                  side="both", syscalls=["read()", self.sc["send"], self.sc["recv"], "write()"],
+                  copies=4,
                   why="Mirror image: B's engine reads the echo reply from its flannel0, looks "
                       "up A's lease, sends; A's engine receives it and writes it into A's "
                       "flannel0.",
@@ -386,7 +401,8 @@ class Demo:
                   why="Two packets (request and reply) went through each engine. With one "
                       "packet per wakeup nothing amortises: every packet pays an epoll_wait, "
                       "a read or recv that finds it, and one that finds EAGAIN.",
-                  data={"A": _cost_row(cA), "B": _cost_row(cB)})
+                  data={"A": _cost_row(cA), "B": _cost_row(cB), "engine": self.engine,
+                        "syscall_names": self.sc})
         bursts = {}
         engines = [self.engine]
         if self.compare_engines:
@@ -412,7 +428,8 @@ class Demo:
                       "to 64 datagrams per recvmmsg(). TUN reads and writes stay one per packet "
                       "- a TUN device has no batched read or write - so the floor is about one "
                       "syscall per packet on each side. The Python engine has no sendmmsg/"
-                      "recvmmsg: one sendto()/recv() per packet.",
+                      "recvmmsg: one sendto()/recvfrom_into() per packet, so it never gets "
+                      "below about two syscalls per packet.",
                   data={"bursts": bursts, "reference_flanneld": tr.FLANNELD_REFERENCE})
 
     def _wait_path(self, timeout: float = 15.0):
