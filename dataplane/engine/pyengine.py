@@ -406,24 +406,21 @@ class PyEngine(Engine):
             tracing = self._tracing
             peers = routes.peers
             need_src = tracing or not accept_any
-            k = 0
+            k = recvs = 0
             more = True
             while k < nbatch:
+                recvs += 1
                 try:
                     if need_src:
                         rx_len[k], rx_src[k] = recvfrom_into(rx_bufs[k], mtu1, DONTWAIT)
                     else:
                         rx_len[k] = recv_into(rx_bufs[k], mtu1, DONTWAIT)
-                except BlockingIOError:
+                except OSError:        # EAGAIN, or e.g. a pending ICMP error on the socket
                     more = False
                     break
-                except OSError:        # e.g. a pending ICMP error on the socket
-                    more = False
-                    break
-                finally:
-                    c[UDP_RECVS] += 1
-                    c[SYSCALLS] += 1
                 k += 1
+            c[UDP_RECVS] += recvs
+            c[SYSCALLS] += recvs
             if not k:
                 return False
             c[RX_BATCHES] += 1
