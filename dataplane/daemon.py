@@ -201,8 +201,6 @@ class Daemon:
         from .registry import Registry
         o = self.opts
         tls = bool(o.etcd_keyfile and o.etcd_certfile)
-        if not tls and not any(e.startswith("https://") for e in o.etcd_endpoints):
-            log.info("Connecting to etcd with http: %s", ",".join(o.etcd_endpoints))
         try:
             return Registry(o.etcd_endpoints, o.etcd_prefix,
                             keyfile=o.etcd_keyfile if tls else None,

@@ -28,6 +28,7 @@ def ov():
 @pytest.fixture
 def host(ov):
     h = ov.hosts[0]
+    ov.put_config(ov.config)          # each test starts from a valid config
     yield h
     ov.stop_daemon(h)
 
@@ -114,3 +115,16 @@ def test_interface_selection_rules(ov, host, flag, value):
     ov.start_daemon(host, args=(flag, value))
     assert f"Using interface with name {host.iface} and address {host.ip}" in \
         ov.daemon(host).log_text()
+
+
+def test_flanneld_env_vars_and_sigint(ov, host):
+    ov.put_config(ov.config)
+    ov.start_daemon(host, env={"FLANNELD_IPTABLES_FORWARD_RULES": "false",
+                               "FLANNELD_IP_MASQ": "true",
+                               "FLANNELD_HEALTHZ_PORT": "10300"})   # the command line wins
+    rules = ov.exec(host, ["iptables-save"]).stdout
+    assert "FLANNEL-FWD" not in rules and "FLANNEL-POSTRTG" in rules
+    assert ov.subnet_env(host)["FLANNEL_IPMASQ"] == "true"
+    assert ov.healthz(host) == (200, "flanneld is running")
+    assert ov.stop_daemon(host, sig=signal.SIGINT) == 0
+    assert "FLANNEL-POSTRTG" not in ov.exec(host, ["iptables-save"]).stdout
