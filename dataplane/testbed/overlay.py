@@ -339,6 +339,13 @@ class Overlay:
             raise OverlayError(f"{self.host(host).name}: /metrics answered {status}")
         return parse_metrics(body)
 
+    def trace_events(self, host, after: int = 0) -> list:
+        """The host's engine trace (daemon started with ``--trace``): events with seq > after."""
+        status, body = self.healthz(host, f"/debug/trace?after={int(after)}")
+        if status != 200:
+            raise OverlayError(f"{self.host(host).name}: /debug/trace answered {status}: {body}")
+        return json.loads(body)
+
     # -- teardown ---------------------------------------------------------------
     def close(self) -> None:
         errors = []
