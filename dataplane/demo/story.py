@@ -150,7 +150,7 @@ class Demo:
                 "subnet": str(ov.subnet(h)), "flannel0": ov.flannel_ip(h),
                 "subnet_env": env, "subnet_file": d.subnet_file, "daemon_pid": d.pid,
                 "daemon_argv": " ".join(ov.daemon_argv(h, engine)[2:]),
-                "routes": ov.exec(h, ["ip", "route"]).stdout.strip().splitlines(),
+                "routes": _lines(ov.exec(h, ["ip", "route"]).stdout),
                 "flannel0_link": _flannel0(ov.exec(h, ["ip", "-o", "addr", "show", "flannel0"])
                                            .stdout, ov.exec(h, ["ip", "-o", "link", "show",
                                                                 "flannel0"]).stdout),
@@ -188,9 +188,8 @@ class Demo:
             "ip", "route", "get", wa.ip, "from", wb.ip, "iif", wb.host_iface]).stdout)
         hosts["A"]["route_get_reply"] = tr.parse_route_get(ov.exec(a, [
             "ip", "route", "get", wa.ip, "from", wb.ip, "iif", "flannel0"]).stdout)
-        for role in ("A", "B"):
-            hosts[role]["routes"] = ov.exec(hosts_obj(self, role), ["ip", "route"]) \
-                .stdout.strip().splitlines()
+        for role, h in (("A", a), ("B", b)):
+            hosts[role]["routes_with_workload"] = _lines(ov.exec(h, ["ip", "route"]).stdout)
         self.step("workloads", "Workloads: one 'container' per host, on FLANNEL_SUBNET",
                   side="kernel", host="A+B",
                   why="A container host puts its workloads on a bridge addressed from "
@@ -515,8 +514,8 @@ class Demo:
         self.result["torn_down"] = True
 
 
-def hosts_obj(demo: Demo, role: str):
-    return demo.a if role == "A" else demo.b
+def _lines(text: str) -> list[str]:
+    return [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()]
 
 
 def _leg_summary(leg: dict) -> dict:

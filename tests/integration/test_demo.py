@@ -1,0 +1,267 @@
+"""`flannel-udp demo` end to end (root, real etcd): the story's numbers are the system's.
+
+Runs ``python -m dataplane demo --json`` once per engine (a real two-host
+overlay: etcd, two daemons with --trace, their leases) and checks that every
+step is there and that what it reports holds together and matches the running
+system: the TUN_READ length is the probe's real size, the peer is the other
+host's underlay address and its lease's PublicIP, the outer datagram is the
+inner + 28 (also as tapped on the wire), the counters are the daemons'
+/metrics deltas and agree with the trace events. Also: Ctrl-C tears everything
+down, and the renderer and the SVG take a real run's data.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.conftest import ENGINES, require_engine, require_etcd, require_root
+
+pytestmark = [pytest.mark.root, pytest.mark.etcd]
+
+STEPS = ["overlay", "workloads", "app_send", "kernel_route", "tun_read", "lookup", "udp_send",
+         "udp_recv", "tun_write", "deliver", "reply", "udp_packet", "ping_cost", "batching",
+         "summary"]
+KINDS = ("polls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs")
+
+
+def _netns_of(pid: int) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [ln.split()[0] for ln in out.splitlines() if ln.startswith(f"fu-{pid}-")]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def run(request):
+    require_root()
+    require_etcd()
+    require_engine(request.param)
+    if request.param == "python":
+        require_engine("c")          # the batching comparison runs both engines
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "dataplane", "demo", "--json", "--engine",
+                        request.param], capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, f"demo exited {p.returncode}:\n{p.stderr[-3000:]}"
+    result = json.loads(p.stdout)            # exactly one JSON object on stdout
+    return types.SimpleNamespace(kind=request.param, r=result, elapsed=elapsed, proc=p)
+
+
+def _step(r, sid):
+    return next(s for s in r["steps"] if s["id"] == sid)
+
+
+def test_runs_fast_and_tears_down(run):
+    assert run.elapsed < 50, f"the demo took {run.elapsed:.1f} s"
+    assert run.r["torn_down"] is True
+    for d in run.r["hosts"].values():
+        assert not os.path.exists(f"/proc/{d['daemon_pid']}"), "a daemon survived the demo"
+    # No namespace of the demo's run (its pid is the one that made them) is left.
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for d in run.r["hosts"].values():
+        assert d["netns"] not in left
+        assert d["workload"]["netns"] not in left
+
+
+def test_every_step_present_in_order(run):
+    assert [s["id"] for s in run.r["steps"]] == STEPS
+    assert [s["n"] for s in run.r["steps"]] == list(range(1, len(STEPS) + 1))
+    for s in run.r["steps"]:
+        assert s["title"] and s.get("side") and s.get("why"), s["id"]
+    assert run.r["engine"] == run.kind
+
+
+def test_leases_subnet_env_routes(run):
+    r = run.r
+    A, B = r["hosts"]["A"], r["hosts"]["B"]
+    leases = {l["subnet"]: l for l in r["leases"]}
+    assert set(leases) == {A["subnet"], B["subnet"]}
+    for h in (A, B):
+        lease = leases[h["subnet"]]
+        assert lease["public_ip"] == h["underlay_ip"] == lease["value"]["PublicIP"]
+        assert lease["key"].endswith("/subnets/" + h["subnet"].replace("/", "-"))
+        env = h["subnet_env"]
+        assert env["FLANNEL_NETWORK"] == r["network_config"]["Network"]
+        assert env["FLANNEL_SUBNET"].split("/")[0] == h["workload"]["gateway"]
+        assert int(env["FLANNEL_MTU"]) == h["flannel0_link"]["mtu"] == 1500 - 28
+        assert f"{r['network_config']['Network']} dev flannel0" in h["routes"]
+        assert h["flannel0_link"]["addr"] == f"{h['flannel0']}/32"
+        assert f"{h['underlay_ip']}:{r['port']}" in (h["socket"] or "")
+    # The kernel's choices, as `ip route get` printed them.
+    assert A["route_get"]["dev"] == "flannel0"
+    assert B["route_get"]["dev"] == B["workload"]["host_iface"]
+    assert A["route_get_workload"]["via"] == A["workload"]["gateway"]
+
+
+def _check_leg(r, leg, src_role, dst_role, expected_len, proto):
+    H = r["hosts"]
+    src, dst = H[src_role], H[dst_role]
+    rd, hit, snd, rcv, wr = (leg[k] for k in ("tun_read", "route_hit", "udp_send", "udp_recv",
+                                              "tun_write"))
+    # The bytes the engine read from the TUN are the real packet.
+    assert rd["len"] == expected_len == rd["packet"]["tot_len"]
+    assert rd["packet"]["src"] == src["workload"]["ip"]
+    assert rd["packet"]["dst"] == dst["workload"]["ip"]
+    assert rd["packet"]["proto"] == proto and rd["packet"]["checksum_ok"]
+    assert bytes.fromhex(rd["head"])[:1] == b"\x45"
+    # The lease-table lookup chose the other host: its underlay IP, its lease's PublicIP.
+    lease = next(l for l in r["leases"] if l["subnet"] == dst["subnet"])
+    assert hit["peer"] == dst["underlay_ip"] == lease["public_ip"]
+    assert hit["port"] == r["port"] == 8285
+    assert hit["prefixlen"] == int(dst["subnet"].split("/")[1])
+    # The outer datagram: inner + 28, from this host's underlay address and port.
+    assert snd["peer"] == dst["underlay_ip"] and snd["len"] == rd["len"] and snd["batch"] >= 1
+    o = leg["outer"]
+    assert (o["src"], o["sport"], o["dst"], o["dport"]) == (src["underlay_ip"], r["port"],
+                                                            dst["underlay_ip"], r["port"])
+    assert o["ip_len"] == rd["len"] + 28 and o["udp_len"] == rd["len"] + 8
+    wire = leg["wire"]
+    assert wire is not None, "the tap on A's veth did not see the datagram"
+    assert wire["outer"]["tot_len"] == rd["len"] + 28
+    assert wire["outer"]["src"] == src["underlay_ip"] and wire["outer"]["dst"] == dst["underlay_ip"]
+    assert wire["outer"]["udp"] == {"sport": r["port"], "dport": r["port"], "len": rd["len"] + 8}
+    assert wire["inner"]["id"] == rd["packet"]["id"]
+    assert wire["inner"]["ttl"] == rd["packet"]["ttl"] - 1        # after the sender's TTL - 1
+    # The receive on the other host and the write into its TUN.
+    assert rcv["source"] == src["underlay_ip"] and rcv["sport"] == r["port"]
+    assert rcv["len"] == rd["len"] and rcv["batch"] >= 1
+    assert rcv["packet"]["id"] == rd["packet"]["id"]
+    assert rcv["packet"]["ttl"] == rd["packet"]["ttl"] - 1
+    assert wr["len"] == rd["len"] and wr["packet"]["ttl"] == rd["packet"]["ttl"] - 2
+    assert wr["packet"]["checksum_ok"]
+
+
+def test_ping_followed(run):
+    r = run.r
+    ping = r["probes"]["ping"]
+    res = ping["result"]
+    assert res["received"] == 1 and res["rc"] == 0
+    assert res["expected_len"] == res["size"] + 8 + 20 == 84
+    _check_leg(r, ping["request"], "A", "B", res["expected_len"], "icmp")
+    _check_leg(r, ping["reply"], "B", "A", res["expected_len"], "icmp")
+    assert ping["request"]["tun_read"]["packet"]["icmp"]["type"] == 8
+    assert ping["reply"]["tun_read"]["packet"]["icmp"]["type"] == 0
+    # ping's reply TTL: 64 - (A's kernel, engine B... ) = two kernel hops + two engine hops.
+    assert res["ttl"] == 64 - 4
+    assert _step(r, "lookup")["data"]["lease"]["public_ip"] == r["hosts"]["B"]["underlay_ip"]
+
+
+def test_udp_followed(run):
+    r = run.r
+    udp = r["probes"]["udp"]
+    res = udp["result"]
+    assert res["received"] == res["sent"] == len(res["payload"].encode()) and res["same"]
+    assert res["expected_len"] == res["sent"] + 28
+    _check_leg(r, udp["request"], "A", "B", res["expected_len"], "udp")
+    _check_leg(r, udp["reply"], "B", "A", res["expected_len"], "udp")
+    assert udp["request"]["tun_read"]["packet"]["udp"]["dport"] == res["dport"]
+
+
+@pytest.mark.parametrize("probe", ["ping", "udp"])
+def test_counters_are_metrics_deltas_and_match_the_trace(run, probe):
+    p = run.r["probes"][probe]
+    length = p["result"]["expected_len"]
+    for role in ("A", "B"):
+        before, after, d = p["stats_before"][role], p["stats_after"][role], p["counters"][role]
+        assert d == {k: after[k] - before.get(k, 0) for k in after}
+        # One packet each way through each engine, nothing else.
+        for k in ("tun_rx_packets", "udp_tx_packets", "udp_rx_packets", "tun_tx_packets"):
+            assert d[k] == 1, (role, k, d)
+        for k in ("tun_rx_bytes", "udp_tx_bytes", "udp_rx_bytes", "tun_tx_bytes"):
+            assert d[k] == length, (role, k, d)
+        assert all(v == 0 for k, v in d.items() if k.startswith("drop_")), d
+        # Syscall counters: non-zero, and the total covers every kind.
+        assert d["syscalls"] > 0 and d["tun_reads"] >= 1 and d["tun_writes"] == 1
+        assert d["udp_sends"] >= 1 and d["udp_recvs"] >= 1 and d["polls"] >= 1
+        assert d["syscalls"] >= sum(d[k] for k in KINDS)
+        # The trace events in the window are the same packets the counters saw.
+        ev = p["events"][role]
+        kinds = [e["kind"] for e in ev]
+        assert kinds.count("tun_read") == d["tun_rx_packets"]
+        assert kinds.count("udp_recv") == d["udp_rx_packets"]
+        assert kinds.count("tun_write") == d["tun_tx_packets"]
+        assert kinds.count("route_hit") == d["tun_rx_packets"]
+        assert sum(1 for e in ev if e["kind"] == "udp_send") >= 1
+        assert all(e["seq"] > p["cursor"][role] for e in ev)
+    cost = _step(run.r, "ping_cost")["data"] if probe == "ping" else None
+    if cost:
+        assert cost["A"]["syscalls"] == p["counters"]["A"]["syscalls"]
+
+
+def test_batching_measured_for_both_engines(run):
+    bursts = run.r["bursts"]
+    assert set(bursts) == {"c", "python"}
+    for kind, b in bursts.items():
+        assert b["sent"] > 0 and b["received"] > 0
+        for side, n_key in (("send_side", "tun_rx_packets"), ("receive_side", "udp_rx_packets")):
+            s = b[side]
+            host = "A" if side == "send_side" else "B"
+            d = b["counters"][host]
+            assert s["packets"] == d[n_key] > 0
+            assert s["syscalls"] == d["syscalls"] > 0
+            assert abs(s["syscalls_per_packet"] - d["syscalls"] / d[n_key]) < 0.01
+            assert d == {k: b["stats_after"][host][k] - b["stats_before"][host].get(k, 0)
+                         for k in b["stats_after"][host]}
+        send = b["counters"]["A"]
+        if kind == "c":
+            # sendmmsg: fewer send calls than packets once packets queue up.
+            assert send["udp_sends"] < send["udp_tx_packets"]
+        else:
+            # Python has no sendmmsg: one sendto() per packet.
+            assert send["udp_sends"] >= send["udp_tx_packets"]
+        # A TUN has no batched read: at least one read() per packet.
+        assert send["tun_reads"] >= send["tun_rx_packets"]
+    measured = {m["engine"]: m for m in run.r["summary"]["measured"]}
+    assert measured["c"]["send"] == bursts["c"]["send_side"]["syscalls_per_packet"]
+    model = {m["short"]: m for m in run.r["summary"]["model"]}
+    assert model["TUN + UDP"]["copies"] == 4 and model["TUN + UDP"]["bytes_added"] == 28
+
+
+def test_renderer_and_svg_take_the_real_run(run):
+    from rich.console import Console
+
+    from dataplane.demo import svg
+    from dataplane.demo.render import Renderer
+    buf = io.StringIO()
+    rnd = Renderer(Console(file=buf, width=100, no_color=True, highlight=False))
+    rnd.demo = types.SimpleNamespace(result=run.r)
+    for s in run.r["steps"]:
+        rnd.on_step(s)
+    text = buf.getvalue()
+    rd = run.r["probes"]["ping"]["request"]["tun_read"]
+    assert f"{rd['len']} bytes = {rd['packet']['summary']}" in text
+    assert f"{rd['len'] + 28} bytes" in text and "28 bytes" in text
+    assert run.r["hosts"]["B"]["underlay_ip"] in text
+    ET.fromstring(svg.render(run.r))       # well-formed SVG
+
+
+def test_ctrl_c_tears_everything_down(tmp_path):
+    require_root()
+    require_etcd()
+    out = tmp_path / "demo.out"
+    with open(out, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "dataplane", "demo", "--engine", "python",
+                              "--one-engine"], stdout=f, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "Workloads" not in out.read_text() and time.monotonic() < deadline \
+                and p.poll() is None:
+            time.sleep(0.1)
+        assert "Workloads" in out.read_text(), out.read_text()
+        assert _netns_of(p.pid), "the demo's namespaces should exist while it runs"
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc == 130, out.read_text()[-2000:]
+    assert "interrupted" in out.read_text()
+    assert _netns_of(p.pid) == []
