@@ -220,6 +220,13 @@ def test_batching_measured_for_both_engines(run):
         assert send["tun_reads"] >= send["tun_rx_packets"]
     measured = {m["engine"]: m for m in run.r["summary"]["measured"]}
     assert measured["c"]["send"] == bursts["c"]["send_side"]["syscalls_per_packet"]
+    rows = {m["short"]: m for m in run.r["summary"]["rows"]}
+    for kind in ("c", "python"):
+        s = bursts[kind]
+        assert rows[f"{kind} burst"]["syscalls"] == round(
+            s["send_side"]["syscalls_per_packet"] + s["receive_side"]["syscalls_per_packet"], 2)
+    cA, cB = (run.r["probes"]["ping"]["counters"][h] for h in "AB")
+    assert rows["one ping"]["syscalls"] == round(cA["syscalls"] / 2 + cB["syscalls"] / 2, 2)
     model = {m["short"]: m for m in run.r["summary"]["model"]}
     assert model["TUN + UDP"]["copies"] == 4 and model["TUN + UDP"]["bytes_added"] == 28
 
