@@ -179,7 +179,8 @@ class Renderer:
     def _s_kernel_route(self, step, d):
         self.kv("ip route get", d["route_get"].get("text"), style="blue")
         self.kv("matching route", d.get("route"))
-        self.kv("TTL", f"{d['ttl_after_forward']} (the kernel forwarded it: 64 - 1)")
+        ttl = d["ttl_after_forward"]
+        self.kv("TTL", f"{ttl} (the kernel forwarded it: {ttl + 1} - 1)")
 
     def _s_tun_read(self, step, d):
         p = d["packet"]
@@ -232,8 +233,8 @@ class Renderer:
 
     def _s_deliver(self, step, d):
         self.kv("ip route get", d["route_get"].get("text"), style="blue")
-        self.kv("TTL at the workload", f"{d['ttl_at_workload']}: 64 minus two kernel hops and "
-                "two engine hops")
+        self.kv("TTL at the workload", f"{d['ttl_at_workload']} = {d['ttl_at_workload'] + 4} "
+                "minus two kernel hops and two engine hops")
 
     def _s_reply(self, step, d):
         rd, hit, snd, rcv, wr = (d["tun_read"], d["route_hit"], d["udp_send"], d["udp_recv"],
@@ -304,6 +305,8 @@ class Renderer:
         ref = d["reference_flanneld"]
         self.kv("flanneld's loop", f"{ref['send']:.2f} / {ref['receive']:.2f} syscalls per "
                 "packet (send / receive; poll + one read/write per packet; DESIGN.md)")
+        for kind, why in (d.get("skipped") or {}).items():
+            self.kv(f"{kind} engine", f"not measured: {why}", style="dim")
         first = next(iter(d["bursts"].values()), None)
         if first:
             self.kv("load", f"{first['sent']} datagrams of {first['ip_len']} B from A's "
@@ -378,9 +381,9 @@ class Renderer:
                 f"{B['workload']['host_iface']}", "kernel"),
             row("     |  flannel0 (TUN) queue", "     ^  flannel0 (TUN)", "kernel"),
             bnd,
-            row("     v  read()        copy 1", "     ^  write()       copy 4", "user"),
+            row("     v  read()          copy 1", "     ^  write()         copy 4", "user"),
             row("  [engine: lookup lease, TTL-1]", "  [engine: check source, TTL-1]", "user"),
-            row(f"     v  {sc['send']:<13}copy 2", f"     ^  {sc['recv']:<13}copy 3", "user"),
+            row(f"     v  {sc['send']:<16}copy 2", f"     ^  {sc['recv']:<16}copy 3", "user"),
             bnd,
             row(f"     v  UDP {A['underlay_ip']}:{port}", f"     ^  socket {B['underlay_ip']}:"
                 f"{port}", "kernel"),

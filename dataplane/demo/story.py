@@ -406,13 +406,15 @@ class Demo:
                       f"{_per(cB)} on B.",
                   data={"A": _cost_row(cA), "B": _cost_row(cB), "engine": self.engine,
                         "syscall_names": self.sc})
-        bursts = {}
+        bursts, skipped = {}, {}
         engines = [self.engine]
         if self.compare_engines:
-            from ..engine import c_available
+            from ..engine import c_available, c_import_error
             other = "python" if self.engine == "c" else "c"
             if other == "python" or c_available():
                 engines.append(other)
+            else:
+                skipped["c"] = f"the C engine is not built ({c_import_error()})"
         for i, kind in enumerate(engines):
             if i:
                 self.on_progress(f"restarting both daemons with the {kind} engine (the leases "
@@ -433,7 +435,8 @@ class Demo:
                       "syscall per packet on each side. The Python engine has no sendmmsg/"
                       "recvmmsg: one sendto()/recvfrom_into() per packet, so it never gets "
                       "below about two syscalls per packet.",
-                  data={"bursts": bursts, "reference_flanneld": tr.FLANNELD_REFERENCE})
+                  data={"bursts": bursts, "skipped": skipped,
+                        "reference_flanneld": tr.FLANNELD_REFERENCE})
 
     def _wait_path(self, timeout: float = 15.0):
         wa, wb = self.workloads["A"], self.workloads["B"]
