@@ -18,7 +18,6 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from . import trace as tr
 
 SIDE_STYLE = {"user": "green", "kernel": "blue", "kernel -> user": "yellow",
               "user -> kernel": "yellow", "control plane": "magenta", "both": "cyan"}
@@ -403,4 +402,4 @@ def tr_json(v) -> str:
     return json.dumps(v, separators=(",", ":")) if v is not None else "?"
 
 
-__all__ = ["Renderer", "make_console", "tr"]
+__all__ = ["Renderer", "make_console"]

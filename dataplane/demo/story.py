@@ -26,7 +26,6 @@ import ipaddress
 import json
 import logging
 import os
-import sys
 import time
 
 from . import lab
