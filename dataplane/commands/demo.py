@@ -89,7 +89,10 @@ def main(args) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: everything the demo started has been removed", file=sys.stderr)
         return 130
-    except DemoError as e:
+    except Exception as e:   # DemoError, a daemon that did not come up (OverlayError), ...
+        if args.verbose or not isinstance(e, (DemoError, RuntimeError, OSError)):
+            import traceback
+            traceback.print_exc()
         print(f"demo failed: {e}\n(everything it started has been removed)", file=sys.stderr)
         return 1
     finally:

@@ -316,14 +316,18 @@ class Renderer:
                   "applications' own", style="dim")
         self.line("  send() and recv() (1 syscall + 1 copy each, the same on every path):",
                   style="dim")
-        t = self._table("path", "extra copies", "extra syscalls", "bytes added")
+        t = self._table("path", "crossings", "copies", "syscalls", "bytes added")
         for m in d["rows"]:
             sc = m["syscalls"]
-            t.add_row(m["path"], str(m["copies"]),
+            t.add_row(m["path"], _num(m["crossings"]), _num(m["copies"]),
                       (f"{sc:.2f}" if isinstance(sc, float) else f"{sc} + wakeups" if sc
                        else "0"),
                       str(m["bytes_added"]), style="yellow" if m.get("measured") else None)
         self.table(t)
+        self.kv("crossings", "times the packet itself goes from kernel to user space or back")
+        self.kv("copies", "times its bytes are copied on the way (one per crossing)")
+        self.kv("syscalls", "user -> kernel -> user round trips of the forwarder for it; "
+                "measured rows: from the engine counters (send side + receive side)")
         for m in d["model"]:
             self.kv(m["short"], m["why"])
 
@@ -395,6 +399,10 @@ class Renderer:
                      "boundary": "yellow"}[kind]
             self.c.print(Text(text, style=style))
         self.c.print()
+
+
+def _num(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def tr_json(v) -> str:

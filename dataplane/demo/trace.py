@@ -279,17 +279,18 @@ def per_packet(d: dict, side: str) -> dict:
 
 #: What one packet from an application on A to one on B costs, beyond the two
 #: applications' own send()/recv() (1 syscall + 1 copy each, the same on every path).
-#: "copies": times the packet's bytes are copied between kernel and user memory;
+#: "crossings": times the packet itself crosses the user/kernel boundary;
+#: "copies": times its bytes are copied between kernel and user memory (one per crossing);
 #: "syscalls": user->kernel->user round trips made for this packet by someone else
 #: than the applications (the forwarder), without batching.
 COST_MODEL = [
-    {"path": "direct routing (host-gw)", "short": "direct routing", "copies": 0,
+    {"path": "direct routing (host-gw)", "short": "direct routing", "crossings": 0, "copies": 0,
      "syscalls": 0, "bytes_added": 0,
      "why": "the kernel routes the packet from veth to veth; nothing in user space"},
-    {"path": "kernel VXLAN (flannel vxlan)", "short": "kernel VXLAN", "copies": 0,
+    {"path": "kernel VXLAN (flannel vxlan)", "short": "kernel VXLAN", "crossings": 0, "copies": 0,
      "syscalls": 0, "bytes_added": VXLAN_OVERHEAD,
      "why": "encapsulation is a header pushed in front of the same buffer (skb), in the kernel"},
-    {"path": "TUN + UDP in user space, unbatched", "short": "TUN + UDP", "copies": 4,
+    {"path": "TUN + UDP in user space, unbatched", "short": "TUN + UDP", "crossings": 4, "copies": 4,
      "syscalls": 4, "bytes_added": OVERHEAD,
      "why": "A: read() from flannel0 (copy out) + sendmmsg() (copy in); "
             "B: recvmmsg() (copy out) + write() into flannel0 (copy in); plus the wakeups. "

@@ -227,6 +227,11 @@ def test_batching_measured_for_both_engines(run):
             s["send_side"]["syscalls_per_packet"] + s["receive_side"]["syscalls_per_packet"], 2)
     cA, cB = (run.r["probes"]["ping"]["counters"][h] for h in "AB")
     assert rows["one ping"]["syscalls"] == round(cA["syscalls"] / 2 + cB["syscalls"] / 2, 2)
+    # Copies measured from the byte counters: every packet is copied out of and back into the
+    # kernel once on each host, whatever the batching.
+    for short in ("one ping", "c burst", "python burst"):
+        assert rows[short]["copies"] == 4 and rows[short]["crossings"] == 4, rows[short]
+    assert rows["one ping"]["bytes_added"] == 28
     model = {m["short"]: m for m in run.r["summary"]["model"]}
     assert model["TUN + UDP"]["copies"] == 4 and model["TUN + UDP"]["bytes_added"] == 28
 
