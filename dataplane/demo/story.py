@@ -78,10 +78,8 @@ class Demo:
         return tr.stats_from_metrics(self.ov.metrics(host))
 
     def _trace(self, host, after: int = 0) -> list:
-        status, body = self.ov.healthz(host, f"/debug/trace?after={after}")
-        if status != 200:
-            raise DemoError(f"{host.name}: /debug/trace answered {status}: {body.strip()}")
-        return json.loads(body)
+        # The daemon's GET /debug/trace: the engine's own trace ring, head bytes in hex.
+        return self.ov.trace_events(host, after=after)
 
     def _last_seq(self, host) -> int:
         ev = self._trace(host)

@@ -277,3 +277,27 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     assert rc == 130, out.read_text()[-2000:]
     assert "interrupted" in out.read_text()
     assert _netns_of(p.pid) == []
+
+
+def test_error_midway_tears_everything_down(monkeypatch):
+    """A step that fails after the overlay and the workloads are up still removes them all."""
+    require_root()
+    require_etcd()
+    from dataplane.demo import story
+
+    seen = {}
+
+    def boom(self):
+        seen["hosts"] = {k: dict(v) for k, v in self.result["hosts"].items()}
+        seen["netns"] = list(self.ov.tb.namespaces())
+        raise story.DemoError("made to fail for the test")
+    monkeypatch.setattr(story.Demo, "_probe_udp", boom)
+    d = story.Demo("python", compare_engines=False)
+    with pytest.raises(story.DemoError, match="made to fail"):
+        d.run()
+    assert d.result["torn_down"] is True and d.ov is None
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = seen["netns"] + [h["workload"]["netns"] for h in seen["hosts"].values()]
+    assert len(names) == 5 and not [n for n in names if n in left]
+    for h in seen["hosts"].values():
+        assert not os.path.exists(f"/proc/{h['daemon_pid']}")
