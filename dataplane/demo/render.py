@@ -199,7 +199,8 @@ class Renderer:
         self.kv("lease", f"{lease.get('key', '?')} = {tr_json(lease.get('value'))}")
         self.kv("chosen peer", f"{d['peer']}:{d['port']}  (the lease's PublicIP, Backend.Port)",
                 style="green")
-        self.kv("TTL", f"{d['ttl_out'] + 1} -> {d['ttl_out']}, checksum patched (RFC 1624)")
+        self.kv("TTL", f"{d['ttl_out'] + 1} -> {d['ttl_out']}; checksum 0x{d['checksum_in']:04x} "
+                f"-> 0x{d['checksum_out']:04x}, patched, not recomputed (RFC 1624)")
 
     def _s_udp_send(self, step, d):
         o = d["outer"]
@@ -252,6 +253,23 @@ class Renderer:
         if d.get("wire"):
             self.kv("on the wire (tap)", d["wire"]["outer"]["summary"], style="blue")
         self.kv("ping says", f"reply ttl={d.get('reply_ttl')}, time={d.get('rtt_ms')} ms")
+        tl = d.get("timeline") or {}
+        if tl.get("events"):
+            t = self._table("t (us)", "+ (us)", "host", "engine event", "packet")
+            for e in tl["events"]:
+                t.add_row(f"{e['t_us']:.1f}", f"{e['delta_us']:.1f}", e["host"],
+                          f"{e['event']}: {e['call']} returned", e["packet"])
+            self.table(t)
+            self.kv("timeline", f"{tl['total_us']:.0f} us from A's read of the request to A's "
+                    "write of the reply returning, by the engines' own clocks (one kernel, one "
+                    "clock)")
+            self.kv("reading it", "each event is stamped when its call returns, and a call "
+                    "that hands a packet to the kernel returns only after the kernel has carried "
+                    "it on - through veth, bridge, the other host's stack, sometimes up to the "
+                    "workload - in softirq work on the caller's CPU. A gap is mostly kernel work "
+                    "inside the call that ends it."
+                    + (" Here a send even returned after the other host had received the "
+                       "datagram." if tl.get("reordered") else ""), style="yellow")
 
     def _s_udp_packet(self, step, d):
         res = d["result"]

@@ -325,7 +325,9 @@ class Demo:
                       "update, in place. No syscall, no copy.",
                   data={"dst": rd["packet"]["dst"], "prefixlen": hit["prefixlen"],
                         "peer": hit["peer"], "port": hit["port"], "lease": lease,
-                        "ttl_out": rd["packet"]["ttl"] - 1})
+                        "ttl_out": rd["packet"]["ttl"] - 1,
+                        "checksum_in": rd["packet"]["checksum"],
+                        "checksum_out": rcv["packet"]["checksum"]})
         wire = req.get("wire")
         self.step("udp_send", f"{self.sc['send']}: the packet becomes a UDP payload", host="A",
                   side="user -> kernel",
@@ -378,7 +380,8 @@ class Demo:
                   data={"tun_read": rrd, "route_hit": rhit, "udp_send": rsnd, "udp_recv": rrcv,
                         "tun_write": rwr, "outer": rep["outer"], "wire": rep.get("wire"),
                         "rtt_ms": ping["result"].get("rtt_ms"),
-                        "reply_ttl": ping["result"].get("ttl")})
+                        "reply_ttl": ping["result"].get("ttl"),
+                        "timeline": _timeline(req, rep, self.sc)})
 
         # The UDP packet: the same steps, shown as one table.
         ureq, urep = self._legs("udp", "udp")
@@ -549,6 +552,40 @@ class Demo:
             self.ov.close()
             self.ov = None
         self.result["torn_down"] = True
+
+
+def _timeline(req: dict, rep: dict, sc: dict) -> dict:
+    """The ping's trip as the two engines timed it, in time order.
+
+    Both daemons run on one kernel, so their CLOCK_MONOTONIC stamps compare
+    directly. Each event is stamped when its syscall has returned; ``reordered``
+    says whether time order differs from path order (it does when a send call
+    returns only after the kernel has already delivered the datagram on the
+    other side: on this testbed veth -> bridge -> veth runs inside the sender's
+    syscall, as softirq work on its way out)."""
+    marks = [("A", "TUN_READ", "read()", req, "tun_read"),
+             ("A", "UDP_SEND", sc["send"], req, "udp_send"),
+             ("B", "UDP_RECV", sc["recv"], req, "udp_recv"),
+             ("B", "TUN_WRITE", "write()", req, "tun_write"),
+             ("B", "TUN_READ", "read()", rep, "tun_read"),
+             ("B", "UDP_SEND", sc["send"], rep, "udp_send"),
+             ("A", "UDP_RECV", sc["recv"], rep, "udp_recv"),
+             ("A", "TUN_WRITE", "write()", rep, "tun_write")]
+    events = []
+    for order, (host, kind, call, leg, key) in enumerate(marks):
+        ts = leg.get(key, {}).get("ts_ns")
+        if ts is not None:
+            events.append({"host": host, "event": kind, "call": call, "path_order": order,
+                           "packet": "request" if leg is req else "reply", "ts_ns": ts})
+    events.sort(key=lambda e: e["ts_ns"])
+    t0 = prev = events[0]["ts_ns"] if events else 0
+    for e in events:
+        e["t_us"] = round((e["ts_ns"] - t0) / 1e3, 1)
+        e["delta_us"] = round((e["ts_ns"] - prev) / 1e3, 1)
+        prev = e["ts_ns"]
+    order = [e["path_order"] for e in events]
+    return {"events": events, "reordered": order != sorted(order),
+            "total_us": events[-1]["t_us"] if events else None}
 
 
 def _copied(c: dict) -> int:

@@ -153,6 +153,24 @@ def test_ping_followed(run):
     assert _step(r, "lookup")["data"]["lease"]["public_ip"] == r["hosts"]["B"]["underlay_ip"]
 
 
+def test_timeline_is_causal(run):
+    """Both daemons stamp events with the one kernel's CLOCK_MONOTONIC: what must come first does."""
+    tl = _step(run.r, "reply")["data"]["timeline"]
+    ev = tl["events"]
+    assert len(ev) == 8 and ev[0]["t_us"] == 0 and tl["total_us"] == ev[-1]["t_us"]
+    assert [e["t_us"] for e in ev] == sorted(e["t_us"] for e in ev)
+    ts = {(e["host"], e["event"], e["packet"]): e["ts_ns"] for e in ev}
+    for host in "AB":        # one engine thread per host: its own events in path order
+        mine = [e["path_order"] for e in ev if e["host"] == host]
+        assert mine == sorted(mine), host
+    assert ts[("A", "TUN_READ", "request")] < ts[("B", "UDP_RECV", "request")]
+    assert ts[("B", "TUN_READ", "reply")] < ts[("A", "UDP_RECV", "reply")]
+    rtt_us = run.r["probes"]["ping"]["result"]["rtt_ms"] * 1e3
+    # ping stamps its request before A reads it and its reply after A has received it.
+    inside = (ts[("A", "UDP_RECV", "reply")] - ts[("A", "TUN_READ", "request")]) / 1e3
+    assert 0 < inside < rtt_us + 50
+
+
 def test_udp_followed(run):
     r = run.r
     udp = r["probes"]["udp"]
