@@ -277,6 +277,10 @@ class Renderer:
                 f"({res['payload']!r}) -> IP packet {res['expected_len']} B; echo "
                 f"{'received' if res.get('received') else 'LOST'} in "
                 f"{res.get('rtt_ms', 0):.2f} ms")
+        app = res.get("app_received")
+        if app:
+            self.kv("B's application", f"recvfrom() got {app['len']} bytes from {app['from']}:"
+                    f"{app['sport']} - the workload's own address: no NAT, the overlay is flat")
         t = self._table("leg", "TUN_READ", "ROUTE_HIT peer", "UDP_SEND", "outer (+28)",
                         "TUN_WRITE", "on the wire")
         for name, leg in (("A -> B", d["request"]), ("B -> A", d["reply"])):

@@ -74,8 +74,12 @@ class Demo:
         self.on_step(s)
         return s
 
-    def _stats(self, host) -> dict:
-        return tr.stats_from_metrics(self.ov.metrics(host))
+    def _stats(self, host, raw: dict | None = None) -> dict:
+        """The engine counters, as the daemon exports them on GET /metrics."""
+        m = self.ov.metrics(host)
+        if raw is not None:
+            raw.update({k: v for k, v in m.items() if k.startswith("flannel_udp_")})
+        return tr.stats_from_metrics(m)
 
     def _trace(self, host, after: int = 0) -> list:
         # The daemon's GET /debug/trace: the engine's own trace ring, head bytes in hex.
@@ -197,7 +201,7 @@ class Demo:
 
         # The wire tap and the echo service.
         self.tap = lab.Tap(ov, a, self.port, os.path.join(ov.tb.workdir, "tap.jsonl"))
-        echo_out = os.path.join(ov.tb.workdir, "echo.out")
+        echo_out = self.echo_out = os.path.join(ov.tb.workdir, "echo.out")
         p = wb.popen([lab.PY, "-c", lab.UDP_ECHO, str(lab.ECHO_PORT), "50"], echo_out)
         if not lab.wait_file_line(echo_out, "ready", proc=p):
             raise DemoError("the UDP echo service in B's workload did not start")
@@ -209,12 +213,14 @@ class Demo:
         """Counters and trace cursors before/after ``send()`` on both hosts."""
         a, b = self.a, self.b
         cur = {"A": self._last_seq(a), "B": self._last_seq(b)}
-        before = {"A": self._stats(a), "B": self._stats(b)}
+        raw_before, raw_after = {"A": {}, "B": {}}, {"A": {}, "B": {}}
+        before = {"A": self._stats(a, raw_before["A"]), "B": self._stats(b, raw_before["B"])}
         out = send()
         time.sleep(0.15)             # let the loops finish their EAGAIN reads and polls
-        after = {"A": self._stats(a), "B": self._stats(b)}
+        after = {"A": self._stats(a, raw_after["A"]), "B": self._stats(b, raw_after["B"])}
         events = {"A": self._trace(a, cur["A"]), "B": self._trace(b, cur["B"])}
         return {"result": out, "stats_before": before, "stats_after": after,
+                "metrics_before": raw_before, "metrics_after": raw_after,
                 "counters": {k: tr.delta(before[k], after[k]) for k in before},
                 "events": events, "cursor": cur}
 
@@ -245,6 +251,12 @@ class Demo:
         win = self._window(send)
         win["result"].update(payload=UDP_TEXT, expected_len=len(UDP_TEXT.encode()) + 8 + 20,
                              dport=lab.ECHO_PORT)
+        # What B's application saw: the echo service logs each datagram it answers.
+        with open(self.echo_out) as f:
+            seen = [ln.split() for ln in f if ln.startswith("echo ")]
+        if seen:
+            _, ip, port, n = seen[-1]
+            win["result"]["app_received"] = {"from": ip, "sport": int(port), "len": int(n)}
         self.result["probes"]["udp"] = win
         if not win["result"].get("received"):
             raise DemoError(f"the UDP packet from {wa.ip} to {wb.ip}:{lab.ECHO_PORT} got no "

@@ -180,6 +180,10 @@ def test_udp_followed(run):
     _check_leg(r, udp["request"], "A", "B", res["expected_len"], "udp")
     _check_leg(r, udp["reply"], "B", "A", res["expected_len"], "udp")
     assert udp["request"]["tun_read"]["packet"]["udp"]["dport"] == res["dport"]
+    app = res["app_received"]
+    assert app == {"from": r["hosts"]["A"]["workload"]["ip"], "sport": res["sport"],
+                   "len": res["sent"]}
+    assert udp["request"]["tun_read"]["packet"]["udp"]["sport"] == res["sport"]
 
 
 @pytest.mark.parametrize("probe", ["ping", "udp"])
@@ -208,6 +212,19 @@ def test_counters_are_metrics_deltas_and_match_the_trace(run, probe):
         assert kinds.count("route_hit") == d["tun_rx_packets"]
         assert sum(1 for e in ev if e["kind"] == "udp_send") >= 1
         assert all(e["seq"] > p["cursor"][role] for e in ev)
+    # ... and they are the daemons' /metrics, read here by the exported names.
+    names = {"syscalls": "flannel_udp_syscalls_total",
+             "tun_reads": 'flannel_udp_syscalls_by_kind_total{kind="tun_reads"}',
+             "udp_sends": 'flannel_udp_syscalls_by_kind_total{kind="udp_sends"}',
+             "polls": 'flannel_udp_syscalls_by_kind_total{kind="polls"}',
+             "tun_rx_packets": 'flannel_udp_packets_total{path="tun_rx"}',
+             "udp_tx_bytes": 'flannel_udp_bytes_total{path="udp_tx"}',
+             "tx_batches": 'flannel_udp_batches_total{direction="tx"}'}
+    for role in ("A", "B"):
+        for stat, metric in names.items():
+            assert p["stats_after"][role][stat] == p["metrics_after"][role][metric]
+            assert p["counters"][role][stat] == \
+                p["metrics_after"][role][metric] - p["metrics_before"][role][metric]
     cost = _step(run.r, "ping_cost")["data"] if probe == "ping" else None
     if cost:
         assert cost["A"]["syscalls"] == p["counters"]["A"]["syscalls"]
