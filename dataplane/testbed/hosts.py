@@ -170,6 +170,11 @@ class Testbed:
         TUNs go with it)."""
         host = self.host(host)
         self.hosts.remove(host)
+        # A deleted namespace is torn down asynchronously by the kernel, so its
+        # veth can answer for a moment after `ip netns del`; deleting the
+        # switch-side end removes the pair at once.
+        ns.run_ip(["link", "del", f"{ns.PREFIX}{self.tag}s{host.index}"],
+                  netns=self.switch, check=False)
         self._delete_ns(host.netns)
 
     def host(self, key: Host | str | int) -> Host:
