@@ -15,9 +15,10 @@
  *                                           when the version nibble is not 4)
  *   2. look up dst in the route table       miss -> drop_no_route, and ICMP
  *      net unreachable (3/0) into the TUN unless the offender is ICMP or a
- *      non-first fragment (then just dropped)
+ *      non-first fragment (then just dropped) or the ICMP rate limit says no
  *   3. TTL <= 1 -> drop_ttl, and ICMP time exceeded (11/0) into the TUN unless
- *      the offender is an ICMP error (type 3,4,5,11,12) or a non-first fragment
+ *      the offender is an ICMP error (type 3,4,5,11,12) or a non-first
+ *      fragment, or the ICMP rate limit says no
  *   4. TTL - 1 with the incremental checksum update (RFC 1624, see below)
  *   5. queue for one sendmmsg() to peer_ip:port; a message the kernel
  *      refuses is counted in drop_send_error and the rest are still sent.
@@ -48,6 +49,16 @@
  *   ICMP: type, code, checksum over the ICMP message, 4 zero bytes, then the
  *         quote: the offender's first min(len, ihl*4 + 8) bytes (q bytes),
  *         as read (before any TTL change).
+ *
+ * ICMP rate limit (both engines, same integer arithmetic): a token bucket of
+ * `burst` errors refilled at `rate` per second (default 100/s, burst 50;
+ * rate 0 = unlimited), as GCRA with one state word tat (ns, initially 0)
+ * and now = CLOCK_MONOTONIC read once at the start of each TUN batch:
+ *   T = ceil(1e9 / rate); tat = max(tat, now)
+ *   tat - now > (burst - 1) * T  -> not sent, icmp_ratelimited += 1
+ *   else                         -> sent, tat += T
+ * so any t seconds see at most burst + rate * t errors. The offender is
+ * counted in its drop reason either way.
  *
  * Byte order: addresses are uint32 in network byte order (as in_addr_t);
  * ports are host order. Counters are uint64, written only by the loop
@@ -104,7 +115,8 @@ typedef struct dp_stats {
     uint64_t tx_batches;         /* non-empty TUN->UDP batches */
     uint64_t rx_batches;         /* non-empty UDP->TUN batches */
     uint64_t route_swaps;        /* route tables taken into use by the loop */
-    uint64_t reserved[36];
+    uint64_t icmp_ratelimited;   /* ICMP errors not sent: over the rate limit */
+    uint64_t reserved[35];
 } dp_stats;
 
 /* Trace events, recorded only while tracing is on (for the demo). */
@@ -157,6 +169,10 @@ int dp_loop_set_routes(dp_loop *loop, const dp_route *routes, uint32_t n);
 
 /* Thread-safe snapshot of the counters. */
 int dp_loop_stats(dp_loop *loop, dp_stats *out);
+
+/* Thread-safe: the ICMP error rate limit (see above). rate 0 = unlimited;
+ * with rate > 0, burst must be >= 1 (else -EINVAL). */
+int dp_loop_set_icmp_limit(dp_loop *loop, uint32_t rate, uint32_t burst);
 
 /* Thread-safe on/off switch for the trace ring. */
 int dp_loop_trace(dp_loop *loop, int enable);

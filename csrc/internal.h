@@ -43,6 +43,7 @@ enum dp_stat {
     DP_ST_TX_BATCHES,
     DP_ST_RX_BATCHES,
     DP_ST_ROUTE_SWAPS,
+    DP_ST_ICMP_RATELIMITED,
     DP_ST_COUNT,
     DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
 };
@@ -118,5 +119,68 @@ void dp_trace_set(struct dp_trace *tr, int enable);
 void dp_trace_record(struct dp_trace *tr, uint32_t kind, uint32_t len, uint32_t addr,
                      uint32_t port, uint32_t batch, const uint8_t *head, uint32_t head_len);
 int dp_trace_read(const struct dp_trace *tr, uint64_t after, dp_trace_event *out, uint32_t max);
+
+/* path.c APIs: the per-packet work of both directions (the checks of
+ * dataplane.h, the route, TTL - 1, ICMP errors and their rate limit, and
+ * every counter of it), with no I/O: the caller reads and writes, then
+ * reports how the write went. loop.c and csrc/fuzz/ are the callers. */
+enum dp_verdict {
+    DP_V_DROP = 0,      /* counted; nothing to write */
+    DP_V_FORWARD,       /* TTL decremented: send it (TUN side) or write it to the TUN */
+    DP_V_ICMP           /* the drop is counted; path->icmp holds icmp_len bytes for the TUN */
+};
+
+enum dp_icmp_limit_default {
+    DP_ICMP_RATE_DEFAULT = 100,    /* errors per second; 0 = unlimited */
+    DP_ICMP_BURST_DEFAULT = 50
+};
+
+struct dp_path {
+    dp_counters c;              /* written by the loop thread only */
+    struct dp_routes *routes;   /* the table in use; loop thread only */
+    uint32_t tun_addr;          /* network order: source of our ICMP errors */
+    int accept_any;
+    uint64_t icmp_limit;        /* rate << 32 | burst; any thread stores (relaxed) */
+    uint64_t icmp_tat;          /* rate limit: theoretical arrival time (GCRA), ns */
+    uint64_t now_ns;            /* CLOCK_MONOTONIC, set by the caller per TUN batch */
+    uint32_t icmp_len;
+    uint8_t icmp[DP_ICMP_ERR_MAX];
+    struct dp_trace trace;
+};
+
+/* One writer: a relaxed load + store is a plain add that readers on other
+ * threads can never see torn. */
+static inline void dp_path_count(struct dp_path *pa, enum dp_stat i, uint64_t n)
+{
+    __atomic_store_n(&pa->c.v[i], __atomic_load_n(&pa->c.v[i], __ATOMIC_RELAXED) + n,
+                     __ATOMIC_RELAXED);
+}
+
+static inline void dp_path_trace(struct dp_path *pa, uint32_t kind, uint32_t len, uint32_t addr,
+                                 uint32_t port, uint32_t batch, const uint8_t *head)
+{
+    if (dp_trace_on(&pa->trace))
+        dp_trace_record(&pa->trace, kind, len, addr, port, batch, head, head ? len : 0);
+}
+
+static inline void dp_path_drop(struct dp_path *pa, enum dp_stat reason, uint32_t len)
+{
+    dp_path_count(pa, reason, 1);
+    dp_path_trace(pa, DP_TR_DROP, len, 0, 0, (uint32_t)reason, NULL);
+}
+
+void dp_path_init(struct dp_path *pa, uint32_t tun_addr, int accept_any);
+/* rate 0 = unlimited; otherwise burst must be >= 1. Any thread. */
+int dp_path_set_icmp_limit(struct dp_path *pa, uint32_t rate, uint32_t burst);
+/* A packet read from the TUN. DP_V_FORWARD: *hit is where to send it. */
+enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
+                            struct dp_route_hit *hit);
+/* A datagram received on the UDP socket (src/sport: its source, 0 if
+ * unknown; nmsgs: for the trace; truncated: MSG_TRUNC was set). */
+enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,
+                            uint32_t sport, uint32_t nmsgs, int truncated);
+/* How the write of a DP_V_FORWARD (UDP side) or DP_V_ICMP went: 0 or errno. */
+void dp_path_tun_written(struct dp_path *pa, const uint8_t *p, uint32_t len, int err);
+void dp_path_icmp_written(struct dp_path *pa, int err);
 
 #endif

@@ -6,19 +6,25 @@
  *   2. take_routes    at the start of each batch and before each packet,
  *                     adopt a published table (one relaxed load when none)
  *   3. icmp_send      an ICMP error back into the TUN
- *   4. TUN -> UDP     tun_packet: checks of dataplane.h, route, TTL - 1, queue;
+ *   4. TUN -> UDP     tun_packet: dp_path_tun (path.c: checks of dataplane.h,
+ *                     route, TTL - 1), then queue or send an ICMP error;
  *                     udp_send: one sendmmsg() per batch, skipping refused
  *                     messages; tun_batch: read() until EAGAIN or `batch`
- *   5. UDP -> TUN     udp_packet: checks, TTL - 1, write() to the TUN;
- *                     udp_batch: one recvmmsg(MSG_DONTWAIT) of up to `batch`
+ *   5. UDP -> TUN     udp_packet: dp_path_udp (checks, TTL - 1), write() to
+ *                     the TUN; udp_batch: one recvmmsg(MSG_DONTWAIT) of up
+ *                     to `batch`
  *   6. dp_loop_run    epoll_wait, then alternate the two directions, one
  *                     batch each, while there is work, at most DP_ROUNDS
  *                     times, so neither direction nor the stop fd starves
  *   7. the public API of dataplane.h: new/free/stop/set_routes/stats/trace
  *
+ * What happens to a packet is decided in path.c, which does no I/O; this
+ * file makes the syscalls around it.
+ *
  * Threads: one loop thread runs dp_loop_run(); control calls come from any
  * thread. What crosses threads is atomic: `stopping`, `pending` (the next
- * route table), the counters (one writer, relaxed), and the trace ring.
+ * route table), the counters (one writer, relaxed), the ICMP limit and the
+ * trace ring.
  * Everything allocated here is allocated in dp_loop_new(); the data path
  * never allocates.
  */
@@ -33,6 +39,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -51,15 +58,13 @@ enum dp_io { DP_IO_IDLE = 0, DP_IO_MORE, DP_IO_ERROR };
 struct dp_loop {
     int tun_fd, udp_fd;         /* the caller's; never closed here */
     int ep_fd, wake_fd;         /* ours */
-    uint32_t tun_addr, mtu, batch;
-    int accept_any;
+    uint32_t mtu, batch;
 
     int stopping;               /* any thread sets it (release); the loop polls it */
     int running;                /* one dp_loop_run() at a time */
     struct dp_routes *pending;  /* published table, exchanged atomically */
-    struct dp_routes *routes;   /* in use; loop thread only */
 
-    dp_counters c;              /* written by the loop thread only */
+    struct dp_path path;        /* counters, table in use, ICMP state, trace */
 
     /* TUN -> UDP: slot i holds the i-th packet queued for this sendmmsg. */
     uint8_t *tx_buf;
@@ -72,32 +77,24 @@ struct dp_loop {
     struct mmsghdr rx_msgs[DP_BATCH_MAX];
     struct iovec rx_iov[DP_BATCH_MAX];
     struct sockaddr_in rx_addr[DP_BATCH_MAX];
-
-    uint8_t icmp[DP_ICMP_ERR_MAX];
-    struct dp_trace trace;
 };
 
 /* ---- 1. counters, trace, syscalls ---------------------------------------- */
 
-/* One writer: a relaxed load + store is a plain add that readers on other
- * threads can never see torn. */
 static inline void st_add(struct dp_loop *l, enum dp_stat i, uint64_t n)
 {
-    __atomic_store_n(&l->c.v[i], __atomic_load_n(&l->c.v[i], __ATOMIC_RELAXED) + n,
-                     __ATOMIC_RELAXED);
+    dp_path_count(&l->path, i, n);
 }
 
 static inline void trace(struct dp_loop *l, uint32_t kind, uint32_t len, uint32_t addr,
                          uint32_t port, uint32_t batch, const uint8_t *head)
 {
-    if (dp_trace_on(&l->trace))
-        dp_trace_record(&l->trace, kind, len, addr, port, batch, head, head ? len : 0);
+    dp_path_trace(&l->path, kind, len, addr, port, batch, head);
 }
 
 static inline void drop(struct dp_loop *l, enum dp_stat reason, uint32_t len)
 {
-    st_add(l, reason, 1);
-    trace(l, DP_TR_DROP, len, 0, 0, (uint32_t)reason, NULL);
+    dp_path_drop(&l->path, reason, len);
 }
 
 static inline void sys_count(struct dp_loop *l, enum dp_stat which)
@@ -124,9 +121,13 @@ static ssize_t tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len)
     return w;
 }
 
-static inline enum dp_stat tun_write_error(int err)
+static uint64_t now_ns(void)
 {
-    return (err == EAGAIN || err == EWOULDBLOCK) ? DP_ST_DROP_TUN_FULL : DP_ST_DROP_TUN_ERROR;
+    struct timespec ts;
+
+    /* vDSO on Linux: not a syscall, so it is not counted in `syscalls`. */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- 2. route table hand-over -------------------------------------------- */
@@ -142,23 +143,18 @@ static void take_routes(struct dp_loop *l)
     t = __atomic_exchange_n(&l->pending, NULL, __ATOMIC_ACQ_REL);
     if (!t)
         return;
-    dp_routes_free(l->routes);
-    l->routes = t;
+    dp_routes_free(l->path.routes);
+    l->path.routes = t;
     st_add(l, DP_ST_ROUTE_SWAPS, 1);
 }
 
 /* ---- 3. ICMP errors ------------------------------------------------------- */
 
-static void icmp_send(struct dp_loop *l, const uint8_t *offender, uint32_t len, uint8_t type)
+/* path.c built it (and checked the rate limit); we write it. */
+static void icmp_send(struct dp_loop *l)
 {
-    uint32_t n = dp_packet_icmp_error(l->icmp, offender, len, type, 0, l->tun_addr);
-
-    if (tun_write(l, l->icmp, n) < 0) {
-        drop(l, tun_write_error(errno), n);
-        return;
-    }
-    st_add(l, type == DP_ICMP_DEST_UNREACH ? DP_ST_ICMP_UNREACH_SENT : DP_ST_ICMP_TTL_SENT, 1);
-    trace(l, DP_TR_ICMP, n, 0, 0, 0, l->icmp);
+    dp_path_icmp_written(&l->path,
+                         tun_write(l, l->path.icmp, l->path.icmp_len) < 0 ? errno : 0);
 }
 
 /* ---- 4. TUN -> UDP -------------------------------------------------------- */
@@ -167,32 +163,16 @@ static void icmp_send(struct dp_loop *l, const uint8_t *offender, uint32_t len, 
 static int tun_packet(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t slot)
 {
     struct dp_route_hit hit;
-    int reason;
 
-    st_add(l, DP_ST_TUN_RX_PACKETS, 1);
-    st_add(l, DP_ST_TUN_RX_BYTES, len);
-    trace(l, DP_TR_TUN_READ, len, 0, 0, 0, p);
-
-    reason = dp_packet_check_tun(p, len);
-    if (reason) {
-        drop(l, reason, len);
+    switch (dp_path_tun(&l->path, p, len, &hit)) {
+    case DP_V_FORWARD:
+        break;
+    case DP_V_ICMP:
+        icmp_send(l);
+        return 0;
+    default:
         return 0;
     }
-    if (!dp_routes_lookup(l->routes, dp_packet_dst(p), &hit)) {
-        trace(l, DP_TR_ROUTE_MISS, 0, dp_packet_dst(p), 0, 0, NULL);
-        drop(l, DP_ST_DROP_NO_ROUTE, len);
-        if (dp_packet_may_unreach(p, len))
-            icmp_send(l, p, len, DP_ICMP_DEST_UNREACH);
-        return 0;
-    }
-    trace(l, DP_TR_ROUTE_HIT, hit.prefixlen, hit.peer_ip, hit.port, 0, NULL);
-    if (p[8] <= 1) {
-        drop(l, DP_ST_DROP_TTL, len);
-        if (dp_packet_may_time_exceed(p, len))
-            icmp_send(l, p, len, DP_ICMP_TIME_EXCEEDED);
-        return 0;
-    }
-    dp_packet_ttl_dec(p);
     l->tx_iov[slot].iov_len = len;
     l->tx_addr[slot].sin_addr.s_addr = hit.peer_ip;
     l->tx_addr[slot].sin_port = htons((uint16_t)hit.port);
@@ -238,6 +218,8 @@ static enum dp_io tun_batch(struct dp_loop *l)
     ssize_t r;
 
     take_routes(l);
+    /* For the ICMP rate limit: one clock read per batch, not per packet. */
+    l->path.now_ns = now_ns();
     while (n < l->batch) {
         sys_count(l, DP_ST_TUN_READS);
         r = read(l->tun_fd, l->tx_buf + (size_t)m * l->mtu, l->mtu);
@@ -271,35 +253,16 @@ static void udp_packet(struct dp_loop *l, uint32_t k, uint32_t nmsgs)
     uint8_t *p = l->rx_buf + (size_t)k * l->mtu;
     uint32_t len = mh->msg_len;
     uint32_t src = 0, sport = 0;
-    int reason;
 
     if (mh->msg_hdr.msg_namelen >= sizeof(struct sockaddr_in) &&
         l->rx_addr[k].sin_family == AF_INET) {
         src = l->rx_addr[k].sin_addr.s_addr;
         sport = ntohs(l->rx_addr[k].sin_port);
     }
-    st_add(l, DP_ST_UDP_RX_PACKETS, 1);
-    st_add(l, DP_ST_UDP_RX_BYTES, len);
-    trace(l, DP_TR_UDP_RECV, len, src, sport, nmsgs, p);
-
-    if (mh->msg_hdr.msg_flags & MSG_TRUNC)
-        reason = DP_ST_DROP_TRUNCATED;
-    else if (!l->accept_any && !dp_routes_has_peer(l->routes, src))
-        reason = DP_ST_DROP_BAD_SOURCE;
-    else if ((reason = dp_packet_check_udp(p, len)) == 0 && p[8] <= 1)
-        reason = DP_ST_DROP_TTL;
-    if (reason) {
-        drop(l, reason, len);
+    if (dp_path_udp(&l->path, p, len, src, sport, nmsgs,
+                    (mh->msg_hdr.msg_flags & MSG_TRUNC) != 0) != DP_V_FORWARD)
         return;
-    }
-    dp_packet_ttl_dec(p);
-    if (tun_write(l, p, len) < 0) {
-        drop(l, tun_write_error(errno), len);
-        return;
-    }
-    st_add(l, DP_ST_TUN_TX_PACKETS, 1);
-    st_add(l, DP_ST_TUN_TX_BYTES, len);
-    trace(l, DP_TR_TUN_WRITE, len, 0, 0, 0, p);
+    dp_path_tun_written(&l->path, p, len, tun_write(l, p, len) < 0 ? errno : 0);
 }
 
 static enum dp_io udp_batch(struct dp_loop *l)
@@ -463,11 +426,9 @@ int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
     l->tun_fd = tun_fd;
     l->udp_fd = udp_fd;
     l->ep_fd = l->wake_fd = -1;
-    l->tun_addr = tun_addr;
     l->mtu = mtu;
     l->batch = batch;
-    l->accept_any = accept_any != 0;
-    dp_trace_init(&l->trace);
+    dp_path_init(&l->path, tun_addr, accept_any);
 
     rc = -ENOMEM;
     l->tx_buf = malloc((size_t)batch * mtu);
@@ -512,7 +473,7 @@ void dp_loop_free(dp_loop *l)
         close(l->ep_fd);
     if (l->wake_fd >= 0)
         close(l->wake_fd);
-    dp_routes_free(l->routes);
+    dp_routes_free(l->path.routes);
     dp_routes_free(__atomic_exchange_n(&l->pending, NULL, __ATOMIC_ACQ_REL));
     free(l->tx_buf);
     free(l->rx_buf);
@@ -547,7 +508,7 @@ int dp_loop_stats(dp_loop *l, dp_stats *out)
         return -EINVAL;
     dst = (uint64_t *)out;
     for (i = 0; i < DP_ST_SLOTS; i++)
-        dst[i] = __atomic_load_n(&l->c.v[i], __ATOMIC_RELAXED);
+        dst[i] = __atomic_load_n(&l->path.c.v[i], __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -555,7 +516,7 @@ int dp_loop_trace(dp_loop *l, int enable)
 {
     if (!l)
         return -EINVAL;
-    dp_trace_set(&l->trace, enable);
+    dp_trace_set(&l->path.trace, enable);
     return 0;
 }
 
@@ -563,7 +524,14 @@ int dp_loop_trace_read(dp_loop *l, uint64_t after, dp_trace_event *out, uint32_t
 {
     if (!l || (!out && max))
         return -EINVAL;
-    return dp_trace_read(&l->trace, after, out, max);
+    return dp_trace_read(&l->path.trace, after, out, max);
+}
+
+int dp_loop_set_icmp_limit(dp_loop *l, uint32_t rate, uint32_t burst)
+{
+    if (!l)
+        return -EINVAL;
+    return dp_path_set_icmp_limit(&l->path, rate, burst);
 }
 
 /* The stats block is part of the ABI: its size is fixed and the counter
@@ -572,4 +540,5 @@ _Static_assert(sizeof(dp_stats) == 64 * sizeof(uint64_t), "dp_stats is 64 words"
 _Static_assert(offsetof(dp_stats, drop_no_route) == DP_ST_DROP_NO_ROUTE * 8, "drop index");
 _Static_assert(offsetof(dp_stats, drop_tun_error) == DP_ST_DROP_TUN_ERROR * 8, "drop index");
 _Static_assert(offsetof(dp_stats, route_swaps) == DP_ST_ROUTE_SWAPS * 8, "stats index");
+_Static_assert(offsetof(dp_stats, icmp_ratelimited) == DP_ST_ICMP_RATELIMITED * 8, "stats index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");

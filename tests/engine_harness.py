@@ -75,7 +75,8 @@ class Harness:
 
     def __init__(self, kind: str, *, mtu: int = 1472, batch: int = 64, accept_any: bool = True,
                  tun_addr: str = DEFAULT_TUN_ADDR, start: bool = True, collect_tun: bool = True,
-                 tun_sndbuf: int | None = None):
+                 tun_sndbuf: int | None = None, icmp_rate: int | None = 0,
+                 icmp_burst: int = 1):
         self.kind = kind
         self.mtu = mtu
         self.tun_addr = tun_addr
@@ -101,6 +102,10 @@ class Harness:
         self.engine = create_engine(kind, tun_fd=self.tun_engine.fileno(),
                                     udp_fd=self.udp.fileno(), tun_addr=tun_addr, mtu=mtu,
                                     port=self.udp_addr[1], batch=batch, accept_any=accept_any)
+        # Tests see every ICMP error unless they ask for a limit (None: the
+        # engine's default, 100/s with a burst of 50).
+        if icmp_rate is not None:
+            self.engine.set_icmp_limit(icmp_rate, icmp_burst)
         self._ep = select.epoll()
         self._stop_r, self._stop_w = os.pipe()
         self._ep.register(self._stop_r, select.EPOLLIN)

@@ -24,6 +24,7 @@ STAT_NAMES = (
     "drop_tun_full", "drop_tun_error",
     "syscalls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
     "tx_batches", "rx_batches", "route_swaps",
+    "icmp_ratelimited",
 )
 # Counters that depend on how an engine batches its syscalls; every other
 # counter must be identical between engines for the same input.
@@ -39,6 +40,10 @@ TRACE_RING = 1024
 TRACE_HEAD = 64
 BATCH_MAX = 256
 DEFAULT_BATCH = 64
+# ICMP errors the engines generate, per second, and the burst allowed above
+# that rate (dataplane.h: ICMP rate limit). Rate 0 = unlimited.
+ICMP_RATE_DEFAULT = 100
+ICMP_BURST_DEFAULT = 50
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,20 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> dict:
         """Counters as {name: int} for every name in STAT_NAMES."""
+
+    @abc.abstractmethod
+    def set_icmp_limit(self, rate: int, burst: int = ICMP_BURST_DEFAULT) -> None:
+        """Rate-limit the ICMP errors the engine generates: at most ``burst``
+        + ``rate`` * t in any t seconds (rate 0 = unlimited); thread-safe."""
+
+    @staticmethod
+    def _check_icmp_limit(rate: int, burst: int) -> tuple[int, int]:
+        rate, burst = int(rate), int(burst)
+        if not 0 <= rate < 2 ** 32 or not 0 <= burst < 2 ** 32:
+            raise ValueError(f"icmp rate {rate}/burst {burst} out of range 0..2**32-1")
+        if rate and not burst:
+            raise ValueError("icmp burst must be >= 1 when the rate is limited")
+        return rate, burst
 
     @abc.abstractmethod
     def trace(self, enable: bool) -> None:

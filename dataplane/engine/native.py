@@ -20,7 +20,7 @@ import threading
 
 from dataplane._dataplane_c import ffi, lib
 
-from .api import (BATCH_MAX, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
+from .api import (BATCH_MAX, ICMP_BURST_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
                   EngineClosed, Route)
 
 __all__ = ["CEngine"]
@@ -145,6 +145,11 @@ class CEngine(Engine):
         with self._lock:
             _check(lib.dp_loop_stats(self._live(), s))
         return {name: getattr(s, name) for name in STAT_NAMES}
+
+    def set_icmp_limit(self, rate: int, burst: int = ICMP_BURST_DEFAULT) -> None:
+        rate, burst = self._check_icmp_limit(rate, burst)
+        with self._lock:
+            _check(lib.dp_loop_set_icmp_limit(self._live(), rate, burst))
 
     def trace(self, enable: bool) -> None:
         with self._lock:

@@ -15,7 +15,8 @@ so every packet costs one syscall each way; the rest is kept cheap:
   the common case of a single prefix length skips the loop over lengths.
 
 Flow, in the order the code appears in :meth:`PyEngine._run`:
-  1. icmp_error   an ICMP error about a TUN packet, written into the TUN
+  1. icmp_error   an ICMP error about a TUN packet, written into the TUN,
+                  if the rate limit allows (icmp_allowed: dataplane.h's GCRA)
   2. tun_batch    read() until EAGAIN or `batch` packets: checks, route,
                   TTL - 1, queue; then one sendto() per queued packet
   3. udp_batch    recv(MSG_DONTWAIT) until EAGAIN or `batch` datagrams,
@@ -51,7 +52,7 @@ import threading
 import time
 
 from .. import ipv4
-from .api import (DEFAULT_BATCH, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
+from .api import (DEFAULT_BATCH, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
                   EngineClosed)
 from .pytable import RouteTable, str_to_int
 
@@ -75,6 +76,8 @@ DROP_TUN_FULL, DROP_TUN_ERROR = _I["drop_tun_full"], _I["drop_tun_error"]
 SYSCALLS, TUN_READS, TUN_WRITES = _I["syscalls"], _I["tun_reads"], _I["tun_writes"]
 UDP_SENDS, UDP_RECVS, POLLS = _I["udp_sends"], _I["udp_recvs"], _I["polls"]
 TX_BATCHES, RX_BATCHES, ROUTE_SWAPS = _I["tx_batches"], _I["rx_batches"], _I["route_swaps"]
+ICMP_RATELIMITED = _I["icmp_ratelimited"]
+NS_PER_S = 1_000_000_000
 
 # Trace kinds (enum dp_trace_kind).
 TR_TUN_READ, TR_ROUTE_HIT, TR_ROUTE_MISS, TR_UDP_SEND = 1, 2, 3, 4
@@ -112,6 +115,7 @@ class PyEngine(Engine):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._tracing = False
+        self._icmp_limit = (ICMP_RATE_DEFAULT, ICMP_BURST_DEFAULT)   # one tuple: atomic
         self._trace_seq = 0
         self._ring: collections.deque = collections.deque(maxlen=TRACE_RING)
         self._lock = threading.Lock()     # start/close only; never taken by the loop
@@ -211,6 +215,10 @@ class PyEngine(Engine):
         self._check_open()
         return dict(zip(STAT_NAMES, list(self._c)))
 
+    def set_icmp_limit(self, rate: int, burst: int = ICMP_BURST_DEFAULT) -> None:
+        self._check_open()
+        self._icmp_limit = self._check_icmp_limit(rate, burst)
+
     def trace(self, enable: bool) -> None:
         self._check_open()
         self._tracing = bool(enable)
@@ -258,6 +266,7 @@ class PyEngine(Engine):
         DONTWAIT = socket.MSG_DONTWAIT
         poll = self._ep.poll
         tun_fields, put_ttl = _TUN_FIELDS, _PUT_TTL
+        monotonic_ns = time.monotonic_ns
         tx_bufs = self._tx_bufs
         tx_views = [memoryview(b) for b in tx_bufs]
         tx_len = [0] * nbatch
@@ -267,6 +276,8 @@ class PyEngine(Engine):
         rx_len = [0] * nbatch
         rx_src = [None] * nbatch
         routes = _EMPTY
+        tat = 0                       # ICMP rate limit state (dataplane.h), ns
+        now = 0                       # monotonic ns, read once per TUN batch
 
         def take_routes():
             """Adopt the newest published table; counted once per table."""
@@ -282,7 +293,24 @@ class PyEngine(Engine):
                 record(TR_DROP, length, 0, 0, reason, None)
 
         # -- 1. ICMP errors back into the TUN --------------------------------
+        def icmp_allowed():
+            """The GCRA token bucket of dataplane.h, integer for integer."""
+            nonlocal tat
+            rate, burst = self._icmp_limit
+            if not rate:
+                return True
+            interval = (NS_PER_S + rate - 1) // rate
+            if tat < now:
+                tat = now
+            if tat - now > (burst - 1) * interval:
+                c[ICMP_RATELIMITED] += 1
+                return False
+            tat += interval
+            return True
+
         def icmp_error(buf, length, type_):
+            if not icmp_allowed():
+                return
             pkt = ipv4.icmp_error(buf[:length], type_, 0, tun_addr)
             c[SYSCALLS] += 1
             c[TUN_WRITES] += 1
@@ -301,7 +329,9 @@ class PyEngine(Engine):
         # -- 2. TUN -> UDP ---------------------------------------------------
         def tun_batch():
             """Returns (more, error): more if the TUN may have more right now."""
+            nonlocal now
             take_routes()
+            now = monotonic_ns()
             tracing = self._tracing
             lens = routes.lens
             single = len(lens) == 1

@@ -1,0 +1,171 @@
+/*
+ * path.c - the per-packet work of both directions, with no I/O.
+ *
+ * Flow, in the order the functions appear:
+ *   1. dp_path_init / dp_path_set_icmp_limit
+ *   2. icmp_allowed      the ICMP rate limit: a token bucket written as GCRA
+ *   3. icmp_error        build an ICMP error into pa->icmp, if allowed
+ *   4. dp_path_tun       TUN -> UDP: the checks of dataplane.h in its order,
+ *                        route, TTL, TTL - 1; the verdict says what to write
+ *   5. dp_path_udp       UDP -> TUN: truncated, source, checks, TTL, TTL - 1
+ *   6. dp_path_*_written the outcome of the caller's write into the TUN
+ *
+ * loop.c does the syscalls around these functions and csrc/fuzz/ drives
+ * them with arbitrary bytes (the I/O-free core, as boringtun's
+ * Tunn::encapsulate). Every packet handed in is counted in its rx counters
+ * and then either forwarded or in exactly one drop counter; an ICMP error
+ * adds icmp_*_sent, icmp_ratelimited or a TUN write drop of its own.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum { DP_NS_PER_S = 1000000000u };
+
+/* ---- 1. set-up --------------------------------------------------------------- */
+
+void dp_path_init(struct dp_path *pa, uint32_t tun_addr, int accept_any)
+{
+    memset(pa, 0, sizeof(*pa));
+    pa->tun_addr = tun_addr;
+    pa->accept_any = accept_any != 0;
+    dp_path_set_icmp_limit(pa, DP_ICMP_RATE_DEFAULT, DP_ICMP_BURST_DEFAULT);
+    dp_trace_init(&pa->trace);
+}
+
+int dp_path_set_icmp_limit(struct dp_path *pa, uint32_t rate, uint32_t burst)
+{
+    if (rate && !burst)
+        return -EINVAL;
+    /* Rate and burst in one word, so the loop never sees half a change. */
+    __atomic_store_n(&pa->icmp_limit, (uint64_t)rate << 32 | burst, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* ---- 2. the ICMP rate limit ------------------------------------------------------ */
+
+/* A token bucket of `burst` tokens refilled at `rate` per second, written as
+ * the generic cell rate algorithm (RFC 2697's bucket, ATM's GCRA): one
+ * timestamp instead of a token count, integers only. Each error moves the
+ * theoretical arrival time `tat` on by one interval T = ceil(1e9 / rate) ns
+ * and is allowed while tat is at most (burst - 1) * T ahead of now. So in
+ * any window of t seconds at most burst + rate * t errors go out. The Python
+ * engine does the same arithmetic (pyengine.py: icmp_allowed). */
+static int icmp_allowed(struct dp_path *pa)
+{
+    uint64_t lim = __atomic_load_n(&pa->icmp_limit, __ATOMIC_RELAXED);
+    uint64_t rate = lim >> 32, burst = lim & 0xffffffffu;
+    uint64_t now = pa->now_ns, interval;
+
+    if (!rate)
+        return 1;
+    interval = (DP_NS_PER_S + rate - 1) / rate;
+    if (pa->icmp_tat < now)
+        pa->icmp_tat = now;
+    if (pa->icmp_tat - now > (burst - 1) * interval) {
+        dp_path_count(pa, DP_ST_ICMP_RATELIMITED, 1);
+        return 0;
+    }
+    pa->icmp_tat += interval;
+    return 1;
+}
+
+/* ---- 3. ICMP errors ----------------------------------------------------------- */
+
+static enum dp_verdict icmp_error(struct dp_path *pa, const uint8_t *p, uint32_t len,
+                                  uint8_t type)
+{
+    if (!icmp_allowed(pa))
+        return DP_V_DROP;
+    pa->icmp_len = dp_packet_icmp_error(pa->icmp, p, len, type, 0, pa->tun_addr);
+    return DP_V_ICMP;
+}
+
+/* ---- 4. TUN -> UDP ------------------------------------------------------------ */
+
+enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
+                            struct dp_route_hit *hit)
+{
+    int reason;
+
+    dp_path_count(pa, DP_ST_TUN_RX_PACKETS, 1);
+    dp_path_count(pa, DP_ST_TUN_RX_BYTES, len);
+    dp_path_trace(pa, DP_TR_TUN_READ, len, 0, 0, 0, p);
+
+    reason = dp_packet_check_tun(p, len);
+    if (reason) {
+        dp_path_drop(pa, reason, len);
+        return DP_V_DROP;
+    }
+    if (!dp_routes_lookup(pa->routes, dp_packet_dst(p), hit)) {
+        dp_path_trace(pa, DP_TR_ROUTE_MISS, 0, dp_packet_dst(p), 0, 0, NULL);
+        dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, len);
+        if (!dp_packet_may_unreach(p, len))
+            return DP_V_DROP;
+        return icmp_error(pa, p, len, DP_ICMP_DEST_UNREACH);
+    }
+    dp_path_trace(pa, DP_TR_ROUTE_HIT, hit->prefixlen, hit->peer_ip, hit->port, 0, NULL);
+    if (p[8] <= 1) {
+        dp_path_drop(pa, DP_ST_DROP_TTL, len);
+        if (!dp_packet_may_time_exceed(p, len))
+            return DP_V_DROP;
+        return icmp_error(pa, p, len, DP_ICMP_TIME_EXCEEDED);
+    }
+    dp_packet_ttl_dec(p);
+    return DP_V_FORWARD;
+}
+
+/* ---- 5. UDP -> TUN ------------------------------------------------------------ */
+
+enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,
+                            uint32_t sport, uint32_t nmsgs, int truncated)
+{
+    int reason;
+
+    dp_path_count(pa, DP_ST_UDP_RX_PACKETS, 1);
+    dp_path_count(pa, DP_ST_UDP_RX_BYTES, len);
+    dp_path_trace(pa, DP_TR_UDP_RECV, len, src, sport, nmsgs, p);
+
+    if (truncated)
+        reason = DP_ST_DROP_TRUNCATED;
+    else if (!pa->accept_any && !dp_routes_has_peer(pa->routes, src))
+        reason = DP_ST_DROP_BAD_SOURCE;
+    else if ((reason = dp_packet_check_udp(p, len)) == 0 && p[8] <= 1)
+        reason = DP_ST_DROP_TTL;
+    if (reason) {
+        dp_path_drop(pa, reason, len);
+        return DP_V_DROP;
+    }
+    dp_packet_ttl_dec(p);
+    return DP_V_FORWARD;
+}
+
+/* ---- 6. outcomes of the caller's writes ------------------------------------------ */
+
+static inline enum dp_stat tun_write_drop(int err)
+{
+    return (err == EAGAIN || err == EWOULDBLOCK) ? DP_ST_DROP_TUN_FULL : DP_ST_DROP_TUN_ERROR;
+}
+
+void dp_path_tun_written(struct dp_path *pa, const uint8_t *p, uint32_t len, int err)
+{
+    if (err) {
+        dp_path_drop(pa, tun_write_drop(err), len);
+        return;
+    }
+    dp_path_count(pa, DP_ST_TUN_TX_PACKETS, 1);
+    dp_path_count(pa, DP_ST_TUN_TX_BYTES, len);
+    dp_path_trace(pa, DP_TR_TUN_WRITE, len, 0, 0, 0, p);
+}
+
+void dp_path_icmp_written(struct dp_path *pa, int err)
+{
+    if (err) {
+        dp_path_drop(pa, tun_write_drop(err), pa->icmp_len);
+        return;
+    }
+    dp_path_count(pa, pa->icmp[DP_IP_HDR_MIN] == DP_ICMP_DEST_UNREACH ?
+                  DP_ST_ICMP_UNREACH_SENT : DP_ST_ICMP_TTL_SENT, 1);
+    dp_path_trace(pa, DP_TR_ICMP, pa->icmp_len, 0, 0, 0, pa->icmp);
+}
