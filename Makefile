@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
 # Both install what they need on a fresh Debian machine (run as root).
 PYTHON ?= python3
-APT_PACKAGES = etcd-server etcd-client iproute2 iputils-ping iperf3 iptables nftables gcc clang
+APT_PACKAGES = etcd-server etcd-client iproute2 iputils-ping iperf3 iptables nftables gcc clang libclang-rt-14-dev
 STAMP = .deps-installed
 
 .PHONY: deps test demo bench clean

@@ -1,0 +1,328 @@
+/*
+ * fuzz_packet.c - libFuzzer target for both directions of the packet path.
+ *
+ * It links the I/O-free core (path.c, packet.c, routes.c, trace.c; not
+ * loop.c) and plays arbitrary bytes as a small route table followed by a
+ * sequence of packets, each read from the TUN or received on the UDP
+ * socket, with the writes into the TUN failing or not and a fake clock.
+ * After every packet it checks what dataplane.h guarantees:
+ *
+ *   - the rx counters moved by one packet and its length;
+ *   - exactly one outcome: forwarded (verdict FORWARD, no drop counter
+ *     moved) or exactly one drop counter + 1; an ICMP error comes on top;
+ *   - a forwarded packet is well-formed IPv4 (version 4, ihl >= 5,
+ *     ihl * 4 <= len, tot_len == len, len <= mtu), only TTL (- 1, so >= 1
+ *     left) and the checksum changed, and a checksum that was valid on
+ *     arrival is still valid (we never verify incoming checksums, so a
+ *     wrong one may stay wrong: it is patched, not recomputed);
+ *   - the TUN side routes as a naive longest-prefix scan over the same
+ *     routes (the last duplicate wins) and the UDP side's source check
+ *     agrees with a naive scan of the peers;
+ *   - an ICMP error is well-formed, has valid IP and ICMP checksums, is
+ *     addressed to the offender's source, quotes min(len, ihl*4 + 8) bytes
+ *     of it, and is never about an ICMP error or a later fragment;
+ *   - the rate limit allows exactly what a token bucket written another way
+ *     allows: a credit of ns, burst * T when full, growing with the clock,
+ *     T = ceil(1e9 / rate) per error (path.c writes it as GCRA).
+ *
+ * Each packet is copied into a buffer of exactly its length, so ASan sees
+ * any read past its end. Input layout (short input = zeros):
+ *   byte 0      flags: bit 0 accept_any, bit 1 trace, bits 2-3 ICMP limit
+ *               (0 unlimited, 1 rate 1 burst 1, 2 the default, 3 rate and
+ *               burst from the next two bytes), bit 4 keep host bits
+ *   byte 1      mtu = 68 + byte * 6 (68 .. 1598)
+ *   byte 2,3    rate, burst (used when bits 2-3 == 3)
+ *   byte 4      number of routes (% 9); each route: net 4, prefixlen 1, peer 1
+ *   then packets: ctl 1, len 2 (big-endian, cut to the mtu and to what is
+ *   left), bytes. ctl bit 0: 0 TUN, 1 UDP; bit 1 MSG_TRUNC; bits 2-3 the
+ *   TUN write: 0/1 ok, 2 EAGAIN, 3 EIO; bits 4-7 source (UDP: 0-7 a route's
+ *   peer, 8-15 a stranger) and clock step (2^bits ms).
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+
+#include "internal.h"
+
+enum { MAX_ROUTES = 8, PEER_BASE = 0x7f000010 };   /* peers 127.0.0.16 + i */
+
+#define CHECK(cond) do { if (!(cond)) { \
+    fprintf(stderr, "invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
+    abort(); } } while (0)
+
+struct reader {
+    const uint8_t *p;
+    size_t n;
+};
+
+static uint8_t rd8(struct reader *r)
+{
+    uint8_t v = 0;
+
+    if (r->n) {
+        v = *r->p++;
+        r->n--;
+    }
+    return v;
+}
+
+static uint16_t rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static uint16_t csum(const uint8_t *p, size_t len)
+{
+    return dp_packet_csum(p, len);
+}
+
+static int well_formed(const uint8_t *p, uint32_t len, uint32_t mtu)
+{
+    return len >= 20 && len <= mtu && (p[0] >> 4) == 4 && (p[0] & 15) >= 5 &&
+           (uint32_t)(p[0] & 15) * 4 <= len && rd16(p + 2) == len;
+}
+
+static int later_fragment(const uint8_t *p)
+{
+    return (rd16(p + 6) & 0x1fff) != 0;
+}
+
+static uint64_t drops(const dp_stats *s)
+{
+    return s->drop_no_route + s->drop_ttl + s->drop_malformed + s->drop_not_ipv4 +
+           s->drop_truncated + s->drop_bad_source + s->drop_send_error + s->drop_tun_full +
+           s->drop_tun_error;
+}
+
+/* The naive oracle: longest prefix first, the last of equal routes wins. */
+static int naive_lookup(const dp_route *rt, uint32_t n, uint32_t dst, struct dp_route_hit *hit)
+{
+    int found = 0;
+    uint32_t i, best = 0;
+
+    for (i = 0; i < n; i++) {
+        uint32_t m = rt[i].prefixlen ? htonl(0xffffffffu << (32 - rt[i].prefixlen)) : 0;
+
+        if ((dst & m) != rt[i].net || (found && rt[i].prefixlen < best))
+            continue;
+        found = 1;
+        best = rt[i].prefixlen;
+        hit->peer_ip = rt[i].peer_ip;
+        hit->port = rt[i].port;
+        hit->prefixlen = rt[i].prefixlen;
+    }
+    return found;
+}
+
+static int naive_has_peer(const dp_route *rt, uint32_t n, uint32_t ip)
+{
+    uint32_t i;
+
+    for (i = 0; i < n; i++)
+        if (rt[i].peer_ip == ip)
+            return 1;
+    return 0;
+}
+
+/* A forwarded packet: only TTL - 1 and the checksum changed, and a valid
+ * checksum stayed valid. */
+static void check_forwarded(const uint8_t *in, const uint8_t *out, uint32_t len, uint32_t mtu)
+{
+    uint32_t hl = (uint32_t)(in[0] & 15) * 4;
+
+    CHECK(well_formed(out, len, mtu));
+    CHECK(in[8] >= 2 && out[8] == in[8] - 1);
+    CHECK(memcmp(in, out, 8) == 0 && in[9] == out[9]);
+    CHECK(memcmp(in + 12, out + 12, len - 12) == 0);
+    if (csum(in, hl) == 0)
+        CHECK(csum(out, hl) == 0);
+}
+
+static void check_icmp(const struct dp_path *pa, const uint8_t *off, uint32_t len)
+{
+    const uint8_t *e = pa->icmp;
+    uint32_t hl = (uint32_t)(off[0] & 15) * 4;
+    uint32_t q = hl + 8 < len ? hl + 8 : len;
+
+    CHECK(pa->icmp_len == 28 + q && pa->icmp_len <= DP_ICMP_ERR_MAX);
+    CHECK(pa->icmp_len <= 576);                        /* RFC 1812 4.3.2.3 */
+    CHECK(well_formed(e, pa->icmp_len, 65535) && e[0] == 0x45);
+    CHECK(csum(e, 20) == 0 && csum(e + 20, pa->icmp_len - 20) == 0);
+    CHECK(e[8] == 64 && e[9] == 1 && !later_fragment(e));
+    CHECK(memcmp(e + 12, &pa->tun_addr, 4) == 0 && memcmp(e + 16, off + 12, 4) == 0);
+    CHECK(e[20] == 3 || e[20] == 11);
+    CHECK(memcmp(e + 28, off, q) == 0);
+    CHECK(!later_fragment(off));
+    if (off[9] == 1) {
+        CHECK(e[20] == 11);                            /* never unreachable about ICMP */
+        CHECK(len <= hl || (off[hl] != 3 && off[hl] != 4 && off[hl] != 5 &&
+                            off[hl] != 11 && off[hl] != 12));
+    }
+}
+
+static struct dp_path path;     /* static: the trace ring is large */
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct reader r = { data, size };
+    dp_route rt[MAX_ROUTES];
+    dp_stats before, after;
+    uint8_t flags = rd8(&r);
+    uint32_t mtu = 68 + (uint32_t)rd8(&r) * 6;
+    uint32_t rate = rd8(&r), burst = rd8(&r), nroutes = rd8(&r) % (MAX_ROUTES + 1);
+    uint32_t i, tun_addr = htonl(0x0a050100);
+    uint64_t now = 1000000000ull, interval = 0, credit = 0, last = now;
+    struct dp_routes *table = NULL;
+
+    switch (flags >> 2 & 3) {
+    case 0: rate = 0; burst = 0; break;
+    case 1: rate = 1; burst = 1; break;
+    case 2: rate = DP_ICMP_RATE_DEFAULT; burst = DP_ICMP_BURST_DEFAULT; break;
+    default: if (!burst) burst = 1; break;
+    }
+    dp_path_init(&path, tun_addr, flags & 1);
+    CHECK(dp_path_set_icmp_limit(&path, rate, burst) == 0);
+    CHECK(dp_path_set_icmp_limit(&path, 5, 0) == -EINVAL);   /* and unchanged */
+    if (flags & 2)
+        dp_trace_set(&path.trace, 1);
+    if (rate) {
+        interval = (1000000000ull + rate - 1) / rate;
+        credit = burst * interval;                     /* the bucket starts full */
+    }
+
+    for (i = 0; i < nroutes; i++) {
+        uint8_t b[4] = { rd8(&r), rd8(&r), rd8(&r), rd8(&r) };
+        uint32_t plen = rd8(&r) % 33, m = plen ? htonl(0xffffffffu << (32 - plen)) : 0;
+
+        memcpy(&rt[i].net, b, 4);
+        if (!(flags & 16))
+            rt[i].net &= m;
+        rt[i].prefixlen = plen;
+        rt[i].peer_ip = htonl(PEER_BASE + (rd8(&r) & 7));
+        rt[i].port = 8285 + i;
+    }
+    if (dp_routes_build(&table, rt, nroutes) != 0) {
+        CHECK(flags & 16);                             /* only host bits are refused */
+        CHECK(table == NULL);
+        nroutes = 0;
+    }
+    path.routes = table;
+
+    while (r.n) {
+        uint8_t ctl = rd8(&r);
+        uint32_t want = (uint32_t)rd8(&r) << 8, len;
+        int udp = ctl & 1, wr = ctl >> 2 & 3, err = wr == 2 ? EAGAIN : wr == 3 ? EIO : 0;
+        uint8_t *pkt, *orig;
+        struct dp_route_hit hit, naive;
+        enum dp_verdict v;
+
+        want |= rd8(&r);
+        len = want < mtu ? want : mtu;
+        if (len > r.n)
+            len = (uint32_t)r.n;
+        pkt = malloc(len ? len : 1);
+        orig = malloc(len ? len : 1);
+        CHECK(pkt && orig);
+        memcpy(pkt, r.p, len);
+        memcpy(orig, r.p, len);
+        r.p += len;
+        r.n -= len;
+        now += 1000000ull << (ctl >> 4);               /* 1 ms .. 33 s */
+        path.now_ns = now;
+        memset(&hit, 0, sizeof(hit));
+
+        memcpy(&before, &path.c.s, sizeof(before));
+        if (!udp) {
+            v = dp_path_tun(&path, pkt, len, &hit);
+        } else {
+            uint32_t src = htonl(PEER_BASE + (ctl >> 4));   /* >= 8: no route's peer */
+
+            v = dp_path_udp(&path, pkt, len, src, 4000, 1, ctl & 2);
+            if (v == DP_V_FORWARD) {
+                CHECK(!(ctl & 2));
+                CHECK(path.accept_any || naive_has_peer(rt, nroutes, src));
+            }
+            if (!(ctl & 2) && !path.accept_any && !naive_has_peer(rt, nroutes, src))
+                CHECK(path.c.s.drop_bad_source == before.drop_bad_source + 1);
+        }
+        memcpy(&after, &path.c.s, sizeof(after));
+
+        /* rx moved by exactly this packet */
+        if (!udp) {
+            CHECK(after.tun_rx_packets == before.tun_rx_packets + 1);
+            CHECK(after.tun_rx_bytes == before.tun_rx_bytes + len);
+            CHECK(after.udp_rx_packets == before.udp_rx_packets);
+        } else {
+            CHECK(after.udp_rx_packets == before.udp_rx_packets + 1);
+            CHECK(after.udp_rx_bytes == before.udp_rx_bytes + len);
+            CHECK(after.tun_rx_packets == before.tun_rx_packets);
+            CHECK(v != DP_V_ICMP);                     /* no ICMP on this side */
+        }
+        /* exactly one outcome */
+        if (v == DP_V_FORWARD) {
+            CHECK(drops(&after) == drops(&before));
+            check_forwarded(orig, pkt, len, mtu);
+        } else {
+            CHECK(drops(&after) == drops(&before) + 1);
+        }
+        CHECK(after.icmp_unreach_sent == before.icmp_unreach_sent &&
+              after.icmp_ttl_sent == before.icmp_ttl_sent);
+        if (!udp && v != DP_V_FORWARD && after.drop_malformed == before.drop_malformed &&
+            after.drop_not_ipv4 == before.drop_not_ipv4)
+            CHECK(well_formed(orig, len, mtu));        /* routed, then dropped */
+        if (!udp && (v == DP_V_FORWARD || after.drop_ttl > before.drop_ttl))
+            CHECK(naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive) &&
+                  naive.peer_ip == hit.peer_ip && naive.port == hit.port &&
+                  naive.prefixlen == hit.prefixlen);
+        if (!udp && after.drop_no_route > before.drop_no_route)
+            CHECK(!naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive));
+        CHECK(after.icmp_ratelimited <= before.icmp_ratelimited + 1);
+        if (after.icmp_ratelimited > before.icmp_ratelimited)
+            CHECK(rate != 0 && v == DP_V_DROP);
+        if (rate && (v == DP_V_ICMP || after.icmp_ratelimited > before.icmp_ratelimited)) {
+            credit += now - last;
+            if (credit > burst * interval)
+                credit = burst * interval;
+            last = now;
+            CHECK((v == DP_V_ICMP) == (credit >= interval));
+            if (v == DP_V_ICMP)
+                credit -= interval;
+        }
+
+        /* the caller's write, and its accounting */
+        if (v == DP_V_ICMP) {
+            check_icmp(&path, orig, len);
+            dp_path_icmp_written(&path, err);
+        } else if (v == DP_V_FORWARD && udp) {
+            dp_path_tun_written(&path, pkt, len, err);
+        }
+        if (v == DP_V_ICMP || (v == DP_V_FORWARD && udp)) {
+            if (err == EAGAIN)
+                CHECK(path.c.s.drop_tun_full == after.drop_tun_full + 1);
+            else if (err)
+                CHECK(path.c.s.drop_tun_error == after.drop_tun_error + 1);
+            else if (v == DP_V_ICMP)
+                CHECK(path.c.s.icmp_unreach_sent + path.c.s.icmp_ttl_sent ==
+                      after.icmp_unreach_sent + after.icmp_ttl_sent + 1);
+            else
+                CHECK(path.c.s.tun_tx_packets == after.tun_tx_packets + 1 &&
+                      path.c.s.tun_tx_bytes == after.tun_tx_bytes + len);
+        }
+        free(pkt);
+        free(orig);
+    }
+
+    if (flags & 2) {
+        static dp_trace_event ev[DP_TRACE_RING];
+        int n = dp_trace_read(&path.trace, 0, ev, DP_TRACE_RING);
+
+        CHECK(n >= 0);
+        for (i = 1; i < (uint32_t)n; i++)
+            CHECK(ev[i].seq == ev[i - 1].seq + 1 && ev[i].head_len <= DP_TRACE_HEAD);
+    }
+    dp_routes_free(table);
+    return 0;
+}

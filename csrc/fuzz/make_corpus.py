@@ -1,0 +1,161 @@
+"""Writes the seed corpus of fuzz_packet.c into csrc/fuzz/corpus/.
+
+    python csrc/fuzz/make_corpus.py
+
+The seeds are real packets from dataplane.ipv4's builders (the ones the
+engine tests use) and a few malformed ones, wrapped in the input layout
+described at the top of fuzz_packet.c. Regression inputs (crashes found by
+fuzzing) live beside them as corpus/regress-*; this script leaves those alone.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+from dataplane import ipv4  # noqa: E402
+
+CORPUS = os.path.join(HERE, "corpus")
+
+# flags byte
+ACCEPT_ANY, TRACE, KEEP_HOST_BITS = 1, 2, 16
+LIMIT_NONE, LIMIT_ONE, LIMIT_DEFAULT, LIMIT_BYTES = 0 << 2, 1 << 2, 2 << 2, 3 << 2
+# packet ctl byte
+TUN, UDP, TRUNC = 0, 1, 2
+WRITE_OK, WRITE_EAGAIN, WRITE_EIO = 0 << 2, 2 << 2, 3 << 2
+
+
+def mtu_byte(mtu: int) -> int:
+    return (mtu - 68) // 6
+
+
+def route(net: str, plen: int, peer: int) -> bytes:
+    return bytes(int(x) for x in net.split(".")) + bytes([plen, peer])
+
+
+def packet(ctl: int, data: bytes, src: int = 0, clock: int = 0) -> bytes:
+    """src (UDP: 0-7 a route's peer, 8-15 a stranger) and clock share the
+    high nibble."""
+    return bytes([ctl | (src or clock) << 4]) + struct.pack("!H", len(data)) + data
+
+
+def seed(flags: int, mtu: int, routes: list[bytes], packets: list[bytes], rate: int = 0,
+         burst: int = 0) -> bytes:
+    return bytes([flags, mtu_byte(mtu), rate, burst, len(routes)]) + b"".join(routes) + \
+        b"".join(packets)
+
+
+def udp(src, dst, n=16, **kw):
+    return ipv4.build(src, dst, ipv4.udp_payload(4000, 5000, b"d" * n), **kw)
+
+
+def with_byte(p: bytes, i: int, v: int) -> bytes:
+    b = bytearray(p)
+    b[i] = v
+    return bytes(b)
+
+
+ROUTES = [route("10.5.2.0", 24, 0), route("10.5.3.0", 24, 1), route("10.6.0.0", 16, 2)]
+OUT = "10.5.1.9"                     # a pod on this host
+IN = "10.5.2.7"                      # a pod behind peer 0
+
+GOOD_TUN = [
+    udp(OUT, "10.5.2.3"),
+    udp(OUT, "10.5.3.200", n=400, ttl=2),
+    udp(OUT, "10.6.7.8", options=b"\x94\x04\x00\x00"),
+    ipv4.build(OUT, "10.5.2.3", ipv4.echo_request(7, 1), proto=1),
+]
+ICMP_TUN = [
+    udp(OUT, "10.9.0.1"),                                   # no route: unreachable
+    udp(OUT, "10.5.2.3", ttl=1),                            # time exceeded
+    ipv4.build(OUT, "10.5.2.3", ipv4.echo_request(), proto=1, ttl=0),
+    udp(OUT, "10.9.0.1", options=bytes(40)),                # ihl 15: the longest quote
+    udp(OUT, "10.9.0.1", n=0),
+    ipv4.build(OUT, "10.9.0.1", b"abc"),                    # quote shorter than ihl*4 + 8
+    ipv4.build(OUT, "10.5.2.3", b"1234567", ttl=1),         # one byte short of it
+    ipv4.build(OUT, "10.9.0.1", b""),
+]
+QUIET_TUN = [
+    ipv4.build(OUT, "10.9.0.1", ipv4.echo_request(), proto=1),            # ICMP: no unreachable
+    ipv4.build(OUT, "10.5.2.3", ipv4.icmp_message(11, 0, 0, b"q" * 28), proto=1, ttl=1),
+    udp(OUT, "10.9.0.1", frag_offset=5),                    # later fragment
+    udp(OUT, "10.5.2.3", ttl=1, flags=1, frag_offset=185),
+]
+MALFORMED = [
+    b"", b"\x45", udp(OUT, "10.5.2.3")[:19],
+    with_byte(udp(OUT, "10.5.2.3"), 0, 0x65),               # version 6
+    with_byte(udp(OUT, "10.5.2.3"), 0, 0x44),               # ihl 4
+    with_byte(udp(OUT, "10.5.2.3"), 0, 0x4F),               # ihl 15 > len
+    udp(OUT, "10.5.2.3", tot_len=30), udp(OUT, "10.5.2.3", tot_len=0),
+    udp(OUT, "10.5.2.3") + b"\0\0",                          # trailing bytes
+    bytes([0x60]) + bytes(39),                               # IPv6-looking
+    udp(OUT, "10.5.2.3", check=0x0BAD),                      # wrong checksum: forwarded
+    udp(OUT, "10.5.2.3", check=0x0000), udp(OUT, "10.5.2.3", check=0xFFFF),
+]
+GOOD_UDP = [udp(IN, OUT), udp(IN, OUT, n=1000, ttl=2), udp("10.5.3.4", OUT, ttl=255)]
+
+
+def seeds() -> dict[str, bytes]:
+    s = {}
+    s["tun-forward"] = seed(ACCEPT_ANY, 1472, ROUTES, [packet(TUN, p) for p in GOOD_TUN])
+    s["tun-icmp"] = seed(ACCEPT_ANY, 1472, ROUTES,
+                         [packet(TUN | WRITE_OK, p, clock=1) for p in ICMP_TUN + QUIET_TUN])
+    s["tun-icmp-write-fails"] = seed(ACCEPT_ANY, 1472, ROUTES,
+                                     [packet(TUN | WRITE_EAGAIN, ICMP_TUN[0]),
+                                      packet(TUN | WRITE_EIO, ICMP_TUN[1])])
+    s["tun-malformed"] = seed(ACCEPT_ANY | TRACE, 1472, ROUTES,
+                              [packet(TUN, p) for p in MALFORMED])
+    s["udp-forward"] = seed(ACCEPT_ANY, 1472, ROUTES,
+                            [packet(UDP | WRITE_OK, p, src=i % 3) for i, p in enumerate(GOOD_UDP)]
+                            + [packet(UDP | WRITE_EAGAIN, GOOD_UDP[0]),
+                               packet(UDP | WRITE_EIO, GOOD_UDP[1])])
+    s["udp-malformed"] = seed(ACCEPT_ANY | TRACE, 1472, ROUTES,
+                              [packet(UDP, p) for p in MALFORMED]
+                              + [packet(UDP, udp(IN, OUT, ttl=1)),
+                                 packet(UDP | TRUNC, udp(IN, OUT))])
+    s["udp-strict-sources"] = seed(0, 1472, ROUTES,
+                                   [packet(UDP, GOOD_UDP[0], src=0),
+                                    packet(UDP, GOOD_UDP[0], src=9),     # stranger
+                                    packet(UDP, GOOD_UDP[0], src=5),     # peer of no route
+                                    packet(UDP, MALFORMED[3], src=12)])
+    s["udp-strict-no-routes"] = seed(0, 1472, [], [packet(UDP, GOOD_UDP[0], src=0)])
+    s["icmp-flood-limit-one"] = seed(ACCEPT_ANY | LIMIT_ONE, 1472, ROUTES,
+                                     [packet(TUN, udp(OUT, f"10.9.0.{i}")) for i in range(12)]
+                                     + [packet(TUN, udp(OUT, "10.9.0.1"), clock=15)])
+    s["icmp-flood-default-limit"] = seed(ACCEPT_ANY | LIMIT_DEFAULT, 1472, ROUTES,
+                                         [packet(TUN, udp(OUT, f"10.9.1.{i}", n=0))
+                                          for i in range(60)])
+    s["icmp-flood-rate-bytes"] = seed(ACCEPT_ANY | LIMIT_BYTES, 1472, ROUTES,
+                                      [packet(TUN, udp(OUT, "10.5.2.3", ttl=1, ident=i), clock=i % 4)
+                                       for i in range(20)], rate=5, burst=3)
+    s["mtu-68"] = seed(ACCEPT_ANY, 68, ROUTES,
+                       [packet(TUN, udp(OUT, "10.9.0.1", n=20, options=bytes(8))),
+                        packet(TUN, udp(OUT, "10.5.2.3", n=40)),
+                        packet(UDP, udp(IN, OUT, n=40)), packet(UDP, udp(IN, OUT, n=41))])
+    s["routes-lpm"] = seed(ACCEPT_ANY, 1472,
+                           [route("0.0.0.0", 0, 3), route("10.0.0.0", 8, 4),
+                            route("10.5.2.0", 24, 0), route("10.5.2.128", 25, 1),
+                            route("10.5.2.200", 32, 2), route("10.5.2.0", 24, 5)],
+                           [packet(TUN, udp(OUT, d)) for d in
+                            ("10.5.2.1", "10.5.2.129", "10.5.2.200", "10.77.0.1", "192.0.2.1")])
+    s["routes-host-bits"] = seed(ACCEPT_ANY | KEEP_HOST_BITS, 1472, [route("10.5.2.1", 24, 0)],
+                                 [packet(TUN, udp(OUT, "10.5.2.3"))])
+    s["jumbo"] = seed(ACCEPT_ANY | LIMIT_ONE, 1598, ROUTES,
+                      [packet(TUN, udp(OUT, "10.5.2.3", n=1570)),
+                       packet(UDP, udp(IN, OUT, n=1570))])
+    return s
+
+
+def main() -> None:
+    os.makedirs(CORPUS, exist_ok=True)
+    for name, data in seeds().items():
+        with open(os.path.join(CORPUS, f"seed-{name}"), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(seeds())} seeds into {CORPUS}")
+
+
+if __name__ == "__main__":
+    main()
