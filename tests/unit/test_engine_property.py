@@ -1,0 +1,205 @@
+"""Property tests: arbitrary bytes into both engines, from both sides.
+
+Hypothesis builds scripts of runs; a run is a few packets read from the TUN
+or received on the UDP socket (from a route's peer or from a stranger).
+Packets are raw random bytes, IPv4 packets with random fields (valid or
+not), mutated packets, and packets longer than the mtu. Each run is settled
+(tests/engine_harness.py) before the next, and then:
+
+  * the engine is alive (no crash, no exception in its thread);
+  * every packet is counted in exactly one outcome: forwarded, or one drop
+    reason of its side; the ICMP counters move only on the TUN side;
+  * whatever reached the TUN or a peer is well-formed IPv4 (version 4,
+    ihl >= 5, ihl * 4 <= len, tot_len == len, TTL >= 1; a forwarded
+    packet also len <= mtu), and is either one of the inputs, in order,
+    with TTL - 1 and the checksum patched (valid if it was valid), or an
+    ICMP error with valid checksums quoting one of the inputs.
+
+Examples are bounded so that the file runs in well under a minute for both
+engines; `derandomize` keeps CI reproducible.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dataplane import ipv4
+from dataplane.engine import DROP_STATS
+from tests.engine_harness import Harness
+
+TUN_ADDR = "10.5.1.0"
+ROUTED = ["10.5.2.0/24", "10.5.3.0/24"]
+ADDRS = ["10.5.2.7", "10.5.3.9", "10.5.1.9", "10.9.0.1", "0.0.0.0", "255.255.255.255"]
+TUN_DROPS = ("drop_no_route", "drop_ttl", "drop_malformed", "drop_not_ipv4", "drop_send_error")
+UDP_DROPS = ("drop_truncated", "drop_bad_source", "drop_malformed", "drop_not_ipv4", "drop_ttl",
+             "drop_tun_full", "drop_tun_error")
+STRANGER = -1
+
+
+# ---- strategies ----------------------------------------------------------------
+
+@st.composite
+def ipv4_packets(draw):
+    """An IPv4 packet with random fields, mostly plausible."""
+    options = draw(st.sampled_from([b"", b"", b"\x94\x04\x00\x00", bytes(40)]))
+    proto = draw(st.sampled_from([17, 6, 1, 1, 0, 255]))
+    if proto == 1 and draw(st.booleans()):
+        payload = ipv4.icmp_message(draw(st.sampled_from([0, 3, 4, 5, 8, 11, 12, 13])), 0, 0,
+                                    draw(st.binary(max_size=40)))
+    else:
+        payload = draw(st.binary(max_size=120))
+    return ipv4.build(draw(st.sampled_from(ADDRS)), draw(st.sampled_from(ADDRS)), payload,
+                      proto=proto, ttl=draw(st.sampled_from([0, 1, 2, 64, 255])),
+                      flags=draw(st.integers(0, 7)),
+                      frag_offset=draw(st.sampled_from([0, 0, 0, 1, 0x1FFF])),
+                      options=options, tos=draw(st.integers(0, 255)),
+                      check=draw(st.sampled_from([None, None, None, 0, 0xFFFF, 0x1234])))
+
+
+@st.composite
+def mutated(draw):
+    b = bytearray(draw(ipv4_packets()))
+    for _ in range(draw(st.integers(1, 3))):
+        how = draw(st.integers(0, 3))
+        if how == 0 and b:
+            b[draw(st.integers(0, len(b) - 1))] = draw(st.integers(0, 255))
+        elif how == 1:
+            b = b[:draw(st.integers(0, len(b)))]
+        elif how == 2:
+            b += draw(st.binary(min_size=1, max_size=8))
+        else:
+            b[:1] = bytes([draw(st.integers(0, 255))])
+    return bytes(b)
+
+
+@st.composite
+def oversized(draw):
+    extra = draw(st.integers(1, 200))
+    return ipv4.build("10.5.2.7", draw(st.sampled_from(ADDRS)), b"o" * (1472 - 20 + extra))
+
+
+packets = st.one_of(st.binary(max_size=80), ipv4_packets(), mutated(), oversized())
+runs = st.lists(
+    st.tuples(st.sampled_from(["tun", "udp"]),
+              st.lists(st.tuples(st.sampled_from([0, 1, STRANGER]), packets),
+                       min_size=1, max_size=8)),
+    min_size=1, max_size=4)
+
+
+# ---- checks ----------------------------------------------------------------------
+
+def well_formed(p: bytes) -> bool:
+    ihl4 = (p[0] & 15) * 4 if p else 0
+    return (len(p) >= 20 and p[0] >> 4 == 4 and ihl4 >= 20 and ihl4 <= len(p)
+            and int.from_bytes(p[2:4], "big") == len(p) and p[8] >= 1)
+
+
+def forwarded(p: bytes) -> bytes:
+    b = bytearray(p)
+    ipv4.decrement_ttl(b)
+    return bytes(b)
+
+
+def assert_subsequence(outputs, inputs, what):
+    """Each output is the next not yet matched input, forwarded."""
+    i = 0
+    for out in outputs:
+        while i < len(inputs) and (len(inputs[i]) != len(out) or forwarded(inputs[i]) != out):
+            i += 1
+        assert i < len(inputs), f"{what}: {ipv4.describe(out)} is no input forwarded in order"
+        if ipv4.header_checksum_ok(inputs[i]):
+            assert ipv4.header_checksum_ok(out), f"{what}: checksum broken"
+        i += 1
+
+
+def assert_icmp_error(err: bytes, inputs):
+    assert well_formed(err) and len(err) <= 576, ipv4.describe(err)
+    assert err[0] == 0x45 and err[9] == 1 and err[8] == 64
+    assert ipv4.header_checksum_ok(err) and ipv4.checksum(err[20:]) == 0
+    assert err[12:16] == ipaddress.IPv4Address(TUN_ADDR).packed
+    assert err[20] in (3, 11) and err[21] == 0
+    quote = err[28:]
+    assert any(p[:len(quote)] == quote and p[12:16] == err[16:20] for p in inputs), \
+        "ICMP error quotes no input"
+
+
+def delta(a: dict, b: dict) -> dict:
+    return {k: b[k] - a[k] for k in a if b[k] != a[k]}
+
+
+def play(kind, script, accept_any, mtu, limited):
+    with Harness(kind, mtu=mtu, accept_any=accept_any, tun_addr=TUN_ADDR,
+                 icmp_rate=1 if limited else 0, icmp_burst=2) as h:
+        peers = [h.add_peer(), h.add_peer()]
+        h.set_routes([h.route(net, p) for net, p in zip(ROUTED, peers)])
+        before = h.settle()
+        for side, items in script:
+            n_peer = [len(p.received) for p in peers]
+            n_tun = len(h.tun_received)
+            inputs = [data for _, data in items]
+            if side == "tun":
+                h.inject_tun(*inputs)
+            else:
+                for who, data in items:
+                    h.inject_udp(None if who == STRANGER else peers[who], data)
+            after = h.settle()
+            d = delta(before, after)
+            before = after
+            assert h.engine.join(0) is False, "the engine's loop ended"
+            assert getattr(h.engine, "error", None) is None, h.engine.error
+            tun_out = h.tun_received[n_tun:]
+            peer_out = [p.received[k:] for p, k in zip(peers, n_peer)]
+            assert h.stranger.received == []
+            # Reads are cut at the mtu on the TUN side (then malformed).
+            seen = [x[:mtu] for x in inputs] if side == "tun" else inputs
+            if side == "tun":
+                assert d.get("tun_rx_packets", 0) == len(items) and "udp_rx_packets" not in d
+                assert d["tun_rx_packets"] == d.get("udp_tx_packets", 0) + sum(
+                    d.get(k, 0) for k in TUN_DROPS)
+                icmp = d.get("icmp_unreach_sent", 0) + d.get("icmp_ttl_sent", 0)
+                assert icmp + d.get("icmp_ratelimited", 0) <= \
+                    d.get("drop_no_route", 0) + d.get("drop_ttl", 0)
+                assert len(tun_out) == icmp
+                for err in tun_out:
+                    assert_icmp_error(err, seen)
+                assert sum(map(len, peer_out)) == d.get("udp_tx_packets", 0)
+                for k, out in enumerate(peer_out):
+                    for p in out:
+                        assert well_formed(p) and len(p) <= mtu, ipv4.describe(p)
+                    assert_subsequence(out, seen, f"peer {k}")
+            else:
+                assert d.get("udp_rx_packets", 0) == len(items) and "tun_rx_packets" not in d
+                assert d["udp_rx_packets"] == d.get("tun_tx_packets", 0) + sum(
+                    d.get(k, 0) for k in UDP_DROPS)
+                for k in ("icmp_unreach_sent", "icmp_ttl_sent", "icmp_ratelimited",
+                          "udp_tx_packets", "drop_no_route", "drop_send_error"):
+                    assert k not in d, k
+                assert len(tun_out) == d.get("tun_tx_packets", 0)
+                assert all(p.received[k:] == [] for p, k in zip(peers, n_peer))
+                for p in tun_out:
+                    assert well_formed(p) and len(p) <= mtu, ipv4.describe(p)
+                assert_subsequence(tun_out, seen, "TUN")
+            assert set(d) <= set(DROP_STATS) | {
+                "tun_rx_packets", "tun_rx_bytes", "udp_rx_packets", "udp_rx_bytes",
+                "udp_tx_packets", "udp_tx_bytes", "tun_tx_packets", "tun_tx_bytes",
+                "icmp_unreach_sent", "icmp_ttl_sent", "icmp_ratelimited", "syscalls",
+                "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls", "tx_batches",
+                "rx_batches"}, d
+
+
+@settings(max_examples=400, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(script=runs, accept_any=st.booleans(), mtu=st.sampled_from([68, 576, 1472]),
+       limited=st.booleans())
+def test_arbitrary_bytes_both_sides(engine_kind, script, accept_any, mtu, limited):
+    play(engine_kind, script, accept_any, mtu, limited)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.lists(st.binary(max_size=1600), min_size=1, max_size=12),
+       side=st.sampled_from(["tun", "udp"]))
+def test_raw_bytes_only(engine_kind, data, side):
+    play(engine_kind, [(side, [(0, d) for d in data])], True, 1472, False)
