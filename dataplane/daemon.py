@@ -445,6 +445,7 @@ class Daemon:
         eng = cls(tun_fd=self.tun_fd, udp_fd=self.sock.fileno(),
                   tun_addr=self.lease.subnet.network_address, mtu=self.ext.tun_mtu,
                   port=self.config.backend_port, accept_any=self.opts.accept_from == "any")
+        eng.set_icmp_limit(self.opts.icmp_rate, self.opts.icmp_burst)
         if self.opts.trace:
             eng.trace(True)
         return eng

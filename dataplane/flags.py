@@ -211,6 +211,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("accept-from", _choice("leases", "any"), "leases", "which UDP sources to accept: leases "
          "(only the PublicIP of a known lease; default) or any (as flanneld; use it when peers "
          "reach this host through address translation)", metavar="leases|any", group="ours"),
+    Flag("icmp-rate", _parse_int, 100, "ICMP errors (net unreachable, time exceeded) the engine "
+         "sends per second at most, as routers limit them; 0 = unlimited (default: 100)",
+         metavar="N", check=_range(0, 2 ** 32 - 1), group="ours"),
+    Flag("icmp-burst", _parse_int, 50, "ICMP errors allowed in a burst above --icmp-rate "
+         "(default: 50)", metavar="N", check=_range(1, 2 ** 32 - 1), group="ours"),
     Flag("metrics", _parse_metrics, "", "where to serve Prometheus /metrics: IP:PORT for a "
          "listener of its own, 'healthz' (or empty, the default) for the healthz server when "
          "--healthz-port is set, 'off' to disable", metavar="IP:PORT", group="ours"),
@@ -258,6 +263,8 @@ class Options:
     log_backtrace_at: str = ""
     engine: str = "auto"
     accept_from: str = "leases"
+    icmp_rate: int = 100
+    icmp_burst: int = 50
     metrics: str = ""
     trace: bool = False
     # where each value came from: "flag", "env" or "default"

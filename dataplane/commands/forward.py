@@ -97,6 +97,18 @@ def _mtu(value: str) -> int:
     return mtu
 
 
+def _count(lo: int):
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+            if not lo <= n < 2 ** 32:
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r}: expected an integer in {lo}..2**32-1")
+        return n
+    return parse
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tun-name", default="flannel%d", metavar="NAME",
                    help="TUN device name or template (default: flannel%%d -> flannel0)")
@@ -117,6 +129,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-from", choices=("leases", "any"), default="any",
                    help="leases: drop datagrams whose source is no --route peer; any: accept all "
                         "as flanneld (default: any)")
+    p.add_argument("--icmp-rate", type=_count(0), default=100, metavar="N",
+                   help="ICMP errors sent per second at most, as routers limit them; "
+                        "0 = unlimited (default 100)")
+    p.add_argument("--icmp-burst", type=_count(1), default=50, metavar="N",
+                   help="ICMP errors allowed in a burst above --icmp-rate (default 50)")
     p.add_argument("--sockbuf", type=int, default=SOCKBUF, metavar="BYTES",
                    help=f"UDP socket send/receive buffer size (default {SOCKBUF})")
     p.add_argument("--stats-file", metavar="PATH",
@@ -206,6 +223,7 @@ def main(args: argparse.Namespace) -> int:
         engine = cls(tun_fd=tun_fd, udp_fd=sock.fileno(), tun_addr=tun_addr.ip, mtu=mtu,
                      port=port, batch=args.batch or DEFAULT_BATCH,
                      accept_any=args.accept_from == "any")
+        engine.set_icmp_limit(args.icmp_rate, args.icmp_burst)
         engine.set_routes(routes)
         engine.start()
         log.info("engine %s (%s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",
