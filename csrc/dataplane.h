@@ -34,7 +34,11 @@
  *      drop_tun_full, any other error -> drop_tun_error; never retried.
  *
  * Checks are made in exactly the order listed; a packet is counted in the
- * first drop reason it meets and in no other.
+ * first drop reason it meets and in no other. The inner packet's source
+ * address is not checked against the sender's subnet, as in flanneld: a
+ * peer host's own processes and traffic it routes without masquerading
+ * legitimately carry other sources; rp_filter and the FORWARD rules see
+ * the packet after the TUN.
  *
  * Incremental TTL checksum update (both engines, bit for bit):
  *   old = ttl << 8 | proto;  new = (ttl - 1) << 8 | proto
