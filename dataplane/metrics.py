@@ -71,6 +71,8 @@ def _family_of(stat: str):
         return "icmp_sent", "type", "net_unreachable"
     if stat == "icmp_ttl_sent":
         return "icmp_sent", "type", "time_exceeded"
+    if stat == "icmp_ratelimited":
+        return "icmp_ratelimited", None, None
     if stat in _SYSCALL_KINDS:
         return "syscalls_by_kind", "kind", stat
     if stat == "tx_batches":
@@ -86,6 +88,7 @@ _HELP = {
     "bytes": "Bytes through the engine, by path (see flannel_udp_packets_total).",
     "drops": "Packets dropped by the engine, by reason.",
     "icmp_sent": "ICMP errors the engine generated (net unreachable for a subnet with no lease).",
+    "icmp_ratelimited": "ICMP errors not sent because of the --icmp-rate/--icmp-burst limit.",
     "syscalls_by_kind": "Engine syscalls by kind.",
     "batches": "Batched syscalls (sendmmsg/recvmmsg or equivalent) by direction.",
 }
@@ -120,8 +123,8 @@ class DaemonCollector:
                 fname, lname, lval = fam
                 if fname not in fams:
                     fams[fname] = CounterMetricFamily(f"{PREFIX}_{fname}", _HELP[fname],
-                                                      labels=[lname])
-                fams[fname].add_metric([lval], value)
+                                                      labels=[lname] if lname else [])
+                fams[fname].add_metric([lval] if lname else [], value)
         yield from fams.values()
 
         g = GaugeMetricFamily(f"{PREFIX}_peers", "Peer leases in the route table.")

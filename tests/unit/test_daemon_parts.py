@@ -65,6 +65,8 @@ def test_metrics_text(server):
     assert f'flannel_udp_packets_total{{path="udp_tx"}} {float(i("udp_tx_packets"))}' in body
     assert f'flannel_udp_drops_total{{reason="bad_source"}} {float(i("drop_bad_source"))}' in body
     assert f'flannel_udp_syscalls_total {float(i("syscalls"))}' in body
+    if "icmp_ratelimited" in STAT_NAMES:
+        assert f'flannel_udp_icmp_ratelimited_total {float(i("icmp_ratelimited"))}' in body
     assert "flannel_udp_peers 2.0" in body
     assert 'flannel_udp_lease_expiry_timestamp_seconds{subnet="10.5.3.0/24"} 1.8e+09' in body
     assert 'flannel_udp_engine_info{engine="python",reason="requested"} 1.0' in body
