@@ -19,6 +19,7 @@ import re
 import struct
 
 from .. import ipv4
+from ..engine.api import STAT_NAMES
 
 #: flannel's udp backend adds exactly an outer IPv4 header and a UDP header.
 OUTER_IP = 20
@@ -59,8 +60,8 @@ def stats_from_metrics(metrics: dict) -> dict:
             out[labels["kind"]] = v
         elif fam == "batches" and "direction" in labels:
             out[f"{labels['direction']}_batches"] = v
-        elif fam == "syscalls" and not labels:
-            out["syscalls"] = v
+        elif not labels and fam in STAT_NAMES:    # syscalls, icmp_ratelimited, ...
+            out[fam] = v
         elif fam.startswith("engine_") and not labels and fam != "engine_info":
             out[fam[len("engine_"):]] = v
     return out
