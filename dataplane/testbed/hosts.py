@@ -176,6 +176,10 @@ class Testbed:
         ns.run_ip(["link", "del", f"{ns.PREFIX}{self.tag}s{host.index}"],
                   netns=self.switch, check=False)
         self._delete_ns(host.netns)
+        # Its IP is reused by the next add_host(); a cached MAC of the old veth
+        # would black-hole that host for the neighbour timeout (~30 s).
+        for where in [self.switch] + [h.netns for h in self.hosts]:
+            ns.run_ip(["neigh", "flush", "to", host.ip], netns=where, check=False)
 
     def host(self, key: Host | str | int) -> Host:
         """A host by Host, name or index."""
