@@ -36,7 +36,7 @@
  *   then packets: ctl 1, len 2 (big-endian, cut to the mtu and to what is
  *   left), bytes. ctl bit 0: 0 TUN, 1 UDP; bit 1 MSG_TRUNC; bits 2-3 the
  *   TUN write: 0/1 ok, 2 EAGAIN, 3 EIO; bits 4-7 source (UDP: 0-7 a route's
- *   peer, 8-15 a stranger) and clock step (2^bits ms).
+ *   peer, 8-15 a stranger; 7 and 15 are 0.0.0.0) and clock step (2^bits ms).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -163,6 +163,13 @@ static void check_icmp(const struct dp_path *pa, const uint8_t *off, uint32_t le
     }
 }
 
+/* Peer i is 127.0.0.16 + i, but 7 and 15 are 0.0.0.0: the address of
+ * "source unknown", which the peer set keeps apart. */
+static uint32_t peer_addr(uint32_t i)
+{
+    return (i & 7) == 7 ? 0 : htonl(PEER_BASE + i);
+}
+
 static struct dp_path path;     /* static: the trace ring is large */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -201,7 +208,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!(flags & 16))
             rt[i].net &= m;
         rt[i].prefixlen = plen;
-        rt[i].peer_ip = htonl(PEER_BASE + (rd8(&r) & 7));
+        rt[i].peer_ip = peer_addr(rd8(&r) & 7);
         rt[i].port = 8285 + i;
     }
     if (dp_routes_build(&table, rt, nroutes) != 0) {
@@ -238,7 +245,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!udp) {
             v = dp_path_tun(&path, pkt, len, &hit);
         } else {
-            uint32_t src = htonl(PEER_BASE + (ctl >> 4));   /* >= 8: no route's peer */
+            uint32_t src = peer_addr(ctl >> 4);        /* >= 8: no route's peer */
 
             v = dp_path_udp(&path, pkt, len, src, 4000, 1, ctl & 2);
             if (v == DP_V_FORWARD) {

@@ -37,7 +37,7 @@ def route(net: str, plen: int, peer: int) -> bytes:
 
 
 def packet(ctl: int, data: bytes, src: int = 0, clock: int = 0) -> bytes:
-    """src (UDP: 0-7 a route's peer, 8-15 a stranger) and clock share the
+    """src (UDP: 0-7 a route's peer, 8-15 a stranger; 7 and 15: 0.0.0.0) and clock share the
     high nibble."""
     return bytes([ctl | (src or clock) << 4]) + struct.pack("!H", len(data)) + data
 
@@ -121,6 +121,9 @@ def seeds() -> dict[str, bytes]:
                                     packet(UDP, GOOD_UDP[0], src=9),     # stranger
                                     packet(UDP, GOOD_UDP[0], src=5),     # peer of no route
                                     packet(UDP, MALFORMED[3], src=12)])
+    s["udp-strict-zero-peer"] = seed(0, 1472, [route("10.5.2.0", 24, 7)],
+                                     [packet(UDP, GOOD_UDP[0], src=7),     # 0.0.0.0: a peer
+                                      packet(UDP, GOOD_UDP[0], src=1)])    # 127.0.0.17: not
     s["udp-strict-no-routes"] = seed(0, 1472, [], [packet(UDP, GOOD_UDP[0], src=0)])
     s["icmp-flood-limit-one"] = seed(ACCEPT_ANY | LIMIT_ONE, 1472, ROUTES,
                                      [packet(TUN, udp(OUT, f"10.9.0.{i}")) for i in range(12)]
