@@ -120,7 +120,11 @@ typedef struct dp_stats {
     uint64_t rx_batches;         /* non-empty UDP->TUN batches */
     uint64_t route_swaps;        /* route tables taken into use by the loop */
     uint64_t icmp_ratelimited;   /* ICMP errors not sent: over the rate limit */
-    uint64_t reserved[35];
+    uint64_t tun_rx_gso;         /* GSO super-packets read from the TUN (DP_OFF_TUN_VNET) */
+    uint64_t udp_tx_gso;         /* sends that carried a train of datagrams (DP_OFF_UDP_GSO) */
+    uint64_t udp_rx_gro;         /* receives that held a train of datagrams (DP_OFF_UDP_GRO) */
+    uint64_t tun_tx_gso;         /* TUN writes that carried coalesced segments (DP_OFF_TUN_GRO) */
+    uint64_t reserved[31];
 } dp_stats;
 
 /* Trace events, recorded only while tracing is on (for the demo). */
@@ -177,6 +181,25 @@ int dp_loop_stats(dp_loop *loop, dp_stats *out);
 /* Thread-safe: the ICMP error rate limit (see above). rate 0 = unlimited;
  * with rate > 0, burst must be >= 1 (else -EINVAL). */
 int dp_loop_set_icmp_limit(dp_loop *loop, uint32_t rate, uint32_t burst);
+
+/* Offloads: kernel features the caller has switched on for the fds and
+ * probed; the wire format never changes (every datagram carries exactly one
+ * IPv4 packet of at most mtu bytes). Call before dp_loop_run(): -EBUSY while
+ * it runs, -EINVAL for unknown bits or DP_OFF_TUN_GRO without
+ * DP_OFF_TUN_VNET. Packet counters keep counting IP packets as they are on
+ * the wire (segments, not super-packets); the *_gso/_gro counters count the
+ * big reads, sends, receives and writes. */
+enum dp_offload {
+    DP_OFF_TUN_VNET = 1,   /* tun_fd has IFF_VNET_HDR (10-byte struct virtio_net_hdr
+                              before every packet read and written) and TUNSETOFFLOAD:
+                              reads may be TSO/USO super-packets, segmented here */
+    DP_OFF_UDP_GSO = 2,    /* trains of equal-sized datagrams to one peer go out in
+                              one message with UDP_SEGMENT */
+    DP_OFF_UDP_GRO = 4,    /* udp_fd has UDP_GRO on: one message may hold a train */
+    DP_OFF_TUN_GRO = 8     /* consecutive TCP segments of one flow are written to
+                              the TUN as one GSO packet (needs DP_OFF_TUN_VNET) */
+};
+int dp_loop_set_offloads(dp_loop *loop, uint32_t flags);
 
 /* Thread-safe on/off switch for the trace ring. */
 int dp_loop_trace(dp_loop *loop, int enable);

@@ -44,6 +44,10 @@ enum dp_stat {
     DP_ST_RX_BATCHES,
     DP_ST_ROUTE_SWAPS,
     DP_ST_ICMP_RATELIMITED,
+    DP_ST_TUN_RX_GSO,
+    DP_ST_UDP_TX_GSO,
+    DP_ST_UDP_RX_GRO,
+    DP_ST_TUN_TX_GSO,
     DP_ST_COUNT,
     DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
 };

@@ -59,6 +59,7 @@ struct dp_loop {
     int tun_fd, udp_fd;         /* the caller's; never closed here */
     int ep_fd, wake_fd;         /* ours */
     uint32_t mtu, batch;
+    uint32_t offloads;          /* enum dp_offload bits; fixed once the loop runs */
 
     int stopping;               /* any thread sets it (release); the loop polls it */
     int running;                /* one dp_loop_run() at a time */
@@ -527,6 +528,20 @@ int dp_loop_trace_read(dp_loop *l, uint64_t after, dp_trace_event *out, uint32_t
     return dp_trace_read(&l->path.trace, after, out, max);
 }
 
+int dp_loop_set_offloads(dp_loop *l, uint32_t flags)
+{
+    const uint32_t all = DP_OFF_TUN_VNET | DP_OFF_UDP_GSO | DP_OFF_UDP_GRO | DP_OFF_TUN_GRO;
+
+    if (!l || (flags & ~all))
+        return -EINVAL;
+    if ((flags & DP_OFF_TUN_GRO) && !(flags & DP_OFF_TUN_VNET))
+        return -EINVAL;
+    if (__atomic_load_n(&l->running, __ATOMIC_ACQUIRE))
+        return -EBUSY;
+    l->offloads = flags;
+    return 0;
+}
+
 int dp_loop_set_icmp_limit(dp_loop *l, uint32_t rate, uint32_t burst)
 {
     if (!l)
@@ -541,4 +556,5 @@ _Static_assert(offsetof(dp_stats, drop_no_route) == DP_ST_DROP_NO_ROUTE * 8, "dr
 _Static_assert(offsetof(dp_stats, drop_tun_error) == DP_ST_DROP_TUN_ERROR * 8, "drop index");
 _Static_assert(offsetof(dp_stats, route_swaps) == DP_ST_ROUTE_SWAPS * 8, "stats index");
 _Static_assert(offsetof(dp_stats, icmp_ratelimited) == DP_ST_ICMP_RATELIMITED * 8, "stats index");
+_Static_assert(offsetof(dp_stats, tun_tx_gso) == DP_ST_TUN_TX_GSO * 8, "stats index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");

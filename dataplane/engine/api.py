@@ -8,6 +8,7 @@ oracle in the differential tests.
 from __future__ import annotations
 
 import abc
+import errno
 import ipaddress
 from dataclasses import dataclass
 
@@ -25,12 +26,18 @@ STAT_NAMES = (
     "syscalls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
     "tx_batches", "rx_batches", "route_swaps",
     "icmp_ratelimited",
+    "tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso",
 )
 # Counters that depend on how an engine batches its syscalls; every other
 # counter must be identical between engines for the same input.
 SYSCALL_STATS = frozenset(
     {"syscalls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
      "tx_batches", "rx_batches"})
+# Counters of the C engine's offloads (csrc/dataplane.h, enum dp_offload): the
+# Python engine has none, so they stay 0 there.
+OFFLOAD_STATS = frozenset({"tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso"})
+# Offload bits (enum dp_offload).
+OFF_TUN_VNET, OFF_UDP_GSO, OFF_UDP_GRO, OFF_TUN_GRO = 1, 2, 4, 8
 DROP_STATS = tuple(n for n in STAT_NAMES if n.startswith("drop_"))
 
 # Trace event kinds (enum dp_trace_kind).
@@ -125,6 +132,12 @@ class Engine(abc.ABC):
         if rate and not burst:
             raise ValueError("icmp burst must be >= 1 when the rate is limited")
         return rate, burst
+
+    def set_offloads(self, flags: int) -> None:
+        """Tell the engine which offloads (OFF_* bits) the caller switched on
+        for its fds; before start(). An engine without offloads accepts 0 only."""
+        if int(flags):
+            raise OSError(errno.EOPNOTSUPP, f"the {self.name} engine has no offloads")
 
     @abc.abstractmethod
     def trace(self, enable: bool) -> None:

@@ -151,6 +151,10 @@ class CEngine(Engine):
         with self._lock:
             _check(lib.dp_loop_set_icmp_limit(self._live(), rate, burst))
 
+    def set_offloads(self, flags: int) -> None:
+        with self._lock:
+            _check(lib.dp_loop_set_offloads(self._live(), int(flags)))
+
     def trace(self, enable: bool) -> None:
         with self._lock:
             _check(lib.dp_loop_trace(self._live(), 1 if enable else 0))
