@@ -70,7 +70,8 @@ enum dp_ipv4 {
     DP_ICMP_ERR_MAX = DP_IP_HDR_MIN + DP_ICMP_HDR + DP_IP_HDR_MAX + DP_ICMP_QUOTE_PAYLOAD,
     DP_ICMP_TTL_OUT = 64,          /* TTL of the errors we generate */
     DP_ICMP_DEST_UNREACH = 3,
-    DP_ICMP_TIME_EXCEEDED = 11
+    DP_ICMP_TIME_EXCEEDED = 11,
+    DP_VNET_HDR_LEN = 10           /* struct virtio_net_hdr (DP_OFF_TUN_VNET) */
 };
 
 /* routes.c APIs: an immutable table, built once, then only read. */

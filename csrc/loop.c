@@ -39,6 +39,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include "internal.h"
@@ -110,14 +111,22 @@ static inline int is_stopping(struct dp_loop *l)
 }
 
 /* write() to the TUN; a TUN write is all or nothing. EINTR means nothing
- * was written, so retrying it is not a retry of a failed packet. */
+ * was written, so retrying it is not a retry of a failed packet. With
+ * DP_OFF_TUN_VNET every write starts with a virtio_net_hdr: all zero for a
+ * plain packet whose checksums are complete. */
 static ssize_t tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len)
 {
+    static const uint8_t plain_hdr[DP_VNET_HDR_LEN];
+    struct iovec iov[2] = {
+        { .iov_base = (void *)plain_hdr, .iov_len = sizeof(plain_hdr) },
+        { .iov_base = (void *)p, .iov_len = len },
+    };
+    int vnet = (l->offloads & DP_OFF_TUN_VNET) != 0;
     ssize_t w;
 
     do {
         sys_count(l, DP_ST_TUN_WRITES);
-        w = write(l->tun_fd, p, len);
+        w = vnet ? writev(l->tun_fd, iov, 2) : write(l->tun_fd, p, len);
     } while (w < 0 && errno == EINTR);
     return w;
 }

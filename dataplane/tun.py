@@ -20,16 +20,28 @@ TUN_PATH = "/dev/net/tun"
 
 # <linux/if_tun.h>
 TUNSETIFF = 0x400454CA          # _IOW('T', 202, int)
+TUNSETOFFLOAD = 0x400454D0      # _IOW('T', 208, unsigned int)
 IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
+IFF_MULTI_QUEUE = 0x0100        # one fd per queue, all attached to one device
+IFF_VNET_HDR = 0x4000           # a struct virtio_net_hdr before every packet
 IFNAMSIZ = 16
+# TUNSETOFFLOAD bits: what the kernel may hand us (and so what we must finish).
+TUN_F_CSUM = 0x01               # checksums left partial (VIRTIO_NET_HDR_F_NEEDS_CSUM)
+TUN_F_TSO4 = 0x02
+TUN_F_TSO6 = 0x04
+TUN_F_TSO_ECN = 0x08
+TUN_F_USO4 = 0x20               # Linux >= 6.2
+TUN_F_USO6 = 0x40
+VNET_HDR_LEN = 10               # struct virtio_net_hdr, the default TUNSETVNETHDRSZ
 
 # struct ifreq is 40 bytes on 64-bit Linux: ifr_name[16], then a union whose
 # first member we use is `short ifr_flags`.
 _IFREQ = struct.Struct("16sH22x")
 
 
-def open_tun(name_template: str = "flannel%d", *, nonblock: bool = True) -> tuple[int, str]:
+def open_tun(name_template: str = "flannel%d", *, nonblock: bool = True,
+             multi_queue: bool = False, vnet_hdr: bool = False) -> tuple[int, str]:
     """Create a TUN device and return ``(fd, name)``.
 
     ``name_template`` may contain ``%d`` for the kernel to pick the first free
@@ -37,6 +49,12 @@ def open_tun(name_template: str = "flannel%d", *, nonblock: bool = True) -> tupl
     close-on-exec and, by default, non-blocking (the engines read the TUN until
     EAGAIN). Raises OSError (EPERM without CAP_NET_ADMIN, ENOENT without
     /dev/net/tun, EBUSY/EINVAL for a name in use by another kind of device).
+
+    ``multi_queue`` opens one queue of an ``IFF_MULTI_QUEUE`` device: call it
+    again with the returned (exact) name for each further queue; every queue
+    must be opened with the same flags. ``vnet_hdr`` puts a 10-byte
+    ``struct virtio_net_hdr`` before every packet read and written (needed
+    for :func:`set_offload`).
     """
     raw = name_template.encode()
     if not raw or len(raw) >= IFNAMSIZ:
@@ -44,9 +62,18 @@ def open_tun(name_template: str = "flannel%d", *, nonblock: bool = True) -> tupl
     flags = os.O_RDWR | os.O_CLOEXEC | (os.O_NONBLOCK if nonblock else 0)
     fd = os.open(TUN_PATH, flags)
     try:
-        ifr = fcntl.ioctl(fd, TUNSETIFF, _IFREQ.pack(raw, IFF_TUN | IFF_NO_PI))
+        flags = IFF_TUN | IFF_NO_PI | (IFF_MULTI_QUEUE if multi_queue else 0) | \
+            (IFF_VNET_HDR if vnet_hdr else 0)
+        ifr = fcntl.ioctl(fd, TUNSETIFF, _IFREQ.pack(raw, flags))
     except BaseException:
         os.close(fd)
         raise
     name = _IFREQ.unpack(ifr)[0].split(b"\0", 1)[0].decode()
     return fd, name
+
+
+def set_offload(fd: int, flags: int) -> None:
+    """``TUNSETOFFLOAD``: let the kernel hand this TUN (opened with
+    ``vnet_hdr``) packets with partial checksums (TUN_F_CSUM) and TSO/USO
+    super-packets. OSError EINVAL when the kernel does not know a bit."""
+    fcntl.ioctl(fd, TUNSETOFFLOAD, int(flags))
