@@ -29,7 +29,9 @@ def add_arguments(p) -> None:
                    help="write results.json and bench.png into DIR (default: perf/out "
                         "of the checkout, unless --json)")
     p.add_argument("--paths", default="direct,vxlan,c,python",
-                   help="comma-separated subset of direct,vxlan,c,python (default: all)")
+                   help="comma-separated paths (default: direct,vxlan,c,python); also c-base "
+                        "(C engine, one queue, no offloads) and c-offload (one queue, offloads "
+                        "where the kernel has them), to measure the C engine's steps")
     p.add_argument("--trials", type=int, default=None,
                    help="trials per measurement (default: 3, or 1 with --quick)")
     p.add_argument("--batch", type=int, default=None,
@@ -44,16 +46,16 @@ def main(args) -> int:
     import sys
 
     from dataplane.perf import report, runner
-    from dataplane.perf.paths import PATHS
+    from dataplane.perf.paths import ALL_PATHS
 
     if os.geteuid() != 0:
         print("flannel-udp bench: needs root (network namespaces, TUN devices)", file=sys.stderr)
         return 2
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    bad = [p for p in paths if p not in PATHS]
+    bad = [p for p in paths if p not in ALL_PATHS]
     if bad or not paths:
         print(f"flannel-udp bench: unknown path(s) {', '.join(bad) or '(none)'}; "
-              f"choose from {', '.join(PATHS)}", file=sys.stderr)
+              f"choose from {', '.join(ALL_PATHS)}", file=sys.stderr)
         return 2
     if args.trials is not None and not 1 <= args.trials <= 20:
         print("flannel-udp bench: --trials must be 1..20", file=sys.stderr)

@@ -31,6 +31,13 @@ log = logging.getLogger(__name__)
 
 PATHS = ("direct", "vxlan", "c", "python")
 KERNEL_PATHS = ("direct", "vxlan")
+# Engine paths with fixed settings, to measure one step of the C engine at a
+# time (`--paths c-base,c,...`); `c` itself runs `forward`'s defaults.
+ENGINE_VARIANTS = {
+    "c-base": ("c", ("--queues", "1", "--offload", "off")),     # before offloads and queues
+    "c-offload": ("c", ("--queues", "1", "--offload", "auto")),
+}
+ALL_PATHS = PATHS + tuple(ENGINE_VARIANTS)
 VXLAN_DEV = "flannel.1"
 VXLAN_PORT = 8472
 TUN_DEV = "flannel0"
@@ -119,13 +126,15 @@ class EnginePath(Path):
     """``flannel-udp forward`` on each host, pinned to the host's core."""
     kernel = False
 
-    def __init__(self, topo: BenchTopo, kind: str, batch: int | None = None):
+    def __init__(self, topo: BenchTopo, kind: str, batch: int | None = None,
+                 name: str | None = None, extra_args=()):
         super().__init__(topo)
-        self.name = kind
+        self.name = name or kind
         self.kind = kind
         self.batch = batch
+        self.extra_args = list(extra_args)
         self.procs: dict[str, object] = {}
-        self.tmp = tempfile.mkdtemp(prefix=f"fubench-{kind}-")
+        self.tmp = tempfile.mkdtemp(prefix=f"fubench-{self.name}-")
 
     def mtu(self) -> int:
         return self.topo.a.host.mtu - ENCAP_UDP
@@ -146,7 +155,7 @@ class EnginePath(Path):
                 "--stats-file", stats, "--ready-file", ready]
         if self.batch:
             argv += ["--batch", str(self.batch)]
-        return argv
+        return argv + self.extra_args
 
     def setup(self) -> None:
         env = dict(os.environ, DATAPLANE_ENGINE=self.kind)
@@ -243,7 +252,10 @@ def make_path(topo: BenchTopo, name: str, batch: int | None = None) -> Path:
         return VxlanPath(topo)
     if name in ("c", "python"):
         return EnginePath(topo, name, batch=batch)
-    raise ValueError(f"unknown path {name!r}: use {', '.join(PATHS)}")
+    if name in ENGINE_VARIANTS:
+        kind, extra = ENGINE_VARIANTS[name]
+        return EnginePath(topo, kind, batch=batch, name=name, extra_args=extra)
+    raise ValueError(f"unknown path {name!r}: use {', '.join(ALL_PATHS)}")
 
 
 def cpu_ns(pid: int) -> int | None:

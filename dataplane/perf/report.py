@@ -72,7 +72,8 @@ def ratios(rows) -> dict:
     each path's figure divided by the reference path's, from the same run."""
     out = {}
     present = {r["path"] for r in rows}
-    pairs = [(p, ref) for p in ("c", "python") for ref in ("vxlan", "direct")]
+    engines = [p for p in dict.fromkeys(r["path"] for r in rows) if p not in ("direct", "vxlan")]
+    pairs = [(p, ref) for p in engines for ref in ("vxlan", "direct")]
     pairs.append(("vxlan", "direct"))
     for path, ref in pairs:
         if path not in present or ref not in present:
@@ -187,7 +188,8 @@ def print_table(result: dict, file=None) -> None:
 
 # -- the plot -------------------------------------------------------------
 
-COLORS = {"direct": "#4c72b0", "vxlan": "#55a868", "c": "#dd8452", "python": "#c44e52"}
+COLORS = {"direct": "#4c72b0", "vxlan": "#55a868", "c": "#dd8452", "python": "#c44e52",
+          "c-base": "#937860", "c-offload": "#da8bc3"}
 
 
 def plot(result: dict, path: str) -> str:

@@ -77,3 +77,20 @@ def test_generator_limited_marks_a_lower_bound():
     assert report.generator_limited({"generator_limited": [True, True, False]})
     assert not report.generator_limited({"generator_limited": [True, False, False]})
     assert not report.generator_limited({})
+
+
+def test_engine_variant_paths_get_their_own_ratios():
+    s = _samples()
+    s["c-base"] = {k: dict(v) for k, v in s["c"].items()}
+    s["c-base"][64]["ndr_pps"] = [100e3] * 3
+    res = report.build(s, ["direct", "vxlan", "c-base", "c"], SIZES, {"mode": "full"})
+    assert res["ratios"]["c-base"]["vxlan"]["ndr_pps_64"] == round(100e3 / 450e3, 3)
+    assert res["ratios"]["c"]["vxlan"]["ndr_pps_64"] == round(250e3 / 450e3, 3)
+    assert "python" not in res["ratios"]
+
+
+def test_bench_rejects_unknown_paths_and_knows_the_variants():
+    from dataplane.perf.paths import ALL_PATHS, ENGINE_VARIANTS
+    assert {"c-base", "c-offload"} <= set(ALL_PATHS)
+    for kind, extra in ENGINE_VARIANTS.values():
+        assert kind == "c" and "--queues" in extra and "--offload" in extra
