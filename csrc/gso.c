@@ -136,7 +136,9 @@ int dp_gso_csum(uint8_t *p, uint32_t len, const struct dp_vnet_hdr *h)
 
     if (!(h->flags & VNET_F_NEEDS_CSUM) || len < DP_IP_HDR_MIN || (p[0] >> 4) != 4)
         return 0;
-    if (h->csum_start < DP_IP_HDR_MIN || at + 2 > len)
+    /* An odd offset would put the field across two 16-bit words of the sum:
+     * no protocol has one. */
+    if (h->csum_start < DP_IP_HDR_MIN || (h->csum_offset & 1) || at + 2 > len)
         return DP_ST_DROP_MALFORMED;
     c = fold_not(sum(p + h->csum_start, len - h->csum_start));
     /* 0 would mean "no checksum" to UDP; -0 is the same sum for TCP. */

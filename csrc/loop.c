@@ -9,7 +9,14 @@
  *   4. TUN -> UDP     tun_packet: dp_path_tun (path.c: checks of dataplane.h,
  *                     route, TTL - 1), then queue or send an ICMP error;
  *                     udp_send: one sendmmsg() per batch, skipping refused
- *                     messages; tun_batch: read() until EAGAIN or `batch`
+ *                     messages (udp_send_plain) or, with DP_OFF_UDP_GSO, of
+ *                     trains of equal-sized datagrams to one peer, each one
+ *                     message with UDP_SEGMENT (trains_build, udp_send_gso);
+ *                     tun_vnet_packet: with DP_OFF_TUN_VNET a read is a
+ *                     virtio_net_hdr + packet: finish a partial checksum or
+ *                     cut a TSO/USO super-packet (gso.c) into packets that
+ *                     each go through tun_packet, sending whenever the slots
+ *                     run out; tun_batch: read() until EAGAIN or `batch`
  *   5. UDP -> TUN     udp_packet: dp_path_udp (checks, TTL - 1), write() to
  *                     the TUN; udp_batch: one recvmmsg(MSG_DONTWAIT) of up
  *                     to `batch`
@@ -25,8 +32,9 @@
  * thread. What crosses threads is atomic: `stopping`, `pending` (the next
  * route table), the counters (one writer, relaxed), the ICMP limit and the
  * trace ring.
- * Everything allocated here is allocated in dp_loop_new(); the data path
- * never allocates.
+ * Everything allocated here is allocated in dp_loop_new() (and the
+ * super-packet buffer in dp_loop_set_offloads(), before the loop runs); the
+ * data path never allocates.
  */
 #define _GNU_SOURCE
 #include <errno.h>

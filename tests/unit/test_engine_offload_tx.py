@@ -108,7 +108,7 @@ def test_vnet_needs_csum_is_completed(c_engine, proto):
     assert got == _python_reference(full)
 
 
-@pytest.mark.parametrize("start,offset", [(10, 16), (20, 2000), (1600, 0), (19, 0)])
+@pytest.mark.parametrize("start,offset", [(10, 16), (20, 2000), (1600, 0), (19, 0), (20, 15)])
 def test_vnet_needs_csum_out_of_range_is_malformed(c_engine, start, offset):
     p = gp.partial_checksum(gp.tcp(SRC, DST, b"x" * 100))
     with _harness(OFF_TUN_VNET) as h:
