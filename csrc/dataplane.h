@@ -33,6 +33,35 @@
  *   5. TTL - 1, incremental checksum; write() to the TUN. EAGAIN ->
  *      drop_tun_full, any other error -> drop_tun_error; never retried.
  *
+ * Offloads (dp_loop_set_offloads; the C engine only, the wire is the same):
+ *   DP_OFF_TUN_VNET, reading: each read() is a struct virtio_net_hdr (10
+ *   bytes, host order) and a packet of up to 64 KB.
+ *     gso_type NONE: the packet as a plain read(mtu) would see it; with
+ *       NEEDS_CSUM its checksum is finished first (the one's complement sum
+ *       from csum_start to the end, stored at csum_start + csum_offset; 0
+ *       as 0xffff); a range outside the packet or an odd csum_offset ->
+ *       drop_malformed.
+ *     TCPV4 / UDP_L4 (TSO / USO) super-packet (tun_rx_gso += 1): cut into
+ *       packets of gso_size payload each (the last may be shorter): IP id +
+ *       i, tot_len, full IP checksum; TCP seq + i * gso_size, FIN and PSH on
+ *       the last only, CWR on the first only; UDP length; full TCP/UDP
+ *       checksums (UDP 0 as 0xffff). Each of them then goes through steps
+ *       1-5 above exactly as a plain read, so the tun_rx_*, drop and ICMP
+ *       counters count wire-sized packets.
+ *     version != 4 -> drop_not_ipv4; an inconsistent header (unknown or
+ *       ECN-marked gso_type, TCPV6 or UFO on IPv4, protocol not the type's,
+ *       tot_len != length, a fragment, a cut TCP/UDP header, NEEDS_CSUM
+ *       elsewhere than that header's checksum, gso_size 0 or a segment over
+ *       mtu) or a read under 10 bytes -> drop_malformed; either way counted
+ *       as one packet read of the super-packet's length.
+ *   DP_OFF_UDP_GSO, sending: consecutive queued datagrams to the same
+ *   peer:port of one length (the last may be shorter) go as one message
+ *   with UDP_SEGMENT = that length, at most 64 datagrams and 65000 bytes
+ *   (udp_tx_gso += 1 per such train of >= 2). A refused train is sent
+ *   again datagram by datagram, each meeting its own fate as in step 5;
+ *   when the kernel cannot segment at all (EIO, EINVAL) UDP_GSO stays off
+ *   for the rest of this loop's life.
+ *
  * Checks are made in exactly the order listed; a packet is counted in the
  * first drop reason it meets and in no other. The inner packet's source
  * address is not checked against the sender's subnet, as in flanneld: a

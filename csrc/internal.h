@@ -107,6 +107,42 @@ int dp_packet_may_time_exceed(const uint8_t *p, uint32_t len);
 uint32_t dp_packet_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t len,
                               uint8_t type, uint8_t code, uint32_t src);
 
+/* gso.c APIs: a TUN read with IFF_VNET_HDR (DP_OFF_TUN_VNET) turned into
+ * wire-sized IPv4 packets; pure functions, no I/O. */
+enum dp_vnet_gso {
+    DP_VNET_GSO_NONE = 0,
+    DP_VNET_GSO_TCPV4 = 1,
+    DP_VNET_GSO_UDP = 3,         /* UFO: never enabled, so malformed */
+    DP_VNET_GSO_TCPV6 = 4,
+    DP_VNET_GSO_UDP_L4 = 5,      /* USO */
+    DP_VNET_PKT_MAX = 65535      /* largest packet after the header (IPv4 tot_len) */
+};
+
+struct dp_vnet_hdr {             /* struct virtio_net_hdr, host order */
+    uint8_t flags, gso_type;
+    uint16_t hdr_len, gso_size, csum_start, csum_offset;
+};
+
+/* A super-packet being cut into segments (dp_gso_start, then dp_gso_next). */
+struct dp_gso {
+    const uint8_t *pkt;
+    uint32_t len, iphl, hlen;    /* hlen: IP + TCP/UDP header */
+    uint32_t mss, off, idx;      /* off: payload offset of the next segment */
+    uint8_t proto, done;
+};
+
+void dp_gso_hdr_parse(const uint8_t *raw, struct dp_vnet_hdr *h);
+/* NEEDS_CSUM on a plain packet: completes the checksum in place; 0, or
+ * DP_ST_DROP_MALFORMED for a range outside the packet. */
+int dp_gso_csum(uint8_t *p, uint32_t len, const struct dp_vnet_hdr *h);
+/* 0 if p (len bytes, gso_type != NONE) can be cut into packets of at most
+ * mtu bytes, else the DP_ST_DROP_* reason. p must stay valid while cutting. */
+int dp_gso_start(struct dp_gso *g, const uint8_t *p, uint32_t len,
+                 const struct dp_vnet_hdr *h, uint32_t mtu);
+/* Writes the next segment into out (room for mtu bytes); its length, or 0
+ * when there is none left. */
+uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out);
+
 /* trace.c APIs: the ring is written by the loop thread only. */
 struct dp_trace {
     uint64_t widx;       /* events published so far (= last seq); release/acquire */
@@ -180,6 +216,9 @@ int dp_path_set_icmp_limit(struct dp_path *pa, uint32_t rate, uint32_t burst);
 /* A packet read from the TUN. DP_V_FORWARD: *hit is where to send it. */
 enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
                             struct dp_route_hit *hit);
+/* A TUN read dropped before dp_path_tun could see it: counted as read
+ * (len bytes) and in `reason` (a DP_ST_DROP_* index). */
+void dp_path_tun_drop(struct dp_path *pa, const uint8_t *p, uint32_t len, int reason);
 /* A datagram received on the UDP socket (src/sport: its source, 0 if
  * unknown; nmsgs: for the trace; truncated: MSG_TRUNC was set). */
 enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,

@@ -9,7 +9,14 @@
  *   4. TUN -> UDP     tun_packet: dp_path_tun (path.c: checks of dataplane.h,
  *                     route, TTL - 1), then queue or send an ICMP error;
  *                     udp_send: one sendmmsg() per batch, skipping refused
- *                     messages; tun_batch: read() until EAGAIN or `batch`
+ *                     messages (udp_send_plain) or, with DP_OFF_UDP_GSO, of
+ *                     trains of equal-sized datagrams to one peer, each one
+ *                     message with UDP_SEGMENT (trains_build, udp_send_gso);
+ *                     tun_vnet_packet: with DP_OFF_TUN_VNET a read is a
+ *                     virtio_net_hdr + packet: finish a partial checksum or
+ *                     cut a TSO/USO super-packet (gso.c) into packets that
+ *                     each go through tun_packet, sending whenever the slots
+ *                     run out; tun_batch: read() until EAGAIN or `batch`
  *   5. UDP -> TUN     udp_packet: dp_path_udp (checks, TTL - 1), write() to
  *                     the TUN; udp_batch: one recvmmsg(MSG_DONTWAIT) of up
  *                     to `batch`
@@ -25,8 +32,9 @@
  * thread. What crosses threads is atomic: `stopping`, `pending` (the next
  * route table), the counters (one writer, relaxed), the ICMP limit and the
  * trace ring.
- * Everything allocated here is allocated in dp_loop_new(); the data path
- * never allocates.
+ * Everything allocated here is allocated in dp_loop_new() (and the
+ * super-packet buffer in dp_loop_set_offloads(), before the loop runs); the
+ * data path never allocates.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,6 +44,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -44,10 +53,17 @@
 
 #include "internal.h"
 
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103     /* <linux/udp.h>, Linux >= 4.18 */
+#endif
+
 enum dp_loop_limits {
     DP_MTU_MIN = 68,
     DP_MTU_MAX = 65535,
     DP_ROUNDS = 8,          /* batches per direction between two epoll_wait()s */
+    DP_GSO_SEGS_MAX = 64,   /* datagrams per UDP_SEGMENT send (the kernel's UDP_MAX_SEGMENTS) */
+    DP_GSO_TRAIN_BYTES = 65000,  /* payload of one such send: it is one IPv4 packet until
+                                    the kernel cuts it (65507 at most) */
     DP_EPOLL_EVENTS = 3
 };
 
@@ -73,6 +89,20 @@ struct dp_loop {
     struct mmsghdr tx_msgs[DP_BATCH_MAX];
     struct iovec tx_iov[DP_BATCH_MAX];
     struct sockaddr_in tx_addr[DP_BATCH_MAX];
+
+    /* TUN -> UDP offloads. DP_OFF_TUN_VNET: a read is the header, then the
+     * packet into the free slot and on into vnet_buf + mtu, so a plain packet
+     * lands in its slot and a super-packet is made whole in vnet_buf.
+     * DP_OFF_UDP_GSO: train t is slots train_first[t].. (train_n[t] of them),
+     * sent as one message whose iovecs are those slots' (tx_iov is contiguous). */
+    uint8_t vnet_hdr[DP_VNET_HDR_LEN];
+    uint8_t *vnet_buf;          /* DP_VNET_PKT_MAX bytes; see dp_loop_set_offloads */
+    struct mmsghdr train_msgs[DP_BATCH_MAX];
+    uint32_t train_first[DP_BATCH_MAX], train_n[DP_BATCH_MAX];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } train_cmsg[DP_BATCH_MAX];
 
     /* UDP -> TUN */
     uint8_t *rx_buf;
@@ -189,13 +219,14 @@ static int tun_packet(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t slot
     return 1;
 }
 
-/* One sendmmsg() for the queued messages. The kernel stops at the first
- * message it refuses and reports only how many went before it; so on a
- * short count we call again from there, and the call that starts with the
- * refused message fails with its errno: that one is dropped and skipped. */
-static void udp_send(struct dp_loop *l, uint32_t m)
+/* One sendmmsg() for the queued messages from slot i on. The kernel stops
+ * at the first message it refuses and reports only how many went before
+ * it; so on a short count we call again from there, and the call that
+ * starts with the refused message fails with its errno: that one is
+ * dropped and skipped. */
+static void udp_send_plain(struct dp_loop *l, uint32_t i, uint32_t m)
 {
-    uint32_t i = 0, k;
+    uint32_t k;
     int r;
 
     while (i < m) {
@@ -221,10 +252,182 @@ static void udp_send(struct dp_loop *l, uint32_t m)
     }
 }
 
+/* A train may follow slot k with slot k + 1: same peer, the same length
+ * as the train's first (the last of a train may be shorter, and ends it),
+ * within the kernel's limits for one UDP_SEGMENT send (64 segments, one
+ * IPv4 packet of payload). */
+static int train_extends(struct dp_loop *l, uint32_t first, uint32_t k, uint32_t bytes)
+{
+    const struct sockaddr_in *a = &l->tx_addr[first], *b = &l->tx_addr[k + 1];
+    size_t seg = l->tx_iov[first].iov_len, len = l->tx_iov[k + 1].iov_len;
+
+    return a->sin_addr.s_addr == b->sin_addr.s_addr && a->sin_port == b->sin_port &&
+           l->tx_iov[k].iov_len == seg && len <= seg &&
+           k + 1 - first < DP_GSO_SEGS_MAX && bytes + len <= DP_GSO_TRAIN_BYTES;
+}
+
+/* Groups slots 0..m-1 into trains; returns how many. A train of one is a
+ * plain message, no cmsg: exactly what udp_send_plain sends. */
+static uint32_t trains_build(struct dp_loop *l, uint32_t m)
+{
+    uint32_t t = 0, i = 0, k, bytes;
+
+    while (i < m) {
+        struct msghdr *mh = &l->train_msgs[t].msg_hdr;
+
+        bytes = (uint32_t)l->tx_iov[i].iov_len;
+        for (k = i; k + 1 < m && train_extends(l, i, k, bytes); k++)
+            bytes += (uint32_t)l->tx_iov[k + 1].iov_len;
+        memset(mh, 0, sizeof(*mh));
+        mh->msg_name = &l->tx_addr[i];
+        mh->msg_namelen = sizeof(l->tx_addr[i]);
+        mh->msg_iov = &l->tx_iov[i];
+        mh->msg_iovlen = k + 1 - i;
+        if (k > i) {
+            struct cmsghdr *cm = &l->train_cmsg[t].align;
+            uint16_t seg = (uint16_t)l->tx_iov[i].iov_len;
+
+            mh->msg_control = l->train_cmsg[t].buf;
+            mh->msg_controllen = sizeof(l->train_cmsg[t].buf);
+            cm->cmsg_level = IPPROTO_UDP;
+            cm->cmsg_type = UDP_SEGMENT;
+            cm->cmsg_len = CMSG_LEN(sizeof(seg));
+            memcpy(CMSG_DATA(cm), &seg, sizeof(seg));
+        }
+        l->train_first[t] = i;
+        l->train_n[t] = k + 1 - i;
+        t++;
+        i = k + 1;
+    }
+    return t;
+}
+
+/* DP_OFF_UDP_GSO: one sendmmsg() of trains. A refused train is sent again
+ * as plain messages (a single one is just dropped, as by udp_send_plain), so
+ * each of its datagrams meets the fate it would have had without GSO. When
+ * the kernel cannot segment at all (EIO: the route's device has no tx
+ * checksum offload, which UDP_SEGMENT needs; EINVAL: e.g. SO_NO_CHECK, or a
+ * segment over the path MTU) UDP_GSO goes off for this loop and everything
+ * from that train on goes out plain. */
+static void udp_send_gso(struct dp_loop *l, uint32_t m)
+{
+    uint32_t nt = trains_build(l, m), t = 0, j, k, first, n;
+    int r, err;
+
+    while (t < nt) {
+        sys_count(l, DP_ST_UDP_SENDS);
+        r = sendmmsg(l->udp_fd, &l->train_msgs[t], nt - t, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            err = r < 0 ? errno : 0;
+            first = l->train_first[t];
+            n = l->train_n[t];
+            if (n > 1 && (err == EIO || err == EINVAL)) {
+                l->offloads &= ~(uint32_t)DP_OFF_UDP_GSO;
+                udp_send_plain(l, first, m);
+                return;
+            }
+            /* Any other refusal: each datagram of the train meets its own
+             * fate as a plain message, as it would have without GSO. */
+            if (n > 1)
+                udp_send_plain(l, first, first + n);
+            else
+                drop(l, DP_ST_DROP_SEND_ERROR, (uint32_t)l->tx_iov[first].iov_len);
+            t++;
+            continue;
+        }
+        for (j = t; j < t + (uint32_t)r; j++) {
+            first = l->train_first[j];
+            n = l->train_n[j];
+            if (n > 1)
+                st_add(l, DP_ST_UDP_TX_GSO, 1);
+            /* batch = the datagrams handed to this call. */
+            for (k = first; k < first + n; k++) {
+                uint32_t len = (uint32_t)l->tx_iov[k].iov_len;
+
+                st_add(l, DP_ST_UDP_TX_PACKETS, 1);
+                st_add(l, DP_ST_UDP_TX_BYTES, len);
+                trace(l, DP_TR_UDP_SEND, len, l->tx_addr[k].sin_addr.s_addr,
+                      ntohs(l->tx_addr[k].sin_port), m - l->train_first[t], NULL);
+            }
+        }
+        t += (uint32_t)r;
+    }
+}
+
+static void udp_send(struct dp_loop *l, uint32_t m)
+{
+    if (l->offloads & DP_OFF_UDP_GSO)
+        udp_send_gso(l, m);
+    else
+        udp_send_plain(l, 0, m);
+}
+
+/* DP_OFF_TUN_VNET: the read of one packet into slot m (see struct dp_loop). */
+static ssize_t tun_read_vnet(struct dp_loop *l, uint32_t m)
+{
+    struct iovec iov[3] = {
+        { .iov_base = l->vnet_hdr, .iov_len = DP_VNET_HDR_LEN },
+        { .iov_base = l->tx_buf + (size_t)m * l->mtu, .iov_len = l->mtu },
+        { .iov_base = l->vnet_buf + l->mtu, .iov_len = DP_VNET_PKT_MAX - l->mtu },
+    };
+
+    return readv(l->tun_fd, iov, 3);
+}
+
+/* The r bytes of a DP_OFF_TUN_VNET read into slot m: a plain packet goes
+ * on as a plain read would (cut at mtu), after its checksum is finished if
+ * the kernel left it partial; a super-packet is cut into segments, each
+ * going on as a plain read, flushing the batch whenever the slots run out.
+ * Returns the number of slots now queued. */
+static uint32_t tun_vnet_packet(struct dp_loop *l, uint32_t r, uint32_t m)
+{
+    uint8_t *slot = l->tx_buf + (size_t)m * l->mtu;
+    struct dp_vnet_hdr h;
+    struct dp_gso g;
+    uint32_t len, seg;
+    int reason;
+
+    if (r < DP_VNET_HDR_LEN) {
+        dp_path_tun_drop(&l->path, slot, 0, DP_ST_DROP_MALFORMED);
+        return m;
+    }
+    len = r - DP_VNET_HDR_LEN;
+    dp_gso_hdr_parse(l->vnet_hdr, &h);
+    if (h.gso_type == DP_VNET_GSO_NONE) {
+        if (len > l->mtu)
+            len = l->mtu;
+        reason = dp_gso_csum(slot, len, &h);
+        if (reason) {
+            dp_path_tun_drop(&l->path, slot, len, reason);
+            return m;
+        }
+        return m + (uint32_t)tun_packet(l, slot, len, m);
+    }
+
+    st_add(l, DP_ST_TUN_RX_GSO, 1);
+    memcpy(l->vnet_buf, slot, len < l->mtu ? len : l->mtu);
+    reason = dp_gso_start(&g, l->vnet_buf, len, &h, l->mtu);
+    if (reason) {
+        dp_path_tun_drop(&l->path, l->vnet_buf, len, reason);
+        return m;
+    }
+    while ((seg = dp_gso_next(&g, l->tx_buf + (size_t)m * l->mtu)) != 0) {
+        m += (uint32_t)tun_packet(l, l->tx_buf + (size_t)m * l->mtu, seg, m);
+        if (m == l->batch) {
+            udp_send(l, m);
+            m = 0;
+        }
+    }
+    return m;
+}
+
 static enum dp_io tun_batch(struct dp_loop *l)
 {
     enum dp_io res = DP_IO_MORE;
     uint32_t n = 0, m = 0;
+    int vnet = (l->offloads & DP_OFF_TUN_VNET) != 0;
     ssize_t r;
 
     take_routes(l);
@@ -232,7 +435,7 @@ static enum dp_io tun_batch(struct dp_loop *l)
     l->path.now_ns = now_ns();
     while (n < l->batch) {
         sys_count(l, DP_ST_TUN_READS);
-        r = read(l->tun_fd, l->tx_buf + (size_t)m * l->mtu, l->mtu);
+        r = vnet ? tun_read_vnet(l, m) : read(l->tun_fd, l->tx_buf + (size_t)m * l->mtu, l->mtu);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -245,7 +448,9 @@ static enum dp_io tun_batch(struct dp_loop *l)
          * one, never by an older one. */
         take_routes(l);
         /* A dropped packet leaves its slot free for the next read. */
-        if (tun_packet(l, l->tx_buf + (size_t)m * l->mtu, (uint32_t)r, m))
+        if (vnet)
+            m = tun_vnet_packet(l, (uint32_t)r, m);
+        else if (tun_packet(l, l->tx_buf + (size_t)m * l->mtu, (uint32_t)r, m))
             m++;
     }
     if (n)
@@ -487,6 +692,7 @@ void dp_loop_free(dp_loop *l)
     dp_routes_free(__atomic_exchange_n(&l->pending, NULL, __ATOMIC_ACQ_REL));
     free(l->tx_buf);
     free(l->rx_buf);
+    free(l->vnet_buf);
     free(l);
 }
 
@@ -547,6 +753,12 @@ int dp_loop_set_offloads(dp_loop *l, uint32_t flags)
         return -EINVAL;
     if (__atomic_load_n(&l->running, __ATOMIC_ACQUIRE))
         return -EBUSY;
+    /* Room for a super-packet: allocated here, never on the data path. */
+    if ((flags & DP_OFF_TUN_VNET) && !l->vnet_buf) {
+        l->vnet_buf = malloc(DP_VNET_PKT_MAX);
+        if (!l->vnet_buf)
+            return -ENOMEM;
+    }
     l->offloads = flags;
     return 0;
 }

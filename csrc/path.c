@@ -7,6 +7,7 @@
  *   3. icmp_error        build an ICMP error into pa->icmp, if allowed
  *   4. dp_path_tun       TUN -> UDP: the checks of dataplane.h in its order,
  *                        route, TTL, TTL - 1; the verdict says what to write
+ *      dp_path_tun_drop  a TUN read refused before those checks (vnet header)
  *   5. dp_path_udp       UDP -> TUN: truncated, source, checks, TTL, TTL - 1
  *   6. dp_path_*_written the outcome of the caller's write into the TUN
  *
@@ -114,6 +115,17 @@ enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
     }
     dp_packet_ttl_dec(p);
     return DP_V_FORWARD;
+}
+
+/* A TUN read refused before the checks above could see it (DP_OFF_TUN_VNET:
+ * a super-packet that cannot be cut, or a partial checksum out of range):
+ * counted as read, then in its one drop reason. */
+void dp_path_tun_drop(struct dp_path *pa, const uint8_t *p, uint32_t len, int reason)
+{
+    dp_path_count(pa, DP_ST_TUN_RX_PACKETS, 1);
+    dp_path_count(pa, DP_ST_TUN_RX_BYTES, len);
+    dp_path_trace(pa, DP_TR_TUN_READ, len, 0, 0, 0, len ? p : NULL);
+    dp_path_drop(pa, (enum dp_stat)reason, len);
 }
 
 /* ---- 5. UDP -> TUN ------------------------------------------------------------ */

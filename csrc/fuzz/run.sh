@@ -2,6 +2,8 @@
 # Build fuzz_packet with libFuzzer + ASan + UBSan and run it, bounded.
 #
 #   csrc/fuzz/run.sh [SECONDS] [RUNS]      (defaults: 20 s, 2000000 runs)
+#   csrc/fuzz/run.sh gso [SECONDS] [RUNS]  fuzz_gso.c (csrc/gso.c) instead;
+#                                          its seeds: tests/unit/test_fuzz_gso.py
 #
 # Environment: CC (default clang), FUZZ_OUT (build and work directory,
 # default build/fuzz). The seed corpus csrc/fuzz/corpus/ is only read: new
@@ -11,6 +13,16 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 csrc="$(dirname "$here")"
+if [ "${1:-}" = gso ]; then
+    shift
+    out="${FUZZ_OUT:-$(dirname "$csrc")/build/fuzz}"
+    mkdir -p "$out/work-gso"
+    "${CC:-clang}" -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-parameter \
+        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+        -I"$csrc" "$here/fuzz_gso.c" "$csrc/gso.c" "$csrc/packet.c" -o "$out/fuzz_gso"
+    exec "$out/fuzz_gso" -max_total_time="${1:-20}" -runs="${2:-2000000}" -max_len=70000 \
+        -rss_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$out/" "$out/work-gso"
+fi
 seconds="${1:-20}"
 runs="${2:-2000000}"
 cc="${CC:-clang}"

@@ -1,0 +1,251 @@
+/*
+ * gso.c - what a TUN with IFF_VNET_HDR hands us, turned into wire packets;
+ * pure functions over byte buffers, no I/O, no allocation.
+ *
+ * Flow, in the order the functions appear:
+ *   1. sum / fold            the internet checksum (RFC 1071), 8 bytes at a
+ *                            time: the TUN hands us 64 KB at once
+ *   2. dp_gso_hdr_parse      the 10-byte struct virtio_net_hdr (native endian)
+ *   3. dp_gso_csum           VIRTIO_NET_HDR_F_NEEDS_CSUM on a plain packet:
+ *                            finish the checksum the kernel left partial
+ *   4. dp_gso_start          check a TSO (TCPV4) or USO (UDP_L4) super-packet
+ *                            against its header; the DP_ST_DROP_* reason if
+ *                            it is not one we can cut into packets <= mtu
+ *   5. dp_gso_next           write the next segment: IP header (id + i,
+ *                            tot_len, checksum), TCP (seq, flags) or UDP
+ *                            (length) header with a full checksum, payload
+ *
+ * A segment is what the kernel's own software GSO (tcp_gso_segment,
+ * __udp_gso_segment) would have put on the wire, so what we send is what
+ * flanneld sends for the same TCP/UDP stream: one IPv4 packet per datagram.
+ * The TUN never hands us IPv4 fragments, BIG TCP or UFO (we never turn
+ * them on); such a header is inconsistent and so malformed.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+enum {
+    VNET_F_NEEDS_CSUM = 1,       /* VIRTIO_NET_HDR_F_NEEDS_CSUM */
+    VNET_GSO_ECN = 0x80,         /* VIRTIO_NET_HDR_GSO_ECN: only with TUN_F_TSO_ECN */
+    IP_MF = 0x2000,
+    IP_PROTO_TCP = 6,
+    IP_PROTO_UDP = 17,
+    TCP_HDR_MIN = 20,
+    TCP_CSUM_OFF = 16,
+    UDP_HDR = 8,
+    UDP_CSUM_OFF = 6,
+    TCP_FIN = 0x01,
+    TCP_PSH = 0x08,
+    TCP_CWR = 0x80
+};
+
+static inline uint16_t rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static inline void wr16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline void wr32(uint8_t *p, uint32_t v)
+{
+    wr16(p, (uint16_t)(v >> 16));
+    wr16(p + 2, (uint16_t)v);
+}
+
+/* ---- 1. checksums ------------------------------------------------------------ */
+
+/* The one's complement sum of p[0..len) as 16-bit big-endian words (an odd
+ * last byte padded with zero), folded to 16 bits. It adds native 64-bit
+ * words with end-around carry: one's complement addition does not care
+ * where the 16-bit words sit in the register, and swapping the bytes of
+ * the folded sum gives the big-endian sum (RFC 1071, "byte order
+ * independence"). Zero padding in memory order is the RFC's padding. */
+static uint32_t sum(const uint8_t *p, size_t len)
+{
+    uint64_t s = 0, v;
+    uint32_t f;
+
+    for (; len >= 8; p += 8, len -= 8) {
+        memcpy(&v, p, 8);
+        s += v;
+        s += s < v;
+    }
+    if (len) {
+        v = 0;
+        memcpy(&v, p, len);
+        s += v;
+        s += s < v;
+    }
+    s = (s & 0xffffffffu) + (s >> 32);
+    s = (s & 0xffffffffu) + (s >> 32);
+    f = (uint32_t)s;
+    f = (f & 0xffff) + (f >> 16);
+    f = (f & 0xffff) + (f >> 16);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    f = __builtin_bswap16((uint16_t)f);
+#endif
+    return f;
+}
+
+static inline uint16_t fold_not(uint32_t s)
+{
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    return (uint16_t)(~s & 0xffff);
+}
+
+/* The IPv4 pseudo-header of a TCP/UDP segment of l4len bytes. */
+static uint32_t pseudo(const uint8_t *ip, uint8_t proto, uint32_t l4len)
+{
+    return rd16(ip + 12) + rd16(ip + 14) + rd16(ip + 16) + rd16(ip + 18) + proto + l4len;
+}
+
+/* ---- 2. the virtio_net_hdr ------------------------------------------------------ */
+
+void dp_gso_hdr_parse(const uint8_t *raw, struct dp_vnet_hdr *h)
+{
+    /* Native endian: a legacy virtio header on a TUN without TUNSETVNETLE/BE. */
+    h->flags = raw[0];
+    h->gso_type = raw[1];
+    memcpy(&h->hdr_len, raw + 2, 2);
+    memcpy(&h->gso_size, raw + 4, 2);
+    memcpy(&h->csum_start, raw + 6, 2);
+    memcpy(&h->csum_offset, raw + 8, 2);
+}
+
+/* ---- 3. a partial checksum on a plain packet ---------------------------------- */
+
+/* The kernel left the sum of the pseudo-header in the checksum field and
+ * expects the device to add everything from csum_start to the end (what
+ * skb_checksum_help() does). Only for what may be IPv4: anything else is
+ * dropped by path.c's checks anyway, and counted there. */
+int dp_gso_csum(uint8_t *p, uint32_t len, const struct dp_vnet_hdr *h)
+{
+    uint32_t at = (uint32_t)h->csum_start + h->csum_offset;
+    uint16_t c;
+
+    if (!(h->flags & VNET_F_NEEDS_CSUM) || len < DP_IP_HDR_MIN || (p[0] >> 4) != 4)
+        return 0;
+    /* An odd offset would put the field across two 16-bit words of the sum:
+     * no protocol has one. */
+    if (h->csum_start < DP_IP_HDR_MIN || (h->csum_offset & 1) || at + 2 > len)
+        return DP_ST_DROP_MALFORMED;
+    c = fold_not(sum(p + h->csum_start, len - h->csum_start));
+    /* 0 would mean "no checksum" to UDP; -0 is the same sum for TCP. */
+    wr16(p + at, c ? c : 0xffff);
+    return 0;
+}
+
+/* ---- 4. a super-packet --------------------------------------------------------- */
+
+int dp_gso_start(struct dp_gso *g, const uint8_t *p, uint32_t len,
+                 const struct dp_vnet_hdr *h, uint32_t mtu)
+{
+    uint32_t iphl, l4hl, type = h->gso_type;
+    uint8_t proto;
+
+    memset(g, 0, sizeof(*g));
+    if (len < DP_IP_HDR_MIN)
+        return DP_ST_DROP_MALFORMED;
+    /* TCPV6 and IPv6 USO are whole IPv6 packets: one drop, as when read plain. */
+    if ((p[0] >> 4) != 4)
+        return DP_ST_DROP_NOT_IPV4;
+    if (type == DP_VNET_GSO_TCPV4)
+        proto = IP_PROTO_TCP;
+    else if (type == DP_VNET_GSO_UDP_L4)
+        proto = IP_PROTO_UDP;
+    else
+        return DP_ST_DROP_MALFORMED;      /* unknown, TCPV6 on IPv4, UFO, ECN unasked */
+    iphl = (p[0] & 0x0fu) * 4u;
+    if (iphl < DP_IP_HDR_MIN || iphl > len || rd16(p + 2) != len || p[9] != proto ||
+        (rd16(p + 6) & (IP_MF | DP_IP_FRAG_OFFSET_MASK)))
+        return DP_ST_DROP_MALFORMED;
+    if (proto == IP_PROTO_TCP) {
+        if (len < iphl + TCP_HDR_MIN)
+            return DP_ST_DROP_MALFORMED;
+        l4hl = (p[iphl + 12] >> 4) * 4u;
+        if (l4hl < TCP_HDR_MIN || iphl + l4hl > len)
+            return DP_ST_DROP_MALFORMED;
+    } else {
+        l4hl = UDP_HDR;
+        if (len < iphl + l4hl)
+            return DP_ST_DROP_MALFORMED;
+    }
+    /* The checksum the kernel asked for must be the one of this header. */
+    if ((h->flags & VNET_F_NEEDS_CSUM) &&
+        (h->csum_start != iphl ||
+         h->csum_offset != (proto == IP_PROTO_TCP ? TCP_CSUM_OFF : UDP_CSUM_OFF)))
+        return DP_ST_DROP_MALFORMED;
+    if (h->gso_size == 0 || iphl + l4hl + h->gso_size > mtu)
+        return DP_ST_DROP_MALFORMED;
+
+    g->pkt = p;
+    g->len = len;
+    g->iphl = iphl;
+    g->hlen = iphl + l4hl;
+    g->mss = h->gso_size;
+    g->off = g->hlen;
+    g->proto = proto;
+    return 0;
+}
+
+/* ---- 5. segments --------------------------------------------------------------- */
+
+uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out)
+{
+    const uint8_t *p = g->pkt;
+    uint32_t iphl = g->iphl, hlen = g->hlen;
+    uint32_t n, seglen, l4len;
+    uint8_t *l4 = out + iphl;
+    uint16_t c;
+    int first = g->idx == 0, last;
+
+    if (g->done)
+        return 0;
+    n = g->len - g->off;
+    if (n > g->mss)
+        n = g->mss;
+    last = g->off + n >= g->len;
+    seglen = hlen + n;
+    l4len = seglen - iphl;
+
+    memcpy(out, p, hlen);
+    memcpy(out + hlen, p + g->off, n);
+
+    wr16(out + 2, (uint16_t)seglen);
+    wr16(out + 4, (uint16_t)(rd16(p + 4) + g->idx));
+    wr16(out + 10, 0);
+    wr16(out + 10, dp_packet_csum(out, iphl));
+
+    if (g->proto == IP_PROTO_TCP) {
+        wr32(l4 + 4, rd32(p + iphl + 4) + (g->off - hlen));
+        if (!last)
+            l4[13] &= (uint8_t)~(TCP_FIN | TCP_PSH);
+        if (!first)
+            l4[13] &= (uint8_t)~TCP_CWR;
+        wr16(l4 + TCP_CSUM_OFF, 0);
+        c = fold_not(pseudo(out, IP_PROTO_TCP, l4len) + sum(l4, hlen - iphl) +
+                     sum(out + hlen, n));
+        wr16(l4 + TCP_CSUM_OFF, c);
+    } else {
+        wr16(l4 + 4, (uint16_t)l4len);
+        wr16(l4 + UDP_CSUM_OFF, 0);
+        c = fold_not(pseudo(out, IP_PROTO_UDP, l4len) + sum(l4, UDP_HDR) + sum(out + hlen, n));
+        wr16(l4 + UDP_CSUM_OFF, c ? c : 0xffff);
+    }
+    g->off += n;
+    g->idx++;
+    /* A super-packet with no payload is still one packet (a bare ACK). */
+    g->done = last;
+    return seglen;
+}
