@@ -194,3 +194,37 @@ def test_offload_probe_is_consistent_with_the_kernel(testbed, engine_kind):
     if "tx-udp-segmentation" in feats:
         assert feats["tx-udp-segmentation"] == on["tun_uso"], (feats, off)
     assert feats["tx-checksum-ip-generic"] == on["tun_csum"], feats
+
+
+@pytest.mark.timeout(120)
+def test_daemon_queues_trace_and_metrics(engine_kind):
+    """`run --queues 2`: two queues, summed counters and the new families in /metrics;
+    with --trace the daemon runs one queue and says so."""
+    from tests.conftest import require_etcd
+    require_root()
+    require_etcd()
+    require_engine(engine_kind)
+    from dataplane.testbed.overlay import Overlay
+    with Overlay(hosts=0, engine=engine_kind, daemon_args=("--queues", "2")) as ov:
+        a = ov.add_host(wait=False)
+        b = ov.add_host(args=("--trace",), wait=False)
+        for h in (a, b):
+            ov.wait_ready(h)
+        assert ov.reachable(a, ov.flannel_ip(b), 15), ov.daemon(a).log_text()
+        r = ov.ping(a, ov.flannel_ip(b), count=5)
+        assert r["received"] == 5, r
+        ma, mb = ov.metrics(a), ov.metrics(b)
+        assert ma["flannel_udp_queues"] == 2 and mb["flannel_udp_queues"] == 1, (ma, mb)
+        assert _queues_of(ov.tb, a) == ["rx-0", "rx-1", "tx-0", "tx-1"]
+        assert _queues_of(ov.tb, b) == ["rx-0", "tx-0"]
+        assert "--trace: running 1 queue instead of 2" in ov.daemon(b).log_text()
+        assert "Offloads: none (--offload off)" in ov.daemon(a).log_text()
+        for m in (ma, mb):
+            assert m['flannel_udp_offload_enabled{offload="tun_tso"}'] == 0, m
+            assert m['flannel_udp_offload_ops_total{op="tun_rx_gso"}'] == 0, m
+        # five echo requests out of A, and their replies into it, over both of its queues
+        assert ma['flannel_udp_packets_total{path="udp_tx"}'] >= 5, ma
+        assert ma['flannel_udp_packets_total{path="tun_tx"}'] >= 5, ma
+        # the trace (B's single queue) saw the requests arrive
+        kinds = [e["kind"] for e in ov.trace_events(b)]
+        assert "udp_recv" in kinds and "tun_write" in kinds, kinds

@@ -150,3 +150,32 @@ def test_tun_refusing_everything_keeps_plain_vnet(socks):
     assert flags_ & OFF_TUN_VNET and not flags_ & OFF_TUN_GRO
     assert "tun_tso" in off.refused and "zero vnet headers" in off.refused["tun_tso"]
     assert "refused: tun_tso" in off.summary()
+
+
+# -- /metrics ------------------------------------------------------------------------------------
+
+def test_metrics_queues_offloads_and_their_counters():
+    from prometheus_client import generate_latest
+
+    from dataplane.engine.api import OFFLOAD_STATS, STAT_NAMES
+    from dataplane.metrics import MetricsSource, make_registry
+
+    class Source(MetricsSource):
+        def engine_stats(self):
+            return {n: 7 for n in STAT_NAMES}
+
+        def queues_count(self):
+            return 2
+
+        def offloads_enabled(self):
+            return dict(dict.fromkeys(NAMES, False), tun_tso=True)
+
+    body = generate_latest(make_registry(Source())).decode()
+    assert "flannel_udp_queues 2.0" in body
+    assert 'flannel_udp_offload_enabled{offload="tun_tso"} 1.0' in body
+    assert 'flannel_udp_offload_enabled{offload="udp_gro"} 0.0' in body
+    for op in OFFLOAD_STATS:
+        assert f'flannel_udp_offload_ops_total{{op="{op}"}} 7.0' in body
+    # a source that has not decided yet exports neither family
+    body = generate_latest(make_registry(MetricsSource())).decode()
+    assert "flannel_udp_queues" not in body and "offload_enabled" not in body
