@@ -31,10 +31,10 @@ SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33      # <asm-generic/socket.h>; beyond [r
 SO_ATTACH_REUSEPORT_CBPF = 51
 
 # Classic BPF opcodes (<linux/filter.h>).
-_LD, _LDX, _ST, _ALU, _RET, _MISC = 0x00, 0x01, 0x02, 0x04, 0x06, 0x07
+_LD, _LDX, _ALU, _RET, _MISC = 0x00, 0x01, 0x04, 0x06, 0x07
 _W, _B = 0x00, 0x10
-_ABS, _IND, _MEM, _MSH = 0x20, 0x40, 0x60, 0xA0
-_RSH, _MOD, _XOR = 0x70, 0x90, 0xA0
+_ABS, _IND, _MSH = 0x20, 0x40, 0xA0
+_MUL, _RSH, _MOD, _XOR = 0x20, 0x70, 0x90, 0xA0
 _K, _X = 0x00, 0x08
 _TAX, _RET_A = 0x00, 0x10
 _INSN = struct.Struct("=HBBI")   # struct sock_filter
@@ -43,28 +43,29 @@ _INSN = struct.Struct("=HBBI")   # struct sock_filter
 def steering_program(queues: int) -> list[tuple[int, int]]:
     """(code, k) pairs: socket index = hash(inner src, dst, ports word) % queues.
 
-    The program sees the UDP payload (the inner IPv4 packet) at offset 0. A
-    packet too short for a load ends the program with 0, i.e. socket 0; a
-    non-first fragment hashes other bytes than its first fragment, which only
-    costs the kernel's reassembly nothing (it happens after the TUN write).
+    The program sees the UDP payload (the inner IPv4 packet) at offset 0. The
+    XOR of the fields is folded to 16 bits, then hashed multiplicatively
+    (Fibonacci hashing: the high half of x * 2^32/phi mixes every low bit of
+    x), because the low bits of the plain XOR are nearly constant: Linux gives
+    connect()ed sockets even ports, and parallel connections neighbouring
+    ones. A packet too short for a load ends the program with 0 (socket 0); a
+    non-first fragment hashes other bytes than its first fragment, which is
+    harmless (reassembly happens after the TUN write).
     """
     return [
-        (_LDX | _B | _MSH, 0),          # X = 4 * (ihl)
+        (_LDX | _B | _MSH, 0),          # X = 4 * ihl
         (_LD | _W | _IND, 0),           # A = the 4 bytes after the IP header (the ports)
-        (_ST, 0),                       # M[0] = A
-        (_LD | _W | _ABS, 12),          # A = source address
         (_MISC | _TAX, 0),
-        (_LD | _W | _ABS, 16),          # A = destination address
+        (_LD | _W | _ABS, 12),          # A = source address
         (_ALU | _XOR | _X, 0),
         (_MISC | _TAX, 0),
-        (_LD | _MEM, 0),
+        (_LD | _W | _ABS, 16),          # A = destination address
         (_ALU | _XOR | _X, 0),          # A = ports ^ src ^ dst
         (_MISC | _TAX, 0),
         (_ALU | _RSH | _K, 16),
-        (_ALU | _XOR | _X, 0),          # fold the high half (source port) onto the low
-        (_MISC | _TAX, 0),
-        (_ALU | _RSH | _K, 8),
-        (_ALU | _XOR | _X, 0),
+        (_ALU | _XOR | _X, 0),          # fold: the source port (high half) reaches the low bits
+        (_ALU | _MUL | _K, 0x9E3779B1),
+        (_ALU | _RSH | _K, 16),
         (_ALU | _MOD | _K, queues),
         (_RET | _RET_A, 0),
     ]

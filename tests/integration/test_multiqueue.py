@@ -32,14 +32,16 @@ A_TUN, B_TUN = "10.5.1.0", "10.5.2.0"
 FLOWS = 16                   # UDP flows h0 -> h1, distinct source ports
 PER_FLOW = 20
 
-# FLOWS x PER_FLOW datagrams from FLOWS sockets (one source port each), paced a little.
+# FLOWS x PER_FLOW datagrams from FLOWS connected sockets (one source port each), paced a little.
 _FLOWS = r"""
 import socket, sys, time
 dst, port, flows, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(flows)]
+for s in socks:
+    s.connect((dst, port))      # connect(): even, neighbouring source ports, as TCP gets
 for r in range(per):
     for s in socks:
-        s.sendto(b"flow", (dst, port))
+        s.send(b"flow")
     time.sleep(0.002)
 print("sent", flows * per, flush=True)
 """

@@ -116,8 +116,10 @@ def test_flows_from_one_peer_spread_over_the_sockets(queues):
     e = queues.engine
     e.set_routes([queues.route()])
     e.start()
-    sent = [_udp_packet("10.5.2.2", "10.5.1.2", 30000 + f, data=bytes([r])) for f in range(FLOWS)
-            for r in range(3)]
+    # Even source ports in a row, as Linux gives parallel connect()ed sockets: the
+    # hash must not depend on the low bits alone.
+    sent = [_udp_packet("10.5.2.2", "10.5.1.2", 30000 + 2 * f, data=bytes([r]))
+            for f in range(FLOWS) for r in range(3)]
     for pkt in sent:
         queues.peer.sendto(pkt, ("127.0.0.1", queues.port))
     queues.wait(lambda s: s["tun_tx_packets"] == len(sent), f"{len(sent)} datagrams written")
@@ -127,6 +129,7 @@ def test_flows_from_one_peer_spread_over_the_sockets(queues):
         flows_of.append({o[20:22] for o in outs})      # the inner source port
     per = e.queue_stats()
     assert all(q["udp_rx_packets"] > 0 for q in per), per
+    assert all(len(f) >= FLOWS // QUEUES // 3 for f in flows_of), [len(f) for f in flows_of]
     assert sum(len(f) for f in flows_of) == FLOWS, "a flow was split over queues"
 
 
