@@ -219,7 +219,8 @@ FLAGS: tuple[Flag, ...] = (
          "(only the PublicIP of a known lease; default) or any (as flanneld; use it when peers "
          "reach this host through address translation)", metavar="leases|any", group="ours"),
     Flag("icmp-rate", _parse_int, 100, "ICMP errors (net unreachable, time exceeded) the engine "
-         "sends per second at most, as routers limit them; 0 = unlimited (default: 100)",
+         "sends per second at most, as routers limit them; the host's total, split over the "
+         "queues; 0 = unlimited (default: 100)",
          metavar="N", check=_range(0, 2 ** 32 - 1), group="ours"),
     Flag("icmp-burst", _parse_int, 50, "ICMP errors allowed in a burst above --icmp-rate "
          "(default: 50)", metavar="N", check=_range(1, 2 ** 32 - 1), group="ours"),
