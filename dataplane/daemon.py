@@ -7,11 +7,14 @@ Startup, in flanneld's order (FLANNEL_COMPAT.md §5.2, §1.2)::
     3. network config            <prefix>/config, retried every second until valid
     4. lease                     reuse by PublicIP, else the subnet.env subnet, else random
     5. flannel0                  ioctl(TUNSETIFF) by this process; <lease net>/32,
-                                 MTU = interface MTU - 28, up, route <Network> dev flannel0
-    6. UDP socket                bound to the interface address and the config's port
+                                 MTU = interface MTU - 28, up, route <Network> dev flannel0;
+                                 one fd per queue (--queues), vnet headers for --offload auto
+    6. UDP socket(s)             bound to the interface address and the config's port, one
+                                 per queue (SO_REUSEPORT); offloads probed (dataplane.offload)
     7. iptables                  --ip-masq (FLANNEL-POSTRTG), --iptables-forward-rules (FLANNEL-FWD)
     8. subnet.env                FLANNEL_NETWORK / SUBNET / MTU / IPMASQ
-    9. engine + watches          peer leases -> route table (engine.set_routes), own lease renewal
+    9. engine + watches          one engine per queue (engine.multi); peer leases -> route
+                                 table (engine.set_routes), own lease renewal
    10. READY=1 to systemd        when $NOTIFY_SOCKET is set
 
 Then the main thread waits for signals: SIGTERM/SIGINT stop the engine,
@@ -25,7 +28,6 @@ lease's PublicIP (counted as drop_bad_source, logged at most every 10 s).
 from __future__ import annotations
 
 import errno
-
 import logging
 import os
 import signal
@@ -34,7 +36,9 @@ import threading
 import time
 
 from . import flags as flagmod
+from . import queues as queuemod
 from .iface import IfaceError, select_interface
+from .udpsock import SOCKET_BUFFER, open_udp_sockets
 
 log = logging.getLogger("dataplane.daemon")
 
@@ -43,7 +47,6 @@ LEASE_RETRY_S = 1.0
 MONITOR_PERIOD_S = 1.0
 PEERS_READY_TIMEOUT_S = 5.0
 BAD_SOURCE_LOG_EVERY_S = 10.0
-SOCKET_BUFFER = 4 << 20          # bytes; large buffers absorb bursts (DESIGN.md "Measuring")
 EXAMPLE_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
 
 
@@ -110,11 +113,15 @@ class Daemon:
         self.subnets = None                   # SubnetManager
         self.peer_watcher = None
         self.peers: dict = {}                 # subnet -> Lease
-        self.tun_fd = None
+        self.tun_fds: list = []               # one per queue
         self.tun_name = None
-        self.sock = None
+        self.socks: list = []                 # one per queue
+        self.queues = 1
+        self.offloads = None                  # offload.Offloads
+        self.offload_flags = 0
         self.rules = None
-        self.engine = None
+        self.engine = None                    # engine.multi.MultiEngine
+        self.engine_cls = None
         self.engine_why = ""
         self.servers = []
         self._old_handlers = {}
@@ -181,6 +188,8 @@ class Daemon:
         # 4. lease
         self._make_subnet_manager()
         self.lease = self._acquire_lease()
+        # the engine decides the queues' fds (vnet headers for its offloads)
+        self._select_engine()
         # 5. flannel0
         self._open_tun()
         # 6. UDP socket
@@ -194,8 +203,9 @@ class Daemon:
         self._start_watches()
         # 10. systemd
         sd_notify("READY=1")
-        log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s",
-                 self.tun_name, self.lease.subnet, len(self.peers), self.engine.name)
+        log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s, %d queue(s)",
+                 self.tun_name, self.lease.subnet, len(self.peers), self.engine.name,
+                 self.queues)
 
     def _make_registry(self):
         from .registry import Registry
@@ -362,9 +372,8 @@ class Daemon:
     # -- devices -------------------------------------------------------
     def _open_tun(self):
         from .netconf import add_network_route, configure_tun
-        from .tun import open_tun
         try:
-            self.tun_fd, self.tun_name = open_tun("flannel%d")
+            self.tun_fds, self.tun_name = self.offloads.open_tun("flannel%d", self.queues)
         except OSError as e:
             raise StartupError(f"failed to open the TUN device /dev/net/tun: {e}; run as root "
                                "(CAP_NET_ADMIN) with the tun module loaded (modprobe tun)") from None
@@ -376,9 +385,9 @@ class Daemon:
             raise StartupError(f"failed to configure {self.tun_name} ({addr}, MTU "
                                f"{self.ext.tun_mtu}, route {self.config.network}): {e}") from None
         self._accept_local()
-        log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s", self.tun_name,
-                 addr, self.ext.tun_mtu, self.ext.name, self.ext.mtu, self.config.network,
-                 self.tun_name)
+        log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s)",
+                 self.tun_name, addr, self.ext.tun_mtu, self.ext.name, self.ext.mtu,
+                 self.config.network, self.tun_name, len(self.tun_fds))
 
     def _accept_local(self):
         """The engine's ICMP net-unreachable comes back through flannel0 with the source
@@ -395,23 +404,22 @@ class Daemon:
 
     def _open_socket(self):
         port = self.config.backend_port
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # *BUFFORCE
-                try:
-                    s.setsockopt(socket.SOL_SOCKET, force, SOCKET_BUFFER)
-                except OSError:
-                    s.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
-            s.bind((str(self.ext.iface_addr), port))
+            self.socks = open_udp_sockets(str(self.ext.iface_addr), port, self.queues,
+                                          bufsize=SOCKET_BUFFER, blocking=False)
         except OSError as e:
-            s.close()
             hint = ("is flanneld or another flannel-udp still running on this host?"
                     if e.errno == errno.EADDRINUSE else "check --iface")
             raise StartupError(f"failed to bind the UDP socket to {self.ext.iface_addr}:{port}: "
                                f"{e.strerror}; {hint}") from None
-        s.setblocking(False)
-        self.sock = s
-        log.info("Listening for encapsulated packets on UDP %s:%d", self.ext.iface_addr, port)
+        log.info("Listening for encapsulated packets on UDP %s:%d%s", self.ext.iface_addr, port,
+                 f" ({len(self.socks)} sockets, SO_REUSEPORT)" if len(self.socks) > 1 else "")
+        try:
+            self.offload_flags = self.offloads.probe(self.tun_fds, self.socks)
+        except OSError as e:
+            raise StartupError(f"probing the offloads failed: {e}; run with --offload off") \
+                from None
+        log.info("%s", self.offloads.summary())
 
     def _setup_rules(self):
         from .ipmasq import MasqError, Rules
@@ -442,15 +450,17 @@ class Daemon:
 
     # -- engine and peers ------------------------------------------------
     def _new_engine(self, cls):
-        eng = cls(tun_fd=self.tun_fd, udp_fd=self.sock.fileno(),
-                  tun_addr=self.lease.subnet.network_address, mtu=self.ext.tun_mtu,
-                  port=self.config.backend_port, accept_any=self.opts.accept_from == "any")
-        eng.set_icmp_limit(self.opts.icmp_rate, self.opts.icmp_burst)
-        if self.opts.trace:
-            eng.trace(True)
-        return eng
+        from .engine import multi
+        o = self.opts
+        return multi.create(cls, self.tun_fds, [s.fileno() for s in self.socks],
+                            tun_addr=self.lease.subnet.network_address, mtu=self.ext.tun_mtu,
+                            port=self.config.backend_port, accept_any=o.accept_from == "any",
+                            icmp_rate=o.icmp_rate, icmp_burst=o.icmp_burst,
+                            offloads=self.offload_flags, trace=o.trace)
 
-    def _start_engine(self):
+    def _select_engine(self):
+        """The engine class, then what it decides: the queues and the offloads to try."""
+        from .offload import Offloads
         o = self.opts
         requested = o.engine
         if o.sources.get("engine") == "default" and os.environ.get("DATAPLANE_ENGINE"):
@@ -461,12 +471,22 @@ class Daemon:
         if requested != o.engine:
             why += " (from $DATAPLANE_ENGINE)"
         self.engine_why = why
+        self.queues, note = queuemod.effective(o.queues, o.trace)
+        if note:
+            log.info("%s", note)
+        self.offloads = Offloads(o.offload, self.engine_cls.name)
+
+    def _start_engine(self):
+        o = self.opts
         try:
             self.engine = self._new_engine(self.engine_cls)
         except (OSError, ValueError) as e:
-            raise StartupError(f"failed to create the {self.engine_cls.name} engine: {e}") from None
+            hint = "; run with --offload off" if self.offload_flags else ""
+            raise StartupError(f"failed to create the {self.engine_cls.name} engine: "
+                               f"{e}{hint}") from None
         self.engine.start()
-        log.info("Engine: %s (%s); accepting datagrams from %s", self.engine.name, why,
+        log.info("Engine: %s (%s), %d queue(s); accepting datagrams from %s", self.engine.name,
+                 self.engine_why, len(self.engine),
                  "known leases only (--accept-from leases)" if o.accept_from == "leases"
                  else "any source (--accept-from any, as flanneld)")
 
@@ -533,9 +553,11 @@ class Daemon:
                         return 0
             with self._lock:
                 engine = self.engine
-            if engine.join(0):
-                log.error("The %s forwarding engine stopped unexpectedly; exiting so that the "
-                          "service manager restarts the daemon (the lease is kept)", engine.name)
+            ended = engine.ended()
+            if ended:
+                log.error("The %s forwarding engine stopped unexpectedly (queue(s) %s of %d); "
+                          "exiting so that the service manager restarts the daemon (the lease "
+                          "is kept)", engine.name, ", ".join(map(str, ended)), len(engine))
                 return 1
             try:
                 st = engine.stats()
@@ -566,7 +588,7 @@ class Daemon:
             ("stop the lease renewal", lambda: self.subnets and self.subnets.stop()),
             ("stop the engine", self._close_engine),
             ("close flannel0", self._close_tun),
-            ("close the UDP socket", lambda: self.sock and self.sock.close()),
+            ("close the UDP sockets", lambda: [s.close() for s in self.socks]),
             ("remove the iptables rules", lambda: self.rules and self.rules.remove()),
             ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
             ("close the etcd client", lambda: self.registry and self.registry.close()),
@@ -585,9 +607,9 @@ class Daemon:
                 self.engine.close()
 
     def _close_tun(self):
-        if self.tun_fd is not None:
-            os.close(self.tun_fd)
-            self.tun_fd = None
+        fds, self.tun_fds = self.tun_fds, []
+        for fd in fds:              # the last close removes flannel0
+            os.close(fd)
 
     # ------------------------------------------------------------------ MetricsSource
     def engine_stats(self):
@@ -602,6 +624,12 @@ class Daemon:
 
     def peers_count(self):
         return len(self.peers)
+
+    def queues_count(self):
+        return len(self.engine) if self.engine is not None else 0
+
+    def offloads_enabled(self):
+        return self.offloads.enabled() if self.offloads is not None else {}
 
     def lease_info(self):
         lease = self._current_lease()

@@ -25,6 +25,9 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from . import queues
+from .offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
+
 ENV_PREFIX = "FLANNELD_"
 
 
@@ -142,6 +145,10 @@ class Flag:
         return ENV_PREFIX + self.name.upper().replace("-", "_")
 
 
+def _queue_count(v):
+    queues.check(v)
+
+
 def _range(lo, hi, unit=""):
     def check(v):
         if not lo <= v <= hi:
@@ -212,13 +219,22 @@ FLAGS: tuple[Flag, ...] = (
          "(only the PublicIP of a known lease; default) or any (as flanneld; use it when peers "
          "reach this host through address translation)", metavar="leases|any", group="ours"),
     Flag("icmp-rate", _parse_int, 100, "ICMP errors (net unreachable, time exceeded) the engine "
-         "sends per second at most, as routers limit them; 0 = unlimited (default: 100)",
+         "sends per second at most, as routers limit them; the host's total, split over the "
+         "queues; 0 = unlimited (default: 100)",
          metavar="N", check=_range(0, 2 ** 32 - 1), group="ours"),
     Flag("icmp-burst", _parse_int, 50, "ICMP errors allowed in a burst above --icmp-rate "
          "(default: 50)", metavar="N", check=_range(1, 2 ** 32 - 1), group="ours"),
     Flag("metrics", _parse_metrics, "", "where to serve Prometheus /metrics: IP:PORT for a "
          "listener of its own, 'healthz' (or empty, the default) for the healthz server when "
          "--healthz-port is set, 'off' to disable", metavar="IP:PORT", group="ours"),
+    Flag("queues", _parse_int, 0, "forwarding queues: each one a flannel0 queue "
+         "(IFF_MULTI_QUEUE), a UDP socket on the same address and port (SO_REUSEPORT) and an "
+         "engine thread; 1 = flanneld's single queue (default: the number of CPUs, at most 8; "
+         "--trace runs 1)", metavar="N", check=_queue_count, group="ours"),
+    Flag("offload", _choice(*OFFLOAD_MODES), OFFLOAD_DEFAULT, "kernel offloads for the C "
+         "engine: auto (what this kernel accepts of TUN TSO/USO, UDP GSO and GRO; the wire "
+         "format does not change) or off (default: %s)" % OFFLOAD_DEFAULT,
+         metavar="auto|off", group="ours"),
     Flag("trace", _parse_bool, False, "enable the engine's packet trace ring and serve it as JSON "
          "at GET /debug/trace?after=N (on the healthz and metrics servers)", kind="bool",
          group="ours"),
@@ -267,6 +283,8 @@ class Options:
     icmp_burst: int = 50
     metrics: str = ""
     trace: bool = False
+    queues: int = 1
+    offload: str = OFFLOAD_DEFAULT
     # where each value came from: "flag", "env" or "default"
     sources: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
@@ -402,6 +420,8 @@ def resolve(args: argparse.Namespace, environ=None) -> Options:
             opts.warnings.append(f"{where} is accepted for compatibility and ignored")
         setattr(opts, f.dest, value)
         opts.sources[f.dest] = source
+    if opts.sources.get("queues") == "default":
+        opts.queues = queues.default_queues()
     if opts.public_ipv6:
         opts.warnings.append("--public-ipv6 is ignored: the udp backend carries IPv4 only")
     if bool(opts.etcd_keyfile) != bool(opts.etcd_certfile):

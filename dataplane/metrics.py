@@ -42,6 +42,14 @@ class MetricsSource:
     def peers_count(self) -> int:
         return 0
 
+    def queues_count(self) -> int:
+        """Forwarding queues (engines) running; 0 = none yet (no metric then)."""
+        return 0
+
+    def offloads_enabled(self) -> dict:
+        """{offload name: on} (dataplane.offload.NAMES); empty = not decided yet."""
+        return {}
+
     def lease_info(self) -> dict | None:
         """{"subnet": "10.5.3.0/24", "expiry": epoch seconds or None} or None."""
         return None
@@ -57,6 +65,7 @@ class MetricsSource:
 # flannel_udp_engine_<name>_total so a new engine counter is never lost.
 _PATHS = ("tun_rx", "udp_tx", "udp_rx", "tun_tx")
 _SYSCALL_KINDS = ("tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls")
+_OFFLOAD_OPS = ("tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso")   # api.OFFLOAD_STATS
 
 
 def _family_of(stat: str):
@@ -79,6 +88,8 @@ def _family_of(stat: str):
         return "batches", "direction", "tx"
     if stat == "rx_batches":
         return "batches", "direction", "rx"
+    if stat in _OFFLOAD_OPS:
+        return "offload_ops", "op", stat
     return None
 
 
@@ -91,6 +102,9 @@ _HELP = {
     "icmp_ratelimited": "ICMP errors not sent because of the --icmp-rate/--icmp-burst limit.",
     "syscalls_by_kind": "Engine syscalls by kind.",
     "batches": "Batched syscalls (sendmmsg/recvmmsg or equivalent) by direction.",
+    "offload_ops": "Offloaded operations, by op: tun_rx_gso (super-packets read from flannel0 "
+                   "and segmented), udp_tx_gso (sends of a train of datagrams), udp_rx_gro "
+                   "(receives holding a train), tun_tx_gso (coalesced writes into flannel0).",
 }
 
 
@@ -130,6 +144,22 @@ class DaemonCollector:
         g = GaugeMetricFamily(f"{PREFIX}_peers", "Peer leases in the route table.")
         g.add_metric([], self.source.peers_count())
         yield g
+
+        n = self.source.queues_count()
+        if n:
+            g = GaugeMetricFamily(f"{PREFIX}_queues", "Forwarding queues: flannel0 queues, UDP "
+                                  "sockets and engine threads (--queues).")
+            g.add_metric([], n)
+            yield g
+
+        offloads = self.source.offloads_enabled()
+        if offloads:
+            g = GaugeMetricFamily(f"{PREFIX}_offload_enabled", "Kernel offloads switched on "
+                                  "(1) or not (0), decided at start (--offload).",
+                                  labels=["offload"])
+            for name, on in offloads.items():
+                g.add_metric([name], 1 if on else 0)
+            yield g
 
         lease = self.source.lease_info()
         if lease and lease.get("expiry") is not None:

@@ -77,3 +77,30 @@ def set_offload(fd: int, flags: int) -> None:
     ``vnet_hdr``) packets with partial checksums (TUN_F_CSUM) and TSO/USO
     super-packets. OSError EINVAL when the kernel does not know a bit."""
     fcntl.ioctl(fd, TUNSETOFFLOAD, int(flags))
+
+
+def open_tun_queues(name_template: str = "flannel%d", queues: int = 1, *,
+                    vnet_hdr: bool = False) -> tuple[list[int], str]:
+    """Open ``queues`` fds of one TUN device and return ``(fds, name)``.
+
+    One queue is exactly :func:`open_tun` (no ``IFF_MULTI_QUEUE``: a single
+    queue behaves as flanneld's device). With more, the first open names the
+    device and every further one attaches to that exact name with the same
+    flags (the kernel refuses a queue whose flags differ). On failure every
+    fd opened so far is closed, which removes the device again.
+    """
+    queues = int(queues)
+    if queues < 1:
+        raise ValueError(f"queues {queues} must be >= 1")
+    multi = queues > 1
+    fds: list[int] = []
+    try:
+        fd, name = open_tun(name_template, multi_queue=multi, vnet_hdr=vnet_hdr)
+        fds.append(fd)
+        for _ in range(queues - 1):
+            fds.append(open_tun(name, multi_queue=True, vnet_hdr=vnet_hdr)[0])
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds, name

@@ -29,16 +29,20 @@ example (host 192.168.77.1 with lease 10.5.1.0/24, one peer):
   flannel-udp forward --tun-addr 10.5.1.0/32 --network 10.5.0.0/16 \\
       --listen 192.168.77.1:8285 --route 10.5.2.0/24=192.168.77.2
 
+--queues N runs N TUN queues, N UDP sockets on the --listen address
+(SO_REUSEPORT) and N engines, as `flannel-udp run` does.
+
 --stats-file gets, every second and at exit, a JSON object:
   {"engine": "c", "tun": "flannel0", "pid": 123, "time": 1700000000.0,
-   "final": false, "stats": {"tun_rx_packets": ..., ...}}
+   "final": false, "stats": {"tun_rx_packets": ..., ...},
+   "queues": 2, "queue_stats": [{...}, {...}],
+   "offload": {"mode": "off", "flags": 0, "enabled": {...}, "refused": {...}, "why_off": ...}}
 """
 
 log = logging.getLogger("dataplane.forward")
 DEFAULT_PORT = 8285
 ENCAP_OVERHEAD = 28
 SOCKBUF = 4 << 20  # large socket buffers absorb bursts (DESIGN.md, Measuring)
-SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # <asm-generic/socket.h>; not exported by Python 3.11
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -109,6 +113,16 @@ def _count(lo: int):
     return parse
 
 
+def _queues(value: str) -> int:
+    from dataplane.queues import check
+    try:
+        n = int(value)
+        check(n)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of queues ({e})")
+    return n
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tun-name", default="flannel%d", metavar="NAME",
                    help="TUN device name or template (default: flannel%%d -> flannel0)")
@@ -136,6 +150,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ICMP errors allowed in a burst above --icmp-rate (default 50)")
     p.add_argument("--sockbuf", type=int, default=SOCKBUF, metavar="BYTES",
                    help=f"UDP socket send/receive buffer size (default {SOCKBUF})")
+    p.add_argument("--queues", type=_queues, default=None, metavar="N",
+                   help="TUN queues, UDP sockets (SO_REUSEPORT) and engines, one each per queue "
+                        "(default: the number of CPUs, at most 8; 1 = a single queue as flanneld)")
+    p.add_argument("--offload", choices=("auto", "off"), default=None,
+                   help="kernel offloads for the C engine: auto (TUN TSO/USO, UDP GSO/GRO, what "
+                        "this kernel accepts) or off (default: off)")
     p.add_argument("--stats-file", metavar="PATH",
                    help="write the engine's counters as JSON here every second and at exit")
     p.add_argument("--ready-file", metavar="PATH",
@@ -159,14 +179,6 @@ def _engine_choice(kind: str | None) -> tuple[type, str]:
     return cls, why
 
 
-def _set_bufs(sock: socket.socket, size: int) -> None:
-    for force, opt in ((SO_SNDBUFFORCE, socket.SO_SNDBUF), (SO_RCVBUFFORCE, socket.SO_RCVBUF)):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, size)   # beyond wmem_max/rmem_max (root)
-        except OSError:
-            sock.setsockopt(socket.SOL_SOCKET, opt, size)
-
-
 def _write_json(path: str, obj: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -176,8 +188,10 @@ def _write_json(path: str, obj: dict) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from dataplane import netconf
-    from dataplane.engine import DEFAULT_BATCH, Route
-    from dataplane.tun import open_tun
+    from dataplane.engine import DEFAULT_BATCH, Route, multi
+    from dataplane.offload import DEFAULT_MODE, Offloads
+    from dataplane.queues import default_queues
+    from dataplane.udpsock import open_udp_sockets
     from pyroute2.netlink.exceptions import NetlinkError
 
     listen_ip, port = args.listen
@@ -207,36 +221,42 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    tun_fd = None
-    sock = None
+    tun_fds: list[int] = []
+    socks: list[socket.socket] = []
     engine = None
     tun_name = "?"
+    queues = args.queues or default_queues()
+    offloads = Offloads(args.offload or DEFAULT_MODE, cls.name)
     try:
-        tun_fd, tun_name = open_tun(args.tun_name)
+        tun_fds, tun_name = offloads.open_tun(args.tun_name, queues)
         netconf.configure_tun(tun_name, tun_addr.with_prefixlen, mtu)
         if args.network is not None:
             netconf.add_network_route(args.network, tun_name)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        _set_bufs(sock, args.sockbuf)
-        sock.bind((listen_ip, port))
+        socks = open_udp_sockets(listen_ip, port, queues, bufsize=args.sockbuf)
+        flags = offloads.probe(tun_fds, socks)
+        log.info("%s", offloads.summary())
         routes = [Route.make(net, ip, p or port) for net, ip, p in args.route]
-        engine = cls(tun_fd=tun_fd, udp_fd=sock.fileno(), tun_addr=tun_addr.ip, mtu=mtu,
-                     port=port, batch=args.batch or DEFAULT_BATCH,
-                     accept_any=args.accept_from == "any")
-        engine.set_icmp_limit(args.icmp_rate, args.icmp_burst)
+        engine = multi.create(cls, tun_fds, [s.fileno() for s in socks], tun_addr=tun_addr.ip,
+                              mtu=mtu, port=port, batch=args.batch or DEFAULT_BATCH,
+                              accept_any=args.accept_from == "any", icmp_rate=args.icmp_rate,
+                              icmp_burst=args.icmp_burst, offloads=flags)
         engine.set_routes(routes)
         engine.start()
-        log.info("engine %s (%s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",
-                 engine.name, why, tun_name, tun_addr, mtu,
+        log.info("engine %s (%s), %d queue(s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",
+                 engine.name, why, queues, tun_name, tun_addr, mtu,
                  f", route {args.network} dev {tun_name}" if args.network else "",
                  listen_ip, port, len(routes),
                  "".join(f"\n  {r.subnet} -> {r.peer_ip}:{r.port}" for r in routes))
 
         def dump(final: bool) -> None:
             if args.stats_file:
+                per_queue = engine.queue_stats()
+                total = multi.MultiEngine.sum_stats(per_queue)
                 _write_json(args.stats_file, {"engine": engine.name, "tun": tun_name,
                                               "pid": os.getpid(), "time": time.time(),
-                                              "final": final, "stats": engine.stats()})
+                                              "final": final, "stats": total,
+                                              "queues": queues, "queue_stats": per_queue,
+                                              "offload": offloads.as_json()})
 
         dump(False)
         if args.ready_file:
@@ -244,8 +264,10 @@ def main(args: argparse.Namespace) -> int:
                 f.write(f"{os.getpid()} {engine.name} {tun_name}\n")
         rc = 0
         while not stop.wait(1.0):
-            if engine.join(0):
-                log.error("the %s engine's loop ended on its own; exiting", engine.name)
+            ended = engine.ended()
+            if ended:
+                log.error("the %s engine's loop ended on its own (queue(s) %s); exiting",
+                          engine.name, ", ".join(map(str, ended)))
                 rc = 1
                 break
             dump(False)
@@ -265,7 +287,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if engine is not None:
             engine.close()
-        if sock is not None:
-            sock.close()
-        if tun_fd is not None:
-            os.close(tun_fd)  # removes the (non-persistent) TUN device
+        for s in socks:
+            s.close()
+        for fd in tun_fds:
+            os.close(fd)  # the last one removes the (non-persistent) TUN device

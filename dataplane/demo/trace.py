@@ -40,7 +40,7 @@ def stats_from_metrics(metrics: dict) -> dict:
 
     ``metrics`` is {"name{labels}": value} (Overlay.metrics). The mapping is the
     inverse of dataplane/metrics.py's families: packets/bytes by path, drops by
-    reason, ICMP by type, syscalls by kind, batches by direction.
+    reason, ICMP by type, syscalls by kind, batches by direction, offloads by op.
     """
     out = {}
     for key, value in metrics.items():
@@ -60,6 +60,8 @@ def stats_from_metrics(metrics: dict) -> dict:
             out[labels["kind"]] = v
         elif fam == "batches" and "direction" in labels:
             out[f"{labels['direction']}_batches"] = v
+        elif fam == "offload_ops" and "op" in labels:
+            out[labels["op"]] = v
         elif not labels and fam in STAT_NAMES:    # syscalls, icmp_ratelimited, ...
             out[fam] = v
         elif fam.startswith("engine_") and not labels and fam != "engine_info":

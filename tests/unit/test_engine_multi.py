@@ -1,0 +1,196 @@
+"""engine.multi over socketpair "TUN" queues and a real SO_REUSEPORT group, both engines.
+
+Each queue's TUN is one SOCK_DGRAM socketpair (keeps packet boundaries, as a
+TUN queue does); the UDP side is the dataplane's own socket group on loopback
+(dataplane.udpsock: N sockets on one port, steered by the inner flow). Nothing
+leaves 127.0.0.0/8; every send is bounded.
+"""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from dataplane import ipv4
+from dataplane.engine import EngineClosed, Route, engine_class, multi
+from dataplane.engine.api import STAT_NAMES
+from dataplane.udpsock import open_udp_sockets
+from tests.engine_harness import assert_forwarded, behaviour_stats, big_rcvbuf
+
+QUEUES = 3
+PEER_IP = "127.0.0.16"
+FLOWS = 24
+
+
+class Queues:
+    """N socketpair TUN queues + N reuseport sockets + one MultiEngine."""
+
+    def __init__(self, kind: str, n: int = QUEUES, **kw):
+        self.pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(n)]
+        for eng_end, test_end in self.pairs:
+            test_end.setblocking(False)
+            eng_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        self.socks = open_udp_sockets("127.0.0.1", 0, n, bufsize=1 << 20)
+        self.port = self.socks[0].getsockname()[1]
+        self.peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        big_rcvbuf(self.peer)
+        self.peer.bind((PEER_IP, 0))
+        self.peer.settimeout(5)
+        self.engine = multi.create(engine_class(kind), [p[0].fileno() for p in self.pairs],
+                                   [s.fileno() for s in self.socks], tun_addr="10.5.1.0",
+                                   mtu=1472, port=self.port, icmp_rate=0, **kw)
+
+    def route(self):
+        return Route.make("10.5.2.0/24", PEER_IP, self.peer.getsockname()[1])
+
+    def wait(self, pred, what, timeout=10.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            st = self.engine.stats()
+            if pred(st):
+                return st
+            time.sleep(0.005)
+        raise AssertionError(f"timeout waiting for {what}: per queue "
+                             f"{[{k: v for k, v in s.items() if v} for s in self.engine.queue_stats()]}")
+
+    def tun_out(self, i):
+        out = []
+        while True:
+            try:
+                out.append(self.pairs[i][1].recv(65536))
+            except BlockingIOError:
+                return out
+
+    def close(self):
+        try:
+            self.engine.close()
+        finally:
+            for a, b in self.pairs:
+                a.close()
+                b.close()
+            for s in self.socks:
+                s.close()
+            self.peer.close()
+
+
+@pytest.fixture
+def queues(engine_kind):
+    q = Queues(engine_kind)
+    try:
+        yield q
+    finally:
+        q.close()
+
+
+def _udp_packet(src, dst, sport, dport=5201, data=b"multi"):
+    return ipv4.build(src, dst, ipv4.udp_payload(sport, dport, data))
+
+
+def test_routes_reach_every_queue_and_stats_sum(queues):
+    e = queues.engine
+    assert len(e) == QUEUES and e.name == e.queues[0].name
+    e.set_routes([queues.route()])
+    e.start()
+    # One packet into each queue's TUN: each queue can only forward it with the table.
+    sent = [_udp_packet("10.5.1.2", "10.5.2.2", 40000 + i) for i in range(QUEUES)]
+    for (_, test_end), pkt in zip(queues.pairs, sent):
+        test_end.send(pkt)
+    got = sorted(queues.peer.recv(65536) for _ in sent)
+    assert len(got) == QUEUES
+    for pkt, out in zip(sorted(sent), got):
+        assert_forwarded(pkt, out)
+    st = queues.wait(lambda s: s["udp_tx_packets"] == QUEUES, "every queue sent its packet")
+    per = e.queue_stats()
+    assert [q["udp_tx_packets"] for q in per] == [1] * QUEUES
+    assert all(q["route_swaps"] >= 1 for q in per)
+    assert set(st) == set(STAT_NAMES)
+    # the loops are idle now: only the syscall counters could still move
+    assert behaviour_stats(e.stats()) == behaviour_stats(
+        {k: sum(q[k] for q in e.queue_stats()) for k in STAT_NAMES})
+
+
+def test_flows_from_one_peer_spread_over_the_sockets(queues):
+    """The steering program picks the socket by the inner flow: one peer's
+    datagrams (one outer 4-tuple) reach every queue, each flow one queue only."""
+    e = queues.engine
+    e.set_routes([queues.route()])
+    e.start()
+    # Even source ports in a row, as Linux gives parallel connect()ed sockets: the
+    # hash must not depend on the low bits alone.
+    sent = [_udp_packet("10.5.2.2", "10.5.1.2", 30000 + 2 * f, data=bytes([r]))
+            for f in range(FLOWS) for r in range(3)]
+    for pkt in sent:
+        queues.peer.sendto(pkt, ("127.0.0.1", queues.port))
+    queues.wait(lambda s: s["tun_tx_packets"] == len(sent), f"{len(sent)} datagrams written")
+    flows_of = []
+    for i in range(QUEUES):
+        outs = queues.tun_out(i)
+        flows_of.append({o[20:22] for o in outs})      # the inner source port
+    per = e.queue_stats()
+    assert all(q["udp_rx_packets"] > 0 for q in per), per
+    assert all(len(f) >= FLOWS // QUEUES // 3 for f in flows_of), [len(f) for f in flows_of]
+    assert sum(len(f) for f in flows_of) == FLOWS, "a flow was split over queues"
+
+
+def test_icmp_limit_is_split_so_the_host_total_stays(engine_kind):
+    assert multi.split(100, 3) == [34, 33, 33] and sum(multi.split(7, 8)) == 7
+    q = Queues(engine_kind)
+    try:
+        q.engine.set_icmp_limit(100, 50)        # accepted by every queue
+        q.engine.set_icmp_limit(2, 1)           # rate < N: each queue still limited (>= 1)
+        q.engine.set_icmp_limit(0, 0)           # unlimited
+        with pytest.raises(ValueError):
+            q.engine.set_icmp_limit(5, 0)
+        if engine_kind == "python":
+            q.engine.set_icmp_limit(100, 50)
+            assert [x._icmp_limit for x in q.engine.queues] == [(34, 17), (33, 17), (33, 16)]
+    finally:
+        q.close()
+
+
+def test_trace_is_queue_zero(engine_kind):
+    q = Queues(engine_kind, trace=True)
+    try:
+        q.engine.set_routes([q.route()])
+        q.engine.start()
+        q.pairs[0][1].send(_udp_packet("10.5.1.2", "10.5.2.2", 1))
+        q.pairs[1][1].send(_udp_packet("10.5.1.2", "10.5.2.2", 2))
+        q.wait(lambda s: s["udp_tx_packets"] == 2, "two packets")
+        kinds = [ev["kind"] for ev in q.engine.trace_events(0)]
+        assert kinds.count("tun_read") == 1, kinds
+    finally:
+        q.close()
+
+
+def test_offloads_go_to_every_queue(engine_kind):
+    q = Queues(engine_kind, n=2)
+    try:
+        q.engine.set_offloads(0)
+        if engine_kind == "python":
+            with pytest.raises(OSError):
+                q.engine.set_offloads(1)
+    finally:
+        q.close()
+
+
+def test_stop_and_close_are_idempotent(queues):
+    e = queues.engine
+    e.set_routes([queues.route()])
+    e.start()
+    assert e.ended() == []
+    e.stop()
+    e.stop()
+    assert e.join(5)
+    assert e.ended() == list(range(QUEUES))
+    e.close()
+    e.close()
+    with pytest.raises(EngineClosed):
+        e.stats()
+    e.stop()                                    # a closed engine is stopped
+
+
+def test_create_rejects_mismatched_fds(engine_kind):
+    with pytest.raises(ValueError, match="2 TUN queue"):
+        multi.create(engine_class(engine_kind), [1, 2], [3], tun_addr="10.5.1.0", mtu=1472,
+                     port=8285)
