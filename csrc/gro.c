@@ -174,11 +174,14 @@ int dp_gro_start(struct dp_gro *g, const uint8_t *p, uint32_t len)
 
 int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len)
 {
-    const uint8_t *f = g->seg[0], *th = p + DP_IP_HDR_MIN, *fth = f + DP_IP_HDR_MIN;
+    const uint8_t *f, *th, *fth;
     struct seg_info si;
 
     if (!g->n || g->closed || g->n >= DP_GRO_SEGS_MAX)
         return 0;
+    f = g->seg[0];
+    fth = f + DP_IP_HDR_MIN;
+    th = p + DP_IP_HDR_MIN;
     if (!tcp_segment(p, len, &si) || DP_IP_HDR_MIN + si.thl != g->hdr_len)
         return 0;
     if (si.payload > g->gso_size || g->total + si.payload > DP_GRO_BYTES_MAX)

@@ -10,9 +10,14 @@
  *                     route, TTL - 1), then queue or send an ICMP error;
  *                     udp_send: one sendmmsg() per batch, skipping refused
  *                     messages; tun_batch: read() until EAGAIN or `batch`
- *   5. UDP -> TUN     udp_packet: dp_path_udp (checks, TTL - 1), write() to
- *                     the TUN; udp_batch: one recvmmsg(MSG_DONTWAIT) of up
- *                     to `batch`
+ *   5. UDP -> TUN     udp_packet: one message, or with DP_OFF_UDP_GRO
+ *                     udp_train: a train split at its segment size; each
+ *                     datagram: dp_path_udp (checks, TTL - 1), then
+ *                     tun_forward: write() to the TUN, or with
+ *                     DP_OFF_TUN_GRO into a run (gro.c) that gro_flush
+ *                     writes as one GSO packet; udp_batch: one
+ *                     recvmmsg(MSG_DONTWAIT) of up to `batch`, then the
+ *                     run held is flushed
  *   6. dp_loop_run    epoll_wait, then alternate the two directions, one
  *                     batch each, while there is work, at most DP_ROUNDS
  *                     times, so neither direction nor the stop fd starves
@@ -25,8 +30,9 @@
  * thread. What crosses threads is atomic: `stopping`, `pending` (the next
  * route table), the counters (one writer, relaxed), the ICMP limit and the
  * trace ring.
- * Everything allocated here is allocated in dp_loop_new(); the data path
- * never allocates.
+ * Everything allocated here is allocated in dp_loop_new() (the receive
+ * slots again in dp_loop_set_offloads(), before the loop runs); the data
+ * path never allocates.
  */
 #define _GNU_SOURCE
 #include <errno.h>
