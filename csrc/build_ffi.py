@@ -8,7 +8,7 @@ import os
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["loop.c", "path.c", "routes.c", "packet.c", "trace.c", "gso.c"]
+SOURCES = ["loop.c", "path.c", "routes.c", "packet.c", "trace.c", "gso.c", "gro.c"]
 
 
 def _cdef_text(path):

@@ -32,6 +32,20 @@
  *   4. TTL <= 1 -> drop_ttl (no ICMP on this side)
  *   5. TTL - 1, incremental checksum; write() to the TUN. EAGAIN ->
  *      drop_tun_full, any other error -> drop_tun_error; never retried.
+ * With DP_OFF_UDP_GRO a message may be a train of datagrams (UDP_GRO cmsg:
+ * the segment size; the last may be shorter): it is split and each datagram
+ * goes through 1-5 on its own, so every counter above counts datagrams as
+ * without GRO - one larger than the mtu is drop_truncated with mtu bytes,
+ * as a plain receive reports it; udp_rx_gro counts trains of >= 2.
+ * With DP_OFF_TUN_GRO (needs DP_OFF_TUN_VNET) step 5 holds back runs of
+ * consecutive forwarded TCP/IPv4 segments of one flow (the rules are in
+ * csrc/gro.c: contiguous, equal size, ACK only, ...) and writes each run of
+ * >= 2 as one GSO packet: virtio_net_hdr NEEDS_CSUM, TCPV4, gso_size = the
+ * segment payload, csum_start 20, csum_offset 16, the TCP checksum field
+ * holding the pseudo-header sum; tot_len and the IP checksum recomputed.
+ * Packets keep their order and no run outlives its recvmmsg batch. Counters
+ * still count packets (a failed GSO write drops each of its segments);
+ * tun_tx_gso counts the GSO writes.
  *
  * Offloads (dp_loop_set_offloads; the C engine only, the wire is the same):
  *   DP_OFF_TUN_VNET, reading: each read() is a struct virtio_net_hdr (10

@@ -161,6 +161,38 @@ void dp_trace_record(struct dp_trace *tr, uint32_t kind, uint32_t len, uint32_t 
                      uint32_t port, uint32_t batch, const uint8_t *head, uint32_t head_len);
 int dp_trace_read(const struct dp_trace *tr, uint64_t after, dp_trace_event *out, uint32_t max);
 
+/* gro.c APIs: TUN GRO (DP_OFF_TUN_GRO), pure, no I/O; the rules are at the
+ * top of gro.c. A run holds pointers to forwarded packets that the caller
+ * keeps until it has written the run (one recvmmsg batch at most). */
+enum dp_gro_limits {
+    DP_GRO_SEGS_MAX = 64,          /* segments in one coalesced write */
+    DP_GRO_BYTES_MAX = 65535,      /* IPv4 tot_len */
+    DP_GRO_HDR_MAX = DP_IP_HDR_MIN + 60   /* ihl 5 + the largest TCP header */
+};
+
+struct dp_gro {
+    uint32_t n;                    /* segments held; 0 = no run */
+    uint32_t hdr_len;              /* IP + TCP header bytes, the same in all */
+    uint32_t gso_size;             /* TCP payload bytes of the first */
+    uint32_t total;                /* tot_len of the coalesced packet */
+    uint32_t next_seq;             /* where the next segment must start */
+    int closed;                    /* the last one ended the run (short, PSH) */
+    int psh;                       /* the last one had PSH */
+    const uint8_t *seg[DP_GRO_SEGS_MAX];
+    uint32_t len[DP_GRO_SEGS_MAX];
+};
+
+void dp_gro_reset(struct dp_gro *g);
+/* 1 if p opens a new run (any run held is forgotten: flush it first),
+ * 0 if p cannot be part of one. */
+int dp_gro_start(struct dp_gro *g, const uint8_t *p, uint32_t len);
+/* 1 if p was appended to the run held, 0 if not (no run, or p breaks it). */
+int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len);
+/* For a run of n >= 2: the virtio_net_hdr (DP_VNET_HDR_LEN bytes) and the
+ * coalesced packet's IP + TCP headers (g->hdr_len bytes); the payloads
+ * follow, each segment's from its byte hdr_len on. */
+void dp_gro_headers(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr);
+
 /* path.c APIs: the per-packet work of both directions (the checks of
  * dataplane.h, the route, TTL - 1, ICMP errors and their rate limit, and
  * every counter of it), with no I/O: the caller reads and writes, then

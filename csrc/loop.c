@@ -17,9 +17,14 @@
  *                     cut a TSO/USO super-packet (gso.c) into packets that
  *                     each go through tun_packet, sending whenever the slots
  *                     run out; tun_batch: read() until EAGAIN or `batch`
- *   5. UDP -> TUN     udp_packet: dp_path_udp (checks, TTL - 1), write() to
- *                     the TUN; udp_batch: one recvmmsg(MSG_DONTWAIT) of up
- *                     to `batch`
+ *   5. UDP -> TUN     udp_packet: one message, or with DP_OFF_UDP_GRO
+ *                     udp_train: a train split at its segment size; each
+ *                     datagram: dp_path_udp (checks, TTL - 1), then
+ *                     tun_forward: write() to the TUN, or with
+ *                     DP_OFF_TUN_GRO into a run (gro.c) that gro_flush
+ *                     writes as one GSO packet; udp_batch: one
+ *                     recvmmsg(MSG_DONTWAIT) of up to `batch`, then the
+ *                     run held is flushed
  *   6. dp_loop_run    epoll_wait, then alternate the two directions, one
  *                     batch each, while there is work, at most DP_ROUNDS
  *                     times, so neither direction nor the stop fd starves
@@ -32,9 +37,9 @@
  * thread. What crosses threads is atomic: `stopping`, `pending` (the next
  * route table), the counters (one writer, relaxed), the ICMP limit and the
  * trace ring.
- * Everything allocated here is allocated in dp_loop_new() (and the
- * super-packet buffer in dp_loop_set_offloads(), before the loop runs); the
- * data path never allocates.
+ * Everything allocated here is allocated in dp_loop_new() (the super-packet
+ * buffer and the receive slots again in dp_loop_set_offloads(), before the
+ * loop runs); the data path never allocates.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -64,8 +69,22 @@ enum dp_loop_limits {
     DP_GSO_SEGS_MAX = 64,   /* datagrams per UDP_SEGMENT send (the kernel's UDP_MAX_SEGMENTS) */
     DP_GSO_TRAIN_BYTES = 65000,  /* payload of one such send: it is one IPv4 packet until
                                     the kernel cuts it (65507 at most) */
-    DP_EPOLL_EVENTS = 3
+    DP_EPOLL_EVENTS = 3,
+    /* UDP_GRO: the largest UDP payload (a train) is 65535 - 8; the slack
+     * after each slot lets a trace head be taken from a datagram the kernel
+     * cut short without reading past the buffer. */
+    DP_RX_GRO_SLOT = 65536,
+    DP_RX_SLACK = DP_TRACE_HEAD,
+    DP_RX_CTL = 64          /* control buffer per message: one UDP_GRO int */
 };
+
+/* <linux/udp.h>; glibc's headers may lack them. */
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
 
 enum dp_loop_fd { DP_FD_TUN = 1, DP_FD_UDP, DP_FD_WAKE };
 
@@ -105,10 +124,23 @@ struct dp_loop {
     } train_cmsg[DP_BATCH_MAX];
 
     /* UDP -> TUN */
+    /* UDP -> TUN: slot i receives the i-th message of the recvmmsg; a slot
+     * is mtu bytes, or DP_RX_GRO_SLOT with DP_OFF_UDP_GRO (a train). */
     uint8_t *rx_buf;
+    uint32_t rx_slot;
     struct mmsghdr rx_msgs[DP_BATCH_MAX];
     struct iovec rx_iov[DP_BATCH_MAX];
     struct sockaddr_in rx_addr[DP_BATCH_MAX];
+    union {
+        struct cmsghdr align;
+        uint8_t buf[DP_RX_CTL];
+    } rx_ctl[DP_BATCH_MAX];
+
+    /* DP_OFF_TUN_GRO: the run being coalesced, and one writev's worth. */
+    struct dp_gro gro;
+    uint8_t gro_vnet[DP_VNET_HDR_LEN];
+    uint8_t gro_hdr[DP_GRO_HDR_MAX];
+    struct iovec gro_iov[DP_GRO_SEGS_MAX + 2];
 };
 
 /* ---- 1. counters, trace, syscalls ---------------------------------------- */
@@ -462,11 +494,118 @@ static enum dp_io tun_batch(struct dp_loop *l)
 
 /* ---- 5. UDP -> TUN -------------------------------------------------------- */
 
+static void tun_write_one(struct dp_loop *l, const uint8_t *p, uint32_t len)
+{
+    dp_path_tun_written(&l->path, p, len, tun_write(l, p, len) < 0 ? errno : 0);
+}
+
+/* Writes the run held, if any: one segment as it is, more as one GSO
+ * packet (gro.c). Each segment is counted written, or dropped, on its own:
+ * the counters see the packets the peer sent, whatever the syscalls. */
+static void gro_flush(struct dp_loop *l)
+{
+    struct dp_gro *g = &l->gro;
+    uint32_t i;
+    ssize_t w;
+    int err;
+
+    if (g->n == 1) {
+        tun_write_one(l, g->seg[0], g->len[0]);
+    } else if (g->n > 1) {
+        dp_gro_headers(g, l->gro_vnet, l->gro_hdr);
+        l->gro_iov[0].iov_base = l->gro_vnet;
+        l->gro_iov[0].iov_len = DP_VNET_HDR_LEN;
+        l->gro_iov[1].iov_base = l->gro_hdr;
+        l->gro_iov[1].iov_len = g->hdr_len;
+        for (i = 0; i < g->n; i++) {
+            l->gro_iov[i + 2].iov_base = (void *)(g->seg[i] + g->hdr_len);
+            l->gro_iov[i + 2].iov_len = g->len[i] - g->hdr_len;
+        }
+        do {
+            sys_count(l, DP_ST_TUN_WRITES);
+            w = writev(l->tun_fd, l->gro_iov, (int)g->n + 2);
+        } while (w < 0 && errno == EINTR);
+        err = w < 0 ? errno : 0;
+        for (i = 0; i < g->n; i++)
+            dp_path_tun_written(&l->path, g->seg[i], g->len[i], err);
+        if (!err)
+            st_add(l, DP_ST_TUN_TX_GSO, 1);
+    }
+    dp_gro_reset(g);
+}
+
+/* A forwarded packet goes into the run, or is written now - after the run
+ * it breaks, so packets leave in the order they came. */
+static void tun_forward(struct dp_loop *l, const uint8_t *p, uint32_t len)
+{
+    if (l->offloads & DP_OFF_TUN_GRO) {
+        if (dp_gro_join(&l->gro, p, len))
+            return;
+        gro_flush(l);
+        if (dp_gro_start(&l->gro, p, len))
+            return;
+    }
+    tun_write_one(l, p, len);
+}
+
+static void udp_datagram(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t src,
+                         uint32_t sport, uint32_t nmsgs, int truncated)
+{
+    if (dp_path_udp(&l->path, p, len, src, sport, nmsgs, truncated) == DP_V_FORWARD)
+        tun_forward(l, p, len);
+}
+
+/* The segment size of a UDP_GRO train; 0 when the message is one datagram. */
+static uint32_t gro_segment_size(struct msghdr *mh)
+{
+    struct cmsghdr *c;
+    int v;
+
+    for (c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO &&
+            c->cmsg_len >= CMSG_LEN(sizeof(v))) {
+            memcpy(&v, CMSG_DATA(c), sizeof(v));
+            return v > 0 ? (uint32_t)v : 0;
+        }
+    }
+    return 0;
+}
+
+/* DP_OFF_UDP_GRO: the message is a train of datagrams of `seg` bytes (the
+ * last may be shorter), each handled as if received alone. recvmmsg got
+ * MSG_TRUNC, so len is the whole train even if the slot held less. A
+ * datagram larger than the mtu is what a plain receive reports as
+ * MSG_TRUNC with mtu bytes: so it is counted here, drop_truncated with at
+ * most mtu bytes. A datagram the slot could not hold (not with the
+ * kernel's 64 KB GRO limit, but a larger gro_max_size allows it) is
+ * truncated too; the ones before it are intact and go on as usual. */
+static void udp_train(struct dp_loop *l, struct mmsghdr *mh, uint8_t *p, uint32_t src,
+                      uint32_t sport, uint32_t nmsgs)
+{
+    uint32_t len = mh->msg_len, seg = gro_segment_size(&mh->msg_hdr);
+    uint32_t copied = len < l->rx_slot ? len : l->rx_slot;
+    uint32_t off = 0, n, have;
+
+    if (!seg || seg > len)
+        seg = len;
+    if (seg < len)
+        st_add(l, DP_ST_UDP_RX_GRO, 1);
+    do {    /* at least once: an empty datagram is a datagram */
+        n = len - off < seg ? len - off : seg;
+        have = copied > off ? (copied - off < n ? copied - off : n) : 0;
+        if (have == n && n <= l->mtu)
+            udp_datagram(l, p + off, n, src, sport, nmsgs, 0);
+        else    /* only the trace reads the bytes; the slack keeps it in bounds */
+            udp_datagram(l, have ? p + off : NULL, n < l->mtu ? n : l->mtu, src, sport,
+                         nmsgs, 1);
+        off += n;
+    } while (off < len);
+}
+
 static void udp_packet(struct dp_loop *l, uint32_t k, uint32_t nmsgs)
 {
     struct mmsghdr *mh = &l->rx_msgs[k];
-    uint8_t *p = l->rx_buf + (size_t)k * l->mtu;
-    uint32_t len = mh->msg_len;
+    uint8_t *p = l->rx_iov[k].iov_base;
     uint32_t src = 0, sport = 0;
 
     if (mh->msg_hdr.msg_namelen >= sizeof(struct sockaddr_in) &&
@@ -474,21 +613,24 @@ static void udp_packet(struct dp_loop *l, uint32_t k, uint32_t nmsgs)
         src = l->rx_addr[k].sin_addr.s_addr;
         sport = ntohs(l->rx_addr[k].sin_port);
     }
-    if (dp_path_udp(&l->path, p, len, src, sport, nmsgs,
-                    (mh->msg_hdr.msg_flags & MSG_TRUNC) != 0) != DP_V_FORWARD)
-        return;
-    dp_path_tun_written(&l->path, p, len, tun_write(l, p, len) < 0 ? errno : 0);
+    if (l->offloads & DP_OFF_UDP_GRO)
+        udp_train(l, mh, p, src, sport, nmsgs);
+    else
+        udp_datagram(l, p, mh->msg_len, src, sport, nmsgs,
+                     (mh->msg_hdr.msg_flags & MSG_TRUNC) != 0);
 }
 
 static enum dp_io udp_batch(struct dp_loop *l)
 {
+    int gro = (l->offloads & DP_OFF_UDP_GRO) != 0;
     uint32_t k;
     int r;
 
     take_routes(l);
     do {
         sys_count(l, DP_ST_UDP_RECVS);
-        r = recvmmsg(l->udp_fd, l->rx_msgs, l->batch, MSG_DONTWAIT, NULL);
+        r = recvmmsg(l->udp_fd, l->rx_msgs, l->batch, MSG_DONTWAIT | (gro ? MSG_TRUNC : 0),
+                     NULL);
     } while (r < 0 && errno == EINTR);
     if (r <= 0)
         return (r == 0 || errno == EAGAIN || errno == EWOULDBLOCK) ? DP_IO_IDLE : DP_IO_ERROR;
@@ -497,10 +639,16 @@ static enum dp_io udp_batch(struct dp_loop *l)
     for (k = 0; k < (uint32_t)r; k++) {
         take_routes(l);   /* the source check, too, uses the newest table */
         udp_packet(l, k, (uint32_t)r);
-        /* msg_namelen and msg_flags are value-result: reset for next time. */
+        /* msg_namelen, msg_controllen and msg_flags are value-result:
+         * reset for next time. */
         l->rx_msgs[k].msg_hdr.msg_namelen = sizeof(l->rx_addr[k]);
+        if (gro)
+            l->rx_msgs[k].msg_hdr.msg_controllen = sizeof(l->rx_ctl[k].buf);
         l->rx_msgs[k].msg_hdr.msg_flags = 0;
     }
+    /* A run never outlives its batch: the next recvmmsg reuses the slots,
+     * and a packet held back waiting for more would be a delay. */
+    gro_flush(l);
     /* A short batch means the queue was empty a moment ago: let epoll say
      * when there is more, rather than pay for an EAGAIN recvmmsg(). */
     return (uint32_t)r == l->batch ? DP_IO_MORE : DP_IO_IDLE;
@@ -621,6 +769,34 @@ static void msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_i
     }
 }
 
+/* Sizes the receive slots for the offloads: mtu bytes each, or a whole
+ * UDP_GRO train (and a control buffer for its segment size). Only while
+ * the loop does not run; on failure the old slots stay. */
+static int rx_setup(struct dp_loop *l, uint32_t offloads)
+{
+    int gro = (offloads & DP_OFF_UDP_GRO) != 0;
+    uint32_t slot = gro ? DP_RX_GRO_SLOT : l->mtu;
+    uint32_t stride = gro ? DP_RX_GRO_SLOT + DP_RX_SLACK : l->mtu;
+    uint8_t *buf;
+    uint32_t i;
+
+    if (l->rx_buf && l->rx_slot == slot)
+        return 0;
+    buf = malloc((size_t)l->batch * stride);
+    if (!buf)
+        return -ENOMEM;
+    free(l->rx_buf);
+    l->rx_buf = buf;
+    l->rx_slot = slot;
+    msgs_init(l->rx_msgs, l->rx_iov, l->rx_addr, buf, l->batch, stride);
+    for (i = 0; i < l->batch; i++) {
+        l->rx_iov[i].iov_len = slot;
+        l->rx_msgs[i].msg_hdr.msg_control = gro ? l->rx_ctl[i].buf : NULL;
+        l->rx_msgs[i].msg_hdr.msg_controllen = gro ? sizeof(l->rx_ctl[i].buf) : 0;
+    }
+    return 0;
+}
+
 int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
                 uint32_t mtu, uint32_t batch, int accept_any)
 {
@@ -647,11 +823,11 @@ int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
 
     rc = -ENOMEM;
     l->tx_buf = malloc((size_t)batch * mtu);
-    l->rx_buf = malloc((size_t)batch * mtu);
-    if (!l->tx_buf || !l->rx_buf)
+    if (!l->tx_buf)
         goto err_free;
     msgs_init(l->tx_msgs, l->tx_iov, l->tx_addr, l->tx_buf, batch, mtu);
-    msgs_init(l->rx_msgs, l->rx_iov, l->rx_addr, l->rx_buf, batch, mtu);
+    if ((rc = rx_setup(l, 0)))
+        goto err_free;
 
     l->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (l->wake_fd < 0)
@@ -746,6 +922,7 @@ int dp_loop_trace_read(dp_loop *l, uint64_t after, dp_trace_event *out, uint32_t
 int dp_loop_set_offloads(dp_loop *l, uint32_t flags)
 {
     const uint32_t all = DP_OFF_TUN_VNET | DP_OFF_UDP_GSO | DP_OFF_UDP_GRO | DP_OFF_TUN_GRO;
+    int rc;
 
     if (!l || (flags & ~all))
         return -EINVAL;
@@ -759,6 +936,10 @@ int dp_loop_set_offloads(dp_loop *l, uint32_t flags)
         if (!l->vnet_buf)
             return -ENOMEM;
     }
+    rc = rx_setup(l, flags);
+    if (rc)
+        return rc;
+    dp_gro_reset(&l->gro);
     l->offloads = flags;
     return 0;
 }

@@ -25,6 +25,11 @@
  *     allows: a credit of ns, burst * T when full, growing with the clock,
  *     T = ceil(1e9 / rate) per error (path.c writes it as GCRA).
  *
+ *   - TUN GRO (gro.c) over the forwarded UDP-side packets, as loop.c runs
+ *     it: a run of >= 2 is one flow of segments of gso_size bytes (the
+ *     last may be shorter) within 64 KB, and the headers built for it
+ *     carry its length and a valid IP checksum.
+ *
  * Each packet is copied into a buffer of exactly its length, so ASan sees
  * any read past its end. Input layout (short input = zeros):
  *   byte 0      flags: bit 0 accept_any, bit 1 trace, bits 2-3 ICMP limit
@@ -172,6 +177,60 @@ static uint32_t peer_addr(uint32_t i)
 
 static struct dp_path path;     /* static: the trace ring is large */
 
+/* TUN GRO (gro.c) over the forwarded UDP-side packets, as loop.c drives it:
+ * join the run, else flush it and maybe start a new one. The run's packets
+ * are copies of exactly their length (ASan sees any read past them), owned
+ * here until the flush. A flushed run must describe a GSO packet whose
+ * segments are these packets. */
+static struct dp_gro gro;
+static uint8_t *gro_own[DP_GRO_SEGS_MAX];
+
+static void gro_flush(void)
+{
+    uint8_t vnet[DP_VNET_HDR_LEN], hdr[DP_GRO_HDR_MAX];
+    uint32_t i, total;
+    uint16_t v[4];
+
+    if (gro.n > 1) {
+        CHECK(gro.n <= DP_GRO_SEGS_MAX && gro.hdr_len <= DP_GRO_HDR_MAX);
+        total = gro.hdr_len;
+        for (i = 0; i < gro.n; i++) {
+            uint32_t pl = gro.len[i] - gro.hdr_len;
+
+            CHECK(gro.len[i] > gro.hdr_len && pl <= gro.gso_size);
+            CHECK(pl == gro.gso_size || i == gro.n - 1);
+            CHECK(memcmp(gro.seg[i] + 12, gro.seg[0] + 12, 8) == 0);   /* one flow */
+            total += pl;
+        }
+        CHECK(total == gro.total && total <= DP_GRO_BYTES_MAX);
+        dp_gro_headers(&gro, vnet, hdr);
+        memcpy(v, vnet + 2, sizeof(v));
+        CHECK(vnet[0] == 1 && vnet[1] == 1 && v[0] == gro.hdr_len && v[1] == gro.gso_size &&
+              v[2] == 20 && v[3] == 16);
+        CHECK(rd16(hdr + 2) == total && csum(hdr, 20) == 0);
+    }
+    for (i = 0; i < gro.n; i++)
+        free(gro_own[i]);
+    dp_gro_reset(&gro);
+}
+
+static void gro_add(const uint8_t *pkt, uint32_t len)
+{
+    uint8_t *c = malloc(len ? len : 1);
+
+    CHECK(c);
+    memcpy(c, pkt, len);
+    if (dp_gro_join(&gro, c, len)) {
+        gro_own[gro.n - 1] = c;
+        return;
+    }
+    gro_flush();
+    if (dp_gro_start(&gro, c, len))
+        gro_own[0] = c;
+    else
+        free(c);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct reader r = { data, size };
@@ -304,6 +363,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_icmp(&path, orig, len);
             dp_path_icmp_written(&path, err);
         } else if (v == DP_V_FORWARD && udp) {
+            gro_add(pkt, len);
             dp_path_tun_written(&path, pkt, len, err);
         }
         if (v == DP_V_ICMP || (v == DP_V_FORWARD && udp)) {
@@ -322,6 +382,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(orig);
     }
 
+    gro_flush();
     if (flags & 2) {
         static dp_trace_event ev[DP_TRACE_RING];
         int n = dp_trace_read(&path.trace, 0, ev, DP_TRACE_RING);

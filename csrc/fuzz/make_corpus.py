@@ -52,6 +52,15 @@ def udp(src, dst, n=16, **kw):
     return ipv4.build(src, dst, ipv4.udp_payload(4000, 5000, b"d" * n), **kw)
 
 
+def tcp(seq: int, n: int, flags: int = 0x10, ident: int = 0, opts: bytes = b"", **kw) -> bytes:
+    """A TCP segment with valid checksums from IN to OUT (UDP side: TUN GRO runs)."""
+    th = bytearray(struct.pack("!HHIIBBHHH", 40000, 5201, seq, 1, (20 + len(opts)) // 4 << 4,
+                               flags, 500, 0, 0) + opts + bytes((seq + i) & 255 for i in range(n)))
+    pseudo = ipv4._addr(IN) + ipv4._addr(OUT) + struct.pack("!HH", 6, len(th))
+    th[16:18] = ipv4.checksum(pseudo + th).to_bytes(2, "big")
+    return ipv4.build(IN, OUT, bytes(th), proto=6, ident=ident, flags=2, **kw)
+
+
 def with_byte(p: bytes, i: int, v: int) -> bytes:
     b = bytearray(p)
     b[i] = v
@@ -98,6 +107,15 @@ MALFORMED = [
 GOOD_UDP = [udp(IN, OUT), udp(IN, OUT, n=1000, ttl=2), udp("10.5.3.4", OUT, ttl=255)]
 
 
+TCP_RUNS = ([tcp(1000 + 100 * i, 100, ident=i) for i in range(5)]         # one run
+            + [tcp(1500, 100, 0x18, ident=5)]                             # PSH ends it
+            + [tcp(1600 + 100 * i, 100, ident=6 + i) for i in range(3)]
+            + [tcp(1900, 40, ident=9), tcp(1940, 100, ident=10)]          # short ends it
+            + [tcp(2040, 100, 0x11, ident=11), tcp(2140, 0, ident=12)]    # FIN, pure ACK
+            + [tcp(2140 + 60 * i, 60, ident=13 + i, opts=b"\x01\x01\x08\x0a" + bytes(8))
+               for i in range(4)])
+
+
 def seeds() -> dict[str, bytes]:
     s = {}
     s["tun-forward"] = seed(ACCEPT_ANY, 1472, ROUTES, [packet(TUN, p) for p in GOOD_TUN])
@@ -116,6 +134,9 @@ def seeds() -> dict[str, bytes]:
                               [packet(UDP, p) for p in MALFORMED]
                               + [packet(UDP, udp(IN, OUT, ttl=1)),
                                  packet(UDP | TRUNC, udp(IN, OUT))])
+    s["udp-tcp-runs"] = seed(ACCEPT_ANY, 1472, ROUTES,
+                             [packet(UDP | (WRITE_EAGAIN if i == 3 else 0), p)
+                              for i, p in enumerate(TCP_RUNS)])
     s["udp-strict-sources"] = seed(0, 1472, ROUTES,
                                    [packet(UDP, GOOD_UDP[0], src=0),
                                     packet(UDP, GOOD_UDP[0], src=9),     # stranger

@@ -32,7 +32,7 @@ mkdir -p "$out/work"
 # -fno-sanitize-recover: a UBSan report aborts the run like an ASan one.
 "$cc" -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-parameter \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-    -I"$csrc" "$here/fuzz_packet.c" "$csrc/path.c" "$csrc/packet.c" \
+    -I"$csrc" "$here/fuzz_packet.c" "$csrc/path.c" "$csrc/packet.c" "$csrc/gro.c" \
     "$csrc/routes.c" "$csrc/trace.c" -o "$out/fuzz_packet"
 
 # Every seed and regression input once, then the bounded search.

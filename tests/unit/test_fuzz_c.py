@@ -46,7 +46,7 @@ def fuzzer(tmp_path_factory):
     cmd = [cc, "-g", "-O1", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-Werror", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
            "-I", csrc, os.path.join(FUZZ, "fuzz_packet.c")] + \
-        [os.path.join(csrc, f) for f in ("path.c", "packet.c", "routes.c", "trace.c")] + \
+        [os.path.join(csrc, f) for f in ("path.c", "packet.c", "routes.c", "trace.c", "gro.c")] + \
         ["-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     require(r.returncode == 0 or "fuzzer" not in r.stderr,

@@ -1,0 +1,237 @@
+/*
+ * gro.c - TUN GRO (DP_OFF_TUN_GRO): consecutive TCP/IPv4 segments of one
+ * flow become one GSO packet for the TUN; pure, no I/O.
+ *
+ * Flow, in the order the functions appear:
+ *   1. checksum helpers   ones' complement sums, word at a time
+ *   2. tcp_segment        may this packet take part in a run at all?
+ *   3. dp_gro_start/join  open a run / append to it (the rules below)
+ *   4. dp_gro_headers     the virtio_net_hdr and the coalesced IP + TCP header
+ *
+ * A run only holds pointers to packets the caller keeps (slots of one
+ * recvmmsg batch), already forwarded by dp_path_udp (TTL - 1 done). loop.c
+ * writes it with writev: vnet header, the coalesced headers, then each
+ * segment's payload in arrival order. The kernel gets one GSO packet whose
+ * segmentation (or local delivery) gives back exactly the segments we were
+ * sent, so the rules err on the side of not merging:
+ *
+ *   - IPv4 with ihl 5 (no IP options), proto TCP, not a fragment (MF and
+ *     offset zero; DF is allowed), TCP header within the packet;
+ *   - TCP flags ACK only, or ACK|PSH; PSH ends the run (the kernel's GRO
+ *     does the same: data the sender pushed goes up at once), and every
+ *     other flag (SYN, FIN, RST, URG, ECE, CWR, the reserved bits) keeps a
+ *     packet out of runs, as does an empty payload (pure ACKs);
+ *   - a valid TCP checksum: a NEEDS_CSUM packet is not verified by the
+ *     kernel, so a segment that would have been dropped for its checksum
+ *     must not ride along in a run - it is written alone and the kernel
+ *     drops it as it would have;
+ *   - same as the first segment: src, dst, tos, ttl, DF, ports, ack,
+ *     window, urgent pointer, TCP header length and the options bytes
+ *     (timestamps included: a new TSval ends the run);
+ *   - IP id: the first's + i (what GSO will give them), or DF set (an
+ *     atomic datagram's id means nothing, RFC 6864);
+ *   - seq contiguous (exactly where the previous segment ended);
+ *   - payload equal to the first's; a shorter one may join but ends the
+ *     run; a larger one cannot join;
+ *   - at most DP_GRO_SEGS_MAX segments and DP_GRO_BYTES_MAX bytes in all.
+ *
+ * Anything else is not held: the caller flushes the run and writes the
+ * packet alone, so packets never change order.
+ */
+#include <string.h>
+#include <arpa/inet.h>
+
+#include "internal.h"
+
+enum dp_gro_wire {
+    TCP_HDR_MIN = 20,
+    TCP_FLAG_PSH = 0x08,
+    TCP_FLAG_ACK = 0x10,
+    IP_PROTO_TCP = 6,
+    IP_FLAG_DF = 0x40,             /* in byte 6 */
+    VNET_F_NEEDS_CSUM = 1,         /* struct virtio_net_hdr (linux/virtio_net.h) */
+    VNET_GSO_TCPV4 = 1,
+    TCP_CSUM_OFFSET = 16
+};
+
+static inline uint16_t rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static inline uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline void wr16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+
+/* ---- 1. checksums ------------------------------------------------------------- */
+
+/* Sum of the bytes as native 32-bit words (a trailing part padded with
+ * zeros). Ones' complement sums do not care about word size or byte order
+ * up to a final byte swap (RFC 1071), so this reads 4 bytes per step. */
+static uint64_t sum_native(const uint8_t *p, size_t len)
+{
+    uint64_t s = 0;
+    uint32_t w;
+
+    for (; len >= 4; p += 4, len -= 4) {
+        memcpy(&w, p, 4);
+        s += w;
+    }
+    if (len) {
+        w = 0;
+        memcpy(&w, p, len);
+        s += w;
+    }
+    return s;
+}
+
+/* Folds a native sum to 16 bits and returns it as a number in network
+ * order arithmetic (the value to store big-endian, before any inversion). */
+static uint32_t fold(uint64_t s)
+{
+    s = (s & 0xffffffffu) + (s >> 32);
+    s = (s & 0xffffffffu) + (s >> 32);
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    return ntohs((uint16_t)s);
+}
+
+/* The TCP pseudo-header: src, dst, zero, proto 6, TCP length. */
+static uint64_t pseudo_native(const uint8_t *ip, uint32_t tcp_len)
+{
+    return sum_native(ip + 12, 8) + htons(IP_PROTO_TCP) + htons((uint16_t)tcp_len);
+}
+
+/* ---- 2. candidates ------------------------------------------------------------ */
+
+struct seg_info {
+    uint32_t thl;        /* TCP header bytes */
+    uint32_t payload;    /* TCP payload bytes, > 0 */
+    int psh;
+};
+
+/* Whether p (a packet dp_path_udp forwarded: version 4, tot_len == len)
+ * may take part in a run. */
+static int tcp_segment(const uint8_t *p, uint32_t len, struct seg_info *si)
+{
+    const uint8_t *th = p + DP_IP_HDR_MIN;
+    uint32_t thl;
+    uint8_t flags;
+
+    if (len < DP_IP_HDR_MIN + TCP_HDR_MIN || p[0] != 0x45 || p[9] != IP_PROTO_TCP)
+        return 0;
+    if ((rd16(p + 6) & ~(uint16_t)(IP_FLAG_DF << 8)) != 0)   /* MF or an offset */
+        return 0;
+    thl = (uint32_t)(th[12] >> 4) * 4;
+    if (thl < TCP_HDR_MIN || DP_IP_HDR_MIN + thl >= len)     /* no payload */
+        return 0;
+    flags = th[13];
+    if ((th[12] & 0x0f) || (flags & ~TCP_FLAG_PSH) != TCP_FLAG_ACK)
+        return 0;
+    if (fold(pseudo_native(p, len - DP_IP_HDR_MIN) +
+             sum_native(th, len - DP_IP_HDR_MIN)) != 0xffff)
+        return 0;
+    si->thl = thl;
+    si->payload = len - DP_IP_HDR_MIN - thl;
+    si->psh = (flags & TCP_FLAG_PSH) != 0;
+    return 1;
+}
+
+/* ---- 3. runs ------------------------------------------------------------------ */
+
+void dp_gro_reset(struct dp_gro *g)
+{
+    g->n = 0;
+}
+
+int dp_gro_start(struct dp_gro *g, const uint8_t *p, uint32_t len)
+{
+    struct seg_info si;
+
+    g->n = 0;
+    /* A pushed first segment would end its own run: nothing to gain. */
+    if (!tcp_segment(p, len, &si) || si.psh)
+        return 0;
+    g->seg[0] = p;
+    g->len[0] = len;
+    g->n = 1;
+    g->hdr_len = DP_IP_HDR_MIN + si.thl;
+    g->gso_size = si.payload;
+    g->total = len;
+    g->next_seq = rd32(p + DP_IP_HDR_MIN + 4) + si.payload;
+    g->closed = 0;
+    g->psh = 0;
+    return 1;
+}
+
+int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len)
+{
+    const uint8_t *f, *th, *fth;
+    struct seg_info si;
+
+    if (!g->n || g->closed || g->n >= DP_GRO_SEGS_MAX)
+        return 0;
+    f = g->seg[0];
+    fth = f + DP_IP_HDR_MIN;
+    th = p + DP_IP_HDR_MIN;
+    if (!tcp_segment(p, len, &si) || DP_IP_HDR_MIN + si.thl != g->hdr_len)
+        return 0;
+    if (si.payload > g->gso_size || g->total + si.payload > DP_GRO_BYTES_MAX)
+        return 0;
+    /* IP: tos, flags (DF), ttl, proto, src, dst; the id just below. */
+    if (p[1] != f[1] || p[6] != f[6] || p[8] != f[8] || memcmp(p + 12, f + 12, 8))
+        return 0;
+    if (!(p[6] & IP_FLAG_DF) && rd16(p + 4) != (uint16_t)(rd16(f + 4) + g->n))
+        return 0;
+    /* TCP: ports, then ack, doff, flags (ACK, maybe PSH: checked above),
+     * window, and past the checksum the urgent pointer and the options. */
+    if (memcmp(th, fth, 4) || rd32(th + 4) != g->next_seq || memcmp(th + 8, fth + 8, 5) ||
+        memcmp(th + 14, fth + 14, 2) || memcmp(th + 18, fth + 18, si.thl - 18))
+        return 0;
+    g->seg[g->n] = p;
+    g->len[g->n] = len;
+    g->n++;
+    g->total += si.payload;
+    g->next_seq += si.payload;
+    g->psh = si.psh;
+    g->closed = si.psh || si.payload < g->gso_size;
+    return 1;
+}
+
+/* ---- 4. the coalesced packet's headers ------------------------------------------ */
+
+void dp_gro_headers(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr)
+{
+    uint16_t v[4];
+    uint32_t tcp_len = g->total - DP_IP_HDR_MIN;
+
+    memcpy(hdr, g->seg[0], g->hdr_len);
+    wr16(hdr + 2, (uint16_t)g->total);
+    wr16(hdr + 10, 0);
+    wr16(hdr + 10, dp_packet_csum(hdr, DP_IP_HDR_MIN));
+    if (g->psh)
+        hdr[DP_IP_HDR_MIN + 13] |= TCP_FLAG_PSH;
+    /* NEEDS_CSUM: the kernel sums from csum_start to the end and stores the
+     * result at csum_start + csum_offset, starting from what is there: the
+     * pseudo-header sum, folded, not inverted (as the stack's own
+     * CHECKSUM_PARTIAL packets carry it). */
+    wr16(hdr + DP_IP_HDR_MIN + TCP_CSUM_OFFSET, (uint16_t)fold(pseudo_native(hdr, tcp_len)));
+
+    /* struct virtio_net_hdr: flags, gso_type, then four u16 in the TUN's
+     * vnet byte order, which is the host's unless TUNSETVNETBE/LE changed it. */
+    vnet[0] = VNET_F_NEEDS_CSUM;
+    vnet[1] = VNET_GSO_TCPV4;
+    v[0] = (uint16_t)g->hdr_len;                 /* hdr_len */
+    v[1] = (uint16_t)g->gso_size;                /* gso_size */
+    v[2] = DP_IP_HDR_MIN;                        /* csum_start */
+    v[3] = TCP_CSUM_OFFSET;                      /* csum_offset */
+    memcpy(vnet + 2, v, sizeof(v));
+}

@@ -1,0 +1,208 @@
+"""The C engine's receive offloads in a real kernel: a TCP transfer whose
+segments reach host B as UDP_GRO trains and enter B's TUN as GSO packets.
+
+::
+
+    h0 (A)                                        h1 (B)
+    flannel0 10.5.1.0 -- gso-relay :8285 ==trains==> :8285 engine under test -- flannel0 10.5.2.0
+                                                            (vnet TUN, UDP_GRO, TUN GRO)
+             <------------------------------------- :8286 plain C engine   -- flannel1 (B -> A)
+                                                     pod0 10.5.2.1/24 (no checksum, no TSO)
+                                                       | veth
+                                                     pod netns: eth0 10.5.2.5 (the sink)
+
+A sends each run of equal-sized packets it reads from its TUN in one
+sendmsg with UDP_SEGMENT (tests/integration/offload_rx_node.py): the
+datagrams on the wire are flanneld's, but B's UDP_GRO socket receives them
+as trains - which a plain sender's datagrams do not become on a veth. B's
+engine splits them and coalesces the TCP segments into GSO writes that the
+kernel must accept and deliver: the data arrives intact (sha256) and the
+counters say trains and GSO writes happened. The receiver sits in a "pod"
+behind B, as in flannel, and B's end of the pod's veth has checksum and TSO
+offloads off: B's kernel must segment each GSO packet and compute every TCP
+checksum from the pseudo-header sum we left in it, so a wrong header or
+sum loses data (local delivery would trust CHECKSUM_PARTIAL unchecked). B's replies leave through a
+second, plain TUN, so the test does not depend on the transmit half of the
+offloads (reading a vnet TUN). The same transfer runs without offloads and
+through the Python engine, which must give the same data.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.conftest import require, require_engine, require_root
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+RX_ALL = 1 | 4 | 8           # OFF_TUN_VNET | OFF_UDP_GRO | OFF_TUN_GRO
+
+
+@pytest.fixture
+def testbed():
+    require_root()
+    from dataplane.testbed.hosts import Testbed
+    tb = Testbed(2)
+    try:
+        yield tb
+    finally:
+        tb.close()
+
+
+def _env():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class Node:
+    """offload_rx_node.py in a host; stats come at its exit."""
+
+    def __init__(self, tb, host, mode, *args):
+        base = os.path.join(tb.workdir, f"rxnode-{host.name}-{mode}")
+        self.tb, self.stats_file, self.ready = tb, base + ".json", base + ".ready"
+        self.log_file = base + ".log"
+        with open(self.log_file, "w") as log:
+            self.proc = tb.popen(host, [sys.executable, "-m", "tests.integration.offload_rx_node",
+                                        mode, "--stats", self.stats_file, "--ready", self.ready,
+                                        *map(str, args)],
+                                 stdout=log, stderr=log, env=_env())
+
+    def log(self) -> str:
+        with open(self.log_file, errors="replace") as f:
+            return f.read()
+
+    def wait_ready(self):
+        from dataplane.testbed.hosts import wait_for
+        wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 15)
+        assert os.path.exists(self.ready), f"node not ready: {self.log()}"
+
+    def stop(self) -> dict:
+        rc = self.tb.kill(self.proc, timeout=10)
+        assert rc == 0, f"node exited with {rc}: {self.log()}"
+        with open(self.stats_file) as f:
+            return json.load(f)
+
+
+_SINK = r"""
+import hashlib, socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5300)); s.listen(1); s.settimeout(30)
+print("listening", flush=True)
+c, _ = s.accept(); c.settimeout(30)
+h = hashlib.sha256(); n = 0
+while True:
+    b = c.recv(1 << 16)
+    if not b:
+        break
+    h.update(b); n += len(b)
+print(n, h.hexdigest(), flush=True)
+"""
+_SOURCE = r"""
+import hashlib, random, socket, sys
+data = random.Random(7).randbytes(int(sys.argv[2]))
+s = socket.create_connection((sys.argv[1], 5300), timeout=30)
+s.sendall(data); s.close()
+print(len(data), hashlib.sha256(data).hexdigest(), flush=True)
+"""
+POD_IP, NBYTES = "10.5.2.5", 8 << 20
+_NO_OFFLOADS = r"""
+import sys
+from pyroute2 import Ethtool
+e = Ethtool(); f = e.get_features(sys.argv[1])
+for k in ("tx-checksum-ip-generic", "tx-tcp-segmentation", "tx-generic-segmentation"):
+    if k in f.features:
+        f.features[k].enable = False
+e.set_features(sys.argv[1], f)
+f = e.get_features(sys.argv[1])
+print({k: f.features[k].enable for k in ("tx-checksum-ip-generic", "tx-tcp-segmentation")})
+"""
+
+
+def _make_pod(tb, b) -> str:
+    """A namespace behind B on a veth whose B end computes nothing in
+    hardware; returns its name (the caller deletes it)."""
+    from dataplane.testbed import netns as ns
+    pod = ns.ns_name(tb.run_id, "pod")
+    ns.create(pod)
+    ns.run_ip(["link", "add", "pod0", "netns", b.netns, "type", "veth", "peer", "eth0",
+               "netns", pod])
+    ns.run_ip(["-batch", "-"], netns=b.netns, input=(
+        "addr add 10.5.2.1/24 dev pod0\nlink set pod0 up\n"))
+    ns.run_ip(["-batch", "-"], netns=pod, input=(
+        f"addr add {POD_IP}/24 dev eth0\nlink set eth0 up\nlink set lo up\n"
+        "route add default via 10.5.2.1\n"))
+    r = tb.exec(b, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    assert r.returncode == 0, r.stderr
+    r = tb.exec(b, [sys.executable, "-c", _NO_OFFLOADS, "pod0"])
+    assert r.returncode == 0 and "True" not in r.stdout, r.stdout + r.stderr
+    return pod
+
+
+def _transfer(tb, a, pod) -> None:
+    """NBYTES from A to the pod; the sha256 on both ends must agree."""
+    import subprocess
+    from dataplane.testbed import netns as ns
+    sink = subprocess.Popen(ns.exec_argv(pod, [sys.executable, "-c", _SINK, POD_IP]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
+        r = tb.exec(a, [sys.executable, "-c", _SOURCE, POD_IP, str(NBYTES)], timeout=60)
+        assert r.returncode == 0, f"source failed: {r.stderr}"
+        out, err = sink.communicate(timeout=30)
+        assert out.split() == r.stdout.split(), f"sent {r.stdout!r}, received {out!r} {err}"
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait(5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind,offloads", [("c", RX_ALL), ("c", 0), ("python", 0)],
+                         ids=["c-rx-offloads", "c-plain", "python-plain"])
+def test_tcp_transfer_arrives_through_gro_and_gso(testbed, kind, offloads):
+    require_engine("c")
+    from dataplane.testbed import netns as ns
+    a, b = testbed["h0"], testbed["h1"]
+    pod = _make_pod(testbed, b)
+    nb = Node(testbed, b, "rx", "--addr", "10.5.2.0", "--addr2", "10.5.2.2", "--underlay", b.ip,
+              "--peer", f"{a.ip}:8285", "--peer-subnet", "10.5.1.0/24", "--offloads", offloads,
+              "--engine", kind)
+    na = Node(testbed, a, "gso-relay", "--addr", "10.5.1.0", "--underlay", a.ip,
+              "--peer", f"{b.ip}:8285")
+    stopped = False
+    try:
+        nb.wait_ready()
+        na.wait_ready()
+        _transfer(testbed, a, pod)
+        sa, sb = na.stop()["relay"], nb.stop()
+        stopped = True
+    finally:
+        if not stopped:
+            print("A:", na.log(), "\nB:", nb.log())
+            for n in (na, nb):
+                testbed.kill(n.proc)
+        ns.delete(pod)
+    rx, back = sb["rx"], sb["back"]
+    # A really sent trains; otherwise this test would prove nothing.
+    assert sa["trains"] > 0 and sa["send_errors"] == 0, sa
+    assert {k: v for k, v in rx.items() if k.startswith("drop_") and v} == {}, rx
+    assert rx["udp_rx_packets"] == rx["tun_tx_packets"] > 0, rx
+    assert rx["udp_rx_packets"] <= sa["tun_packets"], (rx, sa)
+    assert back["tun_rx_packets"] > 0 and sa["udp_packets"] > 0, (back, sa)
+    if offloads:
+        # trains received whole, TCP segments written as GSO packets
+        assert rx["udp_rx_gro"] > 0 and rx["tun_tx_gso"] > 0, rx
+        assert rx["tun_writes"] < rx["tun_tx_packets"], rx
+        print(f"\nB: {rx['udp_rx_packets']} datagrams in {rx['udp_recvs']} receives "
+              f"({rx['udp_rx_gro']} trains), {rx['tun_writes']} TUN writes "
+              f"({rx['tun_tx_gso']} GSO); A sent {sa['trains']} trains of "
+              f"{sa['train_datagrams']} datagrams")
+    else:
+        assert rx["udp_rx_gro"] == rx["tun_tx_gso"] == 0, rx
+        assert rx["tun_tx_packets"] == rx["udp_rx_packets"]
