@@ -34,7 +34,7 @@ from .tun import (TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_USO4, TUN_F_USO6, op
                   set_offload)
 
 MODES = ("auto", "off")
-DEFAULT_MODE = "off"        # the C side lands separately; the lead switches this to auto
+DEFAULT_MODE = "auto"        # C engine: probe and use what the kernel offers; Python: always off
 SOL_UDP = 17
 UDP_SEGMENT = 103           # <linux/udp.h>, Linux >= 4.18
 UDP_GRO = 104               # Linux >= 5.0

@@ -36,7 +36,7 @@ example (host 192.168.77.1 with lease 10.5.1.0/24, one peer):
   {"engine": "c", "tun": "flannel0", "pid": 123, "time": 1700000000.0,
    "final": false, "stats": {"tun_rx_packets": ..., ...},
    "queues": 2, "queue_stats": [{...}, {...}],
-   "offload": {"mode": "off", "flags": 0, "enabled": {...}, "refused": {...}, "why_off": ...}}
+   "offload": {"mode": "auto", "flags": 0, "enabled": {...}, "refused": {...}, "why_off": ...}}
 """
 
 log = logging.getLogger("dataplane.forward")
@@ -155,7 +155,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: the number of CPUs, at most 8; 1 = a single queue as flanneld)")
     p.add_argument("--offload", choices=("auto", "off"), default=None,
                    help="kernel offloads for the C engine: auto (TUN TSO/USO, UDP GSO/GRO, what "
-                        "this kernel accepts) or off (default: off)")
+                        "this kernel accepts) or off (default: auto)")
     p.add_argument("--stats-file", metavar="PATH",
                    help="write the engine's counters as JSON here every second and at exit")
     p.add_argument("--ready-file", metavar="PATH",

@@ -34,9 +34,9 @@ def _cli(*argv, env=None):
 def test_defaults():
     o = resolve([])
     assert o.queues == queues.default_queues() and o.sources["queues"] == "default"
-    assert o.offload == "off"
+    assert o.offload == "auto"
     a = forward()
-    assert a.queues is None and a.offload is None     # main(): default_queues(), "off"
+    assert a.queues is None and a.offload is None     # main(): default_queues(), "auto"
 
 
 @pytest.mark.parametrize("argv", [["--queues", "3", "--offload", "auto"],
