@@ -109,6 +109,7 @@ class Daemon:
         self.lease = None
         self.subnets = None                   # SubnetManager
         self.peer_watcher = None
+        self.config_watcher = None
         self.peers: dict = {}                 # subnet -> Lease
         self.tun_fd = None
         self.tun_name = None
@@ -472,8 +473,11 @@ class Daemon:
 
     def _start_watches(self):
         from .peers import PeerWatcher
-        self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self._on_peers)
+        from .configwatch import ConfigWatcher
+        self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self._on_peers,
+                                        network=self.config.network)
         self.peer_watcher.start()
+        self.config_watcher = ConfigWatcher(self.registry, self.config).start()
         # READY should mean "routes to the known peers are in": wait for the first snapshot,
         # but not forever (the watcher keeps retrying on its own if etcd is away).
         if not self.peer_watcher.wait_ready(PEERS_READY_TIMEOUT_S):
@@ -563,6 +567,7 @@ class Daemon:
     def _shutdown(self):
         steps = [
             ("stop the peer watch", lambda: self.peer_watcher and self.peer_watcher.stop()),
+            ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),
             ("stop the lease renewal", lambda: self.subnets and self.subnets.stop()),
             ("stop the engine", self._close_engine),
             ("close flannel0", self._close_tun),
@@ -602,6 +607,14 @@ class Daemon:
 
     def peers_count(self):
         return len(self.peers)
+
+    def bad_leases(self):
+        w = self.peer_watcher
+        return (len(w.bad()), w.bad_total) if w is not None else None
+
+    def config_mismatch(self):
+        w = self.config_watcher
+        return w.mismatch if w is not None else None
 
     def lease_info(self):
         lease = self._current_lease()
