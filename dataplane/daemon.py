@@ -541,6 +541,11 @@ class Daemon:
                 log.error("The %s forwarding engine stopped unexpectedly; exiting so that the "
                           "service manager restarts the daemon (the lease is kept)", engine.name)
                 return 1
+            if not self._tun_attached():
+                log.error("%s was deleted from under the daemon (its fd no longer has a device): "
+                          "nothing can be forwarded; exiting with status 1 so that the service "
+                          "manager restarts the daemon (the lease is kept)", self.tun_name)
+                return 1
             try:
                 st = engine.stats()
             except Exception:
@@ -562,6 +567,14 @@ class Daemon:
                                  ", ".join(f"{k[5:]}={v}" for k, v in sorted(delta.items())))
                 last_drops, last_drop_log = drops, now
         return 0
+
+    def _tun_attached(self) -> bool:
+        from .tun import tun_attached
+        try:
+            return tun_attached(self.tun_fd)
+        except OSError as e:          # not a verdict: never exit on an unexpected answer
+            log.debug("TUNGETIFF on %s: %s", self.tun_name, e)
+            return True
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):
