@@ -263,14 +263,32 @@ def _check_ipv6(network: Optional[IPv6Network], subnet_len: int,
     return subnet_len, smin, smax
 
 
+MAX_MESSAGE = 300      # a config value can be megabytes: messages quote at most this much
+
+
 def parse_config(text: "str | bytes") -> NetworkConfig:
-    """Parse and check a flannel network config; raise ConfigError with flanneld's message on failure."""
+    """Parse and check a flannel network config; raise ConfigError with flanneld's message on failure.
+
+    Anything in etcd is input: whatever its size, type or nesting, the outcome is a NetworkConfig or a
+    ConfigError whose message stays short enough for one log line."""
+    try:
+        return _parse_config(text)
+    except ConfigError as exc:
+        msg = str(exc)
+        if len(msg) <= MAX_MESSAGE:
+            raise
+        raise ConfigError(f"{msg[:MAX_MESSAGE]}... ({len(msg)} characters)") from None
+
+
+def _parse_config(text: "str | bytes") -> NetworkConfig:
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     try:
         doc = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"invalid JSON in network config: {exc}") from None
+    except RecursionError:
+        raise ConfigError("invalid JSON in network config: nested too deeply to read") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"json: cannot unmarshal {_json_kind(doc)} into Go value of type subnet.Config")
     f = _decode_fields(doc)

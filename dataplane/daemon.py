@@ -112,6 +112,7 @@ class Daemon:
         self.lease = None
         self.subnets = None                   # SubnetManager
         self.peer_watcher = None
+        self.config_watcher = None
         self.peers: dict = {}                 # subnet -> Lease
         self.tun_fds: list = []               # one per queue
         self.tun_name = None
@@ -492,8 +493,11 @@ class Daemon:
 
     def _start_watches(self):
         from .peers import PeerWatcher
-        self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self._on_peers)
+        from .configwatch import ConfigWatcher
+        self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self._on_peers,
+                                        network=self.config.network)
         self.peer_watcher.start()
+        self.config_watcher = ConfigWatcher(self.registry, self.config).start()
         # READY should mean "routes to the known peers are in": wait for the first snapshot,
         # but not forever (the watcher keeps retrying on its own if etcd is away).
         if not self.peer_watcher.wait_ready(PEERS_READY_TIMEOUT_S):
@@ -559,6 +563,11 @@ class Daemon:
                           "exiting so that the service manager restarts the daemon (the lease "
                           "is kept)", engine.name, ", ".join(map(str, ended)), len(engine))
                 return 1
+            if not self._tun_attached():
+                log.error("%s was deleted from under the daemon (its fd no longer has a device): "
+                          "nothing can be forwarded; exiting with status 1 so that the service "
+                          "manager restarts the daemon (the lease is kept)", self.tun_name)
+                return 1
             try:
                 st = engine.stats()
             except Exception:
@@ -581,10 +590,20 @@ class Daemon:
                 last_drops, last_drop_log = drops, now
         return 0
 
+    def _tun_attached(self) -> bool:
+        from .tun import tun_attached
+        try:
+            # Every queue is detached with the device; asking the first suffices.
+            return not self.tun_fds or tun_attached(self.tun_fds[0])
+        except OSError as e:          # not a verdict: never exit on an unexpected answer
+            log.debug("TUNGETIFF on %s: %s", self.tun_name, e)
+            return True
+
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):
         steps = [
             ("stop the peer watch", lambda: self.peer_watcher and self.peer_watcher.stop()),
+            ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),
             ("stop the lease renewal", lambda: self.subnets and self.subnets.stop()),
             ("stop the engine", self._close_engine),
             ("close flannel0", self._close_tun),
@@ -630,6 +649,14 @@ class Daemon:
 
     def offloads_enabled(self):
         return self.offloads.enabled() if self.offloads is not None else {}
+
+    def bad_leases(self):
+        w = self.peer_watcher
+        return (len(w.bad()), w.bad_total) if w is not None else None
+
+    def config_mismatch(self):
+        w = self.config_watcher
+        return w.mismatch if w is not None else None
 
     def lease_info(self):
         lease = self._current_lease()

@@ -22,6 +22,14 @@ class LeaseFormatError(ValueError):
     """A lease key or value that cannot be parsed."""
 
 
+def clip(raw: "bytes | str", limit: int = 80) -> str:
+    """A value for a message: its repr, cut at `limit` characters (values in etcd can be megabytes)."""
+    text = repr(raw)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(raw)} {'bytes' if isinstance(raw, bytes) else 'characters'})"
+
+
 @dataclass(frozen=True)
 class LeaseAttrs:
     public_ip: IPv4Address
@@ -47,26 +55,28 @@ class LeaseAttrs:
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise LeaseFormatError(f"lease value is not JSON: {exc}") from None
+            raise LeaseFormatError(f"lease value is not JSON: {exc}: {clip(raw)}") from None
+        except RecursionError:
+            raise LeaseFormatError(f"lease value is nested too deeply to read: {clip(raw)}") from None
         if not isinstance(doc, dict):
-            raise LeaseFormatError("lease value is not a JSON object")
+            raise LeaseFormatError(f"lease value is not a JSON object: {clip(raw)}")
         fields: dict = {}
         for key, value in doc.items():          # Go matches field names case-insensitively
             fields[key.lower()] = value
         pub = fields.get("publicip")
         if not isinstance(pub, str):
-            raise LeaseFormatError(f"lease value has no PublicIP: {raw!r}")
+            raise LeaseFormatError(f"lease value has no PublicIP string: {clip(raw)}")
         try:
             public_ip = IPv4Address(pub)
         except ValueError:
-            raise LeaseFormatError(f"lease PublicIP is not an IPv4 address: {pub!r}") from None
+            raise LeaseFormatError(f"lease PublicIP is not an IPv4 address: {clip(pub)}") from None
         pub6 = fields.get("publicipv6")
         public_ipv6 = None
         if isinstance(pub6, str) and pub6:
             try:
                 public_ipv6 = IPv6Address(pub6)
             except ValueError:
-                raise LeaseFormatError(f"lease PublicIPv6 is not an IPv6 address: {pub6!r}") from None
+                raise LeaseFormatError(f"lease PublicIPv6 is not an IPv6 address: {clip(pub6)}") from None
         btype = fields.get("backendtype")
         return cls(public_ip=public_ip, public_ipv6=public_ipv6,
                    backend_type=btype if isinstance(btype, str) and btype else None,
@@ -102,15 +112,36 @@ def parse_subnet_key(name: str) -> tuple[IPv4Network, Optional[IPv6Network]]:
     base = name.rsplit("/", 1)[-1]
     m = _KEY_RE.match(base)
     if not m:
-        raise LeaseFormatError(f"not a subnet key: {name!r}")
+        raise LeaseFormatError(f"not a subnet key: {clip(name)}")
     try:
         subnet = IPv4Network(f"{m.group(1)}/{int(m.group(2))}", strict=False)
         v6 = None
         if m.group(3):
             v6 = IPv6Network(f"{m.group(3)}/{int(m.group(4))}", strict=False)
     except ValueError as exc:
-        raise LeaseFormatError(f"not a subnet key: {name!r}: {exc}") from None
+        raise LeaseFormatError(f"not a subnet key: {clip(name)}: {exc}") from None
+    # MakeSubnetKey writes the network address. Read leniently, `10.5.3.7-24` would be 10.5.3.0/24:
+    # a stray key could replace (and its deletion remove) the route of the node that holds 10.5.3.0/24.
+    if str(subnet.network_address) != m.group(1):
+        raise LeaseFormatError(f"not a subnet key: {clip(name)}: host bits set (the subnet is {subnet})")
     return subnet, v6
+
+
+def peer_problem(lease: Lease, network: Optional[IPv4Network]) -> Optional[str]:
+    """Why a well-formed lease still cannot be a route in `network`, or None.
+
+    A subnet outside the Network never sees a packet through flannel0 and could only shadow others;
+    a PublicIP that is no unicast address of another host (0.0.0.0, loopback, multicast, broadcast)
+    or lies inside the overlay itself (each datagram would go back into flannel0, encapsulated again)
+    cannot carry the overlay."""
+    ip = lease.attrs.public_ip
+    if network is not None and not lease.subnet.subnet_of(network):
+        return f"subnet {lease.subnet} is outside the Network {network}"
+    if ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip == IPv4Address("255.255.255.255"):
+        return f"PublicIP {ip} cannot be a peer's address"
+    if network is not None and ip in network:
+        return f"PublicIP {ip} is inside the Network {network} (it would loop through flannel0)"
+    return None
 
 
 def lease_from_kv(key: str, value: "bytes | str", lease_id: int = 0, mod_revision: int = 0,

@@ -50,6 +50,14 @@ class MetricsSource:
         """{offload name: on} (dataplane.offload.NAMES); empty = not decided yet."""
         return {}
 
+    def bad_leases(self) -> tuple[int, int] | None:
+        """(lease keys skipped now, distinct key/problem pairs skipped since start) or None."""
+        return None
+
+    def config_mismatch(self) -> bool | None:
+        """Whether etcd's network config is not the one running (None: not known)."""
+        return None
+
     def lease_info(self) -> dict | None:
         """{"subnet": "10.5.3.0/24", "expiry": epoch seconds or None} or None."""
         return None
@@ -159,6 +167,23 @@ class DaemonCollector:
                                   labels=["offload"])
             for name, on in offloads.items():
                 g.add_metric([name], 1 if on else 0)
+            yield g
+
+        bad = self.source.bad_leases()
+        if bad is not None:
+            g = GaugeMetricFamily(f"{PREFIX}_bad_leases", "Keys under the subnets prefix skipped "
+                                  "now: malformed, or no usable lease (see the log).")
+            g.add_metric([], bad[0])
+            yield g
+            c = CounterMetricFamily(f"{PREFIX}_bad_leases_seen", "Distinct (key, problem) pairs skipped "
+                                    "under the subnets prefix since start.")
+            c.add_metric([], bad[1])
+            yield c
+        mismatch = self.source.config_mismatch()
+        if mismatch is not None:
+            g = GaugeMetricFamily(f"{PREFIX}_config_mismatch", "1 while the network config in etcd "
+                                  "is not the one this daemon runs (changed, invalid or deleted).")
+            g.add_metric([], int(mismatch))
             yield g
 
         lease = self.source.lease_info()

@@ -10,8 +10,13 @@ this loses nothing:
 
 Each batch of events becomes one `on_change(added, removed)` call with the net difference: `added` holds
 new peers and peers whose attributes (PublicIP) changed, `removed` peers that are gone. A renewal (a put
-of the same value) changes nothing and is not reported. Our own subnet is filtered out. A malformed key
-or value is logged and skipped; a key whose value turns malformed counts as removed.
+of the same value) changes nothing and is not reported. Our own subnet is filtered out.
+
+Everything in etcd is input. A key that is no lease (its key or value does not parse, or, given the
+`network`, a subnet outside it or a PublicIP that cannot carry the overlay) is skipped, logged once per
+key and problem (not at every re-list), and kept in `bad()` until the key is fixed or deleted. A peer's
+key whose value turns malformed keeps the peer's last valid lease, as flanneld does (it ignores an event
+it cannot parse): the owner will write it again, and the route it had is still the best guess.
 
 `_lock` guards `_peers` and `_own`; on_change runs in the watcher thread, outside the lock, in order.
 """
@@ -22,8 +27,8 @@ import threading
 from ipaddress import IPv4Network
 from typing import Callable, Optional
 
-from .lease import Lease, LeaseFormatError, lease_from_kv, parse_subnet_key
-from .registry import Registry, RegistryClosedError, RegistryError, WatchLoop
+from .lease import Lease, LeaseFormatError, lease_from_kv, parse_subnet_key, peer_problem
+from .registry import BadLease, Registry, RegistryClosedError, RegistryError, WatchLoop
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +37,11 @@ OnChange = Callable[[list, list], None]
 
 class PeerWatcher:
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network], on_change: Optional[OnChange],
-                 *, retry_interval: float = 1.0):
+                 *, retry_interval: float = 1.0, network: Optional[IPv4Network] = None):
         self.registry = registry
+        self.network = network
+        self._bad: dict[str, str] = {}         # key -> problem, for keys that are no usable lease
+        self.bad_total = 0                     # distinct (key, problem) seen since start
         self.on_change = on_change
         self.retry_interval = retry_interval
         self._lock = threading.Lock()
@@ -65,6 +73,11 @@ class PeerWatcher:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+
+    def bad(self) -> dict[str, str]:
+        """{key: problem} of the keys under the subnets prefix that are skipped now."""
+        with self._lock:
+            return dict(self._bad)
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
         return self.ready.wait(timeout)
@@ -102,23 +115,62 @@ class PeerWatcher:
             self._watch.run()
 
     def _snapshot(self) -> int:
-        leases, rev = self.registry.list_leases()
-        fresh: dict[IPv4Network, Lease] = {}
-        for lease in leases:
-            fresh[lease.subnet] = lease
+        leases, bad, rev = self.registry.scan_leases()
         with self._emit_lock:
             with self._lock:
                 own = self._own
+                before = self._peers
+                fresh: dict[IPv4Network, Lease] = {}
+                problems: dict[str, str] = {b.key: b.problem for b in bad}
+                for lease in leases:
+                    problem = self._problem(lease)
+                    if problem is None:
+                        fresh[lease.subnet] = lease
+                    else:
+                        problems[lease.key] = problem
+                for key in problems:              # a peer whose value turned bad keeps its last lease
+                    subnet = _subnet_of_key(key)
+                    if subnet is not None and subnet not in fresh and subnet in before:
+                        fresh[subnet] = before[subnet]
                 if own is not None:
                     fresh.pop(own, None)
-                before = self._peers
                 self._peers = fresh
                 self.revision = rev
                 added, removed = _diff(before, fresh, set(before) | set(fresh))
+                self._set_bad(problems, replace=True, own=own)
             self.snapshots += 1
             self._emit(added, removed)
         self.ready.set()
         return rev
+
+    def _problem(self, lease: Lease) -> Optional[str]:
+        return peer_problem(lease, self.network)
+
+    def _set_bad(self, problems: dict, *, replace: bool, own, cleared=()) -> None:
+        """Record skipped keys (caller holds _lock); log each key and problem once."""
+        for key in cleared:
+            if self._bad.pop(key, None) is not None:
+                log.info("Subnet lease %s is readable again (or gone)", key)
+        if replace:
+            for key in set(self._bad) - set(problems):
+                del self._bad[key]
+                log.info("Subnet lease %s is readable again (or gone)", key)
+        for key, problem in problems.items():
+            if self._bad.get(key) == problem:
+                continue
+            self._bad[key] = problem
+            self.bad_total += 1
+            subnet = _subnet_of_key(key)
+            kept = self._peers.get(subnet) if subnet is not None else None
+            if subnet is not None and subnet == own:
+                log.warning("Our own subnet lease %s holds something else: %s", key, problem)
+            elif kept is not None:
+                log.warning("Skipping subnet lease %s: %s; keeping the last valid lease of %s (via "
+                            "%s) until the key is fixed or deleted", key, problem, subnet,
+                            kept.attrs.public_ip)
+            else:
+                log.warning("Skipping subnet lease %s: %s (no route for it until the key is fixed "
+                            "or deleted)", key, problem)
 
     def _on_events(self, events: list, revision: int) -> None:
         with self._emit_lock:
@@ -130,23 +182,35 @@ class PeerWatcher:
             before = dict(self._peers)
             touched: set[IPv4Network] = set()
             for ev in events:
+                problem = None
                 try:
                     subnet, _ = parse_subnet_key(ev.key)
                 except LeaseFormatError as exc:
-                    log.warning("Watch subnets: skipping event for malformed key: %s", exc)
+                    subnet, problem = None, str(exc)
+                if ev.kind == "delete":
+                    self._set_bad({}, replace=False, own=own, cleared=[ev.key])
+                    if subnet is not None and subnet != own:
+                        touched.add(subnet)
+                        self._peers.pop(subnet, None)
                     continue
+                lease = None
+                if problem is None:
+                    try:
+                        lease = lease_from_kv(ev.key, ev.value, lease_id=ev.lease_id,
+                                              mod_revision=ev.mod_revision)
+                        problem = self._problem(lease)
+                    except LeaseFormatError as exc:
+                        problem = str(exc)
+                    except Exception as exc:      # input from etcd never stops the watch
+                        problem = f"unreadable ({type(exc).__name__})"
+                if problem is not None:           # skipped; a known peer keeps its last lease
+                    self._set_bad({ev.key: problem}, replace=False, own=own)
+                    continue
+                self._set_bad({}, replace=False, own=own, cleared=[ev.key])
                 if own is not None and subnet == own:
                     continue
                 touched.add(subnet)
-                if ev.kind == "delete":
-                    self._peers.pop(subnet, None)
-                    continue
-                try:
-                    self._peers[subnet] = lease_from_kv(ev.key, ev.value, lease_id=ev.lease_id,
-                                                        mod_revision=ev.mod_revision)
-                except LeaseFormatError as exc:
-                    log.warning("Watch subnets: skipping malformed lease %s: %s", ev.key, exc)
-                    self._peers.pop(subnet, None)
+                self._peers[subnet] = lease
             self.revision = revision
             added, removed = _diff(before, self._peers, touched)
         self._emit(added, removed)
@@ -174,3 +238,10 @@ def _diff(before: dict, after: dict, keys) -> tuple[list[Lease], list[Lease]]:
         elif new is None and old is not None:
             removed.append(old)
     return added, removed
+
+
+def _subnet_of_key(key: str) -> Optional[IPv4Network]:
+    try:
+        return parse_subnet_key(key)[0]
+    except LeaseFormatError:
+        return None

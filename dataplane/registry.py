@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Network
 from typing import Callable, Optional
 from urllib.parse import urlsplit
@@ -70,6 +70,14 @@ class CompactedError(RegistryError):
     def __init__(self, compact_revision: int):
         super().__init__(f"required revision has been compacted (compact revision {compact_revision})")
         self.compact_revision = compact_revision
+
+
+@dataclass(frozen=True)
+class BadLease:
+    """A key under `<prefix>/subnets/` that is no lease: its key or its value does not parse."""
+    key: str
+    problem: str
+    mod_revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -299,28 +307,60 @@ class Registry:
     def lease_key(self, subnet: IPv4Network) -> str:
         return self.subnets_prefix + subnet_key_name(subnet)
 
-    def _lease(self, kv, with_ttl: bool) -> Optional[Lease]:
+    def _lease(self, kv, with_ttl: bool, quiet: bool = False) -> "Lease | BadLease":
         key = kv.key.decode("utf-8", errors="replace")
-        expiration = None
-        if with_ttl:
-            ttl = self.time_to_live(kv.lease)
-            expiration = time.time() + ttl
         try:
-            return lease_from_kv(key, kv.value, lease_id=kv.lease, mod_revision=kv.mod_revision,
-                                 expiration=expiration)
+            lease = lease_from_kv(key, kv.value, lease_id=kv.lease, mod_revision=kv.mod_revision)
         except LeaseFormatError as exc:
-            log.warning("skipping malformed lease %s: %s", key, exc)
-            return None
+            if not quiet:
+                log.warning("skipping malformed lease %s: %s", key, exc)
+            return BadLease(key, str(exc), kv.mod_revision)
+        if with_ttl:
+            lease = replace(lease, expiration=time.time() + self.time_to_live(kv.lease))
+        return lease
+
+    def scan_leases(self) -> tuple[list[Lease], list["BadLease"], int]:
+        """Every key under `<prefix>/subnets/`: (parsable leases, malformed ones, revision), no logging
+        (the caller decides how often to say what is wrong)."""
+        kvs, rev = self.get(self.subnets_prefix, prefix=True)
+        out = [self._lease(kv, False, quiet=True) for kv in kvs]
+        return ([x for x in out if isinstance(x, Lease)], [x for x in out if isinstance(x, BadLease)],
+                rev)
 
     def list_leases(self, with_ttl: bool = False) -> tuple[list[Lease], int]:
         """All parsable leases under `<prefix>/subnets/` and the revision of that snapshot."""
         kvs, rev = self.get(self.subnets_prefix, prefix=True)
-        leases = [lease for lease in (self._lease(kv, with_ttl) for kv in kvs) if lease is not None]
+        leases = [x for x in (self._lease(kv, with_ttl) for kv in kvs) if isinstance(x, Lease)]
         return leases, rev
 
     def get_lease(self, subnet: IPv4Network, with_ttl: bool = False) -> tuple[Optional[Lease], int]:
         kvs, rev = self.get(self.lease_key(subnet))
-        return (self._lease(kvs[0], with_ttl) if kvs else None), rev
+        lease = self._lease(kvs[0], with_ttl) if kvs else None
+        return (lease if isinstance(lease, Lease) else None), rev
+
+    def reclaim_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, mod_revision: int,
+                      ttl: int = SUBNET_TTL) -> Optional[Lease]:
+        """Take over a lease key that holds a malformed value (nobody's lease): grant `ttl` and put
+        ours only if the key is still the one we read (its mod revision). None if it changed."""
+        key = self.lease_key(subnet).encode()
+        lease_id = self.grant(ttl)
+        req = etcdrpc.TxnRequest(
+            compare=[etcdrpc.Compare(key=key, target=etcdrpc.Compare.MOD,
+                                     result=etcdrpc.Compare.EQUAL, mod_revision=mod_revision)],
+            success=[etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=attrs.to_json(),
+                                                                      lease=lease_id))])
+        resp = self._call("reclaim lease",
+                          lambda ch, md: etcdrpc.KVStub(ch).Txn(req, timeout=self.timeout, metadata=md))
+        if not resp.succeeded:
+            self.revoke(lease_id)
+            return None
+        return Lease(subnet=subnet, attrs=attrs, expiration=time.time() + ttl, lease_id=lease_id,
+                     mod_revision=resp.header.revision, key=key.decode())
+
+    def get_raw(self, key: str):
+        """The KeyValue under `key` (value, mod_revision...) or None."""
+        kvs, _ = self.get(key)
+        return kvs[0] if kvs else None
 
     def create_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int = SUBNET_TTL) -> Optional[Lease]:
         """flanneld's createSubnet: grant `ttl`, then put only if the key is absent (one txn).

@@ -25,7 +25,7 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Callable, Optional
 
 from .config import NetworkConfig
-from .lease import Lease, LeaseAttrs
+from .lease import Lease, LeaseAttrs, LeaseFormatError, clip, lease_from_kv
 from .registry import SUBNET_TTL, Registry, RegistryError, WatchLoop
 
 log = logging.getLogger(__name__)
@@ -167,8 +167,28 @@ class SubnetManager:
         if any(l.subnet.overlaps(prev) for l in leases):
             return None
         lease = self.registry.create_lease(prev, self.attrs, self.lease_ttl)
+        if lease is None:
+            lease = self._reclaim_malformed(prev)
         if lease is not None:
             log.info("Found previously leased subnet (%s), reusing", prev)
+        return lease
+
+    def _reclaim_malformed(self, subnet: IPv4Network) -> Optional[Lease]:
+        """The key of `subnet` exists but held no valid lease in our list: if it holds garbage (an
+        operator's typo, a broken writer), it is nobody's lease, so take it back rather than move this
+        node (and its workloads) to another subnet. Guarded by the mod revision we read."""
+        kv = self.registry.get_raw(self.registry.lease_key(subnet))
+        if kv is None:
+            return None
+        try:
+            lease_from_kv(kv.key.decode("utf-8", errors="replace"), kv.value)
+            return None                       # a valid lease: someone else's since our list
+        except LeaseFormatError as exc:
+            problem = str(exc)
+        lease = self.registry.reclaim_lease(subnet, self.attrs, kv.mod_revision, self.lease_ttl)
+        if lease is not None:
+            log.warning("Lease key %s held a malformed value (%s): took it back for %s", lease.key,
+                        problem, self.public_ip)
         return lease
 
     # -- renewal and own-lease monitoring ----------------------------------------------------------
@@ -284,7 +304,7 @@ class SubnetManager:
                         if ev.kind == "delete":
                             self._mark_lost(f"{lease.subnet} deleted from etcd")
                         elif ev.value != mine:
-                            self._mark_lost(f"{lease.subnet} overwritten by another node: {ev.value!r}")
+                            self._mark_lost(f"{lease.subnet} overwritten: {clip(ev.value)}")
 
                 def on_compacted(lease=lease, mine=mine):
                     kvs, rev = self.registry.get(lease.key)

@@ -140,11 +140,15 @@ class EtcdServer:
                 raise
         return self
 
-    def etcdctl(self, *args: str, timeout: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:
+    def etcdctl(self, *args: str, timeout: float = 10.0, check: bool = True,
+                input: "str | bytes | None" = None) -> subprocess.CompletedProcess:
+        """Run etcdctl against this server. ``input`` goes to its stdin (``put KEY`` without a
+        value reads the value there: no argv limit, any bytes); bytes input gives bytes output."""
         env = dict(os.environ, ETCDCTL_API="3")
         argv = self._wrap([ETCDCTL_BIN, "--endpoints", self.client_url, "--dial-timeout", "2s",
                            *self._tls_client_args(), *args])
-        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=check)
+        return subprocess.run(argv, env=env, capture_output=True, text=not isinstance(input, bytes),
+                              timeout=timeout, check=check, input=input)
 
     def wait_healthy(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout

@@ -125,8 +125,17 @@ class Testbed:
     def _make_switch(self) -> None:
         ns.create(self.switch, disable_ipv6=self.disable_ipv6)
         self._namespaces.append(self.switch)
+        # A bridge without an address of its own takes the lowest MAC of its ports, so adding
+        # a host can move it to the new port and removing that host moves it back: hosts that
+        # resolved .254 meanwhile keep the vanished MAC, and their traffic to the switch (etcd)
+        # is black-holed until their neighbour entry expires (up to ~45 s). A fixed address
+        # (locally administered, per run) never moves.
+        pid, seq = self.run_id
+        mac = "02:66:%02x:%02x:%02x:%02x" % ((pid >> 16) & 0xff, (pid >> 8) & 0xff, pid & 0xff,
+                                             seq & 0xff)
         ns.run_ip(["-batch", "-"], netns=self.switch, input=(
             f"link add {self.bridge} type bridge stp_state 0 forward_delay 0\n"
+            f"link set {self.bridge} address {mac}\n"
             f"link set {self.bridge} mtu {self.mtu} up\n"
             f"addr add {self.switch_ip}/{self.underlay.prefixlen} dev {self.bridge}\n"))
 

@@ -30,6 +30,7 @@ on a failed test (context manager / fixture teardown), and at interpreter exit.
 """
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import logging
@@ -128,23 +129,36 @@ class Overlay:
     def etcd_url(self) -> str:
         return self.etcd.client_url
 
-    def etcdctl(self, *args, check: bool = True) -> subprocess.CompletedProcess:
-        return self.etcd.etcdctl(*args, check=check)
+    def etcdctl(self, *args, check: bool = True, input=None) -> subprocess.CompletedProcess:
+        return self.etcd.etcdctl(*args, check=check, input=input)
+
+    def put(self, key: str, value: "str | bytes") -> None:
+        """Put any value (any size, any bytes) under ``key`` (relative keys go under the prefix)."""
+        if not key.startswith("/"):
+            key = f"{self.prefix}/{key}"
+        value = value if isinstance(value, bytes) else value.encode()
+        if value:
+            self.etcdctl("put", key, input=value)
+        else:                           # etcdctl refuses an empty stdin
+            self.etcdctl("put", key, "")
 
     def put_config(self, config) -> None:
-        text = config if isinstance(config, str) else json.dumps(config)
-        self.etcdctl("put", f"{self.prefix}/config", text)
+        text = config if isinstance(config, (str, bytes)) else json.dumps(config)
+        self.put("config", text)
 
     def leases(self) -> dict:
         """{subnet: PublicIP} as stored in etcd."""
-        r = self.etcdctl("get", "--prefix", f"{self.prefix}/subnets/")
-        lines = r.stdout.splitlines()
+        r = self.etcdctl("get", "--prefix", f"{self.prefix}/subnets/", "-w", "json")
         out = {}
-        for key, value in zip(lines[::2], lines[1::2]):
-            m = re.search(r"(\d+\.\d+\.\d+\.\d+)-(\d+)$", key)
-            if m:
-                out[ipaddress.IPv4Network(f"{m.group(1)}/{m.group(2)}")] = \
-                    json.loads(value).get("PublicIP")
+        for kv in json.loads(r.stdout).get("kvs", []):
+            # tests put broken keys and values on purpose: anything unreadable is skipped
+            key = base64.b64decode(kv["key"]).decode(errors="replace")
+            m = re.search(r"/(\d+\.\d+\.\d+\.\d+)-(\d+)$", key)
+            try:
+                doc = json.loads(base64.b64decode(kv.get("value", "")))
+                out[ipaddress.IPv4Network(f"{m.group(1)}/{m.group(2)}")] = doc.get("PublicIP")
+            except (AttributeError, ValueError, RecursionError):
+                continue
         return out
 
     def delete_lease(self, subnet) -> None:

@@ -127,3 +127,56 @@ def test_flanneld_env_vars_and_sigint(ov, host):
     assert ov.healthz(host) == (200, "flanneld is running")
     assert ov.stop_daemon(host, sig=signal.SIGINT) == 0
     assert "FLANNEL-POSTRTG" not in ov.exec(host, ["iptables-save"]).stdout
+
+
+def test_etcd_down_at_start_waits_says_so_and_becomes_ready(ov, host):
+    ov.stop_etcd()
+    try:
+        ov.start_daemon(host, wait=False)
+        assert ov.wait_log(host, "is etcd running and are --etcd-endpoints right?", 20)
+        time.sleep(3)
+        d = ov.daemon(host)
+        assert d.running() and d.ready_at is None
+        # said when the reason changes, not at every 1 s retry
+        assert d.log_text().count("cannot read the network config from etcd") <= 2
+    finally:
+        ov.start_etcd()
+    ov.wait_ready(host, timeout=30)
+    assert ov.healthz(host) == (200, "flanneld is running")
+
+
+def _flannel_rules(ov, host) -> list[str]:
+    out = ov.exec(host, ["iptables-save"]).stdout.splitlines()
+    return sorted(line for line in out if "FLANNEL" in line and line.startswith("-A"))
+
+
+def test_sigkill_then_restart_same_subnet_no_stale_tun_no_duplicate_rules(ov, host, engine_kind):
+    args = ("-ip-masq",)
+    ov.start_daemon(host, engine=engine_kind, args=args)
+    subnet = ov.subnet(host)
+    rules = _flannel_rules(ov, host)
+    assert any("MASQUERADE" in r for r in rules) and any("FLANNEL-FWD" in r for r in rules)
+    assert ov.stop_daemon(host, sig=signal.SIGKILL) == -signal.SIGKILL
+    # the TUN went with the process (the kernel closed its fd); the rules stay, as after a crash
+    assert ov.exec(host, ["ip", "link", "show", "flannel0"]).returncode != 0
+    assert _flannel_rules(ov, host) == rules
+    ov.start_daemon(host, engine=engine_kind, args=args)
+    assert ov.subnet(host) == subnet                       # its lease, found by PublicIP
+    assert _flannel_rules(ov, host) == rules               # the same rules, none twice
+    assert ov.exec(host, ["ip", "-o", "link", "show", "type", "tun"]).stdout.count("flannel") == 1
+    assert ov.stop_daemon(host) == 0
+    assert _flannel_rules(ov, host) == []
+
+
+def test_tun_deleted_under_the_daemon_exits_1_for_a_restart(ov, host, engine_kind):
+    ov.start_daemon(host, engine=engine_kind)
+    t0 = time.monotonic()
+    ov.exec(host, ["ip", "link", "del", "flannel0"], check=True)
+    assert ov.wait_exit(host, 10) == 1
+    seconds = time.monotonic() - t0
+    log = ov.daemon(host).log_text()
+    assert "flannel0 was deleted from under the daemon" in log and "restarts" in log
+    assert seconds < 5, f"took {seconds:.1f} s to notice"
+    assert _flannel_rules(ov, host) == []                  # it cleaned up on the way out
+    ov.start_daemon(host, engine=engine_kind)              # what a supervisor does next
+    assert ov.exec(host, ["ip", "link", "show", "flannel0"]).returncode == 0

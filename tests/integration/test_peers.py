@@ -81,15 +81,49 @@ def test_snapshot_filters_own_and_skips_malformed(shared_etcd, make_registry, st
     assert set(w.peers()) == {IPv4Network("10.5.2.0/24")}
     assert rec.calls == [(["10.5.2.0/24"], [])]
     assert "not-a-subnet" in caplog.text and "10.5.4.0-24" in caplog.text
-    # Malformed events while watching are skipped too; a key whose value turns bad counts as removed.
+    assert set(w.bad()) == {reg.subnets_prefix + "not-a-subnet", key(reg, 4)}
+    # Malformed events while watching are skipped too; a peer whose value turns bad keeps its last
+    # valid lease (as flanneld, which ignores an event it cannot parse) until the key is deleted.
     reg.put(reg.subnets_prefix + "zzz", attrs(5))
     reg.put(key(reg, 2), b'{"PublicIP":"nope"}')
     reg.put(key(reg, 6), attrs(6))
     wait_until(lambda: IPv4Network("10.5.6.0/24") in w.peers(), what="event after malformed ones")
-    assert set(w.peers()) == {IPv4Network("10.5.6.0/24")}
+    assert set(w.peers()) == {IPv4Network("10.5.2.0/24"), IPv4Network("10.5.6.0/24")}
+    assert w.peers()[IPv4Network("10.5.2.0/24")].attrs == LeaseAttrs.from_json(attrs(2))
+    assert len(w.bad()) == 4 and w.bad_total == 4
     later = rec.calls[1:]                # one or more calls, depending on how etcd batched the events
     assert [s for a, _ in later for s in a] == ["10.5.6.0/24"]
-    assert [s for _, r in later for s in r] == ["10.5.2.0/24"]
+    assert [s for _, r in later for s in r] == []
+    # the same holds across a re-list (compaction, own subnet change), which logs nothing new
+    w.set_own_subnet(OWN)
+    assert IPv4Network("10.5.2.0/24") in w.peers() and w.bad_total == 4
+    # fixed keys leave bad(); a deleted one takes its peer with it
+    reg.put(key(reg, 4), attrs(4))
+    reg.delete(key(reg, 2))
+    wait_until(lambda: IPv4Network("10.5.4.0/24") in w.peers()
+               and IPv4Network("10.5.2.0/24") not in w.peers(), what="fix and delete")
+    assert set(w.bad()) == {reg.subnets_prefix + "not-a-subnet", reg.subnets_prefix + "zzz"}
+
+
+def test_leases_outside_the_network_or_unusable_are_skipped(shared_etcd, make_registry):
+    reg = make_registry(shared_etcd)
+    for k, ip in (("10.5.2.0-24", "192.168.77.2"), ("10.9.0.0-24", "192.168.77.3"),
+                  ("10.5.3.0-24", "127.0.0.1"), ("10.5.4.0-24", "10.5.2.9"),
+                  ("10.5.5.0-24", "0.0.0.0"), ("10.5.2.7-24", "192.168.77.66")):
+        reg.put(reg.subnets_prefix + k, LeaseAttrs(IPv4Address(ip)).to_json())
+    w = PeerWatcher(reg, OWN, None, network=IPv4Network("10.5.0.0/16"))
+    w.start()
+    try:
+        assert w.wait_ready(10)
+        assert {s: str(l.public_ip) for s, l in w.peers().items()} == {
+            IPv4Network("10.5.2.0/24"): "192.168.77.2"}          # the host-bits key hijacks nothing
+        problems = {k.rsplit("/", 1)[1]: p for k, p in w.bad().items()}
+        assert "outside the Network" in problems["10.9.0.0-24"]
+        assert "127.0.0.1" in problems["10.5.3.0-24"] and "0.0.0.0" in problems["10.5.5.0-24"]
+        assert "inside the Network" in problems["10.5.4.0-24"]
+        assert "host bits" in problems["10.5.2.7-24"]
+    finally:
+        w.stop()
 
 
 def test_one_by_one_and_in_one_transaction(shared_etcd, make_registry, started):

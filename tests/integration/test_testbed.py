@@ -73,6 +73,24 @@ def test_add_and_remove_hosts():
             tb.host("h1")
 
 
+def test_switch_stays_reachable_when_a_host_with_a_low_mac_leaves():
+    """The CI flake of test_ip_masq_rules_installed_and_removed: a bridge without an address of
+    its own takes its lowest port MAC, so a host that joins with a lower MAC moves the switch's
+    MAC and its removal moves it back; a host that resolved .254 meanwhile black-holed etcd."""
+    from dataplane.testbed import netns as ns
+    from dataplane.testbed.hosts import Testbed
+    with Testbed(1) as tb:
+        h0 = tb.hosts[0]
+        late = tb.add_host()
+        # the lowest possible unicast MAC on the late host's bridge port
+        ns.run_ip(["link", "set", f"{ns.PREFIX}{tb.tag}s{late.index}", "address",
+                   "02:00:00:00:00:01"], netns=tb.switch)
+        tb.exec(h0, ["ip", "neigh", "flush", "all"], check=True)
+        assert _ping(tb, h0, tb.switch_ip)             # h0 resolves .254 now
+        tb.remove_host(late)
+        assert _ping(tb, h0, tb.switch_ip), "the switch's MAC moved under h0's neighbour entry"
+
+
 def test_cleanup_after_an_exception_in_the_block():
     from dataplane.testbed.hosts import Testbed
     with pytest.raises(ZeroDivisionError):

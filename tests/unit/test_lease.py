@@ -31,7 +31,7 @@ def test_dual_stack_key():
 
 
 @pytest.mark.parametrize("name", ["10.5.84.0", "10.5.84-24", "10.5.84.0-24x", "abc", "10.5.84.0-33",
-                                  "300.5.84.0-24", "", "10.5.84.0_24"])
+                                  "300.5.84.0-24", "", "10.5.84.0_24", "10.5.84.7-24", "10.5.84.0-0"])
 def test_bad_keys(name):
     with pytest.raises(LeaseFormatError):
         parse_subnet_key(name)
@@ -57,7 +57,9 @@ def test_other_backend_fields_written_back_in_go_order():
 
 @pytest.mark.parametrize("raw", [b"", b"null", b"[]", b"{", b'{"PublicIP":null}', b'{"PublicIP":"x"}',
                                  b'{"PublicIP":"fc00::1"}', b'{"PublicIP":"1.2.3.4","PublicIPv6":"zz"}',
-                                 b"\xff\xfe"])
+                                 b"\xff\xfe", b'{"PublicIP":5}', b'{"PublicIP":["1.2.3.4"]}',
+                                 b'{"PublicIP":"1.2.3.4","x":' + b"[" * 100000 + b"]" * 100000 + b"}",
+                                 b'{"PublicIP":"' + b"9" * (1 << 20) + b'"}'])
 def test_bad_values(raw):
     with pytest.raises(LeaseFormatError):
         LeaseAttrs.from_json(raw)
@@ -68,3 +70,27 @@ def test_lease_from_kv():
                       mod_revision=9)
     assert l.subnet == IPv4Network("10.5.3.0/24") and l.public_ip == IPv4Address("1.1.1.1")
     assert (l.lease_id, l.mod_revision) == (7, 9)
+
+
+def test_errors_quote_huge_values_briefly():
+    for raw in (b"x" * (1 << 20), b'{"PublicIP":"' + b"9" * (1 << 20) + b'"}', b"[" * 100000):
+        with pytest.raises(LeaseFormatError) as e:
+            LeaseAttrs.from_json(raw)
+        assert len(str(e.value)) < 300
+    with pytest.raises(LeaseFormatError, match="host bits"):
+        parse_subnet_key("/p/subnets/10.5.3.7-24")
+
+
+def test_peer_problem():
+    from dataplane.lease import peer_problem
+    net = IPv4Network("10.5.0.0/16")
+
+    def lease(subnet, ip):
+        return lease_from_kv(f"/p/subnets/{subnet}", f'{{"PublicIP":"{ip}"}}')
+    assert peer_problem(lease("10.5.3.0-24", "192.168.1.2"), net) is None
+    assert "outside" in peer_problem(lease("10.6.3.0-24", "192.168.1.2"), net)
+    assert "outside" in peer_problem(lease("0.0.0.0-0", "192.168.1.2"), net)
+    for ip in ("0.0.0.0", "127.0.0.1", "224.0.0.1", "255.255.255.255"):
+        assert ip in peer_problem(lease("10.5.3.0-24", ip), net)
+    assert "inside the Network" in peer_problem(lease("10.5.3.0-24", "10.5.9.1"), net)
+    assert peer_problem(lease("10.6.3.0-24", "10.5.9.1"), None) is None

@@ -1,0 +1,45 @@
+"""What the daemon says when the network config in etcd changes under it (no etcd: the judge only)."""
+from __future__ import annotations
+
+import json
+import logging
+
+from dataplane.config import parse_config
+from dataplane.configwatch import ConfigWatcher, config_changes
+
+RUNNING = parse_config('{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}')
+
+
+class _Registry:
+    config_key = "/coreos.com/network/config"
+
+
+def test_changes_are_named_field_by_field():
+    new = parse_config('{"Network":"10.6.0.0/16","SubnetLen":25,"Backend":{"Type":"UDP","Port":9000}}')
+    changes = config_changes(RUNNING, new)
+    assert "Network 10.5.0.0/16 -> 10.6.0.0/16" in changes and "SubnetLen 24 -> 25" in changes
+    assert "Port 8285 -> 9000" in changes
+    assert not any(c.startswith("Backend Type") for c in changes)      # udp == UDP
+    same = parse_config('{"Network":"10.5.0.0/16","Backend":{"Type":"udp","Port":8285}}')
+    assert config_changes(RUNNING, same) == []
+
+
+def test_each_state_is_logged_once_with_the_key_and_bounded(caplog):
+    w = ConfigWatcher(_Registry(), RUNNING)
+    states = [b"not json", b"not json", b'{"Network":"' + b"1" * (1 << 20) + b'"}',
+              b"[" * 100000, json.dumps({"Network": "10.5.0.0/16",
+                                         "Backend": {"Type": "vxlan"}}).encode(), None]
+    with caplog.at_level(logging.INFO, logger="dataplane.configwatch"):
+        for value in states:
+            w.check(value)
+            assert w.mismatch
+        w.check(json.dumps(RUNNING.raw).encode())
+        assert not w.mismatch
+        w.check(json.dumps(RUNNING.raw).encode())
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 6                                     # the repeated states said once
+    assert all(_Registry.config_key in m and len(m) < 1000 for m in msgs)
+    assert "invalid JSON" in msgs[0] and "nested too deeply" in msgs[2]
+    assert "unknown backend type: vxlan" in msgs[3] and "deleted" in msgs[4]
+    assert "matches the running config again" in msgs[5]
+    assert all("keeps running with" in m for m in msgs[:5])
