@@ -21,6 +21,7 @@ import sys
 
 import pytest
 
+from tests.streams import HASH_SINK, HASH_SOURCE
 from tests.conftest import require, require_engine, require_root
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -30,28 +31,7 @@ A_TUN, B_TUN = "10.5.1.0", "10.5.2.0"
 TRANSFER = 20 << 20          # iperf3 bytes, h0 -> h1
 HASHED = 4 << 20             # python socket transfer with a hash check, h1 -> h0
 
-_SINK = r"""
-import hashlib, socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(20)
-print("listening", flush=True)
-c, _ = s.accept(); c.settimeout(20)
-h = hashlib.sha256(); n = 0
-while True:
-    b = c.recv(1 << 16)
-    if not b:
-        break
-    h.update(b); n += len(b)
-print(n, h.hexdigest(), flush=True)
-"""
 
-_SOURCE = r"""
-import hashlib, random, socket, sys
-data = random.Random(7).randbytes(int(sys.argv[3]))
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20)
-s.sendall(data); s.close()
-print(len(data), hashlib.sha256(data).hexdigest(), flush=True)
-"""
 
 
 def _require_python_engine():
@@ -115,11 +95,11 @@ def _iperf(tb, client, server, dst):
 
 
 def _hashed_transfer(tb, src_host, dst_host, dst_ip):
-    sink = tb.popen(dst_host, [sys.executable, "-c", _SINK, dst_ip, "5300"])
+    sink = tb.popen(dst_host, [sys.executable, "-c", HASH_SINK, dst_ip, "5300"])
     try:
         line = sink.stdout.readline()
         assert line.startswith("listening"), f"sink did not start: {line!r} {sink.stderr.read()}"
-        r = tb.exec(src_host, [sys.executable, "-c", _SOURCE, dst_ip, "5300", str(HASHED)],
+        r = tb.exec(src_host, [sys.executable, "-c", HASH_SOURCE, dst_ip, "5300", str(HASHED)],
                     timeout=40)
         assert r.returncode == 0, f"source failed: {r.stderr}"
         out, err = sink.communicate(timeout=30)

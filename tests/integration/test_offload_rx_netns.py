@@ -34,7 +34,8 @@ import sys
 
 import pytest
 
-from tests.conftest import require, require_engine, require_root
+from tests.streams import HASH_SINK, HASH_SOURCE
+from tests.conftest import require_engine, require_root
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -88,27 +89,6 @@ class Node:
             return json.load(f)
 
 
-_SINK = r"""
-import hashlib, socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], 5300)); s.listen(1); s.settimeout(30)
-print("listening", flush=True)
-c, _ = s.accept(); c.settimeout(30)
-h = hashlib.sha256(); n = 0
-while True:
-    b = c.recv(1 << 16)
-    if not b:
-        break
-    h.update(b); n += len(b)
-print(n, h.hexdigest(), flush=True)
-"""
-_SOURCE = r"""
-import hashlib, random, socket, sys
-data = random.Random(7).randbytes(int(sys.argv[2]))
-s = socket.create_connection((sys.argv[1], 5300), timeout=30)
-s.sendall(data); s.close()
-print(len(data), hashlib.sha256(data).hexdigest(), flush=True)
-"""
 POD_IP, NBYTES = "10.5.2.5", 8 << 20
 _NO_OFFLOADS = r"""
 import sys
@@ -147,12 +127,12 @@ def _transfer(tb, a, pod) -> None:
     """NBYTES from A to the pod; the sha256 on both ends must agree."""
     import subprocess
     from dataplane.testbed import netns as ns
-    sink = subprocess.Popen(ns.exec_argv(pod, [sys.executable, "-c", _SINK, POD_IP]),
+    sink = subprocess.Popen(ns.exec_argv(pod, [sys.executable, "-c", HASH_SINK, POD_IP, "5300", "30"]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
-        r = tb.exec(a, [sys.executable, "-c", _SOURCE, POD_IP, str(NBYTES)], timeout=60)
+        r = tb.exec(a, [sys.executable, "-c", HASH_SOURCE, POD_IP, "5300", str(NBYTES), "7", "30"], timeout=60)
         assert r.returncode == 0, f"source failed: {r.stderr}"
         out, err = sink.communicate(timeout=30)
         assert out.split() == r.stdout.split(), f"sent {r.stdout!r}, received {out!r} {err}"

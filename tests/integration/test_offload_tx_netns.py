@@ -32,6 +32,7 @@ import time
 import pytest
 
 from tests import gso_packets as gp
+from tests.streams import HASH_SINK, HASH_SOURCE
 from tests.conftest import require, require_engine, require_root
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -43,28 +44,7 @@ SINK_PORT = 5300
 TRANSFER = 4 << 20
 OFF_VNET_GSO = 1 | 2          # OFF_TUN_VNET | OFF_UDP_GSO
 
-_SINK = r"""
-import hashlib, socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(20)
-print("listening", flush=True)
-c, _ = s.accept(); c.settimeout(20)
-h = hashlib.sha256(); n = 0
-while True:
-    b = c.recv(1 << 16)
-    if not b:
-        break
-    h.update(b); n += len(b)
-print(n, h.hexdigest(), flush=True)
-"""
 
-_SOURCE = r"""
-import hashlib, random, socket, sys
-data = random.Random(int(sys.argv[4])).randbytes(int(sys.argv[3]))
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20)
-s.sendall(data); s.close()
-print(len(data), hashlib.sha256(data).hexdigest(), flush=True)
-"""
 
 # Records the packets the engine writes into flannel0 (not those the stack
 # sends out of it) for one TCP port, until the FIN has been seen and the
@@ -151,10 +131,10 @@ def _transfer(tb, capture_file: str, seed: int):
     sink = None
     try:
         assert cap.stdout.readline().startswith("capturing"), cap.stderr.read()
-        sink = tb.popen(b, [sys.executable, "-c", _SINK, B_TUN, str(SINK_PORT)])
+        sink = tb.popen(b, [sys.executable, "-c", HASH_SINK, B_TUN, str(SINK_PORT)])
         assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
         t0 = time.monotonic()
-        r = tb.exec(a, [sys.executable, "-c", _SOURCE, B_TUN, str(SINK_PORT), str(TRANSFER),
+        r = tb.exec(a, [sys.executable, "-c", HASH_SOURCE, B_TUN, str(SINK_PORT), str(TRANSFER),
                         str(seed)], timeout=40)
         secs = time.monotonic() - t0
         assert r.returncode == 0, f"source failed: {r.stderr}"
