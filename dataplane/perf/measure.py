@@ -16,6 +16,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from dataplane.engine.api import OFFLOAD_STATS
+
 from .paths import Path, cpu_ns
 from .topo import ECHO_PORT, IPERF_PORT, SINK_PORT, BenchTopo
 
@@ -168,6 +170,13 @@ class CostWindow:
                      if k.startswith("drop_") and cnt1[side][k] - self.cnt0[side].get(k, 0) > 0}
             if moved:
                 out.setdefault("engine_drops", {})[f"{side} engine"] = moved
+        # The offloads that carried this trial (C engine): big reads, trains
+        # sent and received, coalesced writes, per host.
+        for side in (a, b):
+            moved = {k: cnt1[side].get(k, 0) - self.cnt0[side].get(k, 0) for k in OFFLOAD_STATS}
+            moved = {k: v for k, v in sorted(moved.items()) if v > 0}
+            if moved:
+                out.setdefault("offload_ops", {})[side] = moved
         out["syscalls_per_packet"] = _sum(out["send_syscalls_per_packet"],
                                           out["recv_syscalls_per_packet"])
         out["cpu_ns_per_packet"] = _sum(out["send_cpu_ns_per_packet"],

@@ -196,6 +196,11 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, progress)
                             and cost.get("syscalls_per_packet") is not None else ""))
                 if fl["drops"]:
                     progress(f"  drops: {_top_drops(fl['drops'])}")
+                if cost.get("offload_ops"):
+                    _add(out, size, "flood_offload_ops", cost["offload_ops"])
+                    progress("  offloads: " + "; ".join(
+                        f"{h} " + ", ".join(f"{k} {v}" for k, v in ops.items())
+                        for h, ops in cost["offload_ops"].items()))
                 nd = measure.ndr_search(topo, tools, size=size, flood_res=fl, steps=profile.steps,
                                         duration=profile.probe_s, progress=progress)
                 _add(out, size, "ndr_pps", nd["ndr_pps"])
