@@ -153,7 +153,13 @@ class CEngine(Engine):
 
     def set_offloads(self, flags: int) -> None:
         with self._lock:
-            _check(lib.dp_loop_set_offloads(self._live(), int(flags)))
+            loop = self._live()
+            # The loop thread marks itself running only once it is inside
+            # dp_loop_run(); between start() and then, C alone could not tell
+            # and would reallocate buffers the loop is about to use.
+            if self._thread is not None:
+                raise OSError(errno.EBUSY, "set_offloads() after start()")
+            _check(lib.dp_loop_set_offloads(loop, int(flags)))
 
     def trace(self, enable: bool) -> None:
         with self._lock:
