@@ -3,7 +3,7 @@
  * flow become one GSO packet for the TUN; pure, no I/O.
  *
  * Flow, in the order the functions appear:
- *   1. checksum helpers   ones' complement sums, word at a time
+ *   1. (checksums: packet.c's dp_packet_sum/fold/pseudo)
  *   2. tcp_segment        may this packet take part in a run at all?
  *   3. dp_gro_start/join  open a run / append to it (the rules below)
  *   4. dp_gro_headers     the virtio_net_hdr and the coalesced IP + TCP header
@@ -39,7 +39,6 @@
  * packet alone, so packets never change order.
  */
 #include <string.h>
-#include <arpa/inet.h>
 
 #include "internal.h"
 
@@ -70,46 +69,6 @@ static inline void wr16(uint8_t *p, uint16_t v)
     p[1] = (uint8_t)v;
 }
 
-/* ---- 1. checksums ------------------------------------------------------------- */
-
-/* Sum of the bytes as native 32-bit words (a trailing part padded with
- * zeros). Ones' complement sums do not care about word size or byte order
- * up to a final byte swap (RFC 1071), so this reads 4 bytes per step. */
-static uint64_t sum_native(const uint8_t *p, size_t len)
-{
-    uint64_t s = 0;
-    uint32_t w;
-
-    for (; len >= 4; p += 4, len -= 4) {
-        memcpy(&w, p, 4);
-        s += w;
-    }
-    if (len) {
-        w = 0;
-        memcpy(&w, p, len);
-        s += w;
-    }
-    return s;
-}
-
-/* Folds a native sum to 16 bits and returns it as a number in network
- * order arithmetic (the value to store big-endian, before any inversion). */
-static uint32_t fold(uint64_t s)
-{
-    s = (s & 0xffffffffu) + (s >> 32);
-    s = (s & 0xffffffffu) + (s >> 32);
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    return ntohs((uint16_t)s);
-}
-
-/* The TCP pseudo-header: src, dst, zero, proto 6, TCP length. */
-static uint64_t pseudo_native(const uint8_t *ip, uint32_t tcp_len)
-{
-    return sum_native(ip + 12, 8) + htons(IP_PROTO_TCP) + htons((uint16_t)tcp_len);
-}
-
 /* ---- 2. candidates ------------------------------------------------------------ */
 
 struct seg_info {
@@ -136,8 +95,8 @@ static int tcp_segment(const uint8_t *p, uint32_t len, struct seg_info *si)
     flags = th[13];
     if ((th[12] & 0x0f) || (flags & ~TCP_FLAG_PSH) != TCP_FLAG_ACK)
         return 0;
-    if (fold(pseudo_native(p, len - DP_IP_HDR_MIN) +
-             sum_native(th, len - DP_IP_HDR_MIN)) != 0xffff)
+    if (dp_packet_fold(dp_packet_pseudo(p, IP_PROTO_TCP, len - DP_IP_HDR_MIN) +
+                       dp_packet_sum(th, len - DP_IP_HDR_MIN)) != 0xffff)
         return 0;
     si->thl = thl;
     si->payload = len - DP_IP_HDR_MIN - thl;
@@ -223,7 +182,7 @@ void dp_gro_headers(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr)
      * result at csum_start + csum_offset, starting from what is there: the
      * pseudo-header sum, folded, not inverted (as the stack's own
      * CHECKSUM_PARTIAL packets carry it). */
-    wr16(hdr + DP_IP_HDR_MIN + TCP_CSUM_OFFSET, (uint16_t)fold(pseudo_native(hdr, tcp_len)));
+    wr16(hdr + DP_IP_HDR_MIN + TCP_CSUM_OFFSET, dp_packet_fold(dp_packet_pseudo(hdr, IP_PROTO_TCP, tcp_len)));
 
     /* struct virtio_net_hdr: flags, gso_type, then four u16 in the TUN's
      * vnet byte order, which is the host's unless TUNSETVNETBE/LE changed it. */

@@ -3,8 +3,7 @@
  * pure functions over byte buffers, no I/O, no allocation.
  *
  * Flow, in the order the functions appear:
- *   1. sum / fold            the internet checksum (RFC 1071), 8 bytes at a
- *                            time: the TUN hands us 64 KB at once
+ *   1. (checksums: packet.c's dp_packet_sum/fold/pseudo)
  *   2. dp_gso_hdr_parse      the 10-byte struct virtio_net_hdr (native endian)
  *   3. dp_gso_csum           VIRTIO_NET_HDR_F_NEEDS_CSUM on a plain packet:
  *                            finish the checksum the kernel left partial
@@ -62,54 +61,6 @@ static inline void wr32(uint8_t *p, uint32_t v)
     wr16(p + 2, (uint16_t)v);
 }
 
-/* ---- 1. checksums ------------------------------------------------------------ */
-
-/* The one's complement sum of p[0..len) as 16-bit big-endian words (an odd
- * last byte padded with zero), folded to 16 bits. It adds native 64-bit
- * words with end-around carry: one's complement addition does not care
- * where the 16-bit words sit in the register, and swapping the bytes of
- * the folded sum gives the big-endian sum (RFC 1071, "byte order
- * independence"). Zero padding in memory order is the RFC's padding. */
-static uint32_t sum(const uint8_t *p, size_t len)
-{
-    uint64_t s = 0, v;
-    uint32_t f;
-
-    for (; len >= 8; p += 8, len -= 8) {
-        memcpy(&v, p, 8);
-        s += v;
-        s += s < v;
-    }
-    if (len) {
-        v = 0;
-        memcpy(&v, p, len);
-        s += v;
-        s += s < v;
-    }
-    s = (s & 0xffffffffu) + (s >> 32);
-    s = (s & 0xffffffffu) + (s >> 32);
-    f = (uint32_t)s;
-    f = (f & 0xffff) + (f >> 16);
-    f = (f & 0xffff) + (f >> 16);
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    f = __builtin_bswap16((uint16_t)f);
-#endif
-    return f;
-}
-
-static inline uint16_t fold_not(uint32_t s)
-{
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    return (uint16_t)(~s & 0xffff);
-}
-
-/* The IPv4 pseudo-header of a TCP/UDP segment of l4len bytes. */
-static uint32_t pseudo(const uint8_t *ip, uint8_t proto, uint32_t l4len)
-{
-    return rd16(ip + 12) + rd16(ip + 14) + rd16(ip + 16) + rd16(ip + 18) + proto + l4len;
-}
-
 /* ---- 2. the virtio_net_hdr ------------------------------------------------------ */
 
 void dp_gso_hdr_parse(const uint8_t *raw, struct dp_vnet_hdr *h)
@@ -140,7 +91,7 @@ int dp_gso_csum(uint8_t *p, uint32_t len, const struct dp_vnet_hdr *h)
      * no protocol has one. */
     if (h->csum_start < DP_IP_HDR_MIN || (h->csum_offset & 1) || at + 2 > len)
         return DP_ST_DROP_MALFORMED;
-    c = fold_not(sum(p + h->csum_start, len - h->csum_start));
+    c = (uint16_t)~dp_packet_fold(dp_packet_sum(p + h->csum_start, len - h->csum_start));
     /* 0 would mean "no checksum" to UDP; -0 is the same sum for TCP. */
     wr16(p + at, c ? c : 0xffff);
     return 0;
@@ -234,13 +185,15 @@ uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out)
         if (!first)
             l4[13] &= (uint8_t)~TCP_CWR;
         wr16(l4 + TCP_CSUM_OFF, 0);
-        c = fold_not(pseudo(out, IP_PROTO_TCP, l4len) + sum(l4, hlen - iphl) +
-                     sum(out + hlen, n));
+        c = (uint16_t)~dp_packet_fold(dp_packet_pseudo(out, IP_PROTO_TCP, l4len) +
+                                      dp_packet_sum(l4, hlen - iphl) +
+                                      dp_packet_sum(out + hlen, n));
         wr16(l4 + TCP_CSUM_OFF, c);
     } else {
         wr16(l4 + 4, (uint16_t)l4len);
         wr16(l4 + UDP_CSUM_OFF, 0);
-        c = fold_not(pseudo(out, IP_PROTO_UDP, l4len) + sum(l4, UDP_HDR) + sum(out + hlen, n));
+        c = (uint16_t)~dp_packet_fold(dp_packet_pseudo(out, IP_PROTO_UDP, l4len) +
+                                      dp_packet_sum(l4, UDP_HDR) + dp_packet_sum(out + hlen, n));
         wr16(l4 + UDP_CSUM_OFF, c ? c : 0xffff);
     }
     g->off += n;

@@ -91,6 +91,13 @@ int dp_routes_lookup(const struct dp_routes *t, uint32_t dst, struct dp_route_hi
 int dp_routes_has_peer(const struct dp_routes *t, uint32_t ip);
 
 /* packet.c APIs: pure functions over byte buffers, no I/O. */
+/* Internet checksum pieces: dp_packet_sum is a partial sum in host order
+ * (add several, and pseudo-headers, in a uint64_t), dp_packet_fold turns
+ * such a total into the 16-bit sum to store big-endian (not inverted), and
+ * dp_packet_csum is ~fold(sum) over one buffer: an IP header's checksum. */
+uint32_t dp_packet_sum(const uint8_t *p, size_t len);
+uint16_t dp_packet_fold(uint64_t sum);
+uint64_t dp_packet_pseudo(const uint8_t *ip, uint8_t proto, uint32_t l4len);
 uint16_t dp_packet_csum(const uint8_t *p, size_t len);
 /* 0 if the TUN-side packet may be routed, else the DP_ST_DROP_* index. */
 int dp_packet_check_tun(const uint8_t *p, uint32_t len);

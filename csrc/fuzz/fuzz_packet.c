@@ -79,9 +79,27 @@ static uint16_t rd16(const uint8_t *p)
     return (uint16_t)(p[0] << 8 | p[1]);
 }
 
+/* RFC 1071 the slow, obvious way: the oracle for packet.c's vector sum. */
+static uint16_t ref_csum(const uint8_t *p, size_t len)
+{
+    uint64_t s = 0;
+    size_t i;
+
+    for (i = 0; i + 1 < len; i += 2)
+        s += rd16(p + i);
+    if (len & 1)
+        s += (uint32_t)p[len - 1] << 8;
+    while (s >> 16)
+        s = (s & 0xffff) + (s >> 16);
+    return (uint16_t)(~s & 0xffff);
+}
+
 static uint16_t csum(const uint8_t *p, size_t len)
 {
-    return dp_packet_csum(p, len);
+    uint16_t c = dp_packet_csum(p, len);
+
+    CHECK(c == ref_csum(p, len));
+    return c;
 }
 
 static int well_formed(const uint8_t *p, uint32_t len, uint32_t mtu)
@@ -249,6 +267,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 2: rate = DP_ICMP_RATE_DEFAULT; burst = DP_ICMP_BURST_DEFAULT; break;
     default: if (!burst) burst = 1; break;
     }
+    /* The checksum over the whole input, at every start alignment. */
+    for (i = 0; i < 4 && i <= size; i++)
+        (void)csum(data + i, size - i);
     dp_path_init(&path, tun_addr, flags & 1);
     CHECK(dp_path_set_icmp_limit(&path, rate, burst) == 0);
     CHECK(dp_path_set_icmp_limit(&path, 5, 0) == -EINVAL);   /* and unchanged */
