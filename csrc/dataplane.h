@@ -43,6 +43,10 @@
  * >= 2 as one GSO packet: virtio_net_hdr NEEDS_CSUM, TCPV4, gso_size = the
  * segment payload, csum_start 20, csum_offset 16, the TCP checksum field
  * holding the pseudo-header sum; tot_len and the IP checksum recomputed.
+ * With DP_OFF_TUN_GRO_UDP, runs of UDP/IPv4 datagrams of one flow (same
+ * rules where they apply, checksum not 0) are written the same way as
+ * VIRTIO_NET_HDR_GSO_UDP_L4, csum_offset 6, the UDP length and checksum
+ * fields those of the whole run.
  * Packets keep their order and no run outlives its recvmmsg batch. Counters
  * still count packets (a failed GSO write drops each of its segments);
  * tun_tx_gso counts the GSO writes.
@@ -228,8 +232,8 @@ int dp_loop_set_icmp_limit(dp_loop *loop, uint32_t rate, uint32_t burst);
 /* Offloads: kernel features the caller has switched on for the fds and
  * probed; the wire format never changes (every datagram carries exactly one
  * IPv4 packet of at most mtu bytes). Call before dp_loop_run(): -EBUSY while
- * it runs, -EINVAL for unknown bits or DP_OFF_TUN_GRO without
- * DP_OFF_TUN_VNET. Packet counters keep counting IP packets as they are on
+ * it runs, -EINVAL for unknown bits, DP_OFF_TUN_GRO without
+ * DP_OFF_TUN_VNET or DP_OFF_TUN_GRO_UDP without DP_OFF_TUN_GRO. Packet counters keep counting IP packets as they are on
  * the wire (segments, not super-packets); the *_gso/_gro counters count the
  * big reads, sends, receives and writes. */
 enum dp_offload {
@@ -239,8 +243,11 @@ enum dp_offload {
     DP_OFF_UDP_GSO = 2,    /* trains of equal-sized datagrams to one peer go out in
                               one message with UDP_SEGMENT */
     DP_OFF_UDP_GRO = 4,    /* udp_fd has UDP_GRO on: one message may hold a train */
-    DP_OFF_TUN_GRO = 8     /* consecutive TCP segments of one flow are written to
+    DP_OFF_TUN_GRO = 8,    /* consecutive TCP segments of one flow are written to
                               the TUN as one GSO packet (needs DP_OFF_TUN_VNET) */
+    DP_OFF_TUN_GRO_UDP = 16 /* and so are consecutive UDP datagrams of one flow, as
+                              one USO packet (needs DP_OFF_TUN_GRO, and a kernel
+                              that takes VIRTIO_NET_HDR_GSO_UDP_L4: Linux >= 6.2) */
 };
 int dp_loop_set_offloads(dp_loop *loop, uint32_t flags);
 

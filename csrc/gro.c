@@ -1,10 +1,11 @@
 /*
- * gro.c - TUN GRO (DP_OFF_TUN_GRO): consecutive TCP/IPv4 segments of one
- * flow become one GSO packet for the TUN; pure, no I/O.
+ * gro.c - TUN GRO: consecutive TCP/IPv4 segments of one flow (DP_OFF_TUN_GRO),
+ * and consecutive UDP/IPv4 datagrams of one flow (DP_OFF_TUN_GRO_UDP), become
+ * one GSO packet for the TUN; pure, no I/O.
  *
  * Flow, in the order the functions appear:
  *   1. (checksums: packet.c's dp_packet_sum/fold/pseudo)
- *   2. tcp_segment        may this packet take part in a run at all?
+ *   2. candidate          may this packet take part in a run at all?
  *   3. dp_gro_start/join  open a run / append to it (the rules below)
  *   4. dp_gro_headers     the virtio_net_hdr and the coalesced IP + TCP header
  *
@@ -35,6 +36,15 @@
  *     run; a larger one cannot join;
  *   - at most DP_GRO_SEGS_MAX segments and DP_GRO_BYTES_MAX bytes in all.
  *
+ * UDP runs (only where the TUN takes VIRTIO_NET_HDR_GSO_UDP_L4, Linux 6.2 on:
+ * the kernel then splits the run where TCP would, at the socket or on the
+ * way out of a bridge) follow the same rules where they apply: IPv4 with
+ * ihl 5, not a fragment, UDP length == what the packet holds, a payload, a
+ * valid checksum that is not 0 (a datagram sent without one would get one),
+ * same tos/ttl/DF/src/dst/ports, ids first + i unless DF, payload equal to
+ * the first's (a shorter one ends the run). Without the 6.2 kernel every
+ * datagram is one write, as before.
+ *
  * Anything else is not held: the caller flushes the run and writes the
  * packet alone, so packets never change order.
  */
@@ -44,6 +54,10 @@
 
 enum dp_gro_wire {
     TCP_HDR_MIN = 20,
+    UDP_HDR = 8,
+    IP_PROTO_UDP = 17,
+    VNET_GSO_UDP_L4 = 5,
+    UDP_CSUM_OFFSET = 6,
     TCP_FLAG_PSH = 0x08,
     TCP_FLAG_ACK = 0x10,
     IP_PROTO_TCP = 6,
@@ -72,36 +86,43 @@ static inline void wr16(uint8_t *p, uint16_t v)
 /* ---- 2. candidates ------------------------------------------------------------ */
 
 struct seg_info {
-    uint32_t thl;        /* TCP header bytes */
-    uint32_t payload;    /* TCP payload bytes, > 0 */
+    uint32_t l4hl;       /* TCP header bytes, or the UDP header's 8 */
+    uint32_t payload;    /* TCP or UDP payload bytes, > 0 */
     int psh;
 };
 
 /* Whether p (a packet dp_path_udp forwarded: version 4, tot_len == len)
- * may take part in a run. */
-static int tcp_segment(const uint8_t *p, uint32_t len, struct seg_info *si)
+ * may take part in a run at all; its protocol, or 0. */
+static uint8_t candidate(const uint8_t *p, uint32_t len, int udp_ok, struct seg_info *si)
 {
-    const uint8_t *th = p + DP_IP_HDR_MIN;
-    uint32_t thl;
+    const uint8_t *l4 = p + DP_IP_HDR_MIN;
+    uint32_t l4len = len - DP_IP_HDR_MIN;
     uint8_t flags;
 
-    if (len < DP_IP_HDR_MIN + TCP_HDR_MIN || p[0] != 0x45 || p[9] != IP_PROTO_TCP)
+    if (len < DP_IP_HDR_MIN + UDP_HDR || p[0] != 0x45)
         return 0;
     if ((rd16(p + 6) & ~(uint16_t)(IP_FLAG_DF << 8)) != 0)   /* MF or an offset */
         return 0;
-    thl = (uint32_t)(th[12] >> 4) * 4;
-    if (thl < TCP_HDR_MIN || DP_IP_HDR_MIN + thl >= len)     /* no payload */
+    si->psh = 0;
+    if (p[9] == IP_PROTO_UDP && udp_ok) {
+        if (rd16(l4 + 4) != l4len || l4len == UDP_HDR || rd16(l4 + 6) == 0)
+            return 0;
+        si->l4hl = UDP_HDR;
+    } else if (p[9] == IP_PROTO_TCP && len >= DP_IP_HDR_MIN + TCP_HDR_MIN) {
+        si->l4hl = (uint32_t)(l4[12] >> 4) * 4;
+        if (si->l4hl < TCP_HDR_MIN || si->l4hl >= l4len)   /* no payload */
+            return 0;
+        flags = l4[13];
+        if ((l4[12] & 0x0f) || (flags & ~TCP_FLAG_PSH) != TCP_FLAG_ACK)
+            return 0;
+        si->psh = (flags & TCP_FLAG_PSH) != 0;
+    } else {
         return 0;
-    flags = th[13];
-    if ((th[12] & 0x0f) || (flags & ~TCP_FLAG_PSH) != TCP_FLAG_ACK)
+    }
+    if (dp_packet_fold(dp_packet_pseudo(p, p[9], l4len) + dp_packet_sum(l4, l4len)) != 0xffff)
         return 0;
-    if (dp_packet_fold(dp_packet_pseudo(p, IP_PROTO_TCP, len - DP_IP_HDR_MIN) +
-                       dp_packet_sum(th, len - DP_IP_HDR_MIN)) != 0xffff)
-        return 0;
-    si->thl = thl;
-    si->payload = len - DP_IP_HDR_MIN - thl;
-    si->psh = (flags & TCP_FLAG_PSH) != 0;
-    return 1;
+    si->payload = l4len - si->l4hl;
+    return p[9];
 }
 
 /* ---- 3. runs ------------------------------------------------------------------ */
@@ -114,18 +135,21 @@ void dp_gro_reset(struct dp_gro *g)
 int dp_gro_start(struct dp_gro *g, const uint8_t *p, uint32_t len)
 {
     struct seg_info si;
+    uint8_t proto;
 
     g->n = 0;
+    proto = candidate(p, len, g->udp, &si);
     /* A pushed first segment would end its own run: nothing to gain. */
-    if (!tcp_segment(p, len, &si) || si.psh)
+    if (!proto || si.psh)
         return 0;
     g->seg[0] = p;
     g->len[0] = len;
     g->n = 1;
-    g->hdr_len = DP_IP_HDR_MIN + si.thl;
+    g->proto = proto;
+    g->hdr_len = DP_IP_HDR_MIN + si.l4hl;
     g->gso_size = si.payload;
     g->total = len;
-    g->next_seq = rd32(p + DP_IP_HDR_MIN + 4) + si.payload;
+    g->next_seq = proto == IP_PROTO_TCP ? rd32(p + DP_IP_HDR_MIN + 4) + si.payload : 0;
     g->closed = 0;
     g->psh = 0;
     return 1;
@@ -141,7 +165,7 @@ int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len)
     f = g->seg[0];
     fth = f + DP_IP_HDR_MIN;
     th = p + DP_IP_HDR_MIN;
-    if (!tcp_segment(p, len, &si) || DP_IP_HDR_MIN + si.thl != g->hdr_len)
+    if (candidate(p, len, g->udp, &si) != g->proto || DP_IP_HDR_MIN + si.l4hl != g->hdr_len)
         return 0;
     if (si.payload > g->gso_size || g->total + si.payload > DP_GRO_BYTES_MAX)
         return 0;
@@ -150,10 +174,13 @@ int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len)
         return 0;
     if (!(p[6] & IP_FLAG_DF) && rd16(p + 4) != (uint16_t)(rd16(f + 4) + g->n))
         return 0;
-    /* TCP: ports, then ack, doff, flags (ACK, maybe PSH: checked above),
-     * window, and past the checksum the urgent pointer and the options. */
-    if (memcmp(th, fth, 4) || rd32(th + 4) != g->next_seq || memcmp(th + 8, fth + 8, 5) ||
-        memcmp(th + 14, fth + 14, 2) || memcmp(th + 18, fth + 18, si.thl - 18))
+    if (memcmp(th, fth, 4))                                   /* ports */
+        return 0;
+    /* TCP: ack, doff, flags (ACK, maybe PSH: checked above), window, and
+     * past the checksum the urgent pointer and the options. */
+    if (g->proto == IP_PROTO_TCP &&
+        (rd32(th + 4) != g->next_seq || memcmp(th + 8, fth + 8, 5) ||
+         memcmp(th + 14, fth + 14, 2) || memcmp(th + 18, fth + 18, si.l4hl - 18)))
         return 0;
     g->seg[g->n] = p;
     g->len[g->n] = len;
@@ -170,27 +197,31 @@ int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len)
 void dp_gro_headers(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr)
 {
     uint16_t v[4];
-    uint32_t tcp_len = g->total - DP_IP_HDR_MIN;
+    uint32_t l4len = g->total - DP_IP_HDR_MIN;
+    int tcp = g->proto == IP_PROTO_TCP;
+    uint32_t csum_at = tcp ? TCP_CSUM_OFFSET : UDP_CSUM_OFFSET;
 
     memcpy(hdr, g->seg[0], g->hdr_len);
     wr16(hdr + 2, (uint16_t)g->total);
     wr16(hdr + 10, 0);
     wr16(hdr + 10, dp_packet_csum(hdr, DP_IP_HDR_MIN));
-    if (g->psh)
+    if (tcp && g->psh)
         hdr[DP_IP_HDR_MIN + 13] |= TCP_FLAG_PSH;
+    if (!tcp)
+        wr16(hdr + DP_IP_HDR_MIN + 4, (uint16_t)l4len);      /* the run's UDP length */
     /* NEEDS_CSUM: the kernel sums from csum_start to the end and stores the
      * result at csum_start + csum_offset, starting from what is there: the
      * pseudo-header sum, folded, not inverted (as the stack's own
      * CHECKSUM_PARTIAL packets carry it). */
-    wr16(hdr + DP_IP_HDR_MIN + TCP_CSUM_OFFSET, dp_packet_fold(dp_packet_pseudo(hdr, IP_PROTO_TCP, tcp_len)));
+    wr16(hdr + DP_IP_HDR_MIN + csum_at, dp_packet_fold(dp_packet_pseudo(hdr, g->proto, l4len)));
 
     /* struct virtio_net_hdr: flags, gso_type, then four u16 in the TUN's
      * vnet byte order, which is the host's unless TUNSETVNETBE/LE changed it. */
     vnet[0] = VNET_F_NEEDS_CSUM;
-    vnet[1] = VNET_GSO_TCPV4;
+    vnet[1] = tcp ? VNET_GSO_TCPV4 : VNET_GSO_UDP_L4;
     v[0] = (uint16_t)g->hdr_len;                 /* hdr_len */
     v[1] = (uint16_t)g->gso_size;                /* gso_size */
     v[2] = DP_IP_HDR_MIN;                        /* csum_start */
-    v[3] = TCP_CSUM_OFFSET;                      /* csum_offset */
+    v[3] = (uint16_t)csum_at;                    /* csum_offset */
     memcpy(vnet + 2, v, sizeof(v));
 }

@@ -178,11 +178,13 @@ enum dp_gro_limits {
 };
 
 struct dp_gro {
+    int udp;                       /* UDP runs allowed (DP_OFF_TUN_GRO_UDP); kept by reset */
     uint32_t n;                    /* segments held; 0 = no run */
-    uint32_t hdr_len;              /* IP + TCP header bytes, the same in all */
-    uint32_t gso_size;             /* TCP payload bytes of the first */
+    uint8_t proto;                 /* of the run: 6 TCP, 17 UDP */
+    uint32_t hdr_len;              /* IP + TCP/UDP header bytes, the same in all */
+    uint32_t gso_size;             /* TCP/UDP payload bytes of the first */
     uint32_t total;                /* tot_len of the coalesced packet */
-    uint32_t next_seq;             /* where the next segment must start */
+    uint32_t next_seq;             /* TCP: where the next segment must start */
     int closed;                    /* the last one ended the run (short, PSH) */
     int psh;                       /* the last one had PSH */
     const uint8_t *seg[DP_GRO_SEGS_MAX];
@@ -196,7 +198,7 @@ int dp_gro_start(struct dp_gro *g, const uint8_t *p, uint32_t len);
 /* 1 if p was appended to the run held, 0 if not (no run, or p breaks it). */
 int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len);
 /* For a run of n >= 2: the virtio_net_hdr (DP_VNET_HDR_LEN bytes) and the
- * coalesced packet's IP + TCP headers (g->hdr_len bytes); the payloads
+ * coalesced packet's IP + TCP/UDP headers (g->hdr_len bytes); the payloads
  * follow, each segment's from its byte hdr_len on. */
 void dp_gro_headers(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr);
 

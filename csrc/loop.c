@@ -921,12 +921,15 @@ int dp_loop_trace_read(dp_loop *l, uint64_t after, dp_trace_event *out, uint32_t
 
 int dp_loop_set_offloads(dp_loop *l, uint32_t flags)
 {
-    const uint32_t all = DP_OFF_TUN_VNET | DP_OFF_UDP_GSO | DP_OFF_UDP_GRO | DP_OFF_TUN_GRO;
+    const uint32_t all = DP_OFF_TUN_VNET | DP_OFF_UDP_GSO | DP_OFF_UDP_GRO | DP_OFF_TUN_GRO |
+                         DP_OFF_TUN_GRO_UDP;
     int rc;
 
     if (!l || (flags & ~all))
         return -EINVAL;
     if ((flags & DP_OFF_TUN_GRO) && !(flags & DP_OFF_TUN_VNET))
+        return -EINVAL;
+    if ((flags & DP_OFF_TUN_GRO_UDP) && !(flags & DP_OFF_TUN_GRO))
         return -EINVAL;
     if (__atomic_load_n(&l->running, __ATOMIC_ACQUIRE))
         return -EBUSY;
@@ -940,6 +943,7 @@ int dp_loop_set_offloads(dp_loop *l, uint32_t flags)
     if (rc)
         return rc;
     dp_gro_reset(&l->gro);
+    l->gro.udp = (flags & DP_OFF_TUN_GRO_UDP) != 0;
     l->offloads = flags;
     return 0;
 }

@@ -11,7 +11,10 @@
   from one peer in one receive), and ``UDP_SEGMENT`` probed (a train of
   equal-sized datagrams to one peer goes out in one send);
 * TUN GRO (the engine writes consecutive TCP segments of one flow into the
-  TUN as one GSO packet) when the TUN has vnet headers and TSO4 was accepted.
+  TUN as one GSO packet) when the TUN has vnet headers and TSO4 was accepted,
+  and UDP runs too (consecutive datagrams of one flow as one USO packet) when
+  USO was accepted: a kernel that knows TUN_F_USO4 (6.2) also takes
+  VIRTIO_NET_HDR_GSO_UDP_L4 in writes.
 
 When TUNSETOFFLOAD refuses everything, the TUN keeps its vnet headers
 (``OFF_TUN_VNET`` alone): the kernel then writes plain packets behind an
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import errno
 
-from .engine.api import OFF_TUN_GRO, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO
+from .engine.api import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO
 from .tun import (TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_USO4, TUN_F_USO6, open_tun_queues,
                   set_offload)
 
@@ -41,7 +44,8 @@ UDP_GRO = 104               # Linux >= 5.0
 TUN_TSO = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6
 TUN_ALL = TUN_TSO | TUN_F_USO4 | TUN_F_USO6
 # What /metrics and the log call each offload, in the order they are shown.
-NAMES = ("tun_vnet", "tun_csum", "tun_tso", "tun_uso", "tun_gro", "udp_gso", "udp_gro")
+NAMES = ("tun_vnet", "tun_csum", "tun_tso", "tun_uso", "tun_gro", "tun_gro_udp", "udp_gso",
+         "udp_gro")
 
 
 class Offloads:
@@ -137,6 +141,10 @@ class Offloads:
             f |= OFF_TUN_VNET
             if self.tun_features & TUN_F_TSO4:
                 f |= OFF_TUN_GRO
+                # A kernel that takes USO from TUNSETOFFLOAD (6.2 on) also
+                # takes UDP GSO packets written to the TUN.
+                if self.tun_features & TUN_F_USO4:
+                    f |= OFF_TUN_GRO_UDP
         if self.udp_gso:
             f |= OFF_UDP_GSO
         if self.udp_gro:
@@ -153,6 +161,7 @@ class Offloads:
             "tun_tso": bool(tf & TUN_F_TSO4 and tf & TUN_F_TSO6),
             "tun_uso": bool(tf & TUN_F_USO4 and tf & TUN_F_USO6),
             "tun_gro": bool(f & OFF_TUN_GRO),
+            "tun_gro_udp": bool(f & OFF_TUN_GRO_UDP),
             "udp_gso": bool(f & OFF_UDP_GSO),
             "udp_gro": bool(f & OFF_UDP_GRO),
         }

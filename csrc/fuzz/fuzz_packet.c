@@ -34,7 +34,8 @@
  * any read past its end. Input layout (short input = zeros):
  *   byte 0      flags: bit 0 accept_any, bit 1 trace, bits 2-3 ICMP limit
  *               (0 unlimited, 1 rate 1 burst 1, 2 the default, 3 rate and
- *               burst from the next two bytes), bit 4 keep host bits
+ *               burst from the next two bytes), bit 4 keep host bits,
+ *               bit 5 UDP runs in the TUN GRO (DP_OFF_TUN_GRO_UDP)
  *   byte 1      mtu = 68 + byte * 6 (68 .. 1598)
  *   byte 2,3    rate, burst (used when bits 2-3 == 3)
  *   byte 4      number of routes (% 9); each route: net 4, prefixlen 1, peer 1
@@ -223,8 +224,16 @@ static void gro_flush(void)
         CHECK(total == gro.total && total <= DP_GRO_BYTES_MAX);
         dp_gro_headers(&gro, vnet, hdr);
         memcpy(v, vnet + 2, sizeof(v));
-        CHECK(vnet[0] == 1 && vnet[1] == 1 && v[0] == gro.hdr_len && v[1] == gro.gso_size &&
-              v[2] == 20 && v[3] == 16);
+        if (gro.proto == 6) {
+            CHECK(vnet[0] == 1 && vnet[1] == 1 && v[0] == gro.hdr_len && v[1] == gro.gso_size &&
+                  v[2] == 20 && v[3] == 16);
+        } else {   /* UDP runs: VIRTIO_NET_HDR_GSO_UDP_L4, the run's UDP length */
+            CHECK(gro.udp && gro.proto == 17 && gro.hdr_len == 28);
+            CHECK(vnet[0] == 1 && vnet[1] == 5 && v[0] == 28 && v[1] == gro.gso_size &&
+                  v[2] == 20 && v[3] == 6 && rd16(hdr + 24) == total - 20);
+            for (i = 0; i < gro.n; i++)   /* one flow: the same ports */
+                CHECK(memcmp(gro.seg[i] + 20, gro.seg[0] + 20, 4) == 0);
+        }
         CHECK(rd16(hdr + 2) == total && csum(hdr, 20) == 0);
     }
     for (i = 0; i < gro.n; i++)
@@ -271,6 +280,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (i = 0; i < 4 && i <= size; i++)
         (void)csum(data + i, size - i);
     dp_path_init(&path, tun_addr, flags & 1);
+    gro.udp = (flags & 0x20) != 0;
     CHECK(dp_path_set_icmp_limit(&path, rate, burst) == 0);
     CHECK(dp_path_set_icmp_limit(&path, 5, 0) == -EINVAL);   /* and unchanged */
     if (flags & 2)

@@ -21,7 +21,7 @@ from dataplane import ipv4  # noqa: E402
 CORPUS = os.path.join(HERE, "corpus")
 
 # flags byte
-ACCEPT_ANY, TRACE, KEEP_HOST_BITS = 1, 2, 16
+ACCEPT_ANY, TRACE, KEEP_HOST_BITS, UDP_RUNS = 1, 2, 16, 32
 LIMIT_NONE, LIMIT_ONE, LIMIT_DEFAULT, LIMIT_BYTES = 0 << 2, 1 << 2, 2 << 2, 3 << 2
 # packet ctl byte
 TUN, UDP, TRUNC = 0, 1, 2
@@ -59,6 +59,14 @@ def tcp(seq: int, n: int, flags: int = 0x10, ident: int = 0, opts: bytes = b"", 
     pseudo = ipv4._addr(IN) + ipv4._addr(OUT) + struct.pack("!HH", 6, len(th))
     th[16:18] = ipv4.checksum(pseudo + th).to_bytes(2, "big")
     return ipv4.build(IN, OUT, bytes(th), proto=6, ident=ident, flags=2, **kw)
+
+
+def udp_ck(n: int, ident: int, sport: int = 4000, fill: int = 0, **kw) -> bytes:
+    """A UDP datagram from IN to OUT with a valid checksum (TUN GRO UDP runs)."""
+    uh = bytearray(struct.pack("!HHHH", sport, 5000, 8 + n, 0) + bytes([fill]) * n)
+    pseudo = ipv4._addr(IN) + ipv4._addr(OUT) + struct.pack("!HH", 17, len(uh))
+    uh[6:8] = ipv4.checksum(pseudo + uh).to_bytes(2, "big")
+    return ipv4.build(IN, OUT, bytes(uh), ident=ident, flags=2, **kw)
 
 
 def with_byte(p: bytes, i: int, v: int) -> bytes:
@@ -116,6 +124,12 @@ TCP_RUNS = ([tcp(1000 + 100 * i, 100, ident=i) for i in range(5)]         # one 
                for i in range(4)])
 
 
+UDP_RUNS_PKTS = ([udp_ck(64, i, fill=i) for i in range(6)]                 # one run
+                 + [udp_ck(30, 6), udp_ck(64, 7)]                        # short ends it
+                 + [udp_ck(64, 8, sport=4001), udp(IN, OUT, n=64)]      # other flow, no csum
+                 + [udp_ck(64, 9 + i) for i in range(3)])
+
+
 def seeds() -> dict[str, bytes]:
     s = {}
     s["tun-forward"] = seed(ACCEPT_ANY, 1472, ROUTES, [packet(TUN, p) for p in GOOD_TUN])
@@ -137,6 +151,9 @@ def seeds() -> dict[str, bytes]:
     s["udp-tcp-runs"] = seed(ACCEPT_ANY, 1472, ROUTES,
                              [packet(UDP | (WRITE_EAGAIN if i == 3 else 0), p)
                               for i, p in enumerate(TCP_RUNS)])
+    s["udp-udp-runs"] = seed(ACCEPT_ANY | UDP_RUNS, 1472, ROUTES,
+                             [packet(UDP | (WRITE_EAGAIN if i == 2 else 0), p)
+                              for i, p in enumerate(UDP_RUNS_PKTS + TCP_RUNS[:3])])
     s["udp-strict-sources"] = seed(0, 1472, ROUTES,
                                    [packet(UDP, GOOD_UDP[0], src=0),
                                     packet(UDP, GOOD_UDP[0], src=9),     # stranger

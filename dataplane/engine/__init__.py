@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 
-from .api import (BATCH_MAX, DEFAULT_BATCH, DROP_STATS, OFF_TUN_GRO, OFF_TUN_VNET, OFF_UDP_GRO,
+from .api import (BATCH_MAX, DEFAULT_BATCH, DROP_STATS, OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO,
                   OFF_UDP_GSO, OFFLOAD_STATS, STAT_NAMES, SYSCALL_STATS, TRACE_KINDS, Engine,
                   EngineClosed, Route)
 
@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 PUBLIC_API = ["Engine", "EngineClosed", "Route", "STAT_NAMES", "SYSCALL_STATS",
               "DROP_STATS", "OFFLOAD_STATS", "OFF_TUN_VNET", "OFF_UDP_GSO", "OFF_UDP_GRO",
-              "OFF_TUN_GRO", "TRACE_KINDS", "BATCH_MAX", "DEFAULT_BATCH",
+              "OFF_TUN_GRO", "OFF_TUN_GRO_UDP", "TRACE_KINDS", "BATCH_MAX", "DEFAULT_BATCH",
               "create_engine", "engine_class", "c_available", "c_import_error"]
 __all__ = PUBLIC_API
 

@@ -37,7 +37,7 @@ SYSCALL_STATS = frozenset(
 # Python engine has none, so they stay 0 there.
 OFFLOAD_STATS = frozenset({"tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso"})
 # Offload bits (enum dp_offload).
-OFF_TUN_VNET, OFF_UDP_GSO, OFF_UDP_GRO, OFF_TUN_GRO = 1, 2, 4, 8
+OFF_TUN_VNET, OFF_UDP_GSO, OFF_UDP_GRO, OFF_TUN_GRO, OFF_TUN_GRO_UDP = 1, 2, 4, 8, 16
 DROP_STATS = tuple(n for n in STAT_NAMES if n.startswith("drop_"))
 
 # Trace event kinds (enum dp_trace_kind).

@@ -165,7 +165,7 @@ def test_two_queues_carry_ping_tcp_and_spread_flows(testbed, engine_kind):
 def test_offload_probe_is_consistent_with_the_kernel(testbed, engine_kind):
     """--offload auto: what forward reports matches the device; no traffic (see the docstring)."""
     require_engine(engine_kind)
-    from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO
+    from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO
     from dataplane.testbed.hosts import Forwarder
     tb = testbed
     results = {}
@@ -196,6 +196,7 @@ def test_offload_probe_is_consistent_with_the_kernel(testbed, engine_kind):
     assert on["udp_gso"] == bool(flags & OFF_UDP_GSO) and on["udp_gro"] == bool(flags & OFF_UDP_GRO)
     assert on["udp_gso"] and on["udp_gro"], off
     assert on["tun_gro"] == bool(flags & OFF_TUN_GRO) == (on["tun_vnet"] and on["tun_tso"])
+    assert on["tun_gro_udp"] == bool(flags & OFF_TUN_GRO_UDP) == (on["tun_gro"] and on["tun_uso"])
     assert not on["tun_uso"] or on["tun_tso"], off          # USO is only tried with TSO
     assert on["tun_tso"] == ("tun_tso" not in off["refused"]), off
     # ... and with what the kernel made of the device

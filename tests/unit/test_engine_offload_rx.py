@@ -24,7 +24,7 @@ import time
 import pytest
 
 from dataplane import ipv4
-from dataplane.engine import OFF_TUN_GRO, OFF_TUN_VNET, OFF_UDP_GRO, create_engine
+from dataplane.engine import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, create_engine
 from tests.engine_harness import Harness, behaviour_stats, nonzero
 
 SOL_UDP, UDP_SEGMENT, UDP_GRO = 17, 103, 104
@@ -52,6 +52,25 @@ def tcp_seg(seq: int, size: int, *, flags: int = ACK, ack: int = 7777, win: int 
     return ipv4.build(src, dst, bytes(th), proto=6, ttl=ttl, tos=tos,
                       ident=(seq // 7) & 0xFFFF if ident is None else ident,
                       flags=2 if df else 0)
+
+
+def udp_dgram(size: int, ident: int, *, sport: int = 4000, dport: int = 5000, ttl: int = 64,
+              tos: int = 0, df: bool = True, src: str = SRC, dst: str = DST, csum: str = "ok",
+              fill: int | None = None) -> bytes:
+    """A UDP/IPv4 datagram of `size` payload bytes; csum "ok", "bad" or
+    "none" (0: sent without one)."""
+    data = bytes([ident & 0xFF if fill is None else fill]) * size
+    uh = bytearray(struct.pack("!HHHH", sport, dport, 8 + size, 0) + data)
+    if csum != "none":
+        pseudo = ipv4._addr(src) + ipv4._addr(dst) + struct.pack("!HH", 17, len(uh))
+        c = ipv4.checksum(pseudo + uh) or 0xFFFF
+        uh[6:8] = (c ^ (0x5555 if csum == "bad" else 0)).to_bytes(2, "big")
+    return ipv4.build(src, dst, bytes(uh), proto=17, ttl=ttl, tos=tos, ident=ident,
+                      flags=2 if df else 0)
+
+
+def udp_flow(n: int, size: int = 700, ident0: int = 300, **kw) -> list[bytes]:
+    return [udp_dgram(size, ident0 + i, **kw) for i in range(n)]
 
 
 def flow(n: int, size: int = 1000, seq0: int = 1000, ident0: int = 100, **kw) -> list[bytes]:
@@ -84,6 +103,8 @@ def kernel_segments(write: bytes, vnet: bool) -> tuple[list[bytes], bool]:
     if (flags, gso_type) == (0, 0):
         assert (hdr_len, gso_size, cstart, coff) == (0, 0, 0, 0), write[:10]
         return [pkt], False
+    if gso_type == 5:
+        return _udp_segments(pkt, hdr_len, gso_size, cstart, coff, flags), True
     assert (flags, gso_type, cstart, coff) == (1, 1, 20, 16), VNET.unpack_from(write)
     assert pkt[0] == 0x45 and pkt[9] == 6
     thl = (pkt[32] >> 4) * 4
@@ -113,6 +134,37 @@ def kernel_segments(write: bytes, vnet: bool) -> tuple[list[bytes], bool]:
         th[16:18] = ipv4.checksum(pseudo + th + chunk).to_bytes(2, "big")
         out.append(bytes(ip) + bytes(th) + chunk)
     return out, True
+
+
+def _udp_segments(pkt: bytes, hdr_len: int, gso_size: int, cstart: int, coff: int,
+                  flags: int) -> list[bytes]:
+    """A VIRTIO_NET_HDR_GSO_UDP_L4 write cut as __udp_gso_segment would."""
+    assert (flags, hdr_len, cstart, coff) == (1, 28, 20, 6)
+    assert pkt[0] == 0x45 and pkt[9] == 17
+    assert int.from_bytes(pkt[2:4], "big") == len(pkt), "tot_len of the coalesced packet"
+    assert ipv4.header_checksum_ok(pkt), "IP checksum of the coalesced packet"
+    assert int.from_bytes(pkt[24:26], "big") == len(pkt) - 20, "UDP length of the whole run"
+    pseudo = ~ipv4.checksum(pkt[12:20] + struct.pack("!HH", 17, len(pkt) - 20)) & 0xFFFF
+    assert int.from_bytes(pkt[26:28], "big") == pseudo, \
+        "UDP checksum field must hold the folded pseudo-header sum"
+    payload = pkt[28:]
+    assert len(payload) > gso_size, "a GSO write must hold more than one datagram"
+    ident = int.from_bytes(pkt[4:6], "big")
+    out = []
+    for i, off in enumerate(range(0, len(payload), gso_size)):
+        chunk = payload[off:off + gso_size]
+        ip = bytearray(pkt[:20])
+        ip[2:4] = (28 + len(chunk)).to_bytes(2, "big")
+        ip[4:6] = ((ident + i) & 0xFFFF).to_bytes(2, "big")
+        ip[10:12] = b"\0\0"
+        ip[10:12] = ipv4.checksum(ip).to_bytes(2, "big")
+        uh = bytearray(pkt[20:28])
+        uh[4:6] = (8 + len(chunk)).to_bytes(2, "big")
+        uh[6:8] = b"\0\0"
+        c = ipv4.checksum(bytes(ip[12:20]) + struct.pack("!HH", 17, 8 + len(chunk)) + uh + chunk)
+        uh[6:8] = (c or 0xFFFF).to_bytes(2, "big")
+        out.append(bytes(ip) + bytes(uh) + chunk)
+    return out
 
 
 # ---- running an engine ------------------------------------------------------------------
@@ -280,6 +332,70 @@ def test_failed_coalesced_write_drops_every_segment(engine_kind):
         assert st["tun_tx_packets"] + st["drop_tun_full"] == 13, nonzero(st)
 
 
+# ---- UDP runs (DP_OFF_TUN_GRO_UDP) --------------------------------------------------
+
+UDP_RUNS = OFF_TUN_VNET | OFF_TUN_GRO | OFF_TUN_GRO_UDP
+
+
+def test_udp_run_becomes_one_uso_write(engine_kind):
+    sent = udp_flow(9, 700) + [udp_dgram(200, 309)]
+    writes, st = run(engine_kind, UDP_RUNS, sent)
+    check_writes(engine_kind, UDP_RUNS, writes, sent, [10])
+    nbytes = sum(map(len, sent))
+    assert (st["tun_tx_packets"], st["tun_tx_bytes"]) == (10, nbytes)
+    if engine_kind == "c":
+        assert st["tun_tx_gso"] == 1 and st["tun_writes"] == 1, nonzero(st)
+        _, gso_type, hdr_len, gso_size, _, _ = VNET.unpack_from(writes[0])
+        assert (gso_type, hdr_len, gso_size) == (5, 28, 700)
+        assert writes[0][10 + 28:] == b"".join(p[28:] for p in sent)
+
+
+def test_udp_runs_need_their_flag(engine_kind):
+    """TUN GRO alone coalesces TCP only: a kernel before 6.2 would refuse a
+    UDP GSO write."""
+    sent = udp_flow(4) + flow(3)
+    off = OFF_TUN_VNET | OFF_TUN_GRO
+    writes, st = run(engine_kind, off, sent)
+    check_writes(engine_kind, off, writes, sent, [1, 1, 1, 1, 3])
+
+
+def _udp_cases():
+    f = udp_flow
+    return {
+        "checksum_zero_alone": (f(2) + [udp_dgram(700, 302, csum="none")] + f(2, ident0=303),
+                                [2, 1, 2]),
+        "bad_checksum_alone": (f(2) + [udp_dgram(700, 302, csum="bad")] + f(2, ident0=303),
+                               [2, 1, 2]),
+        "other_port": (f(2) + f(2, ident0=302, sport=4001), [2, 2]),
+        "other_dst": (f(2) + f(2, ident0=302, dst="10.5.1.10"), [2, 2]),
+        "ttl_differs": (f(2) + f(2, ident0=302, ttl=30), [2, 2]),
+        "tos_differs": (f(2) + f(2, ident0=302, tos=4), [2, 2]),
+        "id_jumps_without_df": (f(2, df=False) + f(2, ident0=900, df=False), [2, 2]),
+        "shorter_ends_the_run": (f(2) + [udp_dgram(100, 302)] + f(2, ident0=303), [3, 2]),
+        "larger_than_first": (f(1, 300) + f(2, ident0=301), [1, 2]),
+        "empty_payload_alone": ([udp_dgram(0, 1), udp_dgram(0, 2)] + f(2), [1, 1, 2]),
+        "tcp_and_udp_runs_alternate": (f(2) + flow(3) + f(2, ident0=310), [2, 3, 2]),
+        "at_most_64_datagrams": (f(70, 64), [64, 6]),
+        "at_most_64k": (f(47, 1400), [46, 1]),
+    }
+
+
+UDP_CASES = _udp_cases()
+
+
+@pytest.mark.parametrize("name", sorted(UDP_CASES))
+def test_udp_not_coalesced_is_written_alone_in_order(engine_kind, name):
+    sent, groups = UDP_CASES[name]
+    assert sum(groups) == len(sent)
+    writes, st = run(engine_kind, UDP_RUNS, sent, mtu=1500)
+    check_writes(engine_kind, UDP_RUNS, writes, sent, groups)
+    assert st["tun_tx_packets"] == len(sent) and st["tun_tx_bytes"] == sum(map(len, sent))
+    assert not any(st[k] for k in st if k.startswith("drop_")), nonzero(st)
+    if engine_kind == "c":
+        assert st["tun_tx_gso"] == sum(g > 1 for g in groups)
+        assert st["tun_writes"] == len(groups)
+
+
 # ---- UDP GRO --------------------------------------------------------------------------
 
 def udp_pkt(i: int, size: int, ttl: int = 64) -> bytes:
@@ -364,7 +480,8 @@ def test_set_offloads_rules(engine_kind):
             assert e.value.errno == errno.EOPNOTSUPP
             h.engine.set_offloads(0)
             return
-        for bad in (OFF_TUN_GRO, OFF_TUN_GRO | OFF_UDP_GRO, 16):
+        for bad in (OFF_TUN_GRO, OFF_TUN_GRO | OFF_UDP_GRO, OFF_TUN_VNET | OFF_TUN_GRO_UDP,
+                    OFF_TUN_GRO_UDP, 32):
             with pytest.raises(OSError) as e:
                 h.engine.set_offloads(bad)
             assert e.value.errno == errno.EINVAL
