@@ -1,0 +1,75 @@
+"""Profile one bench path under one load, to see where the CPU goes.
+
+    python perf/profile.py --path c --tcp --seconds 8 --perf /tmp/c-tcp.data
+    python perf/profile.py --path c --size 64 --rate 0 --perf /tmp/c-64.data
+    perf report -i /tmp/c-tcp.data --no-children --sort cpu,comm,sym -g none
+
+Sets up the bench's two-host testbed and the path (perf/README.md: The
+testbed), runs one TCP stream (iperf3) or one UDP stream (udpgen, `--rate`
+pps, 0 = flood), and meanwhile, with `--perf FILE`, `perf record -a -g` for
+the middle of the load (both cores: host A is CPU0, host B CPU1). Prints
+the throughput and the forwarders' counters that moved. As root; every load
+is bounded by --seconds, and the testbed is removed on exit.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dataplane.perf import build, measure  # noqa: E402
+from dataplane.perf.paths import PATHS, make_path  # noqa: E402
+from dataplane.perf.topo import BenchTopo  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--path", default="c", help=f"a bench path ({', '.join(PATHS)}, c-base, c-offload)")
+    ap.add_argument("--tcp", action="store_true", help="one TCP stream instead of UDP")
+    ap.add_argument("--size", type=int, default=64, help="UDP payload bytes (default 64)")
+    ap.add_argument("--rate", type=float, default=0, help="UDP packets/s, 0 = flood (default)")
+    ap.add_argument("--seconds", type=float, default=6, help="length of the load (2-60, default 6)")
+    ap.add_argument("--batch", type=int, default=None, help="engine batch size")
+    ap.add_argument("--perf", metavar="FILE", help="perf record -a -g into FILE during the load")
+    a = ap.parse_args()
+    if not 2 <= a.seconds <= 60:
+        ap.error("--seconds must be between 2 and 60")
+    tools = measure.Tools(**build.setup())
+    with BenchTopo() as topo:
+        path = make_path(topo, a.path, batch=a.batch)
+        path.setup()
+        try:
+            before = path.counters()
+            rec = None
+            if a.perf:
+                # The middle of the load: skip the ramp-up and the end.
+                rec = subprocess.Popen(
+                    ["bash", "-c", f"sleep 1; exec perf record -a -g -o {a.perf} -- "
+                                   f"sleep {a.seconds - 2:g}"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if a.tcp:
+                r = measure.tcp(topo, tools, seconds=a.seconds)
+                print(f"{a.path}: TCP {r['gbps']:.2f} Gbit/s, {r['retransmits']} retransmits")
+            else:
+                r = measure.udp_trial(topo, tools, size=a.size, rate=a.rate, duration=a.seconds)
+                print(f"{a.path}: {a.size} B offered {r['tx_pps'] / 1e3:.1f} kpps, received "
+                      f"{r['rx_pps'] / 1e3:.1f} kpps, loss {100 * r['loss']:.2f} %")
+            if rec is not None:
+                rec.wait(timeout=a.seconds + 30)
+                print(f"perf data: {a.perf}")
+            after = path.counters(after=time.time())
+            for side, d in after.items():
+                moved = {k: v - before.get(side, {}).get(k, 0) for k, v in d.items()
+                         if isinstance(v, int) and v != before.get(side, {}).get(k, 0)}
+                print(side, moved)
+        finally:
+            path.teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
