@@ -52,37 +52,6 @@
 
 #include "internal.h"
 
-enum dp_gro_wire {
-    TCP_HDR_MIN = 20,
-    UDP_HDR = 8,
-    IP_PROTO_UDP = 17,
-    VNET_GSO_UDP_L4 = 5,
-    UDP_CSUM_OFFSET = 6,
-    TCP_FLAG_PSH = 0x08,
-    TCP_FLAG_ACK = 0x10,
-    IP_PROTO_TCP = 6,
-    IP_FLAG_DF = 0x40,             /* in byte 6 */
-    VNET_F_NEEDS_CSUM = 1,         /* struct virtio_net_hdr (linux/virtio_net.h) */
-    VNET_GSO_TCPV4 = 1,
-    TCP_CSUM_OFFSET = 16
-};
-
-static inline uint16_t rd16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static inline uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static inline void wr16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
-
 /* ---- 2. candidates ------------------------------------------------------------ */
 
 struct seg_info {
@@ -99,23 +68,23 @@ static uint8_t candidate(const uint8_t *p, uint32_t len, int udp_ok, struct seg_
     uint32_t l4len = len - DP_IP_HDR_MIN;
     uint8_t flags;
 
-    if (len < DP_IP_HDR_MIN + UDP_HDR || p[0] != 0x45)
+    if (len < DP_IP_HDR_MIN + DP_UDP_HDR || p[0] != 0x45)
         return 0;
-    if ((rd16(p + 6) & ~(uint16_t)(IP_FLAG_DF << 8)) != 0)   /* MF or an offset */
+    if ((dp_rd16(p + 6) & ~(uint16_t)(DP_IP_FLAG_DF << 8)) != 0)   /* MF or an offset */
         return 0;
     si->psh = 0;
-    if (p[9] == IP_PROTO_UDP && udp_ok) {
-        if (rd16(l4 + 4) != l4len || l4len == UDP_HDR || rd16(l4 + 6) == 0)
+    if (p[9] == DP_IP_PROTO_UDP && udp_ok) {
+        if (dp_rd16(l4 + 4) != l4len || l4len == DP_UDP_HDR || dp_rd16(l4 + 6) == 0)
             return 0;
-        si->l4hl = UDP_HDR;
-    } else if (p[9] == IP_PROTO_TCP && len >= DP_IP_HDR_MIN + TCP_HDR_MIN) {
+        si->l4hl = DP_UDP_HDR;
+    } else if (p[9] == DP_IP_PROTO_TCP && len >= DP_IP_HDR_MIN + DP_TCP_HDR_MIN) {
         si->l4hl = (uint32_t)(l4[12] >> 4) * 4;
-        if (si->l4hl < TCP_HDR_MIN || si->l4hl >= l4len)   /* no payload */
+        if (si->l4hl < DP_TCP_HDR_MIN || si->l4hl >= l4len)   /* no payload */
             return 0;
         flags = l4[13];
-        if ((l4[12] & 0x0f) || (flags & ~TCP_FLAG_PSH) != TCP_FLAG_ACK)
+        if ((l4[12] & 0x0f) || (flags & ~DP_TCP_PSH) != DP_TCP_ACK)
             return 0;
-        si->psh = (flags & TCP_FLAG_PSH) != 0;
+        si->psh = (flags & DP_TCP_PSH) != 0;
     } else {
         return 0;
     }
@@ -149,7 +118,7 @@ int dp_gro_start(struct dp_gro *g, const uint8_t *p, uint32_t len)
     g->hdr_len = DP_IP_HDR_MIN + si.l4hl;
     g->gso_size = si.payload;
     g->total = len;
-    g->next_seq = proto == IP_PROTO_TCP ? rd32(p + DP_IP_HDR_MIN + 4) + si.payload : 0;
+    g->next_seq = proto == DP_IP_PROTO_TCP ? dp_rd32(p + DP_IP_HDR_MIN + 4) + si.payload : 0;
     g->closed = 0;
     g->psh = 0;
     return 1;
@@ -172,14 +141,14 @@ int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len)
     /* IP: tos, flags (DF), ttl, proto, src, dst; the id just below. */
     if (p[1] != f[1] || p[6] != f[6] || p[8] != f[8] || memcmp(p + 12, f + 12, 8))
         return 0;
-    if (!(p[6] & IP_FLAG_DF) && rd16(p + 4) != (uint16_t)(rd16(f + 4) + g->n))
+    if (!(p[6] & DP_IP_FLAG_DF) && dp_rd16(p + 4) != (uint16_t)(dp_rd16(f + 4) + g->n))
         return 0;
     if (memcmp(th, fth, 4))                                   /* ports */
         return 0;
     /* TCP: ack, doff, flags (ACK, maybe PSH: checked above), window, and
      * past the checksum the urgent pointer and the options. */
-    if (g->proto == IP_PROTO_TCP &&
-        (rd32(th + 4) != g->next_seq || memcmp(th + 8, fth + 8, 5) ||
+    if (g->proto == DP_IP_PROTO_TCP &&
+        (dp_rd32(th + 4) != g->next_seq || memcmp(th + 8, fth + 8, 5) ||
          memcmp(th + 14, fth + 14, 2) || memcmp(th + 18, fth + 18, si.l4hl - 18)))
         return 0;
     g->seg[g->n] = p;
@@ -198,27 +167,27 @@ void dp_gro_headers(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr)
 {
     uint16_t v[4];
     uint32_t l4len = g->total - DP_IP_HDR_MIN;
-    int tcp = g->proto == IP_PROTO_TCP;
-    uint32_t csum_at = tcp ? TCP_CSUM_OFFSET : UDP_CSUM_OFFSET;
+    int tcp = g->proto == DP_IP_PROTO_TCP;
+    uint32_t csum_at = tcp ? DP_TCP_CSUM_OFF : DP_UDP_CSUM_OFF;
 
     memcpy(hdr, g->seg[0], g->hdr_len);
-    wr16(hdr + 2, (uint16_t)g->total);
-    wr16(hdr + 10, 0);
-    wr16(hdr + 10, dp_packet_csum(hdr, DP_IP_HDR_MIN));
+    dp_wr16(hdr + 2, (uint16_t)g->total);
+    dp_wr16(hdr + 10, 0);
+    dp_wr16(hdr + 10, dp_packet_csum(hdr, DP_IP_HDR_MIN));
     if (tcp && g->psh)
-        hdr[DP_IP_HDR_MIN + 13] |= TCP_FLAG_PSH;
+        hdr[DP_IP_HDR_MIN + 13] |= DP_TCP_PSH;
     if (!tcp)
-        wr16(hdr + DP_IP_HDR_MIN + 4, (uint16_t)l4len);      /* the run's UDP length */
+        dp_wr16(hdr + DP_IP_HDR_MIN + 4, (uint16_t)l4len);      /* the run's UDP length */
     /* NEEDS_CSUM: the kernel sums from csum_start to the end and stores the
      * result at csum_start + csum_offset, starting from what is there: the
      * pseudo-header sum, folded, not inverted (as the stack's own
      * CHECKSUM_PARTIAL packets carry it). */
-    wr16(hdr + DP_IP_HDR_MIN + csum_at, dp_packet_fold(dp_packet_pseudo(hdr, g->proto, l4len)));
+    dp_wr16(hdr + DP_IP_HDR_MIN + csum_at, dp_packet_fold(dp_packet_pseudo(hdr, g->proto, l4len)));
 
     /* struct virtio_net_hdr: flags, gso_type, then four u16 in the TUN's
      * vnet byte order, which is the host's unless TUNSETVNETBE/LE changed it. */
-    vnet[0] = VNET_F_NEEDS_CSUM;
-    vnet[1] = tcp ? VNET_GSO_TCPV4 : VNET_GSO_UDP_L4;
+    vnet[0] = DP_VNET_F_NEEDS_CSUM;
+    vnet[1] = tcp ? DP_VNET_GSO_TCPV4 : DP_VNET_GSO_UDP_L4;
     v[0] = (uint16_t)g->hdr_len;                 /* hdr_len */
     v[1] = (uint16_t)g->gso_size;                /* gso_size */
     v[2] = DP_IP_HDR_MIN;                        /* csum_start */

@@ -25,41 +25,9 @@
 #include "internal.h"
 
 enum {
-    VNET_F_NEEDS_CSUM = 1,       /* VIRTIO_NET_HDR_F_NEEDS_CSUM */
     VNET_GSO_ECN = 0x80,         /* VIRTIO_NET_HDR_GSO_ECN: only with TUN_F_TSO_ECN */
-    IP_MF = 0x2000,
-    IP_PROTO_TCP = 6,
-    IP_PROTO_UDP = 17,
-    TCP_HDR_MIN = 20,
-    TCP_CSUM_OFF = 16,
-    UDP_HDR = 8,
-    UDP_CSUM_OFF = 6,
-    TCP_FIN = 0x01,
-    TCP_PSH = 0x08,
-    TCP_CWR = 0x80
+    IP_MF = 0x2000
 };
-
-static inline uint16_t rd16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static inline void wr16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
-
-static inline uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static inline void wr32(uint8_t *p, uint32_t v)
-{
-    wr16(p, (uint16_t)(v >> 16));
-    wr16(p + 2, (uint16_t)v);
-}
 
 /* ---- 2. the virtio_net_hdr ------------------------------------------------------ */
 
@@ -85,7 +53,7 @@ int dp_gso_csum(uint8_t *p, uint32_t len, const struct dp_vnet_hdr *h)
     uint32_t at = (uint32_t)h->csum_start + h->csum_offset;
     uint16_t c;
 
-    if (!(h->flags & VNET_F_NEEDS_CSUM) || len < DP_IP_HDR_MIN || (p[0] >> 4) != 4)
+    if (!(h->flags & DP_VNET_F_NEEDS_CSUM) || len < DP_IP_HDR_MIN || (p[0] >> 4) != 4)
         return 0;
     /* An odd offset would put the field across two 16-bit words of the sum:
      * no protocol has one. */
@@ -93,7 +61,7 @@ int dp_gso_csum(uint8_t *p, uint32_t len, const struct dp_vnet_hdr *h)
         return DP_ST_DROP_MALFORMED;
     c = (uint16_t)~dp_packet_fold(dp_packet_sum(p + h->csum_start, len - h->csum_start));
     /* 0 would mean "no checksum" to UDP; -0 is the same sum for TCP. */
-    wr16(p + at, c ? c : 0xffff);
+    dp_wr16(p + at, c ? c : 0xffff);
     return 0;
 }
 
@@ -112,30 +80,30 @@ int dp_gso_start(struct dp_gso *g, const uint8_t *p, uint32_t len,
     if ((p[0] >> 4) != 4)
         return DP_ST_DROP_NOT_IPV4;
     if (type == DP_VNET_GSO_TCPV4)
-        proto = IP_PROTO_TCP;
+        proto = DP_IP_PROTO_TCP;
     else if (type == DP_VNET_GSO_UDP_L4)
-        proto = IP_PROTO_UDP;
+        proto = DP_IP_PROTO_UDP;
     else
         return DP_ST_DROP_MALFORMED;      /* unknown, TCPV6 on IPv4, UFO, ECN unasked */
     iphl = (p[0] & 0x0fu) * 4u;
-    if (iphl < DP_IP_HDR_MIN || iphl > len || rd16(p + 2) != len || p[9] != proto ||
-        (rd16(p + 6) & (IP_MF | DP_IP_FRAG_OFFSET_MASK)))
+    if (iphl < DP_IP_HDR_MIN || iphl > len || dp_rd16(p + 2) != len || p[9] != proto ||
+        (dp_rd16(p + 6) & (IP_MF | DP_IP_FRAG_OFFSET_MASK)))
         return DP_ST_DROP_MALFORMED;
-    if (proto == IP_PROTO_TCP) {
-        if (len < iphl + TCP_HDR_MIN)
+    if (proto == DP_IP_PROTO_TCP) {
+        if (len < iphl + DP_TCP_HDR_MIN)
             return DP_ST_DROP_MALFORMED;
         l4hl = (p[iphl + 12] >> 4) * 4u;
-        if (l4hl < TCP_HDR_MIN || iphl + l4hl > len)
+        if (l4hl < DP_TCP_HDR_MIN || iphl + l4hl > len)
             return DP_ST_DROP_MALFORMED;
     } else {
-        l4hl = UDP_HDR;
+        l4hl = DP_UDP_HDR;
         if (len < iphl + l4hl)
             return DP_ST_DROP_MALFORMED;
     }
     /* The checksum the kernel asked for must be the one of this header. */
-    if ((h->flags & VNET_F_NEEDS_CSUM) &&
+    if ((h->flags & DP_VNET_F_NEEDS_CSUM) &&
         (h->csum_start != iphl ||
-         h->csum_offset != (proto == IP_PROTO_TCP ? TCP_CSUM_OFF : UDP_CSUM_OFF)))
+         h->csum_offset != (proto == DP_IP_PROTO_TCP ? DP_TCP_CSUM_OFF : DP_UDP_CSUM_OFF)))
         return DP_ST_DROP_MALFORMED;
     if (h->gso_size == 0 || iphl + l4hl + h->gso_size > mtu)
         return DP_ST_DROP_MALFORMED;
@@ -173,28 +141,28 @@ uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out)
     memcpy(out, p, hlen);
     memcpy(out + hlen, p + g->off, n);
 
-    wr16(out + 2, (uint16_t)seglen);
-    wr16(out + 4, (uint16_t)(rd16(p + 4) + g->idx));
-    wr16(out + 10, 0);
-    wr16(out + 10, dp_packet_csum(out, iphl));
+    dp_wr16(out + 2, (uint16_t)seglen);
+    dp_wr16(out + 4, (uint16_t)(dp_rd16(p + 4) + g->idx));
+    dp_wr16(out + 10, 0);
+    dp_wr16(out + 10, dp_packet_csum(out, iphl));
 
-    if (g->proto == IP_PROTO_TCP) {
-        wr32(l4 + 4, rd32(p + iphl + 4) + (g->off - hlen));
+    if (g->proto == DP_IP_PROTO_TCP) {
+        dp_wr32(l4 + 4, dp_rd32(p + iphl + 4) + (g->off - hlen));
         if (!last)
-            l4[13] &= (uint8_t)~(TCP_FIN | TCP_PSH);
+            l4[13] &= (uint8_t)~(DP_TCP_FIN | DP_TCP_PSH);
         if (!first)
-            l4[13] &= (uint8_t)~TCP_CWR;
-        wr16(l4 + TCP_CSUM_OFF, 0);
-        c = (uint16_t)~dp_packet_fold(dp_packet_pseudo(out, IP_PROTO_TCP, l4len) +
+            l4[13] &= (uint8_t)~DP_TCP_CWR;
+        dp_wr16(l4 + DP_TCP_CSUM_OFF, 0);
+        c = (uint16_t)~dp_packet_fold(dp_packet_pseudo(out, DP_IP_PROTO_TCP, l4len) +
                                       dp_packet_sum(l4, hlen - iphl) +
                                       dp_packet_sum(out + hlen, n));
-        wr16(l4 + TCP_CSUM_OFF, c);
+        dp_wr16(l4 + DP_TCP_CSUM_OFF, c);
     } else {
-        wr16(l4 + 4, (uint16_t)l4len);
-        wr16(l4 + UDP_CSUM_OFF, 0);
-        c = (uint16_t)~dp_packet_fold(dp_packet_pseudo(out, IP_PROTO_UDP, l4len) +
-                                      dp_packet_sum(l4, UDP_HDR) + dp_packet_sum(out + hlen, n));
-        wr16(l4 + UDP_CSUM_OFF, c ? c : 0xffff);
+        dp_wr16(l4 + 4, (uint16_t)l4len);
+        dp_wr16(l4 + DP_UDP_CSUM_OFF, 0);
+        c = (uint16_t)~dp_packet_fold(dp_packet_pseudo(out, DP_IP_PROTO_UDP, l4len) +
+                                      dp_packet_sum(l4, DP_UDP_HDR) + dp_packet_sum(out + hlen, n));
+        dp_wr16(l4 + DP_UDP_CSUM_OFF, c ? c : 0xffff);
     }
     g->off += n;
     g->idx++;

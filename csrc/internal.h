@@ -59,7 +59,7 @@ typedef union dp_counters {
     uint64_t v[sizeof(dp_stats) / sizeof(uint64_t)];
 } dp_counters;
 
-/* IPv4/ICMP wire constants used by packet.c and loop.c. */
+/* IPv4/ICMP/TCP/UDP wire constants used by packet.c, gso.c, gro.c and loop.c. */
 enum dp_ipv4 {
     DP_IP_HDR_MIN = 20,
     DP_IP_HDR_MAX = 60,
@@ -71,6 +71,18 @@ enum dp_ipv4 {
     DP_ICMP_TTL_OUT = 64,          /* TTL of the errors we generate */
     DP_ICMP_DEST_UNREACH = 3,
     DP_ICMP_TIME_EXCEEDED = 11,
+    DP_IP_PROTO_TCP = 6,
+    DP_IP_PROTO_UDP = 17,
+    DP_IP_FLAG_DF = 0x40,          /* in byte 6 */
+    DP_TCP_HDR_MIN = 20,
+    DP_TCP_CSUM_OFF = 16,
+    DP_TCP_FIN = 0x01,
+    DP_TCP_PSH = 0x08,
+    DP_TCP_ACK = 0x10,
+    DP_TCP_CWR = 0x80,
+    DP_UDP_HDR = 8,
+    DP_UDP_CSUM_OFF = 6,
+    DP_VNET_F_NEEDS_CSUM = 1,      /* VIRTIO_NET_HDR_F_NEEDS_CSUM */
     DP_VNET_HDR_LEN = 10           /* struct virtio_net_hdr (DP_OFF_TUN_VNET) */
 };
 
@@ -91,6 +103,29 @@ int dp_routes_lookup(const struct dp_routes *t, uint32_t dst, struct dp_route_hi
 int dp_routes_has_peer(const struct dp_routes *t, uint32_t ip);
 
 /* packet.c APIs: pure functions over byte buffers, no I/O. */
+/* Network-order fields, byte by byte: no alignment or endianness assumed. */
+static inline uint16_t dp_rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static inline uint32_t dp_rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline void dp_wr16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+
+static inline void dp_wr32(uint8_t *p, uint32_t v)
+{
+    dp_wr16(p, (uint16_t)(v >> 16));
+    dp_wr16(p + 2, (uint16_t)v);
+}
+
 /* Internet checksum pieces: dp_packet_sum is a partial sum in host order
  * (add several, and pseudo-headers, in a uint64_t), dp_packet_fold turns
  * such a total into the 16-bit sum to store big-endian (not inverted), and

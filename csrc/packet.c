@@ -17,17 +17,6 @@
 
 #include "internal.h"
 
-static inline uint16_t rd16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static inline void wr16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
-
 /* ---- 1. checksums ------------------------------------------------------------- */
 
 /* Two 64-bit lanes of a GCC/Clang vector: SSE2 on x86-64, NEON on arm64,
@@ -119,7 +108,7 @@ static int check_lengths(const uint8_t *p, uint32_t len)
         return DP_ST_DROP_MALFORMED;
     if ((p[0] & 0x0f) < 5 || ihl_bytes(p) > len)
         return DP_ST_DROP_MALFORMED;
-    if (rd16(p + 2) != len)
+    if (dp_rd16(p + 2) != len)
         return DP_ST_DROP_MALFORMED;
     return 0;
 }
@@ -167,19 +156,19 @@ void dp_packet_ttl_dec(uint8_t *p)
     uint32_t ttl = p[8], proto = p[9];
     uint32_t old = ttl << 8 | proto;
     uint32_t new = (ttl - 1) << 8 | proto;
-    uint32_t check = rd16(p + 10);
+    uint32_t check = dp_rd16(p + 10);
     uint32_t s;
 
     s = (~check & 0xffff) + (~old & 0xffff) + new;
     s = (s & 0xffff) + (s >> 16);
     s = (s & 0xffff) + (s >> 16);
     p[8] = (uint8_t)(ttl - 1);
-    wr16(p + 10, (uint16_t)(~s & 0xffff));
+    dp_wr16(p + 10, (uint16_t)(~s & 0xffff));
 }
 
 static inline int is_later_fragment(const uint8_t *p)
 {
-    return (rd16(p + 6) & DP_IP_FRAG_OFFSET_MASK) != 0;
+    return (dp_rd16(p + 6) & DP_IP_FRAG_OFFSET_MASK) != 0;
 }
 
 /* Net unreachable: never about ICMP (any type), never about a fragment
@@ -222,20 +211,20 @@ uint32_t dp_packet_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t le
 
     out[0] = 0x45;
     out[1] = 0;                          /* tos */
-    wr16(out + 2, (uint16_t)total);
-    wr16(out + 4, 0);                    /* id */
-    wr16(out + 6, 0);                    /* no DF, offset 0 */
+    dp_wr16(out + 2, (uint16_t)total);
+    dp_wr16(out + 4, 0);                    /* id */
+    dp_wr16(out + 6, 0);                    /* no DF, offset 0 */
     out[8] = DP_ICMP_TTL_OUT;
     out[9] = DP_IP_PROTO_ICMP;
-    wr16(out + 10, 0);
+    dp_wr16(out + 10, 0);
     memcpy(out + 12, &src, 4);
     memcpy(out + 16, offender + 12, 4);  /* back to the offender's source */
-    wr16(out + 10, dp_packet_csum(out, DP_IP_HDR_MIN));
+    dp_wr16(out + 10, dp_packet_csum(out, DP_IP_HDR_MIN));
 
     icmp[0] = type;
     icmp[1] = code;
     memset(icmp + 2, 0, 6);              /* checksum, then the unused word */
     memcpy(icmp + DP_ICMP_HDR, offender, q);
-    wr16(icmp + 2, dp_packet_csum(icmp, DP_ICMP_HDR + q));
+    dp_wr16(icmp + 2, dp_packet_csum(icmp, DP_ICMP_HDR + q));
     return total;
 }

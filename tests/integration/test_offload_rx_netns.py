@@ -143,32 +143,40 @@ def _transfer(tb, a, pod) -> None:
             sink.wait(5)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind,offloads", [("c", RX_ALL), ("c", 0), ("python", 0)],
-                         ids=["c-rx-offloads", "c-plain", "python-plain"])
-def test_tcp_transfer_arrives_through_gro_and_gso(testbed, kind, offloads):
-    require_engine("c")
+def _through_b(tb, kind: str, offloads: int, load):
+    """A relays with UDP GSO to B's engine under test (kind, offloads),
+    which forwards to a pod; runs load(tb, a, pod) and returns (A's relay
+    stats, B's stats, what load returned). Everything is removed after."""
     from dataplane.testbed import netns as ns
-    a, b = testbed["h0"], testbed["h1"]
-    pod = _make_pod(testbed, b)
-    nb = Node(testbed, b, "rx", "--addr", "10.5.2.0", "--addr2", "10.5.2.2", "--underlay", b.ip,
+    a, b = tb["h0"], tb["h1"]
+    pod = _make_pod(tb, b)
+    nb = Node(tb, b, "rx", "--addr", "10.5.2.0", "--addr2", "10.5.2.2", "--underlay", b.ip,
               "--peer", f"{a.ip}:8285", "--peer-subnet", "10.5.1.0/24", "--offloads", offloads,
               "--engine", kind)
-    na = Node(testbed, a, "gso-relay", "--addr", "10.5.1.0", "--underlay", a.ip,
+    na = Node(tb, a, "gso-relay", "--addr", "10.5.1.0", "--underlay", a.ip,
               "--peer", f"{b.ip}:8285")
     stopped = False
     try:
         nb.wait_ready()
         na.wait_ready()
-        _transfer(testbed, a, pod)
+        result = load(tb, a, pod)
         sa, sb = na.stop()["relay"], nb.stop()
         stopped = True
     finally:
         if not stopped:
             print("A:", na.log(), "\nB:", nb.log())
             for n in (na, nb):
-                testbed.kill(n.proc)
+                tb.kill(n.proc)
         ns.delete(pod)
+    return sa, sb, result
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind,offloads", [("c", RX_ALL), ("c", 0), ("python", 0)],
+                         ids=["c-rx-offloads", "c-plain", "python-plain"])
+def test_tcp_transfer_arrives_through_gro_and_gso(testbed, kind, offloads):
+    require_engine("c")
+    sa, sb, _ = _through_b(testbed, kind, offloads, _transfer)
     rx, back = sb["rx"], sb["back"]
     # A really sent trains; otherwise this test would prove nothing.
     assert sa["trains"] > 0 and sa["send_errors"] == 0, sa
@@ -225,6 +233,25 @@ print(len(seqs), bad, int(seqs == sorted(seqs)), len(set(seqs)), flush=True)
 """
 
 
+def _udp_stream(tb, a, pod) -> tuple[str, str]:
+    """NDGRAMS from A to the pod's sink; the sink's line and stderr."""
+    import subprocess
+    from dataplane.testbed import netns as ns
+    sink = subprocess.Popen(ns.exec_argv(pod, [sys.executable, "-c", _UDP_SINK, POD_IP, "5400"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
+        r = tb.exec(a, [sys.executable, "-c", _UDP_SOURCE, POD_IP, "5400", str(NDGRAMS),
+                        str(DGRAM), str(BURST)], timeout=60)
+        assert r.returncode == 0, f"source failed: {r.stderr}"
+        return sink.communicate(timeout=30)
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait(5)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind,offloads", [("c", RX_UDP), ("python", 0)],
                          ids=["c-udp-runs", "python-plain"])
@@ -232,40 +259,8 @@ def test_udp_stream_arrives_through_uso_writes(testbed, kind, offloads):
     """B's engine writes runs of datagrams as UDP GSO packets; B's kernel
     must cut them on the way to a pod (no offloads on its veth) into exactly
     the datagrams A sent: all of them, intact, in order."""
-    import subprocess
     require_engine("c")
-    from dataplane.testbed import netns as ns
-    a, b = testbed["h0"], testbed["h1"]
-    pod = _make_pod(testbed, b)
-    nb = Node(testbed, b, "rx", "--addr", "10.5.2.0", "--addr2", "10.5.2.2", "--underlay", b.ip,
-              "--peer", f"{a.ip}:8285", "--peer-subnet", "10.5.1.0/24", "--offloads", offloads,
-              "--engine", kind)
-    na = Node(testbed, a, "gso-relay", "--addr", "10.5.1.0", "--underlay", a.ip,
-              "--peer", f"{b.ip}:8285")
-    stopped = False
-    sink = None
-    try:
-        nb.wait_ready()
-        na.wait_ready()
-        sink = subprocess.Popen(ns.exec_argv(pod, [sys.executable, "-c", _UDP_SINK, POD_IP, "5400"]),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
-        r = testbed.exec(a, [sys.executable, "-c", _UDP_SOURCE, POD_IP, "5400", str(NDGRAMS),
-                             str(DGRAM), str(BURST)], timeout=60)
-        assert r.returncode == 0, f"source failed: {r.stderr}"
-        out, err = sink.communicate(timeout=30)
-        sa, sb = na.stop()["relay"], nb.stop()
-        stopped = True
-    finally:
-        if sink is not None and sink.poll() is None:
-            sink.kill()
-            sink.wait(5)
-        if not stopped:
-            print("A:", na.log(), "\nB:", nb.log())
-            for n in (na, nb):
-                testbed.kill(n.proc)
-        ns.delete(pod)
+    sa, sb, (out, err) = _through_b(testbed, kind, offloads, _udp_stream)
     got, bad, in_order, distinct = map(int, out.split())
     rx = sb["rx"]
     assert (bad, in_order, distinct) == (0, 1, got), (out, err)

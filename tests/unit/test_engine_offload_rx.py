@@ -296,18 +296,22 @@ def _cases():
 CASES = _cases()
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_what_is_not_coalesced_is_written_alone_in_order(engine_kind, name):
-    sent, groups = CASES[name]
+def check_groups(kind: str, offloads: int, sent: list[bytes], groups: list[int]) -> None:
+    """Forward `sent` with these offloads: the writes must be `groups` (how
+    many packets each) for C, one each for Python; nothing dropped."""
     assert sum(groups) == len(sent)
-    off = OFF_TUN_VNET | OFF_TUN_GRO
-    writes, st = run(engine_kind, off, sent, mtu=1500)
-    check_writes(engine_kind, off, writes, sent, groups)
+    writes, st = run(kind, offloads, sent, mtu=1500)
+    check_writes(kind, offloads, writes, sent, groups)
     assert st["tun_tx_packets"] == len(sent) and st["tun_tx_bytes"] == sum(map(len, sent))
     assert not any(st[k] for k in st if k.startswith("drop_")), nonzero(st)
-    if engine_kind == "c":
+    if kind == "c":
         assert st["tun_tx_gso"] == sum(g > 1 for g in groups)
         assert st["tun_writes"] == len(groups)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_what_is_not_coalesced_is_written_alone_in_order(engine_kind, name):
+    check_groups(engine_kind, OFF_TUN_VNET | OFF_TUN_GRO, *CASES[name])
 
 
 def test_vnet_without_gro_writes_plain_headers(engine_kind):
@@ -385,15 +389,7 @@ UDP_CASES = _udp_cases()
 
 @pytest.mark.parametrize("name", sorted(UDP_CASES))
 def test_udp_not_coalesced_is_written_alone_in_order(engine_kind, name):
-    sent, groups = UDP_CASES[name]
-    assert sum(groups) == len(sent)
-    writes, st = run(engine_kind, UDP_RUNS, sent, mtu=1500)
-    check_writes(engine_kind, UDP_RUNS, writes, sent, groups)
-    assert st["tun_tx_packets"] == len(sent) and st["tun_tx_bytes"] == sum(map(len, sent))
-    assert not any(st[k] for k in st if k.startswith("drop_")), nonzero(st)
-    if engine_kind == "c":
-        assert st["tun_tx_gso"] == sum(g > 1 for g in groups)
-        assert st["tun_writes"] == len(groups)
+    check_groups(engine_kind, UDP_RUNS, *UDP_CASES[name])
 
 
 # ---- UDP GRO --------------------------------------------------------------------------
