@@ -1,4 +1,4 @@
-"""Fixtures for integration tests that need a real etcd (started here, cleaned up by PID)."""
+"""Fixtures for integration tests: a real etcd (started here, cleaned up by PID), a two-host testbed."""
 from __future__ import annotations
 
 import itertools
@@ -9,7 +9,7 @@ import pytest
 
 from dataplane.registry import Registry
 from dataplane.testbed.etcd import EtcdServer
-from tests.conftest import require_etcd
+from tests.conftest import require, require_etcd, require_root
 
 _prefix_seq = itertools.count()
 DEFAULT_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
@@ -29,6 +29,24 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: s
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def require_iperf3() -> None:
+    import shutil
+    require(shutil.which("iperf3") is not None, "needs iperf3 (apt-get install iperf3)")
+
+
+@pytest.fixture
+def testbed():
+    """Two hosts h0, h1 on the project's testbed (network namespaces on a
+    bridge), removed after the test, also when it fails."""
+    require_root()
+    from dataplane.testbed.hosts import Testbed
+    tb = Testbed(2)
+    try:
+        yield tb
+    finally:
+        tb.close()
 
 
 @pytest.fixture(scope="module")

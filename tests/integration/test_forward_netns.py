@@ -16,13 +16,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
 import sys
 
 import pytest
 
 from tests.streams import HASH_SINK, HASH_SOURCE
 from tests.conftest import require, require_engine, require_root
+from tests.integration.conftest import require_iperf3
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -47,16 +47,10 @@ def _require(kind: str) -> None:
 
 
 @pytest.fixture
-def testbed():
-    require_root()
-    require(subprocess.run(["which", "iperf3"], capture_output=True).returncode == 0,
-            "needs iperf3 (apt-get install iperf3)")
-    from dataplane.testbed.hosts import Testbed
-    tb = Testbed(2)
-    try:
-        yield tb
-    finally:
-        tb.close()
+def testbed(testbed):
+    """The two-host testbed (conftest.py), for tests that also run iperf3."""
+    require_iperf3()
+    return testbed
 
 
 def _ping(tb, host, dst, *extra, count=5):

@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataplane.engine.api import OFF_TUN_VNET
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import require, require_engine, require_root
+from tests.conftest import require_engine, require_root
+from tests.integration.conftest import require_iperf3
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -75,16 +75,10 @@ e.close()
 
 
 @pytest.fixture
-def testbed():
-    require_root()
-    require(subprocess.run(["which", "iperf3"], capture_output=True).returncode == 0,
-            "needs iperf3 (apt-get install iperf3)")
-    from dataplane.testbed.hosts import Testbed
-    tb = Testbed(2)
-    try:
-        yield tb
-    finally:
-        tb.close()
+def testbed(testbed):
+    """The two-host testbed (conftest.py), for tests that also run iperf3."""
+    require_iperf3()
+    return testbed
 
 
 def _queues_of(tb, host, dev="flannel0"):

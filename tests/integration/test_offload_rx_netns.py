@@ -35,23 +35,12 @@ import sys
 import pytest
 
 from tests.streams import HASH_SINK, HASH_SOURCE
-from tests.conftest import require_engine, require_root
+from tests.conftest import require_engine
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 RX_ALL = 1 | 4 | 8           # OFF_TUN_VNET | OFF_UDP_GRO | OFF_TUN_GRO
 RX_UDP = RX_ALL | 16         # and OFF_TUN_GRO_UDP
-
-
-@pytest.fixture
-def testbed():
-    require_root()
-    from dataplane.testbed.hosts import Testbed
-    tb = Testbed(2)
-    try:
-        yield tb
-    finally:
-        tb.close()
 
 
 def _env():

@@ -33,7 +33,7 @@ import pytest
 
 from tests import gso_packets as gp
 from tests.streams import HASH_SINK, HASH_SOURCE
-from tests.conftest import require, require_engine, require_root
+from tests.conftest import require, require_engine
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -74,17 +74,6 @@ with open(out, "wb") as f:
         f.write(struct.pack("!I", len(p)) + p)
 print("captured", len(pkts), flush=True)
 """
-
-
-@pytest.fixture
-def testbed():
-    require_root()
-    from dataplane.testbed.hosts import Testbed
-    tb = Testbed(2)
-    try:
-        yield tb
-    finally:
-        tb.close()
 
 
 class Fwd:
