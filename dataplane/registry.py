@@ -342,20 +342,28 @@ class Registry:
                       ttl: int = SUBNET_TTL) -> Optional[Lease]:
         """Take over a lease key that holds a malformed value (nobody's lease): grant `ttl` and put
         ours only if the key is still the one we read (its mod revision). None if it changed."""
-        key = self.lease_key(subnet).encode()
+        cmp = etcdrpc.Compare(key=self.lease_key(subnet).encode(), target=etcdrpc.Compare.MOD,
+                              result=etcdrpc.Compare.EQUAL, mod_revision=mod_revision)
+        return self._put_lease_if(subnet, attrs, ttl, cmp, "reclaim lease")
+
+    def _put_lease_if(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int, cmp,
+                      what: str) -> Optional[Lease]:
+        """Grant `ttl` and put our lease under the subnet's key in one txn if `cmp` holds;
+        None (and the grant revoked) if it does not."""
+        key = self.lease_key(subnet)
         lease_id = self.grant(ttl)
         req = etcdrpc.TxnRequest(
-            compare=[etcdrpc.Compare(key=key, target=etcdrpc.Compare.MOD,
-                                     result=etcdrpc.Compare.EQUAL, mod_revision=mod_revision)],
-            success=[etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=attrs.to_json(),
+            compare=[cmp],
+            success=[etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key.encode(),
+                                                                      value=attrs.to_json(),
                                                                       lease=lease_id))])
-        resp = self._call("reclaim lease",
+        resp = self._call(what,
                           lambda ch, md: etcdrpc.KVStub(ch).Txn(req, timeout=self.timeout, metadata=md))
         if not resp.succeeded:
             self.revoke(lease_id)
             return None
         return Lease(subnet=subnet, attrs=attrs, expiration=time.time() + ttl, lease_id=lease_id,
-                     mod_revision=resp.header.revision, key=key.decode())
+                     mod_revision=resp.header.revision, key=key)
 
     def get_raw(self, key: str):
         """The KeyValue under `key` (value, mod_revision...) or None."""
@@ -366,21 +374,9 @@ class Registry:
         """flanneld's createSubnet: grant `ttl`, then put only if the key is absent (one txn).
 
         Returns the lease, or None when the key already exists (the granted etcd lease is revoked)."""
-        key = self.lease_key(subnet)
-        value = attrs.to_json()
-        lease_id = self.grant(ttl)
-        req = etcdrpc.TxnRequest(
-            compare=[etcdrpc.Compare(key=key.encode(), target=etcdrpc.Compare.VERSION,
-                                     result=etcdrpc.Compare.EQUAL, version=0)],
-            success=[etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key.encode(), value=value,
-                                                                      lease=lease_id))])
-        resp = self._call("create lease",
-                          lambda ch, md: etcdrpc.KVStub(ch).Txn(req, timeout=self.timeout, metadata=md))
-        if not resp.succeeded:
-            self.revoke(lease_id)
-            return None
-        return Lease(subnet=subnet, attrs=attrs, expiration=time.time() + ttl, lease_id=lease_id,
-                     mod_revision=resp.header.revision, key=key)
+        cmp = etcdrpc.Compare(key=self.lease_key(subnet).encode(), target=etcdrpc.Compare.VERSION,
+                              result=etcdrpc.Compare.EQUAL, version=0)
+        return self._put_lease_if(subnet, attrs, ttl, cmp, "create lease")
 
     def renew_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int = SUBNET_TTL) -> Optional[Lease]:
         """flanneld's updateSubnet: a new grant of `ttl` and a put of the same value.

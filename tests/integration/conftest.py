@@ -49,6 +49,32 @@ def testbed():
         tb.close()
 
 
+def overlay_of(engine: str, kinds):
+    """For an `ov` fixture: yields a started Overlay (its own etcd) whose
+    hosts run the engines `kinds`, in order, all ready; `ov.kind` is
+    `engine`. Closed after, also when a test fails."""
+    from tests.conftest import ENGINES, require_engine
+    require_root()
+    require_etcd()
+    for kind in ENGINES:
+        require_engine(kind)
+    from dataplane.testbed.overlay import Overlay
+    overlay = Overlay(hosts=0, engine=engine)
+    try:
+        for kind in kinds:
+            overlay.add_host(engine=kind, wait=False)
+        for h in overlay.hosts:
+            overlay.wait_ready(h)
+        overlay.kind = engine
+        yield overlay
+    finally:
+        overlay.close()
+
+
+def other_engine(engine: str) -> str:
+    return "python" if engine == "c" else "c"
+
+
 @pytest.fixture(scope="module")
 def shared_etcd():
     """One etcd per test module; tests isolate themselves with a unique key prefix."""

@@ -19,41 +19,23 @@ import json
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.conftest import ENGINES, require, require_engine, require_etcd, require_root
+from tests.conftest import ENGINES, require
+from tests.integration.conftest import other_engine, overlay_of
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
 FIGURES: dict = {}
 
 
-def _other(engine: str) -> str:
-    return "python" if engine == "c" else "c"
-
-
 @pytest.fixture(scope="module", params=ENGINES)
 def ov(request):
-    require_root()
-    require_etcd()
-    for kind in ENGINES:
-        require_engine(kind)
-    from dataplane.testbed.overlay import Overlay
     engine = request.param
-    overlay = Overlay(hosts=0, engine=engine)
-    try:
-        for kind in (engine, engine, _other(engine)):
-            overlay.add_host(engine=kind, wait=False)
-        for h in overlay.hosts:
-            overlay.wait_ready(h)
-        overlay.kind = engine
-        yield overlay
-    finally:
-        overlay.close()
+    yield from overlay_of(engine, (engine, engine, other_engine(engine)))
 
 
 def _all_pairs_reachable(ov, timeout=10.0):
@@ -336,7 +318,7 @@ def test_etcd_outage_keeps_forwarding_and_late_joiner_arrives(ov):
         time.sleep(1)
         ov.stop_etcd()
         t_stop = time.monotonic()
-        joiner = ov.add_host(engine=_other(ov.kind), wait=False)   # joins while etcd is away
+        joiner = ov.add_host(engine=other_engine(ov.kind), wait=False)   # joins while etcd is away
         time.sleep(max(0.0, 10 - (time.monotonic() - t_stop)))
         ov.start_etcd()
         t_back = time.monotonic()

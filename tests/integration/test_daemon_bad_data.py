@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from tests.conftest import ENGINES, require_engine, require_etcd, require_root
+from tests.conftest import ENGINES
+from tests.integration.conftest import other_engine, overlay_of
 from tests.integration.test_daemon import udp_probe
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
@@ -31,21 +32,8 @@ MAX_LOG_LINE = 2000          # a 1 MB value must never end up in the log
 
 @pytest.fixture(scope="module", params=ENGINES)
 def ov(request):
-    require_root()
-    require_etcd()
-    for kind in ENGINES:
-        require_engine(kind)
-    from dataplane.testbed.overlay import Overlay
     engine = request.param
-    overlay = Overlay(hosts=0, engine=engine)
-    try:
-        overlay.add_host(engine=engine, wait=False)
-        overlay.add_host(engine="python" if engine == "c" else "c", wait=False)
-        for h in overlay.hosts:
-            overlay.wait_ready(h)
-        yield overlay
-    finally:
-        overlay.close()
+    yield from overlay_of(engine, (engine, other_engine(engine)))
 
 
 class Pinger:

@@ -36,22 +36,29 @@ def _clang():
     return shutil.which(cc if "clang" in cc else "clang")
 
 
-@pytest.fixture(scope="module")
-def fuzzer(tmp_path_factory):
+def build_fuzzer(out, target: str, sources) -> str:
+    """Compiles csrc/fuzz/<target>.c with csrc/<sources> for libFuzzer with
+    ASan + UBSan into out/<target>; skips (locally) without clang or its
+    libFuzzer runtime, fails on any other compiler error."""
     cc = _clang()
     require(cc is not None, "needs clang (apt-get install clang) for the libFuzzer target")
-    out = tmp_path_factory.mktemp("fuzz")
-    exe = out / "fuzz_packet"
+    exe = out / target
     csrc = os.path.join(ROOT, "csrc")
     cmd = [cc, "-g", "-O1", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-Werror", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
-           "-I", csrc, os.path.join(FUZZ, "fuzz_packet.c")] + \
-        [os.path.join(csrc, f) for f in ("path.c", "packet.c", "routes.c", "trace.c", "gro.c")] + \
-        ["-o", str(exe)]
+           "-I", csrc, os.path.join(FUZZ, f"{target}.c")] + \
+        [os.path.join(csrc, f) for f in sources] + ["-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     require(r.returncode == 0 or "fuzzer" not in r.stderr,
             f"libFuzzer runtime missing (apt-get install libclang-rt-14-dev): {r.stderr[-500:]}")
     assert r.returncode == 0, r.stderr
+    return exe
+
+
+@pytest.fixture(scope="module")
+def fuzzer(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fuzz")
+    exe = build_fuzzer(out, "fuzz_packet", ("path.c", "packet.c", "routes.c", "trace.c", "gro.c"))
     return exe, out
 
 

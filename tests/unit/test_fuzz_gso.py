@@ -8,7 +8,6 @@ A missing clang or libFuzzer runtime skips locally and fails under CI.
 """
 from __future__ import annotations
 
-import os
 import re
 import struct
 import subprocess
@@ -16,8 +15,7 @@ import subprocess
 import pytest
 
 from tests import gso_packets as gp
-from tests.conftest import require
-from tests.unit.test_fuzz_c import FUZZ, ROOT, _clang
+from tests.unit.test_fuzz_c import build_fuzzer
 
 FUZZ_SECONDS = 8
 
@@ -40,19 +38,8 @@ def _seeds() -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def fuzz_gso(tmp_path_factory):
-    cc = _clang()
-    require(cc is not None, "needs clang (apt-get install clang) for the libFuzzer target")
     out = tmp_path_factory.mktemp("fuzz_gso")
-    exe = out / "fuzz_gso"
-    csrc = os.path.join(ROOT, "csrc")
-    cmd = [cc, "-g", "-O1", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-           "-Werror", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
-           "-I", csrc, os.path.join(FUZZ, "fuzz_gso.c"), os.path.join(csrc, "gso.c"),
-           os.path.join(csrc, "packet.c"), "-o", str(exe)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    require(r.returncode == 0 or "fuzzer" not in r.stderr,
-            f"libFuzzer runtime missing (apt-get install libclang-rt-14-dev): {r.stderr[-500:]}")
-    assert r.returncode == 0, r.stderr
+    exe = build_fuzzer(out, "fuzz_gso", ("gso.c", "packet.c"))
     seeds = out / "seeds"
     seeds.mkdir()
     for name, data in _seeds().items():
