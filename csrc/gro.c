@@ -61,7 +61,10 @@ struct seg_info {
 };
 
 /* Whether p (a packet dp_path_udp forwarded: version 4, tot_len == len)
- * may take part in a run at all; its protocol, or 0. */
+ * may take part in a run, as far as its headers say; its protocol, or 0.
+ * The checksum is left to l4_csum_ok, the one pass over the payload: the
+ * callers ask for it last, once every cheaper rule has passed, so a packet
+ * that ends one run and opens the next is summed once. */
 static uint8_t candidate(const uint8_t *p, uint32_t len, int udp_ok, struct seg_info *si)
 {
     const uint8_t *l4 = p + DP_IP_HDR_MIN;
@@ -88,10 +91,17 @@ static uint8_t candidate(const uint8_t *p, uint32_t len, int udp_ok, struct seg_
     } else {
         return 0;
     }
-    if (dp_packet_fold(dp_packet_pseudo(p, p[9], l4len) + dp_packet_sum(l4, l4len)) != 0xffff)
-        return 0;
     si->payload = l4len - si->l4hl;
     return p[9];
+}
+
+/* The TCP/UDP checksum of a candidate is valid. */
+static int l4_csum_ok(const uint8_t *p, uint32_t len)
+{
+    uint32_t l4len = len - DP_IP_HDR_MIN;
+
+    return dp_packet_fold(dp_packet_pseudo(p, p[9], l4len) +
+                          dp_packet_sum(p + DP_IP_HDR_MIN, l4len)) == 0xffff;
 }
 
 /* ---- 3. runs ------------------------------------------------------------------ */
@@ -109,7 +119,7 @@ int dp_gro_start(struct dp_gro *g, const uint8_t *p, uint32_t len)
     g->n = 0;
     proto = candidate(p, len, g->udp, &si);
     /* A pushed first segment would end its own run: nothing to gain. */
-    if (!proto || si.psh)
+    if (!proto || si.psh || !l4_csum_ok(p, len))
         return 0;
     g->seg[0] = p;
     g->len[0] = len;
@@ -150,6 +160,8 @@ int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len)
     if (g->proto == DP_IP_PROTO_TCP &&
         (dp_rd32(th + 4) != g->next_seq || memcmp(th + 8, fth + 8, 5) ||
          memcmp(th + 14, fth + 14, 2) || memcmp(th + 18, fth + 18, si.l4hl - 18)))
+        return 0;
+    if (!l4_csum_ok(p, len))
         return 0;
     g->seg[g->n] = p;
     g->len[g->n] = len;
