@@ -1,30 +1,50 @@
-# The two commands of the README: `make demo` and `make test`.
-# Both install what they need on a fresh Debian machine (run as root).
+# The two commands of the README: `make demo` and `make test` (and `make bench`, `make wheel`).
+# They work on a stock Debian 12 as root: Debian's packages come from apt, and the project with its
+# Python dependencies goes into a virtual environment in the checkout (.venv), because Debian's own
+# Python is externally managed (PEP 668) and refuses `pip install`. Re-running installs nothing that
+# has not changed: each step leaves a stamp and is redone only when its inputs change.
 PYTHON ?= python3
-APT_PACKAGES = etcd-server etcd-client iproute2 iputils-ping iperf3 iptables nftables gcc clang libclang-rt-14-dev
-STAMP = .deps-installed
+VENV ?= .venv
+PY = $(VENV)/bin/python
+# python3-venv/python3-dev: the venv and the C extension's headers for Debian's python3;
+# etcd: the control plane the tests and the demo start; iproute2/iptables/nftables: what the daemon
+# drives; iperf3/ping: the bench's and the demo's measuring tools; gcc: the C engine and the traffic
+# generator; clang and its sanitizer runtime: the fuzz tests.
+APT_PACKAGES = python3-venv python3-dev etcd-server etcd-client iproute2 iputils-ping iperf3 \
+  iptables nftables gcc clang libclang-rt-14-dev
+APT_STAMP = $(VENV)/.apt-installed
+PIP_STAMP = $(VENV)/.pip-installed
 
-.PHONY: deps test demo bench clean
+.PHONY: deps test demo bench wheel clean
 
-$(STAMP): pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_ffi.py
+$(APT_STAMP): Makefile
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
-	$(PYTHON) -m pip install -q -e '.[test,perf]'
-	@touch $(STAMP)
+	@test -x $(PY) || { echo "creating the virtual environment $(VENV) ($(PYTHON))"; $(PYTHON) -m venv $(VENV); }
+	@touch $@
 
-deps: $(STAMP)
+$(PIP_STAMP): $(APT_STAMP) pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_ffi.py
+	@echo "installing flannel-udp and its extras into $(VENV)"
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,demo,bench]'
+	@touch $@
+
+deps: $(PIP_STAMP)
 
 test: deps
-	$(PYTHON) -m pytest
+	$(PY) -m pytest
 
 demo: deps
-	$(PYTHON) -m dataplane demo
+	$(VENV)/bin/flannel-udp demo
 
 bench: deps
-	$(PYTHON) -m dataplane bench
+	$(VENV)/bin/flannel-udp bench
+
+# A wheel with the compiled C engine, for hosts without a compiler (see the README).
+wheel: $(APT_STAMP)
+	$(PY) -m pip wheel --no-deps -w dist .
 
 clean:
-	rm -rf build *.egg-info dataplane/_dataplane_c*.so dataplane/_dataplane_c.c $(STAMP)
+	rm -rf build dist *.egg-info dataplane/_dataplane_c*.so dataplane/_dataplane_c.c $(VENV)
