@@ -1,0 +1,74 @@
+"""What ships for operators: the systemd unit, its environment file, the licence.
+
+The unit is checked with systemd's own verifier (ExecStart pointed at the
+installed console script, since /opt/flannel-udp is not there on a developer's
+machine), and every FLANNELD_* name the example environment file sets must be a
+flag the daemon reads: a typo there would silently do nothing on a host.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from dataplane import flags
+from tests.conftest import require
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "packaging" / "flannel-udp.service"
+ENV_FILE = ROOT / "packaging" / "flannel-udp.env"
+
+
+def _unit_settings() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in UNIT.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def test_unit_is_notify_and_restarts_and_orders_before_the_runtime():
+    s = _unit_settings()
+    assert s["Type"] == ["notify"]
+    assert s["Restart"] == ["on-failure"]
+    assert "network-online.target" in s["After"][0].split()
+    assert "docker.service" in s["Before"][0].split()
+    # subnet.env must survive a stop: the next start takes its previous subnet from it
+    assert s["RuntimeDirectory"] == ["flannel"] and s["RuntimeDirectoryPreserve"] == ["yes"]
+    # what the daemon needs stays reachable under the hardening
+    assert "AF_NETLINK" in s["RestrictAddressFamilies"][0]
+    assert "/dev/net/tun rw" in s["DeviceAllow"]
+    assert "CAP_NET_ADMIN" in s["CapabilityBoundingSet"][0]
+    assert "ProtectKernelTunables" not in s   # flannel0's accept_local sysctl is written at start
+
+
+def test_unit_passes_systemd_analyze_verify(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    require(analyze is not None, "needs systemd-analyze (Debian package systemd)")
+    script = Path(sys.executable).with_name("flannel-udp")
+    require(script.exists(), f"needs the installed console script {script} (make deps)")
+    text = UNIT.read_text().replace("/opt/flannel-udp/bin/flannel-udp", str(script))
+    unit = tmp_path / "flannel-udp.service"
+    unit.write_text(text)
+    r = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    problems = [ln for ln in (r.stdout + r.stderr).splitlines() if "flannel-udp.service" in ln]
+    assert r.returncode == 0 and not problems, r.stdout + r.stderr
+
+
+def test_env_example_sets_only_flags_the_daemon_reads():
+    known = {f.env for f in flags.FLAGS}
+    names = re.findall(r"^#?\s*(FLANNELD_[A-Z0-9_]+)=", ENV_FILE.read_text(), re.M)
+    assert names, "the example sets no FLANNELD_* variable"
+    assert set(names) <= known, set(names) - known
+    # and the unit passes the rest of the command line through
+    assert "$FLANNEL_UDP_OPTIONS" in _unit_settings()["ExecStart"][0]
+
+
+def test_licence_matches_pyproject():
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0" in text
+    assert 'license = {text = "Apache-2.0"}' in (ROOT / "pyproject.toml").read_text()
