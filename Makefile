@@ -9,9 +9,9 @@ PY = $(VENV)/bin/python
 # python3-venv/python3-dev: the venv and the C extension's headers for Debian's python3;
 # etcd: the control plane the tests and the demo start; iproute2/iptables/nftables: what the daemon
 # drives; iperf3/ping: the bench's and the demo's measuring tools; gcc: the C engine and the traffic
-# generator; clang and its sanitizer runtime: the fuzz tests.
+# generator; clang and its sanitizer runtime: the fuzz tests; systemd: the unit file is verified.
 APT_PACKAGES = python3-venv python3-dev etcd-server etcd-client iproute2 iputils-ping iperf3 \
-  iptables nftables gcc clang libclang-rt-14-dev
+  iptables nftables gcc clang libclang-rt-14-dev systemd
 APT_STAMP = $(VENV)/.apt-installed
 PIP_STAMP = $(VENV)/.pip-installed
 
