@@ -21,15 +21,17 @@ import threading
 from dataplane._dataplane_c import ffi, lib
 
 from .api import (BATCH_MAX, ICMP_BURST_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
-                  EngineClosed, Route)
+                  EngineClosed)
+from .route_array import ROUTE_DTYPE, route_array
 
 __all__ = ["CEngine"]
 log = logging.getLogger(__name__)
 
-# One dp_route is four uint32: net, prefixlen (network order bytes for the
-# addresses, native order for the numbers), peer_ip, port.
-_ROUTE = struct.Struct("=4sI4sI")
-assert _ROUTE.size == ffi.sizeof("dp_route")
+# route_array's dtype is dp_route's layout: the C loop reads the array's
+# memory as it is, so size and every offset must agree.
+assert ROUTE_DTYPE.itemsize == ffi.sizeof("dp_route")
+assert all(ROUTE_DTYPE.fields[name][1] == ffi.offsetof("dp_route", name)
+           for name, _ in ffi.typeof("dp_route").fields)
 assert TRACE_RING == lib.DP_TRACE_RING and TRACE_HEAD == lib.DP_TRACE_HEAD
 assert BATCH_MAX == lib.DP_BATCH_MAX
 
@@ -48,21 +50,6 @@ def _fd(obj) -> int:
 def _addr_u32(addr: ipaddress.IPv4Address) -> int:
     """An address as the uint32 whose memory holds it in network order."""
     return struct.unpack("=I", addr.packed)[0]
-
-
-def _pack_routes(routes) -> bytes:
-    out = bytearray()
-    for r in routes:
-        if not isinstance(r, Route):
-            raise TypeError(f"expected Route, got {type(r).__name__}")
-        if not isinstance(r.subnet, ipaddress.IPv4Network) or \
-                not isinstance(r.peer_ip, ipaddress.IPv4Address):
-            raise TypeError(f"route {r!r} is not IPv4")
-        if not 1 <= r.port <= 65535:
-            raise ValueError(f"route {r!r}: port out of range 1..65535")
-        out += _ROUTE.pack(r.subnet.network_address.packed, r.subnet.prefixlen,
-                           r.peer_ip.packed, r.port)
-    return bytes(out)
 
 
 class CEngine(Engine):
@@ -89,11 +76,12 @@ class CEngine(Engine):
         return self._loop
 
     def set_routes(self, routes) -> None:
-        raw = _pack_routes(routes)
-        n = len(raw) // _ROUTE.size
+        table = route_array(routes)
+        n = len(table)
         if n >= 2 ** 32:
             raise ValueError("too many routes")
-        arr = ffi.from_buffer("dp_route[]", raw) if n else ffi.NULL
+        # The array stays referenced until the call returns; C copies it.
+        arr = ffi.from_buffer("dp_route[]", table) if n else ffi.NULL
         with self._lock:
             _check(lib.dp_loop_set_routes(self._live(), arr, n))
 

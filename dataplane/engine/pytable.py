@@ -13,7 +13,9 @@ import ipaddress
 import socket
 import struct
 
-from .api import Route
+import numpy as np
+
+from .route_array import route_array
 
 _IP = struct.Struct("!I")
 
@@ -23,7 +25,8 @@ def _mask(prefixlen: int) -> int:
 
 
 class RouteTable:
-    """Immutable table built from an iterable of api.Route.
+    """Immutable table built from an iterable of api.Route, checked as
+    the C engine checks it (route_array).
 
     ``lens`` is a tuple of ``(mask, prefixlen, {net_int: (peer_str, port)})``,
     longest prefix first; the value is ready to pass to ``socket.sendto``.
@@ -33,23 +36,18 @@ class RouteTable:
     __slots__ = ("lens", "peers", "size")
 
     def __init__(self, routes=()):
+        table = route_array(routes)
+        # A peer's str is made once, however many subnets it serves.
+        uniq, which = np.unique(table["peer_ip"], return_inverse=True)
+        names = [socket.inet_ntoa(_IP.pack(ip)) for ip in uniq.tolist()]
+        hops = list(zip([names[i] for i in which.tolist()], table["port"].tolist()))
+        nets = table["net"].tolist()
         by_len: dict[int, dict[int, tuple[str, int]]] = {}
-        peers = set()
-        size = 0
-        for r in routes:
-            if not isinstance(r, Route):
-                raise TypeError(f"expected Route, got {type(r).__name__}")
-            net = ipaddress.IPv4Network(r.subnet)      # strict: host bits must be zero
-            port = int(r.port)
-            if not 1 <= port <= 0xFFFF:
-                raise ValueError(f"route {r!r}: port out of range 1..65535")
-            peer = str(ipaddress.IPv4Address(r.peer_ip))
-            by_len.setdefault(net.prefixlen, {})[int(net.network_address)] = (peer, port)
-            peers.add(peer)
-            size += 1
+        for plen, net, hop in zip(table["prefixlen"].tolist(), nets, hops):
+            by_len.setdefault(plen, {})[net] = hop
         self.lens = tuple((_mask(plen), plen, by_len[plen]) for plen in sorted(by_len, reverse=True))
-        self.peers = frozenset(peers)
-        self.size = size
+        self.peers = frozenset(names)
+        self.size = len(table)
 
     def lookup(self, dst: int):
         """``(peer_str, port), prefixlen`` for a destination given as an
