@@ -1,4 +1,4 @@
-"""perf/udpgen.c on the loopback (no root): it builds, sends what it is told,
+"""The traffic generator (dataplane/perf/udpgen.c) on the loopback (no root): it builds, sends what it is told,
 and the sink, echo and rr modes agree with it. Bounded: small counts, short
 deadlines, 127.0.0.1 only."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.conftest import require
 
 @pytest.fixture(scope="module")
 def udpgen():
-    require(shutil.which("gcc") is not None, "needs gcc to build perf/udpgen.c")
+    require(shutil.which("gcc") is not None, "needs gcc to build udpgen")
     from dataplane.perf import build
     return str(build.build_udpgen())
 
