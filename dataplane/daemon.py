@@ -1,6 +1,6 @@
 """The flannel-udp daemon: flanneld's udp backend, start to finish.
 
-Startup, in flanneld's order (FLANNEL_COMPAT.md §5.2, §1.2)::
+Startup, in flanneld's order (docs/flannel-compat.md#process, docs/flannel-compat.md#tun-device)::
 
     1. external interface        flanneld's rules (dataplane.iface)
     2. etcd registry, signals, /healthz (and /metrics) server

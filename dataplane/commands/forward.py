@@ -42,7 +42,7 @@ example (host 192.168.77.1 with lease 10.5.1.0/24, one peer):
 log = logging.getLogger("dataplane.forward")
 DEFAULT_PORT = 8285
 ENCAP_OVERHEAD = 28
-SOCKBUF = 4 << 20  # large socket buffers absorb bursts (DESIGN.md, Measuring)
+SOCKBUF = 4 << 20  # large socket buffers absorb bursts (docs/design.md#lessons)
 
 
 def _listen(value: str) -> tuple[str, int]:

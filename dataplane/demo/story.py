@@ -504,7 +504,7 @@ class Demo:
         # application to B's, over both hosts, beyond the applications' own send and recv.
         rows = [dict(m, measured=False) for m in tr.COST_MODEL]
         ref = tr.FLANNELD_REFERENCE
-        rows.append({"path": "flanneld's own loop (DESIGN.md reference)", "short": "flanneld",
+        rows.append({"path": "flanneld's own loop (docs/design.md reference)", "short": "flanneld",
                      "crossings": 4, "copies": 4, "syscalls": round(ref["send"] + ref["receive"], 2),
                      "bytes_added": tr.OVERHEAD, "measured": True})
         # Measured rows: copies = bytes the engines moved across the boundary / packet size
