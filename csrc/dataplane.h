@@ -204,7 +204,7 @@ typedef struct dp_trace_event {
     uint32_t port;         /* host order */
     uint32_t batch;
     uint32_t head_len;
-    uint8_t head[64];
+    uint8_t head[DP_TRACE_HEAD];
 } dp_trace_event;
 
 typedef struct dp_loop dp_loop;

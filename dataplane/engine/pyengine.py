@@ -52,8 +52,9 @@ import threading
 import time
 
 from .. import ipv4
-from .api import (DEFAULT_BATCH, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
-                  EngineClosed)
+from .api import DEFAULT_BATCH, Engine, EngineClosed
+from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS,
+                       TRACE_RING)
 from .pytable import RouteTable, str_to_int
 
 log = logging.getLogger(__name__)

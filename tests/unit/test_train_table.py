@@ -52,7 +52,7 @@ CUT = [
 
 SLOT = [
     # (offloads mtu), (slot, stride)
-    (f"0 1400", "1400 1400"),
+    ("0 1400", "1400 1400"),
     (f"{OFF_UDP_GRO} 1400", f"{GRO_SLOT} {GRO_SLOT + TRACE_HEAD}"),   # slack for a trace head
     (f"{OFF_TUN_VNET | OFF_UDP_GSO} 9000", "9000 9000"),
 ]
