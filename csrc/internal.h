@@ -3,6 +3,8 @@
  *
  * Python never sees this file (cffi reads only dataplane.h). Prototypes are
  * grouped by the file that owns them: dp_<file>_<verb> says where to look.
+ * No function here reads or writes an fd, so csrc/fuzz/ calls them
+ * directly; the loop's state, for the files that do I/O, is in loop.h.
  */
 #ifndef DP_INTERNAL_H
 #define DP_INTERNAL_H

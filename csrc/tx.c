@@ -10,8 +10,9 @@
  *                          error path.c built, written into the TUN
  *   2. tun_packet          dp_path_tun (checks, route, TTL - 1), then
  *                          queue it in its slot or send the ICMP error
- *   3. udp_send_plain      one sendmmsg() per batch, skipping refused
- *                          messages
+ *   3. udp_sendmmsg,       one sendmmsg() per batch, skipping refused
+ *      sent,               messages; each datagram sent is counted once
+ *      udp_send_plain
  *   4. trains_build,       with DP_OFF_UDP_GSO: dp_train_plan groups the
  *      udp_send_gso        batch, each train one message with UDP_SEGMENT;
  *                          a refused train goes again plain
@@ -86,6 +87,29 @@ static int tun_packet(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t slot
 
 /* ---- 3. plain sends ----------------------------------------------------------------- */
 
+/* One sendmmsg(), again when a signal interrupted it before it sent anything. */
+static int udp_sendmmsg(struct dp_loop *l, struct mmsghdr *msgs, uint32_t n)
+{
+    int r;
+
+    do {
+        sys_count(l, DP_ST_UDP_SENDS);
+        r = sendmmsg(l->udp_fd, msgs, n, 0);
+    } while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* Slot k went out, in a call handed `batch` datagrams. */
+static void sent(struct dp_loop *l, uint32_t k, uint32_t batch)
+{
+    uint32_t len = (uint32_t)l->tx_iov[k].iov_len;
+
+    st_add(l, DP_ST_UDP_TX_PACKETS, 1);
+    st_add(l, DP_ST_UDP_TX_BYTES, len);
+    trace(l, DP_TR_UDP_SEND, len, l->tx_addr[k].sin_addr.s_addr, ntohs(l->tx_addr[k].sin_port),
+          batch, NULL);
+}
+
 /* One sendmmsg() for the queued messages from slot i on. The kernel stops
  * at the first message it refuses and reports only how many went before
  * it; so on a short count we call again from there, and the call that
@@ -97,24 +121,15 @@ static void udp_send_plain(struct dp_loop *l, uint32_t i, uint32_t m)
     int r;
 
     while (i < m) {
-        sys_count(l, DP_ST_UDP_SENDS);
-        r = sendmmsg(l->udp_fd, &l->tx_msgs[i], m - i, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
+        r = udp_sendmmsg(l, &l->tx_msgs[i], m - i);
         if (r <= 0) {
             drop(l, DP_ST_DROP_SEND_ERROR, (uint32_t)l->tx_iov[i].iov_len);
             i++;
             continue;
         }
         /* batch = the messages handed to this call (all m when none fails). */
-        for (k = i; k < i + (uint32_t)r; k++) {
-            uint32_t len = (uint32_t)l->tx_iov[k].iov_len;
-
-            st_add(l, DP_ST_UDP_TX_PACKETS, 1);
-            st_add(l, DP_ST_UDP_TX_BYTES, len);
-            trace(l, DP_TR_UDP_SEND, len, l->tx_addr[k].sin_addr.s_addr,
-                  ntohs(l->tx_addr[k].sin_port), m - i, NULL);
-        }
+        for (k = i; k < i + (uint32_t)r; k++)
+            sent(l, k, m - i);
         i += (uint32_t)r;
     }
 }
@@ -171,10 +186,7 @@ static void udp_send_gso(struct dp_loop *l, uint32_t m)
     int r, err;
 
     while (t < nt) {
-        sys_count(l, DP_ST_UDP_SENDS);
-        r = sendmmsg(l->udp_fd, &l->train_msgs[t], nt - t, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
+        r = udp_sendmmsg(l, &l->train_msgs[t], nt - t);
         if (r <= 0) {
             err = r < 0 ? errno : 0;
             first = l->trains[t].first;
@@ -199,14 +211,8 @@ static void udp_send_gso(struct dp_loop *l, uint32_t m)
             if (n > 1)
                 st_add(l, DP_ST_UDP_TX_GSO, 1);
             /* batch = the datagrams handed to this call. */
-            for (k = first; k < first + n; k++) {
-                uint32_t len = (uint32_t)l->tx_iov[k].iov_len;
-
-                st_add(l, DP_ST_UDP_TX_PACKETS, 1);
-                st_add(l, DP_ST_UDP_TX_BYTES, len);
-                trace(l, DP_TR_UDP_SEND, len, l->tx_addr[k].sin_addr.s_addr,
-                      ntohs(l->tx_addr[k].sin_port), m - l->trains[t].first, NULL);
-            }
+            for (k = first; k < first + n; k++)
+                sent(l, k, m - l->trains[t].first);
         }
         t += (uint32_t)r;
     }

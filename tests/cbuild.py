@@ -65,3 +65,22 @@ def executed(stderr: str) -> int:
     """How many inputs a libFuzzer run executed (its final stats)."""
     import re
     return int(re.search(r"stat::number_of_executed_units:\s+(\d+)", stderr).group(1))
+
+
+def seeded_fuzzer(out, target: str, sources, seeds: dict[str, bytes]):
+    """build_c's libFuzzer target, and its seeds written to out/seeds
+    (name -> input); returns (exe, the seeds directory)."""
+    exe = build_c(out, target, sources)
+    d = out / "seeds"
+    d.mkdir()
+    for name, data in seeds.items():
+        (d / name).write_bytes(data)
+    return exe, d
+
+
+def replay(exe, files, timeout: float = 60) -> None:
+    """Runs each input once and fails on the first the target aborts on."""
+    r = subprocess.run([str(exe), *map(str, files)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("Executed ") == len(files)

@@ -27,10 +27,8 @@
 #include <string.h>
 
 #include "internal.h"
+#include "fuzz.h"
 
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-    abort(); } } while (0)
 
 static uint16_t rd16(const uint8_t *p)
 {

@@ -54,27 +54,13 @@
 #include <arpa/inet.h>
 
 #include "internal.h"
+#include "fuzz.h"
 
 enum { MAX_ROUTES = 8, PEER_BASE = 0x7f000010 };   /* peers 127.0.0.16 + i */
 
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-    abort(); } } while (0)
-
-struct reader {
-    const uint8_t *p;
-    size_t n;
-};
-
 static uint8_t rd8(struct reader *r)
 {
-    uint8_t v = 0;
-
-    if (r->n) {
-        v = *r->p++;
-        r->n--;
-    }
-    return v;
+    return (uint8_t)fuzz_take(r, 1);
 }
 
 static uint16_t rd16(const uint8_t *p)

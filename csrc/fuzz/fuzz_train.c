@@ -24,35 +24,10 @@
  * intact one, a trace head of a truncated one the slot holds some of) stays
  * inside the slot and its slack (ASan: the buffer is exactly stride bytes).
  */
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-    abort(); } } while (0)
-
-struct reader {
-    const uint8_t *p;
-    size_t n;
-};
-
-static uint32_t rd(struct reader *r, int bytes)
-{
-    uint32_t v = 0;
-
-    while (bytes--) {
-        v <<= 8;
-        if (r->n) {
-            v |= *r->p++;
-            r->n--;
-        }
-    }
-    return v;
-}
+#include "fuzz.h"
 
 static void check_plan(const uint32_t *len, const uint64_t *dest, uint32_t m)
 {
@@ -126,21 +101,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static uint32_t len[DP_BATCH_MAX];
     static uint64_t dest[DP_BATCH_MAX];
     struct reader r = { data, size };
-    uint32_t mtu = rd(&r, 2), m = rd(&r, 1), i;
+    uint32_t mtu = fuzz_take(&r, 2), m = fuzz_take(&r, 1), i;
 
     if (mtu < DP_MTU_MIN)
         mtu = DP_MTU_MIN;
     if (m > DP_BATCH_MAX)
         m = DP_BATCH_MAX;
     for (i = 0; i < m; i++) {
-        len[i] = rd(&r, 2) % (mtu + 1);
-        dest[i] = rd(&r, 1) & 3;
+        len[i] = fuzz_take(&r, 2) % (mtu + 1);
+        dest[i] = fuzz_take(&r, 1) & 3;
     }
     check_plan(len, dest, m);
     while (r.n) {
-        uint32_t l = rd(&r, 3) & 0x3ffff, seg = rd(&r, 2);
+        uint32_t l = fuzz_take(&r, 3) & 0x3ffff, seg = fuzz_take(&r, 2);
 
-        (void)rd(&r, 2);
+        (void)fuzz_take(&r, 2);
         check_cut(l, seg, mtu);
     }
     return 0;

@@ -59,7 +59,7 @@ from .pytable import RouteTable, str_to_int
 
 log = logging.getLogger(__name__)
 
-ROUNDS = 8                      # batches per direction between two polls (as loop.c)
+ROUNDS = 8                      # batches per direction between two polls (loop.c: DP_ROUNDS)
 HEADER_MIN = 20
 
 # Counter indices, dp_stats field order.

@@ -9,12 +9,11 @@ header lists the checks). Seeds are built here from tests/gso_packets.py.
 from __future__ import annotations
 
 import struct
-import subprocess
 
 import pytest
 
 from tests import gso_packets as gp
-from tests.cbuild import build_c, executed, fuzz_bounded
+from tests.cbuild import executed, fuzz_bounded, replay, seeded_fuzzer
 
 FUZZ_SECONDS = 8
 
@@ -39,19 +38,13 @@ def _seeds() -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def fuzz_gso(tmp_path_factory):
     out = tmp_path_factory.mktemp("fuzz_gso")
-    exe = build_c(out, "fuzz_gso", ("gso.c", "packet.c"))
-    seeds = out / "seeds"
-    seeds.mkdir()
-    for name, data in _seeds().items():
-        (seeds / name).write_bytes(data)
+    exe, seeds = seeded_fuzzer(out, "fuzz_gso", ("gso.c", "packet.c"), _seeds())
     return exe, out, seeds
 
 
 def test_seeds_replay_clean(fuzz_gso):
     exe, _, seeds = fuzz_gso
-    files = sorted(str(p) for p in seeds.iterdir())
-    r = subprocess.run([str(exe), *files], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr[-3000:]
+    replay(exe, sorted(seeds.iterdir()))
 
 
 def test_bounded_fuzz_run(fuzz_gso):

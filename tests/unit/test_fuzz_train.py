@@ -8,11 +8,10 @@ invariant (its header lists them). Seeds are built here in its input layout.
 from __future__ import annotations
 
 import struct
-import subprocess
 
 import pytest
 
-from tests.cbuild import build_c, executed, fuzz_bounded
+from tests.cbuild import executed, fuzz_bounded, replay, seeded_fuzzer
 
 FUZZ_SECONDS = 8
 
@@ -39,20 +38,13 @@ def _seeds() -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def fuzz_train(tmp_path_factory):
     out = tmp_path_factory.mktemp("fuzz_train")
-    exe = build_c(out, "fuzz_train", ("train.c",))
-    seeds = out / "seeds"
-    seeds.mkdir()
-    for name, data in _seeds().items():
-        (seeds / name).write_bytes(data)
+    exe, seeds = seeded_fuzzer(out, "fuzz_train", ("train.c",), _seeds())
     return exe, out, seeds
 
 
 def test_seeds_replay_clean(fuzz_train):
     exe, _, seeds = fuzz_train
-    files = sorted(str(p) for p in seeds.iterdir())
-    r = subprocess.run([str(exe), *files], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr.count("Executed ") == len(files)
+    replay(exe, sorted(seeds.iterdir()))
 
 
 def test_bounded_fuzz_run(fuzz_train):
