@@ -22,6 +22,8 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .engine.api import OFFLOAD_STATS
+
 log = logging.getLogger(__name__)
 
 HEALTHZ_BODY = b"flanneld is running"
@@ -73,7 +75,7 @@ class MetricsSource:
 # flannel_udp_engine_<name>_total so a new engine counter is never lost.
 _PATHS = ("tun_rx", "udp_tx", "udp_rx", "tun_tx")
 _SYSCALL_KINDS = ("tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls")
-_OFFLOAD_OPS = ("tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso")   # api.OFFLOAD_STATS
+_OFFLOAD_OPS = OFFLOAD_STATS
 
 
 def _family_of(stat: str):
