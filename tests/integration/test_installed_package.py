@@ -7,8 +7,8 @@ checkout and from inside it; a child started by the installed package
 (dataplane/child.py) imports the installed package even with the checkout,
 whose `dataplane/` would win under `python -m`, as its current directory; the
 daemon imports without the demo/bench extras, and demo and bench name the
-extra to install. The wheel is built from a copy of the working tree, so the
-checkout's build/ directory is neither used nor touched.
+extra to install. The sdist is built from a copy of the working tree (so the
+checkout's build/ directory is neither used nor touched) and the wheel from the sdist.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 
@@ -43,8 +44,15 @@ def installed(tmp_path_factory):
     t0 = time.monotonic()
     src = base / "src"
     shutil.copytree(ROOT, src, ignore=NOT_SOURCES)
+    # The wheel is built from the sdist (as `python -m build` does), so a file missing from
+    # the sdist fails here too.
+    build_sdist = ("import sys; from setuptools import build_meta; "
+                   "print(build_meta.build_sdist(sys.argv[1]))")
+    r = _run([sys.executable, "-c", build_sdist, str(base / "dist")], cwd=src, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sdist = base / "dist" / r.stdout.split()[-1]
     r = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(base / "dist"),
-              str(src)], cwd=base, timeout=180)
+              str(sdist)], cwd=base, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     wheel, = (base / "dist").glob("flannel_udp-*.whl")
     venv = base / "venv"
@@ -57,8 +65,14 @@ def installed(tmp_path_factory):
     outside = base / "elsewhere"
     outside.mkdir()
     print(f"wheel built and installed in {time.monotonic() - t0:.1f} s")
-    return {"wheel": wheel, "bin": venv / "bin", "outside": str(outside),
+    return {"sdist": sdist, "wheel": wheel, "bin": venv / "bin", "outside": str(outside),
             "site": str(venv / "lib"), "cache": str(base / "cache")}
+
+
+def test_the_sdist_carries_what_the_build_needs(installed):
+    with tarfile.open(installed["sdist"]) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert {"csrc/dataplane.h", "csrc/build_ffi.py", "dataplane/perf/udpgen.c", "LICENSE"} <= names
 
 
 def test_the_wheel_carries_the_c_engine_and_the_generator_source(installed):

@@ -1,6 +1,6 @@
-"""The traffic generator (dataplane/perf/udpgen.c) on the loopback (no root): it builds, sends what it is told,
-and the sink, echo and rr modes agree with it. Bounded: small counts, short
-deadlines, 127.0.0.1 only."""
+"""The traffic generator (dataplane/perf/udpgen.c) on the loopback (no root): it
+builds once into the cache, sends what it is told, and the sink, echo and rr
+modes agree with it. Bounded: small counts, short deadlines, 127.0.0.1 only."""
 from __future__ import annotations
 
 import json
