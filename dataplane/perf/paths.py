@@ -163,7 +163,7 @@ class EnginePath(Path):
                 _, ready, logf = self._files(side)
                 with open(logf, "w") as lf:
                     self.procs[side.name] = side.popen(self.argv(side), stdout=lf, stderr=lf,
-                                                       env=env, cwd=root)
+                                                       env=env)
             deadline = time.monotonic() + READY_TIMEOUT
             for side in self.topo.sides:
                 _, ready, logf = self._files(side)
