@@ -150,7 +150,7 @@ class Demo:
                 "name": h.name, "netns": h.netns, "underlay_ip": h.ip, "iface": h.iface,
                 "subnet": str(ov.subnet(h)), "flannel0": ov.flannel_ip(h),
                 "subnet_env": env, "subnet_file": d.subnet_file, "daemon_pid": d.pid,
-                "daemon_argv": " ".join(ov.daemon_argv(h, engine)[2:]),
+                "daemon_argv": " ".join(["flannel-udp", *ov.daemon_command(h, engine)]),
                 "routes": _lines(ov.exec(h, ["ip", "route"]).stdout),
                 "flannel0_link": _flannel0(ov.exec(h, ["ip", "-o", "addr", "show", "flannel0"])
                                            .stdout, ov.exec(h, ["ip", "-o", "link", "show",

@@ -200,15 +200,20 @@ class Overlay:
     def _dir(self, host) -> str:
         return os.path.join(self.tb.workdir, self.host(host).name)
 
-    def daemon_argv(self, host: Host, engine: str, args=()) -> list[str]:
-        """The daemon's command line; ``--iface <veth>`` unless ``args`` choose the interface."""
+    def daemon_command(self, host: Host, engine: str, args=()) -> list[str]:
+        """The daemon's `flannel-udp` arguments; ``--iface <veth>`` unless ``args`` choose the
+        interface."""
         args = [*self.daemon_args, *args]
         chooses = any(a.lstrip("-").split("=")[0] in ("iface", "iface-regex", "iface-can-reach",
                                                      "public-ip") for a in args)
-        return cli_argv("run", "--etcd-endpoints", self.etcd_url, "--etcd-prefix", self.prefix,
-                        *([] if chooses else ["--iface", host.iface]),
-                        "--subnet-file", os.path.join(self._dir(host), "subnet.env"),
-                        "--engine", engine, "--healthz-port", str(self.healthz_port), *args)
+        return ["run", "--etcd-endpoints", self.etcd_url, "--etcd-prefix", self.prefix,
+                *([] if chooses else ["--iface", host.iface]),
+                "--subnet-file", os.path.join(self._dir(host), "subnet.env"),
+                "--engine", engine, "--healthz-port", str(self.healthz_port), *args]
+
+    def daemon_argv(self, host: Host, engine: str, args=()) -> list[str]:
+        """The daemon's command line as a child process (this very package)."""
+        return cli_argv(*self.daemon_command(host, engine, args))
 
     def start_daemon(self, host, *, engine: str | None = None, args=(), wait: bool = True,
                      env: dict | None = None) -> DaemonProc:

@@ -94,6 +94,7 @@ def test_leases_subnet_env_routes(run):
         assert f"{r['network_config']['Network']} dev flannel0" in h["routes"]
         assert h["flannel0_link"]["addr"] == f"{h['flannel0']}/32"
         assert f"{h['underlay_ip']}:{r['port']}" in (h["socket"] or "")
+        assert h["daemon_argv"].startswith("flannel-udp run --etcd-endpoints "), h["daemon_argv"]
     # The kernel's choices, as `ip route get` printed them.
     assert A["route_get"]["dev"] == "flannel0"
     assert B["route_get"]["dev"] == B["workload"]["host_iface"]
