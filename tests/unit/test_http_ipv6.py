@@ -44,23 +44,14 @@ def serve():
         s.close()
 
 
-def test_healthz_on_v6_loopback_only(serve):
-    port = serve("::1")
-    assert healthz("[::1]", port) == (200, HEALTHZ_BODY)
-    assert healthz("127.0.0.1", port)[0] is None
-
-
-def test_healthz_on_v6_wildcard_takes_ipv4_too(serve):
-    # as flanneld's Go listener on [::]: one socket, both families
-    port = serve("::")
-    assert healthz("[::1]", port) == (200, HEALTHZ_BODY)
-    assert healthz("127.0.0.1", port) == (200, HEALTHZ_BODY)
-
-
-def test_healthz_on_v4_stays_v4(serve):
-    port = serve("127.0.0.1")
-    assert healthz("127.0.0.1", port) == (200, HEALTHZ_BODY)
-    assert healthz("[::1]", port)[0] is None
+# (listen address, answers on [::1], answers on 127.0.0.1); `::` takes both families, as
+# flanneld's Go listener on [::] does
+@pytest.mark.parametrize("listen,on_v6,on_v4", [("::1", True, False), ("::", True, True),
+                                                ("127.0.0.1", False, True)])
+def test_healthz_families(serve, listen, on_v6, on_v4):
+    port = serve(listen)
+    ok = (200, HEALTHZ_BODY)
+    assert (healthz("[::1]", port) == ok, healthz("127.0.0.1", port) == ok) == (on_v6, on_v4)
 
 
 def test_listen_error_names_the_v6_address(serve):
