@@ -102,11 +102,16 @@ def _range_end(prefix: bytes) -> bytes:
 class _Endpoint:
     def __init__(self, url: str, creds: Optional[grpc.ChannelCredentials], force_tls: bool = False):
         parts = urlsplit(url if "://" in url else f"http://{url}")
-        if not parts.hostname or not parts.port:
-            raise ValueError(f"bad etcd endpoint {url!r}: want scheme://host:port")
-        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
         self.url = url
-        self.target = f"{host}:{parts.port}"
+        if parts.scheme in ("unix", "unixs"):
+            # as etcd's client: unix://NAME is the socket NAME in the working directory (etcd's
+            # own --listen-client-urls unix://localhost:2379 makes one), unix:///PATH an absolute path
+            self.target = f"unix:{parts.netloc}{parts.path}"
+        elif not parts.hostname or not parts.port:
+            raise ValueError(f"bad etcd endpoint {url!r}: want scheme://host:port")
+        else:
+            host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+            self.target = f"{host}:{parts.port}"
         self.secure = force_tls or parts.scheme in ("https", "unixs")
         self._creds = creds
         self._channel: Optional[grpc.Channel] = None
