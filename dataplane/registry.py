@@ -315,7 +315,7 @@ class Registry:
             if not quiet:
                 log.warning("skipping malformed lease %s: %s", key, exc)
             return BadLease(key, str(exc), kv.mod_revision)
-        if with_ttl:
+        if with_ttl and kv.lease:                 # a reservation never expires: no expiration
             lease = replace(lease, expiration=time.time() + self.time_to_live(kv.lease))
         return lease
 
