@@ -13,10 +13,11 @@ Renewal (§3.3) is a new grant plus a put at `expiration - renew margin`, retrie
 a TTL, never renewed and never deleted. Our own key is watched: a delete (expiry, revocation, an
 operator's `etcdctl del`) or another PublicIP written into it makes us acquire again, preferring the same
 subnet, and tell the daemon through `on_lease_change(lease)` instead of exiting as flanneld does. A
-rewrite that keeps our PublicIP is not a loss.
+rewrite that keeps our PublicIP is not a loss; if it detaches the key from its etcd lease, the key is a
+reservation from then on, and a reservation given an etcd lease is renewed from then on.
 
 Threads: start() runs a maintenance thread (renewal, re-acquisition) and a watch thread (own key).
-`_cond` guards `_lease`, `_gen`, `_lost`, `_stopped` and `_watch`.
+`_cond` guards `_lease`, `_gen`, `_lost`, `_retime`, `_stopped` and `_watch`.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import logging
 import random
 import threading
 import time
+from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network
 from typing import Callable, Optional
 
@@ -93,6 +95,7 @@ class SubnetManager:
         self._lease: Optional[Lease] = None
         self._gen = 0                         # bumped whenever _lease is replaced by a new acquisition
         self._lost = False
+        self._retime = False                  # the watch changed _lease's etcd lease: renewal due again
         self._stopped = False
         self._watch: Optional[WatchLoop] = None
         self._threads: list[threading.Thread] = []
@@ -224,8 +227,9 @@ class SubnetManager:
         return expiration - self.renew_margin
 
     def _wait_until(self, due: float, wake_on_lost: bool = True) -> None:
-        """Sleep until `due` (unix time), a stop, or (if wake_on_lost) a lost lease. Caller holds _cond."""
-        while not self._stopped and not (wake_on_lost and self._lost):
+        """Sleep until `due` (unix time), a stop, a change of our key's etcd lease, or (if wake_on_lost)
+        a lost lease. Caller holds _cond."""
+        while not self._stopped and not self._retime and not (wake_on_lost and self._lost):
             left = due - time.time()
             if left <= 0:
                 return
@@ -239,9 +243,13 @@ class SubnetManager:
                 self._wait_until(due, wake_on_lost=not retry_lost)
                 if self._stopped:
                     return
-                lost, lease = self._lost, self._lease
+                lost, lease, retime = self._lost, self._lease, self._retime
+                self._retime = False
             if lost:
                 due, retry_lost = self._reacquire(lease)
+                continue
+            if retime:
+                due = self._renew_due(lease)
                 continue
             retry_lost = False
             try:
@@ -307,6 +315,21 @@ class SubnetManager:
         except LeaseFormatError:
             return False
 
+    def _follow_etcd_lease(self, ev) -> None:
+        """Our key still names us, but someone detached it from its etcd lease (it is a reservation now)
+        or gave our reservation one (it will expire): from now on we keep it as it is, without a TTL,
+        or renew it before that TTL runs out, as we would after a restart."""
+        with self._cond:
+            cur = self._lease
+            if cur is None or cur.key != ev.key or cur.reservation == (ev.lease_id == 0):
+                return
+            self._lease = replace(cur, lease_id=ev.lease_id, mod_revision=ev.mod_revision,
+                                  expiration=None if ev.lease_id == 0 else time.time())
+            self._retime = True
+            self._cond.notify_all()
+        log.warning("Own lease %s %s", cur.subnet, "is now a reservation (no TTL): no more renewals"
+                    if ev.lease_id == 0 else "was given a TTL: renewing it as a lease from now on")
+
     def _watch_own(self) -> None:
         while True:
             with self._cond:
@@ -320,6 +343,8 @@ class SubnetManager:
                             self._mark_lost(f"{lease.subnet} deleted from etcd")
                         elif not self._names_us(ev.value):
                             self._mark_lost(f"{lease.subnet} overwritten: {clip(ev.value)}")
+                        else:
+                            self._follow_etcd_lease(ev)
 
                 def on_compacted(lease=lease):
                     kvs, rev = self.registry.get(lease.key)

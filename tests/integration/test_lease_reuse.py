@@ -170,16 +170,36 @@ def test_own_key_rewritten_with_other_spacing_is_not_a_lost_lease(shared_etcd, m
 
 def test_own_key_put_again_without_an_etcd_lease_becomes_a_reservation(shared_etcd, make_registry):
     """`etcdctl put` without --lease detaches the key from its etcd lease: from then on it is a
-    reservation, as it would be at the next start, so the next renewal keeps it without a TTL."""
+    reservation, as it would be at the next start, and no renewal gives it a TTL again."""
     reg = make_registry(shared_etcd)
-    mgr, first, changes = _running(reg, lease_ttl=3, renew_margin_s=2.0, retry_interval=0.2)
+    mgr, first, changes = _running(reg, renew_margin_s=SUBNET_TTL - 5, retry_interval=0.2)
     try:
         reg.put(first.key, b'{"PublicIP":"192.168.77.1"}')
-        wait_until(lambda: mgr.lease.reservation, timeout=8, what="the renewal to keep the reservation")
-        time.sleep(1.5)                                       # past the due time of another renewal
+        # Seen by the watch at once, not at the renewal the 24 h lease has due 5 s after it began.
+        wait_until(lambda: mgr.lease.reservation, timeout=2, what="the watch to see the reservation")
+        time.sleep(max(0.0, first.expiration - (SUBNET_TTL - 5) + 1 - time.time()))
         kv = kv_of(reg, first.subnet)
-        assert kv.lease == 0 and kv.value == OURS and mgr.renewals == 0
+        assert kv.lease == 0 and kv.value == b'{"PublicIP":"192.168.77.1"}' and mgr.renewals == 0
         assert not changes and mgr.lease.subnet == first.subnet and mgr.lease.expiration is None
+    finally:
+        mgr.stop()
+    assert kv_of(reg, first.subnet).lease == 0                # and not deleted at stop
+
+
+def test_reservation_given_an_etcd_lease_is_renewed_before_it_runs_out(shared_etcd, make_registry):
+    reg = make_registry(shared_etcd)
+    stage(reg, MINE, OURS, reserved=True)
+    mgr, first, changes = _running(reg, lease_ttl=600, retry_interval=0.2)
+    try:
+        assert first.reservation and first.subnet == MINE
+        short = reg.grant(2)
+        reg.put(first.key, OURS, lease_id=short)              # the operator ends the reservation
+        wait_until(lambda: mgr.renewals >= 1, what="a renewal of the key given a TTL")
+        time.sleep(2.5)                                       # the operator's 2 s lease has run out
+        kv = kv_of(reg, MINE)
+        assert kv is not None and kv.lease == mgr.lease.lease_id not in (0, short)
+        assert 590 <= reg.time_to_live(kv.lease) <= 600
+        assert not changes and mgr.reacquisitions == 0 and not mgr.lease.reservation
     finally:
         mgr.stop()
 
