@@ -1,9 +1,9 @@
 """The etcd v3 registry: the only module that talks to etcd (FLANNEL_COMPAT.md §3).
 
 Keys: `<prefix>/config` (the network config JSON) and `<prefix>/subnets/<a.b.c.d>-<len>` (one lease per
-node, attached to a 24 h etcd lease, or to none: a reservation). The client is the generated gRPC API shipped by `etcd-sdk-python`
-(`pyetcd.etcdrpc`, the same protobufs as the `etcd3` package) driven directly, because this module needs
-control that `MultiEndpointEtcd3Client` does not give:
+node, attached to a 24 h etcd lease, or to none: a reservation). The client is the generated gRPC API
+shipped by `etcd-sdk-python` (`pyetcd.etcdrpc`, the same protobufs as the `etcd3` package) driven
+directly, because this module needs control that `MultiEndpointEtcd3Client` does not give:
 
 * failover: every unary call goes to the current endpoint; UNAVAILABLE / DEADLINE_EXCEEDED moves to the
   next endpoint and retries there, once per endpoint, before the call fails with RegistryError;
