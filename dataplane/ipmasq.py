@@ -93,25 +93,33 @@ class Previous:
 
 
 # ---------------------------------------------------------------- the rules (pure)
-def masq_rules(network, subnet, random_fully=True) -> list[list[str]]:
-    """FLANNEL-POSTRTG's rules in flanneld's order (iptables arguments after the chain)."""
+def masq_rules(network, subnet, random_fully=True) -> list[tuple]:
+    """(table, chain, args) in flanneld's order: the jump, then FLANNEL-POSTRTG's rules."""
     n = str(ipaddress.IPv4Network(network))
     s = str(ipaddress.IPv4Network(subnet))
     c = ["-m", "comment", "--comment", MASQ_COMMENT]
     masq = ["-j", "MASQUERADE"] + (["--random-fully"] if random_fully else [])
-    return [
+    return [(NAT, "POSTROUTING", jump_rule(NAT))] + [(NAT, POSTRTG, r) for r in (
         ["-m", "mark", "--mark", KUBE_PROXY_MARK] + c + ["-j", "RETURN"],
         ["-s", n, "-d", n] + c + ["-j", "RETURN"],
         ["-s", n, "!", "-d", "224.0.0.0/4"] + c + masq,
         ["!", "-s", n, "-d", s] + c + ["-j", "RETURN"],
         ["!", "-s", n, "-d", n] + c + masq,
-    ]
+    )]
 
 
-def forward_rules(network) -> list[list[str]]:
+def forward_rules(network) -> list[tuple]:
+    """(table, chain, args): the jump, then FLANNEL-FWD's rules."""
     n = str(ipaddress.IPv4Network(network))
     c = ["-m", "comment", "--comment", FWD_COMMENT]
-    return [["-s", n] + c + ["-j", "ACCEPT"], ["-d", n] + c + ["-j", "ACCEPT"]]
+    return [(FILTER, "FORWARD", jump_rule(FILTER)),
+            (FILTER, FWD, ["-s", n] + c + ["-j", "ACCEPT"]),
+            (FILTER, FWD, ["-d", n] + c + ["-j", "ACCEPT"])]
+
+
+def in_chain(rules: list[tuple]) -> list[list[str]]:
+    """The rules that live in our own chain (what `restore_text` fills it with)."""
+    return [args for _, chain, args in rules if chain in (POSTRTG, FWD)]
 
 
 def jump_rule(table) -> list[str]:
@@ -259,6 +267,7 @@ class Rules:
         self._thread = None
         self._installed = False
         self._expected = None           # what the host printed right after the install
+        self._stopped_once = False
         if self.tool is None:
             if masq:
                 raise MasqError("--ip-masq needs iptables or nftables and neither `iptables` nor "
@@ -273,9 +282,9 @@ class Rules:
     def _want(self) -> dict:
         want = {}
         if self.masq:
-            want[NAT] = masq_rules(self.network, self.subnet, self._random_fully)
+            want[NAT] = in_chain(masq_rules(self.network, self.subnet, self._random_fully))
         if self.forward:
-            want[FILTER] = forward_rules(self.network)
+            want[FILTER] = in_chain(forward_rules(self.network))
         return want
 
     def _recycle(self) -> bool:
@@ -386,11 +395,28 @@ class Rules:
                 self._install_locked()
         log.info("Rebuilt the %s rules for the new subnet %s", self.tool, subnet)
 
+    def remove(self) -> None:
+        """Remove every rule and chain in one transaction (not done at exit: see stop)."""
+        self.stop()
+        with self._lock:
+            if not self._installed:
+                return
+            if self.tool == "iptables":
+                tables = tuple(self._expected)
+                builtin = {t: chain_rules(self._save(t), CHAINS[t][0]) for t in tables}
+                _run(["iptables-restore", "-w", "5", "--noflush"],
+                     input=restore_text({}, builtin, drop=tables))
+            else:
+                _run(["nft", "delete", "table", "ip", NFT_TABLE], check=False)
+            self._installed = False
+        log.info("Removed the %s rules for %s", self.tool, self.network)
+
     def stop(self) -> None:
         """Stop the resync at exit. The rules stay (see the module docstring)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._installed:
+        if self._installed and not self._stopped_once:
+            self._stopped_once = True
             log.info("Leaving the %s rules in place; to remove them: %s", self.tool,
                      "; ".join(REMOVAL_COMMANDS[self.tool]))

@@ -126,7 +126,7 @@ def test_flanneld_env_vars_and_sigint(ov, host):
     assert ov.subnet_env(host)["FLANNEL_IPMASQ"] == "true"
     assert ov.healthz(host) == (200, "flanneld is running")
     assert ov.stop_daemon(host, sig=signal.SIGINT) == 0
-    assert "FLANNEL-POSTRTG" not in ov.exec(host, ["iptables-save"]).stdout
+    assert "FLANNEL-POSTRTG" in ov.exec(host, ["iptables-save"]).stdout   # kept, as flanneld
 
 
 def test_etcd_down_at_start_waits_says_so_and_becomes_ready(ov, host):

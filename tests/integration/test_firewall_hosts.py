@@ -1,0 +1,257 @@
+"""flanneld's firewall rules on hosts shaped like real ones (root, namespaces, real etcd and TUN).
+
+::
+
+      wa 10.5.a.2 ── h0 (engine E) ══ overlay ══ h1 (engine E) ── wb 10.5.b.2
+                      │ 192.168.77.1               │ 192.168.77.2
+      ────────────────┴──────── bridge ────────────┴────────── inet 192.168.77.3
+                                                               ("the internet": no route
+                                                                back to 10.5.0.0/16)
+
+The workloads (dataplane.demo.lab) sit behind their hosts, so their packets cross each host's
+FORWARD chain and POSTROUTING as a container's would. Each host's own firewall (ufw-like
+REJECT, Docker's chains, policy DROP) is put in place first and the daemon restarted, as on a
+host that booted with it. One overlay per engine; the last test moves h1's lease.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dataplane.demo import lab
+from tests.conftest import ENGINES
+from tests.integration.conftest import overlay_of, wait_until
+
+pytestmark = [pytest.mark.root, pytest.mark.etcd]
+
+NET = "10.5.0.0/16"
+ECHO_PORT = 7790
+FIGURES: dict = {}
+
+UFW_LIKE = """*filter
+:FORWARD DROP [0:0]
+-A FORWARD -j REJECT --reject-with icmp-port-unreachable
+COMMIT
+"""
+
+DOCKER_LIKE = """*filter
+:FORWARD DROP [0:0]
+:DOCKER - [0:0]
+:DOCKER-ISOLATION-STAGE-1 - [0:0]
+:DOCKER-ISOLATION-STAGE-2 - [0:0]
+:DOCKER-USER - [0:0]
+-A FORWARD -j DOCKER-USER
+-A FORWARD -j DOCKER-ISOLATION-STAGE-1
+-A FORWARD -o docker0 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A FORWARD -o docker0 -j DOCKER
+-A FORWARD -i docker0 ! -o docker0 -j ACCEPT
+-A FORWARD -i docker0 -o docker0 -j ACCEPT
+-A DOCKER-ISOLATION-STAGE-1 -i docker0 ! -o docker0 -j DOCKER-ISOLATION-STAGE-2
+-A DOCKER-ISOLATION-STAGE-1 -j RETURN
+-A DOCKER-ISOLATION-STAGE-2 -o docker0 -j DROP
+-A DOCKER-ISOLATION-STAGE-2 -j RETURN
+-A DOCKER-USER -j RETURN
+COMMIT
+"""
+
+# A paced, bounded stream from a workload: every datagram from a new socket (a new source
+# port, so a new conntrack entry that the NAT rules must see afresh; an old entry would keep
+# its NAT after the rules went), each waiting for its echo. One JSON line per datagram.
+STREAM = r"""
+import json, os, socket, sys, time
+dst, port, gap, stop, max_n, max_s = (sys.argv[1], int(sys.argv[2]), float(sys.argv[3]),
+                                      sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
+end = time.monotonic() + max_s
+seq = 0
+while seq < max_n and time.monotonic() < end and not os.path.exists(stop):
+    t = time.monotonic()
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(gap * 4)
+    s.sendto(b"%d" % seq, (dst, port))
+    try:
+        ok = s.recv(64) == b"%d" % seq
+    except OSError:
+        ok = False
+    s.close()
+    print(json.dumps({"seq": seq, "at": time.time(), "ok": ok}), flush=True)
+    seq += 1
+    time.sleep(max(0.0, t + gap - time.monotonic()))
+"""
+
+
+class Site:
+    """The overlay, its two workloads and the internet host of one engine's run."""
+
+    def __init__(self, ov):
+        self.ov = ov
+        self.h0, self.h1 = ov.hosts[0], ov.hosts[1]
+        self.inet = ov.tb.add_host("inet")        # a host with no daemon: the internet
+        self.wa = lab.add_workload(ov, self.h0, "wa", ov.subnet_env(self.h0))
+        self.wb = lab.add_workload(ov, self.h1, "wb", ov.subnet_env(self.h1))
+
+    def close(self):
+        for w in (getattr(self, "wa", None), getattr(self, "wb", None)):
+            if w is not None:
+                lab.remove_workload(w)
+
+    def ipt(self, host, *args, check=True):
+        return self.ov.exec(host, ["iptables", "-w", "5", *args], check=check)
+
+    def save(self, host, table="filter") -> list[str]:
+        return self.ov.exec(host, ["iptables-save", "-t", table], check=True).stdout.splitlines()
+
+    def firewall(self, host, text: str) -> None:
+        """The host's own rules, as it boots with them (ours go: the daemon re-adds them)."""
+        self.reset_firewall(host)
+        r = self.ov.exec(host, ["iptables-restore", "--noflush"], input=text)
+        assert r.returncode == 0, r.stderr
+
+    def reset_firewall(self, host) -> None:
+        self.ipt(host, "-P", "FORWARD", "ACCEPT")
+        self.ipt(host, "-F", "FORWARD")
+        for chain in ("DOCKER", "DOCKER-ISOLATION-STAGE-1", "DOCKER-ISOLATION-STAGE-2",
+                      "DOCKER-USER"):
+            self.ipt(host, "-F", chain, check=False)
+            self.ipt(host, "-X", chain, check=False)
+
+    def workloads_reach_each_other(self) -> bool:
+        a = self.wa.run(["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-W", "1", self.wb.ip])
+        b = self.wb.run(["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-W", "1", self.wa.ip])
+        return a.returncode == 0 and b.returncode == 0
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def site(request):
+    engine = request.param
+    for ov in overlay_of(engine, (engine, engine)):
+        s = Site(ov)
+        try:
+            yield s
+        finally:
+            s.close()
+
+
+def _restart_both(site, args=()):
+    for h in (site.h0, site.h1):
+        site.ov.restart_daemon(h, args=args)
+
+
+def _first_forward_rule(site, host) -> str:
+    return next(l for l in site.save(host) if l.startswith("-A FORWARD "))
+
+
+@pytest.mark.parametrize("host_rules", [UFW_LIKE, DOCKER_LIKE], ids=["drop-and-reject", "docker"])
+def test_workloads_reach_each_other_through_a_hosts_own_forward_drop(site, host_rules):
+    for h in (site.h0, site.h1):
+        site.firewall(h, host_rules)
+    try:
+        _restart_both(site)
+        for h in (site.h0, site.h1):
+            assert _first_forward_rule(site, h) == \
+                '-A FORWARD -m comment --comment "flanneld forward" -j FLANNEL-FWD'
+        assert site.workloads_reach_each_other()
+        # without our rules the host's own firewall does drop them: the test can fail
+        site.ipt(site.h1, "-D", "FORWARD", "-m", "comment", "--comment", "flanneld forward",
+                 "-j", "FLANNEL-FWD")
+        assert not site.workloads_reach_each_other()
+    finally:
+        for h in (site.h0, site.h1):
+            site.reset_firewall(h)
+        _restart_both(site)
+
+
+def test_egress_stays_masqueraded_across_a_daemon_restart(site):
+    ov, h0 = site.ov, site.h0
+    ov.restart_daemon(h0, args=("--ip-masq",))
+    echo_out = os.path.join(ov.tb.workdir, f"echo-{ov.kind}.log")
+    with open(echo_out, "w") as out:
+        echo = ov.tb.popen(site.inet, [sys.executable, "-c", lab.UDP_ECHO, str(ECHO_PORT), "60"],
+                           stdout=out, stderr=subprocess.STDOUT)
+    stop_file = os.path.join(ov.tb.workdir, f"stop-{ov.kind}")
+    stream_out = os.path.join(ov.tb.workdir, f"stream-{ov.kind}.log")
+    try:
+        time.sleep(0.5)
+        site.wa.popen([sys.executable, "-c", STREAM, site.inet.ip, str(ECHO_PORT), "0.02",
+                       stop_file, "3000", "45"], stream_out)
+        time.sleep(1.0)
+        down = time.time()
+        assert ov.stop_daemon(h0) == 0
+        assert any("FLANNEL-POSTRTG" in l for l in site.save(h0, "nat"))     # kept at exit
+        time.sleep(0.5)
+        ov.start_daemon(h0, args=("--ip-masq",))
+        up = time.time()
+        time.sleep(1.0)
+    finally:
+        open(stop_file, "w").close()
+        lab.stop_procs(site.wa)
+        ov.tb.kill(echo)
+    lines = [json.loads(l) for l in open(stream_out) if l.startswith("{")]
+    window = [l for l in lines if down <= l["at"] <= up]
+    lost = [l["seq"] for l in lines if not l["ok"]]
+    FIGURES[f"{ov.kind}: restart window {up - down:.2f} s, datagrams in it / lost"] = \
+        f"{len(window)} / {len(lost)} (of {len(lines)} sent)"
+    assert len(window) >= 10, "the stream did not cover the restart"
+    assert lost == [], f"lost at the NAT: {lost[:20]}"
+    peers = {l.split()[1] for l in open(echo_out) if l.startswith("echo ")}
+    assert peers == {h0.ip}, f"not masqueraded: the internet saw {peers}"
+
+
+def _ours(site, host) -> list[str]:
+    return [l for t in ("nat", "filter") for l in site.save(host, t)
+            if l.startswith("-A ") and "FLANNEL" in l]
+
+
+def test_no_duplicate_rules_after_sigkill_and_restart(site):
+    ov, h0 = site.ov, site.h0
+    args = ("--ip-masq",)
+    ov.restart_daemon(h0, args=args)
+    before = _ours(site, h0)
+    assert len(before) == 1 + 5 + 1 + 2                  # two jumps, five masq, two forward
+    for sig in (signal.SIGKILL, signal.SIGKILL, signal.SIGTERM):
+        ov.stop_daemon(h0, sig=sig)
+        assert _ours(site, h0) == before                 # left as they were
+        ov.start_daemon(h0, args=args)
+        after = _ours(site, h0)
+        assert sorted(after) == sorted(before) and len(set(after)) == len(after), after
+
+
+def test_resync_repairs_a_deleted_rule_after_the_lease_moved(site):
+    ov, h1 = site.ov, site.h1
+    ov.restart_daemon(h1, args=("--ip-masq", "--iptables-resync=1"))
+    old = ov.subnet(h1)
+    # Another host takes our subnet: the daemon loses its lease and must move.
+    ov.put(f"subnets/{old.network_address}-{old.prefixlen}", '{"PublicIP":"192.168.77.200"}')
+    try:
+        new = wait_until(lambda: ov.subnet(h1) != old and ov.subnet(h1), 20, 0.2,
+                         "the lease to move")
+        assert wait_until(lambda: any(f"-d {new} " in l for l in site.save(h1, "nat")), 5, 0.2,
+                          "FLANNEL-POSTRTG rebuilt for the new subnet")
+        assert not any(f"-d {old} " in l for l in site.save(h1, "nat"))
+        for table, delete, back in [
+                ("filter", ["-D", "FLANNEL-FWD", "-s", NET, "-m", "comment", "--comment",
+                            "flanneld forward", "-j", "ACCEPT"], f"-A FLANNEL-FWD -s {NET} "),
+                ("nat", ["-t", "nat", "-D", "POSTROUTING", "-m", "comment", "--comment",
+                         "flanneld masq", "-j", "FLANNEL-POSTRTG"], "-A POSTROUTING -m comment"),
+        ]:
+            site.ipt(h1, *delete)
+            assert not any(l.startswith(back) for l in site.save(h1, table))
+            t0 = time.monotonic()
+            wait_until(lambda: any(l.startswith(back) for l in site.save(h1, table)), 1 + 3, 0.1,
+                       f"the resync to put back {back!r}")
+            FIGURES[f"{ov.kind}: {table} rule back after (s, resync 1 s)"] = round(
+                time.monotonic() - t0, 2)
+        assert ov.daemon(h1).running()
+    finally:
+        ov.etcdctl("del", f"{ov.prefix}/subnets/{old.network_address}-{old.prefixlen}")
+
+
+def test_zz_report_figures():
+    """Not a check: prints what the runs measured (pytest -s shows it)."""
+    for k, v in sorted(FIGURES.items()):
+        print(f"FIGURE {k}: {v}")
