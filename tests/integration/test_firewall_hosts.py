@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,12 +27,14 @@ import time
 import pytest
 
 from dataplane.demo import lab
+from dataplane.ipmasq import REMOVAL_COMMANDS
 from tests.conftest import ENGINES
 from tests.integration.conftest import overlay_of, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
 NET = "10.5.0.0/16"
+TOOLS = ("iptables", "nft")
 ECHO_PORT = 7790
 FIGURES: dict = {}
 
@@ -95,6 +99,15 @@ class Site:
         self.wa = lab.add_workload(ov, self.h0, "wa", ov.subnet_env(self.h0))
         self.wb = lab.add_workload(ov, self.h1, "wb", ov.subnet_env(self.h1))
 
+    def nft_only_path(self) -> str:
+        """A PATH where `iptables` is missing: the daemon falls back to nftables."""
+        d = os.path.join(self.ov.tb.workdir, "nft-only-bin")
+        if not os.path.isdir(d):
+            os.makedirs(d)
+            for tool in ("ip", "nft"):
+                os.symlink(shutil.which(tool), os.path.join(d, tool))
+        return d
+
     def close(self):
         for w in (getattr(self, "wa", None), getattr(self, "wb", None)):
             if w is not None:
@@ -152,10 +165,10 @@ def test_workloads_reach_each_other_through_a_hosts_own_forward_drop(site, host_
         site.firewall(h, host_rules)
     try:
         _restart_both(site)
+        assert site.workloads_reach_each_other()
         for h in (site.h0, site.h1):
             assert _first_forward_rule(site, h) == \
                 '-A FORWARD -m comment --comment "flanneld forward" -j FLANNEL-FWD'
-        assert site.workloads_reach_each_other()
         # without our rules the host's own firewall does drop them: the test can fail
         site.ipt(site.h1, "-D", "FORWARD", "-m", "comment", "--comment", "flanneld forward",
                  "-j", "FLANNEL-FWD")
@@ -166,15 +179,43 @@ def test_workloads_reach_each_other_through_a_hosts_own_forward_drop(site, host_
         _restart_both(site)
 
 
-def test_egress_stays_masqueraded_across_a_daemon_restart(site):
+def _start(site, host, tool, args):
+    """(Re)start the host's daemon on `tool`; the other tool's rules are removed first with
+    the operator's commands (they stay after exit)."""
+    ov = site.ov
+    ov.stop_daemon(host)
+    for cmd in REMOVAL_COMMANDS["nft" if tool == "iptables" else "iptables"]:
+        ov.exec(host, shlex.split(cmd))              # absent already: fine
+    d = ov.start_daemon(host, args=args, env=_env(site, tool))
+    assert f"with {tool} (they stay after exit)" in d.log_text()
+    return d
+
+
+def _env(site, tool):
+    return {"PATH": site.nft_only_path()} if tool == "nft" else None
+
+
+def _ours(site, host, tool) -> list[str]:
+    """Every rule of ours on the host, as the tool prints it."""
+    if tool == "iptables":
+        return [l for t in ("nat", "filter") for l in site.save(host, t)
+                if l.startswith("-A ") and "FLANNEL" in l]
+    text = site.ov.exec(host, ["nft", "list", "ruleset"], check=True).stdout
+    return [l.strip() for l in text.splitlines()
+            if "flanneld" in l or l.startswith("table ip flannel-udp")]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_egress_stays_masqueraded_across_a_daemon_restart(site, tool):
     ov, h0 = site.ov, site.h0
-    ov.restart_daemon(h0, args=("--ip-masq",))
-    echo_out = os.path.join(ov.tb.workdir, f"echo-{ov.kind}.log")
+    _start(site, h0, tool, ("--ip-masq",))
+    tag = f"{ov.kind}-{tool}"
+    echo_out = os.path.join(ov.tb.workdir, f"echo-{tag}.log")
     with open(echo_out, "w") as out:
         echo = ov.tb.popen(site.inet, [sys.executable, "-c", lab.UDP_ECHO, str(ECHO_PORT), "60"],
                            stdout=out, stderr=subprocess.STDOUT)
-    stop_file = os.path.join(ov.tb.workdir, f"stop-{ov.kind}")
-    stream_out = os.path.join(ov.tb.workdir, f"stream-{ov.kind}.log")
+    stop_file = os.path.join(ov.tb.workdir, f"stop-{tag}")
+    stream_out = os.path.join(ov.tb.workdir, f"stream-{tag}.log")
     try:
         time.sleep(0.5)
         site.wa.popen([sys.executable, "-c", STREAM, site.inet.ip, str(ECHO_PORT), "0.02",
@@ -182,9 +223,9 @@ def test_egress_stays_masqueraded_across_a_daemon_restart(site):
         time.sleep(1.0)
         down = time.time()
         assert ov.stop_daemon(h0) == 0
-        assert any("FLANNEL-POSTRTG" in l for l in site.save(h0, "nat"))     # kept at exit
+        kept = any("masquerade" in l.lower() for l in _ours(site, h0, tool))
         time.sleep(0.5)
-        ov.start_daemon(h0, args=("--ip-masq",))
+        ov.start_daemon(h0, args=("--ip-masq",), env=_env(site, tool))
         up = time.time()
         time.sleep(1.0)
     finally:
@@ -194,58 +235,72 @@ def test_egress_stays_masqueraded_across_a_daemon_restart(site):
     lines = [json.loads(l) for l in open(stream_out) if l.startswith("{")]
     window = [l for l in lines if down <= l["at"] <= up]
     lost = [l["seq"] for l in lines if not l["ok"]]
-    FIGURES[f"{ov.kind}: restart window {up - down:.2f} s, datagrams in it / lost"] = \
+    FIGURES[f"{tag}: restart window {up - down:.2f} s, datagrams in it / lost"] = \
         f"{len(window)} / {len(lost)} (of {len(lines)} sent)"
     assert len(window) >= 10, "the stream did not cover the restart"
     assert lost == [], f"lost at the NAT: {lost[:20]}"
+    assert kept, "the masquerade rules went with the daemon"
     peers = {l.split()[1] for l in open(echo_out) if l.startswith("echo ")}
     assert peers == {h0.ip}, f"not masqueraded: the internet saw {peers}"
 
 
-def _ours(site, host) -> list[str]:
-    return [l for t in ("nat", "filter") for l in site.save(host, t)
-            if l.startswith("-A ") and "FLANNEL" in l]
-
-
-def test_no_duplicate_rules_after_sigkill_and_restart(site):
+@pytest.mark.parametrize("tool", TOOLS)
+def test_no_duplicate_rules_after_sigkill_and_restart(site, tool):
     ov, h0 = site.ov, site.h0
     args = ("--ip-masq",)
-    ov.restart_daemon(h0, args=args)
-    before = _ours(site, h0)
-    assert len(before) == 1 + 5 + 1 + 2                  # two jumps, five masq, two forward
+    _start(site, h0, tool, args)
+    before = _ours(site, h0, tool)
+    # iptables: two jumps, five masq, two forward; nft: the table, five masq, two forward
+    assert len(before) == (1 + 5 + 1 + 2 if tool == "iptables" else 1 + 5 + 2), before
     for sig in (signal.SIGKILL, signal.SIGKILL, signal.SIGTERM):
         ov.stop_daemon(h0, sig=sig)
-        assert _ours(site, h0) == before                 # left as they were
-        ov.start_daemon(h0, args=args)
-        after = _ours(site, h0)
+        assert _ours(site, h0, tool) == before           # left as they were
+        ov.start_daemon(h0, args=args, env=_env(site, tool))
+        after = _ours(site, h0, tool)
         assert sorted(after) == sorted(before) and len(set(after)) == len(after), after
 
 
-def test_resync_repairs_a_deleted_rule_after_the_lease_moved(site):
+def _delete_nft_rule(site, host, chain, match) -> None:
+    text = site.ov.exec(host, ["nft", "-a", "list", "chain", "ip", "flannel-udp", chain],
+                        check=True).stdout
+    handle = next(l.rsplit("# handle ", 1)[1] for l in text.splitlines() if match in l)
+    site.ov.exec(host, ["nft", "delete", "rule", "ip", "flannel-udp", chain, "handle", handle],
+                 check=True)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_resync_repairs_a_deleted_rule_after_the_lease_moved(site, tool):
     ov, h1 = site.ov, site.h1
-    ov.restart_daemon(h1, args=("--ip-masq", "--iptables-resync=1"))
+    _start(site, h1, tool, ("--ip-masq", "--iptables-resync=1"))
     old = ov.subnet(h1)
     # Another host takes our subnet: the daemon loses its lease and must move.
     ov.put(f"subnets/{old.network_address}-{old.prefixlen}", '{"PublicIP":"192.168.77.200"}')
     try:
         new = wait_until(lambda: ov.subnet(h1) != old and ov.subnet(h1), 20, 0.2,
                          "the lease to move")
-        assert wait_until(lambda: any(f"-d {new} " in l for l in site.save(h1, "nat")), 5, 0.2,
-                          "FLANNEL-POSTRTG rebuilt for the new subnet")
-        assert not any(f"-d {old} " in l for l in site.save(h1, "nat"))
-        for table, delete, back in [
-                ("filter", ["-D", "FLANNEL-FWD", "-s", NET, "-m", "comment", "--comment",
-                            "flanneld forward", "-j", "ACCEPT"], f"-A FLANNEL-FWD -s {NET} "),
-                ("nat", ["-t", "nat", "-D", "POSTROUTING", "-m", "comment", "--comment",
-                         "flanneld masq", "-j", "FLANNEL-POSTRTG"], "-A POSTROUTING -m comment"),
-        ]:
-            site.ipt(h1, *delete)
-            assert not any(l.startswith(back) for l in site.save(h1, table))
+        own = (lambda: [l for l in _ours(site, h1, tool) if f" {new}" in l])
+        assert wait_until(own, 5, 0.2, "the masquerade rules rebuilt for the new subnet")
+        assert not any(f" {old}" in l for l in _ours(site, h1, tool))
+        if tool == "iptables":
+            cases = [(lambda: site.ipt(h1, "-D", "FLANNEL-FWD", "-s", NET, "-m", "comment",
+                                       "--comment", "flanneld forward", "-j", "ACCEPT"),
+                      f"-A FLANNEL-FWD -s {NET} "),
+                     (lambda: site.ipt(h1, "-t", "nat", "-D", "POSTROUTING", "-m", "comment",
+                                       "--comment", "flanneld masq", "-j", "FLANNEL-POSTRTG"),
+                      "-A POSTROUTING -m comment")]
+        else:
+            cases = [(lambda: _delete_nft_rule(site, h1, "FLANNEL_FWD", f"ip saddr {NET}"),
+                      f"ip saddr {NET} accept"),
+                     (lambda: _delete_nft_rule(site, h1, "FLANNEL_POSTRTG", f"daddr {new}"),
+                      f"ip daddr {new} return")]
+        for delete, back in cases:
+            delete()
+            present = (lambda: any(back in l for l in _ours(site, h1, tool)))
+            assert not present()
             t0 = time.monotonic()
-            wait_until(lambda: any(l.startswith(back) for l in site.save(h1, table)), 1 + 3, 0.1,
-                       f"the resync to put back {back!r}")
-            FIGURES[f"{ov.kind}: {table} rule back after (s, resync 1 s)"] = round(
-                time.monotonic() - t0, 2)
+            wait_until(present, 1 + 3, 0.1, f"the resync to put back {back!r}")
+            FIGURES[f"{ov.kind}-{tool}: {back.strip()!r} back after (s, resync 1 s)"] = \
+                round(time.monotonic() - t0, 2)
         assert ov.daemon(h1).running()
     finally:
         ov.etcdctl("del", f"{ov.prefix}/subnets/{old.network_address}-{old.prefixlen}")
