@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from . import queues
+from . import ipmasq, queues
 from .offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
 
 ENV_PREFIX = "FLANNELD_"
@@ -194,16 +194,14 @@ FLAGS: tuple[Flag, ...] = (
     # --- iptables (flanneld)
     Flag("ip-masq", _parse_bool, False, "setup IP masquerade rule for traffic destined outside of "
          "overlay network (iptables chain FLANNEL-POSTRTG, or nftables when iptables is missing); "
-         "the rules stay after exit, remove them with: iptables -t nat -D POSTROUTING -m comment "
-         "--comment 'flanneld masq' -j FLANNEL-POSTRTG; iptables -t nat -F FLANNEL-POSTRTG; "
-         "iptables -t nat -X FLANNEL-POSTRTG (nftables: nft delete table ip flannel-udp)",
+         "the rules stay after exit, remove them with: " + "; ".join(ipmasq.MASQ_REMOVAL)
+         + " (nftables: " + ipmasq.REMOVAL_COMMANDS["nft"][0] + ")",
          kind="bool"),
     Flag("iptables-resync", _parse_int, 5, "resync period for iptables rules, in seconds (default: 5)",
          metavar="SECONDS", check=_range(1, 86400, " s")),
     Flag("iptables-forward-rules", _parse_bool, True, "add default accept rules to the FORWARD "
          "chain in iptables (chain FLANNEL-FWD, jumped to first; default: true); the rules stay "
-         "after exit, remove them with: iptables -D FORWARD -m comment --comment 'flanneld "
-         "forward' -j FLANNEL-FWD; iptables -F FLANNEL-FWD; iptables -X FLANNEL-FWD", kind="bool"),
+         "after exit, remove them with: " + "; ".join(ipmasq.FWD_REMOVAL), kind="bool"),
     # --- health (flanneld)
     Flag("healthz-ip", _parse_ip, "0.0.0.0", "the IP address for healthz server to listen "
          "(default: 0.0.0.0)", metavar="IP"),

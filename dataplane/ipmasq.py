@@ -60,17 +60,13 @@ NAT, FILTER = "nat", "filter"
 # table -> (built-in chain holding the jump, our chain, the comment marking our rules)
 CHAINS = {NAT: ("POSTROUTING", POSTRTG, MASQ_COMMENT), FILTER: ("FORWARD", FWD, FWD_COMMENT)}
 
-REMOVAL_COMMANDS = {
-    "iptables": [
-        f'iptables -t nat -D POSTROUTING -m comment --comment "{MASQ_COMMENT}" -j {POSTRTG}',
-        f"iptables -t nat -F {POSTRTG}",
-        f"iptables -t nat -X {POSTRTG}",
-        f'iptables -t filter -D FORWARD -m comment --comment "{FWD_COMMENT}" -j {FWD}',
-        f"iptables -t filter -F {FWD}",
-        f"iptables -t filter -X {FWD}",
-    ],
-    "nft": [f"nft delete table ip {NFT_TABLE}"],
-}
+# What an operator runs to remove the rules (they stay after exit); --help and the tests use them.
+MASQ_REMOVAL = [f'iptables -t nat -D POSTROUTING -m comment --comment "{MASQ_COMMENT}" -j {POSTRTG}',
+                f"iptables -t nat -F {POSTRTG}", f"iptables -t nat -X {POSTRTG}"]
+FWD_REMOVAL = [f'iptables -t filter -D FORWARD -m comment --comment "{FWD_COMMENT}" -j {FWD}',
+               f"iptables -t filter -F {FWD}", f"iptables -t filter -X {FWD}"]
+REMOVAL_COMMANDS = {"iptables": MASQ_REMOVAL + FWD_REMOVAL,
+                    "nft": [f"nft delete table ip {NFT_TABLE}"]}
 
 
 class MasqError(RuntimeError):
@@ -268,6 +264,7 @@ class Rules:
         self._installed = False
         self._expected = None           # what the host printed right after the install
         self._stopped_once = False
+        self._dirty = False             # a rebuild failed: the next resync rebuilds regardless
         if self.tool is None:
             if masq:
                 raise MasqError("--ip-masq needs iptables or nftables and neither `iptables` nor "
@@ -348,10 +345,12 @@ class Rules:
                  self.network, self.subnet, self.tool)
 
     def _install_locked(self):
+        self._dirty = True
         if self.tool == "iptables":
             self._ipt_install()
         else:
             self._nft_install()
+        self._dirty = False
         self._installed = True
         self.previous = Previous(self.network, self.subnet, self.masq)   # recycled once
 
@@ -360,7 +359,10 @@ class Rules:
         with self._lock:
             if not self._installed:
                 return False
-            gone = self._ipt_missing() if self.tool == "iptables" else self._nft_missing()
+            if self._dirty:
+                gone = ["the last rebuild failed"]
+            else:
+                gone = self._ipt_missing() if self.tool == "iptables" else self._nft_missing()
             if not gone:
                 return False
             log.warning("%d %s rule(s) missing (%s); rebuilding them all", len(gone), self.tool,
@@ -391,8 +393,14 @@ class Rules:
                 return
             self.previous = Previous(self.network, self.subnet, self.masq)
             self.subnet = subnet
-            if self._installed:
+            if not self._installed:
+                return
+            try:
                 self._install_locked()
+            except MasqError as e:      # the lease move goes on; the resync retries
+                log.warning("Could not rebuild the %s rules for the new subnet %s (retried every "
+                            "resync period): %s", self.tool, subnet, e)
+                return
         log.info("Rebuilt the %s rules for the new subnet %s", self.tool, subnet)
 
     def remove(self) -> None:

@@ -5,7 +5,7 @@ import ipaddress
 
 import pytest
 
-from dataplane.ipmasq import (FILTER, NAT, Previous, chain_rules, in_chain, missing_rules,
+from dataplane.ipmasq import (FILTER, NAT, MasqError, Previous, chain_rules, in_chain, missing_rules,
                               nft_ruleset, restore_text)
 from dataplane.ipmasq import forward_rules as _forward_rules
 from dataplane.ipmasq import masq_rules as _masq_rules
@@ -188,3 +188,66 @@ def test_read_previous_rules(tmp_path, body, expected):
     else:
         assert got == tuple(ipaddress.IPv4Network(x) if isinstance(x, str) else x
                             for x in expected)
+
+
+def test_help_says_the_rules_stay_and_how_to_remove_them():
+    import subprocess
+    import sys
+
+    from dataplane.ipmasq import REMOVAL_COMMANDS
+    out = subprocess.run([sys.executable, "-m", "dataplane", "run", "--help"], capture_output=True,
+                         text=True, timeout=60, env={"COLUMNS": "1000", "PATH": ""}).stdout
+    flat = " ".join(out.split())
+    assert flat.count("the rules stay after exit") == 2
+    for cmd in REMOVAL_COMMANDS["iptables"] + REMOVAL_COMMANDS["nft"]:
+        assert cmd in flat, cmd
+
+
+class FakeHost:
+    """Stands in for iptables: counts installs, fails when told, reports what is missing."""
+
+    def __init__(self):
+        self.installs, self.fail, self.missing = [], False, []
+
+    def install(self, rules):
+        if self.fail:
+            raise MasqError("iptables-restore: busy")
+        self.installs.append(str(rules.subnet))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    from dataplane import ipmasq
+    host = FakeHost()
+    monkeypatch.setattr(ipmasq, "detect_tool", lambda prefer=None: "iptables")
+    monkeypatch.setattr(ipmasq, "_iptables_random_fully", lambda: True)
+    monkeypatch.setattr(ipmasq.Rules, "_ipt_install", lambda self: host.install(self))
+    monkeypatch.setattr(ipmasq.Rules, "_ipt_missing", lambda self: list(host.missing))
+    return host
+
+
+def test_resync_survives_lease_moves_and_retries_a_failed_rebuild(fake):
+    import time
+
+    from dataplane.ipmasq import Rules
+    r = Rules(NET, SUB, masq=True, forward=True)
+    r.install()
+    r.start_resync(0.05)
+    try:
+        fake.fail = True
+        r.update_subnet("10.5.9.0/24")                   # logged, not raised: the move goes on
+        fake.fail = False
+        deadline = time.monotonic() + 5
+        while fake.installs[-1] != "10.5.9.0/24" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert fake.installs == [SUB, "10.5.9.0/24"]     # the resync rebuilt for the new subnet
+        r.update_subnet("10.5.10.0/24")
+        fake.missing = ["nat POSTROUTING -> FLANNEL-POSTRTG"]
+        deadline = time.monotonic() + 5
+        while len(fake.installs) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert fake.installs[2:4] == ["10.5.10.0/24"] * 2   # still resyncing after two moves
+        assert r._thread.is_alive()
+    finally:
+        r.stop()
+    assert not r._thread.is_alive()
