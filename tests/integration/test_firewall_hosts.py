@@ -260,6 +260,32 @@ def test_no_duplicate_rules_after_sigkill_and_restart(site, tool):
         assert sorted(after) == sorted(before) and len(set(after)) == len(after), after
 
 
+def test_previous_networks_rules_are_recycled_and_others_kept(site):
+    """subnet.env says the host ran another network before, and older flannels' masquerade
+    rules for it sit directly in POSTROUTING: they go, a container runtime's own rule stays."""
+    ov, h0 = site.ov, site.h0
+    subnet_file = _start(site, h0, "iptables", ("--ip-masq",)).subnet_file
+    ov.stop_daemon(h0)
+    old_net = "10.4.0.0/16"
+    stale = [f"-A POSTROUTING -s {old_net} -d {old_net} -m comment --comment \"flanneld masq\" "
+             "-j RETURN",
+             f"-A POSTROUTING -s {old_net} ! -d 224.0.0.0/4 -m comment --comment \"flanneld masq\" "
+             "-j MASQUERADE"]
+    docker = "-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"
+    r = ov.exec(h0, ["iptables-restore", "--noflush"],
+                input="*nat\n" + "\n".join(stale + [docker]) + "\nCOMMIT\n")
+    assert r.returncode == 0, r.stderr
+    with open(subnet_file, "w") as f:
+        f.write(f"FLANNEL_NETWORK={old_net}\nFLANNEL_SUBNET=10.4.7.1/24\nFLANNEL_MTU=1472\n"
+                "FLANNEL_IPMASQ=true\n")
+    d = ov.start_daemon(h0, args=("--ip-masq",))
+    nat = [l for l in site.save(h0, "nat") if l.startswith("-A POSTROUTING")]
+    assert nat[0] == '-A POSTROUTING -m comment --comment "flanneld masq" -j FLANNEL-POSTRTG'
+    assert docker in nat and not [l for l in nat if old_net in l], nat
+    assert "recycling the old rules" in d.log_text()
+    assert site.workloads_reach_each_other()
+
+
 def _delete_nft_rule(site, host, chain, match) -> None:
     text = site.ov.exec(host, ["nft", "-a", "list", "chain", "ip", "flannel-udp", chain],
                         check=True).stdout
