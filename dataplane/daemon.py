@@ -18,7 +18,7 @@ Startup, in flanneld's order (docs/flannel-compat.md#process, docs/flannel-compa
    10. READY=1 to systemd        when $NOTIFY_SOCKET is set
 
 Then the main thread waits for signals: SIGTERM/SIGINT stop the engine,
-close flannel0 (closing the fd removes it), remove the iptables rules, keep
+close flannel0 (closing the fd removes it), keep the iptables rules (as flanneld) and
 the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd,
 re-acquires a lease without touching the peers' routes.
 
@@ -424,13 +424,15 @@ class Daemon:
         log.info("%s", self.offloads.summary())
 
     def _setup_rules(self):
-        from .ipmasq import MasqError, Rules
+        from .ipmasq import MasqError, Previous, Rules
+        from .subnetfile import read_previous_rules
         o = self.opts
         if not (o.ip_masq or o.iptables_forward_rules):
             return
         try:
             self.rules = Rules(self.config.network, self.lease.subnet, masq=o.ip_masq,
-                               forward=o.iptables_forward_rules)
+                               forward=o.iptables_forward_rules,
+                               previous=Previous(*read_previous_rules(o.subnet_file)))
             self.rules.install()
         except MasqError as e:
             if o.ip_masq:
@@ -609,7 +611,7 @@ class Daemon:
             ("stop the engine", self._close_engine),
             ("close flannel0", self._close_tun),
             ("close the UDP sockets", lambda: [s.close() for s in self.socks]),
-            ("remove the iptables rules", lambda: self.rules and self.rules.remove()),
+            ("stop the iptables resync (the rules stay)", lambda: self.rules and self.rules.stop()),
             ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
             ("close the etcd client", lambda: self.registry and self.registry.close()),
         ]

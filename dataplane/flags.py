@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from . import queues
+from . import ipmasq, queues
 from .offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
 
 ENV_PREFIX = "FLANNELD_"
@@ -229,12 +229,15 @@ FLAGS: tuple[Flag, ...] = (
          metavar="MINUTES", check=_range(1, 1439, " minutes")),
     # --- iptables (flanneld)
     Flag("ip-masq", _parse_bool, False, "setup IP masquerade rule for traffic destined outside of "
-         "overlay network (iptables chain FLANNEL-POSTRTG, or nftables when iptables is missing)",
+         "overlay network (iptables chain FLANNEL-POSTRTG, or nftables when iptables is missing); "
+         "the rules stay after exit, remove them with: " + "; ".join(ipmasq.MASQ_REMOVAL)
+         + " (nftables: " + ipmasq.REMOVAL_COMMANDS["nft"][0] + ")",
          kind="bool"),
     Flag("iptables-resync", _parse_int, 5, "resync period for iptables rules, in seconds (default: 5)",
          metavar="SECONDS", check=_range(1, 86400, " s")),
     Flag("iptables-forward-rules", _parse_bool, True, "add default accept rules to the FORWARD "
-         "chain in iptables (chain FLANNEL-FWD; default: true)", kind="bool"),
+         "chain in iptables (chain FLANNEL-FWD, jumped to first; default: true); the rules stay "
+         "after exit, remove them with: " + "; ".join(ipmasq.FWD_REMOVAL), kind="bool"),
     # --- health (flanneld)
     Flag("healthz-ip", _parse_ip, "0.0.0.0", "the IP address for healthz server to listen "
          "(default: 0.0.0.0)", metavar="IP"),
