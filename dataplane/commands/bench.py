@@ -45,6 +45,7 @@ def main(args) -> int:
     import os
     import sys
 
+    from dataplane.atomicfile import write_atomic
     from dataplane.perf import report, runner
     from dataplane.perf.paths import ALL_PATHS
 
@@ -72,9 +73,7 @@ def main(args) -> int:
                         progress=progress)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "results.json"), "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        write_atomic(os.path.join(out_dir, "results.json"), json.dumps(result, indent=1) + "\n")
         try:
             report.plot(result, os.path.join(out_dir, "bench.png"))
         except ImportError as e:

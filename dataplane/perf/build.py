@@ -10,7 +10,10 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
+
+from ..atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +38,15 @@ def build_udpgen(force: bool = False) -> Path:
     if not cc:
         raise SetupError("no C compiler (apt-get install gcc)")
     BIN_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = UDPGEN.with_suffix(".tmp")
-    r = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SOURCE)],
-                       capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        raise SetupError(f"compiling {SOURCE} failed:\n{r.stderr}")
-    os.replace(tmp, UDPGEN)
+    # The compiler writes into a private directory; the binary then replaces the old one at once.
+    with tempfile.TemporaryDirectory(prefix="udpgen-build-") as private:
+        out = os.path.join(private, "udpgen")
+        r = subprocess.run([cc, *CFLAGS, "-o", out, str(SOURCE)],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise SetupError(f"compiling {SOURCE} failed:\n{r.stderr}")
+        with open(out, "rb") as f:
+            write_atomic(UDPGEN, f.read(), mode=0o755)
     log.info("built %s", UDPGEN)
     return UDPGEN
 
