@@ -1,6 +1,6 @@
 """The flannel-udp daemon: flanneld's udp backend, start to finish.
 
-Startup, in flanneld's order (FLANNEL_COMPAT.md §5.2, §1.2)::
+Startup, in flanneld's order (docs/flannel-compat.md#process, docs/flannel-compat.md#tun-device)::
 
     1. external interface        flanneld's rules (dataplane.iface)
     2. etcd registry, signals, /healthz (and /metrics) server
@@ -37,6 +37,7 @@ import time
 
 from . import flags as flagmod
 from . import queues as queuemod
+from .engine.api import MTU_MIN
 from .iface import IfaceError, select_interface
 from .udpsock import SOCKET_BUFFER, open_udp_sockets
 
@@ -180,7 +181,7 @@ class Daemon:
             self.ext = select_interface(o.iface, o.iface_regex, o.iface_can_reach, o.public_ip)
         except IfaceError as e:
             raise StartupError(f"Failed to find any valid interface to use: {e}") from None
-        if self.ext.tun_mtu < 68:
+        if self.ext.tun_mtu < MTU_MIN:
             raise StartupError(f"interface {self.ext.name} has MTU {self.ext.mtu}: too small for "
                                "the 28-byte udp encapsulation")
         # 2. registry, health and metrics

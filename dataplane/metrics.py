@@ -43,6 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import ipv4
+from .engine.api import OFFLOAD_STATS
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class CarriedCounters:
 # flannel_udp_engine_<name>_total so a new engine counter is never lost.
 _PATHS = ("tun_rx", "udp_tx", "udp_rx", "tun_tx")
 _SYSCALL_KINDS = ("tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls")
-_OFFLOAD_OPS = ("tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso")   # api.OFFLOAD_STATS
+_OFFLOAD_OPS = OFFLOAD_STATS
 
 
 def _family_of(stat: str):

@@ -1,6 +1,6 @@
 """Netlink configuration of the TUN device and lookups of interfaces (pyroute2).
 
-What flanneld does after opening the TUN (FLANNEL_COMPAT.md §1.2): address
+What flanneld does after opening the TUN (docs/flannel-compat.md#tun-device): address
 ``<lease network>/32``, MTU = external interface MTU - 28, link up, then one
 route ``<Network> dev flannel0`` (EEXIST ignored).
 

@@ -13,7 +13,7 @@
                                             then leaves     deleted)         engines) and the oldest leaves
 
 Why this rate: 2000 datagrams/s of 200 B (3.2 Mbit/s) is under 2 % of the slowest engine's no-drop
-rate on this machine (Python, ~130 kpps, DESIGN.md), so a correct overlay loses nothing to its own
+rate on this machine (Python, ~130 kpps, docs/design.md), so a correct overlay loses nothing to its own
 limits; over 10 minutes it is 1.2 M datagrams, enough to see a loss rate of 1e-5; and it costs a few
 percent of one core on a machine shared with other work.
 
