@@ -308,15 +308,6 @@ def make_registry(source: MetricsSource) -> CollectorRegistry:
     return reg
 
 
-def trace_event_json(ev: dict, payload: bool = False) -> dict:
-    out = {}
-    for k, v in ev.items():
-        if isinstance(v, (bytes, bytearray, memoryview)):
-            v = (bytes(v) if payload or k != "head" else headers_only(v)).hex()
-        out[k] = v
-    return out
-
-
 _L4_HEADER = {ipv4.PROTO_UDP: 8, ipv4.PROTO_ICMP: ipv4.ICMP_HEADER}
 _TCP_HEADER_MIN = 20
 
@@ -399,8 +390,18 @@ class _Conn:
         self.out = memoryview(b"")
 
 
+def trace_event_json(ev: dict, payload: bool = False) -> dict:
+    out = {}
+    for k, v in ev.items():
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            v = (bytes(v) if payload or k != "head" else headers_only(v)).hex()
+        out[k] = v
+    return out
+
+
 class HttpServer:
-    """One listener; ``paths`` picks what it serves: any of healthz (with readyz), metrics, trace."""
+    """One listener; ``paths`` picks what it serves: any of healthz, metrics, trace."""
+    # /readyz is served wherever /healthz is.
 
     def __init__(self, host: str, port: int, source: MetricsSource, paths=("healthz",), *,
                  request_timeout: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
