@@ -127,6 +127,8 @@ class Daemon:
         self.engine_why = ""
         self.servers = []
         self._old_handlers = {}
+        from .metrics import CarriedCounters
+        self._carried = CarriedCounters()     # etcd health counts across replaced watches
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
@@ -673,6 +675,50 @@ class Daemon:
     def trace_events(self, after):
         with self._lock:
             return self.engine.trace_events(after) if self.engine is not None else []
+
+    def trace_remote(self):
+        return self.opts.trace_remote
+
+    def readiness(self):
+        """/readyz: a lease that has not expired, a forwarding engine with its flannel0, and the
+        peer watch connected to etcd (else routes go stale unnoticed)."""
+        lease, engine = self._current_lease(), self.engine
+        w = self.peer_watcher
+        watch = w.watch_loop if w is not None else None
+        checks = {"lease": None, "engine": None, "etcd_watch": None}
+        if lease is None:
+            checks["lease"] = "no lease acquired yet"
+        elif lease.expiration and lease.expiration <= time.time():
+            checks["lease"] = f"lease {lease.subnet} expired at {_when(lease.expiration)}"
+        ended = engine.ended() if engine is not None else []
+        if engine is None:
+            checks["engine"] = "not started yet"
+        elif ended:
+            checks["engine"] = f"queue(s) {', '.join(map(str, ended))} stopped"
+        elif not self._tun_attached():
+            checks["engine"] = f"{self.tun_name} was deleted"
+        if watch is None:
+            checks["etcd_watch"] = "peer leases not listed yet"
+        elif not watch.connected.is_set():
+            checks["etcd_watch"] = (f"not connected to etcd, reconnecting ({watch.reconnects} "
+                                    "reconnect(s) so far)")
+        return checks
+
+    def etcd_watches(self):
+        out = {}
+        for name, owner in (("subnets", self.peer_watcher), ("config", self.config_watcher),
+                            ("own_lease", self.subnets)):
+            watch = owner.watch_loop if owner is not None else None
+            counts = self._carried.read(f"watch {name}", watch, ("reconnects", "resyncs"))
+            if watch is not None or any(counts.values()):
+                out[name] = {"connected": watch is not None and watch.connected.is_set(), **counts}
+        return out
+
+    def lease_counts(self):
+        if self.subnets is None:
+            return None
+        return self._carried.read("lease", self.subnets, ("renewals", "reacquisitions",
+                                                          "races_lost"))
 
 
 def _subnet(lease):
