@@ -122,6 +122,9 @@ class Daemon:
         self.offloads = None                  # offload.Offloads
         self.offload_flags = 0
         self.rules = None
+        self.move_failures = 0                # failed lease-move attempts (/metrics)
+        self._move_last = None                # the last failure's text: logged once per reason
+        self._move_streak = 0
         self.engine = None                    # engine.multi.MultiEngine
         self.engine_cls = None
         self.engine_why = ""
@@ -326,18 +329,44 @@ class Daemon:
         lease = sm.lease if sm is not None else None
         return lease or self.lease
 
-    def _apply_lease(self, new):
-        """Adopt `new` (same or another subnet) without touching the peers' routes."""
+    def _apply_lease(self, new) -> bool:
+        """Adopt `new` (same or another subnet) without touching the peers' routes. False when
+        the move failed halfway: logged with what to do, counted, and retried by the caller
+        (every step can run again; self.lease changes only once the host is on `new`)."""
         with self._lock:
             old = self.lease
+        if new.subnet != old.subnet:
+            if self._move_last is None:
+                log.warning("The new lease has another subnet (%s, was %s): moving flannel0 and "
+                            "the iptables rules; local workloads must use the new subnet (see %s)",
+                            new.subnet, old.subnet, self.opts.subnet_file)
+            try:
+                self._retarget(old.subnet, new.subnet)
+            except Exception as e:      # never a traceback, never a closed engine
+                self.move_failures += 1
+                self._move_streak += 1
+                if str(e) != self._move_last:
+                    log.error("Could not move to the new lease %s: %s (retried every second)",
+                              new.subnet, e)
+                self._move_last = str(e)
+                return False
+            if self._move_last is not None:
+                log.warning("Moved to the new lease %s after %d failed attempt(s)", new.subnet,
+                            self._move_streak)
+                self._move_last, self._move_streak = None, 0
+        with self._lock:
             self.lease = new
         if new.subnet != old.subnet:
-            log.warning("The new lease has another subnet (%s, was %s): moving flannel0 and the "
-                        "iptables rules; local workloads must use the new subnet (see %s)",
-                        new.subnet, old.subnet, self.opts.subnet_file)
-            self._retarget(old.subnet, new.subnet)
             self._write_subnet_env()
         self._rebuild_routes("lease re-acquired")
+        return True
+
+    def _move_to(self, lease) -> None:
+        """A failed move is tried again on the next tick, unless a newer lease came meanwhile."""
+        if not self._apply_lease(lease):
+            with self._lock:
+                if self._pending_lease is None:
+                    self._pending_lease = lease
 
     def _reacquire_lease(self):
         """SIGHUP: acquire again (the same lease if etcd still holds it for our PublicIP)."""
@@ -349,27 +378,54 @@ class Daemon:
         self._make_subnet_manager(prev=current.subnet)
         new = self._acquire_lease()
         self.subnets.start()
-        self._apply_lease(new)
+        self._move_to(new)
 
     def _retarget(self, old_subnet, new_subnet):
-        from .netconf import configure_tun
+        """New address first (removing the last one flushes flannel0's routes), then the rules,
+        then new engines on the same fds; the old engines stop only once the new ones run."""
+        from .netconf import add_network_route, configure_tun
+        name = self.tun_name
+        try:
+            configure_tun(name, f"{new_subnet.network_address}/32", self.ext.tun_mtu)
+        except Exception as e:
+            raise RuntimeError(f"netlink could not give {name} the address "
+                               f"{new_subnet.network_address}/32 ({e}); nothing moved, forwarding "
+                               f"goes on as {old_subnet}; check that {name} exists (ip addr show "
+                               f"{name}) and that the daemon has CAP_NET_ADMIN") from None
         try:
             from pyroute2 import IPRoute
             with IPRoute() as ipr:
-                idx = ipr.link_lookup(ifname=self.tun_name)[0]
+                idx = ipr.link_lookup(ifname=name)[0]
                 ipr.addr("del", index=idx, address=str(old_subnet.network_address), prefixlen=32)
         except Exception as e:
-            log.warning("could not remove the old flannel0 address: %s", e)
-        configure_tun(self.tun_name, f"{new_subnet.network_address}/32", self.ext.tun_mtu)
+            log.debug("could not remove the old %s address (gone already?): %s", name, e)
+        try:
+            add_network_route(self.config.network, name)
+        except Exception as e:
+            raise RuntimeError(f"netlink could not add the route {self.config.network} dev {name} "
+                               f"({e}); add it by hand if this persists") from None
         if self.rules is not None:
-            self.rules.update_subnet(new_subnet)
-        # The engine's ICMP source is its tun_addr: restart it on the same fds.
+            self.rules.update_subnet(new_subnet)      # its own failures: the resync retries
+        # The engine's ICMP source is its tun_addr: new engines on the same fds.
         with self._lock:
-            old_engine = self.engine
+            try:
+                engine = self._new_engine(self.engine_cls)
+            except Exception as e:
+                raise RuntimeError(f"could not create the new {self.engine_cls.name} engine ({e}); "
+                                   "the old engine keeps forwarding") from None
+            engine.set_routes(self._routes(own=new_subnet))
+            try:
+                engine.start()
+            except Exception as e:
+                engine.close()
+                raise RuntimeError(f"the new engine did not start ({e}); the old engine keeps "
+                                   "forwarding; restart the daemon if this persists (the lease "
+                                   "is kept)") from None
+            old_engine, self.engine = self.engine, engine
+        try:
             old_engine.close()
-            self.engine = self._new_engine(self.engine_cls)
-            self.engine.set_routes(self._routes())
-            self.engine.start()
+        except Exception as e:
+            log.warning("could not close the old engine: %s", e)
         if self.peer_watcher is not None:
             self.peer_watcher.set_own_subnet(new_subnet)
 
@@ -520,10 +576,10 @@ class Daemon:
             log.info("Peer added: %s via %s:%d; %d peer(s) in the route table", _subnet(lease),
                      _public_ip(lease), self.config.backend_port, n)
 
-    def _routes(self):
+    def _routes(self, own=None):
         from .engine import Route
         port = self.config.backend_port
-        own = self.lease.subnet
+        own = own or self.lease.subnet
         return [Route.make(l.subnet, l.public_ip, port) for l in self.peers.values()
                 if l.subnet != own]
 
@@ -548,7 +604,7 @@ class Daemon:
             with self._lock:
                 pending, self._pending_lease = self._pending_lease, None
             if pending is not None:
-                self._apply_lease(pending)
+                self._move_to(pending)
             if self._reacquire.is_set():
                 self._reacquire.clear()
                 try:
@@ -662,6 +718,9 @@ class Daemon:
     def config_mismatch(self):
         w = self.config_watcher
         return w.mismatch if w is not None else None
+
+    def lease_move_failures(self):
+        return self.move_failures
 
     def lease_info(self):
         lease = self._current_lease()

@@ -92,6 +92,10 @@ class MetricsSource:
         """Whether etcd's network config is not the one running (None: not known)."""
         return None
 
+    def lease_move_failures(self) -> int | None:
+        """Failed attempts to move the host to a new lease since start (None: not known)."""
+        return None
+
     def lease_info(self) -> dict | None:
         """{"subnet": "10.5.3.0/24", "expiry": epoch seconds or None} or None."""
         return None
@@ -268,6 +272,14 @@ class DaemonCollector:
             yield g
 
         yield from _etcd_families(self.source.etcd_watches(), self.source.lease_counts())
+
+        failures = self.source.lease_move_failures()
+        if failures is not None:
+            c = CounterMetricFamily(f"{PREFIX}_lease_move_failures", "Failed attempts to move "
+                                    "this host to a new lease (flannel0's address and route, "
+                                    "the engines); each is retried a second later.")
+            c.add_metric([], failures)
+            yield c
 
         info = self.source.engine_info()
         if info:

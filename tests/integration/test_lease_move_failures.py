@@ -9,8 +9,7 @@ Another node (192.168.77.99, not a host here) takes h0's subnet while h0's daemo
 more file descriptors (its RLIMIT_NOFILE lowered to what it holds, with prlimit): the netlink
 socket that would move flannel0's address cannot be opened, as on a host out of descriptors.
 The daemon must log it with what to do, count it and keep running on its old engine; once the
-limit is back, the next try completes the move. Unit tests with fakes cover each step
-(tests/unit/test_lease_move_failures.py).
+limit is back, the next try completes the move.
 """
 from __future__ import annotations
 
@@ -50,7 +49,7 @@ def test_lease_move_with_netlink_failing_is_retried_until_it_works(ov, figure):
     h, peer = ov.hosts
     d = ov.daemon(h)
     old = ov.subnet(h)
-    # no new descriptor from here on (the test runs in its own process: the limit is the daemon's)
+    # no new descriptor for the daemon from here on
     soft = _soft_nofile(d.pid, len(os.listdir(f"/proc/{d.pid}/fd")))
     try:
         ov.put(f"subnets/{old.network_address}-{old.prefixlen}",
@@ -63,7 +62,9 @@ def test_lease_move_with_netlink_failing_is_retried_until_it_works(ov, figure):
         if d.running():
             _soft_nofile(d.pid, soft)
     new = wait_until(lambda: ov.subnet(h) != old and ov.subnet(h), 10, 0.2, "the move to finish")
-    assert "Traceback" not in d.log_text() and d.running()
+    # no traceback through our code (pyroute2's half-made event loops print "Exception ignored"
+    # ones from the garbage collector while descriptors are short; they end nothing)
+    assert d.running() and "/dataplane/" not in d.log_text(), d.log_text()[-3000:]
     assert ov.reachable(peer, str(new.network_address), 10)
     m = ov.metrics(h)
     figure(f"{ov.kind}: failed move attempts before the limit was lifted",
