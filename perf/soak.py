@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dataplane.perf.build import build_udpgen  # noqa: E402
+from dataplane.bench.build import build_udpgen  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
 
 SINK_PORT = 9500

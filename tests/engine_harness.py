@@ -314,7 +314,7 @@ def subnet_host(subnet: str, n: int = 1) -> str:
 
 def full_checksum(header: bytes) -> int:
     """The header checksum recomputed from scratch (checksum field zeroed)."""
-    from dataplane import ipv4
+    from dataplane.engine import ipv4
     return ipv4.checksum(header[:10] + b"\0\0" + header[12:])
 
 

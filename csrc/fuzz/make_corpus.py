@@ -16,7 +16,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from dataplane import ipv4  # noqa: E402
+from dataplane.engine import ipv4  # noqa: E402
 
 CORPUS = os.path.join(HERE, "corpus")
 

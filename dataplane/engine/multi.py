@@ -4,7 +4,7 @@ Each queue is a complete engine with its own loop thread (the C loop runs
 without the GIL, so C queues run on all cores; Python queues work too, one
 thread each, but share the GIL). The queues share nothing: the kernel spreads
 the flows (the TUN's flow hash on the way out, the sockets' steering program
-on the way in, see dataplane/udpsock.py) and any queue may write into the TUN.
+on the way in, see dataplane/host/udpsock.py) and any queue may write into the TUN.
 
 What the wrapper decides, for callers that see one engine:
 
@@ -19,7 +19,7 @@ What the wrapper decides, for callers that see one engine:
   sender's packets hash to one queue, so a single flow sees rate/N;
 * the trace is queue 0's alone (every ring numbers its own events, and
   ``trace_events(after)`` reads one ordered stream): callers that trace run
-  one queue (dataplane/queues.py);
+  one queue (dataplane/host/queues.py);
 * ``start``/``stop``/``close`` act on all; ``join`` waits for all;
   ``ended`` says which loops have ended (one ending is a failure).
 """

@@ -51,7 +51,7 @@ import struct
 import threading
 import time
 
-from .. import ipv4
+from . import ipv4
 from .api import (DEFAULT_BATCH, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
                   EngineClosed)
 from .pytable import RouteTable, str_to_int

@@ -23,7 +23,7 @@ import signal
 import socket
 import threading
 
-from dataplane import netconf, tun
+from dataplane.host import netconf, tun
 from dataplane.engine import OFF_TUN_VNET, Route, create_engine
 
 

@@ -56,9 +56,9 @@ def _sysctl(key: str, value: str) -> None:
 
 
 def run_rx(a, stop: threading.Event) -> dict:
-    from dataplane import netconf
+    from dataplane.host import netconf
     from dataplane.engine import OFF_TUN_VNET, OFF_UDP_GRO, Route, create_engine
-    from dataplane.tun import open_tun
+    from dataplane.host.tun import open_tun
 
     peer_ip, peer_port = _hostport(a.peer)
     fds, socks, engines = [], [], {}
@@ -103,8 +103,8 @@ def run_rx(a, stop: threading.Event) -> dict:
 
 
 def run_gso_relay(a, stop: threading.Event) -> dict:
-    from dataplane import netconf
-    from dataplane.tun import open_tun
+    from dataplane.host import netconf
+    from dataplane.host.tun import open_tun
 
     peer = _hostport(a.peer)
     st = {"tun_packets": 0, "trains": 0, "train_datagrams": 0, "sends": 0, "send_errors": 0,

@@ -10,9 +10,9 @@ import urllib.request
 
 import pytest
 
-from dataplane import ipmasq
+from dataplane.host import firewall as ipmasq
 from dataplane.engine.api import STAT_NAMES
-from dataplane.metrics import HttpServer, MetricsSource
+from dataplane.daemon.metrics import HttpServer, MetricsSource
 
 
 class Source(MetricsSource):
@@ -135,7 +135,7 @@ def test_ip_masq_without_any_tool_is_a_clear_error(monkeypatch):
 
 
 def test_engine_choice_explains_itself():
-    from dataplane.daemon import choose_engine
+    from dataplane.daemon.main import choose_engine
     from dataplane.engine import c_available
     cls, why = choose_engine("python")
     assert cls.name == "python" and "--engine python" in why
@@ -144,7 +144,7 @@ def test_engine_choice_explains_itself():
 
 
 def test_sd_notify(tmp_path, monkeypatch):
-    from dataplane.daemon import sd_notify
+    from dataplane.daemon.main import sd_notify
     path = str(tmp_path / "notify")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.bind(path)

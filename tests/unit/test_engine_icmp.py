@@ -4,7 +4,7 @@ the exact bytes, checked against a builder written here from RFC 792/791
 (independent of dataplane.ipv4)."""
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import STAT_NAMES
 from tests.engine_harness import Harness, expect_only
 

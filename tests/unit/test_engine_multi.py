@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import EngineClosed, Route, engine_class, multi
 from dataplane.engine.api import STAT_NAMES
-from dataplane.udpsock import open_udp_sockets
+from dataplane.host.udpsock import open_udp_sockets
 from tests.engine_harness import assert_forwarded, behaviour_stats, big_rcvbuf
 
 QUEUES = 3

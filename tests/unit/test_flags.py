@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dataplane import flags
+from dataplane.cli import flanneld_flags as flags
 from dataplane.cli import build_parser
 
 

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import pyengine
 
 # RFC 1071-style textbook example: a 20-byte header whose checksum is 0xb861.

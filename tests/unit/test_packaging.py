@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dataplane import flags
+from dataplane.cli import flanneld_flags as flags
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]

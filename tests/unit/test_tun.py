@@ -20,8 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 _CHILD = r"""
 import errno, json, os, subprocess
-from dataplane import netconf
-from dataplane.tun import open_tun
+from dataplane.host import netconf
+from dataplane.host.tun import open_tun
 
 def links():
     return {l["ifname"]: l for l in json.loads(subprocess.check_output(["ip", "-j", "link"]))}
@@ -98,7 +98,7 @@ def test_open_tun_configure_and_close_removes(netns):
 
 
 def test_open_tun_rejects_bad_names():
-    from dataplane.tun import open_tun
+    from dataplane.host.tun import open_tun
     with pytest.raises(ValueError):
         open_tun("x" * 16)
     with pytest.raises(ValueError):
@@ -108,7 +108,7 @@ def test_open_tun_rejects_bad_names():
 def test_netconf_refuses_to_run_in_an_asyncio_loop():
     import asyncio
 
-    from dataplane import netconf
+    from dataplane.host import netconf
 
     async def inside():
         netconf.iface_mtu("lo")

@@ -17,7 +17,7 @@ from tests.conftest import require
 @pytest.fixture(scope="module")
 def udpgen():
     require(shutil.which("gcc") is not None, "needs gcc to build perf/udpgen.c")
-    from dataplane.perf import build
+    from dataplane.bench import build
     return str(build.build_udpgen())
 
 

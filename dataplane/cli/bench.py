@@ -45,8 +45,8 @@ def main(args) -> int:
     import os
     import sys
 
-    from dataplane.perf import report, runner
-    from dataplane.perf.paths import ALL_PATHS
+    from dataplane.bench import report, runner
+    from dataplane.bench.paths import ALL_PATHS
 
     if os.geteuid() != 0:
         print("flannel-udp bench: needs root (network namespaces, TUN devices)", file=sys.stderr)
@@ -66,7 +66,7 @@ def main(args) -> int:
     progress = runner.Progress(quiet=args.quiet)
     out_dir = args.out
     if out_dir is None and not args.json:
-        from dataplane.perf.build import PERF_DIR
+        from dataplane.bench.build import PERF_DIR
         out_dir = str(PERF_DIR / "out")
     result = runner.run(paths=paths, profile=profile, trials=args.trials, batch=args.batch,
                         progress=progress)

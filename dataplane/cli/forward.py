@@ -114,7 +114,7 @@ def _count(lo: int):
 
 
 def _queues(value: str) -> int:
-    from dataplane.queues import check
+    from dataplane.host.queues import check
     try:
         n = int(value)
         check(n)
@@ -187,11 +187,11 @@ def _write_json(path: str, obj: dict) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from dataplane import netconf
+    from dataplane.host import netconf
     from dataplane.engine import DEFAULT_BATCH, Route, multi
-    from dataplane.offload import DEFAULT_MODE, Offloads
-    from dataplane.queues import default_queues
-    from dataplane.udpsock import open_udp_sockets
+    from dataplane.host.offload import DEFAULT_MODE, Offloads
+    from dataplane.host.queues import default_queues
+    from dataplane.host.udpsock import open_udp_sockets
     from pyroute2.netlink.exceptions import NetlinkError
 
     listen_ip, port = args.listen

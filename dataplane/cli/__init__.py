@@ -1,4 +1,4 @@
-"""`flannel-udp` / `python -m dataplane`: one subcommand per module in dataplane/commands/.
+"""`flannel-udp` / `python -m dataplane`: one subcommand per module in this package.
 
 Each command module has ``HELP`` (one line), ``add_arguments(parser)`` and
 ``main(args) -> int``; heavy imports stay inside ``main`` so that ``--help`` is fast.
@@ -10,7 +10,7 @@ import importlib
 import logging
 import sys
 
-from . import __version__
+from .. import __version__
 
 # (subcommand, module under dataplane.commands)
 COMMANDS = [
@@ -23,9 +23,9 @@ COMMANDS = [
 
 def _load(module: str):
     try:
-        return importlib.import_module(f"dataplane.commands.{module}")
+        return importlib.import_module(f"dataplane.cli.{module}")
     except ModuleNotFoundError as e:
-        if e.name == f"dataplane.commands.{module}":
+        if e.name == f"dataplane.cli.{module}":
             return None  # not written yet
         raise
 

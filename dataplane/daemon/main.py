@@ -35,10 +35,10 @@ import socket
 import threading
 import time
 
-from . import flags as flagmod
-from . import queues as queuemod
-from .iface import IfaceError, select_interface
-from .udpsock import SOCKET_BUFFER, open_udp_sockets
+from ..cli import flanneld_flags as flagmod
+from ..host import queues as queuemod
+from ..host.iface import IfaceError, select_interface
+from ..host.udpsock import SOCKET_BUFFER, open_udp_sockets
 
 log = logging.getLogger("dataplane.daemon")
 
@@ -77,7 +77,7 @@ def sd_notify(state: str) -> bool:
 
 def choose_engine(requested: str):
     """(engine class, why) for --engine c|python|auto, in operators' words."""
-    from .engine import c_available, c_import_error, engine_class
+    from ..engine import c_available, c_import_error, engine_class
     if requested == "c":
         try:
             return engine_class("c"), "requested with --engine c"
@@ -209,7 +209,7 @@ class Daemon:
                  self.queues)
 
     def _make_registry(self):
-        from .registry import Registry
+        from ..control.registry import Registry
         o = self.opts
         tls = bool(o.etcd_keyfile and o.etcd_certfile)
         try:
@@ -242,8 +242,8 @@ class Daemon:
             raise StartupError(str(e)) from None
 
     def _wait_for_config(self):
-        from .config import ConfigError
-        from .registry import ConfigNotFoundError, RegistryError
+        from ..control.config import ConfigError
+        from ..control.registry import ConfigNotFoundError, RegistryError
         last = None
         while True:
             try:
@@ -276,8 +276,8 @@ class Daemon:
 
     # -- lease ---------------------------------------------------------
     def _make_subnet_manager(self, prev=None):
-        from .subnetfile import read_previous_subnet
-        from .subnets import SubnetManager
+        from ..control.subnetfile import read_previous_subnet
+        from ..control.lease_manager import SubnetManager
         if prev is None:
             prev = read_previous_subnet(self.opts.subnet_file)
             if prev is not None:
@@ -287,8 +287,8 @@ class Daemon:
                                      config=self.config)
 
     def _acquire_lease(self):
-        from .registry import RegistryError
-        from .subnets import SubnetError
+        from ..control.registry import RegistryError
+        from ..control.lease_manager import SubnetError
         last = None
         while True:
             try:
@@ -349,7 +349,7 @@ class Daemon:
         self._apply_lease(new)
 
     def _retarget(self, old_subnet, new_subnet):
-        from .netconf import configure_tun
+        from ..host.netconf import configure_tun
         try:
             from pyroute2 import IPRoute
             with IPRoute() as ipr:
@@ -372,7 +372,7 @@ class Daemon:
 
     # -- devices -------------------------------------------------------
     def _open_tun(self):
-        from .netconf import add_network_route, configure_tun
+        from ..host.netconf import add_network_route, configure_tun
         try:
             self.tun_fds, self.tun_name = self.offloads.open_tun("flannel%d", self.queues)
         except OSError as e:
@@ -423,7 +423,7 @@ class Daemon:
         log.info("%s", self.offloads.summary())
 
     def _setup_rules(self):
-        from .ipmasq import MasqError, Rules
+        from ..host.firewall import MasqError, Rules
         o = self.opts
         if not (o.ip_masq or o.iptables_forward_rules):
             return
@@ -440,7 +440,7 @@ class Daemon:
         self.rules.start_resync(o.iptables_resync)
 
     def _write_subnet_env(self):
-        from .subnetfile import write_subnet_env
+        from ..control.subnetfile import write_subnet_env
         try:
             write_subnet_env(self.opts.subnet_file, self.config.network, self.lease.subnet,
                              self.ext.tun_mtu, self.opts.ip_masq)
@@ -451,7 +451,7 @@ class Daemon:
 
     # -- engine and peers ------------------------------------------------
     def _new_engine(self, cls):
-        from .engine import multi
+        from ..engine import multi
         o = self.opts
         return multi.create(cls, self.tun_fds, [s.fileno() for s in self.socks],
                             tun_addr=self.lease.subnet.network_address, mtu=self.ext.tun_mtu,
@@ -461,7 +461,7 @@ class Daemon:
 
     def _select_engine(self):
         """The engine class, then what it decides: the queues and the offloads to try."""
-        from .offload import Offloads
+        from ..host.offload import Offloads
         o = self.opts
         requested = o.engine
         if o.sources.get("engine") == "default" and os.environ.get("DATAPLANE_ENGINE"):
@@ -492,8 +492,8 @@ class Daemon:
                  else "any source (--accept-from any, as flanneld)")
 
     def _start_watches(self):
-        from .peers import PeerWatcher
-        from .configwatch import ConfigWatcher
+        from ..control.peers import PeerWatcher
+        from ..control.configwatch import ConfigWatcher
         self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self._on_peers,
                                         network=self.config.network)
         self.peer_watcher.start()
@@ -516,7 +516,7 @@ class Daemon:
                      _public_ip(lease), self.config.backend_port, n)
 
     def _routes(self):
-        from .engine import Route
+        from ..engine import Route
         port = self.config.backend_port
         own = self.lease.subnet
         return [Route.make(l.subnet, l.public_ip, port) for l in self.peers.values()
@@ -591,7 +591,7 @@ class Daemon:
         return 0
 
     def _tun_attached(self) -> bool:
-        from .tun import tun_attached
+        from ..host.tun import tun_attached
         try:
             # Every queue is detached with the device; asking the first suffices.
             return not self.tun_fds or tun_attached(self.tun_fds[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .. import flags
+from . import flanneld_flags as flags
 
 HELP = "run the overlay daemon (flanneld-compatible flags; a drop-in for flanneld's udp backend)"
 DESCRIPTION = """\
@@ -40,5 +40,5 @@ def main(args) -> int:
         root.setLevel(logging.DEBUG)
     for w in opts.warnings:
         logging.getLogger("dataplane.daemon").warning("%s", w)
-    from ..daemon import Daemon
+    from ..daemon.main import Daemon
     return Daemon(opts).run()

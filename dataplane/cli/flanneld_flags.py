@@ -25,8 +25,8 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from . import queues
-from .offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
+from ..host import queues
+from ..host.offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
 
 ENV_PREFIX = "FLANNELD_"
 
@@ -434,7 +434,7 @@ def resolve(args: argparse.Namespace, environ=None) -> Options:
 
 
 def print_version(stream=None) -> None:
-    from . import __version__
+    from .. import __version__
     print(f"flannel-udp {__version__} (flanneld udp backend compatible)",
           file=stream or sys.stderr)
 

@@ -1,0 +1,11 @@
+"""The etcd control plane: what the cluster agrees on, and nothing about devices or packets.
+
+* ``config.py``        the network config at ``<prefix>/config`` (parse, defaults, checks);
+* ``registry.py``      the etcd client: transactions on leases, watches that resume (the only
+                       module that imports the etcd library);
+* ``lease.py``         a lease's key and value: the format flanneld writes and reads;
+* ``lease_manager.py`` our lease: acquire, renew, re-acquire when it is lost;
+* ``peers.py``         the other nodes' leases, kept equal to etcd;
+* ``configwatch.py``   warns when the network config changes under a running daemon;
+* ``subnetfile.py``    subnet.env, the file the workloads' runtime reads.
+"""
