@@ -44,8 +44,7 @@ class MultiEngine(Engine):
         if not queues:
             raise ValueError("a MultiEngine needs at least one queue")
         q0 = queues[0]
-        super().__init__(q0.tun_fd, q0.udp_fd, q0.tun_addr, q0.mtu, q0.port, q0.batch,
-                         q0.accept_any)
+        super().__init__(q0.tun_fd, q0.udp_fd, q0.tun_addr, q0.mtu, q0.batch, q0.accept_any)
         self.queues = queues
         self.name = q0.name
         self._closed = False
@@ -142,8 +141,8 @@ def create(cls, tun_fds, udp_fds, *, icmp_rate=None, icmp_burst=ICMP_BURST_DEFAU
            offloads: int = 0, trace: bool = False, **engine_kw) -> MultiEngine:
     """One ``cls`` engine per (tun fd, udp fd) pair, configured alike, not started.
 
-    ``engine_kw`` are Engine's other constructor arguments (tun_addr, mtu, port,
-    batch, accept_any). On failure the engines made so far are closed."""
+    ``engine_kw`` are Engine's other constructor arguments (tun_addr, mtu, batch,
+    accept_any). On failure the engines made so far are closed."""
     tun_fds, udp_fds = list(tun_fds), list(udp_fds)
     if len(tun_fds) != len(udp_fds) or not tun_fds:
         raise ValueError(f"{len(tun_fds)} TUN queue(s) for {len(udp_fds)} UDP socket(s)")

@@ -79,7 +79,7 @@ def run_rx(a, stop: threading.Event) -> dict:
         for name, fd, s, off, kind in (("rx", fd0, s0, a.offloads, a.engine),
                                        ("back", fd1, s1, 0, "c")):
             e = create_engine(kind, tun_fd=fd, udp_fd=s.fileno(), tun_addr=a.addr, mtu=MTU,
-                        port=s.getsockname()[1], batch=64, accept_any=True)
+                        batch=64, accept_any=True)
             if off:
                 e.set_offloads(off)
             e.set_icmp_limit(0, 1)
