@@ -44,9 +44,10 @@ class Recorder:
         self.calls = []
         self.lock = threading.Lock()
 
-    def __call__(self, added, removed):
+    def __call__(self, change):
         with self.lock:
-            self.calls.append(([str(l.subnet) for l in added], [str(l.subnet) for l in removed]))
+            self.calls.append(([str(l.subnet) for l in change.added],
+                               [str(l.subnet) for l in change.removed]))
 
 
 @pytest.fixture
