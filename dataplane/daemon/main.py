@@ -1,8 +1,9 @@
 """The flannel-udp daemon: flanneld's udp backend, start to finish.
 
-Startup, in flanneld's order (FLANNEL_COMPAT.md §5.2, §1.2)::
+Startup, in flanneld's order (FLANNEL_COMPAT.md §5.2, §1.2); each step is a function of
+daemon/startup.py::
 
-    1. external interface        flanneld's rules (dataplane.iface)
+    1. external interface        flanneld's rules (dataplane.host.iface)
     2. etcd registry, signals, /healthz (and /metrics) server
     3. network config            <prefix>/config, retried every second until valid
     4. lease                     reuse by PublicIP, else the subnet.env subnet, else random
@@ -10,102 +11,52 @@ Startup, in flanneld's order (FLANNEL_COMPAT.md §5.2, §1.2)::
                                  MTU = interface MTU - 28, up, route <Network> dev flannel0;
                                  one fd per queue (--queues), vnet headers for --offload auto
     6. UDP socket(s)             bound to the interface address and the config's port, one
-                                 per queue (SO_REUSEPORT); offloads probed (dataplane.offload)
+                                 per queue (SO_REUSEPORT); offloads probed (dataplane.host.offload)
     7. iptables                  --ip-masq (FLANNEL-POSTRTG), --iptables-forward-rules (FLANNEL-FWD)
     8. subnet.env                FLANNEL_NETWORK / SUBNET / MTU / IPMASQ
-    9. engine + watches          one engine per queue (engine.multi); peer leases -> route
-                                 table (engine.set_routes), own lease renewal
-   10. READY=1 to systemd        when $NOTIFY_SOCKET is set
+    9. engine + watches          one engine per queue (engine.multi); each peer change ->
+                                 route table (control/routes.py) -> engine, own lease renewal
+   10. READY=1 to systemd        when $NOTIFY_SOCKET is set (daemon/systemd.py)
 
-Then the main thread waits for signals: SIGTERM/SIGINT stop the engine,
-close flannel0 (closing the fd removes it), remove the iptables rules, keep
-the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd,
-re-acquires a lease without touching the peers' routes.
+Then the main thread runs the checks of daemon/monitor.py every second until a signal:
+SIGTERM/SIGINT stop the engine, close flannel0 (closing the fd removes it), remove the iptables
+rules, keep the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd, re-acquires a
+lease without touching the peers' routes (daemon/lease_move.py).
 
-Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no
-lease's PublicIP (counted as drop_bad_source, logged at most every 10 s).
+Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no lease's PublicIP
+(counted as drop_bad_source, logged at most every 10 s).
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
-import socket
 import threading
-import time
 
-from ..cli import flanneld_flags as flagmod
-from ..host import queues as queuemod
-from ..host.iface import IfaceError, select_interface
-from ..host.udpsock import SOCKET_BUFFER, open_udp_sockets
+from ..cli import flanneld_flags
+from ..control.peerset import PeerChange, PeerSnapshot
+from ..control.routes import route_table
+from ..host import queues
+from . import lease_move, startup
+from .metrics import DaemonSource
+from .monitor import MONITOR_PERIOD_S, Monitor
+from .startup import StartupError, Stopped
+from .systemd import sd_notify
 
-log = logging.getLogger("dataplane.daemon")
+log = logging.getLogger(__name__)
 
-CONFIG_RETRY_S = 1.0
-LEASE_RETRY_S = 1.0
-MONITOR_PERIOD_S = 1.0
 PEERS_READY_TIMEOUT_S = 5.0
-BAD_SOURCE_LOG_EVERY_S = 10.0
-EXAMPLE_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
-
-
-class StartupError(RuntimeError):
-    """A fatal startup problem; the message says what to do. Exit status 1."""
-
-
-class _Stopped(Exception):
-    """SIGTERM/SIGINT arrived while starting up."""
-
-
-def sd_notify(state: str) -> bool:
-    """Tell systemd (Type=notify) our state, as flanneld's SdNotify does."""
-    path = os.environ.get("NOTIFY_SOCKET")
-    if not path:
-        return False
-    if path.startswith("@"):
-        path = "\0" + path[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.connect(path)
-            s.sendall(state.encode())
-        return True
-    except OSError as e:
-        log.warning("could not notify systemd (%s): %s", path, e)
-        return False
-
-
-def choose_engine(requested: str):
-    """(engine class, why) for --engine c|python|auto, in operators' words."""
-    from ..engine import c_available, c_import_error, engine_class
-    if requested == "c":
-        try:
-            return engine_class("c"), "requested with --engine c"
-        except ImportError as e:
-            raise StartupError(f"--engine c: the C engine is not built ({e}). Reinstall with a C "
-                               "compiler and cffi (pip install -e .), or use --engine python "
-                               "or auto") from None
-    try:
-        if requested == "python":
-            return engine_class("python"), "requested with --engine python"
-        if c_available():
-            return engine_class("c"), "auto: the C engine is built (the fast path)"
-        return engine_class("python"), (f"auto: the C engine is not built ({c_import_error()}); "
-                                        "install a C compiler and reinstall for the fast path")
-    except ImportError as e:
-        raise StartupError(f"the Python engine cannot be loaded ({e}); the installation is "
-                           "incomplete: reinstall flannel-udp (pip install -e .)") from None
 
 
 class Daemon:
-    """One run of `flannel-udp run`. Also the MetricsSource of /metrics."""
+    """One run of `flannel-udp run`."""
 
-    def __init__(self, opts: flagmod.Options):
+    def __init__(self, opts: flanneld_flags.Options):
         self.opts = opts
         self._stop = threading.Event()
         self._reacquire = threading.Event()
         self._pending_lease = None
-        self._lock = threading.RLock()        # guards engine, lease, peers, routes
+        self.lock = threading.RLock()         # guards engine, lease, peers
         self.ext = None                       # ExternalInterface
         self.registry = None
         self.config = None
@@ -113,12 +64,12 @@ class Daemon:
         self.subnets = None                   # SubnetManager
         self.peer_watcher = None
         self.config_watcher = None
-        self.peers: dict = {}                 # subnet -> Lease
+        self.peers = PeerSnapshot()           # the last snapshot the peer watcher handed over
         self.tun_fds: list = []               # one per queue
         self.tun_name = None
         self.socks: list = []                 # one per queue
         self.queues = 1
-        self.offloads = None                  # offload.Offloads
+        self.offloads = None                  # host.offload.Offloads
         self.offload_flags = 0
         self.rules = None
         self.engine = None                    # engine.multi.MultiEngine
@@ -133,7 +84,7 @@ class Daemon:
         try:
             try:
                 self._startup()
-            except _Stopped:
+            except Stopped:
                 log.info("Stopped before startup completed")
                 return 0
             except StartupError as e:
@@ -166,39 +117,38 @@ class Daemon:
     def stop(self):
         self._stop.set()
 
-    def _wait(self, seconds: float) -> None:
+    def wait(self, seconds: float) -> None:
+        """Sleep during startup; raises Stopped when SIGTERM/SIGINT arrives meanwhile."""
         if self._stop.wait(seconds):
-            raise _Stopped()
+            raise Stopped()
 
     # ------------------------------------------------------------------ startup
     def _startup(self):
         o = self.opts
         # 1. external interface
-        try:
-            self.ext = select_interface(o.iface, o.iface_regex, o.iface_can_reach, o.public_ip)
-        except IfaceError as e:
-            raise StartupError(f"Failed to find any valid interface to use: {e}") from None
-        if self.ext.tun_mtu < 68:
-            raise StartupError(f"interface {self.ext.name} has MTU {self.ext.mtu}: too small for "
-                               "the 28-byte udp encapsulation")
+        self.ext = startup.select_interface(o)
         # 2. registry, health and metrics
-        self.registry = self._make_registry()
-        self._start_servers()
+        self.registry = startup.make_registry(o)
+        self.servers = startup.start_http_servers(o, DaemonSource(self))
         # 3. config
-        self.config = self._wait_for_config()
+        self.config = startup.wait_for_config(self.registry, self.wait)
         # 4. lease
-        self._make_subnet_manager()
-        self.lease = self._acquire_lease()
+        self.subnets = startup.make_lease_manager(o, self.registry, self.ext, self.config,
+                                                  self.on_lease_change)
+        self.lease = startup.acquire_lease(self.subnets, self.registry, self.wait)
         # the engine decides the queues' fds (vnet headers for its offloads)
         self._select_engine()
         # 5. flannel0
-        self._open_tun()
-        # 6. UDP socket
-        self._open_socket()
+        self.tun_fds, self.tun_name = startup.open_tun(self.offloads, self.queues,
+                                                       self.lease.subnet, self.config.network,
+                                                       self.ext)
+        # 6. UDP socket(s) and the offloads they and flannel0 accept
+        self.socks = startup.open_sockets(self.ext, self.config.backend_port, self.queues)
+        self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
         # 7. iptables
-        self._setup_rules()
+        self.rules = startup.install_rules(o, self.config.network, self.lease.subnet)
         # 8. subnet.env
-        self._write_subnet_env()
+        startup.write_subnet_env(o, self.config.network, self.lease.subnet, self.ext.tun_mtu)
         # 9. engine and watches
         self._start_engine()
         self._start_watches()
@@ -208,283 +158,20 @@ class Daemon:
                  self.tun_name, self.lease.subnet, len(self.peers), self.engine.name,
                  self.queues)
 
-    def _make_registry(self):
-        from ..control.registry import Registry
-        o = self.opts
-        tls = bool(o.etcd_keyfile and o.etcd_certfile)
-        try:
-            return Registry(o.etcd_endpoints, o.etcd_prefix,
-                            keyfile=o.etcd_keyfile if tls else None,
-                            certfile=o.etcd_certfile if tls else None,
-                            cafile=o.etcd_cafile or None,
-                            username=o.etcd_username or None, password=o.etcd_password or None)
-        except (ValueError, OSError) as e:
-            raise StartupError(f"cannot set up the etcd client: {e}; check --etcd-endpoints, "
-                               "--etcd-keyfile/--etcd-certfile/--etcd-cafile and "
-                               "--etcd-username/--etcd-password") from None
-
-    def _start_servers(self):
-        from .metrics import HttpServer
-        o = self.opts
-        try:
-            if o.healthz_port:
-                paths = ["healthz"]
-                if o.metrics_on_healthz():
-                    paths.append("metrics")
-                if o.trace:
-                    paths.append("trace")
-                self.servers.append(HttpServer(o.healthz_ip, o.healthz_port, self, paths).start())
-            listen = o.metrics_listen()
-            if listen:
-                paths = ["healthz", "metrics"] + (["trace"] if o.trace else [])
-                self.servers.append(HttpServer(listen[0], listen[1], self, paths).start())
-        except OSError as e:
-            raise StartupError(str(e)) from None
-
-    def _wait_for_config(self):
-        from ..control.config import ConfigError
-        from ..control.registry import ConfigNotFoundError, RegistryError
-        last = None
-        while True:
-            try:
-                cfg = self.registry.get_config()
-            except ConfigNotFoundError:
-                msg = (f"flannel config not found in etcd at {self.registry.config_key}; put it "
-                       f"with: etcdctl put {self.registry.config_key} '{EXAMPLE_CONFIG}'")
-            except ConfigError as e:
-                msg = (f"the network config at {self.registry.config_key} is invalid: {e}; fix it "
-                       "with etcdctl put")
-            except RegistryError as e:
-                msg = (f"cannot read the network config from etcd ({e}); is etcd running and "
-                       "are --etcd-endpoints right?")
-            else:
-                if cfg.backend_type.lower() != "udp":
-                    raise StartupError(
-                        f"the network config asks for backend {cfg.backend_type!r}: flannel-udp "
-                        "implements only the udp backend; set \"Backend\":{\"Type\":\"udp\"}")
-                if not cfg.enable_ipv4 or cfg.network is None:
-                    raise StartupError("the network config has no IPv4 Network: the udp backend "
-                                       "is IPv4 only")
-                log.info("Network config: Network %s, SubnetLen %d, SubnetMin %s, SubnetMax %s, "
-                         "backend udp port %d", cfg.network, cfg.subnet_len, cfg.subnet_min,
-                         cfg.subnet_max, cfg.backend_port)
-                return cfg
-            if msg != last:
-                log.warning("%s (retrying every %.0f s)", msg, CONFIG_RETRY_S)
-                last = msg
-            self._wait(CONFIG_RETRY_S)
-
-    # -- lease ---------------------------------------------------------
-    def _make_subnet_manager(self, prev=None):
-        from ..control.subnetfile import read_previous_subnet
-        from ..control.lease_manager import SubnetManager
-        if prev is None:
-            prev = read_previous_subnet(self.opts.subnet_file)
-            if prev is not None:
-                log.info("Previous subnet from %s: %s", self.opts.subnet_file, prev)
-        self.subnets = SubnetManager(self.registry, self.ext.ext_addr, prev,
-                                     self.opts.subnet_lease_renew_margin, self._on_lease_change,
-                                     config=self.config)
-
-    def _acquire_lease(self):
-        from ..control.registry import RegistryError
-        from ..control.lease_manager import SubnetError
-        last = None
-        while True:
-            try:
-                lease = self.subnets.acquire()
-            except RegistryError as e:
-                msg = f"cannot acquire a lease: etcd unavailable ({e}); retrying"
-                if msg != last:
-                    log.warning("%s", msg)
-                    last = msg
-                self._wait(LEASE_RETRY_S)
-                continue
-            except SubnetError as e:
-                raise StartupError(f"failed to acquire a lease: {e}; free subnets by deleting "
-                                   f"stale leases under {self.registry.subnets_prefix} or widen "
-                                   "the Network in the config") from None
-            except Exception as e:
-                raise StartupError(f"failed to acquire a lease: {e}") from None
-            log.info("Lease acquired: %s (PublicIP %s), expires %s", lease.subnet,
-                     lease.public_ip, _when(lease.expiration))
-            return lease
-
-    def _on_lease_change(self, lease):
-        """SubnetManager callback (its thread): our lease was lost in etcd (deleted, expired,
-        taken) and it acquired one again. The main thread applies it."""
-        log.warning("Our lease was lost in etcd and re-acquired: %s (PublicIP %s), expires %s",
-                    lease.subnet, lease.public_ip, _when(lease.expiration))
-        with self._lock:
-            self._pending_lease = lease
-
-    def _current_lease(self):
-        sm = self.subnets
-        lease = sm.lease if sm is not None else None
-        return lease or self.lease
-
-    def _apply_lease(self, new):
-        """Adopt `new` (same or another subnet) without touching the peers' routes."""
-        with self._lock:
-            old = self.lease
-            self.lease = new
-        if new.subnet != old.subnet:
-            log.warning("The new lease has another subnet (%s, was %s): moving flannel0 and the "
-                        "iptables rules; local workloads must use the new subnet (see %s)",
-                        new.subnet, old.subnet, self.opts.subnet_file)
-            self._retarget(old.subnet, new.subnet)
-            self._write_subnet_env()
-        self._rebuild_routes("lease re-acquired")
-
-    def _reacquire_lease(self):
-        """SIGHUP: acquire again (the same lease if etcd still holds it for our PublicIP)."""
-        current = self._current_lease()
-        try:
-            self.subnets.stop()
-        except Exception as e:
-            log.debug("stopping the subnet manager: %s", e)
-        self._make_subnet_manager(prev=current.subnet)
-        new = self._acquire_lease()
-        self.subnets.start()
-        self._apply_lease(new)
-
-    def _retarget(self, old_subnet, new_subnet):
-        from ..host.netconf import configure_tun
-        try:
-            from pyroute2 import IPRoute
-            with IPRoute() as ipr:
-                idx = ipr.link_lookup(ifname=self.tun_name)[0]
-                ipr.addr("del", index=idx, address=str(old_subnet.network_address), prefixlen=32)
-        except Exception as e:
-            log.warning("could not remove the old flannel0 address: %s", e)
-        configure_tun(self.tun_name, f"{new_subnet.network_address}/32", self.ext.tun_mtu)
-        if self.rules is not None:
-            self.rules.update_subnet(new_subnet)
-        # The engine's ICMP source is its tun_addr: restart it on the same fds.
-        with self._lock:
-            old_engine = self.engine
-            old_engine.close()
-            self.engine = self._new_engine(self.engine_cls)
-            self.engine.set_routes(self._routes())
-            self.engine.start()
-        if self.peer_watcher is not None:
-            self.peer_watcher.set_own_subnet(new_subnet)
-
-    # -- devices -------------------------------------------------------
-    def _open_tun(self):
-        from ..host.netconf import add_network_route, configure_tun
-        try:
-            self.tun_fds, self.tun_name = self.offloads.open_tun("flannel%d", self.queues)
-        except OSError as e:
-            raise StartupError(f"failed to open the TUN device /dev/net/tun: {e}; run as root "
-                               "(CAP_NET_ADMIN) with the tun module loaded (modprobe tun)") from None
-        addr = f"{self.lease.subnet.network_address}/32"
-        try:
-            configure_tun(self.tun_name, addr, self.ext.tun_mtu)
-            add_network_route(self.config.network, self.tun_name)
-        except Exception as e:
-            raise StartupError(f"failed to configure {self.tun_name} ({addr}, MTU "
-                               f"{self.ext.tun_mtu}, route {self.config.network}): {e}") from None
-        self._accept_local()
-        log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s)",
-                 self.tun_name, addr, self.ext.tun_mtu, self.ext.name, self.ext.mtu,
-                 self.config.network, self.tun_name, len(self.tun_fds))
-
-    def _accept_local(self):
-        """The engine's ICMP net-unreachable comes back through flannel0 with the source
-        <lease net> (flannel0's own address). The kernel drops a packet whose source is a local
-        address as a martian unless accept_local is set on the receiving device, so without
-        this the ICMP (flanneld's included) never reaches the sender. Only flannel0 is touched."""
-        path = f"/proc/sys/net/ipv4/conf/{self.tun_name}/accept_local"
-        try:
-            with open(path, "w") as f:
-                f.write("1")
-        except OSError as e:
-            log.warning("could not set %s (ICMP net unreachable will not reach local senders): "
-                        "%s", path, e)
-
-    def _open_socket(self):
-        port = self.config.backend_port
-        try:
-            self.socks = open_udp_sockets(str(self.ext.iface_addr), port, self.queues,
-                                          bufsize=SOCKET_BUFFER, blocking=False)
-        except OSError as e:
-            hint = ("is flanneld or another flannel-udp still running on this host?"
-                    if e.errno == errno.EADDRINUSE else "check --iface")
-            raise StartupError(f"failed to bind the UDP socket to {self.ext.iface_addr}:{port}: "
-                               f"{e.strerror}; {hint}") from None
-        log.info("Listening for encapsulated packets on UDP %s:%d%s", self.ext.iface_addr, port,
-                 f" ({len(self.socks)} sockets, SO_REUSEPORT)" if len(self.socks) > 1 else "")
-        try:
-            self.offload_flags = self.offloads.probe(self.tun_fds, self.socks)
-        except OSError as e:
-            raise StartupError(f"probing the offloads failed: {e}; run with --offload off") \
-                from None
-        log.info("%s", self.offloads.summary())
-
-    def _setup_rules(self):
-        from ..host.firewall import MasqError, Rules
-        o = self.opts
-        if not (o.ip_masq or o.iptables_forward_rules):
-            return
-        try:
-            self.rules = Rules(self.config.network, self.lease.subnet, masq=o.ip_masq,
-                               forward=o.iptables_forward_rules)
-            self.rules.install()
-        except MasqError as e:
-            if o.ip_masq:
-                raise StartupError(str(e)) from None
-            log.warning("forward rules not installed: %s", e)
-            self.rules = None
-            return
-        self.rules.start_resync(o.iptables_resync)
-
-    def _write_subnet_env(self):
-        from ..control.subnetfile import write_subnet_env
-        try:
-            write_subnet_env(self.opts.subnet_file, self.config.network, self.lease.subnet,
-                             self.ext.tun_mtu, self.opts.ip_masq)
-            log.info("Wrote subnet file to %s", self.opts.subnet_file)
-        except OSError as e:
-            log.warning("Failed to write subnet file %s: %s (continuing; workloads that read it "
-                        "will not start)", self.opts.subnet_file, e)
-
-    # -- engine and peers ------------------------------------------------
-    def _new_engine(self, cls):
-        from ..engine import multi
-        o = self.opts
-        return multi.create(cls, self.tun_fds, [s.fileno() for s in self.socks],
-                            tun_addr=self.lease.subnet.network_address, mtu=self.ext.tun_mtu,
-                            port=self.config.backend_port, accept_any=o.accept_from == "any",
-                            icmp_rate=o.icmp_rate, icmp_burst=o.icmp_burst,
-                            offloads=self.offload_flags, trace=o.trace)
-
     def _select_engine(self):
         """The engine class, then what it decides: the queues and the offloads to try."""
         from ..host.offload import Offloads
         o = self.opts
-        requested = o.engine
-        if o.sources.get("engine") == "default" and os.environ.get("DATAPLANE_ENGINE"):
-            requested = os.environ["DATAPLANE_ENGINE"].strip().lower()
-            if requested not in ("c", "python", "auto"):
-                raise StartupError(f"DATAPLANE_ENGINE={requested!r}: use c, python or auto")
-        self.engine_cls, why = choose_engine(requested)
-        if requested != o.engine:
-            why += " (from $DATAPLANE_ENGINE)"
-        self.engine_why = why
-        self.queues, note = queuemod.effective(o.queues, o.trace)
+        self.engine_cls, self.engine_why = startup.choose_engine(o)
+        self.queues, note = queues.effective(o.queues, o.trace)
         if note:
             log.info("%s", note)
         self.offloads = Offloads(o.offload, self.engine_cls.name)
 
     def _start_engine(self):
         o = self.opts
-        try:
-            self.engine = self._new_engine(self.engine_cls)
-        except (OSError, ValueError) as e:
-            hint = "; run with --offload off" if self.offload_flags else ""
-            raise StartupError(f"failed to create the {self.engine_cls.name} engine: "
-                               f"{e}{hint}") from None
+        self.engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
+                                         self.lease.subnet, self.ext.tun_mtu, self.offload_flags)
         self.engine.start()
         log.info("Engine: %s (%s), %d queue(s); accepting datagrams from %s", self.engine.name,
                  self.engine_why, len(self.engine),
@@ -492,9 +179,9 @@ class Daemon:
                  else "any source (--accept-from any, as flanneld)")
 
     def _start_watches(self):
-        from ..control.peers import PeerWatcher
         from ..control.configwatch import ConfigWatcher
-        self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self._on_peers,
+        from ..control.peers import PeerWatcher
+        self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self.on_peers,
                                         network=self.config.network)
         self.peer_watcher.start()
         self.config_watcher = ConfigWatcher(self.registry, self.config).start()
@@ -505,89 +192,61 @@ class Daemon:
                         "answers")
         self.subnets.start()
 
-    def _on_peers(self, added, removed):
-        """PeerWatcher callback (its thread): rebuild the whole table, publish it in one swap."""
-        n = self._rebuild_routes()
-        for lease in removed or ():
-            log.info("Peer removed: %s (was via %s); %d peer(s) in the route table",
-                     _subnet(lease), _public_ip(lease), n)
-        for lease in added or ():
-            log.info("Peer added: %s via %s:%d; %d peer(s) in the route table", _subnet(lease),
-                     _public_ip(lease), self.config.backend_port, n)
-
-    def _routes(self):
-        from ..engine import Route
-        port = self.config.backend_port
-        own = self.lease.subnet
-        return [Route.make(l.subnet, l.public_ip, port) for l in self.peers.values()
-                if l.subnet != own]
-
-    def _rebuild_routes(self, why: str = ""):
-        with self._lock:
-            current = self.peer_watcher.peers().values() if self.peer_watcher is not None else []
-            own = self.lease.subnet
-            self.peers = {l.subnet: l for l in current if l.subnet != own}
-            routes = self._routes()
+    # ------------------------------------------------------------------ callbacks
+    def on_peers(self, change: PeerChange):
+        """PeerWatcher callback (its thread, or ours during a lease move): the one way a peer
+        change reaches the engine; the table is built from the snapshot and swapped in whole."""
+        with self.lock:
+            self.peers = change.snapshot
+            routes = route_table(change.snapshot, self.config.backend_port)
             if self.engine is not None:
                 self.engine.set_routes(routes)
-        log.debug("Route table: %d route(s)%s", len(routes), f" ({why})" if why else "")
-        return len(routes)
+        n = len(routes)
+        for lease in change.removed:
+            log.info("Peer removed: %s (was via %s); %d peer(s) in the route table",
+                     lease.subnet, lease.public_ip, n)
+        for lease in change.added:
+            log.info("Peer added: %s via %s:%d; %d peer(s) in the route table", lease.subnet,
+                     lease.public_ip, self.config.backend_port, n)
+        log.debug("Route table: %d route(s)", n)
+
+    def on_lease_change(self, lease):
+        """SubnetManager callback (its thread): our lease was lost in etcd (deleted, expired,
+        taken) and it acquired one again. The main thread applies it."""
+        log.warning("Our lease was lost in etcd and re-acquired: %s (PublicIP %s), expires %s",
+                    lease.subnet, lease.public_ip, startup.when(lease.expiration))
+        with self.lock:
+            self._pending_lease = lease
+
+    def current_lease(self):
+        sm = self.subnets
+        lease = sm.lease if sm is not None else None
+        return lease or self.lease
 
     # ------------------------------------------------------------------ main loop
     def _serve(self):
-        last_bad = 0
-        last_bad_log = 0.0
-        last_drops = None
-        last_drop_log = time.monotonic()
+        monitor = Monitor(self.opts.v)
         while not self._stop.wait(MONITOR_PERIOD_S):
-            with self._lock:
+            with self.lock:
                 pending, self._pending_lease = self._pending_lease, None
             if pending is not None:
-                self._apply_lease(pending)
+                lease_move.adopt(self, pending)
             if self._reacquire.is_set():
                 self._reacquire.clear()
                 try:
-                    self._reacquire_lease()
-                except _Stopped:
+                    lease_move.reacquire(self)
+                except Stopped:
                     return 0
                 except StartupError as e:
                     log.error("%s; retrying in 5 s", e)
                     self._reacquire.set()
                     if self._stop.wait(5):
                         return 0
-            with self._lock:
+            with self.lock:
                 engine = self.engine
-            ended = engine.ended()
-            if ended:
-                log.error("The %s forwarding engine stopped unexpectedly (queue(s) %s of %d); "
-                          "exiting so that the service manager restarts the daemon (the lease "
-                          "is kept)", engine.name, ", ".join(map(str, ended)), len(engine))
-                return 1
-            if not self._tun_attached():
-                log.error("%s was deleted from under the daemon (its fd no longer has a device): "
-                          "nothing can be forwarded; exiting with status 1 so that the service "
-                          "manager restarts the daemon (the lease is kept)", self.tun_name)
-                return 1
-            try:
-                st = engine.stats()
-            except Exception:
-                continue
-            bad = st.get("drop_bad_source", 0)
-            now = time.monotonic()
-            if bad > last_bad and now - last_bad_log >= BAD_SOURCE_LOG_EVERY_S:
-                log.warning("Dropped %d datagram(s) from sources that hold no lease (%d in total): "
-                            "if peers reach this host through address translation (NAT), run "
-                            "with --accept-from any", bad - last_bad, bad)
-                last_bad, last_bad_log = bad, now
-            if self.opts.v >= 1 and now - last_drop_log >= BAD_SOURCE_LOG_EVERY_S:
-                drops = {k: v for k, v in st.items() if k.startswith("drop_") and v}
-                if last_drops is not None:
-                    delta = {k: v - last_drops.get(k, 0) for k, v in drops.items()
-                             if v > last_drops.get(k, 0)}
-                    if delta:
-                        log.info("Drops in the last %.0f s: %s", now - last_drop_log,
-                                 ", ".join(f"{k[5:]}={v}" for k, v in sorted(delta.items())))
-                last_drops, last_drop_log = drops, now
+            status = monitor.check(engine, self.tun_name, self._tun_attached())
+            if status is not None:
+                return status
         return 0
 
     def _tun_attached(self) -> bool:
@@ -621,7 +280,7 @@ class Daemon:
             log.info("Exiting; the lease %s stays in etcd until it expires", self.lease.subnet)
 
     def _close_engine(self):
-        with self._lock:
+        with self.lock:
             if self.engine is not None:
                 self.engine.close()
 
@@ -630,61 +289,5 @@ class Daemon:
         for fd in fds:              # the last close removes flannel0
             os.close(fd)
 
-    # ------------------------------------------------------------------ MetricsSource
-    def engine_stats(self):
-        with self._lock:
-            return self.engine.stats() if self.engine is not None else None
 
-    def engine_info(self):
-        if self.engine is None:
-            return {}
-        return {"engine": self.engine.name, "reason": self.engine_why,
-                "accept_from": self.opts.accept_from}
-
-    def peers_count(self):
-        return len(self.peers)
-
-    def queues_count(self):
-        return len(self.engine) if self.engine is not None else 0
-
-    def offloads_enabled(self):
-        return self.offloads.enabled() if self.offloads is not None else {}
-
-    def bad_leases(self):
-        w = self.peer_watcher
-        return (len(w.bad()), w.bad_total) if w is not None else None
-
-    def config_mismatch(self):
-        w = self.config_watcher
-        return w.mismatch if w is not None else None
-
-    def lease_info(self):
-        lease = self._current_lease()
-        if lease is None:
-            return None
-        return {"subnet": str(lease.subnet), "expiry": lease.expiration}
-
-    def trace_enabled(self):
-        return self.opts.trace and self.engine is not None
-
-    def trace_events(self, after):
-        with self._lock:
-            return self.engine.trace_events(after) if self.engine is not None else []
-
-
-def _subnet(lease):
-    return getattr(lease, "subnet", lease)
-
-
-def _public_ip(lease):
-    return getattr(lease, "public_ip", "?")
-
-
-def _when(ts):
-    if not ts:
-        return "never (no TTL)"
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
-
-
-__all__ = ["Daemon", "StartupError", "choose_engine", "sd_notify"]
-
+__all__ = ["Daemon", "StartupError"]

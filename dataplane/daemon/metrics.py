@@ -1,30 +1,18 @@
-"""Health, Prometheus metrics and the packet trace over HTTP, on a thread.
+"""The Prometheus metrics of /metrics: what the daemon reports, and under which names.
 
-Endpoints (which server serves which is the daemon's choice, see
-:class:`HttpServer`):
-
-* ``GET /healthz`` -> 200 ``flanneld is running`` (exactly flanneld's reply);
-* ``GET /metrics`` -> Prometheus text format from a custom collector over
-  :class:`MetricsSource`: engine counters (packets, bytes, drops by reason,
-  ICMP sent, syscalls, batches), peers, lease expiry, the engine in use;
-* ``GET /debug/trace?after=N`` -> JSON list of the engine's trace events with
-  ``seq > N`` (oldest first; ``head`` is hex). 404 with a hint when the
-  daemon runs without ``--trace``.
+A custom collector over :class:`MetricsSource`: engine counters (packets, bytes, drops by reason,
+ICMP sent, syscalls, batches), peers, lease expiry, the engine in use. The daemon's own source is
+:class:`DaemonSource`; daemon/http.py serves the text.
 """
 from __future__ import annotations
 
-import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
-HEALTHZ_BODY = b"flanneld is running"
 PREFIX = "flannel_udp"
 
 
@@ -47,7 +35,7 @@ class MetricsSource:
         return 0
 
     def offloads_enabled(self) -> dict:
-        """{offload name: on} (dataplane.offload.NAMES); empty = not decided yet."""
+        """{offload name: on} (dataplane.host.offload.NAMES); empty = not decided yet."""
         return {}
 
     def bad_leases(self) -> tuple[int, int] | None:
@@ -209,85 +197,52 @@ def make_registry(source: MetricsSource) -> CollectorRegistry:
     return reg
 
 
-def trace_event_json(ev: dict) -> dict:
-    out = {}
-    for k, v in ev.items():
-        out[k] = v.hex() if isinstance(v, (bytes, bytearray, memoryview)) else v
-    return out
+class DaemonSource(MetricsSource):
+    """The running daemon as the collector and /debug/trace see it."""
 
+    def __init__(self, daemon):
+        self.daemon = daemon
 
-class HttpServer:
-    """One listener; ``paths`` picks what it serves: any of healthz, metrics, trace."""
+    def engine_stats(self):
+        with self.daemon.lock:
+            engine = self.daemon.engine
+            return engine.stats() if engine is not None else None
 
-    def __init__(self, host: str, port: int, source: MetricsSource, paths=("healthz",)):
-        self.source = source
-        self.paths = set(paths)
-        self.registry = make_registry(source)
-        outer = self
+    def engine_info(self):
+        d = self.daemon
+        if d.engine is None:
+            return {}
+        return {"engine": d.engine.name, "reason": d.engine_why, "accept_from": d.opts.accept_from}
 
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "flannel-udp"
+    def peers_count(self):
+        return len(self.daemon.peers)
 
-            def log_message(self, fmt, *args):  # no access log on stderr
-                log.debug("http: " + fmt, *args)
+    def queues_count(self):
+        engine = self.daemon.engine
+        return len(engine) if engine is not None else 0
 
-            def _send(self, code, body: bytes, ctype="text/plain; charset=utf-8"):
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
+    def offloads_enabled(self):
+        offloads = self.daemon.offloads
+        return offloads.enabled() if offloads is not None else {}
 
-            def do_GET(self):
-                u = urlsplit(self.path)
-                try:
-                    if u.path == "/healthz" and "healthz" in outer.paths:
-                        return self._send(200, HEALTHZ_BODY)
-                    if u.path == "/metrics" and "metrics" in outer.paths:
-                        return self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
-                    if u.path == "/debug/trace" and "trace" in outer.paths:
-                        return self._trace(u)
-                except BrokenPipeError:
-                    return
-                self._send(404, b"404 page not found\n")
+    def bad_leases(self):
+        w = self.daemon.peer_watcher
+        return (len(w.bad()), w.bad_total) if w is not None else None
 
-            do_HEAD = do_GET
+    def config_mismatch(self):
+        w = self.daemon.config_watcher
+        return w.mismatch if w is not None else None
 
-            def _trace(self, u):
-                if not outer.source.trace_enabled():
-                    return self._send(404, b"the packet trace is off: start the daemon with "
-                                           b"--trace\n")
-                q = parse_qs(u.query)
-                try:
-                    after = int(q.get("after", ["0"])[0])
-                except ValueError:
-                    return self._send(400, b"after must be an integer\n")
-                events = [trace_event_json(e) for e in outer.source.trace_events(after)]
-                return self._send(200, json.dumps(events).encode(), "application/json")
+    def lease_info(self):
+        lease = self.daemon.current_lease()
+        if lease is None:
+            return None
+        return {"subnet": str(lease.subnet), "expiry": lease.expiration}
 
-        try:
-            self.httpd = ThreadingHTTPServer((host, port), Handler)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot listen on {host}:{port} for "
-                                   f"{'/'.join(sorted(self.paths))}: {e.strerror}; choose "
-                                   "another port or address") from None
-        self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"http-{port}",
-                                        daemon=True)
+    def trace_enabled(self):
+        return self.daemon.opts.trace and self.daemon.engine is not None
 
-    @property
-    def address(self):
-        return self.httpd.server_address[:2]
-
-    def start(self):
-        self._thread.start()
-        log.info("Serving %s on http://%s:%d", ", ".join(
-            {"healthz": "/healthz", "metrics": "/metrics", "trace": "/debug/trace"}[p]
-            for p in sorted(self.paths)), *self.address)
-        return self
-
-    def close(self):
-        if self._thread.is_alive():
-            self.httpd.shutdown()
-        self.httpd.server_close()
+    def trace_events(self, after):
+        with self.daemon.lock:
+            engine = self.daemon.engine
+            return engine.trace_events(after) if engine is not None else []

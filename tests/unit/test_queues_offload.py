@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dataplane.cli import flanneld_flags as flags
+from dataplane.cli import flanneld_flags
 from dataplane.host import queues
 from dataplane.cli import build_parser
 from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO
@@ -17,7 +17,7 @@ from dataplane.host.offload import NAMES, SOL_UDP, UDP_GRO, Offloads
 
 
 def resolve(argv, env=None):
-    return flags.resolve(build_parser().parse_args(["run", *argv]), env or {})
+    return flanneld_flags.resolve(build_parser().parse_args(["run", *argv]), env or {})
 
 
 def forward(*argv):
@@ -59,7 +59,7 @@ def test_run_env_and_flag_precedence():
                                       ({"FLANNELD_QUEUES": "many"}, "FLANNELD_QUEUES"),
                                       ({"FLANNELD_OFFLOAD": "on"}, "FLANNELD_OFFLOAD")])
 def test_run_bad_env_names_the_variable(env, name):
-    with pytest.raises(flags.FlagError, match=name):
+    with pytest.raises(flanneld_flags.FlagError, match=name):
         resolve([], env)
 
 
