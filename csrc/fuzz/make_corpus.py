@@ -2,7 +2,7 @@
 
     python csrc/fuzz/make_corpus.py
 
-The seeds are real packets from dataplane.ipv4's builders (the ones the
+The seeds are real packets from dataplane.engine.ipv4's builders (the ones the
 engine tests use) and a few malformed ones, wrapped in the input layout
 described at the top of fuzz_packet.c. Regression inputs (crashes found by
 fuzzing) live beside them as corpus/regress-*; this script leaves those alone.

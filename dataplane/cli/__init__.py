@@ -1,7 +1,10 @@
 """`flannel-udp` / `python -m dataplane`: one subcommand per module in this package.
 
-Each command module has ``HELP`` (one line), ``add_arguments(parser)`` and
-``main(args) -> int``; heavy imports stay inside ``main`` so that ``--help`` is fast.
+* ``run.py``, ``forward.py``, ``demo.py``, ``bench.py``: the subcommands. Each has ``HELP``
+  (one line), ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports stay inside
+  ``main`` so that ``--help`` is fast;
+* ``flanneld_flags.py``: `run`'s flag table, flanneld's flags with their names, defaults and
+  FLANNELD_* variables, resolved into the daemon's Options.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import sys
 
 from .. import __version__
 
-# (subcommand, module under dataplane.commands)
+# (subcommand, module in this package)
 COMMANDS = [
     ("run", "run"),
     ("forward", "forward"),

@@ -9,7 +9,7 @@ Inputs are what the demo collected from the overlay:
 * ``ip route get`` output, the leases in etcd, and frames from a wire tap.
 
 Output: plain dicts (JSON-able), one per step, that ``render.py`` prints and
-``--json`` emits. Headers are decoded with :mod:`dataplane.ipv4` (the project's
+``--json`` emits. Headers are decoded with :mod:`dataplane.engine.ipv4` (the project's
 one IPv4 decoder); only the 8 bytes of UDP/ICMP after it are unpacked here.
 """
 from __future__ import annotations

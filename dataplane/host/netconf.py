@@ -28,7 +28,7 @@ def _ipr() -> IPRoute:
         asyncio.get_running_loop()
     except RuntimeError:
         return IPRoute()
-    raise RuntimeError("dataplane.netconf uses pyroute2's sync IPRoute, which must not run inside "
+    raise RuntimeError("dataplane.host.netconf uses pyroute2's sync IPRoute, which must not run inside "
                        "an asyncio loop: call it with asyncio.to_thread(...)")
 
 

@@ -2,7 +2,7 @@
 
 Each queue's TUN is one SOCK_DGRAM socketpair (keeps packet boundaries, as a
 TUN queue does); the UDP side is the dataplane's own socket group on loopback
-(dataplane.udpsock: N sockets on one port, steered by the inner flow). Nothing
+(dataplane.host.udpsock: N sockets on one port, steered by the inner flow). Nothing
 leaves 127.0.0.0/8; every send is bounded.
 """
 from __future__ import annotations

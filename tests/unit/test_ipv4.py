@@ -1,4 +1,4 @@
-"""dataplane.ipv4: checksum, parse/build, the TTL update, ICMP errors."""
+"""dataplane.engine.ipv4: checksum, parse/build, the TTL update, ICMP errors."""
 import random
 import struct
 
