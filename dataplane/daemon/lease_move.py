@@ -59,9 +59,12 @@ def adopt(daemon, new) -> None:
 
 
 def _move_flannel0(daemon, old_subnet, new_subnet) -> None:
-    from ..host.netconf import configure_tun, remove_address
+    """The new address first: the kernel flushes every route of a device whose last IPv4
+    address goes, <Network> dev flannel0 included (it is put back all the same)."""
+    from ..host.netconf import add_network_route, configure_tun, remove_address
+    configure_tun(daemon.tun_name, f"{new_subnet.network_address}/32", daemon.ext.tun_mtu)
     try:
         remove_address(daemon.tun_name, f"{old_subnet.network_address}/32")
     except Exception as e:
         log.warning("could not remove the old flannel0 address: %s", e)
-    configure_tun(daemon.tun_name, f"{new_subnet.network_address}/32", daemon.ext.tun_mtu)
+    add_network_route(daemon.config.network, daemon.tun_name)
