@@ -8,7 +8,8 @@ import os
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["loop.c", "path.c", "routes.c", "packet.c", "trace.c", "gso.c", "gro.c"]
+SOURCES = ["loop.c", "tx.c", "rx.c", "path.c", "routes.c", "packet.c", "trace.c", "gso.c",
+           "gro.c", "train.c"]
 
 
 def _cdef_text(path):

@@ -102,9 +102,10 @@
  *         as read (before any TTL change).
  *
  * ICMP rate limit (both engines, same integer arithmetic): a token bucket of
- * `burst` errors refilled at `rate` per second (default 100/s, burst 50;
- * rate 0 = unlimited), as GCRA with one state word tat (ns, initially 0)
- * and now = CLOCK_MONOTONIC read once at the start of each TUN batch:
+ * `burst` errors refilled at `rate` per second (by default
+ * DP_ICMP_RATE_DEFAULT and DP_ICMP_BURST_DEFAULT, below; rate 0 = unlimited),
+ * as GCRA with one state word tat (ns, initially 0) and now =
+ * CLOCK_MONOTONIC read once at the start of each TUN batch:
  *   T = ceil(1e9 / rate); tat = max(tat, now)
  *   tat - now > (burst - 1) * T  -> not sent, icmp_ratelimited += 1
  *   else                         -> sent, tat += T
@@ -119,10 +120,18 @@
 #define DATAPLANE_H
 #include <stdint.h>
 
+/* Every number Python must agree on is here, as an enum cffi reads: the
+ * C engine's Python side takes them from the built library, the Python
+ * engine from dataplane/engine/contract.py, which a unit test holds equal
+ * to this header. */
 enum dp_limits {
     DP_BATCH_MAX = 256,
     DP_TRACE_RING = 1024,
-    DP_TRACE_HEAD = 64
+    DP_TRACE_HEAD = 64,
+    DP_MTU_MIN = 68,             /* dp_loop_new: IPv4's minimum datagram ... */
+    DP_MTU_MAX = 65535,          /* ... and its largest tot_len */
+    DP_ICMP_RATE_DEFAULT = 100,  /* ICMP errors per second (see "ICMP rate limit") */
+    DP_ICMP_BURST_DEFAULT = 50
 };
 
 /* Route: every packet to net/prefixlen goes to peer_ip:port.
@@ -195,7 +204,7 @@ typedef struct dp_trace_event {
     uint32_t port;         /* host order */
     uint32_t batch;
     uint32_t head_len;
-    uint8_t head[64];
+    uint8_t head[DP_TRACE_HEAD];
 } dp_trace_event;
 
 typedef struct dp_loop dp_loop;

@@ -8,9 +8,10 @@
  *   2. candidate          may this packet take part in a run at all?
  *   3. dp_gro_start/join  open a run / append to it (the rules below)
  *   4. dp_gro_headers     the virtio_net_hdr and the coalesced IP + TCP header
+ *   5. dp_gro_iov         the iovecs of the run's one writev (rx.c writes it)
  *
  * A run only holds pointers to packets the caller keeps (slots of one
- * recvmmsg batch), already forwarded by dp_path_udp (TTL - 1 done). loop.c
+ * recvmmsg batch), already forwarded by dp_path_udp (TTL - 1 done). rx.c
  * writes it with writev: vnet header, the coalesced headers, then each
  * segment's payload in arrival order. The kernel gets one GSO packet whose
  * segmentation (or local delivery) gives back exactly the segments we were
@@ -205,4 +206,22 @@ void dp_gro_headers(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr)
     v[2] = DP_IP_HDR_MIN;                        /* csum_start */
     v[3] = (uint16_t)csum_at;                    /* csum_offset */
     memcpy(vnet + 2, v, sizeof(v));
+}
+
+/* ---- 5. the writev ----------------------------------------------------------------- */
+
+uint32_t dp_gro_iov(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr, struct iovec *iov)
+{
+    uint32_t i;
+
+    iov[0].iov_base = vnet;
+    iov[0].iov_len = DP_VNET_HDR_LEN;
+    iov[1].iov_base = hdr;
+    iov[1].iov_len = g->hdr_len;
+    /* Each segment without its headers: hdr stands for all of them. */
+    for (i = 0; i < g->n; i++) {
+        iov[i + 2].iov_base = (void *)(g->seg[i] + g->hdr_len);
+        iov[i + 2].iov_len = g->len[i] - g->hdr_len;
+    }
+    return g->n + 2;
 }

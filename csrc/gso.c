@@ -13,6 +13,9 @@
  *   5. dp_gso_next           write the next segment: IP header (id + i,
  *                            tot_len, checksum), TCP (seq, flags) or UDP
  *                            (length) header with a full checksum, payload
+ *   6. dp_gso_scatter        where a read lands: header, send slot, the
+ *      dp_gso_read           super-packet buffer; and which packet it gave
+ *                            (tx.c makes the read and sends the packets)
  *
  * A segment is what the kernel's own software GSO (tcp_gso_segment,
  * __udp_gso_segment) would have put on the wire, so what we send is what
@@ -169,4 +172,41 @@ uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out)
     /* A super-packet with no payload is still one packet (a bare ACK). */
     g->done = last;
     return seglen;
+}
+
+/* ---- 6. where a read lands --------------------------------------------------------- */
+
+void dp_gso_scatter(uint8_t *hdr, uint8_t *slot, uint8_t *big, uint32_t mtu,
+                    struct iovec iov[3])
+{
+    /* One readv: a plain packet needs no copy (it is in its send slot, as a
+     * plain read(mtu) puts it), and a super-packet only its first mtu bytes. */
+    iov[0].iov_base = hdr;
+    iov[0].iov_len = DP_VNET_HDR_LEN;
+    iov[1].iov_base = slot;
+    iov[1].iov_len = mtu;
+    iov[2].iov_base = big + mtu;
+    iov[2].iov_len = DP_VNET_PKT_MAX - mtu;
+}
+
+int dp_gso_read(const uint8_t *hdr, uint32_t r, uint8_t *slot, uint8_t *big, uint32_t mtu,
+                struct dp_vnet_hdr *h, uint8_t **pkt, uint32_t *len)
+{
+    uint32_t n;
+
+    *pkt = slot;
+    *len = 0;
+    if (r < DP_VNET_HDR_LEN)
+        return DP_ST_DROP_MALFORMED;
+    n = r - DP_VNET_HDR_LEN;
+    dp_gso_hdr_parse(hdr, h);
+    if (h->gso_type == DP_VNET_GSO_NONE) {
+        /* What a plain read(mtu) would have returned. */
+        *len = n < mtu ? n : mtu;
+        return 0;
+    }
+    memcpy(big, slot, n < mtu ? n : mtu);
+    *pkt = big;
+    *len = n;
+    return 0;
 }

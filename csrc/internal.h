@@ -3,12 +3,15 @@
  *
  * Python never sees this file (cffi reads only dataplane.h). Prototypes are
  * grouped by the file that owns them: dp_<file>_<verb> says where to look.
+ * No function here reads or writes an fd, so csrc/fuzz/ calls them
+ * directly; the loop's state, for the files that do I/O, is in loop.h.
  */
 #ifndef DP_INTERNAL_H
 #define DP_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "dataplane.h"
 
@@ -59,7 +62,7 @@ typedef union dp_counters {
     uint64_t v[sizeof(dp_stats) / sizeof(uint64_t)];
 } dp_counters;
 
-/* IPv4/ICMP/TCP/UDP wire constants used by packet.c, gso.c, gro.c and loop.c. */
+/* IPv4/ICMP/TCP/UDP wire constants used by packet.c, gso.c, gro.c, tx.c and rx.c. */
 enum dp_ipv4 {
     DP_IP_HDR_MIN = 20,
     DP_IP_HDR_MAX = 60,
@@ -185,6 +188,66 @@ int dp_gso_start(struct dp_gso *g, const uint8_t *p, uint32_t len,
  * when there is none left. */
 uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out);
 
+/* gso.c, continued: where a DP_OFF_TUN_VNET read lands. The read is
+ * scattered as [hdr: DP_VNET_HDR_LEN | slot: mtu | big + mtu: the rest up to
+ * DP_VNET_PKT_MAX], so a plain packet lands in its send slot as a plain
+ * read(mtu) would, and a super-packet is made whole in big (DP_VNET_PKT_MAX
+ * bytes). */
+void dp_gso_scatter(uint8_t *hdr, uint8_t *slot, uint8_t *big, uint32_t mtu,
+                    struct iovec iov[3]);
+/* The r bytes read that way: parses hdr into *h and points *pkt and *len at the
+ * packet - in the slot cut at mtu (gso_type NONE), or in big with the
+ * slot's bytes copied in front (a super-packet). 0, or DP_ST_DROP_MALFORMED
+ * for a read shorter than the header (*pkt = slot, *len = 0, h untouched). */
+int dp_gso_read(const uint8_t *hdr, uint32_t r, uint8_t *slot, uint8_t *big, uint32_t mtu,
+                struct dp_vnet_hdr *h, uint8_t **pkt, uint32_t *len);
+
+/* train.c APIs: the arithmetic of UDP trains (DP_OFF_UDP_GSO on send,
+ * DP_OFF_UDP_GRO on receive); pure, no I/O. */
+enum dp_train_limits {
+    DP_GSO_SEGS_MAX = 64,          /* datagrams per UDP_SEGMENT send (UDP_MAX_SEGMENTS) */
+    DP_GSO_TRAIN_BYTES = 65000,    /* payload of one such send: one IPv4 packet until the
+                                      kernel cuts it (65507 at most) */
+    DP_RX_GRO_SLOT = 65536,        /* a UDP_GRO train: up to 65535 - 8 bytes */
+    DP_RX_SLACK = DP_TRACE_HEAD    /* after each GRO slot: see dp_train_rx_slot */
+};
+
+/* Slots first .. first + n - 1 of a batch, sent as one message. */
+struct dp_train {
+    uint32_t first, n;
+};
+
+/* Groups the m queued datagrams (len[i] bytes to dest[i], any key that is
+ * equal for equal peer address and port) into trains; returns how many. A
+ * train of n >= 2 goes with UDP_SEGMENT = len[first]; a train of one is a
+ * plain message. */
+uint32_t dp_train_plan(const uint32_t *len, const uint64_t *dest, uint32_t m,
+                       struct dp_train *out);
+/* Receive slot size for these offloads; *stride: bytes from one slot to the next. */
+uint32_t dp_train_rx_slot(uint32_t offloads, uint32_t mtu, uint32_t *stride);
+
+/* A received message of len bytes (room: what its slot can hold) cut at
+ * seg, its UDP_GRO segment size (0: none). */
+struct dp_train_cut {
+    uint32_t len, seg, copied, mtu, off;
+    int done;
+};
+
+/* One datagram of the message: at byte `off` of the slot; `len` and
+ * `truncated` as dp_path_udp takes them (a datagram over the mtu or not
+ * wholly in the slot is truncated, with at most mtu bytes); has_bytes: the
+ * slot holds some of it (else pass NULL: only its length is known). */
+struct dp_datagram {
+    uint32_t off, len;
+    int truncated, has_bytes;
+};
+
+/* 1 if the message is a train of >= 2 datagrams (udp_rx_gro). */
+int dp_train_cut_start(struct dp_train_cut *c, uint32_t len, uint32_t seg, uint32_t room,
+                       uint32_t mtu);
+/* 1 and *d for the next datagram (at least one, even of 0 bytes), 0 when done. */
+int dp_train_cut_next(struct dp_train_cut *c, struct dp_datagram *d);
+
 /* trace.c APIs: the ring is written by the loop thread only. */
 struct dp_trace {
     uint64_t widx;       /* events published so far (= last seq); release/acquire */
@@ -236,20 +299,18 @@ int dp_gro_join(struct dp_gro *g, const uint8_t *p, uint32_t len);
  * coalesced packet's IP + TCP/UDP headers (g->hdr_len bytes); the payloads
  * follow, each segment's from its byte hdr_len on. */
 void dp_gro_headers(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr);
+/* The iovecs of the run's one writev: vnet, hdr (as filled above), then each
+ * segment's payload; returns how many (g->n + 2, at most DP_GRO_SEGS_MAX + 2). */
+uint32_t dp_gro_iov(const struct dp_gro *g, uint8_t *vnet, uint8_t *hdr, struct iovec *iov);
 
 /* path.c APIs: the per-packet work of both directions (the checks of
  * dataplane.h, the route, TTL - 1, ICMP errors and their rate limit, and
  * every counter of it), with no I/O: the caller reads and writes, then
- * reports how the write went. loop.c and csrc/fuzz/ are the callers. */
+ * reports how the write went. tx.c, rx.c and csrc/fuzz/ are the callers. */
 enum dp_verdict {
     DP_V_DROP = 0,      /* counted; nothing to write */
     DP_V_FORWARD,       /* TTL decremented: send it (TUN side) or write it to the TUN */
     DP_V_ICMP           /* the drop is counted; path->icmp holds icmp_len bytes for the TUN */
-};
-
-enum dp_icmp_limit_default {
-    DP_ICMP_RATE_DEFAULT = 100,    /* errors per second; 0 = unlimited */
-    DP_ICMP_BURST_DEFAULT = 50
 };
 
 struct dp_path {

@@ -11,7 +11,7 @@
  *   5. dp_path_udp       UDP -> TUN: truncated, source, checks, TTL, TTL - 1
  *   6. dp_path_*_written the outcome of the caller's write into the TUN
  *
- * loop.c does the syscalls around these functions and csrc/fuzz/ drives
+ * tx.c and rx.c do the syscalls around these functions and csrc/fuzz/ drives
  * them with arbitrary bytes (the I/O-free core, as boringtun's
  * Tunn::encapsulate). Every packet handed in is counted in its rx counters
  * and then either forwarded or in exactly one drop counter; an ICMP error

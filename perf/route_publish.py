@@ -20,8 +20,9 @@ from dataplane.engine import Route, c_available, create_engine
 
 
 def routes(n: int) -> list[Route]:
-    """n distinct /24s counted up from 10.0.0.0/24, all to one peer."""
-    return [Route.make((0x0A000000 + (i << 8), 24), "127.0.0.2", 8285) for i in range(n)]
+    """n distinct /24s counted up from 10.0.0.0/24, each behind its own
+    peer as in flannel (one subnet per host); loopback peers, never sent to."""
+    return [Route.make((0x0A000000 + (i << 8), 24), 0x7F000002 + i, 8285) for i in range(n)]
 
 
 def measure(kind: str, table: list[Route], runs: int) -> list[float]:

@@ -13,12 +13,14 @@
                                             then leaves     deleted)         engines) and the oldest leaves
 
 Why this rate: 2000 datagrams/s of 200 B (3.2 Mbit/s) is under 2 % of the slowest engine's no-drop
-rate on this machine (Python, ~130 kpps, DESIGN.md), so a correct overlay loses nothing to its own
+rate on this machine (Python, ~130 kpps, docs/design.md), so a correct overlay loses nothing to its own
 limits; over 10 minutes it is 1.2 M datagrams, enough to see a loss rate of 1e-5; and it costs a few
 percent of one core on a machine shared with other work.
 
-Every few seconds it samples the stable daemons' RSS, open fds and threads; around each segment their
-engine counters (/metrics) and the kernel's own drop counters. Losses are attributed hop by hop:
+Every few seconds it samples the stable daemons' RSS, open fds and threads (the summary's rss_trend is
+the least-squares slope of RSS in kB/min with its standard error: "no growth detected" within two
+standard errors of 0); around each segment their engine counters (/metrics) and the kernel's own drop
+counters. Losses are attributed hop by hop:
   * a's engine found no route to b (drop_no_route at a): the control plane lost a peer that stayed;
   * a's flannel0 TX queue full / b's socket receive buffer full / softnet backlog drops: a process did
     not get the CPU in time (contention on a shared machine), not a bug of the overlay.
@@ -40,6 +42,7 @@ from datetime import datetime, timezone
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataplane.bench.build import build_udpgen  # noqa: E402
+from dataplane.bench.trend import growth  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
 
 SINK_PORT = 9500
@@ -269,7 +272,7 @@ def main(argv=None) -> int:
     with open(o.out, "w") as f:
         json.dump(result, f, indent=1)
     for k, v in result["summary"].items():
-        print(f"{k}: {json.dumps(v)}")
+        print(f"{k}: {json.dumps(v, ensure_ascii=False)}")
     print(f"written: {o.out}")
     return 0 if result["summary"]["ok"] else 1
 
@@ -307,6 +310,9 @@ def summarize(r: dict) -> dict:
         "fds": {k: [first[k]["fds"], last[k]["fds"]] for k in ("a", "b")},
         "threads": {k: [first[k]["threads"], last[k]["threads"]] for k in ("a", "b")},
         "rss_kb_max": {k: max(s[k]["rss_kb"] or 0 for s in samples) for k in ("a", "b")},
+        # first/last alone would read one allocator step as a leak: a line through every sample
+        "rss_trend": {k: growth([s["t"] for s in samples], [s[k]["rss_kb"] for s in samples])
+                      for k in ("a", "b")},
         "churn_joins": len(joins),
         "churn_unreachable": sum(1 for e in joins if e.get("reachable") is False),
         "churn_ready_s_max": max((e.get("ready_s", 0) for e in joins), default=None),

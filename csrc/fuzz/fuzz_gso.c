@@ -2,7 +2,7 @@
  * fuzz_gso.c - libFuzzer target for gso.c: arbitrary virtio_net_hdr +
  * packet, as a TUN with IFF_VNET_HDR would hand them to the engine.
  *
- * Input: mtu (2 bytes big-endian, clamped to 68..65535), the 10-byte
+ * Input: mtu (2 bytes big-endian, clamped to DP_MTU_MIN..), the 10-byte
  * header (host order, as the TUN writes it), then the packet (at most
  * 65535 bytes), copied into a buffer of exactly its length so that ASan
  * sees any read past it. Checked:
@@ -14,7 +14,12 @@
  *     gso_size)) segments, each a well-formed IPv4 packet <= mtu (tot_len ==
  *     its length) with a valid IP checksum and a valid TCP/UDP checksum
  *     over the pseudo-header, each header equal to the original's but for
- *     the fields GSO rewrites, and the payloads together are the original's.
+ *     the fields GSO rewrites, and the payloads together are the original's;
+ *   - the read itself, as tx.c makes it: the header and packet scattered
+ *     over dp_gso_scatter's iovecs (the slot exactly mtu bytes, so ASan sees
+ *     a read past it), then dp_gso_read finds the packet the TUN handed
+ *     over - a plain one in the slot cut at mtu, a super-packet whole in the
+ *     big buffer - and refuses a read shorter than the header.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -22,10 +27,8 @@
 #include <string.h>
 
 #include "internal.h"
+#include "fuzz.h"
 
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-    abort(); } } while (0)
 
 static uint16_t rd16(const uint8_t *p)
 {
@@ -99,17 +102,61 @@ static void check_segments(const uint8_t *p, uint32_t len, const struct dp_vnet_
     CHECK(n == want && at == len);
 }
 
+/* A readv of the r bytes `in` (header, then packet) as tx.c makes it. */
+static void check_read(const uint8_t *in, uint32_t r, uint32_t mtu)
+{
+    static uint8_t big[DP_VNET_PKT_MAX];
+    uint8_t hdr[DP_VNET_HDR_LEN], *slot = malloc(mtu), *pkt;
+    struct dp_vnet_hdr h, want;
+    struct iovec iov[3];
+    uint32_t i, at = 0, n, len, plen;
+    int reason;
+
+    CHECK(slot);
+    dp_gso_scatter(hdr, slot, big, mtu, iov);
+    CHECK(iov[0].iov_len == DP_VNET_HDR_LEN && iov[1].iov_len == mtu &&
+          iov[1].iov_len + iov[2].iov_len == DP_VNET_PKT_MAX);
+    for (i = 0; i < 3 && at < r; i++) {
+        n = r - at < iov[i].iov_len ? r - at : (uint32_t)iov[i].iov_len;
+        memcpy(iov[i].iov_base, in + at, n);
+        at += n;
+    }
+    CHECK(at == r);
+    reason = dp_gso_read(hdr, r, slot, big, mtu, &h, &pkt, &len);
+    if (r < DP_VNET_HDR_LEN) {
+        CHECK(reason == DP_ST_DROP_MALFORMED && pkt == slot && len == 0);
+    } else {
+        CHECK(reason == 0);
+        dp_gso_hdr_parse(in, &want);
+        CHECK(h.flags == want.flags && h.gso_type == want.gso_type &&
+              h.hdr_len == want.hdr_len && h.gso_size == want.gso_size &&
+              h.csum_start == want.csum_start && h.csum_offset == want.csum_offset);
+        plen = r - DP_VNET_HDR_LEN;
+        if (h.gso_type == DP_VNET_GSO_NONE)
+            CHECK(pkt == slot && len == (plen < mtu ? plen : mtu));
+        else
+            CHECK(pkt == big && len == plen);
+        CHECK(!memcmp(pkt, in + DP_VNET_HDR_LEN, len));
+    }
+    free(slot);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct dp_vnet_hdr h;
     uint32_t mtu, len;
     uint8_t *p;
 
-    if (size < 2 + DP_VNET_HDR_LEN)
+    if (size < 2)
         return 0;
     mtu = rd16(data);
-    if (mtu < 68)
-        mtu = 68;
+    if (mtu < DP_MTU_MIN)
+        mtu = DP_MTU_MIN;
+    len = (uint32_t)(size - 2);
+    check_read(data + 2, len < DP_VNET_HDR_LEN + DP_VNET_PKT_MAX ? len :
+               DP_VNET_HDR_LEN + DP_VNET_PKT_MAX, mtu);
+    if (size < 2 + DP_VNET_HDR_LEN)
+        return 0;
     dp_gso_hdr_parse(data + 2, &h);
     len = (uint32_t)(size - 2 - DP_VNET_HDR_LEN);
     if (len > DP_VNET_PKT_MAX)

@@ -1,10 +1,11 @@
 /*
  * fuzz_packet.c - libFuzzer target for both directions of the packet path.
  *
- * It links the I/O-free core (path.c, packet.c, routes.c, trace.c; not
- * loop.c) and plays arbitrary bytes as a small route table followed by a
- * sequence of packets, each read from the TUN or received on the UDP
- * socket, with the writes into the TUN failing or not and a fake clock.
+ * It links the I/O-free core (path.c, packet.c, routes.c, trace.c, gro.c;
+ * not loop.c, tx.c or rx.c) and plays arbitrary bytes as a small route
+ * table followed by a sequence of packets, each read from the TUN or
+ * received on the UDP socket, with the writes into the TUN failing or not
+ * and a fake clock.
  * After every packet it checks what dataplane.h guarantees:
  *
  *   - the rx counters moved by one packet and its length;
@@ -25,10 +26,11 @@
  *     allows: a credit of ns, burst * T when full, growing with the clock,
  *     T = ceil(1e9 / rate) per error (path.c writes it as GCRA).
  *
- *   - TUN GRO (gro.c) over the forwarded UDP-side packets, as loop.c runs
+ *   - TUN GRO (gro.c) over the forwarded UDP-side packets, as rx.c runs
  *     it: a run of >= 2 is one flow of segments of gso_size bytes (the
- *     last may be shorter) within 64 KB, and the headers built for it
- *     carry its length and a valid IP checksum.
+ *     last may be shorter) within 64 KB, the headers built for it carry
+ *     its length and a valid IP checksum, and its writev's iovecs are
+ *     those headers and every payload in order.
  *
  * Each packet is copied into a buffer of exactly its length, so ASan sees
  * any read past its end. Input layout (short input = zeros):
@@ -52,27 +54,13 @@
 #include <arpa/inet.h>
 
 #include "internal.h"
+#include "fuzz.h"
 
 enum { MAX_ROUTES = 8, PEER_BASE = 0x7f000010 };   /* peers 127.0.0.16 + i */
 
-#define CHECK(cond) do { if (!(cond)) { \
-    fprintf(stderr, "invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-    abort(); } } while (0)
-
-struct reader {
-    const uint8_t *p;
-    size_t n;
-};
-
 static uint8_t rd8(struct reader *r)
 {
-    uint8_t v = 0;
-
-    if (r->n) {
-        v = *r->p++;
-        r->n--;
-    }
-    return v;
+    return (uint8_t)fuzz_take(r, 1);
 }
 
 static uint16_t rd16(const uint8_t *p)
@@ -196,7 +184,7 @@ static uint32_t peer_addr(uint32_t i)
 
 static struct dp_path path;     /* static: the trace ring is large */
 
-/* TUN GRO (gro.c) over the forwarded UDP-side packets, as loop.c drives it:
+/* TUN GRO (gro.c) over the forwarded UDP-side packets, as rx.c drives it:
  * join the run, else flush it and maybe start a new one. The run's packets
  * are copies of exactly their length (ASan sees any read past them), owned
  * here until the flush. A flushed run must describe a GSO packet whose
@@ -207,7 +195,8 @@ static uint8_t *gro_own[DP_GRO_SEGS_MAX];
 static void gro_flush(void)
 {
     uint8_t vnet[DP_VNET_HDR_LEN], hdr[DP_GRO_HDR_MAX];
-    uint32_t i, total;
+    struct iovec iov[DP_GRO_SEGS_MAX + 2];
+    uint32_t i, n, total;
     uint16_t v[4];
 
     if (gro.n > 1) {
@@ -223,6 +212,16 @@ static void gro_flush(void)
         }
         CHECK(total == gro.total && total <= DP_GRO_BYTES_MAX);
         dp_gro_headers(&gro, vnet, hdr);
+        /* The writev rx.c makes: the headers, then every payload in order,
+         * the coalesced packet's tot_len in all. */
+        CHECK(dp_gro_iov(&gro, vnet, hdr, iov) == gro.n + 2);
+        CHECK(iov[0].iov_base == vnet && iov[0].iov_len == DP_VNET_HDR_LEN &&
+              iov[1].iov_base == hdr && iov[1].iov_len == gro.hdr_len);
+        for (i = 0, n = gro.hdr_len; i < gro.n; i++) {
+            CHECK(iov[i + 2].iov_base == gro.seg[i] + gro.hdr_len);
+            n += (uint32_t)iov[i + 2].iov_len;
+        }
+        CHECK(n == gro.total);
         memcpy(v, vnet + 2, sizeof(v));
         if (gro.proto == 6) {
             CHECK(vnet[0] == 1 && vnet[1] == 1 && v[0] == gro.hdr_len && v[1] == gro.gso_size &&
@@ -264,7 +263,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dp_route rt[MAX_ROUTES];
     dp_stats before, after;
     uint8_t flags = rd8(&r);
-    uint32_t mtu = 68 + (uint32_t)rd8(&r) * 6;
+    uint32_t mtu = DP_MTU_MIN + (uint32_t)rd8(&r) * 6;
     uint32_t rate = rd8(&r), burst = rd8(&r), nroutes = rd8(&r) % (MAX_ROUTES + 1);
     uint32_t i, tun_addr = htonl(0x0a050100);
     uint64_t now = 1000000000ull, interval = 0, credit = 0, last = now;

@@ -1,6 +1,6 @@
 """The benchmark harness behind ``flannel-udp bench`` (see perf/README.md).
 
-Modules: ``build`` (the C generator/sink in perf/udpgen.c, iperf3), ``topo``
+Modules: ``build`` (the C generator/sink udpgen.c beside it, iperf3), ``topo``
 (two testbed hosts, pinning, RPS, overlay addresses), ``paths`` (direct
 routing, kernel VXLAN, the C and Python engines via ``flannel-udp forward``),
 ``measure`` (trials: flood, no-drop search, TCP, latency, cost), ``report``

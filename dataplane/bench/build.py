@@ -1,48 +1,86 @@
-"""Setup for the harness: compile perf/udpgen.c, make sure iperf3 is there.
+"""Setup for the harness: compile the traffic generator, make sure iperf3 is there.
 
-The C source lives in the repository's ``perf/`` directory and the binary in
-``perf/bin/`` (gitignored); both are found relative to this package, so the
-harness runs from a source checkout (``pip install -e .``, the project's way).
+The generator's C source (udpgen.c, beside this file) ships inside the
+package, so the bench runs from an installed package as from a checkout. It
+is compiled on first use into the user's cache directory, under a name keyed
+by a hash of the source, the compiler and its flags: an edited source or
+other flags give a new binary, and a stale one is never run.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-PERF_DIR = Path(__file__).resolve().parents[2] / "perf"
-SOURCE = PERF_DIR / "udpgen.c"
-BIN_DIR = PERF_DIR / "bin"
-UDPGEN = BIN_DIR / "udpgen"
+SOURCE = Path(__file__).resolve().with_name("udpgen.c")
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-std=gnu11"]
+# The source checkout's perf/ directory (results, soak, profile); absent in an installed package.
+PERF_DIR = Path(__file__).resolve().parents[2] / "perf"
 
 
 class SetupError(RuntimeError):
     """A prerequisite of the harness is missing and could not be installed."""
 
 
-def build_udpgen(force: bool = False) -> Path:
-    """Compile perf/udpgen.c into perf/bin/udpgen when missing or stale."""
-    if not SOURCE.exists():
-        raise SetupError(f"{SOURCE} not found: the bench runs from a source checkout")
-    if not force and UDPGEN.exists() and UDPGEN.stat().st_mtime >= SOURCE.stat().st_mtime:
-        return UDPGEN
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME/flannel-udp, else ~/.cache/flannel-udp."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "flannel-udp"
+
+
+def in_checkout() -> bool:
+    """Whether this package runs from a source checkout (which has perf/)."""
+    return (PERF_DIR / "README.md").is_file() and (PERF_DIR.parent / "pyproject.toml").is_file()
+
+
+def _compiler() -> str:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
-        raise SetupError("no C compiler (apt-get install gcc)")
-    BIN_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = UDPGEN.with_suffix(".tmp")
-    r = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SOURCE)],
-                       capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        raise SetupError(f"compiling {SOURCE} failed:\n{r.stderr}")
-    os.replace(tmp, UDPGEN)
-    log.info("built %s", UDPGEN)
-    return UDPGEN
+        raise SetupError("no C compiler to build the traffic generator udpgen "
+                         "(apt-get install gcc)")
+    return cc
+
+
+def udpgen_path(cc: str) -> Path:
+    """Where the binary built from this source with ``cc`` and CFLAGS lives."""
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update("\0".join([cc, *CFLAGS]).encode())
+    return cache_dir() / f"udpgen-{h.hexdigest()[:16]}"
+
+
+def build_udpgen(force: bool = False) -> Path:
+    """The udpgen binary, compiled into the cache directory unless already there."""
+    if not SOURCE.is_file():
+        raise SetupError(f"{SOURCE} is missing: reinstall flannel-udp")
+    cc = _compiler()
+    target = udpgen_path(cc)
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Compile under a unique name, then rename: a concurrent run never executes half a binary.
+    fd, tmp = tempfile.mkstemp(prefix=".udpgen-", dir=target.parent)
+    os.close(fd)
+    try:
+        try:
+            r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)],
+                               capture_output=True, text=True, timeout=120)
+        except OSError as e:
+            raise SetupError(f"cannot run the C compiler {cc}: {e} (apt-get install gcc)") from None
+        if r.returncode != 0:
+            raise SetupError(f"compiling {SOURCE} with {cc} failed:\n{r.stderr}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("built %s", target)
+    return target
 
 
 def ensure_iperf3() -> str:

@@ -21,10 +21,10 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 
+from ..cli.child import cli_argv
 from .topo import FLANNEL_PORT, NETWORK, BenchTopo, Side, TopoError
 
 log = logging.getLogger(__name__)
@@ -146,29 +146,24 @@ class EnginePath(Path):
     def argv(self, side: Side) -> list[str]:
         peer = self.topo.peer(side)
         stats, ready, _ = self._files(side)
-        argv = [sys.executable, "-m", "dataplane", "forward",
-                "--tun-name", TUN_DEV, "--tun-addr", side.tun_ip,
-                "--network", str(NETWORK), "--mtu", str(self.mtu()),
-                "--listen", f"{side.ip}:{FLANNEL_PORT}",
-                "--route", f"{peer.subnet}={peer.ip}:{FLANNEL_PORT}",
-                "--engine", self.kind,
-                "--stats-file", stats, "--ready-file", ready]
+        argv = cli_argv("forward", "--tun-name", TUN_DEV, "--tun-addr", side.tun_ip,
+                        "--network", str(NETWORK), "--mtu", str(self.mtu()),
+                        "--listen", f"{side.ip}:{FLANNEL_PORT}",
+                        "--route", f"{peer.subnet}={peer.ip}:{FLANNEL_PORT}",
+                        "--engine", self.kind,
+                        "--stats-file", stats, "--ready-file", ready)
         if self.batch:
             argv += ["--batch", str(self.batch)]
         return argv + self.extra_args
 
     def setup(self) -> None:
         env = dict(os.environ, DATAPLANE_ENGINE=self.kind)
-        # The forwarder imports `dataplane` from this checkout even when the
-        # package is not installed.
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         try:
             for side in self.topo.sides:
                 _, ready, logf = self._files(side)
                 with open(logf, "w") as lf:
                     self.procs[side.name] = side.popen(self.argv(side), stdout=lf, stderr=lf,
-                                                       env=env, cwd=root)
+                                                       env=env)
             deadline = time.monotonic() + READY_TIMEOUT
             for side in self.topo.sides:
                 _, ready, logf = self._files(side)

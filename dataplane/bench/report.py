@@ -7,7 +7,7 @@ results.json, not to ``--json``) keeps min, max and every trial's value.
 """
 from __future__ import annotations
 
-import statistics
+import numpy as np
 
 ROW_KEYS = ("path", "size", "ndr_pps", "flood_rx_pps", "flood_loss", "tcp_gbps",
             "rtt_p50_us", "rtt_p99_us", "cpu_ns_per_packet", "syscalls_per_packet")
@@ -20,10 +20,14 @@ RATIO_FIGURES = (("ndr_pps_64", 64, "ndr_pps"), ("ndr_pps_1400", 1400, "ndr_pps"
 
 
 def summarize(values) -> dict | None:
+    """Median, min and max of the trials that produced a value. The median
+    is the 50th percentile by linear interpolation (numpy's "linear"
+    method): the middle trial, or the mean of the middle two; always a float."""
     vals = [v for v in values if v is not None]
     if not vals:
         return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
+    a = np.asarray(vals, dtype=float)
+    return {"median": float(np.percentile(a, 50, method="linear")), "min": min(vals), "max": max(vals),
             "trials": vals}
 
 

@@ -2,6 +2,9 @@
 engines side by side with the kernel (direct routing, VXLAN), on one testbed."""
 from __future__ import annotations
 
+# Where results go by default when the package is installed rather than run from a checkout.
+OUT_OUTSIDE_CHECKOUT = "flannel-udp-bench"
+
 HELP = "measure the C and Python engines against direct routing and kernel VXLAN (root)"
 DESCRIPTION = """\
 Measure, in one run on one two-host testbed (network namespaces; traffic never
@@ -27,7 +30,7 @@ def add_arguments(p) -> None:
                         "instead of the table")
     p.add_argument("--out", metavar="DIR",
                    help="write results.json and bench.png into DIR (default: perf/out "
-                        "of the checkout, unless --json)")
+                        f"of a source checkout, else ./{OUT_OUTSIDE_CHECKOUT}; none with --json)")
     p.add_argument("--paths", default="direct,vxlan,c,python",
                    help="comma-separated paths (default: direct,vxlan,c,python); also c-base "
                         "(C engine, one queue, no offloads) and c-offload (one queue, offloads "
@@ -45,7 +48,10 @@ def main(args) -> int:
     import os
     import sys
 
-    from dataplane.bench import report, runner
+    from . import missing_extra
+    if missing_extra("bench", "bench", ("rich", "matplotlib")):
+        return 2
+    from dataplane.bench import build, report, runner
     from dataplane.bench.paths import ALL_PATHS
 
     if os.geteuid() != 0:
@@ -66,19 +72,19 @@ def main(args) -> int:
     progress = runner.Progress(quiet=args.quiet)
     out_dir = args.out
     if out_dir is None and not args.json:
-        from dataplane.bench.build import PERF_DIR
-        out_dir = str(PERF_DIR / "out")
-    result = runner.run(paths=paths, profile=profile, trials=args.trials, batch=args.batch,
-                        progress=progress)
+        out_dir = str(build.PERF_DIR / "out") if build.in_checkout() else OUT_OUTSIDE_CHECKOUT
+    try:
+        result = runner.run(paths=paths, profile=profile, trials=args.trials, batch=args.batch,
+                            progress=progress)
+    except build.SetupError as e:
+        print(f"flannel-udp bench: {e}", file=sys.stderr)
+        return 2
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "results.json"), "w") as f:
             json.dump(result, f, indent=1)
             f.write("\n")
-        try:
-            report.plot(result, os.path.join(out_dir, "bench.png"))
-        except ImportError as e:
-            print(f"flannel-udp bench: no plot ({e}; pip install matplotlib)", file=sys.stderr)
+        report.plot(result, os.path.join(out_dir, "bench.png"))
         progress(f"wrote {os.path.join(out_dir, 'results.json')} and bench.png")
     if args.json:
         json.dump(report.public(result), sys.stdout)

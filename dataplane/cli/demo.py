@@ -55,6 +55,9 @@ def main(args) -> int:
     import signal
     import sys
 
+    from . import missing_extra
+    if missing_extra("demo", "demo", ("rich",)):
+        return 2
     from ..demo.render import Renderer, make_console
     from ..demo.story import Demo, DemoError
 

@@ -376,7 +376,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             g.add_argument(*opts, dest=f.dest, type=_typed(f), default=None,
                            metavar=f.metavar or "VALUE", help=help_text)
-    # flanneld prints its version to stderr; `-version` must work as in flanneld.
+    # flanneld prints its bare version string to stderr; `-version` must work as in flanneld.
     parser.add_argument("--version", "-version", dest="_version", action="store_true",
                         default=False, help="print the version to stderr and exit (as flanneld)")
 
@@ -434,9 +434,9 @@ def resolve(args: argparse.Namespace, environ=None) -> Options:
 
 
 def print_version(stream=None) -> None:
+    """Only the version string, as flanneld prints it: scripts compare it whole."""
     from .. import __version__
-    print(f"flannel-udp {__version__} (flanneld udp backend compatible)",
-          file=stream or sys.stderr)
+    print(__version__, file=stream or sys.stderr)
 
 
 def env_help() -> str:

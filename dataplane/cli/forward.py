@@ -16,6 +16,8 @@ import socket
 import threading
 import time
 
+from ..engine.api import BATCH_MAX, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, MTU_MAX, MTU_MIN
+
 HELP = "forward between a TUN device and UDP with static routes (no etcd; for tests and perf)"
 DESCRIPTION = """\
 Forward packets between a TUN device and a UDP socket with a static route table.
@@ -42,7 +44,7 @@ example (host 192.168.77.1 with lease 10.5.1.0/24, one peer):
 log = logging.getLogger("dataplane.forward")
 DEFAULT_PORT = 8285
 ENCAP_OVERHEAD = 28
-SOCKBUF = 4 << 20  # large socket buffers absorb bursts (DESIGN.md, Measuring)
+SOCKBUF = 4 << 20  # large socket buffers absorb bursts (docs/design.md#lessons)
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -94,10 +96,10 @@ def _network(value: str) -> ipaddress.IPv4Network:
 def _mtu(value: str) -> int:
     try:
         mtu = int(value)
-        if not 68 <= mtu <= 65535:
+        if not MTU_MIN <= mtu <= MTU_MAX:
             raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected an MTU in 68..65535")
+        raise argparse.ArgumentTypeError(f"{value!r}: expected an MTU in {MTU_MIN}..{MTU_MAX}")
     return mtu
 
 
@@ -139,15 +141,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=("c", "python", "auto"), default=None,
                    help="engine to run (default: $DATAPLANE_ENGINE, else auto = C if built)")
     p.add_argument("--batch", type=int, default=None, metavar="N",
-                   help="packets per batch, 1..256 (default: the engine's)")
+                   help=f"packets per batch, 1..{BATCH_MAX} (default: the engine's)")
     p.add_argument("--accept-from", choices=("leases", "any"), default="any",
                    help="leases: drop datagrams whose source is no --route peer; any: accept all "
                         "as flanneld (default: any)")
-    p.add_argument("--icmp-rate", type=_count(0), default=100, metavar="N",
+    p.add_argument("--icmp-rate", type=_count(0), default=ICMP_RATE_DEFAULT, metavar="N",
                    help="ICMP errors sent per second at most, as routers limit them; "
-                        "0 = unlimited (default 100)")
-    p.add_argument("--icmp-burst", type=_count(1), default=50, metavar="N",
-                   help="ICMP errors allowed in a burst above --icmp-rate (default 50)")
+                        f"0 = unlimited (default {ICMP_RATE_DEFAULT})")
+    p.add_argument("--icmp-burst", type=_count(1), default=ICMP_BURST_DEFAULT, metavar="N",
+                   help=f"ICMP errors allowed in a burst above --icmp-rate (default {ICMP_BURST_DEFAULT})")
     p.add_argument("--sockbuf", type=int, default=SOCKBUF, metavar="BYTES",
                    help=f"UDP socket send/receive buffer size (default {SOCKBUF})")
     p.add_argument("--queues", type=_queues, default=None, metavar="N",

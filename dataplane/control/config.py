@@ -1,7 +1,7 @@
 """The flannel network config (`<prefix>/config` in etcd), parsed and checked exactly as flanneld does.
 
 Behaviour follows flannel v0.20.2 `subnet/config.go` (`ParseConfig`, `CheckNetworkConfig`) and the udp
-backend's `Port` parsing; see /work/shared/FLANNEL_COMPAT.md §4. Error texts are flanneld's own where it
+backend's `Port` parsing; see docs/flannel-compat.md#network-config. Error texts are flanneld's own where it
 has one, so an operator sees the message they already know.
 
 Go's `encoding/json` semantics are mirrored where they matter:

@@ -1,13 +1,13 @@
 """The subnet manager: acquire this node's subnet lease, keep it renewed, and get it back if it is lost.
 
-Acquisition follows flanneld's `tryAcquireLease` order (FLANNEL_COMPAT.md §3.4):
+Acquisition follows flanneld's `tryAcquireLease` order (docs/flannel-compat.md#lease-acquisition):
   1. a lease whose PublicIP is ours: reused (renewed) if it fits the config, else deleted;
   2. the previous subnet from subnet.env, if nobody holds it and it fits the config;
   3. a uniformly random pick among the first 100 free subnets from SubnetMin to SubnetMax.
 Creation is a create-if-absent transaction with a fresh 24 h etcd lease. Unlike flanneld, losing a
 creation race is not fatal: we re-list and pick again (up to `max_attempts`).
 
-Renewal (§3.3) is a new grant plus a put at `expiration - renew margin`, retried every
+Renewal (docs/flannel-compat.md#lease-ttl): a new grant and a put at `expiration - renew margin`, retried every
 `retry_interval` (1 min) on failure. Our own key is watched: a delete (expiry, revocation, an operator's
 `etcdctl del`) makes us acquire again, preferring the same subnet, and tell the daemon through
 `on_lease_change(lease)` instead of exiting as flanneld does.

@@ -1,6 +1,6 @@
 """The peer watcher: the set of other nodes' leases, kept equal to what etcd holds.
 
-Unlike flanneld v0.20.2 (one event per watch call, events between calls lost; FLANNEL_COMPAT.md §3.6),
+Unlike flanneld v0.20.2 (one event per watch call, the rest lost; docs/flannel-compat.md#peer-watch),
 this loses nothing:
   1. snapshot: list `<prefix>/subnets/` at revision R and diff it against what we knew;
   2. one long-lived watch from R + 1; every event of every response is applied, so several leases

@@ -1,4 +1,4 @@
-"""The etcd v3 registry: the only module that talks to etcd (FLANNEL_COMPAT.md §3).
+"""The etcd v3 registry: the only module that talks to etcd (docs/flannel-compat.md#etcd-keys).
 
 Keys: `<prefix>/config` (the network config JSON) and `<prefix>/subnets/<a.b.c.d>-<len>` (one lease per
 node, attached to a 24 h etcd lease). The client is the generated gRPC API shipped by `etcd-sdk-python`

@@ -1,4 +1,4 @@
-"""subnet.env, written and read back exactly as flanneld does (`WriteSubnetFile`, FLANNEL_COMPAT.md §5.1).
+"""subnet.env, written and read back exactly as flanneld does (docs/flannel-compat.md#subnet-env).
 
     FLANNEL_NETWORK=10.5.0.0/16
     FLANNEL_SUBNET=10.5.84.1/24      (lease network address + 1, lease prefix length)

@@ -1,7 +1,7 @@
 """The flannel-udp daemon: flanneld's udp backend, start to finish.
 
-Startup, in flanneld's order (FLANNEL_COMPAT.md §5.2, §1.2); each step is a function of
-daemon/startup.py::
+Startup, in flanneld's order (docs/flannel-compat.md#process, docs/flannel-compat.md#tun-device);
+each step is a function of daemon/startup.py::
 
     1. external interface        flanneld's rules (dataplane.host.iface)
     2. etcd registry, signals, /healthz (and /metrics) server

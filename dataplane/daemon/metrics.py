@@ -11,6 +11,8 @@ import logging
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..engine.api import OFFLOAD_STATS
+
 log = logging.getLogger(__name__)
 
 PREFIX = "flannel_udp"
@@ -61,7 +63,7 @@ class MetricsSource:
 # flannel_udp_engine_<name>_total so a new engine counter is never lost.
 _PATHS = ("tun_rx", "udp_tx", "udp_rx", "tun_tx")
 _SYSCALL_KINDS = ("tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls")
-_OFFLOAD_OPS = ("tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso")   # api.OFFLOAD_STATS
+_OFFLOAD_OPS = OFFLOAD_STATS
 
 
 def _family_of(stat: str):

@@ -7,6 +7,7 @@ import logging
 import os
 import time
 
+from ..engine.api import MTU_MIN
 from ..host.udpsock import SOCKET_BUFFER, open_udp_sockets
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def select_interface(opts):
         ext = select(opts.iface, opts.iface_regex, opts.iface_can_reach, opts.public_ip)
     except IfaceError as e:
         raise StartupError(f"Failed to find any valid interface to use: {e}") from None
-    if ext.tun_mtu < 68:
+    if ext.tun_mtu < MTU_MIN:
         raise StartupError(f"interface {ext.name} has MTU {ext.mtu}: too small for "
                            "the 28-byte udp encapsulation")
     return ext

@@ -325,7 +325,7 @@ class Renderer:
                 "sendmmsg/recvmmsg or sendto/recvfrom calls, epoll_wait; EAGAIN calls included")
         ref = d["reference_flanneld"]
         self.kv("flanneld's loop", f"{ref['send']:.2f} / {ref['receive']:.2f} syscalls per "
-                "packet (send / receive; poll + one read/write per packet; DESIGN.md)")
+                "packet (send / receive; poll + one read/write per packet; docs/design.md)")
         for kind, why in (d.get("skipped") or {}).items():
             self.kv(f"{kind} engine", f"not measured: {why}", style="dim")
         first = next(iter(d["bursts"].values()), None)

@@ -150,7 +150,7 @@ class Demo:
                 "name": h.name, "netns": h.netns, "underlay_ip": h.ip, "iface": h.iface,
                 "subnet": str(ov.subnet(h)), "flannel0": ov.flannel_ip(h),
                 "subnet_env": env, "subnet_file": d.subnet_file, "daemon_pid": d.pid,
-                "daemon_argv": " ".join(ov.daemon_argv(h, engine)[2:]),
+                "daemon_argv": " ".join(["flannel-udp", *ov.daemon_command(h, engine)]),
                 "routes": _lines(ov.exec(h, ["ip", "route"]).stdout),
                 "flannel0_link": _flannel0(ov.exec(h, ["ip", "-o", "addr", "show", "flannel0"])
                                            .stdout, ov.exec(h, ["ip", "-o", "link", "show",
@@ -504,7 +504,7 @@ class Demo:
         # application to B's, over both hosts, beyond the applications' own send and recv.
         rows = [dict(m, measured=False) for m in tr.COST_MODEL]
         ref = tr.FLANNELD_REFERENCE
-        rows.append({"path": "flanneld's own loop (DESIGN.md reference)", "short": "flanneld",
+        rows.append({"path": "flanneld's own loop (docs/design.md reference)", "short": "flanneld",
                      "crossings": 4, "copies": 4, "syscalls": round(ref["send"] + ref["receive"], 2),
                      "bytes_added": tr.OVERHEAD, "measured": True})
         # Measured rows: copies = bytes the engines moved across the boundary / packet size

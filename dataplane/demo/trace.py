@@ -301,5 +301,5 @@ COST_MODEL = [
 ]
 
 #: flanneld's own loop (poll, one read/write per packet), measured on this kind of machine
-#: (docs: DESIGN.md "Measuring"): syscalls per packet send / receive side.
+#: (docs/design.md#reference-points): syscalls per packet send / receive side.
 FLANNELD_REFERENCE = {"send": 3.10, "receive": 3.00}

@@ -12,45 +12,22 @@ import errno
 import ipaddress
 from dataclasses import dataclass
 
-# Counter names, in dp_stats field order (csrc/dataplane.h). A unit test checks
-# that this list and the header agree.
-STAT_NAMES = (
-    "tun_rx_packets", "tun_rx_bytes",
-    "udp_tx_packets", "udp_tx_bytes",
-    "udp_rx_packets", "udp_rx_bytes",
-    "tun_tx_packets", "tun_tx_bytes",
-    "icmp_unreach_sent", "icmp_ttl_sent",
-    "drop_no_route", "drop_ttl", "drop_malformed", "drop_not_ipv4",
-    "drop_truncated", "drop_bad_source", "drop_send_error",
-    "drop_tun_full", "drop_tun_error",
-    "syscalls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
-    "tx_batches", "rx_batches", "route_swaps",
-    "icmp_ratelimited",
-    "tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso",
-)
+# The facts of csrc/dataplane.h, from their one Python copy (contract.py);
+# other modules import them from here.
+from .contract import (BATCH_MAX, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, MTU_MAX, MTU_MIN,  # noqa: F401
+                       OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO,
+                       STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING)
+
 # Counters that depend on how an engine batches its syscalls; every other
 # counter must be identical between engines for the same input.
 SYSCALL_STATS = frozenset(
     {"syscalls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
      "tx_batches", "rx_batches"})
-# Counters of the C engine's offloads (csrc/dataplane.h, enum dp_offload): the
+# Counters of the C engine's offloads (the *_gso/_gro fields of dp_stats): the
 # Python engine has none, so they stay 0 there.
-OFFLOAD_STATS = frozenset({"tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso"})
-# Offload bits (enum dp_offload).
-OFF_TUN_VNET, OFF_UDP_GSO, OFF_UDP_GRO, OFF_TUN_GRO, OFF_TUN_GRO_UDP = 1, 2, 4, 8, 16
+OFFLOAD_STATS = frozenset(n for n in STAT_NAMES if n.endswith(("_gso", "_gro")))
 DROP_STATS = tuple(n for n in STAT_NAMES if n.startswith("drop_"))
-
-# Trace event kinds (enum dp_trace_kind).
-TRACE_KINDS = {1: "tun_read", 2: "route_hit", 3: "route_miss", 4: "udp_send",
-               5: "udp_recv", 6: "tun_write", 7: "icmp", 8: "drop"}
-TRACE_RING = 1024
-TRACE_HEAD = 64
-BATCH_MAX = 256
 DEFAULT_BATCH = 64
-# ICMP errors the engines generate, per second, and the burst allowed above
-# that rate (dataplane.h: ICMP rate limit). Rate 0 = unlimited.
-ICMP_RATE_DEFAULT = 100
-ICMP_BURST_DEFAULT = 50
 
 
 @dataclass(frozen=True)
@@ -81,8 +58,8 @@ class Engine(abc.ABC):
 
     def __init__(self, tun_fd: int, udp_fd: int, tun_addr, mtu: int,
                  batch: int = DEFAULT_BATCH, accept_any: bool = True):
-        if not 68 <= int(mtu) <= 65535:
-            raise ValueError(f"mtu {mtu} out of range 68..65535")
+        if not MTU_MIN <= int(mtu) <= MTU_MAX:
+            raise ValueError(f"mtu {mtu} out of range {MTU_MIN}..{MTU_MAX}")
         if not 1 <= int(batch) <= BATCH_MAX:
             raise ValueError(f"batch {batch} out of range 1..{BATCH_MAX}")
         self.tun_fd = tun_fd

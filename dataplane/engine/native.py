@@ -20,8 +20,8 @@ import threading
 
 from dataplane._dataplane_c import ffi, lib
 
-from .api import (BATCH_MAX, ICMP_BURST_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
-                  EngineClosed)
+from . import contract
+from .api import DEFAULT_BATCH, Engine, EngineClosed
 from .route_array import ROUTE_DTYPE, route_array
 
 __all__ = ["CEngine"]
@@ -32,8 +32,19 @@ log = logging.getLogger(__name__)
 assert ROUTE_DTYPE.itemsize == ffi.sizeof("dp_route")
 assert all(ROUTE_DTYPE.fields[name][1] == ffi.offsetof("dp_route", name)
            for name, _ in ffi.typeof("dp_route").fields)
-assert TRACE_RING == lib.DP_TRACE_RING and TRACE_HEAD == lib.DP_TRACE_HEAD
-assert BATCH_MAX == lib.DP_BATCH_MAX
+
+# The contract's facts from the library itself. One built from another
+# header than contract.py's (a stale build) is refused as not built, so the
+# two engines can never disagree on them.
+STAT_NAMES = tuple(name for name, _ in ffi.typeof("dp_stats").fields if name != "reserved")
+TRACE_KINDS = {v: k[len("DP_TR_"):].lower()
+               for k, v in ffi.typeof("enum dp_trace_kind").relements.items()}
+TRACE_RING = lib.DP_TRACE_RING
+ICMP_BURST_DEFAULT = lib.DP_ICMP_BURST_DEFAULT
+if (STAT_NAMES, TRACE_KINDS) != (contract.STAT_NAMES, contract.TRACE_KINDS) or any(
+        getattr(lib, name) != value for name, value in contract.HEADER_CONSTANTS.items()):
+    raise ImportError("the built C engine does not match dataplane/engine/contract.py: "
+                      "rebuild it (make deps)")
 
 
 def _check(rc: int) -> int:
@@ -57,7 +68,7 @@ class CEngine(Engine):
     name = "c"
 
     def __init__(self, tun_fd, udp_fd, tun_addr, mtu: int,
-                 batch: int = 64, accept_any: bool = True):
+                 batch: int = DEFAULT_BATCH, accept_any: bool = True):
         super().__init__(tun_fd, udp_fd, tun_addr, mtu, batch, accept_any)
         # Guards _loop against free while another thread is in a C call.
         self._lock = threading.RLock()

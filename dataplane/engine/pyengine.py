@@ -52,13 +52,14 @@ import threading
 import time
 
 from . import ipv4
-from .api import (DEFAULT_BATCH, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, Engine,
-                  EngineClosed)
+from .api import DEFAULT_BATCH, Engine, EngineClosed
+from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS,
+                       TRACE_RING)
 from .pytable import RouteTable, str_to_int
 
 log = logging.getLogger(__name__)
 
-ROUNDS = 8                      # batches per direction between two polls (as loop.c)
+ROUNDS = 8                      # batches per direction between two polls (loop.c: DP_ROUNDS)
 HEADER_MIN = 20
 
 # Counter indices, dp_stats field order.

@@ -1,7 +1,7 @@
 """Netlink configuration of the TUN device and lookups of interfaces (pyroute2), and the one
 sysctl flannel0 needs (accept_local).
 
-What flanneld does after opening the TUN (FLANNEL_COMPAT.md §1.2): address
+What flanneld does after opening the TUN (docs/flannel-compat.md#tun-device): address
 ``<lease network>/32``, MTU = external interface MTU - 28, link up, then one
 route ``<Network> dev flannel0`` (EEXIST ignored).
 

@@ -1,4 +1,4 @@
-"""Opening the TUN device the way flanneld does (FLANNEL_COMPAT.md §1.2).
+"""Opening the TUN device the way flanneld does (docs/flannel-compat.md#tun-device).
 
 ``open("/dev/net/tun")`` + ``ioctl(TUNSETIFF)`` with ``IFF_TUN|IFF_NO_PI``.
 The device is *not* persistent: it exists for as long as this fd (or a dup of

@@ -26,7 +26,7 @@ import errno
 import socket
 import struct
 
-SOCKET_BUFFER = 4 << 20          # bytes; large buffers absorb bursts (DESIGN.md, Measuring)
+SOCKET_BUFFER = 4 << 20          # bytes; large buffers absorb bursts (docs/design.md#lessons)
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33      # <asm-generic/socket.h>; beyond [rw]mem_max (root)
 SO_ATTACH_REUSEPORT_CBPF = 51
 

@@ -32,13 +32,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
 
+from ..cli.child import cli_argv
 from . import netns as ns
 
 log = logging.getLogger(__name__)
@@ -403,11 +403,9 @@ def lease_of(host: Host, network: str = "10.5.0.0/16", prefixlen: int = 24) -> i
 
 
 def _child_env(extra: dict | None = None) -> dict:
-    """The environment for a `python -m dataplane` child: this checkout first
-    on sys.path, so it runs the same code as the caller."""
+    """The environment for a forwarder child: the caller's, less its engine
+    choice (the child's --engine decides), plus ``extra``."""
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("DATAPLANE_ENGINE", None)
     env.update(extra or {})
     return env
@@ -423,8 +421,7 @@ class Forwarder:
 
     def __init__(self, testbed: Testbed, host: Host | str, *, tun_addr, routes=(),
                  network: str | None = "10.5.0.0/16", engine: str = "auto", port: int = 8285,
-                 accept_from: str = "any", extra=(), env: dict | None = None,
-                 python: str = sys.executable):
+                 accept_from: str = "any", extra=(), env: dict | None = None):
         self.testbed = testbed
         self.host = testbed.host(host)
         self.engine = engine
@@ -432,11 +429,10 @@ class Forwarder:
         base = os.path.join(testbed.workdir, f"fwd-{self.host.name}-{id(self):x}")
         self.log_file, self.stats_file, self.ready_file = (base + ".log", base + ".json",
                                                            base + ".ready")
-        self.argv = [python, "-m", "dataplane", "forward",
-                     "--tun-addr", self.tun_addr.with_prefixlen,
-                     "--listen", f"{self.host.ip}:{port}", "--engine", engine,
-                     "--accept-from", accept_from,
-                     "--stats-file", self.stats_file, "--ready-file", self.ready_file]
+        self.argv = cli_argv("forward", "--tun-addr", self.tun_addr.with_prefixlen,
+                             "--listen", f"{self.host.ip}:{port}", "--engine", engine,
+                             "--accept-from", accept_from,
+                             "--stats-file", self.stats_file, "--ready-file", self.ready_file)
         if network:
             self.argv += ["--network", str(network)]
         for r in routes:

@@ -43,12 +43,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from ..cli.child import cli_argv
 from .etcd import EtcdServer
 from .hosts import Host, Testbed, wait_for
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_NETWORK = "10.5.0.0/16"
 DEFAULT_PREFIX = "/coreos.com/network"
 HEALTHZ_PORT = 10254
@@ -200,16 +200,20 @@ class Overlay:
     def _dir(self, host) -> str:
         return os.path.join(self.tb.workdir, self.host(host).name)
 
-    def daemon_argv(self, host: Host, engine: str, args=()) -> list[str]:
-        """The daemon's command line; ``--iface <veth>`` unless ``args`` choose the interface."""
+    def daemon_command(self, host: Host, engine: str, args=()) -> list[str]:
+        """The daemon's `flannel-udp` arguments; ``--iface <veth>`` unless ``args`` choose the
+        interface."""
         args = [*self.daemon_args, *args]
         chooses = any(a.lstrip("-").split("=")[0] in ("iface", "iface-regex", "iface-can-reach",
                                                      "public-ip") for a in args)
-        return [sys.executable, "-m", "dataplane", "run",
-                "--etcd-endpoints", self.etcd_url, "--etcd-prefix", self.prefix,
+        return ["run", "--etcd-endpoints", self.etcd_url, "--etcd-prefix", self.prefix,
                 *([] if chooses else ["--iface", host.iface]),
                 "--subnet-file", os.path.join(self._dir(host), "subnet.env"),
                 "--engine", engine, "--healthz-port", str(self.healthz_port), *args]
+
+    def daemon_argv(self, host: Host, engine: str, args=()) -> list[str]:
+        """The daemon's command line as a child process (this very package)."""
+        return cli_argv(*self.daemon_command(host, engine, args))
 
     def start_daemon(self, host, *, engine: str | None = None, args=(), wait: bool = True,
                      env: dict | None = None) -> DaemonProc:
@@ -226,8 +230,6 @@ class Overlay:
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(sock_path)
         full_env = dict(os.environ, NOTIFY_SOCKET=sock_path, PYTHONUNBUFFERED="1")
-        full_env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + full_env["PYTHONPATH"]
-                                              if full_env.get("PYTHONPATH") else "")
         full_env.update(env or {})
         logf = open(os.path.join(d_dir, "daemon.log"), "ab")
         try:

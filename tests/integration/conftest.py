@@ -31,6 +31,31 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: s
         time.sleep(interval)
 
 
+FIGURE = "figure: "             # prefix of the user properties that hold measured figures
+
+
+@pytest.fixture
+def figure(record_property):
+    """figure(name, value): a figure this test measured. A report, not a check: kept as a
+    property of the test (the JUnit XML has it) and listed at the end of the run by the
+    hook below, whichever tests ran and in whatever order."""
+    def record(name: str, value) -> None:
+        record_property(FIGURE + name, value)
+    return record
+
+
+def pytest_terminal_summary(terminalreporter):
+    rows = [(name[len(FIGURE):], value)
+            for reports in terminalreporter.stats.values() for rep in reports
+            if getattr(rep, "when", None) == "call"
+            for name, value in getattr(rep, "user_properties", ())
+            if isinstance(name, str) and name.startswith(FIGURE)]
+    if rows:
+        terminalreporter.section("figures measured by the integration tests")
+        for name, value in sorted(rows):
+            terminalreporter.write_line(f"FIGURE {name}: {value}")
+
+
 def require_iperf3() -> None:
     import shutil
     require(shutil.which("iperf3") is not None, "needs iperf3 (apt-get install iperf3)")

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 def bench_json():
     require_root()
     require_engine("c")
-    require(shutil.which("gcc") is not None, "needs gcc (the bench compiles perf/udpgen.c)")
+    require(shutil.which("gcc") is not None, "needs gcc (the bench compiles its traffic generator)")
     require(shutil.which("iperf3") is not None, "needs iperf3 (apt-get install iperf3)")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-m", "dataplane", "bench", "--quick", "--json"],

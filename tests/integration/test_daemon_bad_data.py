@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import ENGINES
 from tests.integration.conftest import other_engine, overlay_of
-from tests.integration.test_daemon import udp_probe
+from tests.integration.traffic import udp_probe
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 

@@ -1,6 +1,6 @@
 """`flannel-udp demo` end to end (root, real etcd): the story's numbers are the system's.
 
-Runs ``python -m dataplane demo --json`` once per engine (a real two-host
+Runs ``flannel-udp demo --json`` once per engine (a real two-host
 overlay: etcd, two daemons with --trace, their leases) and checks that every
 step is there and that what it reports holds together and matches the running
 system: the TUN_READ length is the probe's real size, the peer is the other
@@ -16,13 +16,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import types
 import xml.etree.ElementTree as ET
 
 import pytest
 
+from dataplane.cli.child import cli_argv
 from tests.conftest import ENGINES, require_engine, require_etcd, require_root
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
@@ -46,8 +46,8 @@ def run(request):
     if request.param == "python":
         require_engine("c")          # the batching comparison runs both engines
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "dataplane", "demo", "--json", "--engine",
-                        request.param], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(cli_argv("demo", "--json", "--engine", request.param),
+                       capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - t0
     assert p.returncode == 0, f"demo exited {p.returncode}:\n{p.stderr[-3000:]}"
     result = json.loads(p.stdout)            # exactly one JSON object on stdout
@@ -94,6 +94,7 @@ def test_leases_subnet_env_routes(run):
         assert f"{r['network_config']['Network']} dev flannel0" in h["routes"]
         assert h["flannel0_link"]["addr"] == f"{h['flannel0']}/32"
         assert f"{h['underlay_ip']}:{r['port']}" in (h["socket"] or "")
+        assert h["daemon_argv"].startswith("flannel-udp run --etcd-endpoints "), h["daemon_argv"]
     # The kernel's choices, as `ip route get` printed them.
     assert A["route_get"]["dev"] == "flannel0"
     assert B["route_get"]["dev"] == B["workload"]["host_iface"]
@@ -294,8 +295,8 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     require_etcd()
     out = tmp_path / "demo.out"
     with open(out, "w") as f:
-        p = subprocess.Popen([sys.executable, "-m", "dataplane", "demo", "--engine", "python",
-                              "--one-engine"], stdout=f, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(cli_argv("demo", "--engine", "python", "--one-engine"),
+                             stdout=f, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
         while "Workloads" not in out.read_text() and time.monotonic() < deadline \

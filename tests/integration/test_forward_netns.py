@@ -20,17 +20,15 @@ import sys
 
 import pytest
 
-from tests.streams import HASH_SINK, HASH_SOURCE
 from tests.conftest import require, require_engine, require_root
 from tests.integration.conftest import require_iperf3
+from tests.integration.traffic import (HASHED_BYTES, IPERF_BYTES, hashed_transfer,
+                                       iperf_transfer, ping)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 NETWORK = "10.5.0.0/16"
 A_TUN, B_TUN = "10.5.1.0", "10.5.2.0"
-TRANSFER = 20 << 20          # iperf3 bytes, h0 -> h1
-HASHED = 4 << 20             # python socket transfer with a hash check, h1 -> h0
-
 
 
 
@@ -53,53 +51,9 @@ def testbed(testbed):
     return testbed
 
 
-def _ping(tb, host, dst, *extra, count=5):
-    r = tb.exec(host, ["ping", "-n", "-c", str(count), "-i", "0.2", "-W", "2", "-w", "10",
-                       *extra, dst], timeout=20)
-    return r
-
-
 def _rtt_avg(out: str) -> float | None:
     m = re.search(r"= [\d.]+/([\d.]+)/", out)
     return float(m.group(1)) if m else None
-
-
-def _listening(tb, host, port: int) -> bool:
-    r = tb.exec(host, ["ss", "-Hltn", f"sport = :{port}"], timeout=10)
-    return bool(r.stdout.strip())
-
-
-def _iperf(tb, client, server, dst):
-    from dataplane.testbed.hosts import wait_for
-    srv = tb.popen(server, ["iperf3", "-s", "-1", "-B", dst, "-p", "5201"])
-    try:
-        assert wait_for(lambda: _listening(tb, server, 5201) or srv.poll() is not None, 10), \
-            "iperf3 server not listening after 10 s"
-        assert srv.poll() is None, f"iperf3 server exited: {srv.communicate()}"
-        r = tb.exec(client, ["iperf3", "-c", dst, "-p", "5201", "-n", str(TRANSFER), "-J",
-                             "--connect-timeout", "3000"], timeout=40)
-        # iperf3 -J may exit 0 on errors: the JSON's "error" says so
-        res = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr}
-        assert r.returncode == 0 and "error" not in res and "sum_received" in res.get("end", {}), \
-            f"iperf3 failed ({r.returncode}): {res.get('error')} {r.stderr}"
-        # with -n the receiver's summary may close before the last bytes: use the sender's count
-        return res["end"]["sum_received"]["bits_per_second"], res["end"]["sum_sent"]["bytes"]
-    finally:
-        tb.kill(srv)
-
-
-def _hashed_transfer(tb, src_host, dst_host, dst_ip):
-    sink = tb.popen(dst_host, [sys.executable, "-c", HASH_SINK, dst_ip, "5300"])
-    try:
-        line = sink.stdout.readline()
-        assert line.startswith("listening"), f"sink did not start: {line!r} {sink.stderr.read()}"
-        r = tb.exec(src_host, [sys.executable, "-c", HASH_SOURCE, dst_ip, "5300", str(HASHED)],
-                    timeout=40)
-        assert r.returncode == 0, f"source failed: {r.stderr}"
-        out, err = sink.communicate(timeout=30)
-        assert out.split() == r.stdout.split(), f"sent {r.stdout!r}, received {out!r} {err}"
-    finally:
-        tb.kill(sink)
 
 
 def _run_pair(tb, engines, report):
@@ -115,20 +69,20 @@ def _run_pair(tb, engines, report):
 
     # ping both ways; TTL 64 - 1 (sender) - 1 (receiver) on each of the two hops = 62
     for src, dst in ((a, B_TUN), (b, A_TUN)):
-        r = _ping(tb, src, dst)
+        r = ping(tb, src, dst)
         assert r.returncode == 0, f"ping {src.name} -> {dst}: {r.stdout}{r.stderr}\n" \
                                   f"h0 log:\n{fa.log()}\nh1 log:\n{fb.log()}"
         assert " 0% packet loss" in r.stdout, r.stdout
         assert "ttl=62" in r.stdout, r.stdout
         report[f"rtt_ms {src.name}->{dst}"] = _rtt_avg(r.stdout)
     # the largest packet that fits flannel0's MTU, don't-fragment
-    r = _ping(tb, a, B_TUN, "-M", "do", "-s", str(1472 - 28), count=2)
+    r = ping(tb, a, B_TUN, "-M", "do", "-s", str(1472 - 28), count=2)
     assert r.returncode == 0, r.stdout + r.stderr
 
-    bps, nbytes = _iperf(tb, a, b, B_TUN)
-    assert nbytes >= TRANSFER * 0.95
+    bps, nbytes = iperf_transfer(tb, a, b, B_TUN)
+    assert nbytes >= IPERF_BYTES * 0.95
     report["iperf3 h0->h1 Gbit/s"] = round(bps / 1e9, 3)
-    _hashed_transfer(tb, b, a, A_TUN)
+    hashed_transfer(tb, b, a, A_TUN)
 
     mid = fa.stats()
     assert fa.stop() == 0, fa.log()
@@ -146,8 +100,9 @@ def _run_pair(tb, engines, report):
     # h0 -> h1 carried the iperf3 bytes (iperf3 -n counts bytes written to its socket and
     # may close the test with the last ones still queued, so not all of them), and what
     # h1 received came from h0
-    assert sa["udp_tx_bytes"] >= TRANSFER * 0.8, sa
-    assert sb["udp_rx_bytes"] >= HASHED // 2 and sa["udp_rx_bytes"] >= HASHED, (sa, sb)
+    assert sa["udp_tx_bytes"] >= IPERF_BYTES * 0.8, sa
+    assert sb["udp_rx_bytes"] >= HASHED_BYTES // 2, (sa, sb)
+    assert sa["udp_rx_bytes"] >= HASHED_BYTES, (sa, sb)
     assert sb["udp_rx_packets"] <= sa["udp_tx_packets"], (sa, sb)
     assert sa["udp_rx_packets"] <= sb["udp_tx_packets"], (sa, sb)
     # every packet read from the TUN was sent (no drops above), so tx == rx

@@ -26,6 +26,7 @@ import pytest
 
 from tests.conftest import require_engine, require_root
 from tests.integration.conftest import require_iperf3
+from tests.integration.traffic import hashed_transfer, iperf_transfer, ping
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -105,7 +106,6 @@ def _udp_flows(tb, src, dst_host, dst_ip):
 def test_two_queues_carry_ping_tcp_and_spread_flows(testbed, engine_kind):
     require_engine(engine_kind)
     from dataplane.testbed.hosts import start_static_overlay
-    from tests.integration.test_forward_netns import _hashed_transfer, _iperf, _ping
     tb = testbed
     a, b = tb["h0"], tb["h1"]
     fwd = start_static_overlay(tb, engine_kind, network=NETWORK, extra=["--queues", "2"])
@@ -124,12 +124,12 @@ def test_two_queues_carry_ping_tcp_and_spread_flows(testbed, engine_kind):
         assert len(r.stdout.strip().splitlines()) == 2, r.stdout    # two sockets, one port
 
     for src, dst in ((a, B_TUN), (b, A_TUN)):
-        r = _ping(tb, src, dst)
+        r = ping(tb, src, dst)
         assert r.returncode == 0 and " 0% packet loss" in r.stdout, \
             f"{r.stdout}{r.stderr}\nh0:\n{fa.log()}\nh1:\n{fb.log()}"
         assert "ttl=62" in r.stdout, r.stdout
-    _iperf(tb, a, b, B_TUN)
-    _hashed_transfer(tb, b, a, A_TUN)
+    iperf_transfer(tb, a, b, B_TUN)
+    hashed_transfer(tb, b, a, A_TUN)
     _udp_flows(tb, a, b, B_TUN)
 
     assert fa.stop() == 0, fa.log()

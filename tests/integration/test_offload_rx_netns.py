@@ -34,13 +34,14 @@ import sys
 
 import pytest
 
+from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO
 from tests.streams import HASH_SINK, HASH_SOURCE
 from tests.conftest import require_engine
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-RX_ALL = 1 | 4 | 8           # OFF_TUN_VNET | OFF_UDP_GRO | OFF_TUN_GRO
-RX_UDP = RX_ALL | 16         # and OFF_TUN_GRO_UDP
+RX_ALL = OFF_TUN_VNET | OFF_UDP_GRO | OFF_TUN_GRO
+RX_UDP = RX_ALL | OFF_TUN_GRO_UDP
 
 
 def _env():

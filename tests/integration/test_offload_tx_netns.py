@@ -31,6 +31,7 @@ import time
 
 import pytest
 
+from dataplane.engine.api import OFF_TUN_VNET, OFF_UDP_GSO
 from tests import gso_packets as gp
 from tests.streams import HASH_SINK, HASH_SOURCE
 from tests.conftest import require, require_engine
@@ -42,7 +43,7 @@ A_TUN, B_TUN = "10.5.1.0", "10.5.2.0"
 PORT = 8285
 SINK_PORT = 5300
 TRANSFER = 4 << 20
-OFF_VNET_GSO = 1 | 2          # OFF_TUN_VNET | OFF_UDP_GSO
+OFF_VNET_GSO = OFF_TUN_VNET | OFF_UDP_GSO
 
 
 

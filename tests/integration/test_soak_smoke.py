@@ -26,7 +26,7 @@ def test_soak_smoke(tmp_path):
     require_etcd()
     for kind in ENGINES:
         require_engine(kind)
-    require(shutil.which("gcc") is not None, "needs gcc (the soak compiles perf/udpgen.c)")
+    require(shutil.which("gcc") is not None, "needs gcc (the soak compiles its traffic generator)")
     out = tmp_path / "soak.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, os.path.join(ROOT, "perf", "soak.py"), "--minutes", "0.42",

@@ -1,4 +1,5 @@
-"""parse_config against flanneld's own results (FLANNEL_COMPAT.md §4) and this daemon's extra checks."""
+"""parse_config against flanneld's own results and this daemon's extra checks
+(docs/flannel-compat.md#network-config)."""
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
 import pytest
@@ -8,7 +9,7 @@ from dataplane.control.config import ConfigError, parse_config
 A = IPv4Address
 
 
-# -- the §4 table, row by row ------------------------------------------------------------------------
+# -- the compat table, row by row --------------------------------------------------------------------
 def test_table_default_16():
     c = parse_config('{"Network":"10.5.0.0/16"}')
     assert c.backend_type == "udp" and c.backend_port == 8285

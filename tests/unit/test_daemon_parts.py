@@ -3,6 +3,7 @@ text, engine choice and sd_notify."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import urllib.error
@@ -16,12 +17,18 @@ from dataplane.daemon.http import HttpServer
 from dataplane.daemon.metrics import MetricsSource
 
 
+def stat_value(name: str) -> float:
+    """Each engine counter gets its own value, far from every other metric's (peers 2, info 1,
+    the expiry 1.8e9), so that a sample with it can only be that counter."""
+    return 1000.0 + STAT_NAMES.index(name)
+
+
 class Source(MetricsSource):
     def __init__(self, trace=True):
         self._trace = trace
 
     def engine_stats(self):
-        return {n: i for i, n in enumerate(STAT_NAMES)}
+        return {n: stat_value(n) for n in STAT_NAMES}
 
     def engine_info(self):
         return {"engine": "python", "reason": "requested"}
@@ -60,19 +67,25 @@ def test_healthz_is_flanneld_reply(server):
 
 
 def test_metrics_text(server):
+    from prometheus_client.parser import text_string_to_metric_families
     status, body, ctype = get(server + "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
-    i = STAT_NAMES.index
-    assert f'flannel_udp_packets_total{{path="udp_tx"}} {float(i("udp_tx_packets"))}' in body
-    assert f'flannel_udp_drops_total{{reason="bad_source"}} {float(i("drop_bad_source"))}' in body
-    assert f'flannel_udp_syscalls_total {float(i("syscalls"))}' in body
+    v = stat_value
+    assert f'flannel_udp_packets_total{{path="udp_tx"}} {v("udp_tx_packets")}' in body
+    assert f'flannel_udp_drops_total{{reason="bad_source"}} {v("drop_bad_source")}' in body
+    assert f'flannel_udp_syscalls_total {v("syscalls")}' in body
     if "icmp_ratelimited" in STAT_NAMES:
-        assert f'flannel_udp_icmp_ratelimited_total {float(i("icmp_ratelimited"))}' in body
+        assert f'flannel_udp_icmp_ratelimited_total {v("icmp_ratelimited")}' in body
     assert "flannel_udp_peers 2.0" in body
     assert 'flannel_udp_lease_expiry_timestamp_seconds{subnet="10.5.3.0/24"} 1.8e+09' in body
     assert 'flannel_udp_engine_info{engine="python",reason="requested"} 1.0' in body
-    # every engine counter is exported under some name
-    assert body.count("flannel_udp_") >= len(STAT_NAMES)
+    # every engine counter is exported as a sample carrying its value (HELP and TYPE lines,
+    # which name the families too, count for nothing here)
+    samples = [s for fam in text_string_to_metric_families(body) for s in fam.samples]
+    assert all(s.name.startswith("flannel_udp_") for s in samples)
+    exported = {s.value for s in samples}
+    missing = [n for n in STAT_NAMES if v(n) not in exported]
+    assert not missing, f"engine counters without a sample: {missing}"
 
 
 def test_trace_json(server):
@@ -125,14 +138,21 @@ def test_nft_ruleset_mirrors_iptables():
     assert text.count("masquerade fully-random") == 2
 
 
-def test_ip_masq_without_any_tool_is_a_clear_error(monkeypatch):
+def test_ip_masq_without_any_tool_is_a_clear_error(monkeypatch, caplog):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(firewall.MasqError, match="iptables.*nft.*--ip-masq"):
         firewall.Rules("10.5.0.0/16", "10.5.3.0/24", masq=True, forward=True)
-    # forward rules alone only warn (as flanneld)
-    r = firewall.Rules("10.5.0.0/16", "10.5.3.0/24", masq=False, forward=True)
+    # forward rules alone only warn (as flanneld), and install/remove then run nothing
+    ran = []
+    monkeypatch.setattr(firewall, "_run", lambda argv, check=True: ran.append(argv))
+    with caplog.at_level(logging.WARNING, logger=firewall.log.name):
+        r = firewall.Rules("10.5.0.0/16", "10.5.3.0/24", masq=False, forward=True)
+    assert r.tool is None
+    assert any(rec.levelno == logging.WARNING and "iptables not found" in rec.getMessage()
+               and "10.5.0.0/16" in rec.getMessage() for rec in caplog.records), caplog.text
     r.install()
     r.remove()
+    assert ran == []
 
 
 def test_engine_choice_explains_itself():

@@ -1,4 +1,4 @@
-"""The receive offloads of the C engine (csrc/gro.c, loop.c section 5):
+"""The receive offloads of the C engine (csrc/rx.c, csrc/train.c, csrc/gro.c):
 UDP_GRO trains split into datagrams, TCP segments coalesced into one GSO
 write to the TUN (DP_OFF_TUN_GRO, rules at the top of csrc/gro.c).
 

@@ -131,9 +131,11 @@ def test_cli_bad_flag_exits_nonzero_naming_it(argv, name):
     assert name in r.stderr, r.stderr
 
 
-def test_version_goes_to_stderr():
-    r = _run("-version")
-    assert r.returncode == 0 and "flannel-udp" in r.stderr and r.stdout == ""
+@pytest.mark.parametrize("spelling", ["-version", "--version"])
+def test_version_is_the_bare_string_on_stderr(spelling):
+    from dataplane import __version__
+    r = _run(spelling)
+    assert r.returncode == 0 and r.stderr == f"{__version__}\n" and r.stdout == ""
 
 
 def test_trace_without_any_server_warns():

@@ -3,9 +3,8 @@
 fuzz_packet.c drives both directions of the I/O-free core (csrc/path.c and
 what it calls) with arbitrary bytes and aborts on any invariant of
 dataplane.h it sees broken (its header lists them). Here we build it with
-clang, replay the seed corpus and every regression input one by one, then
-fuzz for a bounded time. A missing clang or libFuzzer runtime skips on a
-developer's machine and fails under CI (Debian: clang, libclang-rt-14-dev).
+clang (tests/cbuild.py), replay the seed corpus and every regression input
+one by one, then fuzz for a bounded time.
 
 A crash found by fuzzing becomes a regression: its input goes to
 csrc/fuzz/corpus/regress-<name> and <name> into REGRESSIONS below.
@@ -14,15 +13,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
 
-from tests.conftest import require
+from tests.cbuild import FUZZ, build_c, executed, fuzz_bounded, replay
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FUZZ = os.path.join(ROOT, "csrc", "fuzz")
 CORPUS = os.path.join(FUZZ, "corpus")
 FUZZ_SECONDS = 15
 FUZZ_RUNS = 3_000_000
@@ -31,34 +27,10 @@ FUZZ_RUNS = 3_000_000
 REGRESSIONS: dict[str, str] = {}
 
 
-def _clang():
-    cc = os.environ.get("CC", "")
-    return shutil.which(cc if "clang" in cc else "clang")
-
-
-def build_fuzzer(out, target: str, sources) -> str:
-    """Compiles csrc/fuzz/<target>.c with csrc/<sources> for libFuzzer with
-    ASan + UBSan into out/<target>; skips (locally) without clang or its
-    libFuzzer runtime, fails on any other compiler error."""
-    cc = _clang()
-    require(cc is not None, "needs clang (apt-get install clang) for the libFuzzer target")
-    exe = out / target
-    csrc = os.path.join(ROOT, "csrc")
-    cmd = [cc, "-g", "-O1", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-           "-Werror", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
-           "-I", csrc, os.path.join(FUZZ, f"{target}.c")] + \
-        [os.path.join(csrc, f) for f in sources] + ["-o", str(exe)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    require(r.returncode == 0 or "fuzzer" not in r.stderr,
-            f"libFuzzer runtime missing (apt-get install libclang-rt-14-dev): {r.stderr[-500:]}")
-    assert r.returncode == 0, r.stderr
-    return exe
-
-
 @pytest.fixture(scope="module")
 def fuzzer(tmp_path_factory):
     out = tmp_path_factory.mktemp("fuzz")
-    exe = build_fuzzer(out, "fuzz_packet", ("path.c", "packet.c", "routes.c", "trace.c", "gro.c"))
+    exe = build_c(out, "fuzz_packet", ("path.c", "packet.c", "routes.c", "trace.c", "gro.c"))
     return exe, out
 
 
@@ -83,9 +55,7 @@ def test_corpus_replays_clean(fuzzer):
     exe, _ = fuzzer
     files = sorted(os.path.join(CORPUS, f) for f in os.listdir(CORPUS))
     assert len(files) >= 10
-    rc, err = _run([str(exe), *files], 60)
-    assert rc == 0, err[-3000:]
-    assert err.count("Executed ") == len(files)
+    replay(exe, files)
 
 
 def test_regressions(fuzzer):
@@ -99,17 +69,10 @@ def test_regressions(fuzzer):
 
 def test_bounded_fuzz_run(fuzzer):
     exe, out = fuzzer
-    work = out / "work"
-    work.mkdir(exist_ok=True)
-    rc, err = _run([str(exe), f"-max_total_time={FUZZ_SECONDS}", f"-runs={FUZZ_RUNS}",
-                    "-max_len=8192", "-rss_limit_mb=1024", "-print_final_stats=1",
-                    f"-artifact_prefix={out}/", str(work), CORPUS], FUZZ_SECONDS + 30)
-    crashes = [p.name for p in out.iterdir() if p.name.startswith(("crash-", "leak-", "oom-",
-                                                                   "timeout-"))]
-    assert rc == 0 and not crashes, (
-        f"fuzz_packet found {crashes} (in {out}); copy the input to "
-        f"csrc/fuzz/corpus/regress-<name> and add <name> to REGRESSIONS:\n{err[-4000:]}")
-    execs = int(re.search(r"stat::number_of_executed_units:\s+(\d+)", err).group(1))
+    err = fuzz_bounded(exe, out, [CORPUS], FUZZ_SECONDS, FUZZ_RUNS, 8192,
+                       "; copy the input to csrc/fuzz/corpus/regress-<name> and add <name> "
+                       "to REGRESSIONS")
+    execs = executed(err)
     cov = int(re.findall(r"cov: (\d+)", err)[-1])
     print(f"fuzz_packet: {execs} execs, cov {cov} in <= {FUZZ_SECONDS} s")
     assert execs >= 10_000, "the fuzzer barely ran"

@@ -1,4 +1,5 @@
-"""Lease keys and values exactly as flanneld writes and reads them (FLANNEL_COMPAT.md §3.1, §3.2)."""
+"""Lease keys and values exactly as flanneld writes and reads them
+(docs/flannel-compat.md#etcd-keys, docs/flannel-compat.md#lease-value)."""
 import json
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 

@@ -1,4 +1,4 @@
-"""The C engine against its contract: header/Python agreement, the route
+"""The C engine against its contract: its arguments, the route
 table at scale, route swaps under traffic, stop promptness and the closed
 state. Forwarding behaviour shared by both engines lives in test_engine_*.py.
 
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from dataplane.engine import (BATCH_MAX, STAT_NAMES, TRACE_KINDS, EngineClosed, Route,
+from dataplane.engine import (BATCH_MAX, STAT_NAMES, EngineClosed, Route,
                               c_available, c_import_error, create_engine)
 from dataplane.engine import api
 from tests.conftest import require_engine
@@ -103,36 +103,12 @@ def wait_for(pred, timeout=3.0):
     return pred()
 
 
-# ---- header and Python agree ------------------------------------------------
+# ---- the build and the API's arguments (header vs Python: test_contract.py) --
 
 
 def test_c_engine_is_built():
     require_engine("c")
     assert c_available(), c_import_error()
-
-
-def test_stat_names_are_dp_stats_fields_in_order():
-    require_engine("c")
-    from dataplane._dataplane_c import ffi
-    fields = [name for name, _ in ffi.typeof("dp_stats").fields]
-    assert fields[-1] == "reserved"
-    assert tuple(fields[:-1]) == STAT_NAMES
-    assert ffi.sizeof("dp_stats") == 64 * 8
-    assert ffi.sizeof("uint64_t[%d]" % (64 - len(STAT_NAMES))) == \
-        ffi.sizeof(ffi.typeof("dp_stats").fields[-1][1].type)
-
-
-def test_limits_and_trace_kinds_match_header():
-    require_engine("c")
-    from dataplane._dataplane_c import ffi, lib
-    assert lib.DP_BATCH_MAX == BATCH_MAX
-    assert lib.DP_TRACE_RING == api.TRACE_RING
-    assert lib.DP_TRACE_HEAD == api.TRACE_HEAD
-    enum = ffi.typeof("enum dp_trace_kind").relements
-    assert {v: k[len("DP_TR_"):].lower() for k, v in enum.items()} == TRACE_KINDS
-    assert ffi.sizeof("dp_route") == 16
-    assert [n for n, _ in ffi.typeof("dp_trace_event").fields] == [
-        "seq", "ts_ns", "kind", "len", "addr", "port", "batch", "head_len", "head"]
 
 
 def test_loop_new_rejects_bad_arguments_with_errno():
@@ -141,7 +117,8 @@ def test_loop_new_rejects_bad_arguments_with_errno():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         pp = ffi.new("dp_loop **")
-        assert lib.dp_loop_new(pp, a.fileno(), b.fileno(), 0, 67, 64, 1) == -errno.EINVAL
+        assert lib.dp_loop_new(pp, a.fileno(), b.fileno(), 0, api.MTU_MIN - 1, 64, 1) == -errno.EINVAL
+        assert lib.dp_loop_new(pp, a.fileno(), b.fileno(), 0, api.MTU_MAX + 1, 64, 1) == -errno.EINVAL
         assert lib.dp_loop_new(pp, a.fileno(), b.fileno(), 0, 1500, 0, 1) == -errno.EINVAL
         assert lib.dp_loop_new(pp, a.fileno(), b.fileno(), 0, 1500, BATCH_MAX + 1, 1) == -errno.EINVAL
         assert lib.dp_loop_new(pp, -1, b.fileno(), 0, 1500, 64, 1) == -errno.EBADF

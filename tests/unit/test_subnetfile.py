@@ -1,4 +1,5 @@
-"""subnet.env in flanneld's format, written atomically, read back tolerantly (FLANNEL_COMPAT.md §5.1)."""
+"""subnet.env in flanneld's format, written atomically, read back tolerantly
+(docs/flannel-compat.md#subnet-env)."""
 import os
 from ipaddress import IPv4Network
 

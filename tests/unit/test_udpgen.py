@@ -1,6 +1,6 @@
-"""perf/udpgen.c on the loopback (no root): it builds, sends what it is told,
-and the sink, echo and rr modes agree with it. Bounded: small counts, short
-deadlines, 127.0.0.1 only."""
+"""The traffic generator (dataplane/bench/udpgen.c) on the loopback (no root): it
+builds once into the cache, sends what it is told, and the sink, echo and rr
+modes agree with it. Bounded: small counts, short deadlines, 127.0.0.1 only."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from tests.conftest import require
 
 @pytest.fixture(scope="module")
 def udpgen():
-    require(shutil.which("gcc") is not None, "needs gcc to build perf/udpgen.c")
+    require(shutil.which("gcc") is not None, "needs gcc to build udpgen")
     from dataplane.bench import build
     return str(build.build_udpgen())
 
@@ -94,3 +94,30 @@ def test_bad_arguments_are_refused(udpgen):
     assert r.returncode == 2
     r = subprocess.run([udpgen, "bogus"], capture_output=True, timeout=5)
     assert r.returncode == 2
+
+
+def test_built_once_into_the_cache_under_a_key_of_source_and_flags(tmp_path, monkeypatch):
+    require(shutil.which("gcc") is not None, "needs gcc to build udpgen")
+    from dataplane.bench import build
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = build.build_udpgen()
+    assert first.parent == tmp_path / "cache" / "flannel-udp" and first.stat().st_mode & 0o111
+    stamp = first.stat().st_mtime_ns
+    assert build.build_udpgen() == first and first.stat().st_mtime_ns == stamp  # not rebuilt
+    assert [p.name for p in first.parent.iterdir()] == [first.name]          # no temp left
+    cc = build._compiler()
+    assert build.udpgen_path(cc) == first and build.udpgen_path("other-cc") != first
+    monkeypatch.setattr(build, "CFLAGS", [*build.CFLAGS, "-g"])
+    other_flags = build.udpgen_path(cc)
+    edited = tmp_path / "udpgen.c"
+    edited.write_bytes(build.SOURCE.read_bytes() + b"\n")
+    monkeypatch.setattr(build, "SOURCE", edited)
+    assert len({first, other_flags, build.udpgen_path(cc)}) == 3
+
+
+def test_no_compiler_says_what_to_install(monkeypatch):
+    from dataplane.bench import build
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(build.SetupError, match="apt-get install gcc"):
+        build.build_udpgen()

@@ -1,0 +1,125 @@
+/*
+ * loop.h - the state of one packet loop, shared by the three files that
+ * make its syscalls: loop.c (setup, epoll, the public API), tx.c (TUN ->
+ * UDP) and rx.c (UDP -> TUN). The pure files (path.c, gso.c, gro.c,
+ * train.c, ...) never see it: they take buffers, not a loop.
+ *
+ * Threads: one loop thread runs dp_loop_run(); control calls come from any
+ * thread. What crosses threads is atomic: `stopping`, `pending` (the next
+ * route table), the counters (one writer, relaxed), the ICMP limit and the
+ * trace ring.
+ */
+#ifndef DP_LOOP_H
+#define DP_LOOP_H
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "internal.h"
+
+/* What one batch found: whether the fd may have more to give right away. */
+enum dp_io { DP_IO_IDLE = 0, DP_IO_MORE, DP_IO_ERROR };
+
+enum dp_loop_sizes {
+    DP_RX_CTL = 64          /* control buffer per received message: one UDP_GRO int */
+};
+
+struct dp_loop {
+    int tun_fd, udp_fd;         /* the caller's; never closed here */
+    int ep_fd, wake_fd;         /* ours */
+    uint32_t mtu, batch;
+    uint32_t offloads;          /* enum dp_offload bits; fixed once the loop runs
+                                   (but tx.c may drop DP_OFF_UDP_GSO) */
+
+    int stopping;               /* any thread sets it (release); the loop polls it */
+    int running;                /* one dp_loop_run() at a time */
+    struct dp_routes *pending;  /* published table, exchanged atomically */
+
+    struct dp_path path;        /* counters, table in use, ICMP state, trace */
+
+    /* TUN -> UDP (tx.c): slot i holds the i-th packet queued for this
+     * sendmmsg, at tx_buf + i * mtu. */
+    uint8_t *tx_buf;
+    struct mmsghdr tx_msgs[DP_BATCH_MAX];
+    struct iovec tx_iov[DP_BATCH_MAX];
+    struct sockaddr_in tx_addr[DP_BATCH_MAX];
+
+    /* DP_OFF_TUN_VNET: a read is scattered over vnet_hdr, the free slot and
+     * vnet_buf (dp_gso_scatter). DP_OFF_UDP_GSO: the batch planned as trains
+     * (dp_train_plan over train_len/train_dest), train t sent as
+     * train_msgs[t] whose iovecs are its slots' (tx_iov is contiguous). */
+    uint8_t vnet_hdr[DP_VNET_HDR_LEN];
+    uint8_t *vnet_buf;          /* DP_VNET_PKT_MAX bytes; see dp_loop_set_offloads */
+    uint32_t train_len[DP_BATCH_MAX];
+    uint64_t train_dest[DP_BATCH_MAX];
+    struct dp_train trains[DP_BATCH_MAX];
+    struct mmsghdr train_msgs[DP_BATCH_MAX];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } train_cmsg[DP_BATCH_MAX];
+
+    /* UDP -> TUN (rx.c): slot i receives the i-th message of the recvmmsg;
+     * its size is dp_train_rx_slot's. */
+    uint8_t *rx_buf;
+    uint32_t rx_slot;
+    struct mmsghdr rx_msgs[DP_BATCH_MAX];
+    struct iovec rx_iov[DP_BATCH_MAX];
+    struct sockaddr_in rx_addr[DP_BATCH_MAX];
+    union {
+        struct cmsghdr align;
+        uint8_t buf[DP_RX_CTL];
+    } rx_ctl[DP_BATCH_MAX];
+
+    /* DP_OFF_TUN_GRO: the run being coalesced, and one writev's worth. */
+    struct dp_gro gro;
+    uint8_t gro_vnet[DP_VNET_HDR_LEN];
+    uint8_t gro_hdr[DP_GRO_HDR_MAX];
+    struct iovec gro_iov[DP_GRO_SEGS_MAX + 2];
+};
+
+/* Counters and trace, through the path's (one writer: the loop thread). */
+static inline void st_add(struct dp_loop *l, enum dp_stat i, uint64_t n)
+{
+    dp_path_count(&l->path, i, n);
+}
+
+static inline void trace(struct dp_loop *l, uint32_t kind, uint32_t len, uint32_t addr,
+                         uint32_t port, uint32_t batch, const uint8_t *head)
+{
+    dp_path_trace(&l->path, kind, len, addr, port, batch, head);
+}
+
+static inline void drop(struct dp_loop *l, enum dp_stat reason, uint32_t len)
+{
+    dp_path_drop(&l->path, reason, len);
+}
+
+/* Every syscall bumps `syscalls` and its own counter. */
+static inline void sys_count(struct dp_loop *l, enum dp_stat which)
+{
+    st_add(l, DP_ST_SYSCALLS, 1);
+    st_add(l, which, 1);
+}
+
+/* loop.c: adopt a published route table, if any (one relaxed load when
+ * none); at the start of each batch and before each packet. */
+void dp_loop_take_routes(struct dp_loop *l);
+/* loop.c: one message per slot of buf (stride bytes apart), addressed by addr[i]. */
+void dp_loop_msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *addr,
+                       uint8_t *buf, uint32_t batch, uint32_t stride);
+
+/* tx.c: TUN -> UDP. */
+int dp_tx_setup(struct dp_loop *l);
+/* Room for a super-packet when DP_OFF_TUN_VNET is asked for; before the loop runs. */
+int dp_tx_set_offloads(struct dp_loop *l, uint32_t offloads);
+enum dp_io dp_tx_batch(struct dp_loop *l);
+
+/* rx.c: UDP -> TUN, and every write into the TUN (ICMP errors too). */
+ssize_t dp_rx_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len);
+/* Sizes the receive slots for the offloads; on failure the old ones stay. */
+int dp_rx_setup(struct dp_loop *l, uint32_t offloads);
+enum dp_io dp_rx_batch(struct dp_loop *l);
+
+#endif

@@ -1,0 +1,233 @@
+/*
+ * rx.c - UDP -> TUN: recvmmsg, UDP_GRO trains, TUN writes and TUN GRO
+ * runs. What happens to a datagram is decided in path.c; how a train is
+ * cut is train.c's, how a run is coalesced gro.c's (all three pure). This
+ * file makes the syscalls around them, and every write into the TUN (tx.c's
+ * ICMP errors too).
+ *
+ * Flow, in the order the functions appear:
+ *   1. dp_rx_tun_write   write() to the TUN (with DP_OFF_TUN_VNET behind a
+ *                        plain virtio_net_hdr)
+ *   2. gro_flush,        with DP_OFF_TUN_GRO a forwarded packet joins the
+ *      tun_forward       run (gro.c), which is written as one GSO packet
+ *                        when it breaks or the batch ends
+ *   3. udp_datagram      dp_path_udp (checks, TTL - 1), then tun_forward
+ *   4. udp_packet        one message: a datagram, or with DP_OFF_UDP_GRO a
+ *                        train cut by dp_train_cut_* into datagrams
+ *   5. dp_rx_batch       one recvmmsg(MSG_DONTWAIT) of up to `batch`, then
+ *                        the run held is flushed
+ *   6. dp_rx_setup       the receive slots, sized for the offloads
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include "loop.h"
+
+/* <linux/udp.h>; glibc's headers may lack them. */
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+/* ---- 1. TUN writes ------------------------------------------------------------------ */
+
+/* A TUN write is all or nothing. EINTR means nothing was written, so
+ * retrying it is not a retry of a failed packet. With DP_OFF_TUN_VNET
+ * every write starts with a virtio_net_hdr: all zero for a plain packet
+ * whose checksums are complete. */
+ssize_t dp_rx_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len)
+{
+    static const uint8_t plain_hdr[DP_VNET_HDR_LEN];
+    struct iovec iov[2] = {
+        { .iov_base = (void *)plain_hdr, .iov_len = sizeof(plain_hdr) },
+        { .iov_base = (void *)p, .iov_len = len },
+    };
+    int vnet = (l->offloads & DP_OFF_TUN_VNET) != 0;
+    ssize_t w;
+
+    do {
+        sys_count(l, DP_ST_TUN_WRITES);
+        w = vnet ? writev(l->tun_fd, iov, 2) : write(l->tun_fd, p, len);
+    } while (w < 0 && errno == EINTR);
+    return w;
+}
+
+static void tun_write_one(struct dp_loop *l, const uint8_t *p, uint32_t len)
+{
+    dp_path_tun_written(&l->path, p, len, dp_rx_tun_write(l, p, len) < 0 ? errno : 0);
+}
+
+/* ---- 2. TUN GRO runs ---------------------------------------------------------------- */
+
+/* Writes the run held, if any: one segment as it is, more as one GSO
+ * packet (gro.c). Each segment is counted written, or dropped, on its own:
+ * the counters see the packets the peer sent, whatever the syscalls. */
+static void gro_flush(struct dp_loop *l)
+{
+    struct dp_gro *g = &l->gro;
+    uint32_t i, niov;
+    ssize_t w;
+    int err;
+
+    if (g->n == 1) {
+        tun_write_one(l, g->seg[0], g->len[0]);
+    } else if (g->n > 1) {
+        dp_gro_headers(g, l->gro_vnet, l->gro_hdr);
+        niov = dp_gro_iov(g, l->gro_vnet, l->gro_hdr, l->gro_iov);
+        do {
+            sys_count(l, DP_ST_TUN_WRITES);
+            w = writev(l->tun_fd, l->gro_iov, (int)niov);
+        } while (w < 0 && errno == EINTR);
+        err = w < 0 ? errno : 0;
+        for (i = 0; i < g->n; i++)
+            dp_path_tun_written(&l->path, g->seg[i], g->len[i], err);
+        if (!err)
+            st_add(l, DP_ST_TUN_TX_GSO, 1);
+    }
+    dp_gro_reset(g);
+}
+
+/* A forwarded packet goes into the run, or is written now - after the run
+ * it breaks, so packets leave in the order they came. */
+static void tun_forward(struct dp_loop *l, const uint8_t *p, uint32_t len)
+{
+    if (l->offloads & DP_OFF_TUN_GRO) {
+        if (dp_gro_join(&l->gro, p, len))
+            return;
+        gro_flush(l);
+        if (dp_gro_start(&l->gro, p, len))
+            return;
+    }
+    tun_write_one(l, p, len);
+}
+
+/* ---- 3. one datagram ---------------------------------------------------------------- */
+
+static void udp_datagram(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t src,
+                         uint32_t sport, uint32_t nmsgs, int truncated)
+{
+    if (dp_path_udp(&l->path, p, len, src, sport, nmsgs, truncated) == DP_V_FORWARD)
+        tun_forward(l, p, len);
+}
+
+/* ---- 4. one message ----------------------------------------------------------------- */
+
+/* The segment size of a UDP_GRO train; 0 when the message is one datagram. */
+static uint32_t gro_segment_size(struct msghdr *mh)
+{
+    struct cmsghdr *c;
+    int v;
+
+    for (c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO &&
+            c->cmsg_len >= CMSG_LEN(sizeof(v))) {
+            memcpy(&v, CMSG_DATA(c), sizeof(v));
+            return v > 0 ? (uint32_t)v : 0;
+        }
+    }
+    return 0;
+}
+
+/* DP_OFF_UDP_GRO: each datagram of the train is handled as if received
+ * alone - one larger than the mtu, or cut short by the slot, as a plain
+ * receive reports it: truncated (dataplane.h). */
+static void udp_train(struct dp_loop *l, struct mmsghdr *mh, uint8_t *p, uint32_t src,
+                      uint32_t sport, uint32_t nmsgs)
+{
+    struct dp_train_cut c;
+    struct dp_datagram d;
+
+    if (dp_train_cut_start(&c, mh->msg_len, gro_segment_size(&mh->msg_hdr), l->rx_slot,
+                           l->mtu))
+        st_add(l, DP_ST_UDP_RX_GRO, 1);
+    while (dp_train_cut_next(&c, &d))
+        udp_datagram(l, d.has_bytes ? p + d.off : NULL, d.len, src, sport, nmsgs,
+                     d.truncated);
+}
+
+static void udp_packet(struct dp_loop *l, uint32_t k, uint32_t nmsgs)
+{
+    struct mmsghdr *mh = &l->rx_msgs[k];
+    uint8_t *p = l->rx_iov[k].iov_base;
+    uint32_t src = 0, sport = 0;
+
+    if (mh->msg_hdr.msg_namelen >= sizeof(struct sockaddr_in) &&
+        l->rx_addr[k].sin_family == AF_INET) {
+        src = l->rx_addr[k].sin_addr.s_addr;
+        sport = ntohs(l->rx_addr[k].sin_port);
+    }
+    if (l->offloads & DP_OFF_UDP_GRO)
+        udp_train(l, mh, p, src, sport, nmsgs);
+    else
+        udp_datagram(l, p, mh->msg_len, src, sport, nmsgs,
+                     (mh->msg_hdr.msg_flags & MSG_TRUNC) != 0);
+}
+
+/* ---- 5. one batch ------------------------------------------------------------------- */
+
+enum dp_io dp_rx_batch(struct dp_loop *l)
+{
+    int gro = (l->offloads & DP_OFF_UDP_GRO) != 0;
+    uint32_t k;
+    int r;
+
+    dp_loop_take_routes(l);
+    do {
+        sys_count(l, DP_ST_UDP_RECVS);
+        r = recvmmsg(l->udp_fd, l->rx_msgs, l->batch, MSG_DONTWAIT | (gro ? MSG_TRUNC : 0),
+                     NULL);
+    } while (r < 0 && errno == EINTR);
+    if (r <= 0)
+        return (r == 0 || errno == EAGAIN || errno == EWOULDBLOCK) ? DP_IO_IDLE : DP_IO_ERROR;
+
+    st_add(l, DP_ST_RX_BATCHES, 1);
+    for (k = 0; k < (uint32_t)r; k++) {
+        dp_loop_take_routes(l);   /* the source check, too, uses the newest table */
+        udp_packet(l, k, (uint32_t)r);
+        /* msg_namelen, msg_controllen and msg_flags are value-result:
+         * reset for next time. */
+        l->rx_msgs[k].msg_hdr.msg_namelen = sizeof(l->rx_addr[k]);
+        if (gro)
+            l->rx_msgs[k].msg_hdr.msg_controllen = sizeof(l->rx_ctl[k].buf);
+        l->rx_msgs[k].msg_hdr.msg_flags = 0;
+    }
+    /* A run never outlives its batch: the next recvmmsg reuses the slots,
+     * and a packet held back waiting for more would be a delay. */
+    gro_flush(l);
+    /* A short batch means the queue was empty a moment ago: let epoll say
+     * when there is more, rather than pay for an EAGAIN recvmmsg(). */
+    return (uint32_t)r == l->batch ? DP_IO_MORE : DP_IO_IDLE;
+}
+
+/* ---- 6. setup ----------------------------------------------------------------------- */
+
+/* Only while the loop does not run. */
+int dp_rx_setup(struct dp_loop *l, uint32_t offloads)
+{
+    int gro = (offloads & DP_OFF_UDP_GRO) != 0;
+    uint32_t stride, slot = dp_train_rx_slot(offloads, l->mtu, &stride);
+    uint8_t *buf;
+    uint32_t i;
+
+    if (l->rx_buf && l->rx_slot == slot)
+        return 0;
+    buf = malloc((size_t)l->batch * stride);
+    if (!buf)
+        return -ENOMEM;
+    free(l->rx_buf);
+    l->rx_buf = buf;
+    l->rx_slot = slot;
+    dp_loop_msgs_init(l->rx_msgs, l->rx_iov, l->rx_addr, buf, l->batch, stride);
+    for (i = 0; i < l->batch; i++) {
+        l->rx_iov[i].iov_len = slot;
+        l->rx_msgs[i].msg_hdr.msg_control = gro ? l->rx_ctl[i].buf : NULL;
+        l->rx_msgs[i].msg_hdr.msg_controllen = gro ? sizeof(l->rx_ctl[i].buf) : 0;
+    }
+    return 0;
+}

@@ -1,0 +1,339 @@
+/*
+ * tx.c - TUN -> UDP: batched TUN reads, the virtio_net_hdr glue, trains of
+ * datagrams and sendmmsg. What happens to a packet is decided in path.c;
+ * where a read lands and how a super-packet is cut is gso.c's, how a batch
+ * groups into trains train.c's (all three pure). This file makes the
+ * syscalls around them.
+ *
+ * Flow, in the order the functions appear:
+ *   1. now_ns, icmp_send   the clock for the ICMP rate limit; an ICMP
+ *                          error path.c built, written into the TUN
+ *   2. tun_packet          dp_path_tun (checks, route, TTL - 1), then
+ *                          queue it in its slot or send the ICMP error
+ *   3. udp_sendmmsg,       one sendmmsg() per batch, skipping refused
+ *      sent,               messages; each datagram sent is counted once
+ *      udp_send_plain
+ *   4. trains_build,       with DP_OFF_UDP_GSO: dp_train_plan groups the
+ *      udp_send_gso        batch, each train one message with UDP_SEGMENT;
+ *                          a refused train goes again plain
+ *   5. tun_vnet_packet     with DP_OFF_TUN_VNET: dp_gso_read finds the
+ *                          packet; a plain one gets its checksum finished,
+ *                          a super-packet is cut (dp_gso_start/next) into
+ *                          packets that each go through tun_packet, sending
+ *                          whenever the slots run out
+ *   6. dp_tx_batch         read() until EAGAIN or `batch`, then send
+ *   7. dp_tx_setup,        the send slots (dp_loop_new) and the
+ *      dp_tx_set_offloads  super-packet buffer (dp_loop_set_offloads)
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <time.h>
+
+#include "loop.h"
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103     /* <linux/udp.h>, Linux >= 4.18 */
+#endif
+
+/* Send slot m: where the m-th queued packet of the batch is read or cut to. */
+static inline uint8_t *slot_at(struct dp_loop *l, uint32_t m)
+{
+    return l->tx_buf + (size_t)m * l->mtu;
+}
+
+/* ---- 1. clock, ICMP errors ---------------------------------------------------------- */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    /* vDSO on Linux: not a syscall, so it is not counted in `syscalls`. */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* path.c built it (and checked the rate limit); we write it. */
+static void icmp_send(struct dp_loop *l)
+{
+    dp_path_icmp_written(&l->path,
+                         dp_rx_tun_write(l, l->path.icmp, l->path.icmp_len) < 0 ? errno : 0);
+}
+
+/* ---- 2. one packet ------------------------------------------------------------------ */
+
+/* Returns 1 if the packet was queued as message `slot` of the next sendmmsg. */
+static int tun_packet(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t slot)
+{
+    struct dp_route_hit hit;
+
+    switch (dp_path_tun(&l->path, p, len, &hit)) {
+    case DP_V_FORWARD:
+        break;
+    case DP_V_ICMP:
+        icmp_send(l);
+        return 0;
+    default:
+        return 0;
+    }
+    l->tx_iov[slot].iov_len = len;
+    l->tx_addr[slot].sin_addr.s_addr = hit.peer_ip;
+    l->tx_addr[slot].sin_port = htons((uint16_t)hit.port);
+    return 1;
+}
+
+/* ---- 3. plain sends ----------------------------------------------------------------- */
+
+/* One sendmmsg(), again when a signal interrupted it before it sent anything. */
+static int udp_sendmmsg(struct dp_loop *l, struct mmsghdr *msgs, uint32_t n)
+{
+    int r;
+
+    do {
+        sys_count(l, DP_ST_UDP_SENDS);
+        r = sendmmsg(l->udp_fd, msgs, n, 0);
+    } while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* Slot k went out, in a call handed `batch` datagrams. */
+static void sent(struct dp_loop *l, uint32_t k, uint32_t batch)
+{
+    uint32_t len = (uint32_t)l->tx_iov[k].iov_len;
+
+    st_add(l, DP_ST_UDP_TX_PACKETS, 1);
+    st_add(l, DP_ST_UDP_TX_BYTES, len);
+    trace(l, DP_TR_UDP_SEND, len, l->tx_addr[k].sin_addr.s_addr, ntohs(l->tx_addr[k].sin_port),
+          batch, NULL);
+}
+
+/* One sendmmsg() for the queued messages from slot i on. The kernel stops
+ * at the first message it refuses and reports only how many went before
+ * it; so on a short count we call again from there, and the call that
+ * starts with the refused message fails with its errno: that one is
+ * dropped and skipped. */
+static void udp_send_plain(struct dp_loop *l, uint32_t i, uint32_t m)
+{
+    uint32_t k;
+    int r;
+
+    while (i < m) {
+        r = udp_sendmmsg(l, &l->tx_msgs[i], m - i);
+        if (r <= 0) {
+            drop(l, DP_ST_DROP_SEND_ERROR, (uint32_t)l->tx_iov[i].iov_len);
+            i++;
+            continue;
+        }
+        /* batch = the messages handed to this call (all m when none fails). */
+        for (k = i; k < i + (uint32_t)r; k++)
+            sent(l, k, m - i);
+        i += (uint32_t)r;
+    }
+}
+
+/* ---- 4. trains (DP_OFF_UDP_GSO) ----------------------------------------------------- */
+
+/* Plans slots 0..m-1 as trains and builds one message per train; returns
+ * how many. A train of one is a plain message, no cmsg: exactly what
+ * udp_send_plain sends. */
+static uint32_t trains_build(struct dp_loop *l, uint32_t m)
+{
+    uint32_t t, nt, i;
+
+    for (i = 0; i < m; i++) {
+        l->train_len[i] = (uint32_t)l->tx_iov[i].iov_len;
+        l->train_dest[i] = (uint64_t)l->tx_addr[i].sin_addr.s_addr << 16 |
+                           l->tx_addr[i].sin_port;
+    }
+    nt = dp_train_plan(l->train_len, l->train_dest, m, l->trains);
+    for (t = 0; t < nt; t++) {
+        struct msghdr *mh = &l->train_msgs[t].msg_hdr;
+
+        i = l->trains[t].first;
+        memset(mh, 0, sizeof(*mh));
+        mh->msg_name = &l->tx_addr[i];
+        mh->msg_namelen = sizeof(l->tx_addr[i]);
+        mh->msg_iov = &l->tx_iov[i];
+        mh->msg_iovlen = l->trains[t].n;
+        if (l->trains[t].n > 1) {
+            struct cmsghdr *cm = &l->train_cmsg[t].align;
+            uint16_t seg = (uint16_t)l->tx_iov[i].iov_len;
+
+            mh->msg_control = l->train_cmsg[t].buf;
+            mh->msg_controllen = sizeof(l->train_cmsg[t].buf);
+            cm->cmsg_level = IPPROTO_UDP;
+            cm->cmsg_type = UDP_SEGMENT;
+            cm->cmsg_len = CMSG_LEN(sizeof(seg));
+            memcpy(CMSG_DATA(cm), &seg, sizeof(seg));
+        }
+    }
+    return nt;
+}
+
+/* One sendmmsg() of trains. A refused train is sent again as plain
+ * messages (a single one is just dropped, as by udp_send_plain), so each of
+ * its datagrams meets the fate it would have had without GSO. When the
+ * kernel cannot segment at all (EIO: the route's device has no tx checksum
+ * offload, which UDP_SEGMENT needs; EINVAL: e.g. SO_NO_CHECK, or a segment
+ * over the path MTU) UDP_GSO goes off for this loop and everything from
+ * that train on goes out plain. */
+static void udp_send_gso(struct dp_loop *l, uint32_t m)
+{
+    uint32_t nt = trains_build(l, m), t = 0, j, k, first, n;
+    int r, err;
+
+    while (t < nt) {
+        r = udp_sendmmsg(l, &l->train_msgs[t], nt - t);
+        if (r <= 0) {
+            err = r < 0 ? errno : 0;
+            first = l->trains[t].first;
+            n = l->trains[t].n;
+            if (n > 1 && (err == EIO || err == EINVAL)) {
+                l->offloads &= ~(uint32_t)DP_OFF_UDP_GSO;
+                udp_send_plain(l, first, m);
+                return;
+            }
+            /* Any other refusal: each datagram of the train meets its own
+             * fate as a plain message, as it would have without GSO. */
+            if (n > 1)
+                udp_send_plain(l, first, first + n);
+            else
+                drop(l, DP_ST_DROP_SEND_ERROR, (uint32_t)l->tx_iov[first].iov_len);
+            t++;
+            continue;
+        }
+        for (j = t; j < t + (uint32_t)r; j++) {
+            first = l->trains[j].first;
+            n = l->trains[j].n;
+            if (n > 1)
+                st_add(l, DP_ST_UDP_TX_GSO, 1);
+            /* batch = the datagrams handed to this call. */
+            for (k = first; k < first + n; k++)
+                sent(l, k, m - l->trains[t].first);
+        }
+        t += (uint32_t)r;
+    }
+}
+
+static void udp_send(struct dp_loop *l, uint32_t m)
+{
+    if (l->offloads & DP_OFF_UDP_GSO)
+        udp_send_gso(l, m);
+    else
+        udp_send_plain(l, 0, m);
+}
+
+/* ---- 5. DP_OFF_TUN_VNET reads ------------------------------------------------------- */
+
+/* The r bytes of a read into slot m (dp_gso_scatter): a plain packet goes
+ * on as a plain read would, after its checksum is finished if the kernel
+ * left it partial; a super-packet is cut into segments, each going on as a
+ * plain read, flushing the batch whenever the slots run out. Returns the
+ * number of slots now queued. */
+static uint32_t tun_vnet_packet(struct dp_loop *l, uint32_t r, uint32_t m)
+{
+    struct dp_vnet_hdr h;
+    struct dp_gso g;
+    uint8_t *p;
+    uint32_t len, seg;
+    int reason;
+
+    reason = dp_gso_read(l->vnet_hdr, r, slot_at(l, m), l->vnet_buf, l->mtu, &h, &p, &len);
+    if (reason) {
+        dp_path_tun_drop(&l->path, p, len, reason);
+        return m;
+    }
+    if (h.gso_type == DP_VNET_GSO_NONE) {
+        reason = dp_gso_csum(p, len, &h);
+        if (reason) {
+            dp_path_tun_drop(&l->path, p, len, reason);
+            return m;
+        }
+        return m + (uint32_t)tun_packet(l, p, len, m);
+    }
+
+    st_add(l, DP_ST_TUN_RX_GSO, 1);
+    reason = dp_gso_start(&g, p, len, &h, l->mtu);
+    if (reason) {
+        dp_path_tun_drop(&l->path, p, len, reason);
+        return m;
+    }
+    while ((seg = dp_gso_next(&g, slot_at(l, m))) != 0) {
+        m += (uint32_t)tun_packet(l, slot_at(l, m), seg, m);
+        if (m == l->batch) {
+            udp_send(l, m);
+            m = 0;
+        }
+    }
+    return m;
+}
+
+/* ---- 6. one batch ------------------------------------------------------------------- */
+
+enum dp_io dp_tx_batch(struct dp_loop *l)
+{
+    enum dp_io res = DP_IO_MORE;
+    uint32_t n = 0, m = 0;
+    int vnet = (l->offloads & DP_OFF_TUN_VNET) != 0;
+    struct iovec iov[3];
+    ssize_t r;
+
+    dp_loop_take_routes(l);
+    /* For the ICMP rate limit: one clock read per batch, not per packet. */
+    l->path.now_ns = now_ns();
+    while (n < l->batch) {
+        sys_count(l, DP_ST_TUN_READS);
+        if (vnet) {
+            dp_gso_scatter(l->vnet_hdr, slot_at(l, m), l->vnet_buf, l->mtu, iov);
+            r = readv(l->tun_fd, iov, 3);
+        } else {
+            r = read(l->tun_fd, slot_at(l, m), l->mtu);
+        }
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            res = (errno == EAGAIN || errno == EWOULDBLOCK) ? DP_IO_IDLE : DP_IO_ERROR;
+            break;
+        }
+        n++;
+        /* Checked per packet, not only per batch: a packet written into the
+         * TUN after set_routes() returned is routed by that table or a newer
+         * one, never by an older one. */
+        dp_loop_take_routes(l);
+        /* A dropped packet leaves its slot free for the next read. */
+        if (vnet)
+            m = tun_vnet_packet(l, (uint32_t)r, m);
+        else if (tun_packet(l, slot_at(l, m), (uint32_t)r, m))
+            m++;
+    }
+    if (n)
+        st_add(l, DP_ST_TX_BATCHES, 1);
+    if (m)
+        udp_send(l, m);
+    return res;
+}
+
+/* ---- 7. setup ----------------------------------------------------------------------- */
+
+int dp_tx_setup(struct dp_loop *l)
+{
+    l->tx_buf = malloc((size_t)l->batch * l->mtu);
+    if (!l->tx_buf)
+        return -ENOMEM;
+    dp_loop_msgs_init(l->tx_msgs, l->tx_iov, l->tx_addr, l->tx_buf, l->batch, l->mtu);
+    return 0;
+}
+
+int dp_tx_set_offloads(struct dp_loop *l, uint32_t offloads)
+{
+    /* Room for a super-packet: allocated here, never on the data path. */
+    if ((offloads & DP_OFF_TUN_VNET) && !l->vnet_buf) {
+        l->vnet_buf = malloc(DP_VNET_PKT_MAX);
+        if (!l->vnet_buf)
+            return -ENOMEM;
+    }
+    return 0;
+}

@@ -1,0 +1,86 @@
+"""Builds one C program from csrc/ for a test: a libFuzzer target under
+csrc/fuzz/ (ASan + UBSan + libFuzzer), or a plain driver with a main()
+there (ASan + UBSan). One helper, so every C test compiles the engine's
+files with the same flags (-Werror included).
+
+A missing clang or libFuzzer runtime skips on a developer's machine and
+fails under CI (Debian: clang, libclang-rt-14-dev).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from tests.conftest import require
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "csrc")
+FUZZ = os.path.join(CSRC, "fuzz")
+
+
+def _clang():
+    cc = os.environ.get("CC", "")
+    return shutil.which(cc if "clang" in cc else "clang")
+
+
+def build_c(out, target: str, sources, fuzzer: bool = True):
+    """Compiles csrc/fuzz/<target>.c with csrc/<sources> into out/<target>;
+    with fuzzer=False the target has its own main(). Fails on any compiler
+    error but a missing compiler or fuzzer runtime."""
+    cc = _clang()
+    require(cc is not None, "needs clang (apt-get install clang) for the C test programs")
+    exe = out / target
+    sanitize = "fuzzer,address,undefined" if fuzzer else "address,undefined"
+    cmd = [cc, "-g", "-O1", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+           "-Werror", f"-fsanitize={sanitize}", "-fno-sanitize-recover=all",
+           "-I", CSRC, os.path.join(FUZZ, f"{target}.c")] + \
+        [os.path.join(CSRC, f) for f in sources] + ["-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    require(r.returncode == 0 or "fuzzer" not in r.stderr,
+            f"libFuzzer runtime missing (apt-get install libclang-rt-14-dev): {r.stderr[-500:]}")
+    assert r.returncode == 0, r.stderr
+    return exe
+
+
+def fuzz_bounded(exe, out, corpus, seconds: int, runs: int, max_len: int, hint: str = "") -> str:
+    """Runs a libFuzzer target for at most `seconds` and `runs` over the
+    corpus directories (new inputs go to out/work, the first of them), and
+    fails on any crash, leak, OOM or timeout it finds. Returns its stderr
+    (the final stats: stat::number_of_executed_units, cov)."""
+    work = out / "work"
+    work.mkdir(exist_ok=True)
+    r = subprocess.run([str(exe), f"-max_total_time={seconds}", f"-runs={runs}",
+                        f"-max_len={max_len}", "-rss_limit_mb=1024", "-print_final_stats=1",
+                        f"-artifact_prefix={out}/", str(work), *map(str, corpus)],
+                       capture_output=True, text=True, timeout=seconds + 60)
+    crashes = [p.name for p in out.iterdir() if p.name.startswith(("crash-", "leak-", "oom-",
+                                                                   "timeout-"))]
+    assert r.returncode == 0 and not crashes, \
+        f"{exe.name} found {crashes} (in {out}){hint}:\n{r.stderr[-4000:]}"
+    return r.stderr
+
+
+def executed(stderr: str) -> int:
+    """How many inputs a libFuzzer run executed (its final stats)."""
+    import re
+    return int(re.search(r"stat::number_of_executed_units:\s+(\d+)", stderr).group(1))
+
+
+def seeded_fuzzer(out, target: str, sources, seeds: dict[str, bytes]):
+    """build_c's libFuzzer target, and its seeds written to out/seeds
+    (name -> input); returns (exe, the seeds directory)."""
+    exe = build_c(out, target, sources)
+    d = out / "seeds"
+    d.mkdir()
+    for name, data in seeds.items():
+        (d / name).write_bytes(data)
+    return exe, d
+
+
+def replay(exe, files, timeout: float = 60) -> None:
+    """Runs each input once and fails on the first the target aborts on."""
+    r = subprocess.run([str(exe), *map(str, files)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("Executed ") == len(files)

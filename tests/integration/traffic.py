@@ -1,0 +1,94 @@
+"""Traffic that integration tests send between testbed hosts: ping, iperf3, a hashed TCP
+stream, a UDP probe. Shared here so that test modules never import each other.
+
+Every server is waited for until it listens (bounded in time), never for a fixed sleep,
+and killed by PID when the caller is done, also when the test fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+from tests.streams import HASH_SINK, HASH_SOURCE
+
+IPERF_BYTES = 20 << 20       # iperf3 bytes of one transfer
+HASHED_BYTES = 4 << 20       # bytes of the python stream whose hash is checked at both ends
+IPERF_PORT = 5201
+READY_TIMEOUT = 10.0         # s for a server to start listening
+
+
+def ping(tb, host, dst, *extra, count=5):
+    return tb.exec(host, ["ping", "-n", "-c", str(count), "-i", "0.2", "-W", "2", "-w", "10",
+                          *extra, dst], timeout=20)
+
+
+def tcp_listening(tb, host, port: int) -> bool:
+    r = tb.exec(host, ["ss", "-Hltn", f"sport = :{port}"], timeout=10)
+    return bool(r.stdout.strip())
+
+
+@contextlib.contextmanager
+def iperf3_server(tb, host, bind: str, port: int = IPERF_PORT):
+    """A one-shot iperf3 server in `host` on bind:port, yielded once it listens."""
+    from dataplane.testbed.hosts import wait_for
+    srv = tb.popen(host, ["iperf3", "-s", "-1", "-B", bind, "-p", str(port)], text=True)
+    try:
+        assert wait_for(lambda: tcp_listening(tb, host, port) or srv.poll() is not None,
+                        READY_TIMEOUT), f"iperf3 server not listening after {READY_TIMEOUT:.0f} s"
+        assert srv.poll() is None, f"iperf3 server exited: {srv.communicate()}"
+        yield srv
+    finally:
+        tb.kill(srv)
+
+
+def iperf_transfer(tb, client, server, dst, nbytes: int = IPERF_BYTES):
+    """`nbytes` client -> server over iperf3; returns (receiver bit/s, bytes the sender sent)."""
+    with iperf3_server(tb, server, dst):
+        r = tb.exec(client, ["iperf3", "-c", dst, "-p", str(IPERF_PORT), "-n", str(nbytes), "-J",
+                             "--connect-timeout", "3000"], timeout=40)
+    # iperf3 -J may exit 0 on errors: the JSON's "error" says so
+    res = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr}
+    assert r.returncode == 0 and "error" not in res and "sum_received" in res.get("end", {}), \
+        f"iperf3 failed ({r.returncode}): {res.get('error')} {r.stderr}"
+    # with -n the receiver's summary may close before the last bytes: use the sender's count
+    return res["end"]["sum_received"]["bits_per_second"], res["end"]["sum_sent"]["bytes"]
+
+
+def hashed_transfer(tb, src_host, dst_host, dst_ip, nbytes: int = HASHED_BYTES):
+    """`nbytes` over TCP src -> dst; fails unless both ends saw the same length and hash."""
+    sink = tb.popen(dst_host, [sys.executable, "-c", HASH_SINK, dst_ip, "5300"])
+    try:
+        line = sink.stdout.readline()
+        assert line.startswith("listening"), f"sink did not start: {line!r} {sink.stderr.read()}"
+        r = tb.exec(src_host, [sys.executable, "-c", HASH_SOURCE, dst_ip, "5300", str(nbytes)],
+                    timeout=40)
+        assert r.returncode == 0, f"source failed: {r.stderr}"
+        out, err = sink.communicate(timeout=30)
+        assert out.split() == r.stdout.split(), f"sent {r.stdout!r}, received {out!r} {err}"
+    finally:
+        tb.kill(sink)
+
+
+# One datagram to port 9 of `dst`; prints what came back: "data", "timeout" or the errno name
+# (IP_RECVERR turns an ICMP net unreachable into ENETUNREACH on the socket).
+UDP_PROBE = r"""
+import errno, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, 11, 1)          # IP_RECVERR: report ICMP net unreachable
+s.settimeout(float(sys.argv[2]))
+s.connect((sys.argv[1], 9))
+s.send(b"probe")
+try:
+    s.recv(100)
+    print("data")
+except TimeoutError:
+    print("timeout")
+except OSError as e:
+    print(errno.errorcode.get(e.errno, str(e.errno)))
+"""
+
+
+def udp_probe(ov, host, dst, timeout=3.0) -> str:
+    r = ov.exec(host, [sys.executable, "-c", UDP_PROBE, dst, str(timeout)], timeout=timeout + 15)
+    return r.stdout.strip()
