@@ -4,7 +4,9 @@
   (one line), ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports stay inside
   ``main`` so that ``--help`` is fast;
 * ``flanneld_flags.py``: `run`'s flag table, flanneld's flags with their names, defaults and
-  FLANNELD_* variables, resolved into the daemon's Options.
+  FLANNELD_* variables, resolved into the daemon's Options;
+* ``child.py``: the command line of a child process (a testbed daemon, a bench forwarder) that
+  runs this very package.
 """
 from __future__ import annotations
 
