@@ -1,6 +1,7 @@
 """The engines: two implementations of one contract, and the choice between them.
 
-* ``api.py``          the contract (Engine, Route, counter names) both engines keep;
+* ``api.py``          the interface both engines keep (Engine, Route);
+* ``contract.py``     the facts of csrc/dataplane.h as Python values (counter names, limits, bits);
 * ``native.py``       the C engine: the cffi binding of csrc/dataplane.h;
 * ``pyengine.py``     the pure-Python engine, the oracle of the differential tests;
 * ``ipv4.py``         the IPv4/ICMP header helpers the Python engine (and the demo) use;
