@@ -100,7 +100,7 @@ class PeerWatcher:
             self._own = subnet
         try:
             self._snapshot(always=True)
-        except RegistryError as exc:       # the watch's next compaction or restart will re-list
+        except RegistryError as exc:       # the leases we know still give the new snapshot
             log.warning("re-listing peers after own subnet change failed: %s", exc)
             with self._emit_lock:
                 with self._lock:
