@@ -1,19 +1,25 @@
 """flanneld-compatible command-line flags for `flannel-udp run`.
 
 An operator's flanneld command line must work unchanged, so this module
-accepts what Go's ``flag`` package accepts:
+reads argv as Go's ``flag`` package does (flanneld v0.20.2 uses it):
 
-* ``--name value``, ``--name=value``, ``-name value``, ``-name=value``;
-* booleans as ``-ip-masq``, ``-ip-masq=true``, ``--ip-masq=false``;
+* every flag as ``-name``, ``--name``, ``-name=value``, ``--name=value`` and,
+  except booleans, ``-name value`` (klog's ``-v`` included: ``-v 2``, ``--v=2``);
+* booleans as ``-ip-masq`` or ``-ip-masq=true|false`` only: ``-ip-masq false``
+  is ``-ip-masq`` followed by the argument ``false``;
+* reading stops at the first argument that is no flag (or after ``--``); the
+  rest is ignored, with a warning (flanneld ignores it silently);
 * repeatable ``--iface`` / ``--iface-regex`` (first match wins);
 * every flag also from ``FLANNELD_<FLAG_UPPER_UNDERSCORED>`` when it is not
-  on the command line (``FLANNELD_ETCD_ENDPOINTS``, ``FLANNELD_IP_MASQ``...).
+  on the command line (``FLANNELD_ETCD_ENDPOINTS``, ``FLANNELD_IP_MASQ``...);
+  a value there that does not parse is logged and ignored, as flanneld does.
 
 Flow: :func:`add_arguments` registers the flags on an argparse parser with
-``default=None`` so that "not given" is visible; :func:`resolve` then fills
-each missing value from the environment, else from the flanneld default,
-validates everything and returns an :class:`Options`. Errors name the flag
-(or the environment variable) and say what is accepted.
+``default=None`` so that "not given" is visible, and makes that parser read
+Go's syntax (:class:`_GoFlagParser`); :func:`resolve` then fills each missing
+value from the environment, else from the flanneld default, validates
+everything and returns an :class:`Options`. Errors name the flag (or the
+environment variable) and say what is accepted; a bad flag exits with 1.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ..host import queues
+from ..host import firewall, queues
 from ..host.offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
 
 ENV_PREFIX = "FLANNELD_"
@@ -49,20 +55,44 @@ def _parse_bool(text: str) -> bool:
 
 
 def _parse_int(text: str) -> int:
+    # Go's strconv.ParseInt(s, 0, 64), which flanneld's int flags use: 0x/0o/0b
+    # prefixes, underscores, and a leading 0 for octal ("010" is 8).
+    t = str(text).strip()
+    digits = t.lstrip("+-")
     try:
-        return int(str(text).strip(), 0)
+        if re.fullmatch(r"0[0-7_]+", digits):
+            return int(t[:len(t) - len(digits)] + "0o" + digits[1:], 0)
+        return int(t, 0)
     except ValueError:
         raise ValueError(f"{text!r} is not an integer") from None
 
 
+def _parse_klog_level(text: str) -> int:
+    # klog's -v is a base-10 int32 ("010" is 10)
+    try:
+        return int(str(text).strip(), 10)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+
+
+ENDPOINT_SCHEMES = ("http", "https", "unix", "unixs")
+
+
 def _parse_endpoints(text: str) -> list[str]:
+    """Endpoints stay as given (flanneld hands them to the etcd client as they
+    are): URLs, HOST:PORT without a scheme (plain http), unix://SOCKET."""
     eps = [e.strip() for e in str(text).split(",") if e.strip()]
     if not eps:
         raise ValueError("no endpoint given (expected e.g. http://127.0.0.1:2379)")
     for e in eps:
-        u = urlsplit(e)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"{e!r} is not an http:// or https:// URL (e.g. http://10.0.0.1:2379)")
+        u = urlsplit(e if "://" in e else f"http://{e}")
+        if u.scheme in ("unix", "unixs"):
+            if not (u.netloc + u.path):
+                raise ValueError(f"{e!r} names no socket (e.g. unix:///run/etcd.sock)")
+            continue
+        if u.scheme not in ENDPOINT_SCHEMES or not u.hostname:
+            raise ValueError(f"{e!r} is no etcd endpoint: use http://HOST:PORT, "
+                             "https://HOST:PORT, HOST:PORT or unix://SOCKET")
         try:
             u.port
         except ValueError:
@@ -96,21 +126,27 @@ def _parse_str(text: str) -> str:
     return str(text)
 
 
+_METRICS_USAGE = "use IP:PORT (e.g. 127.0.0.1:9285 or [::1]:9285), 'healthz' or 'off'"
+
+
 def _parse_metrics(text: str) -> str:
     t = str(text).strip()
     if t in ("", "healthz", "off"):
         return t
     host, sep, port = t.rpartition(":")
     if not sep:
-        raise ValueError(f"{text!r}: use IP:PORT (e.g. 127.0.0.1:9285), 'healthz' or 'off'")
+        raise ValueError(f"{text!r}: {_METRICS_USAGE}")
     try:
-        ipaddress.IPv4Address(host or "0.0.0.0")
+        if host.startswith("[") and host.endswith("]"):
+            host = f"[{ipaddress.IPv6Address(host[1:-1])}]"
+        else:
+            host = str(ipaddress.IPv4Address(host or "0.0.0.0"))
         p = int(port)
     except ValueError:
-        raise ValueError(f"{text!r}: use IP:PORT (e.g. 127.0.0.1:9285), 'healthz' or 'off'") from None
+        raise ValueError(f"{text!r}: {_METRICS_USAGE}") from None
     if not 1 <= p <= 65535:
         raise ValueError(f"port {p} out of range 1..65535")
-    return f"{host or '0.0.0.0'}:{p}"
+    return f"{host}:{p}"
 
 
 def _choice(*allowed):
@@ -133,7 +169,7 @@ class Flag:
     help: str
     kind: str = "value"       # value | bool | list
     metavar: str | None = None
-    group: str = "flanneld"   # flanneld | ours | unsupported | ignored
+    group: str = "flanneld"   # flanneld | ours | kube | ignored
     check: object = None      # value -> None, raises ValueError (range checks)
 
     @property
@@ -193,20 +229,23 @@ FLAGS: tuple[Flag, ...] = (
          metavar="MINUTES", check=_range(1, 1439, " minutes")),
     # --- iptables (flanneld)
     Flag("ip-masq", _parse_bool, False, "setup IP masquerade rule for traffic destined outside of "
-         "overlay network (iptables chain FLANNEL-POSTRTG, or nftables when iptables is missing)",
+         "overlay network (iptables chain FLANNEL-POSTRTG, or nftables when iptables is missing); "
+         "the rules stay after exit, remove them with: " + "; ".join(firewall.MASQ_REMOVAL)
+         + " (nftables: " + firewall.REMOVAL_COMMANDS["nft"][0] + ")",
          kind="bool"),
     Flag("iptables-resync", _parse_int, 5, "resync period for iptables rules, in seconds (default: 5)",
          metavar="SECONDS", check=_range(1, 86400, " s")),
     Flag("iptables-forward-rules", _parse_bool, True, "add default accept rules to the FORWARD "
-         "chain in iptables (chain FLANNEL-FWD; default: true)", kind="bool"),
+         "chain in iptables (chain FLANNEL-FWD, jumped to first; default: true); the rules stay "
+         "after exit, remove them with: " + "; ".join(firewall.FWD_REMOVAL), kind="bool"),
     # --- health (flanneld)
     Flag("healthz-ip", _parse_ip, "0.0.0.0", "the IP address for healthz server to listen "
          "(default: 0.0.0.0)", metavar="IP"),
     Flag("healthz-port", _parse_int, 0, "the port for healthz server to listen (0 to disable; "
          "default: 0)", metavar="PORT", check=_range(0, 65535)),
     # --- logging (klog flags flanneld copies)
-    Flag("v", _parse_int, 0, "log level: 0 = operator events, 1 = also per-packet error "
-         "summaries and details, 2+ = debug", metavar="LEVEL", check=_range(0, 10)),
+    Flag("v", _parse_klog_level, 0, "log level: 0 = operator events, 1 = also per-packet error "
+         "summaries and details, 2+ = debug", metavar="LEVEL", check=_range(-2 ** 31, 2 ** 31 - 1)),
     Flag("vmodule", _parse_str, "", "accepted for compatibility (klog); ignored", metavar="SPEC",
          group="ignored"),
     Flag("log_backtrace_at", _parse_str, "", "accepted for compatibility (klog); ignored",
@@ -238,18 +277,21 @@ FLAGS: tuple[Flag, ...] = (
     Flag("trace", _parse_bool, False, "enable the engine's packet trace ring and serve it as JSON "
          "at GET /debug/trace?after=N (on the healthz and metrics servers)", kind="bool",
          group="ours"),
-    # --- flanneld's Kubernetes mode: not supported
-    Flag("kube-subnet-mgr", _parse_bool, False, "not supported by flannel-udp", kind="bool",
-         group="unsupported"),
-    Flag("kube-api-url", _parse_str, "", "not supported by flannel-udp", group="unsupported"),
-    Flag("kubeconfig-file", _parse_str, "", "not supported by flannel-udp", group="unsupported"),
-    Flag("kube-annotation-prefix", _parse_str, "", "not supported by flannel-udp",
-         group="unsupported"),
-    Flag("net-config-path", _parse_str, "", "not supported by flannel-udp", group="unsupported"),
-    Flag("set-node-network-unavailable", _parse_bool, False, "not supported by flannel-udp",
-         kind="bool", group="unsupported"),
+    # --- flanneld's Kubernetes mode: flanneld's defaults accepted (unit files and
+    # Helm charts spell them out), anything else refused in resolve()
+    Flag("kube-subnet-mgr", _parse_bool, False, "Kubernetes subnet manager: only false",
+         kind="bool", group="kube"),
+    Flag("kube-api-url", _parse_str, "", "only empty", group="kube", metavar="URL"),
+    Flag("kubeconfig-file", _parse_str, "", "only empty", group="kube", metavar="PATH"),
+    Flag("kube-annotation-prefix", _parse_str, "flannel.alpha.coreos.com",
+         "only flannel.alpha.coreos.com", group="kube", metavar="PREFIX"),
+    Flag("net-config-path", _parse_str, "/etc/kube-flannel/net-conf.json",
+         "only /etc/kube-flannel/net-conf.json", group="kube", metavar="PATH"),
+    Flag("set-node-network-unavailable", _parse_bool, True, "only true", kind="bool",
+         group="kube"),
 )
 FLAG_BY_DEST = {f.dest: f for f in FLAGS}
+FLAG_BY_NAME = {f.name: f for f in FLAGS}
 
 
 @dataclass
@@ -294,7 +336,7 @@ class Options:
         if self.metrics in ("", "healthz", "off"):
             return None
         host, _, port = self.metrics.rpartition(":")
-        return host, int(port)
+        return host.strip("[]"), int(port)
 
     def metrics_on_healthz(self) -> bool:
         return self.metrics in ("", "healthz")
@@ -347,12 +389,66 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def _option_strings(flag: Flag) -> list[str]:
     if len(flag.name) == 1:
-        return ["-" + flag.name]                     # -v
+        return ["-" + flag.name, "--" + flag.name]   # -v and Go's --v
     return ["--" + flag.name, "-" + flag.name]       # --iface and Go's -iface
+
+
+def go_flag_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Read ``argv`` as Go's flag package does; return (the flags spelled
+    ``--name=value`` for argparse, the ignored rest). Names that are not in
+    FLAGS (``--version``, ``--help``, typos) go to argparse unchanged."""
+    out = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return out, argv[i + 1:]
+        if len(arg) < 2 or not arg.startswith("-"):
+            return out, argv[i:]
+        body = arg[2:] if arg.startswith("--") else arg[1:]
+        if not body or body[0] in "-=":
+            raise FlagError(f"bad flag syntax: {arg}")
+        name, has_value, value = body.partition("=")
+        flag = FLAG_BY_NAME.get(name)
+        i += 1
+        if flag is None:
+            out.append("--help" if name in ("h", "help") else arg)
+            continue
+        if flag.kind != "bool" and not has_value:
+            # Go takes the next argument as the value, whatever it looks like
+            if i == len(argv):
+                raise FlagError(f"flag needs an argument: {arg}")
+            value, i = argv[i], i + 1
+        elif not has_value:
+            value = "true"
+        out.append(f"--{name}={value}")
+    return out, []
+
+
+class _GoFlagParser(argparse.ArgumentParser):
+    """`run`'s parser: Go's flag syntax (go_flag_args) and flanneld's exit
+    code 1 for a bad flag (argparse's is 2)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        try:
+            flag_args, ignored = go_flag_args(sys.argv[1:] if args is None else list(args))
+        except FlagError as e:
+            self.error(str(e))
+        ns, extras = super().parse_known_args(flag_args, namespace)
+        if extras:
+            self.error(f"flag provided but not defined: {extras[0]}")
+        ns.ignored_args = ignored
+        return ns, extras
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register every flag on ``parser`` (defaults stay None: see resolve())."""
+    # argparse builds every subcommand's parser with one class; run's reads Go's syntax
+    parser.__class__ = _GoFlagParser
     parser.formatter_class = _HelpFormatter
     parser.usage = "%(prog)s [--flag[=value] | -flag[=value] ...]"
     parser.allow_abbrev = False  # flanneld does not accept abbreviations either
@@ -360,8 +456,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "flanneld": parser.add_argument_group("flanneld flags (same names, meanings and defaults)"),
         "ours": parser.add_argument_group("flannel-udp flags"),
         "ignored": parser.add_argument_group("accepted for compatibility, ignored"),
-        "unsupported": parser.add_argument_group(
-            "flanneld flags not supported by flannel-udp (Kubernetes mode; an error if set)"),
+        "kube": parser.add_argument_group(
+            "flanneld's Kubernetes mode, which flannel-udp does not have: accepted with "
+            "flanneld's default values only"),
     }
     for f in FLAGS:
         g = groups[f.group]
@@ -381,40 +478,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=False, help="print the version to stderr and exit (as flanneld)")
 
 
+KUBE_REFUSAL = ("flannel-udp has no Kubernetes subnet manager: run it with etcd "
+                "(--etcd-endpoints, the network config in <etcd-prefix>/config), or use "
+                "flanneld for Kubernetes mode")
+
+
+def _go_text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
 def resolve(args: argparse.Namespace, environ=None) -> Options:
     """Fill flags not on the command line from FLANNELD_* env vars, then from
     flanneld's defaults; validate; raise FlagError naming the flag."""
     env = os.environ if environ is None else environ
     opts = Options()
+    ignored = getattr(args, "ignored_args", None)
+    if ignored:
+        opts.warnings.append(
+            f"ignored {' '.join(ignored)!r}: flags end at the first argument that is no flag, "
+            "as in flanneld (write a boolean as -flag=false, not -flag false)")
     for f in FLAGS:
         value = getattr(args, f.dest, None)
         source = "flag"
         where = f"--{f.name}" if len(f.name) > 1 else f"-{f.name}"
-        if value is None:
-            raw = env.get(f.env)
-            if raw is not None and raw != "":
+        raw = env.get(f.env) if value is None else None
+        if raw:
+            try:
+                value = f.parse(raw)
                 source = "env"
-                where = f"{f.env} (environment, for --{f.name})"
-                try:
-                    value = f.parse(raw)
-                except ValueError as e:
-                    raise FlagError(f"invalid value for {where}: {e}") from None
+                where = f"{f.env} (environment, for {where})"
+            except ValueError as e:
+                # flanneld logs an unparsable FLANNELD_* value and goes on without it
+                opts.warnings.append(f"ignored {f.env}={raw!r} (for {where}): {e}; "
+                                     f"using {_go_text(f.default)}")
+            else:
                 if f.kind == "list":
                     value = [value]
-            else:
-                source = "default"
-                value = list(f.default) if isinstance(f.default, list) else f.default
+        if value is None:
+            source = "default"
+            value = list(f.default) if isinstance(f.default, list) else f.default
         if f.check is not None and source != "default":
             try:
                 f.check(value)
             except ValueError as e:
                 raise FlagError(f"invalid value for {where}: {e}") from None
-        if f.group == "unsupported":
-            if value not in ("", False, None):
-                raise FlagError(
-                    f"{where} is not supported by flannel-udp: it has no Kubernetes subnet "
-                    "manager. Run it with etcd (--etcd-endpoints) and the network config in "
-                    "<etcd-prefix>/config, or use flanneld for Kubernetes mode.")
+        if f.group == "kube":
+            if value != f.default:
+                raise FlagError(f"{where}={_go_text(value)} asks for flanneld's Kubernetes "
+                                f"mode; {KUBE_REFUSAL}. Its default {_go_text(f.default)} is "
+                                "accepted.")
             continue
         if f.group == "ignored" and source != "default" and value:
             opts.warnings.append(f"{where} is accepted for compatibility and ignored")
@@ -440,4 +552,4 @@ def print_version(stream=None) -> None:
 
 
 def env_help() -> str:
-    return "\n".join(f"  {f.env:40s} --{f.name}" for f in FLAGS if f.group != "unsupported")
+    return "\n".join(f"  {f.env:40s} --{f.name}" for f in FLAGS)

@@ -34,7 +34,7 @@ def main(args) -> int:
     except flanneld_flags.FlagError as e:
         prog = args._parser.prog if getattr(args, "_parser", None) else "flannel-udp run"
         print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+        return 1  # flanneld's exit code for a flag it cannot use
     root = logging.getLogger()
     if opts.v >= 2:
         root.setLevel(logging.DEBUG)

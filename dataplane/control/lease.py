@@ -98,6 +98,12 @@ class Lease:
     def public_ip(self) -> IPv4Address:
         return self.attrs.public_ip
 
+    @property
+    def reservation(self) -> bool:
+        """A key with no etcd lease attached never expires: flannel's reservations are written that
+        way by an operator, and the host they name keeps them so (no TTL, never renewed)."""
+        return self.lease_id == 0
+
 
 def subnet_key_name(subnet: IPv4Network, ipv6_subnet: Optional[IPv6Network] = None) -> str:
     """`MakeSubnetKey`: the last component of the lease key, e.g. `10.5.84.0-24`."""

@@ -1,19 +1,23 @@
 """The subnet manager: acquire this node's subnet lease, keep it renewed, and get it back if it is lost.
 
 Acquisition follows flanneld's `tryAcquireLease` order (docs/flannel-compat.md#lease-acquisition):
-  1. a lease whose PublicIP is ours: reused (renewed) if it fits the config, else deleted;
+  1. a lease whose PublicIP is ours, whatever else its value holds (another flannel's backend fields,
+     key order, spacing): reused (rewritten with our value) if it fits the config, else deleted;
   2. the previous subnet from subnet.env, if nobody holds it and it fits the config;
   3. a uniformly random pick among the first 100 free subnets from SubnetMin to SubnetMax.
 Creation is a create-if-absent transaction with a fresh 24 h etcd lease. Unlike flanneld, losing a
 creation race is not fatal: we re-list and pick again (up to `max_attempts`).
 
-Renewal (docs/flannel-compat.md#lease-ttl): a new grant and a put at `expiration - renew margin`, retried every
-`retry_interval` (1 min) on failure. Our own key is watched: a delete (expiry, revocation, an operator's
-`etcdctl del`) makes us acquire again, preferring the same subnet, and tell the daemon through
-`on_lease_change(lease)` instead of exiting as flanneld does.
+Renewal (docs/flannel-compat.md#lease-ttl) is a new grant plus a put at `expiration - renew margin`, retried every
+`retry_interval` (1 min) on failure. A key with no etcd lease is a reservation: reused as it is, without
+a TTL, never renewed and never deleted. Our own key is watched: a delete (expiry, revocation, an
+operator's `etcdctl del`) or another PublicIP written into it makes us acquire again, preferring the same
+subnet, and tell the daemon through `on_lease_change(lease)` instead of exiting as flanneld does. A
+rewrite that keeps our PublicIP is not a loss; if it detaches the key from its etcd lease, the key is a
+reservation from then on, and a reservation given an etcd lease is renewed from then on.
 
 Threads: start() runs a maintenance thread (renewal, re-acquisition) and a watch thread (own key).
-`_cond` guards `_lease`, `_gen`, `_lost`, `_stopped` and `_watch`.
+`_cond` guards `_lease`, `_gen`, `_lost`, `_retime`, `_stopped` and `_watch`.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import logging
 import random
 import threading
 import time
+from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network
 from typing import Callable, Optional
 
@@ -90,6 +95,7 @@ class SubnetManager:
         self._lease: Optional[Lease] = None
         self._gen = 0                         # bumped whenever _lease is replaced by a new acquisition
         self._lost = False
+        self._retime = False                  # the watch changed _lease's etcd lease: renewal due again
         self._stopped = False
         self._watch: Optional[WatchLoop] = None
         self._threads: list[threading.Thread] = []
@@ -150,8 +156,8 @@ class SubnetManager:
             if config.subnet_compatible(l.subnet) and l.ipv6_subnet is None:
                 renewed = self.registry.renew_lease(l.subnet, self.attrs, self.lease_ttl)
                 if renewed is not None:
-                    log.info("Found lease (ip: %s ipv6: ::/0) for current IP (%s), reusing",
-                             l.subnet, self.public_ip)
+                    log.info("Found %s (ip: %s ipv6: ::/0) for current IP (%s), reusing",
+                             "reservation" if renewed.reservation else "lease", l.subnet, self.public_ip)
                     return renewed
                 continue                      # rewritten by another node since our list
             log.warning("Found lease (ip: %s) for current IP (%s) that does not fit the network config, "
@@ -215,16 +221,19 @@ class SubnetManager:
         self._threads = []
 
     def _renew_due(self, lease: Lease) -> float:
+        if lease.reservation:
+            return float("inf")               # no TTL: nothing to renew
         expiration = lease.expiration if lease.expiration is not None else time.time()
         return expiration - self.renew_margin
 
     def _wait_until(self, due: float, wake_on_lost: bool = True) -> None:
-        """Sleep until `due` (unix time), a stop, or (if wake_on_lost) a lost lease. Caller holds _cond."""
-        while not self._stopped and not (wake_on_lost and self._lost):
+        """Sleep until `due` (unix time), a stop, a change of our key's etcd lease, or (if wake_on_lost)
+        a lost lease. Caller holds _cond."""
+        while not self._stopped and not self._retime and not (wake_on_lost and self._lost):
             left = due - time.time()
             if left <= 0:
                 return
-            self._cond.wait(left)
+            self._cond.wait(min(left, 3600.0))   # a reservation waits for ever, in bounded steps
 
     def _maintain(self) -> None:
         due = self._renew_due(self.lease)
@@ -234,9 +243,13 @@ class SubnetManager:
                 self._wait_until(due, wake_on_lost=not retry_lost)
                 if self._stopped:
                     return
-                lost, lease = self._lost, self._lease
+                lost, lease, retime = self._lost, self._lease, self._retime
+                self._retime = False
             if lost:
                 due, retry_lost = self._reacquire(lease)
+                continue
+            if retime:
+                due = self._renew_due(lease)
                 continue
             retry_lost = False
             try:
@@ -253,8 +266,11 @@ class SubnetManager:
             with self._cond:
                 if self._lease is lease:
                     self._lease = renewed
-            self.renewals += 1
             due = self._renew_due(renewed)
+            if renewed.reservation:
+                log.info("Lease %s is now a reservation (no TTL): no more renewals", renewed.subnet)
+                continue
+            self.renewals += 1
             log.info("Lease renewed, new expiration: %s", time.strftime(
                 "%Y-%m-%d %H:%M:%S", time.gmtime(renewed.expiration)))
 
@@ -291,24 +307,48 @@ class SubnetManager:
             self._lost = True
             self._cond.notify_all()
 
+    def _names_us(self, value: bytes) -> bool:
+        """Whether a value written to our key still holds our lease: flanneld matches on PublicIP alone,
+        so a rewrite by another tool (other spacing, extra fields) keeps it; garbage does not."""
+        try:
+            return LeaseAttrs.from_json(value).public_ip == self.public_ip
+        except LeaseFormatError:
+            return False
+
+    def _follow_etcd_lease(self, ev) -> None:
+        """Our key still names us, but someone detached it from its etcd lease (it is a reservation now)
+        or gave our reservation one (it will expire): from now on we keep it as it is, without a TTL,
+        or renew it before that TTL runs out, as we would after a restart."""
+        with self._cond:
+            cur = self._lease
+            if cur is None or cur.key != ev.key or cur.reservation == (ev.lease_id == 0):
+                return
+            self._lease = replace(cur, lease_id=ev.lease_id, mod_revision=ev.mod_revision,
+                                  expiration=None if ev.lease_id == 0 else time.time())
+            self._retime = True
+            self._cond.notify_all()
+        log.warning("Own lease %s %s", cur.subnet, "is now a reservation (no TTL): no more renewals"
+                    if ev.lease_id == 0 else "was given a TTL: renewing it as a lease from now on")
+
     def _watch_own(self) -> None:
         while True:
             with self._cond:
                 if self._stopped:
                     return
                 lease, gen = self._lease, self._gen
-                mine = self.attrs.to_json()
 
-                def on_events(events, _rev, lease=lease, mine=mine):
+                def on_events(events, _rev, lease=lease):
                     for ev in events:
                         if ev.kind == "delete":
                             self._mark_lost(f"{lease.subnet} deleted from etcd")
-                        elif ev.value != mine:
+                        elif not self._names_us(ev.value):
                             self._mark_lost(f"{lease.subnet} overwritten: {clip(ev.value)}")
+                        else:
+                            self._follow_etcd_lease(ev)
 
-                def on_compacted(lease=lease, mine=mine):
+                def on_compacted(lease=lease):
                     kvs, rev = self.registry.get(lease.key)
-                    if not kvs or kvs[0].value != mine:
+                    if not kvs or not self._names_us(kvs[0].value):
                         self._mark_lost(f"{lease.subnet} gone after a compaction")
                     return rev
 

@@ -1,9 +1,9 @@
 """The etcd v3 registry: the only module that talks to etcd (docs/flannel-compat.md#etcd-keys).
 
 Keys: `<prefix>/config` (the network config JSON) and `<prefix>/subnets/<a.b.c.d>-<len>` (one lease per
-node, attached to a 24 h etcd lease). The client is the generated gRPC API shipped by `etcd-sdk-python`
-(`pyetcd.etcdrpc`, the same protobufs as the `etcd3` package) driven directly, because this module needs
-control that `MultiEndpointEtcd3Client` does not give:
+node, attached to a 24 h etcd lease, or to none: a reservation). The client is the generated gRPC API
+shipped by `etcd-sdk-python` (`pyetcd.etcdrpc`, the same protobufs as the `etcd3` package) driven
+directly, because this module needs control that `MultiEndpointEtcd3Client` does not give:
 
 * failover: every unary call goes to the current endpoint; UNAVAILABLE / DEADLINE_EXCEEDED moves to the
   next endpoint and retries there, once per endpoint, before the call fails with RegistryError;
@@ -102,11 +102,16 @@ def _range_end(prefix: bytes) -> bytes:
 class _Endpoint:
     def __init__(self, url: str, creds: Optional[grpc.ChannelCredentials], force_tls: bool = False):
         parts = urlsplit(url if "://" in url else f"http://{url}")
-        if not parts.hostname or not parts.port:
-            raise ValueError(f"bad etcd endpoint {url!r}: want scheme://host:port")
-        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
         self.url = url
-        self.target = f"{host}:{parts.port}"
+        if parts.scheme in ("unix", "unixs"):
+            # as etcd's client: unix://NAME is the socket NAME in the working directory (etcd's
+            # own --listen-client-urls unix://localhost:2379 makes one), unix:///PATH an absolute path
+            self.target = f"unix:{parts.netloc}{parts.path}"
+        elif not parts.hostname or not parts.port:
+            raise ValueError(f"bad etcd endpoint {url!r}: want scheme://host:port")
+        else:
+            host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+            self.target = f"{host}:{parts.port}"
         self.secure = force_tls or parts.scheme in ("https", "unixs")
         self._creds = creds
         self._channel: Optional[grpc.Channel] = None
@@ -315,7 +320,7 @@ class Registry:
             if not quiet:
                 log.warning("skipping malformed lease %s: %s", key, exc)
             return BadLease(key, str(exc), kv.mod_revision)
-        if with_ttl:
+        if with_ttl and kv.lease:                 # a reservation never expires: no expiration
             lease = replace(lease, expiration=time.time() + self.time_to_live(kv.lease))
         return lease
 
@@ -349,9 +354,10 @@ class Registry:
     def _put_lease_if(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int, cmp,
                       what: str) -> Optional[Lease]:
         """Grant `ttl` and put our lease under the subnet's key in one txn if `cmp` holds;
-        None (and the grant revoked) if it does not."""
+        None (and the grant revoked) if it does not. A `ttl` of 0 puts the key with no etcd lease
+        (a reservation stays one)."""
         key = self.lease_key(subnet)
-        lease_id = self.grant(ttl)
+        lease_id = self.grant(ttl) if ttl > 0 else 0
         req = etcdrpc.TxnRequest(
             compare=[cmp],
             success=[etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key.encode(),
@@ -360,10 +366,11 @@ class Registry:
         resp = self._call(what,
                           lambda ch, md: etcdrpc.KVStub(ch).Txn(req, timeout=self.timeout, metadata=md))
         if not resp.succeeded:
-            self.revoke(lease_id)
+            if lease_id:
+                self.revoke(lease_id)
             return None
-        return Lease(subnet=subnet, attrs=attrs, expiration=time.time() + ttl, lease_id=lease_id,
-                     mod_revision=resp.header.revision, key=key)
+        return Lease(subnet=subnet, attrs=attrs, expiration=time.time() + ttl if lease_id else None,
+                     lease_id=lease_id, mod_revision=resp.header.revision, key=key)
 
     def get_raw(self, key: str):
         """The KeyValue under `key` (value, mod_revision...) or None."""
@@ -378,26 +385,35 @@ class Registry:
                               result=etcdrpc.Compare.EQUAL, version=0)
         return self._put_lease_if(subnet, attrs, ttl, cmp, "create lease")
 
-    def renew_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int = SUBNET_TTL) -> Optional[Lease]:
-        """flanneld's updateSubnet: a new grant of `ttl` and a put of the same value.
+    def renew_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int = SUBNET_TTL,
+                    attempts: int = 3) -> Optional[Lease]:
+        """flanneld's updateSubnet: our value put again under the subnet's key, with a new grant of `ttl`.
 
-        Guarded so that we never overwrite a lease that another node took after ours expired: the put
-        happens only if the key holds our value or is absent. Returns None if someone else holds it."""
+        The key is ours when its PublicIP is ours, whatever else its value holds (other fields, order,
+        spacing: other flannels wrote it) or when it is absent. A key with no etcd lease (a
+        reservation) is put again without one. Guarded so that we never overwrite a key that another
+        node took after ours expired: the put is a transaction comparing the mod revision we read
+        (or absence), so a change between our read and our put wins; we then read again, up to
+        `attempts` times. Returns None if the key holds another PublicIP or a value that is no lease."""
         key = self.lease_key(subnet).encode()
-        value = attrs.to_json()
-        lease_id = self.grant(ttl)
-        put = etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=value, lease=lease_id))
-        for compare in (etcdrpc.Compare(key=key, target=etcdrpc.Compare.VALUE,
-                                        result=etcdrpc.Compare.EQUAL, value=value),
-                        etcdrpc.Compare(key=key, target=etcdrpc.Compare.VERSION,
-                                        result=etcdrpc.Compare.EQUAL, version=0)):
-            req = etcdrpc.TxnRequest(compare=[compare], success=[put])
-            resp = self._call("renew lease",
-                              lambda ch, md: etcdrpc.KVStub(ch).Txn(req, timeout=self.timeout, metadata=md))
-            if resp.succeeded:
-                return Lease(subnet=subnet, attrs=attrs, expiration=time.time() + ttl, lease_id=lease_id,
-                             mod_revision=resp.header.revision, key=key.decode())
-        self.revoke(lease_id)
+        for _ in range(attempts):
+            kv = self.get_raw(key.decode())
+            if kv is None:
+                cmp = etcdrpc.Compare(key=key, target=etcdrpc.Compare.VERSION,
+                                      result=etcdrpc.Compare.EQUAL, version=0)
+                lease = self._put_lease_if(subnet, attrs, ttl, cmp, "renew lease")
+            else:
+                try:
+                    held = LeaseAttrs.from_json(kv.value)
+                except LeaseFormatError:
+                    return None
+                if held.public_ip != attrs.public_ip:
+                    return None
+                cmp = etcdrpc.Compare(key=key, target=etcdrpc.Compare.MOD,
+                                      result=etcdrpc.Compare.EQUAL, mod_revision=kv.mod_revision)
+                lease = self._put_lease_if(subnet, attrs, ttl if kv.lease else 0, cmp, "renew lease")
+            if lease is not None:
+                return lease
         return None
 
     def delete_lease(self, subnet: IPv4Network) -> bool:

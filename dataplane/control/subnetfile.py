@@ -114,3 +114,20 @@ def previous_subnet(env: Optional[dict]) -> Optional[IPv4Network]:
 
 def read_previous_subnet(path: str) -> Optional[IPv4Network]:
     return previous_subnet(read_subnet_env(path))
+
+
+def previous_network(env: Optional[dict]) -> Optional[IPv4Network]:
+    """FLANNEL_NETWORK as written last time (the iptables recycling compares it)."""
+    try:
+        net = ip_network(env["FLANNEL_NETWORK"], strict=False) if env else None
+    except (KeyError, ValueError):
+        return None
+    return net if net is not None and net.version == 4 else None
+
+
+def read_previous_rules(path: str):
+    """(network, subnet, ipmasq) of the last run, each None when unknown."""
+    env = read_subnet_env(path)
+    masq = (env or {}).get("FLANNEL_IPMASQ", "").lower()
+    return (previous_network(env), previous_subnet(env),
+            True if masq in ("true", "1") else False if masq in ("false", "0") else None)

@@ -10,8 +10,10 @@ Endpoints (which server serves which is the daemon's choice, see :class:`HttpSer
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -30,6 +32,29 @@ def trace_event_json(ev: dict) -> dict:
     for k, v in ev.items():
         out[k] = v.hex() if isinstance(v, (bytes, bytearray, memoryview)) else v
     return out
+
+
+class _HTTPServer6(ThreadingHTTPServer):
+    """An IPv6 listener (``--healthz-ip ::1``). ``::`` also takes IPv4, as
+    flanneld's Go listener does, whatever net.ipv6.bindv6only says."""
+    address_family = socket.AF_INET6
+
+    def server_bind(self):
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def _server_class(host: str):
+    try:
+        v6 = ipaddress.ip_address(host).version == 6
+    except ValueError:       # a name: IPv4, as before
+        v6 = False
+    return _HTTPServer6 if v6 else ThreadingHTTPServer
+
+
+def _url_host(host: str) -> str:
+    """``host`` as it goes into a URL: IPv6 addresses in brackets."""
+    return f"[{host}]" if ":" in host else host
 
 
 class HttpServer:
@@ -83,9 +108,9 @@ class HttpServer:
                 return self._send(200, json.dumps(events).encode(), "application/json")
 
         try:
-            self.httpd = ThreadingHTTPServer((host, port), Handler)
+            self.httpd = _server_class(host)((host, port), Handler)
         except OSError as e:
-            raise OSError(e.errno, f"cannot listen on {host}:{port} for "
+            raise OSError(e.errno, f"cannot listen on {_url_host(host)}:{port} for "
                                    f"{'/'.join(sorted(self.paths))}: {e.strerror}; choose "
                                    "another port or address") from None
         self.httpd.daemon_threads = True
@@ -98,9 +123,10 @@ class HttpServer:
 
     def start(self):
         self._thread.start()
+        host, port = self.address
         log.info("Serving %s on http://%s:%d", ", ".join(
             {"healthz": "/healthz", "metrics": "/metrics", "trace": "/debug/trace"}[p]
-            for p in sorted(self.paths)), *self.address)
+            for p in sorted(self.paths)), _url_host(host), port)
         return self
 
     def close(self):

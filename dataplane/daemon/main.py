@@ -19,8 +19,8 @@ each step is a function of daemon/startup.py::
    10. READY=1 to systemd        when $NOTIFY_SOCKET is set (daemon/systemd.py)
 
 Then the main thread runs the checks of daemon/monitor.py every second until a signal:
-SIGTERM/SIGINT stop the engine, close flannel0 (closing the fd removes it), remove the iptables
-rules, keep the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd, re-acquires a
+SIGTERM/SIGINT stop the engine, close flannel0 (closing the fd removes it), keep the iptables
+rules (as flanneld) and the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd, re-acquires a
 lease without touching the peers' routes (daemon/lease_move.py).
 
 Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no lease's PublicIP
@@ -267,7 +267,7 @@ class Daemon:
             ("stop the engine", self._close_engine),
             ("close flannel0", self._close_tun),
             ("close the UDP sockets", lambda: [s.close() for s in self.socks]),
-            ("remove the iptables rules", lambda: self.rules and self.rules.remove()),
+            ("stop the iptables resync (the rules stay)", lambda: self.rules and self.rules.stop()),
             ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
             ("close the etcd client", lambda: self.registry and self.registry.close()),
         ]

@@ -201,20 +201,22 @@ def probe_offloads(offloads, tun_fds, socks) -> int:
 def install_rules(opts, network, subnet):
     """--ip-masq and --iptables-forward-rules; None when neither is asked for (or, for the forward
     rules alone, when no tool can install them: flanneld only warns then)."""
-    from ..host.firewall import MasqError, Rules
+    from ..control.subnetfile import read_previous_rules
+    from ..host.firewall import MasqError, Previous, Rules
     if not (opts.ip_masq or opts.iptables_forward_rules):
         return None
     rules = None
     try:
-        rules = Rules(network, subnet, masq=opts.ip_masq, forward=opts.iptables_forward_rules)
+        rules = Rules(network, subnet, masq=opts.ip_masq, forward=opts.iptables_forward_rules,
+                      previous=Previous(*read_previous_rules(opts.subnet_file)))
         rules.install()
     except MasqError as e:
         if opts.ip_masq:
-            if rules is not None:   # what install() put in before it failed
+            if rules is not None:   # what install() put in stays, as at any exit
                 try:
-                    rules.remove()
+                    rules.stop()
                 except Exception as cleanup:
-                    log.warning("while removing the rules installed so far: %s", cleanup)
+                    log.warning("while stopping the rules: %s", cleanup)
             raise StartupError(str(e)) from None
         log.warning("forward rules not installed: %s", e)
         return None

@@ -1,7 +1,7 @@
-"""flanneld's masquerade and forward rules, through iptables or nftables.
+"""flanneld's masquerade and forward rules, through iptables or nftables, with its lifetime.
 
-``--ip-masq`` (nat table, chain FLANNEL-POSTRTG, jumped to first from
-POSTROUTING), for overlay network N and this host's lease subnet S::
+``--ip-masq`` (nat table, chain FLANNEL-POSTRTG), for overlay network N and this host's
+lease subnet S::
 
     -m mark --mark 0x4000/0x4000        RETURN       kube-proxy's mark: no double NAT
     -s N -d N                           RETURN       overlay to overlay: never NAT
@@ -9,29 +9,44 @@ POSTROUTING), for overlay network N and this host's lease subnet S::
     ! -s N -d S                         RETURN       the world to our own subnet: keep
     ! -s N -d N                         MASQUERADE   the host to the overlay
 
-MASQUERADE gets ``--random-fully`` where the iptables binary supports it
-(>= 1.6.2), as flanneld. ``--iptables-forward-rules`` (filter table, chain
-FLANNEL-FWD, appended to FORWARD): ACCEPT ``-s N`` and ``-d N``.
+MASQUERADE gets ``--random-fully`` where iptables supports it (>= 1.6.2), as flanneld.
+``--iptables-forward-rules`` (filter table, chain FLANNEL-FWD): ACCEPT ``-s N`` and ``-d N``.
 
-flanneld uses iptables only. When the ``iptables`` binary is missing, this
-module writes the same rules as an nftables table ``ip flannel-udp`` (base
-chains at priority srcnat-1 / filter-1). Caveat: an nftables ``accept`` ends
-evaluation in its own base chain only, so FLANNEL-FWD there cannot override a
-drop in another table's FORWARD chain.
+Lifetime, as flanneld's (see docs/ and the README's operator section):
 
-Every rule carries a comment so it can be found; :meth:`Rules.remove`
-deletes them at exit (flanneld leaves its rules; removing ours keeps a
-stopped host clean). :meth:`Rules.resync` re-adds missing rules, every
-``--iptables-resync`` seconds from :meth:`Rules.start_resync`.
+* install: both chains are created or flushed and filled, and the jumps put at the TOP of
+  POSTROUTING / FORWARD, in ONE ``iptables-restore --noflush`` transaction, so a packet never
+  sees half a rule set, and the ACCEPTs run before a host's own REJECT or policy DROP (ufw,
+  firewalld, Docker). A jump already first is kept; any other copy of it (a restart after
+  SIGKILL, an older version's appended jump) is deleted in the same transaction.
+* recycling: when subnet.env's previous network or subnet differs from the current one, the
+  previous network's rules left directly in POSTROUTING (older flannels' layout) go too; the
+  chains themselves are flushed anyway. A previous ``FLANNEL_IPMASQ=true`` with masquerade now
+  off removes the masquerade chain (flanneld would leave it NATing).
+* resync: every ``--iptables-resync`` seconds, if any rule is missing everything is rebuilt.
+  The thread lives as long as the daemon: a lease moving to another subnet rebuilds the rules
+  for it and the resync goes on with them.
+* exit: the rules STAY, so workloads keep egress NAT and forwarding while the daemon restarts
+  or is upgraded (Docker with ``--ip-masq=false`` relies on flannel's masquerade).
+  :data:`REMOVAL_COMMANDS` is what an operator runs to remove them.
+
+flanneld uses iptables only. When the ``iptables`` binary is missing, the same rules go into an
+nftables table ``ip flannel-udp``, replaced whole in one ``nft -f`` transaction, base chains one
+priority step before the host's own (srcnat - 1, filter - 1). Caveat: an nftables ``accept``
+ends evaluation in its own base chain only, so FLANNEL_FWD cannot overrule a drop in another
+table's forward chain as the iptables jump at the top of FORWARD does.
 """
 from __future__ import annotations
 
 import ipaddress
 import logging
 import re
+import shlex
 import shutil
 import subprocess
 import threading
+from dataclasses import dataclass
+from typing import Optional
 
 log = logging.getLogger(__name__)
 
@@ -41,73 +56,180 @@ FWD_COMMENT = "flanneld forward"
 POSTRTG = "FLANNEL-POSTRTG"
 FWD = "FLANNEL-FWD"
 NFT_TABLE = "flannel-udp"
+NAT, FILTER = "nat", "filter"
+# table -> (built-in chain holding the jump, our chain, the comment marking our rules)
+CHAINS = {NAT: ("POSTROUTING", POSTRTG, MASQ_COMMENT), FILTER: ("FORWARD", FWD, FWD_COMMENT)}
+
+# What an operator runs to remove the rules (they stay after exit); --help and the tests use them.
+MASQ_REMOVAL = [f'iptables -t nat -D POSTROUTING -m comment --comment "{MASQ_COMMENT}" -j {POSTRTG}',
+                f"iptables -t nat -F {POSTRTG}", f"iptables -t nat -X {POSTRTG}"]
+FWD_REMOVAL = [f'iptables -t filter -D FORWARD -m comment --comment "{FWD_COMMENT}" -j {FWD}',
+               f"iptables -t filter -F {FWD}", f"iptables -t filter -X {FWD}"]
+REMOVAL_COMMANDS = {"iptables": MASQ_REMOVAL + FWD_REMOVAL,
+                    "nft": [f"nft delete table ip {NFT_TABLE}"]}
 
 
 class MasqError(RuntimeError):
     """Rules could not be installed; the message says what to do."""
 
 
-def _run(argv, check=True):
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+def _run(argv, check=True, input=None):
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=30, input=input)
     if check and p.returncode != 0:
         raise MasqError(f"`{' '.join(argv)}` failed: {p.stderr.strip() or p.stdout.strip()}")
     return p
 
 
+@dataclass(frozen=True)
+class Previous:
+    """What subnet.env said before this start (any part may be unknown)."""
+    network: Optional[ipaddress.IPv4Network] = None
+    subnet: Optional[ipaddress.IPv4Network] = None
+    ipmasq: Optional[bool] = None
+
+
+# ---------------------------------------------------------------- the rules (pure)
 def masq_rules(network, subnet, random_fully=True) -> list[tuple]:
-    """(table, chain, args) in flanneld's order; the first is the jump (inserted)."""
+    """(table, chain, args) in flanneld's order: the jump, then FLANNEL-POSTRTG's rules."""
     n = str(ipaddress.IPv4Network(network))
     s = str(ipaddress.IPv4Network(subnet))
     c = ["-m", "comment", "--comment", MASQ_COMMENT]
     masq = ["-j", "MASQUERADE"] + (["--random-fully"] if random_fully else [])
-    return [
-        ("nat", "POSTROUTING", c + ["-j", POSTRTG]),
-        ("nat", POSTRTG, ["-m", "mark", "--mark", KUBE_PROXY_MARK] + c + ["-j", "RETURN"]),
-        ("nat", POSTRTG, ["-s", n, "-d", n] + c + ["-j", "RETURN"]),
-        ("nat", POSTRTG, ["-s", n, "!", "-d", "224.0.0.0/4"] + c + masq),
-        ("nat", POSTRTG, ["!", "-s", n, "-d", s] + c + ["-j", "RETURN"]),
-        ("nat", POSTRTG, ["!", "-s", n, "-d", n] + c + masq),
-    ]
+    return [(NAT, "POSTROUTING", jump_rule(NAT))] + [(NAT, POSTRTG, r) for r in (
+        ["-m", "mark", "--mark", KUBE_PROXY_MARK] + c + ["-j", "RETURN"],
+        ["-s", n, "-d", n] + c + ["-j", "RETURN"],
+        ["-s", n, "!", "-d", "224.0.0.0/4"] + c + masq,
+        ["!", "-s", n, "-d", s] + c + ["-j", "RETURN"],
+        ["!", "-s", n, "-d", n] + c + masq,
+    )]
 
 
 def forward_rules(network) -> list[tuple]:
+    """(table, chain, args): the jump, then FLANNEL-FWD's rules."""
     n = str(ipaddress.IPv4Network(network))
     c = ["-m", "comment", "--comment", FWD_COMMENT]
-    return [
-        ("filter", "FORWARD", c + ["-j", FWD]),
-        ("filter", FWD, ["-s", n] + c + ["-j", "ACCEPT"]),
-        ("filter", FWD, ["-d", n] + c + ["-j", "ACCEPT"]),
-    ]
+    return [(FILTER, "FORWARD", jump_rule(FILTER)),
+            (FILTER, FWD, ["-s", n] + c + ["-j", "ACCEPT"]),
+            (FILTER, FWD, ["-d", n] + c + ["-j", "ACCEPT"])]
+
+
+def in_chain(rules: list[tuple]) -> list[list[str]]:
+    """The rules that live in our own chain (what `restore_text` fills it with)."""
+    return [args for _, chain, args in rules if chain in (POSTRTG, FWD)]
+
+
+def jump_rule(table) -> list[str]:
+    _, chain, comment = CHAINS[table]
+    return ["-m", "comment", "--comment", comment, "-j", chain]
+
+
+def chain_rules(save_text: str, chain: str) -> list[list[str]]:
+    """The rules of `chain` in iptables-save output, as argument lists (without ``-A chain``)."""
+    out = []
+    for line in save_text.splitlines():
+        if line.startswith(f"-A {chain} "):
+            out.append(shlex.split(line)[2:])
+    return out
+
+
+def _jumps_to(args: list[str], target: str) -> bool:
+    return any(a == "-j" and b == target for a, b in zip(args, args[1:]))
+
+
+def _recyclable(args: list[str], comment: str, previous: Previous) -> bool:
+    """A rule of the previous network/subnet left directly in the built-in chain."""
+    if comment not in args:
+        return False
+    old = {str(x) for x in (previous.network, previous.subnet) if x is not None}
+    return bool(old.intersection(args))
+
+
+def restore_text(want: dict, builtin: dict, previous: Previous = Previous(), *,
+                 changed: bool = False, drop: tuple = ()) -> str:
+    """One ``iptables-restore --noflush`` input.
+
+    want:    table -> our chain's rules (argument lists); its jump goes to the top of the
+             table's built-in chain.
+    builtin: table -> the built-in chain's current rules (from iptables-save), to find our
+             jumps already there and the previous network's rules to recycle.
+    changed: the previous network or subnet differs from the current one (recycle).
+    drop:    tables whose chain and jump must go (a feature turned off since last time).
+    """
+    out = []
+    for table in sorted(set(want) | set(drop)):
+        base, chain, comment = CHAINS[table]
+        current = builtin.get(table, [])
+        jumps = [r for r in current if _jumps_to(r, chain)]
+        lines = [f":{chain} - [0:0]"]          # created, or flushed if it exists (--noflush)
+        keep_jump = table in want and len(jumps) == 1 and current[0] == jumps[0]
+        if not keep_jump:
+            lines += [_line("-D", base, r) for r in jumps]
+        if changed and table in want:
+            lines += [_line("-D", base, r) for r in current
+                      if not _jumps_to(r, chain) and _recyclable(r, comment, previous)]
+        if table in want:
+            if not keep_jump:
+                lines.append(_line("-I", base, ["1"] + jump_rule(table)))
+            lines += [_line("-A", chain, r) for r in want[table]]
+        else:
+            lines.append(f"-X {chain}")
+        out += [f"*{table}"] + lines + ["COMMIT"]
+    return "\n".join(out) + "\n"
+
+
+def _line(op: str, chain: str, args: list[str]) -> str:
+    # iptables-restore reads double quotes only (as iptables-save writes them)
+    return " ".join([op, chain] + [f'"{a}"' if " " in a else a for a in args])
+
+
+def missing_rules(want: dict, save: dict) -> list[str]:
+    """What resync finds missing: our jumps and our chains' rules, compared with what
+    iptables-save printed right after the install (`want` holds those lines) per table."""
+    gone = []
+    for table, (base, chain, _) in CHAINS.items():
+        if table not in want:
+            continue
+        text = save.get(table, "")
+        if not any(_jumps_to(r, chain) for r in chain_rules(text, base)):
+            gone.append(f"{table} {base} -> {chain}")
+        present = chain_rules(text, chain)
+        gone += [f"{table} {chain} {' '.join(r)}" for r in want[table] if r not in present]
+    return gone
 
 
 def nft_ruleset(network, subnet, masq: bool, forward: bool) -> str:
-    """The same rules as an nftables table (for hosts without iptables)."""
+    """The same rules as an nftables table, replaced whole in one ``nft -f`` transaction
+    (the empty ``table`` line makes the ``delete`` valid when the table is not there yet)."""
     n = str(ipaddress.IPv4Network(network))
     s = str(ipaddress.IPv4Network(subnet))
-    lines = [f"table ip {NFT_TABLE} {{"]
+    lines = [f"table ip {NFT_TABLE} {{}}", f"delete table ip {NFT_TABLE}",
+             f"table ip {NFT_TABLE} {{"]
     if masq:
+        mc = f'comment "{MASQ_COMMENT}"'
         lines += [
             "  chain FLANNEL_POSTRTG {",
             "    type nat hook postrouting priority srcnat - 1; policy accept;",
-            f'    meta mark & 0x4000 == 0x4000 return comment "{MASQ_COMMENT}"',
-            f'    ip saddr {n} ip daddr {n} return comment "{MASQ_COMMENT}"',
-            f'    ip saddr {n} ip daddr != 224.0.0.0/4 masquerade fully-random comment "{MASQ_COMMENT}"',
-            f'    ip saddr != {n} ip daddr {s} return comment "{MASQ_COMMENT}"',
-            f'    ip saddr != {n} ip daddr {n} masquerade fully-random comment "{MASQ_COMMENT}"',
+            f"    meta mark & 0x4000 == 0x4000 return {mc}",
+            f"    ip saddr {n} ip daddr {n} return {mc}",
+            f"    ip saddr {n} ip daddr != 224.0.0.0/4 masquerade fully-random {mc}",
+            f"    ip saddr != {n} ip daddr {s} return {mc}",
+            f"    ip saddr != {n} ip daddr {n} masquerade fully-random {mc}",
             "  }",
         ]
     if forward:
+        fc = f'comment "{FWD_COMMENT}"'
         lines += [
             "  chain FLANNEL_FWD {",
             "    type filter hook forward priority filter - 1; policy accept;",
-            f'    ip saddr {n} accept comment "{FWD_COMMENT}"',
-            f'    ip daddr {n} accept comment "{FWD_COMMENT}"',
+            f"    ip saddr {n} accept {fc}",
+            f"    ip daddr {n} accept {fc}",
             "  }",
         ]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- the host
 def detect_tool(prefer=None) -> str | None:
     """'iptables', 'nft' or None. `prefer` forces one (tests)."""
     if prefer:
@@ -126,18 +248,23 @@ def _iptables_random_fully() -> bool:
 
 
 class Rules:
-    """Install, resync and remove the rules for one (network, subnet)."""
+    """The rules for one network and the current lease subnet: installed, resynced, kept."""
 
-    def __init__(self, network, subnet, masq: bool, forward: bool, tool: str | None = None):
+    def __init__(self, network, subnet, masq: bool, forward: bool, tool: str | None = None,
+                 previous: Previous = Previous()):
         self.network = ipaddress.IPv4Network(network)
         self.subnet = ipaddress.IPv4Network(subnet)
         self.masq = masq
         self.forward = forward
+        self.previous = previous
         self.tool = detect_tool(tool)
-        self._lock = threading.Lock()   # guards install/remove/resync
+        self._lock = threading.Lock()   # one install/resync at a time
         self._stop = threading.Event()
         self._thread = None
         self._installed = False
+        self._expected = None           # what the host printed right after the install
+        self._stopped_once = False
+        self._dirty = False             # a rebuild failed: the next resync rebuilds regardless
         if self.tool is None:
             if masq:
                 raise MasqError("--ip-masq needs iptables or nftables and neither `iptables` nor "
@@ -149,93 +276,102 @@ class Rules:
                             self.network)
         self._random_fully = self.tool == "iptables" and _iptables_random_fully()
 
-    # --- iptables
-    def _ipt_rules(self):
-        rules = []
+    def _want(self) -> dict:
+        want = {}
         if self.masq:
-            rules += masq_rules(self.network, self.subnet, self._random_fully)
+            want[NAT] = in_chain(masq_rules(self.network, self.subnet, self._random_fully))
         if self.forward:
-            rules += forward_rules(self.network)
-        return rules
+            want[FILTER] = in_chain(forward_rules(self.network))
+        return want
 
+    def _recycle(self) -> bool:
+        p = self.previous
+        changed = ((p.network is not None and p.network != self.network)
+                   or (p.subnet is not None and p.subnet != self.subnet))
+        if changed:
+            log.info("Previous network or subnet (%s, %s) differs from the current one (%s, %s): "
+                     "recycling the old rules", p.network, p.subnet, self.network, self.subnet)
+        return changed
+
+    # --- iptables
     @staticmethod
-    def _ipt(table, *args, check=True):
-        return _run(["iptables", "-w", "5", "-t", table, *args], check=check)
-
-    def _ipt_present(self) -> bool:
-        return all(self._ipt(t, "-C", ch, *a, check=False).returncode == 0
-                   for t, ch, a in self._ipt_rules())
+    def _save(table) -> str:
+        return _run(["iptables-save", "-t", table]).stdout
 
     def _ipt_install(self):
-        for table, chain in {(t, POSTRTG if t == "nat" else FWD) for t, _, _ in self._ipt_rules()}:
-            self._ipt(table, "-N", chain, check=False)   # exists already: fine
-        for table, chain, args in self._ipt_rules():
-            if self._ipt(table, "-C", chain, *args, check=False).returncode == 0:
-                continue
-            if chain == "POSTROUTING":
-                self._ipt(table, "-I", chain, "1", *args)  # before anything else (as flanneld)
-            else:
-                self._ipt(table, "-A", chain, *args)
+        want = self._want()
+        drop = (NAT,) if not self.masq and self.previous.ipmasq else ()
+        tables = set(want) | set(drop)
+        saved = {t: self._save(t) for t in tables}
+        builtin = {t: chain_rules(saved[t], CHAINS[t][0]) for t in tables}
+        if drop and POSTRTG not in saved[NAT]:
+            drop = ()
+        text = restore_text(want, builtin, self.previous, changed=self._recycle(), drop=drop)
+        _run(["iptables-restore", "-w", "5", "--noflush"], input=text)
+        if drop:
+            log.info("Masquerade is off now (subnet.env said FLANNEL_IPMASQ=true): removed %s",
+                     POSTRTG)
+        after = {t: self._save(t) for t in want}
+        self._expected = {t: chain_rules(after[t], CHAINS[t][1]) for t in want}
 
-    def _ipt_remove(self):
-        for table, chain, args in self._ipt_rules():
-            if chain in ("POSTROUTING", "FORWARD"):
-                while self._ipt(table, "-D", chain, *args, check=False).returncode == 0:
-                    pass
-        if self.masq:
-            self._ipt("nat", "-F", POSTRTG, check=False)
-            self._ipt("nat", "-X", POSTRTG, check=False)
-        if self.forward:
-            self._ipt("filter", "-F", FWD, check=False)
-            self._ipt("filter", "-X", FWD, check=False)
+    def _ipt_missing(self) -> list[str]:
+        return missing_rules(self._expected, {t: self._save(t) for t in self._expected})
 
     # --- nftables
-    def _nft_present(self) -> bool:
-        return _run(["nft", "list", "table", "ip", NFT_TABLE], check=False).returncode == 0
+    def _nft_list(self) -> str:
+        return _run(["nft", "list", "table", "ip", NFT_TABLE], check=False).stdout
 
     def _nft_install(self):
-        _run(["nft", "delete", "table", "ip", NFT_TABLE], check=False)
-        p = subprocess.run(["nft", "-f", "-"], input=nft_ruleset(self.network, self.subnet,
-                                                                  self.masq, self.forward),
-                           capture_output=True, text=True, timeout=30)
+        self._recycle()                 # only logged: the old table goes whole with `delete`
+        text = nft_ruleset(self.network, self.subnet, self.masq, self.forward)
+        p = _run(["nft", "-f", "-"], check=False, input=text)
         if p.returncode != 0:
-            raise MasqError(f"nft could not load the flannel-udp table: {p.stderr.strip()}")
+            raise MasqError(f"nft could not load the {NFT_TABLE} table: {p.stderr.strip()}")
+        self._expected = self._nft_list()
 
-    def _nft_remove(self):
-        _run(["nft", "delete", "table", "ip", NFT_TABLE], check=False)
+    def _nft_missing(self) -> list[str]:
+        return [] if self._nft_list() == self._expected else [f"table ip {NFT_TABLE}"]
 
     # --- public
     def install(self) -> None:
+        """Build (or rebuild) every rule in one transaction."""
         if self.tool is None or not (self.masq or self.forward):
             return
         with self._lock:
-            if self.tool == "iptables":
-                self._ipt_install()
-            else:
-                self._nft_install()
-            self._installed = True
+            self._install_locked()
         what = " and ".join(w for w, on in (("masquerade (FLANNEL-POSTRTG)", self.masq),
                                            ("forward (FLANNEL-FWD)", self.forward)) if on)
-        log.info("Installed %s rules for %s with %s", what, self.network, self.tool)
+        log.info("Installed %s rules for %s, subnet %s, with %s (they stay after exit)", what,
+                 self.network, self.subnet, self.tool)
+
+    def _install_locked(self):
+        self._dirty = True
+        if self.tool == "iptables":
+            self._ipt_install()
+        else:
+            self._nft_install()
+        self._dirty = False
+        self._installed = True
+        self.previous = Previous(self.network, self.subnet, self.masq)   # recycled once
 
     def resync(self) -> bool:
-        """Re-add rules that someone removed; True if anything was missing."""
-        if not self._installed:
-            return False
+        """Rebuild everything if any rule is missing; True if something was."""
         with self._lock:
-            present = self._ipt_present() if self.tool == "iptables" else self._nft_present()
-            if present:
+            if not self._installed:
                 return False
-            log.warning("Some %s rules for %s were missing; adding them again", self.tool,
-                        self.network)
-            if self.tool == "iptables":
-                self._ipt_remove()
-                self._ipt_install()
+            if self._dirty:
+                gone = ["the last rebuild failed"]
             else:
-                self._nft_install()
+                gone = self._ipt_missing() if self.tool == "iptables" else self._nft_missing()
+            if not gone:
+                return False
+            log.warning("%d %s rule(s) missing (%s); rebuilding them all", len(gone), self.tool,
+                        "; ".join(gone[:3]))
+            self._install_locked()
             return True
 
     def start_resync(self, period_s: float) -> None:
+        """The resync thread; it runs until :meth:`stop`, across lease moves."""
         if not self._installed or self._thread is not None:
             return
 
@@ -244,35 +380,51 @@ class Rules:
                 try:
                     self.resync()
                 except Exception as e:  # keep the daemon up; the next period retries
-                    log.warning("iptables resync failed: %s", e)
+                    log.warning("%s resync failed: %s", self.tool, e)
 
         self._thread = threading.Thread(target=loop, name="ipmasq-resync", daemon=True)
         self._thread.start()
 
-    def remove(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if not self._installed:
-            return
+    def update_subnet(self, subnet) -> None:
+        """The lease moved to another subnet: rebuild for it (the resync goes on)."""
+        subnet = ipaddress.IPv4Network(subnet)
         with self._lock:
+            if subnet == self.subnet:
+                return
+            self.previous = Previous(self.network, self.subnet, self.masq)
+            self.subnet = subnet
+            if not self._installed:
+                return
+            try:
+                self._install_locked()
+            except MasqError as e:      # the lease move goes on; the resync retries
+                log.warning("Could not rebuild the %s rules for the new subnet %s (retried every "
+                            "resync period): %s", self.tool, subnet, e)
+                return
+        log.info("Rebuilt the %s rules for the new subnet %s", self.tool, subnet)
+
+    def remove(self) -> None:
+        """Remove every rule and chain in one transaction (not done at exit: see stop)."""
+        self.stop()
+        with self._lock:
+            if not self._installed:
+                return
             if self.tool == "iptables":
-                self._ipt_remove()
+                tables = tuple(self._expected)
+                builtin = {t: chain_rules(self._save(t), CHAINS[t][0]) for t in tables}
+                _run(["iptables-restore", "-w", "5", "--noflush"],
+                     input=restore_text({}, builtin, drop=tables))
             else:
-                self._nft_remove()
+                _run(["nft", "delete", "table", "ip", NFT_TABLE], check=False)
             self._installed = False
         log.info("Removed the %s rules for %s", self.tool, self.network)
 
-    def update_subnet(self, subnet) -> None:
-        """After a re-acquired lease with a new subnet: swap the rules."""
-        subnet = ipaddress.IPv4Network(subnet)
-        if subnet == self.subnet:
-            return
-        installed = self._installed
-        if installed:
-            self.remove()
-            self._stop.clear()
-            self._thread = None
-        self.subnet = subnet
-        if installed:
-            self.install()
+    def stop(self) -> None:
+        """Stop the resync at exit. The rules stay (see the module docstring)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._installed and not self._stopped_once:
+            self._stopped_once = True
+            log.info("Leaving the %s rules in place; to remove them: %s", self.tool,
+                     "; ".join(REMOVAL_COMMANDS[self.tool]))

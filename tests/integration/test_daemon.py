@@ -206,7 +206,7 @@ def test_sigterm_keeps_lease_and_restart_gets_same_subnet(ov):
     rc = ov.stop_daemon(h)
     assert rc == 0
     assert not flannel0_exists(ov, h)                               # TUN went with the fd
-    assert "FLANNEL-FWD" not in ov.exec(h, ["iptables-save"]).stdout  # rules removed
+    assert "FLANNEL-FWD" in ov.exec(h, ["iptables-save"]).stdout      # rules kept, as flanneld
     assert ov.leases()[subnet] == h.ip                              # lease kept, as flanneld
     # Delete the lease too: only the subnet file can bring the same subnet back.
     ov.delete_lease(subnet)
@@ -269,7 +269,7 @@ def test_host_joins_later_and_leaves(ov, figure):
     ov.remove_host(new, delete_lease=False)
 
 
-def test_ip_masq_rules_installed_and_removed(ov):
+def test_ip_masq_rules_installed_kept_and_removed_when_turned_off(ov):
     h = ov.hosts[2]
     ov.restart_daemon(h, args=("-ip-masq", "-iptables-resync=1"))   # Go spelling
     try:
@@ -288,6 +288,7 @@ def test_ip_masq_rules_installed_and_removed(ov):
             time.sleep(0.2)
     finally:
         ov.restart_daemon(h, args=())
+    # kept at exit; the next start without --ip-masq removes them (subnet.env said it was on)
     assert "FLANNEL-POSTRTG" not in ov.exec(h, ["iptables-save", "-t", "nat"]).stdout
 
 

@@ -1,12 +1,14 @@
 """`flannel-udp run` when things are wrong at startup: what it does and what it tells the operator."""
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 import time
 
 import pytest
 
+from dataplane.host.firewall import REMOVAL_COMMANDS
 from tests.conftest import require_etcd, require_root
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
@@ -31,6 +33,8 @@ def host(ov):
     ov.put_config(ov.config)          # each test starts from a valid config
     yield h
     ov.stop_daemon(h)
+    for cmd in REMOVAL_COMMANDS["iptables"]:   # the rules stay after exit: start each test clean
+        ov.exec(h, shlex.split(cmd))
 
 
 def test_waits_for_config_and_says_how_to_put_it(ov, host):
@@ -132,7 +136,7 @@ def test_flanneld_env_vars_and_sigint(ov, host):
     assert ov.subnet_env(host)["FLANNEL_IPMASQ"] == "true"
     assert ov.healthz(host) == (200, "flanneld is running")
     assert ov.stop_daemon(host, sig=signal.SIGINT) == 0
-    assert "FLANNEL-POSTRTG" not in ov.exec(host, ["iptables-save"]).stdout
+    assert "FLANNEL-POSTRTG" in ov.exec(host, ["iptables-save"]).stdout   # kept, as flanneld
 
 
 def test_etcd_down_at_start_waits_says_so_and_becomes_ready(ov, host):
@@ -171,11 +175,12 @@ def test_sigkill_then_restart_same_subnet_no_stale_tun_no_duplicate_rules(ov, ho
     assert _flannel_rules(ov, host) == rules               # the same rules, none twice
     assert ov.exec(host, ["ip", "-o", "link", "show", "type", "tun"]).stdout.count("flannel") == 1
     assert ov.stop_daemon(host) == 0
-    assert _flannel_rules(ov, host) == []
+    assert _flannel_rules(ov, host) == rules               # kept at exit, as flanneld
 
 
 def test_tun_deleted_under_the_daemon_exits_1_for_a_restart(ov, host, engine_kind):
     ov.start_daemon(host, engine=engine_kind)
+    rules = _flannel_rules(ov, host)
     t0 = time.monotonic()
     ov.exec(host, ["ip", "link", "del", "flannel0"], check=True)
     assert ov.wait_exit(host, 10) == 1
@@ -183,6 +188,6 @@ def test_tun_deleted_under_the_daemon_exits_1_for_a_restart(ov, host, engine_kin
     log = ov.daemon(host).log_text()
     assert "flannel0 was deleted from under the daemon" in log and "restarts" in log
     assert seconds < 5, f"took {seconds:.1f} s to notice"
-    assert _flannel_rules(ov, host) == []                  # it cleaned up on the way out
+    assert _flannel_rules(ov, host) == rules               # kept for the restart, as flanneld
     ov.start_daemon(host, engine=engine_kind)              # what a supervisor does next
     assert ov.exec(host, ["ip", "link", "show", "flannel0"]).returncode == 0

@@ -111,7 +111,7 @@ def test_list_with_revision_skips_malformed(shared_etcd, make_registry, caplog):
     assert "garbage-key" in caplog.text and "10.5.86.0-24" in caplog.text
     by = {str(l.subnet): l for l in leases}
     assert by["10.5.84.0/24"].expiration > time.time() + 86000
-    assert by["10.5.85.0/24"].expiration < time.time()              # TTL -1: still accepted
+    assert by["10.5.85.0/24"].expiration is None and by["10.5.85.0/24"].reservation   # no TTL
 
 
 def test_failover_to_next_endpoint(shared_etcd, make_registry):

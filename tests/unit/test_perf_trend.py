@@ -1,4 +1,4 @@
-"""The soak's memory trend (dataplane.perf.trend) on synthetic RSS samples."""
+"""The soak's memory trend (dataplane.bench.trend) on synthetic RSS samples."""
 from __future__ import annotations
 
 import numpy as np

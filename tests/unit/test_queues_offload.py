@@ -55,12 +55,18 @@ def test_run_env_and_flag_precedence():
     assert resolve(["--queues=1", "--offload=off"], env).queues == 1
 
 
-@pytest.mark.parametrize("env,name", [({"FLANNELD_QUEUES": "0"}, "FLANNELD_QUEUES"),
-                                      ({"FLANNELD_QUEUES": "many"}, "FLANNELD_QUEUES"),
+def test_run_env_out_of_range_names_the_variable():
+    with pytest.raises(flanneld_flags.FlagError, match="FLANNELD_QUEUES"):
+        resolve([], {"FLANNELD_QUEUES": "0"})
+
+
+@pytest.mark.parametrize("env,name", [({"FLANNELD_QUEUES": "many"}, "FLANNELD_QUEUES"),
                                       ({"FLANNELD_OFFLOAD": "on"}, "FLANNELD_OFFLOAD")])
-def test_run_bad_env_names_the_variable(env, name):
-    with pytest.raises(flanneld_flags.FlagError, match=name):
-        resolve([], env)
+def test_run_unparsable_env_ignored_naming_the_variable(env, name):
+    # as flanneld: logged (a warning naming the variable) and the default used
+    o = resolve([], env)
+    assert any(w.startswith(f"ignored {name}=") for w in o.warnings), o.warnings
+    assert (o.sources["queues"], o.sources["offload"]) == ("default", "default")
 
 
 @pytest.mark.parametrize("argv,name", [(["run", "--queues=0"], "--queues"),

@@ -1,0 +1,253 @@
+"""The iptables-restore and nft texts the rules are installed with (no root: text only)."""
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from dataplane.host.firewall import (FILTER, NAT, MasqError, Previous, chain_rules, in_chain, missing_rules,
+                              nft_ruleset, restore_text)
+from dataplane.host.firewall import forward_rules as _forward_rules
+from dataplane.host.firewall import masq_rules as _masq_rules
+from dataplane.control.subnetfile import read_previous_rules
+
+NET, SUB = "10.5.0.0/16", "10.5.3.0/24"
+MASQ_JUMP = '-m comment --comment "flanneld masq" -j FLANNEL-POSTRTG'
+FWD_JUMP = '-m comment --comment "flanneld forward" -j FLANNEL-FWD'
+
+SAVE_NAT_OLD_LAYOUT = """\
+*nat
+:POSTROUTING ACCEPT [0:0]
+-A POSTROUTING -s 10.4.0.0/16 -d 10.4.0.0/16 -m comment --comment "flanneld masq" -j RETURN
+-A POSTROUTING -s 10.4.0.0/16 ! -d 224.0.0.0/4 -m comment --comment "flanneld masq" -j MASQUERADE
+-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE
+COMMIT
+"""
+
+
+def masq_rules(*a):
+    return in_chain(_masq_rules(*a))
+
+
+def forward_rules(*a):
+    return in_chain(_forward_rules(*a))
+
+
+def P(net=None, sub=None, masq=None):
+    return Previous(net and ipaddress.IPv4Network(net), sub and ipaddress.IPv4Network(sub), masq)
+
+
+def rules(text, chain):
+    return chain_rules(text, chain)
+
+
+NAT_FLANNEL = [
+    "*nat",
+    ":FLANNEL-POSTRTG - [0:0]",
+    f"-I POSTROUTING 1 {MASQ_JUMP}",
+    '-A FLANNEL-POSTRTG -m mark --mark 0x4000/0x4000 -m comment --comment "flanneld masq" -j RETURN',
+    '-A FLANNEL-POSTRTG -s 10.5.0.0/16 -d 10.5.0.0/16 -m comment --comment "flanneld masq" -j RETURN',
+    '-A FLANNEL-POSTRTG -s 10.5.0.0/16 ! -d 224.0.0.0/4 -m comment --comment "flanneld masq" '
+    '-j MASQUERADE --random-fully',
+    '-A FLANNEL-POSTRTG ! -s 10.5.0.0/16 -d 10.5.3.0/24 -m comment --comment "flanneld masq" -j RETURN',
+    '-A FLANNEL-POSTRTG ! -s 10.5.0.0/16 -d 10.5.0.0/16 -m comment --comment "flanneld masq" '
+    '-j MASQUERADE --random-fully',
+    "COMMIT",
+]
+FILTER_FLANNEL = [
+    "*filter",
+    ":FLANNEL-FWD - [0:0]",
+    f"-I FORWARD 1 {FWD_JUMP}",
+    '-A FLANNEL-FWD -s 10.5.0.0/16 -m comment --comment "flanneld forward" -j ACCEPT',
+    '-A FLANNEL-FWD -d 10.5.0.0/16 -m comment --comment "flanneld forward" -j ACCEPT',
+    "COMMIT",
+]
+
+
+def test_fresh_host_gets_both_chains_and_jumps_at_the_top_in_one_text():
+    want = {NAT: masq_rules(NET, SUB), FILTER: forward_rules(NET)}
+    assert restore_text(want, {}).splitlines() == FILTER_FLANNEL + NAT_FLANNEL
+
+
+FORWARD_CASES = [
+    # (what FORWARD holds now, the lines expected between ":FLANNEL-FWD" and the chain's rules)
+    pytest.param([], [f"-I FORWARD 1 {FWD_JUMP}"], id="absent: inserted at the top"),
+    pytest.param([f"-A FORWARD {FWD_JUMP}", "-A FORWARD -j REJECT"], [],
+                 id="already first and alone: kept (no duplicate)"),
+    pytest.param(["-A FORWARD -j DOCKER-USER", f"-A FORWARD {FWD_JUMP}", "-A FORWARD -j REJECT"],
+                 [f"-D FORWARD {FWD_JUMP}", f"-I FORWARD 1 {FWD_JUMP}"],
+                 id="not first: moved to the top in the same transaction"),
+    pytest.param(["-A FORWARD -j REJECT", f"-A FORWARD {FWD_JUMP}"],
+                 [f"-D FORWARD {FWD_JUMP}", f"-I FORWARD 1 {FWD_JUMP}"],
+                 id="appended after a REJECT (older flannel-udp): moved to the top"),
+    pytest.param([f"-A FORWARD {FWD_JUMP}", f"-A FORWARD {FWD_JUMP}"],
+                 [f"-D FORWARD {FWD_JUMP}", f"-D FORWARD {FWD_JUMP}", f"-I FORWARD 1 {FWD_JUMP}"],
+                 id="duplicates: all deleted, one inserted"),
+    pytest.param(["-A FORWARD -j FLANNEL-FWD"],
+                 [],
+                 id="a jump without the comment, first and alone: kept"),
+]
+
+
+@pytest.mark.parametrize("forward, expected", FORWARD_CASES)
+def test_forward_jump(forward, expected):
+    text = "*filter\n" + "\n".join(forward) + "\nCOMMIT\n"
+    got = restore_text({FILTER: forward_rules(NET)}, {FILTER: rules(text, "FORWARD")})
+    lines = got.splitlines()
+    assert lines[:2] == ["*filter", ":FLANNEL-FWD - [0:0]"]
+    assert lines[2:2 + len(expected)] == expected
+    assert lines[2 + len(expected):] == FILTER_FLANNEL[3:]
+
+
+RECYCLE_CASES = [
+    # previous, changed, the POSTROUTING rules deleted
+    pytest.param(P("10.4.0.0/16", "10.4.7.0/24"), True, 2, id="other network: its rules go"),
+    pytest.param(P(NET, "10.5.9.0/24"), True, 0, id="other subnet, same network: none there"),
+    pytest.param(P("10.4.0.0/16", "10.4.7.0/24"), False, 0, id="not changed: nothing recycled"),
+    pytest.param(P(), True, 0, id="no subnet.env: nothing recycled"),
+]
+
+
+@pytest.mark.parametrize("previous, changed, deleted", RECYCLE_CASES)
+def test_recycling_deletes_only_the_previous_networks_flannel_rules(previous, changed, deleted):
+    got = restore_text({NAT: masq_rules(NET, SUB)}, {NAT: rules(SAVE_NAT_OLD_LAYOUT, "POSTROUTING")},
+                       previous, changed=changed).splitlines()
+    deletes = [l for l in got if l.startswith("-D POSTROUTING")]
+    assert len(deletes) == deleted
+    assert all("flanneld masq" in l and "10.4.0.0/16" in l for l in deletes)
+    assert not any("docker0" in l for l in got)          # never someone else's rule
+
+
+def test_masquerade_turned_off_removes_its_chain_and_jump_only():
+    save = f"*nat\n-A POSTROUTING {MASQ_JUMP}\n-A POSTROUTING -j KUBE-POSTROUTING\nCOMMIT\n"
+    got = restore_text({FILTER: forward_rules(NET)}, {NAT: rules(save, "POSTROUTING")},
+                       drop=(NAT,)).splitlines()
+    assert got[got.index("*nat"):] == ["*nat", ":FLANNEL-POSTRTG - [0:0]",
+                                       f"-D POSTROUTING {MASQ_JUMP}", "-X FLANNEL-POSTRTG", "COMMIT"]
+
+
+@pytest.mark.parametrize("random_fully, tail", [(True, ["-j", "MASQUERADE", "--random-fully"]),
+                                                (False, ["-j", "MASQUERADE"])])
+def test_masquerade_random_fully_only_when_supported(random_fully, tail):
+    masq = [r for r in masq_rules(NET, SUB, random_fully) if "MASQUERADE" in r]
+    assert len(masq) == 2 and all(r[-len(tail):] == tail for r in masq)
+
+
+def test_chain_rules_reads_quoted_comments_back():
+    save = ('-A FLANNEL-FWD -s 10.5.0.0/16 -m comment --comment "flanneld forward" -j ACCEPT\n'
+            '-A FORWARD -j REJECT\n')
+    assert chain_rules(save, "FLANNEL-FWD") == [forward_rules(NET)[0]]
+
+
+MISSING_CASES = [
+    pytest.param(lambda s: s, [], id="all there"),
+    pytest.param(lambda s: s.replace(f"-A POSTROUTING {MASQ_JUMP}\n", ""),
+                 ["nat POSTROUTING -> FLANNEL-POSTRTG"], id="jump deleted"),
+    pytest.param(lambda s: s.replace("-A FLANNEL-POSTRTG -m mark", "-A OTHER -m mark"),
+                 ["nat FLANNEL-POSTRTG -m mark"], id="a chain rule deleted"),
+]
+
+
+@pytest.mark.parametrize("edit, gone", MISSING_CASES)
+def test_missing_rules(edit, gone):
+    want = {NAT: masq_rules(NET, SUB)}
+    installed = f"-A POSTROUTING {MASQ_JUMP}\n" + "".join(
+        l + "\n" for l in NAT_FLANNEL if l.startswith("-A FLANNEL-POSTRTG"))
+    found = missing_rules(want, {NAT: edit(installed)})
+    assert [g[:len(p)] for g, p in zip(found, gone)] == gone and len(found) == len(gone)
+
+
+@pytest.mark.parametrize("masq, forward, chains", [(True, True, ["FLANNEL_POSTRTG", "FLANNEL_FWD"]),
+                                                   (False, True, ["FLANNEL_FWD"]),
+                                                   (True, False, ["FLANNEL_POSTRTG"])])
+def test_nft_table_is_replaced_whole_before_the_hosts_chains(masq, forward, chains):
+    text = nft_ruleset(NET, SUB, masq, forward)
+    lines = text.splitlines()
+    # create-if-absent, delete, define: one transaction that also recycles the old rules
+    assert lines[:3] == ["table ip flannel-udp {}", "delete table ip flannel-udp",
+                         "table ip flannel-udp {"]
+    assert [l.split()[1] for l in lines if l.strip().startswith("chain ")] == chains
+    assert ("priority srcnat - 1" in text) == masq and ("priority filter - 1" in text) == forward
+    assert (f"ip daddr {SUB} return" in text) == masq
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("FLANNEL_NETWORK=10.4.0.0/16\nFLANNEL_SUBNET=10.4.7.1/24\nFLANNEL_MTU=1472\n"
+     "FLANNEL_IPMASQ=true\n", ("10.4.0.0/16", "10.4.7.0/24", True)),
+    ("FLANNEL_SUBNET=10.4.7.1/24\nFLANNEL_IPMASQ=false\n", (None, "10.4.7.0/24", False)),
+    ("FLANNEL_NETWORK=fd00::/64\nFLANNEL_SUBNET=10.4.7.1/24\n", None),   # invalid file: ignored
+    (None, (None, None, None)),
+])
+def test_read_previous_rules(tmp_path, body, expected):
+    path = tmp_path / "subnet.env"
+    if body is not None:
+        path.write_text(body)
+    got = read_previous_rules(str(path))
+    if expected is None:
+        assert got == (None, None, None)
+    else:
+        assert got == tuple(ipaddress.IPv4Network(x) if isinstance(x, str) else x
+                            for x in expected)
+
+
+def test_help_says_the_rules_stay_and_how_to_remove_them():
+    import subprocess
+    import sys
+
+    from dataplane.host.firewall import REMOVAL_COMMANDS
+    out = subprocess.run([sys.executable, "-m", "dataplane", "run", "--help"], capture_output=True,
+                         text=True, timeout=60, env={"COLUMNS": "1000", "PATH": ""}).stdout
+    flat = " ".join(out.split())
+    assert flat.count("the rules stay after exit") == 2
+    for cmd in REMOVAL_COMMANDS["iptables"] + REMOVAL_COMMANDS["nft"]:
+        assert cmd in flat, cmd
+
+
+class FakeHost:
+    """Stands in for iptables: counts installs, fails when told, reports what is missing."""
+
+    def __init__(self):
+        self.installs, self.fail, self.missing = [], False, []
+
+    def install(self, rules):
+        if self.fail:
+            raise MasqError("iptables-restore: busy")
+        self.installs.append(str(rules.subnet))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    from dataplane.host import firewall
+    host = FakeHost()
+    monkeypatch.setattr(firewall, "detect_tool", lambda prefer=None: "iptables")
+    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda: True)
+    monkeypatch.setattr(firewall.Rules, "_ipt_install", lambda self: host.install(self))
+    monkeypatch.setattr(firewall.Rules, "_ipt_missing", lambda self: list(host.missing))
+    return host
+
+
+def test_resync_survives_lease_moves_and_retries_a_failed_rebuild(fake):
+    import time
+
+    from dataplane.host.firewall import Rules
+    r = Rules(NET, SUB, masq=True, forward=True)
+    r.install()
+    r.start_resync(0.05)
+    try:
+        fake.fail = True
+        r.update_subnet("10.5.9.0/24")                   # logged, not raised: the move goes on
+        fake.fail = False
+        deadline = time.monotonic() + 5
+        while fake.installs[-1] != "10.5.9.0/24" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert fake.installs == [SUB, "10.5.9.0/24"]     # the resync rebuilt for the new subnet
+        r.update_subnet("10.5.10.0/24")
+        fake.missing = ["nat POSTROUTING -> FLANNEL-POSTRTG"]
+        deadline = time.monotonic() + 5
+        while len(fake.installs) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert fake.installs[2:4] == ["10.5.10.0/24"] * 2   # still resyncing after two moves
+        assert r._thread.is_alive()
+    finally:
+        r.stop()
+    assert not r._thread.is_alive()
