@@ -41,6 +41,7 @@ from datetime import datetime, timezone
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from dataplane.host.atomicfile import write_atomic  # noqa: E402
 from dataplane.bench.build import build_udpgen  # noqa: E402
 from dataplane.bench.trend import growth  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
@@ -269,8 +270,7 @@ def main(argv=None) -> int:
                                      "errors": sum(" ERROR " in line for line in text.splitlines())}
     result["summary"] = summarize(result)
     os.makedirs(os.path.dirname(o.out) or ".", exist_ok=True)
-    with open(o.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_atomic(o.out, json.dumps(result, indent=1))
     for k, v in result["summary"].items():
         print(f"{k}: {json.dumps(v, ensure_ascii=False)}")
     print(f"written: {o.out}")

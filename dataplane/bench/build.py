@@ -16,6 +16,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ..host.atomicfile import write_atomic
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().with_name("udpgen.c")
@@ -63,22 +65,19 @@ def build_udpgen(force: bool = False) -> Path:
     if target.is_file() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Compile under a unique name, then rename: a concurrent run never executes half a binary.
-    fd, tmp = tempfile.mkstemp(prefix=".udpgen-", dir=target.parent)
-    os.close(fd)
-    try:
+    # The compiler writes into a private directory; the binary then replaces any old one at once
+    # (a concurrent run never executes half a binary).
+    with tempfile.TemporaryDirectory(prefix="udpgen-build-") as private:
+        out = os.path.join(private, "udpgen")
         try:
-            r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)],
+            r = subprocess.run([cc, *CFLAGS, "-o", out, str(SOURCE)],
                                capture_output=True, text=True, timeout=120)
         except OSError as e:
             raise SetupError(f"cannot run the C compiler {cc}: {e} (apt-get install gcc)") from None
         if r.returncode != 0:
             raise SetupError(f"compiling {SOURCE} with {cc} failed:\n{r.stderr}")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        with open(out, "rb") as f:
+            write_atomic(target, f.read(), mode=0o755)
     log.info("built %s", target)
     return target
 

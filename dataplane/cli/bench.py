@@ -51,6 +51,7 @@ def main(args) -> int:
     from . import missing_extra
     if missing_extra("bench", "bench", ("rich", "matplotlib")):
         return 2
+    from dataplane.host.atomicfile import write_atomic
     from dataplane.bench import build, report, runner
     from dataplane.bench.paths import ALL_PATHS
 
@@ -81,9 +82,7 @@ def main(args) -> int:
         return 2
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "results.json"), "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        write_atomic(os.path.join(out_dir, "results.json"), json.dumps(result, indent=1) + "\n")
         report.plot(result, os.path.join(out_dir, "bench.png"))
         progress(f"wrote {os.path.join(out_dir, 'results.json')} and bench.png")
     if args.json:

@@ -103,10 +103,11 @@ def main(args) -> int:
             signal.signal(s, h)
 
     if args.out:
+        from ..host.atomicfile import write_atomic
         from ..demo import svg
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "demo.json"), "w") as f:
-            json.dump(result, f, indent=1, default=_jsonable)
+        write_atomic(os.path.join(args.out, "demo.json"),
+                     json.dumps(result, indent=1, default=_jsonable))
         svg.write(result, os.path.join(args.out, "path.svg"))
     if args.json:
         json.dump(result, sys.stdout, default=_jsonable)

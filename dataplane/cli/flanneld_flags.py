@@ -274,6 +274,9 @@ FLAGS: tuple[Flag, ...] = (
          "engine: auto (what this kernel accepts of TUN TSO/USO, UDP GSO and GRO; the wire "
          "format does not change) or off (default: %s)" % OFFLOAD_DEFAULT,
          metavar="auto|off", group="ours"),
+    Flag("trace-remote", _parse_bool, False, "serve GET /debug/trace to clients that are not on "
+         "loopback too (it shows the headers of forwarded packets, with ?payload=1 their "
+         "content; default: loopback clients only)", kind="bool", group="ours"),
     Flag("trace", _parse_bool, False, "enable the engine's packet trace ring and serve it as JSON "
          "at GET /debug/trace?after=N (on the healthz and metrics servers)", kind="bool",
          group="ours"),
@@ -325,6 +328,7 @@ class Options:
     icmp_burst: int = 50
     metrics: str = ""
     trace: bool = False
+    trace_remote: bool = False
     queues: int = 1
     offload: str = OFFLOAD_DEFAULT
     # where each value came from: "flag", "env" or "default"

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 
+from ..host.atomicfile import write_atomic
 from ..engine.api import BATCH_MAX, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, MTU_MAX, MTU_MIN
 
 HELP = "forward between a TUN device and UDP with static routes (no etcd; for tests and perf)"
@@ -165,10 +166,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _write_json(path: str, obj: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)  # readers never see a half-written file
+    write_atomic(path, json.dumps(obj))  # readers never see a half-written file
 
 
 def main(args: argparse.Namespace) -> int:
@@ -245,8 +243,7 @@ def main(args: argparse.Namespace) -> int:
 
         dump(False)
         if args.ready_file:
-            with open(args.ready_file, "w") as f:
-                f.write(f"{os.getpid()} {engine.name} {tun_name}\n")
+            write_atomic(args.ready_file, f"{os.getpid()} {engine.name} {tun_name}\n")
         rc = 0
         while not stop.wait(1.0):
             ended = engine.ended()

@@ -56,6 +56,10 @@ class ConfigWatcher:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    @property
+    def watch_loop(self) -> Optional[WatchLoop]:
+        return self._watch
+
     def _summary(self) -> str:
         c = self.running
         return f"Network {c.network}, SubnetLen {c.subnet_len}, backend udp port {c.backend_port}"

@@ -108,6 +108,11 @@ class SubnetManager:
         with self._cond:
             return self._lease
 
+    @property
+    def watch_loop(self) -> Optional[WatchLoop]:
+        """The watch of our own lease key (replaced after each re-acquisition)."""
+        return self._watch
+
     # -- acquisition --------------------------------------------------------------------------------
     def acquire(self) -> Lease:
         """Acquire (or reuse) this node's lease; raises SubnetError, ConfigError or RegistryError."""

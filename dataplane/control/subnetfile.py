@@ -5,7 +5,8 @@
     FLANNEL_MTU=1472
     FLANNEL_IPMASQ=false
 
-Written to `<dir>/.<name>` and renamed over `<dir>/<name>` so that a reader never sees half a file.
+Written with dataplane.host.atomicfile (a fresh temporary name in the same directory, renamed over it) so
+that a reader never sees half a file and a link planted in the directory is never followed.
 At start the file is read back to prefer the previous subnet; a truncated or garbage file is ignored
 with a warning (a wrong previous subnet would only cost us the preference, never correctness).
 """
@@ -15,6 +16,8 @@ import logging
 import os
 from ipaddress import IPv4Interface, IPv4Network, ip_interface, ip_network
 from typing import Optional
+
+from ..host.atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +33,9 @@ def format_subnet_env(network: IPv4Network, subnet: IPv4Network, mtu: int, ipmas
 
 
 def write_subnet_env(path: str, network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool) -> None:
-    """Atomically replace `path`; raises OSError (flanneld only warns: the caller decides)."""
-    directory, name = os.path.split(os.path.abspath(path))
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    tmp = os.path.join(directory, f".{name}")
-    data = format_subnet_env(network, subnet, mtu, ipmasq).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
+    """Atomically replace `path`, mode 0644; raises OSError (flanneld only warns: the caller decides)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
+    write_atomic(path, format_subnet_env(network, subnet, mtu, ipmasq), mode=0o644)
 
 
 def _parse_lines(text: str) -> dict:

@@ -5,6 +5,6 @@
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
 * ``monitor.py``     the serve loop's periodic checks and how often they log;
 * ``systemd.py``     READY=1 to systemd (sd_notify);
-* ``http.py``        the /healthz, /metrics and /debug/trace server;
-* ``metrics.py``     the Prometheus collector and the daemon as its source.
+* ``http.py``        the /healthz, /readyz, /metrics and /debug/trace server;
+* ``metrics.py``     the Prometheus collector, and the daemon as what it and /readyz read.
 """

@@ -1,12 +1,29 @@
-"""Health, metrics and the packet trace over HTTP, on a thread.
+"""Health, readiness, Prometheus metrics and the packet trace over HTTP (daemon/metrics.py
+says what the metrics are).
 
-Endpoints (which server serves which is the daemon's choice, see :class:`HttpServer`):
+Endpoints (which server serves which is the daemon's choice, see
+:class:`HttpServer`):
 
 * ``GET /healthz`` -> 200 ``flanneld is running`` (exactly flanneld's reply);
-* ``GET /metrics`` -> Prometheus text format (daemon/metrics.py);
-* ``GET /debug/trace?after=N`` -> JSON list of the engine's trace events with
-  ``seq > N`` (oldest first; ``head`` is hex). 404 with a hint when the
-  daemon runs without ``--trace``.
+* ``GET /readyz`` -> 200 when every check of :meth:`MetricsSource.readiness`
+  passes (lease, engine, etcd watch), else 503; one line per check;
+* ``GET /metrics`` -> Prometheus text format from a custom collector over
+  :class:`MetricsSource`: engine counters (packets, bytes, drops by reason,
+  ICMP sent, syscalls, batches), peers, lease expiry, the engine in use,
+  etcd health (watches connected, reconnects, resyncs; lease renewals,
+  re-acquisitions, lost races);
+* ``GET /debug/trace?after=N[&payload=1]`` -> JSON list of the engine's trace
+  events with ``seq > N`` (oldest first; ``head`` is hex: the IPv4 and L4
+  headers only, the payload too with ``payload=1``). Served to loopback
+  clients only unless the daemon runs with ``--trace-remote`` (403); 404 with
+  a hint without ``--trace``; 400 naming the parameter for a malformed query.
+
+The endpoints face whoever can reach the port (``0.0.0.0`` by default, as
+flanneld), so no client holds a thread: one thread multiplexes every
+connection, closes it when its request is not complete within
+REQUEST_TIMEOUT_S or its reply not taken within WRITE_TIMEOUT_S, and sheds
+the oldest waiting connection beyond MAX_CONNECTIONS; a small fixed pool of
+workers only turns complete requests into replies.
 """
 from __future__ import annotations
 
@@ -15,22 +32,123 @@ import json
 import logging
 import socket
 import threading
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from io import BytesIO
+from ipaddress import ip_address
+from queue import Empty, SimpleQueue
+from selectors import EVENT_READ, EVENT_WRITE, DefaultSelector
+from socket import SHUT_WR, socketpair
+from time import monotonic
+from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..engine import ipv4
 from .metrics import MetricsSource, make_registry
 
 log = logging.getLogger(__name__)
 
 HEALTHZ_BODY = b"flanneld is running"
 
+REQUEST_TIMEOUT_S = 5.0      # accept -> request line and headers complete (slow clients included)
+WRITE_TIMEOUT_S = 10.0       # reply ready -> taken by the client
+LINGER_S = 1.0               # reply sent -> the client's close: what it sent beyond is read away
+MAX_CONNECTIONS = 256        # open at once per listener; beyond, the oldest waiting one is closed
+MAX_REQUEST_BYTES = 8192     # request line and headers
+WORKERS = 2                  # threads turning requests into replies
+LISTEN_BACKLOG = 128
+TRACE_AFTER_MAX = 2 ** 64 - 1    # the engines' sequence numbers are unsigned 64-bit
 
-def trace_event_json(ev: dict) -> dict:
+
+_L4_HEADER = {ipv4.PROTO_UDP: 8, ipv4.PROTO_ICMP: ipv4.ICMP_HEADER}
+_TCP_HEADER_MIN = 20
+
+
+def headers_only(head) -> bytes:
+    """The IPv4 header and the L4 header (UDP, ICMP: 8 bytes; TCP: its data offset) at the start
+    of a packet, without its payload. A later fragment keeps its IPv4 header only; bytes that are
+    no IPv4 header keep at most the 20 where one would be."""
+    head = bytes(head)
+    try:
+        h = ipv4.parse(head)
+    except ValueError:
+        return head[:ipv4.HEADER_MIN]
+    if h.version != 4 or h.ihl * 4 < ipv4.HEADER_MIN:
+        return head[:ipv4.HEADER_MIN]
+    end = h.header_len
+    if h.is_later_fragment:
+        return head[:end]
+    if h.proto == ipv4.PROTO_TCP:
+        offset = head[end + 12] >> 4 if len(head) > end + 12 else 0
+        return head[:end + max(_TCP_HEADER_MIN, offset * 4)]
+    return head[:end + _L4_HEADER.get(h.proto, 0)]
+
+
+def client_is_loopback(host: str) -> bool:
+    """Whether a peer address (as accept() gives it) is this host's loopback, IPv4-mapped too."""
+    try:
+        addr = ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if addr.version == 6 and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+class BadQuery(ValueError):
+    """A query /debug/trace cannot serve; the message names the parameter."""
+
+
+def parse_trace_query(query: str) -> tuple[int, bool]:
+    """(after, payload) from /debug/trace's query string; raises BadQuery."""
+    usage = "/debug/trace takes after=N (0 to %d) and payload=1" % TRACE_AFTER_MAX
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query),
+                          max_num_fields=4)
+    except ValueError as e:
+        raise BadQuery(f"malformed query ({e}); {usage}") from None
+    seen = {}
+    for name, value in pairs:
+        if name not in ("after", "payload"):
+            raise BadQuery(f"unknown parameter {name[:40]!r}; {usage}")
+        if name in seen:
+            raise BadQuery(f"{name} given twice; {usage}")
+        seen[name] = value
+    after, payload = seen.get("after", "0"), seen.get("payload", "0")
+    if not (after.isascii() and after.isdigit() and len(after) <= 20
+            and int(after) <= TRACE_AFTER_MAX):
+        raise BadQuery(f"after must be a sequence number, 0 to {TRACE_AFTER_MAX} (got "
+                       f"{after[:40]!r})")
+    if payload not in ("0", "1", "false", "true"):
+        raise BadQuery(f"payload must be 0 or 1 (got {payload[:40]!r})")
+    return int(after), payload in ("1", "true")
+
+
+def _plain_reply(code: int, text: str) -> bytes:
+    """A complete reply the loop sends itself (the request never reached a handler)."""
+    body = text.encode()
+    return (f"HTTP/1.0 {code} {HTTPStatus(code).phrase}\r\nServer: flannel-udp\r\n"
+            f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode() + body
+
+
+class _Conn:
+    """One client connection: what it sent so far, or what is left to send it."""
+    __slots__ = ("sock", "addr", "buf", "out", "deadline")
+
+    def __init__(self, sock, addr, deadline: float):
+        self.sock, self.addr, self.deadline = sock, addr, deadline
+        self.buf = bytearray()
+        self.out = memoryview(b"")
+
+
+def trace_event_json(ev: dict, payload: bool = False) -> dict:
     out = {}
     for k, v in ev.items():
-        out[k] = v.hex() if isinstance(v, (bytes, bytearray, memoryview)) else v
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            v = (bytes(v) if payload or k != "head" else headers_only(v)).hex()
+        out[k] = v
     return out
 
 
@@ -59,15 +177,29 @@ def _url_host(host: str) -> str:
 
 class HttpServer:
     """One listener; ``paths`` picks what it serves: any of healthz, metrics, trace."""
+    # /readyz is served wherever /healthz is.
 
-    def __init__(self, host: str, port: int, source: MetricsSource, paths=("healthz",)):
+    def __init__(self, host: str, port: int, source: MetricsSource, paths=("healthz",), *,
+                 request_timeout: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
+                 workers: int = WORKERS):
         self.source = source
         self.paths = set(paths)
         self.registry = make_registry(source)
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            """Turns one complete request (bytes) into one reply (bytes), off the socket."""
             server_version = "flannel-udp"
+            default_request_version = "HTTP/1.0"    # errors get a status line, never HTTP/0.9
+
+            def setup(self):
+                self.rfile = BytesIO(self.request)
+                self.wfile = BytesIO()
+
+            def finish(self):
+                pass
 
             def log_message(self, fmt, *args):  # no access log on stderr
                 log.debug("http: " + fmt, *args)
@@ -82,40 +214,66 @@ class HttpServer:
 
             def do_GET(self):
                 u = urlsplit(self.path)
-                try:
-                    if u.path == "/healthz" and "healthz" in outer.paths:
-                        return self._send(200, HEALTHZ_BODY)
-                    if u.path == "/metrics" and "metrics" in outer.paths:
-                        return self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
-                    if u.path == "/debug/trace" and "trace" in outer.paths:
-                        return self._trace(u)
-                except BrokenPipeError:
-                    return
+                if u.path == "/healthz" and "healthz" in outer.paths:
+                    return self._send(200, HEALTHZ_BODY)
+                if u.path == "/readyz" and "healthz" in outer.paths:
+                    return self._readyz()
+                if u.path == "/metrics" and "metrics" in outer.paths:
+                    return self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
+                if u.path == "/debug/trace" and "trace" in outer.paths:
+                    return self._trace(u)
                 self._send(404, b"404 page not found\n")
 
             do_HEAD = do_GET
+
+            def _readyz(self):
+                checks = outer.source.readiness() or {"daemon": "no readiness report"}
+                lines = [f"[+]{name} ok" if why is None else f"[-]{name} failed: {why}"
+                         for name, why in checks.items()]
+                ok = all(why is None for why in checks.values())
+                lines.append(f"readyz check {'passed' if ok else 'failed'}")
+                return self._send(200 if ok else 503, ("\n".join(lines) + "\n").encode())
 
             def _trace(self, u):
                 if not outer.source.trace_enabled():
                     return self._send(404, b"the packet trace is off: start the daemon with "
                                            b"--trace\n")
-                q = parse_qs(u.query)
+                if not (client_is_loopback(self.client_address[0])
+                        or outer.source.trace_remote()):
+                    return self._send(403, b"/debug/trace shows the forwarded traffic: it answers "
+                                           b"loopback clients only unless the daemon runs with "
+                                           b"--trace-remote\n")
                 try:
-                    after = int(q.get("after", ["0"])[0])
-                except ValueError:
-                    return self._send(400, b"after must be an integer\n")
-                events = [trace_event_json(e) for e in outer.source.trace_events(after)]
+                    after, payload = parse_trace_query(u.query)
+                except BadQuery as e:
+                    return self._send(400, f"{e}\n".encode())
+                events = [trace_event_json(e, payload) for e in outer.source.trace_events(after)]
                 return self._send(200, json.dumps(events).encode(), "application/json")
 
+        self._handler = Handler
         try:
             self.httpd = _server_class(host)((host, port), Handler)
         except OSError as e:
             raise OSError(e.errno, f"cannot listen on {_url_host(host)}:{port} for "
                                    f"{'/'.join(sorted(self.paths))}: {e.strerror}; choose "
                                    "another port or address") from None
-        self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"http-{port}",
-                                        daemon=True)
+        # socketserver made and bound the listening socket; the connections are served by
+        # _loop (one thread for all of them) and the workers, not by its thread per request.
+        self.httpd.socket.listen(LISTEN_BACKLOG)
+        self.httpd.socket.setblocking(False)
+        self._thread = threading.Thread(target=self._loop, name=f"http-{port}", daemon=True)
+        self._workers = [threading.Thread(target=self._work, name=f"http-{port}-worker{i}",
+                                          daemon=True) for i in range(max(1, workers))]
+        self._jobs: SimpleQueue = SimpleQueue()        # _Conn with a complete request, or None
+        self._replies: SimpleQueue = SimpleQueue()     # (_Conn, reply bytes) from the workers
+        self._wake_r, self._wake_w = socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._closing = threading.Event()
+        self._waiting: dict = {}      # _Conn -> None, oldest first: reading a request
+        self._working: set = set()    # with a worker
+        self._sending: dict = {}      # _Conn -> None, oldest first: writing the reply
+        self._draining: dict = {}     # _Conn -> None, oldest first: reply sent, reading to EOF
 
     @property
     def address(self):
@@ -130,6 +288,189 @@ class HttpServer:
         return self
 
     def close(self):
+        self._closing.set()
+        self._wake()
         if self._thread.is_alive():
-            self.httpd.shutdown()
+            self._thread.join(5)
+        for _ in self._workers:
+            self._jobs.put(None)
         self.httpd.server_close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # -- the connection loop (one thread) --------------------------------------------------------
+    def _loop(self):
+        for w in self._workers:
+            w.start()
+        self._sel = DefaultSelector()
+        self._sel.register(self.httpd.socket, EVENT_READ, "accept")
+        self._sel.register(self._wake_r, EVENT_READ, "wake")
+        try:
+            while not self._closing.is_set():
+                for key, events in self._sel.select(self._next_timeout()):
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        self._take_replies()
+                    elif key.data in self._draining:
+                        self._drain(key.data)
+                    elif events & EVENT_READ:
+                        self._read(key.data)
+                    else:
+                        self._write(key.data)
+                self._expire()
+        except Exception:
+            log.exception("the HTTP server on port %d stopped", self.address[1])
+        finally:
+            for conn in [*self._waiting, *self._working, *self._sending, *self._draining]:
+                conn.sock.close()
+            self._sel.close()
+
+    def _timed(self):
+        """The connections with a deadline, each dict oldest first (deadlines grow with age)."""
+        return self._waiting, self._sending, self._draining
+
+    def _next_timeout(self):
+        firsts = [next(iter(d)).deadline for d in self._timed() if d]
+        return max(0.0, min(firsts) - monotonic()) if firsts else None
+
+    def _expire(self):
+        now = monotonic()
+        for d in self._timed():
+            while d:
+                conn = next(iter(d))
+                if conn.deadline > now:
+                    break
+                self._drop(conn)
+
+    def _accept(self):
+        for _ in range(64):                 # then let the other connections have a turn
+            try:
+                sock, addr = self.httpd.socket.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:            # out of fds (EMFILE...): free one, or wait a moment
+                if self._shed():
+                    continue
+                log.warning("http: cannot accept a connection: %s", e)
+                self._closing.wait(0.05)
+                return
+            open_now = (len(self._waiting) + len(self._working) + len(self._sending)
+                        + len(self._draining))
+            if open_now >= self.max_connections and not self._shed():
+                sock.close()                # all busy with replies: this one waits no turn
+                continue
+            sock.setblocking(False)
+            conn = _Conn(sock, addr, monotonic() + self.request_timeout)
+            self._waiting[conn] = None
+            self._sel.register(sock, EVENT_READ, conn)
+
+    def _shed(self) -> bool:
+        """Close the oldest connection that is still sending its request, or lingering."""
+        for d in (self._waiting, self._draining):
+            if d:
+                self._drop(next(iter(d)))
+                return True
+        return False
+
+    def _read(self, conn: _Conn):
+        try:
+            data = conn.sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:                        # gone before its request was complete
+            return self._drop(conn)
+        conn.buf += data
+        if b"\r\n\r\n" in conn.buf or b"\n\n" in conn.buf:
+            del self._waiting[conn]
+            self._sel.unregister(conn.sock)
+            self._working.add(conn)
+            self._jobs.put(conn)
+        elif len(conn.buf) > MAX_REQUEST_BYTES:
+            del self._waiting[conn]
+            self._sel.unregister(conn.sock)
+            self._reply(conn, _plain_reply(431, f"request line and headers longer than "
+                                                f"{MAX_REQUEST_BYTES} bytes\n"))
+
+    def _take_replies(self):
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                conn, reply = self._replies.get_nowait()
+            except Empty:
+                return
+            self._working.discard(conn)
+            self._reply(conn, reply)
+
+    def _reply(self, conn: _Conn, reply: bytes):
+        if not reply:                       # nothing to say (an empty request line)
+            conn.sock.close()
+            return
+        conn.out = memoryview(reply)
+        conn.deadline = monotonic() + WRITE_TIMEOUT_S
+        self._sending[conn] = None
+        self._sel.register(conn.sock, EVENT_WRITE, conn)
+        self._write(conn)
+
+    def _write(self, conn: _Conn):
+        try:
+            conn.out = conn.out[conn.sock.send(conn.out):]
+        except BlockingIOError:
+            return
+        except OSError:
+            return self._drop(conn)
+        if conn.out:
+            return
+        # Closing now would reset the connection if the client sent more than we read (a body,
+        # an oversized header) and its TCP could discard our reply: end our side, read to EOF.
+        del self._sending[conn]
+        try:
+            conn.sock.shutdown(SHUT_WR)
+        except OSError:
+            return self._drop(conn)
+        conn.deadline = monotonic() + LINGER_S
+        self._draining[conn] = None
+        self._sel.modify(conn.sock, EVENT_READ, conn)
+
+    def _drain(self, conn: _Conn):
+        try:
+            if conn.sock.recv(65536):
+                return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._drop(conn)
+
+    def _drop(self, conn: _Conn):
+        for d in self._timed():
+            d.pop(conn, None)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    def _wake(self):
+        try:
+            self._wake_w.send(b"x")
+        except OSError:                     # full (a wake-up is pending anyway) or closed
+            pass
+
+    # -- the workers -----------------------------------------------------------------------------
+    def _work(self):
+        while (conn := self._jobs.get()) is not None:
+            try:
+                h = self._handler(bytes(conn.buf), conn.addr, self)
+                reply = h.wfile.getvalue()
+            except Exception:
+                log.exception("http: request from %s failed", conn.addr[0])
+                reply = _plain_reply(500, "internal error (see the daemon's log)\n")
+            self._replies.put((conn, reply))
+            self._wake()

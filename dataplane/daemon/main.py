@@ -77,6 +77,7 @@ class Daemon:
         self.engine_why = ""
         self.servers = []
         self._old_handlers = {}
+        self.source = DaemonSource(self)      # what /metrics, /readyz and /debug/trace read
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
@@ -129,7 +130,7 @@ class Daemon:
         self.ext = startup.select_interface(o)
         # 2. registry, health and metrics
         self.registry = startup.make_registry(o)
-        self.servers = startup.start_http_servers(o, DaemonSource(self))
+        self.servers = startup.start_http_servers(o, self.source)
         # 3. config
         self.config = startup.wait_for_config(self.registry, self.wait)
         # 4. lease
@@ -244,12 +245,12 @@ class Daemon:
                         return 0
             with self.lock:
                 engine = self.engine
-            status = monitor.check(engine, self.tun_name, self._tun_attached())
+            status = monitor.check(engine, self.tun_name, self.tun_attached())
             if status is not None:
                 return status
         return 0
 
-    def _tun_attached(self) -> bool:
+    def tun_attached(self) -> bool:
         from ..host.tun import tun_attached
         try:
             # Every queue is detached with the device; asking the first suffices.

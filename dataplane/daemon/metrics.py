@@ -1,17 +1,21 @@
-"""The Prometheus metrics of /metrics: what the daemon reports, and under which names.
+"""The Prometheus metrics of /metrics and the readiness of /readyz: what the daemon reports.
 
 A custom collector over :class:`MetricsSource`: engine counters (packets, bytes, drops by reason,
-ICMP sent, syscalls, batches), peers, lease expiry, the engine in use. The daemon's own source is
-:class:`DaemonSource`; daemon/http.py serves the text.
+ICMP sent, syscalls, batches), peers, lease expiry, the engine in use, etcd health (watches
+connected, reconnects, resyncs; lease renewals, re-acquisitions, lost races). The daemon's own
+source is :class:`DaemonSource`; daemon/http.py serves it.
 """
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine.api import OFFLOAD_STATS
+from .startup import when
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,7 @@ class MetricsSource:
         return 0
 
     def offloads_enabled(self) -> dict:
-        """{offload name: on} (dataplane.host.offload.NAMES); empty = not decided yet."""
+        """{offload name: on} (dataplane.offload.NAMES); empty = not decided yet."""
         return {}
 
     def bad_leases(self) -> tuple[int, int] | None:
@@ -57,6 +61,45 @@ class MetricsSource:
 
     def trace_events(self, after: int) -> list:
         return []
+
+    def trace_remote(self) -> bool:
+        """Whether /debug/trace is served to clients that are not on loopback (--trace-remote)."""
+        return False
+
+    def readiness(self) -> dict:
+        """{check name: None when it passes, else a short reason}; empty = nothing to report,
+        which /readyz takes as not ready."""
+        return {}
+
+    def etcd_watches(self) -> dict:
+        """{watch name: {"connected": bool, "reconnects": n, "resyncs": n}}; counts since start."""
+        return {}
+
+    def lease_counts(self) -> dict | None:
+        """{"renewals": n, "reacquisitions": n, "races_lost": n} since start, or None."""
+        return None
+
+
+class CarriedCounters:
+    """Counters read off objects the daemon replaces while it runs (the own-lease watch after a
+    re-acquisition, the subnet manager after SIGHUP): when the object under a key changes, the
+    last counts of the old one are carried over, so that exported totals never go down. Counts an
+    object made after the last read before its replacement are not seen; replacements are rare."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._last: dict = {}
+        self._base: dict = {}
+
+    def read(self, key: str, obj, names) -> dict:
+        with self._lock:
+            base = self._base.setdefault(key, dict.fromkeys(names, 0))
+            prev = self._last.get(key)
+            if prev is not None and prev is not obj:
+                for n in names:
+                    base[n] += getattr(prev, n, 0)
+            self._last[key] = obj
+            return {n: base[n] + (getattr(obj, n, 0) if obj is not None else 0) for n in names}
 
 
 # stat name -> (family, label name, label value); anything else is exported as
@@ -184,6 +227,8 @@ class DaemonCollector:
             g.add_metric([str(lease.get("subnet", ""))], float(lease["expiry"]))
             yield g
 
+        yield from _etcd_families(self.source.etcd_watches(), self.source.lease_counts())
+
         info = self.source.engine_info()
         if info:
             labels = sorted(info)
@@ -191,6 +236,32 @@ class DaemonCollector:
                                   labels=labels)
             g.add_metric([str(info[k]) for k in labels], 1)
             yield g
+
+
+def _etcd_families(watches: dict, leases: dict | None):
+    if watches:
+        connected = GaugeMetricFamily(f"{PREFIX}_etcd_watch_connected", "1 while the etcd watch "
+                                      "has a stream established, by watch.", labels=["watch"])
+        reconnects = CounterMetricFamily(f"{PREFIX}_etcd_watch_reconnects", "etcd watch streams "
+                                         "broken and resumed (etcd restarted, unreachable, "
+                                         "failed over), by watch.", labels=["watch"])
+        resyncs = CounterMetricFamily(f"{PREFIX}_etcd_watch_resyncs", "Full re-lists after the "
+                                      "watched revision was compacted away, by watch.",
+                                      labels=["watch"])
+        for name, w in sorted(watches.items()):
+            connected.add_metric([name], int(bool(w.get("connected"))))
+            reconnects.add_metric([name], w.get("reconnects", 0))
+            resyncs.add_metric([name], w.get("resyncs", 0))
+        yield from (connected, reconnects, resyncs)
+    if leases:
+        for name, what in (("renewals", "Renewals of this host's subnet lease."),
+                           ("reacquisitions", "Leases acquired again after ours was lost in etcd "
+                                              "(deleted, expired, taken)."),
+                           ("races_lost", "Lease creations another node won (a subnet picked "
+                                          "again).")):
+            c = CounterMetricFamily(f"{PREFIX}_lease_{name}", what)
+            c.add_metric([], leases.get(name, 0))
+            yield c
 
 
 def make_registry(source: MetricsSource) -> CollectorRegistry:
@@ -204,6 +275,7 @@ class DaemonSource(MetricsSource):
 
     def __init__(self, daemon):
         self.daemon = daemon
+        self._carried = CarriedCounters()     # etcd health counts across replaced watches
 
     def engine_stats(self):
         with self.daemon.lock:
@@ -248,3 +320,50 @@ class DaemonSource(MetricsSource):
         with self.daemon.lock:
             engine = self.daemon.engine
             return engine.trace_events(after) if engine is not None else []
+
+    def trace_remote(self):
+        return self.daemon.opts.trace_remote
+
+    def readiness(self):
+        """/readyz: a lease that has not expired, a forwarding engine with its flannel0, and the
+        peer watch connected to etcd (else routes go stale unnoticed)."""
+        d = self.daemon
+        lease, engine = d.current_lease(), d.engine
+        w = d.peer_watcher
+        watch = w.watch_loop if w is not None else None
+        checks = {"lease": None, "engine": None, "etcd_watch": None}
+        if lease is None:
+            checks["lease"] = "no lease acquired yet"
+        elif lease.expiration and lease.expiration <= time.time():
+            checks["lease"] = f"lease {lease.subnet} expired at {when(lease.expiration)}"
+        ended = engine.ended() if engine is not None else []
+        if engine is None:
+            checks["engine"] = "not started yet"
+        elif ended:
+            checks["engine"] = f"queue(s) {', '.join(map(str, ended))} stopped"
+        elif not d.tun_attached():
+            checks["engine"] = f"{d.tun_name} was deleted"
+        if watch is None:
+            checks["etcd_watch"] = "peer leases not listed yet"
+        elif not watch.connected.is_set():
+            checks["etcd_watch"] = (f"not connected to etcd, reconnecting ({watch.reconnects} "
+                                    "reconnect(s) so far)")
+        return checks
+
+    def etcd_watches(self):
+        d = self.daemon
+        out = {}
+        for name, owner in (("subnets", d.peer_watcher), ("config", d.config_watcher),
+                            ("own_lease", d.subnets)):
+            watch = owner.watch_loop if owner is not None else None
+            counts = self._carried.read(f"watch {name}", watch, ("reconnects", "resyncs"))
+            if watch is not None or any(counts.values()):
+                out[name] = {"connected": watch is not None and watch.connected.is_set(), **counts}
+        return out
+
+    def lease_counts(self):
+        if self.daemon.subnets is None:
+            return None
+        return self._carried.read("lease", self.daemon.subnets, ("renewals", "reacquisitions",
+                                                                 "races_lost"))
+

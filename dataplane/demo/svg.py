@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
+from ..host.atomicfile import write_atomic
+
 W, H = 940, 640
 COL_A, COL_B = 80, 520          # left edges of the two host columns
 COL_W = 380
@@ -138,6 +140,5 @@ def render(result: dict) -> str:
 
 
 def write(result: dict, path: str) -> str:
-    with open(path, "w") as f:
-        f.write(render(result))
+    write_atomic(path, render(result))
     return path

@@ -6,5 +6,6 @@
 * ``firewall.py`` the iptables/nftables rules of --ip-masq and --iptables-forward-rules;
 * ``udpsock.py``  the UDP sockets, one per queue (SO_REUSEPORT, steered by the inner flow);
 * ``queues.py``   how many queues;
-* ``offload.py``  probing and switching on the kernel offloads (TSO/USO, UDP GSO/GRO).
+* ``offload.py``  probing and switching on the kernel offloads (TSO/USO, UDP GSO/GRO);
+* ``atomicfile.py`` writing a file others read (subnet.env, results) in one rename.
 """

@@ -336,9 +336,10 @@ class Overlay:
         return wait_for(lambda: self.ping(src, dst, count=1, wait=0.5)["received"] == 1,
                         timeout, interval=0.1)
 
-    def healthz(self, host, path: str = "/healthz", port: int | None = None) -> tuple[int, str]:
-        """GET a path of the host's healthz server (from inside the host)."""
-        url = f"http://127.0.0.1:{port or self.healthz_port}{path}"
+    def healthz(self, host, path: str = "/healthz", port: int | None = None,
+                addr: str = "127.0.0.1") -> tuple[int, str]:
+        """GET a path of a healthz server at ``addr`` (default: the host's own), from inside the host."""
+        url = f"http://{addr}:{port or self.healthz_port}{path}"
         code = ("import sys,urllib.request,urllib.error\n"
                 "try:\n r=urllib.request.urlopen(sys.argv[1],timeout=5); print(r.status); "
                 "sys.stdout.write(r.read().decode())\n"

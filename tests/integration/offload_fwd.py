@@ -24,6 +24,7 @@ import socket
 import threading
 
 from dataplane.host import netconf, tun
+from dataplane.host.atomicfile import write_atomic
 from dataplane.engine import OFF_TUN_VNET, Route, create_engine
 
 
@@ -42,10 +43,7 @@ def probe_tun_offload(fd: int) -> int:
 
 
 def _write_json(path: str, obj: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj))
 
 
 def main() -> int:

@@ -29,6 +29,8 @@ import socket
 import struct
 import threading
 
+from dataplane.host.atomicfile import write_atomic
+
 SOL_UDP, UDP_SEGMENT, UDP_GRO = 17, 103, 104
 SOCKBUF = 4 << 20
 MTU = 1472
@@ -188,9 +190,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stats = (run_rx if a.mode == "rx" else run_gso_relay)(a, stop)
-    with open(a.stats + ".tmp", "w") as f:
-        json.dump(stats, f)
-    os.replace(a.stats + ".tmp", a.stats)
+    write_atomic(a.stats, json.dumps(stats))
     return 0
 
 
