@@ -9,7 +9,8 @@ Another node (192.168.77.99, not a host here) takes h0's subnet while h0's daemo
 more file descriptors (its RLIMIT_NOFILE lowered to what it holds, with prlimit): the netlink
 socket that would move flannel0's address cannot be opened, as on a host out of descriptors.
 The daemon must log it with what to do, count it and keep running on its old engine; once the
-limit is back, the next try completes the move.
+limit is back, the next try completes the move. Unit tests with fakes cover each step
+(tests/unit/test_lease_move_failures.py).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import time
 
 import pytest
 
-from dataplane.lease import LeaseAttrs
+from dataplane.control.lease import LeaseAttrs
 from tests.conftest import require
 from tests.integration.conftest import overlay_of, wait_until
 

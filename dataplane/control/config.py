@@ -19,7 +19,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 log = logging.getLogger(__name__)
 
@@ -196,70 +196,53 @@ def _backend(fields: dict) -> tuple[str, int, Optional[dict]]:
     return btype, port, be
 
 
-def _check_ipv4(network: Optional[IPv4Network], subnet_len: int,
-                smin: Optional[IPv4Address], smax: Optional[IPv4Address]):
-    """flanneld's `CheckNetworkConfig`, IPv4 half. Returns (subnet_len, subnet_min, subnet_max)."""
+class _Family(NamedTuple):
+    """What flanneld's `CheckNetworkConfig` varies between its IPv4 and IPv6 halves."""
+    bits: int
+    address: type
+    name: str            # "" or "IPv6": prefixes the config keys in messages
+    longest_subnet: int  # SubnetLen must be below this + 1
+    longest_network: int  # the smallest useful network's prefix length
+    default_len: int     # SubnetLen when unset, for networks of default_len - 2 or shorter
+    too_small_word: str  # how flanneld names the network in its "too small" message
+
+
+_IPV4 = _Family(32, IPv4Address, "", 30, 28, 24, "network")
+_IPV6 = _Family(128, IPv6Address, "IPv6", 126, 124, 64, "IPv6Network")
+
+
+def _check_range(fam: _Family, network, subnet_len: int, smin, smax):
+    """flanneld's `CheckNetworkConfig` for one family. Returns (subnet_len, subnet_min, subnet_max)."""
+    p = fam.name
     if network is None:
-        raise ConfigError("please define a correct Network parameter in the flannel config")
+        raise ConfigError(f"please define a correct {p}Network parameter in the flannel config")
     plen = network.prefixlen
     if subnet_len > 0:
-        if subnet_len > 30:
-            raise ConfigError("SubnetLen must be less than /31")
+        if subnet_len > fam.longest_subnet:
+            raise ConfigError(f"SubnetLen must be less than /{fam.longest_subnet + 1}")
         if subnet_len < plen + 2:
             raise ConfigError("network must be able to accommodate at least four subnets")
     else:
-        if plen > 28:
-            raise ConfigError("network is too small. Minimum useful network prefix is /28")
-        subnet_len = 24 if plen <= 22 else plen + 2
-    size = 1 << (32 - subnet_len)
+        if plen > fam.longest_network:
+            raise ConfigError(f"{fam.too_small_word} is too small. Minimum useful network prefix "
+                              f"is /{fam.longest_network}")
+        subnet_len = fam.default_len if plen <= fam.default_len - 2 else plen + 2
+    size = 1 << (fam.bits - subnet_len)
     net_ip = int(network.network_address)
-    # An explicit 0.0.0.0 counts as unset (Go compares against the zero IP4).
+    # An explicit all-zero address counts as unset (Go compares against the zero IP).
     if smin is None or int(smin) == 0:
-        smin = IPv4Address(net_ip + size)
+        smin = fam.address(net_ip + size)
     elif smin not in network:
-        raise ConfigError("SubnetMin is not in the range of the Network")
+        raise ConfigError(f"{p}SubnetMin is not in the range of the {p}Network")
     if smax is None or int(smax) == 0:
-        smax = IPv4Address(net_ip + network.num_addresses - size)
+        smax = fam.address(net_ip + network.num_addresses - size)
     elif smax not in network:
-        raise ConfigError("SubnetMax is not in the range of the Network")
-    mask = (0xFFFFFFFF << (32 - subnet_len)) & 0xFFFFFFFF
+        raise ConfigError(f"{p}SubnetMax is not in the range of the {p}Network")
+    mask = ((1 << fam.bits) - 1) ^ (size - 1)
     if int(smin) & mask != int(smin):
-        raise ConfigError(f"SubnetMin is not on a SubnetLen boundary: {smin}")
+        raise ConfigError(f"{p}SubnetMin is not on a {p}SubnetLen boundary: {smin}")
     if int(smax) & mask != int(smax):
-        raise ConfigError(f"SubnetMax is not on a SubnetLen boundary: {smax}")
-    return subnet_len, smin, smax
-
-
-def _check_ipv6(network: Optional[IPv6Network], subnet_len: int,
-                smin: Optional[IPv6Address], smax: Optional[IPv6Address]):
-    """The IPv6 half of `CheckNetworkConfig` (/127, /124 minimum, default /64)."""
-    if network is None:
-        raise ConfigError("please define a correct IPv6Network parameter in the flannel config")
-    plen = network.prefixlen
-    if subnet_len > 0:
-        if subnet_len > 126:
-            raise ConfigError("SubnetLen must be less than /127")
-        if subnet_len < plen + 2:
-            raise ConfigError("network must be able to accommodate at least four subnets")
-    else:
-        if plen > 124:
-            raise ConfigError("IPv6Network is too small. Minimum useful network prefix is /124")
-        subnet_len = 64 if plen <= 62 else plen + 2
-    size = 1 << (128 - subnet_len)
-    net_ip = int(network.network_address)
-    if smin is None or int(smin) == 0:
-        smin = IPv6Address(net_ip + size)
-    elif smin not in network:
-        raise ConfigError("IPv6SubnetMin is not in the range of the IPv6Network")
-    if smax is None or int(smax) == 0:
-        smax = IPv6Address(net_ip + network.num_addresses - size)
-    elif smax not in network:
-        raise ConfigError("IPv6SubnetMax is not in the range of the IPv6Network")
-    mask = ((1 << 128) - 1) ^ (size - 1)
-    if int(smin) & mask != int(smin):
-        raise ConfigError(f"IPv6SubnetMin is not on a IPv6SubnetLen boundary: {smin}")
-    if int(smax) & mask != int(smax):
-        raise ConfigError(f"IPv6SubnetMax is not on a IPv6SubnetLen boundary: {smax}")
+        raise ConfigError(f"{p}SubnetMax is not on a {p}SubnetLen boundary: {smax}")
     return subnet_len, smin, smax
 
 
@@ -305,10 +288,10 @@ def _parse_config(text: "str | bytes") -> NetworkConfig:
 
     subnet_len, smin, smax = f.get("SubnetLen", 0), f.get("SubnetMin"), f.get("SubnetMax")
     if enable4:
-        subnet_len, smin, smax = _check_ipv4(network, subnet_len, smin, smax)
+        subnet_len, smin, smax = _check_range(_IPV4, network, subnet_len, smin, smax)
     len6, min6, max6 = f.get("IPv6SubnetLen", 0), f.get("IPv6SubnetMin"), f.get("IPv6SubnetMax")
     if enable6:
-        len6, min6, max6 = _check_ipv6(net6, len6, min6, max6)
+        len6, min6, max6 = _check_range(_IPV6, net6, len6, min6, max6)
 
     # Checks of this daemon, after flanneld's own.
     if not enable4 and not enable6:
