@@ -23,7 +23,9 @@ Flow, in the order the code appears in :meth:`PyEngine._run`:
                   then per datagram: checks, TTL - 1, write() to the TUN
   4. the loop     epoll, adopt a new route table, then alternate the two
                   directions one batch each while there is work (at most
-                  ROUNDS times before polling again, so the stop fd is seen)
+                  ROUNDS times before polling again, so the stop fd is seen);
+                  it ends on stop() or when the TUN is gone (EBADFD), which
+                  ended() reports and on_end() callbacks hear at once
 
 Where it differs from the C engine, by design: the counters of
 api.SYSCALL_STATS (one sendto/recv per packet instead of sendmmsg/recvmmsg),
@@ -52,7 +54,7 @@ import threading
 import time
 
 from .. import ipv4
-from .api import DEFAULT_BATCH, Engine, EngineClosed
+from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
 from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS,
                        TRACE_RING)
 from .pytable import RouteTable, str_to_int
@@ -115,6 +117,7 @@ class PyEngine(Engine):
         self._closed = False
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._end: Ended | None = None
         self._tracing = False
         self._icmp_limit = (ICMP_RATE_DEFAULT, ICMP_BURST_DEFAULT)   # one tuple: atomic
         self._trace_seq = 0
@@ -247,12 +250,20 @@ class PyEngine(Engine):
         self._ring.append((self._trace_seq, time.monotonic_ns(), kind, length, addr, port,
                            batch, bytes(head[:TRACE_HEAD]) if head is not None else b""))
 
+    def _end_reason(self) -> Ended:
+        return self._end or Ended("stopped")
+
     def _run_guarded(self):
+        end = Ended("error")
         try:
-            self._run()
+            end = self._run()
         except BaseException as e:  # the thread must not die silently
             self._error = e
+            end = Ended("error", getattr(e, "errno", None) or 0)
             log.exception("pyengine loop failed")
+        finally:
+            self._end = end
+            self._loop_ended()
 
     def _run(self):
         c = self._c
@@ -277,6 +288,7 @@ class PyEngine(Engine):
         rx_len = [0] * nbatch
         rx_src = [None] * nbatch
         routes = _EMPTY
+        gone = 0                      # errno that says the TUN has no device (dataplane.h)
         tat = 0                       # ICMP rate limit state (dataplane.h), ns
         now = 0                       # monotonic ns, read once per TUN batch
 
@@ -309,6 +321,12 @@ class PyEngine(Engine):
             tat += interval
             return True
 
+        def tun_write_failed(err, length):
+            nonlocal gone
+            if err == errno.EBADFD:   # the tun driver's answer once the device is gone
+                gone = err
+            drop(_tun_write_drop(err), length)
+
         def icmp_error(buf, length, type_):
             if not icmp_allowed():
                 return
@@ -318,7 +336,7 @@ class PyEngine(Engine):
             try:
                 w = tun_write(pkt)
             except OSError as e:
-                drop(_tun_write_drop(e.errno), len(pkt))
+                tun_write_failed(e.errno, len(pkt))
                 return
             if w is None:             # EAGAIN: FileIO reports it as None
                 drop(DROP_TUN_FULL, len(pkt))
@@ -329,7 +347,8 @@ class PyEngine(Engine):
 
         # -- 2. TUN -> UDP ---------------------------------------------------
         def tun_batch():
-            """Returns (more, error): more if the TUN may have more right now."""
+            """Returns (more, err): more if the TUN may have more right now, err
+            the errno of a failed read (else 0)."""
             nonlocal now
             take_routes()
             now = monotonic_ns()
@@ -341,14 +360,14 @@ class PyEngine(Engine):
             n = m = 0
             reads = 0
             rx_pk = rx_by = 0
-            more, error = True, False
+            more, err = True, 0
             while n < nbatch:
                 buf = tx_bufs[m]
                 reads += 1
                 try:
                     r = readinto(buf)
-                except OSError:
-                    more, error = False, True
+                except OSError as e:
+                    more, err = False, e.errno or errno.EIO
                     break
                 if r is None:          # EAGAIN
                     more = False
@@ -435,7 +454,7 @@ class PyEngine(Engine):
             c[UDP_TX_BYTES] += tx_by
             if n:
                 c[TX_BATCHES] += 1
-            return more, error
+            return more, err
 
         # -- 3. UDP -> TUN ---------------------------------------------------
         def udp_batch():
@@ -503,7 +522,7 @@ class PyEngine(Engine):
                 try:
                     w = tun_write(rx_views[i][:length])
                 except OSError as e:
-                    drop(_tun_write_drop(e.errno), length)
+                    tun_write_failed(e.errno, length)
                     continue
                 if w is None:
                     drop(DROP_TUN_FULL, length)
@@ -521,8 +540,8 @@ class PyEngine(Engine):
             return more
 
         # -- 4. the loop -----------------------------------------------------
-        tun_registered = True
-        while not self._stopping:
+        tun_broken = select.EPOLLERR | select.EPOLLHUP
+        while not self._stopping and not gone:
             c[SYSCALLS] += 1
             c[POLLS] += 1
             events = poll()
@@ -545,17 +564,15 @@ class PyEngine(Engine):
                 if not (tun_more or udp_more):
                     break
                 if tun_more:
-                    tun_more, tun_error = tun_batch()
-                    # A TUN whose device is gone reports ERR/HUP and fails
-                    # every read: take it out of the set rather than spin.
-                    if tun_error and tun_events & (select.EPOLLERR | select.EPOLLHUP) \
-                            and tun_registered:
-                        c[SYSCALLS] += 1
-                        self._ep.unregister(tun_fd)
-                        tun_registered = False
-                if self._stopping:
+                    tun_more, tun_err = tun_batch()
+                    # A TUN whose device is gone fails every read with
+                    # EBADFD (and epoll says ERR): the loop ends (dataplane.h).
+                    if tun_err and (tun_err == errno.EBADFD or tun_events & tun_broken):
+                        gone = tun_err
+                if self._stopping or gone:
                     break
                 if udp_more:
                     udp_more = udp_batch()
-                if self._stopping:
+                if self._stopping or gone:
                     break
+        return Ended("tun_gone", gone) if gone else Ended("stopped")

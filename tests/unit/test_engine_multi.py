@@ -14,7 +14,7 @@ import pytest
 
 from dataplane import ipv4
 from dataplane.engine import EngineClosed, Route, engine_class, multi
-from dataplane.engine.api import STAT_NAMES
+from dataplane.engine.api import STAT_NAMES, Ended
 from dataplane.udpsock import open_udp_sockets
 from tests.engine_harness import assert_forwarded, behaviour_stats, big_rcvbuf
 
@@ -178,11 +178,11 @@ def test_stop_and_close_are_idempotent(queues):
     e = queues.engine
     e.set_routes([queues.route()])
     e.start()
-    assert e.ended() == []
+    assert e.ended() == {}
     e.stop()
     e.stop()
     assert e.join(5)
-    assert e.ended() == list(range(QUEUES))
+    assert e.ended() == {i: Ended("stopped") for i in range(QUEUES)}
     e.close()
     e.close()
     with pytest.raises(EngineClosed):
