@@ -79,10 +79,11 @@
  *   again datagram by datagram, each meeting its own fate as in step 5
  *   (udp_gso_fallbacks += 1 per such train). Only EIO turns UDP_GSO off, for
  *   the rest of this loop's life and for every peer (dp_loop_state then
- *   reports the bit cleared): the kernel's udp_send_skb() answers EIO when
- *   the route's device has no tx checksumming, which segmentation cannot do
- *   without. EINVAL (a segment over one peer's path MTU, SO_NO_CHECK) and
- *   any other refusal concern that send only: GSO stays on.
+ *   reports the bit cleared): the kernel answers EIO when it cannot segment
+ *   on that path at all (UDP-Lite, IPsec, on older kernels a device without
+ *   tx checksumming). EMSGSIZE or EINVAL (a segment over one peer's path
+ *   MTU, SO_NO_CHECK) and any other refusal concern that send only: GSO
+ *   stays on.
  *
  * Checks are made in exactly the order listed; a packet is counted in the
  * first drop reason it meets and in no other. The inner packet's source

@@ -176,11 +176,12 @@ static uint32_t trains_build(struct dp_loop *l, uint32_t m)
 /* One sendmmsg() of trains. A refused train is sent again as plain
  * messages (a single one is just dropped, as by udp_send_plain), so each of
  * its datagrams meets the fate it would have had without GSO. Only EIO
- * means the kernel cannot segment here at all (the route's device has no tx
- * checksum offload, which UDP_SEGMENT needs, as wireguard-go reads it too):
- * then UDP_GSO goes off for this loop and everything from that train on goes
- * out plain. EINVAL is about this send alone (a segment over one peer's
- * path MTU, SO_NO_CHECK): the next train may well go through. */
+ * means the kernel cannot segment on this path at all (udp_send_skb(): a
+ * UDP-Lite socket, an IPsec route, and on older kernels a device without tx
+ * checksumming): then UDP_GSO goes off for this loop and everything from
+ * that train on goes out plain. EMSGSIZE (a segment over one peer's path
+ * MTU; EINVAL on older kernels), EINVAL (SO_NO_CHECK) and the rest are
+ * about this send alone: the next train may well go through. */
 static void udp_send_gso(struct dp_loop *l, uint32_t m)
 {
     uint32_t nt = trains_build(l, m), t = 0, j, k, first, n;
