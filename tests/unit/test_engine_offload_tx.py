@@ -373,7 +373,7 @@ def _udplite(bind=True) -> socket.socket:
 
 def test_udp_gso_eio_turns_gso_off_for_good(engine_kind):
     """EIO is the kernel's "no segmentation on this path" (udp_send_skb():
-    UDP-Lite, IPsec; before Linux 6.11 also a device without tx checksumming).
+    UDP-Lite, IPsec; on older kernels also a device without tx checksumming).
     A UDP-Lite socket as the engine's makes every UDP_SEGMENT send fail so:
     the C engine resends that train plain, counts it, and sends plain from
     then on (offloads_in_use() without OFF_UDP_GSO); nothing is lost. The
