@@ -95,15 +95,16 @@ class Engine(abc.ABC):
         self.port = int(port)
         self.batch = int(batch)
         self.accept_any = bool(accept_any)
+        self._end: Ended | None = None
         self._end_lock = threading.Lock()
         self._end_callbacks: list | None = []     # None once the loop has ended
 
     def ended(self) -> Ended | None:
-        """None while the loop runs; else why it is not running."""
-        return None if not self.join(0) else self._end_reason()
-
-    def _end_reason(self) -> Ended:
-        return Ended("stopped")
+        """None while the loop runs; else why it is not running. Set before the
+        on_end() callbacks run, so that they and whoever they wake see it."""
+        if self._end is not None:
+            return self._end
+        return Ended("stopped") if self.join(0) else None     # never started
 
     def on_end(self, callback) -> None:
         """Call ``callback(engine)`` once the loop has ended, whatever the reason:
@@ -115,8 +116,9 @@ class Engine(abc.ABC):
                 return
         callback(self)
 
-    def _loop_ended(self) -> None:
-        """The loop thread's last act: the callbacks of on_end()."""
+    def _loop_ended(self, end: Ended) -> None:
+        """The loop thread's last act: record why, then the callbacks of on_end()."""
+        self._end = end
         with self._end_lock:
             callbacks, self._end_callbacks = self._end_callbacks or [], None
         for cb in callbacks:

@@ -76,7 +76,6 @@ class CEngine(Engine):
         # Guards _loop against free while another thread is in a C call.
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
-        self._end: Ended | None = None
         self._loop = None
         self._events = ffi.new("dp_trace_event[]", TRACE_RING)
         pp = ffi.new("dp_loop **")
@@ -114,11 +113,7 @@ class CEngine(Engine):
         lib.dp_loop_run(loop)
         state = ffi.new("dp_state *")
         lib.dp_loop_state(loop, state)
-        self._end = Ended(END_KINDS.get(state.end, str(state.end)), state.err)
-        self._loop_ended()
-
-    def _end_reason(self) -> Ended:
-        return self._end or Ended("stopped")
+        self._loop_ended(Ended(END_KINDS.get(state.end, str(state.end)), state.err))
 
     def stop(self) -> None:
         with self._lock:

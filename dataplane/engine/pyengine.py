@@ -117,7 +117,6 @@ class PyEngine(Engine):
         self._closed = False
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._end: Ended | None = None
         self._tracing = False
         self._icmp_limit = (ICMP_RATE_DEFAULT, ICMP_BURST_DEFAULT)   # one tuple: atomic
         self._trace_seq = 0
@@ -250,9 +249,6 @@ class PyEngine(Engine):
         self._ring.append((self._trace_seq, time.monotonic_ns(), kind, length, addr, port,
                            batch, bytes(head[:TRACE_HEAD]) if head is not None else b""))
 
-    def _end_reason(self) -> Ended:
-        return self._end or Ended("stopped")
-
     def _run_guarded(self):
         end = Ended("error")
         try:
@@ -262,8 +258,7 @@ class PyEngine(Engine):
             end = Ended("error", getattr(e, "errno", None) or 0)
             log.exception("pyengine loop failed")
         finally:
-            self._end = end
-            self._loop_ended()
+            self._loop_ended(end)
 
     def _run(self):
         c = self._c
