@@ -20,7 +20,8 @@ Startup, in flanneld's order (docs/flannel-compat.md#process, docs/flannel-compa
 Then the main thread waits for signals: SIGTERM/SIGINT stop the engine,
 close flannel0 (closing the fd removes it), keep the iptables rules (as flanneld) and
 the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd,
-re-acquires a lease without touching the peers' routes.
+re-acquires a lease without touching the peers' routes. flannel0 deleted under us: the engines
+see it (their loops end, engine.on_end wakes us) and we exit 1 at once, for a restart.
 
 Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no
 lease's PublicIP (counted as drop_bad_source, logged at most every 10 s).
@@ -37,7 +38,7 @@ import time
 
 from . import flags as flagmod
 from . import queues as queuemod
-from .engine.api import MTU_MIN
+from .engine.api import MTU_MIN, OFF_UDP_GSO
 from .iface import IfaceError, select_interface
 from .udpsock import SOCKET_BUFFER, open_udp_sockets
 
@@ -104,6 +105,7 @@ class Daemon:
     def __init__(self, opts: flagmod.Options):
         self.opts = opts
         self._stop = threading.Event()
+        self._wake = threading.Event()        # the serve loop's: a signal, or an engine loop ended
         self._reacquire = threading.Event()
         self._pending_lease = None
         self._lock = threading.RLock()        # guards engine, lease, peers, routes
@@ -151,7 +153,7 @@ class Daemon:
         def stop(signum, _frame):
             log.info("Received %s, shutting down (the lease is kept in etcd)",
                      signal.Signals(signum).name)
-            self._stop.set()
+            self.stop()
 
         def hup(_signum, _frame):
             log.info("Received SIGHUP: re-acquiring the lease (peers are kept)")
@@ -168,6 +170,7 @@ class Daemon:
 
     def stop(self):
         self._stop.set()
+        self._wake.set()
 
     def _wait(self, seconds: float) -> None:
         if self._stop.wait(seconds):
@@ -544,7 +547,19 @@ class Daemon:
         last_bad_log = 0.0
         last_drops = None
         last_drop_log = time.monotonic()
-        while not self._stop.wait(MONITOR_PERIOD_S):
+        offloads = self.offload_flags
+        watched = None
+        while True:
+            with self._lock:
+                engine = self.engine
+            if engine is not watched:       # the first engine, and each one a lease move makes
+                engine.on_end(lambda _engine: self._wake.set())
+                watched = engine
+            # every MONITOR_PERIOD_S, and at once when a loop ends (flannel0 deleted)
+            self._wake.wait(MONITOR_PERIOD_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return 0
             with self._lock:
                 pending, self._pending_lease = self._pending_lease, None
             if pending is not None:
@@ -563,20 +578,29 @@ class Daemon:
             with self._lock:
                 engine = self.engine
             ended = engine.ended()
+            gone = [i for i, why in ended.items() if why.tun_gone]
+            if gone:
+                log.error("%s was deleted from under the daemon (queue(s) %s: %s): nothing can be "
+                          "forwarded; exiting with status 1 so that the service manager restarts "
+                          "the daemon (the lease is kept)", self.tun_name,
+                          ", ".join(map(str, gone)), ended[gone[0]])
+                return 1
             if ended:
                 log.error("The %s forwarding engine stopped unexpectedly (queue(s) %s of %d); "
                           "exiting so that the service manager restarts the daemon (the lease "
-                          "is kept)", engine.name, ", ".join(map(str, ended)), len(engine))
-                return 1
-            if not self._tun_attached():
-                log.error("%s was deleted from under the daemon (its fd no longer has a device): "
-                          "nothing can be forwarded; exiting with status 1 so that the service "
-                          "manager restarts the daemon (the lease is kept)", self.tun_name)
+                          "is kept)", engine.name,
+                          ", ".join(f"{i}: {why}" for i, why in ended.items()), len(engine))
                 return 1
             try:
                 st = engine.stats()
+                in_use = engine.offloads_in_use()
             except Exception:
                 continue
+            if offloads & OFF_UDP_GSO and not in_use & OFF_UDP_GSO:
+                log.warning("UDP GSO is off from now on: the kernel cannot segment on this path "
+                            "(EIO), so datagrams go out one by one (flannel_udp_offload_enabled"
+                            '{offload="udp_gso"} is 0)')
+            offloads = in_use
             bad = st.get("drop_bad_source", 0)
             now = time.monotonic()
             if bad > last_bad and now - last_bad_log >= BAD_SOURCE_LOG_EVERY_S:
@@ -593,16 +617,6 @@ class Daemon:
                         log.info("Drops in the last %.0f s: %s", now - last_drop_log,
                                  ", ".join(f"{k[5:]}={v}" for k, v in sorted(delta.items())))
                 last_drops, last_drop_log = drops, now
-        return 0
-
-    def _tun_attached(self) -> bool:
-        from .tun import tun_attached
-        try:
-            # Every queue is detached with the device; asking the first suffices.
-            return not self.tun_fds or tun_attached(self.tun_fds[0])
-        except OSError as e:          # not a verdict: never exit on an unexpected answer
-            log.debug("TUNGETIFF on %s: %s", self.tun_name, e)
-            return True
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):
@@ -653,7 +667,15 @@ class Daemon:
         return len(self.engine) if self.engine is not None else 0
 
     def offloads_enabled(self):
-        return self.offloads.enabled() if self.offloads is not None else {}
+        if self.offloads is None:
+            return {}
+        with self._lock:
+            engine = self.engine
+            try:
+                in_use = engine.offloads_in_use() if engine is not None else None
+            except OSError:                 # closed while shutting down: as decided
+                in_use = None
+        return self.offloads.enabled(in_use)
 
     def bad_leases(self):
         w = self.peer_watcher
@@ -690,13 +712,13 @@ class Daemon:
             checks["lease"] = "no lease acquired yet"
         elif lease.expiration and lease.expiration <= time.time():
             checks["lease"] = f"lease {lease.subnet} expired at {_when(lease.expiration)}"
-        ended = engine.ended() if engine is not None else []
+        ended = engine.ended() if engine is not None else {}
         if engine is None:
             checks["engine"] = "not started yet"
+        elif any(why.tun_gone for why in ended.values()):
+            checks["engine"] = f"{self.tun_name} was deleted"
         elif ended:
             checks["engine"] = f"queue(s) {', '.join(map(str, ended))} stopped"
-        elif not self._tun_attached():
-            checks["engine"] = f"{self.tun_name} was deleted"
         if watch is None:
             checks["etcd_watch"] = "peer leases not listed yet"
         elif not watch.connected.is_set():

@@ -185,7 +185,8 @@ _HELP = {
     "batches": "Batched syscalls (sendmmsg/recvmmsg or equivalent) by direction.",
     "offload_ops": "Offloaded operations, by op: tun_rx_gso (super-packets read from flannel0 "
                    "and segmented), udp_tx_gso (sends of a train of datagrams), udp_rx_gro "
-                   "(receives holding a train), tun_tx_gso (coalesced writes into flannel0).",
+                   "(receives holding a train), tun_tx_gso (coalesced writes into flannel0), "
+                   "udp_gso_fallbacks (trains the kernel refused, sent again one by one).",
 }
 
 
@@ -236,7 +237,8 @@ class DaemonCollector:
         offloads = self.source.offloads_enabled()
         if offloads:
             g = GaugeMetricFamily(f"{PREFIX}_offload_enabled", "Kernel offloads switched on "
-                                  "(1) or not (0), decided at start (--offload).",
+                                  "(1) or not (0): decided at start (--offload); udp_gso goes "
+                                  "to 0 if the kernel later cannot segment (EIO).",
                                   labels=["offload"])
             for name, on in offloads.items():
                 g.add_metric([name], 1 if on else 0)
