@@ -272,7 +272,7 @@ for name, ip in (("a", A), ("b", "127.0.0.1")):
     s.settimeout(3)
     peers[name] = s
 engine = create_engine(sys.argv[1], tun_fd=tun_engine.fileno(), udp_fd=udp.fileno(),
-                       tun_addr="10.5.1.0", mtu=1472, port=8285)
+                       tun_addr="10.5.1.0", mtu=1472)
 engine.set_offloads(OFF_UDP_GSO if sys.argv[1] == "c" else 0)
 engine.set_routes([Route.make("10.5.2.0/24", *peers["a"].getsockname()),
                    Route.make("10.5.3.0/24", *peers["b"].getsockname())])

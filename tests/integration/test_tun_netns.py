@@ -21,8 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 _CHILD = r"""
 import errno, json, os, subprocess
-from dataplane import netconf
-from dataplane.tun import open_tun
+from dataplane.host import netconf
+from dataplane.host.tun import open_tun
 
 def links():
     return {l["ifname"]: l for l in json.loads(subprocess.check_output(["ip", "-j", "link"]))}
@@ -102,9 +102,9 @@ def test_open_tun_configure_and_close_removes(netns):
 # `ip link del flannel0`: how long until the engine says so (on_end), and why.
 _GONE_CHILD = r"""
 import json, os, socket, subprocess, sys, threading, time
-from dataplane import netconf
 from dataplane.engine import engine_class, multi
-from dataplane.tun import open_tun_queues
+from dataplane.host import netconf
+from dataplane.host.tun import open_tun_queues
 
 kind, queues = sys.argv[1], int(sys.argv[2])
 fds, name = open_tun_queues("flannel%d", queues)
@@ -113,7 +113,7 @@ socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in fds]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 engine = multi.create(engine_class(kind), fds, [s.fileno() for s in socks],
-                      tun_addr="10.5.84.0", mtu=1472, port=8285)
+                      tun_addr="10.5.84.0", mtu=1472)
 told = threading.Event()
 engine.on_end(lambda e: told.set())
 engine.start()

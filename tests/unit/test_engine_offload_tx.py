@@ -18,7 +18,7 @@ import struct
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import OFF_TUN_VNET, OFF_UDP_GSO, Route, create_engine
 from tests import gso_packets as gp
 from tests.conftest import require, require_engine
@@ -385,7 +385,7 @@ def test_udp_gso_eio_turns_gso_off_for_good(engine_kind):
     big_rcvbuf(peer)
     peer.settimeout(5)
     engine = create_engine(engine_kind, tun_fd=tun_engine.fileno(), udp_fd=udp.fileno(),
-                           tun_addr="10.5.1.0", mtu=1472, port=8285, batch=64)
+                           tun_addr="10.5.1.0", mtu=1472, batch=64)
     try:
         offloads = OFF_UDP_GSO if engine_kind == "c" else 0
         engine.set_offloads(offloads)

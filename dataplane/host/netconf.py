@@ -1,4 +1,5 @@
-"""Netlink configuration of the TUN device and lookups of interfaces (pyroute2).
+"""Netlink configuration of the TUN device and lookups of interfaces (pyroute2), and the one
+sysctl flannel0 needs (accept_local).
 
 What flanneld does after opening the TUN (docs/flannel-compat.md#tun-device): address
 ``<lease network>/32``, MTU = external interface MTU - 28, link up, then one
@@ -27,7 +28,7 @@ def _ipr() -> IPRoute:
         asyncio.get_running_loop()
     except RuntimeError:
         return IPRoute()
-    raise RuntimeError("dataplane.netconf uses pyroute2's sync IPRoute, which must not run inside "
+    raise RuntimeError("dataplane.host.netconf uses pyroute2's sync IPRoute, which must not run inside "
                        "an asyncio loop: call it with asyncio.to_thread(...)")
 
 
@@ -52,6 +53,26 @@ def configure_tun(name: str, addr, mtu: int) -> None:
                 raise
         ipr.link("set", index=idx, mtu=int(mtu))
         ipr.link("set", index=idx, state="up")
+
+
+def remove_address(name: str, addr) -> None:
+    """Remove ``addr`` (an IPv4Interface or ``"10.5.84.0/32"``) from ``name``: flannel0's old
+    address when the lease moves to another subnet."""
+    iface = ipaddress.IPv4Interface(addr)
+    with _ipr() as ipr:
+        ipr.addr("del", index=_index(ipr, name), address=str(iface.ip),
+                 prefixlen=iface.network.prefixlen)
+
+
+def set_accept_local(name: str) -> None:
+    """Accept packets whose source is a local address on ``name`` (a sysctl, not netlink).
+
+    The engine's ICMP net-unreachable comes back through flannel0 with the source <lease net>
+    (flannel0's own address). The kernel drops a packet whose source is a local address as a
+    martian unless accept_local is set on the receiving device, so without this the ICMP
+    (flanneld's included) never reaches the sender. Only this device is touched."""
+    with open(f"/proc/sys/net/ipv4/conf/{name}/accept_local", "w") as f:
+        f.write("1")
 
 
 def add_network_route(network, dev: str) -> bool:
