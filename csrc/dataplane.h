@@ -76,9 +76,14 @@
  *   peer:port of one length (the last may be shorter) go as one message
  *   with UDP_SEGMENT = that length, at most 64 datagrams and 65000 bytes
  *   (udp_tx_gso += 1 per such train of >= 2). A refused train is sent
- *   again datagram by datagram, each meeting its own fate as in step 5;
- *   when the kernel cannot segment at all (EIO, EINVAL) UDP_GSO stays off
- *   for the rest of this loop's life.
+ *   again datagram by datagram, each meeting its own fate as in step 5
+ *   (udp_gso_fallbacks += 1 per such train). Only EIO turns UDP_GSO off, for
+ *   the rest of this loop's life and for every peer (dp_loop_state then
+ *   reports the bit cleared): the kernel answers EIO when it cannot segment
+ *   on that path at all (UDP-Lite, IPsec, on older kernels a device without
+ *   tx checksumming). EMSGSIZE or EINVAL (a segment over one peer's path
+ *   MTU, SO_NO_CHECK) and any other refusal concern that send only: GSO
+ *   stays on.
  *
  * Checks are made in exactly the order listed; a packet is counted in the
  * first drop reason it meets and in no other. The inner packet's source
@@ -180,7 +185,8 @@ typedef struct dp_stats {
     uint64_t udp_tx_gso;         /* sends that carried a train of datagrams (DP_OFF_UDP_GSO) */
     uint64_t udp_rx_gro;         /* receives that held a train of datagrams (DP_OFF_UDP_GRO) */
     uint64_t tun_tx_gso;         /* TUN writes that carried coalesced segments (DP_OFF_TUN_GRO) */
-    uint64_t reserved[31];
+    uint64_t udp_gso_fallbacks;  /* trains refused and sent again one by one (DP_OFF_UDP_GSO) */
+    uint64_t reserved[30];
 } dp_stats;
 
 /* Trace events, recorded only while tracing is on (for the demo). */
@@ -216,8 +222,10 @@ typedef struct dp_loop dp_loop;
 int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
                 uint32_t mtu, uint32_t batch, int accept_any);
 
-/* Runs until dp_loop_stop(); call from a dedicated thread. Returns 0 when
- * stopped, -errno if epoll itself fails. */
+/* Runs until dp_loop_stop() or until the TUN is gone; call from a dedicated
+ * thread. Returns 0 when stopped, -errno when it ended on its own: the
+ * TUN gone (DP_END_TUN_GONE) or epoll failing (DP_END_ERROR). dp_loop_state
+ * says which. */
 int dp_loop_run(dp_loop *loop);
 
 /* Thread-safe, idempotent; the loop returns within one batch. */
@@ -259,6 +267,29 @@ enum dp_offload {
                               that takes VIRTIO_NET_HDR_GSO_UDP_L4: Linux >= 6.2) */
 };
 int dp_loop_set_offloads(dp_loop *loop, uint32_t flags);
+
+/* Why a loop is no longer running (dp_state.end). A TUN fd whose device was
+ * deleted (ip link del) stays open but every read and write on it fails with
+ * EBADFD and epoll reports EPOLLERR: the loop then ends at once rather than
+ * run on blind, so that its caller learns it without polling the device. */
+enum dp_loop_end {
+    DP_END_NONE = 0,       /* running, or not run yet */
+    DP_END_STOPPED = 1,    /* dp_loop_stop() */
+    DP_END_TUN_GONE = 2,   /* a TUN read or write failed with EBADFD, or a read
+                              failed while epoll reported EPOLLERR/EPOLLHUP */
+    DP_END_ERROR = 3       /* epoll_wait() itself failed */
+};
+
+/* What a loop is doing now, readable from any thread at any time. */
+typedef struct dp_state {
+    uint32_t end;          /* enum dp_loop_end */
+    uint32_t err;          /* the errno that ended it; 0 for DP_END_NONE/STOPPED */
+    uint32_t offloads;     /* enum dp_offload bits in use now: those of
+                              dp_loop_set_offloads, less DP_OFF_UDP_GSO once the
+                              kernel answered EIO (see DP_OFF_UDP_GSO above) */
+    uint32_t reserved[5];
+} dp_state;
+int dp_loop_state(dp_loop *loop, dp_state *out);
 
 /* Thread-safe on/off switch for the trace ring. */
 int dp_loop_trace(dp_loop *loop, int enable);

@@ -51,6 +51,7 @@ enum dp_stat {
     DP_ST_UDP_TX_GSO,
     DP_ST_UDP_RX_GRO,
     DP_ST_TUN_TX_GSO,
+    DP_ST_UDP_GSO_FALLBACKS,
     DP_ST_COUNT,
     DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
 };

@@ -11,8 +11,9 @@
  *                           one batch each, while there is work, at most
  *                           DP_ROUNDS times, so neither direction nor the
  *                           stop fd starves
+ *                           (and end when the TUN is gone)
  *   3. the public API       new/free/stop/set_routes/stats/trace/
- *                           set_offloads/set_icmp_limit
+ *                           set_offloads/set_icmp_limit/state
  *
  * Everything is allocated in dp_loop_new() (the super-packet buffer and the
  * receive slots again in dp_loop_set_offloads(), before the loop runs); the
@@ -22,6 +23,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -70,6 +72,21 @@ static void wake_drain(struct dp_loop *l)
     }
 }
 
+/* After a TUN batch that ended in a failed read: EBADFD, or any error
+ * while epoll says the fd is broken, means the device is gone. */
+static void tun_read_failed(struct dp_loop *l, uint32_t tun_events)
+{
+    if (l->tun_read_err == EBADFD || (tun_events & (EPOLLERR | EPOLLHUP)))
+        l->tun_gone = l->tun_read_err;
+}
+
+/* Why the loop ended, for dp_loop_state; before `running` drops. */
+static void set_end(struct dp_loop *l, uint32_t end, int err)
+{
+    __atomic_store_n(&l->end_err, (uint32_t)err, __ATOMIC_RELAXED);
+    __atomic_store_n(&l->end, end, __ATOMIC_RELEASE);
+}
+
 int dp_loop_run(dp_loop *l)
 {
     struct epoll_event ev[DP_EPOLL_EVENTS];
@@ -81,8 +98,9 @@ int dp_loop_run(dp_loop *l)
         return -EINVAL;
     if (__atomic_exchange_n(&l->running, 1, __ATOMIC_ACQ_REL))
         return -EBUSY;
+    set_end(l, DP_END_NONE, 0);
 
-    while (!is_stopping(l)) {
+    while (!is_stopping(l) && !l->tun_gone) {
         sys_count(l, DP_ST_POLLS);
         n = epoll_wait(l->ep_fd, ev, DP_EPOLL_EVENTS, -1);
         if (n < 0) {
@@ -111,23 +129,25 @@ int dp_loop_run(dp_loop *l)
         for (round = 0; round < DP_ROUNDS && (tun == DP_IO_MORE || udp == DP_IO_MORE); round++) {
             if (tun == DP_IO_MORE) {
                 tun = dp_tx_batch(l);
-                /* A TUN whose device is gone reports EPOLLERR/HUP and fails
-                 * every read: take it out of the set rather than spin. */
-                if (tun == DP_IO_ERROR && (tun_events & (EPOLLERR | EPOLLHUP))) {
-                    st_add(l, DP_ST_SYSCALLS, 1);
-                    epoll_ctl(l->ep_fd, EPOLL_CTL_DEL, l->tun_fd, NULL);
-                }
+                if (tun == DP_IO_ERROR)
+                    tun_read_failed(l, tun_events);
             }
-            if (is_stopping(l))
+            if (is_stopping(l) || l->tun_gone)
                 break;
             if (udp == DP_IO_MORE)
                 udp = dp_rx_batch(l);
-            if (is_stopping(l))
+            if (is_stopping(l) || l->tun_gone)
                 break;
         }
     }
+    if (rc)
+        set_end(l, DP_END_ERROR, -rc);
+    else if (l->tun_gone)
+        set_end(l, DP_END_TUN_GONE, l->tun_gone);
+    else
+        set_end(l, DP_END_STOPPED, 0);
     __atomic_store_n(&l->running, 0, __ATOMIC_RELEASE);
-    return rc;
+    return rc ? rc : -l->tun_gone;
 }
 
 /* ---- 3. public API ------------------------------------------------------------------ */
@@ -308,7 +328,18 @@ int dp_loop_set_offloads(dp_loop *l, uint32_t flags)
         return rc;
     dp_gro_reset(&l->gro);
     l->gro.udp = (flags & DP_OFF_TUN_GRO_UDP) != 0;
-    l->offloads = flags;
+    __atomic_store_n(&l->offloads, flags, __ATOMIC_RELAXED);
+    return 0;
+}
+
+int dp_loop_state(dp_loop *l, dp_state *out)
+{
+    if (!l || !out)
+        return -EINVAL;
+    memset(out, 0, sizeof(*out));
+    out->end = __atomic_load_n(&l->end, __ATOMIC_ACQUIRE);
+    out->err = __atomic_load_n(&l->end_err, __ATOMIC_RELAXED);
+    out->offloads = __atomic_load_n(&l->offloads, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -327,4 +358,5 @@ _Static_assert(offsetof(dp_stats, drop_tun_error) == DP_ST_DROP_TUN_ERROR * 8, "
 _Static_assert(offsetof(dp_stats, route_swaps) == DP_ST_ROUTE_SWAPS * 8, "stats index");
 _Static_assert(offsetof(dp_stats, icmp_ratelimited) == DP_ST_ICMP_RATELIMITED * 8, "stats index");
 _Static_assert(offsetof(dp_stats, tun_tx_gso) == DP_ST_TUN_TX_GSO * 8, "stats index");
+_Static_assert(offsetof(dp_stats, udp_gso_fallbacks) == DP_ST_UDP_GSO_FALLBACKS * 8, "stats index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");

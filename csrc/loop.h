@@ -12,6 +12,7 @@
 #ifndef DP_LOOP_H
 #define DP_LOOP_H
 
+#include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -30,10 +31,14 @@ struct dp_loop {
     int ep_fd, wake_fd;         /* ours */
     uint32_t mtu, batch;
     uint32_t offloads;          /* enum dp_offload bits; fixed once the loop runs
-                                   (but tx.c may drop DP_OFF_UDP_GSO) */
+                                   (but tx.c may drop DP_OFF_UDP_GSO); written by
+                                   the loop, read by dp_loop_state (atomic) */
 
     int stopping;               /* any thread sets it (release); the loop polls it */
     int running;                /* one dp_loop_run() at a time */
+    int tun_read_err;           /* errno of the batch's failed TUN read (loop thread) */
+    int tun_gone;               /* errno that says the TUN has no device (loop thread) */
+    uint32_t end, end_err;      /* enum dp_loop_end and its errno, for dp_loop_state */
     struct dp_routes *pending;  /* published table, exchanged atomically */
 
     struct dp_path path;        /* counters, table in use, ICMP state, trace */
@@ -101,6 +106,14 @@ static inline void sys_count(struct dp_loop *l, enum dp_stat which)
 {
     st_add(l, DP_ST_SYSCALLS, 1);
     st_add(l, which, 1);
+}
+
+/* A TUN read or write failed with err: EBADFD is the tun driver's answer
+ * for an fd whose device is gone; the loop ends after this batch. */
+static inline void tun_failed(struct dp_loop *l, int err)
+{
+    if (err == EBADFD)
+        l->tun_gone = err;
 }
 
 /* loop.c: adopt a published route table, if any (one relaxed load when

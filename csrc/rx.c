@@ -55,6 +55,8 @@ ssize_t dp_rx_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len)
         sys_count(l, DP_ST_TUN_WRITES);
         w = vnet ? writev(l->tun_fd, iov, 2) : write(l->tun_fd, p, len);
     } while (w < 0 && errno == EINTR);
+    if (w < 0)
+        tun_failed(l, errno);
     return w;
 }
 
@@ -85,6 +87,7 @@ static void gro_flush(struct dp_loop *l)
             w = writev(l->tun_fd, l->gro_iov, (int)niov);
         } while (w < 0 && errno == EINTR);
         err = w < 0 ? errno : 0;
+        tun_failed(l, err);
         for (i = 0; i < g->n; i++)
             dp_path_tun_written(&l->path, g->seg[i], g->len[i], err);
         if (!err)

@@ -175,11 +175,13 @@ static uint32_t trains_build(struct dp_loop *l, uint32_t m)
 
 /* One sendmmsg() of trains. A refused train is sent again as plain
  * messages (a single one is just dropped, as by udp_send_plain), so each of
- * its datagrams meets the fate it would have had without GSO. When the
- * kernel cannot segment at all (EIO: the route's device has no tx checksum
- * offload, which UDP_SEGMENT needs; EINVAL: e.g. SO_NO_CHECK, or a segment
- * over the path MTU) UDP_GSO goes off for this loop and everything from
- * that train on goes out plain. */
+ * its datagrams meets the fate it would have had without GSO. Only EIO
+ * means the kernel cannot segment on this path at all (udp_send_skb(): a
+ * UDP-Lite socket, an IPsec route, and on older kernels a device without tx
+ * checksumming): then UDP_GSO goes off for this loop and everything from
+ * that train on goes out plain. EMSGSIZE (a segment over one peer's path
+ * MTU; EINVAL on older kernels), EINVAL (SO_NO_CHECK) and the rest are
+ * about this send alone: the next train may well go through. */
 static void udp_send_gso(struct dp_loop *l, uint32_t m)
 {
     uint32_t nt = trains_build(l, m), t = 0, j, k, first, n;
@@ -191,17 +193,18 @@ static void udp_send_gso(struct dp_loop *l, uint32_t m)
             err = r < 0 ? errno : 0;
             first = l->trains[t].first;
             n = l->trains[t].n;
-            if (n > 1 && (err == EIO || err == EINVAL)) {
-                l->offloads &= ~(uint32_t)DP_OFF_UDP_GSO;
-                udp_send_plain(l, first, m);
-                return;
-            }
-            /* Any other refusal: each datagram of the train meets its own
-             * fate as a plain message, as it would have without GSO. */
-            if (n > 1)
-                udp_send_plain(l, first, first + n);
-            else
+            if (n == 1) {
                 drop(l, DP_ST_DROP_SEND_ERROR, (uint32_t)l->tx_iov[first].iov_len);
+            } else {
+                st_add(l, DP_ST_UDP_GSO_FALLBACKS, 1);
+                if (err == EIO) {
+                    __atomic_store_n(&l->offloads, l->offloads & ~(uint32_t)DP_OFF_UDP_GSO,
+                                     __ATOMIC_RELAXED);
+                    udp_send_plain(l, first, m);
+                    return;
+                }
+                udp_send_plain(l, first, first + n);
+            }
             t++;
             continue;
         }
@@ -296,6 +299,8 @@ enum dp_io dp_tx_batch(struct dp_loop *l)
             if (errno == EINTR)
                 continue;
             res = (errno == EAGAIN || errno == EWOULDBLOCK) ? DP_IO_IDLE : DP_IO_ERROR;
+            if (res == DP_IO_ERROR)
+                l->tun_read_err = errno;
             break;
         }
         n++;

@@ -239,7 +239,8 @@ def main(args: argparse.Namespace) -> int:
                                               "pid": os.getpid(), "time": time.time(),
                                               "final": final, "stats": total,
                                               "queues": queues, "queue_stats": per_queue,
-                                              "offload": offloads.as_json()})
+                                              "offload": offloads.as_json(
+                                                  engine.offloads_in_use())})
 
         dump(False)
         if args.ready_file:
@@ -249,7 +250,7 @@ def main(args: argparse.Namespace) -> int:
             ended = engine.ended()
             if ended:
                 log.error("the %s engine's loop ended on its own (queue(s) %s); exiting",
-                          engine.name, ", ".join(map(str, ended)))
+                          engine.name, ", ".join(f"{i}: {why}" for i, why in ended.items()))
                 rc = 1
                 break
             dump(False)

@@ -18,7 +18,8 @@ each step is a function of daemon/startup.py::
                                  route table (control/routes.py) -> engine, own lease renewal
    10. READY=1 to systemd        when $NOTIFY_SOCKET is set (daemon/systemd.py)
 
-Then the main thread runs the checks of daemon/monitor.py every second until a signal:
+Then the main thread runs the checks of daemon/monitor.py every second, and at once when an
+engine loop ends (flannel0 deleted: the engine sees it, no polling), until a signal:
 SIGTERM/SIGINT stop the engine, close flannel0 (closing the fd removes it), keep the iptables
 rules (as flanneld) and the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd, re-acquires a
 lease without touching the peers' routes (daemon/lease_move.py).
@@ -54,6 +55,7 @@ class Daemon:
     def __init__(self, opts: flanneld_flags.Options):
         self.opts = opts
         self._stop = threading.Event()
+        self._wake = threading.Event()        # the serve loop's: a signal, or an engine loop ended
         self._reacquire = threading.Event()
         self._pending_lease = None
         self.lock = threading.RLock()         # guards engine, lease, peers
@@ -101,7 +103,7 @@ class Daemon:
         def stop(signum, _frame):
             log.info("Received %s, shutting down (the lease is kept in etcd)",
                      signal.Signals(signum).name)
-            self._stop.set()
+            self.stop()
 
         def hup(_signum, _frame):
             log.info("Received SIGHUP: re-acquiring the lease (peers are kept)")
@@ -118,6 +120,7 @@ class Daemon:
 
     def stop(self):
         self._stop.set()
+        self._wake.set()
 
     def wait(self, seconds: float) -> None:
         """Sleep during startup; raises Stopped when SIGTERM/SIGINT arrives meanwhile."""
@@ -227,8 +230,18 @@ class Daemon:
 
     # ------------------------------------------------------------------ main loop
     def _serve(self):
-        monitor = Monitor(self.opts.v)
-        while not self._stop.wait(MONITOR_PERIOD_S):
+        monitor = Monitor(self.opts.v, offloads=self.offload_flags)
+        watched = None
+        while True:
+            with self.lock:
+                engine = self.engine
+            if engine is not watched:       # the first engine, and each one a lease move makes
+                engine.on_end(lambda _engine: self._wake.set())
+                watched = engine
+            self._wake.wait(MONITOR_PERIOD_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return 0
             with self.lock:
                 pending, self._pending_lease = self._pending_lease, None
             if pending is not None:
@@ -246,10 +259,9 @@ class Daemon:
                         return 0
             with self.lock:
                 engine = self.engine
-            status = monitor.check(engine, self.tun_name, self.tun_attached())
+            status = monitor.check(engine, self.tun_name)
             if status is not None:
                 return status
-        return 0
 
     def _move_to(self, lease) -> None:
         """Adopt ``lease``; a move that failed is tried again on the next tick, unless the lease
@@ -258,15 +270,6 @@ class Daemon:
             with self.lock:
                 if self._pending_lease is None:
                     self._pending_lease = lease
-
-    def tun_attached(self) -> bool:
-        from ..host.tun import tun_attached
-        try:
-            # Every queue is detached with the device; asking the first suffices.
-            return not self.tun_fds or tun_attached(self.tun_fds[0])
-        except OSError as e:          # not a verdict: never exit on an unexpected answer
-            log.debug("TUNGETIFF on %s: %s", self.tun_name, e)
-            return True
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):

@@ -149,7 +149,8 @@ _HELP = {
     "batches": "Batched syscalls (sendmmsg/recvmmsg or equivalent) by direction.",
     "offload_ops": "Offloaded operations, by op: tun_rx_gso (super-packets read from flannel0 "
                    "and segmented), udp_tx_gso (sends of a train of datagrams), udp_rx_gro "
-                   "(receives holding a train), tun_tx_gso (coalesced writes into flannel0).",
+                   "(receives holding a train), tun_tx_gso (coalesced writes into flannel0), "
+                   "udp_gso_fallbacks (trains the kernel refused, sent again one by one).",
 }
 
 
@@ -200,7 +201,8 @@ class DaemonCollector:
         offloads = self.source.offloads_enabled()
         if offloads:
             g = GaugeMetricFamily(f"{PREFIX}_offload_enabled", "Kernel offloads switched on "
-                                  "(1) or not (0), decided at start (--offload).",
+                                  "(1) or not (0): decided at start (--offload); udp_gso goes "
+                                  "to 0 if the kernel later cannot segment (EIO).",
                                   labels=["offload"])
             for name, on in offloads.items():
                 g.add_metric([name], 1 if on else 0)
@@ -308,8 +310,16 @@ class DaemonSource(MetricsSource):
         return len(engine) if engine is not None else 0
 
     def offloads_enabled(self):
-        offloads = self.daemon.offloads
-        return offloads.enabled() if offloads is not None else {}
+        d = self.daemon
+        if d.offloads is None:
+            return {}
+        with d.lock:
+            engine = d.engine
+            try:
+                in_use = engine.offloads_in_use() if engine is not None else None
+            except OSError:                 # closed while shutting down: as decided
+                in_use = None
+        return d.offloads.enabled(in_use)
 
     def bad_leases(self):
         w = self.daemon.peer_watcher
@@ -351,13 +361,13 @@ class DaemonSource(MetricsSource):
             checks["lease"] = "no lease acquired yet"
         elif lease.expiration and lease.expiration <= time.time():
             checks["lease"] = f"lease {lease.subnet} expired at {when(lease.expiration)}"
-        ended = engine.ended() if engine is not None else []
+        ended = engine.ended() if engine is not None else {}
         if engine is None:
             checks["engine"] = "not started yet"
+        elif any(why.tun_gone for why in ended.values()):
+            checks["engine"] = f"{d.tun_name} was deleted"
         elif ended:
             checks["engine"] = f"queue(s) {', '.join(map(str, ended))} stopped"
-        elif not d.tun_attached():
-            checks["engine"] = f"{d.tun_name} was deleted"
         if watch is None:
             checks["etcd_watch"] = "peer leases not listed yet"
         elif not watch.connected.is_set():

@@ -1,15 +1,19 @@
 """The serve loop's periodic checks, and how often each finding is logged.
 
-Every MONITOR_PERIOD_S the daemon asks: has an engine loop ended, has flannel0 been deleted (both
-exit with status 1 so that the service manager restarts the daemon, the lease kept), and what did
-the engine drop. Datagrams from sources with no lease are logged at most every 10 s (they point at
-NAT between peers); with -v the other drops too, as deltas over the same period.
+Every MONITOR_PERIOD_S, and at once when an engine loop ends (engine.on_end wakes the serve loop),
+the daemon asks: has an engine loop ended - flannel0 deleted (its queues read EBADFD) or anything
+else; both exit with status 1 so that the service manager restarts the daemon, the lease kept -,
+did the engine turn an offload off (UDP GSO when the kernel cannot segment), and what did the
+engine drop. Datagrams from sources with no lease are logged at most every 10 s (they point at NAT
+between peers); with -v the other drops too, as deltas over the same period.
 """
 from __future__ import annotations
 
 import logging
 import time
 from typing import Optional
+
+from ..engine import OFF_UDP_GSO
 
 log = logging.getLogger(__name__)
 
@@ -18,29 +22,23 @@ DROP_LOG_EVERY_S = 10.0
 
 
 class Monitor:
-    def __init__(self, verbose: int = 0, clock=time.monotonic):
+    def __init__(self, verbose: int = 0, clock=time.monotonic, offloads: int = 0):
         self.verbose = verbose
         self._clock = clock
+        self._offloads = offloads             # the OFF_* bits in use at the last check
         self._last_bad = 0
         self._last_bad_log = 0.0
         self._last_drops: Optional[dict] = None
         self._last_drop_log = clock()
 
-    def check(self, engine, tun_name: str, tun_attached: bool) -> Optional[int]:
+    def check(self, engine, tun_name: str) -> Optional[int]:
         """The exit status when the daemon must stop, else None (after logging what it saw)."""
         ended = engine.ended()
         if ended:
-            log.error("The %s forwarding engine stopped unexpectedly (queue(s) %s of %d); "
-                      "exiting so that the service manager restarts the daemon (the lease "
-                      "is kept)", engine.name, ", ".join(map(str, ended)), len(engine))
-            return 1
-        if not tun_attached:
-            log.error("%s was deleted from under the daemon (its fd no longer has a device): "
-                      "nothing can be forwarded; exiting with status 1 so that the service "
-                      "manager restarts the daemon (the lease is kept)", tun_name)
-            return 1
+            return self._ended(engine, tun_name, ended)
         try:
             stats = engine.stats()
+            self._log_offloads_off(engine.offloads_in_use())
         except Exception:
             return None
         now = self._clock()
@@ -48,6 +46,28 @@ class Monitor:
         if self.verbose >= 1:
             self._log_drops(stats, now)
         return None
+
+    @staticmethod
+    def _ended(engine, tun_name: str, ended: dict) -> int:
+        gone = [i for i, why in ended.items() if why.tun_gone]
+        if gone:
+            log.error("%s was deleted from under the daemon (queue(s) %s: %s): nothing can be "
+                      "forwarded; exiting with status 1 so that the service manager restarts the "
+                      "daemon (the lease is kept)", tun_name, ", ".join(map(str, gone)),
+                      ended[gone[0]])
+        else:
+            log.error("The %s forwarding engine stopped unexpectedly (queue(s) %s of %d); "
+                      "exiting so that the service manager restarts the daemon (the lease "
+                      "is kept)", engine.name,
+                      ", ".join(f"{i}: {why}" for i, why in ended.items()), len(engine))
+        return 1
+
+    def _log_offloads_off(self, in_use: int) -> None:
+        if self._offloads & OFF_UDP_GSO and not in_use & OFF_UDP_GSO:
+            log.warning("UDP GSO is off from now on: the kernel cannot segment on this path "
+                        "(EIO), so datagrams go out one by one (flannel_udp_offload_enabled"
+                        '{offload="udp_gso"} is 0)')
+        self._offloads = in_use
 
     def _log_bad_sources(self, stats: dict, now: float) -> None:
         bad = stats.get("drop_bad_source", 0)

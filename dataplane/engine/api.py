@@ -10,12 +10,15 @@ from __future__ import annotations
 import abc
 import errno
 import ipaddress
+import logging
+import os
+import threading
 from dataclasses import dataclass
 
 # The facts of csrc/dataplane.h, from their one Python copy (contract.py);
 # other modules import them from here.
-from .contract import (BATCH_MAX, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, MTU_MAX, MTU_MIN,  # noqa: F401
-                       OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO,
+from .contract import (BATCH_MAX, END_KINDS, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT,  # noqa: F401
+                       MTU_MAX, MTU_MIN, OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO,
                        STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING)
 
 # Counters that depend on how an engine batches its syscalls; every other
@@ -23,11 +26,32 @@ from .contract import (BATCH_MAX, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, MTU_MAX
 SYSCALL_STATS = frozenset(
     {"syscalls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
      "tx_batches", "rx_batches"})
-# Counters of the C engine's offloads (the *_gso/_gro fields of dp_stats): the
-# Python engine has none, so they stay 0 there.
-OFFLOAD_STATS = frozenset(n for n in STAT_NAMES if n.endswith(("_gso", "_gro")))
+# Counters of the C engine's offloads (the *_gso/_gro fields of dp_stats and
+# the UDP_GSO fallbacks): the Python engine has none, so they stay 0 there.
+OFFLOAD_STATS = frozenset(n for n in STAT_NAMES
+                          if n.endswith(("_gso", "_gro")) or n.startswith("udp_gso_"))
 DROP_STATS = tuple(n for n in STAT_NAMES if n.startswith("drop_"))
 DEFAULT_BATCH = 64
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Why an engine's loop is no longer running: ``why`` is "stopped" (stop(),
+    or never started), "tun_gone" (the TUN fd lost its device: ``ip link del``)
+    or "error"; ``err`` is the errno that ended it (0 when stopped)."""
+    why: str
+    err: int = 0
+
+    @property
+    def tun_gone(self) -> bool:
+        return self.why == "tun_gone"
+
+    def __str__(self) -> str:
+        text = {"tun_gone": "the TUN device is gone"}.get(self.why, self.why)
+        if self.err:
+            text += f" ({errno.errorcode.get(self.err, self.err)}: {os.strerror(self.err)})"
+        return text
 
 
 @dataclass(frozen=True)
@@ -68,6 +92,42 @@ class Engine(abc.ABC):
         self.mtu = int(mtu)
         self.batch = int(batch)
         self.accept_any = bool(accept_any)
+        self._end: Ended | None = None
+        self._end_lock = threading.Lock()
+        self._end_callbacks: list | None = []     # None once the loop has ended
+
+    def ended(self) -> Ended | None:
+        """None while the loop runs; else why it is not running. Set before the
+        on_end() callbacks run, so that they and whoever they wake see it."""
+        if self._end is not None:
+            return self._end
+        return Ended("stopped") if self.join(0) else None     # never started
+
+    def on_end(self, callback) -> None:
+        """Call ``callback(engine)`` once the loop has ended, whatever the reason:
+        from the loop thread as it ends, or now if it already has. For callers
+        that must react at once (the TUN gone) without polling ended()."""
+        with self._end_lock:
+            if self._end_callbacks is not None:
+                self._end_callbacks.append(callback)
+                return
+        callback(self)
+
+    def _loop_ended(self, end: Ended) -> None:
+        """The loop thread's last act: record why, then the callbacks of on_end()."""
+        self._end = end
+        with self._end_lock:
+            callbacks, self._end_callbacks = self._end_callbacks or [], None
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("an engine's on_end callback failed")
+
+    def offloads_in_use(self) -> int:
+        """The OFF_* bits in use now: those of set_offloads(), less the ones the
+        engine turned off on the way (UDP_GSO when the kernel cannot segment)."""
+        return 0
 
     @abc.abstractmethod
     def set_routes(self, routes) -> None:

@@ -23,6 +23,7 @@ STAT_NAMES = (
     "tx_batches", "rx_batches", "route_swaps",
     "icmp_ratelimited",
     "tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso",
+    "udp_gso_fallbacks",
 )
 
 # enum dp_offload
@@ -35,6 +36,10 @@ OFF_TUN_GRO_UDP = 16
 # enum dp_trace_kind, as DP_TR_<NAME> -> value, lower-cased
 TRACE_KINDS = {1: "tun_read", 2: "route_hit", 3: "route_miss", 4: "udp_send",
                5: "udp_recv", 6: "tun_write", 7: "icmp", 8: "drop"}
+
+# enum dp_loop_end, as DP_END_<NAME> -> value, lower-cased: why a loop is no
+# longer running (dp_state.end)
+END_KINDS = {0: "none", 1: "stopped", 2: "tun_gone", 3: "error"}
 
 # enum dp_limits
 BATCH_MAX = 256

@@ -21,7 +21,10 @@ What the wrapper decides, for callers that see one engine:
   ``trace_events(after)`` reads one ordered stream): callers that trace run
   one queue (dataplane/host/queues.py);
 * ``start``/``stop``/``close`` act on all; ``join`` waits for all;
-  ``ended`` says which loops have ended (one ending is a failure).
+  ``ended`` says which loops have ended and why (one ending is a failure),
+  ``on_end`` calls back as soon as any one of them ends;
+* ``offloads_in_use`` is the bits every queue still uses: one queue whose
+  kernel answer turned UDP_GSO off makes it off for the whole engine.
 """
 from __future__ import annotations
 
@@ -80,9 +83,26 @@ class MultiEngine(Engine):
             done = q.join(left) and done
         return done
 
-    def ended(self) -> list[int]:
-        """Indexes of the queues whose loop thread has ended (or never started)."""
-        return [i for i, q in enumerate(self.queues) if q.join(0)]
+    def ended(self) -> dict:
+        """{queue index: api.Ended} for the queues whose loop thread has ended
+        (or never started); empty while all run."""
+        out = {}
+        for i, q in enumerate(self.queues):
+            why = q.ended()
+            if why is not None:
+                out[i] = why
+        return out
+
+    def on_end(self, callback) -> None:
+        """``callback(self)`` when the first queue ends (once per queue that ends)."""
+        for q in self.queues:
+            q.on_end(lambda _q: callback(self))
+
+    def offloads_in_use(self) -> int:
+        bits = ~0
+        for q in self.queues:
+            bits &= q.offloads_in_use()
+        return bits
 
     def close(self) -> None:
         if self._closed:

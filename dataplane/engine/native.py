@@ -21,7 +21,7 @@ import threading
 from dataplane._dataplane_c import ffi, lib
 
 from . import contract
-from .api import DEFAULT_BATCH, Engine, EngineClosed
+from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
 from .route_array import ROUTE_DTYPE, route_array
 
 __all__ = ["CEngine"]
@@ -39,9 +39,12 @@ assert all(ROUTE_DTYPE.fields[name][1] == ffi.offsetof("dp_route", name)
 STAT_NAMES = tuple(name for name, _ in ffi.typeof("dp_stats").fields if name != "reserved")
 TRACE_KINDS = {v: k[len("DP_TR_"):].lower()
                for k, v in ffi.typeof("enum dp_trace_kind").relements.items()}
+END_KINDS = {v: k[len("DP_END_"):].lower()
+             for k, v in ffi.typeof("enum dp_loop_end").relements.items()}
 TRACE_RING = lib.DP_TRACE_RING
 ICMP_BURST_DEFAULT = lib.DP_ICMP_BURST_DEFAULT
-if (STAT_NAMES, TRACE_KINDS) != (contract.STAT_NAMES, contract.TRACE_KINDS) or any(
+if (STAT_NAMES, TRACE_KINDS, END_KINDS) != (
+        contract.STAT_NAMES, contract.TRACE_KINDS, contract.END_KINDS) or any(
         getattr(lib, name) != value for name, value in contract.HEADER_CONSTANTS.items()):
     raise ImportError("the built C engine does not match dataplane/engine/contract.py: "
                       "rebuild it (make deps)")
@@ -73,7 +76,6 @@ class CEngine(Engine):
         # Guards _loop against free while another thread is in a C call.
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
-        self._run_rc: int | None = None
         self._loop = None
         self._events = ffi.new("dp_trace_event[]", TRACE_RING)
         pp = ffi.new("dp_loop **")
@@ -107,7 +109,11 @@ class CEngine(Engine):
 
     def _run(self, loop) -> None:
         # The loop is freed only after this thread is joined (close()).
-        self._run_rc = lib.dp_loop_run(loop)
+        # Its return value says no more than dp_loop_state does.
+        lib.dp_loop_run(loop)
+        state = ffi.new("dp_state *")
+        lib.dp_loop_state(loop, state)
+        self._loop_ended(Ended(END_KINDS.get(state.end, str(state.end)), state.err))
 
     def stop(self) -> None:
         with self._lock:
@@ -129,9 +135,8 @@ class CEngine(Engine):
             self.join()
             lib.dp_loop_free(self._loop)
             self._loop = None
-        if self._run_rc is not None and self._run_rc < 0:
-            # Only epoll itself failing ends the loop with an error.
-            log.error("C loop ended with %s", os.strerror(-self._run_rc))
+        if self._end is not None and self._end.why == "error":
+            log.error("C loop ended with %s", os.strerror(self._end.err))
 
     def __del__(self):
         try:
@@ -149,6 +154,12 @@ class CEngine(Engine):
         rate, burst = self._check_icmp_limit(rate, burst)
         with self._lock:
             _check(lib.dp_loop_set_icmp_limit(self._live(), rate, burst))
+
+    def offloads_in_use(self) -> int:
+        state = ffi.new("dp_state *")
+        with self._lock:
+            _check(lib.dp_loop_state(self._live(), state))
+        return state.offloads
 
     def set_offloads(self, flags: int) -> None:
         with self._lock:

@@ -23,7 +23,9 @@ Flow, in the order the code appears in :meth:`PyEngine._run`:
                   then per datagram: checks, TTL - 1, write() to the TUN
   4. the loop     epoll, adopt a new route table, then alternate the two
                   directions one batch each while there is work (at most
-                  ROUNDS times before polling again, so the stop fd is seen)
+                  ROUNDS times before polling again, so the stop fd is seen);
+                  it ends on stop() or when the TUN is gone (EBADFD), which
+                  ended() reports and on_end() callbacks hear at once
 
 Where it differs from the C engine, by design: the counters of
 api.SYSCALL_STATS (one sendto/recv per packet instead of sendmmsg/recvmmsg),
@@ -52,7 +54,7 @@ import threading
 import time
 
 from . import ipv4
-from .api import DEFAULT_BATCH, Engine, EngineClosed
+from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
 from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS,
                        TRACE_RING)
 from .pytable import RouteTable, str_to_int
@@ -248,11 +250,15 @@ class PyEngine(Engine):
                            batch, bytes(head[:TRACE_HEAD]) if head is not None else b""))
 
     def _run_guarded(self):
+        end = Ended("error")
         try:
-            self._run()
+            end = self._run()
         except BaseException as e:  # the thread must not die silently
             self._error = e
+            end = Ended("error", getattr(e, "errno", None) or 0)
             log.exception("pyengine loop failed")
+        finally:
+            self._loop_ended(end)
 
     def _run(self):
         count = self._counters
@@ -278,6 +284,7 @@ class PyEngine(Engine):
         rx_len = [0] * nbatch
         rx_src = [None] * nbatch
         routes = _EMPTY
+        gone = 0                      # errno that says the TUN has no device (dataplane.h)
         tat = 0                       # ICMP rate limit state (dataplane.h), ns
         now = 0                       # monotonic ns, read once per TUN batch
 
@@ -310,6 +317,12 @@ class PyEngine(Engine):
             tat += interval
             return True
 
+        def tun_write_failed(err, length):
+            nonlocal gone
+            if err == errno.EBADFD:   # the tun driver's answer once the device is gone
+                gone = err
+            drop(_tun_write_drop(err), length)
+
         def icmp_error(buf, length, type_):
             if not icmp_allowed():
                 return
@@ -319,7 +332,7 @@ class PyEngine(Engine):
             try:
                 w = tun_write(pkt)
             except OSError as e:
-                drop(_tun_write_drop(e.errno), len(pkt))
+                tun_write_failed(e.errno, len(pkt))
                 return
             if w is None:             # EAGAIN: FileIO reports it as None
                 drop(DROP_TUN_FULL, len(pkt))
@@ -330,7 +343,8 @@ class PyEngine(Engine):
 
         # -- 2. TUN -> UDP ---------------------------------------------------
         def tun_batch():
-            """Returns (more, error): more if the TUN may have more right now."""
+            """Returns (more, err): more if the TUN may have more right now, err
+            the errno of a failed read (else 0)."""
             nonlocal now
             take_routes()
             now = monotonic_ns()
@@ -342,14 +356,14 @@ class PyEngine(Engine):
             n = m = 0
             reads = 0
             rx_pk = rx_by = 0
-            more, error = True, False
+            more, err = True, 0
             while n < nbatch:
                 buf = tx_bufs[m]
                 reads += 1
                 try:
                     r = readinto(buf)
-                except OSError:
-                    more, error = False, True
+                except OSError as e:
+                    more, err = False, e.errno or errno.EIO
                     break
                 if r is None:          # EAGAIN
                     more = False
@@ -436,7 +450,7 @@ class PyEngine(Engine):
             count[UDP_TX_BYTES] += tx_by
             if n:
                 count[TX_BATCHES] += 1
-            return more, error
+            return more, err
 
         # -- 3. UDP -> TUN ---------------------------------------------------
         def udp_batch():
@@ -504,7 +518,7 @@ class PyEngine(Engine):
                 try:
                     w = tun_write(rx_views[i][:length])
                 except OSError as e:
-                    drop(_tun_write_drop(e.errno), length)
+                    tun_write_failed(e.errno, length)
                     continue
                 if w is None:
                     drop(DROP_TUN_FULL, length)
@@ -522,8 +536,8 @@ class PyEngine(Engine):
             return more
 
         # -- 4. the loop -----------------------------------------------------
-        tun_registered = True
-        while not self._stopping:
+        tun_broken = select.EPOLLERR | select.EPOLLHUP
+        while not self._stopping and not gone:
             count[SYSCALLS] += 1
             count[POLLS] += 1
             events = poll()
@@ -546,17 +560,15 @@ class PyEngine(Engine):
                 if not (tun_more or udp_more):
                     break
                 if tun_more:
-                    tun_more, tun_error = tun_batch()
-                    # A TUN whose device is gone reports ERR/HUP and fails
-                    # every read: take it out of the set rather than spin.
-                    if tun_error and tun_events & (select.EPOLLERR | select.EPOLLHUP) \
-                            and tun_registered:
-                        count[SYSCALLS] += 1
-                        self._ep.unregister(tun_fd)
-                        tun_registered = False
-                if self._stopping:
+                    tun_more, tun_err = tun_batch()
+                    # A TUN whose device is gone fails every read with
+                    # EBADFD (and epoll says ERR): the loop ends (dataplane.h).
+                    if tun_err and (tun_err == errno.EBADFD or tun_events & tun_broken):
+                        gone = tun_err
+                if self._stopping or gone:
                     break
                 if udp_more:
                     udp_more = udp_batch()
-                if self._stopping:
+                if self._stopping or gone:
                     break
+        return Ended("tun_gone", gone) if gone else Ended("stopped")

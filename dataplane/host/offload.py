@@ -151,10 +151,12 @@ class Offloads:
             f |= OFF_UDP_GRO
         return f
 
-    def enabled(self) -> dict[str, bool]:
-        """{name: on} for every name in NAMES (for /metrics and --stats-file)."""
+    def enabled(self, in_use: int | None = None) -> dict[str, bool]:
+        """{name: on} for every name in NAMES (for /metrics and --stats-file): as decided at
+        start, or as the engine runs them now (``in_use``, its offloads_in_use(): UDP GSO goes off
+        when the kernel cannot segment)."""
         tf = self.tun_features
-        f = self.flags
+        f = self.flags if in_use is None else self.flags & in_use
         return {
             "tun_vnet": bool(f & OFF_TUN_VNET),
             "tun_csum": bool(tf & TUN_F_CSUM),
@@ -176,8 +178,8 @@ class Offloads:
             text += "; refused: " + "; ".join(f"{n}: {why}" for n, why in self.refused.items())
         return text
 
-    def as_json(self) -> dict:
-        return {"mode": self.mode, "flags": self.flags, "enabled": self.enabled(),
+    def as_json(self, in_use: int | None = None) -> dict:
+        return {"mode": self.mode, "flags": self.flags, "enabled": self.enabled(in_use),
                 "refused": dict(self.refused), "why_off": self.why_off}
 
 

@@ -12,7 +12,6 @@ Address, MTU, link state and routes are set by :mod:`dataplane.host.netconf`.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import struct
@@ -22,7 +21,6 @@ TUN_PATH = "/dev/net/tun"
 # <linux/if_tun.h>
 TUNSETIFF = 0x400454CA          # _IOW('T', 202, int)
 TUNSETOFFLOAD = 0x400454D0      # _IOW('T', 208, unsigned int)
-TUNGETIFF = 0x800454D2          # _IOR('T', 210, unsigned int)
 IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
 IFF_MULTI_QUEUE = 0x0100        # one fd per queue, all attached to one device
@@ -107,16 +105,3 @@ def open_tun_queues(name_template: str = "flannel%d", queues: int = 1, *,
         raise
     return fds, name
 
-
-def tun_attached(fd: int) -> bool:
-    """False once the device behind ``fd`` is gone (``ip link del flannel0``): the fd stays open but
-    every read fails and the engines take it out of their epoll set, so without this check the daemon
-    would run on, blind. ``TUNGETIFF`` answers EBADFD for a detached fd; it asks the fd itself, so a
-    new device that took the name meanwhile cannot fool it."""
-    try:
-        fcntl.ioctl(fd, TUNGETIFF, bytes(_IFREQ.size))
-    except OSError as e:
-        if e.errno == errno.EBADFD:
-            return False
-        raise
-    return True

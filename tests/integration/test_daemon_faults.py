@@ -187,7 +187,9 @@ def test_tun_deleted_under_the_daemon_exits_1_for_a_restart(ov, host, engine_kin
     seconds = time.monotonic() - t0
     log = ov.daemon(host).log_text()
     assert "flannel0 was deleted from under the daemon" in log and "restarts" in log
-    assert seconds < 5, f"took {seconds:.1f} s to notice"
+    # the engines say so at once (on_end); polling TUNGETIFF every second took ~1.1 s
+    assert seconds < 0.75, f"took {seconds:.2f} s to notice"
+    print(f"{engine_kind}: exited {seconds * 1000:.0f} ms after ip link del")
     assert _flannel_rules(ov, host) == rules               # kept for the restart, as flanneld
     ov.start_daemon(host, engine=engine_kind)              # what a supervisor does next
     assert ov.exec(host, ["ip", "link", "show", "flannel0"]).returncode == 0

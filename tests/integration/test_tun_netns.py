@@ -1,5 +1,5 @@
 """open_tun and netconf in a throwaway network namespace (root only; moved here from
-tests/unit, which runs without root).
+tests/unit, which runs without root), and the engines on a TUN that is deleted under them.
 
 The device is created in the namespace of the calling thread, so each check
 runs as a small child process under `ip netns exec`.
@@ -73,9 +73,9 @@ def netns():
         ns.delete(name)
 
 
-def _run(netns: str, code: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", code], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30)
+def _run(netns: str, code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", code, *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=30)
 
 
 def test_open_tun_configure_and_close_removes(netns):
@@ -96,3 +96,52 @@ def test_open_tun_configure_and_close_removes(netns):
     assert out["up"]
     assert "flannel0" in out["before_close"] and "flannel1" not in out["before_close"]
     assert out["after_close"] == ["lo"]
+
+
+# An engine of each queue on flannel0 (as the daemon runs them), idle, then
+# `ip link del flannel0`: how long until the engine says so (on_end), and why.
+_GONE_CHILD = r"""
+import json, os, socket, subprocess, sys, threading, time
+from dataplane.engine import engine_class, multi
+from dataplane.host import netconf
+from dataplane.host.tun import open_tun_queues
+
+kind, queues = sys.argv[1], int(sys.argv[2])
+fds, name = open_tun_queues("flannel%d", queues)
+netconf.configure_tun(name, "10.5.84.0/32", 1472)
+socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in fds]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+engine = multi.create(engine_class(kind), fds, [s.fileno() for s in socks],
+                      tun_addr="10.5.84.0", mtu=1472)
+told = threading.Event()
+engine.on_end(lambda e: told.set())
+engine.start()
+time.sleep(0.3)
+out = {"running_before": engine.ended() == {}}
+t0 = time.monotonic()
+subprocess.run(["ip", "link", "del", name], check=True)
+out["told"] = told.wait(5)
+out["ms"] = (time.monotonic() - t0) * 1000
+out["all_ended"] = engine.join(5)
+out["ended"] = {i: [e.why, e.err] for i, e in engine.ended().items()}
+engine.close()
+for fd in fds:
+    os.close(fd)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("queues", [1, 2])
+def test_engine_reports_its_tun_deleted_at_once(netns, engine_kind, queues):
+    """The loop sees EPOLLERR and EBADFD on the fd and ends with "tun_gone":
+    within 100 ms of `ip link del` (which itself takes part of that), every
+    queue, without traffic and without anyone polling the device."""
+    import errno
+    r = _run(netns, _GONE_CHILD, engine_kind, str(queues))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["running_before"] and out["told"] and out["all_ended"], out
+    assert out["ended"] == {str(i): ["tun_gone", errno.EBADFD] for i in range(queues)}, out
+    assert out["ms"] < 100, out
+    print(f"{engine_kind}, {queues} queue(s): told {out['ms']:.1f} ms after `ip link del`")

@@ -63,7 +63,8 @@ def test_stat_names_are_the_dp_stats_fields():
 
 def test_offload_stats_are_the_counters_of_an_offload():
     assert api.OFFLOAD_STATS == {name for name, note in header_stats() if "DP_OFF_" in note}
-    assert api.OFFLOAD_STATS == {"tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso"}
+    assert api.OFFLOAD_STATS == {"tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso",
+                                 "udp_gso_fallbacks"}
 
 
 def test_trace_kinds():
@@ -71,17 +72,29 @@ def test_trace_kinds():
                                for k, v in header_enum("dp_trace_kind").items()}
 
 
+def test_end_kinds():
+    assert api.END_KINDS == {v: k[len("DP_END_"):].lower()
+                             for k, v in header_enum("dp_loop_end").items()}
+
+
+def header_state() -> list[str]:
+    body = re.search(r"typedef struct dp_state \{(.*?)\} dp_state;", _header(), re.S).group(1)
+    return re.findall(r"uint32_t (\w+)(?:\[\d+\])?;", body)
+
+
 def test_the_built_library_agrees():
     require_engine("c")
     from dataplane._dataplane_c import ffi, lib
     from dataplane.engine import native
     for name, value in {**header_enum("dp_limits"), **header_enum("dp_offload"),
-                        **header_enum("dp_trace_kind")}.items():
+                        **header_enum("dp_trace_kind"), **header_enum("dp_loop_end")}.items():
         assert getattr(lib, name) == value, name
     assert [n for n, _ in ffi.typeof("dp_stats").fields] == [n for n, _ in header_stats()]
     assert ffi.sizeof("dp_stats") == 64 * 8
     assert (native.STAT_NAMES, native.TRACE_KINDS) == (api.STAT_NAMES, api.TRACE_KINDS)
     assert ffi.sizeof("dp_route") == 16
+    assert [n for n, _ in ffi.typeof("dp_state").fields] == header_state()
+    assert native.END_KINDS == api.END_KINDS
     assert [n for n, _ in ffi.typeof("dp_trace_event").fields] == [
         "seq", "ts_ns", "kind", "len", "addr", "port", "batch", "head_len", "head"]
     assert ffi.sizeof(ffi.typeof("dp_trace_event").fields[-1][1].type) == lib.DP_TRACE_HEAD

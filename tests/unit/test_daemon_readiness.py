@@ -11,6 +11,9 @@ import pytest
 
 from dataplane.cli.flanneld_flags import Options
 from dataplane.daemon.main import Daemon
+from dataplane.engine import OFF_UDP_GRO, OFF_UDP_GSO
+from dataplane.engine.api import Ended
+from dataplane.host.offload import Offloads
 
 
 def watch(connected=True, reconnects=0, resyncs=0):
@@ -30,7 +33,7 @@ def subnet_manager(expiration, own_watch=None, **counts):
 def daemon():
     d = Daemon(Options())
     d.subnets = subnet_manager(time.time() + 3600, watch())
-    d.engine = SimpleNamespace(ended=lambda: [])
+    d.engine = SimpleNamespace(ended=lambda: {})
     d.peer_watcher = SimpleNamespace(watch_loop=watch(reconnects=2, resyncs=1))
     d.config_watcher = SimpleNamespace(watch_loop=watch())
     return d
@@ -42,12 +45,30 @@ def test_ready_when_lease_engine_and_watch_are_fine(daemon):
 
 def test_each_failing_check_says_why(daemon):
     daemon.peer_watcher.watch_loop.connected.clear()
-    daemon.engine = SimpleNamespace(ended=lambda: [1])
+    daemon.engine = SimpleNamespace(ended=lambda: {1: Ended("stopped")})
     daemon.subnets.lease.expiration = time.time() - 1
     r = daemon.source.readiness()
     assert "not connected to etcd" in r["etcd_watch"] and "2 reconnect" in r["etcd_watch"]
     assert r["engine"] == "queue(s) 1 stopped"
     assert r["lease"].startswith("lease 10.5.3.0/24 expired")
+    daemon.tun_name = "flannel0"
+    daemon.engine = SimpleNamespace(ended=lambda: {0: Ended("tun_gone", 77)})
+    assert daemon.source.readiness()["engine"] == "flannel0 was deleted"
+
+
+def test_metrics_show_the_offloads_the_engine_runs_now(daemon):
+    """/metrics' flannel_udp_offload_enabled follows the engine: UDP GSO it turned off (the
+    kernel answered EIO) is 0 there, not what was decided at start."""
+    daemon.offloads = Offloads("auto", "c")
+    daemon.offloads.udp_gso = daemon.offloads.udp_gro = True
+    in_use = [OFF_UDP_GSO | OFF_UDP_GRO]
+    daemon.engine = SimpleNamespace(ended=lambda: {}, offloads_in_use=lambda: in_use[0])
+    on = daemon.source.offloads_enabled()
+    assert on["udp_gso"] and on["udp_gro"]
+    in_use[0] = OFF_UDP_GRO
+    on = daemon.source.offloads_enabled()
+    assert not on["udp_gso"] and on["udp_gro"]
+    assert daemon.offloads.enabled()["udp_gso"]           # as decided at start
 
 
 def test_before_startup_nothing_is_ready():

@@ -14,7 +14,7 @@ import pytest
 
 from dataplane.engine import ipv4
 from dataplane.engine import EngineClosed, Route, engine_class, multi
-from dataplane.engine.api import STAT_NAMES
+from dataplane.engine.api import STAT_NAMES, Ended
 from dataplane.host.udpsock import open_udp_sockets
 from tests.engine_harness import assert_forwarded, behaviour_stats, big_rcvbuf
 
@@ -178,11 +178,11 @@ def test_stop_and_close_are_idempotent(queues):
     e = queues.engine
     e.set_routes([queues.route()])
     e.start()
-    assert e.ended() == []
+    assert e.ended() == {}
     e.stop()
     e.stop()
     assert e.join(5)
-    assert e.ended() == list(range(QUEUES))
+    assert e.ended() == {i: Ended("stopped") for i in range(QUEUES)}
     e.close()
     e.close()
     with pytest.raises(EngineClosed):
@@ -193,3 +193,22 @@ def test_stop_and_close_are_idempotent(queues):
 def test_create_rejects_mismatched_fds(engine_kind):
     with pytest.raises(ValueError, match="2 TUN queue"):
         multi.create(engine_class(engine_kind), [1, 2], [3], tun_addr="10.5.1.0", mtu=1472)
+
+
+def test_on_end_hears_each_loop_end_and_ended_already_says_why(queues):
+    """The daemon waits on on_end() instead of polling: by the time a callback
+    runs, ended() must already name that queue, or the daemon would look too
+    early and see nothing."""
+    e = queues.engine
+    heard = []
+    e.on_end(lambda eng: heard.append(eng.ended()))
+    e.set_routes([queues.route()])
+    e.start()
+    assert e.ended() == {} and heard == []
+    e.stop()
+    assert e.join(5)
+    assert len(heard) == QUEUES                       # once per queue
+    assert all(seen and set(seen.values()) == {Ended("stopped")} for seen in heard), heard
+    late = []
+    e.on_end(lambda eng: late.append(len(eng.ended())))
+    assert late == [QUEUES] * QUEUES                  # already ended: told at once

@@ -19,10 +19,10 @@ import struct
 import pytest
 
 from dataplane.engine import ipv4
-from dataplane.engine import OFF_TUN_VNET, OFF_UDP_GSO, Route
+from dataplane.engine import OFF_TUN_VNET, OFF_UDP_GSO, Route, create_engine
 from tests import gso_packets as gp
-from tests.conftest import require_engine
-from tests.engine_harness import Harness, expect_only
+from tests.conftest import require, require_engine
+from tests.engine_harness import Harness, big_rcvbuf, expect_only
 
 SRC, DST = "10.5.1.9", "10.5.2.7"
 SO_NO_CHECK = 11          # <asm-generic/socket.h>: UDP sends without checksums
@@ -331,21 +331,80 @@ def test_udp_gso_train_limits(c_engine):
     assert st["udp_tx_gso"] == 3           # 44 + 44 + 12
 
 
-def test_udp_gso_refused_falls_back_without_loss(c_engine):
-    """SO_NO_CHECK makes the kernel refuse UDP_SEGMENT (EINVAL): the engine
-    turns GSO off and sends the same datagrams one by one."""
-    pkts = [gp.udp(SRC, DST, _data(1000, i), ident=i) for i in range(150)]
+def test_udp_gso_einval_resends_that_train_and_keeps_gso(c_engine):
+    """SO_NO_CHECK makes the kernel refuse UDP_SEGMENT with EINVAL, as a
+    segment over one peer's path MTU does on older kernels: that train goes
+    again datagram by datagram, counted, and GSO stays on - once the socket
+    checksums again, trains go out again."""
+    first = [gp.udp(SRC, DST, _data(1000, i), ident=i) for i in range(150)]
+    then = [gp.udp(SRC, DST, _data(1000, i), ident=1000 + i) for i in range(100)]
     with Harness("c", start=False) as h:
         h.udp.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
         h.engine.set_offloads(OFF_UDP_GSO)
         p = h.add_peer()
         h.set_routes([h.route("10.5.2.0/24", p)], wait=False)
-        st = _burst(h, pkts)
-        assert [q[4:6] for q in p.received] == [q[4:6] for q in pkts]
-    assert st["udp_tx_packets"] == 150 and st["drop_send_error"] == 0
-    assert st["udp_tx_gso"] == 0
-    # one refused UDP_SEGMENT send, then one plain sendmmsg per batch
-    assert st["udp_sends"] == st["tx_batches"] + 1, st
+        st = _burst(h, first)
+        assert [q[4:6] for q in p.received] == [q[4:6] for q in first]
+        assert st["udp_tx_packets"] == 150 and st["drop_send_error"] == 0
+        assert st["udp_tx_gso"] == 0
+        # every batch held a train of >= 2, and each was refused and resent
+        assert st["udp_gso_fallbacks"] >= st["tx_batches"] >= 3, st
+        assert h.engine.offloads_in_use() == OFF_UDP_GSO
+        h.udp.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 0)
+        h.inject_tun(*then)
+        st2 = _wait_read(h, 250)
+        assert [q[4:6] for q in p.received[150:]] == [q[4:6] for q in then]
+    assert st2["udp_tx_packets"] == 250 and st2["drop_send_error"] == 0
+    assert st2["udp_tx_gso"] > 0 and st2["udp_gso_fallbacks"] == st["udp_gso_fallbacks"]
+
+
+UDPLITE = 136             # IPPROTO_UDPLITE: the kernel refuses UDP_SEGMENT on it with EIO
+
+
+def _udplite(bind=True) -> socket.socket:
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, UDPLITE)
+    except OSError as e:
+        require(False, f"a kernel with UDP-Lite, to make UDP_SEGMENT fail with EIO ({e})")
+    if bind:
+        s.bind(("127.0.0.1", 0))
+    return s
+
+
+def test_udp_gso_eio_turns_gso_off_for_good(engine_kind):
+    """EIO is the kernel's "no segmentation on this path" (udp_send_skb():
+    UDP-Lite, IPsec; on older kernels also a device without tx checksumming).
+    A UDP-Lite socket as the engine's makes every UDP_SEGMENT send fail so:
+    the C engine resends that train plain, counts it, and sends plain from
+    then on (offloads_in_use() without OFF_UDP_GSO); nothing is lost. The
+    Python engine has no offloads: the same datagrams, its counters 0."""
+    pkts = [gp.udp(SRC, DST, _data(900, i), ident=i) for i in range(200)]
+    tun_engine, tun_test = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    tun_test.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)     # the whole burst
+    udp, peer = _udplite(), _udplite()
+    big_rcvbuf(peer)
+    peer.settimeout(5)
+    engine = create_engine(engine_kind, tun_fd=tun_engine.fileno(), udp_fd=udp.fileno(),
+                           tun_addr="10.5.1.0", mtu=1472, batch=64)
+    try:
+        offloads = OFF_UDP_GSO if engine_kind == "c" else 0
+        engine.set_offloads(offloads)
+        engine.set_routes([Route.make("10.5.2.0/24", *peer.getsockname())])
+        for p in pkts:
+            tun_test.send(p)
+        engine.start()
+        got = [peer.recv(2000) for _ in pkts]
+        assert [g[4:6] for g in got] == [q[4:6] for q in pkts]
+        st = engine.stats()
+        in_use = engine.offloads_in_use()
+    finally:
+        engine.close()
+        for s in (tun_engine, tun_test, udp, peer):
+            s.close()
+    assert st["udp_tx_packets"] == 200 and st["drop_send_error"] == 0
+    assert st["udp_tx_gso"] == 0 and in_use == 0
+    # one refused train, then plain sends only: GSO was not tried again
+    assert st["udp_gso_fallbacks"] == (1 if engine_kind == "c" else 0), st
 
 
 def test_udp_gso_train_to_unreachable_peer_counts_each(c_engine):
@@ -357,5 +416,7 @@ def test_udp_gso_train_to_unreachable_peer_counts_each(c_engine):
         # a broadcast address without SO_BROADCAST: EACCES on every send
         h.engine.set_routes([Route.make("10.5.2.0/24", "255.255.255.255", 9)])
         st = _burst(h, pkts)
+        in_use = h.engine.offloads_in_use()
     expect_only(st, tun_rx_packets=10, tun_rx_bytes=sum(map(len, pkts)), drop_send_error=10,
-                route_swaps=st["route_swaps"])
+                udp_gso_fallbacks=1, route_swaps=st["route_swaps"])
+    assert in_use == OFF_UDP_GSO                # EACCES is about that peer, not about GSO
