@@ -5,9 +5,10 @@
  * train.c, ...) never see it: they take buffers, not a loop.
  *
  * Threads: one loop thread runs dp_loop_run(); control calls come from any
- * thread. What crosses threads is atomic: `stopping`, `pending` (the next
- * route table), the counters (one writer, relaxed), the ICMP limit and the
- * trace ring.
+ * thread. What crosses threads is atomic: `stopping`, `pending` and
+ * `pending_local` (the next route table and own-source set), the counters
+ * (one writer, relaxed), the ICMP limit, the strict switch and the trace
+ * ring.
  */
 #ifndef DP_LOOP_H
 #define DP_LOOP_H
@@ -35,6 +36,7 @@ struct dp_loop {
     int stopping;               /* any thread sets it (release); the loop polls it */
     int running;                /* one dp_loop_run() at a time */
     struct dp_routes *pending;  /* published table, exchanged atomically */
+    struct dp_local *pending_local;   /* published own sources, the same way */
 
     struct dp_path path;        /* counters, table in use, ICMP state, trace */
 
@@ -103,9 +105,10 @@ static inline void sys_count(struct dp_loop *l, enum dp_stat which)
     st_add(l, which, 1);
 }
 
-/* loop.c: adopt a published route table, if any (one relaxed load when
- * none); at the start of each batch and before each packet. */
-void dp_loop_take_routes(struct dp_loop *l);
+/* loop.c: adopt a published route table and own-source set, if any (one
+ * relaxed load each when none); at the start of each batch and before each
+ * packet. */
+void dp_loop_take_tables(struct dp_loop *l);
 /* loop.c: one message per slot of buf (stride bytes apart), addressed by addr[i]. */
 void dp_loop_msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *addr,
                        uint8_t *buf, uint32_t batch, uint32_t stride);
