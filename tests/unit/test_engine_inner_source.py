@@ -9,11 +9,12 @@ host; step 5 (--strict-sources, off by default) drops one whose source is not
 routed to the peer that sent it, as kernel WireGuard does.
 """
 import ipaddress
+import struct
 
 import pytest
 
 from dataplane import ipv4
-from dataplane.engine import STAT_NAMES
+from dataplane.engine import OFF_UDP_GRO, STAT_NAMES
 from dataplane.engine.contract import LOCAL_MAX
 from tests.engine_harness import Harness, expect_only
 
@@ -23,6 +24,7 @@ UNDERLAY = "192.168.50.2"         # this host's address on the underlay
 TUN_ADDR = "10.5.1.0"             # flannel0's address
 A_NET, B_NET = "10.5.2.0/24", "10.5.3.0/24"
 SIZE = 44                         # from_pod's packets: 20 + 8 + 16
+SOL_UDP, UDP_SEGMENT, UDP_GRO = 17, 103, 104
 
 
 def from_pod(src, dst="10.5.1.9", ident=0, ttl=64):
@@ -190,3 +192,28 @@ def test_strict_off_again(engine_kind):
         st = h.settle()
         expect_only(st, udp_rx_packets=1, udp_rx_bytes=SIZE, tun_tx_packets=1,
                     tun_tx_bytes=SIZE)
+
+
+def test_each_datagram_of_a_train_is_judged_alone(engine_kind):
+    # One UDP_SEGMENT send: the C engine with UDP_GRO receives it as one train, the Python
+    # engine as six datagrams; both count and forward the same.
+    sources = ["10.5.2.7", UNDERLAY, "10.5.2.8", "10.5.1.77", "10.5.3.7", "10.5.2.9"]
+    train = [from_pod(src, ident=i) for i, src in enumerate(sources)]
+    with Harness(engine_kind, mtu=MTU, start=False, accept_any=False, tun_addr=TUN_ADDR) as h:
+        if engine_kind == "c":
+            h.udp.setsockopt(SOL_UDP, UDP_GRO, 1)
+            h.engine.set_offloads(OFF_UDP_GRO)
+        a, b = h.add_peer(), h.add_peer()
+        h.set_routes([h.route(A_NET, a), h.route(B_NET, b)], wait=False)
+        h.engine.set_local(OWN_NET, [UNDERLAY])
+        h.engine.set_strict_sources(True)
+        a.sock.sendmsg([b"".join(train)], [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", SIZE))], 0,
+                       h.udp_addr)
+        h.engine.start()
+        h.wait_for(lambda st: st["udp_rx_packets"] >= 6 and len(h.tun_received) >= 3,
+                   what="the train")
+        st = h.settle()
+        assert [p[4:6] for p in h.tun_received] == [b"\0\0", b"\0\2", b"\0\5"]
+        assert (st["drop_inner_local"], st["drop_inner_foreign"]) == (2, 1)
+        if engine_kind == "c":
+            assert st["udp_rx_gro"] == 1
