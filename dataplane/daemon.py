@@ -23,7 +23,12 @@ the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd,
 re-acquires a lease without touching the peers' routes.
 
 Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no
-lease's PublicIP (counted as drop_bad_source, logged at most every 10 s).
+lease's PublicIP (counted as drop_bad_source, logged at most every 10 s); a
+datagram whose inner source is this host's own is always dropped
+(drop_inner_local, this host's addresses looked at each second:
+own_sources.py), and with ``--strict-sources`` one whose inner source
+is not in the sending lease's subnet (drop_inner_foreign):
+docs/threat-model.md.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from . import flags as flagmod
 from . import queues as queuemod
 from .engine.api import MTU_MIN
 from .iface import IfaceError, select_interface
+from .own_sources import OwnSources
 from .udpsock import SOCKET_BUFFER, open_udp_sockets
 
 log = logging.getLogger("dataplane.daemon")
@@ -125,6 +131,7 @@ class Daemon:
         self.engine = None                    # engine.multi.MultiEngine
         self.engine_cls = None
         self.engine_why = ""
+        self.own_sources = OwnSources()       # what the engine knows of this host's addresses
         self.servers = []
         self._old_handlers = {}
         from .metrics import CarriedCounters
@@ -397,7 +404,10 @@ class Daemon:
         """The engine's ICMP net-unreachable comes back through flannel0 with the source
         <lease net> (flannel0's own address). The kernel drops a packet whose source is a local
         address as a martian unless accept_local is set on the receiving device, so without
-        this the ICMP (flanneld's included) never reaches the sender. Only flannel0 is touched."""
+        this the ICMP (flanneld's included) never reaches the sender. Only flannel0 is touched.
+        It is safe because the engine writes nothing else with a local source into flannel0: a
+        datagram whose inner source is this host's own is dropped first (own_sources.py,
+        docs/threat-model.md)."""
         path = f"/proc/sys/net/ipv4/conf/{self.tun_name}/accept_local"
         try:
             with open(path, "w") as f:
@@ -458,11 +468,15 @@ class Daemon:
     def _new_engine(self, cls):
         from .engine import multi
         o = self.opts
-        return multi.create(cls, self.tun_fds, [s.fileno() for s in self.socks],
-                            tun_addr=self.lease.subnet.network_address, mtu=self.ext.tun_mtu,
-                            port=self.config.backend_port, accept_any=o.accept_from == "any",
-                            icmp_rate=o.icmp_rate, icmp_burst=o.icmp_burst,
-                            offloads=self.offload_flags, trace=o.trace)
+        engine = multi.create(cls, self.tun_fds, [s.fileno() for s in self.socks],
+                              tun_addr=self.lease.subnet.network_address, mtu=self.ext.tun_mtu,
+                              port=self.config.backend_port, accept_any=o.accept_from == "any",
+                              icmp_rate=o.icmp_rate, icmp_burst=o.icmp_burst,
+                              offloads=self.offload_flags, trace=o.trace)
+        # Before it forwards a packet: this host's own sources, and the strict rule.
+        engine.set_strict_sources(o.strict_sources)
+        self.own_sources.refresh(engine, self.lease.subnet)
+        return engine
 
     def _select_engine(self):
         """The engine class, then what it decides: the queues and the offloads to try."""
@@ -495,6 +509,10 @@ class Daemon:
                  self.engine_why, len(self.engine),
                  "known leases only (--accept-from leases)" if o.accept_from == "leases"
                  else "any source (--accept-from any, as flanneld)")
+        log.info("Inner sources dropped: this host's own (%s and its %d address(es))%s",
+                 self.lease.subnet, len(self.own_sources.addresses),
+                 "; and any not in the sending lease's subnet (--strict-sources)"
+                 if o.strict_sources else "")
 
     def _start_watches(self):
         from .peers import PeerWatcher
@@ -561,7 +579,8 @@ class Daemon:
                     if self._stop.wait(5):
                         return 0
             with self._lock:
-                engine = self.engine
+                engine, subnet = self.engine, self.lease.subnet
+            self.own_sources.refresh(engine, subnet)
             ended = engine.ended()
             if ended:
                 log.error("The %s forwarding engine stopped unexpectedly (queue(s) %s of %d); "

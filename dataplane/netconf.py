@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import ipaddress
+import socket
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -52,6 +53,19 @@ def configure_tun(name: str, addr, mtu: int) -> None:
                 raise
         ipr.link("set", index=idx, mtu=int(mtu))
         ipr.link("set", index=idx, state="up")
+
+
+def host_addresses() -> list:
+    """Every IPv4 address of every interface in this network namespace (IPv4Address each):
+    the inner sources no datagram may claim (dataplane/own_sources.py). IFA_LOCAL first: on a
+    point-to-point link IFA_ADDRESS is the far end's. OSError when netlink refuses."""
+    try:
+        with _ipr() as ipr:
+            msgs = ipr.get_addr(family=socket.AF_INET)
+            return [ipaddress.IPv4Address(m.get("IFA_LOCAL") or m.get("IFA_ADDRESS"))
+                    for m in msgs]
+    except NetlinkError as e:
+        raise OSError(e.code, f"netlink: {e}") from None
 
 
 def add_network_route(network, dev: str) -> bool:

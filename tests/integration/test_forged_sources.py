@@ -6,6 +6,7 @@ docs/threat-model.md). Root, real etcd, both engines.
       h0: the victim (daemon)     h1: its peer (daemon)       forger: no daemon
       flannel0 10.5.a.0           flannel0 10.5.b.0
       cni0 10.5.a.1/24 (bridge)
+      and 172.31.9.1/32 (both added after the daemon started)
       veth 192.168.77.1           veth 192.168.77.2           veth 192.168.77.3
            |                           |                           |
       -----+----------------- bridge, switch netns (etcd) ---------+------------
@@ -34,6 +35,7 @@ from tests.integration.conftest import overlay_of
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
 PORT = 7788                  # the victim's local UDP socket (bound to 0.0.0.0)
+LATE = "172.31.9.1"          # an address the victim gets after its daemon started
 N = 5                        # forged datagrams per inner source
 GRACE_S = 0.5                # after the last datagram, before the listener stops
 
@@ -94,6 +96,9 @@ def ov(request):
         overlay.exec(victim, ["ip", "link", "add", "cni0", "type", "bridge"]).check_returncode()
         overlay.exec(victim, ["ip", "addr", "add", bridge, "dev", "cni0"]).check_returncode()
         overlay.exec(victim, ["ip", "link", "set", "cni0", "up"]).check_returncode()
+        # Outside the subnet: only the daemon's look at the host's addresses (each second)
+        # covers it.
+        overlay.exec(victim, ["ip", "addr", "add", f"{LATE}/32", "dev", "cni0"]).check_returncode()
         overlay.forger = overlay.tb.add_host("forger")
         try:
             yield overlay
@@ -138,7 +143,8 @@ def send_real(ov, victim, peer, n=3):
 def own_sources(ov, victim) -> dict[str, str]:
     net = ov.subnet(victim)
     return {"underlay": victim.ip, "flannel0": str(net.network_address),
-            "bridge": str(net.network_address + 1), "pod": str(net.network_address + 9)}
+            "bridge": str(net.network_address + 1), "pod": str(net.network_address + 9),
+            "added-later": LATE}
 
 
 def forged_drops(ov, victim, peer, inner_src, reason) -> tuple[list[str], int]:
@@ -150,10 +156,12 @@ def forged_drops(ov, victim, peer, inner_src, reason) -> tuple[list[str], int]:
     return got, counter(ov, victim, reason) - before
 
 
-@pytest.mark.parametrize("which", ["underlay", "flannel0", "bridge", "pod"])
+@pytest.mark.parametrize("which", ["underlay", "flannel0", "bridge", "pod", "added-later"])
 def test_forged_own_source_never_arrives(ov, which, figure):
     victim, peer = ov.hosts[0], ov.hosts[1]
     inner_src = own_sources(ov, victim)[which]
+    if which == "added-later":
+        assert ov.wait_log(victim, LATE), "the daemon never noticed the new address"
     got, dropped = forged_drops(ov, victim, peer, inner_src, "inner_local")
     figure(f"{ov.kind}: forged inner source {which} ({inner_src}): sent, arrived, "
            "drop_inner_local", f"{N}, {len(got)}, {dropped}")
