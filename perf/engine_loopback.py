@@ -133,7 +133,7 @@ def main():
         except OSError:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     engine = create_engine(a.engine, tun_fd=tun_engine.fileno(), udp_fd=udp.fileno(),
-                           tun_addr="10.5.1.0", mtu=1472, port=8285, batch=a.batch)
+                           tun_addr="10.5.1.0", mtu=1472, batch=a.batch)
     engine.set_routes([Route.make("10.7.0.0/16", "127.0.0.2", peer.getsockname()[1])])
     engine.start()
     try:

@@ -21,9 +21,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dataplane.perf import build, measure  # noqa: E402
-from dataplane.perf.paths import PATHS, make_path  # noqa: E402
-from dataplane.perf.topo import BenchTopo  # noqa: E402
+from dataplane.bench import build, measure  # noqa: E402
+from dataplane.bench.paths import PATHS, make_path  # noqa: E402
+from dataplane.bench.topo import BenchTopo  # noqa: E402
 
 
 def main() -> int:

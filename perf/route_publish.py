@@ -30,7 +30,7 @@ def measure(kind: str, table: list[Route], runs: int) -> list[float]:
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     engine = create_engine(kind, tun_fd=tun_engine.fileno(), udp_fd=udp.fileno(),
-                           tun_addr="10.255.1.0", mtu=1472, port=8285)
+                           tun_addr="10.255.1.0", mtu=1472)
     try:
         engine.set_routes(table)        # warm-up: first allocation, imports
         return timeit.repeat(lambda: engine.set_routes(table), number=1, repeat=runs)

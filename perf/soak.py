@@ -41,9 +41,9 @@ from datetime import datetime, timezone
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dataplane.atomicfile import write_atomic  # noqa: E402
-from dataplane.perf.build import build_udpgen  # noqa: E402
-from dataplane.perf.trend import growth  # noqa: E402
+from dataplane.host.atomicfile import write_atomic  # noqa: E402
+from dataplane.bench.build import build_udpgen  # noqa: E402
+from dataplane.bench.trend import growth  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
 
 SINK_PORT = 9500

@@ -101,7 +101,7 @@ class Harness:
         self.stranger = Peer("127.0.0.254")
         self.engine = create_engine(kind, tun_fd=self.tun_engine.fileno(),
                                     udp_fd=self.udp.fileno(), tun_addr=tun_addr, mtu=mtu,
-                                    port=self.udp_addr[1], batch=batch, accept_any=accept_any)
+                                    batch=batch, accept_any=accept_any)
         # Tests see every ICMP error unless they ask for a limit (None: the
         # engine's default, 100/s with a burst of 50).
         if icmp_rate is not None:
@@ -314,7 +314,7 @@ def subnet_host(subnet: str, n: int = 1) -> str:
 
 def full_checksum(header: bytes) -> int:
     """The header checksum recomputed from scratch (checksum field zeroed)."""
-    from dataplane import ipv4
+    from dataplane.engine import ipv4
     return ipv4.checksum(header[:10] + b"\0\0" + header[12:])
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 
 VNET = struct.Struct("=BBHHHH")      # flags, gso_type, hdr_len, gso_size, csum_start, csum_offset
 F_NEEDS_CSUM = 1

@@ -2,7 +2,7 @@
 
     python csrc/fuzz/make_corpus.py
 
-The seeds are real packets from dataplane.ipv4's builders (the ones the
+The seeds are real packets from dataplane.engine.ipv4's builders (the ones the
 engine tests use) and a few malformed ones, wrapped in the input layout
 described at the top of fuzz_packet.c. Regression inputs (crashes found by
 fuzzing) live beside them as corpus/regress-*; this script leaves those alone.
@@ -16,7 +16,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from dataplane import ipv4  # noqa: E402
+from dataplane.engine import ipv4  # noqa: E402
 
 CORPUS = os.path.join(HERE, "corpus")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from ..atomicfile import write_atomic
+from ..host.atomicfile import write_atomic
 
 W, H = 940, 640
 COL_A, COL_B = 80, 520          # left edges of the two host columns

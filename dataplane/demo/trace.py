@@ -9,7 +9,7 @@ Inputs are what the demo collected from the overlay:
 * ``ip route get`` output, the leases in etcd, and frames from a wire tap.
 
 Output: plain dicts (JSON-able), one per step, that ``render.py`` prints and
-``--json`` emits. Headers are decoded with :mod:`dataplane.ipv4` (the project's
+``--json`` emits. Headers are decoded with :mod:`dataplane.engine.ipv4` (the project's
 one IPv4 decoder); only the 8 bytes of UDP/ICMP after it are unpacked here.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import ipaddress
 import re
 import struct
 
-from .. import ipv4
+from ..engine import ipv4
 from ..engine.api import STAT_NAMES
 
 #: flannel's udp backend adds exactly an outer IPv4 header and a UDP header.
@@ -39,7 +39,7 @@ def stats_from_metrics(metrics: dict) -> dict:
     """The engine counters (STAT_NAMES keys) back out of the daemon's /metrics.
 
     ``metrics`` is {"name{labels}": value} (Overlay.metrics). The mapping is the
-    inverse of dataplane/metrics.py's families: packets/bytes by path, drops by
+    inverse of dataplane/daemon/metrics.py's families: packets/bytes by path, drops by
     reason, ICMP by type, syscalls by kind, batches by direction, offloads by op.
     """
     out = {}

@@ -56,19 +56,16 @@ class Engine(abc.ABC):
     """
     name: str = "?"
 
-    def __init__(self, tun_fd: int, udp_fd: int, tun_addr, mtu: int, port: int,
+    def __init__(self, tun_fd: int, udp_fd: int, tun_addr, mtu: int,
                  batch: int = DEFAULT_BATCH, accept_any: bool = True):
         if not MTU_MIN <= int(mtu) <= MTU_MAX:
             raise ValueError(f"mtu {mtu} out of range {MTU_MIN}..{MTU_MAX}")
         if not 1 <= int(batch) <= BATCH_MAX:
             raise ValueError(f"batch {batch} out of range 1..{BATCH_MAX}")
-        if not 1 <= int(port) <= 65535:
-            raise ValueError(f"port {port} out of range 1..65535")
         self.tun_fd = tun_fd
         self.udp_fd = udp_fd
         self.tun_addr = ipaddress.IPv4Address(tun_addr)
         self.mtu = int(mtu)
-        self.port = int(port)
         self.batch = int(batch)
         self.accept_any = bool(accept_any)
 

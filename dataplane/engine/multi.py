@@ -4,7 +4,7 @@ Each queue is a complete engine with its own loop thread (the C loop runs
 without the GIL, so C queues run on all cores; Python queues work too, one
 thread each, but share the GIL). The queues share nothing: the kernel spreads
 the flows (the TUN's flow hash on the way out, the sockets' steering program
-on the way in, see dataplane/udpsock.py) and any queue may write into the TUN.
+on the way in, see dataplane/host/udpsock.py) and any queue may write into the TUN.
 
 What the wrapper decides, for callers that see one engine:
 
@@ -19,7 +19,7 @@ What the wrapper decides, for callers that see one engine:
   sender's packets hash to one queue, so a single flow sees rate/N;
 * the trace is queue 0's alone (every ring numbers its own events, and
   ``trace_events(after)`` reads one ordered stream): callers that trace run
-  one queue (dataplane/queues.py);
+  one queue (dataplane/host/queues.py);
 * ``start``/``stop``/``close`` act on all; ``join`` waits for all;
   ``ended`` says which loops have ended (one ending is a failure).
 """
@@ -44,8 +44,7 @@ class MultiEngine(Engine):
         if not queues:
             raise ValueError("a MultiEngine needs at least one queue")
         q0 = queues[0]
-        super().__init__(q0.tun_fd, q0.udp_fd, q0.tun_addr, q0.mtu, q0.port, q0.batch,
-                         q0.accept_any)
+        super().__init__(q0.tun_fd, q0.udp_fd, q0.tun_addr, q0.mtu, q0.batch, q0.accept_any)
         self.queues = queues
         self.name = q0.name
         self._closed = False
@@ -151,8 +150,8 @@ def create(cls, tun_fds, udp_fds, *, icmp_rate=None, icmp_burst=ICMP_BURST_DEFAU
            offloads: int = 0, trace: bool = False, **engine_kw) -> MultiEngine:
     """One ``cls`` engine per (tun fd, udp fd) pair, configured alike, not started.
 
-    ``engine_kw`` are Engine's other constructor arguments (tun_addr, mtu, port,
-    batch, accept_any). On failure the engines made so far are closed."""
+    ``engine_kw`` are Engine's other constructor arguments (tun_addr, mtu, batch,
+    accept_any). On failure the engines made so far are closed."""
     tun_fds, udp_fds = list(tun_fds), list(udp_fds)
     if len(tun_fds) != len(udp_fds) or not tun_fds:
         raise ValueError(f"{len(tun_fds)} TUN queue(s) for {len(udp_fds)} UDP socket(s)")

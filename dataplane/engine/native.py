@@ -67,9 +67,9 @@ class CEngine(Engine):
     """The C loop of csrc/loop.c behind the Engine interface."""
     name = "c"
 
-    def __init__(self, tun_fd, udp_fd, tun_addr, mtu: int, port: int,
+    def __init__(self, tun_fd, udp_fd, tun_addr, mtu: int,
                  batch: int = DEFAULT_BATCH, accept_any: bool = True):
-        super().__init__(tun_fd, udp_fd, tun_addr, mtu, port, batch, accept_any)
+        super().__init__(tun_fd, udp_fd, tun_addr, mtu, batch, accept_any)
         # Guards _loop against free while another thread is in a C call.
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None

@@ -54,7 +54,7 @@ import struct
 import threading
 import time
 
-from .. import ipv4
+from . import ipv4
 from .api import DEFAULT_BATCH, Engine, EngineClosed
 from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS,
                        TRACE_RING)
@@ -66,22 +66,23 @@ ROUNDS = 8                      # batches per direction between two polls (loop.
 HEADER_MIN = 20
 
 # Counter indices, dp_stats field order.
-_I = {name: i for i, name in enumerate(STAT_NAMES)}
-TUN_RX_PACKETS, TUN_RX_BYTES = _I["tun_rx_packets"], _I["tun_rx_bytes"]
-UDP_TX_PACKETS, UDP_TX_BYTES = _I["udp_tx_packets"], _I["udp_tx_bytes"]
-UDP_RX_PACKETS, UDP_RX_BYTES = _I["udp_rx_packets"], _I["udp_rx_bytes"]
-TUN_TX_PACKETS, TUN_TX_BYTES = _I["tun_tx_packets"], _I["tun_tx_bytes"]
-ICMP_UNREACH_SENT, ICMP_TTL_SENT = _I["icmp_unreach_sent"], _I["icmp_ttl_sent"]
-DROP_NO_ROUTE, DROP_TTL = _I["drop_no_route"], _I["drop_ttl"]
-DROP_MALFORMED, DROP_NOT_IPV4 = _I["drop_malformed"], _I["drop_not_ipv4"]
-DROP_TRUNCATED, DROP_BAD_SOURCE = _I["drop_truncated"], _I["drop_bad_source"]
-DROP_SEND_ERROR = _I["drop_send_error"]
-DROP_TUN_FULL, DROP_TUN_ERROR = _I["drop_tun_full"], _I["drop_tun_error"]
-SYSCALLS, TUN_READS, TUN_WRITES = _I["syscalls"], _I["tun_reads"], _I["tun_writes"]
-UDP_SENDS, UDP_RECVS, POLLS = _I["udp_sends"], _I["udp_recvs"], _I["polls"]
-TX_BATCHES, RX_BATCHES, ROUTE_SWAPS = _I["tx_batches"], _I["rx_batches"], _I["route_swaps"]
-ICMP_RATELIMITED = _I["icmp_ratelimited"]
-DROP_INNER_LOCAL, DROP_INNER_FOREIGN = _I["drop_inner_local"], _I["drop_inner_foreign"]
+_STAT_INDEX = {name: i for i, name in enumerate(STAT_NAMES)}
+TUN_RX_PACKETS, TUN_RX_BYTES = _STAT_INDEX["tun_rx_packets"], _STAT_INDEX["tun_rx_bytes"]
+UDP_TX_PACKETS, UDP_TX_BYTES = _STAT_INDEX["udp_tx_packets"], _STAT_INDEX["udp_tx_bytes"]
+UDP_RX_PACKETS, UDP_RX_BYTES = _STAT_INDEX["udp_rx_packets"], _STAT_INDEX["udp_rx_bytes"]
+TUN_TX_PACKETS, TUN_TX_BYTES = _STAT_INDEX["tun_tx_packets"], _STAT_INDEX["tun_tx_bytes"]
+ICMP_UNREACH_SENT, ICMP_TTL_SENT = _STAT_INDEX["icmp_unreach_sent"], _STAT_INDEX["icmp_ttl_sent"]
+DROP_NO_ROUTE, DROP_TTL = _STAT_INDEX["drop_no_route"], _STAT_INDEX["drop_ttl"]
+DROP_MALFORMED, DROP_NOT_IPV4 = _STAT_INDEX["drop_malformed"], _STAT_INDEX["drop_not_ipv4"]
+DROP_TRUNCATED, DROP_BAD_SOURCE = _STAT_INDEX["drop_truncated"], _STAT_INDEX["drop_bad_source"]
+DROP_SEND_ERROR = _STAT_INDEX["drop_send_error"]
+DROP_TUN_FULL, DROP_TUN_ERROR = _STAT_INDEX["drop_tun_full"], _STAT_INDEX["drop_tun_error"]
+SYSCALLS, TUN_READS, TUN_WRITES = _STAT_INDEX["syscalls"], _STAT_INDEX["tun_reads"], _STAT_INDEX["tun_writes"]
+UDP_SENDS, UDP_RECVS, POLLS = _STAT_INDEX["udp_sends"], _STAT_INDEX["udp_recvs"], _STAT_INDEX["polls"]
+TX_BATCHES, RX_BATCHES, ROUTE_SWAPS = _STAT_INDEX["tx_batches"], _STAT_INDEX["rx_batches"], _STAT_INDEX["route_swaps"]
+ICMP_RATELIMITED = _STAT_INDEX["icmp_ratelimited"]
+DROP_INNER_LOCAL, DROP_INNER_FOREIGN = (_STAT_INDEX["drop_inner_local"],
+                                        _STAT_INDEX["drop_inner_foreign"])
 NS_PER_S = 1_000_000_000
 
 # Trace kinds (enum dp_trace_kind).
@@ -107,15 +108,15 @@ class PyEngine(Engine):
     """The Engine contract in pure Python (see the module docstring)."""
     name = "python"
 
-    def __init__(self, tun_fd: int, udp_fd: int, tun_addr, mtu: int, port: int,
+    def __init__(self, tun_fd: int, udp_fd: int, tun_addr, mtu: int,
                  batch: int = DEFAULT_BATCH, accept_any: bool = True):
-        super().__init__(tun_fd, udp_fd, tun_addr, mtu, port, batch, accept_any)
+        super().__init__(tun_fd, udp_fd, tun_addr, mtu, batch, accept_any)
         # Like the C binding, accept anything with a fileno() as well as ints.
         tun_fd = self.tun_fd = tun_fd if isinstance(tun_fd, int) else tun_fd.fileno()
         udp_fd = self.udp_fd = udp_fd if isinstance(udp_fd, int) else udp_fd.fileno()
         if tun_fd < 0 or udp_fd < 0 or tun_fd == udp_fd:
             raise OSError(errno.EBADF, "tun_fd and udp_fd must be two distinct open fds")
-        self._c = [0] * len(STAT_NAMES)
+        self._counters = [0] * len(STAT_NAMES)
         self._published = _EMPTY          # the newest table; the loop adopts it
         self._stopping = False
         self._closed = False
@@ -222,7 +223,7 @@ class PyEngine(Engine):
 
     def stats(self) -> dict:
         self._check_open()
-        return dict(zip(STAT_NAMES, list(self._c)))
+        return dict(zip(STAT_NAMES, list(self._counters)))
 
     def set_icmp_limit(self, rate: int, burst: int = ICMP_BURST_DEFAULT) -> None:
         self._check_open()
@@ -273,9 +274,10 @@ class PyEngine(Engine):
             log.exception("pyengine loop failed")
 
     def _run(self):
-        c = self._c
+        count = self._counters
         record = self._record
-        mtu, mtu1, nbatch = self.mtu, self.mtu + 1, self.batch
+        # a datagram read into MTU + 1 bytes that fills them is longer than the MTU
+        mtu, rx_size, nbatch = self.mtu, self.mtu + 1, self.batch
         accept_any = self.accept_any
         tun_fd, udp_fd, wake_fd = self.tun_fd, self.udp_fd, self._wake_fd
         tun_addr = self._tun_addr_packed
@@ -304,10 +306,10 @@ class PyEngine(Engine):
             t = self._published
             if t is not routes:
                 routes = t
-                c[ROUTE_SWAPS] += 1
+                count[ROUTE_SWAPS] += 1
 
         def drop(reason, length):
-            c[reason] += 1
+            count[reason] += 1
             if self._tracing:
                 record(TR_DROP, length, 0, 0, reason, None)
 
@@ -322,7 +324,7 @@ class PyEngine(Engine):
             if tat < now:
                 tat = now
             if tat - now > (burst - 1) * interval:
-                c[ICMP_RATELIMITED] += 1
+                count[ICMP_RATELIMITED] += 1
                 return False
             tat += interval
             return True
@@ -331,8 +333,8 @@ class PyEngine(Engine):
             if not icmp_allowed():
                 return
             pkt = ipv4.icmp_error(buf[:length], type_, 0, tun_addr)
-            c[SYSCALLS] += 1
-            c[TUN_WRITES] += 1
+            count[SYSCALLS] += 1
+            count[TUN_WRITES] += 1
             try:
                 w = tun_write(pkt)
             except OSError as e:
@@ -341,7 +343,7 @@ class PyEngine(Engine):
             if w is None:             # EAGAIN: FileIO reports it as None
                 drop(DROP_TUN_FULL, len(pkt))
                 return
-            c[ICMP_UNREACH_SENT if type_ == ipv4.ICMP_DEST_UNREACH else ICMP_TTL_SENT] += 1
+            count[ICMP_UNREACH_SENT if type_ == ipv4.ICMP_DEST_UNREACH else ICMP_TTL_SENT] += 1
             if self._tracing:
                 record(TR_ICMP, len(pkt), 0, 0, 0, pkt)
 
@@ -380,15 +382,15 @@ class PyEngine(Engine):
                 if r < HEADER_MIN:
                     drop(DROP_MALFORMED, r)
                     continue
-                vihl = buf[0]
-                if vihl >> 4 != 4:
+                version_ihl = buf[0]
+                if version_ihl >> 4 != 4:
                     drop(DROP_NOT_IPV4, r)
                     continue
-                ihl4 = (vihl & 15) << 2
-                if ihl4 < HEADER_MIN or ihl4 > r:
+                header_len = (version_ihl & 15) << 2
+                if header_len < HEADER_MIN or header_len > r:
                     drop(DROP_MALFORMED, r)
                     continue
-                tot, ffo, ttl, proto, check, dst = tun_fields(buf)
+                tot, flags_frag, ttl, proto, check, dst = tun_fields(buf)
                 if tot != r:
                     drop(DROP_MALFORMED, r)
                     continue
@@ -406,7 +408,7 @@ class PyEngine(Engine):
                     if tracing:
                         record(TR_ROUTE_MISS, 0, dst, 0, 0, None)
                     drop(DROP_NO_ROUTE, r)
-                    if proto != 1 and not ffo & 0x1FFF:
+                    if proto != 1 and not flags_frag & 0x1FFF:
                         icmp_error(buf, r, 3)
                     continue
                 if tracing:
@@ -414,8 +416,8 @@ class PyEngine(Engine):
                 # 3. TTL
                 if ttl <= 1:
                     drop(DROP_TTL, r)
-                    if not ffo & 0x1FFF and not (
-                            proto == 1 and r > ihl4 and buf[ihl4] in _ICMP_ERROR_TYPES):
+                    if not flags_frag & 0x1FFF and not (
+                            proto == 1 and r > header_len and buf[header_len] in _ICMP_ERROR_TYPES):
                         icmp_error(buf, r, 11)
                     continue
                 # 4. TTL - 1 with the checksum formula of dataplane.h. With
@@ -444,15 +446,15 @@ class PyEngine(Engine):
                 if tracing:
                     hop = tx_hop[i]
                     record(TR_UDP_SEND, length, str_to_int(hop[0]), hop[1], m, None)
-            c[SYSCALLS] += reads + sends
-            c[TUN_READS] += reads
-            c[UDP_SENDS] += sends
-            c[TUN_RX_PACKETS] += rx_pk
-            c[TUN_RX_BYTES] += rx_by
-            c[UDP_TX_PACKETS] += tx_pk
-            c[UDP_TX_BYTES] += tx_by
+            count[SYSCALLS] += reads + sends
+            count[TUN_READS] += reads
+            count[UDP_SENDS] += sends
+            count[TUN_RX_PACKETS] += rx_pk
+            count[TUN_RX_BYTES] += rx_by
+            count[UDP_TX_PACKETS] += tx_pk
+            count[UDP_TX_BYTES] += tx_by
             if n:
-                c[TX_BATCHES] += 1
+                count[TX_BATCHES] += 1
             return more, error
 
         # -- 3. UDP -> TUN ---------------------------------------------------
@@ -468,18 +470,18 @@ class PyEngine(Engine):
                 recvs += 1
                 try:
                     if need_src:
-                        rx_len[k], rx_src[k] = recvfrom_into(rx_bufs[k], mtu1, DONTWAIT)
+                        rx_len[k], rx_src[k] = recvfrom_into(rx_bufs[k], rx_size, DONTWAIT)
                     else:
-                        rx_len[k] = recv_into(rx_bufs[k], mtu1, DONTWAIT)
+                        rx_len[k] = recv_into(rx_bufs[k], rx_size, DONTWAIT)
                 except OSError:        # EAGAIN, or e.g. a pending ICMP error on the socket
                     more = False
                     break
                 k += 1
-            c[UDP_RECVS] += recvs
-            c[SYSCALLS] += recvs
+            count[UDP_RECVS] += recvs
+            count[SYSCALLS] += recvs
             if not k:
                 return False
-            c[RX_BATCHES] += 1
+            count[RX_BATCHES] += 1
             # Read after the receives, so that a set published before a
             # datagram was sent is the one that judges it (as in C, which
             # looks before each packet). Strict needs the sources, so it
@@ -489,8 +491,8 @@ class PyEngine(Engine):
             lookup = routes.lookup
             rx_pk = rx_by = tx_pk = tx_by = writes = 0
             for i in range(k):
-                nb = rx_len[i]
-                length = nb if nb <= mtu else mtu
+                received = rx_len[i]
+                length = received if received <= mtu else mtu
                 rx_pk += 1
                 rx_by += length
                 buf = rx_bufs[i]
@@ -499,7 +501,7 @@ class PyEngine(Engine):
                     record(TR_UDP_RECV, length, str_to_int(src[0]), src[1], k,
                            buf[:min(length, TRACE_HEAD)])
                 # 1.-4. the checks, in the header's order
-                if nb > mtu:
+                if received > mtu:
                     drop(DROP_TRUNCATED, length)
                     continue
                 if not accept_any and rx_src[i][0] not in peers:
@@ -511,8 +513,8 @@ class PyEngine(Engine):
                 if length < HEADER_MIN:
                     drop(DROP_MALFORMED, length)
                     continue
-                ihl4 = (buf[0] & 15) << 2
-                if ihl4 < HEADER_MIN or ihl4 > length or (buf[2] << 8 | buf[3]) != length:
+                header_len = (buf[0] & 15) << 2
+                if header_len < HEADER_MIN or header_len > length or (buf[2] << 8 | buf[3]) != length:
                     drop(DROP_MALFORMED, length)
                     continue
                 inner = _SRC(buf)[0]
@@ -546,19 +548,19 @@ class PyEngine(Engine):
                 tx_by += length
                 if tracing:
                     record(TR_TUN_WRITE, length, 0, 0, 0, buf[:min(length, TRACE_HEAD)])
-            c[SYSCALLS] += writes
-            c[TUN_WRITES] += writes
-            c[UDP_RX_PACKETS] += rx_pk
-            c[UDP_RX_BYTES] += rx_by
-            c[TUN_TX_PACKETS] += tx_pk
-            c[TUN_TX_BYTES] += tx_by
+            count[SYSCALLS] += writes
+            count[TUN_WRITES] += writes
+            count[UDP_RX_PACKETS] += rx_pk
+            count[UDP_RX_BYTES] += rx_by
+            count[TUN_TX_PACKETS] += tx_pk
+            count[TUN_TX_BYTES] += tx_by
             return more
 
         # -- 4. the loop -----------------------------------------------------
         tun_registered = True
         while not self._stopping:
-            c[SYSCALLS] += 1
-            c[POLLS] += 1
+            count[SYSCALLS] += 1
+            count[POLLS] += 1
             events = poll()
             tun_more = udp_more = False
             tun_events = 0
@@ -569,7 +571,7 @@ class PyEngine(Engine):
                 elif fd == udp_fd:
                     udp_more = True
                 elif fd == wake_fd:   # stop, or a new route table
-                    c[SYSCALLS] += 1
+                    count[SYSCALLS] += 1
                     try:
                         os.eventfd_read(wake_fd)
                     except BlockingIOError:
@@ -584,7 +586,7 @@ class PyEngine(Engine):
                     # every read: take it out of the set rather than spin.
                     if tun_error and tun_events & (select.EPOLLERR | select.EPOLLHUP) \
                             and tun_registered:
-                        c[SYSCALLS] += 1
+                        count[SYSCALLS] += 1
                         self._ep.unregister(tun_fd)
                         tun_registered = False
                 if self._stopping:

@@ -38,7 +38,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
-from ..child import cli_argv
+from ..cli.child import cli_argv
 from . import netns as ns
 
 log = logging.getLogger(__name__)

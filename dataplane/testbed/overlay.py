@@ -43,7 +43,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..child import cli_argv
+from ..cli.child import cli_argv
 from .etcd import EtcdServer
 from .hosts import Host, Testbed, wait_for
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dataplane.registry import Registry
+from dataplane.control.registry import Registry
 from dataplane.testbed.etcd import EtcdServer
 from tests.conftest import require, require_etcd, require_root
 

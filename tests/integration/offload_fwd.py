@@ -23,8 +23,8 @@ import signal
 import socket
 import threading
 
-from dataplane import netconf, tun
-from dataplane.atomicfile import write_atomic
+from dataplane.host import netconf, tun
+from dataplane.host.atomicfile import write_atomic
 from dataplane.engine import OFF_TUN_VNET, Route, create_engine
 
 
@@ -79,8 +79,7 @@ def main() -> int:
             pip, pport = hop.split(":")
             routes.append(Route.make(net, pip, int(pport)))
         engine = create_engine(a.engine, tun_fd=fd, udp_fd=sock.fileno(),
-                               tun_addr=ipaddress.IPv4Interface(a.tun_addr).ip, mtu=mtu,
-                               port=int(port))
+                               tun_addr=ipaddress.IPv4Interface(a.tun_addr).ip, mtu=mtu)
         engine.set_offloads(a.offloads)
         engine.set_routes(routes)
         engine.start()

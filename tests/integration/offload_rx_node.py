@@ -29,7 +29,7 @@ import socket
 import struct
 import threading
 
-from dataplane.atomicfile import write_atomic
+from dataplane.host.atomicfile import write_atomic
 
 SOL_UDP, UDP_SEGMENT, UDP_GRO = 17, 103, 104
 SOCKBUF = 4 << 20
@@ -58,9 +58,9 @@ def _sysctl(key: str, value: str) -> None:
 
 
 def run_rx(a, stop: threading.Event) -> dict:
-    from dataplane import netconf
+    from dataplane.host import netconf
     from dataplane.engine import OFF_TUN_VNET, OFF_UDP_GRO, Route, create_engine
-    from dataplane.tun import open_tun
+    from dataplane.host.tun import open_tun
 
     peer_ip, peer_port = _hostport(a.peer)
     fds, socks, engines = [], [], {}
@@ -81,7 +81,7 @@ def run_rx(a, stop: threading.Event) -> dict:
         for name, fd, s, off, kind in (("rx", fd0, s0, a.offloads, a.engine),
                                        ("back", fd1, s1, 0, "c")):
             e = create_engine(kind, tun_fd=fd, udp_fd=s.fileno(), tun_addr=a.addr, mtu=MTU,
-                        port=s.getsockname()[1], batch=64, accept_any=True)
+                        batch=64, accept_any=True)
             if off:
                 e.set_offloads(off)
             e.set_icmp_limit(0, 1)
@@ -105,8 +105,8 @@ def run_rx(a, stop: threading.Event) -> dict:
 
 
 def run_gso_relay(a, stop: threading.Event) -> dict:
-    from dataplane import netconf
-    from dataplane.tun import open_tun
+    from dataplane.host import netconf
+    from dataplane.host.tun import open_tun
 
     peer = _hostport(a.peer)
     st = {"tun_packets": 0, "trains": 0, "train_datagrams": 0, "sends": 0, "send_errors": 0,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dataplane.ipmasq import REMOVAL_COMMANDS
+from dataplane.host.firewall import REMOVAL_COMMANDS
 from tests.conftest import require_etcd, require_root
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from tests.conftest import require_etcd, require_root
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]

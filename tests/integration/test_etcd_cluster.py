@@ -6,9 +6,9 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from dataplane.lease import LeaseAttrs
-from dataplane.peers import PeerWatcher
-from dataplane.subnets import SubnetManager
+from dataplane.control.lease import LeaseAttrs
+from dataplane.control.peers import PeerWatcher
+from dataplane.control.lease_manager import SubnetManager
 from dataplane.testbed.etcd import EtcdCluster
 from tests.conftest import require_etcd
 from tests.integration.conftest import wait_until

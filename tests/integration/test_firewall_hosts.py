@@ -27,7 +27,7 @@ import time
 import pytest
 
 from dataplane.demo import lab
-from dataplane.ipmasq import REMOVAL_COMMANDS
+from dataplane.host.firewall import REMOVAL_COMMANDS
 from tests.conftest import ENGINES
 from tests.integration.conftest import overlay_of, wait_until
 

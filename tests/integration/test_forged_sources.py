@@ -62,7 +62,7 @@ print(len(got), *got, flush=True)
 # In the forger: `count` datagrams, outer source forged, from a raw socket (IP_HDRINCL).
 FORGE = r"""
 import socket, sys, time
-from dataplane import ipv4
+from dataplane.engine import ipv4
 outer_src, outer_dst, inner_src, inner_dst, dport, count = sys.argv[1:7]
 s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
 for i in range(int(count)):

@@ -4,7 +4,7 @@ environment without extras, works from any directory as a newcomer runs it.
 The wheel carries the compiled C engine and the traffic generator's source;
 `flannel-udp --version`, `run --version` and `run --help` work from outside the
 checkout and from inside it; a child started by the installed package
-(dataplane/child.py) imports the installed package even with the checkout,
+(dataplane/cli/child.py) imports the installed package even with the checkout,
 whose `dataplane/` would win under `python -m`, as its current directory; the
 daemon imports without the demo/bench extras, and demo and bench name the
 extra to install. The sdist is built from a copy of the working tree (so the
@@ -72,13 +72,13 @@ def installed(tmp_path_factory):
 def test_the_sdist_carries_what_the_build_needs(installed):
     with tarfile.open(installed["sdist"]) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"csrc/dataplane.h", "csrc/build_ffi.py", "dataplane/perf/udpgen.c", "LICENSE"} <= names
+    assert {"csrc/dataplane.h", "csrc/build_ffi.py", "dataplane/bench/udpgen.c", "LICENSE"} <= names
 
 
 def test_the_wheel_carries_the_c_engine_and_the_generator_source(installed):
     names = zipfile.ZipFile(installed["wheel"]).namelist()
     assert any(n.startswith("dataplane/_dataplane_c") and n.endswith(".so") for n in names), names
-    assert "dataplane/perf/udpgen.c" in names
+    assert "dataplane/bench/udpgen.c" in names
     assert not [n for n in names if n.startswith(("tests/", "perf/", "csrc/"))]
 
 
@@ -104,7 +104,7 @@ def test_a_child_runs_the_installed_package_even_from_the_checkout(installed):
     # The parent runs the installed package; its child, started in the checkout, does too,
     # with the C engine the wheel built.
     parent = ("import subprocess, sys\n"
-              "from dataplane.child import python_argv, cli_argv\n"
+              "from dataplane.cli.child import python_argv, cli_argv\n"
               "code = 'import dataplane, dataplane.engine as e; "
               "print(dataplane.__file__, e.c_available())'\n"
               "out = subprocess.run(python_argv(code), cwd=sys.argv[1], capture_output=True,"
@@ -124,7 +124,7 @@ def test_a_child_runs_the_installed_package_even_from_the_checkout(installed):
 
 def test_the_daemon_needs_no_extra_and_demo_and_bench_name_theirs(installed):
     py = str(installed["bin"] / "python")
-    r = _run([py, "-c", "import importlib.util as u; import dataplane.daemon, dataplane.cli; "
+    r = _run([py, "-c", "import importlib.util as u; import dataplane.daemon.main, dataplane.cli; "
                         "dataplane.cli.build_parser(); import sys; "
                         "print([m for m in ('rich', 'matplotlib') if u.find_spec(m) or m in "
                         "sys.modules])"], installed["outside"])
@@ -139,7 +139,7 @@ def test_the_daemon_needs_no_extra_and_demo_and_bench_name_theirs(installed):
 def test_the_installed_bench_compiles_its_generator_into_the_cache(installed):
     py = str(installed["bin"] / "python")
     env = dict(os.environ, XDG_CACHE_HOME=installed["cache"])
-    code = "from dataplane.perf import build; print(build.build_udpgen())"
+    code = "from dataplane.bench import build; print(build.build_udpgen())"
     r = _run([py, "-c", code], installed["outside"], env=env)
     assert r.returncode == 0, r.stderr
     binary = r.stdout.strip()

@@ -11,10 +11,10 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from dataplane.lease import LeaseAttrs
-from dataplane.peers import PeerWatcher
-from dataplane.registry import SUBNET_TTL, Registry
-from dataplane.subnets import SubnetManager
+from dataplane.control.lease import LeaseAttrs
+from dataplane.control.peers import PeerWatcher
+from dataplane.control.registry import SUBNET_TTL, Registry
+from dataplane.control.lease_manager import SubnetManager
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.etcd

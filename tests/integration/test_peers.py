@@ -13,9 +13,9 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from dataplane.lease import LeaseAttrs
-from dataplane.peers import PeerWatcher
-from dataplane.subnets import SubnetManager
+from dataplane.control.lease import LeaseAttrs
+from dataplane.control.peers import PeerWatcher
+from dataplane.control.lease_manager import SubnetManager
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.etcd
@@ -44,9 +44,10 @@ class Recorder:
         self.calls = []
         self.lock = threading.Lock()
 
-    def __call__(self, added, removed):
+    def __call__(self, change):
         with self.lock:
-            self.calls.append(([str(l.subnet) for l in added], [str(l.subnet) for l in removed]))
+            self.calls.append(([str(l.subnet) for l in change.added],
+                               [str(l.subnet) for l in change.removed]))
 
 
 @pytest.fixture
@@ -226,7 +227,7 @@ def test_random_churn_with_restarts_and_compaction_converges(etcd, make_registry
     """Random puts, deletes and multi-key txns while etcd crashes, restarts and compacts."""
     import random
 
-    from dataplane.registry import RegistryError
+    from dataplane.control.registry import RegistryError
 
     rng = random.Random(1234)
     reg = make_registry(etcd)

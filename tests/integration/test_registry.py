@@ -10,10 +10,10 @@ from ipaddress import IPv4Address, IPv4Network
 import grpc
 import pytest
 
-from dataplane import registry as registry_mod
-from dataplane.config import ConfigError
-from dataplane.lease import LeaseAttrs
-from dataplane.registry import (CONFIG_NOT_FOUND, ConfigNotFoundError, Registry, RegistryError,
+from dataplane.control import registry as registry_mod
+from dataplane.control.config import ConfigError
+from dataplane.control.lease import LeaseAttrs
+from dataplane.control.registry import (CONFIG_NOT_FOUND, ConfigNotFoundError, Registry, RegistryError,
                                 wait_for_config)
 from dataplane.testbed.etcd import EtcdServer
 from tests.conftest import require_etcd
@@ -55,7 +55,7 @@ def test_wait_for_config_retries_missing_and_invalid(shared_etcd, make_registry,
 
     t = threading.Thread(target=writer)
     t.start()
-    with caplog.at_level(logging.ERROR, logger="dataplane.registry"):
+    with caplog.at_level(logging.ERROR, logger="dataplane.control.registry"):
         cfg = wait_for_config(reg, interval=0.1, timeout=10)
     t.join()
     assert cfg.network == IPv4Network("10.5.0.0/16")

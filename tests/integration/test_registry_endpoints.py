@@ -8,7 +8,7 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from dataplane.registry import Registry, RegistryError
+from dataplane.control.registry import Registry, RegistryError
 from dataplane.testbed.etcd import EtcdServer
 from tests.conftest import require_etcd
 from tests.integration.conftest import unique_prefix

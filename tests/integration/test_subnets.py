@@ -8,9 +8,9 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from dataplane.lease import LeaseAttrs
-from dataplane.registry import Registry
-from dataplane.subnets import OutOfSubnetsError, SubnetManager, check_renew_margin, free_subnets
+from dataplane.control.lease import LeaseAttrs
+from dataplane.control.registry import Registry
+from dataplane.control.lease_manager import OutOfSubnetsError, SubnetManager, check_renew_margin, free_subnets
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.etcd

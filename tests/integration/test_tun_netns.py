@@ -21,8 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 _CHILD = r"""
 import errno, json, os, subprocess
-from dataplane import netconf
-from dataplane.tun import open_tun
+from dataplane.host import netconf
+from dataplane.host.tun import open_tun
 
 def links():
     return {l["ifname"]: l for l in json.loads(subprocess.check_output(["ip", "-j", "link"]))}

@@ -1,11 +1,11 @@
-"""dataplane.atomicfile: modes, durability and cleanup of the one atomic-write helper."""
+"""dataplane.host.atomicfile: modes, durability and cleanup of the one atomic-write helper."""
 import os
 import stat
 
 import pytest
 
-from dataplane import atomicfile
-from dataplane.atomicfile import write_atomic
+from dataplane.host import atomicfile
+from dataplane.host.atomicfile import write_atomic
 
 
 @pytest.fixture

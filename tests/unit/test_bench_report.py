@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from dataplane.perf import report
+from dataplane.bench import report
 
 SIZES = (64, 1400)
 
@@ -90,7 +90,7 @@ def test_engine_variant_paths_get_their_own_ratios():
 
 
 def test_bench_rejects_unknown_paths_and_knows_the_variants():
-    from dataplane.perf.paths import ALL_PATHS, ENGINE_VARIANTS
+    from dataplane.bench.paths import ALL_PATHS, ENGINE_VARIANTS
     assert {"c-base", "c-offload"} <= set(ALL_PATHS)
     for kind, extra in ENGINE_VARIANTS.values():
         assert kind == "c" and "--queues" in extra and "--offload" in extra

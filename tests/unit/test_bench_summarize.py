@@ -1,7 +1,7 @@
 """report.summarize: the per-figure statistics over a bench's trials."""
 from __future__ import annotations
 
-from dataplane.perf.report import summarize
+from dataplane.bench.report import summarize
 
 
 def test_median_is_the_middle_trial_or_the_mean_of_the_middle_two():

@@ -4,7 +4,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
 import pytest
 
-from dataplane.config import ConfigError, parse_config
+from dataplane.control.config import ConfigError, parse_config
 
 A = IPv4Address
 

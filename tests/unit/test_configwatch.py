@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import logging
 
-from dataplane.config import parse_config
-from dataplane.configwatch import ConfigWatcher, config_changes
+from dataplane.control.config import parse_config
+from dataplane.control.configwatch import ConfigWatcher, config_changes
 
 RUNNING = parse_config('{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}')
 
@@ -29,7 +29,7 @@ def test_each_state_is_logged_once_with_the_key_and_bounded(caplog):
     states = [b"not json", b"not json", b'{"Network":"' + b"1" * (1 << 20) + b'"}',
               b"[" * 100000, json.dumps({"Network": "10.5.0.0/16",
                                          "Backend": {"Type": "vxlan"}}).encode(), None]
-    with caplog.at_level(logging.INFO, logger="dataplane.configwatch"):
+    with caplog.at_level(logging.INFO, logger="dataplane.control.configwatch"):
         for value in states:
             w.check(value)
             assert w.mismatch

@@ -11,9 +11,10 @@ import urllib.request
 
 import pytest
 
-from dataplane import ipmasq
+from dataplane.host import firewall
 from dataplane.engine.api import STAT_NAMES
-from dataplane.metrics import HttpServer, MetricsSource
+from dataplane.daemon.http import HttpServer
+from dataplane.daemon.metrics import MetricsSource
 
 
 def stat_value(name: str) -> float:
@@ -114,7 +115,7 @@ def test_port_in_use_names_it():
 
 
 def test_masq_rules_are_flanneld_rules():
-    rules = ipmasq.masq_rules("10.5.0.0/16", "10.5.3.0/24", random_fully=True)
+    rules = firewall.masq_rules("10.5.0.0/16", "10.5.3.0/24", random_fully=True)
     c = ["-m", "comment", "--comment", "flanneld masq"]
     assert rules == [
         ("nat", "POSTROUTING", c + ["-j", "FLANNEL-POSTRTG"]),
@@ -126,12 +127,12 @@ def test_masq_rules_are_flanneld_rules():
         ("nat", "FLANNEL-POSTRTG", ["!", "-s", "10.5.0.0/16", "-d", "10.5.0.0/16"] + c
          + ["-j", "MASQUERADE", "--random-fully"]),
     ]
-    fwd = ipmasq.forward_rules("10.5.0.0/16")
+    fwd = firewall.forward_rules("10.5.0.0/16")
     assert [r[2][-1] for r in fwd] == ["FLANNEL-FWD", "ACCEPT", "ACCEPT"]
 
 
 def test_nft_ruleset_mirrors_iptables():
-    text = ipmasq.nft_ruleset("10.5.0.0/16", "10.5.3.0/24", masq=True, forward=True)
+    text = firewall.nft_ruleset("10.5.0.0/16", "10.5.3.0/24", masq=True, forward=True)
     assert "type nat hook postrouting" in text and "type filter hook forward" in text
     assert "ip saddr != 10.5.0.0/16 ip daddr 10.5.3.0/24 return" in text
     assert text.count("masquerade fully-random") == 2
@@ -139,13 +140,13 @@ def test_nft_ruleset_mirrors_iptables():
 
 def test_ip_masq_without_any_tool_is_a_clear_error(monkeypatch, caplog):
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    with pytest.raises(ipmasq.MasqError, match="iptables.*nft.*--ip-masq"):
-        ipmasq.Rules("10.5.0.0/16", "10.5.3.0/24", masq=True, forward=True)
+    with pytest.raises(firewall.MasqError, match="iptables.*nft.*--ip-masq"):
+        firewall.Rules("10.5.0.0/16", "10.5.3.0/24", masq=True, forward=True)
     # forward rules alone only warn (as flanneld), and install/remove then run nothing
     ran = []
-    monkeypatch.setattr(ipmasq, "_run", lambda argv, check=True: ran.append(argv))
-    with caplog.at_level(logging.WARNING, logger=ipmasq.log.name):
-        r = ipmasq.Rules("10.5.0.0/16", "10.5.3.0/24", masq=False, forward=True)
+    monkeypatch.setattr(firewall, "_run", lambda argv, check=True: ran.append(argv))
+    with caplog.at_level(logging.WARNING, logger=firewall.log.name):
+        r = firewall.Rules("10.5.0.0/16", "10.5.3.0/24", masq=False, forward=True)
     assert r.tool is None
     assert any(rec.levelno == logging.WARNING and "iptables not found" in rec.getMessage()
                and "10.5.0.0/16" in rec.getMessage() for rec in caplog.records), caplog.text
@@ -155,7 +156,7 @@ def test_ip_masq_without_any_tool_is_a_clear_error(monkeypatch, caplog):
 
 
 def test_engine_choice_explains_itself():
-    from dataplane.daemon import choose_engine
+    from dataplane.engine import choose_engine
     from dataplane.engine import c_available
     cls, why = choose_engine("python")
     assert cls.name == "python" and "--engine python" in why
@@ -164,7 +165,7 @@ def test_engine_choice_explains_itself():
 
 
 def test_sd_notify(tmp_path, monkeypatch):
-    from dataplane.daemon import sd_notify
+    from dataplane.daemon.systemd import sd_notify
     path = str(tmp_path / "notify")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.bind(path)

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dataplane.daemon import Daemon
-from dataplane.flags import Options
+from dataplane.cli.flanneld_flags import Options
+from dataplane.daemon.main import Daemon
 
 
 def watch(connected=True, reconnects=0, resyncs=0):
@@ -37,32 +37,32 @@ def daemon():
 
 
 def test_ready_when_lease_engine_and_watch_are_fine(daemon):
-    assert daemon.readiness() == {"lease": None, "engine": None, "etcd_watch": None}
+    assert daemon.source.readiness() == {"lease": None, "engine": None, "etcd_watch": None}
 
 
 def test_each_failing_check_says_why(daemon):
     daemon.peer_watcher.watch_loop.connected.clear()
     daemon.engine = SimpleNamespace(ended=lambda: [1])
     daemon.subnets.lease.expiration = time.time() - 1
-    r = daemon.readiness()
+    r = daemon.source.readiness()
     assert "not connected to etcd" in r["etcd_watch"] and "2 reconnect" in r["etcd_watch"]
     assert r["engine"] == "queue(s) 1 stopped"
     assert r["lease"].startswith("lease 10.5.3.0/24 expired")
 
 
 def test_before_startup_nothing_is_ready():
-    r = Daemon(Options()).readiness()
+    r = Daemon(Options()).source.readiness()
     assert all(why is not None for why in r.values()) and set(r) == {"lease", "engine", "etcd_watch"}
 
 
 def test_etcd_watches_and_lease_counts_survive_replacements(daemon):
     daemon.subnets.watch_loop.reconnects = 4
-    w = daemon.etcd_watches()
+    w = daemon.source.etcd_watches()
     assert w["subnets"] == {"connected": True, "reconnects": 2, "resyncs": 1}
     assert w["own_lease"]["reconnects"] == 4
     daemon.subnets.renewals = 5
-    assert daemon.lease_counts() == {"renewals": 5, "reacquisitions": 0, "races_lost": 0}
+    assert daemon.source.lease_counts() == {"renewals": 5, "reacquisitions": 0, "races_lost": 0}
     # SIGHUP: a new subnet manager, with a new own-lease watch, counting from 0 again
     daemon.subnets = subnet_manager(time.time() + 3600, watch(reconnects=1), renewals=1)
-    assert daemon.etcd_watches()["own_lease"]["reconnects"] == 5
-    assert daemon.lease_counts()["renewals"] == 6
+    assert daemon.source.etcd_watches()["own_lease"]["reconnects"] == 5
+    assert daemon.source.lease_counts()["renewals"] == 6

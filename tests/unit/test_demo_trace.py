@@ -11,10 +11,10 @@ import struct
 
 from prometheus_client import generate_latest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.demo import trace as tr
 from dataplane.engine.api import STAT_NAMES
-from dataplane.metrics import MetricsSource, make_registry
+from dataplane.daemon.metrics import MetricsSource, make_registry
 from dataplane.testbed.overlay import parse_metrics
 
 

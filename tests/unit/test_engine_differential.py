@@ -19,7 +19,7 @@ import random
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from tests.conftest import require_engine
 from tests.engine_harness import Harness, behaviour_stats, kernel_drops
 

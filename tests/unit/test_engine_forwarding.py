@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import EngineClosed
 from tests.engine_harness import Harness, assert_forwarded, expect_only
 

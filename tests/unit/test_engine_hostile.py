@@ -5,7 +5,7 @@ test_engine_icmp_limit.py, arbitrary bytes in test_engine_property.py.
 """
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from tests.engine_harness import Harness, expect_only
 
 MTU = 1472

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import EngineClosed
 from dataplane.engine.api import ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT
 from tests.engine_harness import Harness, expect_only

@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import OFF_UDP_GRO, STAT_NAMES
 from dataplane.engine.contract import LOCAL_MAX
 from tests.engine_harness import Harness, expect_only

@@ -3,7 +3,7 @@ in exactly one drop counter (the first check of dataplane.h it fails) and
 in nothing else but the rx counters."""
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from tests.engine_harness import Harness, expect_only
 
 MTU = 1472

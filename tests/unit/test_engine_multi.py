@@ -2,7 +2,7 @@
 
 Each queue's TUN is one SOCK_DGRAM socketpair (keeps packet boundaries, as a
 TUN queue does); the UDP side is the dataplane's own socket group on loopback
-(dataplane.udpsock: N sockets on one port, steered by the inner flow). Nothing
+(dataplane.host.udpsock: N sockets on one port, steered by the inner flow). Nothing
 leaves 127.0.0.0/8; every send is bounded.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import EngineClosed, Route, engine_class, multi
 from dataplane.engine.api import STAT_NAMES
-from dataplane.udpsock import open_udp_sockets
+from dataplane.host.udpsock import open_udp_sockets
 from tests.engine_harness import assert_forwarded, behaviour_stats, big_rcvbuf
 
 QUEUES = 3
@@ -39,7 +39,7 @@ class Queues:
         self.peer.settimeout(5)
         self.engine = multi.create(engine_class(kind), [p[0].fileno() for p in self.pairs],
                                    [s.fileno() for s in self.socks], tun_addr="10.5.1.0",
-                                   mtu=1472, port=self.port, icmp_rate=0, **kw)
+                                   mtu=1472, icmp_rate=0, **kw)
 
     def route(self):
         return Route.make("10.5.2.0/24", PEER_IP, self.peer.getsockname()[1])
@@ -213,5 +213,4 @@ def test_stop_and_close_are_idempotent(queues):
 
 def test_create_rejects_mismatched_fds(engine_kind):
     with pytest.raises(ValueError, match="2 TUN queue"):
-        multi.create(engine_class(engine_kind), [1, 2], [3], tun_addr="10.5.1.0", mtu=1472,
-                     port=8285)
+        multi.create(engine_class(engine_kind), [1, 2], [3], tun_addr="10.5.1.0", mtu=1472)

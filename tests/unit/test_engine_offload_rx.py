@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, create_engine
 from tests.engine_harness import Harness, behaviour_stats, nonzero
 

@@ -18,7 +18,7 @@ import struct
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import OFF_TUN_VNET, OFF_UDP_GSO, Route
 from tests import gso_packets as gp
 from tests.conftest import require_engine

@@ -28,7 +28,7 @@ import ipaddress
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import DROP_STATS
 from tests.engine_harness import Harness
 

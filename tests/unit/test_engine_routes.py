@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import Route
 from dataplane.engine.pytable import RouteTable
 from tests.engine_harness import Harness, expect_only

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from dataplane.child import python_argv
+from dataplane.cli.child import python_argv
 
 EXTRA_MODULES = ("rich", "matplotlib")
 
@@ -18,7 +18,7 @@ def _child(code: str) -> subprocess.CompletedProcess:
 
 def test_the_daemon_and_run_help_import_no_extra():
     code = ("import contextlib, io\n"
-            "import dataplane.daemon\n"
+            "import dataplane.daemon.main\n"
             "from dataplane import cli\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
             "    cli.main(['run', '--help'])\n"

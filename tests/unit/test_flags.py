@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from dataplane import flags
+from dataplane.cli import flanneld_flags
 from dataplane.cli import build_parser
 
 
 def resolve(argv, env=None):
     args = build_parser().parse_args(["run", *argv])
-    return flags.resolve(args, env or {})
+    return flanneld_flags.resolve(args, env or {})
 
 
 def test_defaults_are_flanneld_defaults():
@@ -79,7 +79,7 @@ def test_env_fills_missing_flags_only():
     (["--kubeconfig-file=/x"], "--kubeconfig-file"),
 ])
 def test_bad_values_name_the_flag(argv, name):
-    with pytest.raises(flags.FlagError, match=name):
+    with pytest.raises(flanneld_flags.FlagError, match=name):
         resolve(argv)
 
 
@@ -123,7 +123,7 @@ def _run(*argv, env=None):
 
 def test_help_lists_every_flag():
     out = _run("--help").stdout
-    for f in flags.FLAGS:
+    for f in flanneld_flags.FLAGS:
         spelled = f"--{f.name}" if len(f.name) > 1 else f"-{f.name}"
         assert spelled in out, spelled
         assert f.env in out

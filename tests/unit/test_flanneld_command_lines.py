@@ -7,11 +7,12 @@ import os
 
 import pytest
 
-from dataplane import cli, flags
+from dataplane import cli
+from dataplane.cli import flanneld_flags
 
 
 def resolve(argv, env):
-    return flags.resolve(cli.build_parser().parse_args(["run", *argv]), env)
+    return flanneld_flags.resolve(cli.build_parser().parse_args(["run", *argv]), env)
 
 
 # (argv, env, expected Options attributes; "warns": a text some warning must contain)
@@ -139,11 +140,11 @@ class _NoDaemon:
 
 @pytest.mark.parametrize("argv,env,code,text", EXITS)
 def test_flanneld_command_line_exit(argv, env, code, text, monkeypatch, capsys):
-    for name in [n for n in os.environ if n.startswith(flags.ENV_PREFIX)]:
+    for name in [n for n in os.environ if n.startswith(flanneld_flags.ENV_PREFIX)]:
         monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr("dataplane.daemon.Daemon", _NoDaemon)
+    monkeypatch.setattr("dataplane.daemon.main.Daemon", _NoDaemon)
     try:
         rc = cli.main(["run", *argv])
     except SystemExit as e:

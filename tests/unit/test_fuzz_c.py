@@ -41,7 +41,7 @@ def _run(args, timeout):
 
 
 def test_seed_corpus_is_current():
-    # The seeds are generated from dataplane.ipv4; make_corpus.py must
+    # The seeds are generated from dataplane.engine.ipv4; make_corpus.py must
     # reproduce the committed files byte for byte.
     import importlib.util
     spec = importlib.util.spec_from_file_location("make_corpus", os.path.join(FUZZ, "make_corpus.py"))

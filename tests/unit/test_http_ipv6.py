@@ -7,7 +7,8 @@ import urllib.request
 
 import pytest
 
-from dataplane.metrics import HEALTHZ_BODY, HttpServer, MetricsSource
+from dataplane.daemon.http import HEALTHZ_BODY, HttpServer
+from dataplane.daemon.metrics import MetricsSource
 from tests.conftest import require
 
 

@@ -12,8 +12,10 @@ import urllib.request
 
 import pytest
 
-from dataplane import ipv4, metrics
-from dataplane.metrics import HttpServer, MetricsSource
+from dataplane.daemon import http, metrics
+from dataplane.daemon.http import HttpServer
+from dataplane.daemon.metrics import MetricsSource
+from dataplane.engine import ipv4
 
 SECRET = b"PAYLOAD-SECRET-" * 4
 PACKET = ipv4.build("10.5.1.2", "10.5.2.3", ipv4.udp_payload(4000, 53, SECRET))
@@ -125,7 +127,7 @@ def test_healthz_answers_while_1000_idle_or_slow_connections_are_open(server):
         assert threading.active_count() - threads_before <= 8
         # Every connection that sent no complete request is closed by the server within its
         # request timeout, the slow ones included.
-        deadline = time.monotonic() + metrics.REQUEST_TIMEOUT_S + 3
+        deadline = time.monotonic() + http.REQUEST_TIMEOUT_S + 3
         while time.monotonic() < deadline and not all(map(_closed_by_peer, conns)):
             time.sleep(0.2)
         still_open = sum(not _closed_by_peer(c) for c in conns)
@@ -188,13 +190,13 @@ def test_trace_serves_headers_only_unless_payload_is_asked_for(server):
     (b"\x45\x00", 2),
 ], ids=["icmp", "tcp-options", "gre", "ipv6", "short"])
 def test_headers_only_cut(packet, keep):
-    assert metrics.headers_only(packet[:64]) == packet[:keep]
+    assert http.headers_only(packet[:64]) == packet[:keep]
 
 
 def test_later_fragment_keeps_only_the_ip_header():
     frag = bytearray(PACKET)
     frag[6:8] = (185).to_bytes(2, "big")                     # offset 1480: payload, no UDP header
-    assert metrics.headers_only(bytes(frag[:64])) == bytes(frag[:20])
+    assert http.headers_only(bytes(frag[:64])) == bytes(frag[:20])
 
 
 @pytest.mark.parametrize("host,local", [
@@ -203,11 +205,11 @@ def test_later_fragment_keeps_only_the_ip_header():
     ("fe80::1%eth0", False), ("2001:db8::1", False), ("", False),
 ])
 def test_which_clients_are_loopback(host, local):
-    assert metrics.client_is_loopback(host) is local
+    assert http.client_is_loopback(host) is local
 
 
 def test_trace_refused_to_a_remote_client_unless_the_daemon_allows_it(server, source, monkeypatch):
-    monkeypatch.setattr(metrics, "client_is_loopback", lambda host: False)
+    monkeypatch.setattr(http, "client_is_loopback", lambda host: False)
     status, body = get(url(server, "/debug/trace?after=0"))
     assert status == 403 and "--trace-remote" in body
     source.remote = True

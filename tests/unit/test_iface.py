@@ -5,7 +5,7 @@ import ipaddress
 
 import pytest
 
-from dataplane.iface import (IfaceError, Link, NetlinkView, StaticView, is_global_unicast,
+from dataplane.host.iface import (IfaceError, Link, NetlinkView, StaticView, is_global_unicast,
                              select_interface)
 
 LINKS = [

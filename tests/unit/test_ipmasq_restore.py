@@ -5,11 +5,11 @@ import ipaddress
 
 import pytest
 
-from dataplane.ipmasq import (FILTER, NAT, MasqError, Previous, chain_rules, in_chain, missing_rules,
+from dataplane.host.firewall import (FILTER, NAT, MasqError, Previous, chain_rules, in_chain, missing_rules,
                               nft_ruleset, restore_text)
-from dataplane.ipmasq import forward_rules as _forward_rules
-from dataplane.ipmasq import masq_rules as _masq_rules
-from dataplane.subnetfile import read_previous_rules
+from dataplane.host.firewall import forward_rules as _forward_rules
+from dataplane.host.firewall import masq_rules as _masq_rules
+from dataplane.control.subnetfile import read_previous_rules
 
 NET, SUB = "10.5.0.0/16", "10.5.3.0/24"
 MASQ_JUMP = '-m comment --comment "flanneld masq" -j FLANNEL-POSTRTG'
@@ -194,7 +194,7 @@ def test_help_says_the_rules_stay_and_how_to_remove_them():
     import subprocess
     import sys
 
-    from dataplane.ipmasq import REMOVAL_COMMANDS
+    from dataplane.host.firewall import REMOVAL_COMMANDS
     out = subprocess.run([sys.executable, "-m", "dataplane", "run", "--help"], capture_output=True,
                          text=True, timeout=60, env={"COLUMNS": "1000", "PATH": ""}).stdout
     flat = " ".join(out.split())
@@ -217,19 +217,19 @@ class FakeHost:
 
 @pytest.fixture
 def fake(monkeypatch):
-    from dataplane import ipmasq
+    from dataplane.host import firewall
     host = FakeHost()
-    monkeypatch.setattr(ipmasq, "detect_tool", lambda prefer=None: "iptables")
-    monkeypatch.setattr(ipmasq, "_iptables_random_fully", lambda: True)
-    monkeypatch.setattr(ipmasq.Rules, "_ipt_install", lambda self: host.install(self))
-    monkeypatch.setattr(ipmasq.Rules, "_ipt_missing", lambda self: list(host.missing))
+    monkeypatch.setattr(firewall, "detect_tool", lambda prefer=None: "iptables")
+    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda: True)
+    monkeypatch.setattr(firewall.Rules, "_ipt_install", lambda self: host.install(self))
+    monkeypatch.setattr(firewall.Rules, "_ipt_missing", lambda self: list(host.missing))
     return host
 
 
 def test_resync_survives_lease_moves_and_retries_a_failed_rebuild(fake):
     import time
 
-    from dataplane.ipmasq import Rules
+    from dataplane.host.firewall import Rules
     r = Rules(NET, SUB, masq=True, forward=True)
     r.install()
     r.start_resync(0.05)

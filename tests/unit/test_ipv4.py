@@ -1,10 +1,10 @@
-"""dataplane.ipv4: checksum, parse/build, the TTL update, ICMP errors."""
+"""dataplane.engine.ipv4: checksum, parse/build, the TTL update, ICMP errors."""
 import random
 import struct
 
 import pytest
 
-from dataplane import ipv4
+from dataplane.engine import ipv4
 from dataplane.engine import pyengine
 
 # RFC 1071-style textbook example: a 20-byte header whose checksum is 0xb861.

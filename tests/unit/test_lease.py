@@ -5,7 +5,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
 
-from dataplane.lease import (LeaseAttrs, LeaseFormatError, lease_from_kv, parse_subnet_key,
+from dataplane.control.lease import (LeaseAttrs, LeaseFormatError, lease_from_kv, parse_subnet_key,
                              subnet_key_name)
 
 
@@ -83,7 +83,7 @@ def test_errors_quote_huge_values_briefly():
 
 
 def test_peer_problem():
-    from dataplane.lease import peer_problem
+    from dataplane.control.lease import peer_problem
     net = IPv4Network("10.5.0.0/16")
 
     def lease(subnet, ip):

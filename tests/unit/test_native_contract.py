@@ -50,7 +50,7 @@ class Rig:
         self.peers: list[socket.socket] = []
         self.engine = create_engine(kind, tun_fd=self.tun_engine_side.fileno(),
                                     udp_fd=self.udp.fileno(), tun_addr="10.5.1.0", mtu=mtu,
-                                    port=8285, batch=batch, accept_any=accept_any)
+                                    batch=batch, accept_any=accept_any)
 
     def peer(self, ip="127.0.0.1") -> socket.socket:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -141,8 +141,7 @@ def test_loop_new_rejects_bad_arguments_with_errno():
 def test_bad_fd_raises_oserror_with_errno():
     require_engine("c")
     with pytest.raises(OSError) as ei:
-        create_engine("c", tun_fd=10**6, udp_fd=10**6 + 1, tun_addr="10.5.1.0", mtu=1472,
-                      port=8285)
+        create_engine("c", tun_fd=10**6, udp_fd=10**6 + 1, tun_addr="10.5.1.0", mtu=1472)
     assert ei.value.errno == errno.EBADF
 
 

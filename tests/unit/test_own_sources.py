@@ -1,10 +1,10 @@
-"""dataplane/own_sources.py: what the engine is told of this host's own sources, and when (no
+"""host/own_sources.py: what the engine is told of this host's own sources, and when (no
 root: a fake engine and a fake netlink)."""
 from __future__ import annotations
 
 import ipaddress
 
-from dataplane.own_sources import OwnSources
+from dataplane.host.own_sources import OwnSources
 
 NET = ipaddress.IPv4Network("10.5.1.0/24")
 OTHER = ipaddress.IPv4Network("10.5.9.0/24")

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dataplane import flags
+from dataplane.cli import flanneld_flags
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
 
 
 def test_env_example_sets_only_flags_the_daemon_reads():
-    known = {f.env for f in flags.FLAGS}
+    known = {f.env for f in flanneld_flags.FLAGS}
     names = re.findall(r"^#?\s*(FLANNELD_[A-Z0-9_]+)=", ENV_FILE.read_text(), re.M)
     assert names, "the example sets no FLANNELD_* variable"
     assert set(names) <= known, set(names) - known

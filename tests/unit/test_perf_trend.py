@@ -1,10 +1,10 @@
-"""The soak's memory trend (dataplane.perf.trend) on synthetic RSS samples."""
+"""The soak's memory trend (dataplane.bench.trend) on synthetic RSS samples."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from dataplane.perf.trend import growth, linear_trend
+from dataplane.bench.trend import growth, linear_trend
 
 T = np.arange(0, 600, 5.0)          # a 10-minute soak sampled every 5 s
 

@@ -9,14 +9,15 @@ import sys
 
 import pytest
 
-from dataplane import flags, queues
+from dataplane.cli import flanneld_flags
+from dataplane.host import queues
 from dataplane.cli import build_parser
 from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO
-from dataplane.offload import NAMES, SOL_UDP, UDP_GRO, Offloads
+from dataplane.host.offload import NAMES, SOL_UDP, UDP_GRO, Offloads
 
 
 def resolve(argv, env=None):
-    return flags.resolve(build_parser().parse_args(["run", *argv]), env or {})
+    return flanneld_flags.resolve(build_parser().parse_args(["run", *argv]), env or {})
 
 
 def forward(*argv):
@@ -55,7 +56,7 @@ def test_run_env_and_flag_precedence():
 
 
 def test_run_env_out_of_range_names_the_variable():
-    with pytest.raises(flags.FlagError, match="FLANNELD_QUEUES"):
+    with pytest.raises(flanneld_flags.FlagError, match="FLANNELD_QUEUES"):
         resolve([], {"FLANNELD_QUEUES": "0"})
 
 
@@ -164,7 +165,7 @@ def test_metrics_queues_offloads_and_their_counters():
     from prometheus_client import generate_latest
 
     from dataplane.engine.api import OFFLOAD_STATS, STAT_NAMES
-    from dataplane.metrics import MetricsSource, make_registry
+    from dataplane.daemon.metrics import MetricsSource, make_registry
 
     class Source(MetricsSource):
         def engine_stats(self):

@@ -5,7 +5,7 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from dataplane.subnetfile import read_previous_subnet, read_subnet_env, write_subnet_env
+from dataplane.control.subnetfile import read_previous_subnet, read_subnet_env, write_subnet_env
 
 N, S = IPv4Network("10.5.0.0/16"), IPv4Network("10.5.84.0/24")
 

@@ -4,7 +4,7 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from dataplane.subnetfile import read_subnet_env, write_subnet_env
+from dataplane.control.subnetfile import read_subnet_env, write_subnet_env
 
 N, S = IPv4Network("10.5.0.0/16"), IPv4Network("10.5.84.0/24")
 VICTIM = b"root:x:0:0:root:/root:/bin/bash\n"

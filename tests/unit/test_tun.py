@@ -8,7 +8,7 @@ import pytest
 
 
 def test_open_tun_rejects_bad_names():
-    from dataplane.tun import open_tun
+    from dataplane.host.tun import open_tun
     with pytest.raises(ValueError):
         open_tun("x" * 16)
     with pytest.raises(ValueError):
@@ -18,7 +18,7 @@ def test_open_tun_rejects_bad_names():
 def test_netconf_refuses_to_run_in_an_asyncio_loop():
     import asyncio
 
-    from dataplane import netconf
+    from dataplane.host import netconf
 
     async def inside():
         netconf.iface_mtu("lo")

@@ -1,4 +1,4 @@
-"""The traffic generator (dataplane/perf/udpgen.c) on the loopback (no root): it
+"""The traffic generator (dataplane/bench/udpgen.c) on the loopback (no root): it
 builds once into the cache, sends what it is told, and the sink, echo and rr
 modes agree with it. Bounded: small counts, short deadlines, 127.0.0.1 only."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.conftest import require
 @pytest.fixture(scope="module")
 def udpgen():
     require(shutil.which("gcc") is not None, "needs gcc to build udpgen")
-    from dataplane.perf import build
+    from dataplane.bench import build
     return str(build.build_udpgen())
 
 
@@ -98,7 +98,7 @@ def test_bad_arguments_are_refused(udpgen):
 
 def test_built_once_into_the_cache_under_a_key_of_source_and_flags(tmp_path, monkeypatch):
     require(shutil.which("gcc") is not None, "needs gcc to build udpgen")
-    from dataplane.perf import build
+    from dataplane.bench import build
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     first = build.build_udpgen()
     assert first.parent == tmp_path / "cache" / "flannel-udp" and first.stat().st_mode & 0o111
@@ -116,7 +116,7 @@ def test_built_once_into_the_cache_under_a_key_of_source_and_flags(tmp_path, mon
 
 
 def test_no_compiler_says_what_to_install(monkeypatch):
-    from dataplane.perf import build
+    from dataplane.bench import build
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", "")
     with pytest.raises(build.SetupError, match="apt-get install gcc"):

@@ -14,7 +14,7 @@ import os
 import sys
 
 # The directory that holds the parent's ``dataplane`` (site-packages, or a checkout).
-PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _PROLOGUE = ("import sys; sys.path[:] = [{root!r}] + "
              "[p for p in sys.path if p not in ('', {root!r})]\n")

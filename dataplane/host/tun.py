@@ -8,7 +8,7 @@ outlives the daemon).
 
 The device is created in the network namespace of the calling thread; to get
 it inside a test namespace, run the opener inside it (``ip netns exec``).
-Address, MTU, link state and routes are set by :mod:`dataplane.netconf`.
+Address, MTU, link state and routes are set by :mod:`dataplane.host.netconf`.
 """
 from __future__ import annotations
 

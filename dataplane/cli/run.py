@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .. import flags
+from . import flanneld_flags
 
 HELP = "run the overlay daemon (flanneld-compatible flags; a drop-in for flanneld's udp backend)"
 DESCRIPTION = """\
@@ -21,17 +21,17 @@ Example (the same command line as flanneld's):
 
 
 def add_arguments(parser) -> None:
-    flags.add_arguments(parser)
+    flanneld_flags.add_arguments(parser)
     parser.set_defaults(_parser=parser)
 
 
 def main(args) -> int:
     if getattr(args, "_version", False):
-        flags.print_version()
+        flanneld_flags.print_version()
         return 0
     try:
-        opts = flags.resolve(args)
-    except flags.FlagError as e:
+        opts = flanneld_flags.resolve(args)
+    except flanneld_flags.FlagError as e:
         prog = args._parser.prog if getattr(args, "_parser", None) else "flannel-udp run"
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1  # flanneld's exit code for a flag it cannot use
@@ -40,5 +40,5 @@ def main(args) -> int:
         root.setLevel(logging.DEBUG)
     for w in opts.warnings:
         logging.getLogger("dataplane.daemon").warning("%s", w)
-    from ..daemon import Daemon
+    from ..daemon.main import Daemon
     return Daemon(opts).run()

@@ -13,7 +13,7 @@
  *   rr    request/response round trips at a fixed interval; prints p50/p99.
  *
  * Results are one JSON object on stdout; errors go to stderr with exit 1.
- * Ships inside the package; dataplane/perf/build.py compiles it on first use
+ * Ships inside the package; dataplane/bench/build.py compiles it on first use
  * into the user's cache directory (~/.cache/flannel-udp/).
  *
  * Pacing sleeps with clock_nanosleep(TIMER_ABSTIME) and never spins: the

@@ -1,4 +1,5 @@
-"""Netlink configuration of the TUN device and lookups of interfaces (pyroute2).
+"""Netlink configuration of the TUN device and lookups of interfaces and of this host's
+addresses (pyroute2), and the one sysctl flannel0 needs (accept_local).
 
 What flanneld does after opening the TUN (docs/flannel-compat.md#tun-device): address
 ``<lease network>/32``, MTU = external interface MTU - 28, link up, then one
@@ -28,7 +29,7 @@ def _ipr() -> IPRoute:
         asyncio.get_running_loop()
     except RuntimeError:
         return IPRoute()
-    raise RuntimeError("dataplane.netconf uses pyroute2's sync IPRoute, which must not run inside "
+    raise RuntimeError("dataplane.host.netconf uses pyroute2's sync IPRoute, which must not run inside "
                        "an asyncio loop: call it with asyncio.to_thread(...)")
 
 
@@ -55,9 +56,32 @@ def configure_tun(name: str, addr, mtu: int) -> None:
         ipr.link("set", index=idx, state="up")
 
 
+def remove_address(name: str, addr) -> None:
+    """Remove ``addr`` (an IPv4Interface or ``"10.5.84.0/32"``) from ``name``: flannel0's old
+    address when the lease moves to another subnet."""
+    iface = ipaddress.IPv4Interface(addr)
+    with _ipr() as ipr:
+        ipr.addr("del", index=_index(ipr, name), address=str(iface.ip),
+                 prefixlen=iface.network.prefixlen)
+
+
+def set_accept_local(name: str) -> None:
+    """Accept packets whose source is a local address on ``name`` (a sysctl, not netlink).
+
+    The engine's ICMP net-unreachable comes back through flannel0 with the source <lease net>
+    (flannel0's own address). The kernel drops a packet whose source is a local address as a
+    martian unless accept_local is set on the receiving device, so without this the ICMP
+    (flanneld's included) never reaches the sender. Only this device is touched. It is safe
+    because the engine writes nothing else with a local source into flannel0: a datagram whose
+    inner source is this host's own is dropped first (host/own_sources.py,
+    docs/threat-model.md)."""
+    with open(f"/proc/sys/net/ipv4/conf/{name}/accept_local", "w") as f:
+        f.write("1")
+
+
 def host_addresses() -> list:
     """Every IPv4 address of every interface in this network namespace (IPv4Address each):
-    the inner sources no datagram may claim (dataplane/own_sources.py). IFA_LOCAL first: on a
+    the inner sources no datagram may claim (host/own_sources.py). IFA_LOCAL first: on a
     point-to-point link IFA_ADDRESS is the far end's. OSError when netlink refuses."""
     try:
         with _ipr() as ipr:

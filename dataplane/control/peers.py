@@ -8,9 +8,11 @@ this loses nothing:
   3. a broken stream or an etcd restart resumes from the last applied revision + 1 (Registry.WatchLoop);
   4. a compacted revision re-lists (back to 1) and diffs, so removals that happened meanwhile show up.
 
-Each batch of events becomes one `on_change(added, removed)` call with the net difference: `added` holds
-new peers and peers whose attributes (PublicIP) changed, `removed` peers that are gone. A renewal (a put
-of the same value) changes nothing and is not reported. Our own subnet is filtered out.
+Each batch of events becomes one `on_change(change)` call: a `PeerChange` (control/peerset.py) holding
+the new immutable `PeerSnapshot` and the net difference, `added` (new peers and peers whose attributes,
+the PublicIP, changed) and `removed` (peers that are gone). A renewal (a put of the same value) changes
+nothing and is not reported. The watcher keeps every valid lease, ours included; the snapshot leaves
+ours out, so `set_own_subnet` needs no re-read to stop filtering the old subnet and filter the new one.
 
 Everything in etcd is input. A key that is no lease (its key or value does not parse, or, given the
 `network`, a subnet outside it or a PublicIP that cannot carry the overlay) is skipped, logged once per
@@ -18,7 +20,8 @@ key and problem (not at every re-list), and kept in `bad()` until the key is fix
 key whose value turns malformed keeps the peer's last valid lease, as flanneld does (it ignores an event
 it cannot parse): the owner will write it again, and the route it had is still the best guess.
 
-`_lock` guards `_peers` and `_own`; on_change runs in the watcher thread, outside the lock, in order.
+`_lock` guards `_leases`, `_current` and `_own`; on_change runs in the watcher thread (or in the caller
+of `set_own_subnet`), outside the lock, in order.
 """
 from __future__ import annotations
 
@@ -28,11 +31,12 @@ from ipaddress import IPv4Network
 from typing import Callable, Optional
 
 from .lease import Lease, LeaseFormatError, lease_from_kv, parse_subnet_key, peer_problem
-from .registry import BadLease, Registry, RegistryClosedError, RegistryError, WatchLoop
+from .peerset import PeerChange, PeerSnapshot
+from .registry import Registry, RegistryClosedError, RegistryError, WatchLoop
 
 log = logging.getLogger(__name__)
 
-OnChange = Callable[[list, list], None]
+OnChange = Callable[[PeerChange], None]
 
 
 class PeerWatcher:
@@ -45,8 +49,9 @@ class PeerWatcher:
         self.on_change = on_change
         self.retry_interval = retry_interval
         self._lock = threading.Lock()
-        self._peers: dict[IPv4Network, Lease] = {}
+        self._leases: dict[IPv4Network, Lease] = {}   # every valid lease, ours included
         self._own = own_subnet
+        self._current = PeerSnapshot.of((), own_subnet)
         self._stop = threading.Event()
         self._watch: Optional[WatchLoop] = None
         self._thread: Optional[threading.Thread] = None
@@ -58,7 +63,11 @@ class PeerWatcher:
     # -- public ---------------------------------------------------------------------------------
     def peers(self) -> dict[IPv4Network, Lease]:
         with self._lock:
-            return dict(self._peers)
+            return dict(self._current.peers)
+
+    def snapshot(self) -> PeerSnapshot:
+        with self._lock:
+            return self._current
 
     def start(self) -> None:
         self._stop.clear()
@@ -83,13 +92,20 @@ class PeerWatcher:
         return self.ready.wait(timeout)
 
     def set_own_subnet(self, subnet: Optional[IPv4Network]) -> None:
-        """Our lease changed (re-acquired): stop filtering the old one, filter the new one, re-list."""
+        """Our lease changed (re-acquired): stop filtering the old one, filter the new one, re-list.
+
+        Hands on_change one report even when no peer changed: the caller moved and builds its
+        route table from that snapshot."""
         with self._lock:
             self._own = subnet
         try:
-            self._snapshot()
-        except RegistryError as exc:       # the watch's next compaction or restart will re-list
+            self._snapshot(always=True)
+        except RegistryError as exc:       # the leases we know still give the new snapshot
             log.warning("re-listing peers after own subnet change failed: %s", exc)
+            with self._emit_lock:
+                with self._lock:
+                    change = self._publish()
+                self._emit(change, always=True)
 
     # -- internals ------------------------------------------------------------------------------
     @property
@@ -114,12 +130,12 @@ class PeerWatcher:
         if not self._stop.is_set():
             self._watch.run()
 
-    def _snapshot(self) -> int:
+    def _snapshot(self, always: bool = False) -> int:
         leases, bad, rev = self.registry.scan_leases()
         with self._emit_lock:
             with self._lock:
                 own = self._own
-                before = self._peers
+                before = self._leases
                 fresh: dict[IPv4Network, Lease] = {}
                 problems: dict[str, str] = {b.key: b.problem for b in bad}
                 for lease in leases:
@@ -132,14 +148,12 @@ class PeerWatcher:
                     subnet = _subnet_of_key(key)
                     if subnet is not None and subnet not in fresh and subnet in before:
                         fresh[subnet] = before[subnet]
-                if own is not None:
-                    fresh.pop(own, None)
-                self._peers = fresh
+                self._leases = fresh
                 self.revision = rev
-                added, removed = _diff(before, fresh, set(before) | set(fresh))
+                change = self._publish()
                 self._set_bad(problems, replace=True, own=own)
             self.snapshots += 1
-            self._emit(added, removed)
+            self._emit(change, always)
         self.ready.set()
         return rev
 
@@ -161,7 +175,7 @@ class PeerWatcher:
             self._bad[key] = problem
             self.bad_total += 1
             subnet = _subnet_of_key(key)
-            kept = self._peers.get(subnet) if subnet is not None else None
+            kept = self._leases.get(subnet) if subnet is not None else None
             if subnet is not None and subnet == own:
                 log.warning("Our own subnet lease %s holds something else: %s", key, problem)
             elif kept is not None:
@@ -179,8 +193,6 @@ class PeerWatcher:
     def _apply_events(self, events: list, revision: int) -> None:
         with self._lock:
             own = self._own
-            before = dict(self._peers)
-            touched: set[IPv4Network] = set()
             for ev in events:
                 problem = None
                 try:
@@ -189,9 +201,8 @@ class PeerWatcher:
                     subnet, problem = None, str(exc)
                 if ev.kind == "delete":
                     self._set_bad({}, replace=False, own=own, cleared=[ev.key])
-                    if subnet is not None and subnet != own:
-                        touched.add(subnet)
-                        self._peers.pop(subnet, None)
+                    if subnet is not None:
+                        self._leases.pop(subnet, None)
                     continue
                 lease = None
                 if problem is None:
@@ -207,37 +218,29 @@ class PeerWatcher:
                     self._set_bad({ev.key: problem}, replace=False, own=own)
                     continue
                 self._set_bad({}, replace=False, own=own, cleared=[ev.key])
-                if own is not None and subnet == own:
-                    continue
-                touched.add(subnet)
-                self._peers[subnet] = lease
+                self._leases[subnet] = lease
             self.revision = revision
-            added, removed = _diff(before, self._peers, touched)
-        self._emit(added, removed)
+            change = self._publish()
+        self._emit(change)
 
-    def _emit(self, added: list[Lease], removed: list[Lease]) -> None:
+    def _publish(self) -> PeerChange:
+        """The snapshot of the leases now, and how it differs from the last; caller holds _lock."""
+        change = PeerChange.between(self._current, PeerSnapshot.of(self._leases, self._own))
+        self._current = change.snapshot
+        return change
+
+    def _emit(self, change: PeerChange, always: bool = False) -> None:
         """Report one change; called with _emit_lock held so that reports keep their order."""
-        if not (added or removed) or self.on_change is None:
+        if not (change or always) or self.on_change is None:
             return
-        for lease in added:
+        for lease in change.added:
             log.info("Subnet added: %s via %s", lease.subnet, lease.attrs.public_ip)
-        for lease in removed:
+        for lease in change.removed:
             log.info("Subnet removed: %s", lease.subnet)
         try:
-            self.on_change(added, removed)
+            self.on_change(change)
         except Exception:
             log.exception("peer on_change callback failed")
-
-
-def _diff(before: dict, after: dict, keys) -> tuple[list[Lease], list[Lease]]:
-    added, removed = [], []
-    for subnet in sorted(keys):
-        old, new = before.get(subnet), after.get(subnet)
-        if new is not None and (old is None or old.attrs != new.attrs):
-            added.append(new)
-        elif new is None and old is not None:
-            removed.append(old)
-    return added, removed
 
 
 def _subnet_of_key(key: str) -> Optional[IPv4Network]:

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 
-from ..atomicfile import write_atomic
+from ..host.atomicfile import write_atomic
 from ..engine.api import BATCH_MAX, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, MTU_MAX, MTU_MIN
 
 HELP = "forward between a TUN device and UDP with static routes (no etcd; for tests and perf)"
@@ -117,7 +117,7 @@ def _count(lo: int):
 
 
 def _queues(value: str) -> int:
-    from dataplane.queues import check
+    from dataplane.host.queues import check
     try:
         n = int(value)
         check(n)
@@ -165,33 +165,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="create this file once forwarding has started")
 
 
-def _engine_choice(kind: str | None) -> tuple[type, str]:
-    """The engine class and a sentence saying why it was chosen."""
-    from dataplane import engine as eng
-    requested = kind or os.environ.get("DATAPLANE_ENGINE") or "auto"
-    source = "--engine" if kind else ("$DATAPLANE_ENGINE" if os.environ.get("DATAPLANE_ENGINE")
-                                      else "default")
-    cls = eng.engine_class(requested)
-    if requested.lower() == "auto":
-        if eng.c_available():
-            why = f"auto ({source}): the C engine is built"
-        else:
-            why = f"auto ({source}): the C engine is not built ({eng.c_import_error()})"
-    else:
-        why = f"requested with {source}={requested}"
-    return cls, why
-
-
 def _write_json(path: str, obj: dict) -> None:
     write_atomic(path, json.dumps(obj))  # readers never see a half-written file
 
 
 def main(args: argparse.Namespace) -> int:
-    from dataplane import netconf
-    from dataplane.engine import DEFAULT_BATCH, Route, multi
-    from dataplane.offload import DEFAULT_MODE, Offloads
-    from dataplane.queues import default_queues
-    from dataplane.udpsock import open_udp_sockets
+    from dataplane.host import netconf
+    from dataplane.engine import DEFAULT_BATCH, Route, choose_engine, multi
+    from dataplane.host.offload import DEFAULT_MODE, Offloads
+    from dataplane.host.queues import default_queues
+    from dataplane.host.udpsock import open_udp_sockets
     from pyroute2.netlink.exceptions import NetlinkError
 
     listen_ip, port = args.listen
@@ -199,7 +182,7 @@ def main(args: argparse.Namespace) -> int:
     if tun_addr.network.prefixlen != 32:
         log.warning("--tun-addr %s: flanneld uses a /32 (the lease network address)", tun_addr)
     try:
-        cls, why = _engine_choice(args.engine)
+        cls, why = choose_engine(args.engine)
     except (ImportError, ValueError) as e:
         log.error("%s", e)
         return 2
@@ -237,7 +220,7 @@ def main(args: argparse.Namespace) -> int:
         log.info("%s", offloads.summary())
         routes = [Route.make(net, ip, p or port) for net, ip, p in args.route]
         engine = multi.create(cls, tun_fds, [s.fileno() for s in socks], tun_addr=tun_addr.ip,
-                              mtu=mtu, port=port, batch=args.batch or DEFAULT_BATCH,
+                              mtu=mtu, batch=args.batch or DEFAULT_BATCH,
                               accept_any=args.accept_from == "any", icmp_rate=args.icmp_rate,
                               icmp_burst=args.icmp_burst, offloads=flags)
         engine.set_routes(routes)

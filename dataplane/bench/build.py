@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..atomicfile import write_atomic
+from ..host.atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
 

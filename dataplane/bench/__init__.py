@@ -4,5 +4,6 @@ Modules: ``build`` (the C generator/sink udpgen.c beside it, iperf3), ``topo``
 (two testbed hosts, pinning, RPS, overlay addresses), ``paths`` (direct
 routing, kernel VXLAN, the C and Python engines via ``flannel-udp forward``),
 ``measure`` (trials: flood, no-drop search, TCP, latency, cost), ``report``
-(rows, ratios, table, plot) and ``runner`` (one run, start to end).
+(rows, ratios, table, plot), ``runner`` (one run, start to end) and ``trend``
+(the soak's memory trend).
 """

@@ -5,7 +5,7 @@
     FLANNEL_MTU=1472
     FLANNEL_IPMASQ=false
 
-Written with dataplane.atomicfile (a fresh temporary name in the same directory, renamed over it) so
+Written with dataplane.host.atomicfile (a fresh temporary name in the same directory, renamed over it) so
 that a reader never sees half a file and a link planted in the directory is never followed.
 At start the file is read back to prefer the previous subnet; a truncated or garbage file is ignored
 with a warning (a wrong previous subnet would only cost us the preference, never correctness).
@@ -17,7 +17,7 @@ import os
 from ipaddress import IPv4Interface, IPv4Network, ip_interface, ip_network
 from typing import Optional
 
-from .atomicfile import write_atomic
+from ..host.atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,12 @@
-"""`flannel-udp` / `python -m dataplane`: one subcommand per module in dataplane/commands/.
+"""`flannel-udp` / `python -m dataplane`: one subcommand per module in this package.
 
-Each command module has ``HELP`` (one line), ``add_arguments(parser)`` and
-``main(args) -> int``; heavy imports stay inside ``main`` so that ``--help`` is fast.
+* ``run.py``, ``forward.py``, ``demo.py``, ``bench.py``: the subcommands. Each has ``HELP``
+  (one line), ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports stay inside
+  ``main`` so that ``--help`` is fast;
+* ``flanneld_flags.py``: `run`'s flag table, flanneld's flags with their names, defaults and
+  FLANNELD_* variables, resolved into the daemon's Options;
+* ``child.py``: the command line of a child process (a testbed daemon, a bench forwarder) that
+  runs this very package.
 """
 from __future__ import annotations
 
@@ -10,9 +15,9 @@ import importlib
 import logging
 import sys
 
-from . import __version__
+from .. import __version__
 
-# (subcommand, module under dataplane.commands)
+# (subcommand, module in this package)
 COMMANDS = [
     ("run", "run"),
     ("forward", "forward"),
@@ -21,11 +26,22 @@ COMMANDS = [
 ]
 
 
+def missing_extra(command: str, extra: str, modules: tuple[str, ...]) -> bool:
+    """Whether a module of the ``extra`` that ``command`` needs is not installed;
+    if so, say which extra to install (the daemon's own install has none)."""
+    from importlib.util import find_spec
+    missing = [m for m in modules if find_spec(m) is None]
+    if missing:
+        print(f"flannel-udp {command}: {', '.join(missing)} not installed; install the "
+              f"'{extra}' extra: pip install 'flannel-udp[{extra}]'", file=sys.stderr)
+    return bool(missing)
+
+
 def _load(module: str):
     try:
-        return importlib.import_module(f"dataplane.commands.{module}")
+        return importlib.import_module(f"dataplane.cli.{module}")
     except ModuleNotFoundError as e:
-        if e.name == f"dataplane.commands.{module}":
+        if e.name == f"dataplane.cli.{module}":
             return None  # not written yet
         raise
 

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import time
 
-from ..child import cli_argv
+from ..cli.child import cli_argv
 from .topo import FLANNEL_PORT, NETWORK, BenchTopo, Side, TopoError
 
 log = logging.getLogger(__name__)

@@ -103,7 +103,7 @@ def main(args) -> int:
             signal.signal(s, h)
 
     if args.out:
-        from ..atomicfile import write_atomic
+        from ..host.atomicfile import write_atomic
         from ..demo import svg
         os.makedirs(args.out, exist_ok=True)
         write_atomic(os.path.join(args.out, "demo.json"),

@@ -2,7 +2,7 @@
 
 Without cryptography the outer source of a datagram proves nothing (docs/threat-model.md), so
 the engines drop an inner packet whose source is one of this host's addresses or inside its
-lease subnet. flannel0 keeps accept_local (daemon.py: _accept_local) and only this check
+lease subnet. flannel0 keeps accept_local (host/netconf.py: set_accept_local) and only this check
 keeps a forged datagram from using it. The addresses are every IPv4 address of every interface in
 the daemon's network namespace, read over netlink when an engine is made and again on each
 monitor tick; the engine hears of them only when they changed, so an address added after start

@@ -31,8 +31,8 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from . import ipmasq, queues
-from .offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
+from ..host import firewall, queues
+from ..host.offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
 
 ENV_PREFIX = "FLANNELD_"
 
@@ -230,14 +230,14 @@ FLAGS: tuple[Flag, ...] = (
     # --- iptables (flanneld)
     Flag("ip-masq", _parse_bool, False, "setup IP masquerade rule for traffic destined outside of "
          "overlay network (iptables chain FLANNEL-POSTRTG, or nftables when iptables is missing); "
-         "the rules stay after exit, remove them with: " + "; ".join(ipmasq.MASQ_REMOVAL)
-         + " (nftables: " + ipmasq.REMOVAL_COMMANDS["nft"][0] + ")",
+         "the rules stay after exit, remove them with: " + "; ".join(firewall.MASQ_REMOVAL)
+         + " (nftables: " + firewall.REMOVAL_COMMANDS["nft"][0] + ")",
          kind="bool"),
     Flag("iptables-resync", _parse_int, 5, "resync period for iptables rules, in seconds (default: 5)",
          metavar="SECONDS", check=_range(1, 86400, " s")),
     Flag("iptables-forward-rules", _parse_bool, True, "add default accept rules to the FORWARD "
          "chain in iptables (chain FLANNEL-FWD, jumped to first; default: true); the rules stay "
-         "after exit, remove them with: " + "; ".join(ipmasq.FWD_REMOVAL), kind="bool"),
+         "after exit, remove them with: " + "; ".join(firewall.FWD_REMOVAL), kind="bool"),
     # --- health (flanneld)
     Flag("healthz-ip", _parse_ip, "0.0.0.0", "the IP address for healthz server to listen "
          "(default: 0.0.0.0)", metavar="IP"),
@@ -558,7 +558,7 @@ def resolve(args: argparse.Namespace, environ=None) -> Options:
 
 def print_version(stream=None) -> None:
     """Only the version string, as flanneld prints it: scripts compare it whole."""
-    from . import __version__
+    from .. import __version__
     print(__version__, file=stream or sys.stderr)
 
 

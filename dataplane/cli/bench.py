@@ -51,9 +51,9 @@ def main(args) -> int:
     from . import missing_extra
     if missing_extra("bench", "bench", ("rich", "matplotlib")):
         return 2
-    from dataplane.atomicfile import write_atomic
-    from dataplane.perf import build, report, runner
-    from dataplane.perf.paths import ALL_PATHS
+    from dataplane.host.atomicfile import write_atomic
+    from dataplane.bench import build, report, runner
+    from dataplane.bench.paths import ALL_PATHS
 
     if os.geteuid() != 0:
         print("flannel-udp bench: needs root (network namespaces, TUN devices)", file=sys.stderr)

@@ -1,0 +1,60 @@
+"""The peer set the watcher hands out: immutable, so a reader never sees it change under it.
+
+A peer is any valid lease but our own: ``PeerSnapshot.of`` is the one place that drops our own
+subnet. ``PeerChange`` is what the watcher reports after each batch of etcd events: the new
+snapshot and how it differs from the previous one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from ipaddress import IPv4Network
+from types import MappingProxyType
+from typing import Iterable, Mapping, Optional, Union
+
+from .lease import Lease
+
+
+@dataclass(frozen=True)
+class PeerSnapshot:
+    """The other nodes' leases by subnet (read-only), and the subnet they exclude: ours."""
+    own: Optional[IPv4Network] = None
+    peers: Mapping[IPv4Network, Lease] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def of(cls, leases: Union[Iterable[Lease], Mapping[IPv4Network, Lease]],
+           own: Optional[IPv4Network]) -> "PeerSnapshot":
+        """Every lease in ``leases`` (a later one of the same subnet wins) except ``own``'s."""
+        if isinstance(leases, Mapping):
+            leases = leases.values()
+        peers = {lease.subnet: lease for lease in leases}
+        if own is not None:
+            peers.pop(own, None)
+        return cls(own, MappingProxyType(peers))
+
+    def __len__(self) -> int:
+        return len(self.peers)
+
+
+@dataclass(frozen=True)
+class PeerChange:
+    """One report of the peer watcher: the peers now, and the difference from the last report.
+
+    ``added`` holds new peers and peers whose attributes (PublicIP) changed, ``removed`` the peers
+    that are gone; both sorted by subnet."""
+    snapshot: PeerSnapshot
+    added: tuple = ()
+    removed: tuple = ()
+
+    @classmethod
+    def between(cls, before: PeerSnapshot, after: PeerSnapshot) -> "PeerChange":
+        added, removed = [], []
+        for subnet in sorted(set(before.peers) | set(after.peers)):
+            old, new = before.peers.get(subnet), after.peers.get(subnet)
+            if new is not None and (old is None or old.attrs != new.attrs):
+                added.append(new)
+            elif new is None and old is not None:
+                removed.append(old)
+        return cls(after, tuple(added), tuple(removed))
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed)

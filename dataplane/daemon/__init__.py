@@ -1,0 +1,10 @@
+"""`flannel-udp run`: the daemon, an orchestrator over the control plane, the host and the engines.
+
+* ``main.py``        start order, the serve loop, shutdown; peer changes -> route table -> engine;
+* ``startup.py``     one function per start step, with the message an operator reads when it fails;
+* ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
+* ``monitor.py``     the serve loop's periodic checks and how often they log;
+* ``systemd.py``     READY=1 to systemd (sd_notify);
+* ``http.py``        the /healthz, /readyz, /metrics and /debug/trace server;
+* ``metrics.py``     the Prometheus collector, and the daemon as what it and /readyz read.
+"""

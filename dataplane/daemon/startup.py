@@ -1,0 +1,271 @@
+"""The daemon's start steps, one function each: what it opens, and what the operator reads when it
+fails (StartupError, exit status 1). The order is the daemon's (daemon/main.py)."""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+
+from ..engine.api import MTU_MIN
+from ..host.udpsock import SOCKET_BUFFER, open_udp_sockets
+
+log = logging.getLogger(__name__)
+
+CONFIG_RETRY_S = 1.0
+LEASE_RETRY_S = 1.0
+EXAMPLE_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
+
+
+class StartupError(RuntimeError):
+    """A fatal startup problem; the message says what to do. Exit status 1."""
+
+
+class Stopped(Exception):
+    """SIGTERM/SIGINT arrived while starting up."""
+
+
+def select_interface(opts):
+    from ..host.iface import IfaceError, select_interface as select
+    try:
+        ext = select(opts.iface, opts.iface_regex, opts.iface_can_reach, opts.public_ip)
+    except IfaceError as e:
+        raise StartupError(f"Failed to find any valid interface to use: {e}") from None
+    if ext.tun_mtu < MTU_MIN:
+        raise StartupError(f"interface {ext.name} has MTU {ext.mtu}: too small for "
+                           "the 28-byte udp encapsulation")
+    return ext
+
+
+def make_registry(opts):
+    from ..control.registry import Registry
+    tls = bool(opts.etcd_keyfile and opts.etcd_certfile)
+    try:
+        return Registry(opts.etcd_endpoints, opts.etcd_prefix,
+                        keyfile=opts.etcd_keyfile if tls else None,
+                        certfile=opts.etcd_certfile if tls else None,
+                        cafile=opts.etcd_cafile or None,
+                        username=opts.etcd_username or None, password=opts.etcd_password or None)
+    except (ValueError, OSError) as e:
+        raise StartupError(f"cannot set up the etcd client: {e}; check --etcd-endpoints, "
+                           "--etcd-keyfile/--etcd-certfile/--etcd-cafile and "
+                           "--etcd-username/--etcd-password") from None
+
+
+def start_http_servers(opts, source) -> list:
+    """The /healthz server (with /metrics unless --metrics-* moves it) and the metrics server."""
+    from .http import HttpServer
+    servers = []
+    try:
+        if opts.healthz_port:
+            paths = ["healthz"]
+            if opts.metrics_on_healthz():
+                paths.append("metrics")
+            if opts.trace:
+                paths.append("trace")
+            servers.append(HttpServer(opts.healthz_ip, opts.healthz_port, source, paths).start())
+        listen = opts.metrics_listen()
+        if listen:
+            paths = ["healthz", "metrics"] + (["trace"] if opts.trace else [])
+            servers.append(HttpServer(listen[0], listen[1], source, paths).start())
+    except OSError as e:
+        for s in servers:
+            s.close()
+        raise StartupError(str(e)) from None
+    return servers
+
+
+def wait_for_config(registry, wait):
+    """The network config, read again every CONFIG_RETRY_S until it is there and valid;
+    ``wait(seconds)`` raises Stopped when the daemon is asked to stop meanwhile."""
+    from ..control.config import ConfigError
+    from ..control.registry import ConfigNotFoundError, RegistryError
+    last = None
+    while True:
+        try:
+            cfg = registry.get_config()
+        except ConfigNotFoundError:
+            msg = (f"flannel config not found in etcd at {registry.config_key}; put it "
+                   f"with: etcdctl put {registry.config_key} '{EXAMPLE_CONFIG}'")
+        except ConfigError as e:
+            msg = (f"the network config at {registry.config_key} is invalid: {e}; fix it "
+                   "with etcdctl put")
+        except RegistryError as e:
+            msg = (f"cannot read the network config from etcd ({e}); is etcd running and "
+                   "are --etcd-endpoints right?")
+        else:
+            if cfg.backend_type.lower() != "udp":
+                raise StartupError(
+                    f"the network config asks for backend {cfg.backend_type!r}: flannel-udp "
+                    "implements only the udp backend; set \"Backend\":{\"Type\":\"udp\"}")
+            if not cfg.enable_ipv4 or cfg.network is None:
+                raise StartupError("the network config has no IPv4 Network: the udp backend "
+                                   "is IPv4 only")
+            log.info("Network config: Network %s, SubnetLen %d, SubnetMin %s, SubnetMax %s, "
+                     "backend udp port %d", cfg.network, cfg.subnet_len, cfg.subnet_min,
+                     cfg.subnet_max, cfg.backend_port)
+            return cfg
+        if msg != last:
+            log.warning("%s (retrying every %.0f s)", msg, CONFIG_RETRY_S)
+            last = msg
+        wait(CONFIG_RETRY_S)
+
+
+def acquire_lease(subnets, registry, wait):
+    """A lease from the lease manager, retried while etcd is away."""
+    from ..control.lease_manager import SubnetError
+    from ..control.registry import RegistryError
+    last = None
+    while True:
+        try:
+            lease = subnets.acquire()
+        except RegistryError as e:
+            msg = f"cannot acquire a lease: etcd unavailable ({e}); retrying"
+            if msg != last:
+                log.warning("%s", msg)
+                last = msg
+            wait(LEASE_RETRY_S)
+            continue
+        except SubnetError as e:
+            raise StartupError(f"failed to acquire a lease: {e}; free subnets by deleting "
+                               f"stale leases under {registry.subnets_prefix} or widen "
+                               "the Network in the config") from None
+        except Exception as e:
+            raise StartupError(f"failed to acquire a lease: {e}") from None
+        log.info("Lease acquired: %s (PublicIP %s), expires %s", lease.subnet,
+                 lease.public_ip, when(lease.expiration))
+        return lease
+
+
+def choose_engine(opts):
+    """The engine class and why: --engine (or FLANNELD_ENGINE), else $DATAPLANE_ENGINE, else auto."""
+    from ..engine.choice import EngineChoiceError, EngineUnavailable, choose_engine as choose
+    flag = None if opts.sources.get("engine") == "default" else opts.engine
+    try:
+        return choose(flag)
+    except (EngineChoiceError, EngineUnavailable) as e:
+        raise StartupError(str(e)) from None
+
+
+def open_tun(offloads, queues: int, subnet, network, ext):
+    """flannel0: one fd per queue, <lease net>/32, MTU, up, route <Network> dev flannel0."""
+    from ..host.netconf import add_network_route, configure_tun, set_accept_local
+    try:
+        tun_fds, tun_name = offloads.open_tun("flannel%d", queues)
+    except OSError as e:
+        raise StartupError(f"failed to open the TUN device /dev/net/tun: {e}; run as root "
+                           "(CAP_NET_ADMIN) with the tun module loaded (modprobe tun)") from None
+    addr = f"{subnet.network_address}/32"
+    try:
+        configure_tun(tun_name, addr, ext.tun_mtu)
+        add_network_route(network, tun_name)
+    except Exception as e:
+        for fd in tun_fds:          # the last close removes the device
+            os.close(fd)
+        raise StartupError(f"failed to configure {tun_name} ({addr}, MTU "
+                           f"{ext.tun_mtu}, route {network}): {e}") from None
+    try:
+        set_accept_local(tun_name)
+    except OSError as e:
+        log.warning("could not set accept_local on %s (ICMP net unreachable will not reach local "
+                    "senders): %s", tun_name, e)
+    log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s)",
+             tun_name, addr, ext.tun_mtu, ext.name, ext.mtu, network, tun_name, len(tun_fds))
+    return tun_fds, tun_name
+
+
+def open_sockets(ext, port: int, queues: int) -> list:
+    """The UDP socket(s) on the interface address and the config's port, one per queue."""
+    try:
+        socks = open_udp_sockets(str(ext.iface_addr), port, queues, bufsize=SOCKET_BUFFER,
+                                 blocking=False)
+    except OSError as e:
+        hint = ("is flanneld or another flannel-udp still running on this host?"
+                if e.errno == errno.EADDRINUSE else "check --iface")
+        raise StartupError(f"failed to bind the UDP socket to {ext.iface_addr}:{port}: "
+                           f"{e.strerror}; {hint}") from None
+    log.info("Listening for encapsulated packets on UDP %s:%d%s", ext.iface_addr, port,
+             f" ({len(socks)} sockets, SO_REUSEPORT)" if len(socks) > 1 else "")
+    return socks
+
+
+def probe_offloads(offloads, tun_fds, socks) -> int:
+    try:
+        offload_flags = offloads.probe(tun_fds, socks)
+    except OSError as e:
+        raise StartupError(f"probing the offloads failed: {e}; run with --offload off") from None
+    log.info("%s", offloads.summary())
+    return offload_flags
+
+
+def install_rules(opts, network, subnet):
+    """--ip-masq and --iptables-forward-rules; None when neither is asked for (or, for the forward
+    rules alone, when no tool can install them: flanneld only warns then)."""
+    from ..control.subnetfile import read_previous_rules
+    from ..host.firewall import MasqError, Previous, Rules
+    if not (opts.ip_masq or opts.iptables_forward_rules):
+        return None
+    rules = None
+    try:
+        rules = Rules(network, subnet, masq=opts.ip_masq, forward=opts.iptables_forward_rules,
+                      previous=Previous(*read_previous_rules(opts.subnet_file)))
+        rules.install()
+    except MasqError as e:
+        if opts.ip_masq:
+            if rules is not None:   # what install() put in stays, as at any exit
+                try:
+                    rules.stop()
+                except Exception as cleanup:
+                    log.warning("while stopping the rules: %s", cleanup)
+            raise StartupError(str(e)) from None
+        log.warning("forward rules not installed: %s", e)
+        return None
+    rules.start_resync(opts.iptables_resync)
+    return rules
+
+
+def write_subnet_env(opts, network, subnet, mtu: int) -> None:
+    from ..control.subnetfile import write_subnet_env as write
+    try:
+        write(opts.subnet_file, network, subnet, mtu, opts.ip_masq)
+        log.info("Wrote subnet file to %s", opts.subnet_file)
+    except OSError as e:
+        log.warning("Failed to write subnet file %s: %s (continuing; workloads that read it "
+                    "will not start)", opts.subnet_file, e)
+
+
+def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, own_sources):
+    """One engine per queue behind one MultiEngine, configured, not started; its ICMP errors
+    come from <lease net>, flannel0's address. It knows this host's own sources (own_sources:
+    host/own_sources.py) before it forwards a packet."""
+    from ..engine import multi
+    try:
+        engine = multi.create(cls, tun_fds, [s.fileno() for s in socks],
+                              tun_addr=subnet.network_address, mtu=mtu,
+                              accept_any=opts.accept_from == "any", icmp_rate=opts.icmp_rate,
+                              icmp_burst=opts.icmp_burst, offloads=offload_flags,
+                              trace=opts.trace)
+    except (OSError, ValueError) as e:
+        hint = "; run with --offload off" if offload_flags else ""
+        raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
+    engine.set_strict_sources(opts.strict_sources)
+    own_sources.refresh(engine, subnet)
+    return engine
+
+
+def when(ts) -> str:
+    if not ts:
+        return "never (no TTL)"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None):
+    """The lease manager for our PublicIP; it prefers ``prev``, else subnet.env's subnet."""
+    from ..control.lease_manager import SubnetManager
+    from ..control.subnetfile import read_previous_subnet
+    if prev is None:
+        prev = read_previous_subnet(opts.subnet_file)
+        if prev is not None:
+            log.info("Previous subnet from %s: %s", opts.subnet_file, prev)
+    return SubnetManager(registry, ext.ext_addr, prev, opts.subnet_lease_renew_margin,
+                         on_lease_change, config=config)
