@@ -49,7 +49,7 @@ def adopt(daemon, new) -> None:
         daemon.engine.close()
         daemon.engine = startup.new_engine(daemon.engine_cls, daemon.opts, daemon.tun_fds,
                                            daemon.socks, new.subnet, daemon.ext.tun_mtu,
-                                           daemon.offload_flags)
+                                           daemon.offload_flags, daemon.own_sources)
     # The one route rebuild of the move: the watcher hands the snapshot for the new subnet to
     # the daemon's on_peers, which gives the new engine its table before it starts.
     daemon.peer_watcher.set_own_subnet(new.subnet)
