@@ -9,7 +9,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ["loop.c", "tx.c", "rx.c", "path.c", "routes.c", "packet.c", "trace.c", "gso.c",
-           "gro.c", "train.c"]
+           "gro.c", "train.c", "local.c"]
 
 
 def _cdef_text(path):

@@ -29,12 +29,17 @@
  *                                             -> drop_bad_source
  *   3. len < 20 or ihl < 5 or ihl*4 > len or tot_len != len -> drop_malformed
  *      (version != 4 -> drop_not_ipv4, checked before the length rules)
- *   4. TTL <= 1 -> drop_ttl (no ICMP on this side)
- *   5. TTL - 1, incremental checksum; write() to the TUN. EAGAIN ->
+ *   4. the inner source is this host's own (dp_loop_set_local: one of the
+ *      addresses, or inside the subnet)      -> drop_inner_local
+ *   5. strict sources on (dp_loop_set_strict_sources) and the route of the
+ *      inner source (the lookup of TUN step 2) is missing or has a peer_ip
+ *      other than the datagram's source      -> drop_inner_foreign
+ *   6. TTL <= 1 -> drop_ttl (no ICMP on this side)
+ *   7. TTL - 1, incremental checksum; write() to the TUN. EAGAIN ->
  *      drop_tun_full, any other error -> drop_tun_error; never retried.
  * With DP_OFF_UDP_GRO a message may be a train of datagrams (UDP_GRO cmsg:
  * the segment size; the last may be shorter): it is split and each datagram
- * goes through 1-5 on its own, so every counter above counts datagrams as
+ * goes through 1-7 on its own, so every counter above counts datagrams as
  * without GRO - one larger than the mtu is drop_truncated with mtu bytes,
  * as a plain receive reports it; udp_rx_gro counts trains of >= 2.
  * With DP_OFF_TUN_GRO (needs DP_OFF_TUN_VNET) step 5 holds back runs of
@@ -86,11 +91,21 @@
  *   stays on.
  *
  * Checks are made in exactly the order listed; a packet is counted in the
- * first drop reason it meets and in no other. The inner packet's source
- * address is not checked against the sender's subnet, as in flanneld: a
- * peer host's own processes and traffic it routes without masquerading
- * legitimately carry other sources; rp_filter and the FORWARD rules see
- * the packet after the TUN.
+ * first drop reason it meets and in no other.
+ *
+ * Inner sources (UDP -> TUN steps 4 and 5). The overlay has no
+ * cryptography: anyone on the underlay can send a datagram with a forged
+ * outer source, so step 2 proves nothing about who sent it. Step 4 keeps
+ * such a datagram from making the host accept a packet that claims to come
+ * from the host itself (the daemon sets accept_local on the TUN for this
+ * engine's own ICMP errors, and a bridge's address or a pod of the own
+ * subnet would pass a loose rp_filter): the caller hands in every address
+ * of the host and its lease subnet; an empty set (the default) checks
+ * nothing. Step 5 is kernel WireGuard's rule, off by default: the inner
+ * source must be routed to the peer that sent the datagram, which breaks
+ * peers that send from addresses outside their lease (a host forwarding
+ * other networks' traffic without masquerading). The outer port is not
+ * compared: a peer's sending socket is its own business.
  *
  * Incremental TTL checksum update (both engines, bit for bit):
  *   old = ttl << 8 | proto;  new = (ttl - 1) << 8 | proto
@@ -136,7 +151,8 @@ enum dp_limits {
     DP_MTU_MIN = 68,             /* dp_loop_new: IPv4's minimum datagram ... */
     DP_MTU_MAX = 65535,          /* ... and its largest tot_len */
     DP_ICMP_RATE_DEFAULT = 100,  /* ICMP errors per second (see "ICMP rate limit") */
-    DP_ICMP_BURST_DEFAULT = 50
+    DP_ICMP_BURST_DEFAULT = 50,
+    DP_LOCAL_MAX = 65536         /* dp_loop_set_local: addresses at most */
 };
 
 /* Route: every packet to net/prefixlen goes to peer_ip:port.
@@ -186,7 +202,9 @@ typedef struct dp_stats {
     uint64_t udp_rx_gro;         /* receives that held a train of datagrams (DP_OFF_UDP_GRO) */
     uint64_t tun_tx_gso;         /* TUN writes that carried coalesced segments (DP_OFF_TUN_GRO) */
     uint64_t udp_gso_fallbacks;  /* trains refused and sent again one by one (DP_OFF_UDP_GSO) */
-    uint64_t reserved[30];
+    uint64_t drop_inner_local;   /* UDP -> TUN step 4: inner source is this host's own */
+    uint64_t drop_inner_foreign; /* step 5: inner source not routed to the sender */
+    uint64_t reserved[28];
 } dp_stats;
 
 /* Trace events, recorded only while tracing is on (for the demo). */
@@ -238,6 +256,16 @@ void dp_loop_free(dp_loop *loop);
 /* Thread-safe: builds a new table from n routes and publishes it; the loop
  * takes it into use before its next packet. The routes array is copied. */
 int dp_loop_set_routes(dp_loop *loop, const dp_route *routes, uint32_t n);
+
+/* Thread-safe: this host's own sources for UDP -> TUN step 4, replacing
+ * the previous set; taken into use like a route table. own_net/own_prefixlen:
+ * the lease subnet (network order, host bits zero; prefixlen 0 and net 0:
+ * none); addrs: n addresses (network order, at most DP_LOCAL_MAX; copied). */
+int dp_loop_set_local(dp_loop *loop, uint32_t own_net, uint32_t own_prefixlen,
+                      const uint32_t *addrs, uint32_t n);
+
+/* Thread-safe: UDP -> TUN step 5 on (1) or off (0, the default). */
+int dp_loop_set_strict_sources(dp_loop *loop, int enable);
 
 /* Thread-safe snapshot of the counters. */
 int dp_loop_stats(dp_loop *loop, dp_stats *out);

@@ -52,6 +52,8 @@ enum dp_stat {
     DP_ST_UDP_RX_GRO,
     DP_ST_TUN_TX_GSO,
     DP_ST_UDP_GSO_FALLBACKS,
+    DP_ST_DROP_INNER_LOCAL,
+    DP_ST_DROP_INNER_FOREIGN,
     DP_ST_COUNT,
     DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
 };
@@ -105,6 +107,17 @@ void dp_routes_free(struct dp_routes *t);
 int dp_routes_lookup(const struct dp_routes *t, uint32_t dst, struct dp_route_hit *hit);
 /* 1 if ip is the peer_ip of some route. */
 int dp_routes_has_peer(const struct dp_routes *t, uint32_t ip);
+
+/* local.c APIs: this host's own sources, immutable once built (as a
+ * route table). Addresses in network order, as everywhere. */
+struct dp_local;
+
+/* -EINVAL: prefixlen > 32, host bits in net, more than DP_LOCAL_MAX addrs. */
+int dp_local_build(struct dp_local **out, uint32_t net, uint32_t prefixlen,
+                   const uint32_t *addrs, uint32_t n);
+void dp_local_free(struct dp_local *l);
+/* 1 if ip is one of the addresses or inside the subnet; l may be NULL (empty). */
+int dp_local_has(const struct dp_local *l, uint32_t ip);
 
 /* packet.c APIs: pure functions over byte buffers, no I/O. */
 /* Network-order fields, byte by byte: no alignment or endianness assumed. */
@@ -317,8 +330,10 @@ enum dp_verdict {
 struct dp_path {
     dp_counters c;              /* written by the loop thread only */
     struct dp_routes *routes;   /* the table in use; loop thread only */
+    struct dp_local *local;     /* own sources in use (UDP step 4); loop thread only */
     uint32_t tun_addr;          /* network order: source of our ICMP errors */
     int accept_any;
+    int strict_sources;         /* UDP step 5; any thread stores (relaxed) */
     uint64_t icmp_limit;        /* rate << 32 | burst; any thread stores (relaxed) */
     uint64_t icmp_tat;          /* rate limit: theoretical arrival time (GCRA), ns */
     uint64_t now_ns;            /* CLOCK_MONOTONIC, set by the caller per TUN batch */

@@ -5,15 +5,17 @@
  * loop.h.
  *
  * Flow, in the order the functions appear:
- *   1. dp_loop_take_routes  at the start of each batch and before each
- *                           packet, adopt a published table
+ *   1. dp_loop_take_tables  at the start of each batch and before each
+ *                           packet, adopt a published route table and
+ *                           own-source set
  *   2. dp_loop_run          epoll_wait, then alternate the two directions,
  *                           one batch each, while there is work, at most
  *                           DP_ROUNDS times, so neither direction nor the
  *                           stop fd starves
  *                           (and end when the TUN is gone)
- *   3. the public API       new/free/stop/set_routes/stats/trace/
- *                           set_offloads/set_icmp_limit/state
+ *   3. the public API       new/free/stop/set_routes/set_local/stats/
+ *                           trace/set_offloads/set_icmp_limit/
+ *                           set_strict_sources/state
  *
  * Everything is allocated in dp_loop_new() (the super-packet buffer and the
  * receive slots again in dp_loop_set_offloads(), before the loop runs); the
@@ -45,11 +47,18 @@ static inline int is_stopping(struct dp_loop *l)
 /* ---- 1. route table hand-over ------------------------------------------------------- */
 
 /* The publisher only ever exchanges `pending`; a table we take out of it is
- * ours alone, and the one we drop can be in use by nobody else. */
-void dp_loop_take_routes(struct dp_loop *l)
+ * ours alone, and the one we drop can be in use by nobody else. The same
+ * holds for `pending_local`. */
+void dp_loop_take_tables(struct dp_loop *l)
 {
     struct dp_routes *t;
+    struct dp_local *s;
 
+    if (__atomic_load_n(&l->pending_local, __ATOMIC_RELAXED) &&
+        (s = __atomic_exchange_n(&l->pending_local, NULL, __ATOMIC_ACQ_REL))) {
+        dp_local_free(l->path.local);
+        l->path.local = s;
+    }
     if (!__atomic_load_n(&l->pending, __ATOMIC_RELAXED))
         return;
     t = __atomic_exchange_n(&l->pending, NULL, __ATOMIC_ACQ_REL);
@@ -125,7 +134,7 @@ int dp_loop_run(dp_loop *l)
                 break;
             }
         }
-        dp_loop_take_routes(l);
+        dp_loop_take_tables(l);
         for (round = 0; round < DP_ROUNDS && (tun == DP_IO_MORE || udp == DP_IO_MORE); round++) {
             if (tun == DP_IO_MORE) {
                 tun = dp_tx_batch(l);
@@ -257,6 +266,8 @@ void dp_loop_free(dp_loop *l)
         close(l->wake_fd);
     dp_routes_free(l->path.routes);
     dp_routes_free(__atomic_exchange_n(&l->pending, NULL, __ATOMIC_ACQ_REL));
+    dp_local_free(l->path.local);
+    dp_local_free(__atomic_exchange_n(&l->pending_local, NULL, __ATOMIC_ACQ_REL));
     free(l->tx_buf);
     free(l->rx_buf);
     free(l->vnet_buf);
@@ -279,6 +290,31 @@ int dp_loop_set_routes(dp_loop *l, const dp_route *routes, uint32_t n)
     /* Wake the loop so that it adopts the table now, not at the next packet;
      * the table is published either way. */
     wake(l);
+    return 0;
+}
+
+int dp_loop_set_local(dp_loop *l, uint32_t own_net, uint32_t own_prefixlen,
+                      const uint32_t *addrs, uint32_t n)
+{
+    struct dp_local *s;
+    int rc;
+
+    if (!l)
+        return -EINVAL;
+    rc = dp_local_build(&s, own_net, own_prefixlen, addrs, n);
+    if (rc)
+        return rc;
+    /* As dp_loop_set_routes: a set still pending was never taken. */
+    dp_local_free(__atomic_exchange_n(&l->pending_local, s, __ATOMIC_ACQ_REL));
+    wake(l);
+    return 0;
+}
+
+int dp_loop_set_strict_sources(dp_loop *l, int enable)
+{
+    if (!l)
+        return -EINVAL;
+    __atomic_store_n(&l->path.strict_sources, enable != 0, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -359,4 +395,7 @@ _Static_assert(offsetof(dp_stats, route_swaps) == DP_ST_ROUTE_SWAPS * 8, "stats 
 _Static_assert(offsetof(dp_stats, icmp_ratelimited) == DP_ST_ICMP_RATELIMITED * 8, "stats index");
 _Static_assert(offsetof(dp_stats, tun_tx_gso) == DP_ST_TUN_TX_GSO * 8, "stats index");
 _Static_assert(offsetof(dp_stats, udp_gso_fallbacks) == DP_ST_UDP_GSO_FALLBACKS * 8, "stats index");
+_Static_assert(offsetof(dp_stats, drop_inner_local) == DP_ST_DROP_INNER_LOCAL * 8, "drop index");
+_Static_assert(offsetof(dp_stats, drop_inner_foreign) == DP_ST_DROP_INNER_FOREIGN * 8,
+               "drop index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");

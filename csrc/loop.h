@@ -5,9 +5,10 @@
  * train.c, ...) never see it: they take buffers, not a loop.
  *
  * Threads: one loop thread runs dp_loop_run(); control calls come from any
- * thread. What crosses threads is atomic: `stopping`, `pending` (the next
- * route table), the counters (one writer, relaxed), the ICMP limit and the
- * trace ring.
+ * thread. What crosses threads is atomic: `stopping`, `pending` and
+ * `pending_local` (the next route table and own-source set), the counters
+ * (one writer, relaxed), the ICMP limit, the strict switch and the trace
+ * ring.
  */
 #ifndef DP_LOOP_H
 #define DP_LOOP_H
@@ -40,6 +41,7 @@ struct dp_loop {
     int tun_gone;               /* errno that says the TUN has no device (loop thread) */
     uint32_t end, end_err;      /* enum dp_loop_end and its errno, for dp_loop_state */
     struct dp_routes *pending;  /* published table, exchanged atomically */
+    struct dp_local *pending_local;   /* published own sources, the same way */
 
     struct dp_path path;        /* counters, table in use, ICMP state, trace */
 
@@ -116,9 +118,10 @@ static inline void tun_failed(struct dp_loop *l, int err)
         l->tun_gone = err;
 }
 
-/* loop.c: adopt a published route table, if any (one relaxed load when
- * none); at the start of each batch and before each packet. */
-void dp_loop_take_routes(struct dp_loop *l);
+/* loop.c: adopt a published route table and own-source set, if any (one
+ * relaxed load each when none); at the start of each batch and before each
+ * packet. */
+void dp_loop_take_tables(struct dp_loop *l);
 /* loop.c: one message per slot of buf (stride bytes apart), addressed by addr[i]. */
 void dp_loop_msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *addr,
                        uint8_t *buf, uint32_t batch, uint32_t stride);

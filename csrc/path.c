@@ -8,7 +8,9 @@
  *   4. dp_path_tun       TUN -> UDP: the checks of dataplane.h in its order,
  *                        route, TTL, TTL - 1; the verdict says what to write
  *      dp_path_tun_drop  a TUN read refused before those checks (vnet header)
- *   5. dp_path_udp       UDP -> TUN: truncated, source, checks, TTL, TTL - 1
+ *   5. inner_source      UDP -> TUN: the inner source, local or foreign
+ *      dp_path_udp       UDP -> TUN: truncated, source, checks, inner
+ *                        source, TTL, TTL - 1
  *   6. dp_path_*_written the outcome of the caller's write into the TUN
  *
  * tx.c and rx.c do the syscalls around these functions and csrc/fuzz/ drives
@@ -130,6 +132,23 @@ void dp_path_tun_drop(struct dp_path *pa, const uint8_t *p, uint32_t len, int re
 
 /* ---- 5. UDP -> TUN ------------------------------------------------------------ */
 
+/* Steps 4 and 5 of dataplane.h on a packet that passed the header checks:
+ * 0, or the drop reason. The strict rule asks the route table who owns the
+ * inner source, as kernel WireGuard asks its allowed IPs: the sender must
+ * be that owner. */
+static int inner_source(const struct dp_path *pa, const uint8_t *p, uint32_t src)
+{
+    uint32_t inner = dp_packet_src(p);
+    struct dp_route_hit hit;
+
+    if (dp_local_has(pa->local, inner))
+        return DP_ST_DROP_INNER_LOCAL;
+    if (__atomic_load_n(&pa->strict_sources, __ATOMIC_RELAXED) &&
+        (!dp_routes_lookup(pa->routes, inner, &hit) || hit.peer_ip != src))
+        return DP_ST_DROP_INNER_FOREIGN;
+    return 0;
+}
+
 enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,
                             uint32_t sport, uint32_t nmsgs, int truncated)
 {
@@ -143,7 +162,8 @@ enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32
         reason = DP_ST_DROP_TRUNCATED;
     else if (!pa->accept_any && !dp_routes_has_peer(pa->routes, src))
         reason = DP_ST_DROP_BAD_SOURCE;
-    else if ((reason = dp_packet_check_udp(p, len)) == 0 && p[8] <= 1)
+    else if ((reason = dp_packet_check_udp(p, len)) == 0 &&
+             (reason = inner_source(pa, p, src)) == 0 && p[8] <= 1)
         reason = DP_ST_DROP_TTL;
     if (reason) {
         dp_path_drop(pa, reason, len);

@@ -180,7 +180,7 @@ enum dp_io dp_rx_batch(struct dp_loop *l)
     uint32_t k;
     int r;
 
-    dp_loop_take_routes(l);
+    dp_loop_take_tables(l);
     do {
         sys_count(l, DP_ST_UDP_RECVS);
         r = recvmmsg(l->udp_fd, l->rx_msgs, l->batch, MSG_DONTWAIT | (gro ? MSG_TRUNC : 0),
@@ -191,7 +191,7 @@ enum dp_io dp_rx_batch(struct dp_loop *l)
 
     st_add(l, DP_ST_RX_BATCHES, 1);
     for (k = 0; k < (uint32_t)r; k++) {
-        dp_loop_take_routes(l);   /* the source check, too, uses the newest table */
+        dp_loop_take_tables(l);   /* the source checks, too, use the newest tables */
         udp_packet(l, k, (uint32_t)r);
         /* msg_namelen, msg_controllen and msg_flags are value-result:
          * reset for next time. */

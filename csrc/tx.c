@@ -284,7 +284,7 @@ enum dp_io dp_tx_batch(struct dp_loop *l)
     struct iovec iov[3];
     ssize_t r;
 
-    dp_loop_take_routes(l);
+    dp_loop_take_tables(l);
     /* For the ICMP rate limit: one clock read per batch, not per packet. */
     l->path.now_ns = now_ns();
     while (n < l->batch) {
@@ -307,7 +307,7 @@ enum dp_io dp_tx_batch(struct dp_loop *l)
         /* Checked per packet, not only per batch: a packet written into the
          * TUN after set_routes() returned is routed by that table or a newer
          * one, never by an older one. */
-        dp_loop_take_routes(l);
+        dp_loop_take_tables(l);
         /* A dropped packet leaves its slot free for the next read. */
         if (vnet)
             m = tun_vnet_packet(l, (uint32_t)r, m);

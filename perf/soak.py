@@ -242,7 +242,13 @@ def main(argv=None) -> int:
                 seg_s = min(SEGMENT_S, left - 2)
                 before = {h.name: (engine_counters(ov, h), kernel_drops(ov, h)) for h in (a, b)}
                 seg = {"t": round(time.monotonic() - t0, 1)}
-                seg.update(run_segment(ov, udpgen, a, b, rate=o.rate, size=o.size, seconds=seg_s))
+                try:
+                    seg.update(run_segment(ov, udpgen, a, b, rate=o.rate, size=o.size,
+                                           seconds=seg_s))
+                except Exception as e:      # the run ends, its figures so far still written
+                    result["errors"].append(f"segment at {seg['t']} s: {e!r}")
+                    print(f"soak: segment at {seg['t']} s failed, stopping: {e!r}", flush=True)
+                    break
                 for h in (a, b):
                     eng, kern = engine_counters(ov, h), kernel_drops(ov, h)
                     seg[h.name] = {"engine": delta(eng, before[h.name][0]),
@@ -261,7 +267,7 @@ def main(argv=None) -> int:
             churn.finish()
             sample()
         result["churn"] = churn.events
-        result["errors"] = churn.errors
+        result["errors"] += churn.errors
         for k, h in (("a", a), ("b", b)):
             d = ov.daemon(h)
             text = d.log_text()

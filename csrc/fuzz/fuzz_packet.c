@@ -19,6 +19,10 @@
  *   - the TUN side routes as a naive longest-prefix scan over the same
  *     routes (the last duplicate wins) and the UDP side's source check
  *     agrees with a naive scan of the peers;
+ *   - the inner-source checks (UDP steps 4, 5) agree with naive scans: a
+ *     forwarded datagram's inner source is none of the own sources and,
+ *     strict, routed to its sender; a drop_inner_local is about one of them,
+ *     a drop_inner_foreign about one that is not the sender's;
  *   - an ICMP error is well-formed, has valid IP and ICMP checksums, is
  *     addressed to the offender's source, quotes min(len, ihl*4 + 8) bytes
  *     of it, and is never about an ICMP error or a later fragment;
@@ -37,10 +41,13 @@
  *   byte 0      flags: bit 0 accept_any, bit 1 trace, bits 2-3 ICMP limit
  *               (0 unlimited, 1 rate 1 burst 1, 2 the default, 3 rate and
  *               burst from the next two bytes), bit 4 keep host bits,
- *               bit 5 UDP runs in the TUN GRO (DP_OFF_TUN_GRO_UDP)
+ *               bit 5 UDP runs in the TUN GRO (DP_OFF_TUN_GRO_UDP), bit 6
+ *               strict sources, bit 7 an own-source set follows the routes
  *   byte 1      mtu = 68 + byte * 6 (68 .. 1598)
  *   byte 2,3    rate, burst (used when bits 2-3 == 3)
  *   byte 4      number of routes (% 9); each route: net 4, prefixlen 1, peer 1
+ *   (bit 7)     own sources: net 4, prefixlen 1 (% 33), count 1 (% 5), then
+ *               count addresses of 4 bytes (host bits of net kept as routes')
  *   then packets: ctl 1, len 2 (big-endian, cut to the mtu and to what is
  *   left), bytes. ctl bit 0: 0 TUN, 1 UDP; bit 1 MSG_TRUNC; bits 2-3 the
  *   TUN write: 0/1 ok, 2 EAGAIN, 3 EIO; bits 4-7 source (UDP: 0-7 a route's
@@ -56,7 +63,7 @@
 #include "internal.h"
 #include "fuzz.h"
 
-enum { MAX_ROUTES = 8, PEER_BASE = 0x7f000010 };   /* peers 127.0.0.16 + i */
+enum { MAX_ROUTES = 8, MAX_LOCAL = 4, PEER_BASE = 0x7f000010 };   /* peers 127.0.0.16 + i */
 
 static uint8_t rd8(struct reader *r)
 {
@@ -106,7 +113,7 @@ static uint64_t drops(const dp_stats *s)
 {
     return s->drop_no_route + s->drop_ttl + s->drop_malformed + s->drop_not_ipv4 +
            s->drop_truncated + s->drop_bad_source + s->drop_send_error + s->drop_tun_full +
-           s->drop_tun_error;
+           s->drop_tun_error + s->drop_inner_local + s->drop_inner_foreign;
 }
 
 /* The naive oracle: longest prefix first, the last of equal routes wins. */
@@ -135,6 +142,26 @@ static int naive_has_peer(const dp_route *rt, uint32_t n, uint32_t ip)
 
     for (i = 0; i < n; i++)
         if (rt[i].peer_ip == ip)
+            return 1;
+    return 0;
+}
+
+/* The own sources of the input, kept as read: the oracle of local.c. */
+struct own {
+    int on;
+    uint32_t net, prefixlen, n, addrs[MAX_LOCAL];
+};
+
+static int naive_local(const struct own *o, uint32_t ip)
+{
+    uint32_t i, m = o->prefixlen ? htonl(0xffffffffu << (32 - o->prefixlen)) : 0;
+
+    if (!o->on)
+        return 0;
+    if (o->prefixlen && (ip & m) == o->net)
+        return 1;
+    for (i = 0; i < o->n; i++)
+        if (o->addrs[i] == ip)
             return 1;
     return 0;
 }
@@ -268,6 +295,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t i, tun_addr = htonl(0x0a050100);
     uint64_t now = 1000000000ull, interval = 0, credit = 0, last = now;
     struct dp_routes *table = NULL;
+    struct dp_local *local = NULL;
+    struct own own = {0};
 
     switch (flags >> 2 & 3) {
     case 0: rate = 0; burst = 0; break;
@@ -307,6 +336,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     path.routes = table;
 
+    if (flags & 0x80) {
+        uint8_t b[4] = { rd8(&r), rd8(&r), rd8(&r), rd8(&r) };
+        uint32_t m;
+
+        own.prefixlen = rd8(&r) % 33;
+        m = own.prefixlen ? htonl(0xffffffffu << (32 - own.prefixlen)) : 0;
+        memcpy(&own.net, b, 4);
+        if (!(flags & 16))
+            own.net &= m;
+        own.n = rd8(&r) % (MAX_LOCAL + 1);
+        for (i = 0; i < own.n; i++)
+            own.addrs[i] = htonl(fuzz_take(&r, 4));
+        own.on = dp_local_build(&local, own.net, own.prefixlen, own.addrs, own.n) == 0;
+        if (!own.on)
+            CHECK((flags & 16) && (own.net & ~m) && local == NULL);   /* host bits only */
+        path.local = local;
+    }
+    CHECK(dp_local_build(&local, 0, 33, NULL, 0) == -EINVAL && local == NULL);
+    local = path.local;
+    path.strict_sources = (flags & 0x40) != 0;
+
     while (r.n) {
         uint8_t ctl = rd8(&r);
         uint32_t want = (uint32_t)rd8(&r) << 8, len;
@@ -340,7 +390,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (v == DP_V_FORWARD) {
                 CHECK(!(ctl & 2));
                 CHECK(path.accept_any || naive_has_peer(rt, nroutes, src));
+                CHECK(!naive_local(&own, dp_packet_src(orig)));
+                if (path.strict_sources)
+                    CHECK(naive_lookup(rt, nroutes, dp_packet_src(orig), &naive) &&
+                          naive.peer_ip == src);
             }
+            if (path.c.s.drop_inner_local != before.drop_inner_local)
+                CHECK(well_formed(orig, len, mtu) && naive_local(&own, dp_packet_src(orig)));
+            if (path.c.s.drop_inner_foreign != before.drop_inner_foreign)
+                CHECK(path.strict_sources && well_formed(orig, len, mtu) &&
+                      !naive_local(&own, dp_packet_src(orig)) &&
+                      !(naive_lookup(rt, nroutes, dp_packet_src(orig), &naive) &&
+                        naive.peer_ip == src));
             if (!(ctl & 2) && !path.accept_any && !naive_has_peer(rt, nroutes, src))
                 CHECK(path.c.s.drop_bad_source == before.drop_bad_source + 1);
         }
@@ -422,5 +483,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(ev[i].seq == ev[i - 1].seq + 1 && ev[i].head_len <= DP_TRACE_HEAD);
     }
     dp_routes_free(table);
+    dp_local_free(local);
     return 0;
 }

@@ -21,7 +21,7 @@ from dataplane.engine import ipv4  # noqa: E402
 CORPUS = os.path.join(HERE, "corpus")
 
 # flags byte
-ACCEPT_ANY, TRACE, KEEP_HOST_BITS, UDP_RUNS = 1, 2, 16, 32
+ACCEPT_ANY, TRACE, KEEP_HOST_BITS, UDP_RUNS, STRICT, LOCAL = 1, 2, 16, 32, 64, 128
 LIMIT_NONE, LIMIT_ONE, LIMIT_DEFAULT, LIMIT_BYTES = 0 << 2, 1 << 2, 2 << 2, 3 << 2
 # packet ctl byte
 TUN, UDP, TRUNC = 0, 1, 2
@@ -42,10 +42,15 @@ def packet(ctl: int, data: bytes, src: int = 0, clock: int = 0) -> bytes:
     return bytes([ctl | (src or clock) << 4]) + struct.pack("!H", len(data)) + data
 
 
+def own(net: str, plen: int, addrs: list[str]) -> bytes:
+    """The own-source set that follows the routes when the LOCAL flag is set."""
+    return ipv4._addr(net) + bytes([plen, len(addrs)]) + b"".join(ipv4._addr(a) for a in addrs)
+
+
 def seed(flags: int, mtu: int, routes: list[bytes], packets: list[bytes], rate: int = 0,
-         burst: int = 0) -> bytes:
+         burst: int = 0, local: bytes = b"") -> bytes:
     return bytes([flags, mtu_byte(mtu), rate, burst, len(routes)]) + b"".join(routes) + \
-        b"".join(packets)
+        local + b"".join(packets)
 
 
 def udp(src, dst, n=16, **kw):
@@ -163,6 +168,26 @@ def seeds() -> dict[str, bytes]:
                                      [packet(UDP, GOOD_UDP[0], src=7),     # 0.0.0.0: a peer
                                       packet(UDP, GOOD_UDP[0], src=1)])    # 127.0.0.17: not
     s["udp-strict-no-routes"] = seed(0, 1472, [], [packet(UDP, GOOD_UDP[0], src=0)])
+    mine = own("10.5.1.0", 24, ["192.168.50.2", "10.5.1.0"])
+    s["udp-inner-local"] = seed(ACCEPT_ANY | LOCAL, 1472, ROUTES,
+                                [packet(UDP, udp(a, OUT), src=0) for a in
+                                 ("192.168.50.2", "10.5.1.0", "10.5.1.77", IN, "10.5.0.1")]
+                                + [packet(UDP, udp("192.168.50.2", OUT, ttl=1), src=0),
+                                   packet(UDP, with_byte(udp("10.5.1.7", OUT), 0, 0x44), src=0),
+                                   packet(UDP, udp("10.5.1.7", OUT), src=9)], local=mine)
+    s["udp-inner-strict"] = seed(STRICT | LOCAL, 1472, ROUTES,
+                                 [packet(UDP, udp(IN, OUT), src=0),
+                                  packet(UDP, udp("10.5.3.4", OUT), src=0),     # peer 1's
+                                  packet(UDP, udp("10.5.3.4", OUT), src=1),
+                                  packet(UDP, udp("192.0.2.1", OUT), src=2),    # no route
+                                  packet(UDP, udp("10.5.1.9", OUT), src=0)],    # own first
+                                 local=mine)
+    s["udp-inner-strict-any"] = seed(ACCEPT_ANY | STRICT, 1472, ROUTES,
+                                     [packet(UDP, udp(IN, OUT), src=9),         # stranger
+                                      packet(UDP, udp("10.6.1.1", OUT), src=2)])
+    s["udp-inner-host-bits"] = seed(ACCEPT_ANY | LOCAL | KEEP_HOST_BITS, 1472, ROUTES,
+                                    [packet(UDP, udp("10.5.1.9", OUT), src=0)],
+                                    local=own("10.5.1.1", 24, []))
     s["icmp-flood-limit-one"] = seed(ACCEPT_ANY | LIMIT_ONE, 1472, ROUTES,
                                      [packet(TUN, udp(OUT, f"10.9.0.{i}")) for i in range(12)]
                                      + [packet(TUN, udp(OUT, "10.9.0.1"), clock=15)])

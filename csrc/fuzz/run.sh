@@ -36,7 +36,7 @@ gso|train)
 esac
 
 mkdir -p "$out/work"
-build fuzz_packet path.c packet.c gro.c routes.c trace.c
+build fuzz_packet path.c packet.c gro.c routes.c trace.c local.c
 # Every seed and regression input once, then the bounded search.
 "$out/fuzz_packet" "$here"/corpus/*
 exec "$out/fuzz_packet" -max_total_time="${1:-20}" -runs="${2:-2000000}" -max_len=8192 \

@@ -257,6 +257,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("accept-from", _choice("leases", "any"), "leases", "which UDP sources to accept: leases "
          "(only the PublicIP of a known lease; default) or any (as flanneld; use it when peers "
          "reach this host through address translation)", metavar="leases|any", group="ours"),
+    Flag("strict-sources", _parse_bool, False, "drop a datagram whose inner source is not in "
+         "the subnet of the lease whose PublicIP sent it (kernel WireGuard's rule; counted as "
+         "drop_inner_foreign). It breaks hosts that send from addresses outside their lease, "
+         "e.g. a host that forwards other networks' traffic into the overlay without "
+         "masquerading. A datagram whose inner source is this host's own is dropped either "
+         "way (default: false)", kind="bool", group="ours"),
     Flag("icmp-rate", _parse_int, 100, "ICMP errors (net unreachable, time exceeded) the engine "
          "sends per second at most, as routers limit them; the host's total, split over the "
          "queues; 0 = unlimited (default: 100)",
@@ -324,6 +330,7 @@ class Options:
     log_backtrace_at: str = ""
     engine: str = "auto"
     accept_from: str = "leases"
+    strict_sources: bool = False
     icmp_rate: int = 100
     icmp_burst: int = 50
     metrics: str = ""

@@ -143,7 +143,8 @@ def _replace_engine(daemon, subnet) -> None:
     """New engines for ``subnet`` on the same fds; the old ones stop only once these run."""
     try:
         engine = startup.new_engine(daemon.engine_cls, daemon.opts, daemon.tun_fds, daemon.socks,
-                                    subnet, daemon.ext.tun_mtu, daemon.offload_flags)
+                                    subnet, daemon.ext.tun_mtu, daemon.offload_flags,
+                                    daemon.own_sources)
     except startup.StartupError as e:
         raise MoveFailed(f"{e}; the old engine keeps forwarding (its ICMP errors still come "
                          "from the old address)") from None

@@ -19,13 +19,16 @@ each step is a function of daemon/startup.py::
    10. READY=1 to systemd        when $NOTIFY_SOCKET is set (daemon/systemd.py)
 
 Then the main thread runs the checks of daemon/monitor.py every second, and at once when an
-engine loop ends (flannel0 deleted: the engine sees it, no polling), until a signal:
+engine loop ends (flannel0 deleted: the engine sees it, no polling), and tells the engine
+when this host's addresses changed (host/own_sources.py), until a signal:
 SIGTERM/SIGINT stop the engine, close flannel0 (closing the fd removes it), keep the iptables
 rules (as flanneld) and the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd, re-acquires a
 lease without touching the peers' routes (daemon/lease_move.py).
 
 Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no lease's PublicIP
-(counted as drop_bad_source, logged at most every 10 s).
+(counted as drop_bad_source, logged at most every 10 s); a datagram whose inner source is this
+host's own is always dropped (drop_inner_local), and with ``--strict-sources`` one whose inner
+source is not in the sending lease's subnet (drop_inner_foreign): docs/threat-model.md.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from ..cli import flanneld_flags
 from ..control.peerset import PeerChange, PeerSnapshot
 from ..control.routes import route_table
 from ..host import queues
+from ..host.own_sources import OwnSources
 from . import lease_move, startup
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
@@ -78,6 +82,7 @@ class Daemon:
         self.engine = None                    # engine.multi.MultiEngine
         self.engine_cls = None
         self.engine_why = ""
+        self.own_sources = OwnSources()       # what the engine knows of this host's addresses
         self.servers = []
         self._old_handlers = {}
         self.source = DaemonSource(self)      # what /metrics, /readyz and /debug/trace read
@@ -176,12 +181,17 @@ class Daemon:
     def _start_engine(self):
         o = self.opts
         self.engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
-                                         self.lease.subnet, self.ext.tun_mtu, self.offload_flags)
+                                         self.lease.subnet, self.ext.tun_mtu, self.offload_flags,
+                                         self.own_sources)
         self.engine.start()
         log.info("Engine: %s (%s), %d queue(s); accepting datagrams from %s", self.engine.name,
                  self.engine_why, len(self.engine),
                  "known leases only (--accept-from leases)" if o.accept_from == "leases"
                  else "any source (--accept-from any, as flanneld)")
+        log.info("Inner sources dropped: this host's own (%s and its %d address(es))%s",
+                 self.lease.subnet, len(self.own_sources.addresses),
+                 "; and any not in the sending lease's subnet (--strict-sources)"
+                 if o.strict_sources else "")
 
     def _start_watches(self):
         from ..control.configwatch import ConfigWatcher
@@ -258,7 +268,8 @@ class Daemon:
                     if self._stop.wait(5):
                         return 0
             with self.lock:
-                engine = self.engine
+                engine, subnet = self.engine, self.lease.subnet
+            self.own_sources.refresh(engine, subnet)
             status = monitor.check(engine, self.tun_name)
             if status is not None:
                 return status

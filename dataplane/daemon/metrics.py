@@ -41,7 +41,7 @@ class MetricsSource:
         return 0
 
     def offloads_enabled(self) -> dict:
-        """{offload name: on} (dataplane.offload.NAMES); empty = not decided yet."""
+        """{offload name: on} (host/offload.py NAMES); empty = not decided yet."""
         return {}
 
     def bad_leases(self) -> tuple[int, int] | None:

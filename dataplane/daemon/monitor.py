@@ -4,8 +4,9 @@ Every MONITOR_PERIOD_S, and at once when an engine loop ends (engine.on_end wake
 the daemon asks: has an engine loop ended - flannel0 deleted (its queues read EBADFD) or anything
 else; both exit with status 1 so that the service manager restarts the daemon, the lease kept -,
 did the engine turn an offload off (UDP GSO when the kernel cannot segment), and what did the
-engine drop. Datagrams from sources with no lease are logged at most every 10 s (they point at NAT
-between peers); with -v the other drops too, as deltas over the same period.
+engine drop. Datagrams from sources with no lease (they point at NAT between peers) and datagrams
+whose inner source is this host's own (forged: docs/threat-model.md) are logged at most every 10 s
+each; with -v the other drops too, as deltas over the same period.
 """
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ log = logging.getLogger(__name__)
 
 MONITOR_PERIOD_S = 1.0
 DROP_LOG_EVERY_S = 10.0
+# Drops worth a warning without -v: the datagrams they count, and what to make of them.
+WARNED_DROPS = {
+    "drop_bad_source": "from sources that hold no lease ({total} in total): if peers reach this "
+                       "host through address translation (NAT), run with --accept-from any",
+    "drop_inner_local": "whose inner source is this host's own ({total} in total): forged on the "
+                        "underlay with a lease's PublicIP, or a local pod's packet a peer sent "
+                        "back without masquerading (docs/threat-model.md)",
+}
 
 
 class Monitor:
@@ -26,8 +35,7 @@ class Monitor:
         self.verbose = verbose
         self._clock = clock
         self._offloads = offloads             # the OFF_* bits in use at the last check
-        self._last_bad = 0
-        self._last_bad_log = 0.0
+        self._warned = {stat: (0, 0.0) for stat in WARNED_DROPS}   # count and time last logged
         self._last_drops: Optional[dict] = None
         self._last_drop_log = clock()
 
@@ -42,7 +50,7 @@ class Monitor:
         except Exception:
             return None
         now = self._clock()
-        self._log_bad_sources(stats, now)
+        self._log_warned(stats, now)
         if self.verbose >= 1:
             self._log_drops(stats, now)
         return None
@@ -69,13 +77,13 @@ class Monitor:
                         '{offload="udp_gso"} is 0)')
         self._offloads = in_use
 
-    def _log_bad_sources(self, stats: dict, now: float) -> None:
-        bad = stats.get("drop_bad_source", 0)
-        if bad > self._last_bad and now - self._last_bad_log >= DROP_LOG_EVERY_S:
-            log.warning("Dropped %d datagram(s) from sources that hold no lease (%d in total): "
-                        "if peers reach this host through address translation (NAT), run "
-                        "with --accept-from any", bad - self._last_bad, bad)
-            self._last_bad, self._last_bad_log = bad, now
+    def _log_warned(self, stats: dict, now: float) -> None:
+        for stat, what in WARNED_DROPS.items():
+            total = stats.get(stat, 0)
+            last, last_log = self._warned[stat]
+            if total > last and now - last_log >= DROP_LOG_EVERY_S:
+                log.warning("Dropped %d datagram(s) %s", total - last, what.format(total=total))
+                self._warned[stat] = (total, now)
 
     def _log_drops(self, stats: dict, now: float) -> None:
         if now - self._last_drop_log < DROP_LOG_EVERY_S:

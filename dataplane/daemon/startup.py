@@ -234,18 +234,23 @@ def write_subnet_env(opts, network, subnet, mtu: int) -> None:
                     "will not start)", opts.subnet_file, e)
 
 
-def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int):
+def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, own_sources):
     """One engine per queue behind one MultiEngine, configured, not started; its ICMP errors
-    come from <lease net>, flannel0's address."""
+    come from <lease net>, flannel0's address. It knows this host's own sources (own_sources:
+    host/own_sources.py) before it forwards a packet."""
     from ..engine import multi
     try:
-        return multi.create(cls, tun_fds, [s.fileno() for s in socks],
-                            tun_addr=subnet.network_address, mtu=mtu,
-                            accept_any=opts.accept_from == "any", icmp_rate=opts.icmp_rate,
-                            icmp_burst=opts.icmp_burst, offloads=offload_flags, trace=opts.trace)
+        engine = multi.create(cls, tun_fds, [s.fileno() for s in socks],
+                              tun_addr=subnet.network_address, mtu=mtu,
+                              accept_any=opts.accept_from == "any", icmp_rate=opts.icmp_rate,
+                              icmp_burst=opts.icmp_burst, offloads=offload_flags,
+                              trace=opts.trace)
     except (OSError, ValueError) as e:
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
+    engine.set_strict_sources(opts.strict_sources)
+    own_sources.refresh(engine, subnet)
+    return engine
 
 
 def when(ts) -> str:

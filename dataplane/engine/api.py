@@ -18,7 +18,7 @@ from dataclasses import dataclass
 # The facts of csrc/dataplane.h, from their one Python copy (contract.py);
 # other modules import them from here.
 from .contract import (BATCH_MAX, END_KINDS, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT,  # noqa: F401
-                       MTU_MAX, MTU_MIN, OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO,
+                       LOCAL_MAX, MTU_MAX, MTU_MIN, OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO,
                        STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING)
 
 # Counters that depend on how an engine batches its syscalls; every other
@@ -166,6 +166,32 @@ class Engine(abc.ABC):
         if rate and not burst:
             raise ValueError("icmp burst must be >= 1 when the rate is limited")
         return rate, burst
+
+    @abc.abstractmethod
+    def set_local(self, own_subnet, addrs) -> None:
+        """This host's own sources (dataplane.h, UDP -> TUN step 4): a datagram
+        whose inner source is one of ``addrs`` or inside ``own_subnet`` (the
+        lease; None for none) is dropped as drop_inner_local. Replaces the
+        previous set; thread-safe. Empty (the default) checks nothing."""
+
+    @abc.abstractmethod
+    def set_strict_sources(self, enable: bool) -> None:
+        """Step 5 on or off: the inner source must be routed to the peer that
+        sent the datagram, else drop_inner_foreign. Thread-safe."""
+
+    @staticmethod
+    def _check_local(own_subnet, addrs) -> tuple[int, int, tuple[int, ...]]:
+        """``(net, prefixlen, addrs)`` as host-order ints, checked as
+        dp_loop_set_local checks them, so both engines refuse alike."""
+        net = ipaddress.IPv4Network(own_subnet) if own_subnet is not None else None
+        ints = tuple(int(ipaddress.IPv4Address(a)) for a in addrs)
+        if len(ints) > LOCAL_MAX:
+            raise ValueError(f"{len(ints)} local addresses: at most {LOCAL_MAX}")
+        if net is None or net.prefixlen == 0:
+            if net is not None:
+                raise ValueError("own subnet 0.0.0.0/0 would make every source local")
+            return 0, 0, ints
+        return int(net.network_address), net.prefixlen, ints
 
     def set_offloads(self, flags: int) -> None:
         """Tell the engine which offloads (OFF_* bits) the caller switched on

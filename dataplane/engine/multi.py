@@ -146,6 +146,15 @@ class MultiEngine(Engine):
         for q, r, b in zip(self.queues, split(rate, n), split(burst, n)):
             q.set_icmp_limit(max(r, 1), max(b, 1))
 
+    def set_local(self, own_subnet, addrs) -> None:
+        addrs = list(addrs)
+        for q in self.queues:
+            q.set_local(own_subnet, addrs)
+
+    def set_strict_sources(self, enable: bool) -> None:
+        for q in self.queues:
+            q.set_strict_sources(enable)
+
     def set_offloads(self, flags: int) -> None:
         for q in self.queues:
             q.set_offloads(flags)

@@ -161,6 +161,18 @@ class CEngine(Engine):
             _check(lib.dp_loop_state(self._live(), state))
         return state.offloads
 
+    def set_local(self, own_subnet, addrs) -> None:
+        net, plen, ints = self._check_local(own_subnet, addrs)
+        arr = ffi.new("uint32_t[]", [_addr_u32(ipaddress.IPv4Address(a)) for a in ints]) \
+            if ints else ffi.NULL
+        with self._lock:
+            _check(lib.dp_loop_set_local(self._live(), _addr_u32(ipaddress.IPv4Address(net)),
+                                         plen, arr, len(ints)))
+
+    def set_strict_sources(self, enable: bool) -> None:
+        with self._lock:
+            _check(lib.dp_loop_set_strict_sources(self._live(), 1 if enable else 0))
+
     def set_offloads(self, flags: int) -> None:
         with self._lock:
             loop = self._live()

@@ -20,7 +20,8 @@ Flow, in the order the code appears in :meth:`PyEngine._run`:
   2. tun_batch    read() until EAGAIN or `batch` packets: checks, route,
                   TTL - 1, queue; then one sendto() per queued packet
   3. udp_batch    recv(MSG_DONTWAIT) until EAGAIN or `batch` datagrams,
-                  then per datagram: checks, TTL - 1, write() to the TUN
+                  then per datagram: checks, inner source (local, then
+                  strict), TTL - 1, write() to the TUN
   4. the loop     epoll, adopt a new route table, then alternate the two
                   directions one batch each while there is work (at most
                   ROUNDS times before polling again, so the stop fd is seen);
@@ -30,7 +31,9 @@ Flow, in the order the code appears in :meth:`PyEngine._run`:
 Where it differs from the C engine, by design: the counters of
 api.SYSCALL_STATS (one sendto/recv per packet instead of sendmmsg/recvmmsg),
 and the `batch` field of trace events udp_send (packets queued in that TUN
-batch) and udp_recv (datagrams received in that turn). numpy is not used:
+batch) and udp_recv (datagrams received in that turn), and
+set_strict_sources, which judges from the next batch of receives on, not
+from the next datagram. numpy is not used:
 its per-call cost (~1 us) is above the whole per-packet Python work
 (~0.5 us on top of the syscalls), and packets are handled one at a time.
 
@@ -80,6 +83,8 @@ SYSCALLS, TUN_READS, TUN_WRITES = _STAT_INDEX["syscalls"], _STAT_INDEX["tun_read
 UDP_SENDS, UDP_RECVS, POLLS = _STAT_INDEX["udp_sends"], _STAT_INDEX["udp_recvs"], _STAT_INDEX["polls"]
 TX_BATCHES, RX_BATCHES, ROUTE_SWAPS = _STAT_INDEX["tx_batches"], _STAT_INDEX["rx_batches"], _STAT_INDEX["route_swaps"]
 ICMP_RATELIMITED = _STAT_INDEX["icmp_ratelimited"]
+DROP_INNER_LOCAL, DROP_INNER_FOREIGN = (_STAT_INDEX["drop_inner_local"],
+                                        _STAT_INDEX["drop_inner_foreign"])
 NS_PER_S = 1_000_000_000
 
 # Trace kinds (enum dp_trace_kind).
@@ -89,6 +94,8 @@ TR_UDP_RECV, TR_TUN_WRITE, TR_ICMP, TR_DROP = 5, 6, 7, 8
 # Fields the TUN side needs after the length checks, in one unpack:
 # tot_len, flags+fragment offset, ttl, protocol, checksum, dst.
 _TUN_FIELDS = struct.Struct("!2xH2xHBBH4xI").unpack_from
+# The source address, as an int.
+_SRC = struct.Struct("!12xI").unpack_from
 # TTL, protocol, checksum written back after the decrement.
 _PUT_TTL = struct.Struct("!BBH").pack_into
 _ICMP_ERROR_TYPES = ipv4.ICMP_ERROR_TYPES
@@ -119,6 +126,8 @@ class PyEngine(Engine):
         self._error: BaseException | None = None
         self._tracing = False
         self._icmp_limit = (ICMP_RATE_DEFAULT, ICMP_BURST_DEFAULT)   # one tuple: atomic
+        self._local = (0, 0, frozenset())  # own subnet net, mask; own addresses (ints)
+        self._strict = False
         self._trace_seq = 0
         self._ring: collections.deque = collections.deque(maxlen=TRACE_RING)
         self._lock = threading.Lock()     # start/close only; never taken by the loop
@@ -221,6 +230,16 @@ class PyEngine(Engine):
     def set_icmp_limit(self, rate: int, burst: int = ICMP_BURST_DEFAULT) -> None:
         self._check_open()
         self._icmp_limit = self._check_icmp_limit(rate, burst)
+
+    def set_local(self, own_subnet, addrs) -> None:
+        self._check_open()
+        net, plen, ints = self._check_local(own_subnet, addrs)
+        mask = (0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF if plen else 0
+        self._local = (net, mask, frozenset(ints))
+
+    def set_strict_sources(self, enable: bool) -> None:
+        self._check_open()
+        self._strict = bool(enable)
 
     def trace(self, enable: bool) -> None:
         self._check_open()
@@ -458,7 +477,7 @@ class PyEngine(Engine):
             take_routes()
             tracing = self._tracing
             peers = routes.peers
-            need_src = tracing or not accept_any
+            need_src = tracing or not accept_any or self._strict
             k = recvs = 0
             more = True
             while k < nbatch:
@@ -477,6 +496,13 @@ class PyEngine(Engine):
             if not k:
                 return False
             count[RX_BATCHES] += 1
+            # Read after the receives, so that a set published before a
+            # datagram was sent is the one that judges it (as in C, which
+            # looks before each packet). Strict needs the sources, so it
+            # starts with a batch that asked for them.
+            own_net, own_mask, own_addrs = self._local
+            strict = self._strict and need_src
+            lookup = routes.lookup
             rx_pk = rx_by = tx_pk = tx_by = writes = 0
             for i in range(k):
                 received = rx_len[i]
@@ -505,6 +531,15 @@ class PyEngine(Engine):
                 if header_len < HEADER_MIN or header_len > length or (buf[2] << 8 | buf[3]) != length:
                     drop(DROP_MALFORMED, length)
                     continue
+                inner = _SRC(buf)[0]
+                if inner in own_addrs or (own_mask and inner & own_mask == own_net):
+                    drop(DROP_INNER_LOCAL, length)
+                    continue
+                if strict:
+                    hit = lookup(inner)
+                    if hit is None or hit[0][0] != rx_src[i][0]:
+                        drop(DROP_INNER_FOREIGN, length)
+                        continue
                 ttl = buf[8]
                 if ttl <= 1:
                     drop(DROP_TTL, length)

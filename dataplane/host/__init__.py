@@ -1,7 +1,9 @@
 """Host plumbing: the kernel objects the daemon opens and configures; nothing here knows etcd.
 
 * ``tun.py``      opening flannel0 (one fd per queue, vnet headers);
-* ``netconf.py``  its address, MTU, link state and route, over netlink;
+* ``netconf.py``  its address, MTU, link state and route, over netlink; the host's addresses;
+* ``own_sources.py`` telling the engine this host's own sources (the inner sources no datagram
+  may claim), again whenever its addresses change;
 * ``iface.py``    choosing the external interface by flanneld's rules;
 * ``firewall.py`` the iptables/nftables rules of --ip-masq and --iptables-forward-rules;
 * ``udpsock.py``  the UDP sockets, one per queue (SO_REUSEPORT, steered by the inner flow);

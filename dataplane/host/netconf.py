@@ -1,5 +1,5 @@
-"""Netlink configuration of the TUN device and lookups of interfaces (pyroute2), and the one
-sysctl flannel0 needs (accept_local).
+"""Netlink configuration of the TUN device and lookups of interfaces and of this host's
+addresses (pyroute2), and the one sysctl flannel0 needs (accept_local).
 
 What flanneld does after opening the TUN (docs/flannel-compat.md#tun-device): address
 ``<lease network>/32``, MTU = external interface MTU - 28, link up, then one
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import ipaddress
+import socket
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -70,9 +71,25 @@ def set_accept_local(name: str) -> None:
     The engine's ICMP net-unreachable comes back through flannel0 with the source <lease net>
     (flannel0's own address). The kernel drops a packet whose source is a local address as a
     martian unless accept_local is set on the receiving device, so without this the ICMP
-    (flanneld's included) never reaches the sender. Only this device is touched."""
+    (flanneld's included) never reaches the sender. Only this device is touched. It is safe
+    because the engine writes nothing else with a local source into flannel0: a datagram whose
+    inner source is this host's own is dropped first (host/own_sources.py,
+    docs/threat-model.md)."""
     with open(f"/proc/sys/net/ipv4/conf/{name}/accept_local", "w") as f:
         f.write("1")
+
+
+def host_addresses() -> list:
+    """Every IPv4 address of every interface in this network namespace (IPv4Address each):
+    the inner sources no datagram may claim (host/own_sources.py). IFA_LOCAL first: on a
+    point-to-point link IFA_ADDRESS is the far end's. OSError when netlink refuses."""
+    try:
+        with _ipr() as ipr:
+            msgs = ipr.get_addr(family=socket.AF_INET)
+            return [ipaddress.IPv4Address(m.get("IFA_LOCAL") or m.get("IFA_ADDRESS"))
+                    for m in msgs]
+    except NetlinkError as e:
+        raise OSError(e.code, f"netlink: {e}") from None
 
 
 def add_network_route(network, dev: str) -> bool:

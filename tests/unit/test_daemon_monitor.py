@@ -95,3 +95,22 @@ def test_other_drops_only_with_v(caplog):
     assert verbose.check(engine, "flannel0") is None
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Drops in the last")]
     assert lines == ["Drops in the last 10 s: no_route=7"]
+
+
+def test_own_inner_sources_logged_at_most_every_period_apart_from_bad_sources(caplog):
+    engine, clock = FakeEngine(), Clock()
+    m = Monitor(clock=clock)
+    engine.counters.update(drop_inner_local=3, drop_bad_source=1)
+    m.check(engine, "flannel0")
+    engine.counters["drop_inner_local"] = 8
+    clock.now += DROP_LOG_EVERY_S / 2
+    m.check(engine, "flannel0")
+    forged = [r.getMessage() for r in caplog.records if "this host's own" in r.getMessage()]
+    assert forged == ["Dropped 3 datagram(s) whose inner source is this host's own (3 in total): "
+                      "forged on the underlay with a lease's PublicIP, or a local pod's packet a "
+                      "peer sent back without masquerading (docs/threat-model.md)"]
+    assert sum("hold no lease" in r.getMessage() for r in caplog.records) == 1
+    clock.now += DROP_LOG_EVERY_S
+    m.check(engine, "flannel0")
+    forged = [r.getMessage() for r in caplog.records if "this host's own" in r.getMessage()]
+    assert len(forged) == 2 and forged[1].startswith("Dropped 5 datagram(s)")

@@ -8,6 +8,10 @@ record the same trace events kind by kind.
 
 Chunks go one direction at a time and each chunk is settled before the next
 (tests/engine_harness.py), so the order of outputs is fully determined.
+Scripts with `sources` also change the engine's own-source set now and then
+and give inner packets sources from it, from the sender's subnet and from
+other peers' subnets (dataplane.h, UDP -> TUN steps 4 and 5), with and
+without the strict rule.
 Template: selftest/allowedips.c's randomized_test in kernel WireGuard.
 """
 import ipaddress
@@ -48,9 +52,40 @@ def random_dst(rnd, routes):
     return str(ipaddress.IPv4Address(rnd.getrandbits(32)))
 
 
-def random_packet(rnd, routes, udp_side, mtu=MTU):
+def random_local(rnd):
+    """An own-source set: a lease subnet (or none) and a few addresses."""
+    net = None
+    if rnd.random() < 0.8:
+        plen = rnd.choice([16, 24, 24, 26, 32])
+        net = str(ipaddress.IPv4Network(((10 << 24) | rnd.getrandbits(24), plen), strict=False))
+    addrs = [str(ipaddress.IPv4Address(rnd.choice([(10 << 24) | rnd.getrandbits(24),
+                                                   0xC0A83200 | rnd.getrandbits(8),
+                                                   rnd.getrandbits(32)])))
+             for _ in range(rnd.choice([0, 1, 3, 8]))]
+    return net, addrs
+
+
+def random_src(rnd, routes, local, sender):
+    """An inner source: the host's own, one routed to the sender, one routed
+    to another peer, or any."""
+    x = rnd.random()
+    net, addrs = local
+    if x < 0.15 and addrs:
+        return rnd.choice(addrs)
+    if x < 0.3 and net:
+        n = ipaddress.IPv4Network(net)
+        return str(n[rnd.randrange(n.num_addresses)])
+    own = [r for r in routes if r[1] == sender]
+    pick = own if x < 0.7 else routes
+    if pick:
+        n = ipaddress.IPv4Network(rnd.choice(pick)[0])
+        return str(n[rnd.randrange(n.num_addresses)])
+    return None
+
+
+def random_packet(rnd, routes, udp_side, mtu=MTU, src=None):
     dst = random_dst(rnd, routes)
-    src = str(ipaddress.IPv4Address((10 << 24) | rnd.getrandbits(24)))
+    src = src or str(ipaddress.IPv4Address((10 << 24) | rnd.getrandbits(24)))
     ttl = rnd.choice([0, 1, 1, 2, 2, 3, 64, 64, 255, rnd.randrange(256)])
     proto = rnd.choice([17, 17, 6, 1, 1, rnd.randrange(256)])
     size = rnd.choice([0, 1, 7, 8, 9, 16, 40, rnd.randrange(300), rnd.randrange(mtu - 60)])
@@ -99,27 +134,35 @@ def random_packet(rnd, routes, udp_side, mtu=MTU):
     return bytes(pkt)
 
 
-def make_script(seed, npackets, mtu=MTU):
+def make_script(seed, npackets, mtu=MTU, sources=False):
     rnd = random.Random(seed)
-    steps, routes, count = [], [], 0
+    steps, routes, count, local = [], [], 0, (None, [])
     while count < npackets:
         if rnd.random() < 0.12 or not steps:
             routes = random_routes(rnd)
             steps.append(("routes", routes))
+        if sources and (rnd.random() < 0.1 or len(steps) == 1):
+            local = random_local(rnd)
+            steps.append(("local", local))
         n = rnd.randrange(1, 40)
         if rnd.random() < 0.5:
             steps.append(("tun", [random_packet(rnd, routes, False, mtu) for _ in range(n)]))
         else:
-            steps.append(("udp", [(STRANGER if rnd.random() < 0.1 else rnd.randrange(NPEERS),
-                                   random_packet(rnd, routes, True, mtu)) for _ in range(n)]))
+            items = []
+            for _ in range(n):
+                who = STRANGER if rnd.random() < 0.1 else rnd.randrange(NPEERS)
+                src = random_src(rnd, routes, local, who) if sources else None
+                items.append((who, random_packet(rnd, routes, True, mtu, src)))
+            steps.append(("udp", items))
         count += n
     return steps
 
 
 # ---- playing it -------------------------------------------------------------------
 
-def play(kind, steps, *, accept_any, batch, trace, mtu=MTU):
+def play(kind, steps, *, accept_any, batch, trace, mtu=MTU, strict=False):
     with Harness(kind, mtu=mtu, accept_any=accept_any, batch=batch) as h:
+        h.engine.set_strict_sources(strict)
         peers = [h.add_peer() for _ in range(NPEERS)]
         who = {p.port: i for i, p in enumerate(peers)}
         who[h.stranger.port] = STRANGER
@@ -129,6 +172,8 @@ def play(kind, steps, *, accept_any, batch, trace, mtu=MTU):
         for step, arg in steps:
             if step == "routes":
                 h.set_routes([h.route(net, peers[i]) for net, i in arg])
+            elif step == "local":
+                h.engine.set_local(*arg)
             elif step == "tun":
                 h.inject_tun(*arg)
             else:
@@ -178,25 +223,29 @@ def compare(a, b):
         assert a["events"][kind] == b["events"][kind], kind
 
 
-@pytest.mark.parametrize("seed,npackets,accept_any,batch,trace,mtu", [
-    (1, 4000, True, 64, False, MTU),
-    (2, 3000, False, 7, False, MTU),
-    (3, 1000, True, 256, True, MTU),
-    (4, 600, False, 1, True, MTU),
-    (5, 800, True, 16, True, 68),          # the smallest mtu: quotes longer than it
-    (6, 500, True, 64, False, 9000),
+@pytest.mark.parametrize("seed,npackets,accept_any,batch,trace,mtu,sources,strict", [
+    (1, 4000, True, 64, False, MTU, False, False),
+    (2, 3000, False, 7, False, MTU, False, False),
+    (3, 1000, True, 256, True, MTU, False, False),
+    (4, 600, False, 1, True, MTU, False, False),
+    (5, 800, True, 16, True, 68, False, False),   # the smallest mtu: quotes longer than it
+    (6, 500, True, 64, False, 9000, False, False),
+    (7, 2000, False, 32, True, MTU, True, False),  # own sources
+    (8, 2000, True, 64, False, MTU, True, True),   # own sources and the strict rule
+    (9, 1000, False, 5, True, MTU, True, True),
 ])
-def test_c_matches_python(seed, npackets, accept_any, batch, trace, mtu):
+def test_c_matches_python(seed, npackets, accept_any, batch, trace, mtu, sources, strict):
     require_engine("c")
-    steps = make_script(seed, npackets, mtu)
+    steps = make_script(seed, npackets, mtu, sources)
     for attempt in range(3):
         # Loopback drops datagrams when the host is flooded (other tests,
         # benchmarks): a run that lost packets in the kernel proves nothing
         # about the engines, so it is played again (at most twice).
         drops0 = kernel_drops()
         try:
-            py = play("python", steps, accept_any=accept_any, batch=batch, trace=trace, mtu=mtu)
-            c = play("c", steps, accept_any=accept_any, batch=batch, trace=trace, mtu=mtu)
+            kw = dict(accept_any=accept_any, batch=batch, trace=trace, mtu=mtu, strict=strict)
+            py = play("python", steps, **kw)
+            c = play("c", steps, **kw)
             compare(c, py)
             break
         except AssertionError:
@@ -210,3 +259,6 @@ def test_c_matches_python(seed, npackets, accept_any, batch, trace, mtu):
                          "drop_malformed", "drop_not_ipv4", "drop_truncated", "route_swaps"}
     if not accept_any:
         assert "drop_bad_source" in exercised
+    if sources:
+        assert "drop_inner_local" in exercised
+    assert ("drop_inner_foreign" in exercised) == strict

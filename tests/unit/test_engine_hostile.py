@@ -62,12 +62,12 @@ def test_lease_lost_while_running_drops_its_traffic(strict):
 
 
 # ---- inner source outside the sender's subnet ----------------------------------------
-# Not checked, by decision (dataplane.h, UDP -> TUN): flanneld does not check
-# it, and legitimate traffic has such sources: a peer host's process bound to
-# the host's own address talking to a pod here, or a node routing traffic it
-# did not masquerade. With --accept-from leases the datagram still has to
-# come from a lease holder; what it carries is the kernel's business (rp_filter
-# and the FORWARD rules see it after the TUN).
+# Forwarded by default: flanneld does not check it, and legitimate traffic has
+# such sources: a peer host's process bound to the host's own address talking
+# to a pod here, or a node routing traffic it did not masquerade. Only a
+# source that is this host's own (once the engine is told its own sources)
+# and, with the strict rule, one not routed to the sender are dropped:
+# test_engine_inner_source.py. Here the engine has neither.
 
 @pytest.mark.parametrize("inner_src", ["10.5.3.7",        # b's subnet, sent by a
                                        "192.0.2.1",       # outside the flannel network

@@ -133,6 +133,27 @@ def test_flows_from_one_peer_spread_over_the_sockets(queues):
     assert sum(len(f) for f in flows_of) == FLOWS, "a flow was split over queues"
 
 
+def test_own_sources_and_strict_reach_every_queue(queues):
+    """Forged datagrams spread over every queue (one flow each) are all judged alike."""
+    e = queues.engine
+    e.set_routes([queues.route()])
+    e.set_local("10.5.1.0/24", ["192.168.50.2"])
+    e.set_strict_sources(True)
+    e.start()
+    local = [_udp_packet(src, "10.5.1.2", 30000 + 2 * f)
+             for f in range(FLOWS) for src in ("10.5.1.7", "192.168.50.2")]
+    foreign = [_udp_packet("10.5.3.3", "10.5.1.2", 31000 + 2 * f) for f in range(FLOWS)]
+    good = [_udp_packet("10.5.2.2", "10.5.1.2", 32000 + 2 * f) for f in range(FLOWS)]
+    for pkt in local + foreign + good:
+        queues.peer.sendto(pkt, ("127.0.0.1", queues.port))
+    st = queues.wait(lambda s: s["udp_rx_packets"] == len(local) + len(foreign) + len(good),
+                     "every datagram received")
+    st = queues.wait(lambda s: s["tun_tx_packets"] == len(good), "the good ones written")
+    assert st["drop_inner_local"] == len(local) and st["drop_inner_foreign"] == len(foreign)
+    per = e.queue_stats()
+    assert sum(q["drop_inner_local"] > 0 for q in per) >= 2, per
+
+
 def test_icmp_limit_is_split_so_the_host_total_stays(engine_kind):
     assert multi.split(100, 3) == [34, 33, 33] and sum(multi.split(7, 8)) == 7
     q = Queues(engine_kind)

@@ -13,7 +13,10 @@ not), mutated packets, and packets longer than the mtu. Each run is settled
     ihl >= 5, ihl * 4 <= len, tot_len == len, TTL >= 1; a forwarded
     packet also len <= mtu), and is either one of the inputs, in order,
     with TTL - 1 and the checksum patched (valid if it was valid), or an
-    ICMP error with valid checksums quoting one of the inputs.
+    ICMP error with valid checksums quoting one of the inputs;
+  * with this host's own sources set, nothing that reached the TUN claims
+    one of them; with the strict rule, everything that reached it came from
+    the peer its source is routed to (dataplane.h, UDP -> TUN steps 4, 5).
 
 Examples are bounded so that the file runs in well under a minute for both
 engines; `derandomize` keeps CI reproducible.
@@ -31,10 +34,12 @@ from tests.engine_harness import Harness
 
 TUN_ADDR = "10.5.1.0"
 ROUTED = ["10.5.2.0/24", "10.5.3.0/24"]
-ADDRS = ["10.5.2.7", "10.5.3.9", "10.5.1.9", "10.9.0.1", "0.0.0.0", "255.255.255.255"]
+ADDRS = ["10.5.2.7", "10.5.3.9", "10.5.1.9", "10.9.0.1", "0.0.0.0", "255.255.255.255",
+         "192.168.50.2"]
+OWN_NET, OWN_ADDRS = "10.5.1.0/24", ["192.168.50.2", "0.0.0.0"]
 TUN_DROPS = ("drop_no_route", "drop_ttl", "drop_malformed", "drop_not_ipv4", "drop_send_error")
 UDP_DROPS = ("drop_truncated", "drop_bad_source", "drop_malformed", "drop_not_ipv4", "drop_ttl",
-             "drop_tun_full", "drop_tun_error")
+             "drop_tun_full", "drop_tun_error", "drop_inner_local", "drop_inner_foreign")
 STRANGER = -1
 
 
@@ -125,15 +130,33 @@ def assert_icmp_error(err: bytes, inputs):
         "ICMP error quotes no input"
 
 
+def in_net(p: bytes, net: str) -> bool:
+    return ipaddress.IPv4Address(p[12:16]) in ipaddress.IPv4Network(net)
+
+
+def assert_sources(tun_out, items, local, strict):
+    """Steps 4 and 5 of dataplane.h over what reached the TUN."""
+    for out in tun_out:
+        if local:
+            assert not in_net(out, OWN_NET) and \
+                str(ipaddress.IPv4Address(out[12:16])) not in OWN_ADDRS, ipv4.describe(out)
+        if strict:
+            assert any(forwarded(d) == out and who != STRANGER and in_net(d, ROUTED[who])
+                       for who, d in items if len(d) == len(out)), ipv4.describe(out)
+
+
 def delta(a: dict, b: dict) -> dict:
     return {k: b[k] - a[k] for k in a if b[k] != a[k]}
 
 
-def play(kind, script, accept_any, mtu, limited):
+def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
     with Harness(kind, mtu=mtu, accept_any=accept_any, tun_addr=TUN_ADDR,
                  icmp_rate=1 if limited else 0, icmp_burst=2) as h:
         peers = [h.add_peer(), h.add_peer()]
         h.set_routes([h.route(net, p) for net, p in zip(ROUTED, peers)])
+        if local:
+            h.engine.set_local(OWN_NET, OWN_ADDRS)
+        h.engine.set_strict_sources(strict)
         before = h.settle()
         for side, items in script:
             n_peer = [len(p.received) for p in peers]
@@ -181,6 +204,7 @@ def play(kind, script, accept_any, mtu, limited):
                 for p in tun_out:
                     assert well_formed(p) and len(p) <= mtu, ipv4.describe(p)
                 assert_subsequence(tun_out, seen, "TUN")
+                assert_sources(tun_out, items, local, strict)
             assert set(d) <= set(DROP_STATS) | {
                 "tun_rx_packets", "tun_rx_bytes", "udp_rx_packets", "udp_rx_bytes",
                 "udp_tx_packets", "udp_tx_bytes", "tun_tx_packets", "tun_tx_bytes",
@@ -192,9 +216,10 @@ def play(kind, script, accept_any, mtu, limited):
 @settings(max_examples=400, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(script=runs, accept_any=st.booleans(), mtu=st.sampled_from([68, 576, 1472]),
-       limited=st.booleans())
-def test_arbitrary_bytes_both_sides(engine_kind, script, accept_any, mtu, limited):
-    play(engine_kind, script, accept_any, mtu, limited)
+       limited=st.booleans(), local=st.booleans(), strict=st.booleans())
+def test_arbitrary_bytes_both_sides(engine_kind, script, accept_any, mtu, limited, local,
+                                    strict):
+    play(engine_kind, script, accept_any, mtu, limited, local, strict)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True,

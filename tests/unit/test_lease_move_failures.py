@@ -118,7 +118,7 @@ class Factory:
         self.made = []
         monkeypatch.setattr(startup, "new_engine", self)
 
-    def __call__(self, cls, opts, tun_fds, socks, subnet, mtu, offload_flags):
+    def __call__(self, cls, opts, tun_fds, socks, subnet, mtu, offload_flags, own_sources):
         step = self.script.pop(0) if self.script else None
         if isinstance(step, startup.StartupError):
             raise step
