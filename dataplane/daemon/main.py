@@ -78,6 +78,7 @@ class Daemon:
         self.offloads = None                  # host.offload.Offloads
         self.offload_flags = 0
         self.rules = None
+        self.move_failures = lease_move.Failures()
         self.engine = None                    # engine.multi.MultiEngine
         self.engine_cls = None
         self.engine_why = ""
@@ -254,11 +255,11 @@ class Daemon:
             with self.lock:
                 pending, self._pending_lease = self._pending_lease, None
             if pending is not None:
-                lease_move.adopt(self, pending)
+                self._move_to(pending)
             if self._reacquire.is_set():
                 self._reacquire.clear()
                 try:
-                    lease_move.reacquire(self)
+                    self._move_to(lease_move.reacquire(self))
                 except Stopped:
                     return 0
                 except StartupError as e:
@@ -272,6 +273,14 @@ class Daemon:
             status = monitor.check(engine, self.tun_name)
             if status is not None:
                 return status
+
+    def _move_to(self, lease) -> None:
+        """Adopt ``lease``; a move that failed is tried again on the next tick, unless the lease
+        manager has handed over a newer lease meanwhile."""
+        if not lease_move.adopt(self, lease):
+            with self.lock:
+                if self._pending_lease is None:
+                    self._pending_lease = lease
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):

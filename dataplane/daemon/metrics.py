@@ -56,6 +56,10 @@ class MetricsSource:
         """{"subnet": "10.5.3.0/24", "expiry": epoch seconds or None} or None."""
         return None
 
+    def lease_move_failures(self) -> int | None:
+        """Failed attempts to move the host to a new lease since start (None: not known)."""
+        return None
+
     def trace_enabled(self) -> bool:
         return False
 
@@ -231,6 +235,14 @@ class DaemonCollector:
 
         yield from _etcd_families(self.source.etcd_watches(), self.source.lease_counts())
 
+        failures = self.source.lease_move_failures()
+        if failures is not None:
+            c = CounterMetricFamily(f"{PREFIX}_lease_move_failures", "Failed attempts to move "
+                                    "this host to a new lease (flannel0's address and route, "
+                                    "the engines); each is retried a second later.")
+            c.add_metric([], failures)
+            yield c
+
         info = self.source.engine_info()
         if info:
             labels = sorted(info)
@@ -322,6 +334,9 @@ class DaemonSource(MetricsSource):
         if lease is None:
             return None
         return {"subnet": str(lease.subnet), "expiry": lease.expiration}
+
+    def lease_move_failures(self):
+        return self.daemon.move_failures.total
 
     def trace_enabled(self):
         return self.daemon.opts.trace and self.daemon.engine is not None

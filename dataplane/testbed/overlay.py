@@ -208,7 +208,7 @@ class Overlay:
                                                      "public-ip") for a in args)
         return ["run", "--etcd-endpoints", self.etcd_url, "--etcd-prefix", self.prefix,
                 *([] if chooses else ["--iface", host.iface]),
-                "--subnet-file", os.path.join(self._dir(host), "subnet.env"),
+                "--subnet-file", self.subnet_file(host),
                 "--engine", engine, "--healthz-port", str(self.healthz_port), *args]
 
     def daemon_argv(self, host: Host, engine: str, args=()) -> list[str]:
@@ -300,10 +300,13 @@ class Overlay:
         return self.start_daemon(h, engine=engine, args=args, wait=wait)
 
     # -- what a host got ------------------------------------------------------
+    def subnet_file(self, host) -> str:
+        """The host's ``--subnet-file`` (there before its daemon ever starts)."""
+        return os.path.join(self._dir(host), "subnet.env")
+
     def subnet_env(self, host) -> dict:
-        path = os.path.join(self._dir(host), "subnet.env")
         out = {}
-        with open(path) as f:
+        with open(self.subnet_file(host)) as f:
             for line in f:
                 k, _, v = line.strip().partition("=")
                 if k:

@@ -30,6 +30,7 @@ from dataplane.demo import lab
 from dataplane.host.firewall import REMOVAL_COMMANDS
 from tests.conftest import ENGINES
 from tests.integration.conftest import overlay_of, wait_until
+from tests.integration.traffic import STREAM
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -62,30 +63,6 @@ DOCKER_LIKE = """*filter
 -A DOCKER-ISOLATION-STAGE-2 -j RETURN
 -A DOCKER-USER -j RETURN
 COMMIT
-"""
-
-# A paced, bounded stream from a workload: every datagram from a new socket (a new source
-# port, so a new conntrack entry that the NAT rules must see afresh; an old entry would keep
-# its NAT after the rules went), each waiting for its echo. One JSON line per datagram.
-STREAM = r"""
-import json, os, socket, sys, time
-dst, port, gap, stop, max_n, max_s = (sys.argv[1], int(sys.argv[2]), float(sys.argv[3]),
-                                      sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
-end = time.monotonic() + max_s
-seq = 0
-while seq < max_n and time.monotonic() < end and not os.path.exists(stop):
-    t = time.monotonic()
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(gap * 4)
-    s.sendto(b"%d" % seq, (dst, port))
-    try:
-        ok = s.recv(64) == b"%d" % seq
-    except OSError:
-        ok = False
-    s.close()
-    print(json.dumps({"seq": seq, "at": time.time(), "ok": ok}), flush=True)
-    seq += 1
-    time.sleep(max(0.0, t + gap - time.monotonic()))
 """
 
 

@@ -46,9 +46,10 @@ def serve():
 
 
 # (listen address, answers on [::1], answers on 127.0.0.1); `::` takes both families, as
-# flanneld's Go listener on [::] does
+# flanneld's Go listener on [::] does; `0.0.0.0` does not (Go's would: docs/flannel-compat.md#known-command-lines)
 @pytest.mark.parametrize("listen,on_v6,on_v4", [("::1", True, False), ("::", True, True),
-                                                ("127.0.0.1", False, True)])
+                                                ("127.0.0.1", False, True),
+                                                ("0.0.0.0", False, True)])
 def test_healthz_families(serve, listen, on_v6, on_v4):
     port = serve(listen)
     ok = (200, HEALTHZ_BODY)
