@@ -28,7 +28,7 @@ import logging
 import os
 import time
 
-from . import lab
+from . import lab, readings
 from . import trace as tr
 
 log = logging.getLogger(__name__)
@@ -151,12 +151,12 @@ class Demo:
                 "subnet": str(ov.subnet(h)), "flannel0": ov.flannel_ip(h),
                 "subnet_env": env, "subnet_file": d.subnet_file, "daemon_pid": d.pid,
                 "daemon_argv": " ".join(["flannel-udp", *ov.daemon_command(h, engine)]),
-                "routes": _lines(ov.exec(h, ["ip", "route"]).stdout),
-                "flannel0_link": _flannel0(ov.exec(h, ["ip", "-o", "addr", "show", "flannel0"])
-                                           .stdout, ov.exec(h, ["ip", "-o", "link", "show",
-                                                                "flannel0"]).stdout),
-                "socket": _udp_socket(ov.exec(h, ["ss", "-uanp"]).stdout,
-                                      config.get("Backend", {}).get("Port", 8285)),
+                "routes": readings.squeezed_lines(ov.exec(h, ["ip", "route"]).stdout),
+                "flannel0_link": readings.flannel0_facts(
+                    ov.exec(h, ["ip", "-o", "addr", "show", "flannel0"]).stdout,
+                    ov.exec(h, ["ip", "-o", "link", "show", "flannel0"]).stdout),
+                "socket": readings.udp_socket_line(ov.exec(h, ["ss", "-uanp"]).stdout,
+                                                   config.get("Backend", {}).get("Port", 8285)),
                 "lease": next((l for l in leases if l["subnet"] == str(ov.subnet(h))), None),
             }
         self.port = int(config.get("Backend", {}).get("Port", 8285))
@@ -191,7 +191,8 @@ class Demo:
         hosts["A"]["route_get_reply"] = tr.parse_route_get(ov.exec(a, [
             "ip", "route", "get", wa.ip, "from", wb.ip, "iif", "flannel0"]).stdout)
         for role, h in (("A", a), ("B", b)):
-            hosts[role]["routes_with_workload"] = _lines(ov.exec(h, ["ip", "route"]).stdout)
+            hosts[role]["routes_with_workload"] = readings.squeezed_lines(
+                ov.exec(h, ["ip", "route"]).stdout)
         self.step("workloads", "Workloads: one 'container' per host, on FLANNEL_SUBNET",
                   side="kernel", host="A+B",
                   why="A container host puts its workloads on a bridge addressed from "
@@ -230,7 +231,7 @@ class Demo:
         def send():
             r = wa.run(["ping", "-n", "-c", "1", "-W", "2", "-s", str(PING_SIZE), wb.ip],
                        timeout=10)
-            return _parse_ping(r.stdout, r.returncode)
+            return readings.parse_ping(r.stdout, r.returncode)
         win = self._window(send)
         win["result"].update(size=PING_SIZE, expected_len=PING_SIZE + 8 + 20)
         self.result.setdefault("probes", {})["ping"] = win
@@ -393,7 +394,7 @@ class Demo:
                         "tun_write": rwr, "outer": rep["outer"], "wire": rep.get("wire"),
                         "rtt_ms": ping["result"].get("rtt_ms"),
                         "reply_ttl": ping["result"].get("ttl"),
-                        "timeline": _timeline(req, rep, self.sc)})
+                        "timeline": readings.timeline(req, rep, self.sc)})
 
         # The UDP packet: the same steps, shown as one table.
         ureq, urep = self._legs("udp", "udp")
@@ -402,7 +403,7 @@ class Demo:
                   side="both",
                   why="Any IPv4 packet is carried the same way: the engine does not look past "
                       "the IP header. The outer datagram is always the inner packet + 28.",
-                  data={"request": _leg_summary(ureq), "reply": _leg_summary(urep),
+                  data={"request": readings.leg_summary(ureq), "reply": readings.leg_summary(urep),
                         "result": udp["result"]})
 
     # 4. costs -------------------------------------------------------------------------------
@@ -414,10 +415,10 @@ class Demo:
                   why="Two packets (request and reply) went through each engine, one at a "
                       "time. Nothing amortises: each packet pays its own wakeup (epoll_wait), "
                       "the call that moves it in, the call that moves it out, and draining calls "
-                      f"that find nothing (EAGAIN): {_per(cA)} syscalls per packet on A, "
-                      f"{_per(cB)} on B.",
-                  data={"A": _cost_row(cA), "B": _cost_row(cB), "engine": self.engine,
-                        "syscall_names": self.sc})
+                      f"that find nothing (EAGAIN): {readings.syscalls_per_packet(cA)} syscalls "
+                      f"per packet on A, {readings.syscalls_per_packet(cB)} on B.",
+                  data={"A": readings.cost_row(cA), "B": readings.cost_row(cB),
+                        "engine": self.engine, "syscall_names": self.sc})
         bursts, skipped = {}, {}
         engines = [self.engine]
         if self.compare_engines:
@@ -514,7 +515,8 @@ class Demo:
         req = ping.get("request", {})
         plen = req.get("tun_read", {}).get("len")
         if n_a and n_b and plen:
-            copies = round(_copied(cA) / (n_a * plen) + _copied(cB) / (n_b * plen), 2)
+            copies = round(readings.bytes_copied(cA) / (n_a * plen)
+                           + readings.bytes_copied(cB) / (n_b * plen), 2)
             wire = req.get("wire")
             rows.append({"path": f"this run: one ping, {self.engine} engine (nothing to batch)",
                          "short": "one ping", "crossings": copies, "copies": copies,
@@ -564,113 +566,3 @@ class Demo:
             self.ov.close()
             self.ov = None
         self.result["torn_down"] = True
-
-
-def _timeline(req: dict, rep: dict, sc: dict) -> dict:
-    """The ping's trip as the two engines timed it, in time order.
-
-    Both daemons run on one kernel, so their CLOCK_MONOTONIC stamps compare
-    directly. Each event is stamped when its syscall has returned; ``reordered``
-    says whether time order differs from path order (it does when a send call
-    returns only after the kernel has already delivered the datagram on the
-    other side: on this testbed veth -> bridge -> veth runs inside the sender's
-    syscall, as softirq work on its way out)."""
-    marks = [("A", "TUN_READ", "read()", req, "tun_read"),
-             ("A", "UDP_SEND", sc["send"], req, "udp_send"),
-             ("B", "UDP_RECV", sc["recv"], req, "udp_recv"),
-             ("B", "TUN_WRITE", "write()", req, "tun_write"),
-             ("B", "TUN_READ", "read()", rep, "tun_read"),
-             ("B", "UDP_SEND", sc["send"], rep, "udp_send"),
-             ("A", "UDP_RECV", sc["recv"], rep, "udp_recv"),
-             ("A", "TUN_WRITE", "write()", rep, "tun_write")]
-    events = []
-    for order, (host, kind, call, leg, key) in enumerate(marks):
-        ts = leg.get(key, {}).get("ts_ns")
-        if ts is not None:
-            events.append({"host": host, "event": kind, "call": call, "path_order": order,
-                           "packet": "request" if leg is req else "reply", "ts_ns": ts})
-    events.sort(key=lambda e: e["ts_ns"])
-    t0 = prev = events[0]["ts_ns"] if events else 0
-    for e in events:
-        e["t_us"] = round((e["ts_ns"] - t0) / 1e3, 1)
-        e["delta_us"] = round((e["ts_ns"] - prev) / 1e3, 1)
-        prev = e["ts_ns"]
-    order = [e["path_order"] for e in events]
-    return {"events": events, "reordered": order != sorted(order),
-            "total_us": events[-1]["t_us"] if events else None}
-
-
-def _copied(c: dict) -> int:
-    return sum(c.get(k, 0) for k in ("tun_rx_bytes", "udp_tx_bytes", "udp_rx_bytes",
-                                     "tun_tx_bytes"))
-
-
-def _per(c: dict) -> str:
-    n = c.get("tun_rx_packets", 0) + c.get("udp_rx_packets", 0)
-    return f"{c.get('syscalls', 0) / n:.1f}" if n else "?"
-
-
-def _lines(text: str) -> list[str]:
-    return [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()]
-
-
-def _leg_summary(leg: dict) -> dict:
-    out = {"src": leg["src"], "dst": leg["dst"]}
-    for k in ("tun_read", "udp_send", "udp_recv", "tun_write"):
-        if k in leg:
-            out[k] = {x: leg[k][x] for x in ("len", "batch", "peer", "source")
-                      if x in leg[k]}
-            if "packet" in leg[k]:
-                out[k]["ttl"] = leg[k]["packet"]["ttl"]
-    if "route_hit" in leg:
-        out["route_hit"] = {"peer": leg["route_hit"]["peer"], "port": leg["route_hit"]["port"],
-                            "prefixlen": leg["route_hit"]["prefixlen"]}
-    out["outer"] = leg.get("outer")
-    if leg.get("wire"):
-        out["wire_ip_len"] = leg["wire"]["outer"]["tot_len"]
-    return out
-
-
-def _cost_row(c: dict) -> dict:
-    keys = ("syscalls", "polls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs",
-            "tun_rx_packets", "udp_tx_packets", "udp_rx_packets", "tun_tx_packets",
-            "tun_rx_bytes", "udp_tx_bytes", "udp_rx_bytes", "tun_tx_bytes")
-    row = {k: c.get(k, 0) for k in keys}
-    row["packets"] = c.get("tun_rx_packets", 0) + c.get("udp_rx_packets", 0)
-    row["bytes_copied"] = sum(c.get(k, 0) for k in ("tun_rx_bytes", "udp_tx_bytes",
-                                                     "udp_rx_bytes", "tun_tx_bytes"))
-    return row
-
-
-def _parse_ping(out: str, rc: int) -> dict:
-    import re
-    res = {"rc": rc, "output": out.strip().splitlines()[:2]}
-    m = re.search(r"(\d+) bytes from ([\d.]+): icmp_seq=(\d+) ttl=(\d+) time=([\d.]+)", out)
-    if m:
-        res.update(received=1, reply_bytes=int(m.group(1)), ttl=int(m.group(4)),
-                   rtt_ms=float(m.group(5)))
-    else:
-        res["received"] = 0
-    return res
-
-
-def _flannel0(addr_text: str, link_text: str) -> dict:
-    import re
-    out = {}
-    m = re.search(r"inet (\S+)", addr_text)
-    if m:
-        out["addr"] = m.group(1)
-    m = re.search(r"mtu (\d+)", link_text)
-    if m:
-        out["mtu"] = int(m.group(1))
-    m = re.search(r"qlen (\d+)", link_text)
-    if m:
-        out["qlen"] = int(m.group(1))
-    return out
-
-
-def _udp_socket(ss_text: str, port: int) -> str | None:
-    for line in ss_text.splitlines():
-        if f":{port} " in line:
-            return " ".join(line.split())
-    return None
