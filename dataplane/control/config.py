@@ -97,22 +97,13 @@ def _unmarshal_error(name: str, kind: str, v: Any) -> ConfigError:
     return ConfigError(f"json: cannot unmarshal {shown} into Go struct field Config.{name} of type {_GO_TYPES[kind]}")
 
 
-def _parse_cidr4(text: str) -> IPv4Network:
+def _parse_cidr(text: str, family: type):
+    """A CIDR of ``family`` (IPv4Network or IPv6Network) with host bits allowed, as Go's ParseCIDR."""
     try:
         net = ipaddress.ip_network(text, strict=False)
     except ValueError:
         raise ConfigError(f"invalid CIDR address: {text}") from None
-    if "/" not in text or not isinstance(net, IPv4Network):
-        raise ConfigError(f"invalid CIDR address: {text}")
-    return net
-
-
-def _parse_cidr6(text: str) -> IPv6Network:
-    try:
-        net = ipaddress.ip_network(text, strict=False)
-    except ValueError:
-        raise ConfigError(f"invalid CIDR address: {text}") from None
-    if "/" not in text or not isinstance(net, IPv6Network):
+    if "/" not in text or not isinstance(net, family):
         raise ConfigError(f"invalid CIDR address: {text}")
     return net
 
@@ -139,9 +130,9 @@ def _convert(name: str, kind: str, v: Any) -> Any:
     if not isinstance(v, str):
         raise _unmarshal_error(name, kind, v)
     if kind == "cidr4":
-        return _parse_cidr4(v)
+        return _parse_cidr(v, IPv4Network)
     if kind == "cidr6":
-        return _parse_cidr6(v)
+        return _parse_cidr(v, IPv6Network)
     try:
         addr = ipaddress.ip_address(v)
     except ValueError:
