@@ -220,6 +220,9 @@ def _finish(link: Link, addr, public_ip: str) -> ExternalInterface:
     return ExternalInterface(link.name, link.index, link.mtu, addr, ext)
 
 
+_FLAG_OF = {"iface": "--iface", "regex": "--iface-regex", "can_reach": "--iface-can-reach"}
+
+
 def select_interface(ifaces=(), regexes=(), can_reach: str = "", public_ip: str = "",
                      view=None) -> ExternalInterface:
     """Pick the external interface with flanneld's rules (see the module doc)."""
@@ -238,26 +241,17 @@ def select_interface(ifaces=(), regexes=(), can_reach: str = "", public_ip: str 
         else:
             ext = None
             errors = []
-            for name in ifaces:
+            # flanneld's order: every --iface, then every --iface-regex, then --iface-can-reach
+            tries = ([("iface", name) for name in ifaces] + [("regex", rx) for rx in regexes]
+                     + ([("can_reach", can_reach)] if can_reach else []))
+            for kind, value in tries:
                 try:
-                    ext = _finish(*_lookup_one(links, view, iface=name), public_ip)
+                    ext = _finish(*_lookup_one(links, view, **{kind: value}), public_ip)
                     break
                 except IfaceError as e:
-                    log.info("Could not find a valid interface matching %s: %s", name, e)
-                    errors.append(f"--iface {name}: {e}")
-            if ext is None:
-                for rx in regexes:
-                    try:
-                        ext = _finish(*_lookup_one(links, view, regex=rx), public_ip)
-                        break
-                    except IfaceError as e:
-                        log.info("Could not find a valid interface matching %s: %s", rx, e)
-                        errors.append(f"--iface-regex {rx}: {e}")
-            if ext is None and can_reach:
-                try:
-                    ext = _finish(*_lookup_one(links, view, can_reach=can_reach), public_ip)
-                except IfaceError as e:
-                    errors.append(f"--iface-can-reach {can_reach}: {e}")
+                    if kind != "can_reach":
+                        log.info("Could not find a valid interface matching %s: %s", value, e)
+                    errors.append(f"{_FLAG_OF[kind]} {value}: {e}")
             if ext is None:
                 raise IfaceError("failed to find an interface that matches the interfaces and/or "
                                  "regexes provided (" + "; ".join(errors) + "); available: "
