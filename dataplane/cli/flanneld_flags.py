@@ -437,8 +437,9 @@ def go_flag_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 class _GoFlagParser(argparse.ArgumentParser):
-    """`run`'s parser: Go's flag syntax (go_flag_args) and flanneld's exit
-    code 1 for a bad flag (argparse's is 2)."""
+    """`run`'s parser: Go's flag syntax (go_flag_args); a bad flag exits 1
+    (argparse's 2; flanneld's usage handler exits 0, which a service manager
+    would take for a clean stop: docs/flannel-compat.md#known-command-lines)."""
 
     def parse_known_args(self, args=None, namespace=None):
         try:
