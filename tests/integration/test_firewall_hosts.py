@@ -37,7 +37,6 @@ pytestmark = [pytest.mark.root, pytest.mark.etcd]
 NET = "10.5.0.0/16"
 TOOLS = ("iptables", "nft")
 ECHO_PORT = 7790
-FIGURES: dict = {}
 
 UFW_LIKE = """*filter
 :FORWARD DROP [0:0]
@@ -183,7 +182,7 @@ def _ours(site, host, tool) -> list[str]:
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_egress_stays_masqueraded_across_a_daemon_restart(site, tool):
+def test_egress_stays_masqueraded_across_a_daemon_restart(site, tool, figure):
     ov, h0 = site.ov, site.h0
     _start(site, h0, tool, ("--ip-masq",))
     tag = f"{ov.kind}-{tool}"
@@ -212,8 +211,8 @@ def test_egress_stays_masqueraded_across_a_daemon_restart(site, tool):
     lines = [json.loads(l) for l in open(stream_out) if l.startswith("{")]
     window = [l for l in lines if down <= l["at"] <= up]
     lost = [l["seq"] for l in lines if not l["ok"]]
-    FIGURES[f"{tag}: restart window {up - down:.2f} s, datagrams in it / lost"] = \
-        f"{len(window)} / {len(lost)} (of {len(lines)} sent)"
+    figure(f"{tag}: restart window {up - down:.2f} s, datagrams in it / lost",
+           f"{len(window)} / {len(lost)} (of {len(lines)} sent)")
     assert len(window) >= 10, "the stream did not cover the restart"
     assert lost == [], f"lost at the NAT: {lost[:20]}"
     assert kept, "the masquerade rules went with the daemon"
@@ -272,7 +271,7 @@ def _delete_nft_rule(site, host, chain, match) -> None:
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_resync_repairs_a_deleted_rule_after_the_lease_moved(site, tool):
+def test_resync_repairs_a_deleted_rule_after_the_lease_moved(site, tool, figure):
     ov, h1 = site.ov, site.h1
     _start(site, h1, tool, ("--ip-masq", "--iptables-resync=1"))
     old = ov.subnet(h1)
@@ -302,14 +301,9 @@ def test_resync_repairs_a_deleted_rule_after_the_lease_moved(site, tool):
             assert not present()
             t0 = time.monotonic()
             wait_until(present, 1 + 3, 0.1, f"the resync to put back {back!r}")
-            FIGURES[f"{ov.kind}-{tool}: {back.strip()!r} back after (s, resync 1 s)"] = \
-                round(time.monotonic() - t0, 2)
+            figure(f"{ov.kind}-{tool}: {back.strip()!r} back after (s, resync 1 s)",
+                   round(time.monotonic() - t0, 2))
         assert ov.daemon(h1).running()
     finally:
         ov.etcdctl("del", f"{ov.prefix}/subnets/{old.network_address}-{old.prefixlen}")
 
-
-def test_zz_report_figures():
-    """Not a check: prints what the runs measured (pytest -s shows it)."""
-    for k, v in sorted(FIGURES.items()):
-        print(f"FIGURE {k}: {v}")
