@@ -294,6 +294,7 @@ class Daemon:
             ("stop the iptables resync (the rules stay)", lambda: self.rules and self.rules.stop()),
             ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
             ("close the etcd client", lambda: self.registry and self.registry.close()),
+            ("close the address reader", self.own_sources.close),
         ]
         for what, fn in steps:
             try:

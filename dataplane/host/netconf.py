@@ -17,6 +17,7 @@ import asyncio
 import errno
 import ipaddress
 import socket
+import threading
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -79,17 +80,50 @@ def set_accept_local(name: str) -> None:
         f.write("1")
 
 
+def _ipv4_addresses(ipr: IPRoute) -> list:
+    try:
+        return [ipaddress.IPv4Address(m.get("IFA_LOCAL") or m.get("IFA_ADDRESS"))
+                for m in ipr.get_addr(family=socket.AF_INET)]
+    except NetlinkError as e:
+        raise OSError(e.code, f"netlink: {e}") from None
+
+
 def host_addresses() -> list:
     """Every IPv4 address of every interface in this network namespace (IPv4Address each):
     the inner sources no datagram may claim (host/own_sources.py). IFA_LOCAL first: on a
     point-to-point link IFA_ADDRESS is the far end's. OSError when netlink refuses."""
-    try:
-        with _ipr() as ipr:
-            msgs = ipr.get_addr(family=socket.AF_INET)
-            return [ipaddress.IPv4Address(m.get("IFA_LOCAL") or m.get("IFA_ADDRESS"))
-                    for m in msgs]
-    except NetlinkError as e:
-        raise OSError(e.code, f"netlink: {e}") from None
+    with _ipr() as ipr:
+        return _ipv4_addresses(ipr)
+
+
+class AddressReader:
+    """``host_addresses()`` over one netlink socket kept open, for a caller that asks every
+    second: opening an IPRoute costs ~10 ms of CPU and leaves ~0.3 kB of memory behind each
+    time (pyroute2 0.9.7), reading on an open one 0.2 ms and nothing. A failed read drops the
+    socket; the next call opens a new one. Calls are serialised."""
+
+    def __init__(self):
+        self._ipr = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> list:
+        with self._lock:
+            if self._ipr is None:
+                self._ipr = _ipr()
+            try:
+                return _ipv4_addresses(self._ipr)
+            except Exception:
+                self._close()
+                raise
+
+    def _close(self) -> None:
+        ipr, self._ipr = self._ipr, None
+        if ipr is not None:
+            ipr.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
 
 
 def add_network_route(network, dev: str) -> bool:

@@ -15,15 +15,13 @@ import logging
 log = logging.getLogger(__name__)
 
 
-def _host_addresses():
-    from .netconf import host_addresses
-    return host_addresses()
-
-
 class OwnSources:
     """What the engine was last told; ``collect()`` lists the host's addresses."""
 
-    def __init__(self, collect=_host_addresses):
+    def __init__(self, collect=None):
+        if collect is None:
+            from .netconf import AddressReader
+            collect = AddressReader()
         self._collect = collect
         self._engine = None
         self._told = None             # (subnet, addresses) the engine has
@@ -42,6 +40,12 @@ class OwnSources:
                             e, len(self._addrs))
             self._failing = True
         return self._addrs
+
+    def close(self) -> None:
+        """Let go of the netlink socket (when ``collect`` has one)."""
+        close = getattr(self._collect, "close", None)
+        if close is not None:
+            close()
 
     @property
     def addresses(self) -> list:

@@ -145,3 +145,39 @@ def test_engine_reports_its_tun_deleted_at_once(netns, engine_kind, queues):
     assert out["ended"] == {str(i): ["tun_gone", errno.EBADFD] for i in range(queues)}, out
     assert out["ms"] < 100, out
     print(f"{engine_kind}, {queues} queue(s): told {out['ms']:.1f} ms after `ip link del`")
+
+
+# The daemon reads this host's addresses every second (host/own_sources.py) over one socket
+# kept open: it must see addresses added and removed later, keep one fd, and recover from close.
+_READER_CHILD = r"""
+import json, os, subprocess
+from dataplane.host.netconf import AddressReader, host_addresses
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+r = AddressReader()
+out = {"first": sorted(map(str, r()))}
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+subprocess.run(["ip", "addr", "add", "172.31.9.1/32", "dev", "lo"], check=True)
+out["added"] = sorted(map(str, r()))
+before = fds()
+for _ in range(50):
+    r()
+out["fds_grew"] = fds() - before
+subprocess.run(["ip", "addr", "del", "172.31.9.1/32", "dev", "lo"], check=True)
+out["removed"] = sorted(map(str, r()))
+r.close()
+out["after_close"] = fds() - before
+out["reopened"] = sorted(map(str, r()))
+out["same_as_one_shot"] = sorted(map(str, r())) == sorted(map(str, host_addresses()))
+print(json.dumps(out))
+"""
+
+
+def test_address_reader_follows_changes_on_one_socket(netns):
+    r = _run(netns, _READER_CHILD)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert "172.31.9.1" in out["added"] and "172.31.9.1" not in out["removed"]
+    assert out["fds_grew"] == 0, "a socket per call"
+    assert out["after_close"] < 0, "close() kept the netlink socket"
+    assert out["reopened"] == out["removed"] and out["same_as_one_shot"]
