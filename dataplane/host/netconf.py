@@ -75,6 +75,25 @@ def set_accept_local(name: str) -> None:
         f.write("1")
 
 
+def link_facts(name: str) -> tuple[int, int, list]:
+    """``(MTU, txqueuelen, IPv4 addresses as IPv4Interface)`` of ``name``: what a daemon handed an
+    open flannel0 compares with what it would configure."""
+    with _ipr() as ipr:
+        idx = _index(ipr, name)
+        link = ipr.get_links(idx)[0]
+        addrs = [ipaddress.IPv4Interface(f"{a.get('IFA_LOCAL') or a.get('IFA_ADDRESS')}/"
+                                         f"{a['prefixlen']}")
+                 for a in ipr.get_addr(index=idx, family=2)]
+        return int(link.get("mtu")), int(link.get("txqlen")), addrs
+
+
+def set_txqueuelen(name: str, qlen: int) -> None:
+    """How many packets each queue of ``name`` holds while nobody reads it. The kernel resizes the
+    queues of a TUN device in place: what they hold stays, up to the new length."""
+    with _ipr() as ipr:
+        ipr.link("set", index=_index(ipr, name), txqlen=int(qlen))
+
+
 def add_network_route(network, dev: str) -> bool:
     """Add ``<network> dev <dev>`` (scope universe, no src, as flanneld).
     Returns False if the route already existed (EEXIST is ignored)."""

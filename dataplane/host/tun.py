@@ -108,13 +108,22 @@ def open_tun_queues(name_template: str = "flannel%d", queues: int = 1, *,
     return fds, name
 
 
+def tun_info(fd: int) -> tuple[str, int]:
+    """``(device name, IFF_* flags)`` of the TUN queue behind ``fd`` (``TUNGETIFF``), for a
+    daemon that was handed the fd rather than opening it. OSError EBADFD when the fd has no
+    device any more; EINVAL when it is no TUN fd at all."""
+    ifr = fcntl.ioctl(fd, TUNGETIFF, bytes(_IFREQ.size))
+    name, flags = _IFREQ.unpack(ifr)
+    return name.split(b"\0", 1)[0].decode(), flags
+
+
 def tun_attached(fd: int) -> bool:
     """False once the device behind ``fd`` is gone (``ip link del flannel0``): the fd stays open but
     every read fails and the engines take it out of their epoll set, so without this check the daemon
     would run on, blind. ``TUNGETIFF`` answers EBADFD for a detached fd; it asks the fd itself, so a
     new device that took the name meanwhile cannot fool it."""
     try:
-        fcntl.ioctl(fd, TUNGETIFF, bytes(_IFREQ.size))
+        tun_info(fd)
     except OSError as e:
         if e.errno == errno.EBADFD:
             return False
