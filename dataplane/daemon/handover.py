@@ -28,6 +28,7 @@ import os
 import socket
 import struct
 import threading
+import time
 
 from . import inherited
 from .inherited import Inherited
@@ -152,6 +153,7 @@ class FromHandover(Inherited):
 
     def switch(self, start_engine) -> dict:
         state = self.state
+        t0 = time.monotonic()
         send_frame(self.conn, {"op": "stop"})
         try:
             state = _expect(self.conn, "stopped", SWITCH_TIMEOUT_S).get("state") or state
@@ -159,6 +161,8 @@ class FromHandover(Inherited):
             log.warning("The old daemon (pid %s) did not confirm that it stopped (%s); "
                         "forwarding anyway", self.old_pid, e)
         start_engine()
+        log.info("Switched engines in %.1f ms: the old one stopped, ours started (the kernel "
+                 "held what arrived meanwhile)", (time.monotonic() - t0) * 1e3)
         try:
             send_frame(self.conn, {"op": "forwarding"})
             _expect(self.conn, "released", SWITCH_TIMEOUT_S)
@@ -227,8 +231,7 @@ class HandoverServer:
 
     ``daemon`` provides: ``lock``, ``engine``, ``tun_fds``, ``socks``, ``handing_over`` (set
     while its engine is stopped for a switch), ``handed_over(pid)`` and ``stop()``, plus what
-    ``inherited.state_of`` reads; ``resume_engine()`` forwards again after a failed switch;
-    ``hold_queues()`` / ``restore_queues()`` lengthen flannel0's queues and set them back."""
+    ``inherited.state_of`` reads; ``resume_engine()`` forwards again after a failed switch."""
 
     def __init__(self, path: str, daemon):
         self.path = path
@@ -339,7 +342,6 @@ class HandoverServer:
         d = self.daemon
         with d.lock:
             d.handing_over = True
-            d.hold_queues()
             engine = d.engine
         engine.stop()
         if not engine.join(SWITCH_TIMEOUT_S):

@@ -17,9 +17,10 @@ etcd while it is valid, the peers' routes (the engine forwards at once, before e
 route into flannel0 and the firewall rules (they outlive every process anyway).
 
 While nobody reads flannel0, the kernel queues what the workloads send in the device's queues
-(their length is flannel0's txqueuelen) and what the peers send in the sockets' receive buffers
-(udpsock.SOCKET_BUFFER). Before the old daemon stops forwarding it lengthens flannel0's queues to
-SWITCH_TXQUEUELEN; the new one sets them back once it forwards (TXQUEUELEN_RESTORE_S later).
+and what the peers send in the sockets' receive buffers (udpsock.SOCKET_BUFFER). flannel0 is made
+with queues of FLANNEL0_TXQUEUELEN packets for that (the TUN default, 500, lasts half a second
+at 1,000 packets/s); they are never changed on a live device: the kernel drops what is sent to it
+while it resizes them.
 """
 from __future__ import annotations
 
@@ -40,9 +41,7 @@ from . import fdstore
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-# Packets per flannel0 queue while no process reads it: a second at 16,000 packets/s per queue.
-SWITCH_TXQUEUELEN = 16384
-TXQUEUELEN_RESTORE_S = 1.0           # after the new engine started: the queues have drained
+FLANNEL0_TXQUEUELEN = 4096          # packets per queue while no process reads it
 LEASE_MIN_LEFT_S = 60.0              # a lease closer to its end than this is acquired again
 RELEASE_TIMEOUT_S = 10.0             # for flannel0 to go once every holder let it go
 STATE_NAME = "state"
@@ -78,7 +77,7 @@ def state_of(daemon) -> dict:
     return {
         "version": STATE_VERSION, "pid": os.getpid(), "engine": daemon.engine_cls.name,
         "tun": {"name": daemon.tun_name, "queues": len(daemon.tun_fds),
-                "vnet": bool(daemon.offloads.vnet), "txqueuelen": daemon.tun_txqueuelen},
+                "vnet": bool(daemon.offloads.vnet)},
         "udp": {"addr": str(daemon.ext.iface_addr), "port": daemon.config.backend_port},
         "mtu": daemon.ext.tun_mtu,
         "config": daemon.config.raw,
@@ -131,7 +130,6 @@ class Observed:
     tun: list = field(default_factory=list)          # (name, IFF_* flags) per queue, or an error
     mtu: int = 0
     addrs: list = field(default_factory=list)        # IPv4Interface on the device
-    txqueuelen: int = 0
     udp: list = field(default_factory=list)          # (ip, port) per socket
 
 
@@ -147,9 +145,9 @@ def observe(tun_fds, socks) -> Observed:
     names = {t[0] for t in obs.tun if isinstance(t, tuple)}
     if len(names) == 1:
         try:
-            obs.mtu, obs.txqueuelen, obs.addrs = link_facts(names.pop())
-        except OSError:
-            pass
+            obs.mtu, obs.addrs = link_facts(names.pop())
+        except Exception as e:          # no facts: the checks name what is missing
+            log.debug("reading %s: %s", names, e)
     for s in socks:
         try:
             obs.udp.append(s.getsockname()[:2])
@@ -231,10 +229,6 @@ class Inherited:
     @property
     def tun_name(self) -> str:
         return self.state["tun"]["name"]
-
-    @property
-    def txqueuelen(self) -> int:
-        return int(self.state["tun"].get("txqueuelen") or 0)
 
     @property
     def config_raw(self):

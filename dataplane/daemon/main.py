@@ -42,7 +42,6 @@ import logging
 import os
 import signal
 import threading
-import time
 
 from ..cli import flanneld_flags
 from ..control.peerset import PeerChange, PeerSnapshot
@@ -78,7 +77,6 @@ class Daemon:
         self.peers = PeerSnapshot()           # the last snapshot the peer watcher handed over
         self.tun_fds: list = []               # one per queue
         self.tun_name = None
-        self.tun_txqueuelen = 0               # flannel0's queue length outside a switch
         self.socks: list = []                 # one per queue
         self.queues = 1
         self.offloads = None                  # host.offload.Offloads
@@ -92,7 +90,6 @@ class Daemon:
         self.handover_server = None
         self.handing_over = False             # our engine is stopped for a new daemon
         self._successor = None                # the pid we handed over to
-        self._restore_queues_at = None        # monotonic time: flannel0's queues back to normal
         self._old_handlers = {}
         self.source = DaemonSource(self)      # what /metrics, /readyz and /debug/trace read
 
@@ -170,7 +167,6 @@ class Daemon:
             self.tun_fds, self.tun_name = startup.open_tun(self.offloads, self.queues,
                                                            self.lease.subnet,
                                                            self.config.network, self.ext)
-            self.tun_txqueuelen = startup.txqueuelen(self.tun_name)
             # 6. UDP socket(s) and the offloads they and flannel0 accept
             self.socks = startup.open_sockets(self.ext, self.config.backend_port, self.queues)
             self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
@@ -241,7 +237,6 @@ class Daemon:
                         "forwards)", inh.way, why)
             inh.release()
             return None
-        self.tun_txqueuelen = inh.txqueuelen or obs.txqueuelen
         return inh
 
     def _take_over(self, inh):
@@ -252,7 +247,6 @@ class Daemon:
         self.peers = PeerSnapshot.of(inherited.peers_of(inh.state), self.lease.subnet)
         self._make_engine()
         state = inh.switch(self.engine.start)
-        self._restore_queues_at = time.monotonic() + inherited.TXQUEUELEN_RESTORE_S
         # what changed on the old daemon since its offer
         with self.lock:
             self.peers = PeerSnapshot.of(inherited.peers_of(state), self.lease.subnet)
@@ -298,25 +292,6 @@ class Daemon:
             log.warning("could not save the state for the next process: %s", e)
 
     # ------------------------------------------------------------------ handing over
-    def hold_queues(self):
-        """Lengthen flannel0's queues: nobody reads them until the next engine runs."""
-        from ..host.netconf import set_txqueuelen
-        try:
-            set_txqueuelen(self.tun_name, max(inherited.SWITCH_TXQUEUELEN, self.tun_txqueuelen))
-        except Exception as e:
-            log.warning("could not lengthen %s's queues for the switch: %s", self.tun_name, e)
-
-    def restore_queues(self):
-        from ..host.netconf import set_txqueuelen
-        self._restore_queues_at = None
-        if not self.tun_txqueuelen:
-            return
-        try:
-            set_txqueuelen(self.tun_name, self.tun_txqueuelen)
-        except Exception as e:
-            log.warning("could not set %s's txqueuelen back to %d: %s", self.tun_name,
-                        self.tun_txqueuelen, e)
-
     def resume_engine(self):
         """A switch failed after our engine stopped: forward again, on the same fds."""
         with self.lock:
@@ -326,7 +301,6 @@ class Daemon:
         with self.lock:
             self.engine.start()
             self.handing_over = False
-        self.restore_queues()
 
     def handed_over(self, pid: int):
         """The new daemon forwards: free our HTTP ports for it and exit."""
@@ -388,8 +362,6 @@ class Daemon:
         while not self._stop.wait(MONITOR_PERIOD_S):
             if self.handing_over:       # our engine is stopped on purpose; lease moves wait
                 continue
-            if self._restore_queues_at is not None and time.monotonic() >= self._restore_queues_at:
-                self.restore_queues()
             with self.lock:
                 pending, self._pending_lease = self._pending_lease, None
             if pending is not None:
@@ -455,13 +427,10 @@ class Daemon:
             log.info("Exiting; the lease %s stays in etcd until it expires", self.lease.subnet)
 
     def _leave_to_next(self):
-        """In systemd's fd store: the newest state, and long queues until the next engine reads
-        them (`systemctl stop` closes the store, and flannel0 with it)."""
-        if self.state_file is None or self._successor is not None:
-            return
-        self._save_state()
-        if self.engine is not None:
-            self.hold_queues()
+        """In systemd's fd store: the newest state (`systemctl stop` closes the store, and
+        flannel0 with it)."""
+        if self.state_file is not None and self._successor is None:
+            self._save_state()
 
     def _close_engine(self):
         with self.lock:

@@ -187,8 +187,10 @@ def choose_engine(opts):
 
 
 def open_tun(offloads, queues: int, subnet, network, ext):
-    """flannel0: one fd per queue, <lease net>/32, MTU, up, route <Network> dev flannel0."""
+    """flannel0: one fd per queue, <lease net>/32, MTU, queues long enough for a restart
+    (inherited.FLANNEL0_TXQUEUELEN), up, route <Network> dev flannel0."""
     from ..host.netconf import add_network_route, configure_tun, set_accept_local
+    from .inherited import FLANNEL0_TXQUEUELEN
     try:
         tun_fds, tun_name = offloads.open_tun("flannel%d", queues)
     except OSError as e:
@@ -196,7 +198,7 @@ def open_tun(offloads, queues: int, subnet, network, ext):
                            "(CAP_NET_ADMIN) with the tun module loaded (modprobe tun)") from None
     addr = f"{subnet.network_address}/32"
     try:
-        configure_tun(tun_name, addr, ext.tun_mtu)
+        configure_tun(tun_name, addr, ext.tun_mtu, txqueuelen=FLANNEL0_TXQUEUELEN)
         add_network_route(network, tun_name)
     except Exception as e:
         for fd in tun_fds:          # the last close removes the device
@@ -208,19 +210,10 @@ def open_tun(offloads, queues: int, subnet, network, ext):
     except OSError as e:
         log.warning("could not set accept_local on %s (ICMP net unreachable will not reach local "
                     "senders): %s", tun_name, e)
-    log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s)",
-             tun_name, addr, ext.tun_mtu, ext.name, ext.mtu, network, tun_name, len(tun_fds))
+    log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s) of "
+             "%d packets", tun_name, addr, ext.tun_mtu, ext.name, ext.mtu, network, tun_name,
+             len(tun_fds), FLANNEL0_TXQUEUELEN)
     return tun_fds, tun_name
-
-
-def txqueuelen(tun_name: str) -> int:
-    """flannel0's queue length as the kernel made it (0 if unknown)."""
-    from ..host.netconf import link_facts
-    try:
-        return link_facts(tun_name)[1]
-    except Exception as e:
-        log.debug("reading %s's txqueuelen: %s", tun_name, e)
-        return 0
 
 
 def adopt_tun(offloads, tun_name: str, network) -> None:
