@@ -16,7 +16,14 @@ object; fds ride with the first byte of a frame, at most MAX_FDS_PER_FRAME per f
 
 Between "stop" and "forwarding" nobody reads flannel0 and the sockets: the kernel queues what
 arrives (daemon/inherited.py). If the new daemon goes away or says nothing for SWITCH_TIMEOUT_S
-after "stop", the old one forwards again with a new engine on the same fds.
+after "stop", the old one forwards again with a new engine on the same fds. Under systemd's fd
+store the offer carries the state's memfd too (the last fd, "state_fd": true), so that the new
+daemon keeps the one systemd holds; the old one names the new one the unit's main process
+(``MAINPID=``) before it exits.
+
+SIGUSR2 (the unit's ``systemctl reload``) makes the running daemon start the installed
+flannel-udp itself, with its own command line and ``--handover`` (:func:`spawn_successor`): an
+upgrade in place, in the unit's cgroup. If the new code does not start, the old keeps running.
 """
 from __future__ import annotations
 
@@ -27,11 +34,13 @@ import logging
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
 from . import inherited
-from .inherited import Inherited
+from .inherited import Inherited, StateFile
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +151,12 @@ def _expect(sock, op: str, timeout: float) -> dict:
 class FromHandover(Inherited):
     way = "the handover socket"
 
-    def __init__(self, conn: socket.socket, state: dict, tun_fds: list, socks: list):
+    def __init__(self, conn: socket.socket, state: dict, tun_fds: list, socks: list,
+                 state_file: StateFile | None = None):
         super().__init__(state, tun_fds, socks)
         self.conn = conn
         self.old_pid = state.get("pid")
+        self.state_file = state_file
 
     @property
     def old_running(self) -> bool:
@@ -175,6 +186,9 @@ class FromHandover(Inherited):
         """Ask the old daemon to exit (it closes flannel0 and the sockets), close ours, and wait
         until the device is gone."""
         self._close()
+        if self.state_file is not None:
+            self.state_file.close()
+            self.state_file = None
         try:
             send_frame(self.conn, {"op": "exit"})
             self.conn.settimeout(inherited.RELEASE_TIMEOUT_S * 3)
@@ -213,15 +227,16 @@ def connect(path: str) -> FromHandover | None:
         raise
     state = doc["state"]
     n = int(state.get("tun", {}).get("queues", 0))
-    if len(fds) != 2 * n:
+    extra = 1 if doc.get("state_fd") else 0
+    if len(fds) != 2 * n + extra:
         _close_fds(fds)
         conn.close()
         raise HandoverError(errno.EPROTO, f"{len(fds)} fds for {n} queue(s)")
-    socks = [socket.socket(fileno=fd) for fd in fds[n:]]
+    socks = [socket.socket(fileno=fd) for fd in fds[n:2 * n]]
     log.info("--handover: the daemon with pid %s offers %s (%d queue(s)), its UDP sockets and its "
              "lease %s", state.get("pid"), state["tun"].get("name"), n,
              state.get("lease", {}).get("subnet"))
-    return FromHandover(conn, state, fds[:n], socks)
+    return FromHandover(conn, state, fds[:n], socks, StateFile(fds[-1]) if extra else None)
 
 
 # ------------------------------------------------------------------ the running daemon's end
@@ -311,7 +326,12 @@ class HandoverServer:
         with d.lock:
             state = inherited.state_of(d)
             fds = list(d.tun_fds) + [s.fileno() for s in d.socks]
-        send_frame(conn, {"op": "offer", "state": state}, fds)
+            state_file = d.state_file
+        offer = {"op": "offer", "state": state}
+        if state_file is not None:
+            offer["state_fd"] = True
+            fds.append(state_file.fd)
+        send_frame(conn, offer, fds)
         log.info("Offered flannel0 and the UDP sockets to a new daemon (pid %d)", pid)
         conn.settimeout(READY_TIMEOUT_S)
         doc, extra = recv_frame(conn)
@@ -346,3 +366,29 @@ class HandoverServer:
         engine.stop()
         if not engine.join(SWITCH_TIMEOUT_S):
             log.warning("the %s engine did not stop within %.0f s", engine.name, SWITCH_TIMEOUT_S)
+
+
+def spawn_successor(server: HandoverServer | None) -> subprocess.Popen | None:
+    """Start this daemon's own command line again with --handover (SIGUSR2): the installed
+    code takes over through ``server``'s socket. None when there is no socket to take over by."""
+    from ..cli.child import cli_argv
+    if server is None:
+        log.warning("SIGUSR2: no handover socket (--handover-socket is empty or could not be "
+                    "made): stop and start the daemon to run another version")
+        return None
+    args = sys.argv[1:]
+    # right after the subcommand: flags end at the first argument that is no flag
+    at = args.index("run") + 1 if "run" in args else 0
+    args = args[:at] + ["--handover", f"--handover-socket={server.path}"] + args[at:]
+    proc = subprocess.Popen(cli_argv(*args), stdin=subprocess.DEVNULL, close_fds=True,
+                            start_new_session=True)
+    log.info("Started pid %d to take over: flannel-udp %s", proc.pid, " ".join(args))
+    threading.Thread(target=_reap, args=(proc,), name="successor", daemon=True).start()
+    return proc
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    rc = proc.wait()
+    if rc:
+        log.error("The daemon started to take over (pid %d) exited with %d before it did; this "
+                  "one keeps forwarding", proc.pid, rc)

@@ -31,7 +31,9 @@ Then the main thread runs the checks of daemon/monitor.py every second until a s
 SIGTERM/SIGINT stop the watches first and the engine last, close flannel0 (closing the last fd
 removes it: systemd's fd store holds one across a restart), keep the iptables rules (as
 flanneld) and the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd, re-acquires a
-lease without touching the peers' routes (daemon/lease_move.py).
+lease without touching the peers' routes (daemon/lease_move.py). SIGUSR2 (`systemctl reload`)
+starts the installed flannel-udp with --handover: it takes over through the handover socket
+and we exit (daemon/handover.py).
 
 Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no lease's PublicIP
 (counted as drop_bad_source, logged at most every 10 s).
@@ -47,7 +49,7 @@ from ..cli import flanneld_flags
 from ..control.peerset import PeerChange, PeerSnapshot
 from ..control.routes import route_table
 from ..host import queues
-from . import fdstore, inherited, lease_move, startup
+from . import fdstore, handover, inherited, lease_move, startup
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .startup import StartupError, Stopped
@@ -65,6 +67,7 @@ class Daemon:
         self.opts = opts
         self._stop = threading.Event()
         self._reacquire = threading.Event()
+        self._upgrade = threading.Event()        # SIGUSR2: a successor takes over
         self._pending_lease = None
         self.lock = threading.RLock()         # guards engine, lease, peers
         self.ext = None                       # ExternalInterface
@@ -120,9 +123,14 @@ class Daemon:
             log.info("Received SIGHUP: re-acquiring the lease (peers are kept)")
             self._reacquire.set()
 
+        def usr2(_signum, _frame):
+            log.info("Received SIGUSR2: starting the installed flannel-udp to take over")
+            self._upgrade.set()
+
         if threading.current_thread() is not threading.main_thread():
             return  # embedded use (tests): the caller stops us with stop()
-        for sig, fn in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGHUP, hup)):
+        for sig, fn in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGHUP, hup),
+                        (signal.SIGUSR2, usr2)):
             self._old_handlers[sig] = signal.signal(sig, fn)
 
     def _restore_signals(self):
@@ -303,8 +311,10 @@ class Daemon:
             self.handing_over = False
 
     def handed_over(self, pid: int):
-        """The new daemon forwards: free our HTTP ports for it and exit."""
+        """The new daemon forwards: free our HTTP ports for it and exit. Under systemd it is
+        the unit's main process from now on."""
         self._successor = pid
+        sd_notify(f"MAINPID={pid}")
         servers, self.servers = self.servers, []
         for s in servers:
             s.close()
@@ -362,6 +372,9 @@ class Daemon:
         while not self._stop.wait(MONITOR_PERIOD_S):
             if self.handing_over:       # our engine is stopped on purpose; lease moves wait
                 continue
+            if self._upgrade.is_set():
+                self._upgrade.clear()
+                handover.spawn_successor(self.handover_server)
             with self.lock:
                 pending, self._pending_lease = self._pending_lease, None
             if pending is not None:

@@ -32,6 +32,7 @@ class Outcome:
     udp: dict = field(default_factory=dict)      # {"sent", "received", "distinct", "lost", ...}
     tcp: dict = field(default_factory=dict)      # {"sent": {...}, "received": {...}}
     action_s: float = 0.0                        # how long the restart itself took
+    counters: dict = field(default_factory=dict)  # per host: the kernel's drop counters, deltas
 
     def udp_lost(self) -> dict:
         return {d: r["lost"] for d, r in self.udp.items()}
@@ -57,6 +58,26 @@ class Outcome:
                 f"{ {d: r['max_gap_ms'] for d, r in self.udp.items()} }; restart took "
                 f"{self.action_s:.2f} s")
 
+    def details(self) -> str:
+        """For a failure: the streams' own reports and where the kernel counted drops."""
+        return f"{self.summary()}\nUDP: {self.udp}\nkernel drop counters: {self.counters}"
+
+
+def kernel_counters(tb, host) -> dict:
+    """flannel0's dropped packets (a queue that overflowed) and UDP's receive errors."""
+    out = {}
+    r = tb.exec(host, ["ip", "-s", "-j", "link", "show", "flannel0"])
+    if r.returncode == 0:
+        s = json.loads(r.stdout)[0]["stats64"]
+        out.update(flannel0_tx_dropped=s["tx"]["dropped"], flannel0_rx_dropped=s["rx"]["dropped"])
+    r = tb.exec(host, ["cat", "/proc/net/snmp"])
+    rows = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("Udp:")]
+    if len(rows) == 2:
+        udp = dict(zip(rows[0], rows[1]))
+        out.update({f"udp_{k}": int(udp[k]) for k in ("RcvbufErrors", "InErrors", "NoPorts")
+                    if k in udp})
+    return out
+
 
 def _json_line(proc, timeout: float) -> dict:
     out, err = proc.communicate(timeout=timeout)
@@ -79,6 +100,8 @@ def across(tb, a, b, ip_a: str, ip_b: str, action, seconds: float = 6.0) -> Outc
         procs.append(p)
         return p
 
+    hosts = {"a": a, "b": b}
+    before = {n: kernel_counters(tb, h) for n, h in hosts.items()}
     try:
         sinks = {
             ("udp", "a->b"): start(b, "udp-sink", ip_b, UDP_PORT, sink_s),
@@ -108,6 +131,9 @@ def across(tb, a, b, ip_a: str, ip_b: str, action, seconds: float = 6.0) -> Outc
                                           lost=sent["sent"] - got["distinct"])
             else:
                 out.tcp[direction] = {"sent": sent, "received": got}
+        for n, h in hosts.items():
+            after = kernel_counters(tb, h)
+            out.counters[n] = {k: v - before[n].get(k, 0) for k, v in after.items()}
         return out
     finally:
         for p in procs:

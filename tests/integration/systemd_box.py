@@ -32,6 +32,7 @@ TARGET = "fu-box.target"
 # What a service's default dependencies and the project's unit name: empty here.
 STUB_TARGETS = ("sysinit.target", "basic.target", "shutdown.target", "network-online.target")
 START_TIMEOUT = 20.0
+CLOSE_TIMEOUT = 30.0
 _seq = itertools.count(1)
 
 _BOX_SH = r"""
@@ -268,28 +269,19 @@ class SystemdBox:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                with open(os.path.join(self.cgroup, "cgroup.procs")) as f:
-                    if not f.read().split() and not self._busy_below():
-                        break
-            except OSError:
-                break
+        # the pid namespace goes down asynchronously: wait for the sub-tree to empty
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        while self._populated() and time.monotonic() < deadline:
             time.sleep(0.05)
         _remove_cgroup(self.cgroup)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def _busy_below(self) -> bool:
-        for root, _dirs, files in os.walk(self.cgroup):
-            if "cgroup.procs" in files:
-                try:
-                    with open(os.path.join(root, "cgroup.procs")) as f:
-                        if f.read().split():
-                            return True
-                except OSError:
-                    continue
-        return False
+    def _populated(self) -> bool:
+        try:
+            with open(os.path.join(self.cgroup, "cgroup.events")) as f:
+                return "populated 1" in f.read()
+        except OSError:
+            return False
 
     def __enter__(self) -> "SystemdBox":
         return self

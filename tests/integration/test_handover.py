@@ -72,10 +72,10 @@ def test_handover_loses_nothing(ov, figure):
     figure(f"{ov.kind}: handover (--handover), 2 queues", out.summary())
     assert got["rc"] == 0 and new.pid != old.pid
     assert "Took over from pid" in new.log_text()
-    assert out.tcp_problems() == []
-    assert out.udp_lost() == {"a->b": 0, "b->a": 0}, out.summary()
+    assert out.tcp_problems() == [], out.details()
+    assert out.udp_lost() == {"a->b": 0, "b->a": 0}, out.details()
     for direction, gap in out.tcp_max_gap_ms().items():
-        assert gap <= TCP_STALL_BOUND_MS, f"TCP {direction} silent {gap} ms: {out.summary()}"
+        assert gap <= TCP_STALL_BOUND_MS, f"TCP {direction} silent {gap} ms: {out.details()}"
     # the same device, lease and etcd key: nothing made again, nothing written
     assert (ifindex(ov, a), ov.subnet(a), lease_revision(ov, a)) == before
     assert "nothing written to etcd" in new.log_text()
@@ -93,9 +93,9 @@ def test_stop_and_start_loses_traffic(ov, figure):
     figure(f"{ov.kind}: stop + start, 2 queues", out.summary())
     # the daemon came back on a new device, and the streams went on through it
     assert ifindex(ov, a) != before
-    assert out.tcp_problems() == []
+    assert out.tcp_problems() == [], out.details()
     for direction, r in out.udp.items():
-        assert r["distinct"] > 0 and r["ended"], f"UDP {direction}: {r}"
+        assert r["distinct"] > 0 and r["ended"], f"UDP {direction}: {out.details()}"
 
 
 def test_handover_to_another_config_starts_afresh(ov):
