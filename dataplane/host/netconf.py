@@ -80,6 +80,11 @@ def set_accept_local(name: str) -> None:
         f.write("1")
 
 
+def link_exists(name: str) -> bool:
+    with _ipr() as ipr:
+        return bool(ipr.link_lookup(ifname=name))
+
+
 def link_facts(name: str) -> tuple[int, list]:
     """``(MTU, IPv4 addresses as IPv4Interface)`` of ``name``: what a daemon handed an open
     flannel0 compares with what it would configure. OSError ENODEV when there is no ``name``."""

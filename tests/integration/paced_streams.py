@@ -2,14 +2,17 @@
 
 Run inside a testbed host as ``python paced_streams.py MODE ARGS...``; each end prints one JSON
 line when it is done (receivers print ``ready`` first, once they listen). Every loop is bounded
-in packets and in time.
+in packets and in time. Arrival times are the kernel's (SO_TIMESTAMPNS: when the data reached the
+socket), so that a receiver the scheduler kept waiting on a busy machine makes no silence of its
+own.
 
     udp-sink IP PORT SECONDS              datagrams numbered by udp-send; ends at its END marker
-                                          or after SECONDS: received, distinct, max_gap_ms
+                                          or after SECONDS: received, distinct, max_gap_ms (the
+                                          longest time between two arrivals)
     udp-send IP PORT RATE COUNT           COUNT datagrams at RATE per second, then END markers
     tcp-sink IP PORT SECONDS              one connection, read to EOF: bytes, sha256, max_gap_ms
-                                          (the longest wait between two reads that got data),
-                                          error (a reset shows here)
+                                          (the longest time between two arrivals of data), error
+                                          (a reset shows here)
     tcp-send IP PORT RATE CHUNK SECONDS   CHUNK bytes RATE times a second for SECONDS (sent on
                                           schedule: a stall is caught up after it), then EOF:
                                           bytes, sha256, error
@@ -24,8 +27,24 @@ import sys
 import time
 
 _SEQ = struct.Struct("!Q")
+_TIMESPEC = struct.Struct("qq")
 END = 2 ** 64 - 1
 UDP_PAYLOAD = 200
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+
+
+def _stamped(s: socket.socket) -> None:
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+
+def _recv(s: socket.socket, size: int) -> tuple[bytes, float]:
+    """Data and when the kernel received it (the last of it, for TCP)."""
+    data, anc, _flags, _addr = s.recvmsg(size, socket.CMSG_SPACE(_TIMESPEC.size))
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            sec, nsec = _TIMESPEC.unpack_from(payload)
+            return data, sec + nsec / 1e9
+    return data, time.time()
 
 
 def _done(doc: dict) -> None:
@@ -35,6 +54,7 @@ def _done(doc: dict) -> None:
 def udp_sink(ip: str, port: int, seconds: float) -> None:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    _stamped(s)
     s.bind((ip, port))
     print("ready", flush=True)
     deadline = time.monotonic() + seconds
@@ -45,10 +65,9 @@ def udp_sink(ip: str, port: int, seconds: float) -> None:
             break
         s.settimeout(left)
         try:
-            data = s.recv(2048)
+            data, now = _recv(s, 2048)
         except socket.timeout:
             break
-        now = time.monotonic()
         (seq,) = _SEQ.unpack_from(data)
         if seq == END:
             ended = True
@@ -92,14 +111,14 @@ def tcp_sink(ip: str, port: int, seconds: float) -> None:
     h, n, max_gap, last, error = hashlib.sha256(), 0, 0.0, None, None
     try:
         c, _ = ls.accept()
+        _stamped(c)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 error = "timed out"
                 break
             c.settimeout(left)
-            b = c.recv(1 << 16)
-            now = time.monotonic()
+            b, now = _recv(c, 1 << 16)
             if not b:
                 break
             if last is not None:
