@@ -31,11 +31,11 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ..daemon.handover import DEFAULT_PATH as HANDOVER_SOCKET
 from ..host import firewall, queues
 from ..host.offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
 
 ENV_PREFIX = "FLANNELD_"
+HANDOVER_SOCKET = "/run/flannel/handover.sock"     # in the runtime directory, next to subnet.env
 
 
 class FlagError(ValueError):

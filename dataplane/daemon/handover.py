@@ -1,7 +1,7 @@
 """Handing flannel0 and the UDP sockets from the running daemon to a new one, without systemd.
 
-The running daemon listens on a unix socket in the runtime directory (``--handover-socket``,
-``/run/flannel/handover.sock``; mode 0600, and the peer must be root or our own user). A daemon
+The running daemon listens on a unix socket in the runtime directory (``--handover-socket``;
+mode 0600, and the peer must be root or our own user). A daemon
 started with ``--handover`` connects to it and they speak in frames (a 4-byte length, then one JSON
 object; fds ride with the first byte of a frame, at most MAX_FDS_PER_FRAME per frame):
 
@@ -44,7 +44,6 @@ from .inherited import Inherited, StateFile
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PATH = "/run/flannel/handover.sock"
 MAX_FDS_PER_FRAME = 250                 # the kernel's SCM_MAX_FD is 253
 MAX_FRAME = 64 << 20
 OFFER_TIMEOUT_S = 10.0                  # old: to answer the hello; new: to read the offer
@@ -346,7 +345,7 @@ class HandoverServer:
         try:
             send_frame(conn, {"op": "stopped", "state": inherited.state_of(d)})
             _expect(conn, "forwarding", SWITCH_TIMEOUT_S)
-        except (OSError, ValueError) as e:
+        except Exception as e:          # whatever went wrong, our engine must not stay stopped
             log.warning("The new daemon (pid %d) did not start forwarding (%s): forwarding "
                         "again", pid, e)
             d.resume_engine()

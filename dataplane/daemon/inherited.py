@@ -220,6 +220,7 @@ def kept_lease(state: dict, ext, config, now: float | None = None) -> tuple[Leas
 class Inherited:
     """Fds and state handed to this daemon, and what the way they came needs at the switch."""
     way = "?"
+    state_file: StateFile | None = None    # the memfd systemd keeps, when the state is in one
 
     def __init__(self, state: dict, tun_fds: list, socks: list):
         self.state = state

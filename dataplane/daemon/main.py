@@ -152,9 +152,10 @@ class Daemon:
         inh = startup.receive_inherited(o)
         # 1. external interface
         self.ext = startup.select_interface(o)
-        # 2. registry, health and metrics (a running old daemon holds the ports until the switch)
+        # 2. registry, health and metrics (a running old daemon holds the ports until it exits)
         self.registry = startup.make_registry(o)
-        if inh is None or not inh.old_running:
+        http_later = inh is not None and inh.old_running
+        if not http_later:
             self.servers = startup.start_http_servers(o, self.source)
         # 3. config (the old daemon's when etcd does not answer: it forwards meanwhile)
         self.config = startup.wait_for_config(self.registry, self.wait,
@@ -186,7 +187,7 @@ class Daemon:
         if self.engine is None:
             self._make_engine()
             self.engine.start()
-        if not self.servers:
+        if http_later:
             self.servers = startup.start_http_servers(o, self.source, retry=True)
         self._start_watches()
         # 10. what a restart or a new daemon takes over; systemd
@@ -249,7 +250,7 @@ class Daemon:
 
     def _take_over(self, inh):
         self.tun_fds, self.tun_name, self.socks = inh.tun_fds, inh.tun_name, inh.socks
-        self.state_file = getattr(inh, "state_file", None)
+        self.state_file = inh.state_file
         startup.adopt_tun(self.offloads, self.tun_name, self.config.network)
         self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
         self.peers = PeerSnapshot.of(inherited.peers_of(inh.state), self.lease.subnet)
