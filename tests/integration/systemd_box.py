@@ -26,6 +26,8 @@ import signal
 import subprocess
 import time
 
+from dataplane.testbed import netns
+
 SYSTEMD = "/lib/systemd/systemd"
 PREFIX = "fu-sd"
 TARGET = "fu-box.target"
@@ -75,16 +77,6 @@ def missing() -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_cgroup(path: str) -> None:
     for root, dirs, _files in os.walk(path, topdown=False):
         for d in dirs:
@@ -111,7 +103,7 @@ def sweep_stale() -> None:
             parts = name.split("-")
             if len(parts) != 4 or "-".join(parts[:2]) != PREFIX or not parts[2].isdigit():
                 continue
-            if _pid_alive(int(parts[2])):
+            if netns._pid_exists(int(parts[2])):
                 continue
             path = os.path.join(base, name)
             if base == cg:
