@@ -288,6 +288,12 @@ enum dp_io dp_tx_batch(struct dp_loop *l)
     /* For the ICMP rate limit: one clock read per batch, not per packet. */
     l->path.now_ns = now_ns();
     while (n < l->batch) {
+        /* A super-packet's segments may have left slots queued: a read must
+         * still land in a slot of the batch. */
+        if (m == l->batch) {
+            udp_send(l, m);
+            m = 0;
+        }
         sys_count(l, DP_ST_TUN_READS);
         if (vnet) {
             dp_gso_scatter(l->vnet_hdr, slot_at(l, m), l->vnet_buf, l->mtu, iov);

@@ -35,6 +35,7 @@ from ..host import firewall, queues
 from ..host.offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
 
 ENV_PREFIX = "FLANNELD_"
+HANDOVER_SOCKET = "/run/flannel/handover.sock"     # in the runtime directory, next to subnet.env
 
 
 class FlagError(ValueError):
@@ -280,6 +281,15 @@ FLAGS: tuple[Flag, ...] = (
          "engine: auto (what this kernel accepts of TUN TSO/USO, UDP GSO and GRO; the wire "
          "format does not change) or off (default: %s)" % OFFLOAD_DEFAULT,
          metavar="auto|off", group="ours"),
+    Flag("handover", _parse_bool, False, "take flannel0, the UDP sockets and the lease over "
+         "from the flannel-udp running on this host (through --handover-socket): it stops "
+         "forwarding, this one starts, it exits; no packet is lost. Nobody listening there: a "
+         "normal start (under systemd, `systemctl restart` does the same through its fd store)",
+         kind="bool", group="ours"),
+    Flag("handover-socket", _parse_str, HANDOVER_SOCKET, "the unix socket (root only) on which "
+         "the daemon offers a handover to a new one, and on which --handover asks for it; "
+         "empty: no handover (default: %s)" % HANDOVER_SOCKET,
+         metavar="PATH", group="ours"),
     Flag("trace-remote", _parse_bool, False, "serve GET /debug/trace to clients that are not on "
          "loopback too (it shows the headers of forwarded packets, with ?payload=1 their "
          "content; default: loopback clients only)", kind="bool", group="ours"),
@@ -338,6 +348,8 @@ class Options:
     trace_remote: bool = False
     queues: int = 1
     offload: str = OFFLOAD_DEFAULT
+    handover: bool = False
+    handover_socket: str = HANDOVER_SOCKET
     # where each value came from: "flag", "env" or "default"
     sources: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)

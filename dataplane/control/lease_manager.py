@@ -117,11 +117,17 @@ class SubnetManager:
     def acquire(self) -> Lease:
         """Acquire (or reuse) this node's lease; raises SubnetError, ConfigError or RegistryError."""
         lease = self._acquire(self.subnet_file_prev)
+        self.adopt(lease)
+        return lease
+
+    def adopt(self, lease: Lease) -> None:
+        """Take ``lease`` as ours without asking etcd: a daemon that took over from the previous
+        one (daemon/inherited.py) holds the lease that one held. The watch of our key starts
+        after the lease's mod revision, so a change made to it meanwhile is still seen."""
         with self._cond:
             self._lease = lease
             self._gen += 1
             self._lost = False
-        return lease
 
     def _acquire(self, prev: Optional[IPv4Network]) -> Lease:
         config = self.config or self.registry.get_config()

@@ -4,7 +4,9 @@
 * ``startup.py``     one function per start step, with the message an operator reads when it fails;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
 * ``monitor.py``     the serve loop's periodic checks and how often they log;
-* ``systemd.py``     READY=1 to systemd (sd_notify);
+* ``systemd.py``     READY=1 to systemd (sd_notify); ``fdstore.py`` its fd store (FDSTORE, LISTEN_FDS);
+* ``inherited.py``   what a new daemon takes over from the previous one, and the checks;
+* ``handover.py``    the handover socket: --handover, systemctl reload;
 * ``http.py``        the /healthz, /readyz, /metrics and /debug/trace server;
 * ``metrics.py``     the Prometheus collector, and the daemon as what it and /readyz read.
 """

@@ -3,6 +3,9 @@
 Startup, in flanneld's order (docs/flannel-compat.md#process, docs/flannel-compat.md#tun-device);
 each step is a function of daemon/startup.py::
 
+    0. what the previous daemon  systemd's fd store, else the handover socket (--handover):
+       hands over                flannel0's queues, the UDP sockets, the lease and the peers,
+                                 kept when they match the config (daemon/inherited.py)
     1. external interface        flanneld's rules (dataplane.host.iface)
     2. etcd registry, signals, /healthz (and /metrics) server
     3. network config            <prefix>/config, retried every second until valid
@@ -16,14 +19,23 @@ each step is a function of daemon/startup.py::
     8. subnet.env                FLANNEL_NETWORK / SUBNET / MTU / IPMASQ
     9. engine + watches          one engine per queue (engine.multi); each peer change ->
                                  route table (control/routes.py) -> engine, own lease renewal
-   10. READY=1 to systemd        when $NOTIFY_SOCKET is set (daemon/systemd.py)
+   10. READY=1 to systemd        when $NOTIFY_SOCKET is set (daemon/systemd.py); before it, the
+                                 fds and the state go into systemd's fd store when it keeps fds
+                                 (daemon/fdstore.py), and the handover socket listens
+
+A daemon that takes over (step 0) skips what the fds already are: it keeps the lease without
+an etcd write, flannel0 and its route, the sockets; its engine starts with the peers' routes
+it was handed, in the old engine's place (the kernel queues packets meanwhile).
 
 Then the main thread runs the checks of daemon/monitor.py every second, and at once when an
 engine loop ends (flannel0 deleted: the engine sees it, no polling), and tells the engine
 when this host's addresses changed (host/own_sources.py), until a signal:
-SIGTERM/SIGINT stop the engine, close flannel0 (closing the fd removes it), keep the iptables
-rules (as flanneld) and the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd, re-acquires a
-lease without touching the peers' routes (daemon/lease_move.py).
+SIGTERM/SIGINT stop the watches first and the engine last, close flannel0 (closing the last fd
+removes it: systemd's fd store holds one across a restart), keep the iptables rules (as
+flanneld) and the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd, re-acquires a
+lease without touching the peers' routes (daemon/lease_move.py). SIGUSR2 (`systemctl reload`)
+starts the installed flannel-udp with --handover: it takes over through the handover socket
+and we exit (daemon/handover.py).
 
 Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no lease's PublicIP
 (counted as drop_bad_source, logged at most every 10 s); a datagram whose inner source is this
@@ -42,7 +54,7 @@ from ..control.peerset import PeerChange, PeerSnapshot
 from ..control.routes import route_table
 from ..host import queues
 from ..host.own_sources import OwnSources
-from . import lease_move, startup
+from . import fdstore, handover, inherited, lease_move, startup
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .startup import StartupError, Stopped
@@ -61,6 +73,7 @@ class Daemon:
         self._stop = threading.Event()
         self._wake = threading.Event()        # the serve loop's: a signal, or an engine loop ended
         self._reacquire = threading.Event()
+        self._upgrade = threading.Event()        # SIGUSR2: a successor takes over
         self._pending_lease = None
         self.lock = threading.RLock()         # guards engine, lease, peers
         self.ext = None                       # ExternalInterface
@@ -84,6 +97,10 @@ class Daemon:
         self.engine_why = ""
         self.own_sources = OwnSources()       # what the engine knows of this host's addresses
         self.servers = []
+        self.state_file = None                # inherited.StateFile in systemd's fd store
+        self.handover_server = None
+        self.handing_over = False             # our engine is stopped for a new daemon
+        self._successor = None                # the pid we handed over to
         self._old_handlers = {}
         self.source = DaemonSource(self)      # what /metrics, /readyz and /debug/trace read
 
@@ -113,10 +130,17 @@ class Daemon:
         def hup(_signum, _frame):
             log.info("Received SIGHUP: re-acquiring the lease (peers are kept)")
             self._reacquire.set()
+            self._wake.set()
+
+        def usr2(_signum, _frame):
+            log.info("Received SIGUSR2: starting the installed flannel-udp to take over")
+            self._upgrade.set()
+            self._wake.set()
 
         if threading.current_thread() is not threading.main_thread():
             return  # embedded use (tests): the caller stops us with stop()
-        for sig, fn in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGHUP, hup)):
+        for sig, fn in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGHUP, hup),
+                        (signal.SIGUSR2, usr2)):
             self._old_handlers[sig] = signal.signal(sig, fn)
 
     def _restore_signals(self):
@@ -135,34 +159,52 @@ class Daemon:
     # ------------------------------------------------------------------ startup
     def _startup(self):
         o = self.opts
+        # 0. what the previous daemon hands over
+        inh = startup.receive_inherited(o)
         # 1. external interface
         self.ext = startup.select_interface(o)
-        # 2. registry, health and metrics
+        # 2. registry, health and metrics (a running old daemon holds the ports until it exits)
         self.registry = startup.make_registry(o)
-        self.servers = startup.start_http_servers(o, self.source)
-        # 3. config
-        self.config = startup.wait_for_config(self.registry, self.wait)
-        # 4. lease
+        http_later = inh is not None and inh.old_running
+        if not http_later:
+            self.servers = startup.start_http_servers(o, self.source)
+        # 3. config (the old daemon's when etcd does not answer: it forwards meanwhile)
+        self.config = startup.wait_for_config(self.registry, self.wait,
+                                              fallback=inh.config_raw if inh else None)
         self.subnets = startup.make_lease_manager(o, self.registry, self.ext, self.config,
                                                   self.on_lease_change)
-        self.lease = startup.acquire_lease(self.subnets, self.registry, self.wait)
         # the engine decides the queues' fds (vnet headers for its offloads)
         self._select_engine()
-        # 5. flannel0
-        self.tun_fds, self.tun_name = startup.open_tun(self.offloads, self.queues,
-                                                       self.lease.subnet, self.config.network,
-                                                       self.ext)
-        # 6. UDP socket(s) and the offloads they and flannel0 accept
-        self.socks = startup.open_sockets(self.ext, self.config.backend_port, self.queues)
-        self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
+        if inh is not None:
+            inh = self._check_inherited(inh)
+        if inh is not None:
+            # 4.-6. kept: the lease, flannel0, the sockets; our engine forwards from here on
+            self._take_over(inh)
+        else:
+            # 4. lease
+            self.lease = startup.acquire_lease(self.subnets, self.registry, self.wait)
+            # 5. flannel0
+            self.tun_fds, self.tun_name = startup.open_tun(self.offloads, self.queues,
+                                                           self.lease.subnet,
+                                                           self.config.network, self.ext)
+            # 6. UDP socket(s) and the offloads they and flannel0 accept
+            self.socks = startup.open_sockets(self.ext, self.config.backend_port, self.queues)
+            self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
         # 7. iptables
         self.rules = startup.install_rules(o, self.config.network, self.lease.subnet)
         # 8. subnet.env
         startup.write_subnet_env(o, self.config.network, self.lease.subnet, self.ext.tun_mtu)
         # 9. engine and watches
-        self._start_engine()
+        if self.engine is None:
+            self._make_engine()
+            self.engine.start()
+        if http_later:
+            self.servers = startup.start_http_servers(o, self.source, retry=True)
         self._start_watches()
-        # 10. systemd
+        # 10. what a restart or a new daemon takes over; systemd
+        self._keep_for_restart()
+        if o.handover_socket:
+            self.handover_server = startup.listen_for_handover(o.handover_socket, self)
         sd_notify("READY=1")
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s, %d queue(s)",
                  self.tun_name, self.lease.subnet, len(self.peers), self.engine.name,
@@ -178,20 +220,122 @@ class Daemon:
             log.info("%s", note)
         self.offloads = Offloads(o.offload, self.engine_cls.name)
 
-    def _start_engine(self):
+    def _make_engine(self):
+        """A new engine on our fds, with the routes of the peers we know; not started."""
         o = self.opts
-        self.engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
-                                         self.lease.subnet, self.ext.tun_mtu, self.offload_flags,
-                                         self.own_sources)
-        self.engine.start()
-        log.info("Engine: %s (%s), %d queue(s); accepting datagrams from %s", self.engine.name,
-                 self.engine_why, len(self.engine),
+        engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
+                                    self.lease.subnet, self.ext.tun_mtu, self.offload_flags,
+                                    self.own_sources)
+        with self.lock:
+            engine.set_routes(route_table(self.peers, self.config.backend_port))
+            self.engine = engine
+        log.info("Engine: %s (%s), %d queue(s); accepting datagrams from %s", engine.name,
+                 self.engine_why, len(engine),
                  "known leases only (--accept-from leases)" if o.accept_from == "leases"
                  else "any source (--accept-from any, as flanneld)")
         log.info("Inner sources dropped: this host's own (%s and its %d address(es))%s",
                  self.lease.subnet, len(self.own_sources.addresses),
                  "; and any not in the sending lease's subnet (--strict-sources)"
                  if o.strict_sources else "")
+
+    # ------------------------------------------------------------------ taking over
+    def _check_inherited(self, inh):
+        """``inh`` when its fds are what we would set up (the lease decided on the way), else
+        None after letting them go."""
+        state = inh.state
+        lease, why = (inherited.kept_lease(state, self.ext, self.config) if state
+                      else (None, "no state came with them"))
+        if lease is not None:
+            self.subnets.adopt(lease)
+            log.info("Lease kept: %s (PublicIP %s), expires %s; nothing written to etcd",
+                     lease.subnet, lease.public_ip, startup.when(lease.expiration))
+        else:
+            log.info("Not keeping the lease handed over: %s; acquiring one", why)
+            lease = startup.acquire_lease(self.subnets, self.registry, self.wait)
+        self.lease = lease
+        obs = inherited.observe(inh.tun_fds, inh.socks)
+        why = inherited.mismatch(state, obs, ext=self.ext, config=self.config, lease=lease,
+                                 queues=self.queues, vnet=self.offloads.wanted) if state else why
+        if why is not None:
+            log.warning("Not taking over flannel0 and the UDP sockets from %s: %s; starting "
+                        "afresh (flannel0 is made again: traffic stops until this daemon "
+                        "forwards)", inh.way, why)
+            inh.release()
+            return None
+        return inh
+
+    def _take_over(self, inh):
+        self.tun_fds, self.tun_name, self.socks = inh.tun_fds, inh.tun_name, inh.socks
+        self.state_file = inh.state_file
+        startup.adopt_tun(self.offloads, self.tun_name, self.config.network)
+        self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
+        self.peers = PeerSnapshot.of(inherited.peers_of(inh.state), self.lease.subnet)
+        self._make_engine()
+        state = inh.switch(self.engine.start)
+        # what changed on the old daemon since its offer
+        with self.lock:
+            self.peers = PeerSnapshot.of(inherited.peers_of(state), self.lease.subnet)
+            self.engine.set_routes(route_table(self.peers, self.config.backend_port))
+        lease, _ = inherited.kept_lease(state, self.ext, self.config)
+        if lease is not None and lease != self.lease:
+            self.subnets.adopt(lease)
+            if lease.subnet == self.lease.subnet:
+                self.lease = lease
+            else:                       # it moved meanwhile: the serve loop moves us too
+                self.on_lease_change(lease)
+        log.info("Took over from pid %s through %s: forwarding on %s (%d queue(s)) with %d "
+                 "peer route(s) it knew", state.get("pid", "?"), inh.way, self.tun_name,
+                 len(self.tun_fds), len(self.peers))
+
+    def _keep_for_restart(self):
+        """Under systemd with an fd store: our fds and the state go there (once; a restart
+        passes them back), so that `systemctl restart` keeps flannel0."""
+        capacity = fdstore.capacity()
+        if not capacity:
+            return
+        if self.state_file is not None:
+            self._save_state()
+            return
+        named = ([(inherited.tun_fd_name(i), fd) for i, fd in enumerate(self.tun_fds)]
+                 + [(inherited.udp_fd_name(i), s.fileno()) for i, s in enumerate(self.socks)])
+        if capacity < len(named) + 1:
+            log.warning("systemd keeps %d fds (FileDescriptorStoreMax=, $FDSTORE), %d are needed: "
+                        "a restart will make flannel0 again", capacity, len(named) + 1)
+            return
+        self.state_file = inherited.StateFile.create()
+        self._save_state()
+        if fdstore.store(named + [(inherited.STATE_NAME, self.state_file.fd)]):
+            log.info("flannel0's queues, the UDP sockets and the state are in systemd's fd store: "
+                     "systemctl restart keeps them")
+
+    def _save_state(self):
+        if self.state_file is None:
+            return
+        try:
+            self.state_file.write(inherited.state_of(self))
+        except Exception as e:          # a restart then starts afresh: worth a line, not a stop
+            log.warning("could not save the state for the next process: %s", e)
+
+    # ------------------------------------------------------------------ handing over
+    def resume_engine(self):
+        """A switch failed after our engine stopped: forward again, on the same fds."""
+        with self.lock:
+            old = self.engine
+        old.close()
+        self._make_engine()
+        with self.lock:
+            self.engine.start()
+            self.handing_over = False
+
+    def handed_over(self, pid: int):
+        """The new daemon forwards: free our HTTP ports for it and exit. Under systemd it is
+        the unit's main process from now on."""
+        self._successor = pid
+        sd_notify(f"MAINPID={pid}")
+        servers, self.servers = self.servers, []
+        for s in servers:
+            s.close()
+        self.stop()
 
     def _start_watches(self):
         from ..control.configwatch import ConfigWatcher
@@ -216,6 +360,7 @@ class Daemon:
             routes = route_table(change.snapshot, self.config.backend_port)
             if self.engine is not None:
                 self.engine.set_routes(routes)
+        self._save_state()
         n = len(routes)
         for lease in change.removed:
             log.info("Peer removed: %s (was via %s); %d peer(s) in the route table",
@@ -245,13 +390,18 @@ class Daemon:
         while True:
             with self.lock:
                 engine = self.engine
-            if engine is not watched:       # the first engine, and each one a lease move makes
+            if engine is not None and engine is not watched:   # each engine we start
                 engine.on_end(lambda _engine: self._wake.set())
                 watched = engine
             self._wake.wait(MONITOR_PERIOD_S)
             self._wake.clear()
             if self._stop.is_set():
                 return 0
+            if self.handing_over:       # our engine is stopped on purpose; lease moves wait
+                continue
+            if self._upgrade.is_set():
+                self._upgrade.clear()
+                handover.spawn_successor(self.handover_server)
             with self.lock:
                 pending, self._pending_lease = self._pending_lease, None
             if pending is not None:
@@ -281,28 +431,46 @@ class Daemon:
             with self.lock:
                 if self._pending_lease is None:
                     self._pending_lease = lease
+            return
+        self._save_state()
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):
+        # The engine stops last: until then it forwards, and under systemd's fd store the next
+        # process reads the queues from where it stopped.
         steps = [
             ("stop the peer watch", lambda: self.peer_watcher and self.peer_watcher.stop()),
             ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),
             ("stop the lease renewal", lambda: self.subnets and self.subnets.stop()),
+            ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
+            ("close the etcd client", lambda: self.registry and self.registry.close()),
+            ("leave the state to the next process", self._leave_to_next),
             ("stop the engine", self._close_engine),
             ("close flannel0", self._close_tun),
             ("close the UDP sockets", lambda: [s.close() for s in self.socks]),
             ("stop the iptables resync (the rules stay)", lambda: self.rules and self.rules.stop()),
-            ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
-            ("close the etcd client", lambda: self.registry and self.registry.close()),
             ("close the address reader", self.own_sources.close),
+            ("close the state", lambda: self.state_file and self.state_file.close()),
+            # last: a daemon that asked us to exit reads our exit as the end of this connection
+            ("close the handover socket", lambda: self.handover_server
+             and self.handover_server.close()),
         ]
         for what, fn in steps:
             try:
                 fn()
             except Exception as e:
                 log.warning("while shutting down, could not %s: %s", what, e)
-        if self.lease is not None:
+        if self._successor is not None:
+            log.info("Exiting: pid %d forwards on %s now, with the lease %s", self._successor,
+                     self.tun_name, self.lease.subnet)
+        elif self.lease is not None:
             log.info("Exiting; the lease %s stays in etcd until it expires", self.lease.subnet)
+
+    def _leave_to_next(self):
+        """In systemd's fd store: the newest state (`systemctl stop` closes the store, and
+        flannel0 with it)."""
+        if self.state_file is not None and self._successor is None:
+            self._save_state()
 
     def _close_engine(self):
         with self.lock:

@@ -14,6 +14,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_RETRY_S = 1.0
 LEASE_RETRY_S = 1.0
+HTTP_RETRY_S = 5.0          # for the ports an old daemon frees as it hands over
 EXAMPLE_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
 
 
@@ -23,6 +24,22 @@ class StartupError(RuntimeError):
 
 class Stopped(Exception):
     """SIGTERM/SIGINT arrived while starting up."""
+
+
+def receive_inherited(opts):
+    """What the previous daemon hands over: systemd's fd store, else (--handover) the running
+    daemon's handover socket; None for a fresh start."""
+    from . import handover, inherited
+    inh = inherited.from_fd_store()
+    if inh is None and opts.handover:
+        if not opts.handover_socket:
+            raise StartupError("--handover needs --handover-socket (the running daemon's)")
+        try:
+            inh = handover.connect(opts.handover_socket)
+        except OSError as e:
+            raise StartupError(f"--handover: the daemon on {opts.handover_socket} did not hand "
+                               f"over: {e}; it keeps running") from None
+    return inh
 
 
 def select_interface(opts):
@@ -52,8 +69,20 @@ def make_registry(opts):
                            "--etcd-username/--etcd-password") from None
 
 
-def start_http_servers(opts, source) -> list:
-    """The /healthz server (with /metrics unless --metrics-* moves it) and the metrics server."""
+def start_http_servers(opts, source, retry: bool = False) -> list:
+    """The /healthz server (with /metrics unless --metrics-* moves it) and the metrics server;
+    ``retry``: for HTTP_RETRY_S while a port is in use (the daemon we took over frees them)."""
+    deadline = time.monotonic() + HTTP_RETRY_S
+    while True:
+        try:
+            return _start_http_servers(opts, source)
+        except OSError as e:
+            if not (retry and e.errno == errno.EADDRINUSE and time.monotonic() < deadline):
+                raise StartupError(str(e)) from None
+        time.sleep(0.05)
+
+
+def _start_http_servers(opts, source) -> list:
     from .http import HttpServer
     servers = []
     try:
@@ -68,22 +97,32 @@ def start_http_servers(opts, source) -> list:
         if listen:
             paths = ["healthz", "metrics"] + (["trace"] if opts.trace else [])
             servers.append(HttpServer(listen[0], listen[1], source, paths).start())
-    except OSError as e:
+    except OSError:
         for s in servers:
             s.close()
-        raise StartupError(str(e)) from None
+        raise
     return servers
 
 
-def wait_for_config(registry, wait):
+def wait_for_config(registry, wait, fallback=None):
     """The network config, read again every CONFIG_RETRY_S until it is there and valid;
-    ``wait(seconds)`` raises Stopped when the daemon is asked to stop meanwhile."""
-    from ..control.config import ConfigError
+    ``wait(seconds)`` raises Stopped when the daemon is asked to stop meanwhile. ``fallback``
+    (the config the previous daemon ran with, as JSON) is used when etcd does not answer: the
+    fds it handed over carry traffic only once an engine reads them."""
+    import json
+    from ..control.config import ConfigError, parse_config
     from ..control.registry import ConfigNotFoundError, RegistryError
     last = None
     while True:
         try:
-            cfg = registry.get_config()
+            try:
+                cfg = registry.get_config()
+            except RegistryError as e:
+                if fallback is None or isinstance(e, ConfigNotFoundError):
+                    raise
+                cfg = parse_config(json.dumps(fallback))
+                log.warning("cannot read the network config from etcd (%s): going on with the one "
+                            "the previous daemon ran with", e)
         except ConfigNotFoundError:
             msg = (f"flannel config not found in etcd at {registry.config_key}; put it "
                    f"with: etcdctl put {registry.config_key} '{EXAMPLE_CONFIG}'")
@@ -148,8 +187,10 @@ def choose_engine(opts):
 
 
 def open_tun(offloads, queues: int, subnet, network, ext):
-    """flannel0: one fd per queue, <lease net>/32, MTU, up, route <Network> dev flannel0."""
+    """flannel0: one fd per queue, <lease net>/32, MTU, queues long enough for a restart
+    (inherited.FLANNEL0_TXQUEUELEN), up, route <Network> dev flannel0."""
     from ..host.netconf import add_network_route, configure_tun, set_accept_local
+    from .inherited import FLANNEL0_TXQUEUELEN
     try:
         tun_fds, tun_name = offloads.open_tun("flannel%d", queues)
     except OSError as e:
@@ -157,7 +198,7 @@ def open_tun(offloads, queues: int, subnet, network, ext):
                            "(CAP_NET_ADMIN) with the tun module loaded (modprobe tun)") from None
     addr = f"{subnet.network_address}/32"
     try:
-        configure_tun(tun_name, addr, ext.tun_mtu)
+        configure_tun(tun_name, addr, ext.tun_mtu, txqueuelen=FLANNEL0_TXQUEUELEN)
         add_network_route(network, tun_name)
     except Exception as e:
         for fd in tun_fds:          # the last close removes the device
@@ -169,9 +210,35 @@ def open_tun(offloads, queues: int, subnet, network, ext):
     except OSError as e:
         log.warning("could not set accept_local on %s (ICMP net unreachable will not reach local "
                     "senders): %s", tun_name, e)
-    log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s)",
-             tun_name, addr, ext.tun_mtu, ext.name, ext.mtu, network, tun_name, len(tun_fds))
+    log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s) of "
+             "%d packets", tun_name, addr, ext.tun_mtu, ext.name, ext.mtu, network, tun_name,
+             len(tun_fds), FLANNEL0_TXQUEUELEN)
     return tun_fds, tun_name
+
+
+def adopt_tun(offloads, tun_name: str, network) -> None:
+    """flannel0 handed over: as open_tun would leave it (its route and accept_local put back if
+    someone removed them); the offloads know it has vnet headers when they want them."""
+    from ..host.netconf import add_network_route, set_accept_local
+    offloads.adopt_tun()
+    try:
+        if add_network_route(network, tun_name):
+            log.warning("the route %s dev %s was missing: added again", network, tun_name)
+        set_accept_local(tun_name)
+    except Exception as e:
+        raise StartupError(f"failed to configure the {tun_name} handed over (route {network}, "
+                           f"accept_local): {e}") from None
+
+
+def listen_for_handover(path: str, daemon):
+    """The handover socket (daemon/handover.py); None, with a warning, when it cannot be made."""
+    from .handover import HandoverServer
+    try:
+        return HandoverServer(path, daemon).start()
+    except OSError as e:
+        log.warning("cannot listen for a handover on %s (%s): an upgrade will have to stop this "
+                    "daemon first", path, e)
+        return None
 
 
 def open_sockets(ext, port: int, queues: int) -> list:

@@ -41,10 +41,13 @@ def _index(ipr: IPRoute, name: str) -> int:
     return idx[0]
 
 
-def configure_tun(name: str, addr, mtu: int) -> None:
+def configure_tun(name: str, addr, mtu: int, txqueuelen: int | None = None) -> None:
     """Give ``name`` the address ``addr`` (``"10.5.84.0/32"``, an
-    IPv4Interface, or a bare address meaning /32), set its MTU and bring it up.
-    An address that is already there is not an error (idempotent)."""
+    IPv4Interface, or a bare address meaning /32), set its MTU (and ``txqueuelen``, the packets
+    each queue holds while nobody reads it) and bring it up.
+    An address that is already there is not an error (idempotent). The queue length is set
+    before the link goes up only: the kernel drops what is sent to an up device while it
+    resizes its queues."""
     iface = ipaddress.IPv4Interface(addr)
     with _ipr() as ipr:
         idx = _index(ipr, name)
@@ -54,6 +57,8 @@ def configure_tun(name: str, addr, mtu: int) -> None:
             if e.code != errno.EEXIST:
                 raise
         ipr.link("set", index=idx, mtu=int(mtu))
+        if txqueuelen is not None:
+            ipr.link("set", index=idx, txqlen=int(txqueuelen))
         ipr.link("set", index=idx, state="up")
 
 
@@ -124,6 +129,23 @@ class AddressReader:
     def close(self) -> None:
         with self._lock:
             self._close()
+
+
+def link_exists(name: str) -> bool:
+    with _ipr() as ipr:
+        return bool(ipr.link_lookup(ifname=name))
+
+
+def link_facts(name: str) -> tuple[int, list]:
+    """``(MTU, IPv4 addresses as IPv4Interface)`` of ``name``: what a daemon handed an open
+    flannel0 compares with what it would configure. OSError ENODEV when there is no ``name``."""
+    with _ipr() as ipr:
+        idx = _index(ipr, name)
+        link = ipr.get_links(idx)[0]
+        addrs = [ipaddress.IPv4Interface(f"{a.get('IFA_LOCAL') or a.get('IFA_ADDRESS')}/"
+                                         f"{a['prefixlen']}")
+                 for a in ipr.get_addr(index=idx, family=2)]
+        return int(link.get("mtu")), addrs
 
 
 def add_network_route(network, dev: str) -> bool:

@@ -87,6 +87,11 @@ class Offloads:
                 self.refused["tun_vnet"] = f"IFF_VNET_HDR refused ({e.strerror})"
         return open_tun_queues(name_template, queues)
 
+    def adopt_tun(self) -> None:
+        """The TUN was handed over rather than opened: it has vnet headers exactly when
+        offloads are wanted (the daemon checked its flags)."""
+        self.vnet = self.wanted
+
     def probe(self, tun_fds, socks) -> int:
         """Switch on what the kernel accepts on these fds; return the OFF_* flags."""
         if not self.wanted:

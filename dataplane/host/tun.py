@@ -21,6 +21,7 @@ TUN_PATH = "/dev/net/tun"
 # <linux/if_tun.h>
 TUNSETIFF = 0x400454CA          # _IOW('T', 202, int)
 TUNSETOFFLOAD = 0x400454D0      # _IOW('T', 208, unsigned int)
+TUNGETIFF = 0x800454D2          # _IOR('T', 210, unsigned int)
 IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
 IFF_MULTI_QUEUE = 0x0100        # one fd per queue, all attached to one device
@@ -104,4 +105,13 @@ def open_tun_queues(name_template: str = "flannel%d", queues: int = 1, *,
             os.close(fd)
         raise
     return fds, name
+
+
+def tun_info(fd: int) -> tuple[str, int]:
+    """``(device name, IFF_* flags)`` of the TUN queue behind ``fd`` (``TUNGETIFF``), for a
+    daemon that was handed the fd rather than opening it. OSError EBADFD when the fd has no
+    device any more; EINVAL when it is no TUN fd at all."""
+    ifr = fcntl.ioctl(fd, TUNGETIFF, bytes(_IFREQ.size))
+    name, flags = _IFREQ.unpack(ifr)
+    return name.split(b"\0", 1)[0].decode(), flags
 

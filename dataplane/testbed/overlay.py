@@ -229,7 +229,9 @@ class Overlay:
             os.unlink(sock_path)
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(sock_path)
-        full_env = dict(os.environ, NOTIFY_SOCKET=sock_path, PYTHONUNBUFFERED="1")
+        # Each host's handover socket in its own directory (the default is one per machine).
+        full_env = dict(os.environ, NOTIFY_SOCKET=sock_path, PYTHONUNBUFFERED="1",
+                        FLANNELD_HANDOVER_SOCKET=self.handover_socket(h))
         full_env.update(env or {})
         logf = open(os.path.join(d_dir, "daemon.log"), "ab")
         try:
@@ -242,6 +244,10 @@ class Overlay:
         if wait:
             self.wait_ready(h)
         return d
+
+    def handover_socket(self, host) -> str:
+        """Where the host's daemon offers a handover (``--handover`` takes it)."""
+        return os.path.join(self._dir(host), "handover.sock")
 
     def daemon(self, host) -> DaemonProc:
         return self.daemons[self.host(host).name]
@@ -289,6 +295,32 @@ class Overlay:
         rc = self.tb.kill(d.proc, sig=sig, timeout=timeout)
         d.notify.close()
         return rc
+
+    def handover_daemon(self, host, *, engine: str | None = None, args=None,
+                        timeout: float = READY_TIMEOUT) -> tuple[DaemonProc, int | None]:
+        """Start a new daemon on the host with ``--handover``: it takes flannel0, the sockets and
+        the lease over from the running one, which exits. Returns the new daemon (ready) and
+        the old one's exit code."""
+        h = self.host(host)
+        old = self.daemons.pop(h.name)
+        engine = engine or old.engine
+        args = tuple(args if args is not None else old.args)
+        if "--handover" not in args:
+            args += ("--handover",)
+        try:
+            new = self.start_daemon(h, engine=engine, args=args, wait=True)
+        except BaseException:
+            if h.name in self.daemons:
+                self.stop_daemon(h)
+            self.daemons[h.name] = old
+            raise
+        try:
+            old.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        rc = self.tb.kill(old.proc)
+        old.notify.close()
+        return new, rc
 
     def restart_daemon(self, host, *, engine: str | None = None, args=None,
                        wait: bool = True) -> DaemonProc:

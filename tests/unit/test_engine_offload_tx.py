@@ -200,6 +200,29 @@ def test_tiny_gso_size_yields_hundreds_of_segments(c_engine):
     assert st["drop_send_error"] == 0
 
 
+def test_plain_packets_behind_a_super_packet_in_one_batch(c_engine):
+    """A backlog (the TUN full while no engine read it: a restart, a crash): a super-packet
+    whose segments leave slots queued, then more plain packets than the slots left. Each read
+    must land in a slot of the batch: none lost, none written past the send buffer."""
+    sp = _tso(_data(5 * 1000), options=b"")
+    segments = gp.segment(sp, 1000)
+    plain = [gp.udp(SRC, DST, _data(100, i), ident=i) for i in range(40)]
+    h = Harness("c", start=False, batch=16)
+    try:
+        h.engine.set_offloads(OFF_TUN_VNET)
+        h.peer = h.add_peer()
+        h.set_routes([h.route("10.5.2.0/24", h.peer)], wait=False)
+        h.inject_tun(gp.vnet_hdr(gp.GSO_TCPV4, 1000) + sp,
+                     *[gp.vnet_hdr(flags=0) + p for p in plain])
+        h.engine.start()                    # its first batch: all of it waiting
+        st = _wait_read(h, len(segments) + len(plain))
+        got = h.peer.received
+    finally:
+        h.close()
+    assert got == _python_reference(segments + plain)
+    assert st["udp_tx_packets"] == len(segments) + len(plain) and st["drop_send_error"] == 0
+
+
 def test_segments_meet_route_and_ttl_checks_one_by_one(c_engine):
     """A super-packet without a route: every segment is a drop_no_route and
     gets its ICMP error, as the same packets read one by one would."""

@@ -158,3 +158,12 @@ def test_trace_without_any_server_warns():
     assert any("--trace" in w for w in resolve(["--trace"]).warnings)
     assert not any("--trace" in w for w in resolve(["--trace", "--healthz-port=10254"]).warnings)
     assert not any("--trace" in w for w in resolve(["--trace", "--metrics=:9285"]).warnings)
+
+
+def test_handover_flags():
+    o = resolve([])
+    assert (o.handover, o.handover_socket) == (False, "/run/flannel/handover.sock")
+    o = resolve(["-handover", "--handover-socket=/run/x/h.sock"])
+    assert (o.handover, o.handover_socket) == (True, "/run/x/h.sock")
+    o = resolve(["--handover-socket="], {"FLANNELD_HANDOVER": "true"})
+    assert (o.handover, o.handover_socket) == (True, "")          # no handover offered

@@ -46,6 +46,16 @@ def test_unit_is_notify_and_restarts_and_orders_before_the_runtime():
     assert "ProtectKernelTunables" not in s   # flannel0's accept_local sysctl is written at start
 
 
+def test_unit_keeps_the_fds_across_a_restart_and_upgrades_in_place():
+    from dataplane.host.queues import MAX_QUEUES
+    s = _unit_settings()
+    store = int(s["FileDescriptorStoreMax"][0])
+    assert store >= 2 * MAX_QUEUES + 1                 # a TUN queue and a socket each, the state
+    assert f"FDSTORE={store}" in s["Environment"]      # the daemon uses the store only when told
+    assert s["ExecReload"] == ["/bin/kill -USR2 $MAINPID"]
+    assert s["NotifyAccess"] == ["main"]              # the old main process names the new one
+
+
 def test_unit_passes_systemd_analyze_verify(tmp_path):
     analyze = shutil.which("systemd-analyze")
     require(analyze is not None, "needs systemd-analyze (Debian package systemd)")

@@ -1,0 +1,393 @@
+"""Handing flannel0 and the UDP sockets from the running daemon to a new one, without systemd.
+
+The running daemon listens on a unix socket in the runtime directory (``--handover-socket``;
+mode 0600, and the peer must be root or our own user). A daemon
+started with ``--handover`` connects to it and they speak in frames (a 4-byte length, then one JSON
+object; fds ride with the first byte of a frame, at most MAX_FDS_PER_FRAME per frame):
+
+    new -> old   {"op": "hello", "pid": N}
+    old -> new   {"op": "offer", "state": {...}, "fds": T}        + T fds: the TUN queues, then the
+                                                                   sockets (both in queue order)
+    new -> old   {"op": "stop"}          the new one is ready to forward (or {"op": "exit"}: it starts
+                                         afresh, the old one stops and exits)
+    old -> new   {"op": "stopped", "state": {...}}   the old engine has ended; the newest state
+    new -> old   {"op": "forwarding"}    the new engine runs
+    old -> new   {"op": "released"}      the old one closed its HTTP ports and exits
+
+Between "stop" and "forwarding" nobody reads flannel0 and the sockets: the kernel queues what
+arrives (daemon/inherited.py). If the new daemon goes away or says nothing for SWITCH_TIMEOUT_S
+after "stop", the old one forwards again with a new engine on the same fds. Under systemd's fd
+store the offer carries the state's memfd too (the last fd, "state_fd": true), so that the new
+daemon keeps the one systemd holds; the old one names the new one the unit's main process
+(``MAINPID=``) before it exits.
+
+SIGUSR2 (the unit's ``systemctl reload``) makes the running daemon start the installed
+flannel-udp itself, with its own command line and ``--handover`` (:func:`spawn_successor`): an
+upgrade in place, in the unit's cgroup. If the new code does not start, the old keeps running.
+"""
+from __future__ import annotations
+
+import array
+import errno
+import json
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+from . import inherited
+from .inherited import Inherited, StateFile
+
+log = logging.getLogger(__name__)
+
+MAX_FDS_PER_FRAME = 250                 # the kernel's SCM_MAX_FD is 253
+MAX_FRAME = 64 << 20
+OFFER_TIMEOUT_S = 10.0                  # old: to answer the hello; new: to read the offer
+READY_TIMEOUT_S = 600.0                 # old: for the new one's decision (it may wait for etcd)
+SWITCH_TIMEOUT_S = 10.0                 # either side, for each step of the switch itself
+_LEN = struct.Struct("!I")
+
+
+class HandoverError(OSError):
+    """The other side broke the protocol or went away."""
+
+
+# ------------------------------------------------------------------ frames
+
+def send_frame(sock: socket.socket, doc: dict, fds=()) -> None:
+    fds = list(fds)
+    first, rest = fds[:MAX_FDS_PER_FRAME], fds[MAX_FDS_PER_FRAME:]
+    _send_one(sock, dict(doc, fds=len(fds)) if fds else doc, first)
+    while rest:
+        chunk, rest = rest[:MAX_FDS_PER_FRAME], rest[MAX_FDS_PER_FRAME:]
+        _send_one(sock, {"op": "fds"}, chunk)
+
+
+def _send_one(sock, doc, fds) -> None:
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    frame = _LEN.pack(len(data)) + data
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sent = sock.sendmsg([frame], anc)
+    if sent < len(frame):
+        sock.sendall(frame[sent:])
+
+
+def recv_frame(sock: socket.socket) -> tuple[dict, list]:
+    """One frame and the fds it carries (those of following "fds" frames included)."""
+    doc, fds = _recv_one(sock)
+    want = int(doc.get("fds", 0)) if isinstance(doc.get("fds"), int) else len(fds)
+    while len(fds) < want:
+        more, got = _recv_one(sock)
+        if more.get("op") != "fds":
+            _close_fds(fds + got)
+            raise HandoverError(errno.EPROTO, f"expected more fds, got {more.get('op')!r}")
+        fds += got
+    return doc, fds
+
+
+def _recv_one(sock) -> tuple[dict, list]:
+    fds: list = []
+    head = b""
+    while len(head) < _LEN.size:
+        data, anc, _flags, _addr = sock.recvmsg(_LEN.size - len(head),
+                                                socket.CMSG_SPACE(MAX_FDS_PER_FRAME * 4))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(payload[:len(payload) - len(payload) % a.itemsize])
+                fds += list(a)
+        if not data:
+            _close_fds(fds)
+            raise HandoverError(errno.ECONNRESET, "the other daemon closed the connection")
+        head += data
+    (size,) = _LEN.unpack(head)
+    if size > MAX_FRAME:
+        _close_fds(fds)
+        raise HandoverError(errno.EMSGSIZE, f"a frame of {size} bytes")
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            _close_fds(fds)
+            raise HandoverError(errno.ECONNRESET, "the other daemon closed the connection")
+        body += chunk
+    try:
+        doc = json.loads(body)
+    except ValueError as e:
+        _close_fds(fds)
+        raise HandoverError(errno.EPROTO, f"a frame that is no JSON: {e}") from None
+    if not isinstance(doc, dict):
+        _close_fds(fds)
+        raise HandoverError(errno.EPROTO, "a frame that is no JSON object")
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    return doc, fds
+
+
+def _close_fds(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _expect(sock, op: str, timeout: float) -> dict:
+    sock.settimeout(timeout)
+    doc, fds = recv_frame(sock)
+    _close_fds(fds)
+    if doc.get("op") != op:
+        raise HandoverError(errno.EPROTO, f"expected {op!r}, got {doc.get('op')!r}")
+    return doc
+
+
+# ------------------------------------------------------------------ the new daemon's end
+
+class FromHandover(Inherited):
+    way = "the handover socket"
+
+    def __init__(self, conn: socket.socket, state: dict, tun_fds: list, socks: list,
+                 state_file: StateFile | None = None):
+        super().__init__(state, tun_fds, socks)
+        self.conn = conn
+        self.old_pid = state.get("pid")
+        self.state_file = state_file
+
+    @property
+    def old_running(self) -> bool:
+        return True
+
+    def switch(self, start_engine) -> dict:
+        state = self.state
+        t0 = time.monotonic()
+        send_frame(self.conn, {"op": "stop"})
+        try:
+            state = _expect(self.conn, "stopped", SWITCH_TIMEOUT_S).get("state") or state
+        except (OSError, ValueError) as e:       # it went away: nobody forwards, so we do
+            log.warning("The old daemon (pid %s) did not confirm that it stopped (%s); "
+                        "forwarding anyway", self.old_pid, e)
+        start_engine()
+        log.info("Switched engines in %.1f ms: the old one stopped, ours started (the kernel "
+                 "held what arrived meanwhile)", (time.monotonic() - t0) * 1e3)
+        try:
+            send_frame(self.conn, {"op": "forwarding"})
+            _expect(self.conn, "released", SWITCH_TIMEOUT_S)
+        except (OSError, ValueError) as e:
+            log.warning("The old daemon (pid %s) did not confirm its exit (%s)", self.old_pid, e)
+        self.conn.close()
+        return state
+
+    def release(self) -> None:
+        """Ask the old daemon to exit (it closes flannel0 and the sockets), close ours, and wait
+        until the device is gone."""
+        self._close()
+        if self.state_file is not None:
+            self.state_file.close()
+            self.state_file = None
+        try:
+            send_frame(self.conn, {"op": "exit"})
+            self.conn.settimeout(inherited.RELEASE_TIMEOUT_S * 3)
+            while self.conn.recv(4096):         # its end closes when it exits
+                pass
+        except OSError as e:
+            log.warning("waiting for the old daemon (pid %s) to exit: %s", self.old_pid, e)
+        self.conn.close()
+        name = self.state.get("tun", {}).get("name")
+        if name:
+            inherited.wait_gone(name)
+
+
+def connect(path: str) -> FromHandover | None:
+    """The offer of the daemon listening on ``path``; None when no daemon listens there."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        conn.settimeout(OFFER_TIMEOUT_S)
+        conn.connect(path)
+    except OSError as e:
+        conn.close()
+        if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            log.info("--handover: no daemon listens on %s (%s): starting afresh", path,
+                     os.strerror(e.errno))
+            return None
+        raise
+    try:
+        send_frame(conn, {"op": "hello", "pid": os.getpid()})
+        conn.settimeout(OFFER_TIMEOUT_S)
+        doc, fds = recv_frame(conn)
+        if doc.get("op") != "offer" or not isinstance(doc.get("state"), dict):
+            _close_fds(fds)
+            raise HandoverError(errno.EPROTO, f"expected an offer, got {doc.get('op')!r}")
+    except BaseException:
+        conn.close()
+        raise
+    state = doc["state"]
+    n = int(state.get("tun", {}).get("queues", 0))
+    extra = 1 if doc.get("state_fd") else 0
+    if len(fds) != 2 * n + extra:
+        _close_fds(fds)
+        conn.close()
+        raise HandoverError(errno.EPROTO, f"{len(fds)} fds for {n} queue(s)")
+    socks = [socket.socket(fileno=fd) for fd in fds[n:2 * n]]
+    log.info("--handover: the daemon with pid %s offers %s (%d queue(s)), its UDP sockets and its "
+             "lease %s", state.get("pid"), state["tun"].get("name"), n,
+             state.get("lease", {}).get("subnet"))
+    return FromHandover(conn, state, fds[:n], socks, StateFile(fds[-1]) if extra else None)
+
+
+# ------------------------------------------------------------------ the running daemon's end
+
+class HandoverServer:
+    """Listens on ``path`` and hands ``daemon``'s fds to the first daemon that asks.
+
+    ``daemon`` provides: ``lock``, ``engine``, ``tun_fds``, ``socks``, ``handing_over`` (set
+    while its engine is stopped for a switch), ``handed_over(pid)`` and ``stop()``, plus what
+    ``inherited.state_of`` reads; ``resume_engine()`` forwards again after a failed switch."""
+
+    def __init__(self, path: str, daemon):
+        self.path = path
+        self.daemon = daemon
+        self._sock = None
+        self._ino = None
+        self._thread = None
+        self._closing = threading.Event()
+        self._conn = None                     # kept open until we exit: its EOF says we are gone
+
+    def start(self) -> "HandoverServer":
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
+        try:
+            os.unlink(self.path)              # a dead daemon's: a live one holds our UDP port
+        except FileNotFoundError:
+            pass
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            s.bind(self.path)
+            os.chmod(self.path, 0o600)
+            s.listen(1)
+        except OSError:
+            s.close()
+            raise
+        self._ino = os.stat(self.path).st_ino
+        self._sock = s
+        self._thread = threading.Thread(target=self._loop, name="handover", daemon=True)
+        self._thread.start()
+        log.info("Listening for a handover on %s (start the new daemon with --handover)",
+                 self.path)
+        return self
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2)
+        try:
+            if os.stat(self.path).st_ino == self._ino:     # not the next daemon's socket
+                os.unlink(self.path)
+        except OSError:
+            pass
+        if self._conn is not None:
+            self._conn.close()
+
+    def _loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            try:
+                if self._serve(conn):
+                    self._conn = conn
+                    return
+            except Exception as e:
+                log.warning("Handover to a new daemon failed: %s", e)
+            conn.close()
+
+    def _peer_pid(self, conn) -> int:
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                             struct.calcsize("3i")))
+        if uid not in (0, os.getuid()):
+            raise HandoverError(errno.EPERM, f"refused a handover to uid {uid} (pid {pid})")
+        return pid
+
+    def _serve(self, conn) -> bool:
+        """One new daemon; True once this daemon is done (it exits)."""
+        d = self.daemon
+        pid = self._peer_pid(conn)
+        _expect(conn, "hello", OFFER_TIMEOUT_S)
+        with d.lock:
+            state = inherited.state_of(d)
+            fds = list(d.tun_fds) + [s.fileno() for s in d.socks]
+            state_file = d.state_file
+        offer = {"op": "offer", "state": state}
+        if state_file is not None:
+            offer["state_fd"] = True
+            fds.append(state_file.fd)
+        send_frame(conn, offer, fds)
+        log.info("Offered flannel0 and the UDP sockets to a new daemon (pid %d)", pid)
+        conn.settimeout(READY_TIMEOUT_S)
+        doc, extra = recv_frame(conn)
+        _close_fds(extra)
+        if doc.get("op") == "exit":
+            log.warning("The new daemon (pid %d) does not take over and starts afresh: stopping", pid)
+            d.stop()
+            return True
+        if doc.get("op") != "stop":
+            raise HandoverError(errno.EPROTO, f"expected 'stop', got {doc.get('op')!r}")
+        self._stop_engine()
+        try:
+            send_frame(conn, {"op": "stopped", "state": inherited.state_of(d)})
+            _expect(conn, "forwarding", SWITCH_TIMEOUT_S)
+        except Exception as e:          # whatever went wrong, our engine must not stay stopped
+            log.warning("The new daemon (pid %d) did not start forwarding (%s): forwarding "
+                        "again", pid, e)
+            d.resume_engine()
+            return False
+        d.handed_over(pid)
+        try:
+            send_frame(conn, {"op": "released"})
+        except OSError:
+            pass
+        return True
+
+    def _stop_engine(self) -> None:
+        d = self.daemon
+        with d.lock:
+            d.handing_over = True
+            engine = d.engine
+        engine.stop()
+        if not engine.join(SWITCH_TIMEOUT_S):
+            log.warning("the %s engine did not stop within %.0f s", engine.name, SWITCH_TIMEOUT_S)
+
+
+def spawn_successor(server: HandoverServer | None) -> subprocess.Popen | None:
+    """Start this daemon's own command line again with --handover (SIGUSR2): the installed
+    code takes over through ``server``'s socket. None when there is no socket to take over by."""
+    from ..cli.child import cli_argv
+    if server is None:
+        log.warning("SIGUSR2: no handover socket (--handover-socket is empty or could not be "
+                    "made): stop and start the daemon to run another version")
+        return None
+    args = sys.argv[1:]
+    # right after the subcommand: flags end at the first argument that is no flag
+    at = args.index("run") + 1 if "run" in args else 0
+    args = args[:at] + ["--handover", f"--handover-socket={server.path}"] + args[at:]
+    proc = subprocess.Popen(cli_argv(*args), stdin=subprocess.DEVNULL, close_fds=True,
+                            start_new_session=True)
+    log.info("Started pid %d to take over: flannel-udp %s", proc.pid, " ".join(args))
+    threading.Thread(target=_reap, args=(proc,), name="successor", daemon=True).start()
+    return proc
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    rc = proc.wait()
+    if rc:
+        log.error("The daemon started to take over (pid %d) exited with %d before it did; this "
+                  "one keeps forwarding", proc.pid, rc)

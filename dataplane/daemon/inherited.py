@@ -1,0 +1,320 @@
+"""What a new daemon takes over from the one before it: flannel0's queues, the UDP sockets, and
+the state that goes with them (the lease, the peers, the network config they were set up for).
+
+Two ways bring them, with one state document and one set of checks:
+
+* systemd's fd store (daemon/fdstore.py) across ``systemctl restart``: the fds, and the state in a
+  memfd stored next to them (:class:`StateFile`), which the running daemon rewrites whenever its
+  lease or its peers change and once more as it stops;
+* the handover socket (daemon/handover.py), for an upgrade without systemd: the running daemon
+  sends the fds and the state, stops forwarding when asked, and exits once the new one forwards.
+
+The new daemon keeps what it is handed only if it is what it would set up itself (:func:`mismatch`):
+the same device, queues and vnet headers (the offloads), flannel0's MTU and address, the UDP
+sockets on the same address and port, the same network config, a lease for our PublicIP that
+fits it. Otherwise it says why in the log and starts afresh. It keeps the lease without writing to
+etcd while it is valid, the peers' routes (the engine forwards at once, before etcd answers), the
+route into flannel0 and the firewall rules (they outlive every process anyway).
+
+While nobody reads flannel0, the kernel queues what the workloads send in the device's queues
+and what the peers send in the sockets' receive buffers (udpsock.SOCKET_BUFFER). flannel0 is made
+with queues of FLANNEL0_TXQUEUELEN packets for that (the TUN default, 500, lasts half a second
+at 1,000 packets/s); they are never changed on a live device: the kernel drops what is sent to it
+while it resizes them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+
+from ..control.config import ConfigError, parse_config
+from ..control.lease import Lease, LeaseAttrs
+from ..host.tun import IFF_MULTI_QUEUE, IFF_VNET_HDR
+from . import fdstore
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+FLANNEL0_TXQUEUELEN = 4096          # packets per queue while no process reads it
+LEASE_MIN_LEFT_S = 60.0              # a lease closer to its end than this is acquired again
+RELEASE_TIMEOUT_S = 10.0             # for flannel0 to go once every holder let it go
+STATE_NAME = "state"
+
+
+def tun_fd_name(i: int) -> str:
+    return f"tun{i}"
+
+
+def udp_fd_name(i: int) -> str:
+    return f"udp{i}"
+
+
+# ------------------------------------------------------------------ the state document
+
+def lease_json(lease: Lease) -> dict:
+    return {"subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
+            "lease_id": lease.lease_id, "expiration": lease.expiration,
+            "mod_revision": lease.mod_revision, "key": lease.key}
+
+
+def lease_of_json(doc: dict) -> Lease:
+    return Lease(subnet=IPv4Network(doc["subnet"]),
+                 attrs=LeaseAttrs(public_ip=IPv4Address(doc["public_ip"])),
+                 expiration=doc.get("expiration"), lease_id=int(doc.get("lease_id", 0)),
+                 mod_revision=int(doc.get("mod_revision", 0)), key=doc.get("key", ""))
+
+
+def state_of(daemon) -> dict:
+    """The state document of a running daemon (JSON-ready)."""
+    with daemon.lock:
+        peers = [[str(s), str(l.public_ip)] for s, l in sorted(daemon.peers.peers.items())]
+    return {
+        "version": STATE_VERSION, "pid": os.getpid(), "engine": daemon.engine_cls.name,
+        "tun": {"name": daemon.tun_name, "queues": len(daemon.tun_fds),
+                "vnet": bool(daemon.offloads.vnet)},
+        "udp": {"addr": str(daemon.ext.iface_addr), "port": daemon.config.backend_port},
+        "mtu": daemon.ext.tun_mtu,
+        "config": daemon.config.raw,
+        "lease": lease_json(daemon.current_lease()),
+        "peers": peers,
+    }
+
+
+def peers_of(state: dict) -> list[Lease]:
+    return [Lease(subnet=IPv4Network(s), attrs=LeaseAttrs(public_ip=IPv4Address(ip)))
+            for s, ip in state.get("peers", [])]
+
+
+class StateFile:
+    """The state document in a memfd, for the fd store. Rewritten in place (the stored fd stays the
+    same): the document first, then the length cut, and read back as the first JSON value in the
+    file, so that a process killed between the two leaves a readable document."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls) -> "StateFile":
+        return cls(os.memfd_create("flannel-udp-state", os.MFD_CLOEXEC))
+
+    def write(self, doc: dict) -> None:
+        data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+        with self._lock:
+            os.pwrite(self.fd, data, 0)
+            os.ftruncate(self.fd, len(data))
+
+    def read(self) -> dict:
+        with self._lock:
+            data = os.pread(self.fd, os.fstat(self.fd).st_size, 0)
+        doc, _ = json.JSONDecoder().raw_decode(data.decode())
+        if not isinstance(doc, dict):
+            raise ValueError("the state is no JSON object")
+        return doc
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+# ------------------------------------------------------------------ the checks
+
+@dataclass
+class Observed:
+    """What the handed fds are, as the kernel reports them."""
+    tun: list = field(default_factory=list)          # (name, IFF_* flags) per queue, or an error
+    mtu: int = 0
+    addrs: list = field(default_factory=list)        # IPv4Interface on the device
+    udp: list = field(default_factory=list)          # (ip, port) per socket
+
+
+def observe(tun_fds, socks) -> Observed:
+    from ..host.netconf import link_facts
+    from ..host.tun import tun_info
+    obs = Observed()
+    for fd in tun_fds:
+        try:
+            obs.tun.append(tun_info(fd))
+        except OSError as e:
+            obs.tun.append(e)
+    names = {t[0] for t in obs.tun if isinstance(t, tuple)}
+    if len(names) == 1:
+        try:
+            obs.mtu, obs.addrs = link_facts(names.pop())
+        except Exception as e:          # no facts: the checks name what is missing
+            log.debug("reading %s: %s", names, e)
+    for s in socks:
+        try:
+            obs.udp.append(s.getsockname()[:2])
+        except OSError as e:
+            obs.udp.append(e)
+    return obs
+
+
+def mismatch(state: dict, obs: Observed, *, ext, config, lease: Lease, queues: int,
+             vnet: bool) -> str | None:
+    """Why the handed fds are not what this daemon would set up itself, or None."""
+    if state.get("version") != STATE_VERSION:
+        return f"the state is of version {state.get('version')!r}, this daemon reads {STATE_VERSION}"
+    try:
+        old_config = parse_config(json.dumps(state.get("config")))
+    except ConfigError as e:
+        return f"the network config in the state does not parse: {e}"
+    if old_config != config:
+        return (f"the network config changed (Network {old_config.network} -> {config.network}, "
+                f"port {old_config.backend_port} -> {config.backend_port}, ...)")
+    if len(obs.tun) != queues or len(obs.udp) != queues:
+        return (f"flannel0 has {len(obs.tun)} queue(s) and {len(obs.udp)} socket(s); this daemon "
+                f"runs {queues} queue(s) (--queues)")
+    for t in obs.tun:
+        if isinstance(t, OSError):
+            return f"a flannel0 queue has no device any more ({t.strerror})"
+    name = state.get("tun", {}).get("name")
+    for got, flags in obs.tun:
+        if got != name:
+            return f"a queue belongs to {got}, not to {name}"
+        if bool(flags & IFF_VNET_HDR) != vnet:
+            return (f"{name} was opened {'with' if flags & IFF_VNET_HDR else 'without'} vnet "
+                    f"headers and this daemon runs {'with' if vnet else 'without'} offloads "
+                    "(--engine, --offload)")
+        if bool(flags & IFF_MULTI_QUEUE) != (queues > 1):
+            return f"{name} is {'' if flags & IFF_MULTI_QUEUE else 'not '}a multi-queue device"
+    if obs.mtu != ext.tun_mtu:
+        return f"{name} has MTU {obs.mtu}, this daemon would set {ext.tun_mtu} ({ext.name} - 28)"
+    want = IPv4Interface(f"{lease.subnet.network_address}/32")
+    if want not in obs.addrs:
+        return (f"{name} has the address(es) {', '.join(map(str, obs.addrs)) or 'none'}, not "
+                f"{want} of the lease {lease.subnet}")
+    for got in obs.udp:
+        if isinstance(got, OSError):
+            return f"a UDP socket cannot be read ({got.strerror})"
+        if got != (str(ext.iface_addr), config.backend_port):
+            return (f"a UDP socket is bound to {got[0]}:{got[1]}, this daemon would bind "
+                    f"{ext.iface_addr}:{config.backend_port}")
+    return None
+
+
+def kept_lease(state: dict, ext, config, now: float | None = None) -> tuple[Lease | None, str]:
+    """(the handed lease, "") if this daemon may keep it without asking etcd, else (None, why)."""
+    try:
+        lease = lease_of_json(state["lease"])
+    except (KeyError, TypeError, ValueError) as e:
+        return None, f"the state holds no lease ({e})"
+    if lease.public_ip != ext.ext_addr:
+        return None, f"the lease is for PublicIP {lease.public_ip}, this host is {ext.ext_addr}"
+    if not config.subnet_compatible(lease.subnet):
+        return None, f"the lease {lease.subnet} does not fit the network config"
+    now = time.time() if now is None else now
+    if not lease.reservation and (lease.expiration or 0) - now < LEASE_MIN_LEFT_S:
+        return None, f"the lease {lease.subnet} expires in less than {LEASE_MIN_LEFT_S:.0f} s"
+    return lease, ""
+
+
+# ------------------------------------------------------------------ what was handed
+
+class Inherited:
+    """Fds and state handed to this daemon, and what the way they came needs at the switch."""
+    way = "?"
+    state_file: StateFile | None = None    # the memfd systemd keeps, when the state is in one
+
+    def __init__(self, state: dict, tun_fds: list, socks: list):
+        self.state = state
+        self.tun_fds = tun_fds
+        self.socks = socks
+
+    @property
+    def tun_name(self) -> str:
+        return self.state["tun"]["name"]
+
+    @property
+    def config_raw(self):
+        return self.state.get("config")
+
+    @property
+    def old_running(self) -> bool:
+        """Whether the previous daemon still runs (and holds its HTTP ports) until the switch."""
+        return False
+
+    def switch(self, start_engine) -> dict:
+        """Start our engine in place of the old one's; returns the newest state."""
+        start_engine()
+        return self.state
+
+    def release(self) -> None:
+        """Let the fds go so that a fresh start can make flannel0 and bind the port again."""
+        self._close()
+
+    def _close(self) -> None:
+        for fd in self.tun_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for s in self.socks:
+            s.close()
+        self.tun_fds, self.socks = [], []
+
+
+class FromFdStore(Inherited):
+    way = "systemd's fd store"
+
+    def __init__(self, state: dict, tun_fds: list, socks: list, state_file: StateFile | None,
+                 names: list):
+        super().__init__(state, tun_fds, socks)
+        self.state_file = state_file
+        self.names = names
+
+    def release(self) -> None:
+        name = self.state.get("tun", {}).get("name")
+        fdstore.remove(self.names)
+        self._close()
+        if self.state_file is not None:
+            self.state_file.close()
+            self.state_file = None
+        if name:
+            wait_gone(name)
+
+
+def from_fd_store() -> FromFdStore | None:
+    """What systemd passed to this process, or None."""
+    named = fdstore.listen_fds()
+    if not named:
+        return None
+    by_name = dict(named)
+    tun_fds, socks, state_file, state = [], [], None, {}
+    i = 0
+    while tun_fd_name(i) in by_name and udp_fd_name(i) in by_name:
+        tun_fds.append(by_name.pop(tun_fd_name(i)))
+        socks.append(socket.socket(fileno=by_name.pop(udp_fd_name(i))))
+        i += 1
+    if STATE_NAME in by_name:
+        state_file = StateFile(by_name.pop(STATE_NAME))
+        try:
+            state = state_file.read()
+        except (OSError, ValueError) as e:
+            log.warning("The state in systemd's fd store does not read: %s", e)
+    for name, fd in by_name.items():
+        log.warning("systemd passed an fd named %r that this daemon does not know: closed", name)
+        os.close(fd)
+    names = [n for n, _ in named if n not in by_name]
+    log.info("systemd passed %d flannel0 queue(s), %d UDP socket(s)%s from the previous process "
+             "(pid %s)", len(tun_fds), len(socks), " and its state" if state else "",
+             state.get("pid", "?"))
+    return FromFdStore(state, tun_fds, socks, state_file, names)
+
+
+def wait_gone(name: str, timeout: float = RELEASE_TIMEOUT_S) -> bool:
+    """Wait until no device is called ``name`` (its last holder closed it)."""
+    from ..host.netconf import link_exists
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not link_exists(name):
+            return True
+        time.sleep(0.02)
+    log.warning("%s still exists %.0f s after it was let go", name, timeout)
+    return False

@@ -1,0 +1,128 @@
+"""flannel-udp.service (packaging/) for one testbed host, run by a real systemd
+(tests/integration/systemd_box.py): the unit as shipped, ExecStart pointed at this checkout, and a
+drop-in with what the testbed decides (NetworkNamespacePath=<the host's>, the env file with the
+overlay's etcd and the host's veth, the log file). Used by the tests of restarts under systemd.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+from dataplane.cli.child import cli_argv
+from tests.conftest import require
+from tests.integration import restart_traffic, systemd_box
+from tests.integration.conftest import overlay_of
+
+UNIT = "flannel-udp.service"
+UNIT_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "packaging", UNIT)
+QUEUES = "--queues 2"
+HOME_PYTHON = os.path.realpath(sys.executable).startswith(("/root/", "/home/"))
+
+
+class Unit:
+    """flannel-udp.service for host h0 of ``ov`` inside ``box``."""
+
+    def __init__(self, ov, host, box, engine: str):
+        self.ov, self.host, self.box, self.engine = ov, host, box, engine
+        self.dir = box.dir
+        wrapper = os.path.join(self.dir, "flannel-udp")
+        with open(wrapper, "w") as f:
+            f.write(f"#!/bin/sh\nexec {shlex.join(cli_argv())} \"$@\"\n")
+        os.chmod(wrapper, 0o755)
+        with open(UNIT_FILE) as f:
+            text = f.read().replace("/opt/flannel-udp/bin/flannel-udp", wrapper)
+        self.options(QUEUES)
+        box.install(UNIT, text, dropin=(
+            "[Service]\n"
+            f"NetworkNamespacePath=/run/netns/{host.netns}\n"
+            "EnvironmentFile=\n"
+            f"EnvironmentFile={self.env_file}\n"
+            f"StandardOutput=append:{self.log_path}\n"
+            "StandardError=inherit\n"
+            # the box's files live in its directory under /run, not in /run/flannel
+            "RuntimeDirectory=\n"
+            # a Python installed under a home directory (pyenv) must stay readable
+            + ("ProtectHome=read-only\n" if HOME_PYTHON else "")))
+
+    @property
+    def env_file(self) -> str:
+        return os.path.join(self.dir, "flannel-udp.env")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.dir, "daemon.log")
+
+    def options(self, extra: str) -> None:
+        """The env file: the overlay's etcd, h0's veth, this box's paths, ``extra`` flags."""
+        with open(self.env_file, "w") as f:
+            f.write(f"FLANNELD_ETCD_ENDPOINTS={self.ov.etcd_url}\n"
+                    f"FLANNELD_ETCD_PREFIX={self.ov.prefix}\n"
+                    f"FLANNELD_IFACE={self.host.iface}\n"
+                    f"FLANNELD_SUBNET_FILE={self.dir}/subnet.env\n"
+                    f"FLANNELD_HANDOVER_SOCKET={self.dir}/handover.sock\n"
+                    "PYTHONUNBUFFERED=1\n"
+                    f"FLANNEL_UDP_OPTIONS=--engine {self.engine} {extra}\n")
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def systemctl(self, *args, check: bool = True):
+        """``systemctl ARGS flannel-udp.service``; a failure carries the unit's status and log."""
+        r = self.box.systemctl(*args, UNIT, check=False)
+        if check and r.returncode != 0:
+            status = self.box.systemctl("status", UNIT, check=False).stdout
+            raise AssertionError(f"systemctl {' '.join(args)} failed: {r.stdout}{r.stderr}\n"
+                                 f"{status}\n--- log ---\n{self.log()[-3000:]}")
+        return r
+
+    def main_pid(self) -> int:
+        return self.box.main_pid(UNIT)
+
+    def stored_fds(self) -> int:
+        return int(self.box.show(UNIT, "NFileDescriptorStore")["NFileDescriptorStore"])
+
+    def flannel_ip(self) -> str:
+        with open(os.path.join(self.dir, "subnet.env")) as f:
+            env = dict(line.strip().split("=", 1) for line in f if "=" in line)
+        return env["FLANNEL_SUBNET"].rsplit(".", 1)[0] + ".0"
+
+
+def unit_of(engine: str):
+    """For a fixture: yields a started Unit on h1 of a new overlay whose h0 (the peer) runs the
+    testbed's daemon; both with ``engine`` and QUEUES. Everything is removed after, also when
+    the test fails."""
+    require(systemd_box.missing() is None, f"a systemd box: {systemd_box.missing()}")
+    for ov in overlay_of(engine, ()):
+        ov.add_host(engine=engine, args=QUEUES.split())
+        h = ov.add_host(start=False)
+        with systemd_box.SystemdBox() as box:
+            u = Unit(ov, h, box, engine)
+            try:
+                u.systemctl("start")
+                yield u
+            finally:
+                u.systemctl("stop", check=False)
+
+
+def ifindex(u) -> int:
+    r = u.ov.exec(u.host, ["ip", "-j", "link", "show", "flannel0"])
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)[0]["ifindex"]
+
+
+def lease_revision(u) -> int:
+    net = u.flannel_ip().rsplit(".", 1)[0] + ".0-24"
+    r = u.ov.etcdctl("get", f"{u.ov.prefix}/subnets/{net}", "-w", "json")
+    return int(json.loads(r.stdout)["kvs"][0]["mod_revision"])
+
+
+def across(u, action, seconds: float = 6.0):
+    peer = u.ov.hosts[0]
+    return restart_traffic.across(u.ov.tb, u.host, peer, u.flannel_ip(), u.ov.flannel_ip(peer),
+                                  action, seconds)

@@ -1,0 +1,81 @@
+"""`systemctl restart` with the unit in packaging/: systemd's fd store keeps flannel0's queues,
+the UDP sockets and the daemon's state across the restart (root, namespaces, real etcd and TUN,
+and a real systemd: tests/integration/systemd_box.py, since the machine's PID 1 need not be one).
+
+::
+
+      h1: systemd box -> flannel-udp.service (tests/integration/systemd_unit.py: packaging/'s
+          unit, ExecStart pointed at this checkout, NetworkNamespacePath=h1, the env file with
+          the overlay's etcd and h1's veth)
+       ||  paced UDP both ways, TCP both ways (tests/integration/restart_traffic.py)
+      h0: flannel-udp (the testbed's)
+
+Both hosts run the engine under test with two queues and, for the C engine, the offloads on.
+`systemctl restart` must lose no datagram, never reset the TCP streams nor leave them silent
+for longer than RESTART_STALL_BOUND_MS (systemd starts the new process once the old one has
+exited: the silence is the new one's start, less what it takes over), keep flannel0 (the same
+device) and the lease (no write to etcd). `systemctl reload` (the unit's upgrade in place: the
+old daemon starts the new one, which takes over through the handover socket) must do the same
+within RELOAD_STALL_BOUND_MS, and leave the new daemon as the unit's main process. (A crash
+and a changed config: tests/integration/test_systemd_restart_fallbacks.py.)
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.conftest import wait_until
+from tests.integration.systemd_unit import UNIT, across, ifindex, lease_revision, unit_of
+
+pytestmark = [pytest.mark.root, pytest.mark.etcd]
+
+RESTART_STALL_BOUND_MS = 1000
+RELOAD_STALL_BOUND_MS = 100
+
+
+@pytest.fixture
+def unit(engine_kind):
+    yield from unit_of(engine_kind)
+
+
+
+
+def _takes_over_without_loss(u, figure, what: str, action, bound_ms: int, way: str):
+    assert u.stored_fds() == 2 * 2 + 1, u.log()[-3000:]
+    before = (ifindex(u), u.flannel_ip(), lease_revision(u), u.main_pid())
+    if u.engine == "c":
+        assert "tun_tso" in u.log() and "udp_gro" in u.log()
+    out = across(u, lambda: action(before[3]))
+    figure(f"{u.engine}: {what}, 2 queues", out.summary())
+    log = u.log()
+    assert f"through {way}" in log, log[-3000:]
+    assert out.tcp_problems() == [], out.details()
+    assert out.udp_lost() == {"a->b": 0, "b->a": 0}, out.details()
+    for direction, gap in out.tcp_max_gap_ms().items():
+        assert gap <= bound_ms, f"TCP {direction} silent {gap} ms: {out.details()}"
+    after = (ifindex(u), u.flannel_ip(), lease_revision(u), u.main_pid())
+    assert after[:3] == before[:3] and after[3] not in (0, before[3])
+    assert "nothing written to etcd" in log
+    assert u.stored_fds() == 2 * 2 + 1          # the same fds, not a second copy
+    return u
+
+
+def test_systemctl_restart_loses_nothing(unit, figure):
+    _takes_over_without_loss(unit, figure, "systemctl restart (fd store)",
+                             lambda _pid: unit.systemctl("restart"), RESTART_STALL_BOUND_MS,
+                             "systemd's fd store")
+
+
+def test_systemctl_reload_loses_nothing(unit, figure):
+    u = unit
+
+    def reload(old_pid):
+        u.systemctl("reload")
+        wait_until(lambda: u.main_pid() not in (0, old_pid) and "Exiting: pid" in u.log(), 30,
+                   0.05, "the new daemon to take over and be the main process")
+
+    _takes_over_without_loss(u, figure, "systemctl reload (handover socket)", reload,
+                             RELOAD_STALL_BOUND_MS, "the handover socket")
+    assert u.box.show(UNIT, "ActiveState")["ActiveState"] == "active"
+    # the new main process is a complete daemon: systemd's restart takes over from it
+    u.systemctl("restart")
+    assert u.log().count("through systemd's fd store") == 1

@@ -1,0 +1,207 @@
+"""The handover socket (dataplane/daemon/handover.py), no root: the running daemon's end with a
+stand-in daemon (pipes for flannel0's queues, real UDP sockets), the new daemon's end as the
+daemon calls it."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from ipaddress import IPv4Address, IPv4Network
+from types import SimpleNamespace
+
+import pytest
+
+from dataplane.control.lease import Lease, LeaseAttrs
+from dataplane.control.peerset import PeerSnapshot
+from dataplane.daemon import handover
+from dataplane.daemon.handover import HandoverServer, connect, recv_frame, send_frame
+
+
+class FakeEngine:
+    name = "c"
+
+    def __init__(self):
+        self.running = True
+        self.closed = False
+
+    def stop(self):
+        self.running = False
+
+    def join(self, timeout=None):
+        return not self.running
+
+    def close(self):
+        self.running, self.closed = False, True
+
+
+class FakeDaemon:
+    """What HandoverServer and inherited.state_of use of a daemon."""
+
+    def __init__(self, queues: int = 2):
+        self.lock = threading.RLock()
+        self.engine = FakeEngine()
+        self.engine_cls = SimpleNamespace(name="c")
+        self.pipes = [os.pipe() for _ in range(queues)]
+        self.tun_fds = [r for r, _ in self.pipes]
+        self.tun_name = f"fu{os.getpid()}t"     # no such device: release() finds it gone
+        self.socks = []
+        for _ in range(queues):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("127.0.0.1", 0))
+            self.socks.append(s)
+        self.offloads = SimpleNamespace(vnet=True)
+        self.ext = SimpleNamespace(iface_addr=IPv4Address("127.0.0.1"), tun_mtu=1472)
+        self.config = SimpleNamespace(backend_port=8285, raw={"Network": "10.5.0.0/16"})
+        self.lease = Lease(subnet=IPv4Network("10.5.7.0/24"),
+                           attrs=LeaseAttrs(public_ip=IPv4Address("127.0.0.1")),
+                           expiration=time.time() + 3600, lease_id=5, mod_revision=9)
+        self.peers = PeerSnapshot.of([Lease(subnet=IPv4Network("10.5.9.0/24"),
+                                            attrs=LeaseAttrs(public_ip=IPv4Address("127.0.0.9")))],
+                                     self.lease.subnet)
+        self.state_file = None
+        self.handing_over = False
+        self.stopped = threading.Event()
+        self.successor = None
+        self.resumed = 0
+
+    def current_lease(self):
+        return self.lease
+
+    def stop(self):
+        self.stopped.set()
+
+    def handed_over(self, pid):
+        self.successor = pid
+        self.stop()
+
+    def resume_engine(self):
+        self.engine = FakeEngine()
+        self.handing_over = False
+        self.resumed += 1
+
+    def close(self):
+        for r, w in self.pipes:
+            os.close(r)
+            os.close(w)
+        for s in self.socks:
+            s.close()
+
+
+@pytest.fixture
+def old(tmp_path):
+    d = FakeDaemon()
+    server = HandoverServer(str(tmp_path / "run" / "handover.sock"), d).start()
+    d.server = server
+    try:
+        yield d
+    finally:
+        server.close()
+        d.close()
+
+
+def _same_file(a: int, b: int) -> bool:
+    sa, sb = os.fstat(a), os.fstat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def test_the_socket_is_for_root_only(old):
+    assert os.stat(old.server.path).st_mode & 0o777 == 0o600
+
+
+def test_a_handover_moves_the_fds_and_the_state(old):
+    new = connect(old.server.path)
+    assert new is not None and new.old_running
+    assert new.state["pid"] == os.getpid() and new.state["tun"]["queues"] == 2
+    assert new.state["lease"]["subnet"] == "10.5.7.0/24"
+    assert new.state["peers"] == [["10.5.9.0/24", "127.0.0.9"]]
+    assert all(_same_file(a, b) for a, b in zip(new.tun_fds, old.tun_fds))
+    assert [s.getsockname() for s in new.socks] == [s.getsockname() for s in old.socks]
+    assert old.engine.running                      # forwarding until the new one is ready
+    started = []
+
+    def start():
+        assert not old.engine.running and old.handing_over   # never both engines at once
+        started.append(True)
+
+    state = new.switch(start)
+    assert started and state["lease"]["mod_revision"] == 9
+    assert old.stopped.wait(5) and old.successor == os.getpid()
+    for fd in new.tun_fds:
+        os.close(fd)
+    for s in new.socks:
+        s.close()
+
+
+def test_a_new_daemon_that_goes_away_after_stop_leaves_the_old_forwarding(old):
+    new = connect(old.server.path)
+    send_frame(new.conn, {"op": "stop"})
+    doc, _ = recv_frame(new.conn)
+    assert doc["op"] == "stopped" and not old.engine.running
+    new.conn.close()                               # it died before it forwarded
+    deadline = time.monotonic() + 5
+    while not old.resumed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert old.resumed == 1 and old.engine.running and not old.stopped.is_set()
+    new.release()
+    # and the next one can still take over
+    again = connect(old.server.path)
+    again.switch(lambda: None)
+    assert old.stopped.wait(5)
+    again.release()
+
+
+def test_a_new_daemon_that_starts_afresh_makes_the_old_one_exit(old):
+    new = connect(old.server.path)
+
+    def old_exits():
+        old.stopped.wait(5)
+        old.server.close()                         # its exit: the connection ends
+
+    t = threading.Thread(target=old_exits)
+    t.start()
+    new.release()                                  # returns once the old one is gone
+    t.join(5)
+    assert old.stopped.is_set() and old.successor is None and old.engine.running
+
+
+def test_nobody_listening_is_a_fresh_start(tmp_path):
+    assert connect(str(tmp_path / "none.sock")) is None
+    stale = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(stale))
+    s.close()                                      # a dead daemon's socket file
+    assert connect(str(stale)) is None
+
+
+def test_frames_carry_more_fds_than_one_message_can():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r, w = os.pipe()
+    try:
+        n = handover.MAX_FDS_PER_FRAME * 2 + 3
+        sender = threading.Thread(target=send_frame, args=(a, {"op": "offer"}, [r] * n))
+        sender.start()
+        doc, fds = recv_frame(b)
+        sender.join(5)
+        assert doc == {"op": "offer", "fds": n} and len(fds) == n
+        assert all(_same_file(fd, r) for fd in fds)
+        for fd in fds:
+            os.close(fd)
+    finally:
+        for x in (a, b):
+            x.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_a_frame_that_is_no_json_object_is_refused():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        a.sendall(handover._LEN.pack(2) + b"[]")
+        with pytest.raises(handover.HandoverError):
+            recv_frame(b)
+        a.close()
+        with pytest.raises(handover.HandoverError):
+            recv_frame(b)                          # closed: not a hang, not an empty frame
+    finally:
+        b.close()
