@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from ..cli.child import cli_argv
 from .etcd import EtcdServer
 from .hosts import Host, Testbed, wait_for
+from .lease_writer import LeaseWriter
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class Overlay:
         self.config = config or {"Network": network, "Backend": {"Type": "udp"}}
         self.network = ipaddress.IPv4Network(self.config["Network"], strict=False)
         self.daemons: dict[str, DaemonProc] = {}
+        self._writer: LeaseWriter | None = None
         self.tb = Testbed(hosts=0, mtu=mtu)
         try:
             self.etcd = EtcdServer(host=self.tb.switch_ip, netns=self.tb.switch,
@@ -160,6 +162,12 @@ class Overlay:
             except (AttributeError, ValueError, RecursionError):
                 continue
         return out
+
+    def lease_writer(self) -> LeaseWriter:
+        """Writes and deletes many leases at once, one revision each (bursts; see its module)."""
+        if self._writer is None:
+            self._writer = LeaseWriter(self.tb, self.etcd_url, self.prefix)
+        return self._writer
 
     def delete_lease(self, subnet) -> None:
         net = ipaddress.IPv4Network(subnet)
@@ -371,6 +379,9 @@ class Overlay:
                 self.stop_daemon(name)
             except Exception as e:
                 errors.append(f"daemon {name}: {e}")
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         etcd = getattr(self, "etcd", None)
         if etcd is not None:
             try:

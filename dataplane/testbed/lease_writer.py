@@ -1,0 +1,130 @@
+"""Many peer leases written at once into a testbed's etcd, as a large cluster would write them.
+
+The testbed's etcd listens inside the switch namespace, out of the caller's reach, and `etcdctl`
+costs a process per key; so :class:`LeaseWriter` keeps one child in the switch namespace that talks
+to etcd with the project's own client and takes its orders as JSON lines on stdin::
+
+    {"op": "put", "leases": [["10.1.0.0/24", "172.16.0.1"], ...], "txn": 0, "workers": 8}
+    {"op": "delete", "subnets": ["10.1.0.0/24", ...], "workers": 8}
+
+Each lease gets flanneld's key and value (docs/flannel-compat.md#lease-value), with no etcd lease
+attached. ``txn: K`` writes K keys per transaction (a quick way to preload thousands); otherwise every
+key is its own put, hence its own revision and its own watch event, sent by ``workers`` threads at
+once (a burst). The answer is one JSON line: ``{"t_first", "t_last", "count", "results"}`` (results:
+how many calls answered a revision or a deletion), the
+wall-clock times (``time.time()``, the same clock in every namespace) at which the first request
+was sent and the last one answered.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from ipaddress import IPv4Address, IPv4Network
+
+from ..cli.child import python_argv
+
+WORKERS = 8
+TXN_MAX_OPS = 128           # etcd's default --max-txn-ops
+
+
+class LeaseWriter:
+    """The parent's side: one child in ``where`` (the testbed's switch), closed by :meth:`close`."""
+
+    def __init__(self, testbed, etcd_url: str, prefix: str, where: str = "switch"):
+        self._tb = testbed
+        self._lock = threading.Lock()
+        self.proc = testbed.popen(where, python_argv(
+            "from dataplane.testbed.lease_writer import serve\n"
+            f"serve({etcd_url!r}, {prefix!r})"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+
+    def _ask(self, order: dict, timeout: float) -> dict:
+        with self._lock:
+            self.proc.stdin.write(json.dumps(order) + "\n")
+            self.proc.stdin.flush()
+            line = _readline(self.proc.stdout, timeout)
+        if not line:
+            raise RuntimeError(f"lease writer exited ({self.proc.poll()}): {self.proc.stderr.read()[-2000:]}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"lease writer: {answer['error']}")
+        return answer
+
+    def put(self, leases, *, txn: int = 0, workers: int = WORKERS, timeout: float = 300.0) -> dict:
+        """``leases``: {subnet: PublicIP} (or pairs). One revision per key unless ``txn``."""
+        pairs = leases.items() if hasattr(leases, "items") else leases
+        return self._ask({"op": "put", "leases": [[str(s), str(ip)] for s, ip in pairs],
+                          "txn": int(txn), "workers": int(workers)}, timeout)
+
+    def delete(self, subnets, *, workers: int = WORKERS, timeout: float = 300.0) -> dict:
+        """One delete, hence one revision, per subnet."""
+        return self._ask({"op": "delete", "subnets": [str(s) for s in subnets],
+                          "workers": int(workers)}, timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._tb.kill(self.proc)
+
+
+def _readline(stream, timeout: float) -> str:
+    """One line from ``stream``, or "" after ``timeout`` seconds (the child is stuck)."""
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(stream.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    return box[0] if box else ""
+
+
+# -- the child ------------------------------------------------------------------------------------
+
+def serve(etcd_url: str, prefix: str) -> None:
+    """The child's loop: one order per stdin line, one answer per stdout line, until EOF."""
+    from ..control.registry import Registry
+    reg = Registry([etcd_url], prefix, timeout=30.0)
+    try:
+        for line in sys.stdin:
+            try:
+                answer = _perform(reg, json.loads(line))
+            except Exception as exc:          # reported to the parent, which raises it
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+    finally:
+        reg.close()
+
+
+def _perform(reg, order: dict) -> dict:
+    from ..control.lease import LeaseAttrs
+    op = order["op"]
+    if op == "put":
+        items = [(reg.lease_key(IPv4Network(s)), LeaseAttrs(IPv4Address(ip)).to_json())
+                 for s, ip in order["leases"]]
+        chunk = min(int(order.get("txn") or 0), TXN_MAX_OPS)
+        if chunk:
+            batches = [dict(items[i:i + chunk]) for i in range(0, len(items), chunk)]
+            return _timed(lambda b: reg.txn_put_delete(b), batches, 1)
+        return _timed(lambda kv: reg.put(*kv), items, order.get("workers", WORKERS))
+    if op == "delete":
+        keys = [reg.lease_key(IPv4Network(s)) for s in order["subnets"]]
+        return _timed(reg.delete, keys, order.get("workers", WORKERS))
+    raise ValueError(f"unknown op {op!r}")
+
+
+def _timed(call, items, workers: int) -> dict:
+    t_first = time.time()
+    if workers <= 1:
+        results = [call(x) for x in items]
+    else:
+        with ThreadPoolExecutor(int(workers)) as pool:
+            results = list(pool.map(call, items))
+    t_last = time.time()
+    return {"t_first": t_first, "t_last": t_last, "count": len(items), "results": sum(map(bool, results))}
