@@ -231,6 +231,13 @@ void dp_loop_free(dp_loop *loop);
  * takes it into use before its next packet. The routes array is copied. */
 int dp_loop_set_routes(dp_loop *loop, const dp_route *routes, uint32_t n);
 
+/* Thread-safe: the same n routes for several loops (the queues of one host).
+ * Each loop's table is built first, then all are published one right after
+ * the other, so the queues switch together; on error none is published.
+ * dp_loop_set_routes(l, ...) is this call for the one loop l. */
+int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *routes,
+                        uint32_t n);
+
 /* Thread-safe snapshot of the counters. */
 int dp_loop_stats(dp_loop *loop, dp_stats *out);
 
