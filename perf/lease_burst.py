@@ -35,11 +35,11 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataplane.testbed.overlay import Overlay  # noqa: E402
+from dataplane.testbed.peer_count import PeerCount  # noqa: E402
 
 CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 24, "SubnetMin": "10.250.0.0",
           "SubnetMax": "10.250.255.0", "Backend": {"Type": "udp"}}
@@ -48,7 +48,6 @@ BURST_BASE = int(ipaddress.IPv4Address("10.128.0.0"))      # the burst: 10.128.0
 FAKE_PEER_BASE = int(ipaddress.IPv4Address("172.16.0.1"))
 PING_INTERVAL = 0.02
 REACH_INTERVAL = 0.02
-POLL_PERIOD = 0.05
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -100,42 +99,6 @@ class Lines:
                 self._cond.wait(min(left, 0.5))
 
 
-_POLLER = r"""
-import re, sys, time, urllib.request
-url, cmp, target, deadline = sys.argv[1], sys.argv[2], int(sys.argv[3]), time.time() + float(sys.argv[4])
-period, last = float(sys.argv[5]), None
-while time.time() < deadline:
-    try:
-        body = urllib.request.urlopen(url, timeout=2).read().decode()
-        n = int(float(re.search(r"^flannel_udp_peers (\S+)$", body, re.M).group(1)))
-    except Exception:
-        n = None
-    if n is not None and n != last:
-        last = n
-        print(time.time(), n, flush=True)
-        if (n >= target) if cmp == "ge" else (n <= target):
-            break
-    time.sleep(period)
-"""
-
-
-def poll_peers(ov: Overlay, host, cmp: str, target: int, timeout: float) -> Lines:
-    """A child in ``host`` printing "time count" each time its daemon's peer count changes, until
-    the count is >= (cmp "ge") or <= ("le") target."""
-    url = f"http://127.0.0.1:{ov.healthz_port}/metrics"
-    return Lines(ov.tb.popen(host, [sys.executable, "-c", _POLLER, url, cmp, str(target), str(timeout),
-                                    str(POLL_PERIOD)]))
-
-
-def reached(poller: Lines, cmp: str, target: int, timeout: float):
-    """The wall-clock time the poller saw the count reach ``target`` (None: not within timeout)."""
-    def ok(line):
-        n = int(line.split()[1])
-        return n >= target if cmp == "ge" else n <= target
-    hit = poller.wait_for(ok, timeout)
-    return float(hit[1].split()[0]) if hit else None
-
-
 def ping(ov: Overlay, src, dst_ip: str, interval: float, seconds: float) -> Lines:
     return Lines(ov.tb.popen(src, ["ping", "-n", "-D", "-i", str(interval), "-W", "1",
                                    "-w", str(int(seconds)), dst_ip]))
@@ -163,18 +126,6 @@ def rtt_in(rs, start: float, end: float) -> dict:
             "p50_ms": window[len(window) // 2], "max_ms": window[-1]}
 
 
-def lease_time(ov: Overlay, host, timeout: float):
-    """The wall-clock time of the daemon's "Lease acquired" log line."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = re.search(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ \S+: Lease acquired",
-                      ov.daemon(host).log_text(), re.M)
-        if m:
-            return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1000
-        time.sleep(0.02)
-    return None
-
-
 def wait_file(path: str, timeout: float):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -189,18 +140,19 @@ def log_lines(ov: Overlay, host) -> int:
 
 
 def since(t, t0):
-    return None if t is None else round(t - t0, 3)
+    return None if t is None or t0 is None else round(t - t0, 3)
 
 
 def burst_phase(ov, daemons, cmp, target, do, timeout):
     """Run ``do()`` (the writes) while pollers watch each daemon; seconds until each had ``target``."""
-    pollers = [poll_peers(ov, d.host, cmp, target, timeout) for d in daemons]
-    time.sleep(0.5)                          # the pollers' first answer: the count before
+    pollers = [PeerCount(ov, d.host, cmp, target, timeout) for d in daemons]
+    for p in pollers:                        # their first answer: the count before
+        p.wait_first()
     cpu0 = [cpu_s(d.pid) for d in daemons]
     logs0 = log_lines(ov, daemons[0].host)
     res = do()
     t_first = res["t_first"]
-    done = [reached(p, cmp, target, timeout) for p in pollers]
+    done = [p.reached(timeout) for p in pollers]
     cpu1 = [cpu_s(d.pid) for d in daemons]
     return res, {
         "writes_s": round(res["t_last"] - t_first, 3),
@@ -213,15 +165,18 @@ def burst_phase(ov, daemons, cmp, target, do, timeout):
 
 def reach_times(ov, h2, others, t_lease, timeout):
     """Seconds from h2's lease until each of ``others`` reaches it and it reaches others[0]."""
-    ip2 = ov.flannel_ip(h2)
-    pings = {f"{o.name}->{h2.name}": ping(ov, o, ip2, REACH_INTERVAL, timeout) for o in others}
-    pings[f"{h2.name}->{others[0].name}"] = ping(ov, h2, ov.flannel_ip(others[0]), REACH_INTERVAL, timeout)
-    out = {}
-    for name, p in pings.items():
-        hit = p.wait_for(lambda line: _REPLY.match(line) is not None, timeout)
-        out[name] = since(float(_REPLY.match(hit[1]).group(1)), t_lease) if hit and t_lease else None
-        ov.tb.kill(p.proc, sig=signal.SIGINT)
-    return out
+    pairs = [(o, ov.flannel_ip(h2)) for o in others] + [(h2, ov.flannel_ip(others[0]))]
+    names = [f"{o.name}->{h2.name}" for o in others] + [f"{h2.name}->{others[0].name}"]
+    out: dict = {}
+
+    def one(name, src, dst):
+        out[name] = since(ov.first_reply(src, dst, timeout, REACH_INTERVAL), t_lease) if t_lease else None
+    threads = [threading.Thread(target=one, args=(name, src, dst)) for name, (src, dst) in zip(names, pairs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {name: out.get(name) for name in names}
 
 
 def run_case(engine: str, n: int, burst: int, timeout: float, verbose: int) -> dict:
@@ -262,7 +217,7 @@ def run_case(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         h2 = h2_box["host"]
         d2 = ov.daemon(h2)
         wait_file(d2.subnet_file, timeout)
-        t_lease = lease_time(ov, h2, 10)
+        t_lease = ov.lease_acquired_at(h2)
         out["new_host_reach_s"] = reach_times(ov, h2, [h0, h1], t_lease, timeout)
         ov.wait_ready(h2, timeout=timeout)
 

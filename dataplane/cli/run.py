@@ -38,6 +38,9 @@ def main(args) -> int:
     root = logging.getLogger()
     if opts.v >= 2:
         root.setLevel(logging.DEBUG)
+        # -v=2 is the daemon's debug, not its libraries': pyroute2 dumps every netlink
+        # message at DEBUG.
+        logging.getLogger("pyroute2").setLevel(logging.INFO)
     for w in opts.warnings:
         logging.getLogger("dataplane.daemon").warning("%s", w)
     from ..daemon.main import Daemon

@@ -14,8 +14,12 @@ each step is a function of daemon/startup.py::
                                  per queue (SO_REUSEPORT); offloads probed (dataplane.host.offload)
     7. iptables                  --ip-masq (FLANNEL-POSTRTG), --iptables-forward-rules (FLANNEL-FWD)
     8. subnet.env                FLANNEL_NETWORK / SUBNET / MTU / IPMASQ
-    9. engine + watches          one engine per queue (engine.multi); each peer change ->
-                                 route table (control/routes.py) -> engine, own lease renewal
+    9. engine + watches          one engine per queue (engine.multi), made first; the peer
+                                 watch lists the leases and their routes go in; then the
+                                 engine starts (so the source check knows the peers from the
+                                 first datagram); each batch of peer changes -> the kept route
+                                 table updated (control/routes.py) -> every queue at once;
+                                 own lease renewal
    10. READY=1 to systemd        when $NOTIFY_SOCKET is set (daemon/systemd.py)
 
 Then the main thread runs the checks of daemon/monitor.py every second until a signal:
@@ -35,11 +39,12 @@ import threading
 
 from ..cli import flanneld_flags
 from ..control.peerset import PeerChange, PeerSnapshot
-from ..control.routes import route_table
+from ..control.routes import route_changes
 from ..host import queues
 from . import lease_move, startup
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
+from .peer_log import PeerLog
 from .startup import StartupError, Stopped
 from .systemd import sd_notify
 
@@ -65,6 +70,8 @@ class Daemon:
         self.peer_watcher = None
         self.config_watcher = None
         self.peers = PeerSnapshot()           # the last snapshot the peer watcher handed over
+        self.routes = None                    # its route table, as the engine class takes it
+        self.peer_log = None                  # daemon/peer_log.py
         self.tun_fds: list = []               # one per queue
         self.tun_name = None
         self.socks: list = []                 # one per queue
@@ -150,9 +157,11 @@ class Daemon:
         self.rules = startup.install_rules(o, self.config.network, self.lease.subnet)
         # 8. subnet.env
         startup.write_subnet_env(o, self.config.network, self.lease.subnet, self.ext.tun_mtu)
-        # 9. engine and watches
-        self._start_engine()
+        # 9. engine and watches: the routes to the listed peers are in before the engine
+        #    forwards, so that the source check accepts their datagrams from the first one
+        self._new_engine()
         self._start_watches()
+        self._start_engine()
         # 10. systemd
         sd_notify("READY=1")
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s, %d queue(s)",
@@ -169,11 +178,16 @@ class Daemon:
             log.info("%s", note)
         self.offloads = Offloads(o.offload, self.engine_cls.name)
 
+    def _new_engine(self):
+        with self.lock:
+            self.engine = startup.new_engine(self.engine_cls, self.opts, self.tun_fds, self.socks,
+                                             self.lease.subnet, self.ext.tun_mtu,
+                                             self.offload_flags)
+
     def _start_engine(self):
         o = self.opts
-        self.engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
-                                         self.lease.subnet, self.ext.tun_mtu, self.offload_flags)
-        self.engine.start()
+        with self.lock:
+            self.engine.start()
         log.info("Engine: %s (%s), %d queue(s); accepting datagrams from %s", self.engine.name,
                  self.engine_why, len(self.engine),
                  "known leases only (--accept-from leases)" if o.accept_from == "leases"
@@ -182,6 +196,7 @@ class Daemon:
     def _start_watches(self):
         from ..control.configwatch import ConfigWatcher
         from ..control.peers import PeerWatcher
+        self.peer_log = PeerLog(self.config.backend_port)
         self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self.on_peers,
                                         network=self.config.network)
         self.peer_watcher.start()
@@ -195,21 +210,18 @@ class Daemon:
 
     # ------------------------------------------------------------------ callbacks
     def on_peers(self, change: PeerChange):
-        """PeerWatcher callback (its thread, or ours during a lease move): the one way a peer
-        change reaches the engine; the table is built from the snapshot and swapped in whole."""
+        """PeerWatcher callback (its publisher thread, or ours during a lease move): the one way
+        a peer change reaches the engine. The change is applied to the table kept here (the work
+        of the change, not of the whole table), which every queue takes whole and at once; a new
+        engine (after a lease move) gets the whole table the same way."""
+        removed, added = route_changes(change, self.config.backend_port)
         with self.lock:
+            table = self.routes if self.routes is not None else self.engine_cls.table_type.of()
+            self.routes = table.updated(removed, added)
             self.peers = change.snapshot
-            routes = route_table(change.snapshot, self.config.backend_port)
             if self.engine is not None:
-                self.engine.set_routes(routes)
-        n = len(routes)
-        for lease in change.removed:
-            log.info("Peer removed: %s (was via %s); %d peer(s) in the route table",
-                     lease.subnet, lease.public_ip, n)
-        for lease in change.added:
-            log.info("Peer added: %s via %s:%d; %d peer(s) in the route table", lease.subnet,
-                     lease.public_ip, self.config.backend_port, n)
-        log.debug("Route table: %d route(s)", n)
+                self.engine.set_table(self.routes)
+            self.peer_log.record(change, len(self.routes))
 
     def on_lease_change(self, lease):
         """SubnetManager callback (its thread): our lease was lost in etcd (deleted, expired,
@@ -245,6 +257,8 @@ class Daemon:
                         return 0
             with self.lock:
                 engine = self.engine
+                if self.peer_log is not None:
+                    self.peer_log.tick()
             status = monitor.check(engine, self.tun_name, self.tun_attached())
             if status is not None:
                 return status

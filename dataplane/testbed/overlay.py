@@ -339,6 +339,32 @@ class Overlay:
                       timeout=deadline + 10)
         return parse_ping(r.stdout, r.returncode)
 
+    def first_reply(self, src, dst: str, timeout: float, interval: float = 0.02):
+        """Ping ``dst`` from host ``src`` every ``interval`` s: the wall-clock time (``time.time()``)
+        of the first reply, or None within ``timeout``."""
+        proc = self.tb.popen(src, ["ping", "-n", "-D", "-i", str(interval), "-W", "1",
+                                   "-w", str(int(timeout + 0.999)), dst])
+        try:
+            for line in proc.stdout:
+                m = re.match(r"\[(\d+\.\d+)\] \d+ bytes from", line)
+                if m:
+                    return float(m.group(1))
+            return None
+        finally:
+            self.tb.kill(proc, sig=signal.SIGINT)
+
+    def lease_acquired_at(self, host, timeout: float = 10.0):
+        """The wall-clock time of the host's daemon's "Lease acquired" log line (ms), or None."""
+        d = self.daemon(host)
+        pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ \S+: Lease acquired",
+                             re.M)
+        found = []
+        wait_for(lambda: found.extend(pattern.findall(d.log_text())) or found, timeout, interval=0.02)
+        if not found:
+            return None
+        stamp, ms = found[0]
+        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+
     def reachable(self, src, dst: str, timeout: float = 10.0) -> bool:
         """True once one ping from ``src`` to ``dst`` succeeds within ``timeout``."""
         return wait_for(lambda: self.ping(src, dst, count=1, wait=0.5)["received"] == 1,
