@@ -14,10 +14,11 @@ never see a packet), then two real daemons h0 and h1 with the engine under test.
   event); until each daemon's /metrics counts them all (polled every 50 ms from inside its host), and
   the CPU each daemon burned meanwhile (per event: CPU / burst);
 * a new host h2 started as soon as the writes are acknowledged: from its lease's acquisition (its log
-  line) until h0 and h1 reach it and it reaches h0 (pings every 20 ms);
-* ping h0 -> h1 every 20 ms throughout: RTT while idle, during the put burst, during the deletes;
+  line) until h0 and h1 reach it and it reaches h0 (pings every 20 ms from before h2 starts; its
+  subnet.env names the subnet it takes);
+* ping h0 -> h1 every 10 ms throughout: RTT while idle, during the put burst, during the deletes;
 * delete burst: the same 1,000 leases deleted one by one; until each daemon has N + 2 peers;
-* log lines h0 wrote for the put and delete bursts.
+* log lines h0 wrote for the put and delete bursts (until 2 s after each was absorbed).
 
 Every wait is bounded by --timeout (a figure that did not finish is printed as "> T s"); every process
 is started through the testbed, tracked by PID and removed with it. A 2-core machine shared with other
@@ -46,8 +47,10 @@ CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 24, "SubnetMin": "10.250.0.0",
 PRELOAD_BASE = int(ipaddress.IPv4Address("10.1.0.0"))      # N peers: 10.1.0.0/24 upwards
 BURST_BASE = int(ipaddress.IPv4Address("10.128.0.0"))      # the burst: 10.128.0.0/24 upwards
 FAKE_PEER_BASE = int(ipaddress.IPv4Address("172.16.0.1"))
-PING_INTERVAL = 0.02
+NEW_HOST_SUBNET = ipaddress.IPv4Network("10.250.200.0/24")   # h0, h1 take random ones in 10.250/16
+PING_INTERVAL = 0.01
 REACH_INTERVAL = 0.02
+LOG_SETTLE_S = 2.0
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -154,6 +157,7 @@ def burst_phase(ov, daemons, cmp, target, do, timeout):
     t_first = res["t_first"]
     done = [p.reached(timeout) for p in pollers]
     cpu1 = [cpu_s(d.pid) for d in daemons]
+    time.sleep(LOG_SETTLE_S)                 # a burst's last summary comes within a second
     return res, {
         "writes_s": round(res["t_last"] - t_first, 3),
         "absorbed_s": [since(t, t_first) for t in done],
@@ -163,20 +167,19 @@ def burst_phase(ov, daemons, cmp, target, do, timeout):
     }
 
 
-def reach_times(ov, h2, others, t_lease, timeout):
-    """Seconds from h2's lease until each of ``others`` reaches it and it reaches others[0]."""
-    pairs = [(o, ov.flannel_ip(h2)) for o in others] + [(h2, ov.flannel_ip(others[0]))]
-    names = [f"{o.name}->{h2.name}" for o in others] + [f"{h2.name}->{others[0].name}"]
+def first_replies(ov, pairs, timeout) -> dict:
+    """{name: wall-clock time of the first reply} for pings ``{name: (src host, dst ip)}`` sent
+    at once, every REACH_INTERVAL s."""
     out: dict = {}
 
     def one(name, src, dst):
-        out[name] = since(ov.first_reply(src, dst, timeout, REACH_INTERVAL), t_lease) if t_lease else None
-    threads = [threading.Thread(target=one, args=(name, src, dst)) for name, (src, dst) in zip(names, pairs)]
+        out[name] = ov.first_reply(src, dst, timeout, REACH_INTERVAL)
+    threads = [threading.Thread(target=one, args=(name, *pair)) for name, pair in pairs.items()]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return {name: out.get(name) for name in names}
+    return out
 
 
 def run_case(engine: str, n: int, burst: int, timeout: float, verbose: int) -> dict:
@@ -205,20 +208,25 @@ def run_case(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         time.sleep(3.0)
 
         new = leases(BURST_BASE, 100_000, burst)
-        h2_box: dict = {}
+        h2 = ov.add_host(start=False)
+        ov.prefer_subnet(h2, NEW_HOST_SUBNET)
+        ip2 = str(NEW_HOST_SUBNET.network_address)
+        reach: dict = {}
+        pingers = threading.Thread(target=lambda: reach.update(first_replies(ov, {
+            "h0->h2": (h0, ip2), "h1->h2": (h1, ip2), "h2->h0": (h2, ov.flannel_ip(h0))}, timeout)))
 
         def put_then_start_h2():
             res = writer.put(new)
-            h2_box["host"] = ov.add_host(wait=False)  # right after the burst's writes
+            pingers.start()                   # pinging h2 before it even has a lease
+            ov.start_daemon(h2, wait=False)   # right after the burst's writes
             return res
 
         res, put = burst_phase(ov, daemons, "ge", n + burst + 1, put_then_start_h2, timeout)
         out["put"] = {k: v for k, v in put.items() if k != "window"}
-        h2 = h2_box["host"]
+        pingers.join()
         d2 = ov.daemon(h2)
-        wait_file(d2.subnet_file, timeout)
         t_lease = ov.lease_acquired_at(h2)
-        out["new_host_reach_s"] = reach_times(ov, h2, [h0, h1], t_lease, timeout)
+        out["new_host_reach_s"] = {k: since(t, t_lease) for k, t in sorted(reach.items())}
         ov.wait_ready(h2, timeout=timeout)
 
         _, dele = burst_phase(ov, daemons, "le", n + 2, lambda: writer.delete(new), timeout)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 
 from ..cli import flanneld_flags
@@ -51,6 +52,10 @@ from .systemd import sd_notify
 log = logging.getLogger(__name__)
 
 PEERS_READY_TIMEOUT_S = 5.0
+# The Python engine shares the interpreter with the control plane: a thread that wants it waits
+# up to the switch interval (5 ms by default) for a busy one, and a burst of lease events keeps
+# the control plane busy; 0.5 ms bounds what that adds to a packet.
+PY_ENGINE_SWITCH_INTERVAL_S = 0.0005
 
 
 class Daemon:
@@ -173,6 +178,8 @@ class Daemon:
         from ..host.offload import Offloads
         o = self.opts
         self.engine_cls, self.engine_why = startup.choose_engine(o)
+        if self.engine_cls.name == "python":
+            sys.setswitchinterval(PY_ENGINE_SWITCH_INTERVAL_S)
         self.queues, note = queues.effective(o.queues, o.trace)
         if note:
             log.info("%s", note)

@@ -208,6 +208,14 @@ class Overlay:
     def _dir(self, host) -> str:
         return os.path.join(self.tb.workdir, self.host(host).name)
 
+    def prefer_subnet(self, host, subnet) -> None:
+        """Write the host's subnet.env as a previous run would leave it, naming ``subnet``: its
+        daemon then takes that subnet when it is free, so peers can be pointed at it beforehand."""
+        net = ipaddress.IPv4Network(subnet)
+        with open(os.path.join(self._dir(host), "subnet.env"), "w") as f:
+            f.write(f"FLANNEL_NETWORK={self.network}\nFLANNEL_SUBNET={net.network_address + 1}/"
+                    f"{net.prefixlen}\nFLANNEL_MTU={self.tb.mtu - 28}\nFLANNEL_IPMASQ=false\n")
+
     def daemon_command(self, host: Host, engine: str, args=()) -> list[str]:
         """The daemon's `flannel-udp` arguments; ``--iface <veth>`` unless ``args`` choose the
         interface."""

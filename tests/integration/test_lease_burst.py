@@ -18,6 +18,7 @@ PEERS, BURST = 2000, 500
 CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 24, "SubnetMin": "10.250.0.0",
           "SubnetMax": "10.250.255.0", "Backend": {"Type": "udp"}}
 LIMIT_S = 1.0
+NEW_HOST_SUBNET = ipaddress.IPv4Network("10.250.200.0/24")     # the others take random ones
 
 
 def leases(base: str, first: int, count: int) -> dict:
@@ -50,11 +51,21 @@ def test_a_burst_is_absorbed_and_a_new_host_reached_within_a_second(engine_kind,
         ov.wait_ready(h0)
         ov.wait_ready(h1)
         burst = leases("10.128.0.0", 100_000, BURST)
-        box = {}
+        h2 = ov.add_host(start=False)
+        ov.prefer_subnet(h2, NEW_HOST_SUBNET)
+        ip2 = str(NEW_HOST_SUBNET.network_address)
+        pairs = {"h0->h2": (h0, ip2), "h1->h2": (h1, ip2), "h2->h0": (h2, ov.flannel_ip(h0))}
+        replied = {}
+
+        def first_reply(name, src, dst):
+            replied[name] = ov.first_reply(src, dst, timeout=15)
+        pingers = [threading.Thread(target=first_reply, args=(name, *pair)) for name, pair in pairs.items()]
 
         def put_then_start_a_host():
             res = writer.put(burst)
-            box["h2"] = ov.add_host(wait=False)
+            for t in pingers:                   # pinging the new host before it has a lease
+                t.start()
+            ov.start_daemon(h2, wait=False)
             return res
 
         res, put_s = absorbed(ov, (h0, h1), "ge", PEERS + BURST + 1, put_then_start_a_host)
@@ -62,22 +73,13 @@ def test_a_burst_is_absorbed_and_a_new_host_reached_within_a_second(engine_kind,
         assert res["results"] == BURST
         assert all(s is not None and s < LIMIT_S for s in put_s), put_s
 
-        h2 = box["h2"]
+        for t in pingers:
+            t.join()
         ov.wait_ready(h2)
+        assert ov.subnet(h2) == NEW_HOST_SUBNET
         t_lease = ov.lease_acquired_at(h2)
         assert t_lease is not None
-        pairs = {"h0->h2": (h0, ov.flannel_ip(h2)), "h1->h2": (h1, ov.flannel_ip(h2)),
-                 "h2->h0": (h2, ov.flannel_ip(h0))}
-        reach = {}
-
-        def first_reply(name, src, dst):
-            t = ov.first_reply(src, dst, timeout=10)
-            reach[name] = None if t is None else round(t - t_lease, 3)
-        threads = [threading.Thread(target=first_reply, args=(name, *pair)) for name, pair in pairs.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        reach = {name: None if t is None else round(t - t_lease, 3) for name, t in replied.items()}
         figure(f"{engine_kind}: new host reachable after its lease, s", reach)
         assert all(s is not None and s < LIMIT_S for s in reach.values()), reach
 
@@ -94,3 +96,29 @@ def test_a_burst_is_absorbed_and_a_new_host_reached_within_a_second(engine_kind,
         for d in (h0, h1, h2):
             text = ov.daemon(d).log_text()
             assert " ERROR " not in text and "Traceback" not in text, text[-3000:]
+
+
+def test_a_starting_host_accepts_its_peers_first_datagrams(engine_kind):
+    """The peers' leases are listed before the engine forwards: a peer that pings the new host as
+    soon as its lease appears gets answers, and none of its datagrams is dropped as coming from a
+    source with no lease (which would point the operator at NAT)."""
+    require_root()
+    require_etcd()
+    require_engine(engine_kind)
+    from dataplane.testbed.overlay import Overlay
+    with Overlay(hosts=0, engine=engine_kind, config=CONFIG) as ov:
+        ov.lease_writer().put(leases("10.1.0.0", 0, PEERS), txn=100)   # a list that takes a while
+        h0 = ov.add_host()
+        h1 = ov.add_host(start=False)
+        subnet = NEW_HOST_SUBNET
+        ov.prefer_subnet(h1, subnet)
+        box = {}
+        pinger = threading.Thread(target=lambda: box.update(
+            t=ov.first_reply(h0, str(subnet.network_address), timeout=20, interval=0.01)))
+        pinger.start()
+        ov.start_daemon(h1)
+        pinger.join()
+        assert box["t"] is not None, "h0 never reached the new host"
+        assert ov.subnet(h1) == subnet
+        assert ov.metrics(h1)['flannel_udp_drops_total{reason="bad_source"}'] == 0
+        assert "hold no lease" not in ov.daemon(h1).log_text()
