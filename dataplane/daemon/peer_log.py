@@ -1,14 +1,14 @@
 """How peer changes reach the log: a line per lease while changes are rare, a summary during a burst.
 
-A host joining or leaving now and then gets its own INFO line, as before. When changes keep coming
-(an autoscaling event, an etcd restore: thousands of leases within seconds), the lines of one
-window (1 s) are folded into one INFO summary written when the window ends: how many peers were
-added and removed, in how many reports, the route table's size, and the first and last few leases
-of each kind. So a burst of 1,000 adds writes a handful of lines, not thousands (journald's default
-rate limit is 10,000 lines per 30 s, and a flood hides everything else). With `-v=2` each lease of a
-burst also gets a DEBUG line.
+A host joining or leaving gets its own INFO line at once, as long as the window (1 s) has had fewer
+than ``BUDGET`` such lines. Beyond that (an autoscaling event, an etcd restore: thousands of leases
+within seconds) the changes are folded into one INFO summary written when the window ends: how many
+peers were added and removed, in how many reports, the route table's size, and the first and last
+few leases of each kind. So a burst of 1,000 adds writes a handful of lines, not thousands
+(journald's default rate limit is 10,000 lines per 30 s, and a flood hides everything else). With
+`-v=2` each folded lease also gets a DEBUG line.
 
-Not thread-safe on its own: the daemon calls ``record`` from the peer watcher's reports, which come
+Not thread-safe on its own: the daemon calls ``record`` with the peer watcher's reports, which come
 one at a time, and ``tick`` from its main loop, both under the daemon's lock.
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ import time
 log = logging.getLogger(__name__)
 
 WINDOW_S = 1.0      # at most one summary per window
-DETAIL = 3          # leases named at each end of a summary; a change this small is logged in full
+BUDGET = 5          # lines per window for single leases before they are folded into the summary
+DETAIL = 3          # leases named at each end of a summary
 
 
 class PeerLog:
@@ -28,7 +29,8 @@ class PeerLog:
         self.port = port
         self._clock = clock
         self.window = window
-        self._quiet_at = 0.0        # before this time, changes are folded into the summary
+        self._window_end = 0.0
+        self._lines = 0             # INFO lines in the current window
         self._reset()
 
     def _reset(self) -> None:
@@ -45,15 +47,16 @@ class PeerLog:
         if not change:
             return
         now = self._clock()
-        if not self._reports and now >= self._quiet_at and \
-                len(change.added) + len(change.removed) <= DETAIL:
+        self.tick(now)
+        n = len(change.added) + len(change.removed)
+        if not self._reports and self._lines + n <= BUDGET:
             for lease in change.removed:
                 log.info("Peer removed: %s (was via %s); %d peer(s) in the route table",
                          lease.subnet, lease.public_ip, table_size)
             for lease in change.added:
                 log.info("Peer added: %s via %s:%d; %d peer(s) in the route table", lease.subnet,
                          lease.public_ip, self.port, table_size)
-            self._quiet_at = now + self.window
+            self._lines += n
             return
         for kind, leases in (("removed", change.removed), ("added", change.added)):
             for lease in leases:
@@ -66,13 +69,20 @@ class PeerLog:
         self._last_at = now
         self._reports += 1
         self._size = table_size
-        self.tick(now)
 
     def tick(self, now: float | None = None) -> None:
-        """Write the pending summary once its window is over (the daemon calls this every second)."""
+        """End the window when its time is up, with the summary of what was folded in it (the
+        daemon calls this every second)."""
         now = self._clock() if now is None else now
-        if not self._reports or now < self._quiet_at:
+        if now < self._window_end:
             return
+        self._lines = 0
+        if self._reports:
+            self._summary()
+            self._lines = 1
+        self._window_end = now + self.window
+
+    def _summary(self) -> None:
         parts = []
         for kind in ("added", "removed"):
             n = self._counts[kind]
@@ -87,7 +97,6 @@ class PeerLog:
         log.info("Peers changed: %s in %d update(s) over %.2f s; %d peer(s) in the route table",
                  "; ".join(parts), self._reports, self._last_at - self._first_at, self._size)
         self._reset()
-        self._quiet_at = now + self.window
 
     def _name(self, lease, kind: str) -> str:
         if kind == "added":

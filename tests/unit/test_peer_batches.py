@@ -13,7 +13,7 @@ from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peers import PeerWatcher
 from dataplane.control.peerset import PeerChange, PeerSnapshot
 from dataplane.control.registry import WatchEvent
-from dataplane.daemon.peer_log import DETAIL, PeerLog
+from dataplane.daemon.peer_log import BUDGET, PeerLog
 
 PREFIX = "/coreos.com/network/subnets/"
 OWN = IPv4Network("10.5.1.0/24")
@@ -164,20 +164,18 @@ def info(caplog):
     return [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
 
 
-def test_rare_changes_get_a_line_per_lease(caplog):
+def test_rare_changes_get_a_line_per_lease_at_once(caplog):
     clock = Clock()
     plog = PeerLog(8285, clock=clock)
     with caplog.at_level(logging.INFO, logger="dataplane.daemon.peer_log"):
         plog.record(PeerChange(PeerSnapshot(), (lease(1),), ()), 5)
-        clock.t += 2
+        clock.t += 0.3
         plog.record(PeerChange(PeerSnapshot(), (), (lease(1),)), 4)
     assert info(caplog) == ["Peer added: 10.128.1.0/24 via 172.16.0.1:8285; 5 peer(s) in the route table",
                             "Peer removed: 10.128.1.0/24 (was via 172.16.0.1); 4 peer(s) in the route table"]
 
 
 def test_a_burst_is_summarised_once_per_window(caplog):
-    """The first report of a burst is said at once (nothing was logged for a while), the rest
-    when the window ends: two lines for 1,000 adds and 2 removals."""
     clock = Clock()
     plog = PeerLog(8285, clock=clock)
     with caplog.at_level(logging.DEBUG, logger="dataplane.daemon.peer_log"):
@@ -186,32 +184,36 @@ def test_a_burst_is_summarised_once_per_window(caplog):
                         100 + 20 * (b + 1))
             clock.t += 0.01
         plog.record(PeerChange(PeerSnapshot(), (), (lease(0), lease(1))), 1098)
-        assert len(info(caplog)) == 1           # the window is not over
+        assert info(caplog) == []               # the window is not over
         clock.t += 1.0
         plog.tick()
         plog.tick()
-    first, line = info(caplog)
-    assert first.startswith("Peers changed: 20 added (10.128.0.0/24 via 172.16.0.0, ")
-    assert first.endswith(" in 1 update(s) over 0.00 s; 120 peer(s) in the route table")
-    assert line.startswith("Peers changed: 980 added (10.128.20.0/24 via 172.16.0.20, "
-                           "10.128.21.0/24 via 172.16.0.21, 10.128.22.0/24 via 172.16.0.22, ..., ")
+    [line] = info(caplog)
+    assert line.startswith("Peers changed: 1000 added (10.128.0.0/24 via 172.16.0.0, "
+                           "10.128.1.0/24 via 172.16.0.1, 10.128.2.0/24 via 172.16.0.2, ..., ")
     assert "10.131.229.0/24 via 172.16.3.229, 10.131.230.0/24 via 172.16.3.230, " \
            "10.131.231.0/24 via 172.16.3.231); 2 removed (10.128.0.0/24, 10.128.1.0/24)" in line
-    assert line.endswith("in 50 update(s) over 0.49 s; 1098 peer(s) in the route table")
+    assert line.endswith("in 51 update(s) over 0.50 s; 1098 peer(s) in the route table")
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
     assert len(debug) == 1002                   # -v=2: every lease of the burst
 
 
-def test_a_burst_right_after_a_line_waits_for_the_window(caplog):
+def test_single_leases_beyond_the_budget_are_folded(caplog):
+    """A burst of one-lease reports: BUDGET lines, then the rest in the window's summary; the
+    next window starts afresh."""
     clock = Clock()
     plog = PeerLog(8285, clock=clock)
     with caplog.at_level(logging.INFO, logger="dataplane.daemon.peer_log"):
-        plog.record(PeerChange(PeerSnapshot(), (lease(1),), ()), 1)
-        clock.t += 0.2
-        plog.record(PeerChange(PeerSnapshot(), tuple(lease(i) for i in range(2, 2 + DETAIL + 1)), ()), 5)
-        assert len(info(caplog)) == 1
-        clock.t += 0.81
+        for i in range(BUDGET + 2):
+            plog.record(PeerChange(PeerSnapshot(), (lease(i),), ()), i + 1)
+            clock.t += 0.05
+        assert len(info(caplog)) == BUDGET
+        clock.t += 1.0
         plog.tick()
-    assert info(caplog)[1] == ("Peers changed: 4 added (10.128.2.0/24 via 172.16.0.2, 10.128.3.0/24 via "
-                               "172.16.0.3, 10.128.4.0/24 via 172.16.0.4, 10.128.5.0/24 via 172.16.0.5) "
-                               "in 1 update(s) over 0.00 s; 5 peer(s) in the route table")
+        clock.t += 1.0
+        plog.record(PeerChange(PeerSnapshot(), (), (lease(0),)), BUDGET + 1)
+    lines = info(caplog)
+    assert lines[BUDGET] == ("Peers changed: 2 added (10.128.5.0/24 via 172.16.0.5, 10.128.6.0/24 via "
+                             "172.16.0.6) in 2 update(s) over 0.05 s; 7 peer(s) in the route table")
+    assert lines[BUDGET + 1].startswith("Peer removed: 10.128.0.0/24 ")
+    assert len(lines) == BUDGET + 2
