@@ -16,7 +16,9 @@ never see a packet), then two real daemons h0 and h1 with the engine under test.
 * a new host h2 started as soon as the writes are acknowledged: from its lease's acquisition (its log
   line) until h0 and h1 reach it and it reaches h0 (pings every 20 ms from before h2 starts; its
   subnet.env names the subnet it takes);
-* ping h0 -> h1 every 10 ms throughout: RTT while idle, during the put burst, during the deletes;
+* ping h0 -> h1 every 10 ms throughout: RTT while idle, during the same burst written under a prefix
+  no daemon watches (what the writer and etcd alone cost this machine: the baseline of a burst),
+  during the put burst, during the deletes;
 * delete burst: the same 1,000 leases deleted one by one; until each daemon has N + 2 peers;
 * log lines h0 wrote for the put and delete bursts (until 2 s after each was absorbed).
 
@@ -48,6 +50,7 @@ PRELOAD_BASE = int(ipaddress.IPv4Address("10.1.0.0"))      # N peers: 10.1.0.0/2
 BURST_BASE = int(ipaddress.IPv4Address("10.128.0.0"))      # the burst: 10.128.0.0/24 upwards
 FAKE_PEER_BASE = int(ipaddress.IPv4Address("172.16.0.1"))
 NEW_HOST_SUBNET = ipaddress.IPv4Network("10.250.200.0/24")   # h0, h1 take random ones in 10.250/16
+UNWATCHED_PREFIX = "/bench-unwatched/network"
 PING_INTERVAL = 0.01
 REACH_INTERVAL = 0.02
 LOG_SETTLE_S = 2.0
@@ -206,6 +209,12 @@ def run_case(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         stable = ping(ov, h0, ov.flannel_ip(h1), PING_INTERVAL, 2 * timeout + 120)
         t_idle = time.time()
         time.sleep(3.0)
+        # The same burst where no daemon looks: what the writer and etcd alone cost the machine.
+        unwatched = leases(BURST_BASE, 100_000, burst)
+        res = writer.put(unwatched, prefix=UNWATCHED_PREFIX)
+        control = (res["t_first"], res["t_last"] + 0.05)
+        writer.delete(unwatched, prefix=UNWATCHED_PREFIX)
+        time.sleep(1.0)
 
         new = leases(BURST_BASE, 100_000, burst)
         h2 = ov.add_host(start=False)
@@ -234,7 +243,8 @@ def run_case(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         time.sleep(0.5)
         ov.tb.kill(stable.proc, sig=signal.SIGINT)
         rs = replies(stable)
-        out["rtt_idle"] = rtt_in(rs, t_idle, put["window"][0])
+        out["rtt_idle"] = rtt_in(rs, t_idle, control[0])
+        out["rtt_unwatched_puts"] = rtt_in(rs, *control)
         out["rtt_put"] = rtt_in(rs, *put["window"])
         out["rtt_delete"] = rtt_in(rs, *dele["window"])
         errors = [line for d in (*daemons, d2) for line in d.log_text().splitlines()
@@ -259,12 +269,13 @@ def table(results: list[dict], timeout: float) -> str:
         ("puts: writes / until h0, h1 have them", lambda r: f"{r['put']['writes_s']} / " + ", ".join(
             fmt(x, timeout) for x in r['put']['absorbed_s']) + " s"),
         ("CPU per daemon on the puts (h0, h1)", lambda r: ", ".join(map(str, r['put']['cpu_s'])) + " s"),
-        ("CPU per put event (h0)", lambda r: f"{r['put']['cpu_s'][0] / r['burst'] * 1e3:.2f} ms"),
+        ("CPU per put event (h0), i.e. events/s per core", lambda r: _per_event(r['put']['cpu_s'][0], r['burst'])),
         ("new host: until h0 / h1 reach it, it reaches h0", lambda r: " / ".join(
             fmt(v, timeout) for v in r['new_host_reach_s'].values()) + " s"),
-        ("ping h0->h1 avg / max RTT: idle", lambda r: _rtt(r['rtt_idle'])),
-        ("same, during the puts", lambda r: _rtt(r['rtt_put'])),
-        ("same, during the deletes", lambda r: _rtt(r['rtt_delete'])),
+        ("ping h0->h1 RTT median / avg / max: idle", lambda r: _rtt(r.get('rtt_idle'))),
+        ("same, during as many puts nobody watches", lambda r: _rtt(r.get('rtt_unwatched_puts'))),
+        ("same, during the puts", lambda r: _rtt(r.get('rtt_put'))),
+        ("same, during the deletes", lambda r: _rtt(r.get('rtt_delete'))),
         ("deletes: until h0, h1 have applied them", lambda r: ", ".join(
             fmt(x, timeout) for x in r['delete']['absorbed_s']) + " s"),
         ("CPU per daemon on the deletes (h0, h1)", lambda r: ", ".join(map(str, r['delete']['cpu_s'])) + " s"),
@@ -277,10 +288,18 @@ def table(results: list[dict], timeout: float) -> str:
     return "\n".join(lines)
 
 
-def _rtt(w: dict) -> str:
+def _rtt(w) -> str:
+    if w is None:
+        return "not measured"
     if not w.get("replies"):
         return "no replies"
-    return f"{w['avg_ms']} / {w['max_ms']} ms ({w['replies']})"
+    return f"{w['p50_ms']} / {w['avg_ms']} / {w['max_ms']} ms ({w['replies']})"
+
+
+def _per_event(cpu_s: float, events: int) -> str:
+    if not cpu_s:
+        return "< 0.01 ms"
+    return f"{cpu_s / events * 1e3:.2f} ms, {events / cpu_s:,.0f}/s"
 
 
 def main() -> int:
@@ -291,7 +310,13 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=400.0, help="bound of every wait, seconds")
     ap.add_argument("-v", type=int, default=0, help="the daemons' -v")
     ap.add_argument("--json", default=None, help="write the results here too")
+    ap.add_argument("--table", default=None, metavar="JSON", help="only print the table of a saved run")
     a = ap.parse_args()
+    if a.table:
+        with open(a.table) as f:
+            saved = json.load(f)
+        print(table(saved["results"], a.timeout))
+        return 0
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2

@@ -4,31 +4,34 @@ The testbed's etcd listens inside the switch namespace, out of the caller's reac
 costs a process per key; so :class:`LeaseWriter` keeps one child in the switch namespace that talks
 to etcd with the project's own client and takes its orders as JSON lines on stdin::
 
-    {"op": "put", "leases": [["10.1.0.0/24", "172.16.0.1"], ...], "txn": 0, "workers": 8}
-    {"op": "delete", "subnets": ["10.1.0.0/24", ...], "workers": 8}
+    {"op": "put", "leases": [["10.1.0.0/24", "172.16.0.1"], ...], "txn": 0, "window": 32}
+    {"op": "delete", "subnets": ["10.1.0.0/24", ...], "window": 32}
 
 Each lease gets flanneld's key and value (docs/flannel-compat.md#lease-value), with no etcd lease
 attached. ``txn: K`` writes K keys per transaction (a quick way to preload thousands); otherwise every
-key is its own put, hence its own revision and its own watch event, sent by ``workers`` threads at
-once (a burst). The answer is one JSON line: ``{"t_first", "t_last", "count", "results"}`` (results:
-how many calls answered a revision or a deletion), the
-wall-clock times (``time.time()``, the same clock in every namespace) at which the first request
-was sent and the last one answered.
+key is its own put (or delete), hence its own revision and its own watch event, ``window`` of them in
+flight at once from one thread (a burst as fast as etcd takes it, for little of the machine's CPU,
+which the daemons under test share). The answer is one JSON line: ``{"t_first", "t_last", "count",
+"results"}`` (results: how many calls answered a revision or a deletion), the wall-clock times
+(``time.time()``, the same clock in every namespace) at which the first request was sent and the last
+one answered.
 """
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from ipaddress import IPv4Address, IPv4Network
+from urllib.parse import urlsplit
 
 from ..cli.child import python_argv
 
-WORKERS = 8
+WINDOW = 32                 # requests in flight during a burst
 TXN_MAX_OPS = 128           # etcd's default --max-txn-ops
+CALL_TIMEOUT_S = 30.0
 
 
 class LeaseWriter:
@@ -54,16 +57,19 @@ class LeaseWriter:
             raise RuntimeError(f"lease writer: {answer['error']}")
         return answer
 
-    def put(self, leases, *, txn: int = 0, workers: int = WORKERS, timeout: float = 300.0) -> dict:
-        """``leases``: {subnet: PublicIP} (or pairs). One revision per key unless ``txn``."""
+    def put(self, leases, *, txn: int = 0, window: int = WINDOW, prefix: str | None = None,
+            timeout: float = 300.0) -> dict:
+        """``leases``: {subnet: PublicIP} (or pairs). One revision per key unless ``txn``.
+        ``prefix``: another etcd prefix than the overlay's (the same load, nobody watching)."""
         pairs = leases.items() if hasattr(leases, "items") else leases
         return self._ask({"op": "put", "leases": [[str(s), str(ip)] for s, ip in pairs],
-                          "txn": int(txn), "workers": int(workers)}, timeout)
+                          "txn": int(txn), "window": int(window), "prefix": prefix}, timeout)
 
-    def delete(self, subnets, *, workers: int = WORKERS, timeout: float = 300.0) -> dict:
+    def delete(self, subnets, *, window: int = WINDOW, prefix: str | None = None,
+               timeout: float = 300.0) -> dict:
         """One delete, hence one revision, per subnet."""
         return self._ask({"op": "delete", "subnets": [str(s) for s in subnets],
-                          "workers": int(workers)}, timeout)
+                          "window": int(window), "prefix": prefix}, timeout)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -88,43 +94,70 @@ def _readline(stream, timeout: float) -> str:
 
 def serve(etcd_url: str, prefix: str) -> None:
     """The child's loop: one order per stdin line, one answer per stdout line, until EOF."""
+    import grpc
+    from pyetcd import etcdrpc
+
     from ..control.registry import Registry
-    reg = Registry([etcd_url], prefix, timeout=30.0)
+    reg = Registry([etcd_url], prefix, timeout=CALL_TIMEOUT_S)
+    # The burst's own channel: the testbed's etcd speaks plain http.
+    channel = grpc.insecure_channel(urlsplit(etcd_url).netloc)
+    kv = etcdrpc.KVStub(channel)
     try:
         for line in sys.stdin:
             try:
-                answer = _perform(reg, json.loads(line))
+                answer = _perform(reg, kv, json.loads(line))
             except Exception as exc:          # reported to the parent, which raises it
                 answer = {"error": f"{type(exc).__name__}: {exc}"}
             sys.stdout.write(json.dumps(answer) + "\n")
             sys.stdout.flush()
     finally:
+        channel.close()
         reg.close()
 
 
-def _perform(reg, order: dict) -> dict:
-    from ..control.lease import LeaseAttrs
-    op = order["op"]
+def _perform(reg, kv, order: dict) -> dict:
+    from pyetcd import etcdrpc
+
+    from ..control.lease import LeaseAttrs, subnet_key_name
+    op, window = order["op"], int(order.get("window") or WINDOW)
+    under = f"{order['prefix'].rstrip('/')}/subnets/" if order.get("prefix") else reg.subnets_prefix
+
+    def key(subnet: str) -> str:
+        return under + subnet_key_name(IPv4Network(subnet))
     if op == "put":
-        items = [(reg.lease_key(IPv4Network(s)), LeaseAttrs(IPv4Address(ip)).to_json())
-                 for s, ip in order["leases"]]
+        items = [(key(s).encode(), LeaseAttrs(IPv4Address(ip)).to_json()) for s, ip in order["leases"]]
         chunk = min(int(order.get("txn") or 0), TXN_MAX_OPS)
         if chunk:
-            batches = [dict(items[i:i + chunk]) for i in range(0, len(items), chunk)]
-            return _timed(lambda b: reg.txn_put_delete(b), batches, 1)
-        return _timed(lambda kv: reg.put(*kv), items, order.get("workers", WORKERS))
+            batches = [{k.decode(): v for k, v in items[i:i + chunk]} for i in range(0, len(items), chunk)]
+            return _timed(lambda b: reg.txn_put_delete(b), batches)
+        return _pipelined(kv.Put, [etcdrpc.PutRequest(key=k, value=v) for k, v in items], window)
     if op == "delete":
-        keys = [reg.lease_key(IPv4Network(s)) for s in order["subnets"]]
-        return _timed(reg.delete, keys, order.get("workers", WORKERS))
+        keys = [key(s).encode() for s in order["subnets"]]
+        return _pipelined(kv.DeleteRange, [etcdrpc.DeleteRangeRequest(key=k) for k in keys], window)
     raise ValueError(f"unknown op {op!r}")
 
 
-def _timed(call, items, workers: int) -> dict:
+def _timed(call, items) -> dict:
     t_first = time.time()
-    if workers <= 1:
-        results = [call(x) for x in items]
-    else:
-        with ThreadPoolExecutor(int(workers)) as pool:
-            results = list(pool.map(call, items))
-    t_last = time.time()
-    return {"t_first": t_first, "t_last": t_last, "count": len(items), "results": sum(map(bool, results))}
+    results = [call(x) for x in items]
+    return {"t_first": t_first, "t_last": time.time(), "count": len(items),
+            "results": sum(map(bool, results))}
+
+
+def _pipelined(method, requests, window: int) -> dict:
+    """Each request its own call, ``window`` in flight, answers awaited in order."""
+    t_first = time.time()
+    pending: collections.deque = collections.deque()
+    answered = 0
+    for req in requests:
+        if len(pending) >= window:
+            answered += _answered(pending.popleft().result(CALL_TIMEOUT_S))
+        pending.append(method.future(req, timeout=CALL_TIMEOUT_S))
+    while pending:
+        answered += _answered(pending.popleft().result(CALL_TIMEOUT_S))
+    return {"t_first": t_first, "t_last": time.time(), "count": len(requests), "results": answered}
+
+
+def _answered(resp) -> int:
+    """1 when a put got a revision or a delete deleted something."""
+    return int(resp.deleted > 0) if hasattr(resp, "deleted") else int(resp.header.revision > 0)
