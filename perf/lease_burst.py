@@ -17,7 +17,7 @@ never see a packet), then two real daemons h0 and h1 with the engine under test.
   line) until h0 and h1 reach it and it reaches h0 (pings every 20 ms from before h2 starts; its
   subnet.env names the subnet it takes);
 * ping h0 -> h1 every 10 ms throughout: RTT while idle, during the same burst written under a prefix
-  no daemon watches (what the writer and etcd alone cost this machine: the baseline of a burst),
+  no daemon watches (what the writer, etcd and the pollers alone cost this machine: the baseline),
   during the put burst, during the deletes;
 * delete burst: the same 1,000 leases deleted one by one; until each daemon has N + 2 peers;
 * log lines h0 wrote for the put and delete bursts (until 2 s after each was absorbed).
@@ -209,10 +209,16 @@ def run_case(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         stable = ping(ov, h0, ov.flannel_ip(h1), PING_INTERVAL, 2 * timeout + 120)
         t_idle = time.time()
         time.sleep(3.0)
-        # The same burst where no daemon looks: what the writer and etcd alone cost the machine.
+        # The same burst where no daemon looks: what the writer, etcd and the measurement (the
+        # /metrics pollers) alone cost the machine.
         unwatched = leases(BURST_BASE, 100_000, burst)
+        pollers = [PeerCount(ov, d.host, "ge", n + burst + 1, timeout) for d in daemons]
+        for p in pollers:
+            p.wait_first()
         res = writer.put(unwatched, prefix=UNWATCHED_PREFIX)
         control = (res["t_first"], res["t_last"] + 0.05)
+        for p in pollers:
+            p.close()
         writer.delete(unwatched, prefix=UNWATCHED_PREFIX)
         time.sleep(1.0)
 

@@ -9,8 +9,10 @@ this loses nothing:
   4. a compacted revision re-lists (back to 1) and diffs, so removals that happened meanwhile show up.
 
 Events are coalesced: the watch thread only applies each event to the lease dict and notes the subnet
-it touched; a publisher thread waits `coalesce` seconds (5 ms) after the first unreported event, so
-that the rest of a burst (an autoscaling group joining, an etcd restore: a thousand puts, each its own
+it touched; a publisher thread waits `coalesce` seconds (5 ms) after the first unreported event, or ten
+times what the last report took if that is longer (a report copies the peer set and the route table:
+with 10,000 peers about a millisecond, so reports never take more than a tenth of the time), so that
+the rest of a burst (an autoscaling group joining, an etcd restore: a thousand puts, each its own
 revision and response) arrives meanwhile, then reports everything applied so far in one
 `on_change(change)` call: a `PeerChange` (control/peerset.py) holding the new immutable `PeerSnapshot`
 and the net difference, `added` (new peers and peers whose attributes, the PublicIP, changed) and
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from ipaddress import IPv4Network
 from typing import Callable, Optional
 
@@ -46,7 +49,9 @@ log = logging.getLogger(__name__)
 
 OnChange = Callable[[PeerChange], None]
 
-COALESCE_S = 0.005      # how long a batch waits for the rest of a burst
+COALESCE_S = 0.005      # how long a batch waits for the rest of a burst, at least
+REPORT_SHARE = 10       # ... and at least this many times what the last report took,
+COALESCE_MAX_S = 0.1    # but never longer than this
 
 
 class PeerWatcher:
@@ -70,6 +75,7 @@ class PeerWatcher:
         self._watch: Optional[WatchLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._publisher: Optional[threading.Thread] = None
+        self._report_s = 0.0                         # what the last report took
         self._emit_lock = threading.RLock()    # serialises state changes with their on_change calls
         self.ready = threading.Event()         # set after the first snapshot
         self.snapshots = 0
@@ -146,9 +152,12 @@ class PeerWatcher:
             self._kick.wait()
             if self._stop.is_set():
                 return
-            self._stop.wait(self.coalesce)       # the rest of a burst arrives meanwhile
+            # The rest of a burst arrives meanwhile.
+            self._stop.wait(min(max(self.coalesce, REPORT_SHARE * self._report_s), COALESCE_MAX_S))
             self._kick.clear()                   # before reading: a later event kicks again
+            started = time.monotonic()
             self.flush()
+            self._report_s = time.monotonic() - started
 
     def _run(self) -> None:
         rev = None

@@ -45,6 +45,7 @@ class PeerCount:
         self._cond = threading.Condition()
         self._done = False
         url = f"http://127.0.0.1:{overlay.healthz_port}/metrics"
+        self._tb = overlay.tb
         self.proc = overlay.tb.popen(host, [sys.executable, "-c", _CHILD, url, cmp, str(self.target),
                                             str(timeout), str(period)])
         threading.Thread(target=self._read, daemon=True).start()
@@ -81,3 +82,7 @@ class PeerCount:
                     break
                 self._cond.wait(left)
             return self._hit()
+
+    def close(self) -> None:
+        """Stop watching (the child is killed by PID)."""
+        self._tb.kill(self.proc)

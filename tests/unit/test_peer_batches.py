@@ -217,3 +217,24 @@ def test_single_leases_beyond_the_budget_are_folded(caplog):
                              "172.16.0.6) in 2 update(s) over 0.05 s; 7 peer(s) in the route table")
     assert lines[BUDGET + 1].startswith("Peer removed: 10.128.0.0/24 ")
     assert len(lines) == BUDGET + 2
+
+
+def test_a_slow_report_makes_the_next_batch_wait_longer(watch):
+    """Reports stay a small share of the time: after a report that took 30 ms the next batch
+    waits ten times that, capped at COALESCE_MAX_S (the new peers wait that much longer)."""
+    from dataplane.control.peers import COALESCE_MAX_S
+    w, reg, reports = watch(coalesce=0.005)
+    slow = reports.__call__
+
+    def taking_30ms(change):
+        time.sleep(0.03)
+        slow(change)
+    w.on_change = taking_30ms
+    n = len(reports.changes)
+    reg.send(put(9, "192.168.1.9", 11))
+    reports.wait(n + 1)
+    t0 = time.monotonic()
+    reg.send(put(8, "192.168.1.8", 12))
+    reports.wait(n + 2)
+    waited = time.monotonic() - t0
+    assert COALESCE_MAX_S <= waited < COALESCE_MAX_S + 1.0, waited
