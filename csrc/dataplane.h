@@ -267,6 +267,13 @@ int dp_loop_set_local(dp_loop *loop, uint32_t own_net, uint32_t own_prefixlen,
 /* Thread-safe: UDP -> TUN step 5 on (1) or off (0, the default). */
 int dp_loop_set_strict_sources(dp_loop *loop, int enable);
 
+/* Thread-safe: the same n routes for several loops (the queues of one host).
+ * Each loop's table is built first, then all are published one right after
+ * the other, so the queues switch together; on error none is published.
+ * dp_loop_set_routes(l, ...) is this call for the one loop l. */
+int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *routes,
+                        uint32_t n);
+
 /* Thread-safe snapshot of the counters. */
 int dp_loop_stats(dp_loop *loop, dp_stats *out);
 

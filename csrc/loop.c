@@ -276,21 +276,45 @@ void dp_loop_free(dp_loop *l)
 
 int dp_loop_set_routes(dp_loop *l, const dp_route *routes, uint32_t n)
 {
-    struct dp_routes *t;
-    int rc;
+    return dp_loops_set_routes(&l, 1, routes, n);
+}
 
-    if (!l)
+int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *routes,
+                        uint32_t n)
+{
+    struct dp_routes *one, **t = &one;
+    uint32_t i;
+    int rc = 0;
+
+    if (!loops || !nloops)
         return -EINVAL;
-    rc = dp_routes_build(&t, routes, n);
-    if (rc)
-        return rc;
-    /* A table still pending was never taken by the loop (it exchanges
-     * `pending` out before using a table), so nobody else holds it. */
-    dp_routes_free(__atomic_exchange_n(&l->pending, t, __ATOMIC_ACQ_REL));
-    /* Wake the loop so that it adopts the table now, not at the next packet;
-     * the table is published either way. */
-    wake(l);
-    return 0;
+    for (i = 0; i < nloops; i++)
+        if (!loops[i])
+            return -EINVAL;
+    if (nloops > 1 && !(t = calloc(nloops, sizeof(*t))))
+        return -ENOMEM;
+    /* Every table first: the slow part must not separate one queue's
+     * switch from the next one's. */
+    for (i = 0; i < nloops && !rc; i++)
+        rc = dp_routes_build(&t[i], routes, n);
+    if (rc) {
+        while (i--)
+            dp_routes_free(t[i]);
+    } else {
+        /* A table still pending was never taken by its loop (a loop exchanges
+         * `pending` out before using a table), so nobody else holds it. */
+        for (i = 0; i < nloops; i++)
+            t[i] = __atomic_exchange_n(&loops[i]->pending, t[i], __ATOMIC_ACQ_REL);
+        /* Wake the loops so that they adopt the table now, not at their next
+         * packet; the table is published either way. */
+        for (i = 0; i < nloops; i++) {
+            wake(loops[i]);
+            dp_routes_free(t[i]);
+        }
+    }
+    if (t != &one)
+        free(t);
+    return rc;
 }
 
 int dp_loop_set_local(dp_loop *l, uint32_t own_net, uint32_t own_prefixlen,

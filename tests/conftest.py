@@ -42,3 +42,12 @@ def engine_kind(request) -> str:
     """Runs the test once per engine; the C run fails in CI if it is not built."""
     require_engine(request.param)
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_process_exit_in_tests(monkeypatch):
+    """Code under test that ends the process (os._exit, as `flannel-udp run` does after a clean
+    shutdown) would end pytest with status 0 and the rest of the suite unrun: fail instead."""
+    def refuse(status):
+        raise AssertionError(f"os._exit({status}) called inside the test process")
+    monkeypatch.setattr(os, "_exit", refuse)

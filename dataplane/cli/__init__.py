@@ -74,4 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             stream=sys.stderr)
+    # argv None: this is the process's own command line (console script, python -m, a child);
+    # a caller that passes argv (a test) gets the status back, whatever the subcommand.
+    args._whole_process = argv is None
     return int(args._main(args) or 0)

@@ -39,10 +39,15 @@ def main(args) -> int:
     root = logging.getLogger()
     if opts.v >= 2:
         root.setLevel(logging.DEBUG)
+        # -v=2 is the daemon's debug, not its libraries': pyroute2 dumps every netlink
+        # message at DEBUG.
+        logging.getLogger("pyroute2").setLevel(logging.INFO)
     for w in opts.warnings:
         logging.getLogger("dataplane.daemon").warning("%s", w)
     from ..daemon.main import Daemon
     rc = Daemon(opts).run()
+    if not getattr(args, "_whole_process", False):
+        return rc
     # Everything is closed: skip the interpreter's teardown (its threads and atexit work take a
     # tenth of a second), since under systemd's fd store the next process starts only once
     # this one has exited, and nobody forwards meanwhile.

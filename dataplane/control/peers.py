@@ -8,11 +8,20 @@ this loses nothing:
   3. a broken stream or an etcd restart resumes from the last applied revision + 1 (Registry.WatchLoop);
   4. a compacted revision re-lists (back to 1) and diffs, so removals that happened meanwhile show up.
 
-Each batch of events becomes one `on_change(change)` call: a `PeerChange` (control/peerset.py) holding
-the new immutable `PeerSnapshot` and the net difference, `added` (new peers and peers whose attributes,
-the PublicIP, changed) and `removed` (peers that are gone). A renewal (a put of the same value) changes
-nothing and is not reported. The watcher keeps every valid lease, ours included; the snapshot leaves
-ours out, so `set_own_subnet` needs no re-read to stop filtering the old subnet and filter the new one.
+Events are coalesced: the watch thread only applies each event to the lease dict and notes the subnet
+it touched; a publisher thread waits `coalesce` seconds (5 ms) after the first unreported event, or ten
+times what the last report took if that is longer (a report copies the peer set and the route table:
+with 10,000 peers about a millisecond, so reports never take more than a tenth of the time), so that
+the rest of a burst (an autoscaling group joining, an etcd restore: a thousand puts, each its own
+revision and response) arrives meanwhile, then reports everything applied so far in one
+`on_change(change)` call: a `PeerChange` (control/peerset.py) holding the new immutable `PeerSnapshot`
+and the net difference, `added` (new peers and peers whose attributes, the PublicIP, changed) and
+`removed` (peers that are gone), computed over the touched subnets only. So a burst costs one snapshot
+copy and one route table per batch instead of per event, and one event costs the same whether the
+cluster has ten peers or ten thousand. A renewal (a put of the same value) changes nothing and is not
+reported. The watcher keeps every valid lease, ours included; the snapshot leaves ours out, so
+`set_own_subnet` needs no re-read to stop filtering the old subnet and filter the new one. The first
+list, a re-list and `set_own_subnet` report synchronously, with whatever events were still pending.
 
 Everything in etcd is input. A key that is no lease (its key or value does not parse, or, given the
 `network`, a subnet outside it or a PublicIP that cannot carry the overlay) is skipped, logged once per
@@ -20,13 +29,15 @@ key and problem (not at every re-list), and kept in `bad()` until the key is fix
 key whose value turns malformed keeps the peer's last valid lease, as flanneld does (it ignores an event
 it cannot parse): the owner will write it again, and the route it had is still the best guess.
 
-`_lock` guards `_leases`, `_current` and `_own`; on_change runs in the watcher thread (or in the caller
-of `set_own_subnet`), outside the lock, in order.
+`_lock` guards `_leases`, `_touched`, `_current` and `_own`, and is held only for the work of a batch
+(the Python engine shares the interpreter); on_change runs in the publisher thread (or in the thread
+that listed: the watcher's, or the caller of `set_own_subnet`), outside `_lock`, in order.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from ipaddress import IPv4Network
 from typing import Callable, Optional
 
@@ -38,10 +49,15 @@ log = logging.getLogger(__name__)
 
 OnChange = Callable[[PeerChange], None]
 
+COALESCE_S = 0.005      # how long a batch waits for the rest of a burst, at least
+REPORT_SHARE = 10       # ... and at least this many times what the last report took,
+COALESCE_MAX_S = 0.1    # but never longer than this
+
 
 class PeerWatcher:
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network], on_change: Optional[OnChange],
-                 *, retry_interval: float = 1.0, network: Optional[IPv4Network] = None):
+                 *, retry_interval: float = 1.0, network: Optional[IPv4Network] = None,
+                 coalesce: float = COALESCE_S):
         self.registry = registry
         self.network = network
         self._bad: dict[str, str] = {}         # key -> problem, for keys that are no usable lease
@@ -52,12 +68,18 @@ class PeerWatcher:
         self._leases: dict[IPv4Network, Lease] = {}   # every valid lease, ours included
         self._own = own_subnet
         self._current = PeerSnapshot.of((), own_subnet)
+        self._touched: set[IPv4Network] = set()      # subnets events changed since the last report
+        self.coalesce = coalesce
+        self._kick = threading.Event()               # set when events wait to be reported
         self._stop = threading.Event()
         self._watch: Optional[WatchLoop] = None
         self._thread: Optional[threading.Thread] = None
+        self._publisher: Optional[threading.Thread] = None
+        self._report_s = 0.0                         # what the last report took
         self._emit_lock = threading.RLock()    # serialises state changes with their on_change calls
         self.ready = threading.Event()         # set after the first snapshot
         self.snapshots = 0
+        self.batches = 0                       # reports of watch events
         self.revision = 0                      # last revision applied
 
     # -- public ---------------------------------------------------------------------------------
@@ -71,17 +93,30 @@ class PeerWatcher:
 
     def start(self) -> None:
         self._stop.clear()
+        self._publisher = threading.Thread(target=self._publish_loop, name="peer-publisher",
+                                           daemon=True)
+        self._publisher.start()
         self._thread = threading.Thread(target=self._run, name="peer-watcher", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
+        self._kick.set()
         watch = self._watch
         if watch is not None:
             watch.cancel()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        for attr in ("_thread", "_publisher"):
+            thread = getattr(self, attr)
+            if thread is not None:
+                thread.join(timeout)
+                setattr(self, attr, None)
+
+    def flush(self) -> None:
+        """Report the events applied so far now (the publisher does within ``coalesce`` s)."""
+        with self._emit_lock:
+            with self._lock:
+                change = self._publish()
+            self._emit(change)
 
     def bad(self) -> dict[str, str]:
         """{key: problem} of the keys under the subnets prefix that are skipped now."""
@@ -104,13 +139,25 @@ class PeerWatcher:
             log.warning("re-listing peers after own subnet change failed: %s", exc)
             with self._emit_lock:
                 with self._lock:
-                    change = self._publish()
+                    change = self._publish(full=True)
                 self._emit(change, always=True)
 
     # -- internals ------------------------------------------------------------------------------
     @property
     def watch_loop(self) -> Optional[WatchLoop]:
         return self._watch
+
+    def _publish_loop(self) -> None:
+        while not self._stop.is_set():
+            self._kick.wait()
+            if self._stop.is_set():
+                return
+            # The rest of a burst arrives meanwhile.
+            self._stop.wait(min(max(self.coalesce, REPORT_SHARE * self._report_s), COALESCE_MAX_S))
+            self._kick.clear()                   # before reading: a later event kicks again
+            started = time.monotonic()
+            self.flush()
+            self._report_s = time.monotonic() - started
 
     def _run(self) -> None:
         rev = None
@@ -134,6 +181,13 @@ class PeerWatcher:
         leases, bad, rev = self.registry.scan_leases()
         with self._emit_lock:
             with self._lock:
+                stale = rev < self.revision
+                if stale:
+                    # The watch applied newer events while we listed (set_own_subnet's list
+                    # races the watch thread): what we hold is fresher than the list.
+                    log.debug("peer list at revision %d is older than the watch (%d): kept the "
+                              "watch's view", rev, self.revision)
+                    leases, bad, rev = self._leases.values(), (), self.revision
                 own = self._own
                 before = self._leases
                 fresh: dict[IPv4Network, Lease] = {}
@@ -150,8 +204,9 @@ class PeerWatcher:
                         fresh[subnet] = before[subnet]
                 self._leases = fresh
                 self.revision = rev
-                change = self._publish()
-                self._set_bad(problems, replace=True, own=own)
+                change = self._publish(full=True)
+                if not stale:
+                    self._set_bad(problems, replace=True, own=own)
             self.snapshots += 1
             self._emit(change, always)
         self.ready.set()
@@ -187,8 +242,9 @@ class PeerWatcher:
                             "or deleted)", key, problem)
 
     def _on_events(self, events: list, revision: int) -> None:
-        with self._emit_lock:
-            self._apply_events(events, revision)
+        """The watch thread's part: apply, note what changed, leave the report to the publisher."""
+        self._apply_events(events, revision)
+        self._kick.set()
 
     def _apply_events(self, events: list, revision: int) -> None:
         with self._lock:
@@ -201,8 +257,8 @@ class PeerWatcher:
                     subnet, problem = None, str(exc)
                 if ev.kind == "delete":
                     self._set_bad({}, replace=False, own=own, cleared=[ev.key])
-                    if subnet is not None:
-                        self._leases.pop(subnet, None)
+                    if subnet is not None and self._leases.pop(subnet, None) is not None:
+                        self._touched.add(subnet)
                     continue
                 lease = None
                 if problem is None:
@@ -219,24 +275,27 @@ class PeerWatcher:
                     continue
                 self._set_bad({}, replace=False, own=own, cleared=[ev.key])
                 self._leases[subnet] = lease
+                self._touched.add(subnet)
             self.revision = revision
-            change = self._publish()
-        self._emit(change)
 
-    def _publish(self) -> PeerChange:
-        """The snapshot of the leases now, and how it differs from the last; caller holds _lock."""
-        change = PeerChange.between(self._current, PeerSnapshot.of(self._leases, self._own))
+    def _publish(self, full: bool = False) -> PeerChange:
+        """The snapshot of the leases now, and how it differs from the last (over the subnets
+        events touched, or all of them when ``full``); caller holds _lock."""
+        touched, self._touched = self._touched, set()
+        if not (touched or full):
+            return PeerChange(self._current)
+        after = PeerSnapshot.of(self._leases, self._own)
+        change = PeerChange.between(self._current, after, None if full else touched)
         self._current = change.snapshot
+        if not full:
+            self.batches += 1
         return change
 
     def _emit(self, change: PeerChange, always: bool = False) -> None:
-        """Report one change; called with _emit_lock held so that reports keep their order."""
+        """Report one change; called with _emit_lock held so that reports keep their order.
+        The receiver logs it (the daemon: daemon/peer_log.py, a summary during a burst)."""
         if not (change or always) or self.on_change is None:
             return
-        for lease in change.added:
-            log.info("Subnet added: %s via %s", lease.subnet, lease.attrs.public_ip)
-        for lease in change.removed:
-            log.info("Subnet removed: %s", lease.subnet)
         try:
             self.on_change(change)
         except Exception:

@@ -1,8 +1,9 @@
 """The peer set the watcher hands out: immutable, so a reader never sees it change under it.
 
 A peer is any valid lease but our own: ``PeerSnapshot.of`` is the one place that drops our own
-subnet. ``PeerChange`` is what the watcher reports after each batch of etcd events: the new
-snapshot and how it differs from the previous one.
+subnet. ``PeerChange`` is what the watcher reports after each batch of etcd events (all the events
+that arrived within a few milliseconds, control/peers.py): the new snapshot and how it differs from
+the previous one.
 """
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ class PeerSnapshot:
     @classmethod
     def of(cls, leases: Union[Iterable[Lease], Mapping[IPv4Network, Lease]],
            own: Optional[IPv4Network]) -> "PeerSnapshot":
-        """Every lease in ``leases`` (a later one of the same subnet wins) except ``own``'s."""
+        """Every lease in ``leases`` (a later one of the same subnet wins; a mapping is keyed by
+        the leases' subnets) except ``own``'s."""
         if isinstance(leases, Mapping):
-            leases = leases.values()
-        peers = {lease.subnet: lease for lease in leases}
+            peers = dict(leases)        # a copy in C: with many peers, no key is hashed again
+        else:
+            peers = {lease.subnet: lease for lease in leases}
         if own is not None:
             peers.pop(own, None)
         return cls(own, MappingProxyType(peers))
@@ -46,9 +49,14 @@ class PeerChange:
     removed: tuple = ()
 
     @classmethod
-    def between(cls, before: PeerSnapshot, after: PeerSnapshot) -> "PeerChange":
+    def between(cls, before: PeerSnapshot, after: PeerSnapshot,
+                subnets: Optional[Iterable[IPv4Network]] = None) -> "PeerChange":
+        """The difference, looked for in ``subnets`` only when the caller knows which subnets
+        a batch of events touched (the cost is then the batch's, not the peer set's)."""
+        if subnets is None:
+            subnets = set(before.peers) | set(after.peers)
         added, removed = [], []
-        for subnet in sorted(set(before.peers) | set(after.peers)):
+        for subnet in sorted(subnets, key=_subnet_order):
             old, new = before.peers.get(subnet), after.peers.get(subnet)
             if new is not None and (old is None or old.attrs != new.attrs):
                 added.append(new)
@@ -58,3 +66,8 @@ class PeerChange:
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed)
+
+
+def _subnet_order(subnet: IPv4Network) -> tuple:
+    """IPv4Network's own order (address, then prefix length), without its Python-level compare."""
+    return int(subnet.network_address), subnet.prefixlen

@@ -4,6 +4,7 @@
 * ``startup.py``     one function per start step, with the message an operator reads when it fails;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
 * ``monitor.py``     the serve loop's periodic checks and how often they log;
+* ``peer_log.py``    peer changes in the log: a line per lease, or a summary per second in a burst;
 * ``systemd.py``     READY=1 to systemd (sd_notify); ``fdstore.py`` its fd store (FDSTORE, LISTEN_FDS);
 * ``inherited.py``   what a new daemon takes over from the previous one, and the checks;
 * ``handover.py``    the handover socket: --handover, systemctl reload;

@@ -17,8 +17,12 @@ each step is a function of daemon/startup.py::
                                  per queue (SO_REUSEPORT); offloads probed (dataplane.host.offload)
     7. iptables                  --ip-masq (FLANNEL-POSTRTG), --iptables-forward-rules (FLANNEL-FWD)
     8. subnet.env                FLANNEL_NETWORK / SUBNET / MTU / IPMASQ
-    9. engine + watches          one engine per queue (engine.multi); each peer change ->
-                                 route table (control/routes.py) -> engine, own lease renewal
+    9. engine + watches          one engine per queue (engine.multi), made first; the peer
+                                 watch lists the leases and their routes go in; then the
+                                 engine starts (so the source check knows the peers from the
+                                 first datagram); each batch of peer changes -> the kept route
+                                 table updated (control/routes.py) -> every queue at once;
+                                 own lease renewal
    10. READY=1 to systemd        when $NOTIFY_SOCKET is set (daemon/systemd.py); before it, the
                                  fds and the state go into systemd's fd store when it keeps fds
                                  (daemon/fdstore.py), and the handover socket listens
@@ -47,22 +51,28 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 
 from ..cli import flanneld_flags
 from ..control.peerset import PeerChange, PeerSnapshot
-from ..control.routes import route_table
+from ..control.routes import route_changes, route_table
 from ..host import queues
 from ..host.own_sources import OwnSources
 from . import fdstore, handover, inherited, lease_move, startup
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
+from .peer_log import PeerLog
 from .startup import StartupError, Stopped
 from .systemd import sd_notify
 
 log = logging.getLogger(__name__)
 
 PEERS_READY_TIMEOUT_S = 5.0
+# The Python engine shares the interpreter with the control plane: a thread that wants it waits
+# up to the switch interval (5 ms by default) for a busy one, and a burst of lease events keeps
+# the control plane busy; 0.5 ms bounds what that adds to a packet.
+PY_ENGINE_SWITCH_INTERVAL_S = 0.0005
 
 
 class Daemon:
@@ -84,6 +94,8 @@ class Daemon:
         self.peer_watcher = None
         self.config_watcher = None
         self.peers = PeerSnapshot()           # the last snapshot the peer watcher handed over
+        self.routes = None                    # its route table, as the engine class takes it
+        self.peer_log = None                  # daemon/peer_log.py
         self.tun_fds: list = []               # one per queue
         self.tun_name = None
         self.socks: list = []                 # one per queue
@@ -194,13 +206,17 @@ class Daemon:
         self.rules = startup.install_rules(o, self.config.network, self.lease.subnet)
         # 8. subnet.env
         startup.write_subnet_env(o, self.config.network, self.lease.subnet, self.ext.tun_mtu)
-        # 9. engine and watches
+        # 9. engine and watches: the routes to the listed peers are in before the engine
+        #    forwards, so that the source check accepts their datagrams from the first one
         if self.engine is None:
             self._make_engine()
-            self.engine.start()
+            self._start_watches()
+            with self.lock:
+                self.engine.start()
+        else:                           # taken over: it forwards already, with the old routes
+            self._start_watches()
         if http_later:
             self.servers = startup.start_http_servers(o, self.source, retry=True)
-        self._start_watches()
         # 10. what a restart or a new daemon takes over; systemd
         self._keep_for_restart()
         if o.handover_socket:
@@ -215,6 +231,8 @@ class Daemon:
         from ..host.offload import Offloads
         o = self.opts
         self.engine_cls, self.engine_why = startup.choose_engine(o)
+        if self.engine_cls.name == "python":
+            sys.setswitchinterval(PY_ENGINE_SWITCH_INTERVAL_S)
         self.queues, note = queues.effective(o.queues, o.trace)
         if note:
             log.info("%s", note)
@@ -227,7 +245,10 @@ class Daemon:
                                     self.lease.subnet, self.ext.tun_mtu, self.offload_flags,
                                     self.own_sources)
         with self.lock:
-            engine.set_routes(route_table(self.peers, self.config.backend_port))
+            if self.routes is not None:
+                engine.set_table(self.routes)
+            else:
+                engine.set_routes(route_table(self.peers, self.config.backend_port))
             self.engine = engine
         log.info("Engine: %s (%s), %d queue(s); accepting datagrams from %s", engine.name,
                  self.engine_why, len(engine),
@@ -340,6 +361,7 @@ class Daemon:
     def _start_watches(self):
         from ..control.configwatch import ConfigWatcher
         from ..control.peers import PeerWatcher
+        self.peer_log = PeerLog(self.config.backend_port)
         self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self.on_peers,
                                         network=self.config.network)
         self.peer_watcher.start()
@@ -353,22 +375,22 @@ class Daemon:
 
     # ------------------------------------------------------------------ callbacks
     def on_peers(self, change: PeerChange):
-        """PeerWatcher callback (its thread, or ours during a lease move): the one way a peer
-        change reaches the engine; the table is built from the snapshot and swapped in whole."""
+        """PeerWatcher callback (its publisher thread, or ours during a lease move): the one way
+        a peer change reaches the engine. The change is applied to the table kept here (the work
+        of the change, not of the whole table), which every queue takes whole and at once; a new
+        engine (after a lease move) gets the whole table the same way."""
+        removed, added = route_changes(change, self.config.backend_port)
         with self.lock:
+            if self.routes is None:     # the first listing: whole, so nothing handed over lingers
+                self.routes = self.engine_cls.table_type.of(
+                    route_table(change.snapshot, self.config.backend_port))
+            else:
+                self.routes = self.routes.updated(removed, added)
             self.peers = change.snapshot
-            routes = route_table(change.snapshot, self.config.backend_port)
             if self.engine is not None:
-                self.engine.set_routes(routes)
+                self.engine.set_table(self.routes)
+            self.peer_log.record(change, len(self.routes))
         self._save_state()
-        n = len(routes)
-        for lease in change.removed:
-            log.info("Peer removed: %s (was via %s); %d peer(s) in the route table",
-                     lease.subnet, lease.public_ip, n)
-        for lease in change.added:
-            log.info("Peer added: %s via %s:%d; %d peer(s) in the route table", lease.subnet,
-                     lease.public_ip, self.config.backend_port, n)
-        log.debug("Route table: %d route(s)", n)
 
     def on_lease_change(self, lease):
         """SubnetManager callback (its thread): our lease was lost in etcd (deleted, expired,
@@ -419,6 +441,8 @@ class Daemon:
                         return 0
             with self.lock:
                 engine, subnet = self.engine, self.lease.subnet
+                if self.peer_log is not None:
+                    self.peer_log.tick()
             self.own_sources.refresh(engine, subnet)
             status = monitor.check(engine, self.tun_name)
             if status is not None:

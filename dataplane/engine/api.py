@@ -129,9 +129,25 @@ class Engine(abc.ABC):
         engine turned off on the way (UDP_GSO when the kernel cannot segment)."""
         return 0
 
-    @abc.abstractmethod
+    # The route table this engine takes whole (engine/route_array.py's RouteArray for the C
+    # engine, engine/pytable.py's RouteTable for the Python one): ``table_type.of(routes)``
+    # builds one, ``table.updated(removed, added)`` the next one from a change.
+    table_type: type = None
+
     def set_routes(self, routes) -> None:
         """Replace the whole route table atomically (iterable of Route)."""
+        self.set_table(self.table_type.of(routes))
+
+    @abc.abstractmethod
+    def set_table(self, table) -> None:
+        """Replace the whole route table atomically by ``table`` (a ``table_type``)."""
+
+    @classmethod
+    def publish_all(cls, engines, table) -> None:
+        """``set_table(table)`` on several engines of this class (the queues of one host),
+        each one switching right after the other."""
+        for engine in engines:
+            engine.set_table(table)
 
     @abc.abstractmethod
     def start(self) -> None:

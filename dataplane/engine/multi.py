@@ -8,8 +8,10 @@ on the way in, see dataplane/host/udpsock.py) and any queue may write into the T
 
 What the wrapper decides, for callers that see one engine:
 
-* ``set_routes`` publishes the same table to every queue (each swaps on its
-  own; ``route_swaps`` counts one per queue and table);
+* ``set_routes`` builds the table once and ``set_table`` publishes it to
+  every queue at once (the engine's ``publish_all``: every queue's copy is
+  built before the first is published); ``route_swaps`` counts one per
+  queue and table;
 * ``stats`` sums every counter over the queues (``queue_stats`` has them one
   by one);
 * ``set_icmp_limit(rate, burst)`` gives each queue rate/N and burst/N (the
@@ -50,15 +52,14 @@ class MultiEngine(Engine):
         super().__init__(q0.tun_fd, q0.udp_fd, q0.tun_addr, q0.mtu, q0.batch, q0.accept_any)
         self.queues = queues
         self.name = q0.name
+        self.table_type = q0.table_type
         self._closed = False
 
     def __len__(self) -> int:
         return len(self.queues)
 
-    def set_routes(self, routes) -> None:
-        routes = list(routes)
-        for q in self.queues:
-            q.set_routes(routes)
+    def set_table(self, table) -> None:
+        type(self.queues[0]).publish_all(self.queues, table)
 
     def start(self) -> None:
         started = []

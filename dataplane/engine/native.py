@@ -10,6 +10,7 @@ Importing this module raises ImportError when the extension was not built;
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -22,7 +23,7 @@ from dataplane._dataplane_c import ffi, lib
 
 from . import contract
 from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
-from .route_array import ROUTE_DTYPE, route_array
+from .route_array import ROUTE_DTYPE, RouteArray
 
 __all__ = ["CEngine"]
 log = logging.getLogger(__name__)
@@ -88,15 +89,28 @@ class CEngine(Engine):
             raise EngineClosed(errno.EBADF, f"{self.name} engine is closed")
         return self._loop
 
-    def set_routes(self, routes) -> None:
-        table = route_array(routes)
-        n = len(table)
+    table_type = RouteArray
+
+    def set_table(self, table) -> None:
+        self.publish_all((self,), table)
+
+    @classmethod
+    def publish_all(cls, engines, table) -> None:
+        """One C call for every queue: all tables are built before any is published."""
+        if not isinstance(table, RouteArray):
+            raise TypeError(f"expected a RouteArray, got {type(table).__name__}")
+        arr = table.array
+        n = len(arr)
         if n >= 2 ** 32:
             raise ValueError("too many routes")
-        # The array stays referenced until the call returns; C copies it.
-        arr = ffi.from_buffer("dp_route[]", table) if n else ffi.NULL
-        with self._lock:
-            _check(lib.dp_loop_set_routes(self._live(), arr, n))
+        engines = list(engines)
+        with contextlib.ExitStack() as held:
+            for e in engines:                   # always in the queues' order: no deadlock
+                held.enter_context(e._lock)
+            loops = ffi.new("dp_loop *[]", [e._live() for e in engines])
+            # The array stays referenced until the call returns; C copies it.
+            routes = ffi.from_buffer("dp_route[]", arr) if n else ffi.NULL
+            _check(lib.dp_loops_set_routes(loops, len(engines), routes, n))
 
     def start(self) -> None:
         with self._lock:

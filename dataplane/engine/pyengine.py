@@ -174,11 +174,24 @@ class PyEngine(Engine):
         except BlockingIOError:       # counter already non-zero: the loop will wake
             pass
 
-    def set_routes(self, routes) -> None:
-        self._check_open()
-        table = RouteTable(routes)
-        self._published = table       # one reference store: atomic under the GIL
-        self._wake()                  # adopt it now, not at the next packet
+    table_type = RouteTable
+
+    def set_table(self, table) -> None:
+        self.publish_all((self,), table)
+
+    @classmethod
+    def publish_all(cls, engines, table) -> None:
+        """The same immutable table for every queue: one reference store each (atomic under
+        the GIL), all stores before any wake-up."""
+        if not isinstance(table, RouteTable):
+            raise TypeError(f"expected a RouteTable, got {type(table).__name__}")
+        engines = list(engines)
+        for e in engines:
+            e._check_open()
+        for e in engines:
+            e._published = table
+        for e in engines:
+            e._wake()                 # adopt it now, not at the next packet
 
     def start(self) -> None:
         with self._lock:

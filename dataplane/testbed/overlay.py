@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from ..cli.child import cli_argv
 from .etcd import EtcdServer
 from .hosts import Host, Testbed, wait_for
+from .lease_writer import LeaseWriter
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class Overlay:
         self.config = config or {"Network": network, "Backend": {"Type": "udp"}}
         self.network = ipaddress.IPv4Network(self.config["Network"], strict=False)
         self.daemons: dict[str, DaemonProc] = {}
+        self._writer: LeaseWriter | None = None
         self.tb = Testbed(hosts=0, mtu=mtu)
         try:
             self.etcd = EtcdServer(host=self.tb.switch_ip, netns=self.tb.switch,
@@ -161,6 +163,12 @@ class Overlay:
                 continue
         return out
 
+    def lease_writer(self) -> LeaseWriter:
+        """Writes and deletes many leases at once, one revision each (bursts; see its module)."""
+        if self._writer is None:
+            self._writer = LeaseWriter(self.tb, self.etcd_url, self.prefix)
+        return self._writer
+
     def delete_lease(self, subnet) -> None:
         net = ipaddress.IPv4Network(subnet)
         self.etcdctl("del", f"{self.prefix}/subnets/{net.network_address}-{net.prefixlen}")
@@ -199,6 +207,14 @@ class Overlay:
 
     def _dir(self, host) -> str:
         return os.path.join(self.tb.workdir, self.host(host).name)
+
+    def prefer_subnet(self, host, subnet) -> None:
+        """Write the host's subnet.env as a previous run would leave it, naming ``subnet``: its
+        daemon then takes that subnet when it is free, so peers can be pointed at it beforehand."""
+        net = ipaddress.IPv4Network(subnet)
+        with open(os.path.join(self._dir(host), "subnet.env"), "w") as f:
+            f.write(f"FLANNEL_NETWORK={self.network}\nFLANNEL_SUBNET={net.network_address + 1}/"
+                    f"{net.prefixlen}\nFLANNEL_MTU={self.tb.mtu - 28}\nFLANNEL_IPMASQ=false\n")
 
     def daemon_command(self, host: Host, engine: str, args=()) -> list[str]:
         """The daemon's `flannel-udp` arguments; ``--iface <veth>`` unless ``args`` choose the
@@ -366,6 +382,32 @@ class Overlay:
                       timeout=deadline + 10)
         return parse_ping(r.stdout, r.returncode)
 
+    def first_reply(self, src, dst: str, timeout: float, interval: float = 0.02):
+        """Ping ``dst`` from host ``src`` every ``interval`` s: the wall-clock time (``time.time()``)
+        of the first reply, or None within ``timeout``."""
+        proc = self.tb.popen(src, ["ping", "-n", "-D", "-i", str(interval), "-W", "1",
+                                   "-w", str(int(timeout + 0.999)), dst])
+        try:
+            for line in proc.stdout:
+                m = re.match(r"\[(\d+\.\d+)\] \d+ bytes from", line)
+                if m:
+                    return float(m.group(1))
+            return None
+        finally:
+            self.tb.kill(proc, sig=signal.SIGINT)
+
+    def lease_acquired_at(self, host, timeout: float = 10.0):
+        """The wall-clock time of the host's daemon's "Lease acquired" log line (ms), or None."""
+        d = self.daemon(host)
+        pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ \S+: Lease acquired",
+                             re.M)
+        found = []
+        wait_for(lambda: found.extend(pattern.findall(d.log_text())) or found, timeout, interval=0.02)
+        if not found:
+            return None
+        stamp, ms = found[0]
+        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+
     def reachable(self, src, dst: str, timeout: float = 10.0) -> bool:
         """True once one ping from ``src`` to ``dst`` succeeds within ``timeout``."""
         return wait_for(lambda: self.ping(src, dst, count=1, wait=0.5)["received"] == 1,
@@ -406,6 +448,9 @@ class Overlay:
                 self.stop_daemon(name)
             except Exception as e:
                 errors.append(f"daemon {name}: {e}")
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         etcd = getattr(self, "etcd", None)
         if etcd is not None:
             try:

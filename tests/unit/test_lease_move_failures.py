@@ -21,6 +21,7 @@ from dataplane.control.peerset import PeerChange, PeerSnapshot
 from dataplane.daemon import lease_move, startup
 from dataplane.daemon.main import Daemon
 from dataplane.daemon.metrics import make_registry, DaemonSource
+from dataplane.daemon.peer_log import PeerLog
 
 OLD, NEW = ipaddress.IPv4Network("10.5.3.0/24"), ipaddress.IPv4Network("10.5.9.0/24")
 PEER = ipaddress.IPv4Network("10.5.4.0/24")
@@ -31,8 +32,21 @@ def lease(subnet, ip=ME):
     return Lease(subnet, LeaseAttrs(ip), expiration=None)
 
 
+class FakeTable(tuple):
+    """A route table as the daemon keeps it (table_type.of / updated), as a tuple of Routes."""
+
+    @classmethod
+    def of(cls, routes=()):
+        return cls(routes)
+
+    def updated(self, removed=(), added=()):
+        gone = set(removed) | {r.subnet for r in added}
+        return FakeTable([r for r in self if r.subnet not in gone] + list(added))
+
+
 class FakeEngine:
     name = "python"
+    table_type = FakeTable
 
     def __init__(self, fail_start=None):
         self.fail_start = fail_start
@@ -49,6 +63,9 @@ class FakeEngine:
 
     def set_routes(self, routes):
         self.routes = tuple(routes)
+
+    def set_table(self, table):
+        self.routes = tuple(table)
 
     def stats(self):
         return {}
@@ -137,6 +154,8 @@ def daemon(tmp_path, monkeypatch):
     d.tun_name = "flannel0"
     d.engine = FakeEngine()
     d.engine.start()
+    d.engine_cls = FakeEngine
+    d.peer_log = PeerLog(8285)
     d.peer_watcher = FakeWatcher(d)
     return d
 

@@ -1,0 +1,163 @@
+"""Many peer leases written at once into a testbed's etcd, as a large cluster would write them.
+
+The testbed's etcd listens inside the switch namespace, out of the caller's reach, and `etcdctl`
+costs a process per key; so :class:`LeaseWriter` keeps one child in the switch namespace that talks
+to etcd with the project's own client and takes its orders as JSON lines on stdin::
+
+    {"op": "put", "leases": [["10.1.0.0/24", "172.16.0.1"], ...], "txn": 0, "window": 32}
+    {"op": "delete", "subnets": ["10.1.0.0/24", ...], "window": 32}
+
+Each lease gets flanneld's key and value (docs/flannel-compat.md#lease-value), with no etcd lease
+attached. ``txn: K`` writes K keys per transaction (a quick way to preload thousands); otherwise every
+key is its own put (or delete), hence its own revision and its own watch event, ``window`` of them in
+flight at once from one thread (a burst as fast as etcd takes it, for little of the machine's CPU,
+which the daemons under test share). The answer is one JSON line: ``{"t_first", "t_last", "count",
+"results"}`` (results: how many calls answered a revision or a deletion), the wall-clock times
+(``time.time()``, the same clock in every namespace) at which the first request was sent and the last
+one answered.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import threading
+import time
+from ipaddress import IPv4Address, IPv4Network
+from urllib.parse import urlsplit
+
+from ..cli.child import python_argv
+
+WINDOW = 32                 # requests in flight during a burst
+TXN_MAX_OPS = 128           # etcd's default --max-txn-ops
+CALL_TIMEOUT_S = 30.0
+
+
+class LeaseWriter:
+    """The parent's side: one child in ``where`` (the testbed's switch), closed by :meth:`close`."""
+
+    def __init__(self, testbed, etcd_url: str, prefix: str, where: str = "switch"):
+        self._tb = testbed
+        self._lock = threading.Lock()
+        self.proc = testbed.popen(where, python_argv(
+            "from dataplane.testbed.lease_writer import serve\n"
+            f"serve({etcd_url!r}, {prefix!r})"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+
+    def _ask(self, order: dict, timeout: float) -> dict:
+        with self._lock:
+            self.proc.stdin.write(json.dumps(order) + "\n")
+            self.proc.stdin.flush()
+            line = _readline(self.proc.stdout, timeout)
+        if not line:
+            raise RuntimeError(f"lease writer exited ({self.proc.poll()}): {self.proc.stderr.read()[-2000:]}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"lease writer: {answer['error']}")
+        return answer
+
+    def put(self, leases, *, txn: int = 0, window: int = WINDOW, prefix: str | None = None,
+            timeout: float = 300.0) -> dict:
+        """``leases``: {subnet: PublicIP} (or pairs). One revision per key unless ``txn``.
+        ``prefix``: another etcd prefix than the overlay's (the same load, nobody watching)."""
+        pairs = leases.items() if hasattr(leases, "items") else leases
+        return self._ask({"op": "put", "leases": [[str(s), str(ip)] for s, ip in pairs],
+                          "txn": int(txn), "window": int(window), "prefix": prefix}, timeout)
+
+    def delete(self, subnets, *, window: int = WINDOW, prefix: str | None = None,
+               timeout: float = 300.0) -> dict:
+        """One delete, hence one revision, per subnet."""
+        return self._ask({"op": "delete", "subnets": [str(s) for s in subnets],
+                          "window": int(window), "prefix": prefix}, timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._tb.kill(self.proc)
+
+
+def _readline(stream, timeout: float) -> str:
+    """One line from ``stream``, or "" after ``timeout`` seconds (the child is stuck)."""
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(stream.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    return box[0] if box else ""
+
+
+# -- the child ------------------------------------------------------------------------------------
+
+def serve(etcd_url: str, prefix: str) -> None:
+    """The child's loop: one order per stdin line, one answer per stdout line, until EOF."""
+    import grpc
+    from pyetcd import etcdrpc
+
+    from ..control.registry import Registry
+    reg = Registry([etcd_url], prefix, timeout=CALL_TIMEOUT_S)
+    # The burst's own channel: the testbed's etcd speaks plain http.
+    channel = grpc.insecure_channel(urlsplit(etcd_url).netloc)
+    kv = etcdrpc.KVStub(channel)
+    try:
+        for line in sys.stdin:
+            try:
+                answer = _perform(reg, kv, json.loads(line))
+            except Exception as exc:          # reported to the parent, which raises it
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+    finally:
+        channel.close()
+        reg.close()
+
+
+def _perform(reg, kv, order: dict) -> dict:
+    from pyetcd import etcdrpc
+
+    from ..control.lease import LeaseAttrs, subnet_key_name
+    op, window = order["op"], int(order.get("window") or WINDOW)
+    under = f"{order['prefix'].rstrip('/')}/subnets/" if order.get("prefix") else reg.subnets_prefix
+
+    def key(subnet: str) -> str:
+        return under + subnet_key_name(IPv4Network(subnet))
+    if op == "put":
+        items = [(key(s).encode(), LeaseAttrs(IPv4Address(ip)).to_json()) for s, ip in order["leases"]]
+        chunk = min(int(order.get("txn") or 0), TXN_MAX_OPS)
+        if chunk:
+            batches = [{k.decode(): v for k, v in items[i:i + chunk]} for i in range(0, len(items), chunk)]
+            return _timed(lambda b: reg.txn_put_delete(b), batches)
+        return _pipelined(kv.Put, [etcdrpc.PutRequest(key=k, value=v) for k, v in items], window)
+    if op == "delete":
+        keys = [key(s).encode() for s in order["subnets"]]
+        return _pipelined(kv.DeleteRange, [etcdrpc.DeleteRangeRequest(key=k) for k in keys], window)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def _timed(call, items) -> dict:
+    t_first = time.time()
+    results = [call(x) for x in items]
+    return {"t_first": t_first, "t_last": time.time(), "count": len(items),
+            "results": sum(map(bool, results))}
+
+
+def _pipelined(method, requests, window: int) -> dict:
+    """Each request its own call, ``window`` in flight, answers awaited in order."""
+    t_first = time.time()
+    pending: collections.deque = collections.deque()
+    answered = 0
+    for req in requests:
+        if len(pending) >= window:
+            answered += _answered(pending.popleft().result(CALL_TIMEOUT_S))
+        pending.append(method.future(req, timeout=CALL_TIMEOUT_S))
+    while pending:
+        answered += _answered(pending.popleft().result(CALL_TIMEOUT_S))
+    return {"t_first": t_first, "t_last": time.time(), "count": len(requests), "results": answered}
+
+
+def _answered(resp) -> int:
+    """1 when a put got a revision or a delete deleted something."""
+    return int(resp.deleted > 0) if hasattr(resp, "deleted") else int(resp.header.revision > 0)

@@ -1,0 +1,170 @@
+"""A route table derived from a change (``table.updated(removed, added)``) is the table a whole build
+gives, for both engines' tables; both refuse the same routes; several queues get one table at once."""
+from __future__ import annotations
+
+import ipaddress
+import random
+import socket
+import time
+
+import pytest
+
+from dataplane.control.lease import Lease, LeaseAttrs
+from dataplane.control.peerset import PeerChange, PeerSnapshot
+from dataplane.control.routes import route_changes, route_table
+from dataplane.engine import Route, engine_class, multi
+from dataplane.engine.pytable import RouteTable
+from dataplane.engine.route_array import RouteArray, route_array
+from tests.conftest import require_engine
+
+TABLES = [RouteArray, RouteTable]
+
+
+def route(i: int, peer: int, port: int = 8285, plen: int = 24) -> Route:
+    net = ipaddress.IPv4Network((0x0A000000 + (i << (32 - plen)), plen))
+    return Route(net, ipaddress.IPv4Address(0x7F000002 + peer), port)
+
+
+def same(table, routes) -> None:
+    """``table`` holds exactly ``routes`` (a later route of a subnet wins)."""
+    want = {r.subnet: r for r in routes}
+    if isinstance(table, RouteArray):           # the rows as the C engine reads them
+        rows = {(net, plen): row for net, plen, *row in table.array.tolist()}
+        assert rows == {(net, plen): row for net, plen, *row in route_array(want.values()).tolist()}
+    else:
+        full = RouteTable(want.values())
+        assert (table.lens, table.peers, len(table)) == (full.lens, full.peers, len(full))
+
+
+@pytest.mark.parametrize("cls", TABLES)
+def test_random_changes_equal_a_whole_build(cls):
+    rnd = random.Random(17)
+    current: dict = {}
+    table = cls.of()
+    for step in range(400):
+        removed = rnd.sample(sorted(current), min(len(current), rnd.randrange(4)))
+        removed.append(route(500 + step, 0).subnet)                    # no route: ignored
+        # few peers and subnets, so that moves, shared peers and re-adds happen
+        added = [route(rnd.randrange(60), rnd.randrange(8), plen=rnd.choice((24, 24, 16, 32)))
+                 for _ in range(rnd.randrange(5))]
+        for subnet in removed:
+            current.pop(subnet, None)
+        for r in added:
+            current[r.subnet] = r
+        table = table.updated(removed, added)
+        same(table, current.values())
+        if cls is RouteArray:                       # no stale duplicate row behind the index
+            assert len({tuple(r[:2]) for r in table.array.tolist()}) == len(table.array)
+
+
+@pytest.mark.parametrize("cls", TABLES)
+def test_an_update_leaves_the_old_table_as_it_was(cls):
+    old = cls.of([route(1, 1), route(2, 2)])
+    new = old.updated([route(1, 1).subnet], [route(2, 9), route(3, 3)])
+    same(old, [route(1, 1), route(2, 2)])
+    same(new, [route(2, 9), route(3, 3)])
+
+
+@pytest.mark.parametrize("cls", TABLES)
+def test_a_whole_build_with_duplicates_then_a_removal(cls):
+    """The last duplicate wins in a whole build (whose peer set keeps the replaced route's peer,
+    as csrc/routes.c does); a table derived from it knows the peers of its routes only."""
+    t = cls.of([route(1, 1), route(1, 2), route(2, 2)])
+    derived = t.updated([route(1, 0).subnet])
+    same(derived, [route(2, 2)])
+    if cls is RouteTable:
+        assert t.peers == {"127.0.0.3", "127.0.0.4"} and derived.peers == {"127.0.0.4"}
+
+
+@pytest.mark.parametrize("bad", [Route(ipaddress.IPv4Network("10.5.3.0/24"), "127.0.0.2", 8285),
+                                 Route(ipaddress.IPv4Network("10.5.3.0/24"),
+                                       ipaddress.IPv4Address("127.0.0.2"), 0)])
+def test_both_tables_refuse_the_same_changes(bad):
+    errors = set()
+    for cls in TABLES:
+        t = cls.of([route(1, 1)])
+        with pytest.raises((TypeError, ValueError)) as exc:
+            t.updated([], [route(2, 2), bad])
+        errors.add((type(exc.value), str(exc.value)))
+        same(t, [route(1, 1)])
+    assert len(errors) == 1
+
+
+@pytest.mark.parametrize("cls", TABLES)
+def test_a_change_costs_its_size_not_the_tables(cls):
+    """One added peer at 20,000 peers: well under the cost of a whole build (a loose bound,
+    the machine is shared; a whole build of the Python table takes about 20 ms)."""
+    big = cls.of([route(i, i) for i in range(20000)])
+    big.updated([], [route(30000, 1)])               # the first update indexes a whole build
+    t0 = time.perf_counter()
+    for i in range(20):
+        big = big.updated([route(i, i).subnet], [route(40000 + i, i)])
+    per_update = (time.perf_counter() - t0) / 20
+    assert per_update < 0.01, f"{per_update * 1e3:.1f} ms per one-peer update at 20,000 peers"
+    assert len(big) == 20000
+
+
+def lease(i: int, peer: int) -> Lease:
+    r = route(i, peer)
+    return Lease(r.subnet, LeaseAttrs(r.peer_ip))
+
+
+@pytest.mark.parametrize("cls", TABLES)
+def test_route_changes_keep_the_table_equal_to_the_snapshots(cls):
+    """The daemon's step: snapshot after snapshot, the kept table is route_table(snapshot)."""
+    rnd = random.Random(5)
+    own = route(0, 0).subnet
+    leases: dict = {}
+    snap, table = PeerSnapshot.of((), own), cls.of()
+    for _ in range(150):
+        for _ in range(rnd.randrange(4)):
+            i = rnd.randrange(40)
+            if rnd.random() < 0.4:
+                leases.pop(route(i, 0).subnet, None)
+            else:
+                leases[route(i, 0).subnet] = lease(i, rnd.randrange(5))
+        after = PeerSnapshot.of(leases, own)
+        change = PeerChange.between(snap, after)
+        table, snap = table.updated(*route_changes(change, 8285)), after
+        same(table, route_table(snap, 8285))
+
+
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_every_queue_gets_the_one_table(kind):
+    """set_table on several queues: one table, built before any queue switches (the C engine
+    builds each queue's copy first, then publishes them all), or none when it is refused."""
+    require_engine(kind)
+    n = 3
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(n)]
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    engine = multi.create(engine_class(kind), [p[0].fileno() for p in pairs],
+                          [s.fileno() for s in socks], tun_addr="10.5.1.0", mtu=1472)
+    try:
+        cls = engine.table_type
+        table = cls.of([route(i, i) for i in range(100)])
+        engine.set_table(table)
+        if kind == "python":
+            assert all(q._published is table for q in engine.queues)
+        with pytest.raises(TypeError):
+            engine.set_table(RouteArray.of() if cls is RouteTable else RouteTable())
+        engine.start()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and \
+                any(q["route_swaps"] < 1 for q in engine.queue_stats()):
+            time.sleep(0.01)
+        assert [q["route_swaps"] for q in engine.queue_stats()] == [1] * n
+        engine.set_table(table.updated([route(0, 0).subnet], [route(200, 1)]))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and \
+                any(q["route_swaps"] < 2 for q in engine.queue_stats()):
+            time.sleep(0.01)
+        assert [q["route_swaps"] for q in engine.queue_stats()] == [2] * n
+    finally:
+        engine.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
+        for s in socks:
+            s.close()
