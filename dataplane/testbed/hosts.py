@@ -359,13 +359,8 @@ def _sweep_stale_workdirs() -> None:
         names = os.listdir(tmp)
     except OSError:
         return
-    for name in names:
-        parts = name.split("-")
-        if len(parts) < 4 or parts[:2] != [ns.PREFIX, "tb"] or not parts[2].isdigit():
-            continue
-        pid = int(parts[2])
-        if pid != os.getpid() and not ns._pid_exists(pid):
-            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+    for name in ns.dead_run_names(names, "tb"):
+        shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -187,6 +187,20 @@ def owner_pid(netns: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def dead_run_names(names, kind: str) -> list[str]:
+    """Of ``names``, those of the form ``fu-<kind>-<pid>-...`` (a testbed's workdir, a test's
+    systemd box) whose creating pid is dead and not ours: what a dead run left behind."""
+    out = []
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 4 or parts[0] != PREFIX or parts[1] != kind or not parts[2].isdigit():
+            continue
+        pid = int(parts[2])
+        if pid != os.getpid() and not _pid_exists(pid):
+            out.append(name)
+    return out
+
+
 def sweep_stale() -> list[str]:
     """Delete the namespaces left by dead runs of this module (their creating
     pid is no longer alive). Returns the names deleted. Namespaces of live

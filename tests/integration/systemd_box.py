@@ -99,12 +99,7 @@ def sweep_stale() -> None:
             names = os.listdir(base)
         except OSError:
             continue
-        for name in names:
-            parts = name.split("-")
-            if len(parts) != 4 or "-".join(parts[:2]) != PREFIX or not parts[2].isdigit():
-                continue
-            if netns._pid_exists(int(parts[2])):
-                continue
+        for name in netns.dead_run_names(names, PREFIX.split("-")[1]):
             path = os.path.join(base, name)
             if base == cg:
                 try:
