@@ -101,7 +101,10 @@ def well_formed(p: bytes) -> bool:
             and int.from_bytes(p[2:4], "big") == len(p) and p[8] >= 1)
 
 
-def forwarded(p: bytes) -> bytes:
+def forwarded(p: bytes) -> bytes | None:
+    """``p`` as an engine forwards it, or None: a packet with TTL <= 1 is never forwarded."""
+    if len(p) < 20 or p[8] <= 1:
+        return None
     b = bytearray(p)
     ipv4.decrement_ttl(b)
     return bytes(b)
