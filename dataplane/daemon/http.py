@@ -31,6 +31,7 @@ import ipaddress
 import json
 import logging
 import socket
+import socketserver
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -152,7 +153,19 @@ def trace_event_json(ev: dict, payload: bool = False) -> dict:
     return out
 
 
-class _HTTPServer6(ThreadingHTTPServer):
+class _HTTPServer(ThreadingHTTPServer):
+    """http.server's bind without its reverse lookup: HTTPServer.server_bind asks
+    socket.getfqdn() for the listen address, a DNS query wherever the host's name is not
+    in /etc/hosts (a stock Debian install), which held the daemon's start for 10 s while
+    DNS was unreachable - as it is at boot, when the overlay starts."""
+
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), port
+
+
+class _HTTPServer6(_HTTPServer):
     """An IPv6 listener (``--healthz-ip ::1``). ``::`` also takes IPv4, as
     flanneld's Go listener does, whatever net.ipv6.bindv6only says."""
     address_family = socket.AF_INET6
@@ -167,7 +180,7 @@ def _server_class(host: str):
         v6 = ipaddress.ip_address(host).version == 6
     except ValueError:       # a name: IPv4, as before
         v6 = False
-    return _HTTPServer6 if v6 else ThreadingHTTPServer
+    return _HTTPServer6 if v6 else _HTTPServer
 
 
 def _url_host(host: str) -> str:

@@ -267,3 +267,20 @@ def test_counts_of_a_replaced_object_are_carried_over():
     first.reconnects = 4
     assert carried.read("own", Loop(1), ("reconnects",)) == {"reconnects": 5}    # 4 + 1
     assert carried.read("own", None, ("reconnects",)) == {"reconnects": 5}
+
+
+def test_binding_asks_no_name_service(monkeypatch):
+    # http.server's own bind calls socket.getfqdn(): a DNS query at start where the host's
+    # name is not in /etc/hosts (10 s when DNS is unreachable, as at boot)
+    import socket as socket_mod
+    from dataplane.daemon import http as daemon_http
+
+    def no_lookup(*args):
+        raise AssertionError("a name lookup while binding")
+    monkeypatch.setattr(socket_mod, "getfqdn", no_lookup)
+    for host in ("127.0.0.1", "::1"):
+        srv = daemon_http._server_class(host)((host, 0), None)
+        try:
+            assert srv.server_name == host and srv.server_port == srv.socket.getsockname()[1]
+        finally:
+            srv.server_close()
