@@ -295,8 +295,11 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     require_etcd()
     out = tmp_path / "demo.out"
     with open(out, "w") as f:
+        # unbuffered: a file gets the demo's output in blocks, and "Workloads" could reach it
+        # only once the demo is done, too late to interrupt it (seen on a stock Debian)
         p = subprocess.Popen(cli_argv("demo", "--engine", "python", "--one-engine"),
-                             stdout=f, stderr=subprocess.STDOUT, text=True)
+                             stdout=f, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.monotonic() + 60
         while "Workloads" not in out.read_text() and time.monotonic() < deadline \
