@@ -193,7 +193,9 @@ class SystemdBox:
             return ""
 
     def systemctl(self, *args, check: bool = True, timeout: float = 60):
-        r = subprocess.run(["nsenter", "-t", str(self.pid1), "-m", "-p", "systemctl",
+        # -r/-w: systemd's own root, not the mount namespace's (they differ under a chroot,
+        # where systemctl would otherwise find the machine's /run/systemd, not the box's)
+        r = subprocess.run(["nsenter", "-t", str(self.pid1), "-m", "-p", "-r", "-w", "systemctl",
                             "--no-pager", *args], capture_output=True, text=True,
                            timeout=timeout)
         if check and r.returncode != 0:

@@ -18,7 +18,10 @@ from tests.integration.conftest import overlay_of
 UNIT = "flannel-udp.service"
 UNIT_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "packaging", UNIT)
 QUEUES = "--queues 2"
-HOME_PYTHON = os.path.realpath(sys.executable).startswith(("/root/", "/home/"))
+# A Python, a venv or a checkout (the editable install's sources) under a home directory: the
+# unit's ProtectHome=yes would hide it from the daemon (pyenv here, /root/main/.venv on a newcomer's).
+HOME_PYTHON = any(os.path.realpath(p).startswith(("/root/", "/home/")) for p in (
+    sys.executable, sys.prefix, os.path.dirname(UNIT_FILE)))
 
 
 class Unit:
@@ -43,7 +46,7 @@ class Unit:
             "StandardError=inherit\n"
             # the box's files live in its directory under /run, not in /run/flannel
             "RuntimeDirectory=\n"
-            # a Python installed under a home directory (pyenv) must stay readable
+            # a Python or checkout under a home directory must stay readable
             + ("ProtectHome=read-only\n" if HOME_PYTHON else "")))
 
     @property
