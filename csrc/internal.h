@@ -54,6 +54,7 @@ enum dp_stat {
     DP_ST_UDP_GSO_FALLBACKS,
     DP_ST_DROP_INNER_LOCAL,
     DP_ST_DROP_INNER_FOREIGN,
+    DP_ST_COALESCE_WAITS,
     DP_ST_COUNT,
     DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
 };

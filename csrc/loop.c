@@ -8,10 +8,12 @@
  *   1. dp_loop_take_tables  at the start of each batch and before each
  *                           packet, adopt a published route table and
  *                           own-source set
- *   2. dp_loop_run          epoll_wait, then alternate the two directions,
- *                           one batch each, while there is work, at most
- *                           DP_ROUNDS times, so neither direction nor the
- *                           stop fd starves
+ *   2. dp_loop_run          epoll_wait, then passes: alternate the two
+ *                           directions, one batch each, while there is
+ *                           work, at most DP_ROUNDS times, so neither
+ *                           direction nor the stop fd starves; with
+ *                           coalescing on, a pass that forwarded anything
+ *                           is followed by a wait and another pass
  *                           (and end when the TUN is gone)
  *   3. the public API       new/free/stop/set_routes/set_local/stats/
  *                           trace/set_offloads/set_icmp_limit/
@@ -27,6 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <poll.h>
+#include <time.h>
+#include <sys/prctl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 
@@ -34,7 +39,8 @@
 
 enum dp_loop_limits {
     DP_ROUNDS = 8,          /* batches per direction between two epoll_wait()s */
-    DP_EPOLL_EVENTS = 3
+    DP_EPOLL_EVENTS = 3,
+    DP_DENSE_WAITS = 4      /* coalescing starts when work comes within 4 waits of the last */
 };
 
 enum dp_loop_fd { DP_FD_TUN = 1, DP_FD_UDP, DP_FD_WAKE };
@@ -96,18 +102,68 @@ static void set_end(struct dp_loop *l, uint32_t end, int err)
     __atomic_store_n(&l->end, end, __ATOMIC_RELEASE);
 }
 
+/* Packets handled so far in both directions (the loop's own counters). */
+static inline uint64_t handled(struct dp_loop *l)
+{
+    return l->path.c.v[DP_ST_TUN_RX_PACKETS] + l->path.c.v[DP_ST_UDP_RX_PACKETS];
+}
+
+/* One pass: alternate the directions that may have work, one batch each,
+ * at most DP_ROUNDS times. Returns the packets it handled. */
+static uint64_t pass(struct dp_loop *l, enum dp_io tun, enum dp_io udp, uint32_t tun_events)
+{
+    uint64_t before = handled(l);
+    int round;
+
+    dp_loop_take_tables(l);
+    for (round = 0; round < DP_ROUNDS && (tun == DP_IO_MORE || udp == DP_IO_MORE); round++) {
+        if (tun == DP_IO_MORE) {
+            tun = dp_tx_batch(l);
+            if (tun == DP_IO_ERROR)
+                tun_read_failed(l, tun_events);
+        }
+        if (is_stopping(l) || l->tun_gone)
+            break;
+        if (udp == DP_IO_MORE)
+            udp = dp_rx_batch(l);
+        if (is_stopping(l) || l->tun_gone)
+            break;
+    }
+    return handled(l) - before;
+}
+
+/* The coalescing wait: only the wake fd can end it early, so the packets
+ * that arrive meanwhile queue up in the TUN and the socket instead of
+ * waking us one by one. Then a pass over both, without epoll_wait. */
+static uint64_t coalesce(struct dp_loop *l, uint32_t us)
+{
+    struct pollfd pfd = { .fd = l->wake_fd, .events = POLLIN };
+    struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)us * 1000 };
+
+    sys_count(l, DP_ST_COALESCE_WAITS);
+    if (ppoll(&pfd, 1, &ts, NULL) > 0)
+        wake_drain(l);
+    if (is_stopping(l))
+        return 0;
+    return pass(l, DP_IO_MORE, DP_IO_MORE, 0);
+}
+
 int dp_loop_run(dp_loop *l)
 {
     struct epoll_event ev[DP_EPOLL_EVENTS];
-    int n, i, round, rc = 0;
+    int n, i, rc = 0;
     enum dp_io tun, udp;
-    uint32_t tun_events;
+    uint32_t tun_events, us;
+    uint64_t work, now, last_work_ns = 0;
 
     if (!l)
         return -EINVAL;
     if (__atomic_exchange_n(&l->running, 1, __ATOMIC_ACQ_REL))
         return -EBUSY;
     set_end(l, DP_END_NONE, 0);
+    /* This thread's timers fire on time: the default slack (50 us) would
+     * stretch every coalescing wait by up to 50 us. Only this thread's. */
+    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 
     while (!is_stopping(l) && !l->tun_gone) {
         sys_count(l, DP_ST_POLLS);
@@ -134,20 +190,23 @@ int dp_loop_run(dp_loop *l)
                 break;
             }
         }
-        dp_loop_take_tables(l);
-        for (round = 0; round < DP_ROUNDS && (tun == DP_IO_MORE || udp == DP_IO_MORE); round++) {
-            if (tun == DP_IO_MORE) {
-                tun = dp_tx_batch(l);
-                if (tun == DP_IO_ERROR)
-                    tun_read_failed(l, tun_events);
+        work = pass(l, tun, udp, tun_events);
+        us = __atomic_load_n(&l->coalesce_us, __ATOMIC_RELAXED);
+        if (!work || !us)
+            continue;
+        /* Coalescing, once packets come densely (this work within a few
+         * waits of the last): while passes find work, wait and look again;
+         * a pass that finds nothing hands the wake-ups back to epoll. A
+         * lone packet (a ping, a request) finds no wait in its way. */
+        now = dp_now_ns();
+        if (now - last_work_ns < (uint64_t)us * 1000u * DP_DENSE_WAITS) {
+            while (work && !is_stopping(l) && !l->tun_gone) {
+                work = coalesce(l, us);
+                if (work)
+                    now = dp_now_ns();
             }
-            if (is_stopping(l) || l->tun_gone)
-                break;
-            if (udp == DP_IO_MORE)
-                udp = dp_rx_batch(l);
-            if (is_stopping(l) || l->tun_gone)
-                break;
         }
+        last_work_ns = now;
     }
     if (rc)
         set_end(l, DP_END_ERROR, -rc);
@@ -403,6 +462,14 @@ int dp_loop_state(dp_loop *l, dp_state *out)
     return 0;
 }
 
+int dp_loop_set_coalesce(dp_loop *l, uint32_t usecs)
+{
+    if (!l || usecs > DP_COALESCE_MAX_US)
+        return -EINVAL;
+    __atomic_store_n(&l->coalesce_us, usecs, __ATOMIC_RELAXED);
+    return 0;
+}
+
 int dp_loop_set_icmp_limit(dp_loop *l, uint32_t rate, uint32_t burst)
 {
     if (!l)
@@ -422,4 +489,5 @@ _Static_assert(offsetof(dp_stats, udp_gso_fallbacks) == DP_ST_UDP_GSO_FALLBACKS 
 _Static_assert(offsetof(dp_stats, drop_inner_local) == DP_ST_DROP_INNER_LOCAL * 8, "drop index");
 _Static_assert(offsetof(dp_stats, drop_inner_foreign) == DP_ST_DROP_INNER_FOREIGN * 8,
                "drop index");
+_Static_assert(offsetof(dp_stats, coalesce_waits) == DP_ST_COALESCE_WAITS * 8, "stats index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");

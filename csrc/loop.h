@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -36,6 +37,7 @@ struct dp_loop {
                                    the loop, read by dp_loop_state (atomic) */
 
     int stopping;               /* any thread sets it (release); the loop polls it */
+    uint32_t coalesce_us;       /* dp_loop_set_coalesce; any thread sets it (relaxed) */
     int running;                /* one dp_loop_run() at a time */
     int tun_read_err;           /* errno of the batch's failed TUN read (loop thread) */
     int tun_gone;               /* errno that says the TUN has no device (loop thread) */
@@ -85,6 +87,16 @@ struct dp_loop {
     uint8_t gro_hdr[DP_GRO_HDR_MAX];
     struct iovec gro_iov[DP_GRO_SEGS_MAX + 2];
 };
+
+/* CLOCK_MONOTONIC in ns: vDSO on Linux, not a syscall, so it is not counted
+ * in `syscalls`. */
+static inline uint64_t dp_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* Counters and trace, through the path's (one writer: the loop thread). */
 static inline void st_add(struct dp_loop *l, enum dp_stat i, uint64_t n)

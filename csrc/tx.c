@@ -6,8 +6,8 @@
  * syscalls around them.
  *
  * Flow, in the order the functions appear:
- *   1. now_ns, icmp_send   the clock for the ICMP rate limit; an ICMP
- *                          error path.c built, written into the TUN
+ *   1. icmp_send           an ICMP error path.c built (the clock for its
+ *                          rate limit is dp_now_ns), written into the TUN
  *   2. tun_packet          dp_path_tun (checks, route, TTL - 1), then
  *                          queue it in its slot or send the ICMP error
  *   3. udp_sendmmsg,       one sendmmsg() per batch, skipping refused
@@ -45,16 +45,7 @@ static inline uint8_t *slot_at(struct dp_loop *l, uint32_t m)
     return l->tx_buf + (size_t)m * l->mtu;
 }
 
-/* ---- 1. clock, ICMP errors ---------------------------------------------------------- */
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    /* vDSO on Linux: not a syscall, so it is not counted in `syscalls`. */
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+/* ---- 1. ICMP errors ---------------------------------------------------------- */
 
 /* path.c built it (and checked the rate limit); we write it. */
 static void icmp_send(struct dp_loop *l)
@@ -286,7 +277,7 @@ enum dp_io dp_tx_batch(struct dp_loop *l)
 
     dp_loop_take_tables(l);
     /* For the ICMP rate limit: one clock read per batch, not per packet. */
-    l->path.now_ns = now_ns();
+    l->path.now_ns = dp_now_ns();
     while (n < l->batch) {
         /* A super-packet's segments may have left slots queued: a read must
          * still land in a slot of the batch. */

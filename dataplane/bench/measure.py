@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import select
 import signal
@@ -97,16 +98,30 @@ def send_argv(topo: BenchTopo, tools: Tools, *, size: int, rate: float, count: i
             "--batch", "64" if rate == 0 else "32"]
 
 
+def machine_busy_ns() -> int:
+    """CPU time the whole machine spent working (every core: user, nice, system, irq, softirq;
+    not idle, iowait or steal), from /proc/stat. Namespaces do not scope it: it counts the
+    kernel's share of a path (softirqs, VXLAN) as well as the processes', which is what makes
+    the kernel paths and the engines comparable per packet."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
+    return (user + nice + system + irq + softirq) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
 def udp_trial(topo: BenchTopo, tools: Tools, *, size: int, rate: float, duration: float) -> dict:
     """Send ``size``-byte datagrams at ``rate`` pps (0: flood) for ``duration``
-    seconds; returns offered and received rates and the loss."""
+    seconds; returns offered and received rates, the loss, and the whole machine's CPU time
+    while the sender ran."""
     tag = random.getrandbits(31)
     count = FLOOD_COUNT if rate == 0 else max(1, int(rate * duration))
     sink = Sink(topo, tools, tag, deadline=duration + 10)
     try:
+        busy0 = machine_busy_ns()
         r = topo.a.run(send_argv(topo, tools, size=size, rate=rate, count=count,
                                  duration=duration, tag=tag),
                        pin=True, timeout=duration + 15)
+        busy = machine_busy_ns() - busy0
         sent = _json_line(r.stdout, "sender")
     except BaseException:
         topo.kill(sink.proc)
@@ -121,6 +136,7 @@ def udp_trial(topo: BenchTopo, tools: Tools, *, size: int, rate: float, duration
         "rx_pps": got["rate_pps"] if n_recv > 1 else 0.0,
         "loss": (1.0 - n_recv / n_sent) if n_sent else 1.0,
         "send_errors": sent["errors"],
+        "machine_cpu_ns": busy,
     }
 
 
@@ -245,6 +261,9 @@ def flood(topo: BenchTopo, tools: Tools, path: Path, *, size: int, duration: flo
     res = udp_trial(topo, tools, size=size, rate=0, duration=duration)
     drops1 = drop_counters(topo)
     res["cost"] = cost.stop()
+    # Every path, the kernel's included: the machine's CPU time per packet delivered.
+    res["machine_cpu_ns_per_packet"] = (res["machine_cpu_ns"] / res["received"]
+                                        if res["received"] else None)
     res["drops"] = drop_delta(drops0, drops1)
     if res["cost"]:
         res["drops"].update(res["cost"].pop("engine_drops", {}))
@@ -253,7 +272,8 @@ def flood(topo: BenchTopo, tools: Tools, path: Path, *, size: int, duration: flo
 
 def ndr_search(topo: BenchTopo, tools: Tools, *, size: int, flood_res: dict, steps: int,
                duration: float, progress=None) -> dict:
-    """Highest offered rate with < 0.5 % loss, by bisection in [0, flood's
+    """Highest offered rate with < 0.5 % loss (and the machine's CPU per packet there), by
+    bisection in [0, flood's
     offered rate], starting at the flood's receive rate; at most ``steps``
     probes (a few more, halving, if none passed), fewer once the bracket is
     within 1 %. A probe's rate is what the generator actually offered: when
@@ -261,7 +281,7 @@ def ndr_search(topo: BenchTopo, tools: Tools, *, size: int, flood_res: dict, ste
     (at that rate) ends the search."""
     lo, hi = 0.0, max(flood_res["tx_pps"], 1.0)
     rate = min(max(flood_res["rx_pps"], hi * 0.05), hi)
-    best = None
+    best = best_cpu = None
     probes = []
     # When every bisection step failed, keep halving (a few more, bounded)
     # so that a path that forwards at all gets a rate rather than zero.
@@ -272,13 +292,17 @@ def ndr_search(topo: BenchTopo, tools: Tools, *, size: int, flood_res: dict, ste
         reached = res["tx_pps"] >= RATE_SLACK * rate
         ok = res["loss"] < LOSS_LIMIT and res["received"] > 0
         probes.append({"target": round(rate), "offered": round(res["tx_pps"]),
-                       "loss": res["loss"], "ok": ok})
+                       "loss": res["loss"], "ok": ok,
+                       "machine_cpu_ns_per_packet": (res["machine_cpu_ns"] / res["received"]
+                                                     if res["received"] else None)})
         if progress:
             progress(f"  ndr probe {i + 1}/{steps}: {rate / 1e3:.1f} kpps offered "
                      f"{res['tx_pps'] / 1e3:.1f}, loss {res['loss'] * 100:.2f}% "
                      f"{'ok' if ok else 'FAIL'}")
         if ok:
             offered = min(res["tx_pps"], rate * 1.01)
+            if best is None or offered > best:
+                best_cpu = probes[-1]["machine_cpu_ns_per_packet"]
             best = max(best or 0.0, offered)
             lo = rate
             if not reached:      # the generator itself is the limit here
@@ -288,7 +312,10 @@ def ndr_search(topo: BenchTopo, tools: Tools, *, size: int, flood_res: dict, ste
         if best is not None and hi - lo <= 0.01 * hi:
             break        # bracketed to 1 %: more probes only measure noise
         rate = (lo + hi) / 2
-    return {"ndr_pps": best if best is not None else 0.0, "probes": probes}
+    # The whole machine's CPU per packet at the no-drop rate: every path at a load it carries
+    # whole (at flood a path in receive livelock spends its CPU on packets it then drops).
+    return {"ndr_pps": best if best is not None else 0.0, "probes": probes,
+            "machine_cpu_ns_per_packet": best_cpu}
 
 
 def latency(topo: BenchTopo, tools: Tools, *, count: int, interval_us: int,

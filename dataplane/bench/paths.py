@@ -10,13 +10,17 @@
   ``<peer subnet> via <peer .0> dev flannel.1 onlink``.
 * ``c`` and ``python``: this project's engines, one ``flannel-udp forward``
   process per host with a static route to the peer (the daemon's etcd path is
-  not involved; see perf/README.md).
+  not involved; see perf/README.md). They run the daemon's data path: the
+  daemon's non-blocking sockets and its default source check (``--accept-from
+  leases``); with ``routes`` > 0 (``bench --routes N``), N more routes to
+  peers that never send fill the table, as N peers of a big cluster would.
 
 A path's ``setup()`` and ``teardown()`` leave the hosts as they found them,
 so the paths run one after another on one testbed.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -31,11 +35,14 @@ log = logging.getLogger(__name__)
 
 PATHS = ("direct", "vxlan", "c", "python")
 KERNEL_PATHS = ("direct", "vxlan")
-# Engine paths with fixed settings, to measure one step of the C engine at a
-# time (`--paths c-base,c,...`); `c` itself runs `forward`'s defaults.
+# Engine paths with fixed settings, to measure one step at a time (`--paths
+# c-base,c,...`): before offloads and queues, before coalescing; `c` and
+# `python` themselves run `forward`'s defaults.
 ENGINE_VARIANTS = {
-    "c-base": ("c", ("--queues", "1", "--offload", "off")),     # before offloads and queues
-    "c-offload": ("c", ("--queues", "1", "--offload", "auto")),
+    "c-base": ("c", ("--queues", "1", "--offload", "off", "--coalesce-usecs", "0")),
+    "c-offload": ("c", ("--queues", "1", "--offload", "auto", "--coalesce-usecs", "0")),
+    "c-nocoalesce": ("c", ("--coalesce-usecs", "0")),
+    "python-nocoalesce": ("python", ("--coalesce-usecs", "0")),
 }
 ALL_PATHS = PATHS + tuple(ENGINE_VARIANTS)
 VXLAN_DEV = "flannel.1"
@@ -44,6 +51,20 @@ TUN_DEV = "flannel0"
 ENCAP_UDP = 28      # flannel udp: IPv4 + UDP header
 ENCAP_VXLAN = 50    # flannel vxlan: outer IPv4 + UDP + VXLAN + inner Ethernet
 READY_TIMEOUT = 30.0
+# Filler routes: /24s of a network that is not the bench's, to peers in a range that is not the
+# underlay's (no packet is ever sent to them).
+FILLER_NETWORK = ipaddress.IPv4Network("10.128.0.0/9")
+FILLER_PEERS = ipaddress.IPv4Network("172.16.0.0/12")
+FILLER_MAX = 2 ** (24 - FILLER_NETWORK.prefixlen)
+
+
+def filler_routes(n: int) -> list[str]:
+    """``n`` route lines (SUBNET=PEER_IP) for ``forward --route-file``."""
+    if not 0 <= n <= FILLER_MAX:
+        raise ValueError(f"{n} filler routes: expected 0..{FILLER_MAX}")
+    net, peers = int(FILLER_NETWORK.network_address), int(FILLER_PEERS.network_address)
+    return [f"{ipaddress.IPv4Address(net + (i << 8))}/24={ipaddress.IPv4Address(peers + i + 1)}"
+            for i in range(n)]
 
 
 class Path:
@@ -127,7 +148,7 @@ class EnginePath(Path):
     kernel = False
 
     def __init__(self, topo: BenchTopo, kind: str, batch: int | None = None,
-                 name: str | None = None, extra_args=()):
+                 name: str | None = None, extra_args=(), routes: int = 0):
         super().__init__(topo)
         self.name = name or kind
         self.kind = kind
@@ -135,6 +156,11 @@ class EnginePath(Path):
         self.extra_args = list(extra_args)
         self.procs: dict[str, object] = {}
         self.tmp = tempfile.mkdtemp(prefix=f"fubench-{self.name}-")
+        self.route_file = None
+        if routes:
+            self.route_file = os.path.join(self.tmp, "routes")
+            with open(self.route_file, "w") as f:
+                f.write("\n".join(filler_routes(routes)) + "\n")
 
     def mtu(self) -> int:
         return self.topo.a.host.mtu - ENCAP_UDP
@@ -150,8 +176,10 @@ class EnginePath(Path):
                         "--network", str(NETWORK), "--mtu", str(self.mtu()),
                         "--listen", f"{side.ip}:{FLANNEL_PORT}",
                         "--route", f"{peer.subnet}={peer.ip}:{FLANNEL_PORT}",
-                        "--engine", self.kind,
+                        "--engine", self.kind, "--accept-from", "leases",
                         "--stats-file", stats, "--ready-file", ready)
+        if self.route_file:
+            argv += ["--route-file", self.route_file]
         if self.batch:
             argv += ["--batch", str(self.batch)]
         return argv + self.extra_args
@@ -240,16 +268,16 @@ def _tail(path: str, n: int = 600) -> str:
         return ""
 
 
-def make_path(topo: BenchTopo, name: str, batch: int | None = None) -> Path:
+def make_path(topo: BenchTopo, name: str, batch: int | None = None, routes: int = 0) -> Path:
     if name == "direct":
         return DirectPath(topo)
     if name == "vxlan":
         return VxlanPath(topo)
     if name in ("c", "python"):
-        return EnginePath(topo, name, batch=batch)
+        return EnginePath(topo, name, batch=batch, routes=routes)
     if name in ENGINE_VARIANTS:
         kind, extra = ENGINE_VARIANTS[name]
-        return EnginePath(topo, kind, batch=batch, name=name, extra_args=extra)
+        return EnginePath(topo, kind, batch=batch, name=name, extra_args=extra, routes=routes)
     raise ValueError(f"unknown path {name!r}: use {', '.join(ALL_PATHS)}")
 
 

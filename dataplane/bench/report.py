@@ -10,13 +10,16 @@ from __future__ import annotations
 import numpy as np
 
 ROW_KEYS = ("path", "size", "ndr_pps", "flood_rx_pps", "flood_loss", "tcp_gbps",
-            "rtt_p50_us", "rtt_p99_us", "cpu_ns_per_packet", "syscalls_per_packet")
+            "rtt_p50_us", "rtt_p99_us", "machine_cpu_ns_per_packet", "cpu_ns_per_packet",
+            "syscalls_per_packet")
 METRICS = ROW_KEYS[2:]
 # Figures compared between paths, as (ratio name, row size, row key).
 RATIO_FIGURES = (("ndr_pps_64", 64, "ndr_pps"), ("ndr_pps_1400", 1400, "ndr_pps"),
                  ("flood_rx_pps_64", 64, "flood_rx_pps"),
                  ("flood_rx_pps_1400", 1400, "flood_rx_pps"),
-                 ("tcp_gbps", None, "tcp_gbps"))
+                 ("tcp_gbps", None, "tcp_gbps"),
+                 # lower is better: the whole machine's CPU per packet, at flood
+                 ("machine_cpu_64", 64, "machine_cpu_ns_per_packet"))
 
 
 def summarize(values) -> dict | None:
@@ -116,7 +119,8 @@ def generator_limited(det: dict) -> bool:
 
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     head = ["path", "size", "no-drop kpps", "flood rx kpps", "flood loss %", "TCP Gbit/s",
-            "TCP retr", "RTT p50 us", "RTT p99 us", "CPU ns/pkt", "syscalls/pkt"]
+            "TCP retr", "RTT p50 us", "RTT p99 us", "machine CPU ns/pkt", "engines CPU ns/pkt",
+            "syscalls/pkt"]
     body = []
     for det in result["detail"]:
         body.append([
@@ -126,6 +130,7 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
             _spread(det, "flood_loss", 100, ".1f"), _spread(det, "tcp_gbps", 1, ".2f"),
             _spread(det, "tcp_retransmits", 1, ".0f"),
             _spread(det, "rtt_p50_us", 1, ".0f"), _spread(det, "rtt_p99_us", 1, ".0f"),
+            _spread(det, "machine_cpu_ns_per_packet", 1, ".0f"),
             _spread(det, "cpu_ns_per_packet", 1, ".0f"),
             _spread(det, "syscalls_per_packet", 1, ".2f"),
         ])
@@ -194,6 +199,7 @@ def print_table(result: dict, file=None) -> None:
 
 COLORS = {"direct": "#4c72b0", "vxlan": "#55a868", "c": "#dd8452", "python": "#c44e52",
           "c-base": "#937860", "c-offload": "#da8bc3"}
+OTHER_COLOR = "#8c8c8c"          # a path without a colour of its own
 
 
 def plot(result: dict, path: str) -> str:
@@ -218,7 +224,7 @@ def plot(result: dict, path: str) -> str:
         xs = [j + (i - (len(paths) - 1) / 2) * w for j in range(len(sizes))]
         nd = [med(det.get((p, s)), "ndr_pps") for s in sizes]
         fl = [med(det.get((p, s)), "flood_rx_pps") for s in sizes]
-        ax.bar(xs, [v[0] / 1e3 for v in nd], w, color=COLORS.get(p), label=p,
+        ax.bar(xs, [v[0] / 1e3 for v in nd], w, color=COLORS.get(p, OTHER_COLOR), label=p,
                yerr=[[v[1] / 1e3 for v in nd], [v[2] / 1e3 for v in nd]], capsize=3)
         ax.plot(xs, [v[0] / 1e3 for v in fl], "kv", markersize=6,
                 label="flood rx" if i == 0 else None)
@@ -230,7 +236,7 @@ def plot(result: dict, path: str) -> str:
 
     ax = axes[1]
     tc = [med(det.get((p, None)), "tcp_gbps") for p in paths]
-    ax.bar(paths, [v[0] for v in tc], color=[COLORS.get(p) for p in paths],
+    ax.bar(paths, [v[0] for v in tc], color=[COLORS.get(p, OTHER_COLOR) for p in paths],
            yerr=[[v[1] for v in tc], [v[2] for v in tc]], capsize=3)
     ax.set_ylabel("Gbit/s")
     ax.set_title("one TCP stream (iperf3)")
@@ -243,7 +249,7 @@ def plot(result: dict, path: str) -> str:
         xs = [j + (i - (len(paths) - 1) / 2) * w for j in range(len(groups))]
         p50 = [med(det.get((p, s)), "rtt_p50_us")[0] for _, s in groups]
         p99 = [med(det.get((p, s)), "rtt_p99_us")[0] for _, s in groups]
-        ax.bar(xs, p50, w, color=COLORS.get(p), label=p)
+        ax.bar(xs, p50, w, color=COLORS.get(p, OTHER_COLOR), label=p)
         ax.plot(xs, p99, "k_", markersize=10, label="p99" if i == 0 else None)
     ax.set_xticks(range(len(groups)), [g for g, _ in groups])
     ax.set_yscale("log")

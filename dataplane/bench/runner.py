@@ -117,19 +117,21 @@ def _git_rev() -> str | None:
 
 
 def run(paths=PATHS, profile: Profile = FULL, trials: int | None = None,
-        batch: int | None = None, progress: Progress | None = None) -> dict:
+        batch: int | None = None, routes: int = 0, progress: Progress | None = None) -> dict:
     progress = progress or Progress()
     trials = trials or profile.trials
     tools_d = build.setup()
     tools = measure.Tools(**tools_d)
     machine = machine_info(profile, trials, paths, tools_d)
+    machine["routes"] = routes + 1        # per engine: the peer's, and the fillers
     samples: dict = {}
     errors = []
     progress(f"bench: {profile.name} run, paths {', '.join(paths)}, {trials} trial(s)")
     with BenchTopo() as topo:
         for name in paths:
             try:
-                samples[name] = _run_path(topo, tools, name, profile, trials, batch, progress)
+                samples[name] = _run_path(topo, tools, name, profile, trials, batch, routes,
+                                          progress)
             except Exception as e:
                 log.error("path %s failed: %s", name, e)
                 errors.append(f"{name}: {e}")
@@ -150,8 +152,9 @@ def _add(store: dict, size, key: str, value) -> None:
     store.setdefault(size, {}).setdefault(key, []).append(value)
 
 
-def _run_path(topo, tools, name, profile: Profile, trials: int, batch, progress) -> dict:
-    path = make_path(topo, name, batch=batch)
+def _run_path(topo, tools, name, profile: Profile, trials: int, batch, routes,
+              progress) -> dict:
+    path = make_path(topo, name, batch=batch, routes=routes)
     out: dict = {}
     progress(f"{name}: setting up")
     path.setup()
@@ -183,6 +186,8 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, progress)
                 _add(out, size, "generator_limited", fl["loss"] < measure.LOSS_LIMIT)
                 _add(out, size, "flood_drops", fl["drops"])
                 _add(out, size, "cpu_ns_per_packet", cost.get("cpu_ns_per_packet"))
+                _add(out, size, "flood_machine_cpu_ns_per_packet",
+                     fl["machine_cpu_ns_per_packet"])
                 _add(out, size, "syscalls_per_packet", cost.get("syscalls_per_packet"))
                 for k in ("send_cpu_ns_per_packet", "recv_cpu_ns_per_packet",
                           "send_syscalls_per_packet", "recv_syscalls_per_packet"):
@@ -190,6 +195,8 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, progress)
                         _add(out, size, k, cost.get(k))
                 progress(f"{tag} {size} B: flood offered {fl['tx_pps'] / 1e3:.1f} kpps, "
                          f"received {fl['rx_pps'] / 1e3:.1f} kpps, loss {fl['loss'] * 100:.1f}%"
+                         + (f", machine {fl['machine_cpu_ns_per_packet']:.0f} ns CPU per packet"
+                            if fl["machine_cpu_ns_per_packet"] is not None else "")
                          + (f", {cost['cpu_ns_per_packet']:.0f} ns CPU and "
                             f"{cost['syscalls_per_packet']:.2f} syscalls per packet"
                             if cost.get("cpu_ns_per_packet") is not None
@@ -205,6 +212,7 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, progress)
                                         duration=profile.probe_s, progress=progress)
                 _add(out, size, "ndr_pps", nd["ndr_pps"])
                 _add(out, size, "ndr_probes", nd["probes"])
+                _add(out, size, "machine_cpu_ns_per_packet", nd["machine_cpu_ns_per_packet"])
                 load = measure.latency(topo, tools, count=profile.lat_count,
                                        interval_us=profile.lat_interval_us,
                                        bg_rate=nd["ndr_pps"] / 2, bg_size=size)
@@ -212,7 +220,10 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, progress)
                 _add(out, size, "rtt_p99_us", load["p99_us"])
                 _add(out, size, "rtt_lost", load["lost"])
                 _add(out, size, "rtt_bg_pps", load.get("bg_offered_pps"))
-                progress(f"{tag} {size} B: no-drop {nd['ndr_pps'] / 1e3:.1f} kpps; rtt under "
+                progress(f"{tag} {size} B: no-drop {nd['ndr_pps'] / 1e3:.1f} kpps"
+                         + (f" (machine {nd['machine_cpu_ns_per_packet']:.0f} ns CPU per packet)"
+                            if nd["machine_cpu_ns_per_packet"] is not None else "")
+                         + "; rtt under "
                          f"{nd['ndr_pps'] / 2e3:.1f} kpps: p50 {load['p50_us']:.0f} us "
                          f"p99 {load['p99_us']:.0f} us")
     finally:

@@ -39,6 +39,10 @@ def add_arguments(p) -> None:
                    help="trials per measurement (default: 3, or 1 with --quick)")
     p.add_argument("--batch", type=int, default=None,
                    help="engine batch size passed to `flannel-udp forward` (default: its own)")
+    p.add_argument("--routes", type=int, default=0, metavar="N",
+                   help="load N more routes (peers that never send, as in an N-node cluster) "
+                        "into the engines' tables, to measure the data path at scale "
+                        "(default 0: one route per host)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -67,6 +71,10 @@ def main(args) -> int:
     if args.trials is not None and not 1 <= args.trials <= 20:
         print("flannel-udp bench: --trials must be 1..20", file=sys.stderr)
         return 2
+    from dataplane.bench.paths import FILLER_MAX
+    if not 0 <= args.routes <= FILLER_MAX:
+        print(f"flannel-udp bench: --routes must be 0..{FILLER_MAX}", file=sys.stderr)
+        return 2
     if args.quiet:
         logging.getLogger().setLevel(logging.WARNING)
     profile = runner.QUICK if args.quick else runner.FULL
@@ -76,7 +84,7 @@ def main(args) -> int:
         out_dir = str(build.PERF_DIR / "out") if build.in_checkout() else OUT_OUTSIDE_CHECKOUT
     try:
         result = runner.run(paths=paths, profile=profile, trials=args.trials, batch=args.batch,
-                            progress=progress)
+                            routes=args.routes, progress=progress)
     except build.SetupError as e:
         print(f"flannel-udp bench: {e}", file=sys.stderr)
         return 2

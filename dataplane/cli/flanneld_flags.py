@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from ..host import firewall, queues
 from ..host.offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
+from ..engine.api import COALESCE_DEFAULT_US, COALESCE_MAX_US
 
 ENV_PREFIX = "FLANNELD_"
 HANDOVER_SOCKET = "/run/flannel/handover.sock"     # in the runtime directory, next to subnet.env
@@ -270,6 +271,12 @@ FLAGS: tuple[Flag, ...] = (
          metavar="N", check=_range(0, 2 ** 32 - 1), group="ours"),
     Flag("icmp-burst", _parse_int, 50, "ICMP errors allowed in a burst above --icmp-rate "
          "(default: 50)", metavar="N", check=_range(1, 2 ** 32 - 1), group="ours"),
+    Flag("coalesce-usecs", _parse_int, COALESCE_DEFAULT_US, "bounded-delay batching, as a NIC's interrupt "
+         "coalescing: after the engine forwarded packets it waits this many microseconds for "
+         "more before it looks again, so that a wake-up finds a batch rather than one packet "
+         "(fewer wake-ups and syscalls per small packet; a packet may wait up to this much "
+         f"longer); 0 = off (default: {COALESCE_DEFAULT_US}, at most {COALESCE_MAX_US})", metavar="US",
+         check=_range(0, COALESCE_MAX_US), group="ours"),
     Flag("metrics", _parse_metrics, "", "where to serve Prometheus /metrics: IP:PORT for a "
          "listener of its own, 'healthz' (or empty, the default) for the healthz server when "
          "--healthz-port is set, 'off' to disable", metavar="IP:PORT", group="ours"),
@@ -343,6 +350,7 @@ class Options:
     strict_sources: bool = False
     icmp_rate: int = 100
     icmp_burst: int = 50
+    coalesce_usecs: int = COALESCE_DEFAULT_US
     metrics: str = ""
     trace: bool = False
     trace_remote: bool = False

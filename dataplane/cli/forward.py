@@ -17,7 +17,9 @@ import threading
 import time
 
 from ..host.atomicfile import write_atomic
-from ..engine.api import BATCH_MAX, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, MTU_MAX, MTU_MIN
+from ..engine.api import (BATCH_MAX, COALESCE_DEFAULT_US, COALESCE_MAX_US, ICMP_BURST_DEFAULT,
+                          ICMP_RATE_DEFAULT,
+                          MTU_MAX, MTU_MIN)
 
 HELP = "forward between a TUN device and UDP with static routes (no etcd; for tests and perf)"
 DESCRIPTION = """\
@@ -116,6 +118,16 @@ def _count(lo: int):
     return parse
 
 
+def _coalesce(value: str) -> int:
+    try:
+        n = int(value)
+        if not 0 <= n <= COALESCE_MAX_US:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected microseconds in 0..{COALESCE_MAX_US}")
+    return n
+
+
 def _queues(value: str) -> int:
     from dataplane.host.queues import check
     try:
@@ -139,6 +151,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="TUN MTU (default: MTU of the interface holding the --listen address - 28)")
     p.add_argument("--route", action="append", type=_route, default=[], metavar="SUBNET=PEER_IP[:PORT]",
                    help="packets to SUBNET go to PEER_IP:PORT (port default: the --listen port); repeatable")
+    p.add_argument("--route-file", metavar="PATH",
+                   help="more routes, one SUBNET=PEER_IP[:PORT] per line (# comments); for "
+                        "tables too long for the command line, e.g. 10,000 peers")
     p.add_argument("--engine", choices=("c", "python", "auto"), default=None,
                    help="engine to run (default: $DATAPLANE_ENGINE, else auto = C if built)")
     p.add_argument("--batch", type=int, default=None, metavar="N",
@@ -151,6 +166,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"0 = unlimited (default {ICMP_RATE_DEFAULT})")
     p.add_argument("--icmp-burst", type=_count(1), default=ICMP_BURST_DEFAULT, metavar="N",
                    help=f"ICMP errors allowed in a burst above --icmp-rate (default {ICMP_BURST_DEFAULT})")
+    p.add_argument("--coalesce-usecs", type=_coalesce, default=COALESCE_DEFAULT_US, metavar="US",
+                   help="bounded-delay batching: after a pass that forwarded packets, wait US "
+                        "microseconds for more before looking again (fewer wake-ups per packet, "
+                        f"up to US more latency); 0..{COALESCE_MAX_US}, 0 = off (default {COALESCE_DEFAULT_US})")
     p.add_argument("--sockbuf", type=int, default=SOCKBUF, metavar="BYTES",
                    help=f"UDP socket send/receive buffer size (default {SOCKBUF})")
     p.add_argument("--queues", type=_queues, default=None, metavar="N",
@@ -165,6 +184,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="create this file once forwarding has started")
 
 
+def read_route_file(path: str) -> list[tuple[ipaddress.IPv4Network, str, int | None]]:
+    """The routes of a --route-file; ValueError names the first bad line."""
+    routes = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            try:
+                routes.append(_route(line))
+            except argparse.ArgumentTypeError as e:
+                raise ValueError(f"line {n}: {e}") from None
+    return routes
+
+
 def _write_json(path: str, obj: dict) -> None:
     write_atomic(path, json.dumps(obj))  # readers never see a half-written file
 
@@ -174,6 +208,7 @@ def main(args: argparse.Namespace) -> int:
     from dataplane.engine import DEFAULT_BATCH, Route, choose_engine, multi
     from dataplane.host.offload import DEFAULT_MODE, Offloads
     from dataplane.host.queues import default_queues
+    from dataplane.host.tun import TXQUEUELEN
     from dataplane.host.udpsock import open_udp_sockets
     from pyroute2.netlink.exceptions import NetlinkError
 
@@ -195,6 +230,12 @@ def main(args: argparse.Namespace) -> int:
                       "address of this namespace? Or pass --mtu", listen_ip, e)
             return 2
 
+    try:
+        extra_routes = read_route_file(args.route_file) if args.route_file else []
+    except (OSError, ValueError) as e:
+        log.error("--route-file %s: %s", args.route_file, e)
+        return 2
+
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -212,17 +253,21 @@ def main(args: argparse.Namespace) -> int:
     offloads = Offloads(args.offload or DEFAULT_MODE, cls.name)
     try:
         tun_fds, tun_name = offloads.open_tun(args.tun_name, queues)
-        netconf.configure_tun(tun_name, tun_addr.with_prefixlen, mtu)
+        # the daemon's queue length: the bench measures what the daemon runs
+        netconf.configure_tun(tun_name, tun_addr.with_prefixlen, mtu, txqueuelen=TXQUEUELEN)
         if args.network is not None:
             netconf.add_network_route(args.network, tun_name)
-        socks = open_udp_sockets(listen_ip, port, queues, bufsize=args.sockbuf)
+        # Non-blocking, as the daemon's: a full socket buffer drops (and counts) a datagram
+        # rather than stalling the loop, and the bench measures the daemon's data path.
+        socks = open_udp_sockets(listen_ip, port, queues, bufsize=args.sockbuf, blocking=False)
         flags = offloads.probe(tun_fds, socks)
         log.info("%s", offloads.summary())
-        routes = [Route.make(net, ip, p or port) for net, ip, p in args.route]
+        routes = [Route.make(net, ip, p or port) for net, ip, p in args.route + extra_routes]
         engine = multi.create(cls, tun_fds, [s.fileno() for s in socks], tun_addr=tun_addr.ip,
                               mtu=mtu, batch=args.batch or DEFAULT_BATCH,
                               accept_any=args.accept_from == "any", icmp_rate=args.icmp_rate,
-                              icmp_burst=args.icmp_burst, offloads=flags)
+                              icmp_burst=args.icmp_burst, offloads=flags,
+                              coalesce_us=args.coalesce_usecs)
         engine.set_routes(routes)
         engine.start()
         log.info("engine %s (%s), %d queue(s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",

@@ -35,13 +35,12 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 
 from ..control.config import ConfigError, parse_config
 from ..control.lease import Lease, LeaseAttrs
-from ..host.tun import IFF_MULTI_QUEUE, IFF_VNET_HDR
+from ..host.tun import IFF_MULTI_QUEUE, IFF_VNET_HDR, TXQUEUELEN as FLANNEL0_TXQUEUELEN  # noqa: F401
 from . import fdstore
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-FLANNEL0_TXQUEUELEN = 4096          # packets per queue while no process reads it
 LEASE_MIN_LEFT_S = 60.0              # a lease closer to its end than this is acquired again
 RELEASE_TIMEOUT_S = 10.0             # for flannel0 to go once every holder let it go
 STATE_NAME = "state"

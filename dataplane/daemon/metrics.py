@@ -109,7 +109,8 @@ class CarriedCounters:
 # stat name -> (family, label name, label value); anything else is exported as
 # flannel_udp_engine_<name>_total so a new engine counter is never lost.
 _PATHS = ("tun_rx", "udp_tx", "udp_rx", "tun_tx")
-_SYSCALL_KINDS = ("tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls")
+_SYSCALL_KINDS = ("tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
+                  "coalesce_waits")
 _OFFLOAD_OPS = OFFLOAD_STATS
 
 

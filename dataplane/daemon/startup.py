@@ -311,7 +311,7 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
                               tun_addr=subnet.network_address, mtu=mtu,
                               accept_any=opts.accept_from == "any", icmp_rate=opts.icmp_rate,
                               icmp_burst=opts.icmp_burst, offloads=offload_flags,
-                              trace=opts.trace)
+                              coalesce_us=opts.coalesce_usecs, trace=opts.trace)
     except (OSError, ValueError) as e:
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None

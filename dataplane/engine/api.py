@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 # The facts of csrc/dataplane.h, from their one Python copy (contract.py);
 # other modules import them from here.
-from .contract import (BATCH_MAX, END_KINDS, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT,  # noqa: F401
+from .contract import (BATCH_MAX, COALESCE_MAX_US, END_KINDS,  # noqa: F401
+                       ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT,
                        LOCAL_MAX, MTU_MAX, MTU_MIN, OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO,
                        STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING)
 
@@ -25,13 +26,16 @@ from .contract import (BATCH_MAX, END_KINDS, ICMP_BURST_DEFAULT, ICMP_RATE_DEFAU
 # counter must be identical between engines for the same input.
 SYSCALL_STATS = frozenset(
     {"syscalls", "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
-     "tx_batches", "rx_batches"})
+     "tx_batches", "rx_batches", "coalesce_waits"})
 # Counters of the C engine's offloads (the *_gso/_gro fields of dp_stats and
 # the UDP_GSO fallbacks): the Python engine has none, so they stay 0 there.
 OFFLOAD_STATS = frozenset(n for n in STAT_NAMES
                           if n.endswith(("_gso", "_gro")) or n.startswith("udp_gso_"))
 DROP_STATS = tuple(n for n in STAT_NAMES if n.startswith("drop_"))
 DEFAULT_BATCH = 64
+# The daemon's and forward's --coalesce-usecs: measured in perf/README.md ("Coalescing"); it
+# costs no idle latency (a lone packet finds no wait) and at most this much under load.
+COALESCE_DEFAULT_US = 20
 log = logging.getLogger(__name__)
 
 
@@ -182,6 +186,19 @@ class Engine(abc.ABC):
         if rate and not burst:
             raise ValueError("icmp burst must be >= 1 when the rate is limited")
         return rate, burst
+
+    @abc.abstractmethod
+    def set_coalesce(self, usecs: int) -> None:
+        """Bounded-delay batching (dataplane.h, dp_loop_set_coalesce): after a pass that
+        forwarded anything, wait ``usecs`` microseconds without being woken by the fds, then
+        look again; 0 (the default) turns it off. Thread-safe."""
+
+    @staticmethod
+    def _check_coalesce(usecs: int) -> int:
+        usecs = int(usecs)
+        if not 0 <= usecs <= COALESCE_MAX_US:
+            raise ValueError(f"coalesce {usecs} us out of range 0..{COALESCE_MAX_US}")
+        return usecs
 
     @abc.abstractmethod
     def set_local(self, own_subnet, addrs) -> None:

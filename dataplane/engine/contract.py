@@ -25,6 +25,7 @@ STAT_NAMES = (
     "tun_rx_gso", "udp_tx_gso", "udp_rx_gro", "tun_tx_gso",
     "udp_gso_fallbacks",
     "drop_inner_local", "drop_inner_foreign",
+    "coalesce_waits",
 )
 
 # enum dp_offload
@@ -51,6 +52,7 @@ MTU_MAX = 65535
 ICMP_RATE_DEFAULT = 100
 ICMP_BURST_DEFAULT = 50
 LOCAL_MAX = 65536
+COALESCE_MAX_US = 1000
 
 # The names of enum dp_limits and enum dp_offload above, by header name: what
 # the test and native.py compare one for one.
@@ -58,7 +60,7 @@ HEADER_CONSTANTS = {
     "DP_BATCH_MAX": BATCH_MAX, "DP_TRACE_RING": TRACE_RING, "DP_TRACE_HEAD": TRACE_HEAD,
     "DP_MTU_MIN": MTU_MIN, "DP_MTU_MAX": MTU_MAX,
     "DP_ICMP_RATE_DEFAULT": ICMP_RATE_DEFAULT, "DP_ICMP_BURST_DEFAULT": ICMP_BURST_DEFAULT,
-    "DP_LOCAL_MAX": LOCAL_MAX,
+    "DP_LOCAL_MAX": LOCAL_MAX, "DP_COALESCE_MAX_US": COALESCE_MAX_US,
     "DP_OFF_TUN_VNET": OFF_TUN_VNET, "DP_OFF_UDP_GSO": OFF_UDP_GSO, "DP_OFF_UDP_GRO": OFF_UDP_GRO,
     "DP_OFF_TUN_GRO": OFF_TUN_GRO, "DP_OFF_TUN_GRO_UDP": OFF_TUN_GRO_UDP,
 }

@@ -152,6 +152,10 @@ class MultiEngine(Engine):
         for q in self.queues:
             q.set_local(own_subnet, addrs)
 
+    def set_coalesce(self, usecs: int) -> None:
+        for q in self.queues:
+            q.set_coalesce(usecs)
+
     def set_strict_sources(self, enable: bool) -> None:
         for q in self.queues:
             q.set_strict_sources(enable)
@@ -168,7 +172,8 @@ class MultiEngine(Engine):
 
 
 def create(cls, tun_fds, udp_fds, *, icmp_rate=None, icmp_burst=ICMP_BURST_DEFAULT,
-           offloads: int = 0, trace: bool = False, **engine_kw) -> MultiEngine:
+           offloads: int = 0, coalesce_us: int = 0, trace: bool = False,
+           **engine_kw) -> MultiEngine:
     """One ``cls`` engine per (tun fd, udp fd) pair, configured alike, not started.
 
     ``engine_kw`` are Engine's other constructor arguments (tun_addr, mtu, batch,
@@ -184,6 +189,8 @@ def create(cls, tun_fds, udp_fds, *, icmp_rate=None, icmp_burst=ICMP_BURST_DEFAU
         if icmp_rate is not None:
             multi.set_icmp_limit(icmp_rate, icmp_burst)
         multi.set_offloads(offloads)
+        if coalesce_us:
+            multi.set_coalesce(coalesce_us)
         if trace:
             multi.trace(True)
     except BaseException:

@@ -183,6 +183,11 @@ class CEngine(Engine):
             _check(lib.dp_loop_set_local(self._live(), _addr_u32(ipaddress.IPv4Address(net)),
                                          plen, arr, len(ints)))
 
+    def set_coalesce(self, usecs: int) -> None:
+        usecs = self._check_coalesce(usecs)
+        with self._lock:
+            _check(lib.dp_loop_set_coalesce(self._live(), usecs))
+
     def set_strict_sources(self, enable: bool) -> None:
         with self._lock:
             _check(lib.dp_loop_set_strict_sources(self._live(), 1 if enable else 0))

@@ -17,6 +17,11 @@ import os
 import struct
 
 TUN_PATH = "/dev/net/tun"
+# Packets each queue of flannel0 holds while no process reads it: during a restart (the default,
+# 500, lasts half a second at 1,000 packets/s) and while an engine waits to batch
+# (--coalesce-usecs). Set when the device is made, never on a live one: the kernel drops what is
+# sent to it while it resizes the queues.
+TXQUEUELEN = 4096
 
 # <linux/if_tun.h>
 TUNSETIFF = 0x400454CA          # _IOW('T', 202, int)

@@ -11,6 +11,7 @@ SIZES = (64, 1400)
 def _samples():
     def sized(ndr, flood, cost=None):
         d = {"ndr_pps": ndr, "flood_rx_pps": flood, "flood_loss": [0.1, 0.2, 0.3],
+             "machine_cpu_ns_per_packet": [1e9 / f for f in flood],
              "rtt_p50_us": [80, 90, 100], "rtt_p99_us": [200, 300, 400],
              "generator_limited": [False, False, True], "ndr_probes": [[], [], []]}
         if cost:
@@ -57,6 +58,8 @@ def test_ratios_from_the_same_run():
     assert r["c"]["vxlan"]["ndr_pps_64"] == round(250e3 / 450e3, 3)
     assert r["c"]["direct"]["ndr_pps_64"] == round(250e3 / 610e3, 3)
     assert r["c"]["vxlan"]["tcp_gbps"] == 0.25
+    # the whole machine's CPU per packet, engine over VXLAN (lower is better)
+    assert r["c"]["vxlan"]["machine_cpu_64"] == round(480e3 / 260e3, 3)
     assert r["vxlan"]["direct"]["tcp_gbps"] == round(9 / 8, 3)
     assert set(r["c"]["vxlan"]) == {n for n, _, _ in report.RATIO_FIGURES}
 
@@ -91,6 +94,6 @@ def test_engine_variant_paths_get_their_own_ratios():
 
 def test_bench_rejects_unknown_paths_and_knows_the_variants():
     from dataplane.bench.paths import ALL_PATHS, ENGINE_VARIANTS
-    assert {"c-base", "c-offload"} <= set(ALL_PATHS)
+    assert {"c-base", "c-offload", "c-nocoalesce", "python-nocoalesce"} <= set(ALL_PATHS)
     for kind, extra in ENGINE_VARIANTS.values():
-        assert kind == "c" and "--queues" in extra and "--offload" in extra
+        assert kind in ("c", "python") and "--coalesce-usecs" in extra

@@ -48,3 +48,20 @@ def test_bad_listen_exits_2(capsys):
     with pytest.raises(SystemExit):
         parse("--tun-addr", "10.5.1.0/32", "--listen", "nowhere:1")
     assert "--listen" in capsys.readouterr().err
+
+
+def test_route_file_lines_and_comments(tmp_path):
+    from dataplane.cli.forward import read_route_file
+    f = tmp_path / "routes"
+    f.write_text("# 2 peers\n10.6.0.0/24=172.16.0.1\n\n10.6.1.0/24=172.16.0.2:9000  # second\n")
+    assert read_route_file(str(f)) == [
+        (ipaddress.IPv4Network("10.6.0.0/24"), "172.16.0.1", None),
+        (ipaddress.IPv4Network("10.6.1.0/24"), "172.16.0.2", 9000)]
+
+
+def test_route_file_names_the_bad_line(tmp_path):
+    from dataplane.cli.forward import read_route_file
+    f = tmp_path / "routes"
+    f.write_text("10.6.0.0/24=172.16.0.1\n10.6.1.0/24=nowhere\n")
+    with pytest.raises(ValueError, match="line 2"):
+        read_route_file(str(f))
