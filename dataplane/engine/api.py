@@ -33,9 +33,9 @@ OFFLOAD_STATS = frozenset(n for n in STAT_NAMES
                           if n.endswith(("_gso", "_gro")) or n.startswith("udp_gso_"))
 DROP_STATS = tuple(n for n in STAT_NAMES if n.startswith("drop_"))
 DEFAULT_BATCH = 64
-# The daemon's and forward's --coalesce-usecs: measured in perf/README.md ("Coalescing"); it
-# costs no idle latency (a lone packet finds no wait) and at most this much under load.
-COALESCE_DEFAULT_US = 20
+# The daemon's and forward's --coalesce-usecs: off, as measured in perf/README.md ("Coalescing":
+# 20 us moved no rate and cost latency under load on this machine).
+COALESCE_DEFAULT_US = 0
 log = logging.getLogger(__name__)
 
 
