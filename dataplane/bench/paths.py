@@ -36,13 +36,16 @@ log = logging.getLogger(__name__)
 PATHS = ("direct", "vxlan", "c", "python")
 KERNEL_PATHS = ("direct", "vxlan")
 # Engine paths with fixed settings, to measure one step at a time (`--paths
-# c-base,c,...`): before offloads and queues, with 20 us coalescing; `c` and
+# c-base,c,...`): before offloads and queues, with 20 us coalescing, with
+# real-time loop threads (host/sched.py); `c` and
 # `python` themselves run `forward`'s defaults.
 ENGINE_VARIANTS = {
     "c-base": ("c", ("--queues", "1", "--offload", "off", "--coalesce-usecs", "0")),
     "c-offload": ("c", ("--queues", "1", "--offload", "auto", "--coalesce-usecs", "0")),
     "c-coalesce20": ("c", ("--coalesce-usecs", "20")),
     "python-coalesce20": ("python", ("--coalesce-usecs", "20")),
+    "c-rt": ("c", ("--realtime-priority", "1")),
+    "python-rt": ("python", ("--realtime-priority", "1")),
 }
 ALL_PATHS = PATHS + tuple(ENGINE_VARIANTS)
 VXLAN_DEV = "flannel.1"

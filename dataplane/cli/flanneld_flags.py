@@ -277,6 +277,11 @@ FLAGS: tuple[Flag, ...] = (
          "(fewer wake-ups and syscalls per small packet; a packet may wait up to this much "
          f"longer); 0 = off (default: {COALESCE_DEFAULT_US}, at most {COALESCE_MAX_US})", metavar="US",
          check=_range(0, COALESCE_MAX_US), group="ours"),
+    Flag("realtime-priority", _parse_int, 0, "run the engine loop threads SCHED_FIFO at this "
+         "priority (1..99), so that a forwarder woken by a packet runs at once instead of after "
+         "a busy application's time slice (much lower latency under load on shared cores); needs "
+         "CAP_SYS_NICE, which the shipped unit denies (README: lift RestrictRealtime in a "
+         "drop-in); 0 = off (default: 0)", metavar="N", check=_range(0, 99), group="ours"),
     Flag("metrics", _parse_metrics, "", "where to serve Prometheus /metrics: IP:PORT for a "
          "listener of its own, 'healthz' (or empty, the default) for the healthz server when "
          "--healthz-port is set, 'off' to disable", metavar="IP:PORT", group="ours"),
@@ -351,6 +356,7 @@ class Options:
     icmp_rate: int = 100
     icmp_burst: int = 50
     coalesce_usecs: int = COALESCE_DEFAULT_US
+    realtime_priority: int = 0
     metrics: str = ""
     trace: bool = False
     trace_remote: bool = False

@@ -128,6 +128,14 @@ def _coalesce(value: str) -> int:
     return n
 
 
+def _priority(value: str) -> int:
+    from dataplane.host.sched import check_priority
+    try:
+        return check_priority(int(value))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{value!r}: {e}")
+
+
 def _queues(value: str) -> int:
     from dataplane.host.queues import check
     try:
@@ -170,6 +178,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bounded-delay batching: after a pass that forwarded packets, wait US "
                         "microseconds for more before looking again (fewer wake-ups per packet, "
                         f"up to US more latency); 0..{COALESCE_MAX_US}, 0 = off (default {COALESCE_DEFAULT_US})")
+    p.add_argument("--realtime-priority", type=_priority, default=0, metavar="N",
+                   help="run the engine loop threads SCHED_FIFO at priority N (1..99), so that a "
+                        "forwarder woken by a packet runs at once instead of after a busy "
+                        "application's time slice; needs CAP_SYS_NICE; 0 = off (default 0)")
     p.add_argument("--sockbuf", type=int, default=SOCKBUF, metavar="BYTES",
                    help=f"UDP socket send/receive buffer size (default {SOCKBUF})")
     p.add_argument("--queues", type=_queues, default=None, metavar="N",
@@ -235,6 +247,13 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         log.error("--route-file %s: %s", args.route_file, e)
         return 2
+    from dataplane.host import sched
+    if args.realtime_priority:
+        try:
+            sched.probe(args.realtime_priority)
+        except OSError as e:
+            log.error("--realtime-priority %d: %s", args.realtime_priority, e.strerror or e)
+            return 2
 
     stop = threading.Event()
 
@@ -267,7 +286,8 @@ def main(args: argparse.Namespace) -> int:
                               mtu=mtu, batch=args.batch or DEFAULT_BATCH,
                               accept_any=args.accept_from == "any", icmp_rate=args.icmp_rate,
                               icmp_burst=args.icmp_burst, offloads=flags,
-                              coalesce_us=args.coalesce_usecs)
+                              coalesce_us=args.coalesce_usecs,
+                              thread_init=sched.thread_init(args.realtime_priority))
         engine.set_routes(routes)
         engine.start()
         log.info("engine %s (%s), %d queue(s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",

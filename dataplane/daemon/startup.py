@@ -306,12 +306,20 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
     come from <lease net>, flannel0's address. It knows this host's own sources (own_sources:
     host/own_sources.py) before it forwards a packet."""
     from ..engine import multi
+    from ..host import sched
+    if opts.realtime_priority:
+        try:
+            sched.probe(opts.realtime_priority)
+        except OSError as e:
+            raise StartupError(f"--realtime-priority {opts.realtime_priority}: "
+                               f"{e.strerror or e}") from None
     try:
         engine = multi.create(cls, tun_fds, [s.fileno() for s in socks],
                               tun_addr=subnet.network_address, mtu=mtu,
                               accept_any=opts.accept_from == "any", icmp_rate=opts.icmp_rate,
                               icmp_burst=opts.icmp_burst, offloads=offload_flags,
-                              coalesce_us=opts.coalesce_usecs, trace=opts.trace)
+                              coalesce_us=opts.coalesce_usecs, trace=opts.trace,
+                              thread_init=sched.thread_init(opts.realtime_priority))
     except (OSError, ValueError) as e:
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None

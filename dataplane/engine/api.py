@@ -96,6 +96,9 @@ class Engine(abc.ABC):
         self.mtu = int(mtu)
         self.batch = int(batch)
         self.accept_any = bool(accept_any)
+        # Run first in the loop thread, before the loop (host/sched.py: real-time scheduling);
+        # set before start().
+        self.thread_init = None
         self._end: Ended | None = None
         self._end_lock = threading.Lock()
         self._end_callbacks: list | None = []     # None once the loop has ended
@@ -116,6 +119,16 @@ class Engine(abc.ABC):
                 self._end_callbacks.append(callback)
                 return
         callback(self)
+
+    def _thread_started(self) -> None:
+        """The loop thread's first act: thread_init. Its failure costs what it asked for only
+        (the caller checked it at startup: host/sched.py probe), never the loop."""
+        if self.thread_init is None:
+            return
+        try:
+            self.thread_init()
+        except OSError as e:
+            log.warning("%s engine loop: %s; it runs with the default scheduling", self.name, e)
 
     def _loop_ended(self, end: Ended) -> None:
         """The loop thread's last act: record why, then the callbacks of on_end()."""

@@ -173,7 +173,7 @@ class MultiEngine(Engine):
 
 def create(cls, tun_fds, udp_fds, *, icmp_rate=None, icmp_burst=ICMP_BURST_DEFAULT,
            offloads: int = 0, coalesce_us: int = 0, trace: bool = False,
-           **engine_kw) -> MultiEngine:
+           thread_init=None, **engine_kw) -> MultiEngine:
     """One ``cls`` engine per (tun fd, udp fd) pair, configured alike, not started.
 
     ``engine_kw`` are Engine's other constructor arguments (tun_addr, mtu, batch,
@@ -185,6 +185,7 @@ def create(cls, tun_fds, udp_fds, *, icmp_rate=None, icmp_burst=ICMP_BURST_DEFAU
     try:
         for t, u in zip(tun_fds, udp_fds):
             made.append(cls(tun_fd=t, udp_fd=u, **engine_kw))
+            made[-1].thread_init = thread_init
         multi = MultiEngine(made)
         if icmp_rate is not None:
             multi.set_icmp_limit(icmp_rate, icmp_burst)

@@ -124,6 +124,7 @@ class CEngine(Engine):
     def _run(self, loop) -> None:
         # The loop is freed only after this thread is joined (close()).
         # Its return value says no more than dp_loop_state does.
+        self._thread_started()
         lib.dp_loop_run(loop)
         state = ffi.new("dp_state *")
         lib.dp_loop_state(loop, state)

@@ -311,6 +311,7 @@ class PyEngine(Engine):
             self._loop_ended(end)
 
     def _run(self):
+        self._thread_started()
         _precise_timers()
         count = self._counters
         record = self._record

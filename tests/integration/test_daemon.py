@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import signal
 import sys
@@ -322,3 +323,31 @@ def test_etcd_outage_keeps_forwarding_and_late_joiner_arrives(ov, figure):
            round(time.monotonic() - t_back, 2))
     ov.remove_host(joiner)
 
+
+
+def _fifo_threads(pid: int) -> dict:
+    """{thread id: SCHED_FIFO priority} of a process's real-time threads."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            if os.sched_getscheduler(int(tid)) == os.SCHED_FIFO:
+                out[int(tid)] = os.sched_getparam(int(tid)).sched_priority
+        except OSError:
+            continue
+    return out
+
+
+def test_realtime_priority_makes_only_the_loops_fifo(ov):
+    h = ov.hosts[0]
+    assert _fifo_threads(ov.daemon(h).pid) == {}
+    ov.restart_daemon(h, args=("--realtime-priority", "2"))
+    try:
+        pid = ov.daemon(h).pid
+        fifo = _fifo_threads(pid)
+        # the engine loop threads (one per queue), at the priority asked; not the daemon's
+        # main thread nor its control threads
+        assert 1 <= len(fifo) <= 8 and set(fifo.values()) == {2}, fifo
+        assert pid not in fifo and len(os.listdir(f"/proc/{pid}/task")) > len(fifo)
+        _all_pairs_reachable(ov)
+    finally:
+        ov.restart_daemon(h, args=())

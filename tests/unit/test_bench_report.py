@@ -94,6 +94,7 @@ def test_engine_variant_paths_get_their_own_ratios():
 
 def test_bench_rejects_unknown_paths_and_knows_the_variants():
     from dataplane.bench.paths import ALL_PATHS, ENGINE_VARIANTS
-    assert {"c-base", "c-offload", "c-coalesce20", "python-coalesce20"} <= set(ALL_PATHS)
+    assert {"c-base", "c-offload", "c-coalesce20", "python-coalesce20", "c-rt",
+            "python-rt"} <= set(ALL_PATHS)
     for kind, extra in ENGINE_VARIANTS.values():
-        assert kind in ("c", "python") and "--coalesce-usecs" in extra
+        assert kind in ("c", "python") and extra
