@@ -103,6 +103,9 @@ struct dp_route_hit {
 };
 
 int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n);
+/* Reference counted: build gives one reference, hold adds n, free drops one
+ * (and frees with the last). Thread-safe. */
+void dp_routes_hold(struct dp_routes *t, uint32_t n);
 void dp_routes_free(struct dp_routes *t);
 /* 1 and *hit filled on a match, 0 on a miss. t may be NULL (empty table). */
 int dp_routes_lookup(const struct dp_routes *t, uint32_t dst, struct dp_route_hit *hit);

@@ -341,39 +341,31 @@ int dp_loop_set_routes(dp_loop *l, const dp_route *routes, uint32_t n)
 int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *routes,
                         uint32_t n)
 {
-    struct dp_routes *one, **t = &one;
+    struct dp_routes *t;
     uint32_t i;
-    int rc = 0;
+    int rc;
 
     if (!loops || !nloops)
         return -EINVAL;
     for (i = 0; i < nloops; i++)
         if (!loops[i])
             return -EINVAL;
-    if (nloops > 1 && !(t = calloc(nloops, sizeof(*t))))
-        return -ENOMEM;
-    /* Every table first: the slow part must not separate one queue's
-     * switch from the next one's. */
-    for (i = 0; i < nloops && !rc; i++)
-        rc = dp_routes_build(&t[i], routes, n);
-    if (rc) {
-        while (i--)
-            dp_routes_free(t[i]);
-    } else {
-        /* A table still pending was never taken by its loop (a loop exchanges
-         * `pending` out before using a table), so nobody else holds it. */
-        for (i = 0; i < nloops; i++)
-            t[i] = __atomic_exchange_n(&loops[i]->pending, t[i], __ATOMIC_ACQ_REL);
-        /* Wake the loops so that they adopt the table now, not at their next
-         * packet; the table is published either way. */
-        for (i = 0; i < nloops; i++) {
-            wake(loops[i]);
-            dp_routes_free(t[i]);
-        }
-    }
-    if (t != &one)
-        free(t);
-    return rc;
+    /* One table for every queue, built before any is published: the slow
+     * part must not separate one queue's switch from the next one's. */
+    rc = dp_routes_build(&t, routes, n);
+    if (rc)
+        return rc;
+    dp_routes_hold(t, nloops - 1);
+    /* A table still pending was never taken by its loop (a loop exchanges
+     * `pending` out before using a table): we drop that loop's reference.
+     * (Dropping is a decrement but for the last holder of an old table.) */
+    for (i = 0; i < nloops; i++)
+        dp_routes_free(__atomic_exchange_n(&loops[i]->pending, t, __ATOMIC_ACQ_REL));
+    /* Wake the loops so that they adopt the table now, not at their next
+     * packet; it is published either way. */
+    for (i = 0; i < nloops; i++)
+        wake(loops[i]);
+    return 0;
 }
 
 int dp_loop_set_local(dp_loop *l, uint32_t own_net, uint32_t own_prefixlen,

@@ -5,13 +5,14 @@
  *   1. dp_routes_build    validate the dp_route array, find the distinct prefix
  *                         lengths (longest first), fill one open-addressing
  *                         hash per length and a hash set of peer IPs
- *   2. dp_routes_free
+ *   2. dp_routes_hold,    a table is shared by the loops of one host: each
+ *      dp_routes_free     holds a reference, the last one frees it
  *   3. dp_routes_lookup   per length, longest first: mask dst, probe that hash
  *   4. dp_routes_has_peer the accept_any == 0 source check
  *
  * A table is immutable once built. loop.c publishes a new one with one
- * atomic exchange and frees the old one from the loop thread, so lookups
- * take no lock. Lookup cost depends on the number of distinct prefix lengths
+ * atomic exchange per loop and each loop lets the old one go from its own
+ * thread, so lookups take no lock. Lookup cost depends on the number of distinct prefix lengths
  * (flannel uses one) and not on the number of peers. Hashes are kept at most
  * half full, so probe sequences stay short; duplicates of (net, prefixlen)
  * keep the last entry, as a dict would.
@@ -43,6 +44,7 @@ struct dp_rlen {
 };
 
 struct dp_routes {
+    uint32_t refs;       /* the loops holding it (one table serves every queue of a host) */
     uint32_t nlens;
     struct dp_rlen lens[DP_ROUTES_LENS];   /* longest prefix first */
     uint32_t *peers;     /* open addressing, 0 = empty slot */
@@ -126,6 +128,7 @@ int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n)
     t = calloc(1, sizeof(*t));
     if (!t)
         return -ENOMEM;
+    t->refs = 1;
     for (len = 32; len >= 0; len--) {
         struct dp_rlen *l;
 
@@ -157,11 +160,18 @@ err_free:
     return rc;
 }
 
+void dp_routes_hold(struct dp_routes *t, uint32_t n)
+{
+    __atomic_add_fetch(&t->refs, n, __ATOMIC_RELAXED);
+}
+
 void dp_routes_free(struct dp_routes *t)
 {
     uint32_t i;
 
-    if (!t)
+    /* The last holder frees; the acquire pairs with the other holders'
+     * release, so their lookups are over before the memory goes. */
+    if (!t || __atomic_sub_fetch(&t->refs, 1, __ATOMIC_ACQ_REL))
         return;
     for (i = 0; i < t->nlens; i++)
         free(t->lens[i].slots);
