@@ -46,6 +46,7 @@ ENGINE_VARIANTS = {
     "python-coalesce20": ("python", ("--coalesce-usecs", "20")),
     "c-rt": ("c", ("--realtime-priority", "1")),
     "python-rt": ("python", ("--realtime-priority", "1")),
+    "c-rt-coalesce20": ("c", ("--realtime-priority", "1", "--coalesce-usecs", "20")),
 }
 ALL_PATHS = PATHS + tuple(ENGINE_VARIANTS)
 VXLAN_DEV = "flannel.1"
