@@ -12,8 +12,20 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include "dataplane.h"
+
+/* The one clock of the engine (ICMP rate limit, coalescing, trace times):
+ * CLOCK_MONOTONIC in ns, vDSO on Linux, not a syscall, so it is not counted
+ * in `syscalls`. */
+static inline uint64_t dp_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* Counter indices, in dp_stats field order. The drop indices double as the
  * reason carried by DP_TR_DROP trace events (the header says so). */

@@ -17,7 +17,6 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
 
 #include "internal.h"
 
@@ -87,16 +86,6 @@ struct dp_loop {
     uint8_t gro_hdr[DP_GRO_HDR_MAX];
     struct iovec gro_iov[DP_GRO_SEGS_MAX + 2];
 };
-
-/* CLOCK_MONOTONIC in ns: vDSO on Linux, not a syscall, so it is not counted
- * in `syscalls`. */
-static inline uint64_t dp_now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Counters and trace, through the path's (one writer: the loop thread). */
 static inline void st_add(struct dp_loop *l, enum dp_stat i, uint64_t n)

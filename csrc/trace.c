@@ -15,7 +15,6 @@
  * switch before building an event, so tracing costs nothing when off.
  */
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
 
@@ -27,15 +26,6 @@ void dp_trace_init(struct dp_trace *tr)
 void dp_trace_set(struct dp_trace *tr, int enable)
 {
     __atomic_store_n(&tr->enabled, enable ? 1 : 0, __ATOMIC_RELAXED);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    /* vDSO on Linux: not a syscall, so it is not counted in `syscalls`. */
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 void dp_trace_record(struct dp_trace *tr, uint32_t kind, uint32_t len, uint32_t addr,
@@ -52,7 +42,7 @@ void dp_trace_record(struct dp_trace *tr, uint32_t kind, uint32_t len, uint32_t 
     /* seq 0 marks the slot as being rewritten for readers that copy it now. */
     __atomic_store_n(&e->seq, 0, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
-    e->ts_ns = now_ns();
+    e->ts_ns = dp_now_ns();
     e->kind = kind;
     e->len = len;
     e->addr = addr;

@@ -17,8 +17,9 @@ import threading
 import time
 
 from ..host.atomicfile import write_atomic
+from ..host import sched
 from ..engine.api import (BATCH_MAX, COALESCE_DEFAULT_US, COALESCE_MAX_US, ICMP_BURST_DEFAULT,
-                          ICMP_RATE_DEFAULT,
+                          ICMP_RATE_DEFAULT, Engine,
                           MTU_MAX, MTU_MIN)
 
 HELP = "forward between a TUN device and UDP with static routes (no etcd; for tests and perf)"
@@ -118,22 +119,18 @@ def _count(lo: int):
     return parse
 
 
-def _coalesce(value: str) -> int:
-    try:
-        n = int(value)
-        if not 0 <= n <= COALESCE_MAX_US:
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected microseconds in 0..{COALESCE_MAX_US}")
-    return n
+def _checked(check):
+    """An argparse type from a check that takes an int and says why not with ValueError."""
+    def parse(value: str) -> int:
+        try:
+            return check(int(value))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{value!r}: {e}")
+    return parse
 
 
-def _priority(value: str) -> int:
-    from dataplane.host.sched import check_priority
-    try:
-        return check_priority(int(value))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{value!r}: {e}")
+_coalesce = _checked(Engine._check_coalesce)
+_priority = _checked(sched.check_priority)
 
 
 def _queues(value: str) -> int:
@@ -247,7 +244,6 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         log.error("--route-file %s: %s", args.route_file, e)
         return 2
-    from dataplane.host import sched
     if args.realtime_priority:
         try:
             sched.probe(args.realtime_priority)
