@@ -9,10 +9,11 @@ written straight into it in flanneld's format (subnets 10.1.0.0/24 upwards, Publ
 never see a packet), then two real daemons h0 and h1 with the engine under test. Per (engine, N):
 
 * start: from the daemons' start to subnet.env, and to READY=1 (sent once the routes to the listed
-  peers are in); idle RSS and idle CPU of h0 over 5 s;
+  peers are in); idle RSS and idle CPU of h0 over 5 s (CPU with its children: the Python engine's
+  daemon runs its peer watch in a child process; the child's proportional set size is given apart);
 * put burst: 1,000 new leases, each its own put (8 writers at once, so each its own revision and watch
   event); until each daemon's /metrics counts them all (polled every 50 ms from inside its host), and
-  the CPU each daemon burned meanwhile (per event: CPU / burst);
+  the CPU each daemon (with its children) burned meanwhile (per event: CPU / burst);
 * a new host h2 started as soon as the writes are acknowledged: from its lease's acquisition (its log
   line) until h0 and h1 reach it and it reaches h0 (pings every 20 ms from before h2 starts; its
   subnet.env names the subnet it takes);
@@ -63,15 +64,35 @@ def leases(base: int, first: int, count: int) -> dict:
             for i in range(count)}
 
 
+def children(pid: int) -> list[int]:
+    """The daemon's child processes (with the Python engine: its peer watch process)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
 def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    """CPU seconds of the daemon and its children."""
+    total = 0
+    for p in [pid] + children(pid):
+        with open(f"/proc/{p}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
 
 
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(re.search(r"^VmRSS:\s+(\d+)", f.read(), re.M).group(1))
+
+
+def pss_kb(pid: int) -> int:
+    """The process's share of memory: the pages it shares with the daemon (libpython, gRPC's
+    library) counted half."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return int(re.search(r"^Pss:\s+(\d+)", f.read(), re.M).group(1))
 
 
 class Lines:
@@ -205,6 +226,7 @@ def run_case(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         time.sleep(5.0)
         out["idle_cpu_pct"] = round((cpu_s(pid) - c0) / 5.0 * 100, 2)
         out["idle_rss_kb"] = rss_kb(pid)
+        out["idle_pss_children_kb"] = sum(pss_kb(c) for c in children(pid))
 
         stable = ping(ov, h0, ov.flannel_ip(h1), PING_INTERVAL, 2 * timeout + 120)
         t_idle = time.time()
@@ -271,7 +293,9 @@ def table(results: list[dict], timeout: float) -> str:
     rows = [
         ("start to subnet.env / READY (h0)", lambda r: f"{fmt(r['start_to_subnet_env_s'][0], timeout)} / "
                                                     f"{fmt(r['start_to_ready_s'][0], timeout)} s"),
-        ("idle RSS, idle CPU (h0)", lambda r: f"{r['idle_rss_kb'] / 1024:.1f} MB, {r['idle_cpu_pct']} %"),
+        ("idle RSS (+ its children's PSS), idle CPU (h0)",
+         lambda r: f"{r['idle_rss_kb'] / 1024:.1f} MB (+ {r.get('idle_pss_children_kb', 0) / 1024:.1f}), "
+                   f"{r['idle_cpu_pct']} %"),
         ("puts: writes / until h0, h1 have them", lambda r: f"{r['put']['writes_s']} / " + ", ".join(
             fmt(x, timeout) for x in r['put']['absorbed_s']) + " s"),
         ("CPU per daemon on the puts (h0, h1)", lambda r: ", ".join(map(str, r['put']['cpu_s'])) + " s"),

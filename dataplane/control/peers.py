@@ -29,8 +29,9 @@ key and problem (not at every re-list), and kept in `bad()` until the key is fix
 key whose value turns malformed keeps the peer's last valid lease, as flanneld does (it ignores an event
 it cannot parse): the owner will write it again, and the route it had is still the best guess.
 
-`_lock` guards `_leases`, `_touched`, `_current` and `_own`, and is held only for the work of a batch
-(the Python engine shares the interpreter); on_change runs in the publisher thread (or in the thread
+`_lock` guards `_leases`, `_touched`, `_current` and `_own`, and is held only for the work of a batch;
+with the Python engine, which would share the interpreter, the daemon runs this watcher in a child
+process (control/peer_process.py) and the report's duration includes the daemon applying it. on_change runs in the publisher thread (or in the thread
 that listed: the watcher's, or the caller of `set_own_subnet`), outside `_lock`, in order.
 """
 from __future__ import annotations

@@ -143,11 +143,16 @@ class Registry:
 
     def __init__(self, endpoints: "list[str] | str" = DEFAULT_ENDPOINTS, prefix: str = DEFAULT_PREFIX,
                  keyfile: Optional[str] = None, certfile: Optional[str] = None, cafile: Optional[str] = None,
-                 username: Optional[str] = None, password: Optional[str] = None, *, timeout: float = 5.0):
+                 username: Optional[str] = None, password: Optional[str] = None, *, timeout: float = 5.0,
+                 warn_insecure: bool = True):
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
         if not endpoints:
             raise ValueError("no etcd endpoints")
+        # What another process needs to make the same client (control/peer_process.py).
+        self.spec = {"endpoints": list(endpoints), "prefix": prefix, "keyfile": keyfile,
+                     "certfile": certfile, "cafile": cafile, "username": username,
+                     "password": password, "timeout": timeout}
         self.prefix = prefix.rstrip("/") or "/"
         self.config_key = f"{self.prefix}/config"
         self.subnets_prefix = f"{self.prefix}/subnets/"
@@ -161,7 +166,7 @@ class Registry:
         # As flanneld: a client key and cert mean TLS (for every endpoint); an https:// endpoint also
         # gets TLS, verified against the CA file or the system roots.
         self._endpoints = [_Endpoint(e.strip(), creds, force_tls=bool(keyfile and certfile)) for e in endpoints]
-        if not all(ep.secure for ep in self._endpoints):
+        if warn_insecure and not all(ep.secure for ep in self._endpoints):
             log.warning("connecting to etcd with http (%s)",
                         ", ".join(ep.url for ep in self._endpoints if not ep.secure))
         self._cur = 0

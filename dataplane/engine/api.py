@@ -146,6 +146,11 @@ class Engine(abc.ABC):
         engine turned off on the way (UDP_GSO when the kernel cannot segment)."""
         return 0
 
+    # True when the forwarding loop runs Python bytecode: it then shares the interpreter lock
+    # with the daemon's other Python work, which the daemon keeps out of its process where it can
+    # (control/peer_process.py) and bounds where it cannot (the switch interval).
+    forwards_in_python: bool = False
+
     # The route table this engine takes whole (engine/route_array.py's RouteArray for the C
     # engine, engine/pytable.py's RouteTable for the Python one): ``table_type.of(routes)``
     # builds one, ``table.updated(removed, added)`` the next one from a change.

@@ -189,6 +189,7 @@ class PyEngine(Engine):
             pass
 
     table_type = RouteTable
+    forwards_in_python = True
 
     def set_table(self, table) -> None:
         self.publish_all((self,), table)

@@ -351,3 +351,57 @@ def test_realtime_priority_makes_only_the_loops_fifo(ov):
         _all_pairs_reachable(ov)
     finally:
         ov.restart_daemon(h, args=())
+
+
+def _peer_watch_children(pid: int) -> list[int]:
+    """The daemon's child processes named as control/peer_process.py names its child."""
+    from dataplane.control.peer_process import CHILD_NAME
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            for child in map(int, f.read().split()):
+                try:
+                    with open(f"/proc/{child}/comm") as c:
+                        if c.read().strip() == CHILD_NAME:
+                            out.append(child)
+                except FileNotFoundError:
+                    pass
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"    # exited, not reaped yet
+    except FileNotFoundError:
+        return True
+
+
+def test_peer_watch_process_with_the_python_engine_only(ov):
+    """The Python engine's daemon watches peers in a child process (its interpreter stays free
+    for forwarding), niced, replaced when it dies, ended with the daemon; the C engine's in a
+    thread."""
+    h = ov.hosts[0]
+    pid = ov.daemon(h).pid
+    kids = _peer_watch_children(pid)
+    if ov.kind == "c":
+        assert kids == []
+        return
+    assert len(kids) == 1 and os.getpriority(os.PRIO_PROCESS, kids[0]) == 10
+    try:
+        os.kill(kids[0], signal.SIGKILL)
+        assert wait_until(lambda: _peer_watch_children(pid) not in ([], kids), timeout=10)
+        assert ov.wait_log(h, "peer watch process exited (killed by SIGKILL)", 5)
+        # The new one watches: a host that joins now is reachable, both ways.
+        new = ov.add_host(engine=ov.kind)
+        assert ov.reachable(h, ov.flannel_ip(new), 10) and ov.reachable(new, ov.flannel_ip(h), 10)
+        ov.remove_host(new)
+        # Killed with the daemon (SIGKILL: no shutdown of its own): the kernel closes the
+        # daemon's end of the socket and the child ends.
+        kids = _peer_watch_children(pid)
+        ov.stop_daemon(h, sig=signal.SIGKILL)
+        assert wait_until(lambda: all(_gone(k) for k in kids), timeout=10)
+    finally:
+        if h.name not in ov.daemons:
+            ov.start_daemon(h)
+    _all_pairs_reachable(ov)

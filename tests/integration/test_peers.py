@@ -1,5 +1,8 @@
 """PeerWatcher against a real etcd: the peer view always converges to what etcd holds.
 
+Each test that watches runs twice: with the watcher in a thread (the C engine's daemon) and in a
+child process (PeerWatchProcess, the Python engine's), which must report the same changes.
+
 Also the 2- and 50-node scenario: every node acquires concurrently with its own SubnetManager and
 watches peers with its own PeerWatcher; no duplicate subnet, and the time until every watcher sees all
 other nodes is measured and printed (run with -s to see it).
@@ -7,6 +10,8 @@ other nodes is measured and printed (run with -s to see it).
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from ipaddress import IPv4Address, IPv4Network
@@ -14,6 +19,7 @@ from ipaddress import IPv4Address, IPv4Network
 import pytest
 
 from dataplane.control.lease import LeaseAttrs
+from dataplane.control.peer_process import PeerWatchProcess
 from dataplane.control.peers import PeerWatcher
 from dataplane.control.lease_manager import SubnetManager
 from tests.integration.conftest import wait_until
@@ -50,13 +56,18 @@ class Recorder:
                                [str(l.subnet) for l in change.removed]))
 
 
+@pytest.fixture(params=[PeerWatcher, PeerWatchProcess], ids=["thread", "process"])
+def watcher_cls(request):
+    return request.param
+
+
 @pytest.fixture
-def started():
+def started(watcher_cls):
     watchers = []
 
     def start(reg, own=OWN, retry_interval=0.2):
         rec = Recorder()
-        w = PeerWatcher(reg, own, rec, retry_interval=retry_interval)
+        w = watcher_cls(reg, own, rec, retry_interval=retry_interval)
         w.start()
         watchers.append(w)
         assert w.wait_ready(10)
@@ -106,13 +117,13 @@ def test_snapshot_filters_own_and_skips_malformed(shared_etcd, make_registry, st
     assert set(w.bad()) == {reg.subnets_prefix + "not-a-subnet", reg.subnets_prefix + "zzz"}
 
 
-def test_leases_outside_the_network_or_unusable_are_skipped(shared_etcd, make_registry):
+def test_leases_outside_the_network_or_unusable_are_skipped(shared_etcd, make_registry, watcher_cls):
     reg = make_registry(shared_etcd)
     for k, ip in (("10.5.2.0-24", "192.168.77.2"), ("10.9.0.0-24", "192.168.77.3"),
                   ("10.5.3.0-24", "127.0.0.1"), ("10.5.4.0-24", "10.5.2.9"),
                   ("10.5.5.0-24", "0.0.0.0"), ("10.5.2.7-24", "192.168.77.66")):
         reg.put(reg.subnets_prefix + k, LeaseAttrs(IPv4Address(ip)).to_json())
-    w = PeerWatcher(reg, OWN, None, network=IPv4Network("10.5.0.0/16"))
+    w = watcher_cls(reg, OWN, None, network=IPv4Network("10.5.0.0/16"))
     w.start()
     try:
         assert w.wait_ready(10)
@@ -195,7 +206,7 @@ def test_etcd_restarted_mid_watch(etcd, make_registry, started):
                            deletes=[key(reg, 2)] if round_ == 0 else [key(reg, 20)])
         reg.put(key(reg, 50 + round_), attrs(50))
         wait_until(converged(reg, w), what=f"convergence after restart {round_}")
-    assert w.watch_loop.reconnects >= 2
+    wait_until(lambda: w.watch_loop.reconnects >= 2, what="the reconnects counted")
     assert set(w.peers()) == {IPv4Network(f"10.5.{n}.0/24") for n in (21, 30, 31, 40, 41, 50, 51)}
 
 
@@ -211,7 +222,7 @@ def test_compacted_mid_watch_relists(etcd, make_registry, started):
     reg.put(key(reg, 2), attrs(22))
     etcd.compact()
     wait_until(converged(reg, w), timeout=15, what="convergence after compaction")
-    assert w.watch_loop.resyncs >= 1 and w.snapshots >= 2
+    wait_until(lambda: w.watch_loop.resyncs >= 1 and w.snapshots >= 2, what="the re-list counted")
     assert set(w.peers()) == {IPv4Network(f"10.5.{n}.0/24") for n in (2, 7, 8)}
     added = {s for a, _ in rec.calls for s in a}
     removed = {s for _, r in rec.calls for s in r}
@@ -267,7 +278,7 @@ def test_random_churn_with_restarts_and_compaction_converges(etcd, make_registry
         t.join(20)
     assert done[0] > 20
     wait_until(converged(reg, w), timeout=15, what="convergence after random churn")
-    assert w.watch_loop.reconnects >= 2
+    wait_until(lambda: w.watch_loop.reconnects >= 2, what="the reconnects counted")
 
 def test_set_own_subnet_after_reacquire(shared_etcd, make_registry, started):
     reg = make_registry(shared_etcd)
@@ -279,6 +290,60 @@ def test_set_own_subnet_after_reacquire(shared_etcd, make_registry, started):
     w.set_own_subnet(IPv4Network("10.5.2.0/24"))
     assert set(w.peers()) == {IPv4Network("10.5.1.0/24")}
     assert rec.calls[-1] == (["10.5.1.0/24"], ["10.5.2.0/24"])
+
+
+def test_watch_process_killed_is_replaced_and_catches_up(shared_etcd, make_registry, caplog):
+    """The child dies: the daemon side logs it, starts another, and reports what changed while
+    nobody watched (against the peers it had, not against nothing)."""
+    reg = make_registry(shared_etcd)
+    reg.put(key(reg, 2), attrs(2))
+    reg.put(key(reg, 3), attrs(3))
+    rec = Recorder()
+    w = PeerWatchProcess(reg, OWN, rec, retry_interval=0.2)
+    w.start()
+    procs = []
+    try:
+        assert w.wait_ready(10)
+        procs.append(w._proc)
+        # Ctrl-C and systemd's stop signal reach the whole group: the child leaves the decision
+        # to the daemon.
+        os.kill(w.pid, signal.SIGINT)
+        os.kill(w.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        assert w._proc.poll() is None and w.restarts == 0
+        with caplog.at_level(logging.ERROR):
+            os.kill(w.pid, signal.SIGKILL)
+            reg.delete(key(reg, 3))
+            reg.put(key(reg, 4), attrs(4))
+            wait_until(lambda: w._proc is not procs[0], what="a new child")
+            procs.append(w._proc)
+            wait_until(converged(reg, w), what="the new child's listing")
+        assert "peer watch process exited (killed by SIGKILL)" in caplog.text
+        assert w.restarts == 1
+        assert rec.calls == [(["10.5.2.0/24", "10.5.3.0/24"], []), (["10.5.4.0/24"], ["10.5.3.0/24"])]
+        wait_until(lambda: w.watch_loop.connected.is_set(), what="watching again")
+        assert w.watch_loop.reconnects >= 1
+        reg.put(key(reg, 5), attrs(5))
+        wait_until(converged(reg, w), what="an event after the restart")
+        assert rec.calls[-1] == (["10.5.5.0/24"], [])
+    finally:
+        w.stop()
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_watch_process_ends_when_the_daemon_side_closes(shared_etcd, make_registry):
+    """What a daemon killed with SIGKILL leaves: its end of the socket closed by the kernel."""
+    reg = make_registry(shared_etcd)
+    w = PeerWatchProcess(reg, OWN, None)
+    w.start()
+    try:
+        assert w.wait_ready(10)
+        proc = w._proc
+        w._stop.set()             # no replacement: this side is "dead"
+        w._link.close()
+        assert proc.wait(5) == 0
+    finally:
+        w.stop()
 
 
 def _run_nodes(make_registry, server, n: int):
