@@ -17,7 +17,9 @@ never see a packet), then two real daemons h0 and h1 with the engine under test.
 * a new host h2 started as soon as the writes are acknowledged: from its lease's acquisition (its log
   line) until h0 and h1 reach it and it reaches h0 (pings every 20 ms from before h2 starts; its
   subnet.env names the subnet it takes);
-* ping h0 -> h1 every 10 ms throughout: RTT while idle, during the same burst written under a prefix
+* ping h0 -> h1 every 2 ms throughout (at 10 ms the cores fall into deep idle between pings and the
+  idle RTT doubles, 0.4-0.6 ms instead of 0.1-0.2; and a burst's window holds ~25 pings, not ~150):
+  RTT while idle, during the same burst written under a prefix
   no daemon watches (what the writer, etcd and the pollers alone cost this machine: the baseline),
   during the put burst, during the deletes;
 * delete burst: the same 1,000 leases deleted one by one; until each daemon has N + 2 peers;
@@ -52,7 +54,7 @@ BURST_BASE = int(ipaddress.IPv4Address("10.128.0.0"))      # the burst: 10.128.0
 FAKE_PEER_BASE = int(ipaddress.IPv4Address("172.16.0.1"))
 NEW_HOST_SUBNET = ipaddress.IPv4Network("10.250.200.0/24")   # h0, h1 take random ones in 10.250/16
 UNWATCHED_PREFIX = "/bench-unwatched/network"
-PING_INTERVAL = 0.01
+PING_INTERVAL = 0.002
 REACH_INTERVAL = 0.02
 LOG_SETTLE_S = 2.0
 _TICK = os.sysconf("SC_CLK_TCK")
