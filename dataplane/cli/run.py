@@ -40,7 +40,8 @@ def main(args) -> int:
     if opts.v >= 2:
         root.setLevel(logging.DEBUG)
         # -v=2 is the daemon's debug, not its libraries': pyroute2 dumps every netlink
-        # message at DEBUG.
+        # message at DEBUG. Imported first: its import sets its logger's level (to NOTSET).
+        import pyroute2.config.log  # noqa: F401
         logging.getLogger("pyroute2").setLevel(logging.INFO)
     for w in opts.warnings:
         logging.getLogger("dataplane.daemon").warning("%s", w)

@@ -139,8 +139,10 @@ class _RemoteWatch:
 class PeerWatchProcess:
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network],
                  on_change: Optional[OnChange], *, retry_interval: float = 1.0,
-                 network: Optional[IPv4Network] = None, coalesce: float = COALESCE_S):
+                 network: Optional[IPv4Network] = None, coalesce: float = COALESCE_S,
+                 prepared: Optional["Prepared"] = None):
         self._spec = registry.spec
+        self._prepared = prepared                # a child started early (prepare()), if any
         self.network = network
         self.on_change = on_change
         self.retry_interval = retry_interval
@@ -247,16 +249,8 @@ class PeerWatchProcess:
 
     # -- the child's lifecycle --------------------------------------------------------------------
     def _spawn(self) -> None:
-        from ..cli.child import python_argv
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._proc = subprocess.Popen(
-                python_argv(f"from dataplane.control.peer_process import child_main\n"
-                            f"child_main({theirs.fileno()})"),
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        finally:
-            theirs.close()
-        self._link = _Link(ours)
+        child, self._prepared = self._prepared or prepare(), None
+        self._proc, self._link = child.proc, child.link
         with self._lock:
             own = self._own
             self._mirror, self._fresh = {}, True
@@ -391,6 +385,34 @@ class _Waiter:
     def __init__(self):
         self.event = threading.Event()
         self.answered = False
+
+
+class Prepared:
+    """A child process started, importing, and waiting for its ``init``."""
+
+    def __init__(self, proc: subprocess.Popen, link: _Link):
+        self.proc, self.link = proc, link
+
+    def close(self) -> None:
+        """Not needed after all (startup failed): the child reads the end and exits."""
+        self.link.close()
+        _reap(self.proc, STOP_TIMEOUT_S)
+
+
+def prepare() -> Prepared:
+    """Start the child now (its imports take 0.2-0.3 s) and hand it to PeerWatchProcess later,
+    so that the daemon's startup does not wait for them. A child never handed over ends when the
+    daemon does (its end of the socket closes)."""
+    from ..cli.child import python_argv
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        proc = subprocess.Popen(
+            python_argv(f"from dataplane.control.peer_process import child_main\n"
+                        f"child_main({theirs.fileno()})"),
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    finally:
+        theirs.close()
+    return Prepared(proc, _Link(ours))
 
 
 def _reap(proc: subprocess.Popen, timeout: float):

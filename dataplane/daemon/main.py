@@ -108,6 +108,7 @@ class Daemon:
         self.move_failures = lease_move.Failures()
         self.engine = None                    # engine.multi.MultiEngine
         self.engine_cls = None
+        self._peer_child = None               # the peer watch's process, started early
         self.engine_why = ""
         self.own_sources = OwnSources()       # what the engine knows of this host's addresses
         self.servers = []
@@ -240,6 +241,9 @@ class Daemon:
         self.engine_cls, self.engine_why = startup.choose_engine(o)
         if self.engine_cls.forwards_in_python:
             sys.setswitchinterval(PY_ENGINE_SWITCH_INTERVAL_S)
+            # The peer watch's process imports while we take the lease and make the devices.
+            from ..control import peer_process
+            self._peer_child = peer_process.prepare()
         self.queues, note = queues.effective(o.queues, o.trace)
         if note:
             log.info("%s", note)
@@ -372,9 +376,13 @@ class Daemon:
         self.peer_log = PeerLog(self.config.backend_port)
         # The same watcher either way; with the Python engine in a process of its own, so that
         # a burst of lease events does not hold the interpreter the engine forwards in.
-        watcher = PeerWatchProcess if self.engine_cls.forwards_in_python else PeerWatcher
-        self.peer_watcher = watcher(self.registry, self.lease.subnet, self.on_peers,
-                                    network=self.config.network)
+        if self.engine_cls.forwards_in_python:
+            child, self._peer_child = self._peer_child, None
+            self.peer_watcher = PeerWatchProcess(self.registry, self.lease.subnet, self.on_peers,
+                                                 network=self.config.network, prepared=child)
+        else:
+            self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self.on_peers,
+                                            network=self.config.network)
         self.peer_watcher.start()
         self.config_watcher = ConfigWatcher(self.registry, self.config).start()
         # READY should mean "routes to the known peers are in": wait for the first snapshot,
@@ -480,6 +488,8 @@ class Daemon:
         # process reads the queues from where it stopped.
         steps = [
             ("stop the peer watch", lambda: self.peer_watcher and self.peer_watcher.stop()),
+            ("end the peer watch's unused process",
+             lambda: self._peer_child and self._peer_child.close()),
             ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),
             ("stop the lease renewal", lambda: self.subnets and self.subnets.stop()),
             ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),

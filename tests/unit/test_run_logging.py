@@ -27,3 +27,26 @@ def test_v2_is_the_daemons_debug_not_pyroute2s(monkeypatch):
     finally:
         root.setLevel(saved[0])
         netlink.setLevel(saved[1])
+
+
+def test_v2_keeps_pyroute2_quiet_when_the_daemon_imports_it_later():
+    """In a fresh process, as the daemon runs: pyroute2 is imported after the flags are read
+    (its import used to reset its logger's level, and every netlink message was logged)."""
+    import subprocess
+    import sys
+    code = (
+        "import logging\n"
+        "from dataplane import cli\n"
+        "import dataplane.daemon.main as m\n"
+        "class D:\n"
+        "    def __init__(self, opts): pass\n"
+        "    def run(self):\n"
+        "        from pyroute2 import IPRoute  # noqa\n"
+        "        print(logging.getLogger('pyroute2.netlink.core').isEnabledFor(logging.DEBUG),\n"
+        "              logging.getLogger('dataplane.daemon').isEnabledFor(logging.DEBUG))\n"
+        "        return 0\n"
+        "m.Daemon = D\n"
+        "cli.main(['run', '-v=2', '--etcd-endpoints', 'http://127.0.0.1:9'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
