@@ -43,7 +43,6 @@ import struct
 import subprocess
 import threading
 from ipaddress import IPv4Network
-from types import MappingProxyType
 from typing import Optional
 
 from .peers import COALESCE_S, OnChange, PeerWatcher
@@ -93,7 +92,11 @@ class _Link:
             return None
         if len(body) < size:
             return None
-        return pickle.loads(body)
+        try:
+            return pickle.loads(body)
+        except Exception:       # both ends are ours: a bad message is a bug; end the stream
+            log.exception("peer watch process: unreadable message of %d bytes", size)
+            return None
 
     def close(self) -> None:
         try:
@@ -137,6 +140,8 @@ class _RemoteWatch:
 
 
 class PeerWatchProcess:
+    """PeerWatcher, run in a child process; see the module's docstring."""
+
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network],
                  on_change: Optional[OnChange], *, retry_interval: float = 1.0,
                  network: Optional[IPv4Network] = None, coalesce: float = COALESCE_S,
@@ -215,6 +220,9 @@ class PeerWatchProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
+        if self._prepared is not None:          # never started
+            self._prepared.close()
+            self._prepared = None
         link, proc = self._link, self._proc
         if link is not None:
             link.send(("stop",))
@@ -245,7 +253,7 @@ class PeerWatchProcess:
             with self._lock:
                 change = PeerChange.between(self._current, self._mirror_snapshot())
                 self._current = change.snapshot
-            self._emit(change)
+            self._emit(change, always=True)
 
     # -- the child's lifecycle --------------------------------------------------------------------
     def _spawn(self) -> None:
@@ -283,8 +291,8 @@ class PeerWatchProcess:
                 self._link = None
 
     def _child_gone(self, link: _Link) -> None:
+        link.close()                 # a child still running reads the end and exits
         code = _reap(self._proc, STOP_TIMEOUT_S)
-        link.close()
         self.restarts += 1
         with self._lock:
             self._bad_base += self._status.get("bad_total", 0)
@@ -345,8 +353,9 @@ class PeerWatchProcess:
                 self.ready.set()
 
     def _mirror_snapshot(self) -> PeerSnapshot:
-        """The child's peers as a snapshot (caller holds _lock); it left our own subnet out."""
-        return PeerSnapshot(self._own, MappingProxyType(dict(self._mirror)))
+        """The child's peers as a snapshot (caller holds _lock). The child leaves our own subnet
+        out; dropped here too for the moment a new one is ours and the child has not heard."""
+        return PeerSnapshot.of(self._mirror, self._own)
 
     def _emit(self, change: PeerChange, always: bool = False) -> None:
         if not (change or always) or self.on_change is None:

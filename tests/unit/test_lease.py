@@ -5,7 +5,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
 
-from dataplane.control.lease import (LeaseAttrs, LeaseFormatError, lease_from_kv, parse_subnet_key,
+from dataplane.control.lease import (Lease, LeaseAttrs, LeaseFormatError, lease_from_kv, parse_subnet_key,
                              subnet_key_name)
 
 
@@ -95,3 +95,16 @@ def test_peer_problem():
         assert ip in peer_problem(lease("10.5.3.0-24", ip), net)
     assert "inside the Network" in peer_problem(lease("10.5.3.0-24", "10.5.9.1"), net)
     assert peer_problem(lease("10.6.3.0-24", "10.5.9.1"), None) is None
+
+
+def test_a_lease_crosses_a_pickle_whole():
+    """The peer watch process hands the daemon leases pickled (as numbers, not strings)."""
+    import pickle
+    lease = Lease(IPv4Network("10.5.7.0/24"),
+                  LeaseAttrs(IPv4Address("192.168.77.7"), IPv6Address("fd00::7"), "udp",
+                             {"VNI": 1}, None),
+                  IPv6Network("fd01::/64"), 1795560000.5, 0x1234, 42, "/p/subnets/a-key")
+    back = pickle.loads(pickle.dumps(lease, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == lease and back.key == lease.key and back.attrs.backend_data == {"VNI": 1}
+    assert isinstance(back.subnet, IPv4Network) and isinstance(back.public_ip, IPv4Address)
+    assert b"10.5.7.0" not in pickle.dumps(lease)         # numbers, not strings to parse again
