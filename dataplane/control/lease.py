@@ -108,6 +108,12 @@ class Lease:
                                   a.backend_v6_data, self.ipv6_subnet, self.expiration,
                                   self.lease_id, self.mod_revision, self.key))
 
+    @property
+    def reservation(self) -> bool:
+        """A key with no etcd lease attached never expires: flannel's reservations are written that
+        way by an operator, and the host they name keeps them so (no TTL, never renewed)."""
+        return self.lease_id == 0
+
 
 def _lease_of_parts(net, prefixlen, public_ip, public_ipv6, backend_type, backend_data,
                     backend_v6_data, ipv6_subnet, expiration, lease_id, mod_revision, key) -> Lease:
@@ -115,12 +121,6 @@ def _lease_of_parts(net, prefixlen, public_ip, public_ipv6, backend_type, backen
                  LeaseAttrs(IPv4Address(public_ip), public_ipv6, backend_type, backend_data,
                             backend_v6_data),
                  ipv6_subnet, expiration, lease_id, mod_revision, key)
-
-    @property
-    def reservation(self) -> bool:
-        """A key with no etcd lease attached never expires: flannel's reservations are written that
-        way by an operator, and the host they name keeps them so (no TTL, never renewed)."""
-        return self.lease_id == 0
 
 
 def subnet_key_name(subnet: IPv4Network, ipv6_subnet: Optional[IPv6Network] = None) -> str:
