@@ -445,21 +445,39 @@ def _exit_text(code) -> str:
 
 # -- the child ------------------------------------------------------------------------------------
 class _Forward(logging.Handler):
-    """Hands every record to the daemon, formatted into its message (arguments and traceback)."""
+    """Queues every record for the daemon, formatted into its message (arguments and traceback).
+    A thread sends them (``send``), each after a fresh status: a record is emitted after the
+    change it tells of (a bad lease key counted), often under the watcher's lock, so the daemon's
+    /metrics never lags its log."""
 
-    def __init__(self, link: _Link):
+    def __init__(self):
         super().__init__()
-        self.link = link
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + logging.Formatter().formatException(record.exc_info)
-        self.link.send(("log", {"name": record.name, "levelno": record.levelno,
+        self.queue.put(("log", {"name": record.name, "levelno": record.levelno,
                                 "levelname": record.levelname, "msg": text, "args": None,
                                 "pathname": record.pathname, "filename": record.filename,
                                 "module": record.module, "lineno": record.lineno,
                                 "funcName": record.funcName, "threadName": record.threadName}))
+
+    def send(self, link: _Link, before) -> None:
+        """Until the None that ends it: ``before()``, then the records queued meanwhile."""
+        while True:
+            batch = [self.queue.get()]
+            while True:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            before()
+            for msg in batch:
+                if msg is None:
+                    return
+                link.send(msg)
 
 
 def child_main(fd: int) -> None:
@@ -477,7 +495,8 @@ def child_main(fd: int) -> None:
         os._exit(2)
     _, spec, own, network, retry_interval, coalesce, level = init
     root = logging.getLogger()
-    root.handlers[:] = [_Forward(link)]
+    logs = _Forward()
+    root.handlers[:] = [logs]
     root.setLevel(level)
     registry = Registry(**spec, warn_insecure=False)     # the daemon has warned
     stop = threading.Event()
@@ -531,6 +550,9 @@ def child_main(fd: int) -> None:
             send_status(always=True)
             link.send(("done", msg[1]))
 
+    sender = threading.Thread(target=logs.send, args=(link, send_status), name="peer-logs",
+                              daemon=True)
+    sender.start()
     watcher.start()
     threading.Thread(target=report_status, name="peer-status", daemon=True).start()
     threading.Thread(target=run_commands, name="peer-commands", daemon=True).start()
@@ -550,4 +572,6 @@ def child_main(fd: int) -> None:
         acks.notify_all()
     watcher.stop(timeout=2.0)
     registry.close()
+    logs.queue.put(None)
+    sender.join(2.0)
     os._exit(0)
