@@ -24,7 +24,8 @@ The link: length-prefixed pickles over a stream socketpair; both ends are this m
                      until then, so the watcher's pacing (the next batch waits ten times what a
                      report took) keeps the daemon's share of a burst to about a tenth, however
                      long the daemon takes per report (the route table grows with the peers)
-The child's log records are written by the daemon's logging, so they look like its own lines. The
+The child's log records are written by the daemon's logging, so they look like its own lines; each
+goes out after a fresh status, so the daemon's /metrics never lags what its log just said. The
 child ignores SIGINT and SIGTERM (a terminal's Ctrl-C and systemd's stop signal every process of the
 group; the daemon decides when its watch ends) and exits when the daemon's end of the socket closes,
 which the kernel also does when the daemon dies. If the child dies, the daemon logs it and starts
