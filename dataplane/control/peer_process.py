@@ -46,7 +46,7 @@ import threading
 from ipaddress import IPv4Network
 from typing import Optional
 
-from .peers import COALESCE_S, OnChange, PeerWatcher
+from .peers import COALESCE_S, OnChange, PeerWatcher, hand_on
 from .peerset import PeerChange, PeerSnapshot
 from .registry import Registry
 
@@ -254,7 +254,7 @@ class PeerWatchProcess:
             with self._lock:
                 change = PeerChange.between(self._current, self._mirror_snapshot())
                 self._current = change.snapshot
-            self._emit(change, always=True)
+            hand_on(self.on_change, change, always=True)
 
     # -- the child's lifecycle --------------------------------------------------------------------
     def _spawn(self) -> None:
@@ -332,7 +332,7 @@ class PeerWatchProcess:
                     snap = self._mirror_snapshot()
                     change = PeerChange(snap, tuple(added), tuple(removed))
                     self._current = snap
-                self._emit(change, always=True)
+                hand_on(self.on_change, change, always=True)
         finally:
             self._link.send(("ack",))
 
@@ -349,7 +349,7 @@ class PeerWatchProcess:
                     self._current = change.snapshot
             self._watch.update(status)
             if change is not None:
-                self._emit(change)
+                hand_on(self.on_change, change)
                 self._backoff = self.retry_interval
                 self.ready.set()
 
@@ -357,14 +357,6 @@ class PeerWatchProcess:
         """The child's peers as a snapshot (caller holds _lock). The child leaves our own subnet
         out; dropped here too for the moment a new one is ours and the child has not heard."""
         return PeerSnapshot.of(self._mirror, self._own)
-
-    def _emit(self, change: PeerChange, always: bool = False) -> None:
-        if not (change or always) or self.on_change is None:
-            return
-        try:
-            self.on_change(change)
-        except Exception:
-            log.exception("peer on_change callback failed")
 
     def _command(self, kind: str, *args) -> bool:
         """Send a command and wait until the child has done it (its reports are in): True, or

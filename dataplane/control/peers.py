@@ -31,8 +31,9 @@ it cannot parse): the owner will write it again, and the route it had is still t
 
 `_lock` guards `_leases`, `_touched`, `_current` and `_own`, and is held only for the work of a batch;
 with the Python engine, which would share the interpreter, the daemon runs this watcher in a child
-process (control/peer_process.py) and the report's duration includes the daemon applying it. on_change runs in the publisher thread (or in the thread
-that listed: the watcher's, or the caller of `set_own_subnet`), outside `_lock`, in order.
+process (control/peer_process.py) and the report's duration includes the daemon applying it.
+on_change runs in the publisher thread (or in the thread that listed: the watcher's, or the caller of
+`set_own_subnet`), outside `_lock`, in order.
 """
 from __future__ import annotations
 
@@ -295,12 +296,18 @@ class PeerWatcher:
     def _emit(self, change: PeerChange, always: bool = False) -> None:
         """Report one change; called with _emit_lock held so that reports keep their order.
         The receiver logs it (the daemon: daemon/peer_log.py, a summary during a burst)."""
-        if not (change or always) or self.on_change is None:
-            return
-        try:
-            self.on_change(change)
-        except Exception:
-            log.exception("peer on_change callback failed")
+        hand_on(self.on_change, change, always)
+
+
+def hand_on(on_change: Optional[OnChange], change: PeerChange, always: bool = False) -> None:
+    """Give ``on_change`` one report, unless it changes nothing (and ``always`` is false); a
+    receiver that fails is logged, never raised into the watch (control/peer_process.py too)."""
+    if not (change or always) or on_change is None:
+        return
+    try:
+        on_change(change)
+    except Exception:
+        log.exception("peer on_change callback failed")
 
 
 def _subnet_of_key(key: str) -> Optional[IPv4Network]:
