@@ -11,5 +11,6 @@
 * ``peerset.py``       those snapshots (immutable; the one place our own subnet is left out);
 * ``routes.py``        the route step: a snapshot and the backend port -> the route table, no I/O;
 * ``configwatch.py``   warns when the network config changes under a running daemon;
-* ``subnetfile.py``    subnet.env, the file the workloads' runtime reads.
+* ``subnetfile.py``    subnet.env, the file the workloads' runtime reads;
+* ``recurring.py``     a failure that repeats: said once, reminded slowly, said when over.
 """
