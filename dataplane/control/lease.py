@@ -18,6 +18,11 @@ from typing import Any, Optional
 _KEY_RE = re.compile(r"^(\d+\.\d+\.\d+\.\d+)-(\d+)(?:&([a-fA-F\d:]+)-(\d+))?$")
 
 
+# flanneld's udp backend writes ~40 bytes, other backends' values (BackendData) a few hundred: a
+# value past this is no lease of any flannel, and reading it would cost every host its size.
+MAX_VALUE_BYTES = 16 * 1024
+
+
 class LeaseFormatError(ValueError):
     """A lease key or value that cannot be parsed."""
 
@@ -52,6 +57,9 @@ class LeaseAttrs:
 
     @classmethod
     def from_json(cls, raw: "bytes | str") -> "LeaseAttrs":
+        if len(raw) > MAX_VALUE_BYTES:
+            raise LeaseFormatError(f"lease value is oversized ({len(raw)} bytes, at most "
+                                   f"{MAX_VALUE_BYTES}): {clip(raw)}")
         try:
             doc = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -93,6 +101,7 @@ class Lease:
     lease_id: int = 0                        # the etcd lease the key is attached to, 0 if none
     mod_revision: int = 0
     key: str = field(default="", compare=False)
+    create_revision: int = field(default=0, compare=False)   # 0: not known
 
     @property
     def public_ip(self) -> IPv4Address:
@@ -106,7 +115,8 @@ class Lease:
         return (_lease_of_parts, (int(self.subnet.network_address), self.subnet.prefixlen,
                                   int(a.public_ip), a.public_ipv6, a.backend_type, a.backend_data,
                                   a.backend_v6_data, self.ipv6_subnet, self.expiration,
-                                  self.lease_id, self.mod_revision, self.key))
+                                  self.lease_id, self.mod_revision, self.key,
+                                  self.create_revision))
 
     @property
     def reservation(self) -> bool:
@@ -116,11 +126,12 @@ class Lease:
 
 
 def _lease_of_parts(net, prefixlen, public_ip, public_ipv6, backend_type, backend_data,
-                    backend_v6_data, ipv6_subnet, expiration, lease_id, mod_revision, key) -> Lease:
+                    backend_v6_data, ipv6_subnet, expiration, lease_id, mod_revision, key,
+                    create_revision=0) -> Lease:
     return Lease(IPv4Network((net, prefixlen)),
                  LeaseAttrs(IPv4Address(public_ip), public_ipv6, backend_type, backend_data,
                             backend_v6_data),
-                 ipv6_subnet, expiration, lease_id, mod_revision, key)
+                 ipv6_subnet, expiration, lease_id, mod_revision, key, create_revision)
 
 
 def subnet_key_name(subnet: IPv4Network, ipv6_subnet: Optional[IPv6Network] = None) -> str:
@@ -176,9 +187,10 @@ _BROADCAST = IPv4Address("255.255.255.255")
 
 
 def lease_from_kv(key: str, value: "bytes | str", lease_id: int = 0, mod_revision: int = 0,
-                  expiration: Optional[float] = None) -> Lease:
+                  expiration: Optional[float] = None, create_revision: int = 0) -> Lease:
     """Build a Lease from an etcd key/value; raises LeaseFormatError on a malformed key or value."""
     subnet, v6 = parse_subnet_key(key)
     attrs = LeaseAttrs.from_json(value)
     return Lease(subnet=subnet, attrs=attrs, ipv6_subnet=v6, expiration=expiration,
-                 lease_id=lease_id, mod_revision=mod_revision, key=key)
+                 lease_id=lease_id, mod_revision=mod_revision, key=key,
+                 create_revision=create_revision)

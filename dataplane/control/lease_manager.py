@@ -8,6 +8,13 @@ Acquisition follows flanneld's `tryAcquireLease` order (docs/flannel-compat.md#l
 Creation is a create-if-absent transaction with a fresh 24 h etcd lease. Unlike flanneld, losing a
 creation race is not fatal: we re-list and pick again (up to `max_attempts`).
 
+A running host keeps its subnet while it can write its key: its workloads hold addresses in it. When
+our key is lost (deleted, expired, overwritten with garbage) we take that same key back first; we move
+only when the subnet is genuinely held by another host (a valid lease with another PublicIP), and that
+move is logged as the outage it is. A second key naming our PublicIP (a copy-paste, a broken tool) is
+a conflict, never a reason to move: at startup the subnet of subnet.env wins among such keys, and the
+others are logged with what to delete.
+
 Renewal (docs/flannel-compat.md#lease-ttl) is a new grant plus a put at `expiration - renew margin`, retried every
 `retry_interval` (1 min) on failure. A key with no etcd lease is a reservation: reused as it is, without
 a TTL, never renewed and never deleted. Our own key is watched: a delete (expiry, revocation, an
@@ -31,6 +38,7 @@ from typing import Callable, Optional
 
 from .config import NetworkConfig
 from .lease import Lease, LeaseAttrs, LeaseFormatError, clip, lease_from_kv
+from .recurring import Recurring
 from .registry import SUBNET_TTL, Registry, RegistryError, WatchLoop
 
 log = logging.getLogger(__name__)
@@ -102,6 +110,7 @@ class SubnetManager:
         self.renewals = 0
         self.reacquisitions = 0
         self.races_lost = 0                   # creations beaten by another node (we picked again)
+        self._reacquire_failing = Recurring(log, "Re-acquiring our lease", level=logging.ERROR)
 
     @property
     def lease(self) -> Optional[Lease]:
@@ -134,7 +143,7 @@ class SubnetManager:
         lost_races: set[IPv4Network] = set()
         for attempt in range(1, self.max_attempts + 1):
             leases, _ = self.registry.list_leases()
-            lease = self._reuse_by_ip(config, leases)
+            lease = self._reuse_by_ip(config, leases, prev)
             if lease is not None:
                 return lease
             if prev is not None:
@@ -160,10 +169,17 @@ class SubnetManager:
             self.races_lost += 1
         raise SubnetError(f"failed to acquire a subnet lease: lost {self.max_attempts} creation races in a row")
 
-    def _reuse_by_ip(self, config: NetworkConfig, leases: list[Lease]) -> Optional[Lease]:
-        for l in leases:
-            if l.attrs.public_ip != self.public_ip:
-                continue
+    def _reuse_by_ip(self, config: NetworkConfig, leases: list[Lease],
+                     prev: Optional[IPv4Network] = None) -> Optional[Lease]:
+        ours = [l for l in leases if l.attrs.public_ip == self.public_ip]
+        if len(ours) > 1:
+            # flanneld takes the first in key order; the subnet our workloads were given wins here
+            ours.sort(key=lambda l: l.subnet != prev)
+            log.warning("%d subnet leases name our PublicIP %s (%s): one host holds one subnet; "
+                        "trying %s first; delete the others (etcdctl del KEY) once this host "
+                        "runs", len(ours), self.public_ip,
+                        ", ".join(l.key or str(l.subnet) for l in ours), ours[0].subnet)
+        for l in ours:
             if config.subnet_compatible(l.subnet) and l.ipv6_subnet is None:
                 renewed = self.registry.renew_lease(l.subnet, self.attrs, self.lease_ttl)
                 if renewed is not None:
@@ -285,15 +301,50 @@ class SubnetManager:
             log.info("Lease renewed, new expiration: %s", time.strftime(
                 "%Y-%m-%d %H:%M:%S", time.gmtime(renewed.expiration)))
 
+    def _take_back(self, old: Lease) -> tuple[Optional[Lease], str]:
+        """Our key again, for our subnet: created if it is gone, reclaimed if it holds garbage,
+        renewed if it still names us. (None, who holds it) when another host's valid lease is
+        there; raises RegistryError."""
+        subnet, key = old.subnet, self.registry.lease_key(old.subnet)
+        for _ in range(3):                    # each write is guarded: a writer in between wins
+            kv = self.registry.get_raw(key)
+            if kv is None:
+                lease = self.registry.create_lease(subnet, self.attrs, self.lease_ttl)
+            else:
+                try:
+                    held = LeaseAttrs.from_json(kv.value)
+                except LeaseFormatError as exc:
+                    lease = self.registry.reclaim_lease(subnet, self.attrs, kv.mod_revision,
+                                                        self.lease_ttl)
+                    if lease is not None:
+                        log.warning("Lease key %s held a malformed value (%s): took it back",
+                                    key, exc)
+                    held = None
+                if held is not None and held.public_ip != self.public_ip:
+                    return None, f"PublicIP {held.public_ip}"
+                if held is not None:
+                    lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl)
+            if lease is not None:
+                return lease, ""
+        return None, "a writer that kept changing it"
+
     def _reacquire(self, old: Lease) -> tuple[float, bool]:
         """Get a lease again after ours was lost. Returns (when the next action is due, failed)."""
-        log.warning("Lease %s has been revoked or has expired: acquiring a lease again", old.subnet)
+        log.warning("Lease %s has been revoked, has expired or holds something else: taking "
+                    "the key back", old.subnet)
         try:
-            lease = self._acquire(old.subnet)
+            lease, holder = self._take_back(old)
+            if lease is None:
+                log.error("Lease %s is now held by another host (%s): this host must move to "
+                          "another subnet. That is an outage for its workloads: they keep "
+                          "addresses in %s, which now route to that host, until they are "
+                          "restarted", old.subnet, holder, old.subnet)
+                lease = self._acquire(None)
         except Exception as exc:              # etcd down, out of subnets...: keep trying
-            log.error("Re-acquiring a lease (preferring %s) failed, retrying in %gs: %s",
-                      old.subnet, self.reacquire_interval, exc)
+            self._reacquire_failing.fail(str(exc), f"retrying every {self.reacquire_interval:g} "
+                                         "s; forwarding goes on with the peers known")
             return time.time() + self.reacquire_interval, True
+        self._reacquire_failing.ok()
         with self._cond:
             self._lease = lease
             self._gen += 1
@@ -303,7 +354,10 @@ class SubnetManager:
         if watch is not None:
             watch.cancel()                    # the watch thread restarts on the new key
         self.reacquisitions += 1
-        log.info("Acquired lease %s again (was %s)", lease.subnet, old.subnet)
+        if lease.subnet == old.subnet:
+            log.info("Took our lease %s back", lease.subnet)
+        else:
+            log.info("Acquired lease %s (was %s)", lease.subnet, old.subnet)
         if self.on_lease_change is not None:
             try:
                 self.on_lease_change(lease)

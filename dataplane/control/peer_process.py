@@ -17,7 +17,7 @@ daemon and the tests use either.
 
 The link: length-prefixed pickles over a stream socketpair; both ends are this module.
   parent -> child   ("init", registry spec, own subnet, network, retry_interval, coalesce,
-                     log level) once, then ("own", seq, subnet), ("flush", seq), ("stop",)
+                     log level, own PublicIPs) once, then ("own", seq, subnet), ("flush", seq), ("stop",)
   child -> parent   ("report", added, removed), ("status", {...}) when it changed,
                      ("done", seq), ("log", a log record's attributes)
   parent -> child   ("ack",) once a report is applied: the child counts a report as lasting
@@ -146,8 +146,9 @@ class PeerWatchProcess:
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network],
                  on_change: Optional[OnChange], *, retry_interval: float = 1.0,
                  network: Optional[IPv4Network] = None, coalesce: float = COALESCE_S,
-                 prepared: Optional["Prepared"] = None):
+                 prepared: Optional["Prepared"] = None, own_ips=()):
         self._spec = registry.spec
+        self._own_ips = tuple(own_ips)
         self._prepared = prepared                # a child started early (prepare()), if any
         self.network = network
         self.on_change = on_change
@@ -265,7 +266,7 @@ class PeerWatchProcess:
             self._mirror, self._fresh = {}, True
         level = logging.getLogger().getEffectiveLevel()
         self._link.send(("init", self._spec, own, self.network, self.retry_interval,
-                         self.coalesce, level))
+                         self.coalesce, level, self._own_ips))
         log.debug("peer watch process %d started", self._proc.pid)
 
     def _read_loop(self) -> None:
@@ -486,7 +487,7 @@ def child_main(fd: int) -> None:
     init = link.recv()
     if init is None or init[0] != "init":
         os._exit(2)
-    _, spec, own, network, retry_interval, coalesce, level = init
+    _, spec, own, network, retry_interval, coalesce, level, own_ips = init
     root = logging.getLogger()
     logs = _Forward()
     root.handlers[:] = [logs]
@@ -530,7 +531,7 @@ def child_main(fd: int) -> None:
             stop.wait(STATUS_PERIOD_S if watcher.ready.is_set() else 0.005)
 
     watcher = PeerWatcher(registry, own, on_change, retry_interval=retry_interval,
-                          network=network, coalesce=coalesce)
+                          network=network, coalesce=coalesce, own_ips=own_ips)
     commands: queue.SimpleQueue = queue.SimpleQueue()
 
     def run_commands() -> None:

@@ -29,6 +29,12 @@ key and problem (not at every re-list), and kept in `bad()` until the key is fix
 key whose value turns malformed keeps the peer's last valid lease, as flanneld does (it ignores an event
 it cannot parse): the owner will write it again, and the route it had is still the best guess.
 
+One host holds one subnet. A second key that claims a PublicIP already holding a subnet (a copy-paste,
+a broken tool) is a conflict, not a route: the key that has held the address longest (the lowest
+etcd create revision) keeps it, the others are skipped like a bad key (logged once, counted in
+``bad()``) until one of them goes. A lease that names this host's own PublicIP (``own_ips``) is
+never a route: sent to ourselves, a packet would come back into flannel0 until its TTL ran out.
+
 `_lock` guards `_leases`, `_touched`, `_current` and `_own`, and is held only for the work of a batch;
 with the Python engine, which would share the interpreter, the daemon runs this watcher in a child
 process (control/peer_process.py) and the report's duration includes the daemon applying it.
@@ -40,12 +46,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from ipaddress import IPv4Network
-from typing import Callable, Optional
+from ipaddress import IPv4Address, IPv4Network
+from typing import Callable, Iterable, Optional
 
 from .lease import Lease, LeaseFormatError, lease_from_kv, parse_subnet_key, peer_problem
 from .peerset import PeerChange, PeerSnapshot
-from .registry import Registry, RegistryClosedError, RegistryError, WatchLoop
+from .recurring import Recurring
+from .registry import (Registry, RegistryClosedError, RegistryDeniedError, RegistryError,
+                       RegistryUnavailableError, WatchLoop)
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +67,14 @@ COALESCE_MAX_S = 0.1    # but never longer than this
 class PeerWatcher:
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network], on_change: Optional[OnChange],
                  *, retry_interval: float = 1.0, network: Optional[IPv4Network] = None,
-                 coalesce: float = COALESCE_S):
+                 coalesce: float = COALESCE_S, own_ips: Iterable[IPv4Address] = ()):
         self.registry = registry
         self.network = network
+        self._own_ips = frozenset(IPv4Address(ip) for ip in own_ips)
+        self._by_ip: dict[IPv4Address, set[IPv4Network]] = {}    # PublicIP -> subnets of _leases
+        self._touched_ips: set[IPv4Address] = set()
+        # subnet -> (its key, PublicIP, why): valid leases that are no route (a PublicIP claimed twice)
+        self._conflicts: dict[IPv4Network, tuple[str, IPv4Address, str]] = {}
         self._bad: dict[str, str] = {}         # key -> problem, for keys that are no usable lease
         self.bad_total = 0                     # distinct (key, problem) seen since start
         self.on_change = on_change
@@ -95,6 +108,8 @@ class PeerWatcher:
 
     def start(self) -> None:
         self._stop.clear()
+        # While etcd is away, its lines say what this host still forwards to.
+        self.registry.add_note(self._routes_kept)
         self._publisher = threading.Thread(target=self._publish_loop, name="peer-publisher",
                                            daemon=True)
         self._publisher.start()
@@ -104,6 +119,7 @@ class PeerWatcher:
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._kick.set()
+        self.registry.remove_note(self._routes_kept)
         watch = self._watch
         if watch is not None:
             watch.cancel()
@@ -121,9 +137,10 @@ class PeerWatcher:
             self._emit(change)
 
     def bad(self) -> dict[str, str]:
-        """{key: problem} of the keys under the subnets prefix that are skipped now."""
+        """{key: problem} of the keys under the subnets prefix that are skipped now: keys that
+        are no lease, and leases in conflict."""
         with self._lock:
-            return dict(self._bad)
+            return {**self._bad, **{key: why for key, _, why in self._conflicts.values()}}
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
         return self.ready.wait(timeout)
@@ -161,15 +178,23 @@ class PeerWatcher:
             self.flush()
             self._report_s = time.monotonic() - started
 
+    def _routes_kept(self) -> str:
+        return f"forwarding goes on with the routes to the {len(self.snapshot())} peer(s) known"
+
     def _run(self) -> None:
         rev = None
+        listing = Recurring(log, "Watch subnets: listing leases")
         while rev is None and not self._stop.is_set():
             try:
                 rev = self._snapshot()
+                listing.ok()
             except RegistryClosedError:
                 return
+            except (RegistryUnavailableError, RegistryDeniedError) as exc:
+                log.debug("Watch subnets: listing leases failed: %s", exc)   # the registry says it
             except RegistryError as exc:
-                log.warning("Watch subnets: listing leases failed, retrying in %gs: %s", self.retry_interval, exc)
+                listing.fail(str(exc), f"retrying every {self.retry_interval:g} s")
+            if rev is None:
                 self._stop.wait(self.retry_interval)
         if self._stop.is_set():
             return
@@ -205,6 +230,7 @@ class PeerWatcher:
                     if subnet is not None and subnet not in fresh and subnet in before:
                         fresh[subnet] = before[subnet]
                 self._leases = fresh
+                self._by_ip = _index(fresh)
                 self.revision = rev
                 change = self._publish(full=True)
                 if not stale:
@@ -259,14 +285,15 @@ class PeerWatcher:
                     subnet, problem = None, str(exc)
                 if ev.kind == "delete":
                     self._set_bad({}, replace=False, own=own, cleared=[ev.key])
-                    if subnet is not None and self._leases.pop(subnet, None) is not None:
-                        self._touched.add(subnet)
+                    if subnet is not None:
+                        self._forget(self._leases.pop(subnet, None))
                     continue
                 lease = None
                 if problem is None:
                     try:
                         lease = lease_from_kv(ev.key, ev.value, lease_id=ev.lease_id,
-                                              mod_revision=ev.mod_revision)
+                                              mod_revision=ev.mod_revision,
+                                              create_revision=ev.create_revision)
                         problem = self._problem(lease)
                     except LeaseFormatError as exc:
                         problem = str(exc)
@@ -276,17 +303,72 @@ class PeerWatcher:
                     self._set_bad({ev.key: problem}, replace=False, own=own)
                     continue
                 self._set_bad({}, replace=False, own=own, cleared=[ev.key])
+                self._forget(self._leases.get(subnet))
                 self._leases[subnet] = lease
+                self._by_ip.setdefault(lease.attrs.public_ip, set()).add(subnet)
                 self._touched.add(subnet)
+                self._touched_ips.add(lease.attrs.public_ip)
             self.revision = revision
+
+    def _forget(self, lease: Optional[Lease]) -> None:
+        """``lease`` leaves _leases (deleted or replaced): out of the PublicIP index, its
+        PublicIP's claims looked at again. Caller holds _lock."""
+        if lease is None:
+            return
+        ip = lease.attrs.public_ip
+        held = self._by_ip.get(ip)
+        if held is not None:
+            held.discard(lease.subnet)
+            if not held:
+                del self._by_ip[ip]
+        self._touched.add(lease.subnet)
+        self._touched_ips.add(ip)
+
+    def _resolve_claims(self, ips) -> set[IPv4Network]:
+        """Decide, for each PublicIP of ``ips``, which of its subnets are conflicts (see the
+        module's docstring); log each new and each ended conflict once. Returns the subnets
+        whose standing changed. Caller holds _lock."""
+        changed: set[IPv4Network] = set()
+        for ip in ips:
+            subnets = self._by_ip.get(ip, ())
+            now: dict[IPv4Network, str] = {}
+            if ip in self._own_ips:
+                for subnet in subnets:
+                    if subnet != self._own:
+                        now[subnet] = (f"it claims this host's own PublicIP {ip} (our lease is "
+                                       f"{self._own}): never a route")
+            elif len(subnets) > 1:
+                keep = min(subnets, key=lambda s: _seniority(self._leases[s]))
+                for subnet in subnets:
+                    if subnet != keep:
+                        now[subnet] = (f"conflict: PublicIP {ip} already holds {keep}; one host "
+                                       "holds one subnet, so this key is no route")
+            before = {s for s, (_, cip, _) in self._conflicts.items() if cip == ip}
+            for subnet in before - set(now):
+                key, _, _ = self._conflicts.pop(subnet)
+                changed.add(subnet)
+                log.info("Subnet lease %s is no longer in conflict", key)
+            for subnet, why in now.items():
+                key = self._leases[subnet].key or str(subnet)
+                if self._conflicts.get(subnet, (None, None, None))[2] != why:
+                    self._conflicts[subnet] = (key, ip, why)
+                    self.bad_total += 1
+                    changed.add(subnet)
+                    log.warning("Skipping subnet lease %s: %s; delete the key that is wrong "
+                                "(etcdctl del %s)", key, why, key)
+        return changed
 
     def _publish(self, full: bool = False) -> PeerChange:
         """The snapshot of the leases now, and how it differs from the last (over the subnets
         events touched, or all of them when ``full``); caller holds _lock."""
         touched, self._touched = self._touched, set()
-        if not (touched or full):
+        ips, self._touched_ips = self._touched_ips, set()
+        if full:
+            ips = set(self._by_ip) | {ip for _, ip, _ in self._conflicts.values()}
+        if not (touched or full or ips):
             return PeerChange(self._current)
-        after = PeerSnapshot.of(self._leases, self._own)
+        touched |= self._resolve_claims(ips)
+        after = PeerSnapshot.of(self._leases, self._own, skip=self._conflicts)
         change = PeerChange.between(self._current, after, None if full else touched)
         self._current = change.snapshot
         if not full:
@@ -308,6 +390,20 @@ def hand_on(on_change: Optional[OnChange], change: PeerChange, always: bool = Fa
         on_change(change)
     except Exception:
         log.exception("peer on_change callback failed")
+
+
+def _index(leases: dict) -> dict[IPv4Address, set[IPv4Network]]:
+    by_ip: dict[IPv4Address, set[IPv4Network]] = {}
+    for subnet, lease in leases.items():
+        by_ip.setdefault(lease.attrs.public_ip, set()).add(subnet)
+    return by_ip
+
+
+def _seniority(lease: Lease) -> tuple:
+    """Sorts first the key that has held its PublicIP longest (an unknown create revision
+    last), then by subnet: every host decides a conflict the same way."""
+    return (lease.create_revision or float("inf"), int(lease.subnet.network_address),
+            lease.subnet.prefixlen)
 
 
 def _subnet_of_key(key: str) -> Optional[IPv4Network]:

@@ -23,15 +23,17 @@ class PeerSnapshot:
 
     @classmethod
     def of(cls, leases: Union[Iterable[Lease], Mapping[IPv4Network, Lease]],
-           own: Optional[IPv4Network]) -> "PeerSnapshot":
+           own: Optional[IPv4Network], skip: Iterable[IPv4Network] = ()) -> "PeerSnapshot":
         """Every lease in ``leases`` (a later one of the same subnet wins; a mapping is keyed by
-        the leases' subnets) except ``own``'s."""
+        the leases' subnets) except ``own``'s and those of ``skip`` (leases in conflict)."""
         if isinstance(leases, Mapping):
             peers = dict(leases)        # a copy in C: with many peers, no key is hashed again
         else:
             peers = {lease.subnet: lease for lease in leases}
         if own is not None:
             peers.pop(own, None)
+        for subnet in skip:
+            peers.pop(subnet, None)
         return cls(own, MappingProxyType(peers))
 
     def __len__(self) -> int:

@@ -97,16 +97,16 @@ def adopt(daemon, new) -> bool:
     with daemon.lock:
         daemon.lease = new
     if new.subnet != old.subnet:
-        startup.write_subnet_env(daemon.opts, daemon.config.network, new.subnet,
-                                 daemon.ext.tun_mtu)
+        daemon.subnet_env.want(daemon.config.network, new.subnet, daemon.ext.tun_mtu)
     return True
 
 
 def _move(daemon, old_subnet, new_subnet) -> None:
     if not daemon.move_failures.retrying:
-        log.warning("The new lease has another subnet (%s, was %s): moving flannel0 and the "
-                    "iptables rules; local workloads must use the new subnet (see %s)",
-                    new_subnet, old_subnet, daemon.opts.subnet_file)
+        log.warning("The new lease has another subnet (%s, was %s): moving flannel0, the "
+                    "iptables rules and %s. Workloads that hold addresses in %s are cut off "
+                    "until they are restarted (they then get addresses of %s)",
+                    new_subnet, old_subnet, daemon.opts.subnet_file, old_subnet, new_subnet)
     _move_flannel0(daemon, old_subnet, new_subnet)
     if daemon.rules is not None:
         daemon.rules.update_subnet(new_subnet)      # its own failures: the resync retries

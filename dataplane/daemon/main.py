@@ -65,6 +65,7 @@ from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .peer_log import PeerLog
 from .startup import StartupError, Stopped
+from .subnet_env import SubnetEnv
 from .systemd import sd_notify
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class Daemon:
         self.offload_flags = 0
         self.rules = None
         self.move_failures = lease_move.Failures()
+        self.subnet_env = SubnetEnv(opts.subnet_file, opts.ip_masq)
         self.engine = None                    # engine.multi.MultiEngine
         self.engine_cls = None
         self._peer_child = None               # the peer watch's process, started early
@@ -208,8 +210,8 @@ class Daemon:
             self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
         # 7. iptables
         self.rules = startup.install_rules(o, self.config.network, self.lease.subnet)
-        # 8. subnet.env
-        startup.write_subnet_env(o, self.config.network, self.lease.subnet, self.ext.tun_mtu)
+        # 8. subnet.env (rewritten on the tick while a write fails)
+        self.subnet_env.want(self.config.network, self.lease.subnet, self.ext.tun_mtu)
         # 9. engine and watches: the routes to the listed peers are in before the engine
         #    forwards, so that the source check accepts their datagrams from the first one
         if self.engine is None:
@@ -374,15 +376,18 @@ class Daemon:
         from ..control.peer_process import PeerWatchProcess
         from ..control.peers import PeerWatcher
         self.peer_log = PeerLog(self.config.backend_port)
+        # A lease naming one of these is never a route (it would send to ourselves).
+        own_ips = {self.ext.ext_addr, self.ext.iface_addr}
         # The same watcher either way; with the Python engine in a process of its own, so that
         # a burst of lease events does not hold the interpreter the engine forwards in.
         if self.engine_cls.forwards_in_python:
             child, self._peer_child = self._peer_child, None
             self.peer_watcher = PeerWatchProcess(self.registry, self.lease.subnet, self.on_peers,
-                                                 network=self.config.network, prepared=child)
+                                                 network=self.config.network, prepared=child,
+                                                 own_ips=own_ips)
         else:
             self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self.on_peers,
-                                            network=self.config.network)
+                                            network=self.config.network, own_ips=own_ips)
         self.peer_watcher.start()
         self.config_watcher = ConfigWatcher(self.registry, self.config).start()
         # READY should mean "routes to the known peers are in": wait for the first snapshot,
@@ -467,6 +472,7 @@ class Daemon:
                     self.peer_log.tick()
             if save:
                 self._save_state()
+            self.subnet_env.retry()
             self.own_sources.refresh(engine, subnet)
             status = monitor.check(engine, self.tun_name)
             if status is not None:

@@ -60,6 +60,10 @@ class MetricsSource:
         """Failed attempts to move the host to a new lease since start (None: not known)."""
         return None
 
+    def subnet_file(self) -> tuple[bool, int] | None:
+        """(subnet.env does not name the lease now, failed writes since start) or None."""
+        return None
+
     def trace_enabled(self) -> bool:
         return False
 
@@ -244,6 +248,18 @@ class DaemonCollector:
             c.add_metric([], failures)
             yield c
 
+        sf = self.source.subnet_file()
+        if sf is not None:
+            g = GaugeMetricFamily(f"{PREFIX}_subnet_file_stale", "1 while subnet.env does not "
+                                  "name this host's lease (a write failed; retried every "
+                                  "second): workloads started meanwhile get a wrong subnet.")
+            g.add_metric([], int(sf[0]))
+            yield g
+            c = CounterMetricFamily(f"{PREFIX}_subnet_file_write_failures", "Failed writes of "
+                                    "subnet.env since start.")
+            c.add_metric([], sf[1])
+            yield c
+
         info = self.source.engine_info()
         if info:
             labels = sorted(info)
@@ -339,6 +355,10 @@ class DaemonSource(MetricsSource):
     def lease_move_failures(self):
         return self.daemon.move_failures.total
 
+    def subnet_file(self):
+        env = self.daemon.subnet_env
+        return env.stale() is not None, env.failures.total
+
     def trace_enabled(self):
         return self.daemon.opts.trace and self.daemon.engine is not None
 
@@ -357,7 +377,8 @@ class DaemonSource(MetricsSource):
         lease, engine = d.current_lease(), d.engine
         w = d.peer_watcher
         watch = w.watch_loop if w is not None else None
-        checks = {"lease": None, "engine": None, "etcd_watch": None}
+        checks = {"lease": None, "engine": None, "etcd_watch": None,
+                  "subnet_file": d.subnet_env.stale()}
         if lease is None:
             checks["lease"] = "no lease acquired yet"
         elif lease.expiration and lease.expiration <= time.time():

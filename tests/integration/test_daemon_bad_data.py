@@ -93,8 +93,10 @@ def test_bad_leases_are_skipped_logged_counted_and_picked_up_when_fixed(ov):
         (f"{fixed.network_address}-24", '{"PublicIP":5}', "PublicIP"),
         (f"{free[3].network_address}-24", '["192.168.77.9"]', "not a JSON object"),
         (f"{free[4].network_address}-24", '{"PublicIP":"' + "9" * MB + '"}', "PublicIP"),
-        (f"{free[5].network_address}-24", '{"PublicIP":"192.168.77.9","x":' + "[" * 100000 +
-         "]" * 100000 + "}", "nested too deeply"),
+        (f"{free[5].network_address}-24", '{"PublicIP":"192.168.77.9","x":' + "[" * 5000 +
+         "]" * 5000 + "}", "nested too deeply"),
+        (f"{free[8].network_address}-24", lease_json("192.168.77.9")[:-1] + ',"x":"' + "a" * MB +
+         '"}', "oversized"),
         (f"{free[6].network_address}-24", lease_json("127.0.0.1"), "PublicIP 127.0.0.1"),
         (f"{free[7].network_address}-24", lease_json(str(s1.network_address + 9)),
          "inside the Network"),

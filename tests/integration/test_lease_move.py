@@ -48,7 +48,10 @@ def test_taken_lease_moves_the_host_to_another_subnet(ov):
     assert ov.reachable(h, ov.flannel_ip(peer), 10)
     # Our old subnet is someone else's now: a peer like any other (the peer and the taker).
     wait_until(lambda: ov.metrics(h)["flannel_udp_peers"] == 2, timeout=5, what="two peers")
+    # said as the outage it is: the workloads keep addresses of the old subnet
+    assert f"Lease {old} is now held by another host (PublicIP {TAKER})" in d.log_text()
     assert "The new lease has another subnet" in d.log_text()
+    assert "cut off until they are restarted" in d.log_text()
     # The new engines got one table, each queue swapping it in once.
     time.sleep(1.0)
     m = ov.metrics(h)

@@ -199,12 +199,13 @@ def test_etcd_restarted_mid_watch(etcd, make_registry, started):
     reg.put(key(reg, 2), attrs(2))
     w, rec = started(reg)
     for round_ in range(2):
-        reg.put(key(reg, 20 + round_), attrs(20))
+        reg.put(key(reg, 20 + round_), attrs(20 + round_))
         etcd.kill() if round_ == 0 else etcd.stop()      # a crash, then a clean stop
         etcd.start()
-        reg.txn_put_delete({key(reg, 30 + round_): attrs(30), key(reg, 40 + round_): attrs(40)},
+        reg.txn_put_delete({key(reg, 30 + round_): attrs(30 + round_),
+                            key(reg, 40 + round_): attrs(40 + round_)},
                            deletes=[key(reg, 2)] if round_ == 0 else [key(reg, 20)])
-        reg.put(key(reg, 50 + round_), attrs(50))
+        reg.put(key(reg, 50 + round_), attrs(50 + round_))
         wait_until(converged(reg, w), what=f"convergence after restart {round_}")
     wait_until(lambda: w.watch_loop.reconnects >= 2, what="the reconnects counted")
     assert set(w.peers()) == {IPv4Network(f"10.5.{n}.0/24") for n in (21, 30, 31, 40, 41, 50, 51)}
@@ -251,7 +252,9 @@ def test_random_churn_with_restarts_and_compaction_converges(etcd, make_registry
             try:
                 op = rng.random()
                 if op < 0.5:
-                    reg.put(key(reg, rng.randrange(1, 40)), attrs(rng.randrange(1, 250)))
+                    i = rng.randrange(1, 40)   # a new PublicIP, never another key's
+                    reg.put(key(reg, i), LeaseAttrs(IPv4Address(
+                        f"192.168.{rng.randrange(78, 250)}.{i}")).to_json())
                 elif op < 0.8:
                     reg.delete(key(reg, rng.randrange(1, 40)))
                 else:

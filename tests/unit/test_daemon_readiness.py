@@ -2,6 +2,7 @@
 the daemon's parts are stand-ins with the attributes the real ones have)."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from ipaddress import IPv4Network
@@ -30,8 +31,9 @@ def subnet_manager(expiration, own_watch=None, **counts):
 
 
 @pytest.fixture
-def daemon():
-    d = Daemon(Options())
+def daemon(tmp_path):
+    d = Daemon(Options(subnet_file=str(tmp_path / "subnet.env")))
+    d.subnet_env.want(IPv4Network("10.5.0.0/16"), IPv4Network("10.5.3.0/24"), 1472)
     d.subnets = subnet_manager(time.time() + 3600, watch())
     d.engine = SimpleNamespace(ended=lambda: {})
     d.peer_watcher = SimpleNamespace(watch_loop=watch(reconnects=2, resyncs=1))
@@ -40,7 +42,8 @@ def daemon():
 
 
 def test_ready_when_lease_engine_and_watch_are_fine(daemon):
-    assert daemon.source.readiness() == {"lease": None, "engine": None, "etcd_watch": None}
+    assert daemon.source.readiness() == {"lease": None, "engine": None, "etcd_watch": None,
+                                         "subnet_file": None}
 
 
 def test_each_failing_check_says_why(daemon):
@@ -73,7 +76,36 @@ def test_metrics_show_the_offloads_the_engine_runs_now(daemon):
 
 def test_before_startup_nothing_is_ready():
     r = Daemon(Options()).source.readiness()
-    assert all(why is not None for why in r.values()) and set(r) == {"lease", "engine", "etcd_watch"}
+    assert all(why is not None for why in r.values())
+    assert set(r) == {"lease", "engine", "etcd_watch", "subnet_file"}
+
+
+def test_a_subnet_file_that_cannot_be_written_is_not_ready_until_it_is(tmp_path, caplog):
+    """A write that failed leaves the file stale: /readyz and /metrics say so, the log says
+    what workloads get, and the daemon's tick writes it as soon as it can."""
+    caplog.set_level(logging.INFO)
+    d = Daemon(Options(subnet_file=str(tmp_path / "run" / "subnet.env")))
+    old, new = IPv4Network("10.5.3.0/24"), IPv4Network("10.5.9.0/24")
+    net = IPv4Network("10.5.0.0/16")
+    assert d.subnet_env.want(net, old, 1472)
+    (tmp_path / "run").rename(tmp_path / "run.away")
+    (tmp_path / "run").write_text("a file where the directory was\n")   # writes fail: ENOTDIR
+    assert not d.subnet_env.want(net, new, 1472)
+    for _ in range(5):
+        assert not d.subnet_env.retry()
+    why = d.source.readiness()["subnet_file"]
+    assert "does not name the lease 10.5.9.0/24" in why and "retried" in why
+    assert d.source.subnet_file() == (True, 6)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "will not start" in errors[0]   # no file it can read: said once
+    (tmp_path / "run").unlink()
+    (tmp_path / "run.away").rename(tmp_path / "run")
+    # the old file is back in place: now the message would be about its subnet
+    assert "still names 10.5.3.0/24" in d.subnet_env._consequence(new)
+    assert d.subnet_env.retry()
+    assert "FLANNEL_SUBNET=10.5.9.1/24" in (tmp_path / "run" / "subnet.env").read_text()
+    assert d.source.readiness()["subnet_file"] is None and d.source.subnet_file() == (False, 6)
+    assert any("recovered" in r.getMessage() for r in caplog.records)
 
 
 def test_etcd_watches_and_lease_counts_survive_replacements(daemon):

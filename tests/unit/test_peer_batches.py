@@ -105,7 +105,7 @@ def test_a_burst_is_one_report(watch):
     w, reg, reports = watch(coalesce=0.3)
     n_before = len(reports.changes)
     for i in range(2, 302):                     # 300 responses, one event each
-        reg.send(put(i, f"192.168.1.{i % 250 + 1}", 100 + i))
+        reg.send(put(i, f"192.168.{i // 250}.{i % 250 + 1}", 100 + i))
     change = reports.wait(n_before + 1)
     time.sleep(0.5)
     assert len(reports.changes) == n_before + 1        # one report for the whole burst
