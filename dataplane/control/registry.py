@@ -15,10 +15,23 @@ directly, because this module needs control that `MultiEndpointEtcd3Client` does
 * watches are our own bidi streams (WatchLoop): all events of every response are delivered, the cursor is
   the last event's revision, a broken stream resumes from cursor + 1 on the next endpoint, and a compacted
   cursor calls back the owner to re-list and continue from the list's revision + 1.
+
+Failures are of two kinds, and the log says each once (control/recurring.py), whichever loop meets it:
+* etcd unreachable (every endpoint down, or a watch that cannot open a stream): RegistryUnavailableError;
+  one WARNING with the cause when it begins, a reminder a minute (with what the owners say of the state
+  of things: the peer routes kept, `add_note`), one line when any call succeeds again. The endpoint
+  switches are said once per endpoint and outage.
+* refusals no retry mends: RegistryDeniedError, logged at ERROR with the flag to fix: a wrong user or
+  password, a missing permission on the prefix (per operation), a TLS certificate refused either way
+  (ours by etcd, etcd's by our CA file) or not given when etcd requires one. At startup the daemon exits
+  on them, as flanneld does; a running daemon keeps forwarding and retrying.
+A stale token (expired, or older than a change of etcd's users and roles) is renewed and the call
+retried at once; etcd without auth enabled is used without a token (as etcd's Go client does).
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -26,12 +39,21 @@ from ipaddress import IPv4Network
 from typing import Callable, Optional
 from urllib.parse import urlsplit
 
+# gRPC's C core writes its own lines to the process's stderr, past the daemon's logger, level and
+# format: a refused TLS handshake is two lines a second of "ssl_transport_security_utils.cc ...
+# Corruption detected". The messages of this module say what failed and which flag fixes it, so the
+# core stays silent unless the operator asked for its log. The core reads these variables when it
+# starts, so they are set before grpc is first imported (here: this is the module that imports it).
+if "GRPC_VERBOSITY" not in os.environ and "GRPC_TRACE" not in os.environ:
+    os.environ["GRPC_VERBOSITY"] = "NONE"
+
 import grpc
 from pyetcd import etcdrpc
 from pyetcd.etcdrpc import kv_pb2
 
 from .config import ConfigError, NetworkConfig, parse_config
 from .lease import Lease, LeaseAttrs, LeaseFormatError, lease_from_kv, subnet_key_name
+from .recurring import Recurring
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +94,36 @@ class CompactedError(RegistryError):
         self.compact_revision = compact_revision
 
 
+class RegistryUnavailableError(RegistryError):
+    """No endpoint answered (down, unreachable, the connection closed): a retry may succeed."""
+
+
+class RegistryDeniedError(RegistryError):
+    """etcd refused us in a way no retry mends until an operator acts: the message says what was
+    refused and which flag (or which etcd role) to fix. ``reason`` is one of REFUSALS."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+# Why etcd refused us (RegistryDeniedError.reason): "auth" (user and password), "permission" (the
+# user's role, per operation), and the TLS handshake: "tls-client" (our certificate refused, or none
+# given where one is required), "tls-server" (etcd's certificate not trusted by our CA),
+# "tls-name" (etcd's certificate does not name the endpoint), "tls-files" (our TLS files unusable).
+REFUSALS = ("auth", "permission", "tls-client", "tls-server", "tls-name", "tls-files")
+_TLS_REFUSALS = frozenset(r for r in REFUSALS if r.startswith("tls-"))
+
+# etcd's own words (server/etcdserver/api/v3rpc/rpctypes), matched in a status's details.
+_AUTH_FAILED = "authentication failed"
+_AUTH_NOT_ENABLED = "authentication is not enabled"
+_USER_EMPTY = "user name is empty"
+_PERMISSION_DENIED = "permission denied"
+# A token that a new one mends: expired, or issued before a change of users or roles (etcd's Go
+# client re-authenticates on both; "revision of auth store is old" comes as INVALID_ARGUMENT).
+_STALE_TOKEN = ("invalid auth token", "revision of auth store is old")
+
+
 @dataclass(frozen=True)
 class BadLease:
     """A key under `<prefix>/subnets/` that is no lease: its key or its value does not parse."""
@@ -87,6 +139,7 @@ class WatchEvent:
     value: bytes
     mod_revision: int
     lease_id: int
+    create_revision: int = 0
 
 
 def _range_end(prefix: bytes) -> bytes:
@@ -103,6 +156,7 @@ class _Endpoint:
     def __init__(self, url: str, creds: Optional[grpc.ChannelCredentials], force_tls: bool = False):
         parts = urlsplit(url if "://" in url else f"http://{url}")
         self.url = url
+        self.host = parts.hostname or ""
         if parts.scheme in ("unix", "unixs"):
             # as etcd's client: unix://NAME is the socket NAME in the working directory (etcd's
             # own --listen-client-urls unix://localhost:2379 makes one), unix:///PATH an absolute path
@@ -161,8 +215,10 @@ class Registry:
         if keyfile or certfile or cafile:
             if bool(keyfile) != bool(certfile):
                 raise ValueError("etcd TLS needs both a key file and a cert file")
+            _check_tls_files(keyfile, certfile, cafile)
             creds = grpc.ssl_channel_credentials(
                 root_certificates=_read(cafile), private_key=_read(keyfile), certificate_chain=_read(certfile))
+        self._keyfile, self._certfile, self._cafile = keyfile, certfile, cafile
         # As flanneld: a client key and cert mean TLS (for every endpoint); an https:// endpoint also
         # gets TLS, verified against the CA file or the system roots.
         self._endpoints = [_Endpoint(e.strip(), creds, force_tls=bool(keyfile and certfile)) for e in endpoints]
@@ -170,11 +226,17 @@ class Registry:
             log.warning("connecting to etcd with http (%s)",
                         ", ".join(ep.url for ep in self._endpoints if not ep.secure))
         self._cur = 0
-        self._lock = threading.Lock()          # guards _cur and _token
+        self._lock = threading.Lock()          # guards _cur, _token and _failed_over
         self._username, self._password = username, password
         if bool(username) != bool(password) and (username or password):
             raise ValueError("etcd auth needs both a username and a password")
-        self._token: Optional[str] = None
+        self._token: Optional[str] = None      # "" when etcd has auth off: no token to send
+        # What the log says of failures, once each (control/recurring.py; the module's docstring).
+        self._unreachable = Recurring(log, "etcd unreachable")
+        self._refused = Recurring(log, "etcd refuses this client", level=logging.ERROR)
+        self._denied: dict[str, Recurring] = {}          # permission denied, per operation
+        self._failed_over: set[int] = set()    # endpoints left since the last success
+        self._notes: list[Callable[[], str]] = []
 
     # -- plumbing -------------------------------------------------------------------------------
     @property
@@ -195,12 +257,91 @@ class Registry:
     def __exit__(self, *exc):
         self.close()
 
-    def _failover(self, failed: int) -> None:
+    # -- what the log says of failures --------------------------------------------------------------
+    def add_note(self, note: Callable[[], str]) -> None:
+        """``note()`` adds the state of things to the lines saying etcd is unreachable (the peer
+        watcher: how many peer routes the host keeps meanwhile)."""
+        self._notes.append(note)
+
+    def remove_note(self, note: Callable[[], str]) -> None:
+        try:
+            self._notes.remove(note)
+        except ValueError:
+            pass
+
+    def _note(self) -> str:
+        return "; ".join(text for text in (note() for note in list(self._notes)) if text)
+
+    @property
+    def unreachable(self) -> Recurring:
+        """The current outage, if any (``failing``, ``lasted()``, ``cause``)."""
+        return self._unreachable
+
+    def _succeeded(self, what: str, ep: "_Endpoint") -> None:
+        """A call or a watch got an answer: whatever was failing is over."""
+        if self._failed_over:
+            with self._lock:
+                self._failed_over.clear()
+        self._unreachable.ok(f"answering at {ep.url}")
+        self._refused.ok(f"answering at {ep.url}")
+        denied = self._denied.get(what)
+        if denied is not None:
+            denied.ok()
+
+    def _report_unreachable(self, cause: str) -> None:
+        self._unreachable.fail(cause, "is etcd running and are --etcd-endpoints right? Retrying",
+                               self._note, key="unreachable")
+
+    def _report_denied(self, what: str, err: RegistryDeniedError) -> RegistryDeniedError:
+        """Log a refusal (once, then reminders) and return it to raise."""
+        if err.reason == "permission":
+            tracker = self._denied.get(what)
+            if tracker is None:
+                tracker = self._denied.setdefault(
+                    what, Recurring(log, f"etcd {what}", level=logging.ERROR))
+            tracker.fail(str(err), "", self._note, key=err.reason)
+        else:
+            self._refused.fail(str(err), "", self._note, key=err.reason)
+        return err
+
+    def _refusal(self, exc: grpc.RpcError, ep: "_Endpoint") -> Optional[RegistryDeniedError]:
+        """What ``exc`` means when it is a refusal no retry mends, else None."""
+        code, details = exc.code(), exc.details() or ""
+        if _AUTH_FAILED in details:
+            return RegistryDeniedError(
+                f"authentication failed, invalid user ID or password (etcd user "
+                f"{self._username!r} at {ep.url}): check --etcd-username and --etcd-password",
+                "auth")
+        if _USER_EMPTY in details:
+            return RegistryDeniedError(
+                f"etcd at {ep.url} has authentication on and we gave no user: set --etcd-username "
+                "and --etcd-password (or give a client certificate, --etcd-certfile, whose CN is an "
+                "etcd user)", "auth")
+        if code == grpc.StatusCode.PERMISSION_DENIED or _PERMISSION_DENIED in details:
+            if self._username:
+                who = f"etcd user {self._username!r}"
+            elif self._certfile:
+                who = f"the etcd user named by the CN of --etcd-certfile {self._certfile}"
+            else:
+                who = "this client"
+            return RegistryDeniedError(
+                f"permission denied to {who} under {self.prefix}/ at {ep.url}: grant its role "
+                f"readwrite on that prefix (etcdctl role grant-permission ROLE --prefix=true "
+                f"readwrite {self.prefix}/), or fix --etcd-prefix", "permission")
+        return _tls_refusal(details, ep, self._certfile, self._cafile)
+
+    def _failover(self, failed: int, cause: str = "") -> None:
         with self._lock:
-            if self._cur == failed and len(self._endpoints) > 1:
-                self._cur = (failed + 1) % len(self._endpoints)
-                log.warning("etcd endpoint %s failed, switching to %s",
-                            self._endpoints[failed].url, self._endpoints[self._cur].url)
+            if self._cur != failed or len(self._endpoints) <= 1:
+                return
+            self._cur = (failed + 1) % len(self._endpoints)
+            first = failed not in self._failed_over
+            self._failed_over.add(failed)
+            to = self._endpoints[self._cur].url
+        # Once per endpoint until a call succeeds: with every endpoint down the switching goes
+        # round, and the outage is said once by _report_unreachable.
+        log.log(logging.WARNING if first else logging.DEBUG, "etcd endpoint %s failed%s, switching to %s",
+                self._endpoints[failed].url, f" ({cause})" if cause else "", to)
 
     def _metadata(self, channel: grpc.Channel, refresh: bool = False) -> tuple:
         if not self._username:
@@ -208,34 +349,62 @@ class Registry:
         with self._lock:
             token = self._token
         if token is None or refresh:
-            resp = etcdrpc.AuthStub(channel).Authenticate(
-                etcdrpc.AuthenticateRequest(name=self._username, password=self._password),
-                timeout=self.timeout)
-            token = resp.token
+            try:
+                resp = etcdrpc.AuthStub(channel).Authenticate(
+                    etcdrpc.AuthenticateRequest(name=self._username, password=self._password),
+                    timeout=self.timeout)
+                token = resp.token
+            except grpc.RpcError as exc:
+                # etcd with auth off takes calls without a token; etcd's Go client (so flanneld)
+                # goes on without one, and so do we (asking again at the next refresh).
+                if _AUTH_NOT_ENABLED not in (exc.details() or ""):
+                    raise
+                token = ""
             with self._lock:
                 self._token = token
-        return (("token", token),)
+        return (("token", token),) if token else ()
+
+    def _attempt(self, channel: grpc.Channel, fn: Callable):
+        try:
+            return fn(channel, self._metadata(channel))
+        except grpc.RpcError as exc:
+            if not self._username or not _stale_token(exc):
+                raise
+            return fn(channel, self._metadata(channel, refresh=True))
 
     def _call(self, what: str, fn: Callable):
         """Run `fn(channel, metadata)` on the current endpoint, failing over on unavailability."""
-        last: Optional[grpc.RpcError] = None
+        failed: list[tuple[str, str]] = []             # (endpoint, why) of each endpoint tried
+        tls: list[RegistryDeniedError] = []
         for _ in range(len(self._endpoints)):
             idx = self._cur
-            channel = self._endpoints[idx].channel()
+            ep = self._endpoints[idx]
+            channel = ep.channel()
             try:
-                try:
-                    return fn(channel, self._metadata(channel))
-                except grpc.RpcError as exc:
-                    if exc.code() != grpc.StatusCode.UNAUTHENTICATED or not self._username:
-                        raise
-                    return fn(channel, self._metadata(channel, refresh=True))
+                result = self._attempt(channel, fn)
             except grpc.RpcError as exc:
-                last = exc
-                if exc.code() not in _FAILOVER_CODES:
+                refusal = self._refusal(exc, ep)
+                if refusal is not None and refusal.reason not in _TLS_REFUSALS:
+                    raise self._report_denied(what, refusal) from None
+                if refusal is None and exc.code() not in _FAILOVER_CODES:
                     raise RegistryError(f"etcd {what}: {exc.code().name}: {exc.details()}") from None
-                self._failover(idx)
-        detail = f"{last.code().name}: {last.details()}" if last is not None else "no endpoint"
-        raise RegistryError(f"etcd {what} failed on every endpoint ({', '.join(self.endpoints)}): {detail}")
+                # Unreachable, or a TLS handshake refused here: another endpoint may do.
+                why = str(refusal) if refusal is not None else _unavailable(exc, ep)
+                failed.append((ep.url, why))
+                if refusal is not None:
+                    tls.append(refusal)
+                self._failover(idx, why)
+                continue
+            self._succeeded(what, ep)
+            return result
+        if tls and len(tls) == len(failed):
+            raise self._report_denied(what, tls[0]) from None
+        if len({why for _, why in failed}) == 1:
+            detail = f" ({', '.join(url for url, _ in failed)}): {failed[0][1]}"
+        else:
+            detail = ": " + "; ".join(f"{url}: {why}" for url, why in failed)
+        self._report_unreachable(f"{what} failed on every endpoint{detail}")
+        raise RegistryUnavailableError(f"etcd {what} failed on every endpoint{detail}")
 
     # -- raw key/value operations (also used by tests and tools) ---------------------------------
     def get(self, key: str, prefix: bool = False) -> tuple[list, int]:
@@ -320,7 +489,8 @@ class Registry:
     def _lease(self, kv, with_ttl: bool, quiet: bool = False) -> "Lease | BadLease":
         key = kv.key.decode("utf-8", errors="replace")
         try:
-            lease = lease_from_kv(key, kv.value, lease_id=kv.lease, mod_revision=kv.mod_revision)
+            lease = lease_from_kv(key, kv.value, lease_id=kv.lease, mod_revision=kv.mod_revision,
+                                  create_revision=kv.create_revision)
         except LeaseFormatError as exc:
             if not quiet:
                 log.warning("skipping malformed lease %s: %s", key, exc)
@@ -438,7 +608,13 @@ class WatchLoop:
     on_events(events, revision) gets every event of every response, in revision order, where revision
     is the cursor after the batch. on_compacted() is called when the cursor was compacted: it must
     re-list and return the list's revision; the watch then continues from that revision + 1.
-    Exceptions raised by the callbacks are logged and the watch resumes from the same cursor."""
+    Exceptions raised by the callbacks are logged and the watch resumes from the same cursor.
+
+    What the log says (once, then a reminder a minute; control/recurring.py): a stream that cannot
+    be opened on any endpoint is the registry's "etcd unreachable", a refusal its RegistryDeniedError;
+    anything else (a failing callback or re-list, a stream etcd cancels) is this watch's own line.
+    A stream that breaks after it ran is resumed without a line of its own: if etcd is gone, the
+    next attempt says so."""
 
     def __init__(self, registry: Registry, key: str, *, prefix: bool, start_revision: int,
                  on_events, on_compacted, retry_interval: float, name: str):
@@ -456,6 +632,15 @@ class WatchLoop:
         self.reconnects = 0
         self.resyncs = 0
         self.connected = threading.Event()     # set while a stream is established
+        self._ran = False                      # the current attempt's stream was created
+        self._fresh = False                    # ... with a token asked for in this attempt
+        self._refresh = False                  # the next attempt authenticates again
+        self._unopened = 0                     # attempts in a row that opened no stream
+        self._trouble = Recurring(log, f"watch {self.name}")
+
+    @property
+    def _what(self) -> str:
+        return f"watch {self.name}"
 
     def cancel(self) -> None:
         self._stop.set()
@@ -467,6 +652,7 @@ class WatchLoop:
     def run(self) -> None:
         while not self._stop.is_set():
             idx = self._reg._cur
+            self._ran = False
             try:
                 self._stream(idx)
             except RegistryClosedError:
@@ -479,30 +665,82 @@ class WatchLoop:
                     self.next_revision = self._on_compacted() + 1
                     self.resyncs += 1
                     continue
-                except Exception as exc2:           # etcd down again: retry the whole thing later
-                    log.warning("watch %s: re-list failed: %s", self.name, exc2)
+                except (RegistryUnavailableError, RegistryDeniedError) as exc2:
+                    log.debug("watch %s: re-list failed: %s", self.name, exc2)   # said by the registry
+                except Exception as exc2:           # retry the whole thing later
+                    self._trouble.fail(f"re-listing after the compaction failed: {exc2}",
+                                       "retrying", key="re-list")
+            except RegistryDeniedError as exc:
+                if self._stop.is_set():
+                    break
+                if exc.reason == "permission" and not self._fresh:
+                    # etcd cancels a watch made with a token older than its last change of users
+                    # or roles as "permission denied": ask for a new token before believing it.
+                    self._refresh = True
+                    continue
+                self._reg._report_denied(self._what, exc)
+                if exc.reason in _TLS_REFUSALS:
+                    self._reg._failover(idx, str(exc))
             except grpc.RpcError as exc:
                 if self._stop.is_set():
                     break
-                log.warning("watch %s: stream broken (%s: %s), resuming from revision %d",
-                            self.name, exc.code().name, exc.details(), self.next_revision)
-                if exc.code() in _FAILOVER_CODES or exc.code() == grpc.StatusCode.UNKNOWN:
-                    self._reg._failover(idx)
+                if not self._ran and not self._fresh and _stale_token(exc):
+                    self._refresh = True            # an expired token: a new one, at once
+                    continue
+                self._rpc_failed(idx, exc)
+            except _CallbackFailed as exc:
+                if self._stop.is_set():
+                    break
+                self._trouble.fail(f"handling events failed: {exc.error!r}",
+                                   f"resuming from revision {self.next_revision}", key=_CALLBACK)
             except Exception as exc:
                 if self._stop.is_set():
                     break
-                log.warning("watch %s: %s, resuming from revision %d", self.name, exc, self.next_revision)
-                self._reg._failover(idx)
+                if self._ran and isinstance(exc, RegistryError):     # "watch stream ended"
+                    log.debug("watch %s: %s, resuming from revision %d", self.name, exc,
+                              self.next_revision)
+                else:
+                    self._trouble.fail(str(exc), f"resuming from revision {self.next_revision}")
+                self._reg._failover(idx, str(exc))
             finally:
                 self.connected.clear()
             self.reconnects += 1
+            self._refresh = True
             self._stop.wait(self.retry_interval)
 
+    def _rpc_failed(self, idx: int, exc: grpc.RpcError) -> None:
+        ep = self._reg._endpoints[idx]
+        if self._ran:
+            # A stream that ran broke (etcd restarted or went away): resumed at once from the
+            # cursor, on the next endpoint; said only if the next attempt fails.
+            log.debug("watch %s: stream broken (%s: %s), resuming from revision %d", self.name,
+                      exc.code().name, exc.details(), self.next_revision)
+            if exc.code() in _FAILOVER_CODES or exc.code() == grpc.StatusCode.UNKNOWN:
+                self._reg._failover(idx, _unavailable(exc, ep))
+            return
+        refusal = self._reg._refusal(exc, ep)
+        if refusal is not None:
+            self._reg._report_denied(self._what, refusal)
+            if refusal.reason in _TLS_REFUSALS:
+                self._reg._failover(idx, str(refusal))
+            return
+        why = _unavailable(exc, ep)
+        self._reg._failover(idx, why)
+        self._unopened += 1
+        if self._unopened >= len(self._reg._endpoints):
+            self._reg._report_unreachable(f"{self._what} cannot open a stream on any endpoint "
+                                          f"(last {ep.url}): {why}")
+        else:
+            log.debug("watch %s: no stream at %s (%s)", self.name, ep.url, why)
+
     def _stream(self, idx: int) -> None:
-        channel = self._reg._endpoints[idx].channel()
+        ep = self._reg._endpoints[idx]
+        channel = ep.channel()
         # After any failure, authenticate again: an etcd restart or a token expiry invalidates the token,
         # and a watch created with a stale one is cancelled rather than refused with UNAUTHENTICATED.
-        metadata = self._reg._metadata(channel, refresh=self.reconnects > 0) + (("hasleader", "true"),)
+        refresh = self._refresh
+        self._fresh = refresh or self._reg._token is None
+        metadata = self._reg._metadata(channel, refresh=refresh) + (("hasleader", "true"),)
         create = etcdrpc.WatchRequest(create_request=etcdrpc.WatchCreateRequest(
             key=self._key, range_end=self._range_end, start_revision=self.next_revision,
             progress_notify=True))
@@ -524,15 +762,29 @@ class WatchLoop:
                 if resp.compact_revision:
                     raise CompactedError(resp.compact_revision)
                 if resp.canceled:
-                    raise RegistryError(f"watch canceled by etcd: {resp.cancel_reason or 'no reason'}")
+                    reason = resp.cancel_reason or "no reason"
+                    if _PERMISSION_DENIED in reason:
+                        raise self._reg._refusal(_Refused(grpc.StatusCode.PERMISSION_DENIED,
+                                                          reason), ep)
+                    raise RegistryError(f"watch canceled by etcd: {reason}")
                 if resp.created:
+                    self._ran = True
+                    self._unopened = 0
+                    self._reg._succeeded(self._what, ep)
+                    if self._trouble.key != _CALLBACK:     # that one is over once events go through
+                        self._trouble.ok()
                     self.connected.set()
                 if resp.events:
                     events = [WatchEvent("delete" if ev.type == kv_pb2.Event.DELETE else "put",
                                          ev.kv.key.decode("utf-8", errors="replace"), ev.kv.value,
-                                         ev.kv.mod_revision, ev.kv.lease) for ev in resp.events]
+                                         ev.kv.mod_revision, ev.kv.lease, ev.kv.create_revision)
+                              for ev in resp.events]
                     cursor = events[-1].mod_revision + 1
-                    self._on_events(events, cursor - 1)
+                    try:
+                        self._on_events(events, cursor - 1)
+                    except Exception as exc:
+                        raise _CallbackFailed(exc) from exc
+                    self._trouble.ok()
                     self.next_revision = cursor
                 elif not resp.created and resp.header.revision >= self.next_revision:
                     # A progress notification: everything up to header.revision has been sent.
@@ -546,6 +798,31 @@ class WatchLoop:
             call.cancel()
 
 
+_CALLBACK = "callback"
+
+
+class _CallbackFailed(Exception):
+    """The owner's on_events raised: its problem, not etcd's (no failover)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Refused(grpc.RpcError):
+    """A refusal etcd sends inside a watch response, in the form Registry._refusal reads."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
 def _b(v: "bytes | str") -> bytes:
     return v if isinstance(v, bytes) else v.encode()
 
@@ -557,25 +834,111 @@ def _read(path: Optional[str]) -> Optional[bytes]:
         return f.read()
 
 
+def _check_tls_files(keyfile: Optional[str], certfile: Optional[str], cafile: Optional[str]) -> None:
+    """ValueError naming the flag when a TLS file cannot serve: gRPC would only say "Failed to
+    create security handshaker" at every connection attempt."""
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if cafile:
+        _read(cafile)                          # a missing file: OSError with its name
+        try:
+            ctx.load_verify_locations(cafile=cafile)
+        except (ssl.SSLError, ValueError) as e:
+            raise ValueError(f"--etcd-cafile {cafile} holds no usable PEM certificate "
+                             f"({getattr(e, 'reason', None) or e})") from None
+    if certfile and keyfile:
+        _read(certfile)
+        _read(keyfile)
+        try:
+            # A passphrase-protected key cannot serve (gRPC takes none): refused, not prompted for.
+            ctx.load_cert_chain(certfile, keyfile, password=lambda: b"")
+        except (ssl.SSLError, ValueError) as e:
+            raise ValueError(f"--etcd-certfile {certfile} and --etcd-keyfile {keyfile} are no "
+                             "PEM certificate and its unencrypted private key "
+                             f"({getattr(e, 'reason', None) or e})") from None
+
+
+def _stale_token(exc: grpc.RpcError) -> bool:
+    return exc.code() == grpc.StatusCode.UNAUTHENTICATED or any(
+        s in (exc.details() or "") for s in _STALE_TOKEN)
+
+
+def _unavailable(exc: grpc.RpcError, ep: _Endpoint) -> str:
+    """Why an endpoint did not answer, with a hint when the transport looks mismatched."""
+    details = exc.details() or ""
+    why = f"{exc.code().name}: {details}"
+    # Both also happen while etcd shuts down: a hint for when it lasts, not a verdict.
+    if "Handshake read failed (Socket closed)" in details and ep.secure:
+        why += " (if this lasts: does etcd speak TLS there? a client key and cert, or https://, mean TLS)"
+    elif details.endswith("Socket closed") and not ep.secure:
+        why += (" (if this lasts and etcd serves TLS there: write https:// in --etcd-endpoints "
+                "and give --etcd-cafile)")
+    return why
+
+
+def _tls_refusal(details: str, ep: _Endpoint, certfile: Optional[str],
+                 cafile: Optional[str]) -> Optional[RegistryDeniedError]:
+    """The TLS handshake refused, in words: which side refused what, and the flag to fix. gRPC's
+    own words name the symptom on our side only ("Unwrap failed (TSI_DATA_CORRUPTED)" is etcd's
+    alert about our certificate, read as a record that does not decrypt)."""
+    if not ep.secure:
+        return None
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        reason = details.split("CERTIFICATE_VERIFY_FAILED", 1)[1].strip(": ").split(":", 1)[0]
+        by = (f"--etcd-cafile {cafile}" if cafile
+              else "the system's CA certificates")
+        return RegistryDeniedError(
+            f"the certificate of etcd at {ep.url} is not trusted by {by}"
+            f"{f' ({reason})' if reason else ''}: give the CA that signed etcd's certificate "
+            "in --etcd-cafile", "tls-server")
+    if "Hostname Verification" in details or "not in peer certificate" in details:
+        return RegistryDeniedError(
+            f"the certificate of etcd at {ep.url} does not name {ep.host}: write --etcd-endpoints "
+            "with a name or address that certificate holds", "tls-name")
+    if any(s in details for s in ("TSI_DATA_CORRUPTED", "ALERT_BAD_CERTIFICATE",
+                                  "ALERT_UNKNOWN_CA", "CERTIFICATE_REQUIRED",
+                                  "ALERT_CERTIFICATE_EXPIRED")):
+        if certfile:
+            return RegistryDeniedError(
+                f"etcd at {ep.url} refused our client certificate (--etcd-certfile {certfile}): "
+                "not signed by a CA etcd trusts (its --trusted-ca-file), expired, or not for "
+                "client authentication", "tls-client")
+        return RegistryDeniedError(
+            f"etcd at {ep.url} requires a client certificate and none was given: set "
+            "--etcd-certfile and --etcd-keyfile", "tls-client")
+    if "Failed to create security handshaker" in details:
+        return RegistryDeniedError(
+            f"our TLS files cannot make a connection to {ep.url}: check --etcd-certfile, "
+            "--etcd-keyfile and --etcd-cafile", "tls-files")
+    return None
+
+
 def wait_for_config(registry: Registry, stop: Optional[threading.Event] = None, interval: float = 1.0,
                     timeout: Optional[float] = None) -> NetworkConfig:
     """Block until `<prefix>/config` exists and is valid, retrying every `interval` s as flanneld does.
 
-    Each failed attempt logs why (missing, invalid with flanneld's message, or etcd unreachable).
-    Raises TimeoutError after `timeout` s, or RegistryError('stopped') when `stop` is set."""
+    Why it waits is logged once per reason, then reminded (control/recurring.py); etcd unreachable
+    is said by the registry. Raises RegistryDeniedError at once (no retry mends it), TimeoutError
+    after `timeout` s, or RegistryError('stopped') when `stop` is set."""
     deadline = None if timeout is None else time.monotonic() + timeout
     stop = stop or threading.Event()
+    waiting = Recurring(log, "Couldn't fetch network config", level=logging.ERROR)
+    advice = f"retrying every {interval:g} s"
     while True:
         try:
-            return registry.get_config()
+            config = registry.get_config()
+            waiting.ok()
+            return config
         except ConfigNotFoundError as exc:
-            log.error("Couldn't fetch network config: %s (key %s), retrying in %gs",
-                      exc, registry.config_key, interval)
+            waiting.fail(f"{exc} (key {registry.config_key})", advice)
         except ConfigError as exc:
-            log.error("Couldn't fetch network config: invalid config at %s: %s, retrying in %gs",
-                      registry.config_key, exc, interval)
+            waiting.fail(f"invalid config at {registry.config_key}: {exc}", advice)
+        except RegistryDeniedError:
+            raise
+        except RegistryUnavailableError as exc:
+            log.debug("Couldn't fetch network config: %s", exc)
         except RegistryError as exc:
-            log.error("Couldn't fetch network config: %s, retrying in %gs", exc, interval)
+            waiting.fail(str(exc), advice)
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"no valid network config at {registry.config_key} after {timeout}s")
         if stop.wait(interval):

@@ -9,6 +9,7 @@ import time
 
 from ..engine.api import MTU_MIN
 from ..host.udpsock import SOCKET_BUFFER, open_udp_sockets
+from .timefmt import when
 
 log = logging.getLogger(__name__)
 
@@ -104,34 +105,48 @@ def _start_http_servers(opts, source) -> list:
     return servers
 
 
+def refused(e) -> StartupError:
+    """etcd refused this client (control/registry.py RegistryDeniedError): exit 1, as flanneld
+    does, so that the service manager shows the failure instead of a daemon retrying for ever."""
+    return StartupError(f"etcd refused this client: {e}")
+
+
 def wait_for_config(registry, wait, fallback=None):
     """The network config, read again every CONFIG_RETRY_S until it is there and valid;
     ``wait(seconds)`` raises Stopped when the daemon is asked to stop meanwhile. ``fallback``
     (the config the previous daemon ran with, as JSON) is used when etcd does not answer: the
-    fds it handed over carry traffic only once an engine reads them."""
+    fds it handed over carry traffic only once an engine reads them. A refusal (wrong password,
+    certificate, permission) is a StartupError at once, fallback or not."""
     import json
     from ..control.config import ConfigError, parse_config
-    from ..control.registry import ConfigNotFoundError, RegistryError
-    last = None
+    from ..control.recurring import Recurring
+    from ..control.registry import (ConfigNotFoundError, RegistryDeniedError, RegistryError,
+                                    RegistryUnavailableError)
+    waiting = Recurring(log, "Waiting for the network config")
+    advice = f"retrying every {CONFIG_RETRY_S:.0f} s"
     while True:
         try:
             try:
                 cfg = registry.get_config()
             except RegistryError as e:
-                if fallback is None or isinstance(e, ConfigNotFoundError):
+                if fallback is None or isinstance(e, (ConfigNotFoundError, RegistryDeniedError)):
                     raise
                 cfg = parse_config(json.dumps(fallback))
                 log.warning("cannot read the network config from etcd (%s): going on with the one "
                             "the previous daemon ran with", e)
         except ConfigNotFoundError:
-            msg = (f"flannel config not found in etcd at {registry.config_key}; put it "
-                   f"with: etcdctl put {registry.config_key} '{EXAMPLE_CONFIG}'")
+            waiting.fail(f"flannel config not found in etcd at {registry.config_key}; put it "
+                         f"with: etcdctl put {registry.config_key} '{EXAMPLE_CONFIG}'", advice)
         except ConfigError as e:
-            msg = (f"the network config at {registry.config_key} is invalid: {e}; fix it "
-                   "with etcdctl put")
+            waiting.fail(f"the network config at {registry.config_key} is invalid: {e}; fix it "
+                         "with etcdctl put", advice)
+        except RegistryDeniedError as e:
+            raise refused(e) from None
+        except RegistryUnavailableError as e:
+            # The registry has said it (once, with the reminders), naming --etcd-endpoints.
+            log.debug("cannot read the network config from etcd: %s", e)
         except RegistryError as e:
-            msg = (f"cannot read the network config from etcd ({e}); is etcd running and "
-                   "are --etcd-endpoints right?")
+            waiting.fail(f"cannot read it from etcd ({e})", advice)
         else:
             if cfg.backend_type.lower() != "udp":
                 raise StartupError(
@@ -140,29 +155,31 @@ def wait_for_config(registry, wait, fallback=None):
             if not cfg.enable_ipv4 or cfg.network is None:
                 raise StartupError("the network config has no IPv4 Network: the udp backend "
                                    "is IPv4 only")
+            waiting.ok()
             log.info("Network config: Network %s, SubnetLen %d, SubnetMin %s, SubnetMax %s, "
                      "backend udp port %d", cfg.network, cfg.subnet_len, cfg.subnet_min,
                      cfg.subnet_max, cfg.backend_port)
             return cfg
-        if msg != last:
-            log.warning("%s (retrying every %.0f s)", msg, CONFIG_RETRY_S)
-            last = msg
         wait(CONFIG_RETRY_S)
 
 
 def acquire_lease(subnets, registry, wait):
-    """A lease from the lease manager, retried while etcd is away."""
+    """A lease from the lease manager, retried while etcd is away; a refusal is a StartupError."""
     from ..control.lease_manager import SubnetError
-    from ..control.registry import RegistryError
-    last = None
+    from ..control.recurring import Recurring
+    from ..control.registry import RegistryDeniedError, RegistryError, RegistryUnavailableError
+    failing = Recurring(log, "Acquiring a lease")
     while True:
         try:
             lease = subnets.acquire()
+        except RegistryDeniedError as e:
+            raise refused(e) from None
+        except RegistryUnavailableError as e:
+            log.debug("cannot acquire a lease: %s", e)      # the registry has said it
+            wait(LEASE_RETRY_S)
+            continue
         except RegistryError as e:
-            msg = f"cannot acquire a lease: etcd unavailable ({e}); retrying"
-            if msg != last:
-                log.warning("%s", msg)
-                last = msg
+            failing.fail(str(e), f"retrying every {LEASE_RETRY_S:.0f} s")
             wait(LEASE_RETRY_S)
             continue
         except SubnetError as e:
@@ -171,6 +188,7 @@ def acquire_lease(subnets, registry, wait):
                                "the Network in the config") from None
         except Exception as e:
             raise StartupError(f"failed to acquire a lease: {e}") from None
+        failing.ok()
         log.info("Lease acquired: %s (PublicIP %s), expires %s", lease.subnet,
                  lease.public_ip, when(lease.expiration))
         return lease
@@ -291,16 +309,6 @@ def install_rules(opts, network, subnet):
     return rules
 
 
-def write_subnet_env(opts, network, subnet, mtu: int) -> None:
-    from ..control.subnetfile import write_subnet_env as write
-    try:
-        write(opts.subnet_file, network, subnet, mtu, opts.ip_masq)
-        log.info("Wrote subnet file to %s", opts.subnet_file)
-    except OSError as e:
-        log.warning("Failed to write subnet file %s: %s (continuing; workloads that read it "
-                    "will not start)", opts.subnet_file, e)
-
-
 def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, own_sources):
     """One engine per queue behind one MultiEngine, configured, not started; its ICMP errors
     come from <lease net>, flannel0's address. It knows this host's own sources (own_sources:
@@ -328,19 +336,13 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
     return engine
 
 
-def when(ts) -> str:
-    if not ts:
-        return "never (no TTL)"
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
-
-
 def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None):
     """The lease manager for our PublicIP; it prefers ``prev``, else subnet.env's subnet."""
-    from ..control.lease_manager import SubnetManager
+    from ..control.lease_manager import LeaseManager
     from ..control.subnetfile import read_previous_subnet
     if prev is None:
         prev = read_previous_subnet(opts.subnet_file)
         if prev is not None:
             log.info("Previous subnet from %s: %s", opts.subnet_file, prev)
-    return SubnetManager(registry, ext.ext_addr, prev, opts.subnet_lease_renew_margin,
+    return LeaseManager(registry, ext.ext_addr, prev, opts.subnet_lease_renew_margin,
                          on_lease_change, config=config)
