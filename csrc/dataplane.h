@@ -4,6 +4,10 @@
  * cffi reads this file verbatim as its cdef (csrc/build_ffi.py strips the
  * preprocessor lines), so it holds declarations only: no macros with
  * expressions, no inline code. The loop state is opaque to Python.
+ * dataplane/engine/contract.py parses the same text at import for the facts
+ * of the Python side (the enums, the dp_stats and dp_state fields), so an
+ * enum item is NAME = number or NAME alone (one more than the last), and a
+ * struct field is `type name;` or `type name[N];`, one per declaration.
  *
  * The C side knows nothing of etcd and never opens devices: it is handed a
  * TUN fd (IFF_TUN|IFF_NO_PI) and a UDP socket fd, and moves raw IPv4 packets
@@ -57,8 +61,8 @@
  * tun_tx_gso counts the GSO writes.
  *
  * Offloads (dp_loop_set_offloads; the C engine only, the wire is the same):
- *   DP_OFF_TUN_VNET, reading: each read() is a struct virtio_net_hdr (10
- *   bytes, host order) and a packet of up to 64 KB.
+ *   DP_OFF_TUN_VNET, reading: each read() is a struct virtio_net_hdr
+ *   (DP_VNET_HDR_LEN bytes, host order) and a packet of up to 64 KB.
  *     gso_type NONE: the packet as a plain read(mtu) would see it; with
  *       NEEDS_CSUM its checksum is finished first (the one's complement sum
  *       from csum_start to the end, stored at csum_start + csum_offset; 0
@@ -75,8 +79,8 @@
  *       ECN-marked gso_type, TCPV6 or UFO on IPv4, protocol not the type's,
  *       tot_len != length, a fragment, a cut TCP/UDP header, NEEDS_CSUM
  *       elsewhere than that header's checksum, gso_size 0 or a segment over
- *       mtu) or a read under 10 bytes -> drop_malformed; either way counted
- *       as one packet read of the super-packet's length.
+ *       mtu) or a read under DP_VNET_HDR_LEN bytes -> drop_malformed;
+ *       either way counted as one packet read of the super-packet's length.
  *   DP_OFF_UDP_GSO, sending: consecutive queued datagrams to the same
  *   peer:port of one length (the last may be shorter) go as one message
  *   with UDP_SEGMENT = that length, at most 64 datagrams and 65000 bytes
@@ -115,8 +119,9 @@
  *
  * Generated ICMP errors (written into the TUN, counted in icmp_unreach_sent
  * or icmp_ttl_sent; a failed write counts in drop_tun_full/drop_tun_error):
- *   IPv4: 0x45, tos 0, tot_len 28 + q, id 0, frag 0 (no DF), ttl 64, proto 1,
- *         full header checksum, src = tun_addr, dst = offender's src
+ *   IPv4: 0x45, tos 0, tot_len 28 + q, id 0, frag 0 (no DF), ttl DP_ICMP_TTL
+ *         (64), proto 1, full header checksum, src = tun_addr,
+ *         dst = offender's src
  *   ICMP: type, code, checksum over the ICMP message, 4 zero bytes, then the
  *         quote: the offender's first min(len, ihl*4 + 8) bytes (q bytes),
  *         as read (before any TTL change).
@@ -140,10 +145,10 @@
 #define DATAPLANE_H
 #include <stdint.h>
 
-/* Every number Python must agree on is here, as an enum cffi reads: the
- * C engine's Python side takes them from the built library, the Python
- * engine from dataplane/engine/contract.py, which a unit test holds equal
- * to this header. */
+/* Every number both engines must agree on is here, as an enum cffi reads:
+ * the C files use these names, and dataplane/engine/contract.py parses this
+ * file (shipped inside the package) for the Python engine and everything
+ * else in Python; native.py refuses a built library that disagrees with it. */
 enum dp_limits {
     DP_BATCH_MAX = 256,
     DP_TRACE_RING = 1024,
@@ -152,8 +157,12 @@ enum dp_limits {
     DP_MTU_MAX = 65535,          /* ... and its largest tot_len */
     DP_ICMP_RATE_DEFAULT = 100,  /* ICMP errors per second (see "ICMP rate limit") */
     DP_ICMP_BURST_DEFAULT = 50,
+    DP_ICMP_TTL = 64,            /* TTL of the ICMP errors we generate */
     DP_LOCAL_MAX = 65536,        /* dp_loop_set_local: addresses at most */
-    DP_COALESCE_MAX_US = 1000    /* dp_loop_set_coalesce: a millisecond at most */
+    DP_COALESCE_MAX_US = 1000,   /* dp_loop_set_coalesce: a millisecond at most */
+    DP_DENSE_WAITS = 4,          /* dp_loop_set_coalesce: "densely" is within this many waits */
+    DP_ROUNDS = 8,               /* dp_loop_run: batches per direction between two polls */
+    DP_VNET_HDR_LEN = 10         /* struct virtio_net_hdr (DP_OFF_TUN_VNET) */
 };
 
 /* Route: every packet to net/prefixlen goes to peer_ip:port.
@@ -243,9 +252,11 @@ int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
                 uint32_t mtu, uint32_t batch, int accept_any);
 
 /* Runs until dp_loop_stop() or until the TUN is gone; call from a dedicated
- * thread. Returns 0 when stopped, -errno when it ended on its own: the
- * TUN gone (DP_END_TUN_GONE) or epoll failing (DP_END_ERROR). dp_loop_state
- * says which. */
+ * thread. After each wake-up it alternates the directions, one batch each,
+ * while either has work, at most DP_ROUNDS times, then polls again. Returns
+ * 0 when stopped, -errno when it ended on its own: the TUN gone
+ * (DP_END_TUN_GONE) or epoll failing (DP_END_ERROR). dp_loop_state says
+ * which. */
 int dp_loop_run(dp_loop *loop);
 
 /* Thread-safe, idempotent; the loop returns within one batch. */
@@ -281,14 +292,14 @@ int dp_loop_stats(dp_loop *loop, dp_stats *out);
 
 /* Thread-safe: bounded-delay batching, as a NIC's interrupt coalescing. With
  * usecs > 0, once work comes densely (a pass that forwarded anything ended
- * within 4 * usecs of the end of the last such pass), a pass is followed by
- * a wait of usecs microseconds in which the loop is not woken by its fds (a
- * stop or a new table still wakes it), then by a pass without epoll_wait;
- * the loop goes back to epoll_wait only after a pass that found nothing.
- * What a pass read is sent before the wait: no packet is held back, but a
- * packet that arrives during a wait waits up to usecs longer (the cost in
- * latency), and each wake-up finds more packets (fewer wake-ups and
- * syscalls per packet, longer trains). 0 (the default) turns it off;
+ * within DP_DENSE_WAITS * usecs of the end of the last such pass), a pass is
+ * followed by a wait of usecs microseconds in which the loop is not woken by
+ * its fds (a stop or a new table still wakes it), then by a pass without
+ * epoll_wait; the loop goes back to epoll_wait only after a pass that found
+ * nothing. What a pass read is sent before the wait: no packet is held
+ * back, but a packet that arrives during a wait waits up to usecs longer
+ * (the cost in latency), and each wake-up finds more packets (fewer wake-ups
+ * and syscalls per packet, longer trains). 0 (the default) turns it off;
  * more than DP_COALESCE_MAX_US is -EINVAL. */
 int dp_loop_set_coalesce(dp_loop *loop, uint32_t usecs);
 

@@ -4,7 +4,9 @@
  * Python never sees this file (cffi reads only dataplane.h). Prototypes are
  * grouped by the file that owns them: dp_<file>_<verb> says where to look.
  * No function here reads or writes an fd, so csrc/fuzz/ calls them
- * directly; the loop's state, for the files that do I/O, is in loop.h.
+ * directly; the loop's state, for the files that do I/O, is in io.h.
+ * Constants that Python must know too (DP_ICMP_TTL, DP_VNET_HDR_LEN, ...)
+ * are in dataplane.h, not here.
  */
 #ifndef DP_INTERNAL_H
 #define DP_INTERNAL_H
@@ -87,7 +89,6 @@ enum dp_ipv4 {
     DP_ICMP_HDR = 8,
     DP_ICMP_QUOTE_PAYLOAD = 8,     /* bytes of the offender's payload quoted */
     DP_ICMP_ERR_MAX = DP_IP_HDR_MIN + DP_ICMP_HDR + DP_IP_HDR_MAX + DP_ICMP_QUOTE_PAYLOAD,
-    DP_ICMP_TTL_OUT = 64,          /* TTL of the errors we generate */
     DP_ICMP_DEST_UNREACH = 3,
     DP_ICMP_TIME_EXCEEDED = 11,
     DP_IP_PROTO_TCP = 6,
@@ -101,8 +102,7 @@ enum dp_ipv4 {
     DP_TCP_CWR = 0x80,
     DP_UDP_HDR = 8,
     DP_UDP_CSUM_OFF = 6,
-    DP_VNET_F_NEEDS_CSUM = 1,      /* VIRTIO_NET_HDR_F_NEEDS_CSUM */
-    DP_VNET_HDR_LEN = 10           /* struct virtio_net_hdr (DP_OFF_TUN_VNET) */
+    DP_VNET_F_NEEDS_CSUM = 1       /* VIRTIO_NET_HDR_F_NEEDS_CSUM */
 };
 
 /* routes.c APIs: an immutable table, built once, then only read. */

@@ -1,8 +1,12 @@
 /*
- * loop.h - the state of one packet loop, shared by the three files that
- * make its syscalls: loop.c (setup, epoll, the public API), tx.c (TUN ->
- * UDP) and rx.c (UDP -> TUN). The pure files (path.c, gso.c, gro.c,
- * train.c, ...) never see it: they take buffers, not a loop.
+ * io.h - the state of one packet loop, and what the files that make its
+ * syscalls share: loop.c (setup, epoll, the public API) on top, the two
+ * directions below it, tx.c (TUN -> UDP) and rx.c (UDP -> TUN), and io.c
+ * below both (table hand-over, message slots, TUN writes). A file calls
+ * only into files below it: the directions never call each other nor
+ * loop.c (tests/unit/test_c_layers.py checks it). The pure files (path.c,
+ * gso.c, gro.c, train.c, ...) never see this header: they take buffers,
+ * not a loop.
  *
  * Threads: one loop thread runs dp_loop_run(); control calls come from any
  * thread. What crosses threads is atomic: `stopping`, `pending` and
@@ -10,8 +14,8 @@
  * (one writer, relaxed), the ICMP limit, the strict switch and the trace
  * ring.
  */
-#ifndef DP_LOOP_H
-#define DP_LOOP_H
+#ifndef DP_IO_H
+#define DP_IO_H
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -119,13 +123,15 @@ static inline void tun_failed(struct dp_loop *l, int err)
         l->tun_gone = err;
 }
 
-/* loop.c: adopt a published route table and own-source set, if any (one
+/* io.c: adopt a published route table and own-source set, if any (one
  * relaxed load each when none); at the start of each batch and before each
  * packet. */
-void dp_loop_take_tables(struct dp_loop *l);
-/* loop.c: one message per slot of buf (stride bytes apart), addressed by addr[i]. */
-void dp_loop_msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *addr,
-                       uint8_t *buf, uint32_t batch, uint32_t stride);
+void dp_io_take_tables(struct dp_loop *l);
+/* io.c: one message per slot of buf (stride bytes apart), addressed by addr[i]. */
+void dp_io_msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *addr,
+                     uint8_t *buf, uint32_t batch, uint32_t stride);
+/* io.c: one write into the TUN (forwarded packets, ICMP errors); write()'s result. */
+ssize_t dp_io_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len);
 
 /* tx.c: TUN -> UDP. */
 int dp_tx_setup(struct dp_loop *l);
@@ -133,9 +139,8 @@ int dp_tx_setup(struct dp_loop *l);
 int dp_tx_set_offloads(struct dp_loop *l, uint32_t offloads);
 enum dp_io dp_tx_batch(struct dp_loop *l);
 
-/* rx.c: UDP -> TUN, and every write into the TUN (ICMP errors too). */
-ssize_t dp_rx_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len);
-/* Sizes the receive slots for the offloads; on failure the old ones stay. */
+/* rx.c: UDP -> TUN. Setup sizes the receive slots for the offloads; on
+ * failure the old ones stay. */
 int dp_rx_setup(struct dp_loop *l, uint32_t offloads);
 enum dp_io dp_rx_batch(struct dp_loop *l);
 

@@ -2,20 +2,18 @@
  * loop.c - the packet loop: epoll over the TUN, the UDP socket and a stop
  * fd, and the public API of dataplane.h. Each direction is its own file:
  * tx.c (TUN -> UDP) and rx.c (UDP -> TUN); the state they share is in
- * loop.h.
+ * io.h, and what they both do with it in io.c. This file is the top: it
+ * calls them, nothing calls back into it.
  *
  * Flow, in the order the functions appear:
- *   1. dp_loop_take_tables  at the start of each batch and before each
- *                           packet, adopt a published route table and
- *                           own-source set
- *   2. dp_loop_run          epoll_wait, then passes: alternate the two
+ *   1. dp_loop_run          epoll_wait, then passes: alternate the two
  *                           directions, one batch each, while there is
  *                           work, at most DP_ROUNDS times, so neither
  *                           direction nor the stop fd starves; with
  *                           coalescing on, a pass that forwarded anything
  *                           is followed by a wait and another pass
  *                           (and end when the TUN is gone)
- *   3. the public API       new/free/stop/set_routes/set_local/stats/
+ *   2. the public API       new/free/stop/set_routes/set_local/stats/
  *                           trace/set_offloads/set_icmp_limit/
  *                           set_strict_sources/state
  *
@@ -35,13 +33,11 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 
-#include "loop.h"
+#include "io.h"
 
-enum dp_loop_limits {
-    DP_ROUNDS = 8,          /* batches per direction between two epoll_wait()s */
-    DP_EPOLL_EVENTS = 3,
-    DP_DENSE_WAITS = 4      /* coalescing starts when work comes within 4 waits of the last */
-};
+/* DP_ROUNDS and DP_DENSE_WAITS are in dataplane.h: the Python engine's loop
+ * follows them too. */
+enum dp_loop_limits { DP_EPOLL_EVENTS = 3 };
 
 enum dp_loop_fd { DP_FD_TUN = 1, DP_FD_UDP, DP_FD_WAKE };
 
@@ -50,32 +46,7 @@ static inline int is_stopping(struct dp_loop *l)
     return __atomic_load_n(&l->stopping, __ATOMIC_ACQUIRE);
 }
 
-/* ---- 1. route table hand-over ------------------------------------------------------- */
-
-/* The publisher only ever exchanges `pending`; a table we take out of it is
- * ours alone, and the one we drop can be in use by nobody else. The same
- * holds for `pending_local`. */
-void dp_loop_take_tables(struct dp_loop *l)
-{
-    struct dp_routes *t;
-    struct dp_local *s;
-
-    if (__atomic_load_n(&l->pending_local, __ATOMIC_RELAXED) &&
-        (s = __atomic_exchange_n(&l->pending_local, NULL, __ATOMIC_ACQ_REL))) {
-        dp_local_free(l->path.local);
-        l->path.local = s;
-    }
-    if (!__atomic_load_n(&l->pending, __ATOMIC_RELAXED))
-        return;
-    t = __atomic_exchange_n(&l->pending, NULL, __ATOMIC_ACQ_REL);
-    if (!t)
-        return;
-    dp_routes_free(l->path.routes);
-    l->path.routes = t;
-    st_add(l, DP_ST_ROUTE_SWAPS, 1);
-}
-
-/* ---- 2. the loop -------------------------------------------------------------------- */
+/* ---- 1. the loop -------------------------------------------------------------------- */
 
 static void wake_drain(struct dp_loop *l)
 {
@@ -115,7 +86,7 @@ static uint64_t pass(struct dp_loop *l, enum dp_io tun, enum dp_io udp, uint32_t
     uint64_t before = handled(l);
     int round;
 
-    dp_loop_take_tables(l);
+    dp_io_take_tables(l);
     for (round = 0; round < DP_ROUNDS && (tun == DP_IO_MORE || udp == DP_IO_MORE); round++) {
         if (tun == DP_IO_MORE) {
             tun = dp_tx_batch(l);
@@ -218,7 +189,7 @@ int dp_loop_run(dp_loop *l)
     return rc ? rc : -l->tun_gone;
 }
 
-/* ---- 3. public API ------------------------------------------------------------------ */
+/* ---- 2. public API ------------------------------------------------------------------ */
 
 static int wake(dp_loop *l)
 {
@@ -243,22 +214,6 @@ static int ep_add(int ep_fd, int fd, uint32_t tag)
     struct epoll_event ev = { .events = EPOLLIN, .data.u32 = tag };
 
     return epoll_ctl(ep_fd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
-}
-
-void dp_loop_msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *addr,
-                       uint8_t *buf, uint32_t batch, uint32_t stride)
-{
-    uint32_t i;
-
-    for (i = 0; i < batch; i++) {
-        iov[i].iov_base = buf + (size_t)i * stride;
-        iov[i].iov_len = stride;
-        addr[i].sin_family = AF_INET;
-        msgs[i].msg_hdr.msg_name = &addr[i];
-        msgs[i].msg_hdr.msg_namelen = sizeof(addr[i]);
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-    }
 }
 
 int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,

@@ -214,7 +214,7 @@ uint32_t dp_packet_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t le
     dp_wr16(out + 2, (uint16_t)total);
     dp_wr16(out + 4, 0);                    /* id */
     dp_wr16(out + 6, 0);                    /* no DF, offset 0 */
-    out[8] = DP_ICMP_TTL_OUT;
+    out[8] = DP_ICMP_TTL;
     out[9] = DP_IP_PROTO_ICMP;
     dp_wr16(out + 10, 0);
     memcpy(out + 12, &src, 4);

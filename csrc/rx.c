@@ -2,12 +2,11 @@
  * rx.c - UDP -> TUN: recvmmsg, UDP_GRO trains, TUN writes and TUN GRO
  * runs. What happens to a datagram is decided in path.c; how a train is
  * cut is train.c's, how a run is coalesced gro.c's (all three pure). This
- * file makes the syscalls around them, and every write into the TUN (tx.c's
- * ICMP errors too).
+ * file makes the syscalls around them; a single packet's TUN write is
+ * io.c's, which tx.c's ICMP errors share.
  *
  * Flow, in the order the functions appear:
- *   1. dp_rx_tun_write   write() to the TUN (with DP_OFF_TUN_VNET behind a
- *                        plain virtio_net_hdr)
+ *   1. tun_write_one     dp_io_tun_write, and its outcome counted
  *   2. gro_flush,        with DP_OFF_TUN_GRO a forwarded packet joins the
  *      tun_forward       run (gro.c), which is written as one GSO packet
  *                        when it breaks or the batch ends
@@ -25,7 +24,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
-#include "loop.h"
+#include "io.h"
 
 /* <linux/udp.h>; glibc's headers may lack them. */
 #ifndef SOL_UDP
@@ -37,32 +36,9 @@
 
 /* ---- 1. TUN writes ------------------------------------------------------------------ */
 
-/* A TUN write is all or nothing. EINTR means nothing was written, so
- * retrying it is not a retry of a failed packet. With DP_OFF_TUN_VNET
- * every write starts with a virtio_net_hdr: all zero for a plain packet
- * whose checksums are complete. */
-ssize_t dp_rx_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len)
-{
-    static const uint8_t plain_hdr[DP_VNET_HDR_LEN];
-    struct iovec iov[2] = {
-        { .iov_base = (void *)plain_hdr, .iov_len = sizeof(plain_hdr) },
-        { .iov_base = (void *)p, .iov_len = len },
-    };
-    int vnet = (l->offloads & DP_OFF_TUN_VNET) != 0;
-    ssize_t w;
-
-    do {
-        sys_count(l, DP_ST_TUN_WRITES);
-        w = vnet ? writev(l->tun_fd, iov, 2) : write(l->tun_fd, p, len);
-    } while (w < 0 && errno == EINTR);
-    if (w < 0)
-        tun_failed(l, errno);
-    return w;
-}
-
 static void tun_write_one(struct dp_loop *l, const uint8_t *p, uint32_t len)
 {
-    dp_path_tun_written(&l->path, p, len, dp_rx_tun_write(l, p, len) < 0 ? errno : 0);
+    dp_path_tun_written(&l->path, p, len, dp_io_tun_write(l, p, len) < 0 ? errno : 0);
 }
 
 /* ---- 2. TUN GRO runs ---------------------------------------------------------------- */
@@ -180,7 +156,7 @@ enum dp_io dp_rx_batch(struct dp_loop *l)
     uint32_t k;
     int r;
 
-    dp_loop_take_tables(l);
+    dp_io_take_tables(l);
     do {
         sys_count(l, DP_ST_UDP_RECVS);
         r = recvmmsg(l->udp_fd, l->rx_msgs, l->batch, MSG_DONTWAIT | (gro ? MSG_TRUNC : 0),
@@ -191,7 +167,7 @@ enum dp_io dp_rx_batch(struct dp_loop *l)
 
     st_add(l, DP_ST_RX_BATCHES, 1);
     for (k = 0; k < (uint32_t)r; k++) {
-        dp_loop_take_tables(l);   /* the source checks, too, use the newest tables */
+        dp_io_take_tables(l);   /* the source checks, too, use the newest tables */
         udp_packet(l, k, (uint32_t)r);
         /* msg_namelen, msg_controllen and msg_flags are value-result:
          * reset for next time. */
@@ -226,7 +202,7 @@ int dp_rx_setup(struct dp_loop *l, uint32_t offloads)
     free(l->rx_buf);
     l->rx_buf = buf;
     l->rx_slot = slot;
-    dp_loop_msgs_init(l->rx_msgs, l->rx_iov, l->rx_addr, buf, l->batch, stride);
+    dp_io_msgs_init(l->rx_msgs, l->rx_iov, l->rx_addr, buf, l->batch, stride);
     for (i = 0; i < l->batch; i++) {
         l->rx_iov[i].iov_len = slot;
         l->rx_msgs[i].msg_hdr.msg_control = gro ? l->rx_ctl[i].buf : NULL;

@@ -8,6 +8,7 @@
  * Flow, in the order the functions appear:
  *   1. icmp_send           an ICMP error path.c built (the clock for its
  *                          rate limit is dp_now_ns), written into the TUN
+ *                          by io.c
  *   2. tun_packet          dp_path_tun (checks, route, TTL - 1), then
  *                          queue it in its slot or send the ICMP error
  *   3. udp_sendmmsg,       one sendmmsg() per batch, skipping refused
@@ -33,7 +34,7 @@
 #include <arpa/inet.h>
 #include <time.h>
 
-#include "loop.h"
+#include "io.h"
 
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103     /* <linux/udp.h>, Linux >= 4.18 */
@@ -51,7 +52,7 @@ static inline uint8_t *slot_at(struct dp_loop *l, uint32_t m)
 static void icmp_send(struct dp_loop *l)
 {
     dp_path_icmp_written(&l->path,
-                         dp_rx_tun_write(l, l->path.icmp, l->path.icmp_len) < 0 ? errno : 0);
+                         dp_io_tun_write(l, l->path.icmp, l->path.icmp_len) < 0 ? errno : 0);
 }
 
 /* ---- 2. one packet ------------------------------------------------------------------ */
@@ -275,7 +276,7 @@ enum dp_io dp_tx_batch(struct dp_loop *l)
     struct iovec iov[3];
     ssize_t r;
 
-    dp_loop_take_tables(l);
+    dp_io_take_tables(l);
     /* For the ICMP rate limit: one clock read per batch, not per packet. */
     l->path.now_ns = dp_now_ns();
     while (n < l->batch) {
@@ -304,7 +305,7 @@ enum dp_io dp_tx_batch(struct dp_loop *l)
         /* Checked per packet, not only per batch: a packet written into the
          * TUN after set_routes() returned is routed by that table or a newer
          * one, never by an older one. */
-        dp_loop_take_tables(l);
+        dp_io_take_tables(l);
         /* A dropped packet leaves its slot free for the next read. */
         if (vnet)
             m = tun_vnet_packet(l, (uint32_t)r, m);
@@ -325,7 +326,7 @@ int dp_tx_setup(struct dp_loop *l)
     l->tx_buf = malloc((size_t)l->batch * l->mtu);
     if (!l->tx_buf)
         return -ENOMEM;
-    dp_loop_msgs_init(l->tx_msgs, l->tx_iov, l->tx_addr, l->tx_buf, l->batch, l->mtu);
+    dp_io_msgs_init(l->tx_msgs, l->tx_iov, l->tx_addr, l->tx_buf, l->batch, l->mtu);
     return 0;
 }
 

@@ -1,13 +1,15 @@
 """Builds one C program from csrc/ for a test: a libFuzzer target under
 csrc/fuzz/ (ASan + UBSan + libFuzzer), or a plain driver with a main()
 there (ASan + UBSan). One helper, so every C test compiles the engine's
-files with the same flags (-Werror included).
+files with the same flags (-Werror included), and links the pure files
+that csrc/sources.txt lists (PURE_SOURCES).
 
 A missing clang or libFuzzer runtime skips on a developer's machine and
 fails under CI (Debian: clang, libclang-rt-14-dev).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -19,15 +21,28 @@ CSRC = os.path.join(ROOT, "csrc")
 FUZZ = os.path.join(CSRC, "fuzz")
 
 
+def _build_ffi():
+    spec = importlib.util.spec_from_file_location("build_ffi", os.path.join(CSRC, "build_ffi.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+build_ffi = _build_ffi()
+# The files without I/O, which every program under csrc/fuzz/ may call.
+PURE_SOURCES = tuple(build_ffi.sources("pure"))
+
+
 def _clang():
     cc = os.environ.get("CC", "")
     return shutil.which(cc if "clang" in cc else "clang")
 
 
-def build_c(out, target: str, sources, fuzzer: bool = True):
-    """Compiles csrc/fuzz/<target>.c with csrc/<sources> into out/<target>;
-    with fuzzer=False the target has its own main(). Fails on any compiler
-    error but a missing compiler or fuzzer runtime."""
+def build_c(out, target: str, sources=PURE_SOURCES, fuzzer: bool = True):
+    """Compiles csrc/fuzz/<target>.c with csrc/<sources> (by default every
+    pure file) into out/<target>; with fuzzer=False the target has its own
+    main(). Fails on any compiler error but a missing compiler or fuzzer
+    runtime."""
     cc = _clang()
     require(cc is not None, "needs clang (apt-get install clang) for the C test programs")
     exe = out / target
@@ -67,10 +82,10 @@ def executed(stderr: str) -> int:
     return int(re.search(r"stat::number_of_executed_units:\s+(\d+)", stderr).group(1))
 
 
-def seeded_fuzzer(out, target: str, sources, seeds: dict[str, bytes]):
+def seeded_fuzzer(out, target: str, seeds: dict[str, bytes]):
     """build_c's libFuzzer target, and its seeds written to out/seeds
     (name -> input); returns (exe, the seeds directory)."""
-    exe = build_c(out, target, sources)
+    exe = build_c(out, target)
     d = out / "seeds"
     d.mkdir()
     for name, data in seeds.items():

@@ -15,13 +15,17 @@ here="$(cd "$(dirname "$0")" && pwd)"
 csrc="$(dirname "$here")"
 out="${FUZZ_OUT:-$(dirname "$csrc")/build/fuzz}"
 
+# Every target links the engine's files without I/O: those csrc/sources.txt marks pure.
+pure=()
+while read -r file kind _; do
+    if [ "${kind:-}" = pure ]; then pure+=("$csrc/$file"); fi
+done < <(sed 's/#.*//' "$csrc/sources.txt")
+
 # -fno-sanitize-recover: a UBSan report aborts the run like an ASan one.
-build() {   # target, then the csrc files it links
-    local target="$1"
-    shift
+build() {   # target
     "${CC:-clang}" -g -O1 -std=gnu11 -Wall -Wextra -Wno-unused-parameter \
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-        -I"$csrc" "$here/$target.c" "${@/#/$csrc/}" -o "$out/$target"
+        -I"$csrc" "$here/$1.c" "${pure[@]}" -o "$out/$1"
 }
 
 case "${1:-}" in
@@ -29,14 +33,14 @@ gso|train)
     target="fuzz_$1"
     shift
     mkdir -p "$out/work-$target"
-    if [ "$target" = fuzz_gso ]; then build fuzz_gso gso.c packet.c; else build fuzz_train train.c; fi
+    build "$target"
     exec "$out/$target" -max_total_time="${1:-20}" -runs="${2:-2000000}" -max_len=70000 \
         -rss_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$out/" "$out/work-$target"
     ;;
 esac
 
 mkdir -p "$out/work"
-build fuzz_packet path.c packet.c gro.c routes.c trace.c local.c
+build fuzz_packet
 # Every seed and regression input once, then the bounded search.
 "$out/fuzz_packet" "$here"/corpus/*
 exec "$out/fuzz_packet" -max_total_time="${1:-20}" -runs="${2:-2000000}" -max_len=8192 \

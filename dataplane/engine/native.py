@@ -35,20 +35,22 @@ assert all(ROUTE_DTYPE.fields[name][1] == ffi.offsetof("dp_route", name)
            for name, _ in ffi.typeof("dp_route").fields)
 
 # The contract's facts from the library itself. One built from another
-# header than contract.py's (a stale build) is refused as not built, so the
-# two engines can never disagree on them.
+# header than the one contract.py read (a stale build) is refused as not
+# built, so the two engines can never disagree on them. A constant the
+# library lacks counts as a disagreement, not as an AttributeError that the
+# fallback to the Python engine would not catch.
 STAT_NAMES = tuple(name for name, _ in ffi.typeof("dp_stats").fields if name != "reserved")
 TRACE_KINDS = {v: k[len("DP_TR_"):].lower()
                for k, v in ffi.typeof("enum dp_trace_kind").relements.items()}
 END_KINDS = {v: k[len("DP_END_"):].lower()
              for k, v in ffi.typeof("enum dp_loop_end").relements.items()}
-TRACE_RING = lib.DP_TRACE_RING
-ICMP_BURST_DEFAULT = lib.DP_ICMP_BURST_DEFAULT
 if (STAT_NAMES, TRACE_KINDS, END_KINDS) != (
         contract.STAT_NAMES, contract.TRACE_KINDS, contract.END_KINDS) or any(
-        getattr(lib, name) != value for name, value in contract.HEADER_CONSTANTS.items()):
-    raise ImportError("the built C engine does not match dataplane/engine/contract.py: "
+        getattr(lib, name, None) != value for name, value in contract.HEADER_CONSTANTS.items()):
+    raise ImportError(f"the built C engine does not match {contract.HEADER}: "
                       "rebuild it (make deps)")
+TRACE_RING = lib.DP_TRACE_RING
+ICMP_BURST_DEFAULT = lib.DP_ICMP_BURST_DEFAULT
 
 
 def _check(rc: int) -> int:
@@ -134,13 +136,6 @@ class CEngine(Engine):
         with self._lock:
             if self._loop is not None:
                 _check(lib.dp_loop_stop(self._loop))
-
-    def join(self, timeout: float | None = None) -> bool:
-        t = self._thread
-        if t is None:
-            return True
-        t.join(timeout)
-        return not t.is_alive()
 
     def close(self) -> None:
         with self._lock:

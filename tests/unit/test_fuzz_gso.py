@@ -38,7 +38,7 @@ def _seeds() -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def fuzz_gso(tmp_path_factory):
     out = tmp_path_factory.mktemp("fuzz_gso")
-    exe, seeds = seeded_fuzzer(out, "fuzz_gso", ("gso.c", "packet.c"), _seeds())
+    exe, seeds = seeded_fuzzer(out, "fuzz_gso", _seeds())
     return exe, out, seeds
 
 

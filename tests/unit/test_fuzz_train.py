@@ -38,7 +38,7 @@ def _seeds() -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def fuzz_train(tmp_path_factory):
     out = tmp_path_factory.mktemp("fuzz_train")
-    exe, seeds = seeded_fuzzer(out, "fuzz_train", ("train.c",), _seeds())
+    exe, seeds = seeded_fuzzer(out, "fuzz_train", _seeds())
     return exe, out, seeds
 
 

@@ -12,6 +12,8 @@ import ipaddress
 import select
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -109,6 +111,27 @@ def wait_for(pred, timeout=3.0):
 def test_c_engine_is_built():
     require_engine("c")
     assert c_available(), c_import_error()
+
+
+@pytest.mark.parametrize("header", [
+    {"DP_ROUNDS": "contract.ROUNDS + 1"},        # the header says another number
+    {"DP_NOT_BUILT": "1"},                       # the header has a constant the build lacks
+])
+def test_a_library_built_from_another_header_is_refused(header):
+    """As if contract.py had read a header other than the one the library was built
+    from: native.py refuses the library, and the Python engine is chosen instead."""
+    require_engine("c")
+    changes = ", ".join(f"{k!r}: {v}" for k, v in header.items())
+    code = ("from dataplane.engine import contract\n"
+            f"contract.HEADER_CONSTANTS = {{**contract.HEADER_CONSTANTS, {changes}}}\n"
+            "from dataplane import engine\n"
+            "print(engine.c_available(), engine.choose_engine('auto').cls.name)\n"
+            "print(engine.c_import_error())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    chosen, why = r.stdout.splitlines()[:2]
+    assert chosen == "False python", r.stdout
+    assert "does not match" in why and "dataplane.h" in why and "make deps" in why, why
 
 
 def test_loop_new_rejects_bad_arguments_with_errno():

@@ -1,9 +1,13 @@
-"""What ships for operators: the systemd unit, its environment file, the licence.
+"""What ships for operators: the systemd unit, its environment file, the licence,
+and inside the package the engine contract's header.
 
 The unit is checked with systemd's own verifier (ExecStart pointed at the
 installed console script, since /opt/flannel-udp is not there on a developer's
 machine), and every FLANNELD_* name the example environment file sets must be a
-flag the daemon reads: a typo there would silently do nothing on a host.
+flag the daemon reads: a typo there would silently do nothing on a host. The
+package is built (build_py: no compiler) from a copy of the sources and
+imported from there, away from the checkout, as an install without the C
+engine runs it.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from dataplane.cli import flanneld_flags
@@ -82,3 +87,51 @@ def test_licence_matches_pyproject():
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0" in text
     assert 'license = {text = "Apache-2.0"}' in (ROOT / "pyproject.toml").read_text()
+
+
+# What setup.py's build_py reads: the package, the C engine's header and builder, the metadata.
+BUILD_INPUTS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "csrc",
+                "dataplane")
+
+
+def _import_built(build_lib: Path, code: str) -> subprocess.CompletedProcess:
+    """Runs code with only build_lib's package and this environment's dependencies:
+    -S keeps the editable install's finder (a .pth file) from handing out the checkout."""
+    path = f"{build_lib}:{sysconfig.get_paths()['purelib']}"
+    return subprocess.run([sys.executable, "-S", "-c", code], cwd=build_lib.parent,
+                          env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_built_package_reads_the_header_it_ships(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in BUILD_INPUTS:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns(
+                "__pycache__", "*.so", "_dataplane_c.c", "*.o", "fuzz"))
+        else:
+            shutil.copy(ROOT / name, src / name)
+    build_lib = tmp_path / "lib"
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(build_lib)],
+                       cwd=src, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shipped = build_lib / "dataplane" / "engine" / "dataplane.h"
+    assert shipped.read_bytes() == (ROOT / "csrc" / "dataplane.h").read_bytes()
+
+    code = ("import dataplane.engine as e, dataplane.engine.contract as c\n"
+            "print(c.HEADER)\n"
+            "print(c.STAT_NAMES == e.STAT_NAMES, c.ROUNDS, c.TR_DROP)\n"
+            "print(e.c_available(), e.choose_engine('auto', env={}).cls.name)\n")
+    r = _import_built(build_lib, code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    header, facts, engine = r.stdout.splitlines()
+    assert Path(header) == shipped
+    from dataplane.engine import contract
+    assert facts == f"True {contract.ROUNDS} {contract.TR_DROP}"
+    assert engine == "False python"        # no compiler ran: the Python engine, with its contract
+
+    # Without the header the package says which file it misses rather than guess a number.
+    shipped.unlink()
+    r = _import_built(build_lib, "import dataplane.engine")
+    assert r.returncode != 0 and "HeaderError" in r.stderr and str(shipped) in r.stderr, r.stderr
