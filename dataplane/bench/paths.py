@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import time
 
-from ..cli.child import cli_argv
+from ..host.child import cli_argv
 from .topo import FLANNEL_PORT, NETWORK, BenchTopo, Side, TopoError
 
 log = logging.getLogger(__name__)

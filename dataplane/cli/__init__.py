@@ -4,9 +4,10 @@
   (one line), ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports stay inside
   ``main`` so that ``--help`` is fast;
 * ``flanneld_flags.py``: `run`'s flag table, flanneld's flags with their names, defaults and
-  FLANNELD_* variables, resolved into the daemon's Options;
-* ``child.py``: the command line of a child process (a testbed daemon, a bench forwarder) that
-  runs this very package.
+  FLANNELD_* variables, resolved into the daemon's Options.
+
+How to start this package as a child process is ``dataplane/host/child.py``: the layers below
+use it too.
 """
 from __future__ import annotations
 

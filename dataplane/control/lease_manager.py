@@ -1,4 +1,4 @@
-"""The subnet manager: acquire this node's subnet lease, keep it renewed, and get it back if it is lost.
+"""The lease manager: acquire this node's subnet lease, keep it renewed, and get it back if it is lost.
 
 Acquisition follows flanneld's `tryAcquireLease` order (docs/flannel-compat.md#lease-acquisition):
   1. a lease whose PublicIP is ours, whatever else its value holds (another flannel's backend fields,
@@ -77,7 +77,7 @@ def free_subnets(config: NetworkConfig, taken: "list[IPv4Network]",
     return out
 
 
-class SubnetManager:
+class LeaseManager:
     def __init__(self, registry: Registry, public_ip: "IPv4Address | str",
                  subnet_file_prev: Optional[IPv4Network] = None, renew_margin_min: int = 60,
                  on_lease_change: Optional[Callable[[Lease], None]] = None, *,

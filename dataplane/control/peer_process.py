@@ -406,7 +406,7 @@ def prepare() -> Prepared:
     """Start the child now (its imports take 0.2-0.3 s) and hand it to PeerWatchProcess later,
     so that the daemon's startup does not wait for them. A child never handed over ends when the
     daemon does (its end of the socket closes)."""
-    from ..cli.child import python_argv
+    from ..host.child import python_argv
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         proc = subprocess.Popen(

@@ -9,5 +9,6 @@
 * ``inherited.py``   what a new daemon takes over from the previous one, and the checks;
 * ``handover.py``    the handover socket: --handover, systemctl reload;
 * ``http.py``        the /healthz, /readyz, /metrics and /debug/trace server;
-* ``metrics.py``     the Prometheus collector, and the daemon as what it and /readyz read.
+* ``metrics.py``     the Prometheus collector, and the daemon as what it and /readyz read;
+* ``timefmt.py``     a lease's expiry as the log and /readyz write it.
 """

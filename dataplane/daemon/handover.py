@@ -370,7 +370,7 @@ class HandoverServer:
 def spawn_successor(server: HandoverServer | None) -> subprocess.Popen | None:
     """Start this daemon's own command line again with --handover (SIGUSR2): the installed
     code takes over through ``server``'s socket. None when there is no socket to take over by."""
-    from ..cli.child import cli_argv
+    from ..host.child import cli_argv
     if server is None:
         log.warning("SIGUSR2: no handover socket (--handover-socket is empty or could not be "
                     "made): stop and start the daemon to run another version")

@@ -67,6 +67,7 @@ from .peer_log import PeerLog
 from .startup import StartupError, Stopped
 from .subnet_env import SubnetEnv
 from .systemd import sd_notify
+from .timefmt import when
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class Daemon:
         self.registry = None
         self.config = None
         self.lease = None
-        self.subnets = None                   # SubnetManager
+        self.lease_manager = None             # control/lease_manager.py LeaseManager
         self.peer_watcher = None
         self.config_watcher = None
         self.peers = PeerSnapshot()           # the last snapshot the peer watcher handed over
@@ -189,8 +190,8 @@ class Daemon:
         # 3. config (the old daemon's when etcd does not answer: it forwards meanwhile)
         self.config = startup.wait_for_config(self.registry, self.wait,
                                               fallback=inh.config_raw if inh else None)
-        self.subnets = startup.make_lease_manager(o, self.registry, self.ext, self.config,
-                                                  self.on_lease_change)
+        self.lease_manager = startup.make_lease_manager(o, self.registry, self.ext, self.config,
+                                                        self.on_lease_change)
         # the engine decides the queues' fds (vnet headers for its offloads)
         self._select_engine()
         if inh is not None:
@@ -200,7 +201,7 @@ class Daemon:
             self._take_over(inh)
         else:
             # 4. lease
-            self.lease = startup.acquire_lease(self.subnets, self.registry, self.wait)
+            self.lease = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
             # 5. flannel0
             self.tun_fds, self.tun_name = startup.open_tun(self.offloads, self.queues,
                                                            self.lease.subnet,
@@ -280,12 +281,12 @@ class Daemon:
         lease, why = (inherited.kept_lease(state, self.ext, self.config) if state
                       else (None, "no state came with them"))
         if lease is not None:
-            self.subnets.adopt(lease)
+            self.lease_manager.adopt(lease)
             log.info("Lease kept: %s (PublicIP %s), expires %s; nothing written to etcd",
-                     lease.subnet, lease.public_ip, startup.when(lease.expiration))
+                     lease.subnet, lease.public_ip, when(lease.expiration))
         else:
             log.info("Not keeping the lease handed over: %s; acquiring one", why)
-            lease = startup.acquire_lease(self.subnets, self.registry, self.wait)
+            lease = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
         self.lease = lease
         obs = inherited.observe(inh.tun_fds, inh.socks)
         why = inherited.mismatch(state, obs, ext=self.ext, config=self.config, lease=lease,
@@ -312,7 +313,7 @@ class Daemon:
             self.engine.set_routes(route_table(self.peers, self.config.backend_port))
         lease, _ = inherited.kept_lease(state, self.ext, self.config)
         if lease is not None and lease != self.lease:
-            self.subnets.adopt(lease)
+            self.lease_manager.adopt(lease)
             if lease.subnet == self.lease.subnet:
                 self.lease = lease
             else:                       # it moved meanwhile: the serve loop moves us too
@@ -395,7 +396,7 @@ class Daemon:
         if not self.peer_watcher.wait_ready(PEERS_READY_TIMEOUT_S):
             log.warning("Peer leases not listed yet (etcd slow or away); routes follow when it "
                         "answers")
-        self.subnets.start()
+        self.lease_manager.start()
 
     # ------------------------------------------------------------------ callbacks
     def on_peers(self, change: PeerChange):
@@ -419,15 +420,15 @@ class Daemon:
             self._state_stale = True
 
     def on_lease_change(self, lease):
-        """SubnetManager callback (its thread): our lease was lost in etcd (deleted, expired,
+        """LeaseManager callback (its thread): our lease was lost in etcd (deleted, expired,
         taken) and it acquired one again. The main thread applies it."""
         log.warning("Our lease was lost in etcd and re-acquired: %s (PublicIP %s), expires %s",
-                    lease.subnet, lease.public_ip, startup.when(lease.expiration))
+                    lease.subnet, lease.public_ip, when(lease.expiration))
         with self.lock:
             self._pending_lease = lease
 
     def current_lease(self):
-        sm = self.subnets
+        sm = self.lease_manager
         lease = sm.lease if sm is not None else None
         return lease or self.lease
 
@@ -497,7 +498,7 @@ class Daemon:
             ("end the peer watch's unused process",
              lambda: self._peer_child and self._peer_child.close()),
             ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),
-            ("stop the lease renewal", lambda: self.subnets and self.subnets.stop()),
+            ("stop the lease renewal", lambda: self.lease_manager and self.lease_manager.stop()),
             ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
             ("close the etcd client", lambda: self.registry and self.registry.close()),
             ("leave the state to the next process", self._leave_to_next),

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine.api import OFFLOAD_STATS
-from .startup import when
+from .timefmt import when
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class MetricsSource:
 
 class CarriedCounters:
     """Counters read off objects the daemon replaces while it runs (the own-lease watch after a
-    re-acquisition, the subnet manager after SIGHUP): when the object under a key changes, the
+    re-acquisition, the lease manager after SIGHUP): when the object under a key changes, the
     last counts of the old one are carried over, so that exported totals never go down. Counts an
     object made after the last read before its replacement are not seen; replacements are rare."""
 
@@ -401,7 +401,7 @@ class DaemonSource(MetricsSource):
         d = self.daemon
         out = {}
         for name, owner in (("subnets", d.peer_watcher), ("config", d.config_watcher),
-                            ("own_lease", d.subnets)):
+                            ("own_lease", d.lease_manager)):
             watch = owner.watch_loop if owner is not None else None
             counts = self._carried.read(f"watch {name}", watch, ("reconnects", "resyncs"))
             if watch is not None or any(counts.values()):
@@ -409,8 +409,8 @@ class DaemonSource(MetricsSource):
         return out
 
     def lease_counts(self):
-        if self.daemon.subnets is None:
+        if self.daemon.lease_manager is None:
             return None
-        return self._carried.read("lease", self.daemon.subnets, ("renewals", "reacquisitions",
-                                                                 "races_lost"))
+        return self._carried.read("lease", self.daemon.lease_manager,
+                                  ("renewals", "reacquisitions", "races_lost"))
 

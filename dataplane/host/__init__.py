@@ -9,5 +9,7 @@
 * ``udpsock.py``  the UDP sockets, one per queue (SO_REUSEPORT, steered by the inner flow);
 * ``queues.py``   how many queues;
 * ``offload.py``  probing and switching on the kernel offloads (TSO/USO, UDP GSO/GRO);
-* ``atomicfile.py`` writing a file others read (subnet.env, results) in one rename.
+* ``atomicfile.py`` writing a file others read (subnet.env, results) in one rename;
+* ``child.py``    the command line of a child process that runs this very package (the peer
+  watch's process, a successor daemon, testbed daemons, bench forwarders).
 """

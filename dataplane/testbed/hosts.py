@@ -38,7 +38,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
-from ..cli.child import cli_argv
+from ..host.child import cli_argv
 from . import netns as ns
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import time
 from ipaddress import IPv4Address, IPv4Network
 from urllib.parse import urlsplit
 
-from ..cli.child import python_argv
+from ..host.child import python_argv
 
 WINDOW = 32                 # requests in flight during a burst
 TXN_MAX_OPS = 128           # etcd's default --max-txn-ops

@@ -43,7 +43,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..cli.child import cli_argv
+from ..host.child import cli_argv
 from .etcd import EtcdServer
 from .hosts import Host, Testbed, wait_for
 from .lease_writer import LeaseWriter

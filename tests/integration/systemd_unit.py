@@ -10,7 +10,7 @@ import os
 import shlex
 import sys
 
-from dataplane.cli.child import cli_argv
+from dataplane.host.child import cli_argv
 from tests.conftest import require
 from tests.integration import restart_traffic, systemd_box
 from tests.integration.conftest import overlay_of

@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from dataplane.cli.child import cli_argv
+from dataplane.host.child import cli_argv
 from tests.conftest import ENGINES, require_engine, require_etcd, require_root
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]

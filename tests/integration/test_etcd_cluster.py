@@ -8,7 +8,7 @@ import pytest
 
 from dataplane.control.lease import LeaseAttrs
 from dataplane.control.peers import PeerWatcher
-from dataplane.control.lease_manager import SubnetManager
+from dataplane.control.lease_manager import LeaseManager
 from dataplane.testbed.etcd import EtcdCluster
 from tests.conftest import require_etcd
 from tests.integration.conftest import wait_until
@@ -30,15 +30,15 @@ def cluster():
 def test_failover_keeps_acquiring_renewing_and_watching(cluster, make_registry):
     reg = make_registry(cluster)                    # all three endpoints
     other = make_registry(cluster, prefix=reg.prefix, config=None)
-    mgr = SubnetManager(reg, "192.168.77.1", lease_ttl=4, renew_margin_s=3.0, retry_interval=0.3,
-                        watch_retry_interval=0.3)
+    mgr = LeaseManager(reg, "192.168.77.1", lease_ttl=4, renew_margin_s=3.0, retry_interval=0.3,
+                      watch_retry_interval=0.3)
     own = mgr.acquire()
     mgr.start()
     watcher = PeerWatcher(reg, own.subnet, None, retry_interval=0.3)
     watcher.start()
     try:
         assert watcher.wait_ready(10)
-        peer1 = SubnetManager(other, "192.168.77.2").acquire()
+        peer1 = LeaseManager(other, "192.168.77.2").acquire()
         wait_until(lambda: peer1.subnet in watcher.peers(), what="first peer")
 
         in_use = reg.endpoints.index(reg.current_endpoint)
@@ -48,7 +48,7 @@ def test_failover_keeps_acquiring_renewing_and_watching(cluster, make_registry):
         assert reg.get_config().network == IPv4Network("10.5.0.0/16")
         assert reg.current_endpoint != cluster.members[in_use].client_url
         # ...a third node joins through the other client (which may also have used the dead member)...
-        peer2 = SubnetManager(other, "192.168.77.3").acquire()
+        peer2 = LeaseManager(other, "192.168.77.3").acquire()
         # ...and the watch resumes on a live member without losing the event.
         wait_until(lambda: peer2.subnet in watcher.peers(), timeout=15, what="peer seen after failover")
         print(f"\nwatch failed over in {time.monotonic() - t0:.2f}s")

@@ -4,7 +4,7 @@ environment without extras, works from any directory as a newcomer runs it.
 The wheel carries the compiled C engine and the traffic generator's source;
 `flannel-udp --version`, `run --version` and `run --help` work from outside the
 checkout and from inside it; a child started by the installed package
-(dataplane/cli/child.py) imports the installed package even with the checkout,
+(dataplane/host/child.py) imports the installed package even with the checkout,
 whose `dataplane/` would win under `python -m`, as its current directory; the
 daemon imports without the demo/bench extras, and demo and bench name the
 extra to install. The sdist is built from a copy of the working tree (so the
@@ -104,7 +104,7 @@ def test_a_child_runs_the_installed_package_even_from_the_checkout(installed):
     # The parent runs the installed package; its child, started in the checkout, does too,
     # with the C engine the wheel built.
     parent = ("import subprocess, sys\n"
-              "from dataplane.cli.child import python_argv, cli_argv\n"
+              "from dataplane.host.child import python_argv, cli_argv\n"
               "code = 'import dataplane, dataplane.engine as e; "
               "print(dataplane.__file__, e.c_available())'\n"
               "out = subprocess.run(python_argv(code), cwd=sys.argv[1], capture_output=True,"

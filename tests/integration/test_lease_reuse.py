@@ -14,7 +14,7 @@ import pytest
 from dataplane.control.lease import LeaseAttrs
 from dataplane.control.peers import PeerWatcher
 from dataplane.control.registry import SUBNET_TTL, Registry
-from dataplane.control.lease_manager import SubnetManager
+from dataplane.control.lease_manager import LeaseManager
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.etcd
@@ -59,7 +59,7 @@ def held(reg) -> dict:
 def test_each_value_shape_is_reused_with_the_same_subnet(shared_etcd, make_registry, shape, reserved):
     reg = make_registry(shared_etcd)
     old_id = stage(reg, MINE, SHAPES[shape], reserved)
-    lease = SubnetManager(reg, ME, subnet_file_prev=PREV).acquire()
+    lease = LeaseManager(reg, ME, subnet_file_prev=PREV).acquire()
     assert lease.subnet == MINE and lease.reservation == reserved
     kv = kv_of(reg, MINE)
     assert kv.value == OURS                                  # rewritten with this host's attributes
@@ -77,7 +77,7 @@ def test_foreign_value_that_no_longer_fits_is_deleted_then_allocation_goes_on(sh
     reg = make_registry(shared_etcd, config='{"Network":"10.5.0.0/16","SubnetMin":"10.5.10.0",'
                                             '"SubnetMax":"10.5.20.0"}')
     stage(reg, MINE, VXLAN_ERA, reserved)                    # 10.5.200.0 is past SubnetMax
-    lease = SubnetManager(reg, ME).acquire()
+    lease = LeaseManager(reg, ME).acquire()
     assert IPv4Address("10.5.10.0") <= lease.subnet.network_address <= IPv4Address("10.5.20.0")
     assert kv_of(reg, MINE) is None and held(reg) == {lease.subnet: ME}
 
@@ -88,8 +88,8 @@ def test_vxlan_era_lease_of_the_same_ip_keeps_its_subnet_while_running(shared_et
     reg = make_registry(shared_etcd)
     stage(reg, MINE, VXLAN_ERA, reserved=False)
     changes: list = []
-    mgr = SubnetManager(reg, ME, subnet_file_prev=PREV, on_lease_change=changes.append, lease_ttl=3,
-                        renew_margin_s=2.0, retry_interval=0.2, watch_retry_interval=0.2)
+    mgr = LeaseManager(reg, ME, subnet_file_prev=PREV, on_lease_change=changes.append, lease_ttl=3,
+                      renew_margin_s=2.0, retry_interval=0.2, watch_retry_interval=0.2)
     first = mgr.acquire()
     mgr.start()
     try:
@@ -105,8 +105,8 @@ def test_reservation_kept_across_restarts_and_never_given_a_ttl(shared_etcd, mak
     reg = make_registry(shared_etcd)
     stage(reg, MINE, b'{"PublicIP":"192.168.77.1"}', reserved=True)
     for run in range(2):                                     # a restart of the lease manager
-        mgr = SubnetManager(reg, ME, subnet_file_prev=PREV, lease_ttl=2, renew_margin_s=1.5,
-                            retry_interval=0.1, watch_retry_interval=0.2)
+        mgr = LeaseManager(reg, ME, subnet_file_prev=PREV, lease_ttl=2, renew_margin_s=1.5,
+                          retry_interval=0.1, watch_retry_interval=0.2)
         lease = mgr.acquire()
         assert lease.subnet == MINE and lease.reservation, f"run {run}"
         mgr.start()
@@ -145,8 +145,8 @@ def test_peers_route_to_a_reserved_subnet(shared_etcd, make_registry):
 
 def _running(reg, **kw):
     changes: list = []
-    mgr = SubnetManager(reg, ME, on_lease_change=changes.append, reacquire_interval=0.1,
-                        watch_retry_interval=0.2, **kw)
+    mgr = LeaseManager(reg, ME, on_lease_change=changes.append, reacquire_interval=0.1,
+                      watch_retry_interval=0.2, **kw)
     first = mgr.acquire()
     mgr.start()
     wait_until(lambda: mgr._watch is not None and mgr._watch.connected.is_set(), what="own-lease watch")

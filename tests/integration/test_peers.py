@@ -3,7 +3,7 @@
 Each test that watches runs twice: with the watcher in a thread (the C engine's daemon) and in a
 child process (PeerWatchProcess, the Python engine's), which must report the same changes.
 
-Also the 2- and 50-node scenario: every node acquires concurrently with its own SubnetManager and
+Also the 2- and 50-node scenario: every node acquires concurrently with its own LeaseManager and
 watches peers with its own PeerWatcher; no duplicate subnet, and the time until every watcher sees all
 other nodes is measured and printed (run with -s to see it).
 """
@@ -21,7 +21,7 @@ import pytest
 from dataplane.control.lease import LeaseAttrs
 from dataplane.control.peer_process import PeerWatchProcess
 from dataplane.control.peers import PeerWatcher
-from dataplane.control.lease_manager import SubnetManager
+from dataplane.control.lease_manager import LeaseManager
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.etcd
@@ -365,7 +365,7 @@ def _run_nodes(make_registry, server, n: int):
             barrier.wait(30)
             if i == 0:
                 t0[0] = time.monotonic()
-            mgr = SubnetManager(regs[i], IPv4Address(f"192.168.{i // 200}.{i % 200 + 1}"))
+            mgr = LeaseManager(regs[i], IPv4Address(f"192.168.{i // 200}.{i % 200 + 1}"))
             leases[i] = mgr.acquire()
             managers[i] = mgr
             mgr.start()

@@ -1,4 +1,4 @@
-"""SubnetManager against a real etcd: flanneld's acquisition order, races, renewal, lost leases."""
+"""LeaseManager against a real etcd: flanneld's acquisition order, races, renewal, lost leases."""
 from __future__ import annotations
 
 import random
@@ -10,7 +10,7 @@ import pytest
 
 from dataplane.control.lease import LeaseAttrs
 from dataplane.control.registry import Registry
-from dataplane.control.lease_manager import OutOfSubnetsError, SubnetManager, check_renew_margin, free_subnets
+from dataplane.control.lease_manager import LeaseManager, OutOfSubnetsError, check_renew_margin, free_subnets
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.etcd
@@ -30,7 +30,7 @@ def test_random_pick_within_first_100_free(shared_etcd, make_registry):
     reg = make_registry(shared_etcd)
     picks = set()
     for i in range(5):
-        mgr = SubnetManager(reg, ip(i))
+        mgr = LeaseManager(reg, ip(i))
         lease = mgr.acquire()
         assert lease.subnet.prefixlen == 24 and lease.subnet.subnet_of(N)
         assert IPv4Address("10.5.1.0") <= lease.subnet.network_address <= IPv4Address("10.5.105.0")
@@ -45,7 +45,7 @@ def test_random_pick_within_first_100_free(shared_etcd, make_registry):
 
 def test_value_and_ttl_as_flanneld(shared_etcd, make_registry):
     reg = make_registry(shared_etcd)
-    lease = SubnetManager(reg, "192.168.77.1").acquire()
+    lease = LeaseManager(reg, "192.168.77.1").acquire()
     kv = reg.get(lease.key)[0][0]
     assert kv.value == b'{"PublicIP":"192.168.77.1","PublicIPv6":null}'
     assert 86390 <= reg.time_to_live(kv.lease) <= 86400
@@ -55,7 +55,7 @@ def test_reuse_by_public_ip_wins_over_previous(shared_etcd, make_registry):
     reg = make_registry(shared_etcd)
     mine = IPv4Network("10.5.200.0/24")
     old = reg.create_lease(mine, LeaseAttrs(IPv4Address("192.168.77.1")), ttl=600)
-    mgr = SubnetManager(reg, "192.168.77.1", subnet_file_prev=IPv4Network("10.5.7.0/24"))
+    mgr = LeaseManager(reg, "192.168.77.1", subnet_file_prev=IPv4Network("10.5.7.0/24"))
     lease = mgr.acquire()
     assert lease.subnet == mine and lease.lease_id != old.lease_id          # renewed: a new grant
     assert IPv4Network("10.5.7.0/24") not in held(reg)
@@ -67,7 +67,7 @@ def test_incompatible_lease_for_our_ip_is_deleted(shared_etcd, make_registry):
     me = IPv4Address("192.168.77.1")
     reg.create_lease(IPv4Network("10.5.30.0/24"), LeaseAttrs(me), ttl=600)   # outside SubnetMax
     reg.create_lease(IPv4Network("10.5.11.0/25"), LeaseAttrs(me), ttl=600)   # wrong length
-    lease = SubnetManager(reg, me).acquire()
+    lease = LeaseManager(reg, me).acquire()
     assert IPv4Network("10.5.10.0/24").network_address <= lease.subnet.network_address <= IPv4Address("10.5.20.0")
     assert held(reg) == {lease.subnet: me}
 
@@ -75,30 +75,30 @@ def test_incompatible_lease_for_our_ip_is_deleted(shared_etcd, make_registry):
 def test_previous_subnet_reused_when_free(shared_etcd, make_registry):
     reg = make_registry(shared_etcd)
     prev = IPv4Network("10.5.77.0/24")
-    assert SubnetManager(reg, ip(1), subnet_file_prev=prev).acquire().subnet == prev
+    assert LeaseManager(reg, ip(1), subnet_file_prev=prev).acquire().subnet == prev
 
 
 def test_previous_subnet_taken_falls_through_to_random(shared_etcd, make_registry):
     reg = make_registry(shared_etcd)
     prev = IPv4Network("10.5.77.0/24")
     reg.create_lease(prev, LeaseAttrs(ip(2)), ttl=600)
-    lease = SubnetManager(reg, ip(1), subnet_file_prev=prev).acquire()
+    lease = LeaseManager(reg, ip(1), subnet_file_prev=prev).acquire()
     assert lease.subnet != prev and held(reg)[prev] == ip(2)
 
 
 def test_previous_subnet_incompatible_ignored(shared_etcd, make_registry):
     reg = make_registry(shared_etcd, config='{"Network":"10.5.0.0/16","SubnetLen":25}')
     prev = IPv4Network("10.5.77.0/24")
-    lease = SubnetManager(reg, ip(1), subnet_file_prev=prev).acquire()
+    lease = LeaseManager(reg, ip(1), subnet_file_prev=prev).acquire()
     assert lease.subnet.prefixlen == 25
 
 
 def test_out_of_subnets_is_a_clear_error(shared_etcd, make_registry):
     reg = make_registry(shared_etcd, config='{"Network":"10.5.0.0/28"}')     # /30s: .4, .8, .12
-    got = {SubnetManager(reg, ip(i)).acquire().subnet for i in range(3)}
+    got = {LeaseManager(reg, ip(i)).acquire().subnet for i in range(3)}
     assert got == {IPv4Network(f"10.5.0.{n}/30") for n in (4, 8, 12)}
     with pytest.raises(OutOfSubnetsError, match="out of subnets"):
-        SubnetManager(reg, ip(9)).acquire()
+        LeaseManager(reg, ip(9)).acquire()
 
 
 class RacingRegistry(Registry):
@@ -122,7 +122,7 @@ def test_losing_a_creation_race_retries_another_subnet(shared_etcd, make_registr
     reg = RacingRegistry([shared_etcd.client_url], prefix=rival.prefix, rival=rival, races=3)
     try:
         prev = IPv4Network("10.5.77.0/24")
-        lease = SubnetManager(reg, ip(1), subnet_file_prev=prev).acquire()
+        lease = LeaseManager(reg, ip(1), subnet_file_prev=prev).acquire()
         assert lease.subnet not in reg.lost and reg.lost[0] == prev and len(reg.lost) == 3
         owners = held(reg)
         assert owners[lease.subnet] == ip(1)
@@ -141,7 +141,7 @@ def test_two_nodes_concurrently(shared_etcd, make_registry):
     def node(i):
         barrier.wait()
         # Same seed: both pick the same subnet first, so one of them must lose the race and retry.
-        out[i] = SubnetManager(regs[i], ip(i), rng=random.Random(42)).acquire()
+        out[i] = LeaseManager(regs[i], ip(i), rng=random.Random(42)).acquire()
 
     ts = [threading.Thread(target=node, args=(i,)) for i in range(2)]
     [t.start() for t in ts]
@@ -152,7 +152,7 @@ def test_two_nodes_concurrently(shared_etcd, make_registry):
 
 def test_renewal_observed_with_short_ttl(shared_etcd, make_registry):
     reg = make_registry(shared_etcd)
-    mgr = SubnetManager(reg, ip(1), lease_ttl=3, renew_margin_s=2.0, retry_interval=0.2)
+    mgr = LeaseManager(reg, ip(1), lease_ttl=3, renew_margin_s=2.0, retry_interval=0.2)
     first = mgr.acquire()
     mgr.start()
     try:
@@ -177,8 +177,8 @@ def test_renew_margin_range():
 
 def _changes(mgr_kwargs, reg):
     changes: list = []
-    mgr = SubnetManager(reg, ip(1), on_lease_change=changes.append, reacquire_interval=0.1,
-                        watch_retry_interval=0.2, **mgr_kwargs)
+    mgr = LeaseManager(reg, ip(1), on_lease_change=changes.append, reacquire_interval=0.1,
+                      watch_retry_interval=0.2, **mgr_kwargs)
     return mgr, changes
 
 
@@ -220,8 +220,8 @@ def test_lost_lease_taken_by_other_node_gets_new_subnet(shared_etcd, make_regist
 
 def test_renewal_retries_while_etcd_is_down(etcd, make_registry):
     reg = make_registry(etcd)
-    mgr = SubnetManager(reg, ip(1), lease_ttl=4, renew_margin_s=3.0, retry_interval=0.3,
-                        watch_retry_interval=0.3)
+    mgr = LeaseManager(reg, ip(1), lease_ttl=4, renew_margin_s=3.0, retry_interval=0.3,
+                      watch_retry_interval=0.3)
     first = mgr.acquire()
     mgr.start()
     try:

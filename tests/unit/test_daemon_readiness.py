@@ -24,7 +24,7 @@ def watch(connected=True, reconnects=0, resyncs=0):
     return SimpleNamespace(connected=ev, reconnects=reconnects, resyncs=resyncs)
 
 
-def subnet_manager(expiration, own_watch=None, **counts):
+def lease_manager(expiration, own_watch=None, **counts):
     lease = SimpleNamespace(subnet=IPv4Network("10.5.3.0/24"), expiration=expiration)
     return SimpleNamespace(lease=lease, watch_loop=own_watch,
                            **{"renewals": 0, "reacquisitions": 0, "races_lost": 0, **counts})
@@ -34,7 +34,7 @@ def subnet_manager(expiration, own_watch=None, **counts):
 def daemon(tmp_path):
     d = Daemon(Options(subnet_file=str(tmp_path / "subnet.env")))
     d.subnet_env.want(IPv4Network("10.5.0.0/16"), IPv4Network("10.5.3.0/24"), 1472)
-    d.subnets = subnet_manager(time.time() + 3600, watch())
+    d.lease_manager = lease_manager(time.time() + 3600, watch())
     d.engine = SimpleNamespace(ended=lambda: {})
     d.peer_watcher = SimpleNamespace(watch_loop=watch(reconnects=2, resyncs=1))
     d.config_watcher = SimpleNamespace(watch_loop=watch())
@@ -49,7 +49,7 @@ def test_ready_when_lease_engine_and_watch_are_fine(daemon):
 def test_each_failing_check_says_why(daemon):
     daemon.peer_watcher.watch_loop.connected.clear()
     daemon.engine = SimpleNamespace(ended=lambda: {1: Ended("stopped")})
-    daemon.subnets.lease.expiration = time.time() - 1
+    daemon.lease_manager.lease.expiration = time.time() - 1
     r = daemon.source.readiness()
     assert "not connected to etcd" in r["etcd_watch"] and "2 reconnect" in r["etcd_watch"]
     assert r["engine"] == "queue(s) 1 stopped"
@@ -109,13 +109,13 @@ def test_a_subnet_file_that_cannot_be_written_is_not_ready_until_it_is(tmp_path,
 
 
 def test_etcd_watches_and_lease_counts_survive_replacements(daemon):
-    daemon.subnets.watch_loop.reconnects = 4
+    daemon.lease_manager.watch_loop.reconnects = 4
     w = daemon.source.etcd_watches()
     assert w["subnets"] == {"connected": True, "reconnects": 2, "resyncs": 1}
     assert w["own_lease"]["reconnects"] == 4
-    daemon.subnets.renewals = 5
+    daemon.lease_manager.renewals = 5
     assert daemon.source.lease_counts() == {"renewals": 5, "reacquisitions": 0, "races_lost": 0}
-    # SIGHUP: a new subnet manager, with a new own-lease watch, counting from 0 again
-    daemon.subnets = subnet_manager(time.time() + 3600, watch(reconnects=1), renewals=1)
+    # SIGHUP: a new lease manager, with a new own-lease watch, counting from 0 again
+    daemon.lease_manager = lease_manager(time.time() + 3600, watch(reconnects=1), renewals=1)
     assert daemon.source.etcd_watches()["own_lease"]["reconnects"] == 5
     assert daemon.source.lease_counts()["renewals"] == 6

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from dataplane.cli.child import python_argv
+from dataplane.host.child import python_argv
 
 EXTRA_MODULES = ("rich", "matplotlib")
 

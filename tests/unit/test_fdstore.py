@@ -8,7 +8,7 @@ import os
 import socket
 import subprocess
 
-from dataplane.cli.child import python_argv
+from dataplane.host.child import python_argv
 from dataplane.daemon import fdstore
 
 
