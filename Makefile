@@ -26,7 +26,7 @@ $(APT_STAMP): Makefile
 	@test -x $(PY) || { echo "creating the virtual environment $(VENV) ($(PYTHON))"; $(PYTHON) -m venv $(VENV); }
 	@touch $@
 
-$(PIP_STAMP): $(APT_STAMP) pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_ffi.py
+$(PIP_STAMP): $(APT_STAMP) pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_ffi.py csrc/sources.txt
 	@echo "installing flannel-udp and its extras into $(VENV)"
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,demo,bench]'
 	@touch $@

@@ -39,7 +39,6 @@ TUN_F_TSO6 = 0x04
 TUN_F_TSO_ECN = 0x08
 TUN_F_USO4 = 0x20               # Linux >= 6.2
 TUN_F_USO6 = 0x40
-VNET_HDR_LEN = 10               # struct virtio_net_hdr, the default TUNSETVNETHDRSZ
 
 # struct ifreq is 40 bytes on 64-bit Linux: ifr_name[16], then a union whose
 # first member we use is `short ifr_flags`.
