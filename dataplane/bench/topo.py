@@ -29,6 +29,7 @@ import logging
 import os
 import subprocess
 
+from dataplane.control.config import DEFAULT_UDP_PORT
 from dataplane.testbed.hosts import Testbed
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ NETWORK = ipaddress.IPv4Network("10.5.0.0/16")
 SINK_PORT = 9000
 ECHO_PORT = 9001
 IPERF_PORT = 5201
-FLANNEL_PORT = 8285
+FLANNEL_PORT = DEFAULT_UDP_PORT
 
 
 class TopoError(RuntimeError):

@@ -17,9 +17,11 @@ reads argv as Go's ``flag`` package does (flanneld v0.20.2 uses it):
 Flow: :func:`add_arguments` registers the flags on an argparse parser with
 ``default=None`` so that "not given" is visible, and makes that parser read
 Go's syntax (:class:`_GoFlagParser`); :func:`resolve` then fills each missing
-value from the environment, else from the flanneld default, validates
-everything and returns an :class:`Options`. Errors name the flag (or the
-environment variable) and say what is accepted; a bad flag exits with 1.
+value from the environment, else from the default, validates everything and
+returns the daemon's :class:`~dataplane.daemon.options.Options`. Errors name
+the flag (or the environment variable) and say what is accepted; a bad flag
+exits with 1. The defaults are the daemon's (daemon/options.py): a flag's
+help names its default as ``{default}``, filled in from there.
 """
 from __future__ import annotations
 
@@ -28,15 +30,16 @@ import ipaddress
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from ..daemon import options
+from ..daemon.options import Options
 from ..host import firewall, queues
-from ..host.offload import DEFAULT_MODE as OFFLOAD_DEFAULT, MODES as OFFLOAD_MODES
-from ..engine.api import COALESCE_DEFAULT_US, COALESCE_MAX_US
+from ..host.offload import MODES as OFFLOAD_MODES
+from ..engine.api import COALESCE_MAX_US
 
 ENV_PREFIX = "FLANNELD_"
-HANDOVER_SOCKET = "/run/flannel/handover.sock"     # in the runtime directory, next to subnet.env
 
 
 class FlagError(ValueError):
@@ -167,20 +170,38 @@ def _choice(*allowed):
 class Flag:
     name: str                 # flanneld's name, without dashes
     parse: object             # str -> value, raises ValueError
-    default: object
-    help: str
+    help: str                 # "{default}" in it stands for the default
     kind: str = "value"       # value | bool | list
     metavar: str | None = None
     group: str = "flanneld"   # flanneld | ours | kube | ignored
     check: object = None      # value -> None, raises ValueError (range checks)
+    # kube: the one value accepted, flanneld's default (the daemon has no such setting)
+    accepted: object = None
 
     @property
     def dest(self) -> str:
         return self.name.replace("-", "_")
 
     @property
+    def default(self):
+        return self.accepted if self.group == "kube" else options.default(self.dest)
+
+    @property
+    def help_text(self) -> str:
+        return self.help.replace("{default}", _default_text(self.default))
+
+    @property
     def env(self) -> str:
         return ENV_PREFIX + self.name.upper().replace("-", "_")
+
+
+def _default_text(value) -> str:
+    """A default as the help shows it: as it would be written on the command line."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 def _queue_count(v):
@@ -194,189 +215,132 @@ def _range(lo, hi, unit=""):
     return check
 
 
-DEFAULT_ENDPOINTS = "http://127.0.0.1:4001,http://127.0.0.1:2379"
-
 FLAGS: tuple[Flag, ...] = (
     # --- etcd (flanneld)
-    Flag("etcd-endpoints", _parse_endpoints, _parse_endpoints(DEFAULT_ENDPOINTS),
-         "a comma-delimited list of etcd endpoints (default: %s)" % DEFAULT_ENDPOINTS,
-         metavar="URLS"),
-    Flag("etcd-prefix", _parse_str, "/coreos.com/network",
-         "etcd prefix (default: /coreos.com/network)", metavar="PREFIX"),
-    Flag("etcd-keyfile", _parse_str, "", "SSL key file used to secure etcd communication",
+    Flag("etcd-endpoints", _parse_endpoints,
+         "a comma-delimited list of etcd endpoints (default: {default})", metavar="URLS"),
+    Flag("etcd-prefix", _parse_str, "etcd prefix (default: {default})", metavar="PREFIX"),
+    Flag("etcd-keyfile", _parse_str, "SSL key file used to secure etcd communication",
          metavar="FILE"),
-    Flag("etcd-certfile", _parse_str, "", "SSL certification file used to secure etcd communication",
+    Flag("etcd-certfile", _parse_str, "SSL certification file used to secure etcd communication",
          metavar="FILE"),
-    Flag("etcd-cafile", _parse_str, "", "SSL Certificate Authority file used to secure etcd communication",
+    Flag("etcd-cafile", _parse_str, "SSL Certificate Authority file used to secure etcd communication",
          metavar="FILE"),
-    Flag("etcd-username", _parse_str, "", "username for BasicAuth to etcd", metavar="NAME"),
-    Flag("etcd-password", _parse_str, "", "password for BasicAuth to etcd", metavar="PASSWORD"),
+    Flag("etcd-username", _parse_str, "username for BasicAuth to etcd", metavar="NAME"),
+    Flag("etcd-password", _parse_str, "password for BasicAuth to etcd", metavar="PASSWORD"),
     # --- interface (flanneld)
-    Flag("iface", _parse_str, [], "interface to use (IP or name) for inter-host communication; "
+    Flag("iface", _parse_str, "interface to use (IP or name) for inter-host communication; "
          "repeatable, the first that exists wins", kind="list", metavar="NAME_OR_IP"),
-    Flag("iface-regex", _parse_regex, [], "regex of the interface to use (matched against IPs "
+    Flag("iface-regex", _parse_regex, "regex of the interface to use (matched against IPs "
          "first, then names); repeatable, first match wins", kind="list", metavar="REGEX"),
-    Flag("iface-can-reach", _parse_ipv4, "", "use the interface the kernel would route to this IP "
+    Flag("iface-can-reach", _parse_ipv4, "use the interface the kernel would route to this IP "
          "(like `ip route get IP`)", metavar="IP"),
-    Flag("public-ip", _parse_ipv4, "", "IP accessible by other nodes for inter-host communication "
+    Flag("public-ip", _parse_ipv4, "IP accessible by other nodes for inter-host communication "
          "(the PublicIP of this host's lease; default: the interface address)", metavar="IP"),
-    Flag("public-ipv6", _parse_str, "", "accepted for compatibility; the udp backend is IPv4 only "
+    Flag("public-ipv6", _parse_str, "accepted for compatibility; the udp backend is IPv4 only "
          "and ignores it", metavar="IP"),
     # --- subnet (flanneld)
-    Flag("subnet-file", _parse_str, "/run/flannel/subnet.env",
+    Flag("subnet-file", _parse_str,
          "filename where env variables (subnet, MTU, ...) will be written to "
-         "(default: /run/flannel/subnet.env)", metavar="PATH"),
-    Flag("subnet-lease-renew-margin", _parse_int, 60,
-         "subnet lease renewal margin, in minutes, ranging from 1 to 1439 (default: 60)",
+         "(default: {default})", metavar="PATH"),
+    Flag("subnet-lease-renew-margin", _parse_int,
+         "subnet lease renewal margin, in minutes, ranging from 1 to 1439 (default: {default})",
          metavar="MINUTES", check=_range(1, 1439, " minutes")),
     # --- iptables (flanneld)
-    Flag("ip-masq", _parse_bool, False, "setup IP masquerade rule for traffic destined outside of "
+    Flag("ip-masq", _parse_bool, "setup IP masquerade rule for traffic destined outside of "
          "overlay network (iptables chain FLANNEL-POSTRTG, or nftables when iptables is missing); "
          "the rules stay after exit, remove them with: " + "; ".join(firewall.MASQ_REMOVAL)
          + " (nftables: " + firewall.REMOVAL_COMMANDS["nft"][0] + ")",
          kind="bool"),
-    Flag("iptables-resync", _parse_int, 5, "resync period for iptables rules, in seconds (default: 5)",
-         metavar="SECONDS", check=_range(1, 86400, " s")),
-    Flag("iptables-forward-rules", _parse_bool, True, "add default accept rules to the FORWARD "
-         "chain in iptables (chain FLANNEL-FWD, jumped to first; default: true); the rules stay "
-         "after exit, remove them with: " + "; ".join(firewall.FWD_REMOVAL), kind="bool"),
+    Flag("iptables-resync", _parse_int, "resync period for iptables rules, in seconds "
+         "(default: {default})", metavar="SECONDS", check=_range(1, 86400, " s")),
+    Flag("iptables-forward-rules", _parse_bool, "add default accept rules to the FORWARD "
+         "chain in iptables (chain FLANNEL-FWD, jumped to first; default: {default}); the rules "
+         "stay after exit, remove them with: " + "; ".join(firewall.FWD_REMOVAL), kind="bool"),
     # --- health (flanneld)
-    Flag("healthz-ip", _parse_ip, "0.0.0.0", "the IP address for healthz server to listen "
-         "(default: 0.0.0.0)", metavar="IP"),
-    Flag("healthz-port", _parse_int, 0, "the port for healthz server to listen (0 to disable; "
-         "default: 0)", metavar="PORT", check=_range(0, 65535)),
+    Flag("healthz-ip", _parse_ip, "the IP address for healthz server to listen "
+         "(default: {default})", metavar="IP"),
+    Flag("healthz-port", _parse_int, "the port for healthz server to listen (0 to disable; "
+         "default: {default})", metavar="PORT", check=_range(0, 65535)),
     # --- logging (klog flags flanneld copies)
-    Flag("v", _parse_klog_level, 0, "log level: 0 = operator events, 1 = also per-packet error "
+    Flag("v", _parse_klog_level, "log level: 0 = operator events, 1 = also per-packet error "
          "summaries and details, 2+ = debug", metavar="LEVEL", check=_range(-2 ** 31, 2 ** 31 - 1)),
-    Flag("vmodule", _parse_str, "", "accepted for compatibility (klog); ignored", metavar="SPEC",
+    Flag("vmodule", _parse_str, "accepted for compatibility (klog); ignored", metavar="SPEC",
          group="ignored"),
-    Flag("log_backtrace_at", _parse_str, "", "accepted for compatibility (klog); ignored",
+    Flag("log_backtrace_at", _parse_str, "accepted for compatibility (klog); ignored",
          metavar="FILE:LINE", group="ignored"),
     # --- ours
-    Flag("engine", _choice("c", "python", "auto"), "auto", "forwarding engine: c (the batched C "
-         "fast path), python (pure Python), auto (C if built, else Python; default: auto, or "
+    Flag("engine", _choice("c", "python", "auto"), "forwarding engine: c (the batched C "
+         "fast path), python (pure Python), auto (C if built, else Python; default: {default}, or "
          "$DATAPLANE_ENGINE)", metavar="c|python|auto", group="ours"),
-    Flag("accept-from", _choice("leases", "any"), "leases", "which UDP sources to accept: leases "
-         "(only the PublicIP of a known lease; default) or any (as flanneld; use it when peers "
-         "reach this host through address translation)", metavar="leases|any", group="ours"),
-    Flag("strict-sources", _parse_bool, False, "drop a datagram whose inner source is not in "
+    Flag("accept-from", _choice("leases", "any"), "which UDP sources to accept: leases "
+         "(only the PublicIP of a known lease) or any (as flanneld; use it when peers "
+         "reach this host through address translation; default: {default})",
+         metavar="leases|any", group="ours"),
+    Flag("strict-sources", _parse_bool, "drop a datagram whose inner source is not in "
          "the subnet of the lease whose PublicIP sent it (kernel WireGuard's rule; counted as "
          "drop_inner_foreign). It breaks hosts that send from addresses outside their lease, "
          "e.g. a host that forwards other networks' traffic into the overlay without "
          "masquerading. A datagram whose inner source is this host's own is dropped either "
-         "way (default: false)", kind="bool", group="ours"),
-    Flag("icmp-rate", _parse_int, 100, "ICMP errors (net unreachable, time exceeded) the engine "
+         "way (default: {default})", kind="bool", group="ours"),
+    Flag("icmp-rate", _parse_int, "ICMP errors (net unreachable, time exceeded) the engine "
          "sends per second at most, as routers limit them; the host's total, split over the "
-         "queues; 0 = unlimited (default: 100)",
+         "queues; 0 = unlimited (default: {default})",
          metavar="N", check=_range(0, 2 ** 32 - 1), group="ours"),
-    Flag("icmp-burst", _parse_int, 50, "ICMP errors allowed in a burst above --icmp-rate "
-         "(default: 50)", metavar="N", check=_range(1, 2 ** 32 - 1), group="ours"),
-    Flag("coalesce-usecs", _parse_int, COALESCE_DEFAULT_US, "bounded-delay batching, as a NIC's interrupt "
+    Flag("icmp-burst", _parse_int, "ICMP errors allowed in a burst above --icmp-rate "
+         "(default: {default})", metavar="N", check=_range(1, 2 ** 32 - 1), group="ours"),
+    Flag("coalesce-usecs", _parse_int, "bounded-delay batching, as a NIC's interrupt "
          "coalescing: after the engine forwarded packets it waits this many microseconds for "
          "more before it looks again, so that a wake-up finds a batch rather than one packet "
          "(fewer wake-ups and syscalls per small packet; a packet may wait up to this much "
-         f"longer); 0 = off (default: {COALESCE_DEFAULT_US}, at most {COALESCE_MAX_US})", metavar="US",
+         f"longer); 0 = off (default: {{default}}, at most {COALESCE_MAX_US})", metavar="US",
          check=_range(0, COALESCE_MAX_US), group="ours"),
-    Flag("realtime-priority", _parse_int, 0, "run the engine loop threads SCHED_FIFO at this "
+    Flag("realtime-priority", _parse_int, "run the engine loop threads SCHED_FIFO at this "
          "priority (1..99), so that a forwarder woken by a packet runs at once instead of after "
          "a busy application's time slice (much lower latency under load on shared cores); needs "
          "CAP_SYS_NICE, which the shipped unit denies (README: lift RestrictRealtime in a "
-         "drop-in); 0 = off (default: 0)", metavar="N", check=_range(0, 99), group="ours"),
-    Flag("metrics", _parse_metrics, "", "where to serve Prometheus /metrics: IP:PORT for a "
+         "drop-in); 0 = off (default: {default})", metavar="N", check=_range(0, 99), group="ours"),
+    Flag("metrics", _parse_metrics, "where to serve Prometheus /metrics: IP:PORT for a "
          "listener of its own, 'healthz' (or empty, the default) for the healthz server when "
          "--healthz-port is set, 'off' to disable", metavar="IP:PORT", group="ours"),
-    Flag("queues", _parse_int, 0, "forwarding queues: each one a flannel0 queue "
+    Flag("queues", _parse_int, "forwarding queues: each one a flannel0 queue "
          "(IFF_MULTI_QUEUE), a UDP socket on the same address and port (SO_REUSEPORT) and an "
          "engine thread; 1 = flanneld's single queue (default: the number of CPUs, at most 8; "
          "--trace runs 1)", metavar="N", check=_queue_count, group="ours"),
-    Flag("offload", _choice(*OFFLOAD_MODES), OFFLOAD_DEFAULT, "kernel offloads for the C "
+    Flag("offload", _choice(*OFFLOAD_MODES), "kernel offloads for the C "
          "engine: auto (what this kernel accepts of TUN TSO/USO, UDP GSO and GRO; the wire "
-         "format does not change) or off (default: %s)" % OFFLOAD_DEFAULT,
+         "format does not change) or off (default: {default})",
          metavar="auto|off", group="ours"),
-    Flag("handover", _parse_bool, False, "take flannel0, the UDP sockets and the lease over "
+    Flag("handover", _parse_bool, "take flannel0, the UDP sockets and the lease over "
          "from the flannel-udp running on this host (through --handover-socket): it stops "
          "forwarding, this one starts, it exits; no packet is lost. Nobody listening there: a "
          "normal start (under systemd, `systemctl restart` does the same through its fd store)",
          kind="bool", group="ours"),
-    Flag("handover-socket", _parse_str, HANDOVER_SOCKET, "the unix socket (root only) on which "
+    Flag("handover-socket", _parse_str, "the unix socket (root only) on which "
          "the daemon offers a handover to a new one, and on which --handover asks for it; "
-         "empty: no handover (default: %s)" % HANDOVER_SOCKET,
+         "empty: no handover (default: {default})",
          metavar="PATH", group="ours"),
-    Flag("trace-remote", _parse_bool, False, "serve GET /debug/trace to clients that are not on "
+    Flag("trace-remote", _parse_bool, "serve GET /debug/trace to clients that are not on "
          "loopback too (it shows the headers of forwarded packets, with ?payload=1 their "
          "content; default: loopback clients only)", kind="bool", group="ours"),
-    Flag("trace", _parse_bool, False, "enable the engine's packet trace ring and serve it as JSON "
+    Flag("trace", _parse_bool, "enable the engine's packet trace ring and serve it as JSON "
          "at GET /debug/trace?after=N (on the healthz and metrics servers)", kind="bool",
          group="ours"),
     # --- flanneld's Kubernetes mode: flanneld's defaults accepted (unit files and
     # Helm charts spell them out), anything else refused in resolve()
-    Flag("kube-subnet-mgr", _parse_bool, False, "Kubernetes subnet manager: only false",
-         kind="bool", group="kube"),
-    Flag("kube-api-url", _parse_str, "", "only empty", group="kube", metavar="URL"),
-    Flag("kubeconfig-file", _parse_str, "", "only empty", group="kube", metavar="PATH"),
-    Flag("kube-annotation-prefix", _parse_str, "flannel.alpha.coreos.com",
-         "only flannel.alpha.coreos.com", group="kube", metavar="PREFIX"),
-    Flag("net-config-path", _parse_str, "/etc/kube-flannel/net-conf.json",
-         "only /etc/kube-flannel/net-conf.json", group="kube", metavar="PATH"),
-    Flag("set-node-network-unavailable", _parse_bool, True, "only true", kind="bool",
-         group="kube"),
+    Flag("kube-subnet-mgr", _parse_bool, "Kubernetes subnet manager: only {default}",
+         kind="bool", group="kube", accepted=False),
+    Flag("kube-api-url", _parse_str, "only empty", group="kube", metavar="URL", accepted=""),
+    Flag("kubeconfig-file", _parse_str, "only empty", group="kube", metavar="PATH", accepted=""),
+    Flag("kube-annotation-prefix", _parse_str, "only {default}", group="kube", metavar="PREFIX",
+         accepted="flannel.alpha.coreos.com"),
+    Flag("net-config-path", _parse_str, "only {default}", group="kube", metavar="PATH",
+         accepted="/etc/kube-flannel/net-conf.json"),
+    Flag("set-node-network-unavailable", _parse_bool, "only {default}", kind="bool",
+         group="kube", accepted=True),
 )
 FLAG_BY_DEST = {f.dest: f for f in FLAGS}
 FLAG_BY_NAME = {f.name: f for f in FLAGS}
-
-
-@dataclass
-class Options:
-    """Resolved, validated flag values (attribute names = flag dests)."""
-    etcd_endpoints: list = field(default_factory=list)
-    etcd_prefix: str = "/coreos.com/network"
-    etcd_keyfile: str = ""
-    etcd_certfile: str = ""
-    etcd_cafile: str = ""
-    etcd_username: str = ""
-    etcd_password: str = ""
-    iface: list = field(default_factory=list)
-    iface_regex: list = field(default_factory=list)
-    iface_can_reach: str = ""
-    public_ip: str = ""
-    public_ipv6: str = ""
-    subnet_file: str = "/run/flannel/subnet.env"
-    subnet_lease_renew_margin: int = 60
-    ip_masq: bool = False
-    iptables_resync: int = 5
-    iptables_forward_rules: bool = True
-    healthz_ip: str = "0.0.0.0"
-    healthz_port: int = 0
-    v: int = 0
-    vmodule: str = ""
-    log_backtrace_at: str = ""
-    engine: str = "auto"
-    accept_from: str = "leases"
-    strict_sources: bool = False
-    icmp_rate: int = 100
-    icmp_burst: int = 50
-    coalesce_usecs: int = COALESCE_DEFAULT_US
-    realtime_priority: int = 0
-    metrics: str = ""
-    trace: bool = False
-    trace_remote: bool = False
-    queues: int = 1
-    offload: str = OFFLOAD_DEFAULT
-    handover: bool = False
-    handover_socket: str = HANDOVER_SOCKET
-    # where each value came from: "flag", "env" or "default"
-    sources: dict = field(default_factory=dict)
-    warnings: list = field(default_factory=list)
-
-    def metrics_listen(self):
-        """(ip, port) of a dedicated /metrics listener, or None."""
-        if self.metrics in ("", "healthz", "off"):
-            return None
-        host, _, port = self.metrics.rpartition(":")
-        return host.strip("[]"), int(port)
-
-    def metrics_on_healthz(self) -> bool:
-        return self.metrics in ("", "healthz")
 
 
 # --------------------------------------------------------------------------
@@ -501,7 +465,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in FLAGS:
         g = groups[f.group]
         opts = _option_strings(f)
-        help_text = f.help + f" [env {f.env}]"
+        help_text = f.help_text + f" [env {f.env}]"
         if f.kind == "bool":
             g.add_argument(*opts, dest=f.dest, action=_BoolAction, flag=f, default=None,
                            help=help_text)
@@ -527,7 +491,7 @@ def _go_text(value) -> str:
 
 def resolve(args: argparse.Namespace, environ=None) -> Options:
     """Fill flags not on the command line from FLANNELD_* env vars, then from
-    flanneld's defaults; validate; raise FlagError naming the flag."""
+    the defaults; validate; raise FlagError naming the flag."""
     env = os.environ if environ is None else environ
     opts = Options()
     ignored = getattr(args, "ignored_args", None)
@@ -570,8 +534,6 @@ def resolve(args: argparse.Namespace, environ=None) -> Options:
             opts.warnings.append(f"{where} is accepted for compatibility and ignored")
         setattr(opts, f.dest, value)
         opts.sources[f.dest] = source
-    if opts.sources.get("queues") == "default":
-        opts.queues = queues.default_queues()
     if opts.public_ipv6:
         opts.warnings.append("--public-ipv6 is ignored: the udp backend carries IPv4 only")
     if bool(opts.etcd_keyfile) != bool(opts.etcd_certfile):

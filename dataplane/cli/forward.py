@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 
+from ..control.config import DEFAULT_UDP_PORT
 from ..host.atomicfile import write_atomic
 from ..host import sched
 from ..engine.api import (BATCH_MAX, COALESCE_DEFAULT_US, COALESCE_MAX_US, ICMP_BURST_DEFAULT,
@@ -46,7 +47,6 @@ example (host 192.168.77.1 with lease 10.5.1.0/24, one peer):
 """
 
 log = logging.getLogger("dataplane.forward")
-DEFAULT_PORT = 8285
 ENCAP_OVERHEAD = 28
 SOCKBUF = 4 << 20  # large socket buffers absorb bursts (docs/design.md#lessons)
 
@@ -54,7 +54,7 @@ SOCKBUF = 4 << 20  # large socket buffers absorb bursts (docs/design.md#lessons)
 def _listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep:
-        host, port = value, str(DEFAULT_PORT)
+        host, port = value, str(DEFAULT_UDP_PORT)
     try:
         ip = str(ipaddress.IPv4Address(host))
         p = int(port)
@@ -151,7 +151,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--network", type=_network, metavar="CIDR",
                    help="the flannel network: adds the route `CIDR dev <tun>` (e.g. 10.5.0.0/16)")
     p.add_argument("--listen", required=True, type=_listen, metavar="IP:PORT",
-                   help="bind the UDP socket here (the external interface address; port default 8285)")
+                   help="bind the UDP socket here (the external interface address; port default "
+                        f"{DEFAULT_UDP_PORT})")
     p.add_argument("--mtu", type=_mtu,
                    help="TUN MTU (default: MTU of the interface holding the --listen address - 28)")
     p.add_argument("--route", action="append", type=_route, default=[], metavar="SUBNET=PEER_IP[:PORT]",

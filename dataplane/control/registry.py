@@ -601,6 +601,36 @@ class Registry:
         return WatchLoop(self, key, prefix=prefix, start_revision=start_revision, on_events=on_events,
                          on_compacted=on_compacted, retry_interval=retry_interval, name=name)
 
+    # -- bursts (a load generator's: testbed/lease_writer.py) -------------------------------------
+    def pipelined(self, puts: "list[tuple[str, bytes | str]]" = (), deletes: "list[str]" = (),
+                  window: int = 32) -> int:
+        """Each put (key, value), then each delete (key), its own call, hence its own revision and
+        watch event, ``window`` calls in flight from this one thread: a burst as fast as etcd takes
+        it, for little CPU. On the current endpoint, without failover. Returns how many puts got a
+        revision and deletes deleted a key."""
+        from collections import deque
+        channel = self._endpoints[self._cur].channel()
+        metadata = self._metadata(channel)
+        kv = etcdrpc.KVStub(channel)
+        calls = [(kv.Put, etcdrpc.PutRequest(key=k.encode(), value=_b(v))) for k, v in puts]
+        calls += [(kv.DeleteRange, etcdrpc.DeleteRangeRequest(key=k.encode())) for k in deletes]
+        pending: deque = deque()
+        answered = 0
+
+        def settle() -> int:
+            resp = pending.popleft().result()
+            return int(resp.deleted > 0) if hasattr(resp, "deleted") else int(resp.header.revision > 0)
+        try:
+            for method, req in calls:
+                if len(pending) >= window:
+                    answered += settle()
+                pending.append(method.future(req, timeout=self.timeout, metadata=metadata))
+            while pending:
+                answered += settle()
+        except grpc.RpcError as exc:
+            raise RegistryError(f"etcd burst: {exc.code().name}: {exc.details()}") from None
+        return answered
+
 
 class WatchLoop:
     """A resumable watch of one key or prefix, run in the caller's thread by run() until cancel().

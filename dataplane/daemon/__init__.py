@@ -1,6 +1,7 @@
 """`flannel-udp run`: the daemon, an orchestrator over the control plane, the host and the engines.
 
 * ``main.py``        start order, the serve loop, shutdown; peer changes -> route table -> engine;
+* ``options.py``     every setting, with its default (the CLI parses flanneld's flags into it);
 * ``startup.py``     one function per start step, with the message an operator reads when it fails;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
 * ``monitor.py``     the serve loop's periodic checks and how often they log;

@@ -12,20 +12,40 @@ Runs in the daemon's main thread, never holding the daemon's lock while it calls
 A step can fail: netlink refuses flannel0's new address or route, the new engines cannot be made
 or started. The failure is logged with what to do (once per reason: a retry every second must not
 flood the log), counted (``flannel_udp_lease_move_failures_total``) and the move is retried on
-the monitor's next tick. Every step can run again, and ``daemon.lease`` becomes the new lease only
-once the host is on it, so a retry starts from the old subnet and finds what is done already. The
-running engines are replaced only by new ones that started: until then the old ones keep
-forwarding, so the daemon never keeps a closed engine.
+the monitor's next tick. Every step can run again, and the daemon takes the new lease only once the
+host is on it, so a retry starts from the old subnet and finds what is done already. The running
+engines are replaced only by new ones that started: until then the old ones keep forwarding, so
+the daemon never keeps a closed engine.
+
+The daemon hands a move what it changes as a :class:`Host` (daemon/main.py ``_move_host``) and
+keeps the lease itself: :func:`move` says whether the host is on the new subnet.
 """
 from __future__ import annotations
 
 import errno
 import logging
+from dataclasses import dataclass
+from ipaddress import IPv4Network
+from typing import Callable
 
-from ..control.routes import route_table
-from . import startup
+from .startup import StartupError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Host:
+    """What a move changes on this host, and how a new engine takes the old one's place."""
+    tun_name: str                       # flannel0
+    mtu: int                            # flannel0's MTU
+    network: IPv4Network                # the overlay's Network: its route goes via flannel0
+    subnet_file: str                    # named in the log: where workloads read their subnet
+    rules: object                       # host/firewall.py Rules, or None
+    new_engine: Callable                # subnet -> engines for it on the same fds, not started
+    # engine -> the one it replaced: from then on peer changes (on_peers) reach ``engine``
+    swap_engine: Callable
+    restore_engine: Callable            # engine -> None: it is back, with the current routes
+    own_subnet: Callable                # subnet -> None: the peer watch reports its snapshot
 
 
 class MoveFailed(RuntimeError):
@@ -61,65 +81,45 @@ class Failures:
         self._streak, self._last = 0, None
 
 
-def reacquire(daemon):
-    """SIGHUP: acquire again (the same lease if etcd still holds it for our PublicIP); returns
-    the lease for the caller to move to."""
-    current = daemon.current_lease()
+def move(old_subnet, new_subnet, host: Host, failures: Failures) -> bool:
+    """Move the host from ``old_subnet`` to ``new_subnet`` (nothing to do when they are the
+    same). True once the host is on it; False when a step failed (logged and counted in
+    ``failures``): call again to retry."""
+    if new_subnet == old_subnet:
+        return True
     try:
-        daemon.subnets.stop()
-    except Exception as e:
-        log.debug("stopping the lease manager: %s", e)
-    daemon.subnets = startup.make_lease_manager(daemon.opts, daemon.registry, daemon.ext,
-                                                daemon.config, daemon.on_lease_change,
-                                                prev=current.subnet)
-    new = startup.acquire_lease(daemon.subnets, daemon.registry, daemon.wait)
-    daemon.subnets.start()
-    return new
-
-
-def adopt(daemon, new) -> bool:
-    """Make ``new`` our lease, moving the host to its subnet if that is another one. True once
-    the host is on it; False when a step failed (logged and counted): call again to retry."""
-    with daemon.lock:
-        old = daemon.lease
-    if new.subnet != old.subnet:
-        try:
-            _move(daemon, old.subnet, new.subnet)
-        except MoveFailed as e:
-            daemon.move_failures.record(new.subnet, str(e))
-            return False
-        except Exception as e:          # a bug must not end the daemon with a traceback
-            log.debug("moving to %s", new.subnet, exc_info=True)
-            daemon.move_failures.record(new.subnet, f"unexpected {type(e).__name__}: {e}; "
-                                        "restart the daemon if it persists (the lease is kept)")
-            return False
-        daemon.move_failures.succeeded(new.subnet)
-    with daemon.lock:
-        daemon.lease = new
-    if new.subnet != old.subnet:
-        daemon.subnet_env.want(daemon.config.network, new.subnet, daemon.ext.tun_mtu)
+        _move(host, old_subnet, new_subnet, failures.retrying)
+    except MoveFailed as e:
+        failures.record(new_subnet, str(e))
+        return False
+    except Exception as e:          # a bug must not end the daemon with a traceback
+        log.debug("moving to %s", new_subnet, exc_info=True)
+        failures.record(new_subnet, f"unexpected {type(e).__name__}: {e}; "
+                        "restart the daemon if it persists (the lease is kept)")
+        return False
+    failures.succeeded(new_subnet)
     return True
 
 
-def _move(daemon, old_subnet, new_subnet) -> None:
-    if not daemon.move_failures.retrying:
+def _move(host: Host, old_subnet, new_subnet, retrying: bool) -> None:
+    if not retrying:
         log.warning("The new lease has another subnet (%s, was %s): moving flannel0, the "
                     "iptables rules and %s. Workloads that hold addresses in %s are cut off "
                     "until they are restarted (they then get addresses of %s)",
-                    new_subnet, old_subnet, daemon.opts.subnet_file, old_subnet, new_subnet)
-    _move_flannel0(daemon, old_subnet, new_subnet)
-    if daemon.rules is not None:
-        daemon.rules.update_subnet(new_subnet)      # its own failures: the resync retries
-    _replace_engine(daemon, new_subnet)
+                    new_subnet, old_subnet, host.subnet_file, old_subnet, new_subnet)
+    _move_flannel0(host, old_subnet, new_subnet)
+    if host.rules is not None:
+        host.rules.update_subnet(new_subnet)        # its own failures: the resync retries
+    _replace_engine(host, new_subnet)
 
 
-def _move_flannel0(daemon, old_subnet, new_subnet) -> None:
+def _move_flannel0(host: Host, old_subnet, new_subnet) -> None:
     """The new address first: the kernel flushes every route of a device whose last IPv4
     address goes, <Network> dev flannel0 included (it is put back all the same)."""
     from ..host.netconf import add_network_route, configure_tun, remove_address
-    name, new_addr = daemon.tun_name, f"{new_subnet.network_address}/32"
+    name, new_addr = host.tun_name, f"{new_subnet.network_address}/32"
     try:
-        configure_tun(name, new_addr, daemon.ext.tun_mtu)
+        configure_tun(name, new_addr, host.mtu)
     except Exception as e:
         raise MoveFailed(f"netlink could not give {name} the address {new_addr} ({e}); nothing "
                          f"moved, forwarding goes on as {old_subnet}; check that {name} exists "
@@ -131,34 +131,29 @@ def _move_flannel0(daemon, old_subnet, new_subnet) -> None:
             log.warning("could not remove the old %s address %s/32: %s", name,
                         old_subnet.network_address, e)
     try:
-        add_network_route(daemon.config.network, name)
+        add_network_route(host.network, name)
     except Exception as e:
-        raise MoveFailed(f"netlink could not add the route {daemon.config.network} dev {name} "
+        raise MoveFailed(f"netlink could not add the route {host.network} dev {name} "
                          f"({e}); the overlay is unreachable from this host until it is there "
-                         f"(ip route add {daemon.config.network} dev {name} adds it by hand)") \
+                         f"(ip route add {host.network} dev {name} adds it by hand)") \
             from None
 
 
-def _replace_engine(daemon, subnet) -> None:
+def _replace_engine(host: Host, subnet) -> None:
     """New engines for ``subnet`` on the same fds; the old ones stop only once these run."""
     try:
-        engine = startup.new_engine(daemon.engine_cls, daemon.opts, daemon.tun_fds, daemon.socks,
-                                    subnet, daemon.ext.tun_mtu, daemon.offload_flags,
-                                    daemon.own_sources)
-    except startup.StartupError as e:
+        engine = host.new_engine(subnet)
+    except StartupError as e:
         raise MoveFailed(f"{e}; the old engine keeps forwarding (its ICMP errors still come "
                          "from the old address)") from None
-    with daemon.lock:
-        old, daemon.engine = daemon.engine, engine
+    old = host.swap_engine(engine)
     try:
         # The one route rebuild of the move: the watcher hands the snapshot for the new subnet
         # to the daemon's on_peers, which gives the new engine its table before it starts.
-        daemon.peer_watcher.set_own_subnet(subnet)
+        host.own_subnet(subnet)
         engine.start()
     except Exception as e:
-        with daemon.lock:
-            daemon.engine = old
-            old.set_routes(route_table(daemon.peers, daemon.config.backend_port))
+        host.restore_engine(old)
         _close(engine, "the engine that did not start")
         raise MoveFailed(f"the new {engine.name} engine did not start ({e}); the old engine keeps "
                          "forwarding; if this persists restart the daemon (the lease is kept)") \

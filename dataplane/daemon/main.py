@@ -55,7 +55,6 @@ import signal
 import sys
 import threading
 
-from ..cli import flanneld_flags
 from ..control.peerset import PeerChange, PeerSnapshot
 from ..control.routes import route_changes, route_table
 from ..host import queues
@@ -63,6 +62,7 @@ from ..host.own_sources import OwnSources
 from . import fdstore, handover, inherited, lease_move, startup
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
+from .options import Options
 from .peer_log import PeerLog
 from .startup import StartupError, Stopped
 from .subnet_env import SubnetEnv
@@ -82,7 +82,7 @@ PY_ENGINE_SWITCH_INTERVAL_S = 0.0005
 class Daemon:
     """One run of `flannel-udp run`."""
 
-    def __init__(self, opts: flanneld_flags.Options):
+    def __init__(self, opts: Options):
         self.opts = opts
         self._stop = threading.Event()
         self._wake = threading.Event()        # the serve loop's: a signal, or an engine loop ended
@@ -458,7 +458,7 @@ class Daemon:
             if self._reacquire.is_set():
                 self._reacquire.clear()
                 try:
-                    self._move_to(lease_move.reacquire(self))
+                    self._move_to(self._reacquire())
                 except Stopped:
                     return 0
                 except StartupError as e:
@@ -479,15 +479,59 @@ class Daemon:
             if status is not None:
                 return status
 
+    def _reacquire(self):
+        """SIGHUP: a new lease manager acquires again (the same lease if etcd still holds it for
+        our PublicIP); returns the lease to move to."""
+        current = self.current_lease()
+        try:
+            self.lease_manager.stop()
+        except Exception as e:
+            log.debug("stopping the lease manager: %s", e)
+        self.lease_manager = startup.make_lease_manager(self.opts, self.registry, self.ext,
+                                                        self.config, self.on_lease_change,
+                                                        prev=current.subnet)
+        new = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
+        self.lease_manager.start()
+        return new
+
     def _move_to(self, lease) -> None:
-        """Adopt ``lease``; a move that failed is tried again on the next tick, unless the lease
-        manager has handed over a newer lease meanwhile."""
-        if not lease_move.adopt(self, lease):
+        """Adopt ``lease``, moving the host to its subnet if that is another one
+        (daemon/lease_move.py); a move that failed is tried again on the next tick, unless the
+        lease manager has handed over a newer lease meanwhile."""
+        with self.lock:
+            old = self.lease
+        if not lease_move.move(old.subnet, lease.subnet, self._move_host(), self.move_failures):
             with self.lock:
                 if self._pending_lease is None:
                     self._pending_lease = lease
             return
+        with self.lock:
+            self.lease = lease
+        if lease.subnet != old.subnet:
+            self.subnet_env.want(self.config.network, lease.subnet, self.ext.tun_mtu)
         self._save_state()
+
+    def _move_host(self) -> lease_move.Host:
+        """What a lease move changes, and how its new engine takes the place of ours."""
+        def new_engine(subnet):
+            return startup.new_engine(self.engine_cls, self.opts, self.tun_fds, self.socks,
+                                      subnet, self.ext.tun_mtu, self.offload_flags,
+                                      self.own_sources)
+
+        def swap_engine(engine):
+            with self.lock:
+                old, self.engine = self.engine, engine
+            return old
+
+        def restore_engine(engine):
+            with self.lock:
+                self.engine = engine
+                engine.set_routes(route_table(self.peers, self.config.backend_port))
+        return lease_move.Host(tun_name=self.tun_name, mtu=self.ext.tun_mtu,
+                               network=self.config.network, subnet_file=self.opts.subnet_file,
+                               rules=self.rules, new_engine=new_engine, swap_engine=swap_engine,
+                               restore_engine=restore_engine,
+                               own_subnet=self.peer_watcher.set_own_subnet)
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):

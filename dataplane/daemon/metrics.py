@@ -14,7 +14,8 @@ import time
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..engine.api import OFFLOAD_STATS
+from ..engine.api import OFFLOAD_STATS, SYSCALL_STATS
+from ..engine.contract import STAT_NAMES
 from .timefmt import when
 
 log = logging.getLogger(__name__)
@@ -110,37 +111,39 @@ class CarriedCounters:
             return {n: base[n] + (getattr(obj, n, 0) if obj is not None else 0) for n in names}
 
 
-# stat name -> (family, label name, label value); anything else is exported as
-# flannel_udp_engine_<name>_total so a new engine counter is never lost.
-_PATHS = ("tun_rx", "udp_tx", "udp_rx", "tun_tx")
-_SYSCALL_KINDS = ("tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls",
-                  "coalesce_waits")
-_OFFLOAD_OPS = OFFLOAD_STATS
+# The ICMP error each icmp_<kind>_sent counter counts, as the label names it.
+_ICMP_TYPES = {"unreach": "net_unreachable", "ttl": "time_exceeded"}
+# Counters exported as a family of their own, without the engine_ prefix.
+_OWN_FAMILIES = ("icmp_ratelimited",)
 
 
 def _family_of(stat: str):
-    for p in _PATHS:
-        if stat == f"{p}_packets":
-            return "packets", "path", p
-        if stat == f"{p}_bytes":
-            return "bytes", "path", p
+    """(family, label name, label value) of an engine counter, read off its name as the header
+    spells them: <path>_packets / <path>_bytes, drop_<reason>, icmp_<kind>_sent, <direction>_batches,
+    the syscall kinds and the offload ops (engine/api.py); None: exported alone, as
+    flannel_udp_engine_<name>_total (syscalls, the total of the kinds: flannel_udp_syscalls_total)."""
+    if stat.endswith(("_packets", "_bytes")):
+        path, _, unit = stat.rpartition("_")
+        return unit, "path", path
     if stat.startswith("drop_"):
         return "drops", "reason", stat[len("drop_"):]
-    if stat == "icmp_unreach_sent":
-        return "icmp_sent", "type", "net_unreachable"
-    if stat == "icmp_ttl_sent":
-        return "icmp_sent", "type", "time_exceeded"
-    if stat == "icmp_ratelimited":
-        return "icmp_ratelimited", None, None
-    if stat in _SYSCALL_KINDS:
+    if stat.startswith("icmp_") and stat.endswith("_sent"):
+        kind = stat[len("icmp_"):-len("_sent")]
+        return "icmp_sent", "type", _ICMP_TYPES.get(kind, kind)
+    if stat in _OWN_FAMILIES:
+        return stat, None, None
+    if stat.endswith("_batches"):
+        return "batches", "direction", stat[:-len("_batches")]
+    if stat in SYSCALL_STATS and stat != "syscalls":
         return "syscalls_by_kind", "kind", stat
-    if stat == "tx_batches":
-        return "batches", "direction", "tx"
-    if stat == "rx_batches":
-        return "batches", "direction", "rx"
-    if stat in _OFFLOAD_OPS:
+    if stat in OFFLOAD_STATS:
         return "offload_ops", "op", stat
     return None
+
+
+# stat name -> (family, label name, label value) for every counter of the engine contract: one
+# added to csrc/dataplane.h is exported without a change here.
+FAMILIES = {name: _family_of(name) for name in STAT_NAMES}
 
 
 _HELP = {
@@ -174,7 +177,7 @@ class DaemonCollector:
         fams = {}
         if stats:
             for name, value in stats.items():
-                fam = _family_of(name)
+                fam = FAMILIES.get(name)
                 if fam is None:
                     if name == "syscalls":
                         f = CounterMetricFamily(f"{PREFIX}_syscalls",

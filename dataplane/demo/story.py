@@ -28,6 +28,7 @@ import logging
 import os
 import time
 
+from ..control.config import DEFAULT_UDP_PORT
 from . import lab, readings
 from . import trace as tr
 
@@ -156,10 +157,10 @@ class Demo:
                     ov.exec(h, ["ip", "-o", "addr", "show", "flannel0"]).stdout,
                     ov.exec(h, ["ip", "-o", "link", "show", "flannel0"]).stdout),
                 "socket": readings.udp_socket_line(ov.exec(h, ["ss", "-uanp"]).stdout,
-                                                   config.get("Backend", {}).get("Port", 8285)),
+                                                   config.get("Backend", {}).get("Port", DEFAULT_UDP_PORT)),
                 "lease": next((l for l in leases if l["subnet"] == str(ov.subnet(h))), None),
             }
-        self.port = int(config.get("Backend", {}).get("Port", 8285))
+        self.port = int(config.get("Backend", {}).get("Port", DEFAULT_UDP_PORT))
         self.result.update(network_config=config, leases=leases, hosts=hosts, port=self.port,
                            etcd=ov.etcd_url, startup_s=startup)
         self.step("overlay", "A two-host overlay: etcd, two daemons, their leases",

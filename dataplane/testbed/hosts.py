@@ -38,6 +38,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
+from ..control.config import DEFAULT_UDP_PORT
 from ..host.child import cli_argv
 from . import netns as ns
 
@@ -415,7 +416,7 @@ class Forwarder:
     """
 
     def __init__(self, testbed: Testbed, host: Host | str, *, tun_addr, routes=(),
-                 network: str | None = "10.5.0.0/16", engine: str = "auto", port: int = 8285,
+                 network: str | None = "10.5.0.0/16", engine: str = "auto", port: int = DEFAULT_UDP_PORT,
                  accept_from: str = "any", extra=(), env: dict | None = None):
         self.testbed = testbed
         self.host = testbed.host(host)
@@ -473,7 +474,7 @@ class Forwarder:
 
 
 def start_static_overlay(testbed: Testbed, engines=None, *, network: str = "10.5.0.0/16",
-                         port: int = 8285, hosts=None, ready_timeout: float = 15.0,
+                         port: int = DEFAULT_UDP_PORT, hosts=None, ready_timeout: float = 15.0,
                          **kw) -> dict:
     """Start a forwarder on each host (default: all) with a full mesh of static
     routes (leases from :func:`lease_of`). ``engines`` is one kind for all or a

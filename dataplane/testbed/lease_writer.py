@@ -2,7 +2,8 @@
 
 The testbed's etcd listens inside the switch namespace, out of the caller's reach, and `etcdctl`
 costs a process per key; so :class:`LeaseWriter` keeps one child in the switch namespace that talks
-to etcd with the project's own client and takes its orders as JSON lines on stdin::
+to etcd with the project's own client (control/registry.py) and takes its orders as JSON lines on
+stdin::
 
     {"op": "put", "leases": [["10.1.0.0/24", "172.16.0.1"], ...], "txn": 0, "window": 32}
     {"op": "delete", "subnets": ["10.1.0.0/24", ...], "window": 32}
@@ -18,14 +19,12 @@ one answered.
 """
 from __future__ import annotations
 
-import collections
 import json
 import subprocess
 import sys
 import threading
 import time
 from ipaddress import IPv4Address, IPv4Network
-from urllib.parse import urlsplit
 
 from ..host.child import python_argv
 
@@ -94,30 +93,21 @@ def _readline(stream, timeout: float) -> str:
 
 def serve(etcd_url: str, prefix: str) -> None:
     """The child's loop: one order per stdin line, one answer per stdout line, until EOF."""
-    import grpc
-    from pyetcd import etcdrpc
-
     from ..control.registry import Registry
     reg = Registry([etcd_url], prefix, timeout=CALL_TIMEOUT_S)
-    # The burst's own channel: the testbed's etcd speaks plain http.
-    channel = grpc.insecure_channel(urlsplit(etcd_url).netloc)
-    kv = etcdrpc.KVStub(channel)
     try:
         for line in sys.stdin:
             try:
-                answer = _perform(reg, kv, json.loads(line))
+                answer = _perform(reg, json.loads(line))
             except Exception as exc:          # reported to the parent, which raises it
                 answer = {"error": f"{type(exc).__name__}: {exc}"}
             sys.stdout.write(json.dumps(answer) + "\n")
             sys.stdout.flush()
     finally:
-        channel.close()
         reg.close()
 
 
-def _perform(reg, kv, order: dict) -> dict:
-    from pyetcd import etcdrpc
-
+def _perform(reg, order: dict) -> dict:
     from ..control.lease import LeaseAttrs, subnet_key_name
     op, window = order["op"], int(order.get("window") or WINDOW)
     under = f"{order['prefix'].rstrip('/')}/subnets/" if order.get("prefix") else reg.subnets_prefix
@@ -125,15 +115,15 @@ def _perform(reg, kv, order: dict) -> dict:
     def key(subnet: str) -> str:
         return under + subnet_key_name(IPv4Network(subnet))
     if op == "put":
-        items = [(key(s).encode(), LeaseAttrs(IPv4Address(ip)).to_json()) for s, ip in order["leases"]]
+        items = [(key(s), LeaseAttrs(IPv4Address(ip)).to_json()) for s, ip in order["leases"]]
         chunk = min(int(order.get("txn") or 0), TXN_MAX_OPS)
         if chunk:
-            batches = [{k.decode(): v for k, v in items[i:i + chunk]} for i in range(0, len(items), chunk)]
+            batches = [dict(items[i:i + chunk]) for i in range(0, len(items), chunk)]
             return _timed(lambda b: reg.txn_put_delete(b), batches)
-        return _pipelined(kv.Put, [etcdrpc.PutRequest(key=k, value=v) for k, v in items], window)
+        return _burst(lambda: reg.pipelined(puts=items, window=window), len(items))
     if op == "delete":
-        keys = [key(s).encode() for s in order["subnets"]]
-        return _pipelined(kv.DeleteRange, [etcdrpc.DeleteRangeRequest(key=k) for k in keys], window)
+        keys = [key(s) for s in order["subnets"]]
+        return _burst(lambda: reg.pipelined(deletes=keys, window=window), len(keys))
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -144,20 +134,8 @@ def _timed(call, items) -> dict:
             "results": sum(map(bool, results))}
 
 
-def _pipelined(method, requests, window: int) -> dict:
-    """Each request its own call, ``window`` in flight, answers awaited in order."""
+def _burst(call, count: int) -> dict:
+    """``call()``: the registry's pipelined calls, each key its own (Registry.pipelined)."""
     t_first = time.time()
-    pending: collections.deque = collections.deque()
-    answered = 0
-    for req in requests:
-        if len(pending) >= window:
-            answered += _answered(pending.popleft().result(CALL_TIMEOUT_S))
-        pending.append(method.future(req, timeout=CALL_TIMEOUT_S))
-    while pending:
-        answered += _answered(pending.popleft().result(CALL_TIMEOUT_S))
-    return {"t_first": t_first, "t_last": time.time(), "count": len(requests), "results": answered}
-
-
-def _answered(resp) -> int:
-    """1 when a put got a revision or a delete deleted something."""
-    return int(resp.deleted > 0) if hasattr(resp, "deleted") else int(resp.header.revision > 0)
+    answered = call()
+    return {"t_first": t_first, "t_last": time.time(), "count": count, "results": answered}

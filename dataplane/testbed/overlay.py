@@ -43,6 +43,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from ..control.registry import DEFAULT_PREFIX
 from ..host.child import cli_argv
 from .etcd import EtcdServer
 from .hosts import Host, Testbed, wait_for
@@ -51,7 +52,6 @@ from .lease_writer import LeaseWriter
 log = logging.getLogger(__name__)
 
 DEFAULT_NETWORK = "10.5.0.0/16"
-DEFAULT_PREFIX = "/coreos.com/network"
 HEALTHZ_PORT = 10254
 READY_TIMEOUT = 30.0
 

@@ -88,6 +88,25 @@ def test_metrics_text(server):
     assert not missing, f"engine counters without a sample: {missing}"
 
 
+@pytest.mark.parametrize("name,family", [
+    ("gre_rx_packets", ("packets", "path", "gre_rx")),
+    ("gre_rx_bytes", ("bytes", "path", "gre_rx")),
+    ("drop_too_big", ("drops", "reason", "too_big")),
+    ("icmp_frag_sent", ("icmp_sent", "type", "frag")),
+    ("icmp_unreach_sent", ("icmp_sent", "type", "net_unreachable")),
+    ("gre_batches", ("batches", "direction", "gre")),
+    ("udp_rx_gro", ("offload_ops", "op", "udp_rx_gro")),
+    ("syscalls", None),
+    ("gre_wakeups", None),
+])
+def test_a_counter_is_grouped_by_its_name(name, family):
+    """A counter added to the engine contract joins its family by the way its name is spelled;
+    one that fits none is exported alone (flannel_udp_engine_<name>_total)."""
+    from dataplane.daemon.metrics import FAMILIES, _family_of
+    assert _family_of(name) == family
+    assert set(FAMILIES) == set(STAT_NAMES)
+
+
 def test_trace_json(server):
     status, body, ctype = get(server + "/debug/trace?after=41")
     assert status == 200 and ctype == "application/json"

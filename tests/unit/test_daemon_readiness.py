@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dataplane.cli.flanneld_flags import Options
 from dataplane.daemon.main import Daemon
+from dataplane.daemon.options import Options
 from dataplane.engine import OFF_UDP_GRO, OFF_UDP_GSO
 from dataplane.engine.api import Ended
 from dataplane.host.offload import Offloads

@@ -30,6 +30,23 @@ def test_defaults_are_flanneld_defaults():
     assert (o.engine, o.accept_from, o.metrics, o.trace) == ("auto", "leases", "", False)
 
 
+def test_every_default_is_the_daemons_and_the_help_names_it():
+    from dataplane.daemon.options import Options
+    from dataplane.engine.contract import ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT
+    o, daemon = resolve([]), Options()
+    for f in flanneld_flags.FLAGS:
+        if f.group != "kube":
+            assert getattr(o, f.dest) == getattr(daemon, f.dest), f.name
+            assert o.sources[f.dest] == "default"
+        assert "{default}" not in f.help_text, f.name
+    assert (o.icmp_rate, o.icmp_burst) == (ICMP_RATE_DEFAULT, ICMP_BURST_DEFAULT)
+    by_name = flanneld_flags.FLAG_BY_NAME
+    assert f"(default: {ICMP_RATE_DEFAULT})" in by_name["icmp-rate"].help_text
+    assert f"(default: {ICMP_BURST_DEFAULT})" in by_name["icmp-burst"].help_text
+    assert f"(default: {daemon.etcd_prefix})" in by_name["etcd-prefix"].help_text
+    assert ",".join(daemon.etcd_endpoints) in by_name["etcd-endpoints"].help_text
+
+
 @pytest.mark.parametrize("argv", [
     ["-etcd-endpoints=http://10.0.0.1:2379", "-ip-masq", "-v=1", "-iface=eth0"],
     ["--etcd-endpoints", "http://10.0.0.1:2379", "--ip-masq", "-v", "1", "--iface", "eth0"],

@@ -15,12 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from dataplane.cli.flanneld_flags import Options
 from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peerset import PeerChange, PeerSnapshot
 from dataplane.daemon import lease_move, startup
 from dataplane.daemon.main import Daemon
 from dataplane.daemon.metrics import make_registry, DaemonSource
+from dataplane.daemon.options import Options
 from dataplane.daemon.peer_log import PeerLog
 
 OLD, NEW = ipaddress.IPv4Network("10.5.3.0/24"), ipaddress.IPv4Network("10.5.9.0/24")
@@ -173,6 +173,15 @@ def _tick(d):
         d._move_to(pending)
 
 
+def adopt(d, new) -> bool:
+    """One attempt of the daemon to take ``new``: True when it did (the host is on its subnet),
+    False when the move failed (it is pending again, for the next tick)."""
+    with d.lock:
+        d._pending_lease = None
+    d._move_to(new)
+    return d._pending_lease is None and d.lease is new
+
+
 def test_engine_factory_failing_once_keeps_the_old_engine_running_then_moves(daemon, monkeypatch,
                                                                             caplog):
     host = Host(monkeypatch)
@@ -202,14 +211,14 @@ def test_engine_that_does_not_start_is_closed_and_the_old_one_kept_with_the_new_
     Host(monkeypatch)
     factory = Factory(monkeypatch, OSError(errno.ENOMEM, "Cannot allocate memory"))
     old_engine = daemon.engine
-    assert not lease_move.adopt(daemon, lease(NEW))
+    assert not adopt(daemon, lease(NEW))
     failed = factory.made[0]
     assert failed.closed and not failed.started
     assert daemon.engine is old_engine and not old_engine.closed
     # the old engine forwards with the table for the new subnet (the watcher's last report)
     assert [str(r.subnet) for r in old_engine.routes] == [str(PEER)]
     assert "did not start" in caplog.text and "restart the daemon" in caplog.text
-    assert lease_move.adopt(daemon, lease(NEW))
+    assert adopt(daemon, lease(NEW))
     assert daemon.engine is factory.made[1] and daemon.engine.started and old_engine.closed
 
 
@@ -238,9 +247,9 @@ def test_route_failure_after_the_address_moved_is_finished_by_the_retry(daemon, 
     host = Host(monkeypatch)
     Factory(monkeypatch)
     host.fail["add_network_route"] = [OSError(errno.ENOBUFS, "No buffer space available")]
-    assert not lease_move.adopt(daemon, lease(NEW))
+    assert not adopt(daemon, lease(NEW))
     assert host.addrs == {f"{NEW.network_address}/32"} and daemon.lease.subnet == OLD
-    assert lease_move.adopt(daemon, lease(NEW))       # the old address is gone already: fine
+    assert adopt(daemon, lease(NEW))       # the old address is gone already: fine
     assert host.routes == {"10.5.0.0/16"} and daemon.lease.subnet == NEW
 
 
@@ -248,12 +257,12 @@ def test_a_newer_lease_wins_over_the_retry(daemon, monkeypatch):
     Host(monkeypatch)
     Factory(monkeypatch, startup.StartupError("no engine"))
     newest = lease(ipaddress.IPv4Network("10.5.11.0/24"))
-    lease_move_adopt = lease_move.adopt
+    lease_move_move = lease_move.move
 
-    def adopt_while_the_manager_hands_over_another(d, new):
-        d.on_lease_change(newest)                 # the lease manager's thread, meanwhile
-        return lease_move_adopt(d, new)
-    monkeypatch.setattr(lease_move, "adopt", adopt_while_the_manager_hands_over_another)
+    def move_while_the_manager_hands_over_another(*args):
+        daemon.on_lease_change(newest)            # the lease manager's thread, meanwhile
+        return lease_move_move(*args)
+    monkeypatch.setattr(lease_move, "move", move_while_the_manager_hands_over_another)
     daemon._move_to(lease(NEW))
     assert daemon._pending_lease is newest
 
@@ -266,7 +275,7 @@ def test_unexpected_error_is_logged_and_counted_not_raised(daemon, monkeypatch, 
         raise KeyError("bug")
     daemon.peer_watcher.set_own_subnet = broken
     old_engine = daemon.engine
-    assert not lease_move.adopt(daemon, lease(NEW))
+    assert not adopt(daemon, lease(NEW))
     assert daemon.engine is old_engine and not old_engine.closed
     assert failures_metric(daemon) == 1 and "did not start" in caplog.text
 
@@ -275,5 +284,5 @@ def test_same_subnet_changes_nothing(daemon, monkeypatch):
     Host(monkeypatch)
     factory = Factory(monkeypatch)
     renewed = Lease(OLD, LeaseAttrs(ME), expiration=1e9, lease_id=7)
-    assert lease_move.adopt(daemon, renewed)
+    assert adopt(daemon, renewed)
     assert daemon.lease is renewed and factory.made == [] and failures_metric(daemon) == 0
