@@ -179,9 +179,16 @@ class Engine(abc.ABC):
     def stop(self) -> None:
         """Ask the loop to stop; returns at once."""
 
-    @abc.abstractmethod
+    # The loop thread, once start() made it.
+    _thread: threading.Thread | None = None
+
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the loop thread; True if it has ended."""
+        """Wait for the loop thread; True if it has ended (or never started)."""
+        t = self._thread
+        if t is None:
+            return True
+        t.join(timeout)
+        return not t.is_alive()
 
     @abc.abstractmethod
     def close(self) -> None:

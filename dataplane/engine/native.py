@@ -137,13 +137,6 @@ class CEngine(Engine):
             if self._loop is not None:
                 _check(lib.dp_loop_stop(self._loop))
 
-    def join(self, timeout: float | None = None) -> bool:
-        t = self._thread
-        if t is None:
-            return True
-        t.join(timeout)
-        return not t.is_alive()
-
     def close(self) -> None:
         with self._lock:
             if self._loop is None:
