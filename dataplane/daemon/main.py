@@ -458,7 +458,7 @@ class Daemon:
             if self._reacquire.is_set():
                 self._reacquire.clear()
                 try:
-                    self._move_to(self._reacquire())
+                    self._move_to(self._reacquire_lease())
                 except Stopped:
                     return 0
                 except StartupError as e:
@@ -479,7 +479,7 @@ class Daemon:
             if status is not None:
                 return status
 
-    def _reacquire(self):
+    def _reacquire_lease(self):
         """SIGHUP: a new lease manager acquires again (the same lease if etcd still holds it for
         our PublicIP); returns the lease to move to."""
         current = self.current_lease()
