@@ -34,7 +34,6 @@ from .topo import FLANNEL_PORT, NETWORK, BenchTopo, Side, TopoError
 log = logging.getLogger(__name__)
 
 PATHS = ("direct", "vxlan", "c", "python")
-KERNEL_PATHS = ("direct", "vxlan")
 # Engine paths with fixed settings, to measure one step at a time (`--paths
 # c-base,c,...`): before offloads and queues, with 20 us coalescing, with
 # real-time loop threads (host/sched.py); `c` and

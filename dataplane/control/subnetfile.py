@@ -21,8 +21,6 @@ from ..host.atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PATH = "/run/flannel/subnet.env"
-
 
 def format_subnet_env(network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool) -> str:
     first = IPv4Interface(f"{subnet.network_address + 1}/{subnet.prefixlen}")

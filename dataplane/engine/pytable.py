@@ -102,9 +102,6 @@ class RouteTable:
         """Same as :meth:`lookup` for an address given as str/IPv4Address."""
         return self.lookup(int(ipaddress.IPv4Address(dst)))
 
-    def has_peer(self, ip: str) -> bool:
-        return ip in self.peers
-
     def __len__(self):
         return self.size
 
@@ -132,10 +129,6 @@ def _unref(refs: dict, peer: str) -> None:
         refs[peer] = left
     else:
         del refs[peer]
-
-
-def ip_to_int(packed: bytes) -> int:
-    return _IP.unpack(packed)[0]
 
 
 def str_to_int(ip: str) -> int:

@@ -22,7 +22,6 @@ Two things SO_REUSEPORT alone gets wrong here:
 from __future__ import annotations
 
 import ctypes
-import errno
 import socket
 import struct
 
@@ -126,7 +125,3 @@ def open_udp_sockets(ip: str, port: int, queues: int = 1, *, bufsize: int = SOCK
             s.close()
         raise
     return socks
-
-
-def addr_in_use(e: OSError) -> bool:
-    return e.errno == errno.EADDRINUSE
