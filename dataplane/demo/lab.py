@@ -74,14 +74,8 @@ def add_workload(ov, host, role: str, subnet_env: dict) -> Workload:
     ns.create(netns)
     w = Workload(role, netns, host, ip, str(bridge.ip), host_iface, mtu)
     try:
-        ns.run_ip(["-batch", "-"], netns=host.netns, input=(
-            f"link add {host_iface} mtu {mtu} type veth peer name eth0 mtu {mtu} netns {netns}\n"
-            f"addr add {bridge.with_prefixlen} dev {host_iface}\n"
-            f"link set {host_iface} up\n"))
-        ns.run_ip(["-batch", "-"], netns=netns, input=(
-            f"addr add {ip}/{bridge.network.prefixlen} dev eth0\n"
-            "link set eth0 up\n"
-            f"route add default via {bridge.ip}\n"))
+        ns.add_veth(host.netns, host_iface, netns, "eth0", mtu=mtu, cidr=bridge.with_prefixlen,
+                    peer_cidr=f"{ip}/{bridge.network.prefixlen}", gateway=str(bridge.ip))
         # The host forwards between its workloads and flannel0, like any container host.
         r = ov.exec(host, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         if r.returncode != 0:

@@ -158,14 +158,8 @@ class Testbed:
         ns.create(netns, disable_ipv6=self.disable_ipv6)
         self._namespaces.append(netns)
         try:
-            ns.run_ip(["-batch", "-"], netns=self.switch, input=(
-                f"link add {port} mtu {self.mtu} type veth peer name {iface} "
-                f"mtu {self.mtu} netns {netns}\n"
-                f"link set {port} master {self.bridge} up\n"))
-            ns.run_ip(["-batch", "-"], netns=netns, input=(
-                f"addr add {ip}/{self.underlay.prefixlen} dev {iface}\n"
-                f"link set {iface} up\n"
-                f"route add default via {self.switch_ip} dev {iface}\n"))
+            ns.add_veth(self.switch, port, netns, iface, mtu=self.mtu, master=self.bridge,
+                        peer_cidr=f"{ip}/{self.underlay.prefixlen}", gateway=self.switch_ip)
         except BaseException:
             self._delete_ns(netns)
             raise

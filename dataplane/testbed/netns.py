@@ -1,4 +1,4 @@
-"""Network namespaces for the testbed: names, create/delete, processes, stale sweep.
+"""Network namespaces for the testbed: names, create/delete, veth pairs, processes, stale sweep.
 
 Names: every namespace this module makes is called ``fu-<pid>-<seq>-<role>``
 (``<pid>`` in decimal is the creating process, ``<seq>`` a per-process
@@ -109,6 +109,23 @@ def create(netns: str, *, disable_ipv6: bool = True) -> None:
     except BaseException:
         delete(netns)
         raise
+
+
+def add_veth(netns: str, name: str, peer_netns: str, peer: str, *, mtu: int, peer_cidr: str,
+             gateway: str, master: str | None = None, cidr: str | None = None) -> None:
+    """A veth pair from ``netns`` into ``peer_netns``, both ends of ``mtu`` and up: ``name`` stays
+    in ``netns`` (a port of the bridge ``master``, or with the address ``cidr``), ``peer`` gets
+    ``peer_cidr`` and its default route via ``gateway``. How a testbed host hangs off the
+    switch, and a demo workload off its host."""
+    near = [f"link add {name} mtu {mtu} type veth peer name {peer} mtu {mtu} netns {peer_netns}"]
+    if cidr:
+        near.append(f"addr add {cidr} dev {name}")
+    near.append(f"link set {name} master {master} up" if master else f"link set {name} up")
+    run_ip(["-batch", "-"], netns=netns, input="".join(line + "\n" for line in near))
+    run_ip(["-batch", "-"], netns=peer_netns, input=(
+        f"addr add {peer_cidr} dev {peer}\n"
+        f"link set {peer} up\n"
+        f"route add default via {gateway} dev {peer}\n"))
 
 
 def _write_sysctl(netns: str, key: str, value: str) -> None:
