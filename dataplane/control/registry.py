@@ -44,7 +44,8 @@ from urllib.parse import urlsplit
 # Corruption detected". The messages of this module say what failed and which flag fixes it, so the
 # core stays silent unless the operator asked for its log. The core reads these variables when it
 # starts, so they are set before grpc is first imported (here: this is the module that imports it).
-if "GRPC_VERBOSITY" not in os.environ and "GRPC_TRACE" not in os.environ:
+# An empty variable (an environment file's `GRPC_VERBOSITY=`) asks for nothing.
+if not os.environ.get("GRPC_VERBOSITY") and not os.environ.get("GRPC_TRACE"):
     os.environ["GRPC_VERBOSITY"] = "NONE"
 
 import grpc
@@ -292,8 +293,12 @@ class Registry:
         self._unreachable.fail(cause, "is etcd running and are --etcd-endpoints right? Retrying",
                                self._note, key="unreachable")
 
-    def _report_denied(self, what: str, err: RegistryDeniedError) -> RegistryDeniedError:
-        """Log a refusal (once, then reminders) and return it to raise."""
+    def _report_denied(self, what: str, err: RegistryDeniedError,
+                       ep: "Optional[_Endpoint]" = None) -> RegistryDeniedError:
+        """Log a refusal (once, then reminders) and return it to raise. etcd that refuses is
+        there: an outage said before is over."""
+        if ep is not None:
+            self._unreachable.ok(f"answering at {ep.url}")
         if err.reason == "permission":
             tracker = self._denied.get(what)
             if tracker is None:
@@ -385,7 +390,7 @@ class Registry:
             except grpc.RpcError as exc:
                 refusal = self._refusal(exc, ep)
                 if refusal is not None and refusal.reason not in _TLS_REFUSALS:
-                    raise self._report_denied(what, refusal) from None
+                    raise self._report_denied(what, refusal, ep) from None
                 if refusal is None and exc.code() not in _FAILOVER_CODES:
                     raise RegistryError(f"etcd {what}: {exc.code().name}: {exc.details()}") from None
                 # Unreachable, or a TLS handshake refused here: another endpoint may do.
@@ -398,7 +403,7 @@ class Registry:
             self._succeeded(what, ep)
             return result
         if tls and len(tls) == len(failed):
-            raise self._report_denied(what, tls[0]) from None
+            raise self._report_denied(what, tls[0], self._endpoints[self._cur]) from None
         if len({why for _, why in failed}) == 1:
             detail = f" ({', '.join(url for url, _ in failed)}): {failed[0][1]}"
         else:
@@ -708,9 +713,7 @@ class WatchLoop:
                     # or roles as "permission denied": ask for a new token before believing it.
                     self._refresh = True
                     continue
-                self._reg._report_denied(self._what, exc)
-                if exc.reason in _TLS_REFUSALS:
-                    self._reg._failover(idx, str(exc))
+                self._reg._report_denied(self._what, exc, self._reg._endpoints[idx])
             except grpc.RpcError as exc:
                 if self._stop.is_set():
                     break
@@ -750,7 +753,7 @@ class WatchLoop:
             return
         refusal = self._reg._refusal(exc, ep)
         if refusal is not None:
-            self._reg._report_denied(self._what, refusal)
+            self._reg._report_denied(self._what, refusal, ep)
             if refusal.reason in _TLS_REFUSALS:
                 self._reg._failover(idx, str(refusal))
             return

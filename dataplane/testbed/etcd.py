@@ -5,6 +5,11 @@ Each server gets free ports and a temporary data dir, optionally runs inside a n
 address. stop()/kill()/start() keep the data dir, so a restarted etcd keeps its revisions; close()
 stops the process by PID and removes the data dir. Health is checked with `etcdctl endpoint health`
 (run in the same namespace), so it works whether or not the caller can reach the namespace.
+
+Secured etcd, as a cluster that takes security seriously runs it: make_certs() makes a CA and the
+certificates with openssl (the server's, clients' whose CN names an etcd user, and a second CA's that
+etcd does not trust), EtcdServer(tls=...) serves clients over TLS and requires their certificates,
+enable_auth() adds users whose role reads and writes one prefix and turns etcd's auth on.
 """
 from __future__ import annotations
 
@@ -30,6 +35,51 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host if host != "0.0.0.0" else "", 0))
         return s.getsockname()[1]
+
+
+def make_certs(directory: str, server_ips=("127.0.0.1",), clients=("root",),
+               days: int = 2) -> dict:
+    """Certificates made with openssl in ``directory``: a CA ("ca"), the server's for
+    ``server_ips`` ("server_cert", "server_key"), one client certificate per name of ``clients``
+    ("<name>_cert", "<name>_key"; its CN is the name: with client certificate auth, etcd takes it
+    as the user when no password is given), and a second CA ("other_ca") with a client
+    certificate of its own ("rogue_cert", "rogue_key", CN the first client's name) that etcd,
+    trusting "ca" only, refuses. Returns {name: path}."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    def ca(name: str) -> None:
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+                "-out", f"{name}.crt", "-days", str(days), "-subj", f"/CN=fu-{name}")
+
+    def signed(name: str, cn: str, ext: str, by: str) -> None:
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+                f"{name}.csr", "-subj", f"/CN={cn}")
+        with open(os.path.join(directory, f"{name}.ext"), "w") as f:
+            f.write(ext + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{by}.crt", "-CAkey", f"{by}.key",
+                "-CAcreateserial", "-out", f"{name}.crt", "-days", str(days), "-extfile",
+                f"{name}.ext")
+
+    os.makedirs(directory, exist_ok=True)
+    ca("ca")
+    ca("other_ca")
+    signed("server", "fu-etcd", "subjectAltName=" + ",".join(f"IP:{ip}" for ip in server_ips), "ca")
+    paths = {"ca": "ca.crt", "other_ca": "other_ca.crt", "server_cert": "server.crt",
+             "server_key": "server.key"}
+    for name in clients:
+        signed(name, name, "extendedKeyUsage=clientAuth", "ca")
+        paths.update({f"{name}_cert": f"{name}.crt", f"{name}_key": f"{name}.key"})
+    signed("rogue", clients[0], "extendedKeyUsage=clientAuth", "other_ca")
+    paths.update({"rogue_cert": "rogue.crt", "rogue_key": "rogue.key"})
+    return {k: os.path.join(directory, v) for k, v in paths.items()}
+
+
+def server_tls(certs: dict, client: str = "root") -> dict:
+    """EtcdServer's ``tls`` from make_certs(): TLS with client certificates signed by "ca"
+    required; etcdctl presents ``client``'s."""
+    return {"cert": certs["server_cert"], "key": certs["server_key"], "ca": certs["ca"],
+            "client_cert": certs[f"{client}_cert"], "client_key": certs[f"{client}_key"]}
 
 
 def _free_port_pair(host: str) -> tuple[int, int]:
@@ -75,6 +125,7 @@ class EtcdServer:
         self.cluster_token = cluster_token or f"fu-{os.getpid()}-{self.client_port}"
         self.extra_args = tuple(extra_args)
         self.proc: Optional[subprocess.Popen] = None
+        self.user: Optional[str] = None        # "name:password" etcdctl logs in with (enable_auth)
 
     @property
     def client_url(self) -> str:
@@ -119,6 +170,22 @@ class EtcdServer:
             args += ["--cert", t["client_cert"], "--key", t["client_key"]]
         return args
 
+    def _auth_args(self) -> list[str]:
+        return ["--user", self.user] if self.user else []
+
+    def enable_auth(self, root_password: str, users: "dict[str, tuple[str, str]]") -> None:
+        """Turn etcd's auth on: a root user (etcdctl logs in as it from now on) and, for each
+        ``name: (password, prefix)``, a user whose role (of the same name) reads and writes the
+        keys under ``prefix`` and nothing else."""
+        self.etcdctl("user", "add", f"root:{root_password}")
+        for name, (password, prefix) in users.items():
+            self.etcdctl("user", "add", f"{name}:{password}")
+            self.etcdctl("role", "add", name)
+            self.etcdctl("role", "grant-permission", name, "--prefix=true", "readwrite", prefix)
+            self.etcdctl("user", "grant-role", name, name)
+        self.etcdctl("auth", "enable")
+        self.user = f"root:{root_password}"
+
     def is_running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -146,7 +213,7 @@ class EtcdServer:
         value reads the value there: no argv limit, any bytes); bytes input gives bytes output."""
         env = dict(os.environ, ETCDCTL_API="3")
         argv = self._wrap([ETCDCTL_BIN, "--endpoints", self.client_url, "--dial-timeout", "2s",
-                           *self._tls_client_args(), *args])
+                           *self._tls_client_args(), *self._auth_args(), *args])
         return subprocess.run(argv, env=env, capture_output=True, text=not isinstance(input, bytes),
                               timeout=timeout, check=check, input=input)
 

@@ -13,11 +13,12 @@ import pytest
 from dataplane.control import registry as registry_mod
 from dataplane.control.config import ConfigError
 from dataplane.control.lease import LeaseAttrs
-from dataplane.control.registry import (CONFIG_NOT_FOUND, ConfigNotFoundError, Registry, RegistryError,
-                                wait_for_config)
-from dataplane.testbed.etcd import EtcdServer
-from tests.conftest import require_etcd
-from tests.integration.conftest import unique_prefix, wait_until
+from dataplane.control.registry import (CONFIG_NOT_FOUND, ConfigNotFoundError, Registry,
+                                        RegistryDeniedError, RegistryError,
+                                        RegistryUnavailableError, wait_for_config)
+from dataplane.testbed.etcd import EtcdServer, make_certs, server_tls
+from tests.conftest import require_etcd, wait_until
+from tests.integration.conftest import unique_prefix
 
 pytestmark = pytest.mark.etcd
 A1 = LeaseAttrs(IPv4Address("192.168.77.1"))
@@ -233,23 +234,11 @@ def test_auth_and_token_refresh():
             anon.close()
 
 
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 def test_tls_with_client_certificates(tmp_path):
     require_etcd()
     d = str(tmp_path)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "2", "-subj", "/CN=fu-test-ca", cwd=d)
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN=fu-{name}", cwd=d)
-        (tmp_path / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
-    tls = {"cert": f"{d}/server.crt", "key": f"{d}/server.key", "ca": f"{d}/ca.crt",
-           "client_cert": f"{d}/client.crt", "client_key": f"{d}/client.key"}
+    certs = make_certs(d, clients=("client",))       # the CA and certificates, made with openssl
+    tls = server_tls(certs, client="client")
     with EtcdServer(tls=tls) as etcd:
         assert etcd.client_url.startswith("https://")
         reg = Registry([etcd.client_url], prefix=unique_prefix("tls"), keyfile=f"{d}/client.key",
@@ -285,3 +274,167 @@ def test_closing_the_registry_ends_its_watches(shared_etcd, make_registry):
     assert not t.is_alive()
     with pytest.raises(RegistryError, match="closed"):
         reg.get_config()
+
+
+# -- refusals and outages: what the log says, and how often ------------------------------------------
+
+ROOT_PW, USER, USER_PW = "fu-root-pw", "flannel", "fu-flannel-pw"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """etcd as a careful cluster runs it: TLS with client certificates required, auth on, and a
+    user whose role reads and writes one prefix only. Yields (etcd, certs, prefix)."""
+    require_etcd()
+    certs = make_certs(str(tmp_path_factory.mktemp("certs")), clients=("root", USER))
+    allowed = unique_prefix("secured").rsplit("/", 1)[0]
+    etcd = EtcdServer(tls=server_tls(certs))
+    try:
+        etcd.start()
+        etcd.enable_auth(ROOT_PW, {USER: (USER_PW, allowed + "/")})
+        yield etcd, certs, allowed + "/network"
+    finally:
+        etcd.close()
+
+
+def _client(secured, prefix=None, **kw) -> Registry:
+    """The user's client, with ``kw`` changing what it presents."""
+    etcd, certs, allowed = secured
+    args = dict(keyfile=certs[f"{USER}_key"], certfile=certs[f"{USER}_cert"], cafile=certs["ca"],
+                username=USER, password=USER_PW, timeout=2)
+    args.update(kw)
+    return Registry([etcd.client_url], prefix=prefix or allowed, **args)
+
+
+def _lines(caplog, level=logging.INFO) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "dataplane.control.registry" and r.levelno >= level]
+
+
+REFUSALS = {
+    # case: (client arguments, reason, what the message must say)
+    "wrong password": (dict(password="wrong"), "auth",
+                       ("authentication failed, invalid user ID or password", "--etcd-password")),
+    "no client certificate": (dict(keyfile=None, certfile=None), "tls-client",
+                              ("requires a client certificate", "--etcd-certfile")),
+    "certificate of another CA": (dict(keyfile="rogue_key", certfile="rogue_cert"), "tls-client",
+                                  ("refused our client certificate", "--etcd-certfile")),
+    "etcd's certificate not trusted": (dict(cafile="other_ca"), "tls-server",
+                                       ("is not trusted by --etcd-cafile", "--etcd-cafile")),
+    "no permission on the prefix": (dict(prefix="/fu-not-granted/network"), "permission",
+                                    ("permission denied", "grant-permission")),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_refusal_names_the_side_and_the_flag_and_is_said_once(secured, case, caplog):
+    etcd, certs, _ = secured
+    kw, reason, words = REFUSALS[case]
+    kw = {k: certs.get(v, v) if isinstance(v, str) else v for k, v in kw.items()}
+    reg = _client(secured, **kw)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="dataplane.control.registry"):
+            for _ in range(5):                  # a caller retrying: the log says it once
+                with pytest.raises(RegistryDeniedError) as err:
+                    reg.get_config()
+                assert err.value.reason == reason
+                time.sleep(0.05)
+    finally:
+        reg.close()
+    assert all(w in str(err.value) for w in words), err.value
+    assert "TSI_DATA_CORRUPTED" not in str(err.value)
+    errors = [r for r in caplog.records
+              if r.name == "dataplane.control.registry" and r.levelno >= logging.WARNING]
+    assert [r.levelno for r in errors] == [logging.ERROR], [r.getMessage() for r in errors]
+    assert words[0] in errors[0].getMessage()
+
+
+def test_tls_files_that_cannot_serve_are_named_at_start(secured, tmp_path):
+    _, certs, _ = secured
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    with pytest.raises(ValueError, match="--etcd-certfile .* and --etcd-keyfile"):
+        _client(secured, certfile=str(garbage))
+    with pytest.raises(ValueError, match="--etcd-certfile .* and --etcd-keyfile"):
+        _client(secured, keyfile=certs["root_key"])         # another certificate's key
+    with pytest.raises(ValueError, match="--etcd-cafile"):
+        _client(secured, cafile=str(garbage))
+
+
+def test_a_user_against_etcd_without_auth_works_without_a_token(shared_etcd, make_registry):
+    # etcd's Go client (so flanneld) goes on without a token when auth is off; so do we
+    # (docs/flannel-compat.md#process).
+    reg = make_registry(shared_etcd, username="flannel", password="anything")
+    assert reg.get_config().network == IPv4Network("10.5.0.0/16")
+    assert reg.create_lease(S1, A1) is not None
+
+
+def test_a_running_watch_says_a_refusal_once_and_resumes_once_fixed(secured, caplog):
+    etcd, _, prefix = secured
+    reg = _client(secured)
+    reg.put_config('{"Network":"10.5.0.0/16"}')
+    loop, t, got, _ = _collect_watch(reg, reg.current_revision() + 1, retry_interval=0.1)
+    changed = False
+    try:
+        wait_until(loop.connected.is_set, what="watch connected")
+        with caplog.at_level(logging.DEBUG, logger="dataplane.control.registry"):
+            etcd.etcdctl("user", "passwd", USER, "--interactive=false", input="changed\n")
+            changed = True
+            etcd.restart()                      # the stream must log in again: refused now
+            wait_until(lambda: any("authentication failed" in m for m in _lines(caplog)),
+                       what="the refusal in the log")
+            attempts = loop.reconnects
+            wait_until(lambda: loop.reconnects >= attempts + 10, what="ten more refused attempts")
+            etcd.etcdctl("user", "passwd", USER, "--interactive=false", input=USER_PW + "\n")
+            changed = False
+            wait_until(loop.connected.is_set, what="watch connected again")
+        reg.put(reg.subnets_prefix + "10.5.1.0-24", A1.to_json())
+        wait_until(lambda: got, what="an event after the refusal")
+    finally:
+        if changed:
+            etcd.etcdctl("user", "passwd", USER, "--interactive=false", input=USER_PW + "\n")
+        loop.cancel()
+        t.join(5)
+        reg.close()
+    refused = [m for m in _lines(caplog, logging.ERROR) if "authentication failed" in m]
+    assert len(refused) == 1, _lines(caplog)
+    assert "--etcd-password" in refused[0]
+    assert any("refuses this client: recovered after" in m for m in _lines(caplog))
+
+
+def test_an_outage_is_said_once_reminded_and_said_over(etcd, make_registry, caplog, monkeypatch):
+    reg = make_registry(["http://127.0.0.1:1", etcd.client_url])   # the first endpoint is dead
+    monkeypatch.setattr(reg.unreachable, "remind_every", 1.0)
+    loop, t, got, _ = _collect_watch(reg, reg.current_revision() + 1, retry_interval=0.05)
+    try:
+        wait_until(loop.connected.is_set, what="watch connected")
+        caplog.clear()                          # the switch away from the dead one is said
+        with caplog.at_level(logging.DEBUG, logger="dataplane.control.registry"):
+            etcd.stop()
+            calls = 0
+            started = time.monotonic()
+            while time.monotonic() - started < 3.5:    # a caller retrying too
+                with pytest.raises(RegistryUnavailableError):
+                    reg.get_config()
+                calls += 1
+                time.sleep(0.05)
+            etcd.start()
+            wait_until(loop.connected.is_set, what="watch connected again")
+            outage = time.monotonic() - started
+        reg.put(reg.subnets_prefix + "10.5.1.0-24", A1.to_json())
+        wait_until(lambda: got, what="an event after the outage")
+    finally:
+        loop.cancel()
+        t.join(5)
+    said = _lines(caplog)
+    first = [m for m in said if m.startswith("etcd unreachable:") and "still failing" not in m
+             and "recovered" not in m]
+    reminders = [m for m in said if "still failing after" in m]
+    over = [m for m in said if "etcd unreachable: recovered after" in m]
+    switches = [m for m in said if "switching to" in m]
+    assert calls >= 20 and loop.reconnects >= 20      # retried all along: said, not flooded
+    assert len(first) == 1 and "is etcd running and are --etcd-endpoints right?" in first[0], said
+    assert 2 <= len(reminders) <= outage + 1, said    # one a second at this pace
+    assert len(over) == 1, said
+    assert len(switches) <= 2, said                   # once per endpoint, not per attempt
+    assert len(said) <= 10, said
