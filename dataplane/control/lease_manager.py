@@ -111,6 +111,7 @@ class LeaseManager:
         self.reacquisitions = 0
         self.races_lost = 0                   # creations beaten by another node (we picked again)
         self._reacquire_failing = Recurring(log, "Re-acquiring our lease", level=logging.ERROR)
+        self._renew_failing = Recurring(log, "Renewing our lease", level=logging.ERROR)
 
     @property
     def lease(self) -> Optional[Lease]:
@@ -282,9 +283,13 @@ class LeaseManager:
             try:
                 renewed = self.registry.renew_lease(lease.subnet, self.attrs, self.lease_ttl)
             except RegistryError as exc:
-                log.error("Error renewing lease (trying again in %gs): %s", self.retry_interval, exc)
+                left = (lease.expiration or time.time()) - time.time()
+                self._renew_failing.fail(
+                    str(exc), f"retrying every {self.retry_interval:g} s; the lease stays valid "
+                    f"for {max(left, 0) / 60:.0f} more minute(s)", key="renew")
                 due = time.time() + self.retry_interval
                 continue
+            self._renew_failing.ok()
             if renewed is None:
                 log.error("Lease %s is now held by another node, acquiring a new one", lease.subnet)
                 with self._cond:
@@ -330,19 +335,23 @@ class LeaseManager:
 
     def _reacquire(self, old: Lease) -> tuple[float, bool]:
         """Get a lease again after ours was lost. Returns (when the next action is due, failed)."""
-        log.warning("Lease %s has been revoked, has expired or holds something else: taking "
-                    "the key back", old.subnet)
+        first = not self._reacquire_failing.failing
+        if first:
+            log.warning("Lease %s has been revoked, has expired or holds something else: taking "
+                        "the key back", old.subnet)
         try:
             lease, holder = self._take_back(old)
-            if lease is None:
+            if lease is None and first:
                 log.error("Lease %s is now held by another host (%s): this host must move to "
                           "another subnet. That is an outage for its workloads: they keep "
                           "addresses in %s, which now route to that host, until they are "
                           "restarted", old.subnet, holder, old.subnet)
+            if lease is None:
                 lease = self._acquire(None)
         except Exception as exc:              # etcd down, out of subnets...: keep trying
             self._reacquire_failing.fail(str(exc), f"retrying every {self.reacquire_interval:g} "
-                                         "s; forwarding goes on with the peers known")
+                                         "s; forwarding goes on with the peers known",
+                                         key="reacquire")
             return time.time() + self.reacquire_interval, True
         self._reacquire_failing.ok()
         with self._cond:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network
 from typing import Callable
 
+from ..control.recurring import Recurring
 from .startup import StartupError
 
 log = logging.getLogger(__name__)
@@ -53,32 +54,25 @@ class MoveFailed(RuntimeError):
 
 
 class Failures:
-    """Failed move attempts: the total for /metrics, the log at most once per reason."""
+    """Failed move attempts: the total for /metrics; the log once per reason, then a reminder a
+    minute (control/recurring.py), and one line when a move succeeds."""
 
     def __init__(self):
-        self.total = 0
-        self._streak = 0
-        self._last = None
+        self._failing = Recurring(log, "Moving to the new lease", level=logging.ERROR)
+
+    @property
+    def total(self) -> int:
+        return self._failing.total
 
     def record(self, subnet, reason: str) -> None:
-        self.total += 1
-        self._streak += 1
-        if reason != self._last:
-            log.error("Could not move to the new lease %s: %s (retried every second; attempt "
-                      "%d)", subnet, reason, self._streak)
-            self._last = reason
-        else:
-            log.debug("Moving to %s failed again (attempt %d): %s", subnet, self._streak, reason)
+        self._failing.fail(f"{subnet}: {reason}", "retried every second", key=(subnet, reason))
 
     @property
     def retrying(self) -> bool:
-        return self._streak > 0
+        return self._failing.failing
 
     def succeeded(self, subnet) -> None:
-        if self._streak:
-            log.warning("Moved to the new lease %s after %d failed attempt(s)", subnet,
-                        self._streak)
-        self._streak, self._last = 0, None
+        self._failing.ok(f"the host is on {subnet}")
 
 
 def move(old_subnet, new_subnet, host: Host, failures: Failures) -> bool:

@@ -56,6 +56,7 @@ import sys
 import threading
 
 from ..control.peerset import PeerChange, PeerSnapshot
+from ..control.recurring import Recurring
 from ..control.routes import route_changes, route_table
 from ..host import queues
 from ..host.own_sources import OwnSources
@@ -108,6 +109,8 @@ class Daemon:
         self.offload_flags = 0
         self.rules = None
         self.move_failures = lease_move.Failures()
+        self._reacquire_failing = Recurring(log, "Re-acquiring the lease (SIGHUP)",
+                                            level=logging.ERROR)
         self.subnet_env = SubnetEnv(opts.subnet_file, opts.ip_masq)
         self.engine = None                    # engine.multi.MultiEngine
         self.engine_cls = None
@@ -459,10 +462,11 @@ class Daemon:
                 self._reacquire.clear()
                 try:
                     self._move_to(self._reacquire_lease())
+                    self._reacquire_failing.ok()
                 except Stopped:
                     return 0
                 except StartupError as e:
-                    log.error("%s; retrying in 5 s", e)
+                    self._reacquire_failing.fail(str(e), "retrying every 5 s", key="sighup")
                     self._reacquire.set()
                     if self._stop.wait(5):
                         return 0
