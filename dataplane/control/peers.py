@@ -200,15 +200,18 @@ class PeerWatcher:
             return
         self._watch = self.registry.watch_loop(
             self.registry.subnets_prefix, prefix=True, start_revision=rev + 1, on_events=self._on_events,
-            on_compacted=self._snapshot, retry_interval=self.retry_interval, name="subnets")
+            on_compacted=lambda: self._snapshot(relist=True), retry_interval=self.retry_interval,
+            name="subnets")
         if not self._stop.is_set():
             self._watch.run()
 
-    def _snapshot(self, always: bool = False) -> int:
+    def _snapshot(self, always: bool = False, relist: bool = False) -> int:
+        """List the leases and report the difference. ``relist``: the watch asks, after a
+        compaction or a rewound etcd, so the list is the truth even at a lower revision."""
         leases, bad, rev = self.registry.scan_leases()
         with self._emit_lock:
             with self._lock:
-                stale = rev < self.revision
+                stale = rev < self.revision and not relist
                 if stale:
                     # The watch applied newer events while we listed (set_own_subnet's list
                     # races the watch thread): what we hold is fresher than the list.

@@ -95,6 +95,17 @@ class CompactedError(RegistryError):
         self.compact_revision = compact_revision
 
 
+class RewoundError(CompactedError):
+    """etcd is at a revision below our cursor: restored from an older backup (or a new cluster at
+    the same endpoints). Events past its revision will come again with other contents, and
+    whatever happened after the backup is gone, so the watcher lists anew, as after a compaction."""
+
+    def __init__(self, revision: int, cursor: int):
+        RegistryError.__init__(self, f"etcd is at revision {revision}, behind our cursor {cursor} "
+                                     "(restored from an older backup?)")
+        self.compact_revision = revision
+
+
 class RegistryUnavailableError(RegistryError):
     """No endpoint answered (down, unreachable, the connection closed): a retry may succeed."""
 
@@ -694,8 +705,8 @@ class WatchLoop:
                 log.info("watch %s: registry closed, stopping", self.name)
                 return
             except CompactedError as exc:
-                log.warning("watch %s: revision %d compacted (at %d), re-listing",
-                            self.name, self.next_revision, exc.compact_revision)
+                log.warning("watch %s: %s; re-listing from revision %d", self.name, exc,
+                            self.next_revision)
                 try:
                     self.next_revision = self._on_compacted() + 1
                     self.resyncs += 1
@@ -800,6 +811,8 @@ class WatchLoop:
                         raise self._reg._refusal(_Refused(grpc.StatusCode.PERMISSION_DENIED,
                                                           reason), ep)
                     raise RegistryError(f"watch canceled by etcd: {reason}")
+                if resp.created and resp.header.revision + 1 < self.next_revision:
+                    raise RewoundError(resp.header.revision, self.next_revision)
                 if resp.created:
                     self._ran = True
                     self._unopened = 0
