@@ -42,7 +42,7 @@ demo: deps
 bench: deps
 	$(VENV)/bin/flannel-udp bench
 
-# A wheel with the compiled C engine, for hosts without a compiler (see the README).
+# A wheel with the compiled C engine, for hosts without a compiler (docs/operating.md#install).
 wheel: $(APT_STAMP)
 	$(PY) -m pip wheel --no-deps -w dist .
 

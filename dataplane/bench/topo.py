@@ -16,7 +16,7 @@ host's veth (and overlay device) to the same core, so that each simulated
 host has a core of its own. The switch-side end of each veth - where the
 bridge forwards what the host sent - is steered to the *receiving* host's
 core: that keeps the bridge (the wire) off the sender's core, where it would
-cost one cross-CPU interrupt per packet (measured: about half the rate).
+cost one cross-CPU interrupt per packet (perf/README.md#pinning).
 
 Nothing here touches the caller's namespace: the testbed keeps the underlay
 inside its namespaces, and every process is started through it (tracked by

@@ -298,7 +298,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("realtime-priority", _parse_int, "run the engine loop threads SCHED_FIFO at this "
          "priority (1..99), so that a forwarder woken by a packet runs at once instead of after "
          "a busy application's time slice (much lower latency under load on shared cores); needs "
-         "CAP_SYS_NICE, which the shipped unit denies (README: lift RestrictRealtime in a "
+         "CAP_SYS_NICE, which the shipped unit denies (docs/flags.md#realtime-priority: lift RestrictRealtime in a "
          "drop-in); 0 = off (default: {default})", metavar="N", check=_range(0, 99), group="ours"),
     Flag("metrics", _parse_metrics, "where to serve Prometheus /metrics: IP:PORT for a "
          "listener of its own, 'healthz' (or empty, the default) for the healthz server when "

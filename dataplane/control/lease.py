@@ -110,7 +110,7 @@ class Lease:
     def __reduce__(self):
         # Pickled as numbers: ipaddress objects pickle as strings and parse again, and the peer
         # watch process (control/peer_process.py) hands the daemon 10,000 leases at once
-        # (11,000 leases: 136 -> 17 ms to pickle, 157 -> 64 ms to unpickle).
+        # (perf/README.md#lease-pickling).
         a = self.attrs
         return (_lease_of_parts, (int(self.subnet.network_address), self.subnet.prefixlen,
                                   int(a.public_ip), a.public_ipv6, a.backend_type, a.backend_data,

@@ -2,9 +2,8 @@
 
 The Python engine forwards in the daemon's interpreter, so every stretch of Python the control plane
 runs (decoding etcd's watch responses, parsing leases, diffing the peer set) is time the forwarding
-loop may wait for the interpreter lock, at every system call it returns from: during a burst of
-1,000 lease events the median ping RTT between two stable hosts rose from 0.4 to 0.8-1.4 ms
-(perf/README.md, "Lease bursts"). Here the whole ``PeerWatcher`` (control/peers.py) runs in a child
+loop may wait for the interpreter lock, at every system call it returns from: a burst of lease
+events doubled the median ping RTT between two stable hosts (perf/README.md#lease-bursts). Here the whole ``PeerWatcher`` (control/peers.py) runs in a child
 process with an etcd client of its own; the daemon gets each of its reports as ``(added, removed)``
 over a socket and applies it to the peer set it mirrors. What is left in the daemon's interpreter is
 reading one message per batch and updating the route table. The C engine forwards without the lock
@@ -403,7 +402,8 @@ class Prepared:
 
 
 def prepare() -> Prepared:
-    """Start the child now (its imports take 0.2-0.3 s) and hand it to PeerWatchProcess later,
+    """Start the child now (its imports take a while: docs/design.md#fig-peer-child-start) and
+    hand it to PeerWatchProcess later,
     so that the daemon's startup does not wait for them. A child never handed over ends when the
     daemon does (its end of the socket closes)."""
     from ..host.child import python_argv

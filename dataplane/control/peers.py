@@ -10,8 +10,8 @@ this loses nothing:
 
 Events are coalesced: the watch thread only applies each event to the lease dict and notes the subnet
 it touched; a publisher thread waits `coalesce` seconds (5 ms) after the first unreported event, or ten
-times what the last report took if that is longer (a report copies the peer set and the route table:
-with 10,000 peers about a millisecond, so reports never take more than a tenth of the time), so that
+times what the last report took if that is longer (a report copies the peer set and the route table,
+perf/README.md#report-cost; so reports never take more than a tenth of the time), so that
 the rest of a burst (an autoscaling group joining, an etcd restore: a thousand puts, each its own
 revision and response) arrives meanwhile, then reports everything applied so far in one
 `on_change(change)` call: a `PeerChange` (control/peerset.py) holding the new immutable `PeerSnapshot`

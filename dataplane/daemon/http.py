@@ -156,8 +156,8 @@ def trace_event_json(ev: dict, payload: bool = False) -> dict:
 class _HTTPServer(ThreadingHTTPServer):
     """http.server's bind without its reverse lookup: HTTPServer.server_bind asks
     socket.getfqdn() for the listen address, a DNS query wherever the host's name is not
-    in /etc/hosts (a stock Debian install), which held the daemon's start for 10 s while
-    DNS was unreachable - as it is at boot, when the overlay starts."""
+    in /etc/hosts (a stock Debian install), which held the daemon's start while DNS was
+    unreachable - as it is at boot, when the overlay starts (docs/design.md#fig-http-bind)."""
 
     def server_bind(self):
         socketserver.TCPServer.server_bind(self)

@@ -231,9 +231,9 @@ class Daemon:
         self._keep_for_restart()
         if o.handover_socket:
             self.handover_server = startup.listen_for_handover(o.handover_socket, self)
-        # What startup made (modules, the first peer set: with 10,000 peers some 200,000
-        # objects) lives as long as the daemon: out of the collector's sight, a full collection
-        # is milliseconds, not tens of them (the Python engine's packets wait it out).
+        # What startup made (modules, the first peer set) lives as long as the daemon: out of
+        # the collector's sight, a full collection no longer walks it, and the Python engine's
+        # packets no longer wait that out (docs/design.md#fig-gc-freeze).
         gc.freeze()
         sd_notify("READY=1")
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s, %d queue(s)",
@@ -419,7 +419,7 @@ class Daemon:
                 self.engine.set_table(self.routes)
             self.peer_log.record(change, len(self.routes))
             # The state file is for the next process only; the serve loop rewrites it once a
-            # tick (all peers: ~25 ms at 10,000), not once per batch of a burst.
+            # tick (all peers: docs/design.md#fig-state-file), not once per batch of a burst.
             self._state_stale = True
 
     def on_lease_change(self, lease):

@@ -12,7 +12,7 @@ lease subnet S::
 MASQUERADE gets ``--random-fully`` where iptables supports it (>= 1.6.2), as flanneld.
 ``--iptables-forward-rules`` (filter table, chain FLANNEL-FWD): ACCEPT ``-s N`` and ``-d N``.
 
-Lifetime, as flanneld's (see docs/ and the README's operator section):
+Lifetime, as flanneld's (docs/operating.md#firewall, docs/flannel-compat.md#iptables):
 
 * install: both chains are created or flushed and filled, and the jumps put at the TOP of
   POSTROUTING / FORWARD, in ONE ``iptables-restore --noflush`` transaction, so a packet never

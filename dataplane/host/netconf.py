@@ -103,8 +103,8 @@ def host_addresses() -> list:
 
 class AddressReader:
     """``host_addresses()`` over one netlink socket kept open, for a caller that asks every
-    second: opening an IPRoute costs ~10 ms of CPU and leaves ~0.3 kB of memory behind each
-    time (pyroute2 0.9.7), reading on an open one 0.2 ms and nothing. A failed read drops the
+    second: opening an IPRoute costs far more CPU than reading on an open one, and leaves memory
+    behind each time (perf/README.md#netlink-socket). A failed read drops the
     socket; the next call opens a new one. Calls are serialised."""
 
     def __init__(self):

@@ -2,13 +2,13 @@
 
 Why: on a core that the forwarder shares with busy applications, a forwarder woken by a packet
 waits for the running application's time slice to end before it runs - milliseconds, during which
-flannel0's queue grows (perf/README.md, "Small packets": p99 under load 4.1 ms, 0.95 ms with
-SCHED_FIFO). A SCHED_FIFO thread runs as soon as it is woken. It cannot take a core for ever: the
+flannel0's queue grows (perf/README.md#latency-under-load). A SCHED_FIFO thread runs as soon as
+it is woken. It cannot take a core for ever: the
 loop sleeps in epoll_wait whenever the fds are empty, and the kernel's real-time throttling
 (kernel.sched_rt_runtime_us, 95 % by default) leaves the rest to everyone else.
 
 It needs CAP_SYS_NICE; the shipped unit denies real-time scheduling (RestrictRealtime=yes) and
-that capability, so a host that wants it lifts both in a drop-in (README, "Running the daemon").
+that capability, so a host that wants it lifts both in a drop-in (docs/flags.md#realtime-priority).
 """
 from __future__ import annotations
 
