@@ -14,7 +14,7 @@ import threading
 from typing import Optional
 
 from .config import ConfigError, NetworkConfig, parse_config
-from .registry import Registry, RegistryClosedError, RegistryError, WatchLoop
+from .registry import Registry, WatchLoop, read_then_watch
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +99,10 @@ class ConfigWatcher:
         self.check(None if last.kind == "delete" else last.value)
 
     def _run(self) -> None:
-        rev = None
-        while rev is None and not self._stop.is_set():
-            try:
-                rev = self._read()
-            except RegistryClosedError:
-                return
-            except RegistryError as e:
-                log.debug("config watch: reading %s failed, retrying: %s", self.registry.config_key, e)
-                self._stop.wait(self.retry_interval)
-        if self._stop.is_set():
-            return
-        self._watch = self.registry.watch_loop(
-            self.registry.config_key, prefix=False, start_revision=rev + 1, on_events=self._on_events,
-            on_compacted=self._read, retry_interval=self.retry_interval, name="config")
-        if not self._stop.is_set():
-            self._watch.run()
+        read_then_watch(
+            self.registry, self.registry.config_key, prefix=False, read=self._read,
+            on_events=self._on_events, stop=self._stop, on_watch=self._set_watch,
+            retry_interval=self.retry_interval, name="config")
+
+    def _set_watch(self, watch: WatchLoop) -> None:
+        self._watch = watch

@@ -51,9 +51,7 @@ from typing import Callable, Iterable, Optional
 
 from .lease import Lease, LeaseFormatError, lease_from_kv, parse_subnet_key, peer_problem
 from .peerset import PeerChange, PeerSnapshot
-from .recurring import Recurring
-from .registry import (Registry, RegistryClosedError, RegistryDeniedError, RegistryError,
-                       RegistryUnavailableError, WatchLoop)
+from .registry import Registry, RegistryError, WatchLoop, read_then_watch
 
 log = logging.getLogger(__name__)
 
@@ -182,28 +180,13 @@ class PeerWatcher:
         return f"forwarding goes on with the routes to the {len(self.snapshot())} peer(s) known"
 
     def _run(self) -> None:
-        rev = None
-        listing = Recurring(log, "Watch subnets: listing leases")
-        while rev is None and not self._stop.is_set():
-            try:
-                rev = self._snapshot()
-                listing.ok()
-            except RegistryClosedError:
-                return
-            except (RegistryUnavailableError, RegistryDeniedError) as exc:
-                log.debug("Watch subnets: listing leases failed: %s", exc)   # the registry says it
-            except RegistryError as exc:
-                listing.fail(str(exc), f"retrying every {self.retry_interval:g} s")
-            if rev is None:
-                self._stop.wait(self.retry_interval)
-        if self._stop.is_set():
-            return
-        self._watch = self.registry.watch_loop(
-            self.registry.subnets_prefix, prefix=True, start_revision=rev + 1, on_events=self._on_events,
-            on_compacted=lambda: self._snapshot(relist=True), retry_interval=self.retry_interval,
-            name="subnets")
-        if not self._stop.is_set():
-            self._watch.run()
+        read_then_watch(
+            self.registry, self.registry.subnets_prefix, prefix=True, read=self._snapshot,
+            relist=lambda: self._snapshot(relist=True), on_events=self._on_events, stop=self._stop,
+            on_watch=self._set_watch, retry_interval=self.retry_interval, name="subnets")
+
+    def _set_watch(self, watch: WatchLoop) -> None:
+        self._watch = watch
 
     def _snapshot(self, always: bool = False, relist: bool = False) -> int:
         """List the leases and report the difference. ``relist``: the watch asks, after a

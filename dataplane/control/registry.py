@@ -959,6 +959,42 @@ def _tls_refusal(details: str, ep: _Endpoint, certfile: Optional[str],
     return None
 
 
+def read_then_watch(registry: Registry, key: str, *, prefix: bool, read: Callable[[], int],
+                    on_events: Callable[[list, int], None], stop: threading.Event,
+                    on_watch: Callable[[WatchLoop], None],
+                    relist: Optional[Callable[[], int]] = None, retry_interval: float = 1.0,
+                    name: str = "") -> None:
+    """What every follower of a key does, in the caller's thread until ``stop`` or the
+    watch's cancel: ``read()`` (which returns the revision it read at) until it answers,
+    then a watch from that revision + 1 that calls ``relist`` (default ``read``) after a
+    compaction or a rewind. A function, not a method: a stand-in registry needs only
+    ``watch_loop``. A failing read is said once, then reminded (an unreachable or
+    refusing etcd the registry says itself). ``on_watch`` gets the watch before it runs, so
+    that its owner can cancel it."""
+    trouble = Recurring(log, f"Watch {name}: reading {key}")
+    rev = None
+    while rev is None and not stop.is_set():
+        try:
+            rev = read()
+            trouble.ok()
+        except RegistryClosedError:
+            return
+        except (RegistryUnavailableError, RegistryDeniedError) as exc:
+            log.debug("watch %s: reading %s failed: %s", name, key, exc)   # said already
+        except RegistryError as exc:
+            trouble.fail(str(exc), f"retrying every {retry_interval:g} s")
+        if rev is None:
+            stop.wait(retry_interval)
+    if stop.is_set():
+        return
+    watch = registry.watch_loop(key, prefix=prefix, start_revision=rev + 1, on_events=on_events,
+                                on_compacted=relist or read, retry_interval=retry_interval,
+                                name=name)
+    on_watch(watch)
+    if not stop.is_set():
+        watch.run()
+
+
 def wait_for_config(registry: Registry, stop: Optional[threading.Event] = None, interval: float = 1.0,
                     timeout: Optional[float] = None) -> NetworkConfig:
     """Block until `<prefix>/config` exists and is valid, retrying every `interval` s as flanneld does.
