@@ -6,7 +6,10 @@ each step is a function of daemon/startup.py::
     0. what the previous daemon  systemd's fd store, else the handover socket (--handover):
        hands over                flannel0's queues, the UDP sockets, the lease and the peers,
                                  kept when they match the config (daemon/inherited.py)
-    1. external interface        flanneld's rules (dataplane.host.iface)
+    1. external interface        flanneld's rules (dataplane.host.iface); then what this host
+                                 lacks (privileges, TUN, firewall tool, subnet.env's directory),
+                                 and after 3. the UDP port: exit 1 before any etcd write
+                                 (daemon/preflight.py)
     2. etcd registry, signals, /healthz (and /metrics) server
     3. network config            <prefix>/config, retried every second until valid
     4. lease                     reuse by PublicIP, else the subnet.env subnet, else random
@@ -60,7 +63,7 @@ from ..control.recurring import Recurring
 from ..control.routes import route_changes, route_table
 from ..host import queues
 from ..host.own_sources import OwnSources
-from . import fdstore, handover, inherited, lease_move, startup
+from . import fdstore, handover, inherited, lease_move, preflight, startup
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .options import Options
@@ -185,6 +188,9 @@ class Daemon:
         inh = startup.receive_inherited(o)
         # 1. external interface
         self.ext = startup.select_interface(o)
+        # what this host lacks is said now, before etcd holds a lease for a host that cannot
+        # forward (what a handed-over daemon holds is not opened again)
+        preflight.local(o, inherited=inh is not None)
         # 2. registry, health and metrics (a running old daemon holds the ports until it exits)
         self.registry = startup.make_registry(o)
         http_later = inh is not None and inh.old_running
@@ -193,6 +199,8 @@ class Daemon:
         # 3. config (the old daemon's when etcd does not answer: it forwards meanwhile)
         self.config = startup.wait_for_config(self.registry, self.wait,
                                               fallback=inh.config_raw if inh else None)
+        if inh is None:                 # the config names the port: a read, still no write
+            preflight.udp_port(self.ext, self.config.backend_port)
         self.lease_manager = startup.make_lease_manager(o, self.registry, self.ext, self.config,
                                                         self.on_lease_change)
         # the engine decides the queues' fds (vnet headers for its offloads)
