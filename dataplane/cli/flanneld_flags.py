@@ -320,6 +320,9 @@ FLAGS: tuple[Flag, ...] = (
          "the daemon offers a handover to a new one, and on which --handover asks for it; "
          "empty: no handover (default: {default})",
          metavar="PATH", group="ours"),
+    Flag("status-socket", _parse_str, "the unix socket (root only) on which the daemon "
+         "answers `flannel-udp status` (works with --healthz-port 0), and which `flannel-udp "
+         "cleanup` checks; empty: none (default: {default})", metavar="PATH", group="ours"),
     Flag("trace-remote", _parse_bool, "serve GET /debug/trace to clients that are not on "
          "loopback too (it shows the headers of forwarded packets, with ?payload=1 their "
          "content; default: loopback clients only)", kind="bool", group="ours"),

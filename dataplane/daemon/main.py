@@ -63,7 +63,7 @@ from ..control.recurring import Recurring
 from ..control.routes import route_changes, route_table
 from ..host import queues
 from ..host.own_sources import OwnSources
-from . import fdstore, handover, inherited, lease_move, preflight, startup
+from . import fdstore, handover, inherited, lease_move, preflight, startup, status
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .options import Options
@@ -128,9 +128,13 @@ class Daemon:
         self._successor = None                # the pid we handed over to
         self._old_handlers = {}
         self.source = DaemonSource(self)      # what /metrics, /readyz and /debug/trace read
+        # what `flannel-udp status` reads, with the last warnings (daemon/status.py)
+        self.status_server = None
+        self.warnings = status.WarningRing()
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
+        self.warnings.install()
         self._install_signals()
         try:
             try:
@@ -196,6 +200,7 @@ class Daemon:
         http_later = inh is not None and inh.old_running
         if not http_later:
             self.servers = startup.start_http_servers(o, self.source)
+            self.status_server = status.listen(o.status_socket, self, self.warnings)
         # 3. config (the old daemon's when etcd does not answer: it forwards meanwhile)
         self.config = startup.wait_for_config(self.registry, self.wait,
                                               fallback=inh.config_raw if inh else None)
@@ -235,6 +240,7 @@ class Daemon:
             self._start_watches()
         if http_later:
             self.servers = startup.start_http_servers(o, self.source, retry=True)
+            self.status_server = status.listen(o.status_socket, self, self.warnings)
         # 10. what a restart or a new daemon takes over; systemd
         self._keep_for_restart()
         if o.handover_socket:
@@ -556,6 +562,8 @@ class Daemon:
             ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),
             ("stop the lease renewal", lambda: self.lease_manager and self.lease_manager.stop()),
             ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
+            ("close the status socket", lambda: self.status_server and self.status_server.close()),
+            ("stop keeping the last warnings", self.warnings.remove),
             ("close the etcd client", lambda: self.registry and self.registry.close()),
             ("leave the state to the next process", self._leave_to_next),
             ("stop the engine", self._close_engine),

@@ -57,6 +57,8 @@ class Options:
     handover: bool = False
     # in the runtime directory, next to subnet.env
     handover_socket: str = "/run/flannel/handover.sock"
+    # `flannel-udp status` asks the daemon here (and `cleanup` checks that nobody answers)
+    status_socket: str = "/run/flannel/flannel-udp.sock"
     # where each value came from: "flag", "env" or "default"
     sources: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)

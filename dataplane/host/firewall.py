@@ -428,3 +428,46 @@ class Rules:
             self._stopped_once = True
             log.info("Leaving the %s rules in place; to remove them: %s", self.tool,
                      "; ".join(REMOVAL_COMMANDS[self.tool]))
+
+
+# ---------------------------------------------------------------- leaving the overlay
+def remove_all(dry_run: bool = False) -> list[str]:
+    """Remove every rule and chain the daemon (or flanneld) installs, whatever network they were
+    for: any rule that jumps to FLANNEL-POSTRTG or FLANNEL-FWD, any rule of POSTROUTING / FORWARD
+    carrying our comments (older flannels' rules left there directly), both chains, and the
+    nftables table. For `flannel-udp cleanup`, when a host leaves the overlay for good: the
+    daemon itself never removes them (they stay at exit, see the module docstring).
+
+    The iptables part is one ``iptables-restore --noflush`` transaction, as the install.
+    Returns what was removed (with ``dry_run``: what would be), as the equivalent commands, one
+    per line; [] when nothing of ours is there."""
+    done: list[str] = []
+    restore: list[str] = []
+    if shutil.which("iptables-save") and shutil.which("iptables-restore"):
+        for table, (base, chain, comment) in CHAINS.items():
+            saved = _run(["iptables-save", "-t", table], check=False).stdout
+            lines = []
+            for line in saved.splitlines():
+                if not line.startswith("-A "):
+                    continue
+                words = shlex.split(line)
+                where, args = words[1], words[2:]
+                if _jumps_to(args, chain) or (where == base and comment in args):
+                    lines.append(_line("-D", where, args))
+                    done.append(f"iptables -t {table} -D {where} {shlex.join(args)}")
+            if re.search(rf"^:{re.escape(chain)} ", saved, re.M):
+                rules = len(chain_rules(saved, chain))
+                # the declaration flushes the chain under --noflush; then it can go
+                lines += [f":{chain} - [0:0]", f"-X {chain}"]
+                done.append(f"iptables -t {table} -F {chain}; iptables -t {table} -X {chain}"
+                            f"    # {rules} rule(s)")
+            if lines:
+                restore += [f"*{table}"] + lines + ["COMMIT"]
+    if restore and not dry_run:
+        _run(["iptables-restore", "-w", "5", "--noflush"], input="\n".join(restore) + "\n")
+    if shutil.which("nft") and _run(["nft", "list", "table", "ip", NFT_TABLE],
+                                    check=False).returncode == 0:
+        done.append(f"nft delete table ip {NFT_TABLE}")
+        if not dry_run:
+            _run(["nft", "delete", "table", "ip", NFT_TABLE])
+    return done

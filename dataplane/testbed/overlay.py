@@ -245,9 +245,11 @@ class Overlay:
             os.unlink(sock_path)
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(sock_path)
-        # Each host's handover socket in its own directory (the default is one per machine).
+        # Each host's handover and status sockets in its own directory (the defaults are one
+        # per machine).
         full_env = dict(os.environ, NOTIFY_SOCKET=sock_path, PYTHONUNBUFFERED="1",
-                        FLANNELD_HANDOVER_SOCKET=self.handover_socket(h))
+                        FLANNELD_HANDOVER_SOCKET=self.handover_socket(h),
+                        FLANNELD_STATUS_SOCKET=self.status_socket(h))
         full_env.update(env or {})
         logf = open(os.path.join(d_dir, "daemon.log"), "ab")
         try:
@@ -264,6 +266,10 @@ class Overlay:
     def handover_socket(self, host) -> str:
         """Where the host's daemon offers a handover (``--handover`` takes it)."""
         return os.path.join(self._dir(host), "handover.sock")
+
+    def status_socket(self, host) -> str:
+        """Where the host's daemon answers `flannel-udp status`."""
+        return os.path.join(self._dir(host), "status.sock")
 
     def daemon(self, host) -> DaemonProc:
         return self.daemons[self.host(host).name]

@@ -1,0 +1,263 @@
+"""`flannel-udp cleanup`: what a host that leaves the overlay for good runs, once the daemon is
+stopped. The daemon leaves its rules, subnet.env and lease behind on purpose (so that a restart
+loses nothing: docs/operating.md#firewall); this removes them."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+from . import flanneld_flags
+
+HELP = "remove what the daemon leaves on a host that leaves the overlay for good (--dry-run)"
+DESCRIPTION = """\
+Remove what flannel-udp leaves behind on purpose when it stops, for a host that leaves the
+overlay for good:
+
+  * the firewall rules: the jumps to FLANNEL-POSTRTG and FLANNEL-FWD, both chains (and rules
+    of older flannels carrying their comments), or the nftables table ip flannel-udp;
+  * a flannel0 that outlived its daemon (a persistent TUN device named flannel<N>);
+  * subnet.env (--subnet-file) and socket files nobody listens on any more;
+  * with --release-lease, this host's lease in etcd: the key whose PublicIP is this host's
+    (the interface is chosen as `run` chooses it; a reservation, a key without a TTL, is the
+    operator's and stays).
+
+It takes `run`'s flags (and FLANNELD_* variables), so the daemon's own command line or
+environment file works: it reads the etcd flags, the interface flags, --subnet-file,
+--status-socket and --handover-socket; the others are accepted and ignored.
+
+It refuses while a daemon runs on this host: its status or handover socket listens, a
+`flannel-udp run` process runs in this network namespace, or a flannel0 is held open (by a
+daemon, or by systemd's fd store: systemctl stop flannel-udp first). --dry-run prints what it
+would do and changes nothing. Exit status 0 when done (or nothing to do), 1 otherwise.
+
+Example:
+  systemctl stop flannel-udp && systemctl disable flannel-udp
+  flannel-udp cleanup --dry-run -etcd-endpoints=http://10.0.0.1:2379 -iface=eth1
+  flannel-udp cleanup --release-lease -etcd-endpoints=http://10.0.0.1:2379 -iface=eth1
+"""
+
+TUN_NAME = re.compile(r"flannel\d+$")
+IFF_PERSIST = 0x800
+UNIX_LISTENING = 0x10000        # __SO_ACCEPTCON in /proc/net/unix's Flags
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("cleanup")        # first in --help, before run's flags
+    g.add_argument("--dry-run", action="store_true",
+                   help="print what would be removed, change nothing")
+    g.add_argument("--release-lease", action="store_true",
+                   help="also delete this host's lease in etcd (its subnet goes back to the "
+                        "pool; needs the etcd flags)")
+    flanneld_flags.add_arguments(parser)
+    parser.usage = "%(prog)s [--dry-run] [--release-lease] [run's flags ...]"
+    parser.set_defaults(_parser=parser)
+
+
+# ------------------------------------------------------------------ is a daemon running?
+
+def is_daemon_command(argv: list[str]) -> bool:
+    """Whether a command line is `flannel-udp run`: the console script, ``python -m dataplane``,
+    or a child started as this package starts them (dataplane/host/child.py), then ``run``."""
+    for i, a in enumerate(argv[:-1]):
+        entry = (os.path.basename(a) == "flannel-udp"
+                 or (a == "dataplane" and i > 0 and argv[i - 1] == "-m")
+                 or "from dataplane.cli import main" in a)
+        if entry and argv[i + 1] == "run":
+            return True
+    return False
+
+
+def daemon_pids(proc: str = "/proc") -> list[int]:
+    """`flannel-udp run` processes in this network namespace (one in another namespace runs for
+    another host, or another container)."""
+    mine = os.stat(f"{proc}/self/ns/net")
+    out = []
+    for entry in os.listdir(proc):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            ns = os.stat(f"{proc}/{entry}/ns/net")
+            with open(f"{proc}/{entry}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:             # gone meanwhile, or a kernel thread
+            continue
+        if (ns.st_dev, ns.st_ino) == (mine.st_dev, mine.st_ino) and is_daemon_command(argv):
+            out.append(int(entry))
+    return sorted(out)
+
+
+def listening(path: str) -> bool:
+    """Whether a unix socket listens on ``path`` in this network namespace, read from
+    /proc/net/unix rather than by connecting (the handover socket takes a connection for a new
+    daemon and would log a failed handover)."""
+    if not path:
+        return False
+    try:
+        with open("/proc/net/unix") as f:
+            next(f, None)
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 8 and parts[-1] == path and int(parts[3], 16) & UNIX_LISTENING:
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def tun_devices(sys_net: str = "/sys/class/net") -> dict:
+    """{name: persistent} of the TUN devices named flannel<N>."""
+    out = {}
+    try:
+        names = os.listdir(sys_net)
+    except OSError:
+        return out
+    for name in names:
+        if not TUN_NAME.match(name):
+            continue
+        try:
+            with open(os.path.join(sys_net, name, "tun_flags")) as f:
+                flags = int(f.read().strip(), 16)
+        except (OSError, ValueError):   # not a TUN device: not ours
+            continue
+        out[name] = bool(flags & IFF_PERSIST)
+    return out
+
+
+def running(opts) -> list[str]:
+    """Why a daemon is taken to run on this host ([] when none is)."""
+    why = []
+    if listening(opts.status_socket):
+        why.append(f"its status socket {opts.status_socket} listens")
+    if listening(opts.handover_socket):
+        why.append(f"its handover socket {opts.handover_socket} listens")
+    pids = daemon_pids()
+    if pids:
+        why.append(f"`flannel-udp run` runs here (pid {', '.join(map(str, pids))})")
+    held = [n for n, persistent in tun_devices().items() if not persistent]
+    if held:
+        why.append(f"{', '.join(held)} is held open (by a daemon, or systemd's fd store)")
+    return why
+
+
+# ------------------------------------------------------------------ what to remove
+
+def _lease_steps(opts) -> list:
+    """([(what, action)] for this host's lease(s) in etcd, the registry they use)."""
+    from ..daemon.startup import make_registry, select_interface
+    ext = select_interface(opts)
+    registry = make_registry(opts)
+    try:
+        leases, _ = registry.list_leases()
+    except Exception:
+        registry.close()
+        raise
+    steps = []
+    for lease in leases:
+        if lease.public_ip != ext.ext_addr:
+            continue
+        key = registry.lease_key(lease.subnet)
+        if lease.reservation:
+            print(f"kept: {key} (PublicIP {lease.public_ip}) is a reservation (no TTL), the "
+                  f"operator's; delete it with: etcdctl del {key}")
+            continue
+
+        def release(lease=lease):
+            registry.delete_lease(lease.subnet)
+            try:                    # the key is gone already; its TTL would end it anyway
+                registry.revoke(lease.lease_id)
+            except Exception:
+                pass
+        steps.append((f"etcd: delete the lease {key} (PublicIP {lease.public_ip})", release))
+    if not steps:
+        print(f"etcd: no lease with PublicIP {ext.ext_addr} under {opts.etcd_prefix}/subnets/")
+    return steps, registry
+
+
+def _unlink(path):
+    def act():
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return act
+
+
+def _del_link(name):
+    def act():
+        subprocess.run(["ip", "link", "del", name], check=True, capture_output=True, text=True,
+                       timeout=30)
+    return act
+
+
+def main(args) -> int:
+    from ..daemon.startup import StartupError
+    from ..host import firewall
+    try:
+        opts = flanneld_flags.resolve(args)
+    except flanneld_flags.FlagError as e:
+        print(f"flannel-udp cleanup: error: {e}", file=sys.stderr)
+        return 1
+    refusal = running(opts)
+    if refusal and not args.dry_run:
+        print("flannel-udp cleanup: a daemon runs on this host: " + "; ".join(refusal)
+              + ". Stop it first (systemctl stop flannel-udp).", file=sys.stderr)
+        return 1
+    steps = []
+    for line in firewall.remove_all(dry_run=True):
+        steps.append((line, None))
+    if any(a is None for _, a in steps):
+        steps.append(("", lambda: firewall.remove_all()))   # one transaction for all of them
+    for name in sorted(tun_devices()):
+        steps.append((f"ip link del {name}", _del_link(name)))
+    if os.path.exists(opts.subnet_file):
+        steps.append((f"rm {opts.subnet_file}", _unlink(opts.subnet_file)))
+    for path in (opts.status_socket, opts.handover_socket):
+        if path and os.path.exists(path) and not listening(path):
+            steps.append((f"rm {path}    # nobody listens on it", _unlink(path)))
+    registry = None
+    try:
+        if args.release_lease:
+            try:
+                more, registry = _lease_steps(opts)
+            except StartupError as e:
+                print(f"flannel-udp cleanup: {e}", file=sys.stderr)
+                return 1
+            except Exception as e:
+                print(f"flannel-udp cleanup: cannot read the leases in etcd: {e}; check the "
+                      "etcd flags", file=sys.stderr)
+                return 1
+            steps += more
+        shown = [what for what, _ in steps if what]
+        if args.dry_run:
+            for what in shown:
+                print(f"would: {what}")
+            if not shown:
+                print("nothing to clean up")
+            if refusal:
+                print("and it would refuse now: " + "; ".join(refusal))
+                return 1
+            return 0
+        for what, act in steps:
+            if act is None:
+                continue
+            try:
+                act()
+            except Exception as e:
+                detail = getattr(e, "stderr", "") or str(e)
+                print(f"flannel-udp cleanup: failed: {what or 'removing the firewall rules'}: "
+                      f"{detail.strip()}", file=sys.stderr)
+                return 1
+        for what in shown:
+            print(f"done: {what}")
+        if not shown:
+            print("nothing to clean up")
+        if not args.release_lease:
+            print("this host's lease stays in etcd until it expires (24 h); --release-lease "
+                  "frees it now")
+        return 0
+    finally:
+        if registry is not None:
+            registry.close()

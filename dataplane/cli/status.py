@@ -1,0 +1,147 @@
+"""`flannel-udp status`: one screen about the running daemon, from its status socket."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HELP = "show the running daemon's state on one screen (exit 0 ready, 1 not ready, 2 no daemon)"
+DESCRIPTION = """\
+Ask the running daemon (over its root-only unix socket, --status-socket; it answers with
+--healthz-port 0 too) and print on one screen: its lease and when it expires, subnet.env and
+whether it names the lease, the engine, queues and offloads, how many peers, etcd (endpoints,
+watches connected), packets and drops by reason, and its last warnings.
+
+Exit status, for scripts and probes:
+  0  the daemon is ready (the same checks as GET /readyz: lease, engine, etcd watch, subnet.env)
+  1  it answers but is not ready: the failing checks are printed
+  2  no daemon answers on the socket
+
+--json prints the daemon's whole document instead (the same exit status).
+"""
+
+EXIT_READY, EXIT_NOT_READY, EXIT_NO_DAEMON = 0, 1, 2
+
+
+def default_socket() -> str:
+    """The flag's default as `run` has it, or FLANNELD_STATUS_SOCKET as `run` reads it."""
+    from ..daemon.options import default
+    return os.environ.get("FLANNELD_STATUS_SOCKET") or default("status_socket")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--status-socket", "-status-socket", metavar="PATH", default=None,
+                        help="the daemon's status socket, as given to `run` (default: "
+                             "$FLANNELD_STATUS_SOCKET, else /run/flannel/flannel-udp.sock)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the daemon's status document as JSON")
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="how long to wait for the answer (default: 5)")
+
+
+def main(args) -> int:
+    from ..daemon.status import query
+    path = args.status_socket or default_socket()
+    try:
+        doc = query(path, args.timeout)
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        print(f"flannel-udp status: no daemon answers on {path} ({why}); is `flannel-udp run` "
+              "running, with this --status-socket?", file=sys.stderr)
+        return EXIT_NO_DAEMON
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(render(doc))
+    return EXIT_READY if doc.get("ready") else EXIT_NOT_READY
+
+
+def _ago(seconds: float) -> str:
+    seconds = abs(int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def render(doc: dict, now: float | None = None) -> str:
+    """The status document as the screen an operator reads (no I/O)."""
+    from ..daemon.timefmt import when
+    if now is None:                 # the daemon's clock, as it read the expiry
+        now = doc.get("time") or time.time()
+    out = []
+    checks = doc.get("checks") or {}
+    failing = {k: v for k, v in checks.items() if v is not None}
+    if doc.get("ready"):
+        out.append(f"flannel-udp {doc.get('version', '?')} (pid {doc.get('pid', '?')}): ready")
+    else:
+        out.append(f"flannel-udp {doc.get('version', '?')} (pid {doc.get('pid', '?')}): NOT READY")
+        for name, why in failing.items():
+            out.append(f"  [-] {name}: {why}")
+        if not checks:
+            out.append("  [-] nothing to report yet (starting)")
+    rows = []
+    lease = doc.get("lease")
+    if lease:
+        exp = lease.get("expiration")
+        if lease.get("reservation"):
+            expiry = "a reservation, never expires"
+        elif exp:
+            left = exp - now
+            expiry = (f"expires {when(exp)} (in {_ago(left)})" if left > 0
+                      else f"EXPIRED {when(exp)} ({_ago(left)} ago)")
+        else:
+            expiry = "expiry not known"
+        rows.append(("lease", f"{lease['subnet']} (PublicIP {lease['public_ip']}), {expiry}"))
+    else:
+        rows.append(("lease", "none yet"))
+    if doc.get("network"):
+        rows.append(("network", doc["network"]))
+    ext = doc.get("interface")
+    if ext:
+        rows.append(("interface", f"{ext['name']} {ext['address']}"))
+    sf = doc.get("subnet_file") or {}
+    if sf:
+        state = "current" if sf.get("current") else f"STALE: {sf.get('problem')}"
+        fails = sf.get("write_failures") or 0
+        rows.append(("subnet.env", f"{sf.get('path')}, {state}"
+                     + (f" ({fails} failed write(s) since start)" if fails else "")))
+    eng = doc.get("engine")
+    if eng:
+        rows.append(("engine", f"{eng.get('engine')} ({eng.get('why') or eng.get('reason')}), "
+                     f"accepting from {eng.get('accept_from')}"))
+    else:
+        rows.append(("engine", "not started yet"))
+    rows.append(("tun", f"{doc.get('tun') or '-'}, {doc.get('queues', 0)} queue(s)"))
+    offloads = doc.get("offloads") or {}
+    if offloads:
+        on = [k for k, v in offloads.items() if v]
+        rows.append(("offloads", ", ".join(on) if on else "none"))
+    rows.append(("peers", str(doc.get("peers", 0))))
+    etcd = doc.get("etcd") or {}
+    watches = etcd.get("watches") or {}
+    wtext = ", ".join(f"{n} {'connected' if w.get('connected') else 'NOT CONNECTED'}"
+                      + (f" ({w['reconnects']} reconnect(s))" if w.get("reconnects") else "")
+                      for n, w in sorted(watches.items())) or "no watch yet"
+    rows.append(("etcd", f"{','.join(etcd.get('endpoints') or [])} {etcd.get('prefix', '')}: "
+                 f"{wtext}"))
+    if doc.get("config_mismatch"):
+        rows.append(("config", "etcd's network config differs from the one running "
+                     "(restart to apply it)"))
+    packets = doc.get("packets") or {}
+    if packets:
+        rows.append(("packets", ", ".join(f"{k} {v}" for k, v in sorted(packets.items()))))
+    drops = {k: v for k, v in (doc.get("drops") or {}).items() if v}
+    rows.append(("drops", ", ".join(f"{k} {v}" for k, v in sorted(drops.items(),
+                                                                  key=lambda kv: -kv[1]))
+                 or "none"))
+    width = max(len(k) for k, _ in rows)
+    out += [f"  {k:<{width}}  {v}" for k, v in rows]
+    warnings = doc.get("warnings") or []
+    out.append(f"last warnings ({len(warnings)}):" if warnings else "last warnings: none")
+    for w in warnings:
+        out.append(f"  {when(w['time'])} {w['level']} {w['logger']}: {w['message']}")
+    return "\n".join(out)

@@ -1,0 +1,216 @@
+"""The status socket: what `flannel-udp status` reads from the running daemon.
+
+A unix stream socket in the runtime directory (``--status-socket``, mode 0600: root only, as the
+handover socket next to it). Each connection gets one JSON document, then EOF; the client sends
+nothing. The document is read from the same sources as /metrics and /readyz (daemon/metrics.py
+DaemonSource), so that `status` and /readyz never disagree, and it answers with the HTTP servers
+off (``--healthz-port 0``). It also carries the last WARNING and ERROR log records (a small ring
+kept here), so that an operator sees what went wrong without the journal.
+
+The server starts with the HTTP servers (before the config and the lease: a daemon waiting for
+them answers "not ready" rather than nothing) and closes at shutdown; a new daemon that takes over
+binds the path anew, and the old one then leaves the path alone when it exits.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+
+from .. import __version__
+
+log = logging.getLogger(__name__)
+
+WARNINGS_KEPT = 10
+SEND_TIMEOUT_S = 2.0        # a client that does not read does not hold the socket longer
+
+
+class WarningRing(logging.Handler):
+    """The last WARNINGS_KEPT records at WARNING and above, on the root logger while installed."""
+
+    def __init__(self, size: int = WARNINGS_KEPT):
+        super().__init__(level=logging.WARNING)
+        self._records = collections.deque(maxlen=size)
+
+    def emit(self, record):
+        try:
+            msg = record.getMessage()
+        except Exception:           # a bad format string: keep what was logged
+            msg = str(record.msg)
+        self._records.append({"time": record.created, "level": record.levelname,
+                              "logger": record.name, "message": msg})
+
+    def records(self) -> list:
+        return list(self._records)
+
+    def install(self) -> "WarningRing":
+        logging.getLogger().addHandler(self)
+        return self
+
+    def remove(self) -> None:
+        logging.getLogger().removeHandler(self)
+
+
+def document(daemon, warnings: WarningRing | None = None) -> dict:
+    """The status of ``daemon`` as one JSON-able dict (each part as /metrics and /readyz see it)."""
+    src = daemon.source
+    o = daemon.opts
+    checks = src.readiness()
+    lease = daemon.current_lease()
+    stats = None
+    try:
+        stats = src.engine_stats()
+    except Exception as e:          # an engine closing under us: the rest still answers
+        log.debug("engine stats unavailable: %s", e)
+    # by the engine contract's counter names (csrc/dataplane.h): drop_<reason>, <path>_packets
+    drops = {n[len("drop_"):]: v for n, v in (stats or {}).items() if n.startswith("drop_")}
+    packets = {n[:-len("_packets")]: v for n, v in (stats or {}).items()
+               if n.endswith("_packets")}
+    stale = daemon.subnet_env.stale()
+    ext = daemon.ext
+    watches = src.etcd_watches()
+    return {
+        "pid": os.getpid(),
+        "version": __version__,
+        "time": time.time(),
+        # empty checks = nothing reported yet, which /readyz takes as not ready too
+        "ready": bool(checks) and all(v is None for v in checks.values()),
+        "checks": checks,
+        "lease": None if lease is None else {
+            "subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
+            "expiration": lease.expiration, "reservation": lease.reservation},
+        "network": str(daemon.config.network) if daemon.config is not None else None,
+        "interface": None if ext is None else {
+            "name": ext.name, "address": str(ext.iface_addr), "public_ip": str(ext.ext_addr)},
+        "tun": daemon.tun_name,
+        "subnet_file": {"path": o.subnet_file, "current": stale is None, "problem": stale,
+                        "write_failures": daemon.subnet_env.failures.total},
+        "engine": (dict(src.engine_info(), why=daemon.engine_why)
+                   if daemon.engine is not None else None),
+        "queues": src.queues_count(),
+        "offloads": src.offloads_enabled(),
+        "peers": src.peers_count(),
+        "etcd": {"endpoints": list(o.etcd_endpoints), "prefix": o.etcd_prefix,
+                 "watches": watches,
+                 "connected": bool(watches) and all(w.get("connected") for w in watches.values())},
+        "config_mismatch": src.config_mismatch(),
+        "packets": packets,
+        "drops": drops,
+        "warnings": warnings.records() if warnings is not None else [],
+    }
+
+
+class StatusServer:
+    """Serves :func:`document` on ``path``, one connection at a time (each is one short write)."""
+
+    def __init__(self, path: str, daemon, warnings: WarningRing | None = None):
+        self.path = path
+        self.daemon = daemon
+        self.warnings = warnings
+        self._sock = None
+        self._ino = None
+        self._thread = None
+        self._closing = threading.Event()
+
+    def start(self) -> "StatusServer":
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
+        try:
+            # a dead daemon's, or the one we take over from: it leaves our path alone at exit
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            # bound under a umask that leaves nobody else a moment to connect before the chmod
+            old = os.umask(0o177)
+            try:
+                s.bind(self.path)
+            finally:
+                os.umask(old)
+            os.chmod(self.path, 0o600)
+            s.listen(8)
+        except OSError:
+            s.close()
+            raise
+        self._ino = os.stat(self.path).st_ino
+        self._sock = s
+        self._thread = threading.Thread(target=self._loop, name="status", daemon=True)
+        self._thread.start()
+        log.info("Status on %s (flannel-udp status --status-socket %s)", self.path, self.path)
+        return self
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2)
+        try:
+            if os.stat(self.path).st_ino == self._ino:     # not a newer daemon's socket
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            try:
+                self._serve(conn)
+            except Exception as e:      # one bad client must not end the server
+                log.debug("status client: %s", e)
+            finally:
+                conn.close()
+
+    def _serve(self, conn) -> None:
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid not in (0, os.getuid()):     # the mode says so already; a copied socket does not
+            log.warning("status: refused uid %d (pid %d)", uid, pid)
+            return
+        conn.settimeout(SEND_TIMEOUT_S)
+        doc = document(self.daemon, self.warnings)
+        conn.sendall(json.dumps(doc, default=str).encode() + b"\n")
+
+
+def listen(path: str, daemon, warnings: WarningRing | None = None) -> StatusServer | None:
+    """The status socket; None (with a warning) when ``path`` is empty or cannot be bound."""
+    if not path:
+        return None
+    try:
+        return StatusServer(path, daemon, warnings).start()
+    except OSError as e:
+        log.warning("cannot serve the status on %s (%s): `flannel-udp status` will not answer",
+                    path, e)
+        return None
+
+
+def query(path: str, timeout: float = 5.0) -> dict:
+    """The running daemon's status document (the client side); OSError when none answers."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.settimeout(timeout)
+        s.connect(path)
+        chunks = []
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        s.close()
+    raw = b"".join(chunks)
+    if not raw:
+        raise ConnectionError(f"{path} closed the connection without an answer")
+    return json.loads(raw)

@@ -1,0 +1,108 @@
+"""The parts of `flannel-udp status` and `cleanup` that need no root: the screen drawn from a
+status document, how a daemon's command line is recognised, the socket and TUN checks."""
+from __future__ import annotations
+
+import logging
+import socket
+
+from dataplane.cli.cleanup import is_daemon_command, listening, tun_devices
+from dataplane.cli.status import render
+from dataplane.daemon.status import WARNINGS_KEPT, WarningRing
+
+NOT_READY = {
+    "pid": 42, "version": "0.1.0", "time": 1000.0, "ready": False,
+    "checks": {"lease": None, "engine": None, "etcd_watch": None,
+               "subnet_file": "/run/flannel/subnet.env does not name the lease 10.5.3.0/24"},
+    "lease": {"subnet": "10.5.3.0/24", "public_ip": "192.0.2.1", "expiration": 1000.0 + 7200,
+              "reservation": False},
+    "subnet_file": {"path": "/run/flannel/subnet.env", "current": False,
+                    "problem": "writing it failed", "write_failures": 3},
+    "engine": {"engine": "c", "why": "auto: the C engine is built", "accept_from": "leases"},
+    "tun": "flannel0", "queues": 2, "offloads": {"udp_gso": True, "udp_gro": False},
+    "peers": 7,
+    "etcd": {"endpoints": ["http://192.0.2.9:2379"], "prefix": "/coreos.com/network",
+             "watches": {"subnets": {"connected": False, "reconnects": 4}}},
+    "drops": {"no_route": 0, "bad_source": 5}, "packets": {"udp_rx": 9},
+    "warnings": [{"time": 990.0, "level": "ERROR", "logger": "dataplane.daemon",
+                  "message": "Writing the subnet file failed"}],
+}
+
+
+def test_the_screen_names_what_fails_and_what_matters():
+    text = render(NOT_READY)
+    lines = text.splitlines()
+    assert lines[0].endswith("NOT READY")
+    assert "  [-] subnet_file: /run/flannel/subnet.env does not name the lease" in text
+    assert "[-] lease" not in text                      # passing checks are not listed
+    assert "10.5.3.0/24 (PublicIP 192.0.2.1)" in text and "(in 2h00m)" in text
+    assert "STALE: writing it failed (3 failed write(s) since start)" in text
+    assert "subnets NOT CONNECTED (4 reconnect(s))" in text
+    assert "bad_source 5" in text and "no_route" not in text   # only the drops that happened
+    assert "udp_gso" in text and "udp_gro" not in text
+    assert "ERROR dataplane.daemon: Writing the subnet file failed" in text
+
+
+def test_the_screen_of_a_daemon_that_just_started():
+    text = render({"pid": 1, "ready": False, "checks": {}, "lease": None, "engine": None,
+                   "time": 1.0})
+    assert "NOT READY" in text and "nothing to report yet" in text
+    assert "none yet" in text and "not started yet" in text and "last warnings: none" in text
+
+
+def test_an_expired_lease_says_so():
+    doc = dict(NOT_READY, time=1000.0 + 7200 + 90)
+    assert "EXPIRED" in render(doc) and "(1m30s ago)" in render(doc)
+
+
+def test_daemon_command_lines():
+    assert is_daemon_command(["/usr/bin/python3", "/opt/flannel-udp/bin/flannel-udp", "run",
+                              "-iface=eth1"])
+    assert is_daemon_command(["python3", "-m", "dataplane", "run"])
+    assert is_daemon_command(["python3", "-c", "import sys\nfrom dataplane.cli import main\n",
+                              "run", "--etcd-endpoints", "http://x:2379"])
+    assert not is_daemon_command(["/opt/flannel-udp/bin/flannel-udp", "cleanup", "run"])
+    assert not is_daemon_command(["/opt/flannel-udp/bin/flannel-udp", "status"])
+    assert not is_daemon_command(["vim", "run"])
+    assert not is_daemon_command(["flanneld", "-iface=eth1"])
+
+
+def test_listening_is_read_from_the_kernel_not_from_the_file(tmp_path):
+    path = str(tmp_path / "s.sock")
+    assert not listening(path)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(path)
+        assert not listening(path)          # bound, not listening: a dead daemon's file
+        s.listen(1)
+        assert listening(path)
+    finally:
+        s.close()
+    assert not listening(path) and not listening("")
+
+
+def test_only_tun_devices_named_flannel_are_ours(tmp_path):
+    for name, flags in (("flannel0", "0x1801"), ("flannel1", "0x1001"), ("flannelx", "0x1801"),
+                        ("tun0", "0x1801")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tun_flags").write_text(flags + "\n")
+    (tmp_path / "flannel2").mkdir()                 # not a TUN device (no tun_flags)
+    assert tun_devices(str(tmp_path)) == {"flannel0": True, "flannel1": False}
+
+
+def test_the_warning_ring_keeps_the_last_warnings_only():
+    ring = WarningRing()
+    log = logging.getLogger("fu-test-ring")
+    log.propagate = False
+    log.addHandler(ring)
+    try:
+        log.info("not kept")
+        for i in range(WARNINGS_KEPT + 3):
+            log.warning("warning %d", i)
+        log.error("the last")
+    finally:
+        log.removeHandler(ring)
+    got = ring.records()
+    assert len(got) == WARNINGS_KEPT
+    assert got[-1]["message"] == "the last" and got[-1]["level"] == "ERROR"
+    assert got[0]["message"] == f"warning {4}"
+    assert all("not kept" != r["message"] for r in got)
