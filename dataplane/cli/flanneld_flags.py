@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from ..daemon import options
 from ..daemon.options import Options
-from ..host import firewall, queues
+from ..host import firewall, logfmt, queues
 from ..host.offload import MODES as OFFLOAD_MODES
 from ..engine.api import COALESCE_MAX_US
 
@@ -269,6 +269,12 @@ FLAGS: tuple[Flag, ...] = (
          group="ignored"),
     Flag("log_backtrace_at", _parse_str, "accepted for compatibility (klog); ignored",
          metavar="FILE:LINE", group="ignored"),
+    Flag("log-format", _choice(*logfmt.FORMATS), "how log lines are written on stderr: text "
+         "(time with zone, level, logger, message) or json (one object per line: time, level, "
+         "logger, message and the event's fields, e.g. subnet, public_ip, reason); under "
+         "systemd each line starts with its syslog priority (<3> error ... <7> debug) and text "
+         "has no time of its own, so that journalctl -p filters on it (default: {default})",
+         metavar="text|json", group="ours"),
     # --- ours
     Flag("engine", _choice("c", "python", "auto"), "forwarding engine: c (the batched C "
          "fast path), python (pure Python), auto (C if built, else Python; default: {default}, or "

@@ -36,6 +36,8 @@ def main(args) -> int:
         prog = args._parser.prog if getattr(args, "_parser", None) else "flannel-udp run"
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1  # flanneld's exit code for a flag it cannot use
+    from ..host import logfmt
+    logfmt.setup(opts.log_format)
     root = logging.getLogger()
     if opts.v >= 2:
         root.setLevel(logging.DEBUG)

@@ -54,6 +54,11 @@ class OutOfSubnetsError(SubnetError):
     pass
 
 
+def _fields(event: str, subnet, public_ip, **more) -> dict:
+    """A lease event's fields for json log lines (``--log-format json``), as plain strings."""
+    return {"event": f"lease_{event}", "subnet": str(subnet), "public_ip": str(public_ip), **more}
+
+
 def check_renew_margin(minutes: int) -> int:
     if not isinstance(minutes, int) or not 1 <= minutes <= 1439:
         raise ValueError("Invalid subnet-lease-renew-margin option, out of acceptable range "
@@ -162,7 +167,8 @@ class LeaseManager:
             pick = self._rng.choice(free)
             lease = self.registry.create_lease(pick, self.attrs, self.lease_ttl)
             if lease is not None:
-                log.info("Allocated lease (ip: %s ipv6: ::/0) to current node (%s)", pick, self.public_ip)
+                log.info("Allocated lease (ip: %s ipv6: ::/0) to current node (%s)", pick, self.public_ip,
+                         extra=_fields("allocated", pick, self.public_ip))
                 return lease
             log.info("subnet %s was taken by another node meanwhile (attempt %d/%d), picking again",
                      pick, attempt, self.max_attempts)
@@ -185,11 +191,15 @@ class LeaseManager:
                 renewed = self.registry.renew_lease(l.subnet, self.attrs, self.lease_ttl)
                 if renewed is not None:
                     log.info("Found %s (ip: %s ipv6: ::/0) for current IP (%s), reusing",
-                             "reservation" if renewed.reservation else "lease", l.subnet, self.public_ip)
+                             "reservation" if renewed.reservation else "lease", l.subnet, self.public_ip,
+                             extra=_fields("reused", l.subnet, self.public_ip,
+                                           reason="found for current IP"))
                     return renewed
                 continue                      # rewritten by another node since our list
             log.warning("Found lease (ip: %s) for current IP (%s) that does not fit the network config, "
-                        "deleting it", l.subnet, self.public_ip)
+                        "deleting it", l.subnet, self.public_ip,
+                        extra=_fields("deleted", l.subnet, self.public_ip,
+                                      reason="does not fit the network config"))
             self.registry.delete_lease(l.subnet)
         return None
 
@@ -204,7 +214,8 @@ class LeaseManager:
         if lease is None:
             lease = self._reclaim_malformed(prev)
         if lease is not None:
-            log.info("Found previously leased subnet (%s), reusing", prev)
+            log.info("Found previously leased subnet (%s), reusing", prev,
+                     extra=_fields("reused", prev, self.public_ip, reason="previous subnet"))
         return lease
 
     def _reclaim_malformed(self, subnet: IPv4Network) -> Optional[Lease]:
@@ -291,7 +302,9 @@ class LeaseManager:
                 continue
             self._renew_failing.ok()
             if renewed is None:
-                log.error("Lease %s is now held by another node, acquiring a new one", lease.subnet)
+                log.error("Lease %s is now held by another node, acquiring a new one", lease.subnet,
+                          extra=_fields("lost", lease.subnet, self.public_ip,
+                                        reason="held by another node"))
                 with self._cond:
                     self._lost = True
                 continue
@@ -345,7 +358,9 @@ class LeaseManager:
                 log.error("Lease %s is now held by another host (%s): this host must move to "
                           "another subnet. That is an outage for its workloads: they keep "
                           "addresses in %s, which now route to that host, until they are "
-                          "restarted", old.subnet, holder, old.subnet)
+                          "restarted", old.subnet, holder, old.subnet,
+                          extra=_fields("lost", old.subnet, self.public_ip,
+                                        reason=f"held by {holder}"))
             if lease is None:
                 lease = self._acquire(None)
         except Exception as exc:              # etcd down, out of subnets...: keep trying
@@ -364,9 +379,12 @@ class LeaseManager:
             watch.cancel()                    # the watch thread restarts on the new key
         self.reacquisitions += 1
         if lease.subnet == old.subnet:
-            log.info("Took our lease %s back", lease.subnet)
+            log.info("Took our lease %s back", lease.subnet,
+                     extra=_fields("taken_back", lease.subnet, self.public_ip))
         else:
-            log.info("Acquired lease %s (was %s)", lease.subnet, old.subnet)
+            log.info("Acquired lease %s (was %s)", lease.subnet, old.subnet,
+                     extra=_fields("moved", lease.subnet, self.public_ip,
+                                   previous_subnet=str(old.subnet)))
         if self.on_lease_change is not None:
             try:
                 self.on_lease_change(lease)

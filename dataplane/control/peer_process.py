@@ -45,6 +45,7 @@ import threading
 from ipaddress import IPv4Network
 from typing import Optional
 
+from ..host import logfmt
 from .peers import COALESCE_S, OnChange, PeerWatcher, hand_on
 from .peerset import PeerChange, PeerSnapshot
 from .registry import Registry
@@ -452,7 +453,10 @@ class _Forward(logging.Handler):
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + logging.Formatter().formatException(record.exc_info)
-        self.queue.put(("log", {"name": record.name, "levelno": record.levelno,
+        # the event's fields too (json log lines carry them), as plain values: the link pickles
+        extra = {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+                 for k, v in logfmt.fields(record).items()}
+        self.queue.put(("log", {**extra, "name": record.name, "levelno": record.levelno,
                                 "levelname": record.levelname, "msg": text, "args": None,
                                 "pathname": record.pathname, "filename": record.filename,
                                 "module": record.module, "lineno": record.lineno,

@@ -245,15 +245,18 @@ class PeerWatcher:
             self.bad_total += 1
             subnet = _subnet_of_key(key)
             kept = self._leases.get(subnet) if subnet is not None else None
+            fields = _skipped(key, subnet, problem)
             if subnet is not None and subnet == own:
-                log.warning("Our own subnet lease %s holds something else: %s", key, problem)
+                log.warning("Our own subnet lease %s holds something else: %s", key, problem,
+                            extra={**fields, "event": "own_lease_broken"})
             elif kept is not None:
                 log.warning("Skipping subnet lease %s: %s; keeping the last valid lease of %s (via "
                             "%s) until the key is fixed or deleted", key, problem, subnet,
-                            kept.attrs.public_ip)
+                            kept.attrs.public_ip,
+                            extra={**fields, "public_ip": str(kept.attrs.public_ip)})
             else:
                 log.warning("Skipping subnet lease %s: %s (no route for it until the key is fixed "
-                            "or deleted)", key, problem)
+                            "or deleted)", key, problem, extra=fields)
 
     def _on_events(self, events: list, revision: int) -> None:
         """The watch thread's part: apply, note what changed, leave the report to the publisher."""
@@ -341,7 +344,8 @@ class PeerWatcher:
                     self.bad_total += 1
                     changed.add(subnet)
                     log.warning("Skipping subnet lease %s: %s; delete the key that is wrong "
-                                "(etcdctl del %s)", key, why, key)
+                                "(etcdctl del %s)", key, why, key,
+                                extra={**_skipped(key, subnet, why), "public_ip": str(ip)})
         return changed
 
     def _publish(self, full: bool = False) -> PeerChange:
@@ -397,3 +401,9 @@ def _subnet_of_key(key: str) -> Optional[IPv4Network]:
         return parse_subnet_key(key)[0]
     except LeaseFormatError:
         return None
+
+
+def _skipped(key: str, subnet: Optional[IPv4Network], reason: str) -> dict:
+    """A skipped key's fields for json log lines (``--log-format json``)."""
+    return {"event": "lease_skipped", "key": key, "subnet": str(subnet) if subnet else None,
+            "reason": reason}

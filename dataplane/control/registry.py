@@ -509,7 +509,8 @@ class Registry:
                                   create_revision=kv.create_revision)
         except LeaseFormatError as exc:
             if not quiet:
-                log.warning("skipping malformed lease %s: %s", key, exc)
+                log.warning("skipping malformed lease %s: %s", key, exc,
+                            extra={"event": "lease_skipped", "key": key, "reason": str(exc)})
             return BadLease(key, str(exc), kv.mod_revision)
         if with_ttl and kv.lease:                 # a reservation never expires: no expiration
             lease = replace(lease, expiration=time.time() + self.time_to_live(kv.lease))

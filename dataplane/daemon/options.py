@@ -42,6 +42,7 @@ class Options:
     v: int = 0
     vmodule: str = ""
     log_backtrace_at: str = ""
+    log_format: str = "text"
     engine: str = "auto"
     accept_from: str = "leases"
     strict_sources: bool = False

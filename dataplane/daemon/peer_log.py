@@ -1,7 +1,8 @@
 """How peer changes reach the log: a line per lease while changes are rare, a summary during a burst.
 
-A host joining or leaving gets its own INFO line at once, as long as the window (1 s) has had fewer
-than ``BUDGET`` such lines. Beyond that (an autoscaling event, an etcd restore: thousands of leases
+A host joining or leaving gets its own INFO line at once, in flanneld's words (``Subnet added:
+<subnet>``, ``Subnet removed: <subnet>``, then what flannel-udp adds), as long as the window (1 s)
+has had fewer than ``BUDGET`` such lines. Beyond that (an autoscaling event, an etcd restore: thousands of leases
 within seconds) the changes are folded into one INFO summary written when the window ends: how many
 peers were added and removed, in how many reports, the route table's size, and the first and last
 few leases of each kind. So a burst of 1,000 adds writes a handful of lines, not thousands
@@ -50,17 +51,22 @@ class PeerLog:
         self.tick(now)
         n = len(change.added) + len(change.removed)
         if not self._reports and self._lines + n <= BUDGET:
+            # flanneld's udp backend says "Subnet added: <subnet>" and "Subnet removed:
+            # <subnet>": the lines start with its words, for the greps and alerts written for it
             for lease in change.removed:
-                log.info("Peer removed: %s (was via %s); %d peer(s) in the route table",
-                         lease.subnet, lease.public_ip, table_size)
+                log.info("Subnet removed: %s (was via %s); %d peer(s) in the route table",
+                         lease.subnet, lease.public_ip, table_size,
+                         extra=self._fields(lease, "removed", table_size))
             for lease in change.added:
-                log.info("Peer added: %s via %s:%d; %d peer(s) in the route table", lease.subnet,
-                         lease.public_ip, self.port, table_size)
+                log.info("Subnet added: %s via %s:%d; %d peer(s) in the route table", lease.subnet,
+                         lease.public_ip, self.port, table_size,
+                         extra=self._fields(lease, "added", table_size))
             self._lines += n
             return
         for kind, leases in (("removed", change.removed), ("added", change.added)):
             for lease in leases:
-                log.debug("Peer %s: %s via %s", kind, lease.subnet, lease.public_ip)
+                log.debug("Subnet %s: %s via %s", kind, lease.subnet, lease.public_ip,
+                          extra=self._fields(lease, kind))
             self._counts[kind] += len(leases)
             self._first[kind].extend(leases[:DETAIL - len(self._first[kind])])
             self._last[kind].extend(leases[-DETAIL:])
@@ -95,8 +101,21 @@ class PeerLog:
                     ", ".join(self._name(lease, kind) for lease in last)
             parts.append(f"{n} {kind} ({named})")
         log.info("Peers changed: %s in %d update(s) over %.2f s; %d peer(s) in the route table",
-                 "; ".join(parts), self._reports, self._last_at - self._first_at, self._size)
+                 "; ".join(parts), self._reports, self._last_at - self._first_at, self._size,
+                 extra={"event": "peers_changed", "added": self._counts["added"],
+                        "removed": self._counts["removed"], "updates": self._reports,
+                        "peers": self._size})
         self._reset()
+
+    def _fields(self, lease, kind: str, table_size: int | None = None) -> dict:
+        """A lease's event as fields of a json log line."""
+        out = {"event": f"subnet_{kind}", "subnet": str(lease.subnet),
+               "public_ip": str(lease.public_ip)}
+        if kind == "added":
+            out["port"] = self.port
+        if table_size is not None:
+            out["peers"] = table_size
+        return out
 
     def _name(self, lease, kind: str) -> str:
         if kind == "added":

@@ -10,6 +10,7 @@
 * ``queues.py``   how many queues;
 * ``offload.py``  probing and switching on the kernel offloads (TSO/USO, UDP GSO/GRO);
 * ``atomicfile.py`` writing a file others read (subnet.env, results) in one rename;
+* ``logfmt.py``   how log lines are written on stderr (text, json, journald's priority prefixes);
 * ``child.py``    the command line of a child process that runs this very package (the peer
   watch's process, a successor daemon, testbed daemons, bench forwarders).
 """

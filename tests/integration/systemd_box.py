@@ -214,6 +214,34 @@ class SystemdBox:
                 f.write(dropin)
         self.systemctl("daemon-reload")
 
+    def start_journal(self) -> None:
+        """journald in the box, for services whose output goes to the journal (StandardOutput=
+        journal, systemd's default). Its sockets only (no /dev/log: /dev is the machine's); its
+        files in the box's directory (bound over /run/log, which it would share with the
+        machine), read with :meth:`journalctl`."""
+        os.makedirs(os.path.join(self.dir, "log"), exist_ok=True)
+        self.install("systemd-journald.socket", (
+            "[Unit]\nDefaultDependencies=no\n[Socket]\n"
+            "ListenStream=/run/systemd/journal/stdout\nListenDatagram=/run/systemd/journal/socket\n"
+            "SocketMode=0666\nPassCredentials=yes\nPassSecurity=yes\nReceiveBuffer=8M\n"
+            "Service=systemd-journald.service\n"))
+        self.install("systemd-journald.service", (
+            "[Unit]\nDefaultDependencies=no\nRequires=systemd-journald.socket\n"
+            "After=systemd-journald.socket\n[Service]\nType=notify\n"
+            "Sockets=systemd-journald.socket\nExecStart=/lib/systemd/systemd-journald\n"
+            f"BindPaths={self.dir}/log:/run/log\nRuntimeDirectory=systemd/journal\n"
+            "RuntimeDirectoryPreserve=yes\nStandardOutput=null\n"))
+        self.systemctl("start", "systemd-journald.socket", "systemd-journald.service")
+
+    def journalctl(self, *args) -> str:
+        """``journalctl ARGS`` over the box's journal files (journald writes them as it goes)."""
+        r = subprocess.run(["journalctl", "--no-pager", "-D", os.path.join(self.dir, "log",
+                                                                           "journal"), *args],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"journalctl {' '.join(args)} failed ({r.returncode}): {r.stderr}")
+        return r.stdout
+
     def show(self, unit: str, *props: str) -> dict:
         r = self.systemctl("show", unit, *[f"--property={p}" for p in props])
         return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)

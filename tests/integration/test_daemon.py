@@ -266,7 +266,7 @@ def test_host_joins_later_and_leaves(ov, figure):
         time.sleep(0.1)
     assert ov.metrics(h0)["flannel_udp_peers"] == peers_before - 1
     assert udp_probe(ov, h0, ip) == "ENETUNREACH"           # route gone: no lease, no route
-    assert f"Peer removed: {subnet}" in ov.daemon(h0).log_text()
+    assert f"Subnet removed: {subnet}" in ov.daemon(h0).log_text()
     ov.remove_host(new, delete_lease=False)
 
 

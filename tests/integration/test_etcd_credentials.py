@@ -165,7 +165,7 @@ def test_tls_and_auth_run_through_expired_tokens_and_an_etcd_restart(sov, pair):
     try:
         sov.put(f"subnets/{FAKE_PEER.replace('/', '-')}", '{"PublicIP":"192.168.77.250"}')
         for h in (a, b):                       # a peer change reaches both through their watches
-            wait_until(lambda h=h: f"Peer added: {FAKE_PEER}" in log(h),
+            wait_until(lambda h=h: f"Subnet added: {FAKE_PEER}" in log(h),
                        timeout=20, what=f"{h.name} to see the new peer after the restart")
     finally:
         sov.delete_lease(FAKE_PEER)

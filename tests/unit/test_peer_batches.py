@@ -171,8 +171,8 @@ def test_rare_changes_get_a_line_per_lease_at_once(caplog):
         plog.record(PeerChange(PeerSnapshot(), (lease(1),), ()), 5)
         clock.t += 0.3
         plog.record(PeerChange(PeerSnapshot(), (), (lease(1),)), 4)
-    assert info(caplog) == ["Peer added: 10.128.1.0/24 via 172.16.0.1:8285; 5 peer(s) in the route table",
-                            "Peer removed: 10.128.1.0/24 (was via 172.16.0.1); 4 peer(s) in the route table"]
+    assert info(caplog) == ["Subnet added: 10.128.1.0/24 via 172.16.0.1:8285; 5 peer(s) in the route table",
+                            "Subnet removed: 10.128.1.0/24 (was via 172.16.0.1); 4 peer(s) in the route table"]
 
 
 def test_a_burst_is_summarised_once_per_window(caplog):
@@ -215,7 +215,7 @@ def test_single_leases_beyond_the_budget_are_folded(caplog):
     lines = info(caplog)
     assert lines[BUDGET] == ("Peers changed: 2 added (10.128.5.0/24 via 172.16.0.5, 10.128.6.0/24 via "
                              "172.16.0.6) in 2 update(s) over 0.05 s; 7 peer(s) in the route table")
-    assert lines[BUDGET + 1].startswith("Peer removed: 10.128.0.0/24 ")
+    assert lines[BUDGET + 1].startswith("Subnet removed: 10.128.0.0/24 ")
     assert len(lines) == BUDGET + 2
 
 
