@@ -31,6 +31,7 @@ on a failed test (context manager / fixture teardown), and at interpreter exit.
 from __future__ import annotations
 
 import base64
+import datetime
 import ipaddress
 import json
 import logging
@@ -405,14 +406,13 @@ class Overlay:
     def lease_acquired_at(self, host, timeout: float = 10.0):
         """The wall-clock time of the host's daemon's "Lease acquired" log line (ms), or None."""
         d = self.daemon(host)
-        pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ \S+: Lease acquired",
-                             re.M)
+        # the text log's time: date, time with milliseconds and the zone's offset (host/logfmt.py)
+        pattern = re.compile(r"^(\d{4}-\d\d-\d\d \S+) \S+ \S+: Lease acquired", re.M)
         found = []
         wait_for(lambda: found.extend(pattern.findall(d.log_text())) or found, timeout, interval=0.02)
         if not found:
             return None
-        stamp, ms = found[0]
-        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+        return datetime.datetime.fromisoformat(found[0]).timestamp()
 
     def reachable(self, src, dst: str, timeout: float = 10.0) -> bool:
         """True once one ping from ``src`` to ``dst`` succeeds within ``timeout``."""
