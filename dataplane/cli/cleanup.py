@@ -240,8 +240,10 @@ def main(args) -> int:
                 print("and it would refuse now: " + "; ".join(refusal))
                 return 1
             return 0
+        firewall_lines = []
         for what, act in steps:
-            if act is None:
+            if act is None:             # a firewall line: done by the one transaction after them
+                firewall_lines.append(what)
                 continue
             try:
                 act()
@@ -250,8 +252,8 @@ def main(args) -> int:
                 print(f"flannel-udp cleanup: failed: {what or 'removing the firewall rules'}: "
                       f"{detail.strip()}", file=sys.stderr)
                 return 1
-        for what in shown:
-            print(f"done: {what}")
+            for line in (firewall_lines if not what else [what]):
+                print(f"done: {line}", flush=True)
         if not shown:
             print("nothing to clean up")
         if not args.release_lease:

@@ -100,6 +100,17 @@ def test_status_of_a_ready_daemon_without_http(ov, engine):
     assert oct(os.stat(ov.status_socket(h)).st_mode & 0o777) == "0o600"
 
 
+def test_status_answers_from_the_daemon_that_took_over(ov):
+    h = _host_of(ov, "c")
+    old = ov.daemon(h).pid
+    new, rc = ov.handover_daemon(h)
+    assert rc == 0
+    # the old daemon exits after the new one bound the path anew: it must leave that one alone
+    r = _cli("status", "--json", "--status-socket", ov.status_socket(h))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["pid"] == new.pid != old
+
+
 def test_status_of_a_daemon_without_a_lease_is_1_with_the_failing_checks(ov):
     # A prefix with no network config: the daemon waits for it, before any lease.
     h = ov.add_host(engine="c", args=(*DAEMON_ARGS, "--etcd-prefix=/fu-noconfig/network"),
