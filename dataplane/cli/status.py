@@ -46,6 +46,9 @@ def main(args) -> int:
     path = args.status_socket or default_socket()
     try:
         doc = query(path, args.timeout)
+    except PermissionError:
+        print(f"flannel-udp status: {path} is root's only: run it as root", file=sys.stderr)
+        return EXIT_NO_DAEMON
     except (OSError, ValueError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         print(f"flannel-udp status: no daemon answers on {path} ({why}); is `flannel-udp run` "
