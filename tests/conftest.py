@@ -1,4 +1,5 @@
-"""Suite-wide fixtures and the rule that nothing skips silently in CI.
+"""Suite-wide fixtures, the rule that nothing skips silently in CI, and `wait_until`, the one
+way a test waits for an event.
 
 `require(ok, reason)` skips on a developer's machine but fails under CI=true,
 so a missing etcd, root or compiler can never pass CI unnoticed.
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
@@ -51,3 +53,22 @@ def _no_process_exit_in_tests(monkeypatch):
     def refuse(status):
         raise AssertionError(f"os._exit({status}) called inside the test process")
     monkeypatch.setattr(os, "_exit", refuse)
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what="condition"):
+    """Poll ``predicate()`` until it returns something truthy, and return that. After ``timeout``
+    s, fail with AssertionError naming ``what``: a string, or a callable that says what is seen
+    at that moment (counters, a status). The first looks come within a millisecond, so a quick
+    event costs no ``interval``; after that one look every ``interval`` s, so a predicate that
+    runs a command is not run in a busy loop."""
+    deadline = time.monotonic() + timeout
+    delay = min(0.0002, interval)
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for "
+                                 f"{what() if callable(what) else what}")
+        time.sleep(delay)
+        delay = min(delay * 2, interval)

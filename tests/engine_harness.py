@@ -26,7 +26,6 @@ Usage::
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 import select
 import socket
@@ -34,6 +33,7 @@ import threading
 import time
 
 from dataplane.engine import DROP_STATS, STAT_NAMES, SYSCALL_STATS, Route, create_engine
+from tests.conftest import wait_until
 
 ENGINE_IP = "127.0.0.1"
 DEFAULT_TUN_ADDR = "10.5.1.0"
@@ -190,19 +190,15 @@ class Harness:
         return self.engine.stats()
 
     def wait_for(self, pred, timeout: float = SETTLE_TIMEOUT, what: str = "condition"):
-        """Poll pred(stats) until true; AssertionError with the stats if not."""
-        deadline = time.monotonic() + timeout
-        delay = 0.0002
-        while True:
+        """The stats once ``pred(stats)`` holds; a timeout names the stats and the kernel's drops."""
+        def done():
             st = self.engine.stats()
-            if pred(st):
-                return st
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timeout waiting for {what}; stats: {nonzero(st)}; kernel drops on this "
-                    f"host since the harness started: {kernel_drops() - self.kernel_drops0}")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+            return st if pred(st) else None
+
+        def seen():
+            return (f"{what}; stats: {nonzero(self.engine.stats())}; kernel drops on this host "
+                    f"since the harness started: {kernel_drops() - self.kernel_drops0}")
+        return wait_until(done, timeout, 0.01, seen)
 
     def outputs(self):
         with self._lock:
@@ -306,10 +302,6 @@ def expect_only(st: dict, **expected) -> None:
     if "route_swaps" not in expected:
         got.pop("route_swaps", None)
     assert got == {k: v for k, v in expected.items() if v}, f"counters {got} != {expected}"
-
-
-def subnet_host(subnet: str, n: int = 1) -> str:
-    return str(ipaddress.IPv4Network(subnet)[n])
 
 
 def full_checksum(header: bytes) -> int:

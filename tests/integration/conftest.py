@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 
 import pytest
 
@@ -17,18 +16,6 @@ DEFAULT_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
 
 def unique_prefix(tag: str = "t") -> str:
     return f"/fu-{os.getpid()}-{tag}-{next(_prefix_seq)}/network"
-
-
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
-    """Poll `predicate` until it is truthy; fail the test with `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 FIGURE = "figure: "             # prefix of the user properties that hold measured figures
@@ -100,9 +87,7 @@ def other_engine(engine: str) -> str:
     return "python" if engine == "c" else "c"
 
 
-@pytest.fixture(scope="module")
-def shared_etcd():
-    """One etcd per test module; tests isolate themselves with a unique key prefix."""
+def _etcd_server():
     require_etcd()
     server = EtcdServer()
     try:
@@ -110,18 +95,18 @@ def shared_etcd():
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def shared_etcd():
+    """One etcd per test module; tests isolate themselves with a unique key prefix."""
+    yield from _etcd_server()
 
 
 @pytest.fixture
 def etcd():
     """A private etcd for tests that stop, restart or compact it."""
-    require_etcd()
-    server = EtcdServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
+    yield from _etcd_server()
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from tests.conftest import ENGINES
-from tests.integration.conftest import other_engine, overlay_of, require_iperf3, wait_until
+from tests.conftest import ENGINES, wait_until
+from tests.integration.conftest import other_engine, overlay_of, require_iperf3
 from tests.integration.traffic import iperf3_server, udp_probe
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
@@ -43,6 +43,14 @@ def _all_pairs_reachable(ov, timeout=10.0):
             if a is not b:
                 assert ov.reachable(a, ov.flannel_ip(b), timeout), \
                     f"{a.name} cannot reach {b.name} ({ov.flannel_ip(b)})"
+
+
+def _joined(ov, new, timeout: float) -> None:
+    """Every other host reaches ``new`` (the first ping within ``timeout`` s), and it reaches them."""
+    for h in ov.hosts:
+        if h is not new:
+            assert ov.reachable(h, ov.flannel_ip(new), timeout), f"{h.name} cannot reach {new.name}"
+            assert ov.reachable(new, ov.flannel_ip(h), 10)
 
 
 # -- scripts run inside the namespaces --------------------------------------------------------
@@ -188,10 +196,8 @@ def test_accept_from_leases_drops_strangers_and_any_accepts(ov):
     assert not stranger_datagram_arrives(ov, h, inner_src)
     assert ov.metrics(h)[bad] >= before + 3
     # the daemon said so, naming the flag that relaxes it
-    deadline = time.monotonic() + 3
-    while "--accept-from any" not in ov.daemon(h).log_text() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert "--accept-from any" in ov.daemon(h).log_text()
+    wait_until(lambda: "--accept-from any" in ov.daemon(h).log_text(), 3, 0.2,
+               "a log line naming --accept-from any")
     ov.restart_daemon(h, args=("--accept-from", "any"))
     try:
         assert stranger_datagram_arrives(ov, h, inner_src)
@@ -238,10 +244,7 @@ def test_sighup_and_revoked_lease_reacquire_without_dropping_peers(ov):
     assert ov.subnet(h) == subnet and ov.leases()[subnet] == h.ip
     assert ov.metrics(h)["flannel_udp_peers"] == len(ov.hosts) - 1
     ov.delete_lease(subnet)                                 # revoked behind its back
-    deadline = time.monotonic() + 10
-    while ov.leases().get(subnet) != h.ip and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ov.leases().get(subnet) == h.ip, "lease not re-acquired"
+    wait_until(lambda: ov.leases().get(subnet) == h.ip, 10, 0.2, "the revoked lease re-acquired")
     assert d.running()
     assert ov.ping(h, peer, count=3, interval=0.1)["received"] == 3
 
@@ -250,10 +253,7 @@ def test_host_joins_later_and_leaves(ov, figure):
     t0 = time.monotonic()
     new = ov.add_host(engine=ov.kind)
     ip = ov.flannel_ip(new)
-    for h in ov.hosts:
-        if h is not new:
-            assert ov.reachable(h, ip, 10), f"{h.name} cannot reach the new host"
-            assert ov.reachable(new, ov.flannel_ip(h), 10)
+    _joined(ov, new, 10)
     figure(f"{ov.kind}: new host reachable from all (s, from daemon start)",
            round(time.monotonic() - t0, 2))
     subnet = ov.subnet(new)
@@ -261,10 +261,8 @@ def test_host_joins_later_and_leaves(ov, figure):
     peers_before = ov.metrics(h0)["flannel_udp_peers"]
     assert ov.stop_daemon(new) == 0
     ov.delete_lease(subnet)                                 # the host leaves for good
-    deadline = time.monotonic() + 5
-    while ov.metrics(h0)["flannel_udp_peers"] != peers_before - 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ov.metrics(h0)["flannel_udp_peers"] == peers_before - 1
+    wait_until(lambda: ov.metrics(h0)["flannel_udp_peers"] == peers_before - 1, 5, 0.1,
+               "the peer removed")
     assert udp_probe(ov, h0, ip) == "ENETUNREACH"           # route gone: no lease, no route
     assert f"Subnet removed: {subnet}" in ov.daemon(h0).log_text()
     ov.remove_host(new, delete_lease=False)
@@ -283,10 +281,8 @@ def test_ip_masq_rules_installed_kept_and_removed_when_turned_off(ov):
         # someone flushes the jump: the resync puts it back
         ov.exec(h, ["iptables", "-t", "nat", "-D", "POSTROUTING", "-m", "comment", "--comment",
                     "flanneld masq", "-j", "FLANNEL-POSTRTG"], check=True)
-        deadline = time.monotonic() + 5
-        while jump not in ov.exec(h, ["iptables-save", "-t", "nat"]).stdout:
-            assert time.monotonic() < deadline, "rules not resynced"
-            time.sleep(0.2)
+        wait_until(lambda: jump in ov.exec(h, ["iptables-save", "-t", "nat"]).stdout, 5, 0.2,
+                   "the resync to put the jump back")
     finally:
         ov.restart_daemon(h, args=())
     # kept at exit; the next start without --ip-masq removes them (subnet.env said it was on)
@@ -314,11 +310,7 @@ def test_etcd_outage_keeps_forwarding_and_late_joiner_arrives(ov, figure):
     r = parse_ping(out)
     assert r["sent"] == count and r["received"] == count, out
     ov.wait_ready(joiner, timeout=30)
-    ip = ov.flannel_ip(joiner)
-    for h in ov.hosts:
-        if h is not joiner:
-            assert ov.reachable(h, ip, 20), f"{h.name} cannot reach the host that joined meanwhile"
-            assert ov.reachable(joiner, ov.flannel_ip(h), 10)
+    _joined(ov, joiner, 20)
     figure(f"{ov.kind}: late joiner reachable after etcd back (s)",
            round(time.monotonic() - t_back, 2))
     ov.remove_host(joiner)

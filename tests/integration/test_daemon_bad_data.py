@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from tests.conftest import ENGINES
+from tests.conftest import ENGINES, wait_until
 from tests.integration.conftest import other_engine, overlay_of
 from tests.integration.traffic import udp_probe
 
@@ -54,13 +54,6 @@ class Pinger:
 
     def kill(self):
         self.ov.tb.kill(self.proc)
-
-
-def wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.2)
 
 
 def logged(ov, host, *parts) -> bool:
@@ -113,7 +106,8 @@ def test_bad_leases_are_skipped_logged_counted_and_picked_up_when_fixed(ov):
             ov.put(f"subnets/{key}", value)
         for h in (h0, h1):
             for key, _, problem in bad:
-                wait(lambda: logged(ov, h, key, problem), 10, f"{h.name}: {problem!r} for {key}")
+                wait_until(lambda: logged(ov, h, key, problem), 10, 0.2,
+                           f"{h.name}: {problem!r} for {key}")
             assert metric(ov, h, "flannel_udp_bad_leases") == len(bad)
             assert metric(ov, h, "flannel_udp_bad_leases_seen_total") >= len(bad)
             assert metric(ov, h, "flannel_udp_peers") == 1
@@ -124,7 +118,7 @@ def test_bad_leases_are_skipped_logged_counted_and_picked_up_when_fixed(ov):
         # A peer's own key overwritten with garbage: the others keep the last valid lease, the
         # owner takes its key back (same subnet, not a new one).
         ov.put(f"subnets/{s1.network_address}-24", "garbage")
-        wait(lambda: ov.leases().get(s1) == h1.ip, 10, "h1 to take its lease key back")
+        wait_until(lambda: ov.leases().get(s1) == h1.ip, 10, 0.2, "h1 to take its lease key back")
         assert logged(ov, h1, "malformed") and ov.subnet(h1) == s1
         assert logged(ov, h0, f"{s1.network_address}-24", "keeping")
 
@@ -136,14 +130,15 @@ def test_bad_leases_are_skipped_logged_counted_and_picked_up_when_fixed(ov):
 
         # fixed: the lease becomes a route (sent to its peer: no ICMP any more); the rest deleted
         ov.put(f"subnets/{fixed.network_address}-24", lease_json("192.168.77.50"))
-        wait(lambda: metric(ov, h0, "flannel_udp_peers") == 2, 10, "the fixed lease as a peer")
+        wait_until(lambda: metric(ov, h0, "flannel_udp_peers") == 2, 10, 0.2,
+                   "the fixed lease as a peer")
         assert udp_probe(ov, h0, str(fixed.network_address + 1), timeout=1.0) == "timeout"
         for key, _, _ in bad:
             if key != f"{fixed.network_address}-24":
                 ov.etcdctl("del", f"{ov.prefix}/subnets/{key}")
         for h in (h0, h1):
-            wait(lambda: metric(ov, h, "flannel_udp_bad_leases") == 0, 10,
-                 f"{h.name}: no bad lease left")
+            wait_until(lambda: metric(ov, h, "flannel_udp_bad_leases") == 0, 10, 0.2,
+                       f"{h.name}: no bad lease left")
         r = pinger.result()
         assert r["sent"] > 0 and r["received"] == r["sent"], r["out"]
     finally:
@@ -179,18 +174,19 @@ def test_config_broken_and_changed_while_running(ov):
         for what, value, problem in cases:
             ov.put_config(value)
             for h in (h0, h1):
-                wait(lambda: logged(ov, h, key, problem), 10, f"{h.name}: {what}: {problem!r}")
+                wait_until(lambda: logged(ov, h, key, problem), 10, 0.2,
+                           f"{h.name}: {what}: {problem!r}")
         for h in (h0, h1):
             assert logged(ov, h, key, "keeps running with")
             assert metric(ov, h, "flannel_udp_config_mismatch") == 1
             assert longest_log_line(ov, h) < MAX_LOG_LINE
         ov.etcdctl("del", key)
         for h in (h0, h1):
-            wait(lambda: logged(ov, h, key, "deleted"), 10, f"{h.name}: config deleted")
+            wait_until(lambda: logged(ov, h, key, "deleted"), 10, 0.2, f"{h.name}: config deleted")
         ov.put_config(good)
         for h in (h0, h1):
-            wait(lambda: logged(ov, h, key, "matches the running config again"), 10,
-                 f"{h.name}: config restored")
+            wait_until(lambda: logged(ov, h, key, "matches the running config again"), 10, 0.2,
+                       f"{h.name}: config restored")
             assert metric(ov, h, "flannel_udp_config_mismatch") == 0
         r = pinger.result()
         assert r["sent"] == pinger.count and r["received"] == r["sent"], r["out"]

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from dataplane.engine import ipv4
-from tests.conftest import require_etcd, require_root
+from tests.conftest import require_etcd, require_root, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -35,30 +34,30 @@ def hosts(ov):
     ov.stop_daemon(b)
 
 
-def _until(ov, host, path, status, timeout):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = ov.healthz(host, path)
-        if got[0] == status or time.monotonic() > deadline:
-            return got
-        time.sleep(0.3)
+def _readyz(ov, host, status, timeout):
+    """(status, body) of /readyz once it answers ``status``."""
+    def answered():
+        got = ov.healthz(host, "/readyz")
+        return got if got[0] == status else None
+    return wait_until(answered, timeout, 0.3,
+                      lambda: f"/readyz {status}; it answers {ov.healthz(host, '/readyz')}")
 
 
 def test_readyz_follows_the_etcd_watch(ov, hosts):
     a, _ = hosts
     ov.start_daemon(a)
-    status, body = _until(ov, a, "/readyz", 200, 10)
+    status, body = _readyz(ov, a, 200, 10)
     assert status == 200, body
     assert {"[+]lease ok", "[+]engine ok", "[+]etcd_watch ok"} <= set(body.splitlines())
     ov.stop_etcd()
     try:
-        status, body = _until(ov, a, "/readyz", 503, 15)
+        status, body = _readyz(ov, a, 503, 15)
         assert status == 503 and "[-]etcd_watch failed: not connected to etcd" in body, body
         assert "[+]engine ok" in body                  # forwarding does not depend on etcd
         assert ov.healthz(a) == (200, "flanneld is running")
     finally:
         ov.start_etcd()
-    status, body = _until(ov, a, "/readyz", 200, 30)
+    status, body = _readyz(ov, a, 200, 30)
     assert status == 200, body
     m = ov.metrics(a)
     assert m['flannel_udp_etcd_watch_reconnects_total{watch="subnets"}'] >= 1

@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from tests.conftest import ENGINES
-from tests.integration.conftest import other_engine, overlay_of, wait_until
+from tests.conftest import ENGINES, wait_until
+from tests.integration.conftest import other_engine, overlay_of
 from tests.integration.test_daemon_bad_data import Pinger, logged, metric
 from tests.integration.traffic import udp_probe
 

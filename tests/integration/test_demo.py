@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from dataplane.host.child import cli_argv
-from tests.conftest import ENGINES, require_engine, require_etcd, require_root
+from tests.conftest import ENGINES, require_engine, require_etcd, require_root, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -301,10 +301,8 @@ def test_ctrl_c_tears_everything_down(tmp_path):
                              stdout=f, stderr=subprocess.STDOUT, text=True,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        deadline = time.monotonic() + 60
-        while "Workloads" not in out.read_text() and time.monotonic() < deadline \
-                and p.poll() is None:
-            time.sleep(0.1)
+        wait_until(lambda: "Workloads" in out.read_text() or p.poll() is not None, 60, 0.1,
+                   "the demo to show its workloads")
         assert "Workloads" in out.read_text(), out.read_text()
         assert _netns_of(p.pid), "the demo's namespaces should exist while it runs"
         p.send_signal(signal.SIGINT)

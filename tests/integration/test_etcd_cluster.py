@@ -10,8 +10,7 @@ from dataplane.control.lease import LeaseAttrs
 from dataplane.control.peers import PeerWatcher
 from dataplane.control.lease_manager import LeaseManager
 from dataplane.testbed.etcd import EtcdCluster
-from tests.conftest import require_etcd
-from tests.integration.conftest import wait_until
+from tests.conftest import require_etcd, wait_until
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 

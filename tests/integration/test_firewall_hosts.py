@@ -28,8 +28,8 @@ import pytest
 
 from dataplane.demo import lab
 from dataplane.host.firewall import REMOVAL_COMMANDS
-from tests.conftest import ENGINES
-from tests.integration.conftest import overlay_of, wait_until
+from tests.conftest import ENGINES, wait_until
+from tests.integration.conftest import overlay_of
 from tests.integration.traffic import STREAM
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]

@@ -1,5 +1,5 @@
-"""Forged datagrams from the underlay never reach the victim host's own sockets (issue 16;
-docs/threat-model.md). Root, real etcd, both engines.
+"""Forged datagrams from the underlay never reach the victim host's own sockets
+(docs/threat-model.md). Root, real etcd, both engines.
 
 ::
 
@@ -28,8 +28,7 @@ import time
 
 import pytest
 
-from dataplane.testbed.hosts import wait_for
-from tests.conftest import ENGINES
+from tests.conftest import ENGINES, wait_until
 from tests.integration.conftest import overlay_of
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
@@ -118,7 +117,7 @@ def arrivals(ov, victim, send, until=lambda: True) -> list[str]:
     try:
         assert listener.stdout.readline().strip() == "listening"
         send()
-        wait_for(until, 5.0)
+        wait_until(until, 5.0, 0.05, "the victim to have handled what was sent")
         time.sleep(GRACE_S)
         out, _ = listener.communicate(input="", timeout=25)
     finally:

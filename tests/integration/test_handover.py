@@ -19,8 +19,9 @@ import json
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.integration import restart_traffic
-from tests.integration.conftest import overlay_of, wait_until
+from tests.integration.conftest import overlay_of
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import wait_until
+from tests.conftest import wait_until
 from tests.integration.systemd_unit import UNIT, across, ifindex, lease_revision, unit_of
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]

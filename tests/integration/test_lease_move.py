@@ -18,8 +18,8 @@ import time
 import pytest
 
 from dataplane.control.lease import LeaseAttrs
-from tests.conftest import ENGINES
-from tests.integration.conftest import other_engine, overlay_of, wait_until
+from tests.conftest import ENGINES, wait_until
+from tests.integration.conftest import other_engine, overlay_of
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 

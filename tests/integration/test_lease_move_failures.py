@@ -23,8 +23,8 @@ import time
 import pytest
 
 from dataplane.control.lease import LeaseAttrs
-from tests.conftest import require
-from tests.integration.conftest import overlay_of, wait_until
+from tests.conftest import require, wait_until
+from tests.integration.conftest import overlay_of
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 

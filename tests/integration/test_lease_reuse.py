@@ -15,7 +15,7 @@ from dataplane.control.lease import LeaseAttrs
 from dataplane.control.peers import PeerWatcher
 from dataplane.control.registry import SUBNET_TTL, Registry
 from dataplane.control.lease_manager import LeaseManager
-from tests.integration.conftest import wait_until
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.etcd
 ME = IPv4Address("192.168.77.1")

@@ -53,7 +53,8 @@ import time
 import pytest
 
 from dataplane.demo import lab
-from tests.integration.conftest import overlay_of, wait_until
+from tests.conftest import wait_until
+from tests.integration.conftest import overlay_of
 from tests.integration.traffic import STREAM
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]

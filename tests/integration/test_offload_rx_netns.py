@@ -36,7 +36,7 @@ import pytest
 
 from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO
 from tests.streams import HASH_SINK, HASH_SOURCE
-from tests.conftest import require_engine
+from tests.conftest import require_engine, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -69,8 +69,8 @@ class Node:
             return f.read()
 
     def wait_ready(self):
-        from dataplane.testbed.hosts import wait_for
-        wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 15)
+        wait_until(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 15, 0.05,
+                   lambda: f"the node to be ready: {self.log()}")
         assert os.path.exists(self.ready), f"node not ready: {self.log()}"
 
     def stop(self) -> dict:

@@ -22,7 +22,7 @@ from dataplane.control.lease import LeaseAttrs
 from dataplane.control.peer_process import PeerWatchProcess
 from dataplane.control.peers import PeerWatcher
 from dataplane.control.lease_manager import LeaseManager
-from tests.integration.conftest import wait_until
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.etcd
 OWN = IPv4Network("10.5.1.0/24")
@@ -245,7 +245,7 @@ def test_random_churn_with_restarts_and_compaction_converges(etcd, make_registry
     reg = make_registry(etcd)
     w, _ = started(reg, retry_interval=0.2)
     stop = threading.Event()
-    done = [0]
+    done, failed = [0], [0]
 
     def writer():
         while not stop.is_set() and done[0] < 400:
@@ -263,16 +263,18 @@ def test_random_churn_with_restarts_and_compaction_converges(etcd, make_registry
                                        deletes=[key(reg, i) for i in picks[3:]])
                 done[0] += 1
             except RegistryError:
+                failed[0] += 1
                 time.sleep(0.05)              # etcd is down: the writer waits like a real node
 
     t = threading.Thread(target=writer)
     t.start()
     try:
-        time.sleep(0.3)
+        wait_until(lambda: done[0] >= 10, what="writes before the crash")
         etcd.kill()
-        time.sleep(0.3)
+        wait_until(lambda: failed[0] >= 2, what="writes refused while etcd is down")
         etcd.start()
-        time.sleep(0.3)
+        after_restart = done[0]
+        wait_until(lambda: done[0] >= after_restart + 10, timeout=20, what="writes after the restart")
         etcd.compact()
         etcd.stop()
         etcd.start()
@@ -312,7 +314,7 @@ def test_watch_process_killed_is_replaced_and_catches_up(shared_etcd, make_regis
         # to the daemon.
         os.kill(w.pid, signal.SIGINT)
         os.kill(w.pid, signal.SIGTERM)
-        time.sleep(0.3)
+        time.sleep(0.3)           # no event to wait for: time for a wrong exit to show
         assert w._proc.poll() is None and w.restarts == 0
         with caplog.at_level(logging.ERROR):
             os.kill(w.pid, signal.SIGKILL)
@@ -384,10 +386,8 @@ def _run_nodes(make_registry, server, n: int):
         assert not errors, errors
         subnets = [l.subnet for l in leases]
         assert len(set(subnets)) == n, "duplicate subnet"
-        deadline = time.monotonic() + 60
-        while not all(w is not None and len(w.peers()) == n - 1 for w in watchers):
-            assert time.monotonic() < deadline, "peer views did not converge"
-            time.sleep(0.01)
+        wait_until(lambda: all(w is not None and len(w.peers()) == n - 1 for w in watchers),
+                   timeout=60, interval=0.01, what="the peer views to converge")
         elapsed = time.monotonic() - t0[0]
         for i, w in enumerate(watchers):
             assert set(w.peers()) == set(subnets) - {subnets[i]}

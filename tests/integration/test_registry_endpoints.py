@@ -3,14 +3,13 @@ without a scheme, unix://NAME (a socket in the working directory, etcd's own spe
 unix:///PATH."""
 from __future__ import annotations
 
-import time
 from ipaddress import IPv4Network
 
 import pytest
 
 from dataplane.control.registry import Registry, RegistryError
 from dataplane.testbed.etcd import EtcdServer
-from tests.conftest import require_etcd
+from tests.conftest import require_etcd, wait_until
 from tests.integration.conftest import unique_prefix
 
 pytestmark = pytest.mark.etcd
@@ -53,15 +52,14 @@ def unix_etcd(tmp_path, monkeypatch):
     try:
         server.start(wait=False)      # its health check speaks TCP: wait for the socket here
         with Registry([f"unix://{name}"], prefix=unique_prefix("ep"), timeout=1) as probe:
-            deadline = time.monotonic() + 20
-            while True:
+            def answers() -> bool:
                 assert server.is_running(), server.log_tail()
                 try:
                     probe.current_revision()
-                    break
+                    return True
                 except RegistryError:
-                    assert time.monotonic() < deadline, server.log_tail()
-                    time.sleep(0.1)
+                    return False
+            wait_until(answers, 20, 0.1, lambda: f"etcd on {name}: {server.log_tail()}")
         assert (tmp_path / name).is_socket()
         yield name
     finally:

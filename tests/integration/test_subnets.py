@@ -1,9 +1,9 @@
 """LeaseManager against a real etcd: flanneld's acquisition order, races, renewal, lost leases."""
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
-import time
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
@@ -11,7 +11,7 @@ import pytest
 from dataplane.control.lease import LeaseAttrs
 from dataplane.control.registry import Registry
 from dataplane.control.lease_manager import LeaseManager, OutOfSubnetsError, check_renew_margin, free_subnets
-from tests.integration.conftest import wait_until
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.etcd
 N = IPv4Network("10.5.0.0/16")
@@ -157,7 +157,9 @@ def test_renewal_observed_with_short_ttl(shared_etcd, make_registry):
     mgr.start()
     try:
         wait_until(lambda: mgr.renewals >= 2, timeout=6, what="two renewals")
-        time.sleep(3.5)                        # longer than the TTL: only renewals keep the key alive
+        # Once the first grant has expired, only the renewals' grants keep the key alive.
+        wait_until(lambda: reg.time_to_live(first.lease_id) < 0, timeout=6, interval=0.2,
+                   what="the first grant to expire")
         kv = reg.get(first.key)[0][0]
         assert kv.lease != first.lease_id and kv.value == LeaseAttrs(ip(1)).to_json()
         assert reg.time_to_live(kv.lease) > 0
@@ -175,20 +177,26 @@ def test_renew_margin_range():
             check_renew_margin(bad)
 
 
-def _changes(mgr_kwargs, reg):
+@contextlib.contextmanager
+def _watched(reg):
+    """A started LeaseManager once the watch of its lease key is connected: (the manager, its first
+    lease, what it reported to on_lease_change); stopped after."""
     changes: list = []
     mgr = LeaseManager(reg, ip(1), on_lease_change=changes.append, reacquire_interval=0.1,
-                      watch_retry_interval=0.2, **mgr_kwargs)
-    return mgr, changes
+                       watch_retry_interval=0.2)
+    first = mgr.acquire()
+    mgr.start()
+    try:
+        wait_until(lambda: mgr.watch_loop is not None and mgr.watch_loop.connected.is_set(),
+                   what="the watch of our lease key")
+        yield mgr, first, changes
+    finally:
+        mgr.stop()
 
 
 def test_deleted_lease_reacquired_same_subnet(shared_etcd, make_registry):
     reg = make_registry(shared_etcd)
-    mgr, changes = _changes({}, reg)
-    first = mgr.acquire()
-    mgr.start()
-    try:
-        time.sleep(0.3)
+    with _watched(reg) as (mgr, first, changes):
         reg.delete_lease(first.subnet)
         wait_until(lambda: changes, what="on_lease_change after delete")
         assert changes[0].subnet == first.subnet and changes[0].lease_id != first.lease_id
@@ -197,28 +205,20 @@ def test_deleted_lease_reacquired_same_subnet(shared_etcd, make_registry):
         reg.revoke(changes[0].lease_id)        # the etcd lease expiring has the same effect
         wait_until(lambda: len(changes) == 2, what="second re-acquisition after revoke")
         assert changes[1].subnet == first.subnet and mgr.reacquisitions == 2
-    finally:
-        mgr.stop()
 
 
 def test_lost_lease_taken_by_other_node_gets_new_subnet(shared_etcd, make_registry):
     reg = make_registry(shared_etcd)
-    mgr, changes = _changes({}, reg)
-    first = mgr.acquire()
-    mgr.start()
-    try:
-        time.sleep(0.3)
+    with _watched(reg) as (mgr, first, changes):
         # Delete and hand our subnet to another node in one revision.
         reg.txn_put_delete({first.key: LeaseAttrs(ip(7)).to_json()})
         wait_until(lambda: changes, what="on_lease_change after takeover")
         assert changes[0].subnet != first.subnet
         owners = held(reg)
         assert owners[first.subnet] == ip(7) and owners[changes[0].subnet] == ip(1)
-    finally:
-        mgr.stop()
 
 
-def test_renewal_retries_while_etcd_is_down(etcd, make_registry):
+def test_renewal_retries_while_etcd_is_down(etcd, make_registry, caplog):
     reg = make_registry(etcd)
     mgr = LeaseManager(reg, ip(1), lease_ttl=4, renew_margin_s=3.0, retry_interval=0.3,
                       watch_retry_interval=0.3)
@@ -226,7 +226,8 @@ def test_renewal_retries_while_etcd_is_down(etcd, make_registry):
     mgr.start()
     try:
         etcd.kill()
-        time.sleep(1.5)                        # renewals fail meanwhile and are retried
+        wait_until(lambda: sum("Error renewing lease" in r.getMessage() for r in caplog.records) >= 2,
+                   timeout=8, what="a renewal failed and retried")
         before = mgr.renewals
         etcd.start()
         wait_until(lambda: mgr.renewals > before + 1, timeout=8, what="renewals after etcd restart")

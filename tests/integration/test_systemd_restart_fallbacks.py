@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from dataplane.engine.api import DEFAULT_BATCH
-from tests.integration.conftest import wait_until
+from tests.conftest import wait_until
 from tests.integration.systemd_unit import across, ifindex, unit_of
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]

@@ -10,6 +10,7 @@ import contextlib
 import json
 import sys
 
+from tests.conftest import wait_until
 from tests.streams import HASH_SINK, HASH_SOURCE
 
 IPERF_BYTES = 20 << 20       # iperf3 bytes of one transfer
@@ -31,11 +32,10 @@ def tcp_listening(tb, host, port: int) -> bool:
 @contextlib.contextmanager
 def iperf3_server(tb, host, bind: str, port: int = IPERF_PORT):
     """A one-shot iperf3 server in `host` on bind:port, yielded once it listens."""
-    from dataplane.testbed.hosts import wait_for
     srv = tb.popen(host, ["iperf3", "-s", "-1", "-B", bind, "-p", str(port)], text=True)
     try:
-        assert wait_for(lambda: tcp_listening(tb, host, port) or srv.poll() is not None,
-                        READY_TIMEOUT), f"iperf3 server not listening after {READY_TIMEOUT:.0f} s"
+        wait_until(lambda: tcp_listening(tb, host, port) or srv.poll() is not None,
+                   READY_TIMEOUT, 0.05, f"the iperf3 server to listen on {bind}:{port}")
         assert srv.poll() is None, f"iperf3 server exited: {srv.communicate()}"
         yield srv
     finally:

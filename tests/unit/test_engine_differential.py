@@ -83,7 +83,7 @@ def random_src(rnd, routes, local, sender):
     return None
 
 
-def random_packet(rnd, routes, udp_side, mtu=MTU, src=None):
+def random_packet(rnd, routes, mtu=MTU, src=None):
     dst = random_dst(rnd, routes)
     src = src or str(ipaddress.IPv4Address((10 << 24) | rnd.getrandbits(24)))
     ttl = rnd.choice([0, 1, 1, 2, 2, 3, 64, 64, 255, rnd.randrange(256)])
@@ -146,13 +146,13 @@ def make_script(seed, npackets, mtu=MTU, sources=False):
             steps.append(("local", local))
         n = rnd.randrange(1, 40)
         if rnd.random() < 0.5:
-            steps.append(("tun", [random_packet(rnd, routes, False, mtu) for _ in range(n)]))
+            steps.append(("tun", [random_packet(rnd, routes, mtu) for _ in range(n)]))
         else:
             items = []
             for _ in range(n):
                 who = STRANGER if rnd.random() < 0.1 else rnd.randrange(NPEERS)
                 src = random_src(rnd, routes, local, who) if sources else None
-                items.append((who, random_packet(rnd, routes, True, mtu, src)))
+                items.append((who, random_packet(rnd, routes, mtu, src)))
             steps.append(("udp", items))
         count += n
     return steps

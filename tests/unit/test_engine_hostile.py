@@ -1,6 +1,6 @@
 """Hostile input from the network, for both engines: datagrams from sources
 that hold no lease, inner packets whose source is outside the sender's
-subnet, and oversized datagrams (issue 8). ICMP floods are in
+subnet, and oversized datagrams (docs/threat-model.md). ICMP floods are in
 test_engine_icmp_limit.py, arbitrary bytes in test_engine_property.py.
 """
 import pytest

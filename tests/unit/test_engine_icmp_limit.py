@@ -5,8 +5,9 @@ offender is still counted in its drop reason (drop_no_route, drop_ttl).
 
 Bounds are checked against the wall-clock time of the flood, measured
 around it (so the engine's own clock can only have seen less time). Exact
-counts are used only where no token can come back during the test (rate 1/s,
-floods far shorter than a second).
+counts are used where no token can come back during the test (rate 1/s,
+floods far shorter than a second); one per second the flood took is allowed
+for, so a loaded machine makes the check looser, never wrong.
 """
 import time
 
@@ -57,13 +58,14 @@ def test_exact_burst_when_no_token_can_come_back(engine_kind):
         h.set_routes([h.route("10.5.2.0/24", p)])
         offenders = [no_route(i) if i % 2 else ttl_expired(i) for i in range(n)]
         st, t = flood(h, offenders)
-        assert t < 0.9, "the flood took too long for an exact count"
         out = h.take_tun()
-        assert out == [ipv4.icmp_error(o, 3 if i % 2 else 11, 0, h.tun_addr)
-                       for i, o in enumerate(offenders[:burst])]
+        assert out[:burst] == [ipv4.icmp_error(o, 3 if i % 2 else 11, 0, h.tun_addr)
+                               for i, o in enumerate(offenders[:burst])]
+        assert burst <= len(out) <= burst + int(t)       # int(t): tokens back, 0 on a flood < 1 s
+        unreach = sum(p[20] == 3 for p in out)             # ICMP type after the 20-byte header
         expect_only(st, tun_rx_packets=n, tun_rx_bytes=sum(map(len, offenders)),
-                    drop_no_route=n // 2, drop_ttl=n // 2, icmp_unreach_sent=3, icmp_ttl_sent=4,
-                    icmp_ratelimited=n - burst, route_swaps=1)
+                    drop_no_route=n // 2, drop_ttl=n // 2, icmp_unreach_sent=unreach,
+                    icmp_ttl_sent=len(out) - unreach, icmp_ratelimited=n - len(out), route_swaps=1)
 
 
 def test_tokens_come_back_with_time(engine_kind):

@@ -1,4 +1,4 @@
-"""The inner source of a datagram from the underlay, both engines (issue 16;
+"""The inner source of a datagram from the underlay, both engines (docs/threat-model.md;
 dataplane.h, UDP -> TUN steps 4 and 5).
 
 The overlay has no cryptography: the outer source of a datagram can be

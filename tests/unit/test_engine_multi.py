@@ -8,7 +8,6 @@ leaves 127.0.0.0/8; every send is bounded.
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
@@ -16,6 +15,7 @@ from dataplane.engine import ipv4
 from dataplane.engine import EngineClosed, Route, engine_class, multi
 from dataplane.engine.api import STAT_NAMES, Ended
 from dataplane.host.udpsock import open_udp_sockets
+from tests.conftest import wait_until
 from tests.engine_harness import assert_forwarded, behaviour_stats, big_rcvbuf
 
 QUEUES = 3
@@ -45,14 +45,15 @@ class Queues:
         return Route.make("10.5.2.0/24", PEER_IP, self.peer.getsockname()[1])
 
     def wait(self, pred, what, timeout=10.0):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        """The stats once ``pred(stats)`` holds; a timeout names the counters of each queue."""
+        def done():
             st = self.engine.stats()
-            if pred(st):
-                return st
-            time.sleep(0.005)
-        raise AssertionError(f"timeout waiting for {what}: per queue "
-                             f"{[{k: v for k, v in s.items() if v} for s in self.engine.queue_stats()]}")
+            return st if pred(st) else None
+
+        def seen():
+            queues = [{k: v for k, v in s.items() if v} for s in self.engine.queue_stats()]
+            return f"{what}: per queue {queues}"
+        return wait_until(done, timeout, 0.005, seen)
 
     def tun_out(self, i):
         out = []

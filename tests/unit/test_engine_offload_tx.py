@@ -15,14 +15,13 @@ import errno
 import random
 import socket
 import struct
-import time
 
 import pytest
 
 from dataplane.engine import ipv4
 from dataplane.engine import OFF_TUN_VNET, OFF_UDP_GSO, Route, create_engine
 from tests import gso_packets as gp
-from tests.conftest import require, require_engine
+from tests.conftest import require, require_engine, wait_until
 from tests.engine_harness import Harness, big_rcvbuf, expect_only
 
 SRC, DST = "10.5.1.9", "10.5.2.7"
@@ -420,9 +419,10 @@ def test_udp_gso_eio_turns_gso_off_for_good(engine_kind):
         got = [peer.recv(2000) for _ in pkts]
         assert [g[4:6] for g in got] == [q[4:6] for q in pkts]
         # the peer can read a batch before the engine has counted it
-        deadline = time.monotonic() + 5
-        while (st := engine.stats())["udp_tx_packets"] < 200 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        def counted():
+            st = engine.stats()
+            return st if st["udp_tx_packets"] >= 200 else None
+        st = wait_until(counted, 5, 0.01, "the engine to count the 200 datagrams sent")
         in_use = engine.offloads_in_use()
     finally:
         engine.close()

@@ -18,6 +18,17 @@ from tests.engine_harness import Harness, assert_forwarded
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def started_and_forwarding(h: Harness) -> None:
+    """Start the engine, then check that it forwards one packet."""
+    h.engine.start()
+    p = h.add_peer()
+    h.set_routes([h.route("10.5.2.0/24", p)])
+    pkt = ipv4.build("10.5.1.2", "10.5.2.3", ipv4.udp_payload(1, 2, b"rt"))
+    h.inject_tun(pkt)
+    h.wait_for(lambda st: len(p.received) == 1, what="the packet")
+    assert_forwarded(pkt, p.received[0])
+
+
 def test_loop_thread_is_fifo_and_forwards(engine_kind):
     require_root()
     tids = []
@@ -29,13 +40,7 @@ def test_loop_thread_is_fifo_and_forwards(engine_kind):
 
     with Harness(engine_kind, start=False) as h:
         h.engine.thread_init = recording
-        h.engine.start()
-        p = h.add_peer()
-        h.set_routes([h.route("10.5.2.0/24", p)])
-        pkt = ipv4.build("10.5.1.2", "10.5.2.3", ipv4.udp_payload(1, 2, b"rt"))
-        h.inject_tun(pkt)
-        h.wait_for(lambda st: len(p.received) == 1, what="the packet")
-        assert_forwarded(pkt, p.received[0])
+        started_and_forwarding(h)
         assert len(tids) == 1 and tids[0] != threading.get_native_id()
         assert os.sched_getscheduler(tids[0]) == os.SCHED_FIFO
         assert os.sched_getparam(tids[0]).sched_priority == 3
@@ -48,11 +53,8 @@ def test_a_failing_thread_init_leaves_the_loop_running(engine_kind):
 
     with Harness(engine_kind, start=False) as h:
         h.engine.thread_init = refuse
-        h.engine.start()
-        p = h.add_peer()
-        h.set_routes([h.route("10.5.2.0/24", p)])
-        h.inject_tun(ipv4.build("10.5.1.2", "10.5.2.3", ipv4.udp_payload(1, 2, b"x")))
-        h.wait_for(lambda st: len(p.received) == 1, what="the packet")
+        started_and_forwarding(h)
+        assert not h.engine.join(0)              # still running
 
 
 def test_off_means_no_init_and_range_is_checked():

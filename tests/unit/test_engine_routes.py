@@ -74,11 +74,11 @@ def test_pytable_structure():
     assert RouteTable().lookup_addr("1.2.3.4") is None
 
 
-def test_pytable_builds_10000_routes_quickly():
+def test_pytable_builds_10000_routes():
+    # What the build costs in time is measured by perf/route_publish.py.
     routes = [Route.make(f"10.{i // 256}.{i % 256}.0/24", "127.0.0.2", 8285) for i in range(10000)]
-    t0 = time.perf_counter()
     t = RouteTable(routes)
-    assert time.perf_counter() - t0 < 1.0
+    assert len(t) == 10000 and [plen for _, plen, _ in t.lens] == [24]
     assert t.lookup_addr("10.39.15.77") == (("127.0.0.2", 8285), 24)
 
 
@@ -120,7 +120,7 @@ def test_route_swaps_counting(engine_kind):
         h.wait_for(lambda st: st["route_swaps"] == 2, what="empty table adopted")
         h.engine.set_routes([])
         h.wait_for(lambda st: st["route_swaps"] == 3, what="same content, new table")
-        time.sleep(0.05)
+        time.sleep(0.05)                 # no event to wait for: time for a stray swap to show
         assert h.stats()["route_swaps"] == 3
 
 
@@ -156,6 +156,7 @@ def test_random_tables_route_like_the_naive_oracle(engine_kind):
             routes = [Route(r.subnet, r.peer_ip, port_of[str(r.peer_ip)]) for r in spec]
             h.set_routes(routes)
             start = {p.addr: len(p.received) for p in peers}
+            dropped_before = h.stats()["drop_no_route"]
             expected = {p.addr: [] for p in peers}
             misses = 0
             for j in range(300):
@@ -167,9 +168,10 @@ def test_random_tables_route_like_the_naive_oracle(engine_kind):
                 else:
                     expected[(str(want.peer_ip), want.port)].append(j)
                 h.inject_tun(pkt)
-            h.settle()
+            st = h.settle()
             for addr, want in expected.items():
                 got = by_addr[addr].received[start[addr]:]
                 assert [int.from_bytes(x[20:22], "big") for x in got] == want
+            assert st["drop_no_route"] - dropped_before == misses
         st = h.stats()
         assert st["route_swaps"] == 3

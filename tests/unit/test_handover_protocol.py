@@ -16,6 +16,7 @@ from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peerset import PeerSnapshot
 from dataplane.daemon import handover
 from dataplane.daemon.handover import HandoverServer, connect, recv_frame, send_frame
+from tests.conftest import wait_until
 
 
 class FakeEngine:
@@ -139,9 +140,7 @@ def test_a_new_daemon_that_goes_away_after_stop_leaves_the_old_forwarding(old):
     doc, _ = recv_frame(new.conn)
     assert doc["op"] == "stopped" and not old.engine.running
     new.conn.close()                               # it died before it forwarded
-    deadline = time.monotonic() + 5
-    while not old.resumed and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: old.resumed, 5, 0.01, "the old daemon to resume")
     assert old.resumed == 1 and old.engine.running and not old.stopped.is_set()
     new.release()
     # and the next one can still take over

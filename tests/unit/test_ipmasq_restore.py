@@ -10,6 +10,7 @@ from dataplane.host.firewall import (FILTER, NAT, MasqError, Previous, chain_rul
 from dataplane.host.firewall import forward_rules as _forward_rules
 from dataplane.host.firewall import masq_rules as _masq_rules
 from dataplane.control.subnetfile import read_previous_rules
+from tests.conftest import wait_until
 
 NET, SUB = "10.5.0.0/16", "10.5.3.0/24"
 MASQ_JUMP = '-m comment --comment "flanneld masq" -j FLANNEL-POSTRTG'
@@ -227,8 +228,6 @@ def fake(monkeypatch):
 
 
 def test_resync_survives_lease_moves_and_retries_a_failed_rebuild(fake):
-    import time
-
     from dataplane.host.firewall import Rules
     r = Rules(NET, SUB, masq=True, forward=True)
     r.install()
@@ -237,15 +236,12 @@ def test_resync_survives_lease_moves_and_retries_a_failed_rebuild(fake):
         fake.fail = True
         r.update_subnet("10.5.9.0/24")                   # logged, not raised: the move goes on
         fake.fail = False
-        deadline = time.monotonic() + 5
-        while fake.installs[-1] != "10.5.9.0/24" and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: fake.installs[-1] == "10.5.9.0/24", 5, 0.02,
+                   "the resync to rebuild for the new subnet")
         assert fake.installs == [SUB, "10.5.9.0/24"]     # the resync rebuilt for the new subnet
         r.update_subnet("10.5.10.0/24")
         fake.missing = ["nat POSTROUTING -> FLANNEL-POSTRTG"]
-        deadline = time.monotonic() + 5
-        while len(fake.installs) < 4 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: len(fake.installs) >= 4, 5, 0.02, "the resync after the second move")
         assert fake.installs[2:4] == ["10.5.10.0/24"] * 2   # still resyncing after two moves
         assert r._thread.is_alive()
     finally:

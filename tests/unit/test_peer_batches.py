@@ -63,6 +63,12 @@ class FakeRegistry:
     def send(self, *events):
         self.on_events(list(events), events[-1].mod_revision)
 
+    def add_note(self, note):             # what an outage's log lines add: no outage here
+        pass
+
+    def remove_note(self, note):
+        pass
+
 
 class Reports:
     def __init__(self):
@@ -107,7 +113,7 @@ def test_a_burst_is_one_report(watch):
     for i in range(2, 302):                     # 300 responses, one event each
         reg.send(put(i, f"192.168.{i // 250}.{i % 250 + 1}", 100 + i))
     change = reports.wait(n_before + 1)
-    time.sleep(0.5)
+    w.flush()                                   # what the publisher left unreported comes now
     assert len(reports.changes) == n_before + 1        # one report for the whole burst
     assert len(change.added) == 300 and not change.removed
     assert len(change.snapshot) == 300 and w.revision == 401 and w.batches == 1
@@ -138,14 +144,12 @@ def test_nothing_to_report_reports_nothing(watch):
     assert len(reports.changes) == n
 
 
-def test_a_lone_event_is_reported_within_the_delay(watch):
+def test_a_lone_event_is_reported_without_waiting_for_more(watch):
     w, reg, reports = watch(coalesce=0.005)
     n = len(reports.changes)
-    t0 = time.monotonic()
     reg.send(put(9, "192.168.1.9", 11))
-    change = reports.wait(n + 1)
-    assert time.monotonic() - t0 < 1.0
-    assert names(change.added) == [("10.5.9.0/24", "192.168.1.9")]
+    change = reports.wait(n + 1)                # no flush, no further event
+    assert names(change.added) == [("10.5.9.0/24", "192.168.1.9")] and w.batches == 1
 
 
 class Clock:
@@ -237,4 +241,4 @@ def test_a_slow_report_makes_the_next_batch_wait_longer(watch):
     reg.send(put(8, "192.168.1.8", 12))
     reports.wait(n + 2)
     waited = time.monotonic() - t0
-    assert COALESCE_MAX_S <= waited < COALESCE_MAX_S + 1.0, waited
+    assert waited >= COALESCE_MAX_S, waited

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import random
 import socket
-import time
 
 import pytest
 
@@ -15,7 +14,7 @@ from dataplane.control.routes import route_changes, route_table
 from dataplane.engine import Route, engine_class, multi
 from dataplane.engine.pytable import RouteTable
 from dataplane.engine.route_array import RouteArray, route_array
-from tests.conftest import require_engine
+from tests.conftest import require_engine, wait_until
 
 TABLES = [RouteArray, RouteTable]
 
@@ -91,16 +90,23 @@ def test_both_tables_refuse_the_same_changes(bad):
 
 
 @pytest.mark.parametrize("cls", TABLES)
-def test_a_change_costs_its_size_not_the_tables(cls):
-    """One added peer at 20,000 peers: well under the cost of a whole build (a loose bound,
-    the machine is shared; a whole build of the Python table takes about 20 ms)."""
+def test_a_change_converts_its_routes_not_the_tables(cls, monkeypatch):
+    """One peer replaced at 20,000 peers: only the change's routes are converted and checked, not
+    the table's (what an update costs in time is measured by perf/route_publish.py)."""
+    from dataplane.engine import pytable, route_array as route_array_module
     big = cls.of([route(i, i) for i in range(20000)])
     big.updated([], [route(30000, 1)])               # the first update indexes a whole build
-    t0 = time.perf_counter()
+    converted = []
+
+    def counting(routes):
+        routes = list(routes)
+        converted.append(len(routes))
+        return route_array(routes)
+    monkeypatch.setattr(route_array_module, "route_array", counting)
+    monkeypatch.setattr(pytable, "route_array", counting)
     for i in range(20):
         big = big.updated([route(i, i).subnet], [route(40000 + i, i)])
-    per_update = (time.perf_counter() - t0) / 20
-    assert per_update < 0.01, f"{per_update * 1e3:.1f} ms per one-peer update at 20,000 peers"
+    assert converted == [1] * 20
     assert len(big) == 20000
 
 
@@ -150,16 +156,12 @@ def test_every_queue_gets_the_one_table(kind):
         with pytest.raises(TypeError):
             engine.set_table(RouteArray.of() if cls is RouteTable else RouteTable())
         engine.start()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and \
-                any(q["route_swaps"] < 1 for q in engine.queue_stats()):
-            time.sleep(0.01)
+        wait_until(lambda: all(q["route_swaps"] >= 1 for q in engine.queue_stats()), 5, 0.01,
+                   "every queue to adopt the table")
         assert [q["route_swaps"] for q in engine.queue_stats()] == [1] * n
         engine.set_table(table.updated([route(0, 0).subnet], [route(200, 1)]))
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and \
-                any(q["route_swaps"] < 2 for q in engine.queue_stats()):
-            time.sleep(0.01)
+        wait_until(lambda: all(q["route_swaps"] >= 2 for q in engine.queue_stats()), 5, 0.01,
+                   "every queue to adopt the updated table")
         assert [q["route_swaps"] for q in engine.queue_stats()] == [2] * n
     finally:
         engine.close()
