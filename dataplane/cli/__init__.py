@@ -1,7 +1,7 @@
 """`flannel-udp` / `python -m dataplane`: one subcommand per module in this package.
 
-* ``run.py``, ``forward.py``, ``demo.py``, ``bench.py``, ``status.py``, ``cleanup.py``: the
-  subcommands. Each has ``HELP``
+* ``run.py``, ``reload.py``, ``forward.py``, ``demo.py``, ``bench.py``, ``status.py``,
+  ``cleanup.py``: the subcommands. Each has ``HELP``
   (one line), ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports stay inside
   ``main`` so that ``--help`` is fast;
 * ``flanneld_flags.py``: `run`'s flag table, flanneld's flags with their names, defaults and
@@ -22,6 +22,7 @@ from .. import __version__
 # (subcommand, module in this package)
 COMMANDS = [
     ("run", "run"),
+    ("reload", "reload"),
     ("forward", "forward"),
     ("demo", "demo"),
     ("bench", "bench"),

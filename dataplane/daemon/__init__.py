@@ -3,12 +3,14 @@
 * ``main.py``        start order, the serve loop, shutdown; peer changes -> route table -> engine;
 * ``options.py``     every setting, with its default (the CLI parses flanneld's flags into it);
 * ``startup.py``     one function per start step, with the message an operator reads when it fails;
+* ``preflight.py``   what the host lacks (privileges, TUN, firewall tool, subnet.env, the port),
+                     checked before anything is written to etcd;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
 * ``monitor.py``     the serve loop's periodic checks and how often they log;
 * ``peer_log.py``    peer changes in the log: a line per lease, or a summary per second in a burst;
 * ``systemd.py``     READY=1 to systemd (sd_notify); ``fdstore.py`` its fd store (FDSTORE, LISTEN_FDS);
 * ``inherited.py``   what a new daemon takes over from the previous one, and the checks;
-* ``handover.py``    the handover socket: --handover, systemctl reload;
+* ``handover.py``    the handover socket: --handover, systemctl reload (`flannel-udp reload`);
 * ``http.py``        the /healthz, /readyz, /metrics and /debug/trace server;
 * ``metrics.py``     the Prometheus collector, and the daemon as what it and /readyz read;
 * ``timefmt.py``     a lease's expiry as the log and /readyz write it.

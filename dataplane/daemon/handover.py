@@ -21,9 +21,24 @@ store the offer carries the state's memfd too (the last fd, "state_fd": true), s
 daemon keeps the one systemd holds; the old one names the new one the unit's main process
 (``MAINPID=``) before it exits.
 
-SIGUSR2 (the unit's ``systemctl reload``) makes the running daemon start the installed
-flannel-udp itself, with its own command line and ``--handover`` (:func:`spawn_successor`): an
-upgrade in place, in the unit's cgroup. If the new code does not start, the old keeps running.
+SIGUSR2 (``kill -USR2``) makes the running daemon start the installed flannel-udp itself, with
+its own command line and environment and ``--handover`` (:func:`spawn_successor`): an upgrade in
+place, in the unit's cgroup. If the new code does not start, the old keeps running.
+
+``systemctl reload`` (the unit's ExecReload, ``flannel-udp reload $FLANNEL_UDP_OPTIONS``) does
+the same with what the unit says now: systemd reads the environment file anew for every command
+it starts, so the reload command carries the edited file's values, and hands them over on this
+socket (:func:`request_reload`):
+
+    reload -> old  {"op": "reload", "argv": ["run", ...], "env": {"FLANNELD_...": "..."}}
+    old -> reload  {"op": "reloading", "pid": N}   it started pid N with that command line, its
+                                                   own environment with these FLANNELD_* in
+                                                   place of its own, and --handover
+                   or {"op": "refused", "why": "..."}
+    old -> reload  {"op": "reloaded", "pid": N}    N took over (it forwards), or
+                   {"op": "failed", "why": "..."}  N exited first: the old one forwards on
+
+so that `systemctl reload` returns once the new process forwards, and fails when it did not.
 """
 from __future__ import annotations
 
@@ -49,6 +64,10 @@ MAX_FRAME = 64 << 20
 OFFER_TIMEOUT_S = 10.0                  # old: to answer the hello; new: to read the offer
 READY_TIMEOUT_S = 600.0                 # old: for the new one's decision (it may wait for etcd)
 SWITCH_TIMEOUT_S = 10.0                 # either side, for each step of the switch itself
+# reload: for the new process to take over; under the unit's TimeoutStartSec= (120 s), which
+# bounds ExecReload, so that the reload command says what happened before systemd kills it
+RELOAD_TIMEOUT_S = 100.0
+RELOAD_ENV_PREFIX = "FLANNELD_"         # what the environment file holds for the daemon
 _LEN = struct.Struct("!I")
 
 
@@ -255,6 +274,8 @@ class HandoverServer:
         self._thread = None
         self._closing = threading.Event()
         self._conn = None                     # kept open until we exit: its EOF says we are gone
+        self._reload = None                   # a reload command's connection, until it is told
+        self._reload_lock = threading.Lock()
 
     def start(self) -> "HandoverServer":
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
@@ -308,7 +329,8 @@ class HandoverServer:
                     return
             except Exception as e:
                 log.warning("Handover to a new daemon failed: %s", e)
-            conn.close()
+            if conn is not self._reload:
+                conn.close()
 
     def _peer_pid(self, conn) -> int:
         pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
@@ -321,7 +343,14 @@ class HandoverServer:
         """One new daemon; True once this daemon is done (it exits)."""
         d = self.daemon
         pid = self._peer_pid(conn)
-        _expect(conn, "hello", OFFER_TIMEOUT_S)
+        conn.settimeout(OFFER_TIMEOUT_S)
+        doc, extra = recv_frame(conn)
+        _close_fds(extra)
+        if doc.get("op") == "reload":
+            self._start_reload(conn, pid, doc)
+            return False
+        if doc.get("op") != "hello":
+            raise HandoverError(errno.EPROTO, f"expected 'hello', got {doc.get('op')!r}")
         with d.lock:
             state = inherited.state_of(d)
             fds = list(d.tun_fds) + [s.fileno() for s in d.socks]
@@ -337,6 +366,7 @@ class HandoverServer:
         _close_fds(extra)
         if doc.get("op") == "exit":
             log.warning("The new daemon (pid %d) does not take over and starts afresh: stopping", pid)
+            self._tell_reload({"op": "reloaded", "pid": pid, "afresh": True})
             d.stop()
             return True
         if doc.get("op") != "stop":
@@ -351,11 +381,60 @@ class HandoverServer:
             d.resume_engine()
             return False
         d.handed_over(pid)
+        self._tell_reload({"op": "reloaded", "pid": pid})
         try:
             send_frame(conn, {"op": "released"})
         except OSError:
             pass
         return True
+
+    def _start_reload(self, conn, pid: int, doc: dict) -> None:
+        """A reload command (pid): start the successor with what it brings."""
+        argv, env = doc.get("argv"), doc.get("env")
+        why = None
+        if not (isinstance(argv, list) and argv[:1] == ["run"]
+                and all(isinstance(a, str) for a in argv)):
+            why = "the reload names no `run` command line"
+        elif not (isinstance(env, dict) and all(
+                isinstance(k, str) and k.startswith(RELOAD_ENV_PREFIX) and isinstance(v, str)
+                for k, v in env.items())):
+            why = f"the reload's environment holds more than {RELOAD_ENV_PREFIX}* strings"
+        with self._reload_lock:
+            if why is None and (self._reload is not None or self.daemon.handing_over):
+                why = "a reload or a handover is already under way"
+            if why is None:
+                self._reload = conn
+        if why is not None:
+            log.warning("Refused a reload from pid %d: %s", pid, why)
+            send_frame(conn, {"op": "refused", "why": why})
+            return
+        log.info("Reload asked by pid %d: %s", pid, _reload_changes(argv, env))
+        fresh = {k: v for k, v in os.environ.items() if not k.startswith(RELOAD_ENV_PREFIX)}
+        fresh.update(env)
+        try:
+            proc = spawn_successor(self, argv[1:], fresh, on_failure=self._reload_failed)
+        except OSError as e:
+            self._reload_failed(f"could not start flannel-udp: {e}")
+            return
+        self._tell_reload({"op": "reloading", "pid": proc.pid}, final=False)
+
+    def _reload_failed(self, why: str) -> None:
+        self._tell_reload({"op": "failed", "why": why})
+
+    def _tell_reload(self, doc: dict, final: bool = True) -> None:
+        """A frame for the reload command, if one waits; the ``final`` one closes it. (The
+        successor's reaper may tell the end before the handover thread told the start.)"""
+        with self._reload_lock:
+            conn = self._reload
+            if conn is None:
+                return
+            try:
+                send_frame(conn, doc)
+            except OSError as e:
+                log.debug("the reload command went away: %s", e)
+            if final:
+                self._reload = None
+                conn.close()
 
     def _stop_engine(self) -> None:
         d = self.daemon
@@ -367,27 +446,95 @@ class HandoverServer:
             log.warning("the %s engine did not stop within %.0f s", engine.name, SWITCH_TIMEOUT_S)
 
 
-def spawn_successor(server: HandoverServer | None) -> subprocess.Popen | None:
-    """Start this daemon's own command line again with --handover (SIGUSR2): the installed
-    code takes over through ``server``'s socket. None when there is no socket to take over by."""
+def spawn_successor(server: HandoverServer | None, flags: list | None = None,
+                    env: dict | None = None, on_failure=None) -> subprocess.Popen | None:
+    """Start `flannel-udp run` again with --handover: the installed code takes over through
+    ``server``'s socket. ``flags`` and ``env`` default to this daemon's own (SIGUSR2); a reload
+    brings the unit's current ones. ``on_failure(why)`` if it exits before it took over. None
+    when there is no socket to take over by."""
     from ..host.child import cli_argv
     if server is None:
         log.warning("SIGUSR2: no handover socket (--handover-socket is empty or could not be "
                     "made): stop and start the daemon to run another version")
         return None
-    args = sys.argv[1:]
-    # right after the subcommand: flags end at the first argument that is no flag
-    at = args.index("run") + 1 if "run" in args else 0
+    if flags is None:
+        args = sys.argv[1:]
+        # right after the subcommand: flags end at the first argument that is no flag
+        at = args.index("run") + 1 if "run" in args else 0
+    else:
+        args, at = ["run", *flags], 1
     args = args[:at] + ["--handover", f"--handover-socket={server.path}"] + args[at:]
     proc = subprocess.Popen(cli_argv(*args), stdin=subprocess.DEVNULL, close_fds=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     log.info("Started pid %d to take over: flannel-udp %s", proc.pid, " ".join(args))
-    threading.Thread(target=_reap, args=(proc,), name="successor", daemon=True).start()
+    threading.Thread(target=_reap, args=(proc, on_failure), name="successor",
+                     daemon=True).start()
     return proc
 
 
-def _reap(proc: subprocess.Popen) -> None:
+def _reap(proc: subprocess.Popen, on_failure=None) -> None:
     rc = proc.wait()
     if rc:
         log.error("The daemon started to take over (pid %d) exited with %d before it did; this "
                   "one keeps forwarding", proc.pid, rc)
+        if on_failure is not None:
+            on_failure(f"pid {proc.pid} exited with {rc} before it took over (its first lines "
+                       "are in the daemon's log); the running daemon keeps forwarding")
+
+
+def _reload_changes(argv: list, env: dict) -> str:
+    """What a reload changes, for the log: the command line, and the names of the FLANNELD_*
+    variables (not their values: --etcd-password has one)."""
+    old = sys.argv[1:]
+    line = ("the command line is unchanged" if argv == old else
+            f"command line `flannel-udp {' '.join(old)}` -> `flannel-udp {' '.join(argv)}`")
+    mine = {k: v for k, v in os.environ.items() if k.startswith(RELOAD_ENV_PREFIX)}
+    changed = sorted(k for k in set(mine) | set(env) if mine.get(k) != env.get(k))
+    return (f"{line}; {RELOAD_ENV_PREFIX}* "
+            + (f"changed: {', '.join(changed)}" if changed else "unchanged"))
+
+
+class ReloadError(RuntimeError):
+    """The reload did not happen (the message says why); the running daemon forwards on."""
+
+
+def request_reload(path: str, argv: list, env: dict, timeout: float = RELOAD_TIMEOUT_S,
+                   started=None) -> int:
+    """Ask the daemon on ``path`` to be replaced by `flannel-udp` ``argv`` (``["run", ...]``)
+    with the FLANNELD_* variables ``env``; wait until the new process forwards and return its
+    pid. ``started(pid)`` once it runs. ReloadError when it does not take over."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        conn.settimeout(OFFER_TIMEOUT_S)
+        try:
+            conn.connect(path)
+        except OSError as e:
+            raise ReloadError(f"no daemon listens on {path} ({e.strerror}): is it running, "
+                              "with this --handover-socket?") from None
+        try:
+            send_frame(conn, {"op": "reload", "argv": list(argv), "env": dict(env)})
+            doc = _expect_one(conn, ("reloading", "refused", "failed"), OFFER_TIMEOUT_S)
+            if doc["op"] == "refused":
+                raise ReloadError(f"the daemon refused: {doc.get('why')}")
+            if doc["op"] == "reloading":
+                if started is not None:
+                    started(doc.get("pid"))
+                doc = _expect_one(conn, ("reloaded", "failed"), timeout)
+        except socket.timeout:
+            raise ReloadError(f"no answer within {timeout:.0f} s; see the daemon's log") from None
+        except HandoverError as e:
+            raise ReloadError(f"the daemon did not say how it went: {e}") from None
+        if doc["op"] == "failed":
+            raise ReloadError(str(doc.get("why")))
+        return int(doc.get("pid") or 0)
+    finally:
+        conn.close()
+
+
+def _expect_one(sock, ops: tuple, timeout: float) -> dict:
+    sock.settimeout(timeout)
+    doc, fds = recv_frame(sock)
+    _close_fds(fds)
+    if doc.get("op") not in ops:
+        raise HandoverError(errno.EPROTO, f"expected {' or '.join(ops)}, got {doc.get('op')!r}")
+    return doc

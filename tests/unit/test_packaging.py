@@ -57,7 +57,9 @@ def test_unit_keeps_the_fds_across_a_restart_and_upgrades_in_place():
     store = int(s["FileDescriptorStoreMax"][0])
     assert store >= 2 * MAX_QUEUES + 1                 # a TUN queue and a socket each, the state
     assert f"FDSTORE={store}" in s["Environment"]      # the daemon uses the store only when told
-    assert s["ExecReload"] == ["/bin/kill -USR2 $MAINPID"]
+    # reload applies the edited environment file: the same binary and options as ExecStart
+    assert s["ExecReload"] == ["/opt/flannel-udp/bin/flannel-udp reload $FLANNEL_UDP_OPTIONS"]
+    assert s["ExecStart"] == ["/opt/flannel-udp/bin/flannel-udp run $FLANNEL_UDP_OPTIONS"]
     assert s["NotifyAccess"] == ["main"]              # the old main process names the new one
 
 
