@@ -16,15 +16,18 @@ for longer than RESTART_STALL_BOUND_MS (systemd starts the new process once the 
 exited: the silence is the new one's start, less what it takes over), keep flannel0 (the same
 device) and the lease (no write to etcd). `systemctl reload` (the unit's upgrade in place: the
 old daemon starts the new one, which takes over through the handover socket) must do the same
-within RELOAD_STALL_BOUND_MS, and leave the new daemon as the unit's main process. (A crash
-and a changed config: tests/integration/test_systemd_restart_fallbacks.py.)
+within RELOAD_STALL_BOUND_MS, and leave the new daemon as the unit's main process; and it
+applies the environment file as edited since the start (a bad flag there fails the reload and
+leaves the daemon as it is). (A crash and a changed config:
+tests/integration/test_systemd_restart_fallbacks.py.)
 """
 from __future__ import annotations
 
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.systemd_unit import UNIT, across, ifindex, lease_revision, unit_of
+from tests.integration.systemd_unit import (QUEUES, UNIT, across, ifindex, lease_revision,
+                                            unit_of)
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -79,3 +82,48 @@ def test_systemctl_reload_loses_nothing(unit, figure):
     # the new main process is a complete daemon: systemd's restart takes over from it
     u.systemctl("restart")
     assert u.log().count("through systemd's fd store") == 1
+
+
+@pytest.fixture
+def c_unit():
+    """One engine is enough for what the reload runs with (the forwarding is the test above's)."""
+    yield from unit_of("c")
+
+
+def _cmdline(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode().split("\0")
+
+
+def _environ(pid: int) -> dict:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(v.split("=", 1) for v in f.read().decode().split("\0") if "=" in v)
+
+
+def test_systemctl_reload_applies_the_edited_environment_file(c_unit):
+    u = c_unit
+    old_pid = u.main_pid()
+    new_port = u.ov.healthz_port + 1
+    # a flag the daemon cannot start with: the reload fails and changes nothing
+    u.options(f"{QUEUES} --queues=lots")
+    r = u.systemctl("reload", check=False)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "flannel-udp reload: error" in u.log() and "--queues" in u.log(), u.log()[-3000:]
+    assert u.main_pid() == old_pid and "Reload asked" not in u.log()
+    # the edit an operator makes: more logging, and /healthz on a port
+    u.options(f"{QUEUES} -v=2")
+    with open(u.env_file, "a") as f:
+        f.write(f"FLANNELD_HEALTHZ_PORT={new_port}\n")
+    u.systemctl("reload")           # returns once the new process forwards
+    new_pid = wait_until(lambda: u.main_pid() not in (0, old_pid) and u.main_pid(), 10, 0.05,
+                         "the new daemon to be the main process")
+    log = u.log()
+    assert "Reload asked by pid" in log and "FLANNELD_HEALTHZ_PORT" in log, log[-3000:]
+    assert "through the handover socket" in log and "nothing written to etcd" in log
+    assert "-v=2" in _cmdline(new_pid) and "--handover" in _cmdline(new_pid)
+    assert _environ(new_pid).get("FLANNELD_HEALTHZ_PORT") == str(new_port)
+    # and it runs with them: /healthz answers on the port the file names now
+    status, body = wait_until(lambda: (lambda r: r[0] == 200 and r)(
+        u.ov.healthz(u.host, "/healthz", port=new_port)), 10, 0.1, "/healthz on the new port")
+    assert "running" in body
+    assert u.box.show(UNIT, "ActiveState")["ActiveState"] == "active"
