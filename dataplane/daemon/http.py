@@ -8,10 +8,10 @@ Endpoints (which server serves which is the daemon's choice, see
 * ``GET /readyz`` -> 200 when every check of :meth:`MetricsSource.readiness`
   passes (lease, engine, etcd watch), else 503; one line per check;
 * ``GET /metrics`` -> Prometheus text format from a custom collector over
-  :class:`MetricsSource`: engine counters (packets, bytes, drops by reason,
-  ICMP sent, syscalls, batches), peers, lease expiry, the engine in use,
-  etcd health (watches connected, reconnects, resyncs; lease renewals,
-  re-acquisitions, lost races);
+  :class:`MetricsSource` (engine counters per queue, peers, lease expiry, the
+  engine in use, etcd health) and prometheus_client's process_* and python_*
+  collectors: every family is in daemon/metrics.py's DECLARED, and
+  docs/metrics.md says what each means;
 * ``GET /debug/trace?after=N[&payload=1]`` -> JSON list of the engine's trace
   events with ``seq > N`` (oldest first; ``head`` is hex: the IPv4 and L4
   headers only, the payload too with ``payload=1``). Served to loopback

@@ -1,21 +1,23 @@
 """The Prometheus metrics of /metrics and the readiness of /readyz: what the daemon reports.
 
-A custom collector over :class:`MetricsSource`: engine counters (packets, bytes, drops by reason,
-ICMP sent, syscalls, batches), peers, lease expiry, the engine in use, etcd health (watches
-connected, reconnects, resyncs; lease renewals, re-acquisitions, lost races). The daemon's own
-source is :class:`DaemonSource`; daemon/http.py serves it.
+A custom collector over :class:`MetricsSource`: the build, engine counters per queue (packets,
+bytes, drops by reason, ICMP sent, syscalls by kind, batches), peers, lease expiry, the engine in
+use, etcd health (watches connected, reconnects, resyncs; lease renewals, re-acquisitions, lost
+races), next to prometheus_client's process_* and python_* families. Every family is in DECLARED
+(name, type, labels, help), which docs/metrics.md documents. The daemon's own source is
+:class:`DaemonSource`; daemon/http.py serves it.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from typing import NamedTuple
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..engine.api import OFFLOAD_STATS, SYSCALL_STATS
-from ..engine.contract import STAT_NAMES
+from .. import __version__
 from .timefmt import when
 
 log = logging.getLogger(__name__)
@@ -30,8 +32,15 @@ class MetricsSource:
     def engine_stats(self) -> dict | None:
         return None
 
+    def engine_queue_stats(self) -> list | None:
+        """The engine counters of each queue, queue 0 first (the queue label); by default
+        engine_stats() as queue 0's."""
+        stats = self.engine_stats()
+        return [stats] if stats else None
+
     def engine_info(self) -> dict:
-        """Labels for flannel_udp_engine_info, e.g. {"engine": "c", "reason": "..."}."""
+        """Labels for flannel_udp_engine_info: {"engine": "c", "reason": "auto",
+        "accept_from": "leases"} (reason: engine_reason's words, never free text)."""
         return {}
 
     def peers_count(self) -> int:
@@ -111,196 +120,331 @@ class CarriedCounters:
             return {n: base[n] + (getattr(obj, n, 0) if obj is not None else 0) for n in names}
 
 
-# The ICMP error each icmp_<kind>_sent counter counts, as the label names it.
-_ICMP_TYPES = {"unreach": "net_unreachable", "ttl": "time_exceeded"}
-# Counters exported as a family of their own, without the engine_ prefix.
-_OWN_FAMILIES = ("icmp_ratelimited",)
+class Family(NamedTuple):
+    """One metric family as /metrics serves it: the sample name (counters end in _total), the
+    type, the label names in the order they are written, and the HELP text."""
+    name: str
+    type: str
+    labels: tuple
+    help: str
 
 
-def _family_of(stat: str):
-    """(family, label name, label value) of an engine counter, read off its name as the header
-    spells them: <path>_packets / <path>_bytes, drop_<reason>, icmp_<kind>_sent, <direction>_batches,
-    the syscall kinds and the offload ops (engine/api.py); None: exported alone, as
-    flannel_udp_engine_<name>_total (syscalls, the total of the kinds: flannel_udp_syscalls_total)."""
-    if stat.endswith(("_packets", "_bytes")):
-        path, _, unit = stat.rpartition("_")
-        return unit, "path", path
-    if stat.startswith("drop_"):
-        return "drops", "reason", stat[len("drop_"):]
-    if stat.startswith("icmp_") and stat.endswith("_sent"):
-        kind = stat[len("icmp_"):-len("_sent")]
-        return "icmp_sent", "type", _ICMP_TYPES.get(kind, kind)
-    if stat in _OWN_FAMILIES:
-        return stat, None, None
-    if stat.endswith("_batches"):
-        return "batches", "direction", stat[:-len("_batches")]
-    if stat in SYSCALL_STATS and stat != "syscalls":
-        return "syscalls_by_kind", "kind", stat
-    if stat in OFFLOAD_STATS:
-        return "offload_ops", "op", stat
-    return None
+_Q = ("queue",)     # every engine counter is per queue: "0" .. "N-1" (docs/metrics.md#queues)
 
+# Every family the daemon's collector serves: docs/metrics.md documents exactly these (a unit test
+# holds the two equal), and nothing outside this table is ever served.
+DECLARED = (
+    # the build and the engine
+    Family(f"{PREFIX}_build_info", "gauge", ("version", "engine"),
+           "Always 1: the package version and the fastest engine this installation has (c when "
+           "the C engine is built, else python)."),
+    Family(f"{PREFIX}_engine_info", "gauge", ("engine", "reason", "accept_from"),
+           "Always 1: the forwarding engine in use, why it was chosen (forced, auto, "
+           "c_unavailable; the log has the sentence) and --accept-from."),
+    Family(f"{PREFIX}_queues", "gauge", (),
+           "Forwarding queues: flannel0 queues, UDP sockets and engine threads (--queues)."),
+    Family(f"{PREFIX}_offload_enabled", "gauge", ("offload",),
+           "Kernel offloads switched on (1) or not (0): decided at start (--offload); udp_gso "
+           "goes to 0 if the kernel later cannot segment (EIO)."),
+    # the engine's counters (ENGINE_COUNTERS below), per queue
+    Family(f"{PREFIX}_packets_total", "counter", ("path",) + _Q,
+           "Packets through the engine, by path (tun_rx: read from flannel0, udp_tx: sent to "
+           "peers, udp_rx: received from peers, tun_tx: written to flannel0)."),
+    Family(f"{PREFIX}_bytes_total", "counter", ("path",) + _Q,
+           "Bytes through the engine, by path (see flannel_udp_packets_total)."),
+    Family(f"{PREFIX}_drops_total", "counter", ("reason",) + _Q,
+           "Packets dropped by the engine, by reason."),
+    Family(f"{PREFIX}_icmp_sent_total", "counter", ("type",) + _Q,
+           "ICMP errors the engine generated (net_unreachable: a subnet with no lease; "
+           "time_exceeded: TTL ran out)."),
+    Family(f"{PREFIX}_icmp_ratelimited_total", "counter", _Q,
+           "ICMP errors not sent because of the --icmp-rate/--icmp-burst limit."),
+    Family(f"{PREFIX}_syscalls_total", "counter", ("kind",) + _Q,
+           "Syscalls the engine loop made, by kind (wake_reads: reads of its wake-up eventfd, "
+           "on a new route table or a stop)."),
+    Family(f"{PREFIX}_batches_total", "counter", ("direction",) + _Q,
+           "Non-empty batches (sendmmsg/recvmmsg or equivalent) by direction: tx = flannel0 to "
+           "UDP, rx = UDP to flannel0."),
+    Family(f"{PREFIX}_route_swaps_total", "counter", _Q,
+           "Route tables taken into use by the engine loop (one per queue and route change)."),
+    Family(f"{PREFIX}_offload_ops_total", "counter", ("op",) + _Q,
+           "Offloaded operations, by op: tun_rx_gso (super-packets read from flannel0 and "
+           "segmented), udp_tx_gso (sends of a train of datagrams), udp_rx_gro (receives holding "
+           "a train), tun_tx_gso (coalesced writes into flannel0), udp_gso_fallbacks (trains the "
+           "kernel refused, sent again one by one)."),
+    # leases and peers
+    Family(f"{PREFIX}_peers", "gauge", (), "Peer leases in the route table."),
+    Family(f"{PREFIX}_lease_expiry_timestamp_seconds", "gauge", ("subnet",),
+           "When this host's subnet lease expires (Unix time)."),
+    Family(f"{PREFIX}_lease_renewals_total", "counter", (),
+           "Renewals of this host's subnet lease."),
+    Family(f"{PREFIX}_lease_reacquisitions_total", "counter", (),
+           "Leases acquired again after ours was lost in etcd (deleted, expired, taken)."),
+    Family(f"{PREFIX}_lease_races_lost_total", "counter", (),
+           "Lease creations another node won (a subnet picked again)."),
+    Family(f"{PREFIX}_lease_move_failures_total", "counter", (),
+           "Failed attempts to move this host to a new lease (flannel0's address and route, the "
+           "engines); each is retried a second later."),
+    Family(f"{PREFIX}_bad_leases", "gauge", (),
+           "Keys under the subnets prefix skipped now: malformed, or no usable lease (see the "
+           "log)."),
+    Family(f"{PREFIX}_bad_leases_seen_total", "counter", (),
+           "Distinct (key, problem) pairs skipped under the subnets prefix since start."),
+    Family(f"{PREFIX}_config_mismatch", "gauge", (),
+           "1 while the network config in etcd is not the one this daemon runs (changed, invalid "
+           "or deleted)."),
+    Family(f"{PREFIX}_subnet_file_stale", "gauge", (),
+           "1 while subnet.env does not name this host's lease (a write failed; retried every "
+           "second): workloads started meanwhile get a wrong subnet."),
+    Family(f"{PREFIX}_subnet_file_write_failures_total", "counter", (),
+           "Failed writes of subnet.env since start."),
+    # etcd
+    Family(f"{PREFIX}_etcd_watch_connected", "gauge", ("watch",),
+           "1 while the etcd watch has a stream established, by watch (subnets, config, "
+           "own_lease)."),
+    Family(f"{PREFIX}_etcd_watch_reconnects_total", "counter", ("watch",),
+           "etcd watch streams broken and resumed (etcd restarted, unreachable, failed over), by "
+           "watch."),
+    Family(f"{PREFIX}_etcd_watch_resyncs_total", "counter", ("watch",),
+           "Full re-lists after the watched revision was compacted away, by watch."),
+)
 
-# stat name -> (family, label name, label value) for every counter of the engine contract: one
-# added to csrc/dataplane.h is exported without a change here.
-FAMILIES = {name: _family_of(name) for name in STAT_NAMES}
+# The families prometheus_client's ProcessCollector, PlatformCollector and GCCollector serve
+# (their own names and HELP), in the same registry: declared here too, so that the unit test and
+# docs/metrics.md account for every family a scrape returns.
+STANDARD = (
+    Family("process_virtual_memory_bytes", "gauge", (), "Virtual memory size in bytes."),
+    Family("process_resident_memory_bytes", "gauge", (), "Resident memory size in bytes."),
+    Family("process_start_time_seconds", "gauge", (),
+           "Start time of the process since unix epoch in seconds."),
+    Family("process_cpu_seconds_total", "counter", (),
+           "Total user and system CPU time spent in seconds."),
+    Family("process_open_fds", "gauge", (), "Number of open file descriptors."),
+    Family("process_max_fds", "gauge", (), "Maximum number of open file descriptors."),
+    Family("python_info", "gauge", ("implementation", "major", "minor", "patchlevel", "version"),
+           "Python platform information"),
+    Family("python_gc_objects_collected_total", "counter", ("generation",),
+           "Objects collected during gc"),
+    Family("python_gc_objects_uncollectable_total", "counter", ("generation",),
+           "Uncollectable objects found during GC"),
+    Family("python_gc_collections_total", "counter", ("generation",),
+           "Number of times this generation was collected"),
+)
 
+_DECLARED = {f.name: f for f in DECLARED}
 
-_HELP = {
-    "packets": "Packets through the engine, by path (tun_rx: read from flannel0, udp_tx: sent "
-               "to peers, udp_rx: received from peers, tun_tx: written to flannel0).",
-    "bytes": "Bytes through the engine, by path (see flannel_udp_packets_total).",
-    "drops": "Packets dropped by the engine, by reason.",
-    "icmp_sent": "ICMP errors the engine generated (net unreachable for a subnet with no lease).",
-    "icmp_ratelimited": "ICMP errors not sent because of the --icmp-rate/--icmp-burst limit.",
-    "syscalls_by_kind": "Engine syscalls by kind.",
-    "batches": "Batched syscalls (sendmmsg/recvmmsg or equivalent) by direction.",
-    "offload_ops": "Offloaded operations, by op: tun_rx_gso (super-packets read from flannel0 "
-                   "and segmented), udp_tx_gso (sends of a train of datagrams), udp_rx_gro "
-                   "(receives holding a train), tun_tx_gso (coalesced writes into flannel0), "
-                   "udp_gso_fallbacks (trains the kernel refused, sent again one by one).",
+# Every counter of the engine contract (dp_stats, csrc/dataplane.h) -> (family, the value of the
+# family's label other than queue, or None). Listed, not derived from the counter's name: a
+# counter added to the header without a line here is not served, and
+# tests/unit/test_metrics_names.py fails until it has one (and docs/metrics.md says what it is).
+ENGINE_COUNTERS = {
+    "tun_rx_packets": (f"{PREFIX}_packets_total", "tun_rx"),
+    "tun_rx_bytes": (f"{PREFIX}_bytes_total", "tun_rx"),
+    "udp_tx_packets": (f"{PREFIX}_packets_total", "udp_tx"),
+    "udp_tx_bytes": (f"{PREFIX}_bytes_total", "udp_tx"),
+    "udp_rx_packets": (f"{PREFIX}_packets_total", "udp_rx"),
+    "udp_rx_bytes": (f"{PREFIX}_bytes_total", "udp_rx"),
+    "tun_tx_packets": (f"{PREFIX}_packets_total", "tun_tx"),
+    "tun_tx_bytes": (f"{PREFIX}_bytes_total", "tun_tx"),
+    "icmp_unreach_sent": (f"{PREFIX}_icmp_sent_total", "net_unreachable"),
+    "icmp_ttl_sent": (f"{PREFIX}_icmp_sent_total", "time_exceeded"),
+    "drop_no_route": (f"{PREFIX}_drops_total", "no_route"),
+    "drop_ttl": (f"{PREFIX}_drops_total", "ttl"),
+    "drop_malformed": (f"{PREFIX}_drops_total", "malformed"),
+    "drop_not_ipv4": (f"{PREFIX}_drops_total", "not_ipv4"),
+    "drop_truncated": (f"{PREFIX}_drops_total", "truncated"),
+    "drop_bad_source": (f"{PREFIX}_drops_total", "bad_source"),
+    "drop_send_error": (f"{PREFIX}_drops_total", "send_error"),
+    "drop_tun_full": (f"{PREFIX}_drops_total", "tun_full"),
+    "drop_tun_error": (f"{PREFIX}_drops_total", "tun_error"),
+    "drop_inner_local": (f"{PREFIX}_drops_total", "inner_local"),
+    "drop_inner_foreign": (f"{PREFIX}_drops_total", "inner_foreign"),
+    # `syscalls` counts every syscall, the kinds below each one kind: what it has beyond their
+    # sum are the wake-up eventfd's reads, which have no counter of their own (SYSCALL_REST).
+    "syscalls": (f"{PREFIX}_syscalls_total", "wake_reads"),
+    "tun_reads": (f"{PREFIX}_syscalls_total", "tun_reads"),
+    "tun_writes": (f"{PREFIX}_syscalls_total", "tun_writes"),
+    "udp_sends": (f"{PREFIX}_syscalls_total", "udp_sends"),
+    "udp_recvs": (f"{PREFIX}_syscalls_total", "udp_recvs"),
+    "polls": (f"{PREFIX}_syscalls_total", "polls"),
+    "coalesce_waits": (f"{PREFIX}_syscalls_total", "coalesce_waits"),
+    "tx_batches": (f"{PREFIX}_batches_total", "tx"),
+    "rx_batches": (f"{PREFIX}_batches_total", "rx"),
+    "route_swaps": (f"{PREFIX}_route_swaps_total", None),
+    "icmp_ratelimited": (f"{PREFIX}_icmp_ratelimited_total", None),
+    "tun_rx_gso": (f"{PREFIX}_offload_ops_total", "tun_rx_gso"),
+    "udp_tx_gso": (f"{PREFIX}_offload_ops_total", "udp_tx_gso"),
+    "udp_rx_gro": (f"{PREFIX}_offload_ops_total", "udp_rx_gro"),
+    "tun_tx_gso": (f"{PREFIX}_offload_ops_total", "tun_tx_gso"),
+    "udp_gso_fallbacks": (f"{PREFIX}_offload_ops_total", "udp_gso_fallbacks"),
 }
+SYSCALL_REST = "syscalls"
+# The syscall kinds SYSCALL_REST is the total of (tx/rx_batches count batches, not syscalls).
+_SYSCALL_KINDS = tuple(n for n, (fam, _) in ENGINE_COUNTERS.items()
+                       if fam == f"{PREFIX}_syscalls_total" and n != SYSCALL_REST)
+
+# flannel_udp_engine_info's reason: choose_engine's sentence (engine/choice.py) goes to the log;
+# the label keeps which of its cases it was, by the words each case starts with.
+ENGINE_REASONS = (("requested with", "forced"), ("auto: the C engine is built", "auto"),
+                  ("auto: the C engine is not built", "c_unavailable"))
+
+
+def engine_reason(why: str) -> str:
+    """The label value for choose_engine's sentence: forced, auto, c_unavailable (other: none)."""
+    for start, reason in ENGINE_REASONS:
+        if why.startswith(start):
+            return reason
+    return "other"
+
+
+def _new(name: str):
+    """An empty family as DECLARED has it."""
+    f = _DECLARED[name]
+    cls = CounterMetricFamily if f.type == "counter" else GaugeMetricFamily
+    return cls(name, f.help, labels=list(f.labels))
+
+
+def _one(name: str, value, labels=()):
+    fam = _new(name)
+    fam.add_metric(list(labels), value)
+    return fam
+
+
+_build_engine: str | None = None
+
+
+def _built_engine() -> str:
+    """c when the C engine is built, else python: asked once (a failed import is tried again on
+    every call, and a scrape must stay cheap)."""
+    global _build_engine
+    if _build_engine is None:
+        from ..engine.choice import c_available
+        _build_engine = "c" if c_available() else "python"
+    return _build_engine
 
 
 class DaemonCollector:
-    """prometheus_client custom collector over a MetricsSource."""
+    """prometheus_client custom collector over a MetricsSource; every family it yields is one of
+    DECLARED."""
 
     def __init__(self, source: MetricsSource):
         self.source = source
+        self._unknown_logged: set = set()
+        # SYSCALL_REST's remainder by queue: (syscalls when read, value served). The counters are
+        # read while the loop runs, so a kind may be counted in a read that misses its total (or
+        # the other way round); what is served never goes down but when the total does (a new
+        # engine).
+        self._rest: dict = {}
+        self._rest_lock = threading.Lock()
 
     def collect(self):
-        stats = None
+        yield _one(f"{PREFIX}_build_info", 1, (__version__, _built_engine()))
+        per_queue = None
         try:
-            stats = self.source.engine_stats()
+            per_queue = self.source.engine_queue_stats()
         except Exception as e:  # a closed engine during shutdown: report what we can
             log.debug("engine stats unavailable: %s", e)
-        fams = {}
-        if stats:
-            for name, value in stats.items():
-                fam = FAMILIES.get(name)
-                if fam is None:
-                    if name == "syscalls":
-                        f = CounterMetricFamily(f"{PREFIX}_syscalls",
-                                                "Syscalls made by the engine, all kinds.")
-                    else:
-                        f = CounterMetricFamily(f"{PREFIX}_engine_{name}",
-                                                f"Engine counter {name}.")
-                    f.add_metric([], value)
-                    fams[name] = f
-                    continue
-                fname, lname, lval = fam
-                if fname not in fams:
-                    fams[fname] = CounterMetricFamily(f"{PREFIX}_{fname}", _HELP[fname],
-                                                      labels=[lname] if lname else [])
-                fams[fname].add_metric([lval] if lname else [], value)
-        yield from fams.values()
+        if per_queue:
+            yield from self._engine_families(per_queue)
 
-        g = GaugeMetricFamily(f"{PREFIX}_peers", "Peer leases in the route table.")
-        g.add_metric([], self.source.peers_count())
-        yield g
+        yield _one(f"{PREFIX}_peers", self.source.peers_count())
 
         n = self.source.queues_count()
         if n:
-            g = GaugeMetricFamily(f"{PREFIX}_queues", "Forwarding queues: flannel0 queues, UDP "
-                                  "sockets and engine threads (--queues).")
-            g.add_metric([], n)
-            yield g
+            yield _one(f"{PREFIX}_queues", n)
 
         offloads = self.source.offloads_enabled()
         if offloads:
-            g = GaugeMetricFamily(f"{PREFIX}_offload_enabled", "Kernel offloads switched on "
-                                  "(1) or not (0): decided at start (--offload); udp_gso goes "
-                                  "to 0 if the kernel later cannot segment (EIO).",
-                                  labels=["offload"])
+            g = _new(f"{PREFIX}_offload_enabled")
             for name, on in offloads.items():
                 g.add_metric([name], 1 if on else 0)
             yield g
 
         bad = self.source.bad_leases()
         if bad is not None:
-            g = GaugeMetricFamily(f"{PREFIX}_bad_leases", "Keys under the subnets prefix skipped "
-                                  "now: malformed, or no usable lease (see the log).")
-            g.add_metric([], bad[0])
-            yield g
-            c = CounterMetricFamily(f"{PREFIX}_bad_leases_seen", "Distinct (key, problem) pairs skipped "
-                                    "under the subnets prefix since start.")
-            c.add_metric([], bad[1])
-            yield c
+            yield _one(f"{PREFIX}_bad_leases", bad[0])
+            yield _one(f"{PREFIX}_bad_leases_seen_total", bad[1])
         mismatch = self.source.config_mismatch()
         if mismatch is not None:
-            g = GaugeMetricFamily(f"{PREFIX}_config_mismatch", "1 while the network config in etcd "
-                                  "is not the one this daemon runs (changed, invalid or deleted).")
-            g.add_metric([], int(mismatch))
-            yield g
+            yield _one(f"{PREFIX}_config_mismatch", int(mismatch))
 
         lease = self.source.lease_info()
         if lease and lease.get("expiry") is not None:
-            g = GaugeMetricFamily(f"{PREFIX}_lease_expiry_timestamp_seconds",
-                                  "When this host's subnet lease expires (Unix time).",
-                                  labels=["subnet"])
-            g.add_metric([str(lease.get("subnet", ""))], float(lease["expiry"]))
-            yield g
+            yield _one(f"{PREFIX}_lease_expiry_timestamp_seconds", float(lease["expiry"]),
+                       (str(lease.get("subnet", "")),))
 
         yield from _etcd_families(self.source.etcd_watches(), self.source.lease_counts())
 
         failures = self.source.lease_move_failures()
         if failures is not None:
-            c = CounterMetricFamily(f"{PREFIX}_lease_move_failures", "Failed attempts to move "
-                                    "this host to a new lease (flannel0's address and route, "
-                                    "the engines); each is retried a second later.")
-            c.add_metric([], failures)
-            yield c
+            yield _one(f"{PREFIX}_lease_move_failures_total", failures)
 
         sf = self.source.subnet_file()
         if sf is not None:
-            g = GaugeMetricFamily(f"{PREFIX}_subnet_file_stale", "1 while subnet.env does not "
-                                  "name this host's lease (a write failed; retried every "
-                                  "second): workloads started meanwhile get a wrong subnet.")
-            g.add_metric([], int(sf[0]))
-            yield g
-            c = CounterMetricFamily(f"{PREFIX}_subnet_file_write_failures", "Failed writes of "
-                                    "subnet.env since start.")
-            c.add_metric([], sf[1])
-            yield c
+            yield _one(f"{PREFIX}_subnet_file_stale", int(sf[0]))
+            yield _one(f"{PREFIX}_subnet_file_write_failures_total", sf[1])
 
         info = self.source.engine_info()
         if info:
-            labels = sorted(info)
-            g = GaugeMetricFamily(f"{PREFIX}_engine_info", "The forwarding engine in use.",
-                                  labels=labels)
-            g.add_metric([str(info[k]) for k in labels], 1)
-            yield g
+            labels = _DECLARED[f"{PREFIX}_engine_info"].labels
+            yield _one(f"{PREFIX}_engine_info", 1, [str(info.get(k, "")) for k in labels])
+
+    def _engine_families(self, per_queue):
+        fams = {}
+        for q, stats in enumerate(per_queue):
+            queue = str(q)
+            for name, value in stats.items():
+                decl = ENGINE_COUNTERS.get(name)
+                if decl is None:
+                    if name not in self._unknown_logged:
+                        self._unknown_logged.add(name)
+                        log.warning("engine counter %s has no metric declared; not exported "
+                                    "(dataplane/daemon/metrics.py ENGINE_COUNTERS)", name)
+                    continue
+                fname, lval = decl
+                if name == SYSCALL_REST:
+                    value = self._syscall_rest(q, stats)
+                if fname not in fams:
+                    fams[fname] = _new(fname)
+                fams[fname].add_metric([lval, queue] if lval is not None else [queue], value)
+        return fams.values()
+
+    def _syscall_rest(self, q: int, stats: dict) -> int:
+        total = stats.get(SYSCALL_REST, 0)
+        rest = max(0, total - sum(stats.get(k, 0) for k in _SYSCALL_KINDS))
+        with self._rest_lock:
+            seen, served = self._rest.get(q, (0, 0))
+            if total >= seen:
+                rest = max(rest, served)
+            self._rest[q] = (total, rest)
+        return rest
 
 
 def _etcd_families(watches: dict, leases: dict | None):
     if watches:
-        connected = GaugeMetricFamily(f"{PREFIX}_etcd_watch_connected", "1 while the etcd watch "
-                                      "has a stream established, by watch.", labels=["watch"])
-        reconnects = CounterMetricFamily(f"{PREFIX}_etcd_watch_reconnects", "etcd watch streams "
-                                         "broken and resumed (etcd restarted, unreachable, "
-                                         "failed over), by watch.", labels=["watch"])
-        resyncs = CounterMetricFamily(f"{PREFIX}_etcd_watch_resyncs", "Full re-lists after the "
-                                      "watched revision was compacted away, by watch.",
-                                      labels=["watch"])
+        connected = _new(f"{PREFIX}_etcd_watch_connected")
+        reconnects = _new(f"{PREFIX}_etcd_watch_reconnects_total")
+        resyncs = _new(f"{PREFIX}_etcd_watch_resyncs_total")
         for name, w in sorted(watches.items()):
             connected.add_metric([name], int(bool(w.get("connected"))))
             reconnects.add_metric([name], w.get("reconnects", 0))
             resyncs.add_metric([name], w.get("resyncs", 0))
         yield from (connected, reconnects, resyncs)
     if leases:
-        for name, what in (("renewals", "Renewals of this host's subnet lease."),
-                           ("reacquisitions", "Leases acquired again after ours was lost in etcd "
-                                              "(deleted, expired, taken)."),
-                           ("races_lost", "Lease creations another node won (a subnet picked "
-                                          "again).")):
-            c = CounterMetricFamily(f"{PREFIX}_lease_{name}", what)
-            c.add_metric([], leases.get(name, 0))
-            yield c
+        for name in ("renewals", "reacquisitions", "races_lost"):
+            yield _one(f"{PREFIX}_lease_{name}_total", leases.get(name, 0))
 
 
-def make_registry(source: MetricsSource) -> CollectorRegistry:
+def make_registry(source: MetricsSource, *, standard: bool = True) -> CollectorRegistry:
+    """The daemon's families (DECLARED) and, with ``standard``, the process_* and python_* ones
+    every Prometheus client serves (STANDARD), which dashboards and alerts on CPU, memory and
+    open fds expect."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(DaemonCollector(source))
+    if standard:
+        ProcessCollector(registry=reg)
+        PlatformCollector(registry=reg)
+        GCCollector(registry=reg)
     return reg
 
 
@@ -316,11 +460,21 @@ class DaemonSource(MetricsSource):
             engine = self.daemon.engine
             return engine.stats() if engine is not None else None
 
+    def engine_queue_stats(self):
+        # One read per queue, no sum: the MultiEngine the daemon runs keeps them apart.
+        with self.daemon.lock:
+            engine = self.daemon.engine
+            if engine is None:
+                return None
+            per_queue = getattr(engine, "queue_stats", None)
+            return per_queue() if per_queue is not None else [engine.stats()]
+
     def engine_info(self):
         d = self.daemon
         if d.engine is None:
             return {}
-        return {"engine": d.engine.name, "reason": d.engine_why, "accept_from": d.opts.accept_from}
+        return {"engine": d.engine.name, "reason": engine_reason(d.engine_why),
+                "accept_from": d.opts.accept_from}
 
     def peers_count(self):
         return len(self.daemon.peers)

@@ -18,8 +18,8 @@ import ipaddress
 import re
 import struct
 
+from ..daemon.metrics import ENGINE_COUNTERS, SYSCALL_REST
 from ..engine import ipv4
-from ..engine.api import STAT_NAMES
 
 #: flannel's udp backend adds exactly an outer IPv4 header and a UDP header.
 OUTER_IP = 20
@@ -31,41 +31,36 @@ ETHERNET = 14
 
 # -- metrics ----------------------------------------------------------------------------------
 
-_METRIC = re.compile(r'^flannel_udp_([a-z_]+?)(?:_total)?(?:\{(.*)\})?$')
+_METRIC = re.compile(r'^(flannel_udp_[a-z_]+)(?:\{(.*)\})?$')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
+# (family, label value other than queue) -> engine counter: daemon/metrics.py's table inverted.
+_COUNTER_OF = {fam_value: stat for stat, fam_value in ENGINE_COUNTERS.items()}
 
 
 def stats_from_metrics(metrics: dict) -> dict:
-    """The engine counters (STAT_NAMES keys) back out of the daemon's /metrics.
+    """The engine counters (STAT_NAMES keys) back out of the daemon's /metrics, summed over the
+    queues.
 
-    ``metrics`` is {"name{labels}": value} (Overlay.metrics). The mapping is the
-    inverse of dataplane/daemon/metrics.py's families: packets/bytes by path, drops by
-    reason, ICMP by type, syscalls by kind, batches by direction, offloads by op.
+    ``metrics`` is {"name{labels}": value} (Overlay.metrics). The mapping is the inverse of
+    dataplane/daemon/metrics.py's ENGINE_COUNTERS; ``syscalls`` is the sum of every kind, as the
+    engine counts it.
     """
-    out = {}
+    out: dict = {}
     for key, value in metrics.items():
         m = _METRIC.match(key)
         if not m:
             continue
-        fam, labels = m.group(1), dict(_LABEL.findall(m.group(2) or ""))
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        if "queue" not in labels:       # parse_metrics' sums over the queues: counted already
+            continue
+        others = [v for k, v in labels.items() if k != "queue"]
+        stat = _COUNTER_OF.get((m.group(1), others[0] if others else None))
+        if stat is None:
+            continue
         v = int(value)
-        if fam in ("packets", "bytes") and "path" in labels:
-            out[f"{labels['path']}_{fam}"] = v
-        elif fam == "drops" and "reason" in labels:
-            out[f"drop_{labels['reason']}"] = v
-        elif fam == "icmp_sent" and "type" in labels:
-            out["icmp_unreach_sent" if labels["type"] == "net_unreachable"
-                else "icmp_ttl_sent"] = v
-        elif fam == "syscalls_by_kind" and "kind" in labels:
-            out[labels["kind"]] = v
-        elif fam == "batches" and "direction" in labels:
-            out[f"{labels['direction']}_batches"] = v
-        elif fam == "offload_ops" and "op" in labels:
-            out[labels["op"]] = v
-        elif not labels and fam in STAT_NAMES:    # syscalls, icmp_ratelimited, ...
-            out[fam] = v
-        elif fam.startswith("engine_") and not labels and fam != "engine_info":
-            out[fam[len("engine_"):]] = v
+        out[stat] = out.get(stat, 0) + v
+        if m.group(1) == ENGINE_COUNTERS[SYSCALL_REST][0] and stat != SYSCALL_REST:
+            out[SYSCALL_REST] = out.get(SYSCALL_REST, 0) + v
     return out
 
 

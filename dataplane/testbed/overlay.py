@@ -489,14 +489,26 @@ def parse_ping(out: str, rc: int = 0) -> dict:
     return {"sent": sent, "received": received, "rtt_avg_ms": rtt, "rc": rc}
 
 
+_QUEUE_LABEL = re.compile(r'(,?)queue="\d+"(,?)')
+
+
 def parse_metrics(text: str) -> dict:
+    """{"name{labels}": value} of a /metrics text; a sample labelled by queue also adds to its
+    sum over the queues, under the key without that label (PromQL's ``sum without (queue)``):
+    ``flannel_udp_packets_total{path="udp_tx"}`` is the host's, whatever --queues."""
     out = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         key, _, value = line.rpartition(" ")
         try:
-            out[key] = float(value)
+            v = float(value)
         except ValueError:
-            pass
+            continue
+        out[key] = v
+        m = _QUEUE_LABEL.search(key)
+        if m:
+            total = (key[:m.start()] + ("," if m.group(1) and m.group(2) else "")
+                     + key[m.end():]).replace("{}", "")
+            out[total] = out.get(total, 0.0) + v
     return out

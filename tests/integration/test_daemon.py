@@ -167,7 +167,10 @@ def test_healthz_and_metrics(ov):
     assert m['flannel_udp_packets_total{path="udp_tx"}'] > 0
     assert m['flannel_udp_packets_total{path="tun_tx"}'] > 0
     assert 'flannel_udp_drops_total{reason="bad_source"}' in m
-    assert m["flannel_udp_syscalls_total"] > 0
+    assert m['flannel_udp_syscalls_total{kind="udp_sends"}'] > 0
+    # the build and the standard process series, next to the daemon's own
+    assert any(k.startswith("flannel_udp_build_info{") for k in m)
+    assert m["process_open_fds"] > 0 and m["process_cpu_seconds_total"] > 0
     info = [k for k in m if k.startswith("flannel_udp_engine_info")]
     assert len(info) == 1 and f'engine="{ov.kind}"' in info[0]
     expiry = [v for k, v in m.items() if k.startswith("flannel_udp_lease_expiry_timestamp")]

@@ -55,4 +55,6 @@ def test_taken_lease_moves_the_host_to_another_subnet(ov):
     # The new engines got one table, each queue swapping it in once.
     time.sleep(1.0)
     m = ov.metrics(h)
-    assert m["flannel_udp_engine_route_swaps_total"] == m["flannel_udp_queues"]
+    queues = int(m["flannel_udp_queues"])
+    assert [m[f'flannel_udp_route_swaps_total{{queue="{q}"}}'] for q in range(queues)] == \
+        [1] * queues, m

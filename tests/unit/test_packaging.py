@@ -85,6 +85,23 @@ def test_env_example_sets_only_flags_the_daemon_reads():
     assert "$FLANNEL_UDP_OPTIONS" in _unit_settings()["ExecStart"][0]
 
 
+def test_env_example_serves_health_and_metrics_on_loopback():
+    """The shipped file turns /healthz, /readyz and /metrics on, on loopback, through the
+    options the unit passes on; the daemon's own default stays flanneld's (off)."""
+    import argparse
+    import shlex
+    from dataplane.daemon.options import Options
+    text = ENV_FILE.read_text()
+    env = dict(re.findall(r"^(FLANNELD_[A-Z0-9_]+)=(.*)$", text, re.M))
+    options = re.search(r"^FLANNEL_UDP_OPTIONS=(.*)$", text, re.M).group(1)
+    parser = argparse.ArgumentParser()
+    flanneld_flags.add_arguments(parser)
+    opts = flanneld_flags.resolve(parser.parse_args(shlex.split(options)), environ=env)
+    assert (opts.healthz_ip, opts.healthz_port) == ("127.0.0.1", 10254)
+    assert opts.metrics_on_healthz()
+    assert Options().healthz_port == 0
+
+
 def test_licence_matches_pyproject():
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0" in text

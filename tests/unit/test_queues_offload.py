@@ -182,7 +182,7 @@ def test_metrics_queues_offloads_and_their_counters():
     assert 'flannel_udp_offload_enabled{offload="tun_tso"} 1.0' in body
     assert 'flannel_udp_offload_enabled{offload="udp_gro"} 0.0' in body
     for op in OFFLOAD_STATS:
-        assert f'flannel_udp_offload_ops_total{{op="{op}"}} 7.0' in body
+        assert f'flannel_udp_offload_ops_total{{op="{op}",queue="0"}} 7.0' in body
     # a source that has not decided yet exports neither family
     body = generate_latest(make_registry(MetricsSource())).decode()
     assert "flannel_udp_queues" not in body and "offload_enabled" not in body

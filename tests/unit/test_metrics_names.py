@@ -1,0 +1,243 @@
+"""/metrics against its declaration (dataplane/daemon/metrics.py DECLARED, STANDARD,
+ENGINE_COUNTERS) and its reference page (docs/metrics.md): names, types, labels, the queue label
+of a real two-queue engine over socketpairs, and label values that stay short words.
+"""
+from __future__ import annotations
+
+import re
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import dataplane
+from dataplane.daemon.metrics import (DECLARED, ENGINE_COUNTERS, STANDARD, DaemonSource,
+                                      MetricsSource, engine_reason, make_registry)
+from dataplane.engine import choice, engine_class, multi
+from dataplane.engine.api import STAT_NAMES
+from dataplane.host.udpsock import open_udp_sockets
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+# A label value is a word, a number, an address or a version: this bounds what a bug that put a
+# sentence (or an exception's text) into one would have to hide under.
+LABEL_VALUE = re.compile(r"[A-Za-z0-9_.:/-]{1,32}")
+
+
+class FullSource(MetricsSource):
+    """A source that has every family to report, two queues of counters."""
+
+    def __init__(self, per_queue):
+        self.per_queue = per_queue
+
+    def engine_queue_stats(self):
+        return self.per_queue
+
+    def engine_info(self):
+        return {"engine": "c", "reason": engine_reason("requested with --engine c"),
+                "accept_from": "leases"}
+
+    def peers_count(self):
+        return 3
+
+    def queues_count(self):
+        return len(self.per_queue)
+
+    def offloads_enabled(self):
+        return {"tun_tso": True, "udp_gso": False}
+
+    def bad_leases(self):
+        return 1, 2
+
+    def config_mismatch(self):
+        return False
+
+    def lease_info(self):
+        return {"subnet": "10.5.3.0/24", "expiry": 1_800_000_000.0}
+
+    def lease_move_failures(self):
+        return 0
+
+    def subnet_file(self):
+        return False, 0
+
+    def etcd_watches(self):
+        return {w: {"connected": True, "reconnects": 1, "resyncs": 0}
+                for w in ("subnets", "config", "own_lease")}
+
+    def lease_counts(self):
+        return {"renewals": 1, "reacquisitions": 0, "races_lost": 0}
+
+
+def _queue_stats(q: int) -> dict:
+    """Counters as an engine keeps them: `syscalls` is every kind plus 2 wake-up reads."""
+    st = {n: 100 * (q + 1) + i for i, n in enumerate(STAT_NAMES)}
+    st["syscalls"] = 2 + sum(st[n] for n, (fam, _) in ENGINE_COUNTERS.items()
+                             if fam == "flannel_udp_syscalls_total" and n != "syscalls")
+    return st
+
+
+def _scrape(source) -> list:
+    return list(text_string_to_metric_families(generate_latest(make_registry(source)).decode()))
+
+
+def _sample_name(fam) -> str:
+    # the parser names a counter's family without _total; its samples carry it
+    return fam.name + "_total" if fam.type == "counter" else fam.name
+
+
+def test_every_engine_counter_has_a_declared_series():
+    """A counter added to the engine contract fails here until ENGINE_COUNTERS (and the
+    docs) say which series it is."""
+    assert set(ENGINE_COUNTERS) == set(STAT_NAMES)
+    declared = {f.name: f for f in DECLARED}
+    for stat, (family, value) in ENGINE_COUNTERS.items():
+        f = declared[family]
+        assert f.type == "counter" and f.labels[-1] == "queue", stat
+        assert (value is None) == (len(f.labels) == 1), stat
+    # and no two counters land on one series
+    assert len(set(ENGINE_COUNTERS.values())) == len(ENGINE_COUNTERS)
+
+
+def test_a_scrape_serves_exactly_the_declared_families():
+    fams = _scrape(FullSource([_queue_stats(0), _queue_stats(1)]))
+    served = {_sample_name(f): (f.type, f.documentation) for f in fams}
+    want = {f.name: (f.type, f.help) for f in DECLARED + STANDARD}
+    assert served == want
+    for fam in fams:
+        labels = {f.name: f.labels for f in DECLARED + STANDARD}[_sample_name(fam)]
+        for s in fam.samples:
+            assert set(s.labels) == set(labels), (s.name, s.labels)
+
+
+def test_build_info_and_the_process_series():
+    fams = {_sample_name(f): f for f in _scrape(MetricsSource())}
+    (info,) = fams["flannel_udp_build_info"].samples
+    assert info.value == 1 and info.labels["version"] == dataplane.__version__
+    assert info.labels["engine"] == ("c" if choice.c_available() else "python")
+    assert fams["process_open_fds"].samples[0].value > 0
+    assert fams["process_cpu_seconds_total"].samples[0].value >= 0
+    assert "python_info" in fams and "python_gc_collections_total" in fams
+    # a registry without them, for whoever embeds the collector elsewhere
+    assert not any(f.name.startswith("process_") for f in make_registry(
+        MetricsSource(), standard=False).collect())
+
+
+def test_label_values_are_short_words():
+    for fam in _scrape(FullSource([_queue_stats(0), _queue_stats(1)])):
+        for s in fam.samples:
+            for k, v in s.labels.items():
+                assert LABEL_VALUE.fullmatch(v), f"{s.name}{{{k}={v!r}}}"
+
+
+def test_syscalls_are_one_family_whose_kinds_sum_to_the_total():
+    per_queue = [_queue_stats(0), _queue_stats(1)]
+    samples = [s for f in _scrape(FullSource(per_queue)) for s in f.samples
+               if s.name == "flannel_udp_syscalls_total"]
+    for q, st in enumerate(per_queue):
+        mine = {s.labels["kind"]: s.value for s in samples if s.labels["queue"] == str(q)}
+        assert sum(mine.values()) == st["syscalls"] and mine["wake_reads"] == 2
+
+
+def test_the_syscall_remainder_never_goes_down_between_scrapes():
+    """Counters read while the loop runs can catch a kind counted before its total: the
+    remainder served stays at its highest until the total itself goes down (a new engine)."""
+    st = _queue_stats(0)
+    source = FullSource([st])
+    reg = make_registry(source, standard=False)
+
+    def rest():
+        return reg.get_sample_value("flannel_udp_syscalls_total",
+                                    {"kind": "wake_reads", "queue": "0"})
+    assert rest() == 2
+    source.per_queue = [dict(st, polls=st["polls"] + 1)]      # the kind seen, not yet the total
+    assert rest() == 2
+    source.per_queue = [dict(st, syscalls=3, **{k: 0 for k in st if k != "syscalls"})]
+    assert rest() == 3                                         # a new engine: counted afresh
+
+
+def test_an_undeclared_engine_counter_is_not_served(caplog):
+    st = dict(_queue_stats(0), gre_wakeups=4242)
+    text = generate_latest(make_registry(FullSource([st]), standard=False)).decode()
+    assert "gre_wakeups" not in text and " 4242.0" not in text
+    assert "gre_wakeups" in caplog.text
+
+
+@pytest.mark.parametrize("flag,env,c_built,reason", [
+    ("python", {}, None, "forced"),
+    (None, {"DATAPLANE_ENGINE": "python"}, None, "forced"),
+    (None, {}, True, "auto"),
+    (None, {}, False, "c_unavailable"),
+])
+def test_engine_info_reason_is_one_of_a_few_words(monkeypatch, flag, env, c_built, reason):
+    """choose_engine's sentence goes to the log; the label keeps which case it was."""
+    if c_built is not None:
+        monkeypatch.setattr(choice, "_load_c",
+                            (lambda: object) if c_built else (lambda: None))
+        monkeypatch.setattr(choice, "_fallback_logged", True)
+    why = choice.choose_engine(flag, env=env).why
+    assert engine_reason(why) == reason
+
+
+def _doc_rows():
+    """(series, type, labels) of every row of docs/metrics.md's reference tables."""
+    rows = re.findall(r"^\| `([a-z_]+)` \| (counter|gauge) \|\s*([a-z_, ]*?)\s*\|", DOC.read_text(),
+                      re.M)
+    return {name: (typ, tuple(x.strip() for x in labels.split(",") if x.strip()))
+            for name, typ, labels in rows}
+
+
+def test_docs_reference_is_the_declared_table():
+    documented = _doc_rows()
+    declared = {f.name: (f.type, f.labels) for f in DECLARED + STANDARD}
+    assert documented == declared
+
+
+class _Daemon:
+    """What DaemonSource.engine_queue_stats reads."""
+
+    def __init__(self, engine):
+        self.lock = threading.Lock()
+        self.engine = engine
+
+
+class _EngineSource(MetricsSource):
+    """The daemon's own per-queue read, over a daemon that has only its engine."""
+    engine_queue_stats = DaemonSource.engine_queue_stats
+
+    def __init__(self, engine):
+        self.daemon = _Daemon(engine)
+
+
+def test_a_real_two_queue_engine_is_labelled_by_queue(engine_kind):
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(2)]
+    socks = open_udp_sockets("127.0.0.1", 0, 2)
+    engine = multi.create(engine_class(engine_kind), [p[0].fileno() for p in pairs],
+                          [s.fileno() for s in socks], tun_addr="10.5.1.0", mtu=1472)
+    try:
+        served = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                  for f in _scrape(_EngineSource(engine)) for s in f.samples
+                  if "queue" in s.labels}
+        per_queue = engine.queue_stats()
+        declared = {f.name: f.labels for f in DECLARED}
+        want = {}
+        for stat, (family, value) in ENGINE_COUNTERS.items():
+            other = [x for x in declared[family] if x != "queue"]
+            for q, st in enumerate(per_queue):
+                labels = dict(zip(other, [value]), queue=str(q))
+                want[(family, tuple(sorted(labels.items())))] = st[stat]
+        # not started, so nothing moves between the scrape and the read above; `syscalls`
+        # is served as its remainder beyond the kinds, none yet
+        for k in want:
+            if ("kind", "wake_reads") in k[1]:
+                want[k] = 0
+        assert served == want
+    finally:
+        engine.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
+        for s in socks:
+            s.close()
