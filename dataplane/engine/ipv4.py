@@ -1,9 +1,12 @@
 """IPv4 headers, the internet checksum, the TTL update and ICMP errors.
 
-Plain functions over ``bytes``/``bytearray``, no I/O. The pure-Python engine
-uses them on its slow paths (ICMP errors), the tests use them to build and
-check packets, and the teaching demo uses :func:`parse` / :func:`describe` to
-decode what the engine moves. The rules are those of ``csrc/dataplane.h``.
+Plain functions over ``bytes``/``bytearray``, no I/O: csrc/packet.c's rules
+(those of ``csrc/dataplane.h``) written for reading rather than for speed.
+The Python engine's per-packet work (pypath.py) calls them on its slow paths
+(ICMP errors) and writes the TTL update out for speed
+(tests/unit/test_pypath.py holds it to :func:`decrement_ttl`), the tests use
+them to build and check packets, and the teaching demo uses :func:`parse` /
+:func:`describe` to decode what the engine moves.
 
 The IPv4 header (RFC 791), 20 bytes plus 0..40 bytes of options::
 
@@ -44,6 +47,8 @@ import ipaddress
 import struct
 from dataclasses import dataclass
 
+from .contract import ICMP_TTL
+
 # --- constants ---------------------------------------------------------------
 
 HEADER_MIN = 20             # ihl 5
@@ -67,7 +72,6 @@ ICMP_ERROR_TYPES = frozenset({ICMP_DEST_UNREACH, ICMP_SOURCE_QUENCH, ICMP_REDIRE
                               ICMP_TIME_EXCEEDED, ICMP_PARAM_PROBLEM})
 ICMP_HEADER = 8
 ICMP_QUOTE_PAYLOAD = 8      # payload bytes quoted after the offender's header
-ICMP_ERROR_TTL = 64
 
 # version/ihl, tos, tot_len, id, flags+frag, ttl, proto, checksum, src, dst
 _HEADER = struct.Struct("!BBHHHBBH4s4s")
@@ -279,4 +283,4 @@ def icmp_error(offender, type_: int, code: int, src) -> bytes:
     offender = bytes(offender)
     quote = offender[:quote_length(offender)]
     message = icmp_message(type_, code, 0, quote)
-    return build(src, offender[12:16], message, proto=PROTO_ICMP, ttl=ICMP_ERROR_TTL)
+    return build(src, offender[12:16], message, proto=PROTO_ICMP, ttl=ICMP_TTL)

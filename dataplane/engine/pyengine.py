@@ -2,49 +2,64 @@
 
 It does what csrc/dataplane.h says, in the order it says it, with the same
 counters (all of them but api.SYSCALL_STATS match the C engine exactly for
-the same input) and the same trace events. Python has no recvmmsg/sendmmsg,
-so every packet costs one syscall each way; the rest is kept cheap:
+the same input) and the same trace events. What happens to a packet is
+decided in pypath.py, which is csrc/path.c function for function; this
+module is the I/O around it, laid out as the C loop is (loop.c, tx.c,
+rx.c). Python has no recvmmsg/sendmmsg, so every packet costs one syscall
+each way; the rest is kept cheap:
 
 * all buffers are allocated once (one bytearray per batch slot, and
   memoryviews over them), reads go straight into them (FileIO.readinto,
   socket.recv_into/recvfrom_into), nothing is copied on the forwarding path;
-* the loop works on locals bound once per thread (bound methods, buffers,
-  constants) and hot counters are kept in locals and added to the shared
-  counter list once per batch;
-* the route table is one dict per prefix length (pytable.RouteTable), and
-  the common case of a single prefix length skips the loop over lengths.
+* each batch works on locals bound once at its start (bound methods,
+  buffers, the pypath functions), and the counters of the syscalls and of
+  what was sent or written are kept in locals and added to the shared list
+  once per batch;
+* the route table is one dict per prefix length (pytable.RouteTable).
 
-Flow, in the order the code appears in :meth:`PyEngine._run`:
-  1. icmp_error   an ICMP error about a TUN packet, written into the TUN,
-                  if the rate limit allows (icmp_allowed: dataplane.h's GCRA)
-  2. tun_batch    read() until EAGAIN or `batch` packets: checks, route,
-                  TTL - 1, queue; then one sendto() per queued packet
-  3. udp_batch    recv(MSG_DONTWAIT) until EAGAIN or `batch` datagrams,
-                  then per datagram: checks, inner source (local, then
-                  strict), TTL - 1, write() to the TUN
-  4. the loop     epoll, adopt a new route table, then alternate the two
-                  directions one batch each while there is work (at most
-                  ROUNDS times before polling again, so the stop fd is seen);
-                  it ends on stop() or when the TUN is gone (EBADFD), which
-                  ended() reports and on_end() callbacks hear at once
+Flow, in the order the code appears:
+  1. PyEngine          the Engine API, any thread: it only stores what the
+                       loop reads (the published table, own sources, flags)
+                       and wakes the loop
+  2. _Loop             the loop thread's side (struct dp_loop), made when
+                       the thread starts:
+     take_tables       adopt the newest published table (loop.c:
+                       dp_loop_take_tables), counted once per table
+     tun_write,        write() into the TUN (rx.c: dp_rx_tun_write); an
+     icmp_send         ICMP error pypath built, written (tx.c: icmp_send)
+     tun_batch         read() until EAGAIN or `batch` packets, then
+                       path_tun over them (writing each ICMP error it
+                       yields), then one sendto() per packet it forwarded
+                       (tx.c: dp_tx_batch)
+     udp_batch         recv(MSG_DONTWAIT) until EAGAIN or `batch` datagrams,
+                       then path_udp over them, writing each datagram it
+                       yields (rx.c: dp_rx_batch)
+     one_pass,         epoll, then passes alternating the two directions one
+     coalesce, run     batch each while there is work (at most ROUNDS times
+                       before polling again, so the stop fd is seen); with
+                       coalescing on, waits between passes once work comes
+                       densely (loop.c: pass, coalesce, dp_loop_run); it ends
+                       on stop() or when the TUN is gone (EBADFD), which
+                       ended() reports and on_end() callbacks hear at once
 
 Where it differs from the C engine, by design: the counters of
 api.SYSCALL_STATS (one sendto/recv per packet instead of sendmmsg/recvmmsg),
 and the `batch` field of trace events udp_send (packets queued in that TUN
-batch) and udp_recv (datagrams received in that turn), and
-set_strict_sources, which judges from the next batch of receives on, not
-from the next datagram. numpy is not used:
-its per-call cost (~1 us) is above the whole per-packet Python work
-(~0.5 us on top of the syscalls), and packets are handled one at a time.
+batch) and udp_recv (datagrams received in that turn); the route table,
+own sources, strict rule and trace switch are taken at the start of each
+batch rather than before each packet. numpy is not used: its per-call cost
+(~1 us) is above the whole per-packet Python work, and packets are handled
+one at a time.
 
-Threads: the loop thread owns everything above. Other threads only set
-``_stopping`` / ``_published`` / ``_tracing`` (plain attribute stores,
-atomic under the GIL), write the eventfd, and read the counter list and the
-trace deque (copied in one C-level call, so never torn).
+Threads: the loop thread owns the _Loop and the pypath.Path. Other threads
+only set the engine's ``_stopping`` / ``_published`` / ``_local`` /
+``_strict`` / ``_tracing`` / ``_coalesce_us`` and the Path's ICMP limit
+(plain attribute stores, atomic under the GIL), write the eventfd, and read
+the counter list and the trace deque (copied in one C-level call, so never
+torn).
 """
 from __future__ import annotations
 
-import collections
 import ctypes
 import errno
 import io
@@ -53,57 +68,22 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 
-from . import ipv4
+from . import pypath
 from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
-from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TRACE_HEAD, TRACE_KINDS,
-                       TRACE_RING)
+from .contract import (DENSE_WAITS, ICMP_BURST_DEFAULT, ROUNDS, STAT_NAMES, TR_TUN_WRITE,
+                       TR_UDP_SEND, TRACE_KINDS)
+from .pypath import (COALESCE_WAITS, DROP_SEND_ERROR, DROP_TUN_FULL, POLLS, ROUTE_SWAPS,
+                     RX_BATCHES, SYSCALLS, TUN_READS, TUN_RX_PACKETS, TUN_TX_BYTES,
+                     TUN_TX_PACKETS, TUN_WRITES, TX_BATCHES, UDP_RECVS, UDP_RX_PACKETS, UDP_SENDS,
+                     UDP_TX_BYTES, UDP_TX_PACKETS)
 from .pytable import RouteTable, str_to_int
 
 log = logging.getLogger(__name__)
 
-ROUNDS = 8                      # batches per direction between two polls (loop.c: DP_ROUNDS)
-HEADER_MIN = 20
-
-# Counter indices, dp_stats field order.
-_STAT_INDEX = {name: i for i, name in enumerate(STAT_NAMES)}
-TUN_RX_PACKETS, TUN_RX_BYTES = _STAT_INDEX["tun_rx_packets"], _STAT_INDEX["tun_rx_bytes"]
-UDP_TX_PACKETS, UDP_TX_BYTES = _STAT_INDEX["udp_tx_packets"], _STAT_INDEX["udp_tx_bytes"]
-UDP_RX_PACKETS, UDP_RX_BYTES = _STAT_INDEX["udp_rx_packets"], _STAT_INDEX["udp_rx_bytes"]
-TUN_TX_PACKETS, TUN_TX_BYTES = _STAT_INDEX["tun_tx_packets"], _STAT_INDEX["tun_tx_bytes"]
-ICMP_UNREACH_SENT, ICMP_TTL_SENT = _STAT_INDEX["icmp_unreach_sent"], _STAT_INDEX["icmp_ttl_sent"]
-DROP_NO_ROUTE, DROP_TTL = _STAT_INDEX["drop_no_route"], _STAT_INDEX["drop_ttl"]
-DROP_MALFORMED, DROP_NOT_IPV4 = _STAT_INDEX["drop_malformed"], _STAT_INDEX["drop_not_ipv4"]
-DROP_TRUNCATED, DROP_BAD_SOURCE = _STAT_INDEX["drop_truncated"], _STAT_INDEX["drop_bad_source"]
-DROP_SEND_ERROR = _STAT_INDEX["drop_send_error"]
-DROP_TUN_FULL, DROP_TUN_ERROR = _STAT_INDEX["drop_tun_full"], _STAT_INDEX["drop_tun_error"]
-SYSCALLS, TUN_READS, TUN_WRITES = _STAT_INDEX["syscalls"], _STAT_INDEX["tun_reads"], _STAT_INDEX["tun_writes"]
-UDP_SENDS, UDP_RECVS, POLLS = _STAT_INDEX["udp_sends"], _STAT_INDEX["udp_recvs"], _STAT_INDEX["polls"]
-TX_BATCHES, RX_BATCHES, ROUTE_SWAPS = _STAT_INDEX["tx_batches"], _STAT_INDEX["rx_batches"], _STAT_INDEX["route_swaps"]
-ICMP_RATELIMITED = _STAT_INDEX["icmp_ratelimited"]
-DROP_INNER_LOCAL, DROP_INNER_FOREIGN = (_STAT_INDEX["drop_inner_local"],
-                                        _STAT_INDEX["drop_inner_foreign"])
-COALESCE_WAITS = _STAT_INDEX["coalesce_waits"]
-NS_PER_S = 1_000_000_000
-
-# Trace kinds (enum dp_trace_kind).
-TR_TUN_READ, TR_ROUTE_HIT, TR_ROUTE_MISS, TR_UDP_SEND = 1, 2, 3, 4
-TR_UDP_RECV, TR_TUN_WRITE, TR_ICMP, TR_DROP = 5, 6, 7, 8
-
-# Fields the TUN side needs after the length checks, in one unpack:
-# tot_len, flags+fragment offset, ttl, protocol, checksum, dst.
-_TUN_FIELDS = struct.Struct("!2xH2xHBBH4xI").unpack_from
-# The source address, as an int.
-_SRC = struct.Struct("!12xI").unpack_from
-# TTL, protocol, checksum written back after the decrement.
-_PUT_TTL = struct.Struct("!BBH").pack_into
 PR_SET_TIMERSLACK = 29           # <linux/prctl.h>
-DENSE_WAITS = 4                  # coalescing starts when work comes within 4 waits of the last
-_ICMP_ERROR_TYPES = ipv4.ICMP_ERROR_TYPES
-_EMPTY = RouteTable()
 
 
 def _precise_timers() -> None:
@@ -115,9 +95,7 @@ def _precise_timers() -> None:
         pass
 
 
-def _tun_write_drop(err: int) -> int:
-    return DROP_TUN_FULL if err in (errno.EAGAIN, errno.EWOULDBLOCK) else DROP_TUN_ERROR
-
+# ---- 1. the Engine API ------------------------------------------------------------------
 
 class PyEngine(Engine):
     """The Engine contract in pure Python (see the module docstring)."""
@@ -131,29 +109,24 @@ class PyEngine(Engine):
         udp_fd = self.udp_fd = udp_fd if isinstance(udp_fd, int) else udp_fd.fileno()
         if tun_fd < 0 or udp_fd < 0 or tun_fd == udp_fd:
             raise OSError(errno.EBADF, "tun_fd and udp_fd must be two distinct open fds")
-        self._counters = [0] * len(STAT_NAMES)
-        self._published = _EMPTY          # the newest table; the loop adopts it
+        # Everything the loop needs is made here, once (like dp_loop_new).
+        self._path = pypath.Path(self.tun_addr.packed, self.accept_any)
+        self._published = self._path.routes   # the newest table; the loop adopts it
+        self._local = self._path.local        # own subnet net, mask; own addresses (ints)
+        self._strict = False
+        self._tracing = False
+        self._coalesce_us = 0                 # the coalescing wait (0: off)
         self._stopping = False
         self._closed = False
-        self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._tracing = False
-        self._icmp_limit = (ICMP_RATE_DEFAULT, ICMP_BURST_DEFAULT)   # one tuple: atomic
-        self._local = (0, 0, frozenset())  # own subnet net, mask; own addresses (ints)
-        self._strict = False
-        self._coalesce_s = 0.0            # the coalescing wait, seconds (0: off)
-        self._trace_seq = 0
-        self._ring: collections.deque = collections.deque(maxlen=TRACE_RING)
-        self._lock = threading.Lock()     # start/close only; never taken by the loop
+        self._lock = threading.Lock()         # start/close only; never taken by the loop
         self._wake_fd = None
 
-        # Everything the loop needs is made here, once (like dp_loop_new).
         # TUN reads get exactly mtu bytes; UDP receives get mtu + 1, so a
         # datagram that fills the extra byte is known to be longer than mtu.
         mtu, batch = self.mtu, self.batch
         self._tx_bufs = [bytearray(mtu) for _ in range(batch)]
         self._rx_bufs = [bytearray(mtu + 1) for _ in range(batch)]
-        self._tun_addr_packed = self.tun_addr.packed
         dup = os.dup(udp_fd)              # our own fd: closing it leaves the caller's
         try:
             self._sock = socket.socket(fileno=dup)
@@ -172,8 +145,6 @@ class PyEngine(Engine):
         except BaseException:
             self._free()
             raise
-
-    # ---- control API (any thread) ------------------------------------------
 
     def _check_open(self):
         if self._closed:
@@ -223,13 +194,6 @@ class PyEngine(Engine):
         self._stopping = True
         self._wake()
 
-    def join(self, timeout: float | None = None) -> bool:
-        t = self._thread
-        if t is None:
-            return True
-        t.join(timeout)
-        return not t.is_alive()
-
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -253,11 +217,16 @@ class PyEngine(Engine):
 
     def stats(self) -> dict:
         self._check_open()
-        return dict(zip(STAT_NAMES, list(self._counters)))
+        return dict(zip(STAT_NAMES, list(self._path.c)))
 
     def set_icmp_limit(self, rate: int, burst: int = ICMP_BURST_DEFAULT) -> None:
         self._check_open()
-        self._icmp_limit = self._check_icmp_limit(rate, burst)
+        pypath.path_set_icmp_limit(self._path, *self._check_icmp_limit(rate, burst))
+
+    @property
+    def _icmp_limit(self) -> tuple[int, int]:
+        """(rate, burst) in use: tests/unit/test_engine_multi.py reads each queue's share."""
+        return self._path.icmp_limit
 
     def set_local(self, own_subnet, addrs) -> None:
         self._check_open()
@@ -267,7 +236,7 @@ class PyEngine(Engine):
 
     def set_coalesce(self, usecs: int) -> None:
         self._check_open()
-        self._coalesce_s = self._check_coalesce(usecs) / 1e6
+        self._coalesce_us = self._check_coalesce(usecs)
 
     def set_strict_sources(self, enable: bool) -> None:
         self._check_open()
@@ -280,7 +249,7 @@ class PyEngine(Engine):
     def trace_events(self, after: int = 0) -> list:
         self._check_open()
         out = []
-        for seq, ts, kind, length, addr, port, batch, head in self._ring.copy():
+        for seq, ts, kind, length, addr, port, batch, head in self._path.ring.copy():
             if seq > after:
                 out.append({"seq": seq, "ts_ns": ts, "kind": TRACE_KINDS[kind], "len": length,
                             "addr": str(ipaddress.IPv4Address(addr)), "port": port,
@@ -292,18 +261,12 @@ class PyEngine(Engine):
         """The exception that ended the loop thread, if any."""
         return self._error
 
-    # ---- the loop thread ----------------------------------------------------
-
-    def _record(self, kind, length, addr, port, batch, head):
-        """One trace event; addr is an int (host order), head bytes-like."""
-        self._trace_seq += 1
-        self._ring.append((self._trace_seq, time.monotonic_ns(), kind, length, addr, port,
-                           batch, bytes(head[:TRACE_HEAD]) if head is not None else b""))
-
     def _run_guarded(self):
         end = Ended("error")
         try:
-            end = self._run()
+            self._thread_started()
+            _precise_timers()
+            end = _Loop(self).run()
         except BaseException as e:  # the thread must not die silently
             self._error = e
             end = Ended("error", getattr(e, "errno", None) or 0)
@@ -311,365 +274,249 @@ class PyEngine(Engine):
         finally:
             self._loop_ended(end)
 
-    def _run(self):
-        self._thread_started()
-        _precise_timers()
-        count = self._counters
-        record = self._record
-        # a datagram read into MTU + 1 bytes that fills them is longer than the MTU
-        mtu, rx_size, nbatch = self.mtu, self.mtu + 1, self.batch
-        accept_any = self.accept_any
-        tun_fd, udp_fd, wake_fd = self.tun_fd, self.udp_fd, self._wake_fd
-        tun_addr = self._tun_addr_packed
-        readinto, tun_write = self._tun.readinto, self._tun.write
-        sock = self._sock
-        sendto, recv_into, recvfrom_into = sock.sendto, sock.recv_into, sock.recvfrom_into
-        DONTWAIT = socket.MSG_DONTWAIT
-        poll = self._ep.poll
-        tun_fields, put_ttl = _TUN_FIELDS, _PUT_TTL
-        monotonic_ns = time.monotonic_ns
-        tx_bufs = self._tx_bufs
-        tx_views = [memoryview(b) for b in tx_bufs]
-        tx_len = [0] * nbatch
-        tx_hop = [None] * nbatch
-        rx_bufs = self._rx_bufs
-        rx_views = [memoryview(b) for b in rx_bufs]
-        rx_len = [0] * nbatch
-        rx_src = [None] * nbatch
-        routes = _EMPTY
-        gone = 0                      # errno that says the TUN has no device (dataplane.h)
-        tat = 0                       # ICMP rate limit state (dataplane.h), ns
-        now = 0                       # monotonic ns, read once per TUN batch
 
-        def take_routes():
-            """Adopt the newest published table; counted once per table."""
-            nonlocal routes
-            t = self._published
-            if t is not routes:
-                routes = t
-                count[ROUTE_SWAPS] += 1
+# ---- 2. the loop thread -----------------------------------------------------------------
 
-        def drop(reason, length):
-            count[reason] += 1
-            if self._tracing:
-                record(TR_DROP, length, 0, 0, reason, None)
+class _Loop:
+    """The loop thread's state and its batches (struct dp_loop and loop.c, tx.c, rx.c)."""
 
-        # -- 1. ICMP errors back into the TUN --------------------------------
-        def icmp_allowed():
-            """The GCRA token bucket of dataplane.h, integer for integer."""
-            nonlocal tat
-            rate, burst = self._icmp_limit
-            if not rate:
-                return True
-            interval = (NS_PER_S + rate - 1) // rate
-            if tat < now:
-                tat = now
-            if tat - now > (burst - 1) * interval:
-                count[ICMP_RATELIMITED] += 1
-                return False
-            tat += interval
-            return True
+    def __init__(self, engine: PyEngine):
+        self.engine = engine
+        self.path = engine._path
+        self.c = engine._path.c
+        self.mtu, self.nbatch = engine.mtu, engine.batch
+        self.tun_fd, self.udp_fd, self.wake_fd = engine.tun_fd, engine.udp_fd, engine._wake_fd
+        self.readinto, self.write = engine._tun.readinto, engine._tun.write
+        sock = engine._sock
+        self.sendto, self.recv_into, self.recvfrom_into = (sock.sendto, sock.recv_into,
+                                                           sock.recvfrom_into)
+        self.poll = engine._ep.poll
+        nbatch = self.nbatch
+        self.tx_bufs = engine._tx_bufs
+        self.tx_views = [memoryview(b) for b in self.tx_bufs]
+        self.tx_len = [0] * nbatch
+        self.tx_hop = [None] * nbatch
+        self.rx_bufs = engine._rx_bufs
+        self.rx_views = [memoryview(b) for b in self.rx_bufs]
+        self.rx_len = [0] * nbatch
+        self.rx_src = [None] * nbatch
+        self.gone = 0                 # errno that says the TUN has no device (dataplane.h)
 
-        def tun_write_failed(err, length):
-            nonlocal gone
-            if err == errno.EBADFD:   # the tun driver's answer once the device is gone
-                gone = err
-            drop(_tun_write_drop(err), length)
+    def take_tables(self) -> None:
+        table = self.engine._published
+        if table is not self.path.routes:
+            self.path.routes = table
+            self.c[ROUTE_SWAPS] += 1
 
-        def icmp_error(buf, length, type_):
-            if not icmp_allowed():
-                return
-            pkt = ipv4.icmp_error(buf[:length], type_, 0, tun_addr)
-            count[SYSCALLS] += 1
-            count[TUN_WRITES] += 1
+    def tun_write(self, data) -> int:
+        """One write() into the TUN: 0, or the errno. EBADFD is the tun driver's answer
+        once the device is gone: the loop ends."""
+        c = self.c
+        c[SYSCALLS] += 1
+        c[TUN_WRITES] += 1
+        try:
+            if self.write(data) is None:      # FileIO's EAGAIN
+                return errno.EAGAIN
+        except OSError as e:
+            if e.errno == errno.EBADFD:
+                self.gone = e.errno
+            return e.errno or errno.EIO
+        return 0
+
+    def icmp_send(self) -> None:
+        pypath.path_icmp_written(self.path, self.tun_write(self.path.icmp))
+
+    def tun_batch(self) -> tuple[bool, int]:
+        """TUN -> UDP. Returns (more, err): more if the TUN may have more right now, err
+        the errno of a failed read (else 0)."""
+        pa, c = self.path, self.c
+        self.take_tables()
+        tracing = pa.tracing = self.engine._tracing
+        # For the ICMP rate limit: one clock read per batch, not per packet.
+        pa.now_ns = time.monotonic_ns()
+        readinto, nbatch, tx_bufs, tx_len, tx_hop = (self.readinto, self.nbatch, self.tx_bufs,
+                                                     self.tx_len, self.tx_hop)
+        n = 0
+        more, err = True, 0
+        while n < nbatch:
             try:
-                w = tun_write(pkt)
+                r = readinto(tx_bufs[n])
             except OSError as e:
-                tun_write_failed(e.errno, len(pkt))
-                return
-            if w is None:             # EAGAIN: FileIO reports it as None
-                drop(DROP_TUN_FULL, len(pkt))
-                return
-            count[ICMP_UNREACH_SENT if type_ == ipv4.ICMP_DEST_UNREACH else ICMP_TTL_SENT] += 1
-            if self._tracing:
-                record(TR_ICMP, len(pkt), 0, 0, 0, pkt)
+                more, err = False, e.errno or errno.EIO
+                break
+            if r is None:                     # EAGAIN
+                more = False
+                break
+            tx_len[n] = r
+            n += 1
+        reads = n if more else n + 1          # with the one that found nothing
+        for _ in pypath.path_tun(pa, tx_bufs, tx_len, n, tx_hop):
+            self.icmp_send()
+        m = n - tx_hop[:n].count(None)        # queued: one sendto() each
+        sendto, tx_views = self.sendto, self.tx_views
+        tx_pk = tx_by = 0
+        for i in range(n):
+            hop = tx_hop[i]
+            if hop is None:
+                continue
+            length = tx_len[i]
+            try:
+                sendto(tx_views[i][:length], hop)
+            except OSError:
+                pypath.path_drop(pa, DROP_SEND_ERROR, length)
+                continue
+            tx_pk += 1
+            tx_by += length
+            if tracing:
+                pypath.trace_record(pa, TR_UDP_SEND, length, str_to_int(hop[0]), hop[1], m,
+                                    None)
+        c[SYSCALLS] += reads + m
+        c[TUN_READS] += reads
+        c[UDP_SENDS] += m
+        c[UDP_TX_PACKETS] += tx_pk
+        c[UDP_TX_BYTES] += tx_by
+        if n:
+            c[TX_BATCHES] += 1
+        return more, err
 
-        # -- 2. TUN -> UDP ---------------------------------------------------
-        def tun_batch():
-            """Returns (more, err): more if the TUN may have more right now, err
-            the errno of a failed read (else 0)."""
-            nonlocal now
-            take_routes()
-            now = monotonic_ns()
-            tracing = self._tracing
-            lens = routes.lens
-            single = len(lens) == 1
-            if single:
-                mask0, plen0, nets0 = lens[0]
-            n = m = 0
-            reads = 0
-            rx_pk = rx_by = 0
-            more, err = True, 0
-            while n < nbatch:
-                buf = tx_bufs[m]
-                reads += 1
-                try:
-                    r = readinto(buf)
-                except OSError as e:
-                    more, err = False, e.errno or errno.EIO
-                    break
-                if r is None:          # EAGAIN
-                    more = False
-                    break
-                n += 1
-                rx_pk += 1
-                rx_by += r
-                if tracing:
-                    record(TR_TUN_READ, r, 0, 0, 0, buf[:min(r, TRACE_HEAD)])
-                # 1. validate
-                if r < HEADER_MIN:
-                    drop(DROP_MALFORMED, r)
-                    continue
-                version_ihl = buf[0]
-                if version_ihl >> 4 != 4:
-                    drop(DROP_NOT_IPV4, r)
-                    continue
-                header_len = (version_ihl & 15) << 2
-                if header_len < HEADER_MIN or header_len > r:
-                    drop(DROP_MALFORMED, r)
-                    continue
-                tot, flags_frag, ttl, proto, check, dst = tun_fields(buf)
-                if tot != r:
-                    drop(DROP_MALFORMED, r)
-                    continue
-                # 2. route
-                if single:
-                    hop = nets0.get(dst & mask0)
-                    plen = plen0
+    def udp_batch(self) -> bool:
+        """UDP -> TUN. Returns True if the socket may have more right now."""
+        pa, c, engine = self.path, self.c, self.engine
+        self.take_tables()
+        tracing = pa.tracing = engine._tracing
+        need_src = tracing or not pa.accept_any or engine._strict
+        nbatch, rx_bufs, rx_len, rx_src = self.nbatch, self.rx_bufs, self.rx_len, self.rx_src
+        recv_into, recvfrom_into = self.recv_into, self.recvfrom_into
+        size, dontwait = self.mtu + 1, socket.MSG_DONTWAIT
+        k = recvs = 0
+        more = True
+        while k < nbatch:
+            recvs += 1
+            try:
+                if need_src:
+                    rx_len[k], rx_src[k] = recvfrom_into(rx_bufs[k], size, dontwait)
                 else:
-                    hop = None
-                    for mask, plen, nets in lens:
-                        hop = nets.get(dst & mask)
-                        if hop is not None:
-                            break
-                if hop is None:
-                    if tracing:
-                        record(TR_ROUTE_MISS, 0, dst, 0, 0, None)
-                    drop(DROP_NO_ROUTE, r)
-                    if proto != 1 and not flags_frag & 0x1FFF:
-                        icmp_error(buf, r, 3)
+                    rx_len[k] = recv_into(rx_bufs[k], size, dontwait)
+            except OSError:        # EAGAIN, or e.g. a pending ICMP error on the socket
+                more = False
+                break
+            k += 1
+        c[UDP_RECVS] += recvs
+        c[SYSCALLS] += recvs
+        if not k:
+            return False
+        c[RX_BATCHES] += 1
+        # Taken after the receives, so that a set published before a datagram
+        # was sent is the one that judges it (as in C, which looks before each
+        # packet). Strict needs the sources, so it starts with a batch that
+        # asked for them.
+        pa.local = engine._local
+        pa.strict_sources = engine._strict and need_src
+        path_drop, trace_record = pypath.path_drop, pypath.trace_record
+        write, rx_views = self.write, self.rx_views
+        writes = tx_pk = tx_by = 0
+        for i in pypath.path_udp(pa, rx_bufs, rx_len, rx_src, k, self.mtu):
+            # The write's outcome is counted here, as tun_batch counts a send
+            # (path.c's dp_path_tun_written: pypath.py says why).
+            length = rx_len[i]
+            writes += 1
+            try:
+                if write(rx_views[i][:length]) is None:     # FileIO's EAGAIN
+                    path_drop(pa, DROP_TUN_FULL, length)
                     continue
-                if tracing:
-                    record(TR_ROUTE_HIT, plen, str_to_int(hop[0]), hop[1], 0, None)
-                # 3. TTL
-                if ttl <= 1:
-                    drop(DROP_TTL, r)
-                    if not flags_frag & 0x1FFF and not (
-                            proto == 1 and r > header_len and buf[header_len] in _ICMP_ERROR_TYPES):
-                        icmp_error(buf, r, 11)
-                    continue
-                # 4. TTL - 1 with the checksum formula of dataplane.h. With
-                # old = ttl << 8 | proto and new = old - 0x100 (ttl >= 2),
-                # (~old & 0xffff) + new is always 0xfeff, so
-                # s = (~check & 0xffff) + 0xfeff, folded twice.
-                s = (check ^ 0xFFFF) + 0xFEFF
-                s = (s & 0xFFFF) + (s >> 16)
-                s = (s & 0xFFFF) + (s >> 16)
-                put_ttl(buf, 8, ttl - 1, proto, ~s & 0xFFFF)
-                # 5. queue
-                tx_len[m] = r
-                tx_hop[m] = hop
-                m += 1
-            sends = tx_pk = tx_by = 0
-            for i in range(m):
-                length = tx_len[i]
-                sends += 1
-                try:
-                    sendto(tx_views[i][:length], tx_hop[i])
-                except OSError:
-                    drop(DROP_SEND_ERROR, length)
-                    continue
-                tx_pk += 1
-                tx_by += length
-                if tracing:
-                    hop = tx_hop[i]
-                    record(TR_UDP_SEND, length, str_to_int(hop[0]), hop[1], m, None)
-            count[SYSCALLS] += reads + sends
-            count[TUN_READS] += reads
-            count[UDP_SENDS] += sends
-            count[TUN_RX_PACKETS] += rx_pk
-            count[TUN_RX_BYTES] += rx_by
-            count[UDP_TX_PACKETS] += tx_pk
-            count[UDP_TX_BYTES] += tx_by
-            if n:
-                count[TX_BATCHES] += 1
-            return more, err
+            except OSError as e:
+                if e.errno == errno.EBADFD:   # the device is gone: the loop ends
+                    self.gone = e.errno
+                path_drop(pa, pypath.tun_write_drop(e.errno or errno.EIO), length)
+                continue
+            tx_pk += 1
+            tx_by += length
+            if tracing:
+                trace_record(pa, TR_TUN_WRITE, length, 0, 0, 0, rx_bufs[i])
+        c[SYSCALLS] += writes
+        c[TUN_WRITES] += writes
+        c[TUN_TX_PACKETS] += tx_pk
+        c[TUN_TX_BYTES] += tx_by
+        return more
 
-        # -- 3. UDP -> TUN ---------------------------------------------------
-        def udp_batch():
-            """Returns True if the socket may have more right now."""
-            take_routes()
-            tracing = self._tracing
-            peers = routes.peers
-            need_src = tracing or not accept_any or self._strict
-            k = recvs = 0
-            more = True
-            while k < nbatch:
-                recvs += 1
-                try:
-                    if need_src:
-                        rx_len[k], rx_src[k] = recvfrom_into(rx_bufs[k], rx_size, DONTWAIT)
-                    else:
-                        rx_len[k] = recv_into(rx_bufs[k], rx_size, DONTWAIT)
-                except OSError:        # EAGAIN, or e.g. a pending ICMP error on the socket
-                    more = False
-                    break
-                k += 1
-            count[UDP_RECVS] += recvs
-            count[SYSCALLS] += recvs
-            if not k:
-                return False
-            count[RX_BATCHES] += 1
-            # Read after the receives, so that a set published before a
-            # datagram was sent is the one that judges it (as in C, which
-            # looks before each packet). Strict needs the sources, so it
-            # starts with a batch that asked for them.
-            own_net, own_mask, own_addrs = self._local
-            strict = self._strict and need_src
-            lookup = routes.lookup
-            rx_pk = rx_by = tx_pk = tx_by = writes = 0
-            for i in range(k):
-                received = rx_len[i]
-                length = received if received <= mtu else mtu
-                rx_pk += 1
-                rx_by += length
-                buf = rx_bufs[i]
-                if tracing:
-                    src = rx_src[i]
-                    record(TR_UDP_RECV, length, str_to_int(src[0]), src[1], k,
-                           buf[:min(length, TRACE_HEAD)])
-                # 1.-4. the checks, in the header's order
-                if received > mtu:
-                    drop(DROP_TRUNCATED, length)
-                    continue
-                if not accept_any and rx_src[i][0] not in peers:
-                    drop(DROP_BAD_SOURCE, length)
-                    continue
-                if length and buf[0] >> 4 != 4:
-                    drop(DROP_NOT_IPV4, length)
-                    continue
-                if length < HEADER_MIN:
-                    drop(DROP_MALFORMED, length)
-                    continue
-                header_len = (buf[0] & 15) << 2
-                if header_len < HEADER_MIN or header_len > length or (buf[2] << 8 | buf[3]) != length:
-                    drop(DROP_MALFORMED, length)
-                    continue
-                inner = _SRC(buf)[0]
-                if inner in own_addrs or (own_mask and inner & own_mask == own_net):
-                    drop(DROP_INNER_LOCAL, length)
-                    continue
-                if strict:
-                    hit = lookup(inner)
-                    if hit is None or hit[0][0] != rx_src[i][0]:
-                        drop(DROP_INNER_FOREIGN, length)
-                        continue
-                ttl = buf[8]
-                if ttl <= 1:
-                    drop(DROP_TTL, length)
-                    continue
-                # 5. TTL - 1 (see tun_batch for the checksum arithmetic), write
-                s = ((buf[10] << 8 | buf[11]) ^ 0xFFFF) + 0xFEFF
-                s = (s & 0xFFFF) + (s >> 16)
-                s = (s & 0xFFFF) + (s >> 16)
-                put_ttl(buf, 8, ttl - 1, buf[9], ~s & 0xFFFF)
-                writes += 1
-                try:
-                    w = tun_write(rx_views[i][:length])
-                except OSError as e:
-                    tun_write_failed(e.errno, length)
-                    continue
-                if w is None:
-                    drop(DROP_TUN_FULL, length)
-                    continue
-                tx_pk += 1
-                tx_by += length
-                if tracing:
-                    record(TR_TUN_WRITE, length, 0, 0, 0, buf[:min(length, TRACE_HEAD)])
-            count[SYSCALLS] += writes
-            count[TUN_WRITES] += writes
-            count[UDP_RX_PACKETS] += rx_pk
-            count[UDP_RX_BYTES] += rx_by
-            count[TUN_TX_PACKETS] += tx_pk
-            count[TUN_TX_BYTES] += tx_by
-            return more
+    def handled(self) -> int:
+        """Packets handled so far in both directions."""
+        return self.c[TUN_RX_PACKETS] + self.c[UDP_RX_PACKETS]
 
-        # -- 4. the loop -----------------------------------------------------
-        tun_broken = select.EPOLLERR | select.EPOLLHUP
-        monotonic = time.monotonic
-        last_work = 0.0                   # when the last pass that forwarded anything ended
+    def one_pass(self, tun_more: bool, udp_more: bool, tun_events: int) -> int:
+        """Both directions, one batch each, at most ROUNDS times; the packets handled."""
+        engine = self.engine
+        before = self.handled()
+        self.take_tables()
+        for _ in range(ROUNDS):
+            if not (tun_more or udp_more):
+                break
+            if tun_more:
+                tun_more, tun_err = self.tun_batch()
+                # A TUN whose device is gone fails every read with EBADFD (and
+                # epoll says ERR): the loop ends (dataplane.h).
+                if tun_err and (tun_err == errno.EBADFD or
+                                tun_events & (select.EPOLLERR | select.EPOLLHUP)):
+                    self.gone = tun_err
+            if engine._stopping or self.gone:
+                break
+            if udp_more:
+                udp_more = self.udp_batch()
+            if engine._stopping or self.gone:
+                break
+        return self.handled() - before
 
-        def one_pass(tun_more, udp_more, tun_events):
-            """Both directions, one batch each, at most ROUNDS times; the packets handled."""
-            nonlocal gone
-            before = count[TUN_RX_PACKETS] + count[UDP_RX_PACKETS]
-            take_routes()
-            for _ in range(ROUNDS):
-                if not (tun_more or udp_more):
-                    break
-                if tun_more:
-                    tun_more, tun_err = tun_batch()
-                    # A TUN whose device is gone fails every read with
-                    # EBADFD (and epoll says ERR): the loop ends (dataplane.h).
-                    if tun_err and (tun_err == errno.EBADFD or tun_events & tun_broken):
-                        gone = tun_err
-                if self._stopping or gone:
-                    break
-                if udp_more:
-                    udp_more = udp_batch()
-                if self._stopping or gone:
-                    break
-            return count[TUN_RX_PACKETS] + count[UDP_RX_PACKETS] - before
+    def wake_drain(self) -> None:
+        self.c[SYSCALLS] += 1
+        try:
+            os.eventfd_read(self.wake_fd)
+        except BlockingIOError:       # someone else's wake-up was already consumed
+            pass
 
-        while not self._stopping and not gone:
-            count[SYSCALLS] += 1
-            count[POLLS] += 1
-            events = poll()
+    def coalesce(self, usecs: int) -> int:
+        """The coalescing wait: only the wake fd can end it early, so the packets that
+        arrive meanwhile queue up in the TUN and the socket instead of waking us one by
+        one. Then a pass over both, without epoll."""
+        c = self.c
+        c[SYSCALLS] += 1
+        c[COALESCE_WAITS] += 1
+        if select.select([self.wake_fd], [], [], usecs / 1e6)[0]:
+            self.wake_drain()
+        if self.engine._stopping:
+            return 0
+        return self.one_pass(True, True, 0)
+
+    def run(self) -> Ended:
+        engine, c = self.engine, self.c
+        tun_fd, udp_fd, wake_fd, poll = self.tun_fd, self.udp_fd, self.wake_fd, self.poll
+        monotonic_ns = time.monotonic_ns
+        last_work_ns = 0              # when the last pass that forwarded anything ended
+        while not engine._stopping and not self.gone:
+            c[SYSCALLS] += 1
+            c[POLLS] += 1
             tun_more = udp_more = False
             tun_events = 0
-            for fd, ev in events:
+            for fd, ev in poll():
                 if fd == tun_fd:
                     tun_more = True
                     tun_events = ev
                 elif fd == udp_fd:
                     udp_more = True
                 elif fd == wake_fd:   # stop, or a new route table
-                    count[SYSCALLS] += 1
-                    try:
-                        os.eventfd_read(wake_fd)
-                    except BlockingIOError:
-                        pass
-            work = one_pass(tun_more, udp_more, tun_events)
-            wait_s = self._coalesce_s
-            if not work or not wait_s:
+                    self.wake_drain()
+            work = self.one_pass(tun_more, udp_more, tun_events)
+            usecs = engine._coalesce_us
+            if not work or not usecs:
                 continue
-            # Coalescing (dataplane.h, dp_loop_set_coalesce), once work comes densely: while
-            # passes find work, wait (only the wake fd can end the wait early), look again.
-            now = monotonic()
-            if now - last_work < wait_s * DENSE_WAITS:
-                while work and not self._stopping and not gone:
-                    count[SYSCALLS] += 1
-                    count[COALESCE_WAITS] += 1
-                    if select.select([wake_fd], [], [], wait_s)[0]:
-                        count[SYSCALLS] += 1
-                        try:
-                            os.eventfd_read(wake_fd)
-                        except BlockingIOError:
-                            pass
-                    if self._stopping:
-                        break
-                    work = one_pass(True, True, 0)
+            # Coalescing, once packets come densely (this work within DENSE_WAITS
+            # waits of the last): while passes find work, wait and look again; a
+            # pass that finds nothing hands the wake-ups back to epoll. A lone
+            # packet (a ping, a request) finds no wait in its way.
+            now_ns = monotonic_ns()
+            if now_ns - last_work_ns < usecs * 1000 * DENSE_WAITS:
+                while work and not engine._stopping and not self.gone:
+                    work = self.coalesce(usecs)
                     if work:
-                        now = monotonic()
-            last_work = now
-        return Ended("tun_gone", gone) if gone else Ended("stopped")
+                        now_ns = monotonic_ns()
+            last_work_ns = now_ns
+        return Ended("tun_gone", self.gone) if self.gone else Ended("stopped")
