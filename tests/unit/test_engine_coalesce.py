@@ -1,6 +1,7 @@
 """Bounded-delay batching (dp_loop_set_coalesce), both engines: with a wait after each pass
-that forwarded something, every packet still goes through, a lone packet is not held back, and
-the waits are counted (harness: tests/engine_harness.py)."""
+that forwarded something, every packet still goes through, a lone packet is not held back,
+work within DENSE_WAITS waits of the last counts as dense, and the waits are counted
+(harness: tests/engine_harness.py)."""
 from __future__ import annotations
 
 import time
@@ -9,6 +10,7 @@ import pytest
 
 from dataplane.engine import ipv4
 from dataplane.engine.api import COALESCE_MAX_US
+from dataplane.engine.contract import DENSE_WAITS
 from tests.engine_harness import Harness, assert_forwarded, expect_only
 
 
@@ -69,6 +71,38 @@ def test_a_lone_packet_finds_no_wait(engine_kind):
             h.wait_for(lambda st, n=i + 1: len(p.received) == n, what=f"packet {i}")
             assert_forwarded(pkt, p.received[i])
         assert h.settle()["coalesce_waits"] == 0
+
+
+def test_work_is_dense_within_dense_waits_waits_of_the_last(engine_kind):
+    """The threshold itself: a pass with work that ends within DENSE_WAITS waits of the
+    last one is followed by a wait. Lone packets half that apart each find one; three
+    times that apart, none do."""
+    usecs = COALESCE_MAX_US
+    window_s = DENSE_WAITS * usecs / 1e6
+    with Harness(engine_kind) as h:
+        h.engine.set_coalesce(usecs)
+        p = h.add_peer()
+        h.set_routes([h.route("10.5.2.0/24", p)])
+
+        def lone_packets(n, gap_s):
+            """n packets, each sent gap_s after the last one came out: the waits they found."""
+            waits = h.settle()["coalesce_waits"]
+            for i in range(n):
+                sent = len(p.received)
+                h.inject_tun(packet("10.5.1.2", "10.5.2.3", i))
+                deadline = time.monotonic() + 5
+                while len(p.received) == sent and time.monotonic() < deadline:
+                    time.sleep(0.0001)
+                assert len(p.received) == sent + 1, f"packet {i} not forwarded"
+                time.sleep(gap_s)
+            return h.settle()["coalesce_waits"] - waits
+
+        far = lone_packets(6, 3 * window_s)
+        near = lone_packets(13, window_s / 2)
+        assert far == 0
+        # each packet after the first finds one wait; a loaded machine may stretch a gap
+        # past the window now and then, so half of them are enough
+        assert near >= 6, f"{near} waits after 12 gaps of half the window"
 
 
 def test_off_by_default_and_off_again(engine_kind):
