@@ -119,6 +119,11 @@ class LeaseManager:
         self._renew_failing = Recurring(log, "Renewing our lease", level=logging.ERROR)
 
     @property
+    def renew_failures(self) -> int:
+        """Renewals that etcd did not take (each retried), since start."""
+        return self._renew_failing.total
+
+    @property
     def lease(self) -> Optional[Lease]:
         with self._cond:
             return self._lease
@@ -263,7 +268,9 @@ class LeaseManager:
         if lease.reservation:
             return float("inf")               # no TTL: nothing to renew
         expiration = lease.expiration if lease.expiration is not None else time.time()
-        return expiration - self.renew_margin
+        # A margin as long as the TTL would make every renewal due at once: a renewal loop that
+        # writes etcd as fast as it answers. Half the TTL is the most a margin can take.
+        return expiration - min(self.renew_margin, self.lease_ttl / 2)
 
     def _wait_until(self, due: float, wake_on_lost: bool = True) -> None:
         """Sleep until `due` (unix time), a stop, a change of our key's etcd lease, or (if wake_on_lost)
