@@ -55,7 +55,7 @@ def test_lease_move_with_netlink_failing_is_retried_until_it_works(ov, figure):
     try:
         ov.put(f"subnets/{old.network_address}-{old.prefixlen}",
                LeaseAttrs(ipaddress.IPv4Address(TAKER)).to_json())
-        assert ov.wait_log(h, "Could not move to the new lease", 20), d.log_text()[-3000:]
+        assert ov.wait_log(h, "Moving to the new lease: ", 20), d.log_text()[-3000:]
         time.sleep(2.5)                                    # two more monitor ticks, failing
         assert d.running(), d.log_text()[-3000:]
         assert ov.subnet(h) == old                         # subnet.env moves with the host only
