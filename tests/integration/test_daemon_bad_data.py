@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import ENGINES, wait_until
 from tests.integration.conftest import other_engine, overlay_of
+from tests.integration.daemon_checks import Pinger, lease_json, logged, longest_log_line, metric
 from tests.integration.traffic import udp_probe
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
@@ -34,43 +35,6 @@ MAX_LOG_LINE = 2000          # a 1 MB value must never end up in the log
 def ov(request):
     engine = request.param
     yield from overlay_of(engine, (engine, other_engine(engine)))
-
-
-class Pinger:
-    """A ping from a to b every 0.1 s for `seconds`, in the background."""
-
-    def __init__(self, ov, a, b, seconds: float):
-        self.ov, self.count = ov, int(seconds / 0.1)
-        self.proc = ov.tb.popen(a, ["ping", "-n", "-q", "-c", str(self.count), "-i", "0.1",
-                                    "-W", "1", ov.flannel_ip(b)], text=True)
-
-    def result(self) -> dict:
-        from dataplane.testbed.overlay import parse_ping
-        try:
-            out, _ = self.proc.communicate(timeout=self.count * 0.1 + 30)
-        finally:
-            self.ov.tb.kill(self.proc)
-        return {**parse_ping(out), "out": out}
-
-    def kill(self):
-        self.ov.tb.kill(self.proc)
-
-
-def logged(ov, host, *parts) -> bool:
-    """True once one line of the host's log contains every part."""
-    return any(all(p in line for p in parts) for line in ov.daemon(host).log_text().splitlines())
-
-
-def longest_log_line(ov, host) -> int:
-    return max((len(line) for line in ov.daemon(host).log_text().splitlines()), default=0)
-
-
-def metric(ov, host, name) -> float:
-    return ov.metrics(host).get(name, -1)
-
-
-def lease_json(ip: str) -> str:
-    return json.dumps({"PublicIP": ip, "PublicIPv6": None}, separators=(",", ":"))
 
 
 def test_bad_leases_are_skipped_logged_counted_and_picked_up_when_fixed(ov):

@@ -17,7 +17,6 @@ log line say so meanwhile.
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import subprocess
 import tempfile
@@ -27,7 +26,7 @@ import pytest
 
 from tests.conftest import ENGINES, wait_until
 from tests.integration.conftest import other_engine, overlay_of
-from tests.integration.test_daemon_bad_data import Pinger, logged, metric
+from tests.integration.daemon_checks import Pinger, lease_json, logged, metric
 from tests.integration.traffic import udp_probe
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
@@ -37,10 +36,6 @@ pytestmark = [pytest.mark.root, pytest.mark.etcd]
 def ov(request):
     engine = request.param
     yield from overlay_of(engine, (engine, other_engine(engine)))
-
-
-def lease_json(ip: str, **extra) -> str:
-    return json.dumps({"PublicIP": ip, "PublicIPv6": None, **extra}, separators=(",", ":"))
 
 
 def free_subnets(ov, n: int):
@@ -130,7 +125,7 @@ def test_a_subnet_file_that_could_not_be_written_is_rewritten_and_reported(ov, f
         ov.put(f"subnets/{old.network_address}-24", lease_json("192.168.77.99"))
         wait_until(lambda: ov.healthz(h1, "/readyz")[0] == 503, 15, what="/readyz to fail")
         status, body = ov.healthz(h1, "/readyz")
-        assert "subnet_file" in body and f"does not name the lease" in body, body
+        assert "subnet_file" in body and "does not name the lease" in body, body
         assert metric(ov, h1, "flannel_udp_subnet_file_stale") == 1
         time.sleep(3)                      # retried every second, said once
         text = ov.daemon(h1).log_text()

@@ -1,0 +1,43 @@
+"""What the daemon tests read off a running daemon: its log, its metrics, a ping in the background
+(not tests: helpers that test modules import)."""
+from __future__ import annotations
+
+import json
+
+
+class Pinger:
+    """A ping from a to b every 0.1 s for `seconds`, in the background."""
+
+    def __init__(self, ov, a, b, seconds: float):
+        self.ov, self.count = ov, int(seconds / 0.1)
+        self.proc = ov.tb.popen(a, ["ping", "-n", "-q", "-c", str(self.count), "-i", "0.1",
+                                    "-W", "1", ov.flannel_ip(b)], text=True)
+
+    def result(self) -> dict:
+        from dataplane.testbed.overlay import parse_ping
+        try:
+            out, _ = self.proc.communicate(timeout=self.count * 0.1 + 30)
+        finally:
+            self.ov.tb.kill(self.proc)
+        return {**parse_ping(out), "out": out}
+
+    def kill(self):
+        self.ov.tb.kill(self.proc)
+
+
+def logged(ov, host, *parts) -> bool:
+    """True once one line of the host's log contains every part."""
+    return any(all(p in line for p in parts) for line in ov.daemon(host).log_text().splitlines())
+
+
+def longest_log_line(ov, host) -> int:
+    return max((len(line) for line in ov.daemon(host).log_text().splitlines()), default=0)
+
+
+def metric(ov, host, name) -> float:
+    return ov.metrics(host).get(name, -1)
+
+
+def lease_json(ip: str, **extra) -> str:
+    """A lease value as flanneld writes it, with ``extra`` fields after."""
+    return json.dumps({"PublicIP": ip, "PublicIPv6": None, **extra}, separators=(",", ":"))
