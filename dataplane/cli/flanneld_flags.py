@@ -348,7 +348,6 @@ FLAGS: tuple[Flag, ...] = (
     Flag("set-node-network-unavailable", _parse_bool, "only {default}", kind="bool",
          group="kube", accepted=True),
 )
-FLAG_BY_DEST = {f.dest: f for f in FLAGS}
 FLAG_BY_NAME = {f.name: f for f in FLAGS}
 
 
@@ -559,6 +558,3 @@ def print_version(stream=None) -> None:
     from .. import __version__
     print(__version__, file=stream or sys.stderr)
 
-
-def env_help() -> str:
-    return "\n".join(f"  {f.env:40s} --{f.name}" for f in FLAGS)

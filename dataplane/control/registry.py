@@ -230,7 +230,7 @@ class Registry:
             _check_tls_files(keyfile, certfile, cafile)
             creds = grpc.ssl_channel_credentials(
                 root_certificates=_read(cafile), private_key=_read(keyfile), certificate_chain=_read(certfile))
-        self._keyfile, self._certfile, self._cafile = keyfile, certfile, cafile
+        self._certfile, self._cafile = certfile, cafile
         # As flanneld: a client key and cert mean TLS (for every endpoint); an https:// endpoint also
         # gets TLS, verified against the CA file or the system roots.
         self._endpoints = [_Endpoint(e.strip(), creds, force_tls=bool(keyfile and certfile)) for e in endpoints]
@@ -529,11 +529,6 @@ class Registry:
         kvs, rev = self.get(self.subnets_prefix, prefix=True)
         leases = [x for x in (self._lease(kv, with_ttl) for kv in kvs) if isinstance(x, Lease)]
         return leases, rev
-
-    def get_lease(self, subnet: IPv4Network, with_ttl: bool = False) -> tuple[Optional[Lease], int]:
-        kvs, rev = self.get(self.lease_key(subnet))
-        lease = self._lease(kvs[0], with_ttl) if kvs else None
-        return (lease if isinstance(lease, Lease) else None), rev
 
     def reclaim_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, mod_revision: int,
                       ttl: int = SUBNET_TTL) -> Optional[Lease]:
