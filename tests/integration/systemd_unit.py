@@ -65,6 +65,7 @@ class Unit:
                     f"FLANNELD_IFACE={self.host.iface}\n"
                     f"FLANNELD_SUBNET_FILE={self.dir}/subnet.env\n"
                     f"FLANNELD_HANDOVER_SOCKET={self.dir}/handover.sock\n"
+                    f"FLANNELD_STATUS_SOCKET={self.dir}/status.sock\n"
                     "PYTHONUNBUFFERED=1\n"
                     f"FLANNEL_UDP_OPTIONS=--engine {self.engine} {extra}\n")
 
