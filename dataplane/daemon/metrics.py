@@ -94,7 +94,8 @@ class MetricsSource:
         return {}
 
     def lease_counts(self) -> dict | None:
-        """{"renewals": n, "reacquisitions": n, "races_lost": n} since start, or None."""
+        """{"renewals": n, "renew_failures": n, "reacquisitions": n, "races_lost": n} since
+        start, or None."""
         return None
 
 
@@ -178,6 +179,8 @@ DECLARED = (
            "When this host's subnet lease expires (Unix time)."),
     Family(f"{PREFIX}_lease_renewals_total", "counter", (),
            "Renewals of this host's subnet lease."),
+    Family(f"{PREFIX}_lease_renew_failures_total", "counter", (),
+           "Renewals etcd did not take (each retried at the renewal retry interval)."),
     Family(f"{PREFIX}_lease_reacquisitions_total", "counter", (),
            "Leases acquired again after ours was lost in etcd (deleted, expired, taken)."),
     Family(f"{PREFIX}_lease_races_lost_total", "counter", (),
@@ -431,7 +434,7 @@ def _etcd_families(watches: dict, leases: dict | None):
             resyncs.add_metric([name], w.get("resyncs", 0))
         yield from (connected, reconnects, resyncs)
     if leases:
-        for name in ("renewals", "reacquisitions", "races_lost"):
+        for name in ("renewals", "renew_failures", "reacquisitions", "races_lost"):
             yield _one(f"{PREFIX}_lease_{name}_total", leases.get(name, 0))
 
 
@@ -569,5 +572,5 @@ class DaemonSource(MetricsSource):
         if self.daemon.lease_manager is None:
             return None
         return self._carried.read("lease", self.daemon.lease_manager,
-                                  ("renewals", "reacquisitions", "races_lost"))
+                                  ("renewals", "renew_failures", "reacquisitions", "races_lost"))
 

@@ -27,7 +27,8 @@ def watch(connected=True, reconnects=0, resyncs=0):
 def lease_manager(expiration, own_watch=None, **counts):
     lease = SimpleNamespace(subnet=IPv4Network("10.5.3.0/24"), expiration=expiration)
     return SimpleNamespace(lease=lease, watch_loop=own_watch,
-                           **{"renewals": 0, "reacquisitions": 0, "races_lost": 0, **counts})
+                           **{"renewals": 0, "renew_failures": 0, "reacquisitions": 0,
+                              "races_lost": 0, **counts})
 
 
 @pytest.fixture
@@ -114,7 +115,8 @@ def test_etcd_watches_and_lease_counts_survive_replacements(daemon):
     assert w["subnets"] == {"connected": True, "reconnects": 2, "resyncs": 1}
     assert w["own_lease"]["reconnects"] == 4
     daemon.lease_manager.renewals = 5
-    assert daemon.source.lease_counts() == {"renewals": 5, "reacquisitions": 0, "races_lost": 0}
+    assert daemon.source.lease_counts() == {"renewals": 5, "renew_failures": 0, "reacquisitions": 0,
+                                            "races_lost": 0}
     # SIGHUP: a new lease manager, with a new own-lease watch, counting from 0 again
     daemon.lease_manager = lease_manager(time.time() + 3600, watch(reconnects=1), renewals=1)
     assert daemon.source.etcd_watches()["own_lease"]["reconnects"] == 5
