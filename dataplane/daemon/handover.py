@@ -54,6 +54,7 @@ import sys
 import threading
 import time
 
+from ..host.unix_listener import UnixListener, peer_allowed, peer_credentials
 from . import inherited
 from .inherited import Inherited, StateFile
 
@@ -259,69 +260,36 @@ def connect(path: str) -> FromHandover | None:
 
 # ------------------------------------------------------------------ the running daemon's end
 
-class HandoverServer:
+class HandoverServer(UnixListener):
     """Listens on ``path`` and hands ``daemon``'s fds to the first daemon that asks.
 
     ``daemon`` provides: ``lock``, ``engine``, ``tun_fds``, ``socks``, ``handing_over`` (set
     while its engine is stopped for a switch), ``handed_over(pid)`` and ``stop()``, plus what
     ``inherited.state_of`` reads; ``resume_engine()`` forwards again after a failed switch."""
+    thread_name = "handover"
 
     def __init__(self, path: str, daemon):
-        self.path = path
+        super().__init__(path)
         self.daemon = daemon
-        self._sock = None
-        self._ino = None
-        self._thread = None
-        self._closing = threading.Event()
         self._conn = None                     # kept open until we exit: its EOF says we are gone
         self._reload = None                   # a reload command's connection, until it is told
         self._reload_lock = threading.Lock()
 
     def start(self) -> "HandoverServer":
-        os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
-        try:
-            os.unlink(self.path)              # a dead daemon's: a live one holds our UDP port
-        except FileNotFoundError:
-            pass
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            s.bind(self.path)
-            os.chmod(self.path, 0o600)
-            s.listen(1)
-        except OSError:
-            s.close()
-            raise
-        self._ino = os.stat(self.path).st_ino
-        self._sock = s
-        self._thread = threading.Thread(target=self._loop, name="handover", daemon=True)
-        self._thread.start()
+        self.listen()
         log.info("Listening for a handover on %s (start the new daemon with --handover)",
                  self.path)
         return self
 
     def close(self) -> None:
-        self._closing.set()
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._sock.close()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(2)
-        try:
-            if os.stat(self.path).st_ino == self._ino:     # not the next daemon's socket
-                os.unlink(self.path)
-        except OSError:
-            pass
+        super().close()
         if self._conn is not None:
             self._conn.close()
 
     def _loop(self) -> None:
         while not self._closing.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
+            conn = self.accept()
+            if conn is None:
                 return
             try:
                 if self._serve(conn):
@@ -333,9 +301,8 @@ class HandoverServer:
                 conn.close()
 
     def _peer_pid(self, conn) -> int:
-        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                             struct.calcsize("3i")))
-        if uid not in (0, os.getuid()):
+        pid, uid = peer_credentials(conn)
+        if not peer_allowed(uid):
             raise HandoverError(errno.EPERM, f"refused a handover to uid {uid} (pid {pid})")
         return pid
 

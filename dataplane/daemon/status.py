@@ -18,11 +18,10 @@ import json
 import logging
 import os
 import socket
-import struct
-import threading
 import time
 
 from .. import __version__
+from ..host.unix_listener import UnixListener, peer_allowed, peer_credentials
 
 log = logging.getLogger(__name__)
 
@@ -105,66 +104,25 @@ def document(daemon, warnings: WarningRing | None = None) -> dict:
     }
 
 
-class StatusServer:
+class StatusServer(UnixListener):
     """Serves :func:`document` on ``path``, one connection at a time (each is one short write)."""
+    backlog = 8
+    thread_name = "status"
 
     def __init__(self, path: str, daemon, warnings: WarningRing | None = None):
-        self.path = path
+        super().__init__(path)
         self.daemon = daemon
         self.warnings = warnings
-        self._sock = None
-        self._ino = None
-        self._thread = None
-        self._closing = threading.Event()
 
     def start(self) -> "StatusServer":
-        os.makedirs(os.path.dirname(self.path) or ".", mode=0o755, exist_ok=True)
-        try:
-            # a dead daemon's, or the one we take over from: it leaves our path alone at exit
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            # bound under a umask that leaves nobody else a moment to connect before the chmod
-            old = os.umask(0o177)
-            try:
-                s.bind(self.path)
-            finally:
-                os.umask(old)
-            os.chmod(self.path, 0o600)
-            s.listen(8)
-        except OSError:
-            s.close()
-            raise
-        self._ino = os.stat(self.path).st_ino
-        self._sock = s
-        self._thread = threading.Thread(target=self._loop, name="status", daemon=True)
-        self._thread.start()
+        self.listen()
         log.info("Status on %s (flannel-udp status --status-socket %s)", self.path, self.path)
         return self
 
-    def close(self) -> None:
-        self._closing.set()
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._sock.close()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(2)
-        try:
-            if os.stat(self.path).st_ino == self._ino:     # not a newer daemon's socket
-                os.unlink(self.path)
-        except OSError:
-            pass
-
     def _loop(self) -> None:
         while not self._closing.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
+            conn = self.accept()
+            if conn is None:
                 return
             try:
                 self._serve(conn)
@@ -174,9 +132,8 @@ class StatusServer:
                 conn.close()
 
     def _serve(self, conn) -> None:
-        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
-            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-        if uid not in (0, os.getuid()):     # the mode says so already; a copied socket does not
+        pid, uid = peer_credentials(conn)
+        if not peer_allowed(uid):       # the mode says so already; a copied socket does not
             log.warning("status: refused uid %d (pid %d)", uid, pid)
             return
         conn.settimeout(SEND_TIMEOUT_S)
