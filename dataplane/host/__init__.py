@@ -12,5 +12,7 @@
 * ``atomicfile.py`` writing a file others read (subnet.env, results) in one rename;
 * ``logfmt.py``   how log lines are written on stderr (text, json, journald's priority prefixes);
 * ``child.py``    the command line of a child process that runs this very package (the peer
-  watch's process, a successor daemon, testbed daemons, bench forwarders).
+  watch's process, a successor daemon, testbed daemons, bench forwarders);
+* ``unix_listener.py`` a root-only unix socket served by one thread (the daemon's handover and
+  status sockets).
 """
