@@ -162,6 +162,7 @@ enum dp_limits {
     DP_COALESCE_MAX_US = 1000,   /* dp_loop_set_coalesce: a millisecond at most */
     DP_DENSE_WAITS = 4,          /* dp_loop_set_coalesce: "densely" is within this many waits */
     DP_ROUNDS = 8,               /* dp_loop_run: batches per direction between two polls */
+    DP_WAKE_MS = 1000,           /* dp_loop_run: the longest wait, so dp_state.beats moves */
     DP_VNET_HDR_LEN = 10         /* struct virtio_net_hdr (DP_OFF_TUN_VNET) */
 };
 
@@ -253,7 +254,8 @@ int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
 
 /* Runs until dp_loop_stop() or until the TUN is gone; call from a dedicated
  * thread. After each wake-up it alternates the directions, one batch each,
- * while either has work, at most DP_ROUNDS times, then polls again. Returns
+ * while either has work, at most DP_ROUNDS times, then polls again; a poll
+ * waits at most DP_WAKE_MS (an idle loop's heartbeat, dp_state.beats). Returns
  * 0 when stopped, -errno when it ended on its own: the TUN gone
  * (DP_END_TUN_GONE) or epoll failing (DP_END_ERROR). dp_loop_state says
  * which. */
@@ -348,7 +350,11 @@ typedef struct dp_state {
     uint32_t offloads;     /* enum dp_offload bits in use now: those of
                               dp_loop_set_offloads, less DP_OFF_UDP_GSO once the
                               kernel answered EIO (see DP_OFF_UDP_GSO above) */
-    uint32_t reserved[5];
+    uint32_t beats;        /* the loop's heartbeat: + 1 for every pass (after each
+                              wake-up and each coalescing wait); an idle loop wakes
+                              every DP_WAKE_MS, so a running loop whose beats stay
+                              put for seconds is stuck. Wraps: only changes count */
+    uint32_t reserved[4];
 } dp_state;
 int dp_loop_state(dp_loop *loop, dp_state *out);
 

@@ -11,8 +11,8 @@
  * Threads: one loop thread runs dp_loop_run(); control calls come from any
  * thread. What crosses threads is atomic: `stopping`, `pending` and
  * `pending_local` (the next route table and own-source set), the counters
- * (one writer, relaxed), the ICMP limit, the strict switch and the trace
- * ring.
+ * (one writer, relaxed), the heartbeat `beats` (the same), the ICMP limit,
+ * the strict switch and the trace ring.
  */
 #ifndef DP_IO_H
 #define DP_IO_H
@@ -45,6 +45,7 @@ struct dp_loop {
     int tun_read_err;           /* errno of the batch's failed TUN read (loop thread) */
     int tun_gone;               /* errno that says the TUN has no device (loop thread) */
     uint32_t end, end_err;      /* enum dp_loop_end and its errno, for dp_loop_state */
+    uint32_t beats;             /* dp_state.beats: the loop writes it, any thread reads */
     struct dp_routes *pending;  /* published table, exchanged atomically */
     struct dp_local *pending_local;   /* published own sources, the same way */
 

@@ -6,7 +6,8 @@
  * calls them, nothing calls back into it.
  *
  * Flow, in the order the functions appear:
- *   1. dp_loop_run          epoll_wait, then passes: alternate the two
+ *   1. dp_loop_run          epoll_wait (at most DP_WAKE_MS: the heartbeat
+ *                           beats when idle too), then passes: alternate the two
  *                           directions, one batch each, while there is
  *                           work, at most DP_ROUNDS times, so neither
  *                           direction nor the stop fd starves; with
@@ -86,6 +87,9 @@ static uint64_t pass(struct dp_loop *l, enum dp_io tun, enum dp_io udp, uint32_t
     uint64_t before = handled(l);
     int round;
 
+    /* The heartbeat (dp_state.beats): one writer, read by any thread. Here,
+     * not at epoll_wait, so that a loop kept busy by coalescing beats too. */
+    __atomic_store_n(&l->beats, l->beats + 1, __ATOMIC_RELAXED);
     dp_io_take_tables(l);
     for (round = 0; round < DP_ROUNDS && (tun == DP_IO_MORE || udp == DP_IO_MORE); round++) {
         if (tun == DP_IO_MORE) {
@@ -138,7 +142,9 @@ int dp_loop_run(dp_loop *l)
 
     while (!is_stopping(l) && !l->tun_gone) {
         sys_count(l, DP_ST_POLLS);
-        n = epoll_wait(l->ep_fd, ev, DP_EPOLL_EVENTS, -1);
+        /* Bounded: an idle loop still beats, so that a loop that beats no more
+         * is one that hangs (the daemon's liveness, daemon/liveness.py). */
+        n = epoll_wait(l->ep_fd, ev, DP_EPOLL_EVENTS, DP_WAKE_MS);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -406,6 +412,7 @@ int dp_loop_state(dp_loop *l, dp_state *out)
     out->end = __atomic_load_n(&l->end, __ATOMIC_ACQUIRE);
     out->err = __atomic_load_n(&l->end_err, __ATOMIC_RELAXED);
     out->offloads = __atomic_load_n(&l->offloads, __ATOMIC_RELAXED);
+    out->beats = __atomic_load_n(&l->beats, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -438,3 +445,4 @@ _Static_assert(offsetof(dp_stats, drop_inner_foreign) == DP_ST_DROP_INNER_FOREIG
                "drop index");
 _Static_assert(offsetof(dp_stats, coalesce_waits) == DP_ST_COALESCE_WAITS * 8, "stats index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");
+_Static_assert(sizeof(dp_state) == 8 * sizeof(uint32_t), "dp_state is 8 words");

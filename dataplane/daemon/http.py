@@ -4,7 +4,9 @@ says what the metrics are).
 Endpoints (which server serves which is the daemon's choice, see
 :class:`HttpServer`):
 
-* ``GET /healthz`` -> 200 ``flanneld is running`` (exactly flanneld's reply);
+* ``GET /healthz`` -> 200 ``flanneld is running`` (exactly flanneld's reply) while every loop
+  of the daemon makes progress, else 503 with one line per stalled loop saying for how long
+  (:meth:`MetricsSource.stalls`, daemon/liveness.py);
 * ``GET /readyz`` -> 200 when every check of :meth:`MetricsSource.readiness`
   passes (lease, engine, etcd watch), else 503; one line per check;
 * ``GET /metrics`` -> Prometheus text format from a custom collector over
@@ -228,7 +230,7 @@ class HttpServer:
             def do_GET(self):
                 u = urlsplit(self.path)
                 if u.path == "/healthz" and "healthz" in outer.paths:
-                    return self._send(200, HEALTHZ_BODY)
+                    return self._healthz()
                 if u.path == "/readyz" and "healthz" in outer.paths:
                     return self._readyz()
                 if u.path == "/metrics" and "metrics" in outer.paths:
@@ -238,6 +240,12 @@ class HttpServer:
                 self._send(404, b"404 page not found\n")
 
             do_HEAD = do_GET
+
+            def _healthz(self):
+                stalls = outer.source.stalls()
+                if not stalls:
+                    return self._send(200, HEALTHZ_BODY)
+                return self._send(503, "".join(f"{s}\n" for s in stalls).encode())
 
             def _readyz(self):
                 checks = outer.source.readiness() or {"daemon": "no readiness report"}

@@ -57,6 +57,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from ..control.peerset import PeerChange, PeerSnapshot
 from ..control.recurring import Recurring
@@ -64,6 +65,7 @@ from ..control.routes import route_changes, route_table
 from ..host import queues
 from ..host.own_sources import OwnSources
 from . import fdstore, handover, inherited, lease_move, preflight, startup, status
+from .liveness import Liveness
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .options import Options
@@ -131,6 +133,9 @@ class Daemon:
         # what `flannel-udp status` reads, with the last warnings (daemon/status.py)
         self.status_server = None
         self.warnings = status.WarningRing()
+        # /healthz and systemd's watchdog: the main loop's ticks and the engine's heartbeats; an
+        # engine stopped for a handover is stopped on purpose (daemon/liveness.py)
+        self.liveness = Liveness.for_daemon(lambda: None if self.handing_over else self.engine)
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
@@ -181,9 +186,17 @@ class Daemon:
         self._wake.set()
 
     def wait(self, seconds: float) -> None:
-        """Sleep during startup; raises Stopped when SIGTERM/SIGINT arrives meanwhile."""
-        if self._stop.wait(seconds):
-            raise Stopped()
+        """Sleep during startup (and a SIGHUP's lease retries); raises Stopped when
+        SIGTERM/SIGINT arrives meanwhile. Waiting on purpose is the main loop's progress: it
+        ticks, so that a long etcd outage does not read as a hang."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.liveness.tick(ping=self._successor is None)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._stop.wait(min(left, MONITOR_PERIOD_S)):
+                raise Stopped()
 
     # ------------------------------------------------------------------ startup
     def _startup(self):
@@ -275,6 +288,7 @@ class Daemon:
         engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
                                     self.lease.subnet, self.ext.tun_mtu, self.offload_flags,
                                     self.own_sources)
+        self.liveness.hold_for_test(engine, self._stop)
         with self.lock:
             if self.routes is not None:
                 engine.set_table(self.routes)
@@ -463,6 +477,8 @@ class Daemon:
             self._wake.clear()
             if self._stop.is_set():
                 return 0
+            # before anything that may take long; not once a successor is the main process
+            self.liveness.tick(ping=self._successor is None)
             if self.handing_over:       # our engine is stopped on purpose; lease moves wait
                 continue
             if self._upgrade.is_set():

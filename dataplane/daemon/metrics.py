@@ -89,6 +89,11 @@ class MetricsSource:
         which /readyz takes as not ready."""
         return {}
 
+    def stalls(self) -> list:
+        """/healthz: the daemon's loops that make no progress (daemon/liveness.py's Stall, its
+        str() a line naming the loop and for how long); empty while every one does."""
+        return []
+
     def etcd_watches(self) -> dict:
         """{watch name: {"connected": bool, "reconnects": n, "resyncs": n}}; counts since start."""
         return {}
@@ -529,6 +534,9 @@ class DaemonSource(MetricsSource):
 
     def trace_remote(self):
         return self.daemon.opts.trace_remote
+
+    def stalls(self):
+        return self.daemon.liveness.stalls()
 
     def readiness(self):
         """/readyz: a lease that has not expired, a forwarding engine with its flannel0, and the

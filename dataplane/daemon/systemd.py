@@ -1,5 +1,6 @@
 """Telling systemd (Type=notify) how the daemon is doing, as flanneld's SdNotify does; with ``fds``,
-handing it file descriptors too (its fd store, daemon/fdstore.py)."""
+handing it file descriptors too (its fd store, daemon/fdstore.py); whether its watchdog waits for
+WATCHDOG=1 from us (:func:`watchdog_usec`; daemon/liveness.py sends it)."""
 from __future__ import annotations
 
 import array
@@ -30,3 +31,21 @@ def sd_notify(state: str, fds=()) -> bool:
     except OSError as e:
         log.warning("could not notify systemd (%s): %s", path, e)
         return False
+
+
+def watchdog_usec() -> int:
+    """$WATCHDOG_USEC when systemd's watchdog waits for WATCHDOG=1 from this process, else 0
+    (sd_watchdog_enabled(3)). $WATCHDOG_PID names the process it watches: ours, or our parent's
+    for the daemon a handover starts (it inherits the environment and becomes the main process,
+    MAINPID=). When it is on, $WATCHDOG_PID becomes ours, so that our own successor sees it so."""
+    env = os.environ
+    try:
+        usec = int(env.get("WATCHDOG_USEC", "0"))
+        pid = int(env.get("WATCHDOG_PID", "0") or "0")
+    except ValueError:
+        return 0
+    if usec <= 0 or not env.get("NOTIFY_SOCKET") or (pid and pid not in (os.getpid(),
+                                                                         os.getppid())):
+        return 0
+    env["WATCHDOG_PID"] = str(os.getpid())
+    return usec

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .contract import (BATCH_MAX, COALESCE_MAX_US, END_KINDS,  # noqa: F401
                        ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT,
                        LOCAL_MAX, MTU_MAX, MTU_MIN, OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO,
-                       STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING)
+                       STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, WAKE_MS)
 
 # Counters that depend on how an engine batches its syscalls; every other
 # counter must be identical between engines for the same input.
@@ -145,6 +145,13 @@ class Engine(abc.ABC):
         """The OFF_* bits in use now: those of set_offloads(), less the ones the
         engine turned off on the way (UDP_GSO when the kernel cannot segment)."""
         return 0
+
+    def heartbeat(self) -> int:
+        """The loop's heartbeat (dataplane.h, dp_state.beats): a counter the loop thread moves on
+        every pass, at least every WAKE_MS while it runs, idle or not; one that stays put while
+        the loop should run means the thread hangs (daemon/liveness.py). Only its changes mean
+        anything (it wraps). Cheap: no syscall, safe from any thread."""
+        raise NotImplementedError
 
     # True when the forwarding loop runs Python bytecode: it then shares the interpreter lock
     # with the daemon's other Python work, which the daemon keeps out of its process where it can

@@ -143,6 +143,7 @@ LOCAL_MAX = _pick(_limits, "DP_LOCAL_MAX")
 COALESCE_MAX_US = _pick(_limits, "DP_COALESCE_MAX_US")
 DENSE_WAITS = _pick(_limits, "DP_DENSE_WAITS")
 ROUNDS = _pick(_limits, "DP_ROUNDS")
+WAKE_MS = _pick(_limits, "DP_WAKE_MS")
 VNET_HDR_LEN = _pick(_limits, "DP_VNET_HDR_LEN")
 
 # enum dp_limits and enum dp_offload by header name: what native.py holds the

@@ -26,7 +26,9 @@ What the wrapper decides, for callers that see one engine:
   ``ended`` says which loops have ended and why (one ending is a failure),
   ``on_end`` calls back as soon as any one of them ends;
 * ``offloads_in_use`` is the bits every queue still uses: one queue whose
-  kernel answer turned UDP_GSO off makes it off for the whole engine.
+  kernel answer turned UDP_GSO off makes it off for the whole engine;
+* ``heartbeats`` is every queue's heartbeat, in queue order: one queue that
+  hangs must be seen, so they are not summed.
 """
 from __future__ import annotations
 
@@ -104,6 +106,12 @@ class MultiEngine(Engine):
         for q in self.queues:
             bits &= q.offloads_in_use()
         return bits
+
+    def heartbeat(self) -> int:
+        raise TypeError("a MultiEngine has one heartbeat per queue: heartbeats()")
+
+    def heartbeats(self) -> list[int]:
+        return [q.heartbeat() for q in self.queues]
 
     def close(self) -> None:
         if self._closed:

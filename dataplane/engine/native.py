@@ -171,6 +171,12 @@ class CEngine(Engine):
             _check(lib.dp_loop_state(self._live(), state))
         return state.offloads
 
+    def heartbeat(self) -> int:
+        state = ffi.new("dp_state *")
+        with self._lock:
+            _check(lib.dp_loop_state(self._live(), state))
+        return state.beats
+
     def set_local(self, own_subnet, addrs) -> None:
         net, plen, ints = self._check_local(own_subnet, addrs)
         arr = ffi.new("uint32_t[]", [_addr_u32(ipaddress.IPv4Address(a)) for a in ints]) \

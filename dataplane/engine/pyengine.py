@@ -74,7 +74,7 @@ import time
 from . import pypath
 from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
 from .contract import (DENSE_WAITS, ICMP_BURST_DEFAULT, ROUNDS, STAT_NAMES, TR_TUN_WRITE,
-                       TR_UDP_SEND, TRACE_KINDS)
+                       TR_UDP_SEND, TRACE_KINDS, WAKE_MS)
 from .pypath import (COALESCE_WAITS, DROP_SEND_ERROR, DROP_TUN_FULL, POLLS, ROUTE_SWAPS,
                      RX_BATCHES, SYSCALLS, TUN_READS, TUN_RX_PACKETS, TUN_TX_BYTES,
                      TUN_TX_PACKETS, TUN_WRITES, TX_BATCHES, UDP_RECVS, UDP_RX_PACKETS, UDP_SENDS,
@@ -117,6 +117,7 @@ class PyEngine(Engine):
         self._tracing = False
         self._coalesce_us = 0                 # the coalescing wait (0: off)
         self._stopping = False
+        self._beats = 0                       # dp_state.beats: the loop's heartbeat
         self._closed = False
         self._error: BaseException | None = None
         self._lock = threading.Lock()         # start/close only; never taken by the loop
@@ -227,6 +228,9 @@ class PyEngine(Engine):
     def _icmp_limit(self) -> tuple[int, int]:
         """(rate, burst) in use: tests/unit/test_engine_multi.py reads each queue's share."""
         return self._path.icmp_limit
+
+    def heartbeat(self) -> int:
+        return self._beats
 
     def set_local(self, own_subnet, addrs) -> None:
         self._check_open()
@@ -447,6 +451,7 @@ class _Loop:
         """Both directions, one batch each, at most ROUNDS times; the packets handled."""
         engine = self.engine
         before = self.handled()
+        engine._beats += 1            # the heartbeat, on every pass as loop.c's
         self.take_tables()
         for _ in range(ROUNDS):
             if not (tun_more or udp_more):
@@ -490,13 +495,14 @@ class _Loop:
         engine, c = self.engine, self.c
         tun_fd, udp_fd, wake_fd, poll = self.tun_fd, self.udp_fd, self.wake_fd, self.poll
         monotonic_ns = time.monotonic_ns
+        wait_s = WAKE_MS / 1000       # bounded, as loop.c's: an idle loop beats too
         last_work_ns = 0              # when the last pass that forwarded anything ended
         while not engine._stopping and not self.gone:
             c[SYSCALLS] += 1
             c[POLLS] += 1
             tun_more = udp_more = False
             tun_events = 0
-            for fd, ev in poll():
+            for fd, ev in poll(wait_s):
                 if fd == tun_fd:
                     tun_more = True
                     tun_events = ev
