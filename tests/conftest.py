@@ -39,6 +39,14 @@ def require_engine(kind: str) -> None:
         require(c_available(), f"C engine not built: {c_import_error()}")
 
 
+def require_overlay() -> None:
+    """What an overlay of simulated hosts running both engines needs: root, etcd, every engine."""
+    require_root()
+    require_etcd()
+    for kind in ENGINES:
+        require_engine(kind)
+
+
 @pytest.fixture(params=ENGINES)
 def engine_kind(request) -> str:
     """Runs the test once per engine; the C run fails in CI if it is not built."""

@@ -8,7 +8,7 @@ import pytest
 
 from dataplane.control.registry import Registry
 from dataplane.testbed.etcd import EtcdServer
-from tests.conftest import require, require_etcd, require_root
+from tests.conftest import require, require_etcd, require_overlay, require_root
 
 _prefix_seq = itertools.count()
 DEFAULT_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
@@ -65,11 +65,7 @@ def overlay_of(engine: str, kinds):
     """For an `ov` fixture: yields a started Overlay (its own etcd) whose
     hosts run the engines `kinds`, in order, all ready; `ov.kind` is
     `engine`. Closed after, also when a test fails."""
-    from tests.conftest import ENGINES, require_engine
-    require_root()
-    require_etcd()
-    for kind in ENGINES:
-        require_engine(kind)
+    require_overlay()
     from dataplane.testbed.overlay import Overlay
     overlay = Overlay(hosts=0, engine=engine)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 
 class Pinger:
@@ -41,3 +42,13 @@ def metric(ov, host, name) -> float:
 def lease_json(ip: str, **extra) -> str:
     """A lease value as flanneld writes it, with ``extra`` fields after."""
     return json.dumps({"PublicIP": ip, "PublicIPv6": None, **extra}, separators=(",", ":"))
+
+
+def log_mark(ov, host) -> int:
+    """Where the next lines begin in the host's log (it keeps the earlier daemons')."""
+    path = os.path.join(os.path.dirname(ov.subnet_file(host)), "daemon.log")
+    try:
+        with open(path, errors="replace") as f:
+            return len(f.read())
+    except OSError:
+        return 0

@@ -15,14 +15,14 @@ revoked under a running daemon is an error in its log, said once, while it keeps
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 
 import pytest
 
 from dataplane.testbed.etcd import EtcdServer, make_certs, server_tls
-from tests.conftest import ENGINES, require_engine, require_etcd, require_root, wait_until
+from tests.conftest import require_overlay, wait_until
+from tests.integration.daemon_checks import log_mark
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -36,10 +36,7 @@ FAKE_PEER = "10.5.250.0/24"
 @pytest.fixture(scope="module")
 def sov(tmp_path_factory):
     """An overlay whose etcd serves TLS, requires client certificates and has auth on."""
-    require_root()
-    require_etcd()
-    for kind in ENGINES:
-        require_engine(kind)
+    require_overlay()
     from dataplane.testbed.overlay import Overlay
     ov = Overlay(hosts=0, put_config=False)
     try:
@@ -69,16 +66,6 @@ def credentials(ov, **change) -> tuple:
              "etcd-cafile": c["ca"], "etcd-username": USER, "etcd-password": USER_PW}
     flags.update(change)
     return tuple(a for k, v in flags.items() if v is not None for a in (f"--{k}", v))
-
-
-def log_mark(ov, host) -> int:
-    """Where the next daemon's lines begin in the host's log, which keeps the earlier daemons'."""
-    path = os.path.join(os.path.dirname(ov.subnet_file(host)), "daemon.log")
-    try:
-        with open(path, errors="replace") as f:
-            return len(f.read())
-    except OSError:
-        return 0
 
 
 def log_since(ov, host, mark: int) -> str:

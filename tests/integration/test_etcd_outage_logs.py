@@ -8,14 +8,14 @@ pace is shortened through the environment (control/recurring.py) so that a short
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 
 import pytest
 
 from dataplane.control.recurring import REMIND_ENV
-from tests.conftest import ENGINES, require_engine, require_etcd, require_root, wait_until
+from tests.conftest import require_overlay, wait_until
+from tests.integration.daemon_checks import log_mark
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -26,10 +26,7 @@ LEVEL = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) ", re.M)
 
 @pytest.fixture(scope="module")
 def ov():
-    require_root()
-    require_etcd()
-    for kind in ENGINES:
-        require_engine(kind)
+    require_overlay()
     from dataplane.testbed.overlay import Overlay
     overlay = Overlay(hosts=0)
     try:
@@ -38,16 +35,6 @@ def ov():
         yield overlay
     finally:
         overlay.close()
-
-
-def log_mark(ov, host) -> int:
-    """Where the next lines begin in the host's log (it keeps the earlier daemons')."""
-    path = os.path.join(os.path.dirname(ov.subnet_file(host)), "daemon.log")
-    try:
-        with open(path, errors="replace") as f:
-            return len(f.read())
-    except OSError:
-        return 0
 
 
 def test_an_outage_is_said_once_reminded_slowly_and_said_over(ov, engine_kind):

@@ -15,17 +15,14 @@ import sys
 
 import pytest
 
-from tests.conftest import ENGINES, require, require_engine, require_etcd, require_root
+from tests.conftest import require, require_overlay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = [pytest.mark.root, pytest.mark.etcd, pytest.mark.slow]
 
 
 def test_soak_smoke(tmp_path):
-    require_root()
-    require_etcd()
-    for kind in ENGINES:
-        require_engine(kind)
+    require_overlay()
     require(shutil.which("gcc") is not None, "needs gcc (the soak compiles its traffic generator)")
     out = tmp_path / "soak.json"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

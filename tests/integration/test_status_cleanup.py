@@ -16,7 +16,7 @@ import pytest
 
 from dataplane.host.child import cli_argv
 from dataplane.testbed.hosts import wait_for
-from tests.conftest import ENGINES, require_engine, require_etcd, require_root
+from tests.conftest import ENGINES, require_overlay
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -25,10 +25,7 @@ DAEMON_ARGS = ("--healthz-port=0", "--ip-masq")
 
 @pytest.fixture(scope="module")
 def ov():
-    require_root()
-    require_etcd()
-    for kind in ENGINES:
-        require_engine(kind)
+    require_overlay()
     from dataplane.testbed.overlay import Overlay
     overlay = Overlay(hosts=0, engine="c")
     try:
