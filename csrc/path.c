@@ -54,7 +54,7 @@ int dp_path_set_icmp_limit(struct dp_path *pa, uint32_t rate, uint32_t burst)
  * theoretical arrival time `tat` on by one interval T = ceil(1e9 / rate) ns
  * and is allowed while tat is at most (burst - 1) * T ahead of now. So in
  * any window of t seconds at most burst + rate * t errors go out. The Python
- * engine does the same arithmetic (pyengine.py: icmp_allowed). */
+ * engine does the same arithmetic (pypath.py: icmp_allowed). */
 static int icmp_allowed(struct dp_path *pa)
 {
     uint64_t lim = __atomic_load_n(&pa->icmp_limit, __ATOMIC_RELAXED);

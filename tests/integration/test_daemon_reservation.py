@@ -7,7 +7,6 @@ restarts and never delete it, and its peer (the other engine) must route to it.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import json
 
 import pytest

@@ -168,7 +168,7 @@ def move(engine_kind):
 def _stream(move, tag: str, start_daemon) -> tuple[list, float, float]:
     """Workload traffic wf -> wp (echoed) across `start_daemon()`: (the stream's lines, the wall
     time the daemon was started, the wall time it was ready)."""
-    ov, wdir = move.ov, move.ov.tb.workdir
+    wdir = move.ov.tb.workdir
     echo_out = os.path.join(wdir, f"echo-{tag}.log")
     stream_out = os.path.join(wdir, f"stream-{tag}.log")
     stop_file = os.path.join(wdir, f"stop-{tag}")

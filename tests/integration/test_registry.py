@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 import time
 from ipaddress import IPv4Address, IPv4Network
 
-import grpc
 import pytest
 
 from dataplane.control import registry as registry_mod

@@ -17,14 +17,13 @@ seen to deliver the same packets.
 from __future__ import annotations
 
 import errno
-import socket
 import struct
 import time
 
 import pytest
 
 from dataplane.engine import ipv4
-from dataplane.engine import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, create_engine
+from dataplane.engine import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO
 from tests.engine_harness import Harness, behaviour_stats, nonzero
 
 SOL_UDP, UDP_SEGMENT, UDP_GRO = 17, 103, 104

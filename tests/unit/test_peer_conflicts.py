@@ -3,7 +3,7 @@ routes (no etcd, no root: the watcher over a registry the test drives)."""
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address
 
 import pytest
 
