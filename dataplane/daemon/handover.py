@@ -286,19 +286,16 @@ class HandoverServer(UnixListener):
         if self._conn is not None:
             self._conn.close()
 
-    def _loop(self) -> None:
-        while not self._closing.is_set():
-            conn = self.accept()
-            if conn is None:
-                return
-            try:
-                if self._serve(conn):
-                    self._conn = conn
-                    return
-            except Exception as e:
-                log.warning("Handover to a new daemon failed: %s", e)
-            if conn is not self._reload:
-                conn.close()
+    def handle(self, conn) -> bool:
+        try:
+            if self._serve(conn):
+                self._conn = conn
+                return True
+        except Exception as e:
+            log.warning("Handover to a new daemon failed: %s", e)
+        if conn is not self._reload:
+            conn.close()
+        return False
 
     def _peer_pid(self, conn) -> int:
         pid, uid = peer_credentials(conn)

@@ -119,17 +119,14 @@ class StatusServer(UnixListener):
         log.info("Status on %s (flannel-udp status --status-socket %s)", self.path, self.path)
         return self
 
-    def _loop(self) -> None:
-        while not self._closing.is_set():
-            conn = self.accept()
-            if conn is None:
-                return
-            try:
-                self._serve(conn)
-            except Exception as e:      # one bad client must not end the server
-                log.debug("status client: %s", e)
-            finally:
-                conn.close()
+    def handle(self, conn) -> bool:
+        try:
+            self._serve(conn)
+        except Exception as e:      # one bad client must not end the server
+            log.debug("status client: %s", e)
+        finally:
+            conn.close()
+        return False
 
     def _serve(self, conn) -> None:
         pid, uid = peer_credentials(conn)

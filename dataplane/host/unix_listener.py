@@ -28,7 +28,8 @@ def peer_allowed(uid: int) -> bool:
 
 
 class UnixListener:
-    """Subclasses give ``_loop`` (run in the thread until the socket closes)."""
+    """Subclasses give ``handle(conn)``, called in the thread for each client in turn; True
+    ends the loop (the client is kept), else the next one is taken."""
     backlog = 1
     thread_name = "unix-listener"
 
@@ -64,13 +65,6 @@ class UnixListener:
         self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
         self._thread.start()
 
-    def accept(self):
-        """The next client, or None once the socket is closed."""
-        try:
-            conn, _ = self._sock.accept()
-        except OSError:
-            return None
-        return conn
 
     def close(self) -> None:
         self._closing.set()
@@ -89,4 +83,13 @@ class UnixListener:
             pass
 
     def _loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:             # closed
+                return
+            if self.handle(conn):
+                return
+
+    def handle(self, conn: socket.socket) -> bool:
         raise NotImplementedError
