@@ -7,8 +7,9 @@
                      checked before anything is written to etcd;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
 * ``monitor.py``     the serve loop's periodic checks and how often they log;
+* ``liveness.py``    whether the serve loop and every engine loop progress: /healthz, WATCHDOG=1;
 * ``peer_log.py``    peer changes in the log: a line per lease, or a summary per second in a burst;
-* ``systemd.py``     READY=1 to systemd (sd_notify); ``fdstore.py`` its fd store (FDSTORE, LISTEN_FDS);
+* ``systemd.py``     READY=1 to systemd (sd_notify), its watchdog; ``fdstore.py`` its fd store (FDSTORE, LISTEN_FDS);
 * ``inherited.py``   what a new daemon takes over from the previous one, and the checks;
 * ``handover.py``    the handover socket: --handover, systemctl reload (`flannel-udp reload`);
 * ``http.py``        the /healthz, /readyz, /metrics and /debug/trace server;

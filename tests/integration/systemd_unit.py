@@ -69,6 +69,13 @@ class Unit:
                     "PYTHONUNBUFFERED=1\n"
                     f"FLANNEL_UDP_OPTIONS=--engine {self.engine} {extra}\n")
 
+    def dropin(self, name: str, service: str) -> None:
+        """One more drop-in, ``service`` its [Service] lines (a test's WatchdogSec=), then
+        daemon-reload: systemd applies it from the next start."""
+        with open(os.path.join(self.box.units, f"{UNIT}.d", f"{name}.conf"), "w") as f:
+            f.write(f"[Service]\n{service}")
+        self.box.systemctl("daemon-reload")
+
     def log(self) -> str:
         try:
             with open(self.log_path, errors="replace") as f:

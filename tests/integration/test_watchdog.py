@@ -1,0 +1,89 @@
+"""Liveness under a real systemd (root, namespaces, real etcd and TUN; the unit in packaging/ run by
+tests/integration/systemd_box.py): a daemon whose engine loop thread hangs answers /healthz with
+503 naming that loop, stops sending WATCHDOG=1, and systemd's watchdog (WatchdogSec=) kills it;
+Restart= starts it again and the new process takes flannel0 and the sockets over from the fd
+store, so what is lost is what the kernel's queues could not hold meanwhile, as for any crash
+(tests/integration/test_systemd_restart_fallbacks.py).
+
+The hang is the daemon's test hook ($FLANNEL_UDP_TEST_STALL=1: queue 1's loop thread is held
+from its start; daemon/liveness.py), set in the environment file for one start only. The
+drop-in's WatchdogSec is small so that the whole runs in seconds: the daemon sees the stall after
+STALL_AFTER_MIN_S, systemd WATCHDOG_S after the last WATCHDOG=1.
+"""
+from __future__ import annotations
+
+import pytest
+
+from dataplane.daemon.liveness import TEST_STALL_ENV
+from dataplane.engine.api import DEFAULT_BATCH
+from tests.conftest import wait_until
+from tests.integration.systemd_unit import QUEUES, UNIT, across, ifindex, unit_of
+
+pytestmark = [pytest.mark.root, pytest.mark.etcd]
+
+WATCHDOG_S = 3
+
+
+@pytest.fixture
+def unit(engine_kind):
+    yield from unit_of(engine_kind)
+
+
+def _healthz(u, port):
+    return u.ov.healthz(u.host, "/healthz", port=port)
+
+
+def test_a_stalled_loop_fails_healthz_and_the_watchdog_restarts_the_daemon(unit, figure):
+    u = unit
+    port = u.ov.healthz_port
+    u.dropin("watchdog", f"WatchdogSec={WATCHDOG_S}\nRestartSec=1\n")
+
+    def env(stall: bool):
+        u.options(QUEUES)
+        with open(u.env_file, "a") as f:
+            f.write(f"FLANNELD_HEALTHZ_PORT={port}\n" + (f"{TEST_STALL_ENV}=1\n" if stall else ""))
+
+    env(stall=False)
+    u.systemctl("restart")              # with the drop-in and /healthz
+    assert _healthz(u, port) == (200, "flanneld is running")
+    before = ifindex(u)
+    seen = {}
+
+    def stall_and_watchdog():
+        env(stall=True)
+        u.systemctl("restart")          # takes over from the fd store, queue 1 held
+        stalled = u.main_pid()
+        env(stall=False)                # the watchdog's restart runs without the hook
+        seen["healthz"] = wait_until(lambda: (lambda r: r[0] == 503 and r)(_healthz(u, port)),
+                                     15, 0.1, "/healthz to fail")
+        wait_until(lambda: u.main_pid() not in (0, stalled), 30, 0.1,
+                   "systemd's watchdog to restart the daemon")
+        wait_until(lambda: u.log().count("Took over from pid") >= 3, 30, 0.1, "the takeover")
+
+    out = across(u, stall_and_watchdog, seconds=12.0)
+    status, body = seen["healthz"]
+    assert f"{u.engine} engine's loop of queue 1 has not progressed for" in body, body
+    assert "queue 0" not in body and "main loop" not in body, body
+    assert "held (a test's stall)" in u.log()
+    # one restart of systemd's own, and it came with SIGABRT, the watchdog's signal:
+    # faulthandler's dump of the hung daemon's threads
+    assert u.box.show(UNIT, "NRestarts")["NRestarts"] == "1"
+    assert "Fatal Python error: Aborted" in u.log(), u.log()[-3000:]
+    # the restarted daemon is healthy and forwards on the same flannel0
+    assert ifindex(u) == before
+    wait_until(lambda: _healthz(u, port) == (200, "flanneld is running"), 10, 0.1,
+               "/healthz to answer 200 again")
+    a = out.counters["a"]
+    figure(f"{u.engine}: queue 1 hung, restarted by systemd's watchdog (WatchdogSec="
+           f"{WATCHDOG_S}, RestartSec=1), 2 queues",
+           f"{out.summary()}; on h1 the kernel dropped {a.get('flannel0_tx_dropped')} packet(s) at "
+           f"flannel0's full queues and {a.get('udp_RcvbufErrors')} datagram(s) at full socket "
+           "buffers")
+    assert out.tcp_problems() == [], out.details()
+    for direction, r in out.udp.items():
+        assert r["ended"] and r["distinct"] > 0, f"UDP {direction}: {out.details()}"
+    # as for a crash: lost is what did not fit in the kernel's queues, or was in the killed
+    # engine's hands (a batch per queue)
+    in_hands = 2 * DEFAULT_BATCH
+    assert out.udp_lost()["a->b"] <= a["flannel0_tx_dropped"] + in_hands, out.details()
+    assert out.udp_lost()["b->a"] <= a["udp_RcvbufErrors"] + in_hands, out.details()
