@@ -12,6 +12,8 @@ STALL_AFTER_MIN_S, systemd WATCHDOG_S after the last WATCHDOG=1.
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from dataplane.daemon.liveness import TEST_STALL_ENV
@@ -87,3 +89,28 @@ def test_a_stalled_loop_fails_healthz_and_the_watchdog_restarts_the_daemon(unit,
     in_hands = 2 * DEFAULT_BATCH
     assert out.udp_lost()["a->b"] <= a["flannel0_tx_dropped"] + in_hands, out.details()
     assert out.udp_lost()["b->a"] <= a["udp_RcvbufErrors"] + in_hands, out.details()
+
+
+@pytest.fixture
+def c_unit():
+    """One engine is enough: what is checked is who notifies systemd, not the forwarding."""
+    yield from unit_of("c")
+
+
+def test_the_daemon_a_reload_starts_keeps_the_watchdog_fed(c_unit):
+    """systemctl reload makes the new process the unit's main one (MAINPID=): it inherits the
+    watchdog's variables from the old one and notifies in its place."""
+    u = c_unit
+    u.dropin("watchdog", f"WatchdogSec={WATCHDOG_S}\n")
+    u.systemctl("restart")
+    old = u.main_pid()
+    u.systemctl("reload")
+    new = wait_until(lambda: u.main_pid() not in (0, old) and u.main_pid(), 10, 0.05,
+                     "the new daemon to be the main process")
+    # longer than the watchdog's limit twice over: a main process that did not notify would
+    # have been killed and restarted by now
+    wait_until(lambda: "Exiting: pid" in u.log(), 10, 0.1, "the old daemon to exit")
+    time.sleep(2.5 * WATCHDOG_S)
+    assert u.main_pid() == new
+    assert u.box.show(UNIT, "NRestarts")["NRestarts"] == "0"
+    assert "Fatal Python error" not in u.log(), u.log()[-3000:]
