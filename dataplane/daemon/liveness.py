@@ -4,8 +4,8 @@ ask it.
 The loops that must progress:
 
 * the main loop (daemon/main.py ``_serve``): ``tick()`` on each of its turns (every
-  MONITOR_PERIOD_S) and while it waits on purpose (``Daemon.wait``: a lease retried while etcd
-  is away);
+  MONITOR_PERIOD_S) and, once it runs, while it waits on purpose (``Daemon.wait``: a SIGHUP's
+  lease retried while etcd is away); before its first turn (startup) nothing is asked of it;
 * every engine loop thread: its heartbeat (``Engine.heartbeat``, dataplane.h ``dp_state.beats``),
   which the loop moves on every pass and, idle, at least every WAKE_MS (its wait is bounded for
   this). A queue whose loop has ended or not started is not asked: the serve loop's monitor
@@ -100,10 +100,15 @@ class Liveness:
         return lv
 
     # ---- progress ---------------------------------------------------------------------------
-    def tick(self, ping: bool = True) -> list[Stall]:
+    def tick(self, ping: bool = True, serving: bool = True) -> list[Stall]:
         """The main loop progresses; WATCHDOG=1 when due and nothing is stalled (``ping``
-        False: not the unit's main process any more). Returns the stalls."""
+        False: not the unit's main process any more). ``serving`` False: a wait that may come
+        before the serve loop's first tick, which counts only once that has come (startup's
+        steps are TimeoutStartSec='s, and before READY=1 nobody is to be told). Returns the
+        stalls."""
         with self._lock:
+            if not serving and self._main is None:
+                return []
             now = self._clock()
             self._main = now
             stalls = self._stalls(now)

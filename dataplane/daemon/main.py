@@ -187,11 +187,11 @@ class Daemon:
 
     def wait(self, seconds: float) -> None:
         """Sleep during startup (and a SIGHUP's lease retries); raises Stopped when
-        SIGTERM/SIGINT arrives meanwhile. Waiting on purpose is the main loop's progress: it
-        ticks, so that a long etcd outage does not read as a hang."""
+        SIGTERM/SIGINT arrives meanwhile. Once serving, waiting on purpose is the main loop's
+        progress: it ticks, so that a long etcd outage does not read as a hang."""
         deadline = time.monotonic() + seconds
         while True:
-            self.liveness.tick(ping=self._successor is None)
+            self.liveness.tick(ping=self._successor is None, serving=False)
             left = deadline - time.monotonic()
             if left <= 0:
                 return

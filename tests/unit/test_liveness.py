@@ -145,3 +145,17 @@ def test_healthz_answers_503_naming_the_stalled_loop():
             503, b"the c engine's loop of queue 1 has not progressed for 12.3 s\n")
     finally:
         s.close()
+
+
+def test_a_wait_before_the_serve_loop_arms_nothing():
+    """Startup's waits (etcd away) say nothing to systemd before READY=1, and startup is not
+    held to the main loop's limit; once serving, a wait is a tick."""
+    clock, pings = Clock(), []
+    lv = Liveness(lambda: None, clock=clock, watchdog_s=4.0, notify=pings.append)
+    lv.tick(serving=False)
+    clock.now = 100.0
+    assert lv.stalls() == [] and pings == []
+    lv.tick()
+    clock.now = 200.0
+    lv.tick(serving=False)
+    assert lv.stalls() == [] and pings == ["WATCHDOG=1"] * 2
