@@ -25,7 +25,8 @@ that a stall is seen before systemd's limit passes), but never under STALL_AFTER
 idle loop's heartbeat read once a tick may look still for up to two wake-ups.
 
 A test hook, never set in production: ``$FLANNEL_UDP_TEST_STALL=<queue>`` holds that queue's
-loop thread of every engine the daemon makes before its first pass (tests/unit/test_liveness.py,
+loop thread of the engine the daemon starts with (or again after a failed handover) before its
+first pass (tests/unit/test_liveness.py,
 tests/integration/test_watchdog.py), until the daemon stops; the daemon says so at start.
 """
 from __future__ import annotations
