@@ -11,7 +11,7 @@
  *
  * The C side knows nothing of etcd and never opens devices: it is handed a
  * TUN fd (IFF_TUN|IFF_NO_PI) and a UDP socket fd, and moves raw IPv4 packets
- * between them. Behaviour (identical in dataplane/engine/pyengine.py):
+ * between them. Behaviour (identical in dataplane/engine/pypath.py):
  *
  * TUN -> UDP, per batch (read() until EAGAIN or `batch` packets):
  *   1. validate: len >= 20, version 4, ihl >= 5, ihl*4 <= len,
