@@ -37,7 +37,7 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Callable, Optional
 
 from .config import NetworkConfig
-from .lease import Lease, LeaseAttrs, LeaseFormatError, clip, lease_from_kv
+from .lease import Lease, LeaseAttrs, LeaseFormatError, clip
 from .recurring import Recurring
 from .registry import SUBNET_TTL, Registry, RegistryError, WatchLoop
 
@@ -215,30 +215,11 @@ class LeaseManager:
             return None
         if any(l.subnet.overlaps(prev) for l in leases):
             return None
-        lease = self.registry.create_lease(prev, self.attrs, self.lease_ttl)
-        if lease is None:
-            lease = self._reclaim_malformed(prev)
+        # absent from our list: free, or its key holds garbage (nobody's lease, taken back)
+        lease, _ = self._take_back(prev)
         if lease is not None:
             log.info("Found previously leased subnet (%s), reusing", prev,
                      extra=_fields("reused", prev, self.public_ip, reason="previous subnet"))
-        return lease
-
-    def _reclaim_malformed(self, subnet: IPv4Network) -> Optional[Lease]:
-        """The key of `subnet` exists but held no valid lease in our list: if it holds garbage (an
-        operator's typo, a broken writer), it is nobody's lease, so take it back rather than move this
-        node (and its workloads) to another subnet. Guarded by the mod revision we read."""
-        kv = self.registry.get_raw(self.registry.lease_key(subnet))
-        if kv is None:
-            return None
-        try:
-            lease_from_kv(kv.key.decode("utf-8", errors="replace"), kv.value)
-            return None                       # a valid lease: someone else's since our list
-        except LeaseFormatError as exc:
-            problem = str(exc)
-        lease = self.registry.reclaim_lease(subnet, self.attrs, kv.mod_revision, self.lease_ttl)
-        if lease is not None:
-            log.warning("Lease key %s held a malformed value (%s): took it back for %s", lease.key,
-                        problem, self.public_ip)
         return lease
 
     # -- renewal and own-lease monitoring ----------------------------------------------------------
@@ -326,11 +307,11 @@ class LeaseManager:
             log.info("Lease renewed, new expiration: %s", time.strftime(
                 "%Y-%m-%d %H:%M:%S", time.gmtime(renewed.expiration)))
 
-    def _take_back(self, old: Lease) -> tuple[Optional[Lease], str]:
+    def _take_back(self, subnet: IPv4Network) -> tuple[Optional[Lease], str]:
         """Our key again, for our subnet: created if it is gone, reclaimed if it holds garbage,
         renewed if it still names us. (None, who holds it) when another host's valid lease is
         there; raises RegistryError."""
-        subnet, key = old.subnet, self.registry.lease_key(old.subnet)
+        key = self.registry.lease_key(subnet)
         for _ in range(3):                    # each write is guarded: a writer in between wins
             kv = self.registry.get_raw(key)
             if kv is None:
@@ -360,7 +341,7 @@ class LeaseManager:
             log.warning("Lease %s has been revoked, has expired or holds something else: taking "
                         "the key back", old.subnet)
         try:
-            lease, holder = self._take_back(old)
+            lease, holder = self._take_back(old.subnet)
             if lease is None and first:
                 log.error("Lease %s is now held by another host (%s): this host must move to "
                           "another subnet. That is an outage for its workloads: they keep "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 
 class Pinger:
@@ -42,6 +43,25 @@ def metric(ov, host, name) -> float:
 def lease_json(ip: str, **extra) -> str:
     """A lease value as flanneld writes it, with ``extra`` fields after."""
     return json.dumps({"PublicIP": ip, "PublicIPv6": None, **extra}, separators=(",", ":"))
+
+
+class PortHolder:
+    """Another process in ``host`` bound to its UDP port 8285 (the daemon's), for ``seconds``."""
+
+    def __init__(self, ov, host, seconds: float = 60):
+        self.ov = ov
+        self.proc = ov.tb.popen(host, [sys.executable, "-c",
+                                       "import socket,sys,time; s=socket.socket(socket.AF_INET,"
+                                       "socket.SOCK_DGRAM); s.bind((sys.argv[1],8285)); "
+                                       "print('bound',flush=True); time.sleep(float(sys.argv[2]))",
+                                       host.ip, str(seconds)], text=True)
+
+    def __enter__(self) -> "PortHolder":
+        assert self.proc.stdout.readline().strip() == "bound"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.ov.tb.kill(self.proc)
 
 
 def log_mark(ov, host) -> int:

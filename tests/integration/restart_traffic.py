@@ -58,6 +58,15 @@ class Outcome:
                 f"{ {d: r['max_gap_ms'] for d, r in self.udp.items()} }; restart took "
                 f"{self.action_s:.2f} s")
 
+    def assert_lost_only_what_the_kernel_dropped(self, drops: dict) -> None:
+        """As after a crash: what was lost either did not fit in the kernel's queues (``drops``:
+        the receiving side's kernel counters) or was in the killed engine's hands (a batch per
+        queue, two queues)."""
+        from dataplane.engine.api import DEFAULT_BATCH
+        in_hands = 2 * DEFAULT_BATCH
+        assert self.udp_lost()["a->b"] <= drops["flannel0_tx_dropped"] + in_hands, self.details()
+        assert self.udp_lost()["b->a"] <= drops["udp_RcvbufErrors"] + in_hands, self.details()
+
     def details(self) -> str:
         """For a failure: the streams' own reports and where the kernel counted drops."""
         return f"{self.summary()}\nUDP: {self.udp}\nkernel drop counters: {self.counters}"

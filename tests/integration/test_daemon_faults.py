@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import shlex
 import signal
-import sys
 import time
 
 import pytest
 
 from dataplane.host.firewall import REMOVAL_COMMANDS
 from tests.conftest import require_etcd, require_root
+from tests.integration.daemon_checks import PortHolder
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -79,20 +79,13 @@ def test_unknown_iface_exits_1_listing_interfaces(ov, host):
 
 
 def test_port_in_use_exits_1_with_a_hint(ov, host):
-    holder = ov.tb.popen(host, [sys.executable, "-c",
-                                "import socket,sys,time; s=socket.socket(socket.AF_INET,"
-                                "socket.SOCK_DGRAM); s.bind((sys.argv[1],8285)); print('bound',"
-                                "flush=True); time.sleep(30)", host.ip], text=True)
-    try:
-        assert holder.stdout.readline().strip() == "bound"
+    with PortHolder(ov, host, 30):
         ov.start_daemon(host, wait=False)
         assert ov.wait_exit(host, 15) == 1
         log = ov.daemon(host).log_text()
         assert f"{host.ip}:8285" in log and "still running" in log
         # nothing left behind: flannel0 went with the process
         assert ov.exec(host, ["ip", "link", "show", "flannel0"]).returncode != 0
-    finally:
-        ov.tb.kill(holder)
 
 
 def test_trace_and_metrics_listener(ov, host):

@@ -14,12 +14,12 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import sys
 
 import pytest
 
 from dataplane.testbed.overlay import Overlay
 from tests.conftest import require, require_etcd, require_root
+from tests.integration.daemon_checks import PortHolder
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -69,15 +69,8 @@ def refused(ov, host, monkeypatch, *, args=(), env=None, wrap=()) -> str:
 
 
 def test_udp_port_taken_in_the_namespace(ov, host, monkeypatch):
-    holder = ov.tb.popen(host, [sys.executable, "-c",
-                                "import socket,sys,time; s=socket.socket(socket.AF_INET,"
-                                "socket.SOCK_DGRAM); s.bind((sys.argv[1],8285)); print('bound',"
-                                "flush=True); time.sleep(60)", host.ip], text=True)
-    try:
-        assert holder.stdout.readline().strip() == "bound"
+    with PortHolder(ov, host):
         log = refused(ov, host, monkeypatch)
-    finally:
-        ov.tb.kill(holder)
     # read after the config (which names the port), and flannel0 never made
     assert log.index("Network config:") < log.index(f"UDP {host.ip}:8285")
     assert "is in use" in log and "still running" in log
