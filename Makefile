@@ -9,13 +9,20 @@ PY = $(VENV)/bin/python
 # python3-venv/python3-dev: the venv and the C extension's headers for Debian's python3;
 # etcd: the control plane the tests and the demo start; iproute2/iptables/nftables: what the daemon
 # drives; iperf3/ping: the bench's and the demo's measuring tools; gcc: the C engine and the traffic
-# generator; clang and its sanitizer runtime: the fuzz tests; systemd: the unit file is verified.
+# generator; clang and its sanitizer runtime: the fuzz tests; systemd: the unit file is verified;
+# the Debian packaging tools: the package is built and installed by the tests.
 APT_PACKAGES = python3-venv python3-dev etcd-server etcd-client iproute2 iputils-ping iperf3 \
-  iptables nftables gcc clang libclang-rt-14-dev systemd
+  iptables nftables gcc clang libclang-rt-14-dev systemd $(DEB_BUILD_PACKAGES)
 APT_STAMP = $(VENV)/.apt-installed
 PIP_STAMP = $(VENV)/.pip-installed
+# The versions the suite runs with, and the package bundles (packaging/constraints.txt).
+CONSTRAINTS = packaging/constraints.txt
+# What `make deb` builds with: Debian's packaging tools (dh-virtualenv makes the package's venv
+# with Debian's python3) and lintian, which checks the result.
+DEB_BUILD_PACKAGES = build-essential debhelper dh-virtualenv python3-dev python3-venv help2man \
+  lintian
 
-.PHONY: deps test demo bench wheel clean
+.PHONY: deps test demo bench wheel deb constraints clean
 
 $(APT_STAMP): Makefile
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -26,9 +33,10 @@ $(APT_STAMP): Makefile
 	@test -x $(PY) || { echo "creating the virtual environment $(VENV) ($(PYTHON))"; $(PYTHON) -m venv $(VENV); }
 	@touch $@
 
-$(PIP_STAMP): $(APT_STAMP) pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_ffi.py csrc/sources.txt
+$(PIP_STAMP): $(APT_STAMP) pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_ffi.py csrc/sources.txt \
+  $(CONSTRAINTS)
 	@echo "installing flannel-udp and its extras into $(VENV)"
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,demo,bench]'
+	$(PY) -m pip install -q --disable-pip-version-check -c $(CONSTRAINTS) -e '.[test,demo,bench]'
 	@touch $@
 
 deps: $(PIP_STAMP)
@@ -45,6 +53,25 @@ bench: deps
 # A wheel with the compiled C engine, for hosts without a compiler (docs/operating.md#install).
 wheel: $(APT_STAMP)
 	$(PY) -m pip wheel --no-deps -w dist .
+
+# flannel-udp_<version>_<arch>.deb in dist/, built by Debian's tools from a copy of the tracked
+# files (so the checkout's own build products stay out of it), then checked by lintian
+# (debian/flannel-udp.lintian-overrides says why each override is there).
+deb:
+	@missing=""; for p in $(DEB_BUILD_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	packaging/build-deb dist
+
+# Re-resolve pyproject.toml's ranges to the newest releases and pin them in $(CONSTRAINTS).
+constraints: $(APT_STAMP)
+	rm -rf build/constraints-venv && $(PYTHON) -m venv build/constraints-venv
+	build/constraints-venv/bin/pip install -q --disable-pip-version-check '.[test,demo,bench]'
+	{ sed -n '/^#/p' $(CONSTRAINTS); build/constraints-venv/bin/pip freeze --exclude flannel-udp \
+	  | sort -f; } > $(CONSTRAINTS).new && mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf build/constraints-venv
 
 clean:
 	rm -rf build dist *.egg-info dataplane/_dataplane_c*.so dataplane/_dataplane_c.c $(VENV)

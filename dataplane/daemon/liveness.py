@@ -105,7 +105,8 @@ class Liveness:
         """The main loop progresses; WATCHDOG=1 when due and nothing is stalled (``ping``
         False: not the unit's main process any more). ``serving`` False: a wait that may come
         before the serve loop's first tick, which counts only once that has come (startup's
-        steps are TimeoutStartSec='s, and before READY=1 nobody is to be told). Returns the
+        steps answer to TimeoutStartSec, which its waits extend, and before READY=1 nobody is
+        to be told). Returns the
         stalls."""
         with self._lock:
             if not serving and self._main is None:

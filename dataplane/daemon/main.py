@@ -83,6 +83,11 @@ PEERS_READY_TIMEOUT_S = 5.0
 # during a burst of lease events, runs in a child process with this engine; for the rest
 # (HTTP, the route table, the monitor) 0.5 ms bounds what it adds to a packet.
 PY_ENGINE_SWITCH_INTERVAL_S = 0.0005
+# Until READY=1 every wait of the startup moves systemd's start timeout (TimeoutStartSec) this
+# far past its own end: a host that waits for etcd or the network config keeps waiting, as
+# flanneld does, instead of being killed and restarted every TimeoutStartSec. The margin covers
+# one etcd call that hangs until its own timeout between two waits.
+START_WAIT_MARGIN_S = 60.0
 
 
 class Daemon:
@@ -128,6 +133,7 @@ class Daemon:
         self.handover_server = None
         self.handing_over = False             # our engine is stopped for a new daemon
         self._successor = None                # the pid we handed over to
+        self._ready = False                   # READY=1 sent
         self._old_handlers = {}
         self.source = DaemonSource(self)      # what /metrics, /readyz and /debug/trace read
         # what `flannel-udp status` reads, with the last warnings (daemon/status.py)
@@ -190,6 +196,10 @@ class Daemon:
         SIGTERM/SIGINT arrives meanwhile. Once serving, waiting on purpose is the main loop's
         progress: it ticks, so that a long etcd outage does not read as a hang."""
         deadline = time.monotonic() + seconds
+        if not self._ready:
+            sd_notify(f"EXTEND_TIMEOUT_USEC={int((seconds + START_WAIT_MARGIN_S) * 1e6)}\n"
+                      "STATUS=waiting for etcd and the network config (the journal says what "
+                      "is missing)")
         while True:
             self.liveness.tick(ping=self._successor is None, serving=False)
             left = deadline - time.monotonic()
@@ -262,7 +272,8 @@ class Daemon:
         # the collector's sight, a full collection no longer walks it, and the Python engine's
         # packets no longer wait that out (docs/design.md#fig-gc-freeze).
         gc.freeze()
-        sd_notify("READY=1")
+        sd_notify(f"READY=1\nSTATUS=forwarding for {self.lease.subnet}")
+        self._ready = True
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s, %d queue(s)",
                  self.tun_name, self.lease.subnet, len(self.peers), self.engine.name,
                  self.queues)

@@ -15,6 +15,13 @@ What keeps it from touching the machine:
   sub-tree and the directory; those of dead runs are swept when the next box starts.
 
 ``systemctl`` runs inside its namespaces (``nsenter``): :meth:`systemctl`.
+
+``SystemdBox(host=NETNS)`` is a whole simulated host instead, for installing packages: systemd
+runs in the network namespace NETNS, its root is an overlay of the machine's whose writes go to a
+tmpfs of the box (so dpkg, /etc and /opt change only there), /run is its own (its
+/run/flannel/subnet.env is the host's), /sys shows NETNS's devices, and its units are the box's,
+then the overlay's /etc/systemd/system and /lib/systemd/system, as a host's are.
+:meth:`run` runs a command in it; :meth:`path` names a file of it from the machine.
 """
 from __future__ import annotations
 
@@ -48,6 +55,30 @@ mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs -o mode=1777 tmpfs /var/tmp
 mount -o remount,bind,ro /
 exec env -i container=flannel-udp-tests SYSTEMD_UNIT_PATH="$1" \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    {systemd} --system --unit={target} --log-target=console --log-level=notice
+"""
+
+# The simulated host's variant: $1 the box's units, $2 a tmpfs for the overlay's layers, $3 the
+# overlay's mount point. The units are bound into the box's own /run, where systemd reads them.
+_HOST_BOX_SH = r"""
+set -e
+mount --make-rslave /
+mkdir -p "$2"
+mount -t tmpfs -o mode=0755 tmpfs "$2"
+mkdir -p "$2/upper" "$2/work" "$3"
+mount -t overlay overlay -o lowerdir=/,upperdir="$2/upper",workdir="$2/work" "$3"
+mount -t proc proc "$3/proc"
+mount -t sysfs sysfs "$3/sys"
+mount -t cgroup2 cgroup2 "$3/sys/fs/cgroup"
+mount --rbind /dev "$3/dev"
+mount -t tmpfs -o mode=0755 tmpfs "$3/run"
+mkdir -p "$3/run/lock" "$3/run/fu-box-units"
+mount --bind "$1" "$3/run/fu-box-units"
+mount -t tmpfs -o mode=1777 tmpfs "$3/tmp"
+mount -t tmpfs -o mode=1777 tmpfs "$3/var/tmp"
+exec chroot "$3" env -i container=flannel-udp-tests \
+    SYSTEMD_UNIT_PATH=/run/fu-box-units:/etc/systemd/system:/lib/systemd/system \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     {systemd} --system --unit={target} --log-target=console --log-level=notice
 """
@@ -125,7 +156,8 @@ def _child_setup(cgroup: str):
 class SystemdBox:
     """One systemd; a context manager. ``dir`` is where unit files and what services read live."""
 
-    def __init__(self):
+    def __init__(self, host: str | None = None):
+        self.netns = host
         why = missing()
         if why:
             raise RuntimeError(f"no systemd box: {why}")
@@ -149,11 +181,16 @@ class SystemdBox:
             raise
 
     def _start(self) -> None:
-        script = _BOX_SH.format(systemd=SYSTEMD, target=TARGET)
+        if self.netns is None:
+            script, args, net = _BOX_SH, [self.units], []
+        else:
+            script, net = _HOST_BOX_SH, ["nsenter", f"--net=/run/netns/{self.netns}"]
+            args = [self.units, os.path.join(self.dir, "layers"), os.path.join(self.dir, "root")]
+        script = script.format(systemd=SYSTEMD, target=TARGET)
         with open(os.path.join(self.dir, "box.log"), "wb") as log_f:
             self.proc = subprocess.Popen(
-                ["unshare", "--pid", "--mount", "--cgroup", "--fork", "--kill-child=SIGKILL",
-                 "sh", "-c", script, "box", self.units],
+                [*net, "unshare", "--pid", "--mount", "--cgroup", "--fork", "--kill-child=SIGKILL",
+                 "sh", "-c", script, "box", *args],
                 stdin=subprocess.DEVNULL, stdout=log_f, stderr=log_f,
                 preexec_fn=_child_setup(self.cgroup))
         deadline = time.monotonic() + START_TIMEOUT
@@ -203,6 +240,17 @@ class SystemdBox:
                                f"{r.stdout}{r.stderr}")
         return r
 
+    def run(self, *argv, timeout: float = 300, env: dict | None = None):
+        """``argv`` inside the box (its mount, pid and network namespaces, its root), as a
+        command of the simulated host; returns the CompletedProcess."""
+        return subprocess.run(["nsenter", "-t", str(self.pid1), "-m", "-p", "-n", "-r", "-w",
+                               "env", *[f"{k}={v}" for k, v in (env or {}).items()], *argv],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def path(self, inside: str) -> str:
+        """The machine's name for the box's file ``inside`` (through systemd's root)."""
+        return f"/proc/{self.pid1}/root/{inside.lstrip('/')}"
+
     def install(self, name: str, text: str, dropin: str | None = None) -> None:
         """A unit (and a drop-in for it), then daemon-reload."""
         with open(os.path.join(self.units, name), "w") as f:
@@ -229,15 +277,19 @@ class SystemdBox:
             "[Unit]\nDefaultDependencies=no\nRequires=systemd-journald.socket\n"
             "After=systemd-journald.socket\n[Service]\nType=notify\n"
             "Sockets=systemd-journald.socket\nExecStart=/lib/systemd/systemd-journald\n"
-            f"BindPaths={self.dir}/log:/run/log\nRuntimeDirectory=systemd/journal\n"
+            + ("" if self.netns else f"BindPaths={self.dir}/log:/run/log\n")
+            + "RuntimeDirectory=systemd/journal\n"
             "RuntimeDirectoryPreserve=yes\nStandardOutput=null\n"))
         self.systemctl("start", "systemd-journald.socket", "systemd-journald.service")
 
     def journalctl(self, *args) -> str:
         """``journalctl ARGS`` over the box's journal files (journald writes them as it goes)."""
-        r = subprocess.run(["journalctl", "--no-pager", "-D", os.path.join(self.dir, "log",
-                                                                           "journal"), *args],
-                           capture_output=True, text=True, timeout=30)
+        if self.netns:          # a simulated host's journald writes in its own namespaces
+            r = self.run("journalctl", "--no-pager", *args, timeout=30)
+        else:
+            r = subprocess.run(["journalctl", "--no-pager", "-D",
+                                os.path.join(self.dir, "log", "journal"), *args],
+                               capture_output=True, text=True, timeout=30)
         if r.returncode != 0:
             raise RuntimeError(f"journalctl {' '.join(args)} failed ({r.returncode}): {r.stderr}")
         return r.stdout
