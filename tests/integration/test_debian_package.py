@@ -17,6 +17,7 @@ dpkg, /etc, /opt and /run change only there), run as an operator runs it:
 """
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shutil
@@ -183,6 +184,11 @@ def _lifecycle(ov, phs, old_deb, new_deb, figure):
         figure(f"apt-get install on {ph.host.name}", f"{time.monotonic() - t0:.1f} s")
         assert "set the etcd endpoints and the interface in /etc/default/flannel-udp" in out, out
         assert ph.show("UnitFileState")["UnitFileState"] == "enabled"
+        assert ph.box.run("flannel-udp", "--version").stdout.strip() == \
+            f"flannel-udp {_version_of(old_deb)}"
+        with gzip.open(ph.box.path("/usr/share/man/man8/flannel-udp.8.gz"), "rt") as f:
+            page = f.read()
+        assert ".SH NAME\nflannel-udp \\-" in page and "\\-\\-etcd\\-endpoints" in page
         wait_until(lambda: "waiting for etcd" in ph.show("StatusText")["StatusText"], 20, 0.2,
                    "the unconfigured daemon to tell systemd it waits for etcd")
         assert ph.show("ActiveState")["ActiveState"] == "activating"

@@ -154,3 +154,31 @@ def test_the_built_package_reads_the_header_it_ships(tmp_path):
     shipped.unlink()
     r = _import_built(build_lib, "import dataplane.engine")
     assert r.returncode != 0 and "HeaderError" in r.stderr and str(shipped) in r.stderr, r.stderr
+
+
+def test_the_version_lives_in_one_place_and_the_changelog_names_it():
+    """dataplane/__init__.py holds the version; pyproject.toml reads it from there, and the Debian
+    changelog's newest entry must name it (debian/rules refuses to build otherwise)."""
+    from dataplane import __version__
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^dynamic = \["version"\]$', pyproject, re.M)
+    assert 'version = {attr = "dataplane.__version__"}' in pyproject
+    assert not re.search(r'^version = "', pyproject, re.M)
+    newest = (ROOT / "debian" / "changelog").read_text().splitlines()[0]
+    assert re.match(rf"^flannel-udp \({re.escape(__version__)}\) ", newest), newest
+
+
+def test_the_package_pins_what_the_suite_runs_with():
+    """make deps (the suite) and the package install under one constraints file, and it pins
+    every dependency the daemon declares."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-c $(CONSTRAINTS)" in makefile
+    assert "--constraint=packaging/constraints.txt" in (ROOT / "debian" / "rules").read_text()
+    pins = {re.split(r"==", line)[0].lower().replace("_", "-")
+            for line in (ROOT / "packaging" / "constraints.txt").read_text().splitlines()
+            if line and not line.startswith("#")}
+    deps = re.search(r"^dependencies = \[(.*?)^\]", (ROOT / "pyproject.toml").read_text(),
+                     re.M | re.S).group(1)
+    names = {re.match(r'\s*"([A-Za-z0-9_.-]+)', line).group(1).lower().replace("_", "-")
+             for line in deps.splitlines() if line.strip().startswith('"')}
+    assert names and names <= pins, names - pins
