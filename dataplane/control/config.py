@@ -46,6 +46,9 @@ class NetworkConfig:
     ipv6_subnet_min: Optional[IPv6Address] = None
     ipv6_subnet_max: Optional[IPv6Address] = None
     backend: Optional[dict] = None          # the raw Backend object, for logging
+    # Backend.DirectRouting (flanneld's vxlan backend's option; its udp backend ignores it):
+    # peers on this host's link that have it too get a plain kernel route (control/direct.py)
+    direct_routing: bool = False
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -159,17 +162,18 @@ def _decode_fields(doc: dict) -> dict:
     return out
 
 
-def _backend(fields: dict) -> tuple[str, int, Optional[dict]]:
-    """`parseBackendType` plus the udp backend's own `{"Port": int}` decoding."""
+def _backend(fields: dict) -> tuple[str, int, Optional[dict], bool]:
+    """`parseBackendType` plus the udp backend's own `{"Port": int}` decoding, and
+    `DirectRouting` (a bool, as flanneld's vxlan backend decodes it)."""
     if "Backend" not in fields:
-        return "udp", DEFAULT_UDP_PORT, None
+        return "udp", DEFAULT_UDP_PORT, None, False
     be = fields["Backend"]
     if be is None:                       # JSON null decodes into an empty struct: Type ""
-        return "", DEFAULT_UDP_PORT, None
+        return "", DEFAULT_UDP_PORT, None, False
     if not isinstance(be, dict):
         raise ConfigError("error decoding Backend property of config: json: cannot unmarshal "
                           f"{_json_kind(be)} into Go value of type struct {{ Type string }}")
-    btype, port = "", DEFAULT_UDP_PORT
+    btype, port, direct = "", DEFAULT_UDP_PORT, False
     for key, value in be.items():
         low = key.lower()
         if low == "type":
@@ -184,7 +188,15 @@ def _backend(fields: dict) -> tuple[str, int, Optional[dict]]:
                 raise ConfigError("error decoding UDP backend config: json: cannot unmarshal "
                                   f"{_json_kind(value)} into Go struct field .Port of type int")
             port = int(value)
-    return btype, port, be
+        elif low == "directrouting":
+            if value is None:
+                continue
+            if not isinstance(value, bool):
+                raise ConfigError("error decoding UDP backend config: json: cannot unmarshal "
+                                  f"{_json_kind(value)} into Go struct field .DirectRouting of "
+                                  "type bool")
+            direct = value
+    return btype, port, be, direct
 
 
 class _Family(NamedTuple):
@@ -266,7 +278,7 @@ def _parse_config(text: "str | bytes") -> NetworkConfig:
     if not isinstance(doc, dict):
         raise ConfigError(f"json: cannot unmarshal {_json_kind(doc)} into Go value of type subnet.Config")
     f = _decode_fields(doc)
-    btype, port, be = _backend(f)
+    btype, port, be, direct = _backend(f)
     enable4 = f.get("EnableIPv4", True)
     enable6 = f.get("EnableIPv6", False)
 
@@ -302,5 +314,5 @@ def _parse_config(text: "str | bytes") -> NetworkConfig:
         network=network, subnet_len=subnet_len, subnet_min=smin, subnet_max=smax,
         backend_type=btype, backend_port=port, enable_ipv4=enable4, enable_ipv6=enable6,
         ipv6_network=net6, ipv6_subnet_len=len6, ipv6_subnet_min=min6, ipv6_subnet_max=max6,
-        backend=be, raw=doc,
+        backend=be, direct_routing=direct, raw=doc,
     )

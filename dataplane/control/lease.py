@@ -42,6 +42,10 @@ class LeaseAttrs:
     backend_type: Optional[str] = None
     backend_data: Any = None           # decoded JSON, kept only to be tolerant and for logs
     backend_v6_data: Any = None
+    # "DirectRouting": true, written by a flannel-udp host whose network config turns it on:
+    # peers route to it directly only when it says so (control/direct.py). flanneld reads past
+    # the field, and rewrites the value without it when it takes the lease over.
+    direct_routing: bool = False
 
     def to_json(self) -> bytes:
         """Bytes exactly as flanneld's udp backend writes them (field order and spacing of Go's encoder)."""
@@ -53,6 +57,8 @@ class LeaseAttrs:
             doc["BackendData"] = self.backend_data
         if self.backend_v6_data is not None:
             doc["BackendV6Data"] = self.backend_v6_data
+        if self.direct_routing:
+            doc["DirectRouting"] = True
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -89,7 +95,8 @@ class LeaseAttrs:
         return cls(public_ip=public_ip, public_ipv6=public_ipv6,
                    backend_type=btype if isinstance(btype, str) and btype else None,
                    backend_data=fields.get("backenddata"),
-                   backend_v6_data=fields.get("backendv6data"))
+                   backend_v6_data=fields.get("backendv6data"),
+                   direct_routing=fields.get("directrouting") is True)
 
 
 @dataclass(frozen=True)
@@ -116,7 +123,7 @@ class Lease:
                                   int(a.public_ip), a.public_ipv6, a.backend_type, a.backend_data,
                                   a.backend_v6_data, self.ipv6_subnet, self.expiration,
                                   self.lease_id, self.mod_revision, self.key,
-                                  self.create_revision))
+                                  self.create_revision, a.direct_routing))
 
     @property
     def reservation(self) -> bool:
@@ -127,10 +134,10 @@ class Lease:
 
 def _lease_of_parts(net, prefixlen, public_ip, public_ipv6, backend_type, backend_data,
                     backend_v6_data, ipv6_subnet, expiration, lease_id, mod_revision, key,
-                    create_revision=0) -> Lease:
+                    create_revision=0, direct_routing=False) -> Lease:
     return Lease(IPv4Network((net, prefixlen)),
                  LeaseAttrs(IPv4Address(public_ip), public_ipv6, backend_type, backend_data,
-                            backend_v6_data),
+                            backend_v6_data, direct_routing),
                  ipv6_subnet, expiration, lease_id, mod_revision, key, create_revision)
 
 

@@ -92,7 +92,8 @@ class LeaseManager:
                  max_attempts: int = 20, rng: Optional[random.Random] = None):
         self.registry = registry
         self.public_ip = IPv4Address(public_ip)
-        self.attrs = LeaseAttrs(public_ip=self.public_ip)
+        self.attrs = LeaseAttrs(public_ip=self.public_ip,
+                                direct_routing=bool(config is not None and config.direct_routing))
         self.subnet_file_prev = subnet_file_prev
         self.renew_margin = (renew_margin_s if renew_margin_s is not None
                              else 60.0 * check_renew_margin(renew_margin_min))

@@ -59,10 +59,11 @@ import sys
 import threading
 import time
 
+from ..control.direct import DirectRouting
 from ..control.peerset import PeerChange, PeerSnapshot
 from ..control.recurring import Recurring
 from ..control.routes import route_changes, route_table
-from ..host import queues
+from ..host import direct_routes, queues
 from ..host.own_sources import OwnSources
 from . import fdstore, handover, inherited, lease_move, preflight, startup, status
 from .liveness import Liveness
@@ -108,7 +109,12 @@ class Daemon:
         self.lease_manager = None             # control/lease_manager.py LeaseManager
         self.peer_watcher = None
         self.config_watcher = None
-        self.peers = PeerSnapshot()           # the last snapshot the peer watcher handed over
+        self.peers = PeerSnapshot()           # the engine's peers (the encapsulated ones)
+        self.all_peers = PeerSnapshot()       # every peer the watcher reported last
+        # which peers go direct (control/direct.py); on once the config says so (_start_watches)
+        self.direct = DirectRouting(False, lambda _ip: False)
+        self.route_watch = None               # host/direct_routes.py HostRouteWatch, when it is on
+        self._peers_lock = threading.RLock()  # one peer change (or re-decision) at a time
         self.routes = None                    # its route table, as the engine class takes it
         self.peer_log = None                  # daemon/peer_log.py
         self.tun_fds: list = []               # one per queue
@@ -416,6 +422,14 @@ class Daemon:
 
     def _start_watches(self):
         from ..control.configwatch import ConfigWatcher
+        ifindex = self.ext.index
+        self.direct = DirectRouting(self.config.direct_routing,
+                                    lambda ip: direct_routes.on_link(ip, ifindex))
+        if self.config.direct_routing:
+            log.info("DirectRouting is on: peers that have it too and whose PublicIP is on %s's "
+                     "link get a plain route via their PublicIP (proto %d); the others go through "
+                     "flannel0", self.ext.name, direct_routes.PROTO)
+            self.route_watch = direct_routes.HostRouteWatch(self._reconsider_direct).start()
         from ..control.peer_process import PeerWatchProcess
         from ..control.peers import PeerWatcher
         self.peer_log = PeerLog(self.config.backend_port)
@@ -446,6 +460,20 @@ class Daemon:
         a peer change reaches the engine. The change is applied to the table kept here (the work
         of the change, not of the whole table), which every queue takes whole and at once; a new
         engine (after a lease move) gets the whole table the same way."""
+        with self._peers_lock:
+            first = self.routes is None
+            split = self.direct.apply(change, self.peers)
+            self.all_peers = change.snapshot
+            self._apply_split(split, reconcile=first)
+            self.peer_log.record(change, len(self.routes), direct=self.direct)
+
+    def _apply_split(self, split, reconcile: bool = False):
+        """The engine's share of a change, and the direct routes: a peer that goes direct gets
+        its route before it leaves the engine's table, one that comes back is in the table
+        before its route goes, so that no packet finds neither."""
+        for lease in split.route:
+            direct_routes.replace(lease.subnet, lease.public_ip, self.ext.index)
+        change = split.engine
         removed, added = route_changes(change, self.config.backend_port)
         with self.lock:
             if self.routes is None:     # the first listing: whole, so nothing handed over lingers
@@ -456,10 +484,41 @@ class Daemon:
             self.peers = change.snapshot
             if self.engine is not None:
                 self.engine.set_table(self.routes)
-            self.peer_log.record(change, len(self.routes))
             # The state file is for the next process only; the serve loop rewrites it once a
             # tick (all peers: docs/design.md#fig-state-file), not once per batch of a burst.
             self._state_stale = True
+        for lease in split.unroute:
+            direct_routes.delete(lease.subnet)
+        if reconcile and self.direct.enabled:
+            self._reconcile_direct_routes()
+
+    def _reconsider_direct(self):
+        """HostRouteWatch callback: the host's addresses or routes changed; every peer is
+        decided again, and the kernel's direct routes made to match."""
+        with self._peers_lock:
+            split = self.direct.reconsider(self.all_peers, self.peers)
+            for lease in split.route:
+                log.info("Subnet %s: now a direct route via %s dev %s (its PublicIP is on this "
+                         "host's link)", lease.subnet, lease.public_ip, self.ext.name)
+            for lease in split.unroute:
+                log.info("Subnet %s: now through flannel0 to %s:%d (%s)", lease.subnet,
+                         lease.public_ip, self.config.backend_port,
+                         self.direct.why_not(lease) or "its lease changed")
+            self._apply_split(split, reconcile=True)
+
+    def _reconcile_direct_routes(self):
+        """Our routes in the kernel as decided: a previous daemon's that no peer wants go, a
+        missing one (deleted by hand) comes back."""
+        have = direct_routes.installed()
+        for subnet, via in have.items():
+            lease = self.direct.direct.get(subnet)
+            if lease is None:
+                log.info("Removing the direct route to %s via %s: no peer routed directly has "
+                         "it now", subnet, via)
+                direct_routes.delete(subnet)
+        for subnet, lease in self.direct.direct.items():
+            if have.get(subnet) != lease.public_ip:
+                direct_routes.replace(subnet, lease.public_ip, self.ext.index)
 
     def on_lease_change(self, lease):
         """LeaseManager callback (its thread): our lease was lost in etcd (deleted, expired,
@@ -584,6 +643,8 @@ class Daemon:
         # process reads the queues from where it stopped.
         steps = [
             ("stop the peer watch", lambda: self.peer_watcher and self.peer_watcher.stop()),
+            ("stop watching the host's routes (the direct routes stay)",
+             lambda: self.route_watch and self.route_watch.close()),
             ("end the peer watch's unused process",
              lambda: self._peer_child and self._peer_child.close()),
             ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),

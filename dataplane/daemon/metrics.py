@@ -46,6 +46,10 @@ class MetricsSource:
     def peers_count(self) -> int:
         return 0
 
+    def peers_by_mode(self) -> dict:
+        """{"direct": n, "encapsulated": m} when DirectRouting is on, else empty (no series)."""
+        return {}
+
     def queues_count(self) -> int:
         """Forwarding queues (engines) running; 0 = none yet (no metric then)."""
         return 0
@@ -180,6 +184,9 @@ DECLARED = (
            "kernel refused, sent again one by one)."),
     # leases and peers
     Family(f"{PREFIX}_peers", "gauge", (), "Peer leases in the route table."),
+    Family(f"{PREFIX}_peers_by_mode", "gauge", ("mode",),
+           "With DirectRouting on: peers by the way their packets go (direct: a plain kernel "
+           "route via their PublicIP; encapsulated: through flannel0 and the engine)."),
     Family(f"{PREFIX}_lease_expiry_timestamp_seconds", "gauge", ("subnet",),
            "When this host's subnet lease expires (Unix time)."),
     Family(f"{PREFIX}_lease_renewals_total", "counter", (),
@@ -356,6 +363,12 @@ class DaemonCollector:
             yield from self._engine_families(per_queue)
 
         yield _one(f"{PREFIX}_peers", self.source.peers_count())
+        modes = self.source.peers_by_mode()
+        if modes:
+            fam = _new(f"{PREFIX}_peers_by_mode")
+            for mode, n in sorted(modes.items()):
+                fam.add_metric([mode], n)
+            yield fam
 
         n = self.source.queues_count()
         if n:
@@ -485,7 +498,14 @@ class DaemonSource(MetricsSource):
                 "accept_from": d.opts.accept_from}
 
     def peers_count(self):
-        return len(self.daemon.peers)
+        d = self.daemon
+        return len(d.peers) + (len(d.direct.direct) if d.direct is not None else 0)
+
+    def peers_by_mode(self):
+        d = self.daemon
+        if d.direct is None or not d.direct.enabled:
+            return {}
+        return {"direct": len(d.direct.direct), "encapsulated": len(d.peers)}
 
     def queues_count(self):
         engine = self.daemon.engine

@@ -43,8 +43,10 @@ class PeerLog:
         self._last = {"added": collections.deque(maxlen=DETAIL),
                       "removed": collections.deque(maxlen=DETAIL)}
 
-    def record(self, change, table_size: int) -> None:
-        """One report of the peer watcher, applied; ``table_size``: routes in the table now."""
+    def record(self, change, table_size: int, direct=None) -> None:
+        """One report of the peer watcher, applied; ``table_size``: routes in the engine's table
+        now; ``direct`` (control/direct.py DirectRouting): which way each added peer goes, said
+        when DirectRouting is on."""
         if not change:
             return
         now = self._clock()
@@ -58,9 +60,20 @@ class PeerLog:
                          lease.subnet, lease.public_ip, table_size,
                          extra=self._fields(lease, "removed", table_size))
             for lease in change.added:
-                log.info("Subnet added: %s via %s:%d; %d peer(s) in the route table", lease.subnet,
-                         lease.public_ip, self.port, table_size,
-                         extra=self._fields(lease, "added", table_size))
+                fields = self._fields(lease, "added", table_size)
+                on = direct is not None and direct.enabled
+                if on and direct.mode(lease.subnet) == "direct":
+                    fields["mode"] = "direct"
+                    log.info("Subnet added: %s via %s, a direct route (DirectRouting: on this "
+                             "host's link); %d peer(s) through flannel0", lease.subnet,
+                             lease.public_ip, table_size, extra=fields)
+                    continue
+                why = (direct.why_not(lease) or "its lease changed meanwhile") if on else ""
+                if why:
+                    fields["mode"] = "encapsulated"
+                log.info("Subnet added: %s via %s:%d%s; %d peer(s) in the route table",
+                         lease.subnet, lease.public_ip, self.port,
+                         f", encapsulated: {why}" if why else "", table_size, extra=fields)
             self._lines += n
             return
         for kind, leases in (("removed", change.removed), ("added", change.added)):

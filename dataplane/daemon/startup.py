@@ -157,8 +157,9 @@ def wait_for_config(registry, wait, fallback=None):
                                    "is IPv4 only")
             waiting.ok()
             log.info("Network config: Network %s, SubnetLen %d, SubnetMin %s, SubnetMax %s, "
-                     "backend udp port %d", cfg.network, cfg.subnet_len, cfg.subnet_min,
-                     cfg.subnet_max, cfg.backend_port)
+                     "backend udp port %d%s", cfg.network, cfg.subnet_len, cfg.subnet_min,
+                     cfg.subnet_max, cfg.backend_port,
+                     ", DirectRouting" if cfg.direct_routing else "")
             return cfg
         wait(CONFIG_RETRY_S)
 

@@ -42,6 +42,9 @@ class FullSource(MetricsSource):
     def peers_count(self):
         return 3
 
+    def peers_by_mode(self):
+        return {"direct": 2, "encapsulated": 3}
+
     def queues_count(self):
         return len(self.per_queue)
 

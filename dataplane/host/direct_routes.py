@@ -1,0 +1,138 @@
+"""The kernel's side of DirectRouting (control/direct.py decides which peers): plain routes
+``<peer subnet> via <peer PublicIP> dev <external interface>``, the question the decision asks
+the kernel (is a PublicIP reached without a gateway, on that interface?), and a watch of this
+host's addresses and routes, after which the answers may differ.
+
+Our routes carry their own protocol number, PROTO (``ip route`` shows ``proto 153``): the
+daemon finds its own among the host's routes after a restart or a handover, and ``flannel-udp
+cleanup`` removes them. They stay when the daemon exits, as flanneld leaves its rules: the
+packets they carry never passed through the daemon.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import select
+import socket
+import struct
+import threading
+from ipaddress import IPv4Address, IPv4Network
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+log = logging.getLogger(__name__)
+
+PROTO = 153
+MAIN_TABLE = 254
+# rtnetlink multicast groups: links, IPv4 addresses, IPv4 routes
+_GROUPS = 0x1 | 0x10 | 0x40
+_RTM_NEWROUTE, _RTM_DELROUTE = 24, 25
+_NLMSG_HDR = struct.Struct("=IHHII")
+
+
+def on_link(ip: "IPv4Address | str", ifindex: int) -> bool:
+    """The kernel's own lookup: ``ip`` is reached on ``ifindex`` with no gateway (its route is
+    the interface's connected network, or a host route on it)."""
+    with IPRoute() as ipr:
+        try:
+            answer = ipr.route("get", dst=str(ip))
+        except NetlinkError:            # unreachable, no route
+            return False
+    for msg in answer:
+        if msg.get_attr("RTA_GATEWAY") is None and msg.get_attr("RTA_OIF") == ifindex \
+                and msg["type"] == 1:   # RTN_UNICAST: not local, not a blackhole
+            return True
+    return False
+
+
+def replace(subnet: IPv4Network, via: IPv4Address, ifindex: int) -> None:
+    """``<subnet> via <via> dev <ifindex> proto 153`` in the main table, replacing any route of
+    that subnet there (a PublicIP that changed)."""
+    with IPRoute() as ipr:
+        ipr.route("replace", dst=str(subnet), gateway=str(via), oif=ifindex, proto=PROTO,
+                  table=MAIN_TABLE)
+
+
+def delete(subnet: IPv4Network) -> None:
+    """Our route of ``subnet``, if it is there."""
+    with IPRoute() as ipr:
+        try:
+            ipr.route("del", dst=str(subnet), proto=PROTO, table=MAIN_TABLE)
+        except NetlinkError as e:
+            if e.code not in (errno.ESRCH, errno.ENOENT):
+                raise
+
+
+def installed() -> dict[IPv4Network, IPv4Address]:
+    """Our routes in the main table: subnet -> gateway."""
+    out = {}
+    with IPRoute() as ipr:
+        for msg in ipr.route("dump", family=socket.AF_INET, table=MAIN_TABLE):
+            if msg["proto"] != PROTO or msg.get_attr("RTA_GATEWAY") is None:
+                continue
+            dst = msg.get_attr("RTA_DST")
+            if dst is None:
+                continue
+            out[IPv4Network(f"{dst}/{msg['dst_len']}")] = IPv4Address(msg.get_attr("RTA_GATEWAY"))
+    return out
+
+
+class HostRouteWatch:
+    """Calls ``changed()`` (its own thread) once the host's links, addresses or routes have
+    changed and then stayed still for ``quiet`` seconds; our own routes' changes do not count.
+    Raw rtnetlink: only whether something changed matters, not what."""
+
+    def __init__(self, changed, quiet: float = 0.1, name: str = "direct-routes-watch"):
+        self.changed = changed
+        self.quiet = quiet
+        self._stop = threading.Event()
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self._sock.bind((0, _GROUPS))
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> "HostRouteWatch":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        pending = False
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._sock], [], [], self.quiet if pending else 0.5)
+            if ready:
+                try:
+                    data = self._sock.recv(65536)
+                except OSError as e:
+                    if e.errno == errno.ENOBUFS:        # events lost: something changed
+                        pending = True
+                        continue
+                    if self._stop.is_set():
+                        return
+                    raise
+                pending = pending or _counts(data)
+                continue
+            if pending:
+                pending = False
+                try:
+                    self.changed()
+                except Exception:
+                    log.exception("re-deciding the direct routes failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sock.close()
+
+
+def _counts(data: bytes) -> bool:
+    """Whether a batch of rtnetlink messages holds one that is not about our own routes."""
+    off = 0
+    while off + _NLMSG_HDR.size <= len(data):
+        length, kind = _NLMSG_HDR.unpack_from(data, off)[:2]
+        if length < _NLMSG_HDR.size:
+            return True
+        if kind not in (_RTM_NEWROUTE, _RTM_DELROUTE) or len(data) < off + 22 \
+                or data[off + 16 + 5] != PROTO:
+            return True
+        off += (length + 3) & ~3
+    return False
