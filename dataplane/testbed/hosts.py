@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_UNDERLAY = "192.168.77.0/24"
 SWITCH_HOST = 254  # the switch namespace's address: .254
+# where put_behind_router moves a host: the switch routes between it and DEFAULT_UNDERLAY
+ROUTED_UNDERLAY = "192.168.78.0/24"
 
 
 @dataclass
@@ -167,6 +169,33 @@ class Testbed:
                     testbed=self)
         self.hosts.append(host)
         log.debug("testbed host %s: netns %s, %s on %s", name, netns, ip, iface)
+        return host
+
+    def put_behind_router(self, host: Host | str, network: str = ROUTED_UNDERLAY) -> Host:
+        """Move ``host`` into another underlay subnet (its address there has the same last
+        byte) whose gateway is the switch namespace, which then routes between the two: from
+        the other hosts it is reached through a gateway, no longer on their link. Same bridge,
+        one IP hop: what a host behind a router is to the kernel's route lookup."""
+        host = self.host(host)
+        net = ipaddress.IPv4Network(network)
+        router = net.network_address + SWITCH_HOST
+        have = ns.run_ip(["-o", "addr", "show", "dev", self.bridge], netns=self.switch).stdout
+        if f" {router}/" not in have:
+            ns.run_ip(["addr", "add", f"{router}/{net.prefixlen}", "dev", self.bridge],
+                      netns=self.switch)
+        # a router between two subnets of one bridge: forward, and send no redirects (the
+        # hosts are to keep going through it)
+        for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0",
+                    f"net.ipv4.conf.{self.bridge}.send_redirects=0"):
+            subprocess.run(["ip", "netns", "exec", self.switch, "sysctl", "-q", "-w", key],
+                           check=True, capture_output=True, text=True, timeout=10)
+        ip = str(net.network_address + host.index + 1)
+        ns.run_ip(["-batch", "-"], netns=host.netns, input=(
+            f"addr flush dev {host.iface}\n"
+            f"addr add {ip}/{net.prefixlen} dev {host.iface}\n"
+            f"route replace default via {router} dev {host.iface}\n"))
+        host.ip = ip
+        log.debug("testbed host %s: behind the router now, %s on %s", host.name, ip, host.iface)
         return host
 
     def remove_host(self, host: Host | str) -> None:
