@@ -16,6 +16,9 @@ Ctrl-C. Needs root; about 10 seconds.
   flannel-udp demo --step          wait for Enter between steps (classroom)
   flannel-udp demo --json          the whole trace as one JSON object on stdout
   flannel-udp demo --out DIR       also write DIR/demo.json and DIR/path.svg
+  flannel-udp demo --direct-routing
+                                   the network config says "DirectRouting": true: follow
+                                   the packet on the kernel route host to host instead
 """
 
 
@@ -28,6 +31,10 @@ def add_arguments(p) -> None:
                    help="print the trace as one JSON object on stdout (no other output there)")
     p.add_argument("--out", metavar="DIR",
                    help="write demo.json and an SVG diagram of the path (path.svg) to DIR")
+    p.add_argument("--direct-routing", action="store_true",
+                   help='put "DirectRouting": true in the network config and show the packet '
+                        "routed host to host by the kernels (flannel0 and the engines idle) "
+                        "instead of through the engines")
     p.add_argument("--one-engine", action="store_true",
                    help="measure batching with the chosen engine only (skip the switch)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the testbed does")
@@ -74,13 +81,15 @@ def main(args) -> int:
         err = make_console(sys.stderr)
         renderer = None
         demo = Demo(args.engine, on_progress=lambda t: err.print(f"... {t}", style="dim"),
-                    compare_engines=not args.one_engine)
+                    compare_engines=not args.one_engine, direct_routing=args.direct_routing)
     else:
         renderer = Renderer(make_console(), pause=args.step)
         demo = Demo(args.engine, on_step=renderer.on_step, on_progress=renderer.progress,
-                    compare_engines=not args.one_engine)
+                    compare_engines=not args.one_engine, direct_routing=args.direct_routing)
         renderer.demo = demo
-        renderer.c.rule("flannel-udp demo: one packet across a TUN/UDP overlay",
+        renderer.c.rule("flannel-udp demo: one packet across the overlay, DirectRouting on"
+                        if args.direct_routing else
+                        "flannel-udp demo: one packet across a TUN/UDP overlay",
                         characters="=" if renderer.ascii else "─")
 
     # SIGTERM (and SIGHUP: the terminal went away) take the same teardown path as Ctrl-C.
@@ -108,7 +117,8 @@ def main(args) -> int:
         os.makedirs(args.out, exist_ok=True)
         write_atomic(os.path.join(args.out, "demo.json"),
                      json.dumps(result, indent=1, default=_jsonable))
-        svg.write(result, os.path.join(args.out, "path.svg"))
+        if not args.direct_routing:      # the diagram draws the path through the engines
+            svg.write(result, os.path.join(args.out, "path.svg"))
     if args.json:
         json.dump(result, sys.stdout, default=_jsonable)
         sys.stdout.write("\n")
@@ -118,7 +128,8 @@ def main(args) -> int:
     c.print(f"Torn down (daemons, etcd, namespaces). {result['duration_s']} s in all.",
             style="bold")
     if args.out:
-        c.print(f"Wrote {args.out}/demo.json and {args.out}/path.svg")
+        c.print(f"Wrote {args.out}/demo.json" + ("" if args.direct_routing else
+                                                 f" and {args.out}/path.svg"))
     c.print("Again, one step at a time: flannel-udp demo --step   |   the raw trace: "
             "flannel-udp demo --json   |   with the Python engine: --engine python",
             style="dim")

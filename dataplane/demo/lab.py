@@ -185,6 +185,9 @@ print(json.dumps({"sent": sent, "seconds": time.monotonic() - t0}))
 SNIFFER = r"""
 import json, select, socket, struct, sys, time
 iface, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+# With a 4th argument (addresses, comma-separated): any IPv4 packet between two of them instead
+# of UDP to/from the port (the direct path: the workloads' own packets, not wrapped in UDP).
+hosts = set(sys.argv[4].split(",")) if len(sys.argv) > 4 else None
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))  # ETH_P_ALL: outgoing too
 s.bind((iface, 0))
 print(json.dumps({"ready": True}), flush=True)
@@ -194,12 +197,17 @@ while time.monotonic() < end:
         continue
     frame, addr = s.recvfrom(65535)
     ip = frame[14:] if addr[1] == 0x0800 and len(frame) > 14 else b""
-    if len(ip) < 28 or ip[9] != 17:
-        continue
-    ihl = (ip[0] & 15) * 4
-    sport, dport = struct.unpack("!HH", ip[ihl:ihl + 4])
-    if port not in (sport, dport):
-        continue
+    ihl = (ip[0] & 15) * 4 if ip else 0
+    if hosts is not None:
+        if len(ip) < 20 or socket.inet_ntoa(ip[12:16]) not in hosts \
+                or socket.inet_ntoa(ip[16:20]) not in hosts:
+            continue
+    else:
+        if len(ip) < 28 or ip[9] != 17:
+            continue
+        sport, dport = struct.unpack("!HH", ip[ihl:ihl + 4])
+        if port not in (sport, dport):
+            continue
     print(json.dumps({"t": time.monotonic(), "pkttype": addr[2], "frame_len": len(frame),
                       "hex": frame[:14 + ihl + 8 + 64].hex()}), flush=True)
 """
@@ -240,13 +248,16 @@ def json_lines(path: str) -> list:
 class Tap:
     """The SNIFFER running in a host namespace on its underlay veth; output to a file."""
 
-    def __init__(self, ov, host, port: int, path: str, seconds: float = 60.0):
+    def __init__(self, ov, host, port: int, path: str, seconds: float = 60.0, between=()):
+        """``between``: addresses; if given, the tap keeps any IPv4 packet between two of them
+        (the workloads' own packets, on the direct path) instead of UDP on ``port``."""
         self.ov, self.path = ov, path
         out = open(path, "w")
+        argv = [PY, "-c", SNIFFER, host.iface, str(port), str(seconds)]
+        if between:
+            argv.append(",".join(between))
         try:
-            self.proc = ov.tb.popen(host, [PY, "-c", SNIFFER, host.iface, str(port),
-                                           str(seconds)], stdout=out,
-                                    stderr=subprocess.STDOUT)
+            self.proc = ov.tb.popen(host, argv, stdout=out, stderr=subprocess.STDOUT)
         finally:
             out.close()
         if not wait_file_line(path, '"ready"', proc=self.proc):

@@ -150,6 +150,9 @@ class Renderer:
                            if h["underlay_ip"] == l["public_ip"]), "?")
             t.add_row(l["key"], str(l["public_ip"]), holder)
         self.table(t)
+        if any("DirectRouting" in (l.get("value") or {}) for l in d["leases"]):
+            for l in d["leases"]:
+                self.kv("lease value", f"{l['subnet']} = {tr_json(l.get('value'))}")
         for role in ("A", "B"):
             h = hosts[role]
             f0 = h["flannel0_link"]
@@ -161,6 +164,11 @@ class Renderer:
             self.kv("subnet.env", "  ".join(f"{k}={v}" for k, v in env.items()))
             for r in h["routes"]:
                 self.kv("ip route", r)
+            for ln in h.get("peer_log") or []:
+                self.kv("daemon log", f"Subnet added: {ln}")
+            if h.get("peers_by_mode"):
+                self.kv("/metrics", "  ".join(f'peers_by_mode{{mode="{m}"}} {v:g}'
+                                              for m, v in sorted(h["peers_by_mode"].items())))
         self.kv("startup", f"{d['startup_s']} s (etcd, 2 daemons, leases, READY=1)")
 
     def _s_workloads(self, step, d):
@@ -270,6 +278,53 @@ class Renderer:
                     "inside the call that ends it."
                     + (" Here a send even returned after the other host had received the "
                        "datagram." if tl.get("reordered") else ""), style="yellow")
+
+    def _s_wire(self, step, d):
+        t = self._table("packet", f"as the tap on {d['iface']} saw it", "IP bytes", "ttl",
+                        "frame", "added")
+        for r in d["rows"]:
+            w = r["wire"]
+            if not w:
+                t.add_row(r["leg"], "not captured", "-", "-", "-", "-")
+                continue
+            what = w.get("icmp", {}).get("name") or (
+                f"udp {w['udp']['sport']} > {w['udp']['dport']}" if "udp" in w else w["proto"])
+            t.add_row(r["leg"], f"{w['direction']}: {w['src']} > {w['dst']} {what}",
+                      str(w["tot_len"]), str(w["ttl"]), f"{w['frame_len']} B",
+                      f"{r['bytes_added']} B")
+        self.table(t)
+
+    def _s_untouched(self, step, d):
+        t = self._table("probe", "host", "flannel0 rx/tx packets (kernel)",
+                        "engine packets in/out", "trace events")
+        for probe in ("ping", "udp"):
+            for role in ("A", "B"):
+                f0 = d["flannel0"][probe][role]
+                e = d["engine"][probe][role]
+                t.add_row(probe, role, f"+{f0.get('rx_packets', '?')} / +{f0.get('tx_packets', '?')}",
+                          f"+{e['tun_rx_packets'] + e['udp_rx_packets']} / "
+                          f"+{e['udp_tx_packets'] + e['tun_tx_packets']}",
+                          str(d["trace_events"][probe]) if role == "A" else "")
+        self.table(t)
+        for role in ("A", "B"):
+            m = (d.get("peers_by_mode") or {}).get(role)
+            if m:
+                self.kv(f"/metrics on {role}", "  ".join(f'peers_by_mode{{mode="{k}"}} {v:g}'
+                                                       for k, v in sorted(m.items())))
+
+    def _s_deliver_direct(self, step, d):
+        self.kv("ip route get on B", d["route_get"].get("text"), style="blue")
+        self.kv("the reply, on B", d["route_get_reply"].get("text"), style="blue")
+        w = d.get("reply_wire")
+        if w:
+            self.kv("reply on the wire", w["summary"], style="blue")
+        ttl = d.get("reply_ttl")
+        if ttl is not None:
+            self.kv("ping says", f"reply ttl={ttl} = 64 - {64 - ttl} (kernel hops only), "
+                    f"time={d.get('rtt_ms')} ms")
+        u = d.get("udp") or {}
+        self.kv("UDP probe", f"{u.get('sent')} bytes to port {u.get('dport')}, echo "
+                f"{'received' if u.get('received') else 'LOST'}")
 
     def _s_udp_packet(self, step, d):
         res = d["result"]
@@ -385,6 +440,8 @@ class Renderer:
     def diagram(self):
         """The two hosts and the path, with this run's addresses (ASCII, fixed width)."""
         r = self.demo.result
+        if r.get("direct_routing"):
+            return self.diagram_direct()
         A, B = r["hosts"]["A"], r["hosts"]["B"]
         port = r["port"]
         W = 40
@@ -420,6 +477,34 @@ class Renderer:
             style = {"title": "bold", "user": "green", "kernel": "blue",
                      "boundary": "yellow"}[kind]
             self.c.print(Text(text, style=style))
+        self.c.print()
+
+
+    def diagram_direct(self):
+        """The direct path (DirectRouting): kernel to kernel, nothing in user space but the
+        applications."""
+        r = self.demo.result
+        A, B = r["hosts"]["A"], r["hosts"]["B"]
+        W = 40
+        bnd = (f"  {'-' * (2 * W - 2)}  user | kernel", "yellow")
+        lines = [
+            (f"  {'host A ' + A['name'] + '  ' + A['underlay_ip']:<{W - 2}}"
+             f"host B {B['name']}  {B['underlay_ip']}", "bold"),
+            (f"  {'[workload ' + A['workload']['ip'] + '] ping/send':<{W - 2}}"
+             f"[workload {B['workload']['ip']}] reply", "green"),
+            (f"  {'     (engine: idle, not on this path)':<{W - 2}}"
+             "     (engine: idle, not on this path)", "dim"),
+            bnd,
+            (f"  {'     |  kernel: forward':<{W - 2}}     ^  kernel: forward", "blue"),
+            (f"  {'     v  ' + B['subnet'] + ' via ' + B['underlay_ip']:<{W - 2}}"
+             f"     ^  {B['subnet']} dev {B['workload']['host_iface']}", "blue"),
+            (f"  {'        dev ' + A['iface']:<{W - 2}}", "blue"),
+            (f"  {'     +-- ' + A['iface'] + ' ==== bridge (the wire) ====':<{W - 2}}"
+             f"== {B['iface']} --+", "blue"),
+        ]
+        self.c.print()
+        for text, style in lines:
+            self.c.print(Text(text.rstrip(), style=style))
         self.c.print()
 
 

@@ -58,8 +58,11 @@ class Demo:
     """One run of the demo. ``on_step(step)`` is called as each step is ready."""
 
     def __init__(self, engine: str = "auto", *, on_step=None, on_progress=None,
-                 compare_engines: bool = True):
+                 compare_engines: bool = True, direct_routing: bool = False):
         self.engine_req = engine
+        # DirectRouting in the network config: the followed packets take the kernel route
+        # host to host, so the story shows that path (and its counters) instead of the engine's.
+        self.direct = direct_routing
         self.on_step = on_step or (lambda step: None)
         self.on_progress = on_progress or (lambda text: None)
         self.compare_engines = compare_engines
@@ -98,9 +101,13 @@ class Demo:
             self._probe_ping()
             self._probe_udp()
             self._stop_tap()
-            self._follow()
-            self._costs()
-            self._summary()
+            if self.direct:
+                self._follow_direct()
+                self._summary_direct()
+            else:
+                self._follow()
+                self._costs()
+                self._summary()
         finally:
             self._teardown()
         self.result["duration_s"] = round(_now() - t0, 2)
@@ -125,10 +132,18 @@ class Demo:
         self.on_progress(f"starting etcd and two daemons (engine {engine}) ...")
         t = _now()
         # --trace switches on the engine's trace ring and serves it at /debug/trace.
-        self.ov = Overlay(hosts=2, engine=engine, daemon_args=("--trace",))
+        config = None
+        if self.direct:
+            from ..testbed.overlay import DEFAULT_NETWORK
+            config = {"Network": DEFAULT_NETWORK,
+                      "Backend": {"Type": "udp", "DirectRouting": True}}
+            self.result["direct_routing"] = True
+        self.ov = Overlay(hosts=2, engine=engine, daemon_args=("--trace",), config=config)
         ov = self.ov
         a, b = ov.hosts
         self.a, self.b = a, b
+        if self.direct:
+            self._wait_direct_routes()
         startup = round(_now() - t, 2)
 
         prefix = ov.prefix
@@ -160,6 +175,14 @@ class Demo:
                                                    config.get("Backend", {}).get("Port", DEFAULT_UDP_PORT)),
                 "lease": next((l for l in leases if l["subnet"] == str(ov.subnet(h))), None),
             }
+            if self.direct:
+                # The daemon's own words per peer, and its /metrics count of peers per mode.
+                hosts[role]["peer_log"] = [ln.split("Subnet added: ", 1)[1].strip()
+                                           for ln in d.log_text().splitlines()
+                                           if "Subnet added: " in ln]
+                hosts[role]["peers_by_mode"] = {
+                    k.split('mode="', 1)[1].rstrip('"}'): v for k, v in ov.metrics(h).items()
+                    if k.startswith('flannel_udp_peers_by_mode{mode="')}
         self.port = int(config.get("Backend", {}).get("Port", DEFAULT_UDP_PORT))
         self.result.update(network_config=config, leases=leases, hosts=hosts, port=self.port,
                            etcd=ov.etcd_url, startup_s=startup)
@@ -169,7 +192,10 @@ class Demo:
                       "subnet, value = its PublicIP), opened flannel0 (MTU = interface MTU "
                       f"{a.mtu} - 28 = {hosts['A']['flannel0_link'].get('mtu')}), routed the "
                       "whole network into it and wrote subnet.env. The lease table in etcd is "
-                      "the overlay's only routing protocol.",
+                      "the overlay's only routing protocol." + (
+                          " With DirectRouting each lease also says so, and each daemon routed "
+                          "the other's subnet via its PublicIP on the shared link (proto 153), "
+                          "more specific than the route into flannel0." if self.direct else ""),
                   data={"leases": leases, "hosts": hosts, "config": config,
                         "startup_s": startup})
 
@@ -185,12 +211,14 @@ class Demo:
             wa.run(["ip", "route", "get", wb.ip]).stdout)
         hosts["A"]["route_get"] = tr.parse_route_get(ov.exec(a, [
             "ip", "route", "get", wb.ip, "from", wa.ip, "iif", wa.host_iface]).stdout)
+        # Direct: the packet reaches the other host on its underlay veth, not out of flannel0.
+        b_in, a_in = (b.iface, a.iface) if self.direct else ("flannel0", "flannel0")
         hosts["B"]["route_get"] = tr.parse_route_get(ov.exec(b, [
-            "ip", "route", "get", wb.ip, "from", wa.ip, "iif", "flannel0"]).stdout)
+            "ip", "route", "get", wb.ip, "from", wa.ip, "iif", b_in]).stdout)
         hosts["B"]["route_get_reply"] = tr.parse_route_get(ov.exec(b, [
             "ip", "route", "get", wa.ip, "from", wb.ip, "iif", wb.host_iface]).stdout)
         hosts["A"]["route_get_reply"] = tr.parse_route_get(ov.exec(a, [
-            "ip", "route", "get", wa.ip, "from", wb.ip, "iif", "flannel0"]).stdout)
+            "ip", "route", "get", wa.ip, "from", wb.ip, "iif", a_in]).stdout)
         for role, h in (("A", a), ("B", b)):
             hosts[role]["routes_with_workload"] = readings.squeezed_lines(
                 ov.exec(h, ["ip", "route"]).stdout)
@@ -202,7 +230,8 @@ class Demo:
                   data={"A": hosts["A"]["workload"], "B": hosts["B"]["workload"]})
 
         # The wire tap and the echo service.
-        self.tap = lab.Tap(ov, a, self.port, os.path.join(ov.tb.workdir, "tap.jsonl"))
+        self.tap = lab.Tap(ov, a, self.port, os.path.join(ov.tb.workdir, "tap.jsonl"),
+                           between=(wa.ip, wb.ip) if self.direct else ())
         echo_out = self.echo_out = os.path.join(ov.tb.workdir, "echo.out")
         p = wb.popen([lab.PY, "-c", lab.UDP_ECHO, str(lab.ECHO_PORT), "50"], echo_out)
         if not lab.wait_file_line(echo_out, "ready", proc=p):
@@ -217,14 +246,23 @@ class Demo:
         cur = {"A": self._last_seq(a), "B": self._last_seq(b)}
         raw_before, raw_after = {"A": {}, "B": {}}, {"A": {}, "B": {}}
         before = {"A": self._stats(a, raw_before["A"]), "B": self._stats(b, raw_before["B"])}
+        if self.direct:
+            f0_before = {"A": self._flannel0(a), "B": self._flannel0(b)}
+            t0 = _now()
         out = send()
         time.sleep(0.15)             # let the loops finish their EAGAIN reads and polls
         after = {"A": self._stats(a, raw_after["A"]), "B": self._stats(b, raw_after["B"])}
         events = {"A": self._trace(a, cur["A"]), "B": self._trace(b, cur["B"])}
-        return {"result": out, "stats_before": before, "stats_after": after,
-                "metrics_before": raw_before, "metrics_after": raw_after,
-                "counters": {k: tr.delta(before[k], after[k]) for k in before},
-                "events": events, "cursor": cur}
+        win = {"result": out, "stats_before": before, "stats_after": after,
+               "metrics_before": raw_before, "metrics_after": raw_after,
+               "counters": {k: tr.delta(before[k], after[k]) for k in before},
+               "events": events, "cursor": cur}
+        if self.direct:
+            # The kernel's own counters of flannel0: what entered or left the TUN device.
+            win["t0"], win["t1"] = t0, _now()
+            f0_after = {"A": self._flannel0(a), "B": self._flannel0(b)}
+            win["flannel0"] = {k: tr.delta(f0_before[k], f0_after[k]) for k in f0_before}
+        return win
 
     def _probe_ping(self):
         wa, wb = self.workloads["A"], self.workloads["B"]
@@ -547,6 +585,138 @@ class Demo:
                       "no batched read or write: 2 per packet in all), but it never removes a "
                       "copy. Fewer copies and syscalls per byte need offloads (IFF_VNET_HDR + "
                       "UDP GSO/GRO: fewer, bigger packets), or staying in the kernel (VXLAN).",
+                  data=self.result["summary"])
+
+    # the direct path (--direct-routing) ---------------------------------------------------
+    def _flannel0(self, host) -> dict:
+        return tr.link_counters(self.ov.exec(host, ["ip", "-s", "-j", "link", "show",
+                                                     "flannel0"]).stdout)
+
+    def _wait_direct_routes(self, timeout: float = 10.0):
+        """Each daemon routes the other's subnet via its PublicIP once it has seen its lease."""
+        a, b = self.a, self.b
+        want = [(h, f"{self.ov.subnet(p)} via {p.ip} dev {h.iface}") for h, p in ((a, b), (b, a))]
+        end = _now() + timeout
+        while True:
+            missing = []
+            for h, route in want:
+                lines = readings.squeezed_lines(self.ov.exec(h, ["ip", "route"]).stdout)
+                if not any(ln == route or ln.startswith(route + " ") for ln in lines):
+                    missing.append((h, route))
+            if not missing:
+                return
+            if _now() > end:
+                h, route = missing[0]
+                said = [ln.strip() for ln in self.ov.daemon(h).log_text().splitlines()
+                        if "Subnet added" in ln][-2:]
+                raise DemoError(f"DirectRouting: host {h.name} has no route '{route}' after "
+                                f"{timeout:.0f} s; its daemon says: {said or 'no Subnet added'}")
+            time.sleep(0.05)
+
+    def _follow_direct(self):
+        H = self.result["hosts"]
+        A, B = H["A"], H["B"]
+        wa, wb = self.workloads["A"], self.workloads["B"]
+        frames = self.result["wire_frames"]
+        probes = self.result["probes"]
+        for name, proto in (("ping", "icmp"), ("udp", "udp")):
+            p = probes[name]
+            ev = p["events"]
+            p["request"] = tr.direct_leg(frames, ev["A"], ev["B"], wa.ip, wb.ip, proto,
+                                         p["t0"], p["t1"])
+            p["reply"] = tr.direct_leg(frames, ev["B"], ev["A"], wb.ip, wa.ip, proto,
+                                       p["t0"], p["t1"])
+        ping, udp = probes["ping"], probes["udp"]
+        req, rep = ping["request"], ping["reply"]
+        if not req["wire"] or not rep["wire"]:
+            raise DemoError(f"the tap on A's veth did not see the ping between {wa.ip} and "
+                            f"{wb.ip} as a plain packet (not routed directly?): "
+                            f"{len(frames)} frame(s) between the workloads")
+        net = self.result["network_config"].get("Network")
+
+        self.step("app_send", "ping in A's workload sends an echo request", host="A",
+                  side="user -> kernel", syscalls=["sendmsg() by ping"], copies=1,
+                  why="The application's own cost, the same on every path: one syscall, and "
+                      "its bytes copied into a kernel buffer (an skb).",
+                  data={"from": wa.ip, "to": wb.ip, "size": PING_SIZE,
+                        "ip_len": PING_SIZE + 28, "route_in_workload":
+                            A["route_get_workload"]})
+        self.step("kernel_route", "A's kernel routes it straight to host B (DirectRouting)",
+                  host="A", side="kernel", syscalls=[], copies=0,
+                  why=f"Plain kernel forwarding and nothing else: the longest prefix that matches "
+                      f"is B's subnet {B['subnet']}, which A's daemon routed 'via' B's PublicIP "
+                      f"on the underlay (its lease says DirectRouting too, and B is on A's link); "
+                      f"it is more specific than the {net} route into flannel0, so the packet "
+                      "never reaches the TUN device.",
+                  data={"route_get": A["route_get"],
+                        "route": tr.route_for("\n".join(A["routes_with_workload"]), wb.ip),
+                        "ttl_after_forward": req["wire"]["ttl"]})
+        rows = []
+        for leg_name, probe, leg in (("ping A -> B", ping, req), ("ping B -> A", ping, rep),
+                                     ("UDP A -> B", udp, udp["request"]),
+                                     ("UDP B -> A", udp, udp["reply"])):
+            w = leg["wire"]
+            exp = probe["result"]["expected_len"]
+            rows.append({"leg": leg_name, "expected_len": exp, "wire": w,
+                         "bytes_added": (w["tot_len"] - exp) if w else None})
+        self.step("wire", "On the wire: the packet itself, no outer header", host="A",
+                  side="kernel", syscalls=[], copies=0,
+                  why="The tap on A's veth sees the workloads' own packets, addressed workload to "
+                      "workload, in an Ethernet frame to the other host: no outer IP and UDP "
+                      f"header, nothing sent to port {self.port}, 0 bytes added. Each kernel that "
+                      "forwards a packet takes one off its TTL.",
+                  data={"iface": self.a.iface, "rows": rows})
+        idle = {"flannel0": {}, "engine": {}, "trace_events": {}}
+        for name in ("ping", "udp"):
+            p = probes[name]
+            idle["flannel0"][name] = p["flannel0"]
+            idle["engine"][name] = {role: {k: p["counters"][role].get(k, 0) for k in (
+                "tun_rx_packets", "udp_tx_packets", "udp_rx_packets", "tun_tx_packets")}
+                for role in ("A", "B")}
+            idle["trace_events"][name] = len(p["request"]["engine_events"]) \
+                + len(p["reply"]["engine_events"])
+        idle["peers_by_mode"] = {role: H[role].get("peers_by_mode") for role in ("A", "B")}
+        idle["peer_log"] = {role: H[role].get("peer_log") for role in ("A", "B")}
+        self.step("untouched", "flannel0 and the engines: nothing moved", host="A+B",
+                  side="user", syscalls=[], copies=0,
+                  why="Measured on both hosts: flannel0's packet counters (the kernel's) did not "
+                      "move, the engines counted no packet and their trace rings hold none of "
+                      "these. That is what it trades: the engine's source checks (--accept-from "
+                      "leases) never see a directly routed packet - host-gw's model, the link "
+                      "between the hosts is trusted and only the kernel's rp_filter checks - and "
+                      "both hosts must have it on (each says so in its lease), or a peer stays "
+                      "encapsulated both ways.",
+                  data=idle)
+        self.step("deliver_direct", "B's kernel delivers it; the reply comes back the same way",
+                  host="B -> A", side="kernel", syscalls=[], copies=0,
+                  why="B's kernel forwards the packet from its underlay veth to the workload's, "
+                      "as any router would; the reply takes B's route via A's PublicIP. Two "
+                      "kernel hops each way and no engine hop: the reply's TTL is 64 - 2.",
+                  data={"route_get": B["route_get"], "route_get_reply": B["route_get_reply"],
+                        "reply_wire": rep["wire"], "reply_ttl": ping["result"].get("ttl"),
+                        "rtt_ms": ping["result"].get("rtt_ms"), "udp": udp["result"]})
+
+    def _summary_direct(self):
+        ping = self.result["probes"]["ping"]
+        cA, cB = ping["counters"]["A"], ping["counters"]["B"]
+        plen = ping["result"]["expected_len"]
+        packets = 2                  # the request and the reply
+        moved = readings.bytes_copied(cA) + readings.bytes_copied(cB)
+        calls = sum(c.get(k, 0) for c in (cA, cB)
+                    for k in ("tun_reads", "tun_writes", "udp_sends", "udp_recvs"))
+        copies = round(moved / (packets * plen), 2)
+        rows = [dict(m, measured=False) for m in tr.COST_MODEL]
+        rows.append({"path": f"this run: one ping, DirectRouting ({self.engine} engine)",
+                     "short": "one ping, direct", "crossings": copies, "copies": copies,
+                     "syscalls": round(calls / packets, 2),
+                     "bytes_added": ping["request"]["wire"]["tot_len"] - plen, "measured": True})
+        self.result["summary"] = {"model": tr.COST_MODEL, "rows": rows}
+        self.step("summary", "What the direct path costs", side="both", host="A+B",
+                  why="Directly routed, a packet stays in the kernel: no crossing, no copy, no "
+                      "forwarder syscall, no bytes added (the measured row: the engines' byte "
+                      "and call counters during the ping, the wire tap's length). Peers behind a "
+                      "router, or without DirectRouting, still take the TUN path and its costs: "
+                      "flannel-udp demo without --direct-routing follows that one.",
                   data=self.result["summary"])
 
     # 5. teardown ----------------------------------------------------------------------------

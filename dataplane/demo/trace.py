@@ -240,6 +240,48 @@ def wire_frame_for(frames: list, src_ip: str, dst_ip: str, inner_id: int, inner_
     return None
 
 
+# -- the direct path (DirectRouting) -----------------------------------------------------------
+
+def plain_frames(frames: list, src: str, dst: str, proto: str, t0: float, t1: float) -> list:
+    """Tapped frames (tap ``between`` the workloads) that carry a packet src > dst of ``proto``
+    as it is - no outer header - taken between monotonic times t0 and t1, decoded."""
+    out = []
+    for f in frames:
+        if not t0 <= f.get("t", t0) <= t1:
+            continue
+        try:
+            pkt = decode_packet(bytes.fromhex(f["hex"])[ETHERNET:])
+        except (ValueError, KeyError):
+            continue
+        if matches(pkt, src, dst, proto):
+            out.append(dict(pkt, frame_len=f["frame_len"],
+                            direction="out" if f.get("pkttype") == 4 else "in"))
+    return out
+
+
+def direct_leg(frames: list, send_events: list, recv_events: list, src: str, dst: str,
+               proto: str, t0: float, t1: float) -> dict:
+    """One packet of a probe on the direct path: as the wire tap saw it, and the engines'
+    trace events of the window that carry it (none when the kernel routed it host to host)."""
+    wire = plain_frames(frames, src, dst, proto, t0, t1)
+    leg = {"src": src, "dst": dst, "proto": proto, "wire": wire[0] if wire else None,
+           "wire_frames": len(wire)}
+    leg["engine_events"] = [
+        {"seq": e["seq"], "kind": e["kind"]} for e in list(send_events) + list(recv_events)
+        if matches(event_packet(e), src, dst, proto)]
+    return leg
+
+
+def link_counters(ip_json: str) -> dict:
+    """rx/tx packets and bytes of a link, from ``ip -s -j link show <dev>``."""
+    import json
+    try:
+        st = json.loads(ip_json)[0]["stats64"]
+    except (ValueError, IndexError, KeyError, TypeError):
+        return {}
+    return {f"{d}_{k}": st[d][k] for d in ("rx", "tx") for k in ("packets", "bytes")}
+
+
 # -- costs ------------------------------------------------------------------------------------
 
 def per_packet(d: dict, side: str) -> dict:

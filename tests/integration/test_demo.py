@@ -7,7 +7,8 @@ system: the TUN_READ length is the probe's real size, the peer is the other
 host's underlay address and its lease's PublicIP, the outer datagram is the
 inner + 28 (also as tapped on the wire), the counters are the daemons'
 /metrics deltas and agree with the trace events. Also: Ctrl-C tears everything
-down, and the renderer and the SVG take a real run's data.
+down, and the renderer and the SVG take a real run's data. ``demo --direct-routing`` runs once
+(C engine: no engine is on that path): the packets go host to host on the kernel route.
 """
 from __future__ import annotations
 
@@ -347,3 +348,81 @@ def test_error_midway_tears_everything_down(monkeypatch):
     assert len(names) == 5 and not [n for n in names if n in left]
     for h in seen["hosts"].values():
         assert not os.path.exists(f"/proc/{h['daemon_pid']}")
+
+
+# -- demo --direct-routing: one run, C engine (the engines are not on this path) ---------------
+
+DIRECT_STEPS = ["overlay", "workloads", "app_send", "kernel_route", "wire", "untouched",
+                "deliver_direct", "summary"]
+
+
+@pytest.fixture(scope="module")
+def direct_run():
+    require_root()
+    require_etcd()
+    require_engine("c")
+    t0 = time.monotonic()
+    p = subprocess.run(cli_argv("demo", "--json", "--engine", "c", "--direct-routing"),
+                       capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, f"demo exited {p.returncode}:\n{p.stderr[-3000:]}"
+    return types.SimpleNamespace(r=json.loads(p.stdout), elapsed=elapsed)
+
+
+def test_direct_routing_goes_host_to_host(direct_run):
+    """With "DirectRouting": true the followed packets take the kernel route
+    `<peer subnet> via <peer PublicIP> dev <veth>`, as the hosts say: ip route get, the wire tap
+    (the packet itself, nothing added), flannel0's kernel counters and the engines' counters
+    and trace rings still."""
+    r = direct_run.r
+    assert direct_run.elapsed < 50, f"the demo took {direct_run.elapsed:.1f} s"
+    assert r["torn_down"] is True
+    assert [s["id"] for s in r["steps"]] == DIRECT_STEPS
+    assert r["network_config"]["Backend"]["DirectRouting"] is True
+    H = r["hosts"]
+    A, B = H["A"], H["B"]
+    for l in r["leases"]:
+        assert l["value"]["DirectRouting"] is True, l
+    for src, dst in ((A, B), (B, A)):
+        route = f"{dst['subnet']} via {dst['underlay_ip']} dev {src['iface']}"
+        assert any(ln.startswith(route + " ") or ln == route for ln in src["routes"]), \
+            (route, src["routes"])
+        assert src["peers_by_mode"].get("direct") == 1, src["peers_by_mode"]
+        assert not src["peers_by_mode"].get("encapsulated"), src["peers_by_mode"]
+    # The kernel's own choice for the forwarded packet: B's PublicIP on A's veth, not flannel0.
+    assert A["route_get"]["via"] == B["underlay_ip"] and A["route_get"]["dev"] == A["iface"]
+    assert B["route_get"]["dev"] == B["workload"]["host_iface"]
+    assert B["route_get_reply"]["via"] == A["underlay_ip"]
+    # On the wire: the workloads' packets themselves, nothing added, one TTL off per kernel.
+    for probe, proto in (("ping", "icmp"), ("udp", "udp")):
+        p = r["probes"][probe]
+        assert p["result"]["received"], p["result"]
+        for leg, src, dst in (("request", A, B), ("reply", B, A)):
+            w = p[leg]["wire"]
+            assert w is not None, f"{probe} {leg}: the tap did not see the plain packet"
+            assert (w["src"], w["dst"], w["proto"]) == (src["workload"]["ip"],
+                                                        dst["workload"]["ip"], proto)
+            assert w["tot_len"] == p["result"]["expected_len"]
+            assert w["direction"] == ("out" if leg == "request" else "in")
+            assert w["ttl"] == 64 - 1        # forwarded once (by the sender's host) on the wire
+            assert p[leg]["engine_events"] == []
+        # Neither flannel0 (the kernel's counters) nor an engine moved a packet.
+        for role in ("A", "B"):
+            f0 = p["flannel0"][role]
+            assert f0 and f0["rx_packets"] == f0["tx_packets"] == 0, (probe, role, f0)
+            c = p["counters"][role]
+            for k in ("tun_rx_packets", "udp_tx_packets", "udp_rx_packets", "tun_tx_packets"):
+                assert c[k] == 0, (probe, role, k, c)
+    assert r["probes"]["ping"]["result"]["ttl"] == 64 - 2
+    row = next(m for m in r["summary"]["rows"] if m["short"] == "one ping, direct")
+    assert row["copies"] == 0 and row["bytes_added"] == 0
+    # The renderer takes the run.
+    from rich.console import Console
+
+    from dataplane.demo.render import Renderer
+    buf = io.StringIO()
+    rnd = Renderer(Console(file=buf, width=100, no_color=True, highlight=False))
+    rnd.demo = types.SimpleNamespace(result=r)
+    for s in r["steps"]:
+        rnd.on_step(s)
+    assert A["route_get"]["text"] in buf.getvalue()
