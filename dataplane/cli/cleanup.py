@@ -19,6 +19,7 @@ overlay for good:
   * the firewall rules: the jumps to FLANNEL-POSTRTG and FLANNEL-FWD, both chains (and rules
     of older flannels carrying their comments), or the nftables table ip flannel-udp;
   * a flannel0 that outlived its daemon (a persistent TUN device named flannel<N>);
+  * the routes DirectRouting made to peers on this host's link (proto 153);
   * subnet.env (--subnet-file) and socket files nobody listens on any more;
   * with --release-lease, this host's lease in etcd: the key whose PublicIP is this host's
     (the interface is chosen as `run` chooses it; a reservation, a key without a TTL, is the
@@ -194,7 +195,7 @@ def _del_link(name):
 
 def main(args) -> int:
     from ..daemon.startup import StartupError
-    from ..host import firewall
+    from ..host import direct_routes, firewall
     try:
         opts = flanneld_flags.resolve(args)
     except flanneld_flags.FlagError as e:
@@ -212,6 +213,9 @@ def main(args) -> int:
         steps.append(("", lambda: firewall.remove_all()))   # one transaction for all of them
     for name in sorted(tun_devices()):
         steps.append((f"ip link del {name}", _del_link(name)))
+    for subnet, via in sorted(direct_routes.installed().items()):
+        steps.append((f"ip route del {subnet} via {via} proto {direct_routes.PROTO}    "
+                      "# DirectRouting", lambda subnet=subnet: direct_routes.delete(subnet)))
     if os.path.exists(opts.subnet_file):
         steps.append((f"rm {opts.subnet_file}", _unlink(opts.subnet_file)))
     for path in (opts.status_socket, opts.handover_socket):

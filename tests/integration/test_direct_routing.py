@@ -18,7 +18,8 @@ the network config says ``"Backend": {"Type": "udp", "DirectRouting": true}``.
 * h1's lease moves (a new subnet): h0's direct route follows within a second of the new lease;
 * h1 moves behind the router (new PublicIP in its lease): h0 and h1 encapsulate to each other
   within a second of the lease, and still reach each other; h1 and h2, now on one link, route
-  to each other directly.
+  to each other directly;
+* a stopped daemon leaves its direct routes; `flannel-udp cleanup` removes them.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import time
 
 import pytest
 
+from dataplane.host.child import cli_argv
 from tests.conftest import require_overlay, wait_until
 from tests.integration.daemon_checks import lease_json
 
@@ -167,5 +169,16 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         assert ov.reachable(h0, ov.flannel_ip(h1)) and ov.reachable(h1, ov.flannel_ip(h0))
         figure(f"{engine_kind}: lease moved -> direct route", f"in place {moved:.2f} s after "
                                                              "the lease was acquired (at most)")
+
+        # a stopped daemon leaves its direct routes (they carry on, as flanneld's rules do);
+        # `flannel-udp cleanup` removes them
+        run_flags = ov.daemon_command(h2, engine_kind)[1:]
+        ov.stop_daemon(h2)
+        assert direct_routes(ov, h2) == {s1: h1.ip}
+        r = ov.exec(h2, cli_argv("cleanup", *run_flags, "--status-socket", ov.status_socket(h2),
+                                 "--handover-socket", ov.handover_socket(h2)), timeout=60)
+        assert r.returncode == 0 and f"ip route del {s1} via {h1.ip} proto 153" in r.stdout, \
+            r.stdout + r.stderr
+        assert direct_routes(ov, h2) == {}
     finally:
         fl.stop()
