@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 def config_changes(old: NetworkConfig, new: NetworkConfig) -> list[str]:
     """What differs between two valid configs, in the operator's field names."""
     fields = (("Network", "network"), ("SubnetLen", "subnet_len"), ("SubnetMin", "subnet_min"),
-              ("SubnetMax", "subnet_max"), ("Backend Type", "backend_type"), ("Port", "backend_port"))
+              ("SubnetMax", "subnet_max"), ("Backend Type", "backend_type"), ("Port", "backend_port"),
+              ("DirectRouting", "direct_routing"))
     out = []
     for label, attr in fields:
         a, b = getattr(old, attr), getattr(new, attr)

@@ -22,6 +22,8 @@ def test_changes_are_named_field_by_field():
     assert not any(c.startswith("Backend Type") for c in changes)      # udp == UDP
     same = parse_config('{"Network":"10.5.0.0/16","Backend":{"Type":"udp","Port":8285}}')
     assert config_changes(RUNNING, same) == []
+    direct = parse_config('{"Network":"10.5.0.0/16","Backend":{"Type":"udp","DirectRouting":true}}')
+    assert config_changes(RUNNING, direct) == ["DirectRouting False -> True"]
 
 
 def test_each_state_is_logged_once_with_the_key_and_bounded(caplog):
