@@ -16,7 +16,8 @@
   peers that never send fill the table, as N peers of a big cluster would.
 
 A path's ``setup()`` and ``teardown()`` leave the hosts as they found them,
-so the paths run one after another on one testbed.
+so the paths run one after another on one testbed. The paths that run real
+daemons over an etcd (``c-direct``) are in daemon_paths.py.
 """
 from __future__ import annotations
 
@@ -47,7 +48,10 @@ ENGINE_VARIANTS = {
     "python-rt": ("python", ("--realtime-priority", "1")),
     "c-rt-coalesce20": ("c", ("--realtime-priority", "1", "--coalesce-usecs", "20")),
 }
-ALL_PATHS = PATHS + tuple(ENGINE_VARIANTS)
+# Real daemons over an etcd on both hosts (daemon_paths.py): `c-direct`, the C engine's daemon
+# with DirectRouting on.
+DAEMON_PATHS = ("c-direct",)
+ALL_PATHS = PATHS + tuple(ENGINE_VARIANTS) + DAEMON_PATHS
 VXLAN_DEV = "flannel.1"
 VXLAN_PORT = 8472
 TUN_DEV = "flannel0"
@@ -281,6 +285,9 @@ def make_path(topo: BenchTopo, name: str, batch: int | None = None, routes: int 
     if name in ENGINE_VARIANTS:
         kind, extra = ENGINE_VARIANTS[name]
         return EnginePath(topo, kind, batch=batch, name=name, extra_args=extra, routes=routes)
+    if name in DAEMON_PATHS:
+        from .daemon_paths import make_daemon_path   # it builds on Path, defined here
+        return make_daemon_path(topo, name)
     raise ValueError(f"unknown path {name!r}: use {', '.join(ALL_PATHS)}")
 
 

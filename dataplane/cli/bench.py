@@ -34,7 +34,9 @@ def add_arguments(p) -> None:
     p.add_argument("--paths", default="direct,vxlan,c,python",
                    help="comma-separated paths (default: direct,vxlan,c,python); also c-base "
                         "(C engine, one queue, no offloads) and c-offload (one queue, offloads "
-                        "where the kernel has them), to measure the C engine's steps")
+                        "where the kernel has them), to measure the C engine's steps; c-direct: "
+                        "two `flannel-udp run --engine c` daemons over an etcd with DirectRouting "
+                        "on (the same flow as direct, routed by the daemons)")
     p.add_argument("--trials", type=int, default=None,
                    help="trials per measurement (default: 3, or 1 with --quick)")
     p.add_argument("--batch", type=int, default=None,

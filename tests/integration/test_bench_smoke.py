@@ -3,6 +3,11 @@ every path (direct, kernel VXLAN, C engine, Python engine) moved traffic.
 
 Speed is not checked: this machine is shared and the figures drift; the
 full run and its numbers live in perf/README.md.
+
+`c-direct` (issue 30: two `flannel-udp run` daemons over an etcd, DirectRouting
+on) is not a default path; its case drives the path itself: setup, a short UDP
+trial and round trips, teardown - the daemons routed around flannel0, and the
+hosts are left as they were found.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.conftest import require, require_engine, require_root
+from tests.conftest import require, require_engine, require_etcd, require_root
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROW_KEYS = {"path", "size", "ndr_pps", "flood_rx_pps", "flood_loss", "tcp_gbps",
@@ -88,3 +93,64 @@ def test_every_path_moved_traffic(bench_json):
         assert idle["rtt_p50_us"] > 0, (p, idle)
     for engine in ("c", "python"):
         assert data["ratios"][engine]["vxlan"]["ndr_pps_64"] > 0
+
+
+def _host_state(side) -> dict:
+    """What a path must leave as it found it on a bench host: links, routes, firewall rules."""
+    links = side.run(["ip", "-o", "link", "show"]).stdout
+    return {"links": sorted(ln.split(":")[1].strip().split("@")[0] for ln in links.splitlines()),
+            "routes": side.run(["ip", "route", "show"]).stdout,
+            "filter": side.run(["iptables", "-S"], check=False).stdout,
+            "nat": side.run(["iptables", "-t", "nat", "-S"], check=False).stdout}
+
+
+def _tun_packets(side) -> tuple[int, int]:
+    """flannel0's rx and tx packet counters on a host (the kernel's, whoever holds the TUN)."""
+    r = side.run(["cat", "/sys/class/net/flannel0/statistics/rx_packets",
+                  "/sys/class/net/flannel0/statistics/tx_packets"])
+    rx, tx = r.stdout.split()
+    return int(rx), int(tx)
+
+
+@pytest.mark.etcd
+@pytest.mark.timeout(60)
+def test_c_direct_routes_around_flannel0():
+    """`bench --paths c-direct` (issue 30) in little: both daemons up over etcd with the leases
+    put beforehand, each host's kernel route to the peer's /24 via its PublicIP (proto 153, the
+    daemon's), traffic both ways with flannel0's counters still, and a teardown that stops the
+    daemons and etcd and leaves the hosts' links, routes and firewall as they were."""
+    require_root()
+    require_etcd()
+    require_engine("c")
+    require(shutil.which("gcc") is not None, "needs gcc (the bench compiles its traffic generator)")
+    from dataplane.bench import build, measure
+    from dataplane.bench.paths import make_path
+    from dataplane.bench.topo import BenchTopo
+
+    tools = measure.Tools(udpgen=str(build.build_udpgen()), iperf3="")
+    with BenchTopo() as topo:
+        before = {s.name: _host_state(s) for s in topo.sides}
+        path = make_path(topo, "c-direct")
+        path.setup()
+        try:
+            procs, etcd = dict(path.procs), path.etcd
+            assert set(path.daemon_pids()) == {"h0", "h1"}, path.daemon_pids()
+            for side in topo.sides:
+                peer = topo.peer(side)
+                route = path.direct_route(side)
+                assert route is not None and "proto 153" in route, (side.name, route)
+                assert route.startswith(f"{peer.subnet} via {peer.ip} dev {side.iface}"), route
+            tun0 = {s.name: _tun_packets(s) for s in topo.sides}
+            udp = measure.udp_trial(topo, tools, size=64, rate=20000, duration=0.3)
+            rr = measure.latency(topo, tools, count=100, interval_us=500)   # B answers A
+            tun1 = {s.name: _tun_packets(s) for s in topo.sides}
+            assert udp["received"] > 0.9 * udp["sent"] > 0, udp
+            assert rr["lost"] < 10 and rr["p50_us"] > 0, rr
+            assert tun1 == tun0, f"packets went through flannel0: {tun0} -> {tun1}"
+            assert set(path.daemon_pids()) == {"h0", "h1"}, "a daemon exited under traffic"
+        finally:
+            path.teardown()
+        assert all(p.poll() is not None for p in procs.values()), procs
+        assert etcd.proc.poll() is not None and path.etcd is None
+        after = {s.name: _host_state(s) for s in topo.sides}
+        assert after == before

@@ -98,3 +98,16 @@ def test_bench_rejects_unknown_paths_and_knows_the_variants():
             "python-rt"} <= set(ALL_PATHS)
     for kind, extra in ENGINE_VARIANTS.values():
         assert kind in ("c", "python") and extra
+
+
+def test_c_direct_is_on_request_only():
+    """Issue 30's path runs two daemons over an etcd: accepted by --paths, not a default."""
+    import argparse
+
+    from dataplane.bench.paths import ALL_PATHS, DAEMON_PATHS, PATHS
+    from dataplane.cli import bench as cli_bench
+    p = argparse.ArgumentParser()
+    cli_bench.add_arguments(p)
+    assert "c-direct" in DAEMON_PATHS and "c-direct" in ALL_PATHS
+    assert "c-direct" not in PATHS and "c-direct" not in p.parse_args([]).paths.split(",")
+    assert "c-direct" in p.format_help()
