@@ -13,6 +13,7 @@ the network config says ``"Backend": {"Type": "udp", "DirectRouting": true}``.
 * h0 <-> h1: the kernel route ``<subnet> via <PublicIP> dev <veth> proto 153`` on both, pings
   both ways, and flannel0's counters on both stay still meanwhile;
 * h2 and h3: no direct route, reachable through flannel0 both ways (its counters move);
+* a handover of h0's daemon keeps its direct routes;
 * the host's routes change (a route to h1's PublicIP through the router appears on h0): h0
   sends h1's subnet through flannel0 within a second, and back when it goes;
 * h1's lease moves (a new subnet): h0's direct route follows within a second of the new lease;
@@ -128,6 +129,12 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         assert m['flannel_udp_peers_by_mode{mode="direct"}'] == 1
         assert m['flannel_udp_peers_by_mode{mode="encapsulated"}'] == 2
         assert m["flannel_udp_peers"] == 3
+
+        # a handover (an upgrade in place): the new daemon takes the direct routes as they are
+        ov.handover_daemon(h0)
+        assert direct_routes(ov, h0) == {s1: h1.ip}
+        assert ov.ping(h0, ov.flannel_ip(h1), count=3, interval=0.05)["received"] == 3
+        assert ov.ping(h0, ov.flannel_ip(h2), count=3, interval=0.05)["received"] == 3
 
         # the host's routes change: h1's PublicIP through the router, then not
         ov.exec(h0, ["ip", "route", "add", f"{h1.ip}/32", "via", ov.tb.switch_ip], check=True)
