@@ -275,22 +275,6 @@ def _tail(path: str, n: int = 600) -> str:
         return ""
 
 
-def make_path(topo: BenchTopo, name: str, batch: int | None = None, routes: int = 0) -> Path:
-    if name == "direct":
-        return DirectPath(topo)
-    if name == "vxlan":
-        return VxlanPath(topo)
-    if name in ("c", "python"):
-        return EnginePath(topo, name, batch=batch, routes=routes)
-    if name in ENGINE_VARIANTS:
-        kind, extra = ENGINE_VARIANTS[name]
-        return EnginePath(topo, kind, batch=batch, name=name, extra_args=extra, routes=routes)
-    if name in DAEMON_PATHS:
-        from .daemon_paths import make_daemon_path   # it builds on Path, defined here
-        return make_daemon_path(topo, name)
-    raise ValueError(f"unknown path {name!r}: use {', '.join(ALL_PATHS)}")
-
-
 def cpu_ns(pid: int) -> int | None:
     """utime + stime of a process (all its threads) in ns, from /proc/PID/stat."""
     try:

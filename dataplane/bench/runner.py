@@ -16,7 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from . import build, measure, report
-from .paths import PATHS, make_path
+from .path_choice import make_path
+from .paths import PATHS
 from .topo import BenchTopo
 
 log = logging.getLogger(__name__)

@@ -124,7 +124,7 @@ def test_c_direct_routes_around_flannel0():
     require_engine("c")
     require(shutil.which("gcc") is not None, "needs gcc (the bench compiles its traffic generator)")
     from dataplane.bench import build, measure
-    from dataplane.bench.paths import make_path
+    from dataplane.bench.path_choice import make_path
     from dataplane.bench.topo import BenchTopo
 
     tools = measure.Tools(udpgen=str(build.build_udpgen()), iperf3="")

@@ -1,0 +1,23 @@
+"""A path's name -> the Path that sets it up: the kernel's and the engines' (paths.py), the real
+daemons over an etcd (daemon_paths.py)."""
+from __future__ import annotations
+
+from .daemon_paths import make_daemon_path
+from .paths import (ALL_PATHS, DAEMON_PATHS, ENGINE_VARIANTS, DirectPath, EnginePath, Path,
+                    VxlanPath)
+from .topo import BenchTopo
+
+
+def make_path(topo: BenchTopo, name: str, batch: int | None = None, routes: int = 0) -> Path:
+    if name == "direct":
+        return DirectPath(topo)
+    if name == "vxlan":
+        return VxlanPath(topo)
+    if name in ("c", "python"):
+        return EnginePath(topo, name, batch=batch, routes=routes)
+    if name in ENGINE_VARIANTS:
+        kind, extra = ENGINE_VARIANTS[name]
+        return EnginePath(topo, kind, batch=batch, name=name, extra_args=extra, routes=routes)
+    if name in DAEMON_PATHS:
+        return make_daemon_path(topo, name)
+    raise ValueError(f"unknown path {name!r}: use {', '.join(ALL_PATHS)}")
