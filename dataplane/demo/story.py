@@ -72,6 +72,16 @@ class Demo:
         self.result: dict = {"version": 1, "steps": []}
 
     # -- plumbing ---------------------------------------------------------------------
+    def _app_send(self, wa, wb, A) -> None:
+        """The first step of every followed ping: the application's own send."""
+        self.step("app_send", "ping in A's workload sends an echo request", host="A",
+                  side="user -> kernel", syscalls=["sendmsg() by ping"], copies=1,
+                  why="The application's own cost, the same on every path: one syscall, and "
+                      "its bytes copied into a kernel buffer (an skb).",
+                  data={"from": wa.ip, "to": wb.ip, "size": PING_SIZE,
+                        "ip_len": PING_SIZE + 28, "route_in_workload":
+                            A["route_get_workload"]})
+
     def step(self, sid: str, title: str, **kw) -> dict:
         s = {"id": sid, "n": len(self.result["steps"]) + 1, "title": title, **kw}
         self.result["steps"].append(s)
@@ -345,13 +355,7 @@ class Demo:
                       in ipaddress.IPv4Network(l["subnet"])), None)
         hit["lease"] = lease
 
-        self.step("app_send", "ping in A's workload sends an echo request", host="A",
-                  side="user -> kernel", syscalls=["sendmsg() by ping"], copies=1,
-                  why="The application's own cost, the same on every path: one syscall, and "
-                      "its bytes copied into a kernel buffer (an skb).",
-                  data={"from": wa.ip, "to": wb.ip, "size": PING_SIZE,
-                        "ip_len": PING_SIZE + 28, "route_in_workload":
-                            A["route_get_workload"]})
+        self._app_send(wa, wb, A)
         self.step("kernel_route", "A's kernel routes it into flannel0", host="A", side="kernel",
                   syscalls=[], copies=0,
                   why="Plain kernel forwarding: the longest prefix that matches is the "
@@ -634,13 +638,7 @@ class Demo:
                             f"{len(frames)} frame(s) between the workloads")
         net = self.result["network_config"].get("Network")
 
-        self.step("app_send", "ping in A's workload sends an echo request", host="A",
-                  side="user -> kernel", syscalls=["sendmsg() by ping"], copies=1,
-                  why="The application's own cost, the same on every path: one syscall, and "
-                      "its bytes copied into a kernel buffer (an skb).",
-                  data={"from": wa.ip, "to": wb.ip, "size": PING_SIZE,
-                        "ip_len": PING_SIZE + 28, "route_in_workload":
-                            A["route_get_workload"]})
+        self._app_send(wa, wb, A)
         self.step("kernel_route", "A's kernel routes it straight to host B (DirectRouting)",
                   host="A", side="kernel", syscalls=[], copies=0,
                   why=f"Plain kernel forwarding and nothing else: the longest prefix that matches "
