@@ -10,7 +10,9 @@
   every other path uses, and the flow 10.5.1.1 -> 10.5.2.1 is the same;
 * one daemon per host, pinned to the host's core, with its log, subnet file and sockets in a
   directory of its own; ready once its log says so (``ready_log``) and, for a direct-routing
-  path, once each host has the kernel route ``<peer /24> via <peer PublicIP>``.
+  path, once each host has the kernel route ``<peer /24> via <peer PublicIP>``;
+* for a path whose packets go through flannel0, the cost is measured as the engines' is: the
+  daemons' CPU time (their PIDs are the forwarders'), per packet counted by flannel0 itself.
 
 Teardown leaves the hosts as the daemons found them: the daemons stopped by PID (SIGTERM, a
 bounded wait, then SIGKILL), what a daemon leaves on purpose when it stops removed (the routes
@@ -22,6 +24,12 @@ Paths:
 * ``c-direct``: ``flannel-udp run --engine c`` on each host with ``"DirectRouting": true``: each
   daemon finds the peer on its link and routes to it with a plain kernel route, leaving flannel0
   idle; the data path is then the kernel's, as in ``direct`` (perf/README.md).
+* ``flanneld``: the real flanneld, a binary the caller names (``bench --flanneld PATH``; the
+  project neither ships nor needs it, and without it the path is skipped), with its udp backend:
+  the packets go through its flannel0 and its C proxy. It reuses the lease naming its PublicIP
+  (docs/flannel-compat.md#lease-acquisition) and, both leases being there before either daemon
+  starts, learns its peer from its first snapshot: v0.20.2 misses leases created after it
+  (docs/flannel-compat.md#peer-watch).
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ from dataplane.control.registry import DEFAULT_PREFIX
 from dataplane.host.child import cli_argv
 from dataplane.testbed.etcd import ETCD_BIN, EtcdServer
 
-from .paths import DAEMON_PATHS, ENCAP_UDP, READY_TIMEOUT, TUN_DEV, Path, _tail
+from .paths import DAEMON_PATHS, ENCAP_UDP, READY_TIMEOUT, TUN_DEV, Path, PathSkipped, _tail
 from .topo import NETWORK, BenchTopo, Side, TopoError
 
 log = logging.getLogger(__name__)
@@ -51,7 +59,8 @@ class DaemonsOverEtcd(Path):
     :param command: ``command(path, side) -> argv`` of the daemon on ``side``; it reads the
         path's ``etcd_url``, ``prefix`` and ``subnet_file(side)``, ``sockets(side)``.
     :param config: the network config put at ``<prefix>/config``.
-    :param ready_log: the daemon's log line (a substring) that says it forwards.
+    :param ready_log: the daemon's log line (a substring) that says it forwards, or
+        ``ready_log(path, side) -> lines``, every one of which the host's log must show.
     :param direct: whether the daemons route to each other directly (DirectRouting): the
         leases say so, and setup waits for the direct routes.
     :param cleanup: ``cleanup(path, side) -> argv`` run on each host after its daemon
@@ -126,8 +135,9 @@ class DaemonsOverEtcd(Path):
                                                        stderr=lf, env=env)
             deadline = time.monotonic() + READY_TIMEOUT
             for side in self.topo.sides:
-                self._wait(side, deadline, f"log line {self.ready_log!r}",
-                           lambda s=side: self.ready_log in _tail(self.log_file(s), 1 << 20))
+                for line in self.ready_lines(side):
+                    self._wait(side, deadline, f"log line {line!r}",
+                               lambda s=side, ln=line: ln in _tail(self.log_file(s), 1 << 20))
             if self.direct:
                 for side in self.topo.sides:
                     peer = self.topo.peer(side)
@@ -139,6 +149,10 @@ class DaemonsOverEtcd(Path):
         except BaseException:
             self.teardown()
             raise
+
+    def ready_lines(self, side: Side) -> tuple[str, ...]:
+        lines = self.ready_log(self, side) if callable(self.ready_log) else self.ready_log
+        return (lines,) if isinstance(lines, str) else tuple(lines)
 
     def _wait(self, side: Side, deadline: float, what: str, done) -> None:
         proc = self.procs[side.name]
@@ -191,6 +205,26 @@ class DaemonsOverEtcd(Path):
     def forwarder_pids(self) -> dict:
         return {} if self.kernel else self.daemon_pids()
 
+    def counters(self, after: float | None = None) -> dict:
+        """Per host, flannel0's packet counters as the kernel keeps them (whoever holds the TUN),
+        under the names of the engine counters the cost is divided by (measure.CostWindow):
+        ``udp_tx_packets``, what the daemon read from flannel0 to send (the TUN counts a packet
+        transmitted when the holder reads it), and ``tun_tx_packets``, what it wrote into
+        flannel0 (counted received). No ``syscalls``: a daemon of another project counts none.
+        The counters are live, so ``after`` (for the engines' stats files) changes nothing."""
+        if self.kernel:
+            return {}
+        out = {}
+        for side in self.topo.sides:
+            stats = f"/sys/class/net/{TUN_DEV}/statistics"
+            r = side.run(["cat", f"{stats}/tx_packets", f"{stats}/rx_packets"], check=False)
+            try:
+                tx, rx = (int(v) for v in r.stdout.split())
+            except ValueError:
+                continue            # no flannel0 on this host (any more)
+            out[side.name] = {"udp_tx_packets": tx, "tun_tx_packets": rx}
+        return out
+
     def log_tail(self, side: Side) -> str:
         return _tail(self.log_file(side))
 
@@ -216,7 +250,54 @@ def _flannel_udp_flags(path: DaemonsOverEtcd, side: Side) -> list[str]:
             "--status-socket", status, "--handover-socket", handover]
 
 
-def make_daemon_path(topo: BenchTopo, name: str) -> DaemonsOverEtcd:
+# -- flanneld as the daemon -------------------------------------------------------------------
+
+FLANNELD_SKIP = "no flanneld binary given (bench --flanneld PATH)"
+
+
+def flanneld_problem(binary: str) -> str | None:
+    """Why ``binary`` cannot be run as flanneld (None when it can)."""
+    if not os.path.exists(binary):
+        return f"{binary}: no such file"
+    if not os.path.isfile(binary):
+        return f"{binary}: not a file"
+    if not os.access(binary, os.X_OK):
+        return f"{binary}: not executable"
+    return None
+
+
+def flanneld_run(binary: str):
+    """The command of flanneld on a host of a DaemonsOverEtcd: its own flags
+    (docs/flannel-compat.md#flags), everything else at flanneld's defaults (the udp backend's
+    port 8285, the FORWARD rules on, no masquerade, no healthz)."""
+    def command(path: DaemonsOverEtcd, side: Side) -> list[str]:
+        return [binary, f"-etcd-endpoints={path.etcd_url}", f"-etcd-prefix={path.prefix}",
+                f"-iface={side.iface}", f"-subnet-file={path.subnet_file(side)}"]
+    return command
+
+
+def flanneld_ready(path: DaemonsOverEtcd, side: Side) -> tuple[str, ...]:
+    """flanneld's log lines (klog, INFO) once it forwards: its backend runs, its lease watch
+    runs, and its C proxy has the route to the peer's /24 (the udp backend logs each peer it
+    adds, docs/flannel-compat.md#peer-watch)."""
+    peer = path.topo.peer(side)
+    return ("Running backend.", "Watching for new subnet leases", f"Subnet added: {peer.subnet}")
+
+
+def make_daemon_path(topo: BenchTopo, name: str, flanneld: str | None = None) -> DaemonsOverEtcd:
+    """``flanneld``: the binary of the ``flanneld`` path (None: that path is skipped)."""
+    if name == "flanneld":
+        if not flanneld:
+            raise PathSkipped(FLANNELD_SKIP)
+        problem = flanneld_problem(flanneld)
+        if problem:
+            raise TopoError(f"--flanneld {problem}")
+        # flanneld leaves its FORWARD rules at exit (docs/flannel-compat.md#iptables), as
+        # flannel-udp does: `flannel-udp cleanup` removes flanneld's as its own.
+        return DaemonsOverEtcd(
+            topo, name, flanneld_run(flanneld), ready_log=flanneld_ready,
+            cleanup=flannel_udp_cleanup,
+            config={"Network": str(NETWORK), "Backend": {"Type": "udp"}})
     if name == "c-direct":
         return DaemonsOverEtcd(
             topo, name, flannel_udp_run("c"), ready_log="Running:", direct=True,

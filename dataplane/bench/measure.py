@@ -167,16 +167,17 @@ class CostWindow:
             # side: host B's, per packet it wrote into its TUN.
             sent = cnt1[a]["udp_tx_packets"] - self.cnt0[a]["udp_tx_packets"]
             written = cnt1[b]["tun_tx_packets"] - self.cnt0[b]["tun_tx_packets"]
-            sys_a = cnt1[a]["syscalls"] - self.cnt0[a]["syscalls"]
-            sys_b = cnt1[b]["syscalls"] - self.cnt0[b]["syscalls"]
         except KeyError:
             return None
+        # A forwarder that counts no syscalls (flanneld: daemon_paths.py) still has its CPU.
+        sys_a = _delta(cnt1[a].get("syscalls"), self.cnt0[a].get("syscalls"))
+        sys_b = _delta(cnt1[b].get("syscalls"), self.cnt0[b].get("syscalls"))
         cpu_a = _delta(cpu1.get(a), self.cpu0.get(a))
         cpu_b = _delta(cpu1.get(b), self.cpu0.get(b))
         out = {
             "send_packets": sent, "recv_packets": written,
-            "send_syscalls_per_packet": sys_a / sent if sent else None,
-            "recv_syscalls_per_packet": sys_b / written if written else None,
+            "send_syscalls_per_packet": sys_a / sent if sent and sys_a is not None else None,
+            "recv_syscalls_per_packet": sys_b / written if written and sys_b is not None else None,
             "send_cpu_ns_per_packet": cpu_a / sent if sent and cpu_a is not None else None,
             "recv_cpu_ns_per_packet": cpu_b / written if written and cpu_b is not None else None,
         }

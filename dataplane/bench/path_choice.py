@@ -8,7 +8,10 @@ from .paths import (ALL_PATHS, DAEMON_PATHS, ENGINE_VARIANTS, DirectPath, Engine
 from .topo import BenchTopo
 
 
-def make_path(topo: BenchTopo, name: str, batch: int | None = None, routes: int = 0) -> Path:
+def make_path(topo: BenchTopo, name: str, batch: int | None = None, routes: int = 0,
+              flanneld: str | None = None) -> Path:
+    """``flanneld``: the binary the ``flanneld`` path runs; without it that path raises
+    PathSkipped."""
     if name == "direct":
         return DirectPath(topo)
     if name == "vxlan":
@@ -19,5 +22,5 @@ def make_path(topo: BenchTopo, name: str, batch: int | None = None, routes: int 
         kind, extra = ENGINE_VARIANTS[name]
         return EnginePath(topo, kind, batch=batch, name=name, extra_args=extra, routes=routes)
     if name in DAEMON_PATHS:
-        return make_daemon_path(topo, name)
+        return make_daemon_path(topo, name, flanneld=flanneld)
     raise ValueError(f"unknown path {name!r}: use {', '.join(ALL_PATHS)}")

@@ -17,7 +17,7 @@
 
 A path's ``setup()`` and ``teardown()`` leave the hosts as they found them,
 so the paths run one after another on one testbed. The paths that run real
-daemons over an etcd (``c-direct``) are in daemon_paths.py.
+daemons over an etcd (``c-direct``, ``flanneld``) are in daemon_paths.py.
 """
 from __future__ import annotations
 
@@ -49,8 +49,9 @@ ENGINE_VARIANTS = {
     "c-rt-coalesce20": ("c", ("--realtime-priority", "1", "--coalesce-usecs", "20")),
 }
 # Real daemons over an etcd on both hosts (daemon_paths.py): `c-direct`, the C engine's daemon
-# with DirectRouting on.
-DAEMON_PATHS = ("c-direct",)
+# with DirectRouting on; `flanneld`, the real flanneld's udp backend (a binary the caller names,
+# `bench --flanneld PATH`: the project does not ship it, and without it the path is skipped).
+DAEMON_PATHS = ("c-direct", "flanneld")
 ALL_PATHS = PATHS + tuple(ENGINE_VARIANTS) + DAEMON_PATHS
 VXLAN_DEV = "flannel.1"
 VXLAN_PORT = 8472
@@ -72,6 +73,11 @@ def filler_routes(n: int) -> list[str]:
     net, peers = int(FILLER_NETWORK.network_address), int(FILLER_PEERS.network_address)
     return [f"{ipaddress.IPv4Address(net + (i << 8))}/24={ipaddress.IPv4Address(peers + i + 1)}"
             for i in range(n)]
+
+
+class PathSkipped(Exception):
+    """A path that cannot run here for a reason that is no failure (what it needs was not
+    given); the run goes on, and its rows say ``skipped`` with the reason."""
 
 
 class Path:

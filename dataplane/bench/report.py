@@ -3,7 +3,9 @@
 ``rows`` has, per path, one row per UDP payload size (64, 1400) and one row
 with ``"size": null`` for what is not a UDP size (the TCP stream, idle
 latency). Every figure is the median over the trials; ``detail`` (written to
-results.json, not to ``--json``) keeps min, max and every trial's value.
+results.json, not to ``--json``) keeps min, max and every trial's value. A path
+skipped (what it needs was not given) has its rows all null, with ``"skipped"``:
+the reason.
 """
 from __future__ import annotations
 
@@ -34,9 +36,11 @@ def summarize(values) -> dict | None:
             "trials": vals}
 
 
-def build(samples: dict, paths, sizes, machine: dict) -> dict:
+def build(samples: dict, paths, sizes, machine: dict, skipped: dict | None = None) -> dict:
     """``samples[path][size][metric]`` = list of per-trial values (size None
-    for the TCP/idle row). Returns {"rows", "ratios", "machine", "detail"}."""
+    for the TCP/idle row); ``skipped[path]`` = why a path did not run.
+    Returns {"rows", "ratios", "machine", "detail"}."""
+    skipped = skipped or {}
     rows, detail = [], []
     for path in paths:
         for size in list(sizes) + [None]:
@@ -56,6 +60,8 @@ def build(samples: dict, paths, sizes, machine: dict) -> dict:
                         for v in vals) else None
                     det[key] = ({k: (_round(v) if k != "trials" else [_round(x) for x in v])
                                  for k, v in s.items()} if s else vals)
+            if path in skipped:
+                row["skipped"] = det["skipped"] = skipped[path]
             rows.append(row)
             detail.append(det)
     return {"rows": rows, "ratios": ratios(rows), "machine": machine, "detail": detail}
@@ -78,6 +84,7 @@ def ratios(rows) -> dict:
     """{engine: {"vxlan": {figure: x}, "direct": {...}}, "vxlan": {"direct": ...}}:
     each path's figure divided by the reference path's, from the same run."""
     out = {}
+    rows = [r for r in rows if not r.get("skipped")]
     present = {r["path"] for r in rows}
     engines = [p for p in dict.fromkeys(r["path"] for r in rows) if p not in ("direct", "vxlan")]
     pairs = [(p, ref) for p in engines for ref in ("vxlan", "direct")]
@@ -123,6 +130,10 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
             "syscalls/pkt"]
     body = []
     for det in result["detail"]:
+        if det.get("skipped"):
+            body.append([det["path"], "tcp+idle" if det["size"] is None else f"{det['size']} B",
+                         "skipped"] + ["-"] * (len(head) - 3))
+            continue
         body.append([
             det["path"], "tcp+idle" if det["size"] is None else f"{det['size']} B",
             (">=" if generator_limited(det) else "") + _spread(det, "ndr_pps", 1e-3, ".1f"),
@@ -139,6 +150,9 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
 
 def ratio_lines(result: dict) -> list[str]:
     lines = []
+    for path, reason in dict.fromkeys((d["path"], d["skipped"]) for d in result["detail"]
+                                      if d.get("skipped")):
+        lines.append(f"{path}: skipped: {reason}")
     if any(generator_limited(d) for d in result["detail"]):
         lines.append(">= : the flood lost < 0.5 %, so the generator was the limit and the "
                      "no-drop rate is a lower bound")
@@ -198,7 +212,7 @@ def print_table(result: dict, file=None) -> None:
 # -- the plot -------------------------------------------------------------
 
 COLORS = {"direct": "#4c72b0", "vxlan": "#55a868", "c": "#dd8452", "python": "#c44e52",
-          "c-base": "#937860", "c-offload": "#da8bc3"}
+          "c-base": "#937860", "c-offload": "#da8bc3", "flanneld": "#8172b3"}
 OTHER_COLOR = "#8c8c8c"          # a path without a colour of its own
 
 
@@ -209,7 +223,7 @@ def plot(result: dict, path: str) -> str:
     import matplotlib.pyplot as plt
 
     det = {(d["path"], d["size"]): d for d in result["detail"]}
-    paths = list(dict.fromkeys(d["path"] for d in result["detail"]))
+    paths = list(dict.fromkeys(d["path"] for d in result["detail"] if not d.get("skipped")))
     sizes = sorted({d["size"] for d in result["detail"] if d["size"] is not None})
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8), gridspec_kw={"width_ratios": [2, 1, 1.6]})
 

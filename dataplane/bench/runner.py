@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 from . import build, measure, report
 from .path_choice import make_path
-from .paths import PATHS
+from .paths import PATHS, PathSkipped
 from .topo import BenchTopo
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,10 @@ def _git_rev() -> str | None:
 
 
 def run(paths=PATHS, profile: Profile = FULL, trials: int | None = None,
-        batch: int | None = None, routes: int = 0, progress: Progress | None = None) -> dict:
+        batch: int | None = None, routes: int = 0, progress: Progress | None = None,
+        flanneld: str | None = None) -> dict:
+    """``flanneld``: the binary of the ``flanneld`` path (None: that path is skipped, with the
+    reason in its rows and ``machine.skipped``, and the others run)."""
     progress = progress or Progress()
     trials = trials or profile.trials
     tools_d = build.setup()
@@ -127,12 +130,16 @@ def run(paths=PATHS, profile: Profile = FULL, trials: int | None = None,
     machine["routes"] = routes + 1        # per engine: the peer's, and the fillers
     samples: dict = {}
     errors = []
+    skipped: dict = {}
     progress(f"bench: {profile.name} run, paths {', '.join(paths)}, {trials} trial(s)")
     with BenchTopo() as topo:
         for name in paths:
             try:
                 samples[name] = _run_path(topo, tools, name, profile, trials, batch, routes,
-                                          progress)
+                                          progress, flanneld)
+            except PathSkipped as e:
+                skipped[name] = str(e)
+                progress(f"{name}: skipped: {e}")
             except Exception as e:
                 log.error("path %s failed: %s", name, e)
                 errors.append(f"{name}: {e}")
@@ -141,7 +148,9 @@ def run(paths=PATHS, profile: Profile = FULL, trials: int | None = None,
     machine["duration_s"] = round(progress.elapsed, 1)
     if errors:
         machine["errors"] = errors
-    return report.build(samples, paths, SIZES, machine)
+    if skipped:
+        machine["skipped"] = skipped
+    return report.build(samples, paths, SIZES, machine, skipped=skipped)
 
 
 def _top_drops(drops: dict, n: int = 4) -> str:
@@ -154,8 +163,8 @@ def _add(store: dict, size, key: str, value) -> None:
 
 
 def _run_path(topo, tools, name, profile: Profile, trials: int, batch, routes,
-              progress) -> dict:
-    path = make_path(topo, name, batch=batch, routes=routes)
+              progress, flanneld=None) -> dict:
+    path = make_path(topo, name, batch=batch, routes=routes, flanneld=flanneld)
     out: dict = {}
     progress(f"{name}: setting up")
     path.setup()
@@ -194,14 +203,15 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, routes,
                           "send_syscalls_per_packet", "recv_syscalls_per_packet"):
                     if cost:
                         _add(out, size, k, cost.get(k))
+                # flanneld's forwarders count no syscalls: its CPU alone (daemon_paths.py)
+                per_packet = [f"{cost[k]:{fmt}} {what}" for k, fmt, what in (
+                    ("cpu_ns_per_packet", ".0f", "ns CPU"),
+                    ("syscalls_per_packet", ".2f", "syscalls")) if cost.get(k) is not None]
                 progress(f"{tag} {size} B: flood offered {fl['tx_pps'] / 1e3:.1f} kpps, "
                          f"received {fl['rx_pps'] / 1e3:.1f} kpps, loss {fl['loss'] * 100:.1f}%"
                          + (f", machine {fl['machine_cpu_ns_per_packet']:.0f} ns CPU per packet"
                             if fl["machine_cpu_ns_per_packet"] is not None else "")
-                         + (f", {cost['cpu_ns_per_packet']:.0f} ns CPU and "
-                            f"{cost['syscalls_per_packet']:.2f} syscalls per packet"
-                            if cost.get("cpu_ns_per_packet") is not None
-                            and cost.get("syscalls_per_packet") is not None else ""))
+                         + (f", {' and '.join(per_packet)} per packet" if per_packet else ""))
                 if fl["drops"]:
                     progress(f"  drops: {_top_drops(fl['drops'])}")
                 if cost.get("offload_ops"):

@@ -36,7 +36,12 @@ def add_arguments(p) -> None:
                         "(C engine, one queue, no offloads) and c-offload (one queue, offloads "
                         "where the kernel has them), to measure the C engine's steps; c-direct: "
                         "two `flannel-udp run --engine c` daemons over an etcd with DirectRouting "
-                        "on (the same flow as direct, routed by the daemons)")
+                        "on (the same flow as direct, routed by the daemons); flanneld: the real "
+                        "flanneld's udp backend on both hosts over an etcd (needs --flanneld, "
+                        "skipped without it)")
+    p.add_argument("--flanneld", metavar="PATH",
+                   help="the flanneld binary the flanneld path runs (not part of this project; "
+                        "figures of that path are that flanneld's udp backend on this testbed)")
     p.add_argument("--trials", type=int, default=None,
                    help="trials per measurement (default: 3, or 1 with --quick)")
     p.add_argument("--batch", type=int, default=None,
@@ -46,6 +51,22 @@ def add_arguments(p) -> None:
                         "into the engines' tables, to measure the data path at scale "
                         "(default 0: one route per host)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def choose_paths(spec: str, flanneld: str | None) -> list[str]:
+    """The paths of ``--paths``, checked with ``--flanneld``; ValueError says what is wrong.
+    Without --flanneld the flanneld path is still chosen: the run skips it, with the reason."""
+    from dataplane.bench.daemon_paths import flanneld_problem
+    from dataplane.bench.paths import ALL_PATHS
+    paths = [p.strip() for p in spec.split(",") if p.strip()]
+    bad = [p for p in paths if p not in ALL_PATHS]
+    if bad or not paths:
+        raise ValueError(f"unknown path(s) {', '.join(bad) or '(none)'}; "
+                         f"choose from {', '.join(ALL_PATHS)}")
+    problem = flanneld_problem(flanneld) if flanneld is not None else None
+    if problem:
+        raise ValueError(f"--flanneld {problem}: give the path of an executable flanneld")
+    return paths
 
 
 def main(args) -> int:
@@ -59,16 +80,14 @@ def main(args) -> int:
         return 2
     from dataplane.host.atomicfile import write_atomic
     from dataplane.bench import build, report, runner
-    from dataplane.bench.paths import ALL_PATHS
 
     if os.geteuid() != 0:
         print("flannel-udp bench: needs root (network namespaces, TUN devices)", file=sys.stderr)
         return 2
-    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    bad = [p for p in paths if p not in ALL_PATHS]
-    if bad or not paths:
-        print(f"flannel-udp bench: unknown path(s) {', '.join(bad) or '(none)'}; "
-              f"choose from {', '.join(ALL_PATHS)}", file=sys.stderr)
+    try:
+        paths = choose_paths(args.paths, args.flanneld)
+    except ValueError as e:
+        print(f"flannel-udp bench: {e}", file=sys.stderr)
         return 2
     if args.trials is not None and not 1 <= args.trials <= 20:
         print("flannel-udp bench: --trials must be 1..20", file=sys.stderr)
@@ -86,7 +105,7 @@ def main(args) -> int:
         out_dir = str(build.PERF_DIR / "out") if build.in_checkout() else OUT_OUTSIDE_CHECKOUT
     try:
         result = runner.run(paths=paths, profile=profile, trials=args.trials, batch=args.batch,
-                            routes=args.routes, progress=progress)
+                            routes=args.routes, progress=progress, flanneld=args.flanneld)
     except build.SetupError as e:
         print(f"flannel-udp bench: {e}", file=sys.stderr)
         return 2
