@@ -44,7 +44,8 @@ from dataplane.control.registry import DEFAULT_PREFIX
 from dataplane.host.child import cli_argv
 from dataplane.testbed.etcd import ETCD_BIN, EtcdServer
 
-from .paths import DAEMON_PATHS, ENCAP_UDP, READY_TIMEOUT, TUN_DEV, Path, PathSkipped, _tail
+from .paths import (DAEMON_PATHS, ENCAP_UDP, READY_TIMEOUT, TUN_DEV, Path, PathSkipped, _tail,
+                    wait_ready)
 from .topo import NETWORK, BenchTopo, Side, TopoError
 
 log = logging.getLogger(__name__)
@@ -155,15 +156,8 @@ class DaemonsOverEtcd(Path):
         return (lines,) if isinstance(lines, str) else tuple(lines)
 
     def _wait(self, side: Side, deadline: float, what: str, done) -> None:
-        proc = self.procs[side.name]
-        while not done():
-            if proc.poll() is not None:
-                raise TopoError(f"{self.name} daemon on {side.name} exited ({proc.returncode}) "
-                                f"before {what}: {self.log_tail(side)}")
-            if time.monotonic() > deadline:
-                raise TopoError(f"{self.name} daemon on {side.name}: no {what} after "
-                                f"{READY_TIMEOUT:.0f}s: {self.log_tail(side)}")
-            time.sleep(0.05)
+        wait_ready(self.procs[side.name], done, deadline, f"{self.name} daemon on {side.name}",
+                   what, lambda: self.log_tail(side))
 
     def direct_route(self, side: Side) -> str | None:
         """The host's route to its peer's /24 via the peer's PublicIP on the underlay

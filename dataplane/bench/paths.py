@@ -208,15 +208,9 @@ class EnginePath(Path):
             deadline = time.monotonic() + READY_TIMEOUT
             for side in self.topo.sides:
                 _, ready, logf = self._files(side)
-                proc = self.procs[side.name]
-                while not os.path.exists(ready):
-                    if proc.poll() is not None:
-                        raise TopoError(f"{self.kind} forwarder on {side.name} exited "
-                                        f"({proc.returncode}): {_tail(logf)}")
-                    if time.monotonic() > deadline:
-                        raise TopoError(f"{self.kind} forwarder on {side.name} not ready after "
-                                        f"{READY_TIMEOUT:.0f}s: {_tail(logf)}")
-                    time.sleep(0.02)
+                wait_ready(self.procs[side.name], lambda: os.path.exists(ready), deadline,
+                           f"{self.kind} forwarder on {side.name}", "its ready file",
+                           lambda: _tail(logf))
                 side.steer(TUN_DEV)
         except BaseException:
             self.teardown()
@@ -271,6 +265,17 @@ def _find_counters(obj):
             if found is not None:
                 return found
     return None
+
+
+def wait_ready(proc, done, deadline: float, who: str, what: str, tail) -> None:
+    """Poll ``done()`` until it holds; a TopoError naming ``who`` with ``tail()`` (its log's end)
+    when ``proc`` exits first or ``deadline`` passes."""
+    while not done():
+        if proc.poll() is not None:
+            raise TopoError(f"{who} exited ({proc.returncode}) before {what}: {tail()}")
+        if time.monotonic() > deadline:
+            raise TopoError(f"{who}: still no {what} after {READY_TIMEOUT:.0f}s: {tail()}")
+        time.sleep(0.02)
 
 
 def _tail(path: str, n: int = 600) -> str:
