@@ -39,8 +39,11 @@ import os
 import shutil
 import tempfile
 import time
+from ipaddress import IPv4Address
 
+from dataplane.control.lease import LeaseAttrs
 from dataplane.control.registry import DEFAULT_PREFIX
+from dataplane.host import direct_routes
 from dataplane.host.child import cli_argv
 from dataplane.testbed.etcd import ETCD_BIN, EtcdServer
 
@@ -50,7 +53,6 @@ from .topo import NETWORK, BenchTopo, Side, TopoError
 
 log = logging.getLogger(__name__)
 
-DIRECT_PROTO = 153          # the protocol number of the daemon's direct routes (host/direct_routes.py)
 STOP_TIMEOUT = 10.0         # SIGTERM to SIGKILL
 
 
@@ -103,10 +105,7 @@ class DaemonsOverEtcd(Path):
                 os.path.join(self.dir(side), "handover.sock"))
 
     def lease_value(self, side: Side) -> str:
-        doc = {"PublicIP": side.ip, "PublicIPv6": None}
-        if self.direct:
-            doc["DirectRouting"] = True
-        return json.dumps(doc, separators=(",", ":"))
+        return LeaseAttrs(IPv4Address(side.ip), direct_routing=self.direct).to_json().decode()
 
     def lease_key(self, side: Side) -> str:
         return f"{self.prefix}/subnets/{side.subnet.network_address}-{side.subnet.prefixlen}"
@@ -183,7 +182,7 @@ class DaemonsOverEtcd(Path):
                                 (r.stderr or r.stdout).strip()[-600:])
             # What a daemon leaves in any case: its direct routes (as flanneld leaves its rules)
             # and a flannel0 that outlived it.
-            side.run(["ip", "route", "flush", "proto", str(DIRECT_PROTO)], check=False)
+            side.run(["ip", "route", "flush", "proto", str(direct_routes.PROTO)], check=False)
             side.run(["ip", "link", "del", TUN_DEV], check=False)
         if self.etcd is not None:
             try:

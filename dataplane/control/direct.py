@@ -90,8 +90,7 @@ class DirectRouting:
         snapshot = change.snapshot
         engine = PeerSnapshot.of(snapshot.peers, snapshot.own, skip=self.direct)
         removed = [lease for lease in change.removed if lease.subnet in engine_before.peers]
-        removed += [lease for lease in route if lease.subnet in engine_before.peers
-                    and lease not in change.removed]
+        removed += [lease for lease in route if lease.subnet in engine_before.peers]
         added = [lease for lease in change.added if lease.subnet not in self.direct]
         order = lambda lease: (int(lease.subnet.network_address), lease.subnet.prefixlen)
         return Split(PeerChange(engine, tuple(sorted(added, key=order)),

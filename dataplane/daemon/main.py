@@ -422,6 +422,8 @@ class Daemon:
 
     def _start_watches(self):
         from ..control.configwatch import ConfigWatcher
+        from ..control.peer_process import PeerWatchProcess
+        from ..control.peers import PeerWatcher
         ifindex = self.ext.index
         self.direct = DirectRouting(self.config.direct_routing,
                                     lambda ip: direct_routes.on_link(ip, ifindex))
@@ -430,8 +432,6 @@ class Daemon:
                      "link get a plain route via their PublicIP (proto %d); the others go through "
                      "flannel0", self.ext.name, direct_routes.PROTO)
             self.route_watch = direct_routes.HostRouteWatch(self._reconsider_direct).start()
-        from ..control.peer_process import PeerWatchProcess
-        from ..control.peers import PeerWatcher
         self.peer_log = PeerLog(self.config.backend_port)
         # A lease naming one of these is never a route (it would send to ourselves).
         own_ips = {self.ext.ext_addr, self.ext.iface_addr}

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import __version__
+from ..control.direct import DIRECT, ENCAPSULATED
 from .timefmt import when
 
 log = logging.getLogger(__name__)
@@ -505,7 +506,7 @@ class DaemonSource(MetricsSource):
         d = self.daemon
         if d.direct is None or not d.direct.enabled:
             return {}
-        return {"direct": len(d.direct.direct), "encapsulated": len(d.peers)}
+        return {DIRECT: len(d.direct.direct), ENCAPSULATED: len(d.peers)}
 
     def queues_count(self):
         engine = self.daemon.engine

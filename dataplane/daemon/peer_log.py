@@ -18,6 +18,8 @@ import collections
 import logging
 import time
 
+from ..control.direct import DIRECT, ENCAPSULATED
+
 log = logging.getLogger(__name__)
 
 WINDOW_S = 1.0      # at most one summary per window
@@ -62,15 +64,15 @@ class PeerLog:
             for lease in change.added:
                 fields = self._fields(lease, "added", table_size)
                 on = direct is not None and direct.enabled
-                if on and direct.mode(lease.subnet) == "direct":
-                    fields["mode"] = "direct"
+                if on and direct.mode(lease.subnet) == DIRECT:
+                    fields["mode"] = DIRECT
                     log.info("Subnet added: %s via %s, a direct route (DirectRouting: on this "
                              "host's link); %d peer(s) through flannel0", lease.subnet,
                              lease.public_ip, table_size, extra=fields)
                     continue
                 why = (direct.why_not(lease) or "its lease changed meanwhile") if on else ""
                 if why:
-                    fields["mode"] = "encapsulated"
+                    fields["mode"] = ENCAPSULATED
                 log.info("Subnet added: %s via %s:%d%s; %d peer(s) in the route table",
                          lease.subnet, lease.public_ip, self.port,
                          f", encapsulated: {why}" if why else "", table_size, extra=fields)
