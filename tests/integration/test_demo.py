@@ -305,15 +305,18 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     require_etcd()
     out = tmp_path / "demo.out"
     with open(out, "w") as f:
-        # unbuffered: a file gets the demo's output in blocks, and "Workloads" could reach it
-        # only once the demo is done, too late to interrupt it (seen on a stock Debian)
-        p = subprocess.Popen(cli_argv("demo", "--engine", "python", "--one-engine"),
-                             stdout=f, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # unbuffered: a file gets the demo's output in blocks, and the prompt could reach it
+        # only once the demo is done, too late to interrupt it (seen on a stock Debian). With
+        # --step and nothing ever written to its stdin, the demo waits at its first step: the
+        # interrupt comes while the overlay is up, however fast the demo runs (a whole run
+        # took 3.7 s on a stock Debian, and ended before a SIGINT sent after "Workloads").
+        p = subprocess.Popen(cli_argv("demo", "--engine", "python", "--one-engine", "--step"),
+                             stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT,
+                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        wait_until(lambda: "Workloads" in out.read_text() or p.poll() is not None, 60, 0.1,
-                   "the demo to show its workloads")
-        assert "Workloads" in out.read_text(), out.read_text()
+        wait_until(lambda: "Enter: next step" in out.read_text() or p.poll() is not None, 60,
+                   0.1, "the demo to wait at its first step")
+        assert "Enter: next step" in out.read_text(), out.read_text()
         assert _netns_of(p.pid), "the demo's namespaces should exist while it runs"
         p.send_signal(signal.SIGINT)
         rc = p.wait(60)
@@ -321,6 +324,7 @@ def test_ctrl_c_tears_everything_down(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+        p.stdin.close()
     assert rc == 130, out.read_text()[-2000:]
     assert "interrupted" in out.read_text()
     assert _netns_of(p.pid) == []
