@@ -308,11 +308,14 @@ def test_ctrl_c_tears_everything_down(tmp_path):
         # unbuffered: a file gets the demo's output in blocks, and the prompt could reach it
         # only once the demo is done, too late to interrupt it (seen on a stock Debian). With
         # --step and nothing ever written to its stdin, the demo waits at its first step: the
-        # interrupt comes while the overlay is up, however fast the demo runs (a whole run
-        # took 3.7 s on a stock Debian, and ended before a SIGINT sent after "Workloads").
+        # interrupt comes while the overlay is up, however fast the demo runs.
+        # SIGINT back to its default in the child: a suite started in the background by a
+        # shell without job control inherits it ignored, and Python then never raises
+        # KeyboardInterrupt (seen: the demo ran on to its end, or sat at its prompt).
         p = subprocess.Popen(cli_argv("demo", "--engine", "python", "--one-engine", "--step"),
                              stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT,
-                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(lambda: "Enter: next step" in out.read_text() or p.poll() is not None, 60,
                    0.1, "the demo to wait at its first step")

@@ -153,7 +153,11 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         ov.start_daemon(h1, wait=False)
         wait_until(lambda: direct_routes(ov, h0).get("10.5.77.0/24") == h1.ip, 15, 0.02,
                    "h0 to route h1's new subnet directly")
-        moved = time.time() - last_lease_acquired(ov, h1)
+        routed_at = time.time()
+        # h0 may see the lease before h1 has logged it: wait for h1's line of this lease
+        wait_until(lambda: "Lease acquired: 10.5.77.0/24" in ov.daemon(h1).log_text(), 15, 0.02,
+                   "h1 to log its new lease")
+        moved = routed_at - last_lease_acquired(ov, h1)
         assert moved <= SWITCH_S, f"h0's route followed {moved:.2f} s after the lease"
         ov.wait_ready(h1)
         assert s1 not in direct_routes(ov, h0)
