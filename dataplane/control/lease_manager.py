@@ -160,9 +160,12 @@ class LeaseManager:
                 return lease
             if prev is not None:
                 lease = self._reuse_previous(config, leases, prev)
-                prev = None                   # tried once; from now on pick at random
                 if lease is not None:
                     return lease
+                # Tried once; from now on pick at random, and not it: our list predates a writer
+                # that may have just taken it.
+                lost_races.add(prev)
+                prev = None
             taken = [l.subnet for l in leases] + list(lost_races)
             free = free_subnets(config, taken)
             if not free:

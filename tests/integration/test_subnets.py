@@ -117,12 +117,22 @@ class RacingRegistry(Registry):
         return super().create_lease(subnet, attrs, ttl)
 
 
+class PrefersSubnet(random.Random):
+    def __init__(self, subnet):
+        super().__init__(7)
+        self.subnet = subnet
+
+    def choice(self, seq):
+        return self.subnet if self.subnet in seq else super().choice(seq)
+
+
 def test_losing_a_creation_race_retries_another_subnet(shared_etcd, make_registry):
     rival = make_registry(shared_etcd)
     reg = RacingRegistry([shared_etcd.client_url], prefix=rival.prefix, rival=rival, races=3)
     try:
         prev = IPv4Network("10.5.77.0/24")
-        lease = LeaseManager(reg, ip(1), subnet_file_prev=prev).acquire()
+        # An rng that picks the lost previous subnet whenever it is offered: it must not be.
+        lease = LeaseManager(reg, ip(1), subnet_file_prev=prev, rng=PrefersSubnet(prev)).acquire()
         assert lease.subnet not in reg.lost and reg.lost[0] == prev and len(reg.lost) == 3
         owners = held(reg)
         assert owners[lease.subnet] == ip(1)
