@@ -1,4 +1,4 @@
-"""One measurement at a time: UDP trials, the no-drop search, TCP, latency, cost.
+"""One measurement at a time: UDP trials, the NDR/PDR searches, TCP, latency, cost.
 
 Every trial runs the C generator on host A (CPU0) towards the C sink on host
 B (CPU1), from 10.5.1.1 to 10.5.2.1, over whatever path is set up. Every
@@ -24,7 +24,10 @@ from .topo import ECHO_PORT, IPERF_PORT, SINK_PORT, BenchTopo
 
 log = logging.getLogger(__name__)
 
-LOSS_LIMIT = 0.005          # no-drop: < 0.5 % loss
+# The two rates of RFC 2544 as FD.io CSIT names them: the NDR (non-drop rate) loses nothing,
+# the PDR (partial drop rate) < 0.5 %. Before the NDR existed here, "no-drop" meant the PDR.
+PDR_LOSS = 0.005
+NDR_LOSS = 0.0
 RATE_SLACK = 0.97           # the generator must reach 97 % of a paced target
 FLOOD_COUNT = 50_000_000    # bound on a flood's packets (time bounds it first)
 SINK_IDLE_MS = 150          # the sink drains until quiet this long after the send
@@ -135,6 +138,7 @@ def udp_trial(topo: BenchTopo, tools: Tools, *, size: int, rate: float, duration
         "tx_pps": sent["rate_pps"],
         "rx_pps": got["rate_pps"] if n_recv > 1 else 0.0,
         "loss": (1.0 - n_recv / n_sent) if n_sent else 1.0,
+        "lost": n_sent - n_recv,
         "send_errors": sent["errors"],
         "machine_cpu_ns": busy,
     }
@@ -271,52 +275,113 @@ def flood(topo: BenchTopo, tools: Tools, path: Path, *, size: int, duration: flo
     return res
 
 
-def ndr_search(topo: BenchTopo, tools: Tools, *, size: int, flood_res: dict, steps: int,
-               duration: float, progress=None) -> dict:
-    """Highest offered rate with < 0.5 % loss (and the machine's CPU per packet there), by
-    bisection in [0, flood's
-    offered rate], starting at the flood's receive rate; at most ``steps``
-    probes (a few more, halving, if none passed), fewer once the bracket is
-    within 1 %. A probe's rate is what the generator actually offered: when
-    the flood lost nothing, the generator is the limit and the first probe
-    (at that rate) ends the search."""
-    lo, hi = 0.0, max(flood_res["tx_pps"], 1.0)
-    rate = min(max(flood_res["rx_pps"], hi * 0.05), hi)
-    best = best_cpu = None
+def passes(res: dict, loss_limit: float) -> bool:
+    """A probe passes when something arrived and the loss is under the limit; a limit of 0
+    (the NDR) asks for every datagram: counts, not a float ratio, decide."""
+    if res["received"] <= 0:
+        return False
+    if loss_limit <= 0:
+        return res["received"] >= res["sent"]
+    return res["loss"] < loss_limit
+
+
+def _probe_record(rate: float, res: dict, ok: bool) -> dict:
+    return {"target": round(rate), "offered": round(res["tx_pps"]), "loss": res["loss"],
+            "lost": res.get("lost"), "ok": ok, "machine_cpu_ns_per_packet": (res["machine_cpu_ns"] / res["received"]
+                                                    if res["received"] else None)}
+
+
+def search_rate(trial, *, hi: float, start: float, loss_limit: float, steps: int,
+                lo: float = 0.0, best: float | None = None, best_cpu: float | None = None,
+                label: str = "rate", progress=None) -> dict:
+    """Highest offered rate whose probe passes ``loss_limit`` (see ``passes``), by bisection
+    in [lo, hi] starting at ``start``; ``trial(rate)`` runs one probe. ``best`` is a rate
+    already known to pass (then ``lo`` is its target): the search refines it. At most
+    ``steps`` probes, a few more (halving) while none passed so that a path that forwards
+    at all gets a rate rather than zero; none once the bracket is within 1 %, where more
+    probes only measure noise. A probe's rate is what the generator actually offered: when
+    it fell short of the target, the generator is the limit and that target caps the search."""
+    rate = min(max(start, lo), hi)
     probes = []
-    # When every bisection step failed, keep halving (a few more, bounded)
-    # so that a path that forwards at all gets a rate rather than zero.
     for i in range(steps + 4):
-        if i >= steps and best is not None:
+        if best is not None and (i >= steps or hi - lo <= 0.01 * hi):
             break
-        res = udp_trial(topo, tools, size=size, rate=rate, duration=duration)
-        reached = res["tx_pps"] >= RATE_SLACK * rate
-        ok = res["loss"] < LOSS_LIMIT and res["received"] > 0
-        probes.append({"target": round(rate), "offered": round(res["tx_pps"]),
-                       "loss": res["loss"], "ok": ok,
-                       "machine_cpu_ns_per_packet": (res["machine_cpu_ns"] / res["received"]
-                                                     if res["received"] else None)})
+        res = trial(rate)
+        ok = passes(res, loss_limit)
+        probes.append(_probe_record(rate, res, ok))
         if progress:
-            progress(f"  ndr probe {i + 1}/{steps}: {rate / 1e3:.1f} kpps offered "
-                     f"{res['tx_pps'] / 1e3:.1f}, loss {res['loss'] * 100:.2f}% "
-                     f"{'ok' if ok else 'FAIL'}")
+            progress(f"  {label} probe {i + 1}/{steps}: {rate / 1e3:.1f} kpps offered "
+                     f"{res['tx_pps'] / 1e3:.1f}, lost {res.get('lost', '?')} "
+                     f"({res['loss'] * 100:.2f}%) {'ok' if ok else 'FAIL'}")
         if ok:
             offered = min(res["tx_pps"], rate * 1.01)
             if best is None or offered > best:
-                best_cpu = probes[-1]["machine_cpu_ns_per_packet"]
-            best = max(best or 0.0, offered)
+                best, best_cpu = offered, probes[-1]["machine_cpu_ns_per_packet"]
             lo = rate
-            if not reached:      # the generator itself is the limit here
+            if res["tx_pps"] < RATE_SLACK * rate:
                 hi = rate
         else:
             hi = rate
-        if best is not None and hi - lo <= 0.01 * hi:
-            break        # bracketed to 1 %: more probes only measure noise
         rate = (lo + hi) / 2
-    # The whole machine's CPU per packet at the no-drop rate: every path at a load it carries
-    # whole (at flood a path in receive livelock spends its CPU on packets it then drops).
-    return {"ndr_pps": best if best is not None else 0.0, "probes": probes,
+    return {"pps": best if best is not None else 0.0, "probes": probes,
             "machine_cpu_ns_per_packet": best_cpu}
+
+
+def ndr_seed(pdr: dict) -> dict:
+    """Where the NDR search starts from the PDR search's probes: a probe that lost nothing
+    already passes the NDR (lo, best), one that lost anything fails it (hi). The NDR cannot
+    exceed the PDR, so the PDR caps hi."""
+    clean = [p for p in pdr["probes"] if p["ok"] and p["loss"] <= 0]
+    lossy = [p["target"] for p in pdr["probes"] if p["loss"] > 0]
+    hi = min([pdr["pps"], *lossy])
+    seed = {"lo": 0.0, "hi": hi, "best": None, "best_cpu": None}
+    if clean:
+        top = max(clean, key=lambda p: p["target"])
+        seed.update(lo=min(float(top["target"]), hi), best=min(float(top["offered"]), hi),
+                    best_cpu=top["machine_cpu_ns_per_packet"])
+    return seed
+
+
+def ndr_search(trial, *, flood_res: dict, steps: int, loss_limit: float, progress=None,
+               label: str = "rate", seed: dict | None = None) -> dict:
+    """One search for the highest rate that passes ``loss_limit``: in [0, the flood's offered
+    rate] from the flood's receive rate, or from ``seed`` (``ndr_seed``) when given."""
+    if seed is None:
+        hi = max(flood_res["tx_pps"], 1.0)
+        return search_rate(trial, hi=hi, start=min(max(flood_res["rx_pps"], hi * 0.05), hi),
+                           loss_limit=loss_limit, steps=steps, label=label, progress=progress)
+    if seed["hi"] <= 0:
+        return {"pps": 0.0, "probes": [], "machine_cpu_ns_per_packet": None}
+    return search_rate(trial, hi=seed["hi"], start=(seed["lo"] + seed["hi"]) / 2,
+                       lo=seed["lo"], best=seed["best"], best_cpu=seed["best_cpu"],
+                       loss_limit=loss_limit, steps=steps, label=label, progress=progress)
+
+
+def pdr_ndr(trial, *, flood_res: dict, steps: int, ndr_steps: int, progress=None) -> dict:
+    """The PDR (< 0.5 % loss) and then the NDR (nothing lost) at or below it. The machine's
+    CPU per packet is the PDR's: every path at a load it carries (almost) whole."""
+    pdr = ndr_search(trial, flood_res=flood_res, steps=steps, loss_limit=PDR_LOSS,
+                     label="pdr", progress=progress)
+    ndr = ndr_search(trial, flood_res=flood_res, steps=ndr_steps, loss_limit=NDR_LOSS,
+                     label="ndr", progress=progress, seed=ndr_seed(pdr))
+    return {"pdr_pps": pdr["pps"], "ndr_pps": min(ndr["pps"], pdr["pps"]),
+            "pdr_probes": pdr["probes"], "ndr_probes": ndr["probes"],
+            "machine_cpu_ns_per_packet": pdr["machine_cpu_ns_per_packet"]}
+
+
+def udp_prober(topo: BenchTopo, tools: Tools, *, size: int, duration: float):
+    """The trial function of a search: one paced UDP trial at a rate."""
+    return lambda rate: udp_trial(topo, tools, size=size, rate=rate, duration=duration)
+
+
+RTT_KEYS = (("p50_us", "p50_us"), ("p90_us", "p90_us"), ("p99_us", "p99_us"),
+            ("p999_us", "p999_us"), ("max_us", "max_us"), ("samples", "received"))
+
+
+def rtt_figures(rr: dict, prefix: str = "rtt_") -> dict:
+    """``udpgen rr``'s result as the bench's keys (``rtt_p50_us`` ... ``rtt_samples``); a
+    figure the probe did not print is None."""
+    return {prefix + key: rr.get(src) for key, src in RTT_KEYS}
 
 
 def latency(topo: BenchTopo, tools: Tools, *, count: int, interval_us: int,
@@ -356,8 +421,10 @@ def latency(topo: BenchTopo, tools: Tools, *, count: int, interval_us: int,
                 topo.kill(p)
 
 
-def tcp(topo: BenchTopo, tools: Tools, *, seconds: float) -> dict:
-    """One TCP stream with iperf3 from A to B: throughput and retransmits."""
+def tcp(topo: BenchTopo, tools: Tools, *, seconds: float, streams: int = 1,
+        reverse: bool = False) -> dict:
+    """TCP with iperf3 between A and B: ``streams`` parallel streams (-P), from A to B or,
+    with ``reverse`` (-R), from B to A; throughput and retransmits."""
     server = topo.b.popen([tools.iperf3, "-s", "-1", "-B", topo.b.app_ip, "-p", str(IPERF_PORT)])
     try:
         deadline = time.monotonic() + 10
@@ -368,18 +435,35 @@ def tcp(topo: BenchTopo, tools: Tools, *, seconds: float) -> dict:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise MeasureError(f"iperf3 server did not start: {server.stderr.read()}")
             time.sleep(0.05)
-        r = topo.a.run([tools.iperf3, "-c", topo.b.app_ip, "-B", topo.a.app_ip,
-                        "-p", str(IPERF_PORT), "-t", f"{seconds:g}", "-J"],
+        r = topo.a.run(iperf3_client_argv(topo, tools, seconds=seconds, streams=streams,
+                                          reverse=reverse),
                        pin=True, check=False, timeout=seconds + 30)
-        try:
-            data = json.loads(r.stdout)
-        except ValueError:
-            raise MeasureError(f"iperf3 client: {r.stderr.strip() or r.stdout[-300:]}")
-        if "error" in data:
-            raise MeasureError(f"iperf3: {data['error']}")
-        end = data["end"]
-        return {"gbps": end["sum_received"]["bits_per_second"] / 1e9,
-                "retransmits": end["sum_sent"].get("retransmits"),
-                "sender_cpu": end.get("cpu_utilization_percent", {}).get("host_total")}
+        return iperf3_result(r.stdout, r.stderr)
     finally:
         topo.kill(server)
+
+
+def iperf3_client_argv(topo: BenchTopo, tools: Tools, *, seconds: float, streams: int = 1,
+                       reverse: bool = False) -> list[str]:
+    argv = [tools.iperf3, "-c", topo.b.app_ip, "-B", topo.a.app_ip, "-p", str(IPERF_PORT),
+            "-t", f"{seconds:g}", "-J"]
+    if streams > 1:
+        argv += ["-P", str(streams)]
+    if reverse:
+        argv.append("-R")
+    return argv
+
+
+def iperf3_result(stdout: str, stderr: str = "") -> dict:
+    """Throughput as the receiver counted it; retransmits are the sender's, whichever host
+    sent (with -R iperf3 reports the server's in ``sum_sent``)."""
+    try:
+        data = json.loads(stdout)
+    except ValueError:
+        raise MeasureError(f"iperf3 client: {stderr.strip() or stdout[-300:]}")
+    if "error" in data:
+        raise MeasureError(f"iperf3: {data['error']}")
+    end = data["end"]
+    return {"gbps": end["sum_received"]["bits_per_second"] / 1e9,
+            "retransmits": end["sum_sent"].get("retransmits"),
+            "sender_cpu": end.get("cpu_utilization_percent", {}).get("host_total")}

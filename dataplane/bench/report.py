@@ -1,27 +1,36 @@
 """Results: rows, ratios, the table, the JSON and the plot.
 
 ``rows`` has, per path, one row per UDP payload size (64, 1400) and one row
-with ``"size": null`` for what is not a UDP size (the TCP stream, idle
-latency). Every figure is the median over the trials; ``detail`` (written to
-results.json, not to ``--json``) keeps min, max and every trial's value. A path
-skipped (what it needs was not given) has its rows all null, with ``"skipped"``:
-the reason.
+with ``"size": null`` for what is not a UDP size (TCP, idle latency). Every
+figure is the median over the trials; ``detail`` (written to results.json, not
+to ``--json``) keeps min, max and every trial's value. A path skipped (what it
+needs was not given) has its rows all null, with ``"skipped"``: the reason.
+Ratios carry a 95 % interval from the trials (``ratio_ci``).
 """
 from __future__ import annotations
 
 import numpy as np
 
-ROW_KEYS = ("path", "size", "ndr_pps", "flood_rx_pps", "flood_loss", "tcp_gbps",
-            "rtt_p50_us", "rtt_p99_us", "machine_cpu_ns_per_packet", "cpu_ns_per_packet",
-            "syscalls_per_packet")
+PERCENTILES = ("p50", "p90", "p99", "p999", "max")
+RTT_KEYS = tuple(f"rtt_{p}_us" for p in PERCENTILES) + ("rtt_samples",)
+COMMON_RTT_KEYS = tuple(f"common_rtt_{p}_us" for p in PERCENTILES)
+ROW_KEYS = ("path", "size", "ndr_pps", "pdr_pps", "flood_rx_pps", "flood_loss", "tcp_gbps",
+            "tcp4_gbps", "tcp_rev_gbps", *RTT_KEYS, "common_load_pps", *COMMON_RTT_KEYS,
+            "machine_cpu_ns_per_packet", "cpu_ns_per_packet", "syscalls_per_packet")
 METRICS = ROW_KEYS[2:]
 # Figures compared between paths, as (ratio name, row size, row key).
 RATIO_FIGURES = (("ndr_pps_64", 64, "ndr_pps"), ("ndr_pps_1400", 1400, "ndr_pps"),
+                 ("pdr_pps_64", 64, "pdr_pps"), ("pdr_pps_1400", 1400, "pdr_pps"),
                  ("flood_rx_pps_64", 64, "flood_rx_pps"),
                  ("flood_rx_pps_1400", 1400, "flood_rx_pps"),
-                 ("tcp_gbps", None, "tcp_gbps"),
-                 # lower is better: the whole machine's CPU per packet, at flood
+                 ("tcp_gbps", None, "tcp_gbps"), ("tcp4_gbps", None, "tcp4_gbps"),
+                 ("tcp_rev_gbps", None, "tcp_rev_gbps"),
+                 # lower is better: the whole machine's CPU per packet, at the PDR
                  ("machine_cpu_64", 64, "machine_cpu_ns_per_packet"))
+CI_KEY = "ci95"                 # ratios[path][ref][CI_KEY][figure] = [low, high] or None
+CI_RESAMPLES = 2000
+CI_SEED = 2544                  # fixed: the same trials always give the same interval
+CI_MIN_TRIALS = 3               # fewer trials per path: no interval (a quick run has one)
 
 
 def summarize(values) -> dict | None:
@@ -64,7 +73,7 @@ def build(samples: dict, paths, sizes, machine: dict, skipped: dict | None = Non
                 row["skipped"] = det["skipped"] = skipped[path]
             rows.append(row)
             detail.append(det)
-    return {"rows": rows, "ratios": ratios(rows), "machine": machine, "detail": detail}
+    return {"rows": rows, "ratios": ratios(rows, detail), "machine": machine, "detail": detail}
 
 
 def _round(v):
@@ -80,11 +89,13 @@ def _get(rows, path, size, key):
     return None
 
 
-def ratios(rows) -> dict:
-    """{engine: {"vxlan": {figure: x}, "direct": {...}}, "vxlan": {"direct": ...}}:
-    each path's figure divided by the reference path's, from the same run."""
+def ratios(rows, detail=None) -> dict:
+    """{engine: {"vxlan": {figure: x, ..., "ci95": {figure: [lo, hi] | None}}, "direct": ...},
+    "vxlan": {"direct": ...}}: each path's figure divided by the reference path's, from the
+    same run, with its interval from the trials in ``detail`` (``ratio_ci``)."""
     out = {}
     rows = [r for r in rows if not r.get("skipped")]
+    trials = {(d["path"], d["size"]): d for d in detail or []}
     present = {r["path"] for r in rows}
     engines = [p for p in dict.fromkeys(r["path"] for r in rows) if p not in ("direct", "vxlan")]
     pairs = [(p, ref) for p in engines for ref in ("vxlan", "direct")]
@@ -92,12 +103,67 @@ def ratios(rows) -> dict:
     for path, ref in pairs:
         if path not in present or ref not in present:
             continue
-        figs = {}
+        figs, cis = {}, {}
         for name, size, key in RATIO_FIGURES:
             num, den = _get(rows, path, size, key), _get(rows, ref, size, key)
             figs[name] = round(num / den, 3) if num is not None and den else None
+            cis[name] = ratio_ci(_trials(trials.get((path, size)), key),
+                                 _trials(trials.get((ref, size)), key))
+        figs[CI_KEY] = cis
         out.setdefault(path, {})[ref] = figs
     return out
+
+
+def _trials(det: dict | None, key: str) -> list:
+    s = (det or {}).get(key)
+    return list(s["trials"]) if isinstance(s, dict) else []
+
+
+def ratio_ci(num_trials, den_trials, *, resamples: int = CI_RESAMPLES,
+             seed: int = CI_SEED) -> list[float] | None:
+    """95 % interval of median(num) / median(den): a percentile bootstrap of the ratio of
+    medians, each path's trials resampled on their own (trial i of two paths ran minutes
+    apart: nothing pairs them), ``resamples`` times with a fixed seed.
+
+    Why this: the ratio reported is of medians, which one stalled trial on a shared machine
+    does not move; the bootstrap interval is of that same statistic and assumes no
+    distribution of the trials. A t interval on log values would be about the ratio of
+    geometric means (which that stalled trial drags) and assumes log-normal trials. Its
+    limit: with 5 trials a resampled median can only be one of the trials' values, so the
+    interval is coarse and rather narrow than wide; one clear of 1.0 is evidence, not proof.
+    None with fewer than CI_MIN_TRIALS trials on either side or a zero denominator."""
+    a = np.asarray([v for v in num_trials if v is not None], dtype=float)
+    b = np.asarray([v for v in den_trials if v is not None], dtype=float)
+    if a.size < CI_MIN_TRIALS or b.size < CI_MIN_TRIALS:
+        return None
+    rng = np.random.default_rng(seed)
+    med_a = np.median(a[rng.integers(0, a.size, (resamples, a.size))], axis=1)
+    med_b = np.median(b[rng.integers(0, b.size, (resamples, b.size))], axis=1)
+    keep = med_b != 0
+    if not keep.any():
+        return None
+    lo, hi = np.percentile(med_a[keep] / med_b[keep], [2.5, 97.5])
+    return [round(float(lo), 3), round(float(hi), 3)]
+
+
+def straddles_one(ci) -> bool:
+    """The interval includes 1.0: the run shows no difference between the two paths."""
+    return ci is not None and ci[0] <= 1.0 <= ci[1]
+
+
+def ratio_text(value, ci) -> str:
+    """``0.55x [0.48-0.61]``; a trailing ``~`` when the interval includes 1.0."""
+    if value is None:
+        return "-"
+    if ci is None:
+        return f"{value:.2f}x"
+    return f"{value:.2f}x [{ci[0]:.2f}-{ci[1]:.2f}]" + ("~" if straddles_one(ci) else "")
+
+
+def ratio_figures(figs: dict) -> list[tuple[str, float | None, list | None]]:
+    """(figure, ratio, interval) of one pair, in RATIO_FIGURES order."""
+    cis = figs.get(CI_KEY) or {}
+    return [(n, figs.get(n), cis.get(n)) for n, _, _ in RATIO_FIGURES]
 
 
 def public(result: dict) -> dict:
@@ -117,30 +183,62 @@ def _spread(det: dict, key: str, scale: float, fmt: str) -> str:
     return med
 
 
-def generator_limited(det: dict) -> bool:
-    """True when most trials' floods lost nothing: the no-drop rate is then
-    the generator's limit, a lower bound for the path."""
-    flags = det.get("generator_limited") or []
+def _mostly(flags) -> bool:
     return sum(1 for f in flags if f) * 2 > len(flags)
 
 
+def generator_limited(det: dict) -> bool:
+    """True when most trials' floods lost < 0.5 %: the PDR is then the generator's limit, a
+    lower bound for the path."""
+    return _mostly(det.get("generator_limited") or [])
+
+
+def ndr_generator_limited(det: dict) -> bool:
+    """True when most trials' floods lost nothing at all: the NDR is a lower bound too."""
+    loss = det.get("flood_loss")
+    return _mostly([v <= 0 for v in loss["trials"]]) if isinstance(loss, dict) else False
+
+
+def _median(det: dict, key: str):
+    s = det.get(key)
+    return s["median"] if isinstance(s, dict) else None
+
+
+def _rtt_cell(det: dict, prefix: str) -> str:
+    """Medians of p50/p99/p99.9/max, and the round trips they rest on when known."""
+    vals = [_median(det, f"{prefix}{p}_us") for p in TABLE_PERCENTILES]
+    if all(v is None for v in vals):
+        return "-"
+    text = "/".join("-" if v is None else f"{v:.0f}" for v in vals)
+    n = _median(det, f"{prefix}samples")
+    return text + (f" (n={n:.0f})" if n is not None else "")
+
+
+TABLE_PERCENTILES = ("p50", "p99", "p999", "max")
+
+
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["path", "size", "no-drop kpps", "flood rx kpps", "flood loss %", "TCP Gbit/s",
-            "TCP retr", "RTT p50 us", "RTT p99 us", "machine CPU ns/pkt", "engines CPU ns/pkt",
-            "syscalls/pkt"]
+    head = ["path", "size", "NDR kpps", "PDR kpps", "flood rx kpps", "flood loss %",
+            "TCP Gbit/s", "TCP retr", "TCP x4 Gbit/s", "TCP rev Gbit/s",
+            "RTT us p50/p99/p99.9/max", "common kpps", "common RTT us p50/p99/p99.9/max",
+            "machine CPU ns/pkt", "engines CPU ns/pkt", "syscalls/pkt"]
     body = []
     for det in result["detail"]:
+        size = "tcp+idle" if det["size"] is None else f"{det['size']} B"
         if det.get("skipped"):
-            body.append([det["path"], "tcp+idle" if det["size"] is None else f"{det['size']} B",
-                         "skipped"] + ["-"] * (len(head) - 3))
+            body.append([det["path"], size, "skipped"] + ["-"] * (len(head) - 3))
             continue
         body.append([
-            det["path"], "tcp+idle" if det["size"] is None else f"{det['size']} B",
-            (">=" if generator_limited(det) else "") + _spread(det, "ndr_pps", 1e-3, ".1f"),
+            det["path"], size,
+            (">=" if ndr_generator_limited(det) else "") + _spread(det, "ndr_pps", 1e-3, ".1f"),
+            (">=" if generator_limited(det) else "") + _spread(det, "pdr_pps", 1e-3, ".1f"),
             _spread(det, "flood_rx_pps", 1e-3, ".1f"),
             _spread(det, "flood_loss", 100, ".1f"), _spread(det, "tcp_gbps", 1, ".2f"),
             _spread(det, "tcp_retransmits", 1, ".0f"),
-            _spread(det, "rtt_p50_us", 1, ".0f"), _spread(det, "rtt_p99_us", 1, ".0f"),
+            _spread(det, "tcp4_gbps", 1, ".2f"), _spread(det, "tcp_rev_gbps", 1, ".2f"),
+            _rtt_cell(det, "rtt_"),
+            _spread(det, "common_load_pps", 1e-3, ".1f"),
+            _rtt_cell(det, "common_rtt_"),
             _spread(det, "machine_cpu_ns_per_packet", 1, ".0f"),
             _spread(det, "cpu_ns_per_packet", 1, ".0f"),
             _spread(det, "syscalls_per_packet", 1, ".2f"),
@@ -148,17 +246,33 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     return head, body
 
 
+def legend_lines(result: dict) -> list[str]:
+    lines = ["NDR: highest offered rate with nothing lost; PDR: < 0.5 % lost (RFC 2544 / "
+             "FD.io CSIT); RTT: medians over the trials of each percentile (nearest rank), "
+             "n round trips each, under load at half the path's PDR; common: at the lowest "
+             "NDR of the run, the same offered load for every path"]
+    if any(generator_limited(d) or ndr_generator_limited(d) for d in result["detail"]):
+        lines.append(">= : the flood lost < 0.5 % (PDR) or nothing (NDR), so the generator was "
+                     "the limit and the rate is a lower bound")
+    cis = [ci for refs in result["ratios"].values() for figs in refs.values()
+           for _, _, ci in ratio_figures(figs) if ci is not None]
+    if cis:
+        lines.append("[lo-hi]: 95 % interval of the ratio (percentile bootstrap of the ratio "
+                     "of medians over the trials)" + ("; ~ : the interval includes 1.0x, "
+                                                      "no difference shown"
+                                                      if any(map(straddles_one, cis)) else ""))
+    return lines
+
+
 def ratio_lines(result: dict) -> list[str]:
     lines = []
     for path, reason in dict.fromkeys((d["path"], d["skipped"]) for d in result["detail"]
                                       if d.get("skipped")):
         lines.append(f"{path}: skipped: {reason}")
-    if any(generator_limited(d) for d in result["detail"]):
-        lines.append(">= : the flood lost < 0.5 %, so the generator was the limit and the "
-                     "no-drop rate is a lower bound")
+    lines += legend_lines(result)
     for path, refs in result["ratios"].items():
         for ref, figs in refs.items():
-            parts = [f"{k}={v:.2f}x" if v is not None else f"{k}=-" for k, v in figs.items()]
+            parts = [f"{n}={ratio_text(v, ci)}" for n, v, ci in ratio_figures(figs)]
             lines.append(f"{path} / {ref}: " + "  ".join(parts))
     return lines
 
@@ -173,8 +287,10 @@ def markdown(result: dict) -> str:
     for path, refs in result["ratios"].items():
         for ref, figs in refs.items():
             out.append(f"| {path} / {ref} | " + " | ".join(
-                f"{figs[n]:.2f}x" if figs.get(n) is not None else "-"
-                for n, _, _ in RATIO_FIGURES) + " |")
+                ratio_text(v, ci) for _, v, ci in ratio_figures(figs)) + " |")
+    out.append("")
+    for line in legend_lines(result):
+        out += [line, ""]
     return "\n".join(out)
 
 
@@ -217,7 +333,7 @@ OTHER_COLOR = "#8c8c8c"          # a path without a colour of its own
 
 
 def plot(result: dict, path: str) -> str:
-    """Three panels: no-drop and flood rates per path and size, TCP, latency."""
+    """Three panels: PDR, NDR and flood rates per path and size, TCP, latency."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -236,14 +352,17 @@ def plot(result: dict, path: str) -> str:
     w = 0.8 / max(len(paths), 1)
     for i, p in enumerate(paths):
         xs = [j + (i - (len(paths) - 1) / 2) * w for j in range(len(sizes))]
+        pd = [med(det.get((p, s)), "pdr_pps") for s in sizes]
         nd = [med(det.get((p, s)), "ndr_pps") for s in sizes]
         fl = [med(det.get((p, s)), "flood_rx_pps") for s in sizes]
-        ax.bar(xs, [v[0] / 1e3 for v in nd], w, color=COLORS.get(p, OTHER_COLOR), label=p,
-               yerr=[[v[1] / 1e3 for v in nd], [v[2] / 1e3 for v in nd]], capsize=3)
+        ax.bar(xs, [v[0] / 1e3 for v in pd], w, color=COLORS.get(p, OTHER_COLOR), label=p,
+               yerr=[[v[1] / 1e3 for v in pd], [v[2] / 1e3 for v in pd]], capsize=3)
+        ax.plot(xs, [v[0] / 1e3 for v in nd], "k_", markersize=12,
+                label="NDR (nothing lost)" if i == 0 else None)
         ax.plot(xs, [v[0] / 1e3 for v in fl], "kv", markersize=6,
                 label="flood rx" if i == 0 else None)
     ax.set_xticks(range(len(sizes)), [f"{s} B" for s in sizes])
-    ax.set_ylabel("kpps (bars: no-drop rate, <0.5% loss)")
+    ax.set_ylabel("kpps (bars: PDR, <0.5% loss)")
     ax.set_title("UDP packet rate")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
@@ -252,8 +371,13 @@ def plot(result: dict, path: str) -> str:
     tc = [med(det.get((p, None)), "tcp_gbps") for p in paths]
     ax.bar(paths, [v[0] for v in tc], color=[COLORS.get(p, OTHER_COLOR) for p in paths],
            yerr=[[v[1] for v in tc], [v[2] for v in tc]], capsize=3)
+    ax.plot(paths, [med(det.get((p, None)), "tcp4_gbps")[0] for p in paths], "k^",
+            label="4 streams")
+    ax.plot(paths, [med(det.get((p, None)), "tcp_rev_gbps")[0] for p in paths], "kx",
+            label="reverse")
     ax.set_ylabel("Gbit/s")
-    ax.set_title("one TCP stream (iperf3)")
+    ax.set_title("TCP (iperf3; bars: one stream)")
+    ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
 
     ax = axes[2]
@@ -263,11 +387,13 @@ def plot(result: dict, path: str) -> str:
         xs = [j + (i - (len(paths) - 1) / 2) * w for j in range(len(groups))]
         p50 = [med(det.get((p, s)), "rtt_p50_us")[0] for _, s in groups]
         p99 = [med(det.get((p, s)), "rtt_p99_us")[0] for _, s in groups]
+        p999 = [med(det.get((p, s)), "rtt_p999_us")[0] for _, s in groups]
         ax.bar(xs, p50, w, color=COLORS.get(p, OTHER_COLOR), label=p)
         ax.plot(xs, p99, "k_", markersize=10, label="p99" if i == 0 else None)
+        ax.plot(xs, p999, "k.", markersize=6, label="p99.9" if i == 0 else None)
     ax.set_xticks(range(len(groups)), [g for g, _ in groups])
     ax.set_yscale("log")
-    ax.set_ylabel("round trip, us (bars p50, dash p99)")
+    ax.set_ylabel("round trip, us (bars p50, dash p99, dot p99.9)")
     ax.set_title("UDP request/response latency")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)

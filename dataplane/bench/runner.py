@@ -1,9 +1,13 @@
 """One bench run: setup, every path on one testbed, results.
 
 Order, per path: set the path up, check that it carries traffic, then per
-trial: idle latency, one TCP stream, and per size a flood (with the
-forwarders' cost), the no-drop search and latency under half the no-drop
-load. Paths run one after another on the same two hosts.
+trial: idle latency, TCP (one stream, four streams, the reverse direction), and
+per size a flood (with the forwarders' cost), the PDR and NDR searches and
+latency under half the path's own PDR. Paths run one after another on the
+same two hosts. Then the common-load pass: every path that ran is set up
+again and its latency measured at the same offered rate for all of them, the
+highest rate every path carried whole (the lowest NDR of the run), so that
+latencies compare at equal load rather than at each path's own.
 """
 from __future__ import annotations
 
@@ -30,17 +34,20 @@ class Profile:
     name: str
     trials: int
     flood_s: float        # each flood trial
-    probe_s: float        # each no-drop search probe
-    steps: int            # probes per no-drop search
+    probe_s: float        # each PDR/NDR search probe
+    steps: int            # probes per PDR search
+    ndr_steps: int        # probes per NDR search, below the PDR (its probes seed it)
     lat_count: int        # round trips per latency measurement
     lat_interval_us: int
     tcp_s: float          # iperf3 -t
 
 
-QUICK = Profile("quick", trials=1, flood_s=0.4, probe_s=0.25, steps=3, lat_count=300,
-                lat_interval_us=500, tcp_s=1.0)
-FULL = Profile("full", trials=3, flood_s=1.5, probe_s=0.8, steps=6, lat_count=2000,
-               lat_interval_us=500, tcp_s=3.0)
+QUICK = Profile("quick", trials=1, flood_s=0.4, probe_s=0.25, steps=3, ndr_steps=2,
+                lat_count=300, lat_interval_us=500, tcp_s=1.0)
+# Five trials: enough for a median that shrugs off one stalled trial and for an interval of
+# each ratio (report.ratio_ci); shorter TCP runs pay for the two TCP variants.
+FULL = Profile("full", trials=5, flood_s=1.5, probe_s=0.8, steps=6, ndr_steps=4,
+               lat_count=2000, lat_interval_us=500, tcp_s=2.0)
 
 
 class Progress:
@@ -96,7 +103,9 @@ def machine_info(profile: Profile, trials: int, paths, tools: dict) -> dict:
         "pinning": "sender, rr client, iperf3 client, host A forwarder: CPU0; "
                    "sink, echo, iperf3 server, host B forwarder: CPU1; "
                    "RPS of each veth (both ends) and overlay device to its host's CPU",
-        "loss_limit": measure.LOSS_LIMIT,
+        "loss_limit": measure.PDR_LOSS,
+        "pdr_loss_limit": measure.PDR_LOSS,
+        "ndr_loss_limit": measure.NDR_LOSS,
         "profile": asdict(profile),
         "tools": tools,
     }
@@ -144,6 +153,13 @@ def run(paths=PATHS, profile: Profile = FULL, trials: int | None = None,
                 log.error("path %s failed: %s", name, e)
                 errors.append(f"{name}: {e}")
                 progress(f"{name}: FAILED: {e}")
+        rates = common_load(samples, SIZES)
+        if rates:
+            machine["common_load_pps"] = {str(k): v for k, v in rates.items()}
+            _common_pass(topo, tools, samples, rates, profile, trials, batch, routes,
+                         progress, flanneld, errors)
+        else:
+            progress("common load: skipped (it needs two paths with an NDR)")
     machine["loadavg_end"] = os.getloadavg()[0]
     machine["duration_s"] = round(progress.elapsed, 1)
     if errors:
@@ -162,6 +178,149 @@ def _add(store: dict, size, key: str, value) -> None:
     store.setdefault(size, {}).setdefault(key, []).append(value)
 
 
+def common_load(samples: dict, sizes) -> dict:
+    """Per size, the highest rate every path of the run carried whole: the lowest of the
+    paths' NDRs (median over trials). Only paths that ran count (a failed or skipped one has
+    no samples); with fewer than two there is nothing to compare, and a size where some
+    path's NDR is 0 or missing gets no common load."""
+    if len(samples) < 2:
+        return {}
+    out = {}
+    for size in sizes:
+        meds = [report.summarize(per.get(size, {}).get("ndr_pps", [])) for per in samples.values()]
+        if all(m and m["median"] > 0 for m in meds):
+            out[size] = min(m["median"] for m in meds)
+    return out
+
+
+def _common_pass(topo, tools, samples: dict, rates: dict, profile: Profile, trials: int,
+                 batch, routes, progress, flanneld, errors: list) -> None:
+    progress("common load: every path again, latency at "
+             + ", ".join(f"{r / 1e3:.1f} kpps ({s} B)" for s, r in rates.items())
+             + ", the lowest NDR of the run")
+    for name in list(samples):
+        try:
+            got = _run_common(topo, tools, name, profile, trials, batch, routes, progress,
+                              flanneld, rates)
+        except Exception as e:
+            log.error("path %s failed in the common-load pass: %s", name, e)
+            errors.append(f"{name} (common load): {e}")
+            progress(f"{name}: common load FAILED: {e}")
+            continue
+        for size, figs in got.items():
+            for key, vals in figs.items():
+                samples[name].setdefault(size, {}).setdefault(key, []).extend(vals)
+
+
+def _run_common(topo, tools, name, profile: Profile, trials: int, batch, routes, progress,
+                flanneld, rates: dict) -> dict:
+    """The latency of path ``name`` under each size's common load, ``trials`` times."""
+    path = make_path(topo, name, batch=batch, routes=routes, flanneld=flanneld)
+    out: dict = {}
+    progress(f"{name}: setting up (common load)")
+    path.setup()
+    try:
+        for t in range(1, trials + 1):
+            for size, rate in rates.items():
+                load = measure.latency(topo, tools, count=profile.lat_count,
+                                       interval_us=profile.lat_interval_us,
+                                       bg_rate=rate, bg_size=size)
+                _add(out, size, "common_load_pps", load.get("bg_offered_pps"))
+                _add(out, size, "common_bg_loss", load.get("bg_loss"))
+                for key, v in measure.rtt_figures(load, "common_rtt_").items():
+                    _add(out, size, key, v)
+                progress(f"{name} trial {t}/{trials} {size} B: rtt under common "
+                         f"{rate / 1e3:.1f} kpps: {_rtt_text(load)}")
+    finally:
+        path.teardown()
+    return out
+
+
+def _rtt_text(rr: dict) -> str:
+    return (f"p50 {rr['p50_us']:.0f} p90 {rr.get('p90_us', 0):.0f} p99 {rr['p99_us']:.0f} "
+            f"p99.9 {rr.get('p999_us', 0):.0f} max {rr['max_us']:.0f} us "
+            f"(n={rr['received']})")
+
+
+def _add_rtt(out: dict, size, rr: dict) -> None:
+    for key, v in measure.rtt_figures(rr).items():
+        _add(out, size, key, v)
+    _add(out, size, "rtt_lost", rr["lost"])
+
+
+TCP_VARIANTS = (("tcp", 1, False, "one stream"), ("tcp4", 4, False, "4 streams"),
+                ("tcp_rev", 1, True, "reverse"))
+
+
+def _idle_and_tcp(topo, tools, profile: Profile, out: dict, tag: str, progress) -> None:
+    idle = measure.latency(topo, tools, count=profile.lat_count,
+                           interval_us=profile.lat_interval_us)
+    _add_rtt(out, None, idle)
+    parts = []
+    for key, streams, reverse, what in TCP_VARIANTS:
+        res = measure.tcp(topo, tools, seconds=profile.tcp_s, streams=streams, reverse=reverse)
+        _add(out, None, f"{key}_gbps", res["gbps"])
+        _add(out, None, f"{key}_retransmits", res["retransmits"])
+        parts.append(f"{what} {res['gbps']:.2f} Gbit/s ({res['retransmits']} retr)")
+    progress(f"{tag}: idle rtt {_rtt_text(idle)}; TCP " + ", ".join(parts))
+
+
+def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, progress):
+    fl = measure.flood(topo, tools, path, size=size, duration=profile.flood_s,
+                       quiet_since=time.time())
+    cost = fl["cost"] or {}
+    _add(out, size, "flood_rx_pps", fl["rx_pps"])
+    _add(out, size, "flood_loss", fl["loss"])
+    _add(out, size, "flood_tx_pps", fl["tx_pps"])
+    # The flood lost < 0.5 %: the generator, not the path, was the limit, and the PDR is a
+    # lower bound.
+    _add(out, size, "generator_limited", fl["loss"] < measure.PDR_LOSS)
+    _add(out, size, "flood_drops", fl["drops"])
+    _add(out, size, "cpu_ns_per_packet", cost.get("cpu_ns_per_packet"))
+    _add(out, size, "flood_machine_cpu_ns_per_packet", fl["machine_cpu_ns_per_packet"])
+    _add(out, size, "syscalls_per_packet", cost.get("syscalls_per_packet"))
+    for k in ("send_cpu_ns_per_packet", "recv_cpu_ns_per_packet",
+              "send_syscalls_per_packet", "recv_syscalls_per_packet"):
+        if cost:
+            _add(out, size, k, cost.get(k))
+    # flanneld's forwarders count no syscalls: its CPU alone (daemon_paths.py)
+    per_packet = [f"{cost[k]:{fmt}} {what}" for k, fmt, what in (
+        ("cpu_ns_per_packet", ".0f", "ns CPU"),
+        ("syscalls_per_packet", ".2f", "syscalls")) if cost.get(k) is not None]
+    progress(f"{tag} {size} B: flood offered {fl['tx_pps'] / 1e3:.1f} kpps, "
+             f"received {fl['rx_pps'] / 1e3:.1f} kpps, loss {fl['loss'] * 100:.1f}%"
+             + (f", machine {fl['machine_cpu_ns_per_packet']:.0f} ns CPU per packet"
+                if fl["machine_cpu_ns_per_packet"] is not None else "")
+             + (f", {' and '.join(per_packet)} per packet" if per_packet else ""))
+    if fl["drops"]:
+        progress(f"  drops: {_top_drops(fl['drops'])}")
+    if cost.get("offload_ops"):
+        _add(out, size, "flood_offload_ops", cost["offload_ops"])
+        progress("  offloads: " + "; ".join(
+            f"{h} " + ", ".join(f"{k} {v}" for k, v in ops.items())
+            for h, ops in cost["offload_ops"].items()))
+    return fl
+
+
+def _rates_and_load(topo, tools, profile: Profile, out: dict, size: int, fl: dict, tag: str,
+                    progress) -> None:
+    trial = measure.udp_prober(topo, tools, size=size, duration=profile.probe_s)
+    nd = measure.pdr_ndr(trial, flood_res=fl, steps=profile.steps,
+                         ndr_steps=profile.ndr_steps, progress=progress)
+    for key in ("pdr_pps", "ndr_pps", "pdr_probes", "ndr_probes", "machine_cpu_ns_per_packet"):
+        _add(out, size, key, nd[key])
+    load = measure.latency(topo, tools, count=profile.lat_count,
+                           interval_us=profile.lat_interval_us,
+                           bg_rate=nd["pdr_pps"] / 2, bg_size=size)
+    _add_rtt(out, size, load)
+    _add(out, size, "rtt_bg_pps", load.get("bg_offered_pps"))
+    progress(f"{tag} {size} B: PDR {nd['pdr_pps'] / 1e3:.1f} kpps, NDR "
+             f"{nd['ndr_pps'] / 1e3:.1f} kpps"
+             + (f" (machine {nd['machine_cpu_ns_per_packet']:.0f} ns CPU per packet at the PDR)"
+                if nd["machine_cpu_ns_per_packet"] is not None else "")
+             + f"; rtt under {nd['pdr_pps'] / 2e3:.1f} kpps (half the PDR): {_rtt_text(load)}")
+
+
 def _run_path(topo, tools, name, profile: Profile, trials: int, batch, routes,
               progress, flanneld=None) -> dict:
     path = make_path(topo, name, batch=batch, routes=routes, flanneld=flanneld)
@@ -174,69 +333,10 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, routes,
             raise measure.MeasureError(f"{name} path carries no traffic ({check})")
         for t in range(1, trials + 1):
             tag = f"{name} trial {t}/{trials}"
-            idle = measure.latency(topo, tools, count=profile.lat_count,
-                                   interval_us=profile.lat_interval_us)
-            _add(out, None, "rtt_p50_us", idle["p50_us"])
-            _add(out, None, "rtt_p99_us", idle["p99_us"])
-            _add(out, None, "rtt_lost", idle["lost"])
-            tcp = measure.tcp(topo, tools, seconds=profile.tcp_s)
-            _add(out, None, "tcp_gbps", tcp["gbps"])
-            _add(out, None, "tcp_retransmits", tcp["retransmits"])
-            progress(f"{tag}: idle rtt p50 {idle['p50_us']:.0f} us p99 {idle['p99_us']:.0f} us; "
-                     f"TCP {tcp['gbps']:.2f} Gbit/s, {tcp['retransmits']} retransmits")
+            _idle_and_tcp(topo, tools, profile, out, tag, progress)
             for size in SIZES:
-                fl = measure.flood(topo, tools, path, size=size, duration=profile.flood_s,
-                                   quiet_since=time.time())
-                cost = fl["cost"] or {}
-                _add(out, size, "flood_rx_pps", fl["rx_pps"])
-                _add(out, size, "flood_loss", fl["loss"])
-                _add(out, size, "flood_tx_pps", fl["tx_pps"])
-                # The flood lost nothing: the generator, not the path, was the
-                # limit, and the no-drop rate is a lower bound.
-                _add(out, size, "generator_limited", fl["loss"] < measure.LOSS_LIMIT)
-                _add(out, size, "flood_drops", fl["drops"])
-                _add(out, size, "cpu_ns_per_packet", cost.get("cpu_ns_per_packet"))
-                _add(out, size, "flood_machine_cpu_ns_per_packet",
-                     fl["machine_cpu_ns_per_packet"])
-                _add(out, size, "syscalls_per_packet", cost.get("syscalls_per_packet"))
-                for k in ("send_cpu_ns_per_packet", "recv_cpu_ns_per_packet",
-                          "send_syscalls_per_packet", "recv_syscalls_per_packet"):
-                    if cost:
-                        _add(out, size, k, cost.get(k))
-                # flanneld's forwarders count no syscalls: its CPU alone (daemon_paths.py)
-                per_packet = [f"{cost[k]:{fmt}} {what}" for k, fmt, what in (
-                    ("cpu_ns_per_packet", ".0f", "ns CPU"),
-                    ("syscalls_per_packet", ".2f", "syscalls")) if cost.get(k) is not None]
-                progress(f"{tag} {size} B: flood offered {fl['tx_pps'] / 1e3:.1f} kpps, "
-                         f"received {fl['rx_pps'] / 1e3:.1f} kpps, loss {fl['loss'] * 100:.1f}%"
-                         + (f", machine {fl['machine_cpu_ns_per_packet']:.0f} ns CPU per packet"
-                            if fl["machine_cpu_ns_per_packet"] is not None else "")
-                         + (f", {' and '.join(per_packet)} per packet" if per_packet else ""))
-                if fl["drops"]:
-                    progress(f"  drops: {_top_drops(fl['drops'])}")
-                if cost.get("offload_ops"):
-                    _add(out, size, "flood_offload_ops", cost["offload_ops"])
-                    progress("  offloads: " + "; ".join(
-                        f"{h} " + ", ".join(f"{k} {v}" for k, v in ops.items())
-                        for h, ops in cost["offload_ops"].items()))
-                nd = measure.ndr_search(topo, tools, size=size, flood_res=fl, steps=profile.steps,
-                                        duration=profile.probe_s, progress=progress)
-                _add(out, size, "ndr_pps", nd["ndr_pps"])
-                _add(out, size, "ndr_probes", nd["probes"])
-                _add(out, size, "machine_cpu_ns_per_packet", nd["machine_cpu_ns_per_packet"])
-                load = measure.latency(topo, tools, count=profile.lat_count,
-                                       interval_us=profile.lat_interval_us,
-                                       bg_rate=nd["ndr_pps"] / 2, bg_size=size)
-                _add(out, size, "rtt_p50_us", load["p50_us"])
-                _add(out, size, "rtt_p99_us", load["p99_us"])
-                _add(out, size, "rtt_lost", load["lost"])
-                _add(out, size, "rtt_bg_pps", load.get("bg_offered_pps"))
-                progress(f"{tag} {size} B: no-drop {nd['ndr_pps'] / 1e3:.1f} kpps"
-                         + (f" (machine {nd['machine_cpu_ns_per_packet']:.0f} ns CPU per packet)"
-                            if nd["machine_cpu_ns_per_packet"] is not None else "")
-                         + "; rtt under "
-                         f"{nd['ndr_pps'] / 2e3:.1f} kpps: p50 {load['p50_us']:.0f} us "
-                         f"p99 {load['p99_us']:.0f} us")
+                fl = _flood(topo, tools, path, profile, out, size, tag, progress)
+                _rates_and_load(topo, tools, profile, out, size, fl, tag, progress)
     finally:
         path.teardown()
     return out

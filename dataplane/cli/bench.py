@@ -10,21 +10,27 @@ DESCRIPTION = """\
 Measure, in one run on one two-host testbed (network namespaces; traffic never
 leaves them): direct routing, kernel VXLAN, the C engine and the Python engine.
 
-Per path and UDP payload size (64 and 1400 bytes): the no-drop rate (highest
-offered rate with < 0.5 % loss, bounded bisection), the flood receive rate and
-the loss at flood, round-trip latency under half the no-drop load, and for the
-engines the CPU time and syscalls per forwarded packet. Per path, with size
-null: one TCP stream (iperf3) and the idle round-trip latency. Figures are the
-median of the trials; the table shows [min-max]. Ratios compare each engine
-to kernel VXLAN and to direct routing from the same run.
+Per path and UDP payload size (64 and 1400 bytes), named as RFC 2544 / FD.io
+CSIT do: the NDR (highest offered rate with no datagram lost) and the PDR (< 0.5 %
+loss; what this bench called "no-drop" before), found by bounded bisection; the
+flood receive rate and the loss at flood; round-trip latency (p50, p90, p99,
+p99.9, max and the sample count) under half the path's PDR; and for the engines
+the CPU time and syscalls per forwarded packet. Per path, with size null: TCP
+(iperf3: one stream, four streams, the reverse direction) and the idle round
+trip. Then every path again, its latency at one common load: the lowest NDR of
+the run, a rate every path carried whole. Figures are the median of the
+trials; the table shows [min-max]. Ratios compare each engine to kernel VXLAN
+and to direct routing from the same run, with a 95 % interval from the trials
+(full run; "~" marks one that includes 1.0).
 
-The full run takes under 10 minutes, --quick under 60 seconds. See
+The full run (5 trials) of the four default paths takes about 15 minutes (an
+estimate from its probe counts); --quick (1 trial) about a minute. See
 perf/README.md for the method and how to read the plot."""
 
 
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true",
-                   help="one trial, short probes: finishes within 60 s")
+                   help="one trial, short probes, no ratio intervals: about a minute")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object {"rows", "ratios", "machine"} on stdout '
                         "instead of the table")
@@ -43,7 +49,8 @@ def add_arguments(p) -> None:
                    help="the flanneld binary the flanneld path runs (not part of this project; "
                         "figures of that path are that flanneld's udp backend on this testbed)")
     p.add_argument("--trials", type=int, default=None,
-                   help="trials per measurement (default: 3, or 1 with --quick)")
+                   help="trials per measurement (default: 5, or 1 with --quick; ratio "
+                        "intervals need 3 or more)")
     p.add_argument("--batch", type=int, default=None,
                    help="engine batch size passed to `flannel-udp forward` (default: its own)")
     p.add_argument("--routes", type=int, default=0, metavar="N",

@@ -22,12 +22,14 @@ import pytest
 from tests.conftest import require, require_engine, require_etcd, require_root
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ROW_KEYS = {"path", "size", "ndr_pps", "flood_rx_pps", "flood_loss", "tcp_gbps",
-            "rtt_p50_us", "rtt_p99_us", "machine_cpu_ns_per_packet", "cpu_ns_per_packet",
-            "syscalls_per_packet"}
+PCT = ("p50", "p90", "p99", "p999", "max")
+ROW_KEYS = {"path", "size", "ndr_pps", "pdr_pps", "flood_rx_pps", "flood_loss", "tcp_gbps",
+            "tcp4_gbps", "tcp_rev_gbps", *(f"rtt_{p}_us" for p in PCT), "rtt_samples",
+            "common_load_pps", *(f"common_rtt_{p}_us" for p in PCT),
+            "machine_cpu_ns_per_packet", "cpu_ns_per_packet", "syscalls_per_packet"}
 PATHS = ("direct", "vxlan", "c", "python")
-RATIO_FIGURES = {"ndr_pps_64", "ndr_pps_1400", "flood_rx_pps_64", "flood_rx_pps_1400",
-                 "tcp_gbps", "machine_cpu_64"}
+RATIO_FIGURES = {"ndr_pps_64", "ndr_pps_1400", "pdr_pps_64", "pdr_pps_1400", "flood_rx_pps_64",
+                 "flood_rx_pps_1400", "tcp_gbps", "tcp4_gbps", "tcp_rev_gbps", "machine_cpu_64"}
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -40,7 +42,7 @@ def bench_json():
     require(shutil.which("iperf3") is not None, "needs iperf3 (apt-get install iperf3)")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-m", "dataplane", "bench", "--quick", "--json"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=85)
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, f"bench failed ({r.returncode}):\n{r.stderr[-3000:]}"
     lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1, f"stdout is not one JSON object:\n{r.stdout[:2000]}"
@@ -58,15 +60,18 @@ def test_shape(bench_json):
         for k in ROW_KEYS - {"path", "size"}:
             assert r[k] is None or isinstance(r[k], (int, float)), (r, k)
         if r["size"] is None:     # the TCP + idle latency row
-            assert r["ndr_pps"] is None and r["flood_rx_pps"] is None
+            assert r["ndr_pps"] is None and r["pdr_pps"] is None and r["flood_rx_pps"] is None
+            assert r["common_load_pps"] is None
         else:
-            assert r["tcp_gbps"] is None
+            assert r["tcp_gbps"] is None and r["tcp4_gbps"] is None
         if r["path"] in ("direct", "vxlan"):   # no forwarding process to account
             assert r["cpu_ns_per_packet"] is None and r["syscalls_per_packet"] is None
     ratios = data["ratios"]
     for engine in ("c", "python"):
         for ref in ("vxlan", "direct"):
-            assert set(ratios[engine][ref]) == RATIO_FIGURES
+            assert set(ratios[engine][ref]) == RATIO_FIGURES | {"ci95"}
+            # one trial (--quick): no interval
+            assert all(v is None for v in ratios[engine][ref]["ci95"].values())
     m = data["machine"]
     assert m["mode"] == "quick" and m["trials"] == 1 and "errors" not in m
     for k in ("date_utc", "command", "cpus", "kernel", "pinning"):
@@ -80,19 +85,28 @@ def test_every_path_moved_traffic(bench_json):
         for size in (64, 1400):
             r = by[(p, size)]
             assert r["flood_rx_pps"] > 0, (p, size, r)
-            assert r["ndr_pps"] > 0, (p, size, r)
+            assert r["pdr_pps"] > 0, (p, size, r)
+            assert 0 <= r["ndr_pps"] <= r["pdr_pps"], (p, size, r)
             assert 0 <= r["flood_loss"] <= 1, (p, size, r)
-            assert r["rtt_p50_us"] > 0 and r["rtt_p99_us"] >= r["rtt_p50_us"], (p, size, r)
+            rtt = [r[f"rtt_{q}_us"] for q in PCT]
+            assert rtt[0] > 0 and rtt == sorted(rtt) and r["rtt_samples"] > 0, (p, size, r)
+            # common load: one offered rate for every path, the lowest NDR of the run
+            assert r["common_load_pps"] is None or r["common_load_pps"] > 0, (p, size, r)
             # every path, the kernel's too, costs the machine some CPU per packet
             assert r["machine_cpu_ns_per_packet"] > 0, (p, size, r)
             if p in ("c", "python"):
                 assert r["syscalls_per_packet"] > 0, (p, size, r)
                 assert r["cpu_ns_per_packet"] is not None and r["cpu_ns_per_packet"] >= 0
         idle = by[(p, None)]
-        assert idle["tcp_gbps"] > 0, (p, idle)
-        assert idle["rtt_p50_us"] > 0, (p, idle)
+        assert idle["tcp_gbps"] > 0 and idle["tcp4_gbps"] > 0 and idle["tcp_rev_gbps"] > 0, idle
+        assert idle["rtt_p50_us"] > 0 and idle["rtt_samples"] > 0, (p, idle)
     for engine in ("c", "python"):
-        assert data["ratios"][engine]["vxlan"]["ndr_pps_64"] > 0
+        assert data["ratios"][engine]["vxlan"]["pdr_pps_64"] > 0
+    common = data["machine"].get("common_load_pps") or {}
+    for size, rate in common.items():
+        ndr = min(by[(p, int(size))]["ndr_pps"] for p in PATHS)
+        assert rate == pytest.approx(ndr, abs=0.1), (size, common)
+        assert all(by[(p, int(size))]["common_rtt_p50_us"] > 0 for p in PATHS)
 
 
 def _host_state(side) -> dict:

@@ -82,11 +82,24 @@ def test_a_run_without_a_binary_skips_flanneld_and_runs_the_others(monkeypatch, 
 
     monkeypatch.setattr(runner.build, "setup", lambda: {"udpgen": "udpgen", "iperf3": "iperf3"})
     monkeypatch.setattr(runner, "BenchTopo", Topo)
+    common = []
+
+    def run_common(topo, tools, name, profile, trials, batch, routes, progress, flanneld, rates):
+        common.append((name, rates))
+        return {size: {"common_load_pps": [rate], "common_rtt_p99_us": [40.0]}
+                for size, rate in rates.items()}
+
     monkeypatch.setattr(runner, "_run_path", run_path)
+    monkeypatch.setattr(runner, "_run_common", run_common)
     progress = _Lines()
     res = runner.run(paths=["direct", "flanneld", "c"], profile=runner.QUICK, progress=progress)
     lines = progress.lines
     assert ran == ["direct", "c"]
+    # the second pass: the paths that ran, at the lowest NDR of each size
+    assert common == [("direct", {64: 100e3, 1400: 50e3}), ("c", {64: 100e3, 1400: 50e3})]
+    assert any(ln.startswith("common load: every path again") for ln in lines)
+    c64 = next(r for r in res["rows"] if r["path"] == "c" and r["size"] == 64)
+    assert c64["common_load_pps"] == 100e3 and c64["common_rtt_p99_us"] == 40.0
     assert "errors" not in res["machine"]               # a skip is no failure: exit status 0
     assert res["machine"]["skipped"] == {"flanneld": FLANNELD_SKIP}
     assert f"flanneld: skipped: {FLANNELD_SKIP}" in lines

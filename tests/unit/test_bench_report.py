@@ -1,4 +1,5 @@
-"""The bench's result shaping (no root): rows, medians, ratios, the JSON object."""
+"""The bench's result shaping (no root): rows, medians, ratios and their intervals, the
+table and the JSON object."""
 from __future__ import annotations
 
 import json
@@ -10,9 +11,12 @@ SIZES = (64, 1400)
 
 def _samples():
     def sized(ndr, flood, cost=None):
-        d = {"ndr_pps": ndr, "flood_rx_pps": flood, "flood_loss": [0.1, 0.2, 0.3],
+        d = {"ndr_pps": [v * 0.9 for v in ndr], "pdr_pps": ndr, "flood_rx_pps": flood,
+             "flood_loss": [0.1, 0.2, 0.3],
              "machine_cpu_ns_per_packet": [1e9 / f for f in flood],
-             "rtt_p50_us": [80, 90, 100], "rtt_p99_us": [200, 300, 400],
+             "rtt_p50_us": [80, 90, 100], "rtt_p90_us": [150, 160, 170],
+             "rtt_p99_us": [200, 300, 400], "rtt_p999_us": [500, 600, 700],
+             "rtt_max_us": [900, 1000, 1100], "rtt_samples": [300, 300, 299],
              "generator_limited": [False, False, True], "ndr_probes": [[], [], []]}
         if cost:
             d["cpu_ns_per_packet"] = cost
@@ -21,6 +25,7 @@ def _samples():
 
     def idle(gbps):
         return {"tcp_gbps": gbps, "tcp_retransmits": [0, 1, 2],
+                "tcp4_gbps": [g * 2 for g in gbps], "tcp_rev_gbps": gbps,
                 "rtt_p50_us": [50, 60, 70], "rtt_p99_us": [90, 95, 99]}
     return {
         "direct": {64: sized([600e3, 610e3, 620e3], [650e3] * 3),
@@ -38,14 +43,17 @@ def test_rows_shape_and_medians():
     assert len(rows) == 4 * 3
     assert all(tuple(r) == report.ROW_KEYS for r in rows)
     by = {(r["path"], r["size"]): r for r in rows}
-    assert by[("vxlan", 64)]["ndr_pps"] == 450e3
+    assert by[("vxlan", 64)]["pdr_pps"] == 450e3
+    assert by[("vxlan", 64)]["ndr_pps"] == 405e3
+    assert by[("vxlan", 64)]["rtt_p999_us"] == 600 and by[("vxlan", 64)]["rtt_samples"] == 300
+    assert by[("c", None)]["tcp4_gbps"] == 4.5
     assert by[("c", 64)]["cpu_ns_per_packet"] == 4000
     assert by[("c", None)]["tcp_gbps"] == 2.25
     assert by[("direct", 64)]["cpu_ns_per_packet"] is None      # no forwarding process
     assert by[("direct", None)]["ndr_pps"] is None               # not a UDP size
     assert all(v is None for k, v in by[("python", 64)].items() if k not in ("path", "size"))
     det = {(d["path"], d["size"]): d for d in res["detail"]}
-    assert det[("vxlan", 64)]["ndr_pps"] == {"median": 450e3, "min": 400e3, "max": 500e3,
+    assert det[("vxlan", 64)]["pdr_pps"] == {"median": 450e3, "min": 400e3, "max": 500e3,
                                              "trials": [400e3, 500e3, 450e3]}
     assert det[("c", None)]["tcp_retransmits"]["median"] == 1
     assert det[("c", 64)]["generator_limited"] == [False, False, True]
@@ -55,13 +63,17 @@ def test_ratios_from_the_same_run():
     res = report.build(_samples(), ["direct", "vxlan", "c"], SIZES, {})
     r = res["ratios"]
     assert set(r) == {"c", "vxlan"}                      # no python in this run
-    assert r["c"]["vxlan"]["ndr_pps_64"] == round(250e3 / 450e3, 3)
-    assert r["c"]["direct"]["ndr_pps_64"] == round(250e3 / 610e3, 3)
+    assert r["c"]["vxlan"]["pdr_pps_64"] == round(250e3 / 450e3, 3)
+    assert r["c"]["vxlan"]["ndr_pps_64"] == round(225e3 / 405e3, 3)
+    assert r["c"]["direct"]["pdr_pps_64"] == round(250e3 / 610e3, 3)
     assert r["c"]["vxlan"]["tcp_gbps"] == 0.25
     # the whole machine's CPU per packet, engine over VXLAN (lower is better)
     assert r["c"]["vxlan"]["machine_cpu_64"] == round(480e3 / 260e3, 3)
     assert r["vxlan"]["direct"]["tcp_gbps"] == round(9 / 8, 3)
-    assert set(r["c"]["vxlan"]) == {n for n, _, _ in report.RATIO_FIGURES}
+    assert set(r["c"]["vxlan"]) == {n for n, _, _ in report.RATIO_FIGURES} | {"ci95"}
+    assert set(r["c"]["vxlan"]["ci95"]) == {n for n, _, _ in report.RATIO_FIGURES}
+    lo, hi = r["c"]["vxlan"]["ci95"]["pdr_pps_64"]
+    assert lo <= r["c"]["vxlan"]["pdr_pps_64"] <= hi and hi < 1.0
 
 
 def test_public_object_and_table(capsys):
@@ -72,8 +84,10 @@ def test_public_object_and_table(capsys):
     report.print_table(res)
     out = capsys.readouterr().out
     assert "c / vxlan" in out and "450.0 [400.0-500.0]" in out
+    assert "90/300/600/1000 (n=300)" in out        # p50/p99/p99.9/max medians, n
     md = report.markdown(res)
     assert md.count("\n| c | ") == 3
+    assert "| c / vxlan | 0.56x [" in md and "95 % interval" in md
 
 
 def test_generator_limited_marks_a_lower_bound():
@@ -85,10 +99,10 @@ def test_generator_limited_marks_a_lower_bound():
 def test_engine_variant_paths_get_their_own_ratios():
     s = _samples()
     s["c-base"] = {k: dict(v) for k, v in s["c"].items()}
-    s["c-base"][64]["ndr_pps"] = [100e3] * 3
+    s["c-base"][64]["pdr_pps"] = [100e3] * 3
     res = report.build(s, ["direct", "vxlan", "c-base", "c"], SIZES, {"mode": "full"})
-    assert res["ratios"]["c-base"]["vxlan"]["ndr_pps_64"] == round(100e3 / 450e3, 3)
-    assert res["ratios"]["c"]["vxlan"]["ndr_pps_64"] == round(250e3 / 450e3, 3)
+    assert res["ratios"]["c-base"]["vxlan"]["pdr_pps_64"] == round(100e3 / 450e3, 3)
+    assert res["ratios"]["c"]["vxlan"]["pdr_pps_64"] == round(250e3 / 450e3, 3)
     assert "python" not in res["ratios"]
 
 
@@ -111,3 +125,65 @@ def test_c_direct_is_on_request_only():
     assert "c-direct" in DAEMON_PATHS and "c-direct" in ALL_PATHS
     assert "c-direct" not in PATHS and "c-direct" not in p.parse_args([]).paths.split(",")
     assert "c-direct" in p.format_help()
+
+
+# -- the interval of a ratio ----------------------------------------------
+
+def test_interval_of_clearly_different_paths_excludes_one():
+    ci = report.ratio_ci([50, 52, 49, 51, 50], [100, 98, 103, 101, 99])
+    assert ci[0] <= 50 / 100 <= ci[1] and ci[1] < 1.0
+    assert not report.straddles_one(ci)
+
+
+def test_interval_of_overlapping_paths_straddles_one():
+    ci = report.ratio_ci([90, 110, 100, 80, 120], [100, 85, 115, 95, 105])
+    assert ci[0] < 1.0 < ci[1] and report.straddles_one(ci)
+
+
+def test_interval_is_reproducible_and_needs_three_trials():
+    a, b = [3.0, 4.0, 5.0, 4.5, 3.5], [4.0, 4.1, 3.9, 4.2, 3.8]
+    assert report.ratio_ci(a, b) == report.ratio_ci(a, b)           # fixed seed
+    assert report.ratio_ci([1.0], [2.0]) is None                     # a quick run
+    assert report.ratio_ci([1.0, 2.0, None], [2.0, 2.0, 2.0]) is None
+    assert report.ratio_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0]) is None
+    # identical trials: the interval is the point
+    assert report.ratio_ci([2.0] * 5, [4.0] * 5) == [0.5, 0.5]
+
+
+def test_straddle_flag_in_the_ratio_text():
+    assert report.ratio_text(0.9, [0.8, 1.05]) == "0.90x [0.80-1.05]~"
+    assert report.ratio_text(0.5, [0.4, 0.6]) == "0.50x [0.40-0.60]"
+    assert report.ratio_text(0.5, None) == "0.50x" and report.ratio_text(None, None) == "-"
+    assert report.straddles_one([1.0, 1.2]) and not report.straddles_one(None)
+
+
+def test_table_flags_a_ratio_whose_interval_includes_one(capsys):
+    s = _samples()
+    s["c"][None]["tcp_gbps"] = [7.0, 8.5, 9.5]          # vs direct's 8.0: no difference
+    res = report.build(s, ["direct", "vxlan", "c"], SIZES, {"mode": "full"})
+    assert report.straddles_one(res["ratios"]["c"]["direct"]["ci95"]["tcp_gbps"])
+    report.print_table(res)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("c / direct"))
+    assert "tcp_gbps=1.06x [" in line and line.split("tcp_gbps=")[1].split()[1].endswith("~")
+    assert "~ : the interval includes 1.0x" in out
+
+
+def test_ndr_lower_bound_when_the_flood_lost_nothing():
+    assert report.ndr_generator_limited({"flood_loss": {"trials": [0.0, 0.0, 0.01]}})
+    assert not report.ndr_generator_limited({"flood_loss": {"trials": [0.0, 0.001, 0.01]}})
+    assert not report.ndr_generator_limited({})
+
+
+def test_common_load_latency_in_the_rows_and_the_table(capsys):
+    s = _samples()
+    for path in ("direct", "vxlan", "c"):
+        s[path][64].update(common_load_pps=[225e3] * 3, common_rtt_p50_us=[70, 75, 80],
+                           common_rtt_p99_us=[300, 310, 320], common_rtt_p999_us=[400] * 3,
+                           common_rtt_max_us=[500] * 3, common_rtt_samples=[2000] * 3)
+    res = report.build(s, ["direct", "vxlan", "c"], SIZES, {"mode": "full"})
+    by = {(r["path"], r["size"]): r for r in res["rows"]}
+    assert by[("c", 64)]["common_load_pps"] == 225e3 and by[("c", 64)]["common_rtt_p99_us"] == 310
+    assert by[("c", 1400)]["common_load_pps"] is None
+    report.print_table(res)
+    assert "75/310/400/500 (n=2000)" in capsys.readouterr().out
