@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 PATHS = ("direct", "vxlan", "c", "python")
 # Engine paths with fixed settings, to measure one step at a time (`--paths
 # c-base,c,...`): before offloads and queues, with 20 us coalescing, with
-# real-time loop threads (host/sched.py); `c` and
+# real-time loop threads (host/sched.py), and real-time with 20-100 us coalescing (the latency
+# trade-off, perf/README.md#latency-under-load); `c` and
 # `python` themselves run `forward`'s defaults.
 ENGINE_VARIANTS = {
     "c-base": ("c", ("--queues", "1", "--offload", "off", "--coalesce-usecs", "0")),
@@ -47,6 +48,9 @@ ENGINE_VARIANTS = {
     "c-rt": ("c", ("--realtime-priority", "1")),
     "python-rt": ("python", ("--realtime-priority", "1")),
     "c-rt-coalesce20": ("c", ("--realtime-priority", "1", "--coalesce-usecs", "20")),
+    "c-rt-coalesce30": ("c", ("--realtime-priority", "1", "--coalesce-usecs", "30")),
+    "c-rt-coalesce50": ("c", ("--realtime-priority", "1", "--coalesce-usecs", "50")),
+    "c-rt-coalesce100": ("c", ("--realtime-priority", "1", "--coalesce-usecs", "100")),
 }
 # Real daemons over an etcd on both hosts (daemon_paths.py): `c-direct`, the C engine's daemon
 # with DirectRouting on; `flanneld`, the real flanneld's udp backend (a binary the caller names,
