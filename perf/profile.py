@@ -22,13 +22,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataplane.bench import build, measure  # noqa: E402
-from dataplane.bench.paths import PATHS, make_path  # noqa: E402
+from dataplane.bench.path_choice import make_path  # noqa: E402
+from dataplane.bench.paths import ALL_PATHS  # noqa: E402
 from dataplane.bench.topo import BenchTopo  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--path", default="c", help=f"a bench path ({', '.join(PATHS)}, c-base, c-offload)")
+    ap.add_argument("--path", default="c", help=f"a bench path ({', '.join(ALL_PATHS)})")
     ap.add_argument("--tcp", action="store_true", help="one TCP stream instead of UDP")
     ap.add_argument("--size", type=int, default=64, help="UDP payload bytes (default 64)")
     ap.add_argument("--rate", type=float, default=0, help="UDP packets/s, 0 = flood (default)")
