@@ -135,8 +135,10 @@ def main() -> int:
             if a.nice or a.slice_us:
                 for tid in forwarders:
                     set_fair(tid, a.nice, a.slice_us)
-                print(f"{len(forwarders)} forwarder threads: nice {a.nice}, slice "
-                      f"{a.slice_us or 'default'} us", file=sys.stderr)
+                # Read back: setpriority on a TID changes that thread only, the trap of renice.
+                got = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in forwarders}
+                print(f"{len(forwarders)} forwarder threads: nice {sorted(set(got.values()))}, "
+                      f"slice {a.slice_us or 'default'} us", file=sys.stderr)
             rec = None
             if a.perf:
                 rec = subprocess.Popen(["perf", "sched", "record", "-a", "-o", a.perf, "--",

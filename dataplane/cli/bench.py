@@ -83,6 +83,7 @@ def main(args) -> int:
     import sys
 
     from . import missing_extra
+    from .interrupt import signals_interrupt
     if missing_extra("bench", "bench", ("rich", "matplotlib")):
         return 2
     from dataplane.host.atomicfile import write_atomic
@@ -111,11 +112,17 @@ def main(args) -> int:
     if out_dir is None and not args.json:
         out_dir = str(build.PERF_DIR / "out") if build.in_checkout() else OUT_OUTSIDE_CHECKOUT
     try:
-        result = runner.run(paths=paths, profile=profile, trials=args.trials, batch=args.batch,
-                            routes=args.routes, progress=progress, flanneld=args.flanneld)
+        with signals_interrupt():
+            result = runner.run(paths=paths, profile=profile, trials=args.trials,
+                                batch=args.batch, routes=args.routes, progress=progress,
+                                flanneld=args.flanneld)
     except build.SetupError as e:
         print(f"flannel-udp bench: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nflannel-udp bench: interrupted: everything it started has been removed",
+              file=sys.stderr)
+        return 130
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         write_atomic(os.path.join(out_dir, "results.json"), json.dumps(result, indent=1) + "\n")

@@ -59,10 +59,10 @@ def main(args) -> int:
     import json
     import logging
     import os
-    import signal
     import sys
 
     from . import missing_extra
+    from .interrupt import signals_interrupt
     if missing_extra("demo", "demo", ("rich",)):
         return 2
     from ..demo.render import Renderer, make_console
@@ -92,12 +92,9 @@ def main(args) -> int:
                         "flannel-udp demo: one packet across a TUN/UDP overlay",
                         characters="=" if renderer.ascii else "─")
 
-    # SIGTERM (and SIGHUP: the terminal went away) take the same teardown path as Ctrl-C.
-    def _interrupt(signum, _frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        result = demo.run()
+        with signals_interrupt():
+            result = demo.run()
     except KeyboardInterrupt:
         print("\ninterrupted: everything the demo started has been removed", file=sys.stderr)
         return 130
@@ -107,9 +104,6 @@ def main(args) -> int:
             traceback.print_exc()
         print(f"demo failed: {e}\n(everything it started has been removed)", file=sys.stderr)
         return 1
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
     if args.out:
         from ..host.atomicfile import write_atomic

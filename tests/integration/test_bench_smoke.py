@@ -29,7 +29,8 @@ ROW_KEYS = {"path", "size", "ndr_pps", "pdr_pps", "flood_rx_pps", "flood_loss", 
             "machine_cpu_ns_per_packet", "cpu_ns_per_packet", "syscalls_per_packet"}
 PATHS = ("direct", "vxlan", "c", "python")
 RATIO_FIGURES = {"ndr_pps_64", "ndr_pps_1400", "pdr_pps_64", "pdr_pps_1400", "flood_rx_pps_64",
-                 "flood_rx_pps_1400", "tcp_gbps", "tcp4_gbps", "tcp_rev_gbps", "machine_cpu_64"}
+                 "flood_rx_pps_1400", "tcp_gbps", "tcp4_gbps", "tcp_rev_gbps", "machine_cpu_64",
+                 "rtt_p99_64", "common_rtt_p99_64"}
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -168,3 +169,72 @@ def test_c_direct_routes_around_flannel0():
         assert etcd.proc.poll() is not None and path.etcd is None
         after = {s.name: _host_state(s) for s in topo.sides}
         assert after == before
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, read from /proc (children before their parent exits)."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = {c for c, pp in parent.items() if pp == p}
+        out |= kids
+        todo.extend(kids)
+    return out
+
+
+def _netns_of(pid: int) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [ln.split()[0] for ln in out.splitlines() if ln.startswith(f"fu-{pid}-")]
+
+
+def test_sigterm_removes_what_the_bench_started():
+    """`kill` (or a service manager's stop) mid-run: the bench exits 130 and leaves no namespace
+    and no process of its own behind, as Ctrl-C does."""
+    require_root()
+    require(shutil.which("gcc") is not None, "needs gcc (the bench compiles its traffic generator)")
+    require(shutil.which("iperf3") is not None, "needs iperf3 (apt-get install iperf3)")
+    import select
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-m", "dataplane", "bench", "--quick", "--json",
+                          "--paths", "vxlan"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        # Mid-trial: the latency probe or the TCP stream runs once the path carries traffic.
+        deadline = time.monotonic() + 60
+        seen = ""
+        while "trial 1/1" not in seen and "idle rtt" not in seen:
+            assert time.monotonic() < deadline and p.poll() is None, seen[-2000:]
+            if select.select([p.stderr], [], [], 1.0)[0]:
+                seen += p.stderr.readline()
+        kids = _descendants(p.pid)
+        assert _netns_of(p.pid), "the bench's namespaces should exist while it runs"
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert _netns_of(p.pid) == []
+    alive = [k for k in kids if os.path.exists(f"/proc/{k}") and _zombie_free(k)]
+    assert alive == [], f"processes left behind: {alive}"
+
+
+def _zombie_free(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
