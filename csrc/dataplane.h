@@ -161,6 +161,7 @@ enum dp_limits {
     DP_LOCAL_MAX = 65536,        /* dp_loop_set_local: addresses at most */
     DP_COALESCE_MAX_US = 1000,   /* dp_loop_set_coalesce: a millisecond at most */
     DP_DENSE_WAITS = 4,          /* dp_loop_set_coalesce: "densely" is within this many waits */
+    DP_LIGHT_PACKETS = 2,        /* dp_loop_set_coalesce: a direction this light still wakes */
     DP_ROUNDS = 8,               /* dp_loop_run: batches per direction between two polls */
     DP_WAKE_MS = 1000,           /* dp_loop_run: the longest wait, so dp_state.beats moves */
     DP_VNET_HDR_LEN = 10         /* struct virtio_net_hdr (DP_OFF_TUN_VNET) */
@@ -301,8 +302,11 @@ int dp_loop_stats(dp_loop *loop, dp_stats *out);
  * nothing. What a pass read is sent before the wait: no packet is held
  * back, but a packet that arrives during a wait waits up to usecs longer
  * (the cost in latency), and each wake-up finds more packets (fewer wake-ups
- * and syscalls per packet, longer trains). 0 (the default) turns it off;
- * more than DP_COALESCE_MAX_US is -EINVAL. */
+ * and syscalls per packet, longer trains). A direction whose last pass
+ * handled at most DP_LIGHT_PACKETS packets (the replies, the ACKs beside a
+ * bulk flow) still wakes the wait at once: only a busy direction is worth
+ * holding, and a light flow then does not queue behind a bulk flow's timer.
+ * 0 (the default) turns it off; more than DP_COALESCE_MAX_US is -EINVAL. */
 int dp_loop_set_coalesce(dp_loop *loop, uint32_t usecs);
 
 /* Thread-safe: the ICMP error rate limit (see above). rate 0 = unlimited;

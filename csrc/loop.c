@@ -107,20 +107,46 @@ static uint64_t pass(struct dp_loop *l, enum dp_io tun, enum dp_io udp, uint32_t
     return handled(l) - before;
 }
 
-/* The coalescing wait: only the wake fd can end it early, so the packets
- * that arrive meanwhile queue up in the TUN and the socket instead of
- * waking us one by one. Then a pass over both, without epoll_wait. */
-static uint64_t coalesce(struct dp_loop *l, uint32_t us)
-{
-    struct pollfd pfd = { .fd = l->wake_fd, .events = POLLIN };
-    struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)us * 1000 };
+enum dp_light { DP_LIGHT_TUN = 1, DP_LIGHT_UDP = 2 };
 
+/* Whether a direction is light: at most DP_LIGHT_PACKETS per whole wait of
+ * `us`, at the rate it had over the last `ns` (a wait cut short and its
+ * pass). A rate, not a count: after a short wait the busy direction has
+ * few packets too, and counted it would wake us per packet. */
+static inline int light(uint64_t packets, uint64_t ns, uint32_t us)
+{
+    return packets * us * 1000u <= (uint64_t)DP_LIGHT_PACKETS * (ns ? ns : 1);
+}
+
+/* The coalescing wait: the wake fd, and the fd of each direction in
+ * `*lights` (light in the last wait and pass), can end it early; a busy
+ * direction's packets queue up in the TUN or the socket meanwhile instead of
+ * waking us one by one. Then a pass over both, without epoll_wait; it sets
+ * `*lights` for the next wait. */
+static uint64_t coalesce(struct dp_loop *l, uint32_t us, int *lights)
+{
+    struct pollfd pfd[3] = { { .fd = l->wake_fd, .events = POLLIN } };
+    struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)us * 1000 };
+    uint64_t t0 = dp_now_ns(), tun0, udp0, tun, udp, ns;
+    nfds_t n = 1;
+
+    if (*lights & DP_LIGHT_TUN)
+        pfd[n++] = (struct pollfd){ .fd = l->tun_fd, .events = POLLIN };
+    if (*lights & DP_LIGHT_UDP)
+        pfd[n++] = (struct pollfd){ .fd = l->udp_fd, .events = POLLIN };
     sys_count(l, DP_ST_COALESCE_WAITS);
-    if (ppoll(&pfd, 1, &ts, NULL) > 0)
+    if (ppoll(pfd, n, &ts, NULL) > 0 && (pfd[0].revents & POLLIN))
         wake_drain(l);
     if (is_stopping(l))
         return 0;
-    return pass(l, DP_IO_MORE, DP_IO_MORE, 0);
+    tun0 = l->path.c.v[DP_ST_TUN_RX_PACKETS];
+    udp0 = l->path.c.v[DP_ST_UDP_RX_PACKETS];
+    pass(l, DP_IO_MORE, DP_IO_MORE, 0);
+    tun = l->path.c.v[DP_ST_TUN_RX_PACKETS] - tun0;
+    udp = l->path.c.v[DP_ST_UDP_RX_PACKETS] - udp0;
+    ns = dp_now_ns() - t0;
+    *lights = (light(tun, ns, us) ? DP_LIGHT_TUN : 0) | (light(udp, ns, us) ? DP_LIGHT_UDP : 0);
+    return tun + udp;
 }
 
 int dp_loop_run(dp_loop *l)
@@ -130,6 +156,7 @@ int dp_loop_run(dp_loop *l)
     enum dp_io tun, udp;
     uint32_t tun_events, us;
     uint64_t work, now, last_work_ns = 0;
+    int lights;
 
     if (!l)
         return -EINVAL;
@@ -177,8 +204,9 @@ int dp_loop_run(dp_loop *l)
          * lone packet (a ping, a request) finds no wait in its way. */
         now = dp_now_ns();
         if (now - last_work_ns < (uint64_t)us * 1000u * DP_DENSE_WAITS) {
+            lights = 0;      /* unknown yet: the first wait holds both */
             while (work && !is_stopping(l) && !l->tun_gone) {
-                work = coalesce(l, us);
+                work = coalesce(l, us, &lights);
                 if (work)
                     now = dp_now_ns();
             }

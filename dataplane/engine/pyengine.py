@@ -73,7 +73,7 @@ import time
 
 from . import pypath
 from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
-from .contract import (DENSE_WAITS, ICMP_BURST_DEFAULT, ROUNDS, STAT_NAMES, TR_TUN_WRITE,
+from .contract import (DENSE_WAITS, ICMP_BURST_DEFAULT, LIGHT_PACKETS, ROUNDS, STAT_NAMES, TR_TUN_WRITE,
                        TR_UDP_SEND, TRACE_KINDS, WAKE_MS)
 from .pypath import (COALESCE_WAITS, DROP_SEND_ERROR, DROP_TUN_FULL, POLLS, ROUTE_SWAPS,
                      RX_BATCHES, SYSCALLS, TUN_READS, TUN_RX_PACKETS, TUN_TX_BYTES,
@@ -478,18 +478,28 @@ class _Loop:
         except BlockingIOError:       # someone else's wake-up was already consumed
             pass
 
-    def coalesce(self, usecs: int) -> int:
-        """The coalescing wait: only the wake fd can end it early, so the packets that
-        arrive meanwhile queue up in the TUN and the socket instead of waking us one by
-        one. Then a pass over both, without epoll."""
+    def coalesce(self, usecs: int, lights: tuple[bool, bool]) -> tuple[int, tuple[bool, bool]]:
+        """The coalescing wait: the wake fd, and the fd of each direction light in the last
+        wait and pass (``lights``: TUN, UDP), can end it early; a busy direction's packets
+        queue up in the TUN or the socket meanwhile instead of waking us one by one. Then a
+        pass over both, without epoll. Returns its packets and the lights for the next wait:
+        a direction is light at LIGHT_PACKETS per whole wait or fewer, at the rate it had
+        over this wait and pass (loop.c: light)."""
         c = self.c
         c[SYSCALLS] += 1
         c[COALESCE_WAITS] += 1
-        if select.select([self.wake_fd], [], [], usecs / 1e6)[0]:
+        t0 = time.monotonic_ns()
+        watch = [self.wake_fd] + [fd for fd, lit in zip((self.tun_fd, self.udp_fd), lights)
+                                  if lit]
+        if self.wake_fd in select.select(watch, [], [], usecs / 1e6)[0]:
             self.wake_drain()
         if self.engine._stopping:
-            return 0
-        return self.one_pass(True, True, 0)
+            return 0, lights
+        tun0, udp0 = c[TUN_RX_PACKETS], c[UDP_RX_PACKETS]
+        self.one_pass(True, True, 0)
+        tun, udp = c[TUN_RX_PACKETS] - tun0, c[UDP_RX_PACKETS] - udp0
+        ns = max(time.monotonic_ns() - t0, 1)
+        return tun + udp, tuple(n * usecs * 1000 <= LIGHT_PACKETS * ns for n in (tun, udp))
 
     def run(self) -> Ended:
         engine, c = self.engine, self.c
@@ -520,8 +530,9 @@ class _Loop:
             # packet (a ping, a request) finds no wait in its way.
             now_ns = monotonic_ns()
             if now_ns - last_work_ns < usecs * 1000 * DENSE_WAITS:
+                lights = (False, False)       # unknown yet: the first wait holds both
                 while work and not engine._stopping and not self.gone:
-                    work = self.coalesce(usecs)
+                    work, lights = self.coalesce(usecs, lights)
                     if work:
                         now_ns = monotonic_ns()
             last_work_ns = now_ns
