@@ -40,7 +40,10 @@ def add_arguments(p) -> None:
     p.add_argument("--paths", default="direct,vxlan,c,python",
                    help="comma-separated paths (default: direct,vxlan,c,python); also c-base "
                         "(C engine, one queue, no offloads) and c-offload (one queue, offloads "
-                        "where the kernel has them), to measure the C engine's steps; c-direct: "
+                        "where the kernel has them), to measure the C engine's steps; "
+                        "c-coalesce20 and python-coalesce20 (20 us coalescing), c-rt and "
+                        "python-rt (real-time loop threads), c-rt-coalesce20/30/50/100 (real-time "
+                        "with coalescing: the latency trade-off, perf/README.md); c-direct: "
                         "two `flannel-udp run --engine c` daemons over an etcd with DirectRouting "
                         "on (the same flow as direct, routed by the daemons); flanneld: the real "
                         "flanneld's udp backend on both hosts over an etcd (needs --flanneld, "
