@@ -23,8 +23,8 @@ trials; the table shows [min-max]. Ratios compare each engine to kernel VXLAN
 and to direct routing from the same run, with a 95 % interval from the trials
 (full run; "~" marks one that includes 1.0).
 
-The full run (5 trials) of the four default paths takes about 15 minutes (an
-estimate from its probe counts); --quick (1 trial) about a minute. See
+The full run (5 trials) of four paths takes about 10 minutes (613-638 s measured
+here); --quick (1 trial) about a minute. See
 perf/README.md for the method and how to read the plot."""
 
 
