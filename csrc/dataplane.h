@@ -302,10 +302,11 @@ int dp_loop_stats(dp_loop *loop, dp_stats *out);
  * nothing. What a pass read is sent before the wait: no packet is held
  * back, but a packet that arrives during a wait waits up to usecs longer
  * (the cost in latency), and each wake-up finds more packets (fewer wake-ups
- * and syscalls per packet, longer trains). A direction whose last pass
- * handled at most DP_LIGHT_PACKETS packets (the replies, the ACKs beside a
- * bulk flow) still wakes the wait at once: only a busy direction is worth
- * holding, and a light flow then does not queue behind a bulk flow's timer.
+ * and syscalls per packet, longer trains). A direction that brought at most
+ * DP_LIGHT_PACKETS packets per usecs over the last wait and pass (the
+ * replies, the ACKs beside a bulk flow) still wakes the wait at once: only
+ * a busy direction is worth holding, and a light flow then does not queue
+ * behind a bulk flow's timer.
  * 0 (the default) turns it off; more than DP_COALESCE_MAX_US is -EINVAL. */
 int dp_loop_set_coalesce(dp_loop *loop, uint32_t usecs);
 

@@ -122,12 +122,14 @@ static inline int light(uint64_t packets, uint64_t ns, uint32_t us)
  * `*lights` (light in the last wait and pass), can end it early; a busy
  * direction's packets queue up in the TUN or the socket meanwhile instead of
  * waking us one by one. Then a pass over both, without epoll_wait; it sets
- * `*lights` for the next wait. */
-static uint64_t coalesce(struct dp_loop *l, uint32_t us, int *lights)
+ * `*lights` for the next wait. `*last_work` is when the last pass that
+ * forwarded anything ended: the start of this wait, and moved to the end of
+ * this pass if it forwarded anything. */
+static uint64_t coalesce(struct dp_loop *l, uint32_t us, int *lights, uint64_t *last_work)
 {
     struct pollfd pfd[3] = { { .fd = l->wake_fd, .events = POLLIN } };
     struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)us * 1000 };
-    uint64_t t0 = dp_now_ns(), tun0, udp0, tun, udp, ns;
+    uint64_t tun0, udp0, tun, udp, end;
     nfds_t n = 1;
 
     if (*lights & DP_LIGHT_TUN)
@@ -144,8 +146,11 @@ static uint64_t coalesce(struct dp_loop *l, uint32_t us, int *lights)
     pass(l, DP_IO_MORE, DP_IO_MORE, 0);
     tun = l->path.c.v[DP_ST_TUN_RX_PACKETS] - tun0;
     udp = l->path.c.v[DP_ST_UDP_RX_PACKETS] - udp0;
-    ns = dp_now_ns() - t0;
-    *lights = (light(tun, ns, us) ? DP_LIGHT_TUN : 0) | (light(udp, ns, us) ? DP_LIGHT_UDP : 0);
+    end = dp_now_ns();
+    *lights = (light(tun, end - *last_work, us) ? DP_LIGHT_TUN : 0) |
+              (light(udp, end - *last_work, us) ? DP_LIGHT_UDP : 0);
+    if (tun + udp)
+        *last_work = end;
     return tun + udp;
 }
 
@@ -205,11 +210,8 @@ int dp_loop_run(dp_loop *l)
         now = dp_now_ns();
         if (now - last_work_ns < (uint64_t)us * 1000u * DP_DENSE_WAITS) {
             lights = 0;      /* unknown yet: the first wait holds both */
-            while (work && !is_stopping(l) && !l->tun_gone) {
-                work = coalesce(l, us, &lights);
-                if (work)
-                    now = dp_now_ns();
-            }
+            while (work && !is_stopping(l) && !l->tun_gone)
+                work = coalesce(l, us, &lights, &now);
         }
         last_work_ns = now;
     }

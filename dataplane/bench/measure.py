@@ -286,9 +286,9 @@ def passes(res: dict, loss_limit: float) -> bool:
 
 
 def _probe_record(rate: float, res: dict, ok: bool) -> dict:
+    cpu = res["machine_cpu_ns"] / res["received"] if res["received"] else None
     return {"target": round(rate), "offered": round(res["tx_pps"]), "loss": res["loss"],
-            "lost": res.get("lost"), "ok": ok, "machine_cpu_ns_per_packet": (res["machine_cpu_ns"] / res["received"]
-                                                    if res["received"] else None)}
+            "lost": res.get("lost"), "ok": ok, "machine_cpu_ns_per_packet": cpu}
 
 
 def search_rate(trial, *, hi: float, start: float, loss_limit: float, steps: int,
@@ -342,7 +342,7 @@ def ndr_seed(pdr: dict) -> dict:
     return seed
 
 
-def ndr_search(trial, *, flood_res: dict, steps: int, loss_limit: float, progress=None,
+def find_rate(trial, *, flood_res: dict, steps: int, loss_limit: float, progress=None,
                label: str = "rate", seed: dict | None = None) -> dict:
     """One search for the highest rate that passes ``loss_limit``: in [0, the flood's offered
     rate] from the flood's receive rate, or from ``seed`` (``ndr_seed``) when given."""
@@ -360,9 +360,9 @@ def ndr_search(trial, *, flood_res: dict, steps: int, loss_limit: float, progres
 def pdr_ndr(trial, *, flood_res: dict, steps: int, ndr_steps: int, progress=None) -> dict:
     """The PDR (< 0.5 % loss) and then the NDR (nothing lost) at or below it. The machine's
     CPU per packet is the PDR's: every path at a load it carries (almost) whole."""
-    pdr = ndr_search(trial, flood_res=flood_res, steps=steps, loss_limit=PDR_LOSS,
+    pdr = find_rate(trial, flood_res=flood_res, steps=steps, loss_limit=PDR_LOSS,
                      label="pdr", progress=progress)
-    ndr = ndr_search(trial, flood_res=flood_res, steps=ndr_steps, loss_limit=NDR_LOSS,
+    ndr = find_rate(trial, flood_res=flood_res, steps=ndr_steps, loss_limit=NDR_LOSS,
                      label="ndr", progress=progress, seed=ndr_seed(pdr))
     return {"pdr_pps": pdr["pps"], "ndr_pps": min(ndr["pps"], pdr["pps"]),
             "pdr_probes": pdr["probes"], "ndr_probes": ndr["probes"],

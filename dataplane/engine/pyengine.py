@@ -73,8 +73,8 @@ import time
 
 from . import pypath
 from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
-from .contract import (DENSE_WAITS, ICMP_BURST_DEFAULT, LIGHT_PACKETS, ROUNDS, STAT_NAMES, TR_TUN_WRITE,
-                       TR_UDP_SEND, TRACE_KINDS, WAKE_MS)
+from .contract import (DENSE_WAITS, ICMP_BURST_DEFAULT, LIGHT_PACKETS, ROUNDS, STAT_NAMES,
+                       TR_TUN_WRITE, TR_UDP_SEND, TRACE_KINDS, WAKE_MS)
 from .pypath import (COALESCE_WAITS, DROP_SEND_ERROR, DROP_TUN_FULL, POLLS, ROUTE_SWAPS,
                      RX_BATCHES, SYSCALLS, TUN_READS, TUN_RX_PACKETS, TUN_TX_BYTES,
                      TUN_TX_PACKETS, TUN_WRITES, TX_BATCHES, UDP_RECVS, UDP_RX_PACKETS, UDP_SENDS,
@@ -478,28 +478,32 @@ class _Loop:
         except BlockingIOError:       # someone else's wake-up was already consumed
             pass
 
-    def coalesce(self, usecs: int, lights: tuple[bool, bool]) -> tuple[int, tuple[bool, bool]]:
+    def coalesce(self, usecs: int, lights: tuple[bool, bool],
+                 last_work_ns: int) -> tuple[int, tuple[bool, bool], int]:
         """The coalescing wait: the wake fd, and the fd of each direction light in the last
         wait and pass (``lights``: TUN, UDP), can end it early; a busy direction's packets
         queue up in the TUN or the socket meanwhile instead of waking us one by one. Then a
-        pass over both, without epoll. Returns its packets and the lights for the next wait:
-        a direction is light at LIGHT_PACKETS per whole wait or fewer, at the rate it had
-        over this wait and pass (loop.c: light)."""
+        pass over both, without epoll. ``last_work_ns``: when the last pass that forwarded
+        anything ended, this wait's start. Returns the pass's packets, the lights for the
+        next wait (a direction is light at LIGHT_PACKETS per whole wait or fewer, at the rate
+        it had over this wait and pass; loop.c: light) and ``last_work_ns`` again, moved to
+        the end of this pass if it forwarded anything."""
         c = self.c
         c[SYSCALLS] += 1
         c[COALESCE_WAITS] += 1
-        t0 = time.monotonic_ns()
         watch = [self.wake_fd] + [fd for fd, lit in zip((self.tun_fd, self.udp_fd), lights)
                                   if lit]
         if self.wake_fd in select.select(watch, [], [], usecs / 1e6)[0]:
             self.wake_drain()
         if self.engine._stopping:
-            return 0, lights
+            return 0, lights, last_work_ns
         tun0, udp0 = c[TUN_RX_PACKETS], c[UDP_RX_PACKETS]
         self.one_pass(True, True, 0)
         tun, udp = c[TUN_RX_PACKETS] - tun0, c[UDP_RX_PACKETS] - udp0
-        ns = max(time.monotonic_ns() - t0, 1)
-        return tun + udp, tuple(n * usecs * 1000 <= LIGHT_PACKETS * ns for n in (tun, udp))
+        end = time.monotonic_ns()
+        ns = max(end - last_work_ns, 1)
+        lights = tuple(n * usecs * 1000 <= LIGHT_PACKETS * ns for n in (tun, udp))
+        return tun + udp, lights, end if tun + udp else last_work_ns
 
     def run(self) -> Ended:
         engine, c = self.engine, self.c
@@ -532,8 +536,6 @@ class _Loop:
             if now_ns - last_work_ns < usecs * 1000 * DENSE_WAITS:
                 lights = (False, False)       # unknown yet: the first wait holds both
                 while work and not engine._stopping and not self.gone:
-                    work, lights = self.coalesce(usecs, lights)
-                    if work:
-                        now_ns = monotonic_ns()
+                    work, lights, now_ns = self.coalesce(usecs, lights, now_ns)
             last_work_ns = now_ns
         return Ended("tun_gone", self.gone) if self.gone else Ended("stopped")

@@ -191,8 +191,8 @@ def _descendants(pid: int) -> set[int]:
 
 
 def _netns_of(pid: int) -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [ln.split()[0] for ln in out.splitlines() if ln.startswith(f"fu-{pid}-")]
+    from dataplane.testbed import netns
+    return [n for n in netns.list_netns() if netns.owner_pid(n) == pid]
 
 
 def test_sigterm_removes_what_the_bench_started():

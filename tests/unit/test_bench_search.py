@@ -65,10 +65,10 @@ def test_ndr_needs_no_probe_when_the_pdr_lost_nothing():
     assert len(res["pdr_probes"]) == 1
 
 
-def test_ndr_search_takes_the_loss_limit():
-    strict = measure.ndr_search(FakePath(clean=100e3, partial=250e3), flood_res=FLOOD, steps=6,
+def test_find_rate_takes_the_loss_limit():
+    strict = measure.find_rate(FakePath(clean=100e3, partial=250e3), flood_res=FLOOD, steps=6,
                                 loss_limit=measure.NDR_LOSS)
-    loose = measure.ndr_search(FakePath(clean=100e3, partial=250e3), flood_res=FLOOD, steps=6,
+    loose = measure.find_rate(FakePath(clean=100e3, partial=250e3), flood_res=FLOOD, steps=6,
                                loss_limit=measure.PDR_LOSS)
     assert strict["pps"] <= 100e3 < 200e3 <= loose["pps"]
 
