@@ -252,6 +252,13 @@ FLAGS: tuple[Flag, ...] = (
          "the rules stay after exit, remove them with: " + "; ".join(firewall.MASQ_REMOVAL)
          + " (nftables: " + firewall.REMOVAL_COMMANDS["nft"][0] + ")",
          kind="bool"),
+    Flag("ip-masq-fully-random-disable", _parse_bool, "disable the --random-fully flag of "
+         "the MASQUERADE rules (nftables: fully-random) that --ip-masq installs "
+         "(default: {default})", kind="bool"),
+    Flag("ip-blackhole-route", _parse_bool, "add a blackhole route for this host's lease "
+         "subnet, so that traffic to an address of it that no workload holds is dropped here "
+         "instead of leaving the host; checked every --iptables-resync seconds, moved with the "
+         "lease, left in place at exit (default: {default})", kind="bool"),
     Flag("iptables-resync", _parse_int, "resync period for iptables rules, in seconds "
          "(default: {default})", metavar="SECONDS", check=_range(1, 86400, " s")),
     Flag("iptables-forward-rules", _parse_bool, "add default accept rules to the FORWARD "

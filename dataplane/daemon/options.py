@@ -35,6 +35,10 @@ class Options:
     subnet_file: str = "/run/flannel/subnet.env"
     subnet_lease_renew_margin: int = 60
     ip_masq: bool = False
+    # flanneld v0.28: MASQUERADE without --random-fully (nftables: without fully-random)
+    ip_masq_fully_random_disable: bool = False
+    # flanneld v0.28: a `blackhole <own subnet>` route, kept on the resync tick, left at exit
+    ip_blackhole_route: bool = False
     iptables_resync: int = 5
     iptables_forward_rules: bool = True
     healthz_ip: str = "0.0.0.0"

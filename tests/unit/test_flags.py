@@ -76,6 +76,36 @@ def test_operator_flanneld_command_line_unchanged():
     assert any("vmodule" in w for w in o.warnings)
 
 
+# flanneld v0.28.9's unit file, its ExecStart verbatim (docs/flannel-compat.md#flanneld-v0-28)
+V028_EXEC_START = ("--etcd-endpoints=http://10.0.0.1:2379 --etcd-prefix=/coreos.com/network "
+                   "--iface=eth1 --ip-masq --ip-masq-fully-random-disable --ip-blackhole-route "
+                   "--iptables-resync=5 --subnet-lease-renew-margin=1439 "
+                   "--healthz-ip=127.0.0.1 --healthz-port=10254")
+
+
+def test_flanneld_v028_command_line_unchanged():
+    o = resolve(V028_EXEC_START.split())
+    assert o.ip_masq and o.ip_masq_fully_random_disable and o.ip_blackhole_route
+    assert o.subnet_lease_renew_margin == 1439 and o.iptables_resync == 5
+    assert o.warnings == []
+    default = resolve([])
+    assert not default.ip_masq_fully_random_disable and not default.ip_blackhole_route
+
+
+def test_flanneld_v028_flags_from_its_environment_file():
+    env = {"FLANNELD_IP_MASQ_FULLY_RANDOM_DISABLE": "true", "FLANNELD_IP_BLACKHOLE_ROUTE": "1"}
+    o = resolve([], env)
+    assert o.ip_masq_fully_random_disable and o.ip_blackhole_route
+    assert o.sources["ip_blackhole_route"] == "env"
+    # the command line wins over the environment, as in flanneld
+    o = resolve(["--ip-blackhole-route=false"], env)
+    assert not o.ip_blackhole_route and o.sources["ip_blackhole_route"] == "flag"
+    # a value that does not parse is logged and ignored, as flanneld does
+    o = resolve([], {"FLANNELD_IP_BLACKHOLE_ROUTE": "sometimes"})
+    assert not o.ip_blackhole_route
+    assert any("FLANNELD_IP_BLACKHOLE_ROUTE" in w for w in o.warnings)
+
+
 def test_env_fills_missing_flags_only():
     env = {"FLANNELD_ETCD_ENDPOINTS": "http://1.2.3.4:2379", "FLANNELD_IP_MASQ": "true",
            "FLANNELD_IFACE": "eth9", "FLANNELD_SUBNET_LEASE_RENEW_MARGIN": "5",
