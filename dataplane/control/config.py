@@ -1,13 +1,18 @@
 """The flannel network config (`<prefix>/config` in etcd), parsed and checked exactly as flanneld does.
 
-Behaviour follows flannel v0.20.2 `subnet/config.go` (`ParseConfig`, `CheckNetworkConfig`) and the udp
-backend's `Port` parsing; see docs/flannel-compat.md#network-config. Error texts are flanneld's own where it
-has one, so an operator sees the message they already know.
+The reference is flanneld v0.28.9 `pkg/subnet/config.go` (`ParseConfig`, `CheckNetworkConfig`) and the
+udp backend's `Port` parsing; see docs/flannel-compat.md#network-config. Error texts are flanneld's own
+where it has one, so an operator sees the message they already know.
 
 Go's `encoding/json` semantics are mirrored where they matter:
 * object keys match struct fields case-insensitively; unknown keys are ignored; a later duplicate wins;
 * a wrong JSON type for a field is an error (`json: cannot unmarshal ...`);
 * `Backend` absent -> backend `udp`; `Backend` present -> its `Type` (may be empty -> unknown backend).
+
+What differs from v0.20.2: `Networks` and `IPv6Networks` are no longer fields, so they are unknown keys,
+ignored whatever they hold, and a config with `Networks` but no `Network` fails as one with neither
+(v0.20.2 required `Network` as well, so no valid config changes meaning). `EnableNFTables`, a bool, is
+new; a change of it while the daemon runs needs a restart, as every other key (control/configwatch.py).
 
 This daemon runs only the udp backend and forwards IPv4 only, so two extra checks come after flanneld's:
 a non-udp backend type and an IPv6-only config are rejected with a message that says so.
@@ -49,6 +54,9 @@ class NetworkConfig:
     # Backend.DirectRouting (flanneld's vxlan backend's option; its udp backend ignores it):
     # peers on this host's link that have it too get a plain kernel route (control/direct.py)
     direct_routing: bool = False
+    # EnableNFTables (flanneld v0.28): the masquerade and forward rules go into nftables even
+    # where iptables exists (host/firewall.py)
+    enable_nftables: bool = False
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -65,9 +73,8 @@ class NetworkConfig:
 
 # Go field name -> (kind). Matching is case-insensitive, as encoding/json does.
 _FIELDS = {
-    "EnableIPv4": "bool", "EnableIPv6": "bool",
+    "EnableIPv4": "bool", "EnableIPv6": "bool", "EnableNFTables": "bool",
     "Network": "cidr4", "IPv6Network": "cidr6",
-    "Networks": "cidr4list", "IPv6Networks": "cidr6list",
     "SubnetMin": "ip4", "SubnetMax": "ip4",
     "IPv6SubnetMin": "ip6", "IPv6SubnetMax": "ip6",
     "SubnetLen": "uint", "IPv6SubnetLen": "uint",
@@ -76,7 +83,7 @@ _FIELDS = {
 _FIELDS_LOWER = {k.lower(): k for k in _FIELDS}
 
 _GO_TYPES = {"bool": "bool", "uint": "uint", "cidr4": "ip.IP4Net", "cidr6": "ip.IP6Net",
-             "cidr4list": "[]ip.IP4Net", "cidr6list": "[]ip.IP6Net", "ip4": "ip.IP4", "ip6": "ip.IP6"}
+             "ip4": "ip.IP4", "ip6": "ip.IP6"}
 
 
 def _json_kind(v: Any) -> str:
@@ -95,7 +102,8 @@ def _json_kind(v: Any) -> str:
 
 def _unmarshal_error(name: str, kind: str, v: Any) -> ConfigError:
     shown = _json_kind(v)
-    if shown == "number":
+    # Go quotes the number it failed to parse as an integer, but not one given for a bool.
+    if shown == "number" and kind != "bool":
         shown = f"number {v}"
     return ConfigError(f"json: cannot unmarshal {shown} into Go struct field Config.{name} of type {_GO_TYPES[kind]}")
 
@@ -125,11 +133,6 @@ def _convert(name: str, kind: str, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 0:
             raise _unmarshal_error(name, kind, v)
         return int(v)
-    if kind in ("cidr4list", "cidr6list"):
-        if not isinstance(v, list):
-            raise _unmarshal_error(name, kind, v)
-        one = "cidr4" if kind == "cidr4list" else "cidr6"
-        return [_convert(name, one, item) for item in v if item is not None]
     if not isinstance(v, str):
         raise _unmarshal_error(name, kind, v)
     if kind == "cidr4":
@@ -243,9 +246,9 @@ def _check_range(fam: _Family, network, subnet_len: int, smin, smax):
         raise ConfigError(f"{p}SubnetMax is not in the range of the {p}Network")
     mask = ((1 << fam.bits) - 1) ^ (size - 1)
     if int(smin) & mask != int(smin):
-        raise ConfigError(f"{p}SubnetMin is not on a {p}SubnetLen boundary: {smin}")
+        raise ConfigError(f"{p}SubnetMin is not on a SubnetLen boundary: {smin}")
     if int(smax) & mask != int(smax):
-        raise ConfigError(f"{p}SubnetMax is not on a {p}SubnetLen boundary: {smax}")
+        raise ConfigError(f"{p}SubnetMax is not on a SubnetLen boundary: {smax}")
     return subnet_len, smin, smax
 
 
@@ -281,13 +284,10 @@ def _parse_config(text: "str | bytes") -> NetworkConfig:
     btype, port, be, direct = _backend(f)
     enable4 = f.get("EnableIPv4", True)
     enable6 = f.get("EnableIPv6", False)
+    nftables = f.get("EnableNFTables", False)
 
     network = f.get("Network")
-    if f.get("Networks"):
-        network = network or f["Networks"][0]
     net6 = f.get("IPv6Network")
-    if f.get("IPv6Networks"):
-        net6 = net6 or f["IPv6Networks"][0]
 
     subnet_len, smin, smax = f.get("SubnetLen", 0), f.get("SubnetMin"), f.get("SubnetMax")
     if enable4:
@@ -314,5 +314,5 @@ def _parse_config(text: "str | bytes") -> NetworkConfig:
         network=network, subnet_len=subnet_len, subnet_min=smin, subnet_max=smax,
         backend_type=btype, backend_port=port, enable_ipv4=enable4, enable_ipv6=enable6,
         ipv6_network=net6, ipv6_subnet_len=len6, ipv6_subnet_min=min6, ipv6_subnet_max=max6,
-        backend=be, direct_routing=direct, raw=doc,
+        backend=be, direct_routing=direct, enable_nftables=nftables, raw=doc,
     )

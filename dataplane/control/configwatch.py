@@ -1,11 +1,11 @@
 """Following the network config while the daemon runs, to say what a change means.
 
-The daemon applies the config it read at start, as flanneld does: flannel0's route, the lease length
-and the port cannot change under running workloads. A config changed, broken or deleted in etcd later
-is therefore not applied, but it must not go unnoticed either: each new state of `<prefix>/config` is
-logged once (naming the key and the problem, in a bounded line), and `mismatch` says whether etcd holds
-something other than the running config (exported as flannel_udp_config_mismatch). Forwarding never
-depends on this watch.
+The daemon applies the config it read at start, as flanneld does: flannel0's route, the lease length,
+the port and where the firewall rules live (EnableNFTables) cannot change under running workloads. A
+config changed, broken or deleted in etcd later is therefore not applied, but it must not go unnoticed
+either: each new state of `<prefix>/config` is logged once (naming the key and the problem, in a bounded
+line), and `mismatch` says whether etcd holds something other than the running config (exported as
+flannel_udp_config_mismatch). Forwarding never depends on this watch.
 """
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ log = logging.getLogger(__name__)
 
 def config_changes(old: NetworkConfig, new: NetworkConfig) -> list[str]:
     """What differs between two valid configs, in the operator's field names."""
+    # Every key this daemon acts on is here: one left out would make its change read as "matches
+    # the running config" while the daemon keeps the old value until a restart.
     fields = (("Network", "network"), ("SubnetLen", "subnet_len"), ("SubnetMin", "subnet_min"),
               ("SubnetMax", "subnet_max"), ("Backend Type", "backend_type"), ("Port", "backend_port"),
-              ("DirectRouting", "direct_routing"))
+              ("DirectRouting", "direct_routing"), ("EnableNFTables", "enable_nftables"))
     out = []
     for label, attr in fields:
         a, b = getattr(old, attr), getattr(new, attr)

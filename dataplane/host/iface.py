@@ -11,14 +11,28 @@ Rules (flanneld ``main.go`` / ``LookupExtIface``), in order:
    of the main table;
 2. otherwise each ``--iface`` in order (an IP selects the interface holding
    it, with that address; anything else is a name), first found wins; then
-   each ``--iface-regex`` in order, matched against every interface's IPv4
-   addresses first, then against the interface names; then
-   ``--iface-can-reach`` (the interface ``ip route get IP`` would use, with
-   the route's source address). Nothing found is an error.
+   each ``--iface-regex`` in order, matched against every interface's usable
+   IPv4 addresses (below, in their order) first, then against the interface
+   names; then ``--iface-can-reach`` (the interface ``ip route get IP`` would
+   use, with the route's source address). Nothing found is an error.
 
-The address is the first global-unicast IPv4 address of the interface (in
-Go's sense: not 0/8-unspecified, loopback, link-local, multicast or
-broadcast; private ranges count), unless a rule chose one.
+The address, unless a rule chose one, is the first of the interface's usable
+IPv4 addresses in flanneld v0.28.9's order (v0.20.2 took the first global one
+in kernel order):
+
+* usable: global unicast in Go's sense (not unspecified, loopback,
+  link-local, multicast or broadcast; private ranges count) or link-local
+  (169.254/16), and not deprecated (``IFA_F_DEPRECATED``, ``preferred_lft 0``);
+* order: global before link-local, then permanent (``IFA_F_PERMANENT``: added
+  by hand or by a static network config) before dynamic (DHCP, with a
+  ``valid_lft``), then non-temporary before temporary (for IPv4 the kernel's
+  ``IFA_F_SECONDARY``, the same bit); ties keep kernel order.
+
+So on a host with a DHCP address and a static one, the static one is the
+PublicIP whichever came first, and a flannel-udp host and a flanneld host
+pick the same address and therefore the same lease. An address given by IP
+(``--iface IP``, ``--public-ip`` alone, the source of ``--iface-can-reach``)
+is taken as it is, whatever its flags.
 
 Netlink access goes through :class:`NetlinkView` so the rules can be tested
 without root against a fake (:class:`StaticView`).
@@ -40,12 +54,39 @@ class IfaceError(RuntimeError):
     """No usable external interface; the message says what to change."""
 
 
+# ifa_flags bits (linux/if_addr.h); IPv4 marks a secondary address with the bit IPv6 uses for a
+# temporary one, and flanneld's order tests that bit whatever the family
+IFA_F_SECONDARY = 0x01
+IFA_F_TEMPORARY = IFA_F_SECONDARY
+IFA_F_DEPRECATED = 0x20
+IFA_F_PERMANENT = 0x80
+
+
+@dataclass(frozen=True)
+class Addr:
+    """One IPv4 address of a link and its IFA_F_* flags."""
+    ip: ipaddress.IPv4Address
+    flags: int = IFA_F_PERMANENT
+
+    def __post_init__(self):
+        object.__setattr__(self, "ip", ipaddress.IPv4Address(self.ip))
+
+    def __str__(self):
+        return str(self.ip)
+
+
 @dataclass(frozen=True)
 class Link:
     name: str
     index: int
     mtu: int
-    addrs: tuple = ()       # IPv4 addresses as strings, in kernel order
+    # IPv4 addresses in kernel order, as Addr; a plain string is a permanent address (a static
+    # config's, the common case), so fakes can list addresses as strings
+    addrs: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "addrs", tuple(a if isinstance(a, Addr) else Addr(a)
+                                                for a in self.addrs))
 
 
 @dataclass(frozen=True)
@@ -68,11 +109,41 @@ def is_global_unicast(addr) -> bool:
                 or a == ipaddress.IPv4Address("255.255.255.255"))
 
 
-def first_global_ipv4(link: Link):
-    for a in link.addrs:
-        if is_global_unicast(a):
-            return ipaddress.IPv4Address(a)
-    return None
+def _preference(a: Addr, b: Addr) -> int:
+    """flanneld's comparison of two addresses: < 0 when ``a`` is preferred."""
+    a_global, b_global = is_global_unicast(a.ip), is_global_unicast(b.ip)
+    if a_global and b.ip.is_link_local:
+        return -1
+    if a.ip.is_link_local and b_global:
+        return 1
+    for bit, wanted in ((IFA_F_PERMANENT, True), (IFA_F_TEMPORARY, False)):
+        a_has, b_has = bool(a.flags & bit), bool(b.flags & bit)
+        if a_has != b_has:
+            return -1 if a_has == wanted else 1
+    return 0
+
+
+def usable_ipv4s(link: Link) -> list:
+    """The link's addresses flanneld would use, most preferred first (see the module doc)."""
+    # Sorted before filtering and by insertion, the steps flanneld's sort takes: its comparison is
+    # not transitive once an address that is neither global nor link-local (127.x on a veth) sits
+    # between two others, and only the same steps give the same order then. Go sorts up to 12
+    # elements by insertion, which keeps ties in kernel order; beyond 12, ties may come out of
+    # flanneld in another order.
+    order = list(link.addrs)
+    for i in range(1, len(order)):
+        j = i
+        while j > 0 and _preference(order[j], order[j - 1]) < 0:
+            order[j - 1], order[j] = order[j], order[j - 1]
+            j -= 1
+    return [a.ip for a in order
+            if (is_global_unicast(a.ip) or a.ip.is_link_local) and not a.flags & IFA_F_DEPRECATED]
+
+
+def preferred_ipv4(link: Link):
+    """The address flanneld takes from this link when no rule chose one; None if it has none."""
+    usable = usable_ipv4s(link)
+    return usable[0] if usable else None
 
 
 # --------------------------------------------------------------------------
@@ -95,11 +166,15 @@ class NetlinkView:
         self.close()
 
     def links(self) -> list[Link]:
-        addrs: dict[int, list[str]] = {}
+        addrs: dict[int, list[Addr]] = {}
         for a in self._ipr.get_addr(family=socket.AF_INET):
             ip = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
             if ip:
-                addrs.setdefault(a["index"], []).append(ip)
+                # the header holds only the low 8 bits; IFA_FLAGS, when the kernel sends it,
+                # holds them all and wins (as in flanneld's netlink library)
+                flags = a.get_attr("IFA_FLAGS")
+                flags = int(a["flags"] if flags is None else flags)
+                addrs.setdefault(a["index"], []).append(Addr(ip, flags))
         out = []
         for ln in self._ipr.get_links():
             idx = ln["index"]
@@ -151,13 +226,14 @@ class StaticView:
 # the rules
 
 def _describe(links) -> str:
-    return ", ".join(f"{l.name}:{first_global_ipv4(l) or '-'}" for l in links)
+    return ", ".join(f"{l.name}:{preferred_ipv4(l) or '-'}" for l in links)
 
 
 def _by_ip(links, ip: str):
+    want = ipaddress.IPv4Address(ip)
     for l in links:
-        if ip in l.addrs:
-            return l, ipaddress.IPv4Address(ip)
+        if any(a.ip == want for a in l.addrs):     # any address, as flanneld: flags do not matter
+            return l, want
     return None, None
 
 
@@ -180,10 +256,10 @@ def _lookup_one(links, view, iface: str = "", regex: str = "", can_reach: str = 
         raise IfaceError(f"no interface named {iface}")
     if regex:
         rx = re.compile(regex)
-        for l in links:                 # IPs first ...
-            for a in l.addrs:
-                if rx.search(a):
-                    return l, ipaddress.IPv4Address(a)
+        for l in links:                 # IPs first, the usable ones in preference order ...
+            for a in usable_ipv4s(l):
+                if rx.search(str(a)):
+                    return l, a
         for l in links:                 # ... then names
             if rx.search(l.name):
                 return l, None
@@ -212,7 +288,7 @@ def _finish(link: Link, addr, public_ip: str) -> ExternalInterface:
     if not link.mtu:
         raise IfaceError(f"failed to determine the MTU of {link.name}")
     if addr is None:
-        addr = first_global_ipv4(link)
+        addr = preferred_ipv4(link)
         if addr is None:
             raise IfaceError(f"failed to find an IPv4 address for interface {link.name}: "
                              "give it an address or choose another with --iface")

@@ -90,9 +90,50 @@ def test_backend_absent_is_udp_and_port_default():
     assert c.backend_type == "udp" and c.backend_port == 8285
 
 
-def test_networks_list_first_used():
-    c = parse_config('{"Networks":["10.7.0.0/16","10.8.0.0/16"]}')
-    assert c.network == IPv4Network("10.7.0.0/16")
+# -- keys as flanneld v0.28.9 has them ------------------------------------------------------------------
+@pytest.mark.parametrize("text", ['{"Networks":["10.7.0.0/16","10.8.0.0/16"]}',
+                                  '{"networks":["10.7.0.0/16"],"IPv6Networks":["fc00::/48"]}'])
+def test_networks_list_alone_is_no_network(text):
+    """`Networks` is no field of v0.28.9's config: without `Network` there is no network at all."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(text)
+    assert str(err.value) == "please define a correct Network parameter in the flannel config"
+
+
+@pytest.mark.parametrize("lists", ['"Networks":["10.7.0.0/16"]', '"Networks":"not a list"',
+                                   '"Networks":[1,{"x":2}]', '"IPv6Networks":42', '"ipv6networks":null'])
+def test_networks_lists_are_unknown_keys_ignored(lists):
+    c = parse_config(f'{{"Network":"10.5.0.0/16",{lists}}}')
+    assert c.network == IPv4Network("10.5.0.0/16") and c.subnet_len == 24
+    assert c.ipv6_network is None
+
+
+def test_enable_nftables_parsed_default_off():
+    assert parse_config('{"Network":"10.5.0.0/16"}').enable_nftables is False
+    assert parse_config('{"Network":"10.5.0.0/16","EnableNFTables":true}').enable_nftables is True
+    assert parse_config('{"Network":"10.5.0.0/16","EnableNFTables":false}').enable_nftables is False
+    # Go's field matching ignores case; null leaves the default; a later duplicate wins
+    assert parse_config('{"Network":"10.5.0.0/16","enablenftables":true}').enable_nftables is True
+    assert parse_config('{"Network":"10.5.0.0/16","EnableNFTables":null}').enable_nftables is False
+    assert parse_config('{"Network":"10.5.0.0/16","EnableNFTables":true,'
+                        '"ENABLENFTABLES":false}').enable_nftables is False
+
+
+@pytest.mark.parametrize("value,shown", [('"true"', "string"), ("1", "number"), ("0", "number"),
+                                         ("[true]", "array"), ('{"on":true}', "object")])
+def test_enable_nftables_not_a_bool_is_go_unmarshal_error(value, shown):
+    with pytest.raises(ConfigError) as err:
+        parse_config(f'{{"Network":"10.5.0.0/16","EnableNFTables":{value}}}')
+    assert str(err.value) == (f"json: cannot unmarshal {shown} into Go struct field "
+                              "Config.EnableNFTables of type bool")
+
+
+def test_number_into_a_bool_field_does_not_quote_the_number():
+    """Go quotes the number only for integer fields it failed to parse (SubnetLen -1, above)."""
+    with pytest.raises(ConfigError) as err:
+        parse_config('{"Network":"10.5.0.0/16","EnableIPv4":1}')
+    assert str(err.value) == ("json: cannot unmarshal number into Go struct field Config.EnableIPv4 "
+                              "of type bool")
 
 
 @pytest.mark.parametrize("text,message", [
@@ -173,6 +214,15 @@ def test_dual_stack_parsed_ipv6_ignored():
      "network must be able to accommodate at least four subnets"),
     ('{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48","IPv6SubnetMin":"fc01::"}',
      "IPv6SubnetMin is not in the range of the IPv6Network"),
+    ('{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48","IPv6SubnetMax":"fc01::"}',
+     "IPv6SubnetMax is not in the range of the IPv6Network"),
+    # v0.28.9 names SubnetLen (not IPv6SubnetLen) in the IPv6 boundary messages
+    ('{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48",'
+     '"IPv6SubnetMin":"fc00:0:0:1::1"}',
+     "IPv6SubnetMin is not on a SubnetLen boundary: fc00:0:0:1::1"),
+    ('{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48",'
+     '"IPv6SubnetMax":"fc00:0:0:2:8000::"}',
+     "IPv6SubnetMax is not on a SubnetLen boundary: fc00:0:0:2:8000::"),
     ('{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"10.6.0.0/16"}',
      "invalid CIDR address: 10.6.0.0/16"),
 ])

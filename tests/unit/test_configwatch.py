@@ -45,3 +45,28 @@ def test_each_state_is_logged_once_with_the_key_and_bounded(caplog):
     assert "unknown backend type: vxlan" in msgs[3] and "deleted" in msgs[4]
     assert "matches the running config again" in msgs[5]
     assert all("keeps running with" in m for m in msgs[:5])
+
+
+def test_enable_nftables_change_needs_a_restart(caplog):
+    """EnableNFTables moves the firewall rules between iptables and nftables: the running daemon keeps
+    the tool it started with, and says that a restart applies the new value."""
+    nft = json.dumps({"Network": "10.5.0.0/16", "Backend": {"Type": "udp"}, "EnableNFTables": True})
+    assert config_changes(RUNNING, parse_config(nft)) == ["EnableNFTables False -> True"]
+    w = ConfigWatcher(_Registry(), RUNNING)
+    with caplog.at_level(logging.INFO, logger="dataplane.control.configwatch"):
+        w.check(nft.encode())
+        assert w.mismatch
+        w.check(json.dumps(RUNNING.raw).encode())
+        assert not w.mismatch
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 2
+    assert "EnableNFTables False -> True" in msgs[0] and "restart the daemons to apply it" in msgs[0]
+    assert caplog.records[0].levelno == logging.WARNING
+    assert "matches the running config again" in msgs[1]
+
+
+def test_networks_key_change_is_no_change():
+    """`Networks` is an unknown key in flanneld v0.28.9 (docs/flannel-compat.md#network-config): adding
+    it changes nothing the daemon runs with."""
+    extra = parse_config('{"Network":"10.5.0.0/16","Backend":{"Type":"udp"},"Networks":["10.9.0.0/16"]}')
+    assert config_changes(RUNNING, extra) == []
