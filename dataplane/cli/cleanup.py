@@ -17,9 +17,12 @@ Remove what flannel-udp leaves behind on purpose when it stops, for a host that 
 overlay for good:
 
   * the firewall rules: the jumps to FLANNEL-POSTRTG and FLANNEL-FWD, both chains (and rules
-    of older flannels carrying their comments), or the nftables table ip flannel-udp;
+    of older flannels carrying their comments), and the nftables tables ip flannel-ipv4,
+    ip6 flannel-ipv6 (flanneld's, and ours with EnableNFTables) and ip flannel-udp (older
+    flannel-udp versions);
   * a flannel0 that outlived its daemon (a persistent TUN device named flannel<N>);
   * the routes DirectRouting made to peers on this host's link (proto 153);
+  * the blackhole route of --ip-blackhole-route, for the subnet subnet.env names;
   * subnet.env (--subnet-file) and socket files nobody listens on any more;
   * with --release-lease, this host's lease in etcd: the key whose PublicIP is this host's
     (the interface is chosen as `run` chooses it; a reservation, a key without a TTL, is the
@@ -193,6 +196,18 @@ def _del_link(name):
     return act
 
 
+def _blackhole_steps(subnet_file: str) -> list:
+    """[(what, action)] for the blackhole routes (--ip-blackhole-route's, or flanneld's) of the
+    subnet ``subnet_file`` names: read now, before the file itself is removed."""
+    from ..control.subnetfile import read_previous_subnet
+    from ..host import blackhole
+    subnet = read_previous_subnet(subnet_file)
+    if subnet is None or not blackhole.present(subnet):
+        return []
+    return [(f"{blackhole.removal_command(subnet)}    # --ip-blackhole-route",
+             lambda: blackhole.remove(subnet))]
+
+
 def main(args) -> int:
     from ..daemon.startup import StartupError
     from ..host import direct_routes, firewall
@@ -216,6 +231,7 @@ def main(args) -> int:
     for subnet, via in sorted(direct_routes.installed().items()):
         steps.append((f"ip route del {subnet} via {via} proto {direct_routes.PROTO}    "
                       "# DirectRouting", lambda subnet=subnet: direct_routes.delete(subnet)))
+    steps += _blackhole_steps(opts.subnet_file)
     if os.path.exists(opts.subnet_file):
         steps.append((f"rm {opts.subnet_file}", _unlink(opts.subnet_file)))
     for path in (opts.status_socket, opts.handover_socket):

@@ -219,7 +219,7 @@ def main(args: argparse.Namespace) -> int:
     from dataplane.host.offload import DEFAULT_MODE, Offloads
     from dataplane.host.queues import default_queues
     from dataplane.host.tun import TXQUEUELEN
-    from dataplane.host.udpsock import open_udp_sockets
+    from dataplane.host.udpsock import one_queue_warning, open_queue_sockets
     from pyroute2.netlink.exceptions import NetlinkError
 
     listen_ip, port = args.listen
@@ -275,7 +275,15 @@ def main(args: argparse.Namespace) -> int:
             netconf.add_network_route(args.network, tun_name)
         # Non-blocking, as the daemon's: a full socket buffer drops (and counts) a datagram
         # rather than stalling the loop, and the bench measures the daemon's data path.
-        socks = open_udp_sockets(listen_ip, port, queues, bufsize=args.sockbuf, blocking=False)
+        socks, refused = open_queue_sockets(listen_ip, port, queues, bufsize=args.sockbuf,
+                                            blocking=False)
+        if refused is not None:
+            # the daemon's fallback (daemon/main.py): no TUN queue may be left unread
+            log.warning("%s", one_queue_warning(refused, queues))
+            for fd in tun_fds[len(socks):]:
+                os.close(fd)
+            del tun_fds[len(socks):]
+            queues = len(socks)
         flags = offloads.probe(tun_fds, socks)
         log.info("%s", offloads.summary())
         routes = [Route.make(net, ip, p or port) for net, ip, p in args.route + extra_routes]

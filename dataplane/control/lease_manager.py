@@ -15,13 +15,18 @@ move is logged as the outage it is. A second key naming our PublicIP (a copy-pas
 a conflict, never a reason to move: at startup the subnet of subnet.env wins among such keys, and the
 others are logged with what to delete.
 
-Renewal (docs/flannel-compat.md#lease-ttl) is a new grant plus a put at `expiration - renew margin`, retried every
-`retry_interval` (1 min) on failure. A key with no etcd lease is a reservation: reused as it is, without
+Renewal (docs/flannel-compat.md#lease-ttl) is a new grant plus a put at `expiration - renew margin`,
+retried every `retry_interval` (1 min) on failure. With flanneld's 24 h TTL a renewal comes 24 h
+minus the margin after the last one: 23 h with the default 60 min, one minute with the largest
+margin, 1439 min (a host then rides out an etcd outage of up to 23 h 59 min). A margin as long as
+the TTL or longer (only a shortened TTL allows it) would make each renewal due at once; renewals
+then come MIN_RENEW_GAP_S apart. A key with no etcd lease is a reservation: reused as it is, without
 a TTL, never renewed and never deleted. Our own key is watched: a delete (expiry, revocation, an
-operator's `etcdctl del`) or another PublicIP written into it makes us acquire again, preferring the same
-subnet, and tell the daemon through `on_lease_change(lease)` instead of exiting as flanneld does. A
-rewrite that keeps our PublicIP is not a loss; if it detaches the key from its etcd lease, the key is a
-reservation from then on, and a reservation given an etcd lease is renewed from then on.
+operator's `etcdctl del`) or another PublicIP written into it makes us acquire again, preferring the
+same subnet, and tell the daemon through `on_lease_change(lease)` instead of exiting as flanneld
+does. A rewrite that keeps our PublicIP is not a loss; if it detaches the key from its etcd lease,
+the key is a reservation from then on, and a reservation given an etcd lease is renewed from then
+on.
 
 Threads: start() runs a maintenance thread (renewal, re-acquisition) and a watch thread (own key).
 `_cond` guards `_lease`, `_gen`, `_lost`, `_retime`, `_stopped` and `_watch`.
@@ -44,6 +49,11 @@ from .registry import SUBNET_TTL, Registry, RegistryError, WatchLoop
 log = logging.getLogger(__name__)
 
 MAX_FREE_CANDIDATES = 100
+# The least time between a renewal and the next. flanneld's TTL and margins leave at least 60 s
+# (86400 s - 1439 min), so it changes nothing there; it only bounds a margin that reaches the TTL
+# (a shortened TTL), which would otherwise renew as fast as etcd answers. One second keeps such a
+# lease alive whenever its TTL is longer, at a write rate etcd takes without notice.
+MIN_RENEW_GAP_S = 1.0
 
 
 class SubnetError(RuntimeError):
@@ -253,9 +263,11 @@ class LeaseManager:
         if lease.reservation:
             return float("inf")               # no TTL: nothing to renew
         expiration = lease.expiration if lease.expiration is not None else time.time()
-        # A margin as long as the TTL would make every renewal due at once: a renewal loop that
-        # writes etcd as fast as it answers. Half the TTL is the most a margin can take.
-        return expiration - min(self.renew_margin, self.lease_ttl / 2)
+        # flanneld's moment, exactly: a margin close to the TTL is how an operator asks a host to
+        # ride out an etcd outage almost as long as the TTL. The expiration is the grant's moment
+        # plus our TTL (a key whose etcd lease is another's ends sooner: the gap is then past).
+        renewed_at = expiration - self.lease_ttl
+        return max(expiration - self.renew_margin, renewed_at + MIN_RENEW_GAP_S)
 
     def _wait_until(self, due: float, wake_on_lost: bool = True) -> None:
         """Sleep until `due` (unix time), a stop, a change of our key's etcd lease, or (if wake_on_lost)

@@ -130,6 +130,7 @@ class Observed:
     mtu: int = 0
     addrs: list = field(default_factory=list)        # IPv4Interface on the device
     udp: list = field(default_factory=list)          # (ip, port) per socket
+    steering_refused: OSError | None = None          # host/udpsock.py steering_refusal()
 
 
 def observe(tun_fds, socks) -> Observed:
@@ -152,6 +153,12 @@ def observe(tun_fds, socks) -> Observed:
             obs.udp.append(s.getsockname()[:2])
         except OSError as e:
             obs.udp.append(e)
+    if len(tun_fds) == 1 and len(socks) == 1:
+        from ..host.udpsock import steering_refusal
+        try:
+            obs.steering_refused = steering_refusal()
+        except OSError as e:        # no answer: the checks then want the queues asked for
+            log.debug("asking for the steering: %s", e)
     return obs
 
 
@@ -167,7 +174,10 @@ def mismatch(state: dict, obs: Observed, *, ext, config, lease: Lease, queues: i
     if old_config != config:
         return (f"the network config changed (Network {old_config.network} -> {config.network}, "
                 f"port {old_config.backend_port} -> {config.backend_port}, ...)")
-    if len(obs.tun) != queues or len(obs.udp) != queues:
+    # Where the host refuses the steering of several sockets, a daemon runs one queue whatever
+    # --queues says (host/udpsock.py), on a device made for several or for one: we would too.
+    fallback = queues > 1 and len(obs.tun) == len(obs.udp) == 1 and obs.steering_refused
+    if not fallback and (len(obs.tun) != queues or len(obs.udp) != queues):
         return (f"flannel0 has {len(obs.tun)} queue(s) and {len(obs.udp)} socket(s); this daemon "
                 f"runs {queues} queue(s) (--queues)")
     for t in obs.tun:
@@ -181,7 +191,7 @@ def mismatch(state: dict, obs: Observed, *, ext, config, lease: Lease, queues: i
             return (f"{name} was opened {'with' if flags & IFF_VNET_HDR else 'without'} vnet "
                     f"headers and this daemon runs {'with' if vnet else 'without'} offloads "
                     "(--engine, --offload)")
-        if bool(flags & IFF_MULTI_QUEUE) != (queues > 1):
+        if not fallback and bool(flags & IFF_MULTI_QUEUE) != (queues > 1):
             return f"{name} is {'' if flags & IFF_MULTI_QUEUE else 'not '}a multi-queue device"
     if obs.mtu != ext.tun_mtu:
         return f"{name} has MTU {obs.mtu}, this daemon would set {ext.tun_mtu} ({ext.name} - 28)"

@@ -5,7 +5,10 @@ Our lease can change under a running daemon: SIGHUP asks for it again, and the l
 a new one when etcd lost ours (expired, deleted, taken). The same subnet changes nothing here.
 Another subnet moves flannel0's address, the iptables rules and subnet.env, and replaces the
 engines on the same fds (their ICMP errors come from <lease net>); the peers' leases are kept,
-and the route table is built once, from the peer watcher's snapshot for the new subnet.
+and the route table is built once, from the peer watcher's snapshot for the new subnet. Last, with
+--ip-blackhole-route, the old subnet's blackhole route goes (the subnet may be another host's now:
+its traffic would be dropped here) and the new one gets one; that step's failures are its own,
+retried on the tick (daemon/blackhole_route.py), and never fail the move.
 Runs in the daemon's main thread, never holding the daemon's lock while it calls the watcher
 (whose reports take that lock).
 
@@ -26,7 +29,7 @@ import errno
 import logging
 from dataclasses import dataclass
 from ipaddress import IPv4Network
-from typing import Callable
+from typing import Callable, Optional
 
 from ..control.recurring import Recurring
 from .startup import StartupError
@@ -47,6 +50,8 @@ class Host:
     swap_engine: Callable
     restore_engine: Callable            # engine -> None: it is back, with the current routes
     own_subnet: Callable                # subnet -> None: the peer watch reports its snapshot
+    # (old, new) -> None: the blackhole route follows the host (daemon/blackhole_route.py)
+    blackhole: Optional[Callable] = None
 
 
 class MoveFailed(RuntimeError):
@@ -105,6 +110,12 @@ def _move(host: Host, old_subnet, new_subnet, retrying: bool) -> None:
     if host.rules is not None:
         host.rules.update_subnet(new_subnet)        # its own failures: the resync retries
     _replace_engine(host, new_subnet)
+    if host.blackhole is not None:
+        try:
+            host.blackhole(old_subnet, new_subnet)
+        except Exception as e:      # the host is on the new subnet: moving again would not help
+            log.warning("could not move the blackhole route from %s to %s: %s", old_subnet,
+                        new_subnet, e)
 
 
 def _move_flannel0(host: Host, old_subnet, new_subnet) -> None:

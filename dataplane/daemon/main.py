@@ -18,6 +18,9 @@ each step is a function of daemon/startup.py::
                                  one fd per queue (--queues), vnet headers for --offload auto
     6. UDP socket(s)             bound to the interface address and the config's port, one
                                  per queue (SO_REUSEPORT); offloads probed (dataplane.host.offload)
+       blackhole route           --ip-blackhole-route: blackhole <lease net>, at once rather
+                                 than one --iptables-resync period later as flanneld, then
+                                 checked every period on the tick (daemon/blackhole_route.py)
     7. iptables                  --ip-masq (FLANNEL-POSTRTG), --iptables-forward-rules (FLANNEL-FWD)
     8. subnet.env                FLANNEL_NETWORK / SUBNET / MTU / IPMASQ
     9. engine + watches          one engine per queue (engine.multi), made first; the peer
@@ -38,11 +41,11 @@ Then the main thread runs the checks of daemon/monitor.py every second, and at o
 engine loop ends (flannel0 deleted: the engine sees it, no polling), and tells the engine
 when this host's addresses changed (host/own_sources.py), until a signal:
 SIGTERM/SIGINT stop the watches first and the engine last, close flannel0 (closing the last fd
-removes it: systemd's fd store holds one across a restart), keep the iptables rules (as
-flanneld) and the lease in etcd and exit 0. SIGHUP, or our lease deleted in etcd, re-acquires a
-lease without touching the peers' routes (daemon/lease_move.py). SIGUSR2 (`systemctl reload`)
-starts the installed flannel-udp with --handover: it takes over through the handover socket
-and we exit (daemon/handover.py).
+removes it: systemd's fd store holds one across a restart), keep the iptables rules and the
+blackhole route (as flanneld) and the lease in etcd and exit 0. SIGHUP, or our lease deleted in
+etcd, re-acquires a lease without touching the peers' routes (daemon/lease_move.py). SIGUSR2
+(`systemctl reload`) starts the installed flannel-udp with --handover: it takes over through the
+handover socket and we exit (daemon/handover.py).
 
 Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no lease's PublicIP
 (counted as drop_bad_source, logged at most every 10 s); a datagram whose inner source is this
@@ -66,6 +69,7 @@ from ..control.routes import route_changes, route_table
 from ..host import direct_routes, queues
 from ..host.own_sources import OwnSources
 from . import fdstore, handover, inherited, lease_move, preflight, startup, status
+from .blackhole_route import BlackholeRoute
 from .liveness import Liveness
 from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
@@ -128,6 +132,7 @@ class Daemon:
         self._reacquire_failing = Recurring(log, "Re-acquiring the lease (SIGHUP)",
                                             level=logging.ERROR)
         self.subnet_env = SubnetEnv(opts.subnet_file, opts.ip_masq)
+        self.blackhole = BlackholeRoute(opts.ip_blackhole_route, opts.iptables_resync)
         self.engine = None                    # engine.multi.MultiEngine
         self.engine_cls = None
         self._peer_child = None               # the peer watch's process, started early
@@ -244,6 +249,14 @@ class Daemon:
         if inh is not None:
             # 4.-6. kept: the lease, flannel0, the sockets; our engine forwards from here on
             self._take_over(inh)
+            if len(self.socks) < self.queues:
+                # the one queue of a daemon the host refused the steering to, as it refuses
+                # ours (inherited.mismatch asked): the same fallback, said as at a fresh start
+                from ..host.udpsock import one_queue_warning, steering_refusal
+                refused = steering_refusal()
+                if refused is not None:
+                    log.warning("%s", one_queue_warning(refused, self.queues))
+                self.queues = len(self.socks)
         else:
             # 4. lease
             self.lease = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
@@ -253,9 +266,19 @@ class Daemon:
                                                            self.config.network, self.ext)
             # 6. UDP socket(s) and the offloads they and flannel0 accept
             self.socks = startup.open_sockets(self.ext, self.config.backend_port, self.queues)
+            if len(self.socks) < self.queues:
+                # the host refused the steering: the kernel spreads flannel0's packets over
+                # every attached queue, and one that no engine reads would strand its share
+                for fd in self.tun_fds[len(self.socks):]:
+                    os.close(fd)
+                del self.tun_fds[len(self.socks):]
+                self.queues = len(self.socks)
             self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
+        # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
+        self.blackhole.want(self.lease.subnet, previous=self.lease_manager.subnet_file_prev)
         # 7. iptables
-        self.rules = startup.install_rules(o, self.config.network, self.lease.subnet)
+        self.rules = startup.install_rules(o, self.config.network, self.lease.subnet,
+                                           enable_nftables=self.config.enable_nftables)
         # 8. subnet.env (rewritten on the tick while a write fails)
         self.subnet_env.want(self.config.network, self.lease.subnet, self.ext.tun_mtu)
         # 9. engine and watches: the routes to the listed peers are in before the engine
@@ -578,6 +601,7 @@ class Daemon:
             if save:
                 self._save_state()
             self.subnet_env.retry()
+            self.blackhole.tick()
             self.own_sources.refresh(engine, subnet)
             status = monitor.check(engine, self.tun_name)
             if status is not None:
@@ -635,7 +659,8 @@ class Daemon:
                                network=self.config.network, subnet_file=self.opts.subnet_file,
                                rules=self.rules, new_engine=new_engine, swap_engine=swap_engine,
                                restore_engine=restore_engine,
-                               own_subnet=self.peer_watcher.set_own_subnet)
+                               own_subnet=self.peer_watcher.set_own_subnet,
+                               blackhole=self.blackhole.moved)
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):
@@ -658,6 +683,8 @@ class Daemon:
             ("close flannel0", self._close_tun),
             ("close the UDP sockets", lambda: [s.close() for s in self.socks]),
             ("stop the iptables resync (the rules stay)", lambda: self.rules and self.rules.stop()),
+            ("say that the blackhole route stays",
+             lambda: self._successor is None and self.blackhole.leave()),
             ("close the address reader", self.own_sources.close),
             ("close the state", lambda: self.state_file and self.state_file.close()),
             # last: a daemon that asked us to exit reads our exit as the end of this connection

@@ -183,7 +183,11 @@ def _udp(ip: str, port: int) -> str | None:
             return (f"UDP {ip}:{port}: binding a port below "
                     f"{_unprivileged_port_start()} needs CAP_NET_BIND_SERVICE: give it "
                     f"({UNIT_CAPS}) or choose a Backend Port above it")
-        return f"cannot bind UDP {ip}:{port}: {e.strerror}; check --iface"
+        errname = errno.errorcode.get(e.errno, str(e.errno))
+        if e.errno == errno.EADDRNOTAVAIL:
+            return (f"bind(UDP {ip}:{port}) failed: {errname} ({e.strerror}): {ip} is no address "
+                    "of this host (any more); check --iface")
+        return f"bind(UDP {ip}:{port}) failed: {errname} ({e.strerror})"
     finally:
         probe.close()
     return None

@@ -261,16 +261,31 @@ def listen_for_handover(path: str, daemon):
 
 
 def open_sockets(ext, port: int, queues: int) -> list:
-    """The UDP socket(s) on the interface address and the config's port, one per queue."""
+    """The UDP socket(s) on the interface address and the config's port, one per queue; ONE
+    when the host refuses the steering of several (host/udpsock.py), said once in a warning:
+    the caller then keeps as many TUN queues as it got sockets."""
+    from ..host.udpsock import STEERING_CALL, one_queue_warning, open_queue_sockets
+    addr = f"{ext.iface_addr}:{port}"
     try:
-        socks = open_udp_sockets(str(ext.iface_addr), port, queues, bufsize=SOCKET_BUFFER,
-                                 blocking=False)
+        socks, refused = open_queue_sockets(str(ext.iface_addr), port, queues,
+                                            bufsize=SOCKET_BUFFER, blocking=False)
     except OSError as e:
-        hint = ("is flanneld or another flannel-udp still running on this host?"
-                if e.errno == errno.EADDRINUSE else "check --iface")
-        raise StartupError(f"failed to bind the UDP socket to {ext.iface_addr}:{port}: "
-                           f"{e.strerror}; {hint}") from None
-    log.info("Listening for encapsulated packets on UDP %s:%d%s", ext.iface_addr, port,
+        call = getattr(e, "call", "")
+        if e.errno == errno.EADDRINUSE:
+            hint = "; is flanneld or another flannel-udp still running on this host?"
+        elif e.errno == errno.EADDRNOTAVAIL and call.startswith("bind("):
+            hint = f"; {ext.iface_addr} is no address of this host (any more): check --iface"
+        elif e.errno == errno.EACCES and call.startswith("bind("):
+            hint = "; a port this low needs CAP_NET_BIND_SERVICE"
+        elif call == STEERING_CALL:
+            hint = "; run with --queues=1"
+        else:
+            hint = ""
+        raise StartupError(f"failed to open the UDP socket(s) on {addr}: "
+                           f"{e if call else e.strerror}{hint}") from None
+    if refused is not None:
+        log.warning("%s", one_queue_warning(refused, queues))
+    log.info("Listening for encapsulated packets on UDP %s%s", addr,
              f" ({len(socks)} sockets, SO_REUSEPORT)" if len(socks) > 1 else "")
     return socks
 
@@ -284,9 +299,10 @@ def probe_offloads(offloads, tun_fds, socks) -> int:
     return offload_flags
 
 
-def install_rules(opts, network, subnet):
+def install_rules(opts, network, subnet, enable_nftables: bool = False):
     """--ip-masq and --iptables-forward-rules; None when neither is asked for (or, for the forward
-    rules alone, when no tool can install them: flanneld only warns then)."""
+    rules alone, when no tool can install them: flanneld only warns then). `enable_nftables` is
+    the network config's EnableNFTables: nftables even where iptables exists."""
     from ..control.subnetfile import read_previous_rules
     from ..host.firewall import MasqError, Previous, Rules
     if not (opts.ip_masq or opts.iptables_forward_rules):
@@ -294,7 +310,9 @@ def install_rules(opts, network, subnet):
     rules = None
     try:
         rules = Rules(network, subnet, masq=opts.ip_masq, forward=opts.iptables_forward_rules,
-                      previous=Previous(*read_previous_rules(opts.subnet_file)))
+                      previous=Previous(*read_previous_rules(opts.subnet_file)),
+                      random_fully=not opts.ip_masq_fully_random_disable,
+                      enable_nftables=enable_nftables)
         rules.install()
     except MasqError as e:
         if opts.ip_masq:

@@ -98,6 +98,9 @@ def document(daemon, warnings: WarningRing | None = None) -> dict:
                  "watches": watches,
                  "connected": bool(watches) and all(w.get("connected") for w in watches.values())},
         "config_mismatch": src.config_mismatch(),
+        # --ip-blackhole-route (daemon/blackhole_route.py); None when it is off
+        "blackhole_route": (daemon.blackhole.status()
+                            if getattr(daemon, "blackhole", None) is not None else None),
         "packets": packets,
         "drops": drops,
         "warnings": warnings.records() if warnings is not None else [],

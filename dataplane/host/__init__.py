@@ -6,6 +6,8 @@
   may claim), again whenever its addresses change;
 * ``iface.py``    choosing the external interface by flanneld's rules;
 * ``firewall.py`` the iptables/nftables rules of --ip-masq and --iptables-forward-rules;
+* ``blackhole.py`` the route ``blackhole <lease subnet>`` of --ip-blackhole-route (its metric
+  lets a bridge's route of the subnet win);
 * ``udpsock.py``  the UDP sockets, one per queue (SO_REUSEPORT, steered by the inner flow);
 * ``queues.py``   how many queues;
 * ``offload.py``  probing and switching on the kernel offloads (TSO/USO, UDP GSO/GRO);

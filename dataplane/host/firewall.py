@@ -1,24 +1,41 @@
-"""flanneld's masquerade and forward rules, through iptables or nftables, with its lifetime.
+"""flanneld's masquerade and forward rules, through iptables or nftables, with their lifetime.
 
-``--ip-masq`` (nat table, chain FLANNEL-POSTRTG), for overlay network N and this host's
-lease subnet S::
+The rules are flanneld v0.28.9's (docs/operating.md#firewall, docs/flannel-compat.md#iptables).
+``--ip-masq`` (nat table, chain FLANNEL-POSTRTG), for overlay network N and this host's lease
+subnet S::
 
     -m mark --mark 0x4000/0x4000        RETURN       kube-proxy's mark: no double NAT
-    -s N -d N                           RETURN       overlay to overlay: never NAT
-    -s N ! -d 224.0.0.0/4               MASQUERADE   overlay to the world (not multicast)
+    -s S -d N                           RETURN       our workloads to the overlay: never NAT
+    -s N -d S                           RETURN       the overlay to our workloads: never NAT
     ! -s N -d S                         RETURN       the world to our own subnet: keep
+    -s N ! -d 224.0.0.0/4               MASQUERADE   the overlay to the world (not multicast)
     ! -s N -d N                         MASQUERADE   the host to the overlay
 
-MASQUERADE gets ``--random-fully`` where iptables supports it (>= 1.6.2), as flanneld.
+Overlay traffic that touches neither side of S (another host's workload routed through this
+one) is masqueraded: flanneld v0.20.2's ``-s N -d N`` RETURN kept it, v0.28.9 does not.
+MASQUERADE gets ``--random-fully`` (nftables: ``fully-random``) where the tool takes it
+(iptables >= 1.6.2; nftables: the kernel accepts it in a checked transaction), unless
+``--ip-masq-fully-random-disable`` (``Rules(random_fully=False)``).
 ``--iptables-forward-rules`` (filter table, chain FLANNEL-FWD): ACCEPT ``-s N`` and ``-d N``.
 
-Lifetime, as flanneld's (docs/operating.md#firewall, docs/flannel-compat.md#iptables):
+Which tool, as flanneld v0.28.9 chooses, logged with the reason at start:
+
+* ``"EnableNFTables": true`` in the network config: nftables, even where iptables exists (no
+  ``nft`` binary then is an error with ``--ip-masq``, a warning for the forward rules alone);
+* otherwise iptables; nftables also when the ``iptables`` binary is missing (our fallback:
+  flanneld only logs that it installs nothing there).
+
+iptables lifetime (flanneld's, but for the place of the jumps):
 
 * install: both chains are created or flushed and filled, and the jumps put at the TOP of
   POSTROUTING / FORWARD, in ONE ``iptables-restore --noflush`` transaction, so a packet never
   sees half a rule set, and the ACCEPTs run before a host's own REJECT or policy DROP (ufw,
-  firewalld, Docker). A jump already first is kept; any other copy of it (a restart after
-  SIGKILL, an older version's appended jump) is deleted in the same transaction.
+  firewalld, Docker). flanneld v0.28.9 appends its jumps (``-A``) instead. A jump already
+  first is kept; any other copy of it (a restart after SIGKILL, an older version's or a
+  flanneld's appended jump) is deleted in the same transaction, so ours ends up alone at the
+  top. A flanneld v0.28.9 started after us adds no second jump: it looks for its rules with
+  ``iptables -C``, which matches ours wherever they stand (its start deletes what it finds
+  before appending its own; its resync adds nothing while it finds them all).
 * recycling: when subnet.env's previous network or subnet differs from the current one, the
   previous network's rules left directly in POSTROUTING (older flannels' layout) go too; the
   chains themselves are flushed anyway. A previous ``FLANNEL_IPMASQ=true`` with masquerade now
@@ -30,11 +47,34 @@ Lifetime, as flanneld's (docs/operating.md#firewall, docs/flannel-compat.md#ipta
   or is upgraded (Docker with ``--ip-masq=false`` relies on flannel's masquerade).
   :data:`REMOVAL_COMMANDS` is what an operator runs to remove them.
 
-flanneld uses iptables only. When the ``iptables`` binary is missing, the same rules go into an
-nftables table ``ip flannel-udp``, replaced whole in one ``nft -f`` transaction, base chains one
-priority step before the host's own (srcnat - 1, filter - 1). Caveat: an nftables ``accept``
-ends evaluation in its own base chain only, so FLANNEL_FWD cannot overrule a drop in another
-table's forward chain as the iptables jump at the top of FORWARD does.
+nftables: table ``ip flannel-ipv4`` with the base chains ``postrtg`` (type nat, hook
+postrouting, priority srcnat) and ``forward`` (type filter, hook forward, priority filter):
+flanneld's names and priorities, so that a flanneld taking the host over finds its own chains
+(the kernel refuses to re-add a base chain with another priority) and deletes the table when
+it stops, and we replace a table it left. The same rules as above, replaced whole in one
+``nft -f`` transaction that also deletes the table ``ip flannel-udp`` of older flannel-udp
+versions (so nothing is NATed by two tables), resynced by comparing the table whole, kept at
+exit as the iptables rules are (flanneld deletes its table). Unlike flanneld's, our rules carry
+the comments "flanneld masq" / "flanneld forward" (they match nothing; they name the rules in
+``nft list ruleset``) and match kube-proxy's mark as a bit, as the iptables rule does.
+Caveats: an nftables ``accept`` ends evaluation in its own base chain only, so ``forward``
+cannot overrule a drop in another table's forward chain as the iptables jump at the top of
+FORWARD does; and among base chains of one priority (the host's own nat chains, iptables-nft's
+among them) the kernel runs them in the order they were registered.
+
+Moving between the two, at the first install (flanneld v0.28.9 does it at start):
+
+* nftables while iptables exists (EnableNFTables): the iptables masquerade goes, so that a host
+  moved from iptables mode does not keep NATing through it: every jump to FLANNEL-POSTRTG, the
+  chain, and older flannels' "flanneld masq" rules in POSTROUTING (flanneld only flushes the
+  chain: an empty chain and its jump left behind would only mislead a reader of
+  iptables-save). FLANNEL-FWD and its jump stay: they ACCEPT only what ``forward`` accepts
+  too, and on a host whose FORWARD drops (Docker's policy DROP, ufw) they are what keeps the
+  overlay forwarded, which the nftables accept cannot do (above). They are no longer resynced;
+  ``flannel-udp cleanup`` (or :data:`FWD_REMOVAL`) removes them.
+* iptables: the tables ``ip flannel-ipv4`` and ``ip6 flannel-ipv6`` (a flanneld's or ours in
+  nftables mode) and ``ip flannel-udp`` (older flannel-udp) are deleted, after our iptables
+  rules are in.
 """
 from __future__ import annotations
 
@@ -55,10 +95,17 @@ MASQ_COMMENT = "flanneld masq"
 FWD_COMMENT = "flanneld forward"
 POSTRTG = "FLANNEL-POSTRTG"
 FWD = "FLANNEL-FWD"
-NFT_TABLE = "flannel-udp"
 NAT, FILTER = "nat", "filter"
 # table -> (built-in chain holding the jump, our chain, the comment marking our rules)
 CHAINS = {NAT: ("POSTROUTING", POSTRTG, MASQ_COMMENT), FILTER: ("FORWARD", FWD, FWD_COMMENT)}
+
+# nftables, flanneld v0.28.9's names (see the module docstring)
+NFT_TABLE = "flannel-ipv4"
+NFT_TABLE6 = "flannel-ipv6"
+NFT_LEGACY_TABLE = "flannel-udp"        # flannel-udp before EnableNFTables
+NFT_POSTRTG, NFT_FWD = "postrtg", "forward"
+# (family, name): every nftables table a flannel may have left on a host
+NFT_TABLES = (("ip", NFT_TABLE), ("ip6", NFT_TABLE6), ("ip", NFT_LEGACY_TABLE))
 
 # What an operator runs to remove the rules (they stay after exit); --help and the tests use them.
 MASQ_REMOVAL = [f'iptables -t nat -D POSTROUTING -m comment --comment "{MASQ_COMMENT}" -j {POSTRTG}',
@@ -90,16 +137,17 @@ class Previous:
 
 # ---------------------------------------------------------------- the rules (pure)
 def masq_rules(network, subnet, random_fully=True) -> list[tuple]:
-    """(table, chain, args) in flanneld's order: the jump, then FLANNEL-POSTRTG's rules."""
+    """(table, chain, args) in flanneld v0.28.9's order: the jump, then FLANNEL-POSTRTG's."""
     n = str(ipaddress.IPv4Network(network))
     s = str(ipaddress.IPv4Network(subnet))
     c = ["-m", "comment", "--comment", MASQ_COMMENT]
     masq = ["-j", "MASQUERADE"] + (["--random-fully"] if random_fully else [])
     return [(NAT, "POSTROUTING", jump_rule(NAT))] + [(NAT, POSTRTG, r) for r in (
         ["-m", "mark", "--mark", KUBE_PROXY_MARK] + c + ["-j", "RETURN"],
-        ["-s", n, "-d", n] + c + ["-j", "RETURN"],
-        ["-s", n, "!", "-d", "224.0.0.0/4"] + c + masq,
+        ["-s", s, "-d", n] + c + ["-j", "RETURN"],
+        ["-s", n, "-d", s] + c + ["-j", "RETURN"],
         ["!", "-s", n, "-d", s] + c + ["-j", "RETURN"],
+        ["-s", n, "!", "-d", "224.0.0.0/4"] + c + masq,
         ["!", "-s", n, "-d", n] + c + masq,
     )]
 
@@ -197,48 +245,88 @@ def missing_rules(want: dict, save: dict) -> list[str]:
     return gone
 
 
-def nft_ruleset(network, subnet, masq: bool, forward: bool) -> str:
-    """The same rules as an nftables table, replaced whole in one ``nft -f`` transaction
-    (the empty ``table`` line makes the ``delete`` valid when the table is not there yet)."""
-    n = str(ipaddress.IPv4Network(network))
-    s = str(ipaddress.IPv4Network(subnet))
-    lines = [f"table ip {NFT_TABLE} {{}}", f"delete table ip {NFT_TABLE}",
-             f"table ip {NFT_TABLE} {{"]
+_NFT_ADDR = {"-s": "ip saddr", "-d": "ip daddr"}
+_NFT_VERDICT = {"RETURN": "return", "ACCEPT": "accept", "MASQUERADE": "masquerade"}
+
+
+def nft_rule(args: list[str]) -> str:
+    """One of our iptables rules (as :func:`masq_rules` and :func:`forward_rules` give them) in
+    nftables' words, so both tools install the same rules from one list; the comment goes
+    last, where nft wants it."""
+    out, comment, negate, i = [], None, False, 0
+    while i < len(args):
+        a = args[i]
+        if a == "!":
+            negate, i = True, i + 1
+            continue
+        if a in _NFT_ADDR:
+            out.append(f"{_NFT_ADDR[a]} {'!= ' if negate else ''}{args[i + 1]}")
+            i += 2
+        elif args[i:i + 3] == ["-m", "mark", "--mark"]:
+            value, _, mask = args[i + 3].partition("/")
+            out.append(f"meta mark & {mask} == {value}" if mask else f"meta mark {value}")
+            i += 4
+        elif args[i:i + 3] == ["-m", "comment", "--comment"]:
+            comment, i = args[i + 3], i + 4
+        elif a == "-j":
+            out.append(_NFT_VERDICT[args[i + 1]])
+            i += 2
+        elif a == "--random-fully":
+            out.append("fully-random")
+            i += 1
+        else:
+            raise ValueError(f"no nftables form for {a!r} in {args}")
+        negate = False
+    if comment is not None:
+        out.append(f'comment "{comment}"')
+    return " ".join(out)
+
+
+def nft_ruleset(network, subnet, masq: bool, forward: bool, random_fully: bool = True) -> str:
+    """The same rules as the nftables table ``ip flannel-ipv4``, replaced whole in one ``nft -f``
+    transaction that also deletes older flannel-udp's ``ip flannel-udp`` (an empty ``table``
+    line before each ``delete`` makes it valid when the table is not there)."""
+    lines = []
+    for table in (NFT_LEGACY_TABLE, NFT_TABLE):
+        lines += [f"table ip {table} {{}}", f"delete table ip {table}"]
+    lines.append(f"table ip {NFT_TABLE} {{")
+    chains = []
     if masq:
-        mc = f'comment "{MASQ_COMMENT}"'
-        lines += [
-            "  chain FLANNEL_POSTRTG {",
-            "    type nat hook postrouting priority srcnat - 1; policy accept;",
-            f"    meta mark & 0x4000 == 0x4000 return {mc}",
-            f"    ip saddr {n} ip daddr {n} return {mc}",
-            f"    ip saddr {n} ip daddr != 224.0.0.0/4 masquerade fully-random {mc}",
-            f"    ip saddr != {n} ip daddr {s} return {mc}",
-            f"    ip saddr != {n} ip daddr {n} masquerade fully-random {mc}",
-            "  }",
-        ]
+        chains.append((NFT_POSTRTG, "type nat hook postrouting priority srcnat",
+                       in_chain(masq_rules(network, subnet, random_fully))))
     if forward:
-        fc = f'comment "{FWD_COMMENT}"'
-        lines += [
-            "  chain FLANNEL_FWD {",
-            "    type filter hook forward priority filter - 1; policy accept;",
-            f"    ip saddr {n} accept {fc}",
-            f"    ip daddr {n} accept {fc}",
-            "  }",
-        ]
+        chains.append((NFT_FWD, "type filter hook forward priority filter",
+                       in_chain(forward_rules(network))))
+    for name, base, rules in chains:
+        lines += [f"  chain {name} {{", f"    {base}; policy accept;"]
+        lines += [f"    {nft_rule(r)}" for r in rules]
+        lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- the host
-def detect_tool(prefer=None) -> str | None:
-    """'iptables', 'nft' or None. `prefer` forces one (tests)."""
+def choose_tool(prefer=None, enable_nftables: bool = False) -> tuple[str | None, str]:
+    """('iptables' | 'nft' | None, why), as flanneld v0.28.9 chooses (the module docstring).
+    `prefer` forces one (tests)."""
     if prefer:
-        return prefer if shutil.which(prefer) else None
+        return (prefer if shutil.which(prefer) else None), f"{prefer} asked for"
+    if enable_nftables:
+        if shutil.which("nft"):
+            return "nft", ("EnableNFTables is true in the network config: nftables rules in "
+                           f"table ip {NFT_TABLE}")
+        return None, "EnableNFTables is true in the network config but `nft` was not found"
     if shutil.which("iptables"):
-        return "iptables"
+        return "iptables", ("EnableNFTables is not true in the network config: iptables rules "
+                            f"({POSTRTG}, {FWD})")
     if shutil.which("nft"):
-        return "nft"
-    return None
+        return "nft", f"the iptables binary is missing: nftables rules in table ip {NFT_TABLE}"
+    return None, "neither `iptables` nor `nft` was found"
+
+
+def detect_tool(prefer=None, enable_nftables: bool = False) -> str | None:
+    """'iptables', 'nft' or None (:func:`choose_tool` without the reason)."""
+    return choose_tool(prefer, enable_nftables)[0]
 
 
 def _iptables_random_fully() -> bool:
@@ -247,17 +335,69 @@ def _iptables_random_fully() -> bool:
     return bool(m) and tuple(map(int, m.groups())) >= (1, 6, 2)
 
 
+def _nft_random_fully() -> bool:
+    # -c: the kernel checks the transaction and nothing is committed
+    probe = (f"table ip {NFT_TABLE}-probe {{\n  chain p {{\n"
+             "    type nat hook postrouting priority srcnat; policy accept;\n"
+             "    masquerade fully-random\n  }\n}\n")
+    return _run(["nft", "-c", "-f", "-"], check=False, input=probe).returncode == 0
+
+
+def _nft_tables_present() -> list[tuple[str, str]]:
+    """The tables of :data:`NFT_TABLES` that exist, as (family, name)."""
+    if not shutil.which("nft"):
+        return []
+    out = _run(["nft", "list", "tables"], check=False).stdout
+    present = {tuple(l.split()[1:3]) for l in out.splitlines() if l.startswith("table ")}
+    return [t for t in NFT_TABLES if t in present]
+
+
+def _delete_nft_tables(tables) -> None:
+    """One transaction: none of them goes unless all do."""
+    _run(["nft", "-f", "-"], input="".join(f"delete table {f} {n}\n" for f, n in tables))
+
+
+def _removal(table: str, saved: str) -> tuple[list[str], list[str]]:
+    """What removes our chain of `table` and everything that leads to it from iptables-save's
+    `saved`: (iptables-restore lines, the equivalent commands). Any rule that jumps to the
+    chain, any rule of the built-in chain carrying our comment (older flannels' rules left
+    there directly), the chain itself."""
+    base, chain, comment = CHAINS[table]
+    lines, done = [], []
+    for line in saved.splitlines():
+        if not line.startswith("-A "):
+            continue
+        words = shlex.split(line)
+        where, args = words[1], words[2:]
+        if _jumps_to(args, chain) or (where == base and comment in args):
+            lines.append(_line("-D", where, args))
+            done.append(f"iptables -t {table} -D {where} {shlex.join(args)}")
+    if re.search(rf"^:{re.escape(chain)} ", saved, re.M):
+        rules = len(chain_rules(saved, chain))
+        # the declaration flushes the chain under --noflush; then it can go
+        lines += [f":{chain} - [0:0]", f"-X {chain}"]
+        done.append(f"iptables -t {table} -F {chain}; iptables -t {table} -X {chain}"
+                    f"    # {rules} rule(s)")
+    return lines, done
+
+
+def _iptables_tools() -> bool:
+    return bool(shutil.which("iptables-save") and shutil.which("iptables-restore"))
+
+
 class Rules:
     """The rules for one network and the current lease subnet: installed, resynced, kept."""
 
     def __init__(self, network, subnet, masq: bool, forward: bool, tool: str | None = None,
-                 previous: Previous = Previous()):
+                 previous: Previous = Previous(), *, random_fully: bool = True,
+                 enable_nftables: bool = False):
         self.network = ipaddress.IPv4Network(network)
         self.subnet = ipaddress.IPv4Network(subnet)
         self.masq = masq
         self.forward = forward
         self.previous = previous
-        self.tool = detect_tool(tool)
+        self.enable_nftables = enable_nftables
+        self.tool, why = choose_tool(tool, enable_nftables)
         self._lock = threading.Lock()   # one install/resync at a time
         self._stop = threading.Event()
         self._thread = None
@@ -265,16 +405,41 @@ class Rules:
         self._expected = None           # what the host printed right after the install
         self._stopped_once = False
         self._dirty = False             # a rebuild failed: the next resync rebuilds regardless
+        self._crossed = False           # the other tool's leftovers are gone (first install)
+        self._random_fully = False
         if self.tool is None:
+            if masq and enable_nftables:
+                raise MasqError("--ip-masq with \"EnableNFTables\": true in the network config "
+                                "needs nftables and `nft` was not found: install it (apt-get "
+                                "install nftables), set EnableNFTables to false, or run without "
+                                "--ip-masq")
             if masq:
                 raise MasqError("--ip-masq needs iptables or nftables and neither `iptables` nor "
                                 "`nft` was found: install one (apt-get install iptables) or run "
                                 "without --ip-masq")
             if forward:
-                log.warning("iptables not found: FORWARD accept rules for %s not added "
-                            "(--iptables-forward-rules); install iptables or add them yourself",
-                            self.network)
-        self._random_fully = self.tool == "iptables" and _iptables_random_fully()
+                log.warning("%s: FORWARD accept rules for %s not added "
+                            "(--iptables-forward-rules); install %s or add them yourself",
+                            "nft not found (EnableNFTables is true in the network config)"
+                            if enable_nftables else "iptables not found", self.network,
+                            "nftables" if enable_nftables else "iptables")
+            return
+        log.info("Firewall: %s", why)
+        if masq:
+            self._random_fully = self._choose_random_fully(random_fully)
+
+    def _choose_random_fully(self, wanted: bool) -> bool:
+        word = "--random-fully" if self.tool == "iptables" else "fully-random"
+        if not wanted:
+            log.info("--ip-masq-fully-random-disable: MASQUERADE without %s", word)
+            return False
+        if self.tool == "iptables":
+            ok, why = _iptables_random_fully(), "iptables is older than 1.6.2"
+        else:
+            ok, why = _nft_random_fully(), "the kernel refuses it"
+        if not ok:
+            log.info("MASQUERADE without %s: %s", word, why)
+        return ok
 
     def _want(self) -> dict:
         want = {}
@@ -292,6 +457,18 @@ class Rules:
             log.info("Previous network or subnet (%s, %s) differs from the current one (%s, %s): "
                      "recycling the old rules", p.network, p.subnet, self.network, self.subnet)
         return changed
+
+    def _cross_over(self, clear) -> None:
+        """The other tool's leftovers, once, after our rules are in (so that no packet meets
+        neither); a failure is only logged: ours are in, the next rebuild tries again."""
+        if self._crossed:
+            return
+        try:
+            clear()
+        except MasqError as e:
+            log.warning("Could not remove the other firewall tool's flannel rules: %s", e)
+            return
+        self._crossed = True
 
     # --- iptables
     @staticmethod
@@ -313,6 +490,14 @@ class Rules:
                      POSTRTG)
         after = {t: self._save(t) for t in want}
         self._expected = {t: chain_rules(after[t], CHAINS[t][1]) for t in want}
+        self._cross_over(self._drop_nft_tables)
+
+    def _drop_nft_tables(self):
+        tables = _nft_tables_present()
+        if tables:
+            _delete_nft_tables(tables)
+            log.info("iptables mode: deleted the nftables table(s) %s (a flannel in nftables "
+                     "mode left them)", ", ".join(f"{f} {n}" for f, n in tables))
 
     def _ipt_missing(self) -> list[str]:
         return missing_rules(self._expected, {t: self._save(t) for t in self._expected})
@@ -323,11 +508,33 @@ class Rules:
 
     def _nft_install(self):
         self._recycle()                 # only logged: the old table goes whole with `delete`
-        text = nft_ruleset(self.network, self.subnet, self.masq, self.forward)
+        legacy = not self._crossed and ("ip", NFT_LEGACY_TABLE) in _nft_tables_present()
+        text = nft_ruleset(self.network, self.subnet, self.masq, self.forward,
+                           self._random_fully)
         p = _run(["nft", "-f", "-"], check=False, input=text)
         if p.returncode != 0:
-            raise MasqError(f"nft could not load the {NFT_TABLE} table: {p.stderr.strip()}")
+            raise MasqError(f"nft could not load the table ip {NFT_TABLE}: {p.stderr.strip()}")
+        if legacy:
+            log.info("Replaced the table ip %s of an older flannel-udp by ip %s",
+                     NFT_LEGACY_TABLE, NFT_TABLE)
         self._expected = self._nft_list()
+        self._cross_over(self._drop_iptables_masq)
+
+    def _drop_iptables_masq(self):
+        if not _iptables_tools():
+            return
+        nat = _run(["iptables-save", "-t", NAT], check=False)
+        lines, done = _removal(NAT, nat.stdout) if nat.returncode == 0 else ([], [])
+        if lines:
+            _run(["iptables-restore", "-w", "5", "--noflush"],
+                 input="\n".join(["*nat"] + lines + ["COMMIT"]) + "\n")
+            log.info("nftables mode: removed the iptables masquerade so that nothing is NATed "
+                     "twice: %s", "; ".join(done))
+        fwd = _run(["iptables-save", "-t", FILTER], check=False).stdout
+        if re.search(rf"^:{FWD} ", fwd, re.M):
+            log.info("nftables mode: the iptables chain %s and its jump stay (they keep the "
+                     "overlay forwarded where FORWARD drops; no longer resynced); to remove "
+                     "them: %s", FWD, "; ".join(FWD_REMOVAL))
 
     def _nft_missing(self) -> list[str]:
         return [] if self._nft_list() == self._expected else [f"table ip {NFT_TABLE}"]
@@ -339,8 +546,13 @@ class Rules:
             return
         with self._lock:
             self._install_locked()
-        what = " and ".join(w for w, on in (("masquerade (FLANNEL-POSTRTG)", self.masq),
-                                           ("forward (FLANNEL-FWD)", self.forward)) if on)
+        if self.tool == "iptables":
+            parts = (("masquerade (FLANNEL-POSTRTG)", self.masq),
+                     ("forward (FLANNEL-FWD)", self.forward))
+        else:
+            parts = ((f"masquerade (table ip {NFT_TABLE}, chain {NFT_POSTRTG})", self.masq),
+                     (f"forward (table ip {NFT_TABLE}, chain {NFT_FWD})", self.forward))
+        what = " and ".join(w for w, on in parts if on)
         log.info("Installed %s rules for %s, subnet %s, with %s (they stay after exit)", what,
                  self.network, self.subnet, self.tool)
 
@@ -432,42 +644,28 @@ class Rules:
 
 # ---------------------------------------------------------------- leaving the overlay
 def remove_all(dry_run: bool = False) -> list[str]:
-    """Remove every rule and chain the daemon (or flanneld) installs, whatever network they were
-    for: any rule that jumps to FLANNEL-POSTRTG or FLANNEL-FWD, any rule of POSTROUTING / FORWARD
-    carrying our comments (older flannels' rules left there directly), both chains, and the
-    nftables table. For `flannel-udp cleanup`, when a host leaves the overlay for good: the
-    daemon itself never removes them (they stay at exit, see the module docstring).
+    """Remove every rule, chain and table the daemon (or flanneld) installs, whatever network they
+    were for: any rule that jumps to FLANNEL-POSTRTG or FLANNEL-FWD, any rule of POSTROUTING /
+    FORWARD carrying our comments (older flannels' rules left there directly), both chains, and
+    the nftables tables ``ip flannel-ipv4``, ``ip6 flannel-ipv6`` and ``ip flannel-udp`` (older
+    flannel-udp). For `flannel-udp cleanup`, when a host leaves the overlay for good: the daemon
+    itself never removes them (they stay at exit, see the module docstring).
 
-    The iptables part is one ``iptables-restore --noflush`` transaction, as the install.
-    Returns what was removed (with ``dry_run``: what would be), as the equivalent commands, one
-    per line; [] when nothing of ours is there."""
+    The iptables part is one ``iptables-restore --noflush`` transaction, as the install; the
+    nftables part one ``nft -f``. Returns what was removed (with ``dry_run``: what would be), as
+    the equivalent commands, one per line; [] when nothing of ours is there."""
     done: list[str] = []
     restore: list[str] = []
-    if shutil.which("iptables-save") and shutil.which("iptables-restore"):
-        for table, (base, chain, comment) in CHAINS.items():
-            saved = _run(["iptables-save", "-t", table], check=False).stdout
-            lines = []
-            for line in saved.splitlines():
-                if not line.startswith("-A "):
-                    continue
-                words = shlex.split(line)
-                where, args = words[1], words[2:]
-                if _jumps_to(args, chain) or (where == base and comment in args):
-                    lines.append(_line("-D", where, args))
-                    done.append(f"iptables -t {table} -D {where} {shlex.join(args)}")
-            if re.search(rf"^:{re.escape(chain)} ", saved, re.M):
-                rules = len(chain_rules(saved, chain))
-                # the declaration flushes the chain under --noflush; then it can go
-                lines += [f":{chain} - [0:0]", f"-X {chain}"]
-                done.append(f"iptables -t {table} -F {chain}; iptables -t {table} -X {chain}"
-                            f"    # {rules} rule(s)")
+    if _iptables_tools():
+        for table in CHAINS:
+            lines, said = _removal(table, _run(["iptables-save", "-t", table], check=False).stdout)
+            done += said
             if lines:
                 restore += [f"*{table}"] + lines + ["COMMIT"]
     if restore and not dry_run:
         _run(["iptables-restore", "-w", "5", "--noflush"], input="\n".join(restore) + "\n")
-    if shutil.which("nft") and _run(["nft", "list", "table", "ip", NFT_TABLE],
-                                    check=False).returncode == 0:
-        done.append(f"nft delete table ip {NFT_TABLE}")
-        if not dry_run:
-            _run(["nft", "delete", "table", "ip", NFT_TABLE])
+    tables = _nft_tables_present()
+    done += [f"nft delete table {f} {n}" for f, n in tables]
+    if tables and not dry_run:
+        _delete_nft_tables(tables)
     return done

@@ -18,16 +18,34 @@ Two things SO_REUSEPORT alone gets wrong here:
   join the group and take a share of the traffic (a second daemon started by
   mistake would do so silently). So the port is first bound once without
   SO_REUSEPORT: if that fails with EADDRINUSE, someone holds it.
+
+Some hosts refuse the steering program: kernels before 4.5, QEMU's user-mode
+emulation (which does not emulate the option), seccomp or LSM sandboxes.
+Without it the group would spread by the outer 4-tuple, one socket per peer,
+and two hosts would talk over one queue anyway; so :func:`open_queue_sockets`
+falls back to flanneld's layout, ONE socket without SO_REUSEPORT, and
+reports the refusal for the caller to log (and to drop its extra TUN
+queues). Every error names the call that failed (:class:`SocketCallError`),
+so that a message says what the kernel refused instead of guessing a cause.
 """
 from __future__ import annotations
 
 import ctypes
+import errno
 import socket
 import struct
 
 SOCKET_BUFFER = 4 << 20          # bytes; large buffers absorb bursts (docs/design.md#lessons)
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33      # <asm-generic/socket.h>; beyond [rw]mem_max (root)
 SO_ATTACH_REUSEPORT_CBPF = 51
+STEERING_CALL = "setsockopt(SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF)"
+# The errnos by which a host says it does not do the steering at all, as opposed to rejecting
+# this program: ENOPROTOOPT (the option is unknown: Linux < 4.5, QEMU user mode), EPERM and
+# EACCES (seccomp, an LSM), EOPNOTSUPP and ENOSYS (other sandboxes). EINVAL, ENOMEM and the
+# rest stay errors: the kernel knows the option and rejected this program or this socket, a
+# bug or a limit that one queue would only hide.
+STEERING_REFUSED = frozenset({errno.ENOPROTOOPT, errno.EPERM, errno.EACCES, errno.EOPNOTSUPP,
+                              errno.ENOSYS})
 
 # Classic BPF opcodes (<linux/filter.h>).
 _LD, _LDX, _ALU, _RET, _MISC = 0x00, 0x01, 0x04, 0x06, 0x07
@@ -70,13 +88,54 @@ def steering_program(queues: int) -> list[tuple[int, int]]:
     ]
 
 
+class SocketCallError(OSError):
+    """An OSError of one call made while opening the sockets; ``call`` names it
+    ("bind(10.0.0.1:8285)", :data:`STEERING_CALL`, ...). ``errno`` and ``strerror`` are the
+    kernel's."""
+
+    def __init__(self, call: str, err: OSError):
+        super().__init__(err.errno, err.strerror)
+        self.call = call
+
+    @property
+    def errno_name(self) -> str:
+        return errno.errorcode.get(self.errno, str(self.errno))
+
+    def __str__(self) -> str:
+        return f"{self.call} failed: {self.errno_name} ({self.strerror})"
+
+
+def steering_refused(e: BaseException) -> bool:
+    """Whether ``e``, raised by :func:`open_udp_sockets`, is the host refusing the steering
+    program itself (then one queue is the way to run), rather than an error."""
+    return (isinstance(e, SocketCallError) and e.call == STEERING_CALL
+            and e.errno in STEERING_REFUSED)
+
+
+def one_queue_warning(refused: SocketCallError, queues: int) -> str:
+    """The one log line of a run that falls back to one queue."""
+    return (f"{refused.call} refused: {refused.errno_name} ({refused.strerror}); running 1 "
+            f"queue instead of {queues} (--queues): this kernel, emulator or sandbox does not "
+            "steer a SO_REUSEPORT group, and without that one peer's datagrams all reach one "
+            "socket")
+
+
+def _call(what: str, fn, *args):
+    try:
+        return fn(*args)
+    except SocketCallError:
+        raise
+    except OSError as e:
+        raise SocketCallError(what, e) from None
+
+
 def attach_steering(sock: socket.socket, queues: int) -> None:
     """Attach :func:`steering_program` to the reuseport group of ``sock``."""
     prog = steering_program(queues)
     buf = ctypes.create_string_buffer(b"".join(_INSN.pack(code, 0, 0, k) for code, k in prog))
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; } (padded to 16)
     fprog = struct.pack("HL", len(prog), ctypes.addressof(buf))
-    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
+    _call(STEERING_CALL, sock.setsockopt, socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
 
 
 def _set_buffers(sock: socket.socket, size: int) -> None:
@@ -84,13 +143,16 @@ def _set_buffers(sock: socket.socket, size: int) -> None:
         try:
             sock.setsockopt(socket.SOL_SOCKET, force, size)
         except OSError:
-            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+            name = "SO_SNDBUF" if opt == socket.SO_SNDBUF else "SO_RCVBUF"
+            _call(f"setsockopt(SOL_SOCKET, {name}, {size})", sock.setsockopt,
+                  socket.SOL_SOCKET, opt, size)
 
 
 def _check_free(ip: str, port: int) -> None:
     """EADDRINUSE if anyone holds ip:port, SO_REUSEPORT or not."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind((ip, port))
+    with _call("socket(AF_INET, SOCK_DGRAM)", socket.socket, socket.AF_INET,
+               socket.SOCK_DGRAM) as probe:
+        _call(f"bind({ip}:{port})", probe.bind, (ip, port))
 
 
 def open_udp_sockets(ip: str, port: int, queues: int = 1, *, bufsize: int = SOCKET_BUFFER,
@@ -98,8 +160,8 @@ def open_udp_sockets(ip: str, port: int, queues: int = 1, *, bufsize: int = SOCK
     """``queues`` UDP sockets bound to ``ip:port`` (see the module docstring).
 
     Port 0 binds the first socket to a free port and the others to the same
-    one (for tests). Raises OSError (EADDRINUSE when the port is taken); on
-    failure nothing stays open.
+    one (for tests). Raises :class:`SocketCallError` (EADDRINUSE when the port
+    is taken); on failure nothing stays open.
     """
     queues = int(queues)
     if queues < 1:
@@ -110,12 +172,14 @@ def open_udp_sockets(ip: str, port: int, queues: int = 1, *, bufsize: int = SOCK
     socks: list[socket.socket] = []
     try:
         for _ in range(queues):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s = _call("socket(AF_INET, SOCK_DGRAM)", socket.socket, socket.AF_INET,
+                      socket.SOCK_DGRAM)
             socks.append(s)
             _set_buffers(s, bufsize)
             if multi:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            s.bind((ip, port))
+                _call("setsockopt(SOL_SOCKET, SO_REUSEPORT)", s.setsockopt, socket.SOL_SOCKET,
+                      socket.SO_REUSEPORT, 1)
+            _call(f"bind({ip}:{port})", s.bind, (ip, port))
             port = s.getsockname()[1]
             s.setblocking(blocking)
         if multi:
@@ -125,3 +189,33 @@ def open_udp_sockets(ip: str, port: int, queues: int = 1, *, bufsize: int = SOCK
             s.close()
         raise
     return socks
+
+
+def open_queue_sockets(ip: str, port: int, queues: int, **kw) -> tuple[list[socket.socket],
+                                                                       SocketCallError | None]:
+    """:func:`open_udp_sockets`, or ONE socket when the host refuses the steering program
+    (:func:`steering_refused`): ``(sockets, the refusal or None)``. The group is closed before
+    the single socket binds, so the port is the one asked for (with port 0, another free one)."""
+    try:
+        return open_udp_sockets(ip, port, queues, **kw), None
+    except SocketCallError as e:
+        if not steering_refused(e):
+            raise
+        refused = e
+    return open_udp_sockets(ip, port, 1, **kw), refused
+
+
+def steering_refusal() -> SocketCallError | None:
+    """The refusal :func:`open_queue_sockets` would meet on this host, or None; asked of a
+    socket that is bound nowhere (the kernel makes a group of one for it), for a daemon that
+    is handed one queue and must tell a fallback from a changed setting."""
+    with _call("socket(AF_INET, SOCK_DGRAM)", socket.socket, socket.AF_INET,
+               socket.SOCK_DGRAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            attach_steering(s, 2)
+        except SocketCallError as e:
+            if steering_refused(e):
+                return e
+            raise
+    return None

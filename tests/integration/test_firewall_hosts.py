@@ -178,7 +178,7 @@ def _ours(site, host, tool) -> list[str]:
                 if l.startswith("-A ") and "FLANNEL" in l]
     text = site.ov.exec(host, ["nft", "list", "ruleset"], check=True).stdout
     return [l.strip() for l in text.splitlines()
-            if "flanneld" in l or l.startswith("table ip flannel-udp")]
+            if "flanneld" in l or l.startswith("table ip flannel-ipv4")]
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -226,14 +226,54 @@ def test_no_duplicate_rules_after_sigkill_and_restart(site, tool):
     args = ("--ip-masq",)
     _start(site, h0, tool, args)
     before = _ours(site, h0, tool)
-    # iptables: two jumps, five masq, two forward; nft: the table, five masq, two forward
-    assert len(before) == (1 + 5 + 1 + 2 if tool == "iptables" else 1 + 5 + 2), before
+    # iptables: two jumps, six masq, two forward; nft: the table, six masq, two forward
+    assert len(before) == (1 + 6 + 1 + 2 if tool == "iptables" else 1 + 6 + 2), before
     for sig in (signal.SIGKILL, signal.SIGKILL, signal.SIGTERM):
         ov.stop_daemon(h0, sig=sig)
         assert _ours(site, h0, tool) == before           # left as they were
         ov.start_daemon(h0, args=args, env=_env(site, tool))
         after = _ours(site, h0, tool)
         assert sorted(after) == sorted(before) and len(set(after)) == len(after), after
+
+
+def test_enable_nftables_moves_an_iptables_host_to_flanneld_s_table(site):
+    """"EnableNFTables": true in the network config on a host that ran in iptables mode
+    (docs/flannel-compat.md#iptables): the rules go to nftables although iptables is there, the
+    iptables masquerade goes so that nothing NATs twice, FLANNEL-FWD stays first in FORWARD, and
+    the workload's egress is masqueraded by the nftables table alone."""
+    ov, h0 = site.ov, site.h0
+    _start(site, h0, "iptables", ("--ip-masq",))
+    assert any(l.startswith("-A FLANNEL-POSTRTG ") for l in site.save(h0, "nat"))
+    ov.put_config({**ov.config, "EnableNFTables": True})
+    echo_out = os.path.join(ov.tb.workdir, f"echo-nft-config-{ov.kind}.log")
+    echo = None
+    try:
+        ov.stop_daemon(h0)
+        log = ov.start_daemon(h0, args=("--ip-masq",)).log_text()
+        assert "EnableNFTables is true in the network config: nftables rules in table ip " \
+               "flannel-ipv4" in log
+        assert "with nft (they stay after exit)" in log
+        nat = "\n".join(site.save(h0, "nat"))
+        assert "FLANNEL-POSTRTG" not in nat and "flanneld masq" not in nat, nat
+        assert _first_forward_rule(site, h0) == \
+            '-A FORWARD -m comment --comment "flanneld forward" -j FLANNEL-FWD'
+        table = ov.exec(h0, ["nft", "list", "table", "ip", "flannel-ipv4"], check=True).stdout
+        assert "chain postrtg {" in table and "chain forward {" in table, table
+        with open(echo_out, "w") as out:
+            echo = ov.tb.popen(site.inet, [sys.executable, "-c", lab.UDP_ECHO, str(ECHO_PORT),
+                                           "20"], stdout=out, stderr=subprocess.STDOUT)
+        assert lab.wait_file_line(echo_out, "ready", proc=echo), "the echo server did not start"
+        r = site.wa.run([sys.executable, "-c", lab.UDP_CLIENT, site.inet.ip, str(ECHO_PORT),
+                         "nft"])
+        # the internet has no route back to the overlay: a reply means it was masqueraded
+        assert json.loads(r.stdout)["received"] == 3, r.stdout + r.stderr
+        peers = {l.split()[1] for l in open(echo_out) if l.startswith("echo ")}
+        assert peers == {h0.ip}, peers
+        assert site.workloads_reach_each_other()
+    finally:
+        if echo is not None:
+            ov.tb.kill(echo)
+        ov.put_config(ov.config)
 
 
 def test_previous_networks_rules_are_recycled_and_others_kept(site):
@@ -263,10 +303,10 @@ def test_previous_networks_rules_are_recycled_and_others_kept(site):
 
 
 def _delete_nft_rule(site, host, chain, match) -> None:
-    text = site.ov.exec(host, ["nft", "-a", "list", "chain", "ip", "flannel-udp", chain],
+    text = site.ov.exec(host, ["nft", "-a", "list", "chain", "ip", "flannel-ipv4", chain],
                         check=True).stdout
     handle = next(l.rsplit("# handle ", 1)[1] for l in text.splitlines() if match in l)
-    site.ov.exec(host, ["nft", "delete", "rule", "ip", "flannel-udp", chain, "handle", handle],
+    site.ov.exec(host, ["nft", "delete", "rule", "ip", "flannel-ipv4", chain, "handle", handle],
                  check=True)
 
 
@@ -291,10 +331,11 @@ def test_resync_repairs_a_deleted_rule_after_the_lease_moved(site, tool, figure)
                                        "--comment", "flanneld masq", "-j", "FLANNEL-POSTRTG"),
                       "-A POSTROUTING -m comment")]
         else:
-            cases = [(lambda: _delete_nft_rule(site, h1, "FLANNEL_FWD", f"ip saddr {NET}"),
+            cases = [(lambda: _delete_nft_rule(site, h1, "forward", f"ip saddr {NET} accept"),
                       f"ip saddr {NET} accept"),
-                     (lambda: _delete_nft_rule(site, h1, "FLANNEL_POSTRTG", f"daddr {new}"),
-                      f"ip daddr {new} return")]
+                     (lambda: _delete_nft_rule(site, h1, "postrtg",
+                                               f"ip saddr != {NET} ip daddr {new} return"),
+                      f"ip saddr != {NET} ip daddr {new} return")]
         for delete, back in cases:
             delete()
             present = (lambda: any(back in l for l in _ours(site, h1, tool)))

@@ -14,7 +14,7 @@ import pytest
 from dataplane.control.lease import LeaseAttrs
 from dataplane.control.peers import PeerWatcher
 from dataplane.control.registry import SUBNET_TTL, Registry
-from dataplane.control.lease_manager import LeaseManager
+from dataplane.control.lease_manager import MIN_RENEW_GAP_S, LeaseManager
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.etcd
@@ -193,6 +193,7 @@ def test_reservation_given_an_etcd_lease_is_renewed_before_it_runs_out(shared_et
     try:
         assert first.reservation and first.subnet == MINE
         short = reg.grant(2)
+        given = time.monotonic()
         reg.put(first.key, OURS, lease_id=short)              # the operator ends the reservation
         wait_until(lambda: mgr.renewals >= 1, what="a renewal of the key given a TTL")
         time.sleep(2.5)                                       # the operator's 2 s lease has run out
@@ -200,8 +201,9 @@ def test_reservation_given_an_etcd_lease_is_renewed_before_it_runs_out(shared_et
         assert kv is not None and kv.lease == mgr.lease.lease_id not in (0, short)
         assert 590 <= reg.time_to_live(kv.lease) <= 600
         assert not changes and mgr.reacquisitions == 0 and not mgr.lease.reservation
-        # the renew margin (an hour) is longer than this TTL: renewed once, not in a loop
-        assert mgr.renewals <= 2, mgr.renewals
+        # the renew margin (an hour) is longer than this TTL: renewed no more often than the
+        # floor between renewals (lease_manager.py), not in a loop as fast as etcd answers
+        assert mgr.renewals <= (time.monotonic() - given) / MIN_RENEW_GAP_S + 1, mgr.renewals
     finally:
         mgr.stop()
 

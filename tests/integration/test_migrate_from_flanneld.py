@@ -21,9 +21,10 @@ whoever leaves rules behind must leave those of the host alone. The peer hp runs
 which speaks flanneld's wire format: it stands for the rest of the overlay.
 
 The move: flannel-udp starts with flanneld's flags on hf. It must take the same subnet (the lease
-is found by its PublicIP), leave the ruleset exactly as flanneld left it (no duplicate jump, no
-second copy of a rule, nothing stale: compared line by line with iptables-save), and carry the
-workload's traffic again within a second of being ready. A paced stream of UDP echoes from wf
+is found by its PublicIP), leave the ruleset as flanneld left it (no duplicate jump, no second
+copy of a rule, nothing stale: compared line by line with iptables-save) but for the rules of
+FLANNEL-POSTRTG, which follow flanneld v0.28.9's order in the same place (#iptables), and carry
+the workload's traffic again within a second of being ready. A paced stream of UDP echoes from wf
 to wp (one every 20 ms, bounded in count and time) measures when it comes back.
 
 The way back is checked against these facts of flanneld's start:
@@ -35,8 +36,8 @@ The way back is checked against these facts of flanneld's start:
   recycle old rules): the file is byte for byte the one flanneld itself wrote;
 * flanneld creates or flushes FLANNEL-POSTRTG and FLANNEL-FWD and fills them, its jumps and rules
   carrying the comments "flanneld masq" / "flanneld forward": the ruleset flannel-udp leaves is
-  line for line the one flanneld itself leaves, so flanneld's start meets what its own restart
-  would meet;
+  line for line the one flanneld itself leaves (FLANNEL-POSTRTG with v0.28.9's rules, which
+  v0.20.2 flushes and refills), so flanneld's start meets what its own restart would meet;
 * flannel0 and the UDP port are free for flanneld to take.
 """
 from __future__ import annotations
@@ -99,6 +100,25 @@ FLANNELD_RULES = [
     f"-t filter -A FLANNEL-FWD -d {NET} {_F} -j ACCEPT",
     f"-t filter -I FORWARD 1 {_F} -j FLANNEL-FWD",
 ]
+
+
+# FLANNEL-POSTRTG as flannel-udp fills it: flanneld v0.28.9's order, as iptables-save prints it
+V028_POSTRTG = [
+    f"-A FLANNEL-POSTRTG -m mark --mark 0x4000/0x4000 {_M} -j RETURN",
+    f"-A FLANNEL-POSTRTG -s {SUBNET} -d {NET} {_M} -j RETURN",
+    f"-A FLANNEL-POSTRTG -s {NET} -d {SUBNET} {_M} -j RETURN",
+    f"-A FLANNEL-POSTRTG ! -s {NET} -d {SUBNET} {_M} -j RETURN",
+    f"-A FLANNEL-POSTRTG -s {NET} ! -d 224.0.0.0/4 {_M} -j MASQUERADE --random-fully",
+    f"-A FLANNEL-POSTRTG ! -s {NET} -d {NET} {_M} -j MASQUERADE --random-fully",
+]
+
+
+def _with_v028_masquerade(lines: list[str]) -> list[str]:
+    """`lines` (iptables-save) with FLANNEL-POSTRTG's rules replaced, where they stood, by
+    flanneld v0.28.9's."""
+    ours = [i for i, l in enumerate(lines) if l.startswith("-A FLANNEL-POSTRTG ")]
+    assert ours == list(range(ours[0], ours[-1] + 1)), lines
+    return lines[:ours[0]] + V028_POSTRTG + lines[ours[-1] + 1:]
 
 
 class Move:
@@ -213,8 +233,10 @@ def test_host_moves_from_flanneld_and_back(move, shape, figure):
     assert {str(s): ip for s, ip in ov.leases().items() if ip == hf.ip} == {SUBNET: hf.ip}
     kv_value, ttl = move.etcd_kv()
     assert kv_value == OWN_VALUE.format(ip=hf.ip) and TTL - 120 <= ttl <= TTL
-    # flanneld's rules recycled in place: not one line more, less or moved
-    _same_rules(move.ruleset(), staged)
+    # flanneld's rules recycled in place: not one line more, less or moved, FLANNEL-POSTRTG
+    # filled in v0.28.9's order
+    expected = _with_v028_masquerade(staged)
+    _same_rules(move.ruleset(), expected)
     # traffic: nothing before the daemon, back within a second of ready, nothing lost after
     before = [l for l in lines if l["at"] < t0]
     assert before and not any(l["ok"] for l in before), "workloads talked without a daemon"
@@ -228,7 +250,7 @@ def test_host_moves_from_flanneld_and_back(move, shape, figure):
 
     # the way back: what flannel-udp leaves is what flanneld itself left
     assert ov.stop_daemon(hf) == 0
-    _same_rules(move.ruleset(), staged)
+    _same_rules(move.ruleset(), expected)
     with open(ov.subnet_file(hf)) as f:
         assert f.read() == SUBNET_ENV
     kv_value, ttl = move.etcd_kv()
@@ -237,4 +259,4 @@ def test_host_moves_from_flanneld_and_back(move, shape, figure):
     assert ov.exec(hf, ["ip", "link", "show", "flannel0"]).returncode != 0
     assert ov.exec(hf, ["ss", "-Hlun", f"sport = :{UDP_PORT}"], check=True).stdout.strip() == ""
     tables = ov.exec(hf, ["nft", "list", "tables"]).stdout
-    assert "flannel-udp" not in tables, tables
+    assert "flannel-udp" not in tables and "flannel-ipv4" not in tables, tables

@@ -123,10 +123,11 @@ def test_masq_rules_are_flanneld_rules():
     assert rules == [
         ("nat", "POSTROUTING", c + ["-j", "FLANNEL-POSTRTG"]),
         ("nat", "FLANNEL-POSTRTG", ["-m", "mark", "--mark", "0x4000/0x4000"] + c + ["-j", "RETURN"]),
-        ("nat", "FLANNEL-POSTRTG", ["-s", "10.5.0.0/16", "-d", "10.5.0.0/16"] + c + ["-j", "RETURN"]),
+        ("nat", "FLANNEL-POSTRTG", ["-s", "10.5.3.0/24", "-d", "10.5.0.0/16"] + c + ["-j", "RETURN"]),
+        ("nat", "FLANNEL-POSTRTG", ["-s", "10.5.0.0/16", "-d", "10.5.3.0/24"] + c + ["-j", "RETURN"]),
+        ("nat", "FLANNEL-POSTRTG", ["!", "-s", "10.5.0.0/16", "-d", "10.5.3.0/24"] + c + ["-j", "RETURN"]),
         ("nat", "FLANNEL-POSTRTG", ["-s", "10.5.0.0/16", "!", "-d", "224.0.0.0/4"] + c
          + ["-j", "MASQUERADE", "--random-fully"]),
-        ("nat", "FLANNEL-POSTRTG", ["!", "-s", "10.5.0.0/16", "-d", "10.5.3.0/24"] + c + ["-j", "RETURN"]),
         ("nat", "FLANNEL-POSTRTG", ["!", "-s", "10.5.0.0/16", "-d", "10.5.0.0/16"] + c
          + ["-j", "MASQUERADE", "--random-fully"]),
     ]
@@ -137,8 +138,13 @@ def test_masq_rules_are_flanneld_rules():
 def test_nft_ruleset_mirrors_iptables():
     text = firewall.nft_ruleset("10.5.0.0/16", "10.5.3.0/24", masq=True, forward=True)
     assert "type nat hook postrouting" in text and "type filter hook forward" in text
+    assert "chain postrtg {" in text and "chain forward {" in text
+    assert "ip saddr 10.5.3.0/24 ip daddr 10.5.0.0/16 return" in text
     assert "ip saddr != 10.5.0.0/16 ip daddr 10.5.3.0/24 return" in text
     assert text.count("masquerade fully-random") == 2
+    off = firewall.nft_ruleset("10.5.0.0/16", "10.5.3.0/24", masq=True, forward=True,
+                               random_fully=False)
+    assert off.count("masquerade") == 2 and "fully-random" not in off
 
 
 def test_ip_masq_without_any_tool_is_a_clear_error(monkeypatch, caplog):

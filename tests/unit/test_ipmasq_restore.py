@@ -6,7 +6,7 @@ import ipaddress
 import pytest
 
 from dataplane.host.firewall import (FILTER, NAT, MasqError, Previous, chain_rules, in_chain, missing_rules,
-                              nft_ruleset, restore_text)
+                              nft_rule, nft_ruleset, restore_text)
 from dataplane.host.firewall import forward_rules as _forward_rules
 from dataplane.host.firewall import masq_rules as _masq_rules
 from dataplane.control.subnetfile import read_previous_rules
@@ -46,11 +46,13 @@ NAT_FLANNEL = [
     "*nat",
     ":FLANNEL-POSTRTG - [0:0]",
     f"-I POSTROUTING 1 {MASQ_JUMP}",
+    # flanneld v0.28.9's order (docs/flannel-compat.md#iptables)
     '-A FLANNEL-POSTRTG -m mark --mark 0x4000/0x4000 -m comment --comment "flanneld masq" -j RETURN',
-    '-A FLANNEL-POSTRTG -s 10.5.0.0/16 -d 10.5.0.0/16 -m comment --comment "flanneld masq" -j RETURN',
+    '-A FLANNEL-POSTRTG -s 10.5.3.0/24 -d 10.5.0.0/16 -m comment --comment "flanneld masq" -j RETURN',
+    '-A FLANNEL-POSTRTG -s 10.5.0.0/16 -d 10.5.3.0/24 -m comment --comment "flanneld masq" -j RETURN',
+    '-A FLANNEL-POSTRTG ! -s 10.5.0.0/16 -d 10.5.3.0/24 -m comment --comment "flanneld masq" -j RETURN',
     '-A FLANNEL-POSTRTG -s 10.5.0.0/16 ! -d 224.0.0.0/4 -m comment --comment "flanneld masq" '
     '-j MASQUERADE --random-fully',
-    '-A FLANNEL-POSTRTG ! -s 10.5.0.0/16 -d 10.5.3.0/24 -m comment --comment "flanneld masq" -j RETURN',
     '-A FLANNEL-POSTRTG ! -s 10.5.0.0/16 -d 10.5.0.0/16 -m comment --comment "flanneld masq" '
     '-j MASQUERADE --random-fully',
     "COMMIT",
@@ -80,7 +82,7 @@ FORWARD_CASES = [
                  id="not first: moved to the top in the same transaction"),
     pytest.param(["-A FORWARD -j REJECT", f"-A FORWARD {FWD_JUMP}"],
                  [f"-D FORWARD {FWD_JUMP}", f"-I FORWARD 1 {FWD_JUMP}"],
-                 id="appended after a REJECT (older flannel-udp): moved to the top"),
+                 id="appended after a REJECT (flanneld v0.28.9, older flannel-udp): moved up"),
     pytest.param([f"-A FORWARD {FWD_JUMP}", f"-A FORWARD {FWD_JUMP}"],
                  [f"-D FORWARD {FWD_JUMP}", f"-D FORWARD {FWD_JUMP}", f"-I FORWARD 1 {FWD_JUMP}"],
                  id="duplicates: all deleted, one inserted"),
@@ -98,6 +100,17 @@ def test_forward_jump(forward, expected):
     assert lines[:2] == ["*filter", ":FLANNEL-FWD - [0:0]"]
     assert lines[2:2 + len(expected)] == expected
     assert lines[2 + len(expected):] == FILTER_FLANNEL[3:]
+
+
+def test_a_masquerade_jump_appended_by_flanneld_v0_28_is_moved_to_the_top():
+    # flanneld v0.28.9 appends (-A) its jump, after a container runtime's MASQUERADE
+    save = ("*nat\n-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE\n"
+            f"-A POSTROUTING {MASQ_JUMP}\nCOMMIT\n")
+    got = restore_text({NAT: masq_rules(NET, SUB)}, {NAT: rules(save, "POSTROUTING")}).splitlines()
+    assert got[:4] == ["*nat", ":FLANNEL-POSTRTG - [0:0]", f"-D POSTROUTING {MASQ_JUMP}",
+                       f"-I POSTROUTING 1 {MASQ_JUMP}"]
+    assert got[4:] == NAT_FLANNEL[3:]
+    assert not any("docker0" in l for l in got)
 
 
 RECYCLE_CASES = [
@@ -158,18 +171,53 @@ def test_missing_rules(edit, gone):
     assert [g[:len(p)] for g, p in zip(found, gone)] == gone and len(found) == len(gone)
 
 
-@pytest.mark.parametrize("masq, forward, chains", [(True, True, ["FLANNEL_POSTRTG", "FLANNEL_FWD"]),
-                                                   (False, True, ["FLANNEL_FWD"]),
-                                                   (True, False, ["FLANNEL_POSTRTG"])])
-def test_nft_table_is_replaced_whole_before_the_hosts_chains(masq, forward, chains):
+@pytest.mark.parametrize("masq, forward, chains", [(True, True, ["postrtg", "forward"]),
+                                                   (False, True, ["forward"]),
+                                                   (True, False, ["postrtg"])])
+def test_nft_table_is_flanneld_s_replaced_whole_with_the_legacy_one(masq, forward, chains):
     text = nft_ruleset(NET, SUB, masq, forward)
     lines = text.splitlines()
-    # create-if-absent, delete, define: one transaction that also recycles the old rules
-    assert lines[:3] == ["table ip flannel-udp {}", "delete table ip flannel-udp",
-                         "table ip flannel-udp {"]
+    # create-if-absent, delete, define: one transaction that also recycles the old rules and
+    # removes the table of older flannel-udp versions
+    assert lines[:5] == ["table ip flannel-udp {}", "delete table ip flannel-udp",
+                         "table ip flannel-ipv4 {}", "delete table ip flannel-ipv4",
+                         "table ip flannel-ipv4 {"]
     assert [l.split()[1] for l in lines if l.strip().startswith("chain ")] == chains
-    assert ("priority srcnat - 1" in text) == masq and ("priority filter - 1" in text) == forward
-    assert (f"ip daddr {SUB} return" in text) == masq
+    # flanneld's standard priorities: its `add chain` on our table must not be refused
+    assert ("type nat hook postrouting priority srcnat; policy accept;" in text) == masq
+    assert ("type filter hook forward priority filter; policy accept;" in text) == forward
+    assert " - 1" not in text
+    assert (f"ip saddr != {NET} ip daddr {SUB} return" in text) == masq
+
+
+MASQ_NFT = [
+    'meta mark & 0x4000 == 0x4000 return comment "flanneld masq"',
+    f'ip saddr {SUB} ip daddr {NET} return comment "flanneld masq"',
+    f'ip saddr {NET} ip daddr {SUB} return comment "flanneld masq"',
+    f'ip saddr != {NET} ip daddr {SUB} return comment "flanneld masq"',
+    f'ip saddr {NET} ip daddr != 224.0.0.0/4 masquerade{{}} comment "flanneld masq"',
+    f'ip saddr != {NET} ip daddr {NET} masquerade{{}} comment "flanneld masq"',
+]
+
+
+@pytest.mark.parametrize("random_fully", [True, False])
+def test_nft_postrtg_holds_the_iptables_rules_in_their_order(random_fully):
+    text = nft_ruleset(NET, SUB, True, False, random_fully)
+    body = text[text.index("chain postrtg {"):].splitlines()[2:]
+    tail = " fully-random" if random_fully else ""
+    assert [l.strip() for l in body[:len(MASQ_NFT)]] == [r.format(tail) for r in MASQ_NFT]
+    assert body[len(MASQ_NFT)].strip() == "}"
+    assert ("fully-random" in text) == random_fully
+    # the same list as iptables', rule for rule
+    assert [nft_rule(r) for r in masq_rules(NET, SUB, random_fully)] == \
+        [r.format(tail) for r in MASQ_NFT]
+
+
+def test_nft_forward_chain_accepts_the_network_both_ways():
+    text = nft_ruleset(NET, SUB, False, True)
+    body = [l.strip() for l in text[text.index("chain forward {"):].splitlines()[2:4]]
+    assert body == [f'ip saddr {NET} accept comment "flanneld forward"',
+                    f'ip daddr {NET} accept comment "flanneld forward"']
 
 
 @pytest.mark.parametrize("body, expected", [
@@ -220,7 +268,8 @@ class FakeHost:
 def fake(monkeypatch):
     from dataplane.host import firewall
     host = FakeHost()
-    monkeypatch.setattr(firewall, "detect_tool", lambda prefer=None: "iptables")
+    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False:
+                        ("iptables", "a fake host"))
     monkeypatch.setattr(firewall, "_iptables_random_fully", lambda: True)
     monkeypatch.setattr(firewall.Rules, "_ipt_install", lambda self: host.install(self))
     monkeypatch.setattr(firewall.Rules, "_ipt_missing", lambda self: list(host.missing))
@@ -247,3 +296,85 @@ def test_resync_survives_lease_moves_and_retries_a_failed_rebuild(fake):
     finally:
         r.stop()
     assert not r._thread.is_alive()
+
+
+TOOL_CASES = [
+    # (binaries on the PATH, EnableNFTables, the tool, words of the reason logged)
+    pytest.param({"iptables", "nft"}, False, "iptables", "EnableNFTables is not true",
+                 id="both, EnableNFTables unset: iptables"),
+    pytest.param({"iptables", "nft"}, True, "nft", "EnableNFTables is true in the network "
+                 "config: nftables rules in table ip flannel-ipv4", id="both, EnableNFTables: nft"),
+    pytest.param({"nft"}, False, "nft", "the iptables binary is missing",
+                 id="no iptables: the nftables fallback"),
+    pytest.param({"iptables"}, True, None, "`nft` was not found", id="EnableNFTables, no nft"),
+    pytest.param(set(), False, None, "neither", id="none"),
+]
+
+
+@pytest.mark.parametrize("found, enable, tool, why", TOOL_CASES)
+def test_tool_choice_follows_enable_nftables(monkeypatch, found, enable, tool, why):
+    from dataplane.host import firewall
+    monkeypatch.setattr(firewall.shutil, "which",
+                        lambda name: f"/x/{name}" if name in found else None)
+    got, reason = firewall.choose_tool(enable_nftables=enable)
+    assert got == tool and why in reason, reason
+
+
+def test_enable_nftables_without_nft_names_the_config_key(monkeypatch, caplog):
+    import logging
+
+    from dataplane.host import firewall
+    monkeypatch.setattr(firewall.shutil, "which",
+                        lambda name: "/x/iptables" if name == "iptables" else None)
+    with pytest.raises(MasqError, match="EnableNFTables.*nft.*nftables"):
+        firewall.Rules(NET, SUB, masq=True, forward=True, enable_nftables=True)
+    with caplog.at_level(logging.WARNING, logger=firewall.log.name):
+        r = firewall.Rules(NET, SUB, masq=False, forward=True, enable_nftables=True)
+    assert r.tool is None and "nft not found (EnableNFTables" in caplog.text
+
+
+@pytest.mark.parametrize("tool", ["iptables", "nft"])
+@pytest.mark.parametrize("asked, supported, expected", [(True, True, True), (False, True, False),
+                                                        (True, False, False)])
+def test_random_fully_needs_the_switch_and_the_tool(monkeypatch, caplog, tool, asked, supported,
+                                                    expected):
+    import logging
+
+    from dataplane.host import firewall
+    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False:
+                        (tool, "a fake host"))
+    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda: supported)
+    monkeypatch.setattr(firewall, "_nft_random_fully", lambda: supported)
+    with caplog.at_level(logging.INFO, logger=firewall.log.name):
+        r = firewall.Rules(NET, SUB, masq=True, forward=False, random_fully=asked)
+    masq = [a for a in r._want()[NAT] if "MASQUERADE" in a]
+    assert len(masq) == 2 and all(("--random-fully" in a) == expected for a in masq)
+    assert ("fully-random" in nft_ruleset(NET, SUB, True, False, r._random_fully)) == expected
+    if not asked:
+        assert "--ip-masq-fully-random-disable" in caplog.text
+
+
+@pytest.mark.parametrize("disable, enable", [(False, False), (True, True), (True, False)])
+def test_the_daemon_passes_the_flag_and_the_config_key_to_the_rules(monkeypatch, tmp_path,
+                                                                    disable, enable):
+    from dataplane.daemon import startup
+    from dataplane.daemon.options import Options
+    from dataplane.host import firewall
+    seen = {}
+
+    class Recorder:
+        def __init__(self, network, subnet, **kw):
+            seen.update(kw, network=network, subnet=subnet)
+
+        def install(self):
+            seen["installed"] = True
+
+        def start_resync(self, period):
+            seen["resync"] = period
+
+    monkeypatch.setattr(firewall, "Rules", Recorder)
+    opts = Options(ip_masq=True, ip_masq_fully_random_disable=disable,
+                   subnet_file=str(tmp_path / "subnet.env"))
+    assert isinstance(startup.install_rules(opts, NET, SUB, enable_nftables=enable), Recorder)
+    assert seen["random_fully"] is (not disable) and seen["enable_nftables"] is enable
+    assert seen["installed"] and seen["resync"] == opts.iptables_resync

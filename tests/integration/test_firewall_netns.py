@@ -1,0 +1,270 @@
+"""flanneld v0.28.9's firewall rules as the kernel holds them (root, one network namespace each).
+
+dataplane.host.firewall runs inside a namespace made for the test (a child Python process
+under ``ip netns exec``), and what it left is read back with ``iptables-save`` and ``nft list``,
+so each check is on the kernel's rule set, not on the text we sent. What flanneld would have
+left (its appended jumps, its nftables table, older flannel-udp's table) is staged with the
+same commands first. The facts pinned are those of docs/flannel-compat.md#iptables: the rule
+order, --ip-masq-fully-random-disable, EnableNFTables and the move between the two tools, the
+table and chain names flanneld shares with us, and `flannel-udp cleanup`'s removal.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dataplane.testbed import netns
+from tests.conftest import require, require_root
+
+pytestmark = pytest.mark.root
+
+NET, SUB = "10.5.0.0/16", "10.5.3.0/24"
+M = '-m comment --comment "flanneld masq"'
+F = '-m comment --comment "flanneld forward"'
+MASQ_JUMP = f"{M} -j FLANNEL-POSTRTG"
+FWD_JUMP = f"{F} -j FLANNEL-FWD"
+
+
+def v028_postrtg(random_fully=True) -> list[str]:
+    """FLANNEL-POSTRTG as flanneld v0.28.9 fills it, as iptables-save prints it."""
+    rf = " --random-fully" if random_fully else ""
+    return [f"-A FLANNEL-POSTRTG -m mark --mark 0x4000/0x4000 {M} -j RETURN",
+            f"-A FLANNEL-POSTRTG -s {SUB} -d {NET} {M} -j RETURN",
+            f"-A FLANNEL-POSTRTG -s {NET} -d {SUB} {M} -j RETURN",
+            f"-A FLANNEL-POSTRTG ! -s {NET} -d {SUB} {M} -j RETURN",
+            f"-A FLANNEL-POSTRTG -s {NET} ! -d 224.0.0.0/4 {M} -j MASQUERADE{rf}",
+            f"-A FLANNEL-POSTRTG ! -s {NET} -d {NET} {M} -j MASQUERADE{rf}"]
+
+
+def v028_postrtg_nft(random_fully=True) -> list[str]:
+    """The same rules as `nft list` prints them back."""
+    rf = " fully-random" if random_fully else ""
+    return ['meta mark & 0x00004000 == 0x00004000 return comment "flanneld masq"',
+            f'ip saddr {SUB} ip daddr {NET} return comment "flanneld masq"',
+            f'ip saddr {NET} ip daddr {SUB} return comment "flanneld masq"',
+            f'ip saddr != {NET} ip daddr {SUB} return comment "flanneld masq"',
+            f'ip saddr {NET} ip daddr != 224.0.0.0/4 masquerade{rf} comment "flanneld masq"',
+            f'ip saddr != {NET} ip daddr {NET} masquerade{rf} comment "flanneld masq"']
+
+
+FWD_NFT = [f'ip saddr {NET} accept comment "flanneld forward"',
+           f'ip daddr {NET} accept comment "flanneld forward"']
+
+# The table older flannel-udp versions made (iptables missing), in their layout.
+LEGACY_TABLE = f"""table ip flannel-udp {{
+  chain FLANNEL_POSTRTG {{
+    type nat hook postrouting priority srcnat - 1; policy accept;
+    ip saddr {NET} ip daddr {NET} return comment "flanneld masq"
+    ip saddr {NET} ip daddr != 224.0.0.0/4 masquerade fully-random comment "flanneld masq"
+  }}
+  chain FLANNEL_FWD {{
+    type filter hook forward priority filter - 1; policy accept;
+    ip saddr {NET} accept comment "flanneld forward"
+  }}
+}}
+"""
+# What a flanneld v0.28.9 in nftables mode leaves while it runs: its two tables.
+FLANNELD_TABLES = f"""table ip flannel-ipv4 {{
+  chain postrtg {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {NET} ip daddr != 224.0.0.0/4 masquerade fully-random
+  }}
+}}
+table ip6 flannel-ipv6 {{}}
+"""
+
+
+class Ns:
+    """A namespace of the suite's naming (fu-<pid>-<seq>-fw), deleted at teardown."""
+
+    def __init__(self):
+        self.name = netns.ns_name(netns.new_run_id(), "fw")
+        netns.create(self.name)
+
+    def run(self, argv, input=None, check=True) -> subprocess.CompletedProcess:
+        r = subprocess.run(netns.exec_argv(self.name, argv), input=input, capture_output=True,
+                           text=True, timeout=60)
+        assert not check or r.returncode == 0, f"{argv}: {r.stderr}"
+        return r
+
+    def firewall(self, code: str) -> tuple[object, str]:
+        """Run `code` with dataplane.host.firewall imported as `fw` in the namespace; its
+        `result` comes back decoded from JSON, with the module's log."""
+        script = ("import json, logging, sys\n"
+                  "logging.basicConfig(stream=sys.stderr, level=logging.INFO)\n"
+                  "from dataplane.host import firewall as fw\n"
+                  "result = None\n" + code + "\nprint(json.dumps(result))\n")
+        r = self.run([sys.executable, "-c", script], check=False)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.splitlines()[-1]), r.stderr
+
+    def save(self, table: str) -> list[str]:
+        return [l for l in self.run(["iptables-save", "-t", table]).stdout.splitlines()
+                if l.startswith(("-A ", ":"))]
+
+    def chain(self, table: str, chain: str) -> list[str]:
+        return [l for l in self.save(table) if l.startswith(f"-A {chain} ")]
+
+    def nft_tables(self) -> set[str]:
+        return {l.strip() for l in self.run(["nft", "list", "tables"]).stdout.splitlines()}
+
+    def nft_chain(self, chain: str) -> list[str]:
+        """The rules of `chain` in table ip flannel-ipv4, the base chain's line first."""
+        out = self.run(["nft", "list", "chain", "ip", "flannel-ipv4", chain]).stdout
+        lines = [l.strip() for l in out.splitlines()]
+        return [l for l in lines if l and not l.startswith(("table ", "chain ")) and l != "}"]
+
+    def close(self):
+        netns.delete(self.name)
+
+
+@pytest.fixture
+def ns():
+    require_root()
+    for tool in ("iptables", "iptables-save", "iptables-restore", "nft"):
+        require(shutil.which(tool) is not None, f"needs {tool} (apt-get install iptables nftables)")
+    n = Ns()
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def _install(ns, *, random_fully=True, enable_nftables=False, masq=True, forward=True):
+    return ns.firewall(f"r = fw.Rules({NET!r}, {SUB!r}, masq={masq}, forward={forward}, "
+                       f"random_fully={random_fully}, enable_nftables={enable_nftables})\n"
+                       "r.install()\nresult = r.tool")
+
+
+@pytest.mark.parametrize("random_fully", [True, False], ids=["random-fully", "disabled"])
+def test_iptables_holds_v0_28_order_with_our_jumps_first(ns, random_fully):
+    tool, log = _install(ns, random_fully=random_fully)
+    assert tool == "iptables" and "EnableNFTables is not true" in log
+    assert ns.chain("nat", "FLANNEL-POSTRTG") == v028_postrtg(random_fully)
+    assert ns.chain("nat", "POSTROUTING") == [f"-A POSTROUTING {MASQ_JUMP}"]
+    assert ns.chain("filter", "FLANNEL-FWD") == [f"-A FLANNEL-FWD -s {NET} {F} -j ACCEPT",
+                                                 f"-A FLANNEL-FWD -d {NET} {F} -j ACCEPT"]
+    assert ("--random-fully" in "\n".join(ns.save("nat"))) == random_fully
+    if not random_fully:
+        assert "--ip-masq-fully-random-disable" in log
+
+
+def test_jumps_a_flanneld_v0_28_appended_are_moved_to_the_top(ns):
+    """flanneld v0.28.9 appends its jumps after the host's own rules (a REJECT that then
+    rejects the overlay); we put ours first and leave one of each, and flanneld's own check
+    (`iptables -C`) still finds its jump, so a flanneld after us appends none."""
+    host = ("*nat\n-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE\nCOMMIT\n"
+            "*filter\n-A FORWARD -j REJECT --reject-with icmp-port-unreachable\nCOMMIT\n")
+    ns.run(["iptables-restore", "--noflush"], input=host)
+    flanneld = ["*nat", ":FLANNEL-POSTRTG - [0:0]", *v028_postrtg(),
+                f"-A POSTROUTING {MASQ_JUMP}", "COMMIT",
+                "*filter", ":FLANNEL-FWD - [0:0]", f"-A FLANNEL-FWD -s {NET} {F} -j ACCEPT",
+                f"-A FLANNEL-FWD -d {NET} {F} -j ACCEPT", f"-A FORWARD {FWD_JUMP}", "COMMIT"]
+    ns.run(["iptables-restore", "--noflush"], input="\n".join(flanneld) + "\n")
+    assert ns.chain("filter", "FORWARD")[-1] == f"-A FORWARD {FWD_JUMP}"     # staged last
+
+    _install(ns)
+    assert ns.chain("nat", "POSTROUTING") == [
+        f"-A POSTROUTING {MASQ_JUMP}", "-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"]
+    assert ns.chain("filter", "FORWARD") == [
+        f"-A FORWARD {FWD_JUMP}", "-A FORWARD -j REJECT --reject-with icmp-port-unreachable"]
+    assert ns.chain("nat", "FLANNEL-POSTRTG") == v028_postrtg()
+    for table, base, jump in (("nat", "POSTROUTING", MASQ_JUMP), ("filter", "FORWARD", FWD_JUMP)):
+        check = ns.run(["iptables", "-w", "5", "-t", table, "-C", base, *shlex.split(jump)],
+                       check=False)
+        assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize("random_fully", [True, False], ids=["random-fully", "disabled"])
+def test_enable_nftables_puts_flanneld_s_table_in_and_takes_the_iptables_nat_out(ns,
+                                                                                random_fully):
+    # a host moved from iptables mode: our iptables rules, and older flannel-udp's table
+    _install(ns)
+    ns.run(["nft", "-f", "-"], input=LEGACY_TABLE)
+    assert ns.chain("nat", "FLANNEL-POSTRTG") and "table ip flannel-udp" in ns.nft_tables()
+
+    tool, log = _install(ns, random_fully=random_fully, enable_nftables=True)
+    assert tool == "nft"
+    assert "EnableNFTables is true in the network config: nftables rules in table ip " \
+           "flannel-ipv4" in log
+    assert ns.nft_chain("postrtg") == [
+        "type nat hook postrouting priority srcnat; policy accept;",
+        *v028_postrtg_nft(random_fully)]
+    assert ns.nft_chain("forward") == ["type filter hook forward priority filter; policy accept;",
+                                       *FWD_NFT]
+    tables = ns.nft_tables()
+    assert "table ip flannel-udp" not in tables and "table ip flannel-ipv4" in tables
+    # nothing of the iptables masquerade is left to NAT a second time; FLANNEL-FWD stays
+    nat = "\n".join(ns.save("nat"))
+    assert "FLANNEL-POSTRTG" not in nat and "flanneld masq" not in nat, nat
+    assert ns.chain("filter", "FORWARD") == [f"-A FORWARD {FWD_JUMP}"]
+    assert len(ns.chain("filter", "FLANNEL-FWD")) == 2
+
+
+def test_flanneld_s_chains_fit_our_table_and_the_old_priorities_would_not(ns):
+    """A flanneld v0.28.9 in nftables mode taking the host over adds its base chains to the
+    table we left: the kernel takes that only at the same type, hook and priority."""
+    _install(ns, enable_nftables=True)
+    flanneld = ("add table ip flannel-ipv4\n"
+                "add chain ip flannel-ipv4 postrtg { type nat hook postrouting priority 100 ; }\n"
+                "add chain ip flannel-ipv4 forward { type filter hook forward priority 0 ; }\n"
+                "flush chain ip flannel-ipv4 postrtg\n")
+    assert ns.run(["nft", "-f", "-"], input=flanneld, check=False).returncode == 0
+    older = "add chain ip flannel-ipv4 postrtg { type nat hook postrouting priority 99 ; }\n"
+    assert ns.run(["nft", "-f", "-"], input=older, check=False).returncode != 0
+
+
+def test_nftables_resync_puts_a_deleted_rule_back(ns):
+    got, _ = ns.firewall(
+        f"import subprocess\n"
+        f"r = fw.Rules({NET!r}, {SUB!r}, masq=True, forward=True, enable_nftables=True)\n"
+        "r.install()\n"
+        "listing = subprocess.run(['nft', '-a', 'list', 'chain', 'ip', 'flannel-ipv4', "
+        "'postrtg'], capture_output=True, text=True).stdout\n"
+        f"line = next(l for l in listing.splitlines() if 'ip saddr != {NET} ip daddr {SUB}' in l)\n"
+        "subprocess.run(['nft', 'delete', 'rule', 'ip', 'flannel-ipv4', 'postrtg', 'handle', "
+        "line.rsplit('# handle ', 1)[1]], check=True)\n"
+        "gone = line.split(' comment')[0].strip() not in fw._run(['nft', 'list', 'table', 'ip', "
+        "'flannel-ipv4']).stdout\n"
+        "result = [gone, r.resync(), r.resync()]")
+    assert got == [True, True, False]            # deleted; rebuilt; nothing missing after
+    assert ns.nft_chain("postrtg")[1:] == v028_postrtg_nft()
+
+
+def test_iptables_mode_deletes_the_nftables_tables_a_flanneld_left(ns):
+    ns.run(["nft", "-f", "-"], input=FLANNELD_TABLES + LEGACY_TABLE)
+    assert {"table ip flannel-ipv4", "table ip6 flannel-ipv6",
+            "table ip flannel-udp"} <= ns.nft_tables()
+    tool, log = _install(ns)
+    assert tool == "iptables"
+    assert not ns.nft_tables() & {"table ip flannel-ipv4", "table ip6 flannel-ipv6",
+                                  "table ip flannel-udp"}
+    assert "deleted the nftables table(s) ip flannel-ipv4, ip6 flannel-ipv6, ip flannel-udp" in log
+    assert ns.chain("nat", "FLANNEL-POSTRTG") == v028_postrtg()
+
+
+def test_remove_all_removes_the_iptables_chains_and_every_flannel_table(ns):
+    _install(ns)
+    ns.run(["nft", "-f", "-"], input=FLANNELD_TABLES + LEGACY_TABLE)
+    ns.run(["nft", "add", "table", "ip", "someone-else"])
+    dry, _ = ns.firewall("result = fw.remove_all(dry_run=True)")
+    for want in ("nft delete table ip flannel-ipv4", "nft delete table ip6 flannel-ipv6",
+                 "nft delete table ip flannel-udp", "-X FLANNEL-POSTRTG", "-X FLANNEL-FWD"):
+        assert any(want in line for line in dry), (want, dry)
+    assert "table ip flannel-udp" in ns.nft_tables() and ns.chain("nat", "FLANNEL-POSTRTG")
+
+    done, _ = ns.firewall("result = fw.remove_all()")
+    assert done == dry
+    left = ns.nft_tables()
+    assert "table ip someone-else" in left, left
+    assert not [t for t in left if "flannel" in t], left
+    for table in ("nat", "filter"):
+        text = "\n".join(ns.save(table))
+        assert "FLANNEL" not in text and "flanneld" not in text, text
+    again, _ = ns.firewall("result = fw.remove_all()")
+    assert again == []
