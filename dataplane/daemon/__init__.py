@@ -6,6 +6,9 @@
 * ``preflight.py``   what the host lacks (privileges, TUN, firewall tool, subnet.env, the port),
                      checked before anything is written to etcd;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
+* ``blackhole_route.py`` the --ip-blackhole-route route, kept with the lease and checked on the tick;
+* ``subnet_env.py``  subnet.env kept equal to the lease, rewritten on the tick while a write fails;
+* ``status.py``      the status socket that `flannel-udp status` reads;
 * ``monitor.py``     the serve loop's periodic checks and how often they log;
 * ``liveness.py``    whether the serve loop and every engine loop progress: /healthz, WATCHDOG=1;
 * ``peer_log.py``    peer changes in the log: a line per lease, or a summary per second in a burst;
