@@ -5,7 +5,9 @@
   (one line), ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports stay inside
   ``main`` so that ``--help`` is fast;
 * ``flanneld_flags.py``: `run`'s flag table, flanneld's flags with their names, defaults and
-  FLANNELD_* variables, resolved into the daemon's Options.
+  FLANNELD_* variables, resolved into the daemon's Options;
+* ``interrupt.py``: SIGTERM and SIGHUP taken as Ctrl-C by the commands that build testbeds
+  (demo, bench), so that their teardown runs whichever way they are stopped.
 
 How to start this package as a child process is ``dataplane/host/child.py``: the layers below
 use it too.

@@ -8,6 +8,9 @@
 * ``firewall.py`` the iptables/nftables rules of --ip-masq and --iptables-forward-rules;
 * ``blackhole.py`` the route ``blackhole <lease subnet>`` of --ip-blackhole-route (its metric
   lets a bridge's route of the subnet win);
+* ``direct_routes.py`` DirectRouting's kernel routes to peers on this link (proto 153), and the
+  watch of the host's own routes and addresses that makes the daemon reconsider them;
+* ``sched.py``    the engine loop threads' real-time scheduling (--realtime-priority);
 * ``udpsock.py``  the UDP sockets, one per queue (SO_REUSEPORT, steered by the inner flow);
 * ``queues.py``   how many queues;
 * ``offload.py``  probing and switching on the kernel offloads (TSO/USO, UDP GSO/GRO);

@@ -1,4 +1,12 @@
-"""Test and demo scaffolding: real etcd servers (etcd.py) and, beside it, simulated hosts.
+"""Test, demo and bench scaffolding: real etcd servers and simulated hosts.
+
+* ``netns.py``       network namespaces, named with the suite's prefix, and the sweep of a dead
+  run's leftovers;
+* ``hosts.py``       simulated hosts joined by veth pairs to a bridge (the ``Testbed``);
+* ``etcd.py``        real etcd servers: one member, or a 3-member cluster;
+* ``overlay.py``     a whole overlay: etcd, the network config and a daemon per host;
+* ``lease_writer.py`` many peer leases written at once;
+* ``peer_count.py``  waiting for a daemon's route table to reach a size.
 
 Everything here starts real processes and cleans them up by PID; nothing is mocked.
 """
