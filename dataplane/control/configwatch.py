@@ -14,7 +14,8 @@ import threading
 from typing import Optional
 
 from .config import ConfigError, NetworkConfig, parse_config
-from .registry import Registry, WatchLoop, read_then_watch
+from .etcd_watch import WatchLoop, read_then_watch
+from .registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,9 @@ from typing import Callable, Optional
 from .config import NetworkConfig
 from .lease import Lease, LeaseAttrs, LeaseFormatError, clip
 from .recurring import Recurring
-from .registry import SUBNET_TTL, Registry, RegistryError, WatchLoop
+from .etcd_errors import RegistryError
+from .etcd_watch import WatchLoop
+from .registry import SUBNET_TTL, Registry
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ over a socket and applies it to the peer set it mirrors. What is left in the dae
 reading one message per batch and updating the route table. The C engine forwards without the lock
 and keeps the watcher in a thread (no second process, no second etcd client).
 
-``PeerWatchProcess`` takes PeerWatcher's arguments and offers its interface (start, stop,
-wait_ready, set_own_subnet, flush, peers, snapshot, bad, bad_total, revision, snapshots, batches,
-watch_loop), and hands ``on_change`` the same ``PeerChange`` reports in the same order, so the
-daemon and the tests use either.
+``PeerWatchProcess`` takes PeerWatcher's arguments and offers the same interface, ``PeerWatch``
+(control/peer_watch.py), and hands ``on_change`` the same ``PeerChange`` reports in the same order,
+so the daemon and the tests use either.
 
-The link: length-prefixed pickles over a stream socketpair; both ends are this module.
+The link: length-prefixed pickles over a stream socketpair; both ends are this module, which is
+why it runs past 500 lines: the parent's and the child's halves of one protocol are read together.
   parent -> child   ("init", registry spec, own subnet, network, retry_interval, coalesce,
                      log level, own PublicIPs) once, then ("own", seq, subnet), ("flush", seq), ("stop",)
   child -> parent   ("report", added, removed), ("status", {...}) when it changed,
@@ -109,8 +109,9 @@ class _Link:
 
 
 class _RemoteWatch:
-    """The child's watch as the daemon's /readyz and /metrics read a WatchLoop: ``connected``,
-    and counters that keep counting across child restarts (a restart counts as a reconnect)."""
+    """The child's watch as the daemon's /readyz and /metrics read a WatchLoop (WatchStatus,
+    control/peer_watch.py): ``connected``, and counters that keep counting across child restarts
+    (a restart counts as a reconnect)."""
 
     def __init__(self):
         self.connected = threading.Event()
@@ -141,7 +142,8 @@ class _RemoteWatch:
 
 
 class PeerWatchProcess:
-    """PeerWatcher, run in a child process; see the module's docstring."""
+    """PeerWatcher, run in a child process; a PeerWatch (control/peer_watch.py). See the module's
+    docstring."""
 
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network],
                  on_change: Optional[OnChange], *, retry_interval: float = 1.0,
@@ -173,7 +175,7 @@ class PeerWatchProcess:
         self.ready = threading.Event()
         self.restarts = 0                        # children that died and were replaced
 
-    # -- PeerWatcher's interface ------------------------------------------------------------------
+    # -- PeerWatch (control/peer_watch.py) --------------------------------------------------------
     @property
     def watch_loop(self) -> _RemoteWatch:
         return self._watch

@@ -5,7 +5,7 @@ this loses nothing:
   1. snapshot: list `<prefix>/subnets/` at revision R and diff it against what we knew;
   2. one long-lived watch from R + 1; every event of every response is applied, so several leases
      created or deleted in one transaction all arrive;
-  3. a broken stream or an etcd restart resumes from the last applied revision + 1 (Registry.WatchLoop);
+  3. a broken stream or an etcd restart resumes from the last applied revision + 1 (etcd_watch.WatchLoop);
   4. a compacted revision re-lists (back to 1) and diffs, so removals that happened meanwhile show up.
 
 Events are coalesced: the watch thread only applies each event to the lease dict and notes the subnet
@@ -51,7 +51,9 @@ from typing import Callable, Iterable, Optional
 
 from .lease import Lease, LeaseFormatError, lease_from_kv, parse_subnet_key, peer_problem
 from .peerset import PeerChange, PeerSnapshot
-from .registry import Registry, RegistryError, WatchLoop, read_then_watch
+from .etcd_errors import RegistryError
+from .etcd_watch import WatchLoop, read_then_watch
+from .registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,9 @@ COALESCE_MAX_S = 0.1    # but never longer than this
 
 
 class PeerWatcher:
+    """The watch in this process's threads; a PeerWatch (control/peer_watch.py). See the module's
+    docstring."""
+
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network], on_change: Optional[OnChange],
                  *, retry_interval: float = 1.0, network: Optional[IPv4Network] = None,
                  coalesce: float = COALESCE_S, own_ips: Iterable[IPv4Address] = ()):

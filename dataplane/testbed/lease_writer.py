@@ -2,8 +2,8 @@
 
 The testbed's etcd listens inside the switch namespace, out of the caller's reach, and `etcdctl`
 costs a process per key; so :class:`LeaseWriter` keeps one child in the switch namespace that talks
-to etcd with the project's own client (control/registry.py) and takes its orders as JSON lines on
-stdin::
+to etcd with the project's own client (control/registry.py, over control/etcd.py) and takes its
+orders as JSON lines on stdin::
 
     {"op": "put", "leases": [["10.1.0.0/24", "172.16.0.1"], ...], "txn": 0, "window": 32}
     {"op": "delete", "subnets": ["10.1.0.0/24", ...], "window": 32}
@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from ipaddress import IPv4Address, IPv4Network
 
 from ..host.child import python_argv
@@ -120,10 +121,10 @@ def _perform(reg, order: dict) -> dict:
         if chunk:
             batches = [dict(items[i:i + chunk]) for i in range(0, len(items), chunk)]
             return _timed(lambda b: reg.txn_put_delete(b), batches)
-        return _burst(lambda: reg.pipelined(puts=items, window=window), len(items))
+        return _burst(lambda: pipelined(reg, puts=items, window=window), len(items))
     if op == "delete":
         keys = [key(s) for s in order["subnets"]]
-        return _burst(lambda: reg.pipelined(deletes=keys, window=window), len(keys))
+        return _burst(lambda: pipelined(reg, deletes=keys, window=window), len(keys))
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -135,7 +136,42 @@ def _timed(call, items) -> dict:
 
 
 def _burst(call, count: int) -> dict:
-    """``call()``: the registry's pipelined calls, each key its own (Registry.pipelined)."""
+    """``call()``: pipelined calls, each key its own (:func:`pipelined`)."""
     t_first = time.time()
     answered = call()
     return {"t_first": t_first, "t_last": time.time(), "count": count, "results": answered}
+
+
+def pipelined(etcd, puts: "list[tuple[str, bytes | str]]" = (), deletes: "list[str]" = (),
+              window: int = WINDOW) -> int:
+    """Each put (key, value), then each delete (key), its own call on the client ``etcd``
+    (control/etcd.py), hence its own revision and watch event, ``window`` calls in flight from
+    this one thread: a burst as fast as etcd takes it, for little CPU. On the current endpoint,
+    without failover: a load generator's, not the daemon's. Returns how many puts got a
+    revision and deletes deleted a key."""
+    import grpc                 # after control/etcd.py (``etcd`` is its client), which quiets gRPC
+    from pyetcd import etcdrpc
+
+    from ..control.etcd_errors import RegistryError
+    channel = etcd.endpoint().channel()
+    metadata = etcd.metadata(channel)
+    kv = etcdrpc.KVStub(channel)
+    calls = [(kv.Put, etcdrpc.PutRequest(key=k.encode(), value=v if isinstance(v, bytes) else v.encode()))
+             for k, v in puts]
+    calls += [(kv.DeleteRange, etcdrpc.DeleteRangeRequest(key=k.encode())) for k in deletes]
+    pending: deque = deque()
+    answered = 0
+
+    def settle() -> int:
+        resp = pending.popleft().result()
+        return int(resp.deleted > 0) if hasattr(resp, "deleted") else int(resp.header.revision > 0)
+    try:
+        for method, req in calls:
+            if len(pending) >= window:
+                answered += settle()
+            pending.append(method.future(req, timeout=etcd.timeout, metadata=metadata))
+        while pending:
+            answered += settle()
+    except grpc.RpcError as exc:
+        raise RegistryError(f"etcd burst: {exc.code().name}: {exc.details()}") from None
+    return answered

@@ -239,7 +239,7 @@ def test_random_churn_with_restarts_and_compaction_converges(etcd, make_registry
     """Random puts, deletes and multi-key txns while etcd crashes, restarts and compacts."""
     import random
 
-    from dataplane.control.registry import RegistryError
+    from dataplane.control.etcd_errors import RegistryError
 
     rng = random.Random(1234)
     reg = make_registry(etcd)

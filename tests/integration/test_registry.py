@@ -8,12 +8,10 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from dataplane.control import registry as registry_mod
-from dataplane.control.config import ConfigError
+from dataplane.control import etcd as etcd_transport
+from dataplane.control.etcd_errors import RegistryDeniedError, RegistryError, RegistryUnavailableError
 from dataplane.control.lease import LeaseAttrs
-from dataplane.control.registry import (CONFIG_NOT_FOUND, ConfigNotFoundError, Registry,
-                                        RegistryDeniedError, RegistryError,
-                                        RegistryUnavailableError, wait_for_config)
+from dataplane.control.registry import CONFIG_NOT_FOUND, ConfigNotFoundError, Registry
 from dataplane.testbed.etcd import EtcdServer, make_certs, server_tls
 from tests.conftest import require_etcd, wait_until
 from tests.integration.conftest import unique_prefix
@@ -41,33 +39,6 @@ def test_default_prefix():
         assert reg.lease_key(S1) == "/coreos.com/network/subnets/10.5.84.0-24"
     finally:
         reg.close()
-
-
-def test_wait_for_config_retries_missing_and_invalid(shared_etcd, make_registry, caplog):
-    reg = make_registry(shared_etcd, config=None)
-
-    def writer():
-        time.sleep(0.25)
-        reg.put_config('{"Network":"10.5.0.0/29"}')      # invalid: retried with flanneld's message
-        time.sleep(0.3)
-        reg.put_config('{"Network":"10.5.0.0/16"}')
-
-    t = threading.Thread(target=writer)
-    t.start()
-    with caplog.at_level(logging.ERROR, logger="dataplane.control.registry"):
-        cfg = wait_for_config(reg, interval=0.1, timeout=10)
-    t.join()
-    assert cfg.network == IPv4Network("10.5.0.0/16")
-    assert CONFIG_NOT_FOUND in caplog.text
-    assert "network is too small. Minimum useful network prefix is /28" in caplog.text
-
-
-def test_wait_for_config_timeout(shared_etcd, make_registry):
-    reg = make_registry(shared_etcd, config='{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}')
-    with pytest.raises(ConfigError):
-        reg.get_config()
-    with pytest.raises(TimeoutError):
-        wait_for_config(reg, interval=0.05, timeout=0.2)
 
 
 def test_create_is_exact_and_if_absent(shared_etcd, make_registry):
@@ -130,7 +101,7 @@ def test_all_endpoints_down_is_a_clear_error():
 
 
 def test_keepalive_never_faster_than_5s():
-    opts = dict(registry_mod._CHANNEL_OPTIONS)
+    opts = dict(etcd_transport._CHANNEL_OPTIONS)
     assert opts["grpc.keepalive_time_ms"] >= 5000
     assert opts["grpc.keepalive_permit_without_calls"] == 0
 

@@ -7,7 +7,8 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from dataplane.control.registry import Registry, RegistryError
+from dataplane.control.etcd_errors import RegistryError
+from dataplane.control.registry import Registry
 from dataplane.testbed.etcd import EtcdServer
 from tests.conftest import require_etcd, wait_until
 from tests.integration.conftest import unique_prefix

@@ -12,7 +12,7 @@ import pytest
 from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peers import PeerWatcher
 from dataplane.control.peerset import PeerChange, PeerSnapshot
-from dataplane.control.registry import WatchEvent
+from dataplane.control.etcd_watch import WatchEvent
 from dataplane.daemon.peer_log import BUDGET, PeerLog
 
 PREFIX = "/coreos.com/network/subnets/"

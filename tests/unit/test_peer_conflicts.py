@@ -9,7 +9,7 @@ import pytest
 
 from dataplane.control.lease import MAX_VALUE_BYTES, LeaseAttrs, LeaseFormatError
 from dataplane.control.peers import PeerWatcher
-from dataplane.control.registry import WatchEvent
+from dataplane.control.etcd_watch import WatchEvent
 from tests.unit.test_peer_batches import OWN, PREFIX, FakeRegistry, Reports, subnet
 
 OWN_IP = "192.168.77.1"
