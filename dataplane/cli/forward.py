@@ -1,8 +1,8 @@
 """`flannel-udp forward`: the dataplane with a static route table, no etcd.
 
-For tests and measurements: it sets up the TUN device exactly as the daemon
-(and flanneld) does, binds the UDP socket, hands both to an engine with the
-routes from the command line, and forwards until SIGTERM/SIGINT.
+For tests and measurements: the daemon's dataplane (host/assembly.py: the TUN
+set up as the daemon and flanneld do, the UDP sockets, the offloads, the
+engines) with the routes from the command line, forwarding until SIGTERM/SIGINT.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -216,11 +215,9 @@ def _write_json(path: str, obj: dict) -> None:
 def main(args: argparse.Namespace) -> int:
     from dataplane.host import netconf
     from dataplane.engine import DEFAULT_BATCH, Route, choose_engine, multi
+    from dataplane.host.assembly import AssemblyError, Dataplane, open_sockets
     from dataplane.host.offload import DEFAULT_MODE, Offloads
     from dataplane.host.queues import default_queues
-    from dataplane.host.tun import TXQUEUELEN
-    from dataplane.host.udpsock import one_queue_warning, open_queue_sockets
-    from pyroute2.netlink.exceptions import NetlinkError
 
     listen_ip, port = args.listen
     tun_addr = args.tun_addr
@@ -261,38 +258,23 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    tun_fds: list[int] = []
-    socks: list[socket.socket] = []
+    dataplane = Dataplane()
     engine = None
     tun_name = "?"
-    queues = args.queues or default_queues()
     offloads = Offloads(args.offload or DEFAULT_MODE, cls.name)
     try:
-        tun_fds, tun_name = offloads.open_tun(args.tun_name, queues)
-        # the daemon's queue length: the bench measures what the daemon runs
-        netconf.configure_tun(tun_name, tun_addr.with_prefixlen, mtu, txqueuelen=TXQUEUELEN)
-        if args.network is not None:
-            netconf.add_network_route(args.network, tun_name)
-        # Non-blocking, as the daemon's: a full socket buffer drops (and counts) a datagram
-        # rather than stalling the loop, and the bench measures the daemon's data path.
-        socks, refused = open_queue_sockets(listen_ip, port, queues, bufsize=args.sockbuf,
-                                            blocking=False)
-        if refused is not None:
-            # the daemon's fallback (daemon/main.py): no TUN queue may be left unread
-            log.warning("%s", one_queue_warning(refused, queues))
-            for fd in tun_fds[len(socks):]:
-                os.close(fd)
-            del tun_fds[len(socks):]
-            queues = len(socks)
-        flags = offloads.probe(tun_fds, socks)
-        log.info("%s", offloads.summary())
+        # The daemon's assembly, so that the bench measures the daemon's data path.
+        dataplane = Dataplane.open(
+            offloads, tun_name=args.tun_name, tun_addr=tun_addr.with_prefixlen, mtu=mtu,
+            network=args.network, queues=args.queues or default_queues(),
+            sockets=lambda n: open_sockets(listen_ip, port, n, bufsize=args.sockbuf))
+        tun_name, queues = dataplane.tun_name, dataplane.queues
         routes = [Route.make(net, ip, p or port) for net, ip, p in args.route + extra_routes]
-        engine = multi.create(cls, tun_fds, [s.fileno() for s in socks], tun_addr=tun_addr.ip,
-                              mtu=mtu, batch=args.batch or DEFAULT_BATCH,
-                              accept_any=args.accept_from == "any", icmp_rate=args.icmp_rate,
-                              icmp_burst=args.icmp_burst, offloads=flags,
-                              coalesce_us=args.coalesce_usecs,
-                              thread_init=sched.thread_init(args.realtime_priority))
+        engine = dataplane.engine(cls, tun_addr=tun_addr.ip, mtu=mtu,
+                                  batch=args.batch or DEFAULT_BATCH,
+                                  accept_any=args.accept_from == "any", icmp_rate=args.icmp_rate,
+                                  icmp_burst=args.icmp_burst, coalesce_us=args.coalesce_usecs,
+                                  realtime_priority=args.realtime_priority)
         engine.set_routes(routes)
         engine.start()
         log.info("engine %s (%s), %d queue(s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",
@@ -334,13 +316,13 @@ def main(args: argparse.Namespace) -> int:
                  s.get("udp_tx_packets", 0), s.get("tun_tx_packets", 0),
                  {k: v for k, v in s.items() if k.startswith("drop_") and v} or "none")
         return rc
-    except (OSError, ValueError, NetlinkError) as e:
+    except AssemblyError as e:
+        log.error("forward setup failed (tun %s): %s", e.tun_name or tun_name, e.error)
+        return 1
+    except (OSError, ValueError) as e:
         log.error("forward setup failed (tun %s): %s", tun_name, e)
         return 1
     finally:
         if engine is not None:
             engine.close()
-        for s in socks:
-            s.close()
-        for fd in tun_fds:
-            os.close(fd)  # the last one removes the (non-persistent) TUN device
+        dataplane.close()   # its last TUN fd removes the (non-persistent) TUN device

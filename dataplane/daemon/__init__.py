@@ -1,8 +1,13 @@
 """`flannel-udp run`: the daemon, an orchestrator over the control plane, the host and the engines.
 
-* ``main.py``        start order, the serve loop, shutdown; peer changes -> route table -> engine;
+* ``main.py``        start order, the serve loop, shutdown;
+* ``state.py``       the daemon's state (DaemonState), the small object its reports read, and
+                     DaemonSource, that state as /metrics, /readyz and the status read it;
 * ``options.py``     every setting, with its default (the CLI parses flanneld's flags into it);
-* ``startup.py``     one function per start step, with the message an operator reads when it fails;
+* ``startup.py``     one function per start step, with the message an operator reads when it fails
+                     (flannel0, the sockets and the engine: the dataplane's assembly,
+                     host/assembly.py, in the daemon's words);
+* ``peer_routes.py`` peer changes -> the engine's route table and DirectRouting's kernel routes;
 * ``preflight.py``   what the host lacks (privileges, TUN, firewall tool, subnet.env, the port),
                      checked before anything is written to etcd;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
@@ -14,8 +19,10 @@
 * ``peer_log.py``    peer changes in the log: a line per lease, or a summary per second in a burst;
 * ``systemd.py``     READY=1 to systemd (sd_notify), its watchdog; ``fdstore.py`` its fd store (FDSTORE, LISTEN_FDS);
 * ``inherited.py``   what a new daemon takes over from the previous one, and the checks;
+* ``takeover.py``    keeping what is handed over (or not), and leaving the fds and the state to
+                     the next process in systemd's fd store;
 * ``handover.py``    the handover socket: --handover, systemctl reload (`flannel-udp reload`);
 * ``http.py``        the /healthz, /readyz, /metrics and /debug/trace server;
-* ``metrics.py``     the Prometheus collector, and the daemon as what it and /readyz read;
+* ``metrics.py``     the Prometheus collector, driven by the table of every series (DECLARED);
 * ``timefmt.py``     a lease's expiry as the log and /readyz write it.
 """

@@ -1,5 +1,7 @@
 """Handing flannel0 and the UDP sockets from the running daemon to a new one, without systemd.
 
+(Just over 500 lines: the old daemon's side and the new one's of one protocol, read together.)
+
 The running daemon listens on a unix socket in the runtime directory (``--handover-socket``;
 mode 0600, and the peer must be root or our own user). A daemon
 started with ``--handover`` connects to it and they speak in frames (a 4-byte length, then one JSON

@@ -1,5 +1,11 @@
 """The flannel-udp daemon: flanneld's udp backend, start to finish.
 
+(Over ~500 lines on purpose: this file is the start order below, the serve loop and the shutdown
+steps, read in one place. Each part with a job of its own is a module of daemon/ (its
+__init__.py lists them: the state the reports read, peer changes -> routes, the takeover, the
+start steps), or host/assembly.py for the dataplane; what stays here is what ties them, and the
+callbacks the watchers, the lease manager and the handover make.)
+
 Startup, in flanneld's order (docs/flannel-compat.md#process, docs/flannel-compat.md#tun-device);
 each step is a function of daemon/startup.py::
 
@@ -17,25 +23,27 @@ each step is a function of daemon/startup.py::
                                  MTU = interface MTU - 28, up, route <Network> dev flannel0;
                                  one fd per queue (--queues), vnet headers for --offload auto
     6. UDP socket(s)             bound to the interface address and the config's port, one
-                                 per queue (SO_REUSEPORT); offloads probed (dataplane.host.offload)
+                                 per queue (SO_REUSEPORT), or one (and one flannel0 queue)
+                                 where the host refuses their steering; offloads probed;
+                                 5.-6. are the dataplane's assembly (host/assembly.py)
        blackhole route           --ip-blackhole-route: blackhole <lease net>, at once rather
                                  than one --iptables-resync period later as flanneld, then
                                  checked every period on the tick (daemon/blackhole_route.py)
     7. iptables                  --ip-masq (FLANNEL-POSTRTG), --iptables-forward-rules (FLANNEL-FWD)
     8. subnet.env                FLANNEL_NETWORK / SUBNET / MTU / IPMASQ
-    9. engine + watches          one engine per queue (engine.multi), made first; the peer
-                                 watch lists the leases and their routes go in; then the
+    9. engine + watches          one engine per queue (host/assembly.py), made first; the
+                                 peer watch lists the leases and their routes go in; then the
                                  engine starts (so the source check knows the peers from the
                                  first datagram); each batch of peer changes -> the kept route
-                                 table updated (control/routes.py) -> every queue at once;
+                                 table updated (daemon/peer_routes.py) -> every queue at once;
                                  own lease renewal
    10. READY=1 to systemd        when $NOTIFY_SOCKET is set (daemon/systemd.py); before it, the
                                  fds and the state go into systemd's fd store when it keeps fds
-                                 (daemon/fdstore.py), and the handover socket listens
+                                 (daemon/takeover.py), and the handover socket listens
 
-A daemon that takes over (step 0) skips what the fds already are: it keeps the lease without
-an etcd write, flannel0 and its route, the sockets; its engine starts with the peers' routes
-it was handed, in the old engine's place (the kernel queues packets meanwhile).
+A daemon that takes over (step 0, daemon/takeover.py) skips what the fds already are: it keeps
+the lease without an etcd write, flannel0 and its route, the sockets; its engine starts with the
+peers' routes it was handed, in the old engine's place (the kernel queues packets meanwhile).
 
 Then the main thread runs the checks of daemon/monitor.py every second, and at once when an
 engine loop ends (flannel0 deleted: the engine sees it, no polling), and tells the engine
@@ -56,33 +64,31 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 
-from ..control.direct import DirectRouting
 from ..control.peerset import PeerChange, PeerSnapshot
 from ..control.recurring import Recurring
-from ..control.routes import route_changes, route_table
-from ..host import direct_routes, queues
+from ..host import queues
+from ..host.assembly import Dataplane
 from ..host.own_sources import OwnSources
-from . import fdstore, handover, inherited, lease_move, preflight, startup, status
+from . import handover, inherited, lease_move, preflight, startup, status, takeover
 from .blackhole_route import BlackholeRoute
 from .liveness import Liveness
-from .metrics import DaemonSource
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .options import Options
 from .peer_log import PeerLog
+from .peer_routes import PeerRoutes
 from .startup import StartupError, Stopped
+from .state import DaemonSource, DaemonState, keeps_state
 from .subnet_env import SubnetEnv
 from .systemd import sd_notify
 from .timefmt import when
 
 log = logging.getLogger(__name__)
 
-PEERS_READY_TIMEOUT_S = 5.0
 # The Python engine shares the interpreter with the control plane: a thread that wants it waits
 # up to the switch interval (5 ms by default) for a busy one. The busiest part, the peer watch
 # during a burst of lease events, runs in a child process with this engine; for the rest
@@ -95,64 +101,51 @@ PY_ENGINE_SWITCH_INTERVAL_S = 0.0005
 START_WAIT_MARGIN_S = 60.0
 
 
+@keeps_state
 class Daemon:
-    """One run of `flannel-udp run`."""
+    """One run of `flannel-udp run`. What its reports read (the lease, the engine, the peers,
+    the watchers...) is kept in ``self.state`` (daemon/state.py DaemonState), and each of those
+    fields is an attribute of the daemon too (``self.engine`` is ``self.state.engine``)."""
 
     def __init__(self, opts: Options):
-        self.opts = opts
         self._stop = threading.Event()
         self._wake = threading.Event()        # the serve loop's: a signal, or an engine loop ended
         self._reacquire = threading.Event()
         self._upgrade = threading.Event()        # SIGUSR2: a successor takes over
         self._pending_lease = None
-        self.lock = threading.RLock()         # guards engine, lease, peers
-        self.ext = None                       # ExternalInterface
+        self.state = DaemonState(
+            opts, subnet_env=SubnetEnv(opts.subnet_file, opts.ip_masq),
+            move_failures=lease_move.Failures(),
+            blackhole=BlackholeRoute(opts.ip_blackhole_route, opts.iptables_resync),
+            # /healthz and systemd's watchdog: the main loop's ticks and the engine's heartbeats;
+            # an engine stopped for a handover is stopped on purpose (daemon/liveness.py)
+            liveness=Liveness.for_daemon(lambda: None if self.handing_over else self.engine))
         self.registry = None
-        self.config = None
-        self.lease = None
-        self.lease_manager = None             # control/lease_manager.py LeaseManager
-        self.peer_watcher = None
-        self.config_watcher = None
-        self.peers = PeerSnapshot()           # the engine's peers (the encapsulated ones)
-        self.all_peers = PeerSnapshot()       # every peer the watcher reported last
-        # which peers go direct (control/direct.py); on once the config says so (_start_watches)
-        self.direct = DirectRouting(False, lambda _ip: False)
-        self.route_watch = None               # host/direct_routes.py HostRouteWatch, when it is on
-        self._peers_lock = threading.RLock()  # one peer change (or re-decision) at a time
-        self.routes = None                    # its route table, as the engine class takes it
+        self.peer_routes = PeerRoutes(self.state)   # peer changes -> routes (daemon/peer_routes.py)
         self.peer_log = None                  # daemon/peer_log.py
-        self.tun_fds: list = []               # one per queue
-        self.tun_name = None
-        self.socks: list = []                 # one per queue
-        self.queues = 1
-        self.offloads = None                  # host.offload.Offloads
-        self.offload_flags = 0
+        self.dataplane = Dataplane()          # flannel0's queues, the sockets (host/assembly.py)
+        self.queues = 1                       # asked for; then the dataplane's
         self.rules = None
-        self.move_failures = lease_move.Failures()
         self._reacquire_failing = Recurring(log, "Re-acquiring the lease (SIGHUP)",
                                             level=logging.ERROR)
-        self.subnet_env = SubnetEnv(opts.subnet_file, opts.ip_masq)
-        self.blackhole = BlackholeRoute(opts.ip_blackhole_route, opts.iptables_resync)
-        self.engine = None                    # engine.multi.MultiEngine
         self.engine_cls = None
         self._peer_child = None               # the peer watch's process, started early
-        self.engine_why = ""
         self.own_sources = OwnSources()       # what the engine knows of this host's addresses
         self.servers = []
         self.state_file = None                # inherited.StateFile in systemd's fd store
-        self._state_stale = False             # peers changed since the state file was written
         self.handover_server = None
         self.handing_over = False             # our engine is stopped for a new daemon
         self._successor = None                # the pid we handed over to
         self._ready = False                   # READY=1 sent
         self._old_handlers = {}
-        self.source = DaemonSource(self)      # what /metrics, /readyz and /debug/trace read
+        self.source = DaemonSource(self.state)    # what /metrics, /readyz and /debug/trace read
         # what `flannel-udp status` reads, with the last warnings (daemon/status.py)
         self.status_server = None
         self.warnings = status.WarningRing()
-        # /healthz and systemd's watchdog: the main loop's ticks and the engine's heartbeats; an
-        # engine stopped for a handover is stopped on purpose (daemon/liveness.py)
-        self.liveness = Liveness.for_daemon(lambda: None if self.handing_over else self.engine)
+
+    # What the handover offers and the state file counts (daemon/handover.py, inherited.py).
+    tun_fds = property(lambda self: self.dataplane.tun_fds)
+    socks = property(lambda self: self.dataplane.socks)
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
@@ -234,7 +227,8 @@ class Daemon:
         http_later = inh is not None and inh.old_running
         if not http_later:
             self.servers = startup.start_http_servers(o, self.source)
-            self.status_server = status.listen(o.status_socket, self, self.warnings)
+            self.status_server = status.listen(o.status_socket, self.state, self.source,
+                                               self.warnings)
         # 3. config (the old daemon's when etcd does not answer: it forwards meanwhile)
         self.config = startup.wait_for_config(self.registry, self.wait,
                                               fallback=inh.config_raw if inh else None)
@@ -245,35 +239,21 @@ class Daemon:
         # the engine decides the queues' fds (vnet headers for its offloads)
         self._select_engine()
         if inh is not None:
-            inh = self._check_inherited(inh)
+            inh, self.lease = takeover.check(
+                inh, ext=self.ext, config=self.config, lease_manager=self.lease_manager,
+                acquire=lambda: startup.acquire_lease(self.lease_manager, self.registry,
+                                                      self.wait),
+                queues=self.queues, vnet=self.offloads.wanted)
         if inh is not None:
             # 4.-6. kept: the lease, flannel0, the sockets; our engine forwards from here on
             self._take_over(inh)
-            if len(self.socks) < self.queues:
-                # the one queue of a daemon the host refused the steering to, as it refuses
-                # ours (inherited.mismatch asked): the same fallback, said as at a fresh start
-                from ..host.udpsock import one_queue_warning, steering_refusal
-                refused = steering_refusal()
-                if refused is not None:
-                    log.warning("%s", one_queue_warning(refused, self.queues))
-                self.queues = len(self.socks)
         else:
             # 4. lease
             self.lease = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
-            # 5. flannel0
-            self.tun_fds, self.tun_name = startup.open_tun(self.offloads, self.queues,
-                                                           self.lease.subnet,
-                                                           self.config.network, self.ext)
-            # 6. UDP socket(s) and the offloads they and flannel0 accept
-            self.socks = startup.open_sockets(self.ext, self.config.backend_port, self.queues)
-            if len(self.socks) < self.queues:
-                # the host refused the steering: the kernel spreads flannel0's packets over
-                # every attached queue, and one that no engine reads would strand its share
-                for fd in self.tun_fds[len(self.socks):]:
-                    os.close(fd)
-                del self.tun_fds[len(self.socks):]
-                self.queues = len(self.socks)
-            self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
+            # 5.-6. flannel0, the UDP socket(s), the offloads they accept (host/assembly.py)
+            self._use(startup.open_dataplane(self.offloads, self.queues, self.lease.subnet,
+                                             self.config.network, self.ext,
+                                             self.config.backend_port))
         # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
         self.blackhole.want(self.lease.subnet, previous=self.lease_manager.subnet_file_prev)
         # 7. iptables
@@ -292,9 +272,11 @@ class Daemon:
             self._start_watches()
         if http_later:
             self.servers = startup.start_http_servers(o, self.source, retry=True)
-            self.status_server = status.listen(o.status_socket, self, self.warnings)
+            self.status_server = status.listen(o.status_socket, self.state, self.source,
+                                               self.warnings)
         # 10. what a restart or a new daemon takes over; systemd
-        self._keep_for_restart()
+        self.state_file = takeover.keep_for_restart(self.state_file, self.dataplane,
+                                                    lambda: inherited.state_of(self))
         if o.handover_socket:
             self.handover_server = startup.listen_for_handover(o.handover_socket, self)
         # What startup made (modules, the first peer set) lives as long as the daemon: out of
@@ -322,18 +304,20 @@ class Daemon:
             log.info("%s", note)
         self.offloads = Offloads(o.offload, self.engine_cls.name)
 
+    def _use(self, dataplane: Dataplane):
+        """flannel0 and the sockets from here on: as many queues as they have (fewer than asked
+        where the host refuses the sockets' steering)."""
+        self.dataplane, self.tun_name, self.queues = dataplane, dataplane.tun_name, dataplane.queues
+
     def _make_engine(self):
         """A new engine on our fds, with the routes of the peers we know; not started."""
         o = self.opts
         engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
-                                    self.lease.subnet, self.ext.tun_mtu, self.offload_flags,
-                                    self.own_sources)
+                                    self.lease.subnet, self.ext.tun_mtu,
+                                    self.dataplane.offload_flags, self.own_sources)
         self.liveness.hold_for_test(engine, self._stop)
         with self.lock:
-            if self.routes is not None:
-                engine.set_table(self.routes)
-            else:
-                engine.set_routes(route_table(self.peers, self.config.backend_port))
+            self.peer_routes.load(engine)
             self.engine = engine
         log.info("Engine: %s (%s), %d queue(s); accepting datagrams from %s", engine.name,
                  self.engine_why, len(engine),
@@ -345,43 +329,16 @@ class Daemon:
                  if o.strict_sources else "")
 
     # ------------------------------------------------------------------ taking over
-    def _check_inherited(self, inh):
-        """``inh`` when its fds are what we would set up (the lease decided on the way), else
-        None after letting them go."""
-        state = inh.state
-        lease, why = (inherited.kept_lease(state, self.ext, self.config) if state
-                      else (None, "no state came with them"))
-        if lease is not None:
-            self.lease_manager.adopt(lease)
-            log.info("Lease kept: %s (PublicIP %s), expires %s; nothing written to etcd",
-                     lease.subnet, lease.public_ip, when(lease.expiration))
-        else:
-            log.info("Not keeping the lease handed over: %s; acquiring one", why)
-            lease = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
-        self.lease = lease
-        obs = inherited.observe(inh.tun_fds, inh.socks)
-        why = inherited.mismatch(state, obs, ext=self.ext, config=self.config, lease=lease,
-                                 queues=self.queues, vnet=self.offloads.wanted) if state else why
-        if why is not None:
-            log.warning("Not taking over flannel0 and the UDP sockets from %s: %s; starting "
-                        "afresh (flannel0 is made again: traffic stops until this daemon "
-                        "forwards)", inh.way, why)
-            inh.release()
-            return None
-        return inh
-
     def _take_over(self, inh):
-        self.tun_fds, self.tun_name, self.socks = inh.tun_fds, inh.tun_name, inh.socks
         self.state_file = inh.state_file
-        startup.adopt_tun(self.offloads, self.tun_name, self.config.network)
-        self.offload_flags = startup.probe_offloads(self.offloads, self.tun_fds, self.socks)
+        self._use(startup.adopt_dataplane(self.offloads, inh, self.queues, self.config.network))
         self.peers = PeerSnapshot.of(inherited.peers_of(inh.state), self.lease.subnet)
         self._make_engine()
         state = inh.switch(self.engine.start)
         # what changed on the old daemon since its offer
         with self.lock:
             self.peers = PeerSnapshot.of(inherited.peers_of(state), self.lease.subnet)
-            self.engine.set_routes(route_table(self.peers, self.config.backend_port))
+            self.peer_routes.load(self.engine)
         lease, _ = inherited.kept_lease(state, self.ext, self.config)
         if lease is not None and lease != self.lease:
             self.lease_manager.adopt(lease)
@@ -393,34 +350,8 @@ class Daemon:
                  "peer route(s) it knew", state.get("pid", "?"), inh.way, self.tun_name,
                  len(self.tun_fds), len(self.peers))
 
-    def _keep_for_restart(self):
-        """Under systemd with an fd store: our fds and the state go there (once; a restart
-        passes them back), so that `systemctl restart` keeps flannel0."""
-        capacity = fdstore.capacity()
-        if not capacity:
-            return
-        if self.state_file is not None:
-            self._save_state()
-            return
-        named = ([(inherited.tun_fd_name(i), fd) for i, fd in enumerate(self.tun_fds)]
-                 + [(inherited.udp_fd_name(i), s.fileno()) for i, s in enumerate(self.socks)])
-        if capacity < len(named) + 1:
-            log.warning("systemd keeps %d fds (FileDescriptorStoreMax=, $FDSTORE), %d are needed: "
-                        "a restart will make flannel0 again", capacity, len(named) + 1)
-            return
-        self.state_file = inherited.StateFile.create()
-        self._save_state()
-        if fdstore.store(named + [(inherited.STATE_NAME, self.state_file.fd)]):
-            log.info("flannel0's queues, the UDP sockets and the state are in systemd's fd store: "
-                     "systemctl restart keeps them")
-
     def _save_state(self):
-        if self.state_file is None:
-            return
-        try:
-            self.state_file.write(inherited.state_of(self))
-        except Exception as e:          # a restart then starts afresh: worth a line, not a stop
-            log.warning("could not save the state for the next process: %s", e)
+        takeover.save(self.state_file, lambda: inherited.state_of(self))
 
     # ------------------------------------------------------------------ handing over
     def resume_engine(self):
@@ -444,104 +375,20 @@ class Daemon:
         self.stop()
 
     def _start_watches(self):
-        from ..control.configwatch import ConfigWatcher
-        from ..control.peer_process import PeerWatchProcess
-        from ..control.peers import PeerWatcher
-        ifindex = self.ext.index
-        self.direct = DirectRouting(self.config.direct_routing,
-                                    lambda ip: direct_routes.on_link(ip, ifindex))
-        if self.config.direct_routing:
-            log.info("DirectRouting is on: peers that have it too and whose PublicIP is on %s's "
-                     "link get a plain route via their PublicIP (proto %d); the others go through "
-                     "flannel0", self.ext.name, direct_routes.PROTO)
-            self.route_watch = direct_routes.HostRouteWatch(self._reconsider_direct).start()
+        self.peer_routes.start_direct(self.engine_cls.table_type)
         self.peer_log = PeerLog(self.config.backend_port)
-        # A lease naming one of these is never a route (it would send to ourselves).
-        own_ips = {self.ext.ext_addr, self.ext.iface_addr}
-        # The same watcher either way; with the Python engine in a process of its own, so that
-        # a burst of lease events does not hold the interpreter the engine forwards in.
-        if self.engine_cls.forwards_in_python:
-            child, self._peer_child = self._peer_child, None
-            self.peer_watcher = PeerWatchProcess(self.registry, self.lease.subnet, self.on_peers,
-                                                 network=self.config.network, prepared=child,
-                                                 own_ips=own_ips)
-        else:
-            self.peer_watcher = PeerWatcher(self.registry, self.lease.subnet, self.on_peers,
-                                            network=self.config.network, own_ips=own_ips)
-        self.peer_watcher.start()
-        self.config_watcher = ConfigWatcher(self.registry, self.config).start()
-        # READY should mean "routes to the known peers are in": wait for the first snapshot,
-        # but not forever (the watcher keeps retrying on its own if etcd is away).
-        if not self.peer_watcher.wait_ready(PEERS_READY_TIMEOUT_S):
-            log.warning("Peer leases not listed yet (etcd slow or away); routes follow when it "
-                        "answers")
+        child, self._peer_child = self._peer_child, None
+        self.peer_watcher, self.config_watcher = startup.start_watches(
+            self.registry, self.lease.subnet, self.config, self.ext, self.on_peers,
+            in_process=self.engine_cls.forwards_in_python, prepared=child)
+        startup.wait_for_peers(self.peer_watcher)
         self.lease_manager.start()
 
     # ------------------------------------------------------------------ callbacks
     def on_peers(self, change: PeerChange):
         """PeerWatcher callback (its publisher thread, or ours during a lease move): the one way
-        a peer change reaches the engine. The change is applied to the table kept here (the work
-        of the change, not of the whole table), which every queue takes whole and at once; a new
-        engine (after a lease move) gets the whole table the same way."""
-        with self._peers_lock:
-            first = self.routes is None
-            split = self.direct.apply(change, self.peers)
-            self.all_peers = change.snapshot
-            self._apply_split(split, reconcile=first)
-            self.peer_log.record(change, len(self.routes), direct=self.direct)
-
-    def _apply_split(self, split, reconcile: bool = False):
-        """The engine's share of a change, and the direct routes: a peer that goes direct gets
-        its route before it leaves the engine's table, one that comes back is in the table
-        before its route goes, so that no packet finds neither."""
-        for lease in split.route:
-            direct_routes.replace(lease.subnet, lease.public_ip, self.ext.index)
-        change = split.engine
-        removed, added = route_changes(change, self.config.backend_port)
-        with self.lock:
-            if self.routes is None:     # the first listing: whole, so nothing handed over lingers
-                self.routes = self.engine_cls.table_type.of(
-                    route_table(change.snapshot, self.config.backend_port))
-            else:
-                self.routes = self.routes.updated(removed, added)
-            self.peers = change.snapshot
-            if self.engine is not None:
-                self.engine.set_table(self.routes)
-            # The state file is for the next process only; the serve loop rewrites it once a
-            # tick (all peers: docs/design.md#fig-state-file), not once per batch of a burst.
-            self._state_stale = True
-        for lease in split.unroute:
-            direct_routes.delete(lease.subnet)
-        if reconcile and self.direct.enabled:
-            self._reconcile_direct_routes()
-
-    def _reconsider_direct(self):
-        """HostRouteWatch callback: the host's addresses or routes changed; every peer is
-        decided again, and the kernel's direct routes made to match."""
-        with self._peers_lock:
-            split = self.direct.reconsider(self.all_peers, self.peers)
-            for lease in split.route:
-                log.info("Subnet %s: now a direct route via %s dev %s (its PublicIP is on this "
-                         "host's link)", lease.subnet, lease.public_ip, self.ext.name)
-            for lease in split.unroute:
-                log.info("Subnet %s: now through flannel0 to %s:%d (%s)", lease.subnet,
-                         lease.public_ip, self.config.backend_port,
-                         self.direct.why_not(lease) or "its lease changed")
-            self._apply_split(split, reconcile=True)
-
-    def _reconcile_direct_routes(self):
-        """Our routes in the kernel as decided: a previous daemon's that no peer wants go, a
-        missing one (deleted by hand) comes back."""
-        have = direct_routes.installed()
-        for subnet, via in have.items():
-            lease = self.direct.direct.get(subnet)
-            if lease is None:
-                log.info("Removing the direct route to %s via %s: no peer routed directly has "
-                         "it now", subnet, via)
-                direct_routes.delete(subnet)
-        for subnet, lease in self.direct.direct.items():
-            if have.get(subnet) != lease.public_ip:
-                direct_routes.replace(subnet, lease.public_ip, self.ext.index)
+        a peer change reaches the engine (daemon/peer_routes.py)."""
+        self.peer_routes.on_peers(change, self.engine_cls.table_type, self.peer_log)
 
     def on_lease_change(self, lease):
         """LeaseManager callback (its thread): our lease was lost in etcd (deleted, expired,
@@ -552,13 +399,11 @@ class Daemon:
             self._pending_lease = lease
 
     def current_lease(self):
-        sm = self.lease_manager
-        lease = sm.lease if sm is not None else None
-        return lease or self.lease
+        return self.state.current_lease()
 
     # ------------------------------------------------------------------ main loop
     def _serve(self):
-        monitor = Monitor(self.opts.v, offloads=self.offload_flags)
+        monitor = Monitor(self.opts.v, offloads=self.dataplane.offload_flags)
         watched = None
         while True:
             with self.lock:
@@ -595,7 +440,7 @@ class Daemon:
                         return 0
             with self.lock:
                 engine, subnet = self.engine, self.lease.subnet
-                save, self._state_stale = self._state_stale, False
+                save = self.peer_routes.take_changed()
                 if self.peer_log is not None:
                     self.peer_log.tick()
             if save:
@@ -643,7 +488,7 @@ class Daemon:
         """What a lease move changes, and how its new engine takes the place of ours."""
         def new_engine(subnet):
             return startup.new_engine(self.engine_cls, self.opts, self.tun_fds, self.socks,
-                                      subnet, self.ext.tun_mtu, self.offload_flags,
+                                      subnet, self.ext.tun_mtu, self.dataplane.offload_flags,
                                       self.own_sources)
 
         def swap_engine(engine):
@@ -654,7 +499,7 @@ class Daemon:
         def restore_engine(engine):
             with self.lock:
                 self.engine = engine
-                engine.set_routes(route_table(self.peers, self.config.backend_port))
+                self.peer_routes.load(engine)
         return lease_move.Host(tun_name=self.tun_name, mtu=self.ext.tun_mtu,
                                network=self.config.network, subnet_file=self.opts.subnet_file,
                                rules=self.rules, new_engine=new_engine, swap_engine=swap_engine,
@@ -668,8 +513,7 @@ class Daemon:
         # process reads the queues from where it stopped.
         steps = [
             ("stop the peer watch", lambda: self.peer_watcher and self.peer_watcher.stop()),
-            ("stop watching the host's routes (the direct routes stay)",
-             lambda: self.route_watch and self.route_watch.close()),
+            ("stop watching the host's routes (the direct routes stay)", self.peer_routes.close),
             ("end the peer watch's unused process",
              lambda: self._peer_child and self._peer_child.close()),
             ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),
@@ -680,8 +524,8 @@ class Daemon:
             ("close the etcd client", lambda: self.registry and self.registry.close()),
             ("leave the state to the next process", self._leave_to_next),
             ("stop the engine", self._close_engine),
-            ("close flannel0", self._close_tun),
-            ("close the UDP sockets", lambda: [s.close() for s in self.socks]),
+            # the last fd of flannel0 closed removes it
+            ("close flannel0 and the UDP sockets", self.dataplane.close),
             ("stop the iptables resync (the rules stay)", lambda: self.rules and self.rules.stop()),
             ("say that the blackhole route stays",
              lambda: self._successor is None and self.blackhole.leave()),
@@ -712,11 +556,6 @@ class Daemon:
         with self.lock:
             if self.engine is not None:
                 self.engine.close()
-
-    def _close_tun(self):
-        fds, self.tun_fds = self.tun_fds, []
-        for fd in fds:              # the last close removes flannel0
-            os.close(fd)
 
 
 __all__ = ["Daemon", "StartupError"]

@@ -3,23 +3,23 @@
 A custom collector over :class:`MetricsSource`: the build, engine counters per queue (packets,
 bytes, drops by reason, ICMP sent, syscalls by kind, batches), peers, lease expiry, the engine in
 use, etcd health (watches connected, reconnects, resyncs; lease renewals, re-acquisitions, lost
-races), next to prometheus_client's process_* and python_* families. Every family is in DECLARED
-(name, type, labels, help), which docs/metrics.md documents. The daemon's own source is
-:class:`DaemonSource`; daemon/http.py serves it.
+races), next to prometheus_client's process_* and python_* families. Every family is a row of
+DECLARED (name, type, labels, help, and which value of the source its samples are), which
+docs/metrics.md documents, and the collector serves the rows: a new series is a row here and the
+method that says its value, on MetricsSource (nothing to report) and on the daemon's own source
+(daemon/state.py DaemonSource, which reads the daemon's DaemonState). daemon/http.py serves it.
 """
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from typing import NamedTuple
+from operator import itemgetter
+from typing import Callable, NamedTuple
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import __version__
-from ..control.direct import DIRECT, ENCAPSULATED
-from .timefmt import when
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ PREFIX = "flannel_udp"
 
 
 class MetricsSource:
-    """What the collector reads; the daemon subclasses it. Every method must
+    """What the collector reads; the daemon's is daemon/state.py DaemonSource. Every method must
     be cheap and thread-safe (called from the HTTP thread)."""
 
     def engine_stats(self) -> dict | None:
@@ -133,11 +133,52 @@ class CarriedCounters:
 
 class Family(NamedTuple):
     """One metric family as /metrics serves it: the sample name (counters end in _total), the
-    type, the label names in the order they are written, and the HELP text."""
+    type, the label names in the order they are written, the HELP text, and where its samples
+    come from: ``read(ask)`` -> [(label values, value)], none while there is nothing to report,
+    where ``ask(name)`` is what the source's method ``name`` says in this scrape. No ``read``:
+    the engine's counters, which ENGINE_COUNTERS places (or, in STANDARD, prometheus_client's)."""
     name: str
     type: str
     labels: tuple
     help: str
+    read: Callable | None = None
+
+
+def _value(method: str, pick=lambda x: x, present=lambda x: x is not None):
+    """One sample without labels, ``pick`` of what ``method`` says, while ``present`` holds."""
+    def read(ask):
+        x = ask(method)
+        return [((), pick(x))] if present(x) else []
+    return read
+
+
+def _by_label(method: str, pick=lambda x: x, sort: bool = False):
+    """A sample per item of the {label value: x} that ``method`` says, ``pick`` of x."""
+    def read(ask):
+        items = ask(method).items()
+        return [((k,), pick(x)) for k, x in (sorted(items) if sort else items)]
+    return read
+
+
+def _lease_count(name: str):
+    return _value("lease_counts", lambda counts: counts.get(name, 0), present=bool)
+
+
+def _build_info(_ask):
+    return [((__version__, _built_engine()), 1)]
+
+
+def _engine_info(ask):
+    info = ask("engine_info")
+    labels = _DECLARED[f"{PREFIX}_engine_info"].labels
+    return [(tuple(str(info.get(k, "")) for k in labels), 1)] if info else []
+
+
+def _lease_expiry(ask):
+    lease = ask("lease_info")
+    if not lease or lease.get("expiry") is None:
+        return []
+    return [((str(lease.get("subnet", "")),), float(lease["expiry"]))]
 
 
 _Q = ("queue",)     # every engine counter is per queue: "0" .. "N-1" (docs/metrics.md#queues)
@@ -148,15 +189,19 @@ DECLARED = (
     # the build and the engine
     Family(f"{PREFIX}_build_info", "gauge", ("version", "engine"),
            "Always 1: the package version and the fastest engine this installation has (c when "
-           "the C engine is built, else python)."),
+           "the C engine is built, else python).",
+           _build_info),
     Family(f"{PREFIX}_engine_info", "gauge", ("engine", "reason", "accept_from"),
            "Always 1: the forwarding engine in use, why it was chosen (forced, auto, "
-           "c_unavailable; the log has the sentence) and --accept-from."),
+           "c_unavailable; the log has the sentence) and --accept-from.",
+           _engine_info),
     Family(f"{PREFIX}_queues", "gauge", (),
-           "Forwarding queues: flannel0 queues, UDP sockets and engine threads (--queues)."),
+           "Forwarding queues: flannel0 queues, UDP sockets and engine threads (--queues).",
+           _value("queues_count", present=bool)),
     Family(f"{PREFIX}_offload_enabled", "gauge", ("offload",),
            "Kernel offloads switched on (1) or not (0): decided at start (--offload); udp_gso "
-           "goes to 0 if the kernel later cannot segment (EIO)."),
+           "goes to 0 if the kernel later cannot segment (EIO).",
+           _by_label("offloads_enabled", lambda on: 1 if on else 0)),
     # the engine's counters (ENGINE_COUNTERS below), per queue
     Family(f"{PREFIX}_packets_total", "counter", ("path",) + _Q,
            "Packets through the engine, by path (tun_rx: read from flannel0, udp_tx: sent to "
@@ -184,45 +229,61 @@ DECLARED = (
            "a train), tun_tx_gso (coalesced writes into flannel0), udp_gso_fallbacks (trains the "
            "kernel refused, sent again one by one)."),
     # leases and peers
-    Family(f"{PREFIX}_peers", "gauge", (), "Peer leases in the route table."),
+    Family(f"{PREFIX}_peers", "gauge", (), "Peer leases in the route table.",
+           _value("peers_count")),
     Family(f"{PREFIX}_peers_by_mode", "gauge", ("mode",),
            "With DirectRouting on: peers by the way their packets go (direct: a plain kernel "
-           "route via their PublicIP; encapsulated: through flannel0 and the engine)."),
+           "route via their PublicIP; encapsulated: through flannel0 and the engine).",
+           _by_label("peers_by_mode", sort=True)),
     Family(f"{PREFIX}_lease_expiry_timestamp_seconds", "gauge", ("subnet",),
-           "When this host's subnet lease expires (Unix time)."),
+           "When this host's subnet lease expires (Unix time).",
+           _lease_expiry),
     Family(f"{PREFIX}_lease_renewals_total", "counter", (),
-           "Renewals of this host's subnet lease."),
+           "Renewals of this host's subnet lease.",
+           _lease_count("renewals")),
     Family(f"{PREFIX}_lease_renew_failures_total", "counter", (),
-           "Renewals etcd did not take (each retried at the renewal retry interval)."),
+           "Renewals etcd did not take (each retried at the renewal retry interval).",
+           _lease_count("renew_failures")),
     Family(f"{PREFIX}_lease_reacquisitions_total", "counter", (),
-           "Leases acquired again after ours was lost in etcd (deleted, expired, taken)."),
+           "Leases acquired again after ours was lost in etcd (deleted, expired, taken).",
+           _lease_count("reacquisitions")),
     Family(f"{PREFIX}_lease_races_lost_total", "counter", (),
-           "Lease creations another node won (a subnet picked again)."),
+           "Lease creations another node won (a subnet picked again).",
+           _lease_count("races_lost")),
     Family(f"{PREFIX}_lease_move_failures_total", "counter", (),
            "Failed attempts to move this host to a new lease (flannel0's address and route, the "
-           "engines); each is retried a second later."),
+           "engines); each is retried a second later.",
+           _value("lease_move_failures")),
     Family(f"{PREFIX}_bad_leases", "gauge", (),
            "Keys under the subnets prefix skipped now: malformed, or no usable lease (see the "
-           "log)."),
+           "log).",
+           _value("bad_leases", itemgetter(0))),
     Family(f"{PREFIX}_bad_leases_seen_total", "counter", (),
-           "Distinct (key, problem) pairs skipped under the subnets prefix since start."),
+           "Distinct (key, problem) pairs skipped under the subnets prefix since start.",
+           _value("bad_leases", itemgetter(1))),
     Family(f"{PREFIX}_config_mismatch", "gauge", (),
            "1 while the network config in etcd is not the one this daemon runs (changed, invalid "
-           "or deleted)."),
+           "or deleted).",
+           _value("config_mismatch", int)),
     Family(f"{PREFIX}_subnet_file_stale", "gauge", (),
            "1 while subnet.env does not name this host's lease (a write failed; retried every "
-           "second): workloads started meanwhile get a wrong subnet."),
+           "second): workloads started meanwhile get a wrong subnet.",
+           _value("subnet_file", lambda sf: int(sf[0]))),
     Family(f"{PREFIX}_subnet_file_write_failures_total", "counter", (),
-           "Failed writes of subnet.env since start."),
+           "Failed writes of subnet.env since start.",
+           _value("subnet_file", itemgetter(1))),
     # etcd
     Family(f"{PREFIX}_etcd_watch_connected", "gauge", ("watch",),
            "1 while the etcd watch has a stream established, by watch (subnets, config, "
-           "own_lease)."),
+           "own_lease).",
+           _by_label("etcd_watches", lambda w: int(bool(w.get("connected"))), sort=True)),
     Family(f"{PREFIX}_etcd_watch_reconnects_total", "counter", ("watch",),
            "etcd watch streams broken and resumed (etcd restarted, unreachable, failed over), by "
-           "watch."),
+           "watch.",
+           _by_label("etcd_watches", lambda w: w.get("reconnects", 0), sort=True)),
     Family(f"{PREFIX}_etcd_watch_resyncs_total", "counter", ("watch",),
-           "Full re-lists after the watched revision was compacted away, by watch."),
+           "Full re-lists after the watched revision was compacted away, by watch.",
+           _by_label("etcd_watches", lambda w: w.get("resyncs", 0), sort=True)),
 )
 
 # The families prometheus_client's ProcessCollector, PlatformCollector and GCCollector serve
@@ -320,12 +381,6 @@ def _new(name: str):
     return cls(name, f.help, labels=list(f.labels))
 
 
-def _one(name: str, value, labels=()):
-    fam = _new(name)
-    fam.add_metric(list(labels), value)
-    return fam
-
-
 _build_engine: str | None = None
 
 
@@ -339,9 +394,23 @@ def _built_engine() -> str:
     return _build_engine
 
 
+class _Asked:
+    """One scrape's view of a source: each method is called once, so that families that share a
+    value (the lease counts, the etcd watches, subnet.env's) serve one reading of it."""
+
+    def __init__(self, source: MetricsSource):
+        self._source = source
+        self._said: dict = {}
+
+    def __call__(self, method: str):
+        if method not in self._said:
+            self._said[method] = getattr(self._source, method)()
+        return self._said[method]
+
+
 class DaemonCollector:
-    """prometheus_client custom collector over a MetricsSource; every family it yields is one of
-    DECLARED."""
+    """prometheus_client custom collector over a MetricsSource: the families of DECLARED, each
+    with the samples its ``read`` gives (the engine's: ENGINE_COUNTERS), those with some."""
 
     def __init__(self, source: MetricsSource):
         self.source = source
@@ -354,65 +423,24 @@ class DaemonCollector:
         self._rest_lock = threading.Lock()
 
     def collect(self):
-        yield _one(f"{PREFIX}_build_info", 1, (__version__, _built_engine()))
+        ask = _Asked(self.source)
         per_queue = None
         try:
             per_queue = self.source.engine_queue_stats()
         except Exception as e:  # a closed engine during shutdown: report what we can
             log.debug("engine stats unavailable: %s", e)
-        if per_queue:
-            yield from self._engine_families(per_queue)
+        engine = self._engine_families(per_queue) if per_queue else {}
+        for f in DECLARED:
+            samples = engine.get(f.name, ()) if f.read is None else f.read(ask)
+            if samples:
+                fam = _new(f.name)
+                for labels, value in samples:
+                    fam.add_metric(list(labels), value)
+                yield fam
 
-        yield _one(f"{PREFIX}_peers", self.source.peers_count())
-        modes = self.source.peers_by_mode()
-        if modes:
-            fam = _new(f"{PREFIX}_peers_by_mode")
-            for mode, n in sorted(modes.items()):
-                fam.add_metric([mode], n)
-            yield fam
-
-        n = self.source.queues_count()
-        if n:
-            yield _one(f"{PREFIX}_queues", n)
-
-        offloads = self.source.offloads_enabled()
-        if offloads:
-            g = _new(f"{PREFIX}_offload_enabled")
-            for name, on in offloads.items():
-                g.add_metric([name], 1 if on else 0)
-            yield g
-
-        bad = self.source.bad_leases()
-        if bad is not None:
-            yield _one(f"{PREFIX}_bad_leases", bad[0])
-            yield _one(f"{PREFIX}_bad_leases_seen_total", bad[1])
-        mismatch = self.source.config_mismatch()
-        if mismatch is not None:
-            yield _one(f"{PREFIX}_config_mismatch", int(mismatch))
-
-        lease = self.source.lease_info()
-        if lease and lease.get("expiry") is not None:
-            yield _one(f"{PREFIX}_lease_expiry_timestamp_seconds", float(lease["expiry"]),
-                       (str(lease.get("subnet", "")),))
-
-        yield from _etcd_families(self.source.etcd_watches(), self.source.lease_counts())
-
-        failures = self.source.lease_move_failures()
-        if failures is not None:
-            yield _one(f"{PREFIX}_lease_move_failures_total", failures)
-
-        sf = self.source.subnet_file()
-        if sf is not None:
-            yield _one(f"{PREFIX}_subnet_file_stale", int(sf[0]))
-            yield _one(f"{PREFIX}_subnet_file_write_failures_total", sf[1])
-
-        info = self.source.engine_info()
-        if info:
-            labels = _DECLARED[f"{PREFIX}_engine_info"].labels
-            yield _one(f"{PREFIX}_engine_info", 1, [str(info.get(k, "")) for k in labels])
-
-    def _engine_families(self, per_queue):
-        fams = {}
+    def _engine_families(self, per_queue) -> dict:
+        """{family name: [(label values, value)]} of the engine's counters, queue by queue."""
+        fams: dict = {}
         for q, stats in enumerate(per_queue):
             queue = str(q)
             for name, value in stats.items():
@@ -426,10 +454,9 @@ class DaemonCollector:
                 fname, lval = decl
                 if name == SYSCALL_REST:
                     value = self._syscall_rest(q, stats)
-                if fname not in fams:
-                    fams[fname] = _new(fname)
-                fams[fname].add_metric([lval, queue] if lval is not None else [queue], value)
-        return fams.values()
+                fams.setdefault(fname, []).append(
+                    ((lval, queue) if lval is not None else (queue,), value))
+        return fams
 
     def _syscall_rest(self, q: int, stats: dict) -> int:
         total = stats.get(SYSCALL_REST, 0)
@@ -440,21 +467,6 @@ class DaemonCollector:
                 rest = max(rest, served)
             self._rest[q] = (total, rest)
         return rest
-
-
-def _etcd_families(watches: dict, leases: dict | None):
-    if watches:
-        connected = _new(f"{PREFIX}_etcd_watch_connected")
-        reconnects = _new(f"{PREFIX}_etcd_watch_reconnects_total")
-        resyncs = _new(f"{PREFIX}_etcd_watch_resyncs_total")
-        for name, w in sorted(watches.items()):
-            connected.add_metric([name], int(bool(w.get("connected"))))
-            reconnects.add_metric([name], w.get("reconnects", 0))
-            resyncs.add_metric([name], w.get("resyncs", 0))
-        yield from (connected, reconnects, resyncs)
-    if leases:
-        for name in ("renewals", "renew_failures", "reacquisitions", "races_lost"):
-            yield _one(f"{PREFIX}_lease_{name}_total", leases.get(name, 0))
 
 
 def make_registry(source: MetricsSource, *, standard: bool = True) -> CollectorRegistry:
@@ -468,138 +480,3 @@ def make_registry(source: MetricsSource, *, standard: bool = True) -> CollectorR
         PlatformCollector(registry=reg)
         GCCollector(registry=reg)
     return reg
-
-
-class DaemonSource(MetricsSource):
-    """The running daemon as the collector and /debug/trace see it."""
-
-    def __init__(self, daemon):
-        self.daemon = daemon
-        self._carried = CarriedCounters()     # etcd health counts across replaced watches
-
-    def engine_stats(self):
-        with self.daemon.lock:
-            engine = self.daemon.engine
-            return engine.stats() if engine is not None else None
-
-    def engine_queue_stats(self):
-        # One read per queue, no sum: the MultiEngine the daemon runs keeps them apart.
-        with self.daemon.lock:
-            engine = self.daemon.engine
-            if engine is None:
-                return None
-            per_queue = getattr(engine, "queue_stats", None)
-            return per_queue() if per_queue is not None else [engine.stats()]
-
-    def engine_info(self):
-        d = self.daemon
-        if d.engine is None:
-            return {}
-        return {"engine": d.engine.name, "reason": engine_reason(d.engine_why),
-                "accept_from": d.opts.accept_from}
-
-    def peers_count(self):
-        d = self.daemon
-        return len(d.peers) + (len(d.direct.direct) if d.direct is not None else 0)
-
-    def peers_by_mode(self):
-        d = self.daemon
-        if d.direct is None or not d.direct.enabled:
-            return {}
-        return {DIRECT: len(d.direct.direct), ENCAPSULATED: len(d.peers)}
-
-    def queues_count(self):
-        engine = self.daemon.engine
-        return len(engine) if engine is not None else 0
-
-    def offloads_enabled(self):
-        d = self.daemon
-        if d.offloads is None:
-            return {}
-        with d.lock:
-            engine = d.engine
-            try:
-                in_use = engine.offloads_in_use() if engine is not None else None
-            except OSError:                 # closed while shutting down: as decided
-                in_use = None
-        return d.offloads.enabled(in_use)
-
-    def bad_leases(self):
-        w = self.daemon.peer_watcher
-        return (len(w.bad()), w.bad_total) if w is not None else None
-
-    def config_mismatch(self):
-        w = self.daemon.config_watcher
-        return w.mismatch if w is not None else None
-
-    def lease_info(self):
-        lease = self.daemon.current_lease()
-        if lease is None:
-            return None
-        return {"subnet": str(lease.subnet), "expiry": lease.expiration}
-
-    def lease_move_failures(self):
-        return self.daemon.move_failures.total
-
-    def subnet_file(self):
-        env = self.daemon.subnet_env
-        return env.stale() is not None, env.failures.total
-
-    def trace_enabled(self):
-        return self.daemon.opts.trace and self.daemon.engine is not None
-
-    def trace_events(self, after):
-        with self.daemon.lock:
-            engine = self.daemon.engine
-            return engine.trace_events(after) if engine is not None else []
-
-    def trace_remote(self):
-        return self.daemon.opts.trace_remote
-
-    def stalls(self):
-        return self.daemon.liveness.stalls()
-
-    def readiness(self):
-        """/readyz: a lease that has not expired, a forwarding engine with its flannel0, and the
-        peer watch connected to etcd (else routes go stale unnoticed)."""
-        d = self.daemon
-        lease, engine = d.current_lease(), d.engine
-        w = d.peer_watcher
-        watch = w.watch_loop if w is not None else None
-        checks = {"lease": None, "engine": None, "etcd_watch": None,
-                  "subnet_file": d.subnet_env.stale()}
-        if lease is None:
-            checks["lease"] = "no lease acquired yet"
-        elif lease.expiration and lease.expiration <= time.time():
-            checks["lease"] = f"lease {lease.subnet} expired at {when(lease.expiration)}"
-        ended = engine.ended() if engine is not None else {}
-        if engine is None:
-            checks["engine"] = "not started yet"
-        elif any(why.tun_gone for why in ended.values()):
-            checks["engine"] = f"{d.tun_name} was deleted"
-        elif ended:
-            checks["engine"] = f"queue(s) {', '.join(map(str, ended))} stopped"
-        if watch is None:
-            checks["etcd_watch"] = "peer leases not listed yet"
-        elif not watch.connected.is_set():
-            checks["etcd_watch"] = (f"not connected to etcd, reconnecting ({watch.reconnects} "
-                                    "reconnect(s) so far)")
-        return checks
-
-    def etcd_watches(self):
-        d = self.daemon
-        out = {}
-        for name, owner in (("subnets", d.peer_watcher), ("config", d.config_watcher),
-                            ("own_lease", d.lease_manager)):
-            watch = owner.watch_loop if owner is not None else None
-            counts = self._carried.read(f"watch {name}", watch, ("reconnects", "resyncs"))
-            if watch is not None or any(counts.values()):
-                out[name] = {"connected": watch is not None and watch.connected.is_set(), **counts}
-        return out
-
-    def lease_counts(self):
-        if self.daemon.lease_manager is None:
-            return None
-        return self._carried.read("lease", self.daemon.lease_manager,
-                                  ("renewals", "renew_failures", "reacquisitions", "races_lost"))
-

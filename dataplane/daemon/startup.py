@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import time
 
 from ..engine.api import MTU_MIN
-from ..host.udpsock import SOCKET_BUFFER, open_udp_sockets
+from ..host.udpsock import SOCKET_BUFFER
 from .timefmt import when
 
 log = logging.getLogger(__name__)
@@ -16,6 +15,7 @@ log = logging.getLogger(__name__)
 CONFIG_RETRY_S = 1.0
 LEASE_RETRY_S = 1.0
 HTTP_RETRY_S = 5.0          # for the ports an old daemon frees as it hands over
+PEERS_READY_TIMEOUT_S = 5.0
 EXAMPLE_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
 
 
@@ -106,7 +106,7 @@ def _start_http_servers(opts, source) -> list:
 
 
 def refused(e) -> StartupError:
-    """etcd refused this client (control/registry.py RegistryDeniedError): exit 1, as flanneld
+    """etcd refused this client (control/etcd_errors.py RegistryDeniedError): exit 1, as flanneld
     does, so that the service manager shows the failure instead of a daemon retrying for ever."""
     return StartupError(f"etcd refused this client: {e}")
 
@@ -120,8 +120,9 @@ def wait_for_config(registry, wait, fallback=None):
     import json
     from ..control.config import ConfigError, parse_config
     from ..control.recurring import Recurring
-    from ..control.registry import (ConfigNotFoundError, RegistryDeniedError, RegistryError,
-                                    RegistryUnavailableError)
+    from ..control.registry import ConfigNotFoundError
+    from ..control.etcd_errors import (RegistryDeniedError, RegistryError,
+                                       RegistryUnavailableError)
     waiting = Recurring(log, "Waiting for the network config")
     advice = f"retrying every {CONFIG_RETRY_S:.0f} s"
     while True:
@@ -168,7 +169,7 @@ def acquire_lease(subnets, registry, wait):
     """A lease from the lease manager, retried while etcd is away; a refusal is a StartupError."""
     from ..control.lease_manager import SubnetError
     from ..control.recurring import Recurring
-    from ..control.registry import RegistryDeniedError, RegistryError, RegistryUnavailableError
+    from ..control.etcd_errors import RegistryDeniedError, RegistryError, RegistryUnavailableError
     failing = Recurring(log, "Acquiring a lease")
     while True:
         try:
@@ -205,48 +206,66 @@ def choose_engine(opts):
         raise StartupError(str(e)) from None
 
 
-def open_tun(offloads, queues: int, subnet, network, ext):
-    """flannel0: one fd per queue, <lease net>/32, MTU, queues long enough for a restart
-    (inherited.FLANNEL0_TXQUEUELEN), up, route <Network> dev flannel0."""
-    from ..host.netconf import add_network_route, configure_tun, set_accept_local
+def open_dataplane(offloads, queues: int, subnet, network, ext, port: int):
+    """5.-6. The dataplane's assembly (host/assembly.py) in the daemon's words: flannel0 with one
+    fd per queue, <lease net>/32, MTU, queues long enough for a restart
+    (inherited.FLANNEL0_TXQUEUELEN), up, route <Network> dev flannel0; the UDP socket(s)
+    (:func:`open_sockets`), fewer queues where the host refuses their steering; the offloads."""
+    from ..host.assembly import AssemblyError, Dataplane
     from .inherited import FLANNEL0_TXQUEUELEN
-    try:
-        tun_fds, tun_name = offloads.open_tun("flannel%d", queues)
-    except OSError as e:
-        raise StartupError(f"failed to open the TUN device /dev/net/tun: {e}; run as root "
-                           "(CAP_NET_ADMIN) with the tun module loaded (modprobe tun)") from None
     addr = f"{subnet.network_address}/32"
     try:
-        configure_tun(tun_name, addr, ext.tun_mtu, txqueuelen=FLANNEL0_TXQUEUELEN)
-        add_network_route(network, tun_name)
+        dp = Dataplane.open(offloads, tun_name="flannel%d", tun_addr=addr, mtu=ext.tun_mtu,
+                            network=network, queues=queues,
+                            sockets=lambda n: open_sockets(ext, port, n))
+    except AssemblyError as e:
+        raise _assembly_failed(e, f"{addr}, MTU {ext.tun_mtu}, route {network}") from None
+    _accept_local(dp.tun_name)
+    log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s) of "
+             "%d packets", dp.tun_name, addr, ext.tun_mtu, ext.name, ext.mtu, network,
+             dp.tun_name, len(dp.tun_fds), FLANNEL0_TXQUEUELEN)
+    return dp
+
+
+def adopt_dataplane(offloads, inh, queues: int, network):
+    """flannel0 and the sockets handed over (``inh``, checked by daemon/inherited.py): as
+    :func:`open_dataplane` would leave them, their route and accept_local put back if someone
+    removed them, the offloads probed on them (host/assembly.py)."""
+    from ..host.assembly import AssemblyError, Dataplane
+    from ..host.netconf import add_network_route, set_accept_local
+    try:
+        dp = Dataplane.adopt(offloads, inh.tun_fds, inh.tun_name, inh.socks, queues)
+    except AssemblyError as e:
+        raise _assembly_failed(e, f"handed over, route {network}") from None
+    try:
+        if add_network_route(network, dp.tun_name):
+            log.warning("the route %s dev %s was missing: added again", network, dp.tun_name)
+        set_accept_local(dp.tun_name)
     except Exception as e:
-        for fd in tun_fds:          # the last close removes the device
-            os.close(fd)
-        raise StartupError(f"failed to configure {tun_name} ({addr}, MTU "
-                           f"{ext.tun_mtu}, route {network}): {e}") from None
+        dp.close()
+        raise StartupError(f"failed to configure the {dp.tun_name} handed over (route "
+                           f"{network}, accept_local): {e}") from None
+    return dp
+
+
+def _accept_local(tun_name: str) -> None:
+    from ..host.netconf import set_accept_local
     try:
         set_accept_local(tun_name)
     except OSError as e:
         log.warning("could not set accept_local on %s (ICMP net unreachable will not reach local "
                     "senders): %s", tun_name, e)
-    log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s) of "
-             "%d packets", tun_name, addr, ext.tun_mtu, ext.name, ext.mtu, network, tun_name,
-             len(tun_fds), FLANNEL0_TXQUEUELEN)
-    return tun_fds, tun_name
 
 
-def adopt_tun(offloads, tun_name: str, network) -> None:
-    """flannel0 handed over: as open_tun would leave it (its route and accept_local put back if
-    someone removed them); the offloads know it has vnet headers when they want them."""
-    from ..host.netconf import add_network_route, set_accept_local
-    offloads.adopt_tun()
-    try:
-        if add_network_route(network, tun_name):
-            log.warning("the route %s dev %s was missing: added again", network, tun_name)
-        set_accept_local(tun_name)
-    except Exception as e:
-        raise StartupError(f"failed to configure the {tun_name} handed over (route {network}, "
-                           f"accept_local): {e}") from None
+def _assembly_failed(e, setup: str) -> StartupError:
+    """What the operator reads when a step of host/assembly.py fails; ``setup`` is what flannel0
+    was to get. (The sockets' step raises open_sockets' own StartupError.)"""
+    if e.step == "tun":
+        return StartupError(f"failed to open the TUN device /dev/net/tun: {e.error}; run as root "
+                            "(CAP_NET_ADMIN) with the tun module loaded (modprobe tun)")
+    if e.step == "offloads":
+        return StartupError(f"probing the offloads failed: {e.error}; run with --offload off")
+    return StartupError(f"failed to configure {e.tun_name} ({setup}): {e.error}")
 
 
 def listen_for_handover(path: str, daemon):
@@ -262,13 +281,13 @@ def listen_for_handover(path: str, daemon):
 
 def open_sockets(ext, port: int, queues: int) -> list:
     """The UDP socket(s) on the interface address and the config's port, one per queue; ONE
-    when the host refuses the steering of several (host/udpsock.py), said once in a warning:
-    the caller then keeps as many TUN queues as it got sockets."""
-    from ..host.udpsock import STEERING_CALL, one_queue_warning, open_queue_sockets
+    when the host refuses the steering of several (host/assembly.py open_sockets, which says so
+    once in a warning): open_dataplane then keeps as many TUN queues as it got sockets."""
+    from ..host import assembly
+    from ..host.udpsock import STEERING_CALL
     addr = f"{ext.iface_addr}:{port}"
     try:
-        socks, refused = open_queue_sockets(str(ext.iface_addr), port, queues,
-                                            bufsize=SOCKET_BUFFER, blocking=False)
+        socks = assembly.open_sockets(str(ext.iface_addr), port, queues, bufsize=SOCKET_BUFFER)
     except OSError as e:
         call = getattr(e, "call", "")
         if e.errno == errno.EADDRINUSE:
@@ -283,20 +302,9 @@ def open_sockets(ext, port: int, queues: int) -> list:
             hint = ""
         raise StartupError(f"failed to open the UDP socket(s) on {addr}: "
                            f"{e if call else e.strerror}{hint}") from None
-    if refused is not None:
-        log.warning("%s", one_queue_warning(refused, queues))
     log.info("Listening for encapsulated packets on UDP %s%s", addr,
              f" ({len(socks)} sockets, SO_REUSEPORT)" if len(socks) > 1 else "")
     return socks
-
-
-def probe_offloads(offloads, tun_fds, socks) -> int:
-    try:
-        offload_flags = offloads.probe(tun_fds, socks)
-    except OSError as e:
-        raise StartupError(f"probing the offloads failed: {e}; run with --offload off") from None
-    log.info("%s", offloads.summary())
-    return offload_flags
 
 
 def install_rules(opts, network, subnet, enable_nftables: bool = False):
@@ -329,11 +337,11 @@ def install_rules(opts, network, subnet, enable_nftables: bool = False):
 
 
 def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, own_sources):
-    """One engine per queue behind one MultiEngine, configured, not started; its ICMP errors
-    come from <lease net>, flannel0's address. It knows this host's own sources (own_sources:
-    host/own_sources.py) before it forwards a packet."""
-    from ..engine import multi
+    """One engine per queue behind one MultiEngine (host/assembly.py make_engine), configured,
+    not started; its ICMP errors come from <lease net>, flannel0's address. It knows this host's
+    own sources (own_sources: host/own_sources.py) before it forwards a packet."""
     from ..host import sched
+    from ..host.assembly import make_engine
     if opts.realtime_priority:
         try:
             sched.probe(opts.realtime_priority)
@@ -341,12 +349,11 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
             raise StartupError(f"--realtime-priority {opts.realtime_priority}: "
                                f"{e.strerror or e}") from None
     try:
-        engine = multi.create(cls, tun_fds, [s.fileno() for s in socks],
-                              tun_addr=subnet.network_address, mtu=mtu,
-                              accept_any=opts.accept_from == "any", icmp_rate=opts.icmp_rate,
-                              icmp_burst=opts.icmp_burst, offloads=offload_flags,
-                              coalesce_us=opts.coalesce_usecs, trace=opts.trace,
-                              thread_init=sched.thread_init(opts.realtime_priority))
+        engine = make_engine(cls, tun_fds, socks, tun_addr=subnet.network_address, mtu=mtu,
+                             accept_any=opts.accept_from == "any", icmp_rate=opts.icmp_rate,
+                             icmp_burst=opts.icmp_burst, offloads=offload_flags,
+                             coalesce_us=opts.coalesce_usecs, trace=opts.trace,
+                             realtime_priority=opts.realtime_priority)
     except (OSError, ValueError) as e:
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
@@ -365,3 +372,34 @@ def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None):
             log.info("Previous subnet from %s: %s", opts.subnet_file, prev)
     return LeaseManager(registry, ext.ext_addr, prev, opts.subnet_lease_renew_margin,
                          on_lease_change, config=config)
+
+
+def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, prepared=None):
+    """9. The peer watch, reporting to ``on_peers``, and the config watch, started: (peer
+    watcher, config watcher). With the Python engine (``in_process``) the peer watch runs in a
+    process of its own (``prepared`` early, control/peer_process.py), so that a burst of lease
+    events does not hold the interpreter the engine forwards in."""
+    from ..control.configwatch import ConfigWatcher
+    from ..control.peer_process import PeerWatchProcess
+    from ..control.peers import PeerWatcher
+    # A lease naming one of these is never a route (it would send to ourselves).
+    own_ips = {ext.ext_addr, ext.iface_addr}
+    if in_process:
+        peers = PeerWatchProcess(registry, subnet, on_peers, network=config.network,
+                                 prepared=prepared, own_ips=own_ips)
+    else:
+        peers = PeerWatcher(registry, subnet, on_peers, network=config.network, own_ips=own_ips)
+    peers.start()
+    try:
+        return peers, ConfigWatcher(registry, config).start()
+    except BaseException:
+        peers.stop()
+        raise
+
+
+def wait_for_peers(peer_watcher) -> None:
+    """READY should mean "routes to the known peers are in": the first listing, but not for
+    ever (the watcher keeps retrying on its own if etcd is away)."""
+    if not peer_watcher.wait_ready(PEERS_READY_TIMEOUT_S):
+        log.warning("Peer leases not listed yet (etcd slow or away); routes follow when it "
+                    "answers")

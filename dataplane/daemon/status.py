@@ -2,8 +2,9 @@
 
 A unix stream socket in the runtime directory (``--status-socket``, mode 0600: root only, as the
 handover socket next to it). Each connection gets one JSON document, then EOF; the client sends
-nothing. The document is read from the same sources as /metrics and /readyz (daemon/metrics.py
-DaemonSource), so that `status` and /readyz never disagree, and it answers with the HTTP servers
+nothing. The document is read from the daemon's state (daemon/state.py DaemonState) and the
+source /metrics and /readyz read it through (DaemonSource), so that `status` and /readyz never
+disagree, and it answers with the HTTP servers
 off (``--healthz-port 0``). It also carries the last WARNING and ERROR log records (a small ring
 kept here), so that an operator sees what went wrong without the journal.
 
@@ -55,12 +56,12 @@ class WarningRing(logging.Handler):
         logging.getLogger().removeHandler(self)
 
 
-def document(daemon, warnings: WarningRing | None = None) -> dict:
-    """The status of ``daemon`` as one JSON-able dict (each part as /metrics and /readyz see it)."""
-    src = daemon.source
-    o = daemon.opts
+def document(state, src, warnings: WarningRing | None = None) -> dict:
+    """The status of the daemon whose DaemonState is ``state`` as one JSON-able dict, each part as
+    /metrics and /readyz see it through ``src`` (its DaemonSource)."""
+    o = state.opts
     checks = src.readiness()
-    lease = daemon.current_lease()
+    lease = state.current_lease()
     stats = None
     try:
         stats = src.engine_stats()
@@ -70,8 +71,8 @@ def document(daemon, warnings: WarningRing | None = None) -> dict:
     drops = {n[len("drop_"):]: v for n, v in (stats or {}).items() if n.startswith("drop_")}
     packets = {n[:-len("_packets")]: v for n, v in (stats or {}).items()
                if n.endswith("_packets")}
-    stale = daemon.subnet_env.stale()
-    ext = daemon.ext
+    stale = state.subnet_env.stale()
+    ext = state.ext
     watches = src.etcd_watches()
     return {
         "pid": os.getpid(),
@@ -83,14 +84,14 @@ def document(daemon, warnings: WarningRing | None = None) -> dict:
         "lease": None if lease is None else {
             "subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
             "expiration": lease.expiration, "reservation": lease.reservation},
-        "network": str(daemon.config.network) if daemon.config is not None else None,
+        "network": str(state.config.network) if state.config is not None else None,
         "interface": None if ext is None else {
             "name": ext.name, "address": str(ext.iface_addr), "public_ip": str(ext.ext_addr)},
-        "tun": daemon.tun_name,
+        "tun": state.tun_name,
         "subnet_file": {"path": o.subnet_file, "current": stale is None, "problem": stale,
-                        "write_failures": daemon.subnet_env.failures.total},
-        "engine": (dict(src.engine_info(), why=daemon.engine_why)
-                   if daemon.engine is not None else None),
+                        "write_failures": state.subnet_env.failures.total},
+        "engine": (dict(src.engine_info(), why=state.engine_why)
+                   if state.engine is not None else None),
         "queues": src.queues_count(),
         "offloads": src.offloads_enabled(),
         "peers": src.peers_count(),
@@ -99,8 +100,8 @@ def document(daemon, warnings: WarningRing | None = None) -> dict:
                  "connected": bool(watches) and all(w.get("connected") for w in watches.values())},
         "config_mismatch": src.config_mismatch(),
         # --ip-blackhole-route (daemon/blackhole_route.py); None when it is off
-        "blackhole_route": (daemon.blackhole.status()
-                            if getattr(daemon, "blackhole", None) is not None else None),
+        "blackhole_route": (state.blackhole.status()
+                            if state.blackhole is not None else None),
         "packets": packets,
         "drops": drops,
         "warnings": warnings.records() if warnings is not None else [],
@@ -112,9 +113,9 @@ class StatusServer(UnixListener):
     backlog = 8
     thread_name = "status"
 
-    def __init__(self, path: str, daemon, warnings: WarningRing | None = None):
+    def __init__(self, path: str, state, source, warnings: WarningRing | None = None):
         super().__init__(path)
-        self.daemon = daemon
+        self.state, self.source = state, source
         self.warnings = warnings
 
     def start(self) -> "StatusServer":
@@ -137,16 +138,18 @@ class StatusServer(UnixListener):
             log.warning("status: refused uid %d (pid %d)", uid, pid)
             return
         conn.settimeout(SEND_TIMEOUT_S)
-        doc = document(self.daemon, self.warnings)
+        doc = document(self.state, self.source, self.warnings)
         conn.sendall(json.dumps(doc, default=str).encode() + b"\n")
 
 
-def listen(path: str, daemon, warnings: WarningRing | None = None) -> StatusServer | None:
-    """The status socket; None (with a warning) when ``path`` is empty or cannot be bound."""
+def listen(path: str, state, source,
+           warnings: WarningRing | None = None) -> StatusServer | None:
+    """The status socket of the daemon whose DaemonState is ``state`` and DaemonSource
+    ``source``; None (with a warning) when ``path`` is empty or cannot be bound."""
     if not path:
         return None
     try:
-        return StatusServer(path, daemon, warnings).start()
+        return StatusServer(path, state, source, warnings).start()
     except OSError as e:
         log.warning("cannot serve the status on %s (%s): `flannel-udp status` will not answer",
                     path, e)

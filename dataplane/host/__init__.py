@@ -12,6 +12,8 @@
   watch of the host's own routes and addresses that makes the daemon reconsider them;
 * ``sched.py``    the engine loop threads' real-time scheduling (--realtime-priority);
 * ``udpsock.py``  the UDP sockets, one per queue (SO_REUSEPORT, steered by the inner flow);
+* ``assembly.py`` the dataplane assembled: flannel0's queues, the sockets, the offloads and the
+  engine, for the daemon and `flannel-udp forward` alike;
 * ``queues.py``   how many queues;
 * ``offload.py``  probing and switching on the kernel offloads (TSO/USO, UDP GSO/GRO);
 * ``atomicfile.py`` writing a file others read (subnet.env, results) in one rename;

@@ -19,7 +19,8 @@ from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peerset import PeerChange, PeerSnapshot
 from dataplane.daemon import lease_move, startup
 from dataplane.daemon.main import Daemon
-from dataplane.daemon.metrics import make_registry, DaemonSource
+from dataplane.daemon.metrics import make_registry
+from dataplane.daemon.state import DaemonSource
 from dataplane.daemon.options import Options
 from dataplane.daemon.peer_log import PeerLog
 

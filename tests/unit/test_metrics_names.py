@@ -14,8 +14,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import dataplane
-from dataplane.daemon.metrics import (DECLARED, ENGINE_COUNTERS, STANDARD, DaemonSource,
-                                      MetricsSource, engine_reason, make_registry)
+from dataplane.daemon.metrics import (DECLARED, ENGINE_COUNTERS, STANDARD, MetricsSource,
+                                      engine_reason, make_registry)
+from dataplane.daemon.state import DaemonSource
 from dataplane.engine import choice, engine_class, multi
 from dataplane.engine.api import STAT_NAMES
 from dataplane.host.udpsock import open_udp_sockets

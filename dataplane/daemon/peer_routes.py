@@ -1,0 +1,135 @@
+"""Peer changes -> routes: the engine's route table and, with DirectRouting, the kernel's direct
+routes. The one way a peer change reaches the engine.
+
+The peer watch reports changes (its publisher thread, or the daemon's main thread during a lease
+move: daemon/lease_move.py); DirectRouting (control/direct.py) splits each into the engine's
+share and the direct routes. The engine's share is applied to the route table kept here (the work
+of the change, not of the whole table: control/routes.py), which every queue takes whole and at
+once; a new engine (a lease move, a failed handover) gets the whole table the same way. With
+DirectRouting on, the host's address and route changes decide every peer again.
+
+What the reports read (the engine's peers, the direct ones) is in the daemon's DaemonState
+(daemon/state.py), written under its lock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..control.direct import DirectRouting
+from ..control.peerset import PeerChange, PeerSnapshot
+from ..control.routes import route_changes, route_table
+from ..host import direct_routes
+
+log = logging.getLogger(__name__)
+
+
+class PeerRoutes:
+    """The routes of the daemon whose DaemonState is ``state`` (its engine, its peers, its config
+    and interface). ``table_type`` in the calls is the engine class's (Engine.table_type)."""
+
+    def __init__(self, state):
+        self.state = state
+        self.routes = None                    # the engine's table; None until the first listing
+        self.all_peers = PeerSnapshot()       # every peer the watcher reported last
+        self.route_watch = None               # host/direct_routes.py HostRouteWatch, when it is on
+        self._lock = threading.RLock()        # one peer change (or re-decision) at a time
+        self._changed = False                 # peers changed since take_changed(); state.lock
+
+    def start_direct(self, table_type) -> None:
+        """Which peers go direct, as the network config says (its DirectRouting), and, when it
+        is on, the watch of this host's addresses and routes that decides them again."""
+        st = self.state
+        ifindex = st.ext.index
+        st.direct = DirectRouting(st.config.direct_routing,
+                                  lambda ip: direct_routes.on_link(ip, ifindex))
+        if st.config.direct_routing:
+            log.info("DirectRouting is on: peers that have it too and whose PublicIP is on %s's "
+                     "link get a plain route via their PublicIP (proto %d); the others go through "
+                     "flannel0", st.ext.name, direct_routes.PROTO)
+            self.route_watch = direct_routes.HostRouteWatch(
+                lambda: self.reconsider(table_type)).start()
+
+    def close(self) -> None:
+        """Stop watching the host's routes (the direct routes stay)."""
+        if self.route_watch is not None:
+            self.route_watch.close()
+
+    def on_peers(self, change: PeerChange, table_type, peer_log) -> None:
+        """A change the peer watch reported, applied and said in ``peer_log``
+        (daemon/peer_log.py)."""
+        st = self.state
+        with self._lock:
+            first = self.routes is None
+            split = st.direct.apply(change, st.peers)
+            self.all_peers = change.snapshot
+            self._apply(split, table_type, reconcile=first)
+            peer_log.record(change, len(self.routes), direct=st.direct)
+
+    def reconsider(self, table_type) -> None:
+        """HostRouteWatch's callback: the host's addresses or routes changed; every peer is
+        decided again, and the kernel's direct routes made to match."""
+        st = self.state
+        with self._lock:
+            split = st.direct.reconsider(self.all_peers, st.peers)
+            for lease in split.route:
+                log.info("Subnet %s: now a direct route via %s dev %s (its PublicIP is on this "
+                         "host's link)", lease.subnet, lease.public_ip, st.ext.name)
+            for lease in split.unroute:
+                log.info("Subnet %s: now through flannel0 to %s:%d (%s)", lease.subnet,
+                         lease.public_ip, st.config.backend_port,
+                         st.direct.why_not(lease) or "its lease changed")
+            self._apply(split, table_type, reconcile=True)
+
+    def load(self, engine) -> None:
+        """Give a new engine the routes of the peers known (the caller holds state.lock)."""
+        if self.routes is not None:
+            engine.set_table(self.routes)
+        else:
+            engine.set_routes(route_table(self.state.peers, self.state.config.backend_port))
+
+    def take_changed(self) -> bool:
+        """Whether the peers changed since the last call (the caller holds state.lock)."""
+        changed, self._changed = self._changed, False
+        return changed
+
+    def _apply(self, split, table_type, reconcile: bool = False) -> None:
+        """The engine's share of a change, and the direct routes: a peer that goes direct gets
+        its route before it leaves the engine's table, one that comes back is in the table
+        before its route goes, so that no packet finds neither."""
+        st = self.state
+        for lease in split.route:
+            direct_routes.replace(lease.subnet, lease.public_ip, st.ext.index)
+        change = split.engine
+        port = st.config.backend_port
+        removed, added = route_changes(change, port)
+        with st.lock:
+            if self.routes is None:     # the first listing: whole, so nothing handed over lingers
+                self.routes = table_type.of(route_table(change.snapshot, port))
+            else:
+                self.routes = self.routes.updated(removed, added)
+            st.peers = change.snapshot
+            if st.engine is not None:
+                st.engine.set_table(self.routes)
+            # The state file is for the next process only; the serve loop rewrites it once a
+            # tick (all peers: docs/design.md#fig-state-file), not once per batch of a burst.
+            self._changed = True
+        for lease in split.unroute:
+            direct_routes.delete(lease.subnet)
+        if reconcile and st.direct.enabled:
+            self._reconcile_direct_routes()
+
+    def _reconcile_direct_routes(self) -> None:
+        """Our routes in the kernel as decided: a previous daemon's that no peer wants go, a
+        missing one (deleted by hand) comes back."""
+        st = self.state
+        have = direct_routes.installed()
+        for subnet, via in have.items():
+            lease = st.direct.direct.get(subnet)
+            if lease is None:
+                log.info("Removing the direct route to %s via %s: no peer routed directly has "
+                         "it now", subnet, via)
+                direct_routes.delete(subnet)
+        for subnet, lease in st.direct.direct.items():
+            if have.get(subnet) != lease.public_ip:
+                direct_routes.replace(subnet, lease.public_ip, st.ext.index)

@@ -1,0 +1,211 @@
+"""The daemon's state as its reports read it: /metrics, /readyz, /healthz, /debug/trace and the
+status socket.
+
+:class:`DaemonState` is the small object the daemon (daemon/main.py) keeps what it runs in: the
+lease, the engine, flannel0's name, the peers, the watchers, what failed. The daemon writes it
+(under ``lock`` for the engine, the lease and the peers); the reports only read it.
+:class:`DaemonSource` is the state as daemon/metrics.py's collector, /readyz and the status socket
+(daemon/status.py) ask it, one MetricsSource method per value; a new series is a row of
+metrics.DECLARED plus the method here that reads its value off the state.
+"""
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from dataclasses import dataclass, field, fields
+
+from ..control.direct import DIRECT, ENCAPSULATED, DirectRouting
+from ..control.peerset import PeerSnapshot
+from .metrics import CarriedCounters, MetricsSource, engine_reason
+from .timefmt import when
+
+
+def _no_direct_routes() -> DirectRouting:
+    """Until the config says otherwise (the daemon's watches start): every peer is encapsulated."""
+    return DirectRouting(False, lambda _ip: False)
+
+
+@dataclass(eq=False, slots=True)
+class DaemonState:
+    """What the daemon runs, for whoever reports on it. ``None`` is not there yet (the daemon is
+    starting, or was stopped before that step)."""
+    opts: object                        # daemon/options.py Options
+    subnet_env: object                  # daemon/subnet_env.py SubnetEnv
+    move_failures: object              # daemon/lease_move.py Failures
+    blackhole: object                   # daemon/blackhole_route.py BlackholeRoute
+    liveness: object = None             # daemon/liveness.py Liveness
+    lock: object = field(default_factory=threading.RLock)   # guards engine, lease, peers
+    ext: object = None                  # host/iface.py ExternalInterface
+    config: object = None               # control/config.py Config, the one running
+    lease: object = None                # the lease the host is on
+    lease_manager: object = None        # control/lease_manager.py LeaseManager
+    peer_watcher: object = None         # control/peers.py PeerWatcher (or its process)
+    config_watcher: object = None       # control/configwatch.py ConfigWatcher
+    peers: PeerSnapshot = field(default_factory=PeerSnapshot)   # the engine's (encapsulated)
+    direct: DirectRouting = field(default_factory=_no_direct_routes)   # the kernel's (direct)
+    engine: object = None               # engine/multi.py MultiEngine
+    engine_why: str = ""                # why this engine (engine/choice.py's sentence)
+    tun_name: str | None = None         # flannel0
+    offloads: object = None             # host/offload.py Offloads
+
+    def current_lease(self):
+        """The lease manager's newest lease (renewed, re-acquired), else the one the host is on."""
+        sm = self.lease_manager
+        lease = sm.lease if sm is not None else None
+        return lease or self.lease
+
+
+FIELDS = tuple(f.name for f in fields(DaemonState))
+
+
+def keeps_state(cls):
+    """A class decorator: every field of DaemonState becomes an attribute of ``cls`` (the
+    Daemon) that reads and writes ``self.state``'s. The orchestrator's code, and what is handed
+    a daemon (the handover, the state file), write ``daemon.engine`` as before; the reports are
+    handed the state alone."""
+    def setter(name):
+        return lambda self, value: setattr(self.state, name, value)
+    for name in FIELDS:
+        setattr(cls, name, property(operator.attrgetter(f"state.{name}"), setter(name),
+                                    doc=f"self.state.{name} (daemon/state.py)"))
+    return cls
+
+
+class DaemonSource(MetricsSource):
+    """The running daemon as the collector, /readyz, /debug/trace and the status read it."""
+
+    def __init__(self, state):
+        # named so for the readers' sake (``self.daemon.engine``): the daemon's DaemonState, or
+        # anything with its fields (a Daemon has them all)
+        self.daemon = state
+        self._carried = CarriedCounters()     # etcd health counts across replaced watches
+
+    def engine_stats(self):
+        with self.daemon.lock:
+            engine = self.daemon.engine
+            return engine.stats() if engine is not None else None
+
+    def engine_queue_stats(self):
+        # One read per queue, no sum: the MultiEngine the daemon runs keeps them apart.
+        with self.daemon.lock:
+            engine = self.daemon.engine
+            if engine is None:
+                return None
+            per_queue = getattr(engine, "queue_stats", None)
+            return per_queue() if per_queue is not None else [engine.stats()]
+
+    def engine_info(self):
+        d = self.daemon
+        if d.engine is None:
+            return {}
+        return {"engine": d.engine.name, "reason": engine_reason(d.engine_why),
+                "accept_from": d.opts.accept_from}
+
+    def peers_count(self):
+        d = self.daemon
+        return len(d.peers) + (len(d.direct.direct) if d.direct is not None else 0)
+
+    def peers_by_mode(self):
+        d = self.daemon
+        if d.direct is None or not d.direct.enabled:
+            return {}
+        return {DIRECT: len(d.direct.direct), ENCAPSULATED: len(d.peers)}
+
+    def queues_count(self):
+        engine = self.daemon.engine
+        return len(engine) if engine is not None else 0
+
+    def offloads_enabled(self):
+        d = self.daemon
+        if d.offloads is None:
+            return {}
+        with d.lock:
+            engine = d.engine
+            try:
+                in_use = engine.offloads_in_use() if engine is not None else None
+            except OSError:                 # closed while shutting down: as decided
+                in_use = None
+        return d.offloads.enabled(in_use)
+
+    def bad_leases(self):
+        w = self.daemon.peer_watcher
+        return (len(w.bad()), w.bad_total) if w is not None else None
+
+    def config_mismatch(self):
+        w = self.daemon.config_watcher
+        return w.mismatch if w is not None else None
+
+    def lease_info(self):
+        lease = self.daemon.current_lease()
+        if lease is None:
+            return None
+        return {"subnet": str(lease.subnet), "expiry": lease.expiration}
+
+    def lease_move_failures(self):
+        return self.daemon.move_failures.total
+
+    def subnet_file(self):
+        env = self.daemon.subnet_env
+        return env.stale() is not None, env.failures.total
+
+    def trace_enabled(self):
+        return self.daemon.opts.trace and self.daemon.engine is not None
+
+    def trace_events(self, after):
+        with self.daemon.lock:
+            engine = self.daemon.engine
+            return engine.trace_events(after) if engine is not None else []
+
+    def trace_remote(self):
+        return self.daemon.opts.trace_remote
+
+    def stalls(self):
+        return self.daemon.liveness.stalls()
+
+    def readiness(self):
+        """/readyz: a lease that has not expired, a forwarding engine with its flannel0, and the
+        peer watch connected to etcd (else routes go stale unnoticed)."""
+        d = self.daemon
+        lease, engine = d.current_lease(), d.engine
+        w = d.peer_watcher
+        watch = w.watch_loop if w is not None else None
+        checks = {"lease": None, "engine": None, "etcd_watch": None,
+                  "subnet_file": d.subnet_env.stale()}
+        if lease is None:
+            checks["lease"] = "no lease acquired yet"
+        elif lease.expiration and lease.expiration <= time.time():
+            checks["lease"] = f"lease {lease.subnet} expired at {when(lease.expiration)}"
+        ended = engine.ended() if engine is not None else {}
+        if engine is None:
+            checks["engine"] = "not started yet"
+        elif any(why.tun_gone for why in ended.values()):
+            checks["engine"] = f"{d.tun_name} was deleted"
+        elif ended:
+            checks["engine"] = f"queue(s) {', '.join(map(str, ended))} stopped"
+        if watch is None:
+            checks["etcd_watch"] = "peer leases not listed yet"
+        elif not watch.connected.is_set():
+            checks["etcd_watch"] = (f"not connected to etcd, reconnecting ({watch.reconnects} "
+                                    "reconnect(s) so far)")
+        return checks
+
+    def etcd_watches(self):
+        d = self.daemon
+        out = {}
+        for name, owner in (("subnets", d.peer_watcher), ("config", d.config_watcher),
+                            ("own_lease", d.lease_manager)):
+            watch = owner.watch_loop if owner is not None else None
+            counts = self._carried.read(f"watch {name}", watch, ("reconnects", "resyncs"))
+            if watch is not None or any(counts.values()):
+                out[name] = {"connected": watch is not None and watch.connected.is_set(), **counts}
+        return out
+
+    def lease_counts(self):
+        if self.daemon.lease_manager is None:
+            return None
+        return self._carried.read("lease", self.daemon.lease_manager,
+                                  ("renewals", "renew_failures", "reacquisitions", "races_lost"))
+
+
+__all__ = ["DaemonSource", "DaemonState", "FIELDS", "keeps_state"]

@@ -1,0 +1,76 @@
+"""A daemon between two processes: whether it keeps the fds the previous daemon handed it (the
+checks of daemon/inherited.py, the lease decided on the way), and what it leaves to the next one:
+the state file, with flannel0's queues and the UDP sockets, in systemd's fd store
+(daemon/fdstore.py), so that `systemctl restart` keeps flannel0.
+
+The daemon (daemon/main.py) calls these at start, and saves the state whenever its lease or its
+peers change (the peers once a tick) and once more as it stops.
+"""
+from __future__ import annotations
+
+import logging
+
+from . import fdstore, inherited
+from .timefmt import when
+
+log = logging.getLogger(__name__)
+
+
+def check(inh, *, ext, config, lease_manager, acquire, queues: int, vnet: bool):
+    """(``inh`` when its fds are what this daemon would set up, else None after letting them go;
+    the lease, the one handed over when it is kept, else ``acquire()``'s)."""
+    state = inh.state
+    lease, why = (inherited.kept_lease(state, ext, config) if state
+                  else (None, "no state came with them"))
+    if lease is not None:
+        lease_manager.adopt(lease)
+        log.info("Lease kept: %s (PublicIP %s), expires %s; nothing written to etcd",
+                 lease.subnet, lease.public_ip, when(lease.expiration))
+    else:
+        log.info("Not keeping the lease handed over: %s; acquiring one", why)
+        lease = acquire()
+    obs = inherited.observe(inh.tun_fds, inh.socks)
+    why = inherited.mismatch(state, obs, ext=ext, config=config, lease=lease, queues=queues,
+                             vnet=vnet) if state else why
+    if why is not None:
+        log.warning("Not taking over flannel0 and the UDP sockets from %s: %s; starting "
+                    "afresh (flannel0 is made again: traffic stops until this daemon "
+                    "forwards)", inh.way, why)
+        inh.release()
+        return None, lease
+    return inh, lease
+
+
+def save(state_file, state_of) -> None:
+    """``state_of()`` (inherited.state_of) into the state file, when there is one."""
+    if state_file is None:
+        return
+    try:
+        state_file.write(state_of())
+    except Exception as e:          # a restart then starts afresh: worth a line, not a stop
+        log.warning("could not save the state for the next process: %s", e)
+
+
+def keep_for_restart(state_file, dataplane, state_of):
+    """Under systemd with an fd store: the fds of ``dataplane`` (host/assembly.py) and the state
+    go there, once (a restart passes them back, with the state file). Returns the state file to
+    keep saving into: ``state_file`` when one came with the fds, else the one stored now, or
+    None."""
+    capacity = fdstore.capacity()
+    if not capacity:
+        return state_file
+    if state_file is not None:
+        save(state_file, state_of)
+        return state_file
+    named = ([(inherited.tun_fd_name(i), fd) for i, fd in enumerate(dataplane.tun_fds)]
+             + [(inherited.udp_fd_name(i), s.fileno()) for i, s in enumerate(dataplane.socks)])
+    if capacity < len(named) + 1:
+        log.warning("systemd keeps %d fds (FileDescriptorStoreMax=, $FDSTORE), %d are needed: "
+                    "a restart will make flannel0 again", capacity, len(named) + 1)
+        return None
+    state_file = inherited.StateFile.create()
+    save(state_file, state_of)
+    if fdstore.store(named + [(inherited.STATE_NAME, state_file.fd)]):
+        log.info("flannel0's queues, the UDP sockets and the state are in systemd's fd store: "
+                 "systemctl restart keeps them")
+    return state_file

@@ -1,0 +1,155 @@
+"""The dataplane's assembly: flannel0's queues, the UDP sockets, the offloads they take and the
+engines on them, put together here once for `flannel-udp run` (daemon/startup.py) and
+`flannel-udp forward` (cli/forward.py); the bench, the demo and the testbed run those two.
+
+The steps, in flanneld's order (the TUN before the socket):
+
+1. the TUN, one fd per queue, with vnet headers when offloads are wanted (host/offload.py); its
+   address, MTU and queue length, up, and the route of the overlay's network through it;
+2. the UDP sockets, one per queue (host/udpsock.py), or ONE where the host refuses their
+   steering: then the TUN queues beyond the sockets are closed, because the kernel spreads
+   flannel0's packets over every attached queue and a queue that no engine reads would strand
+   its share (:func:`open_sockets` says so, once);
+3. the offloads the kernel accepts on those fds, probed once and said in one line;
+4. engines, one per queue behind one MultiEngine (engine/multi.py), made on the fds when asked:
+   the daemon makes new ones on the same fds when its lease moves or a handover fails.
+
+A daemon handed the fds of the one before it (daemon/inherited.py) skips steps 1 and 2:
+:meth:`Dataplane.adopt` takes them as they are, with the same one-queue rule, and probes. A step
+that fails raises :class:`AssemblyError` naming it, once what the assembly opened is closed, so
+that each caller says it in its own words (the daemon's advice to an operator, forward's line).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from ..engine import multi
+from . import netconf, sched
+from .tun import TXQUEUELEN
+from .udpsock import SOCKET_BUFFER, one_queue_warning, open_queue_sockets, steering_refusal
+
+log = logging.getLogger(__name__)
+
+# What AssemblyError.step names: opening the TUN queues, giving flannel0 its address, MTU and
+# route, opening the UDP sockets, probing the offloads.
+STEPS = ("tun", "configure", "sockets", "offloads")
+
+
+class AssemblyError(Exception):
+    """A step of the assembly failed: ``step`` (one of STEPS), ``error`` what it raised (an
+    OSError, or pyroute2's NetlinkError for "configure"), ``tun_name`` the TUN once it exists."""
+
+    def __init__(self, step: str, error: BaseException, tun_name: str | None = None):
+        super().__init__(f"{step}: {error}")
+        self.step, self.error, self.tun_name = step, error, tun_name
+
+
+def open_sockets(ip: str, port: int, queues: int, *, bufsize: int = SOCKET_BUFFER) -> list:
+    """Step 2 on ``ip:port``: one socket per queue, or one where the host refuses the steering
+    (said here in one warning). Non-blocking: a full socket buffer drops and counts a datagram
+    rather than stall the loop. SocketCallError names the call that failed."""
+    socks, refused = open_queue_sockets(ip, port, queues, bufsize=bufsize, blocking=False)
+    if refused is not None:
+        log.warning("%s", one_queue_warning(refused, queues))
+    return socks
+
+
+def make_engine(cls, tun_fds, socks, *, realtime_priority: int = 0, **settings):
+    """Step 4: one ``cls`` engine per (TUN fd, socket) pair behind one MultiEngine, configured
+    and not started; ``settings`` are multi.create's (tun_addr, mtu, offloads, accept_any,
+    icmp_rate, icmp_burst, coalesce_us, trace, batch). A ``realtime_priority`` is not probed
+    here: the loop threads try it as they start (host/sched.py), callers probe it first."""
+    return multi.create(cls, tun_fds, [s.fileno() for s in socks],
+                        thread_init=sched.thread_init(realtime_priority), **settings)
+
+
+class Dataplane:
+    """flannel0's queues and the UDP sockets of one run, one pair per queue, and the offloads
+    they took. It owns the fds (:meth:`close`; the last TUN fd closed removes the device) and
+    makes engines on them (:meth:`engine`). ``Dataplane()`` is none yet: no fds."""
+
+    def __init__(self, offloads=None, tun_fds=(), tun_name: str | None = None, socks=()):
+        self.offloads = offloads            # host/offload.py Offloads
+        self.tun_fds: list = list(tun_fds)
+        self.tun_name = tun_name
+        self.socks: list = list(socks)
+        self.offload_flags = 0              # the OFF_* bits the probe left on
+
+    @property
+    def queues(self) -> int:
+        return len(self.socks)
+
+    @classmethod
+    def open(cls, offloads, *, tun_name: str, tun_addr: str, mtu: int, network, queues: int,
+             sockets) -> "Dataplane":
+        """Steps 1-3: a TUN named after ``tun_name`` (a template such as flannel%d) with
+        ``tun_addr`` (an address with its prefix), ``mtu``, up, and the route ``network`` (none
+        when None); ``sockets(n)`` opens the UDP sockets for n queues (:func:`open_sockets`,
+        which the daemon wraps in its own messages) and may return fewer."""
+        try:
+            tun_fds, name = offloads.open_tun(tun_name, queues)
+        except OSError as e:
+            raise AssemblyError("tun", e) from None
+        dp = cls(offloads, tun_fds, name)
+        try:
+            try:
+                netconf.configure_tun(name, tun_addr, mtu, txqueuelen=TXQUEUELEN)
+                if network is not None:
+                    netconf.add_network_route(network, name)
+            except Exception as e:          # NetlinkError is no OSError
+                raise AssemblyError("configure", e, name) from None
+            try:
+                dp.socks = list(sockets(queues))
+            except OSError as e:
+                raise AssemblyError("sockets", e, name) from None
+            for fd in dp.tun_fds[dp.queues:]:
+                os.close(fd)
+            del dp.tun_fds[dp.queues:]
+            dp._probe()
+        except BaseException:
+            dp.close()
+            raise
+        return dp
+
+    @classmethod
+    def adopt(cls, offloads, tun_fds, tun_name: str, socks, queues: int) -> "Dataplane":
+        """Step 3 on fds handed over, which the daemon found to be what it would open
+        (daemon/inherited.py): the TUN has vnet headers exactly when offloads are wanted. Fewer
+        sockets than ``queues`` are a daemon that ran one queue where the host refuses the
+        steering, as it refuses ours: said as step 2 says it."""
+        offloads.adopt_tun()
+        dp = cls(offloads, tun_fds, tun_name, socks)
+        if dp.queues < queues:
+            refused = steering_refusal()
+            if refused is not None:
+                log.warning("%s", one_queue_warning(refused, queues))
+        try:
+            dp._probe()
+        except BaseException:
+            dp.close()
+            raise
+        return dp
+
+    def _probe(self) -> None:
+        try:
+            self.offload_flags = self.offloads.probe(self.tun_fds, self.socks)
+        except OSError as e:
+            raise AssemblyError("offloads", e, self.tun_name) from None
+        log.info("%s", self.offloads.summary())
+
+    def engine(self, cls, **settings):
+        """Step 4 on these fds, with the offloads they took: :func:`make_engine`."""
+        return make_engine(cls, self.tun_fds, self.socks, offloads=self.offload_flags, **settings)
+
+    def close(self) -> None:
+        """The sockets, then the TUN queues; again, nothing."""
+        socks, self.socks = self.socks, []
+        fds, self.tun_fds = self.tun_fds, []
+        for s in socks:
+            s.close()
+        for fd in fds:
+            os.close(fd)
+
+
+__all__ = ["AssemblyError", "Dataplane", "STEPS", "make_engine", "open_sockets"]

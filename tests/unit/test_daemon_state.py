@@ -1,0 +1,98 @@
+"""The daemon's state as its reports read it (dataplane/daemon/state.py) and the collector that
+DECLARED drives (dataplane/daemon/metrics.py), no root, no etcd: every series has one source of
+samples, a scrape asks the source once per value, the daemon's fields live in its state, and the
+status document says what /readyz says.
+"""
+from __future__ import annotations
+
+import time
+from ipaddress import IPv4Network
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+
+from dataplane.daemon import status
+from dataplane.daemon.main import Daemon
+from dataplane.daemon.metrics import DECLARED, ENGINE_COUNTERS, MetricsSource, make_registry
+from dataplane.daemon.options import Options
+from dataplane.daemon.state import FIELDS, DaemonSource, DaemonState
+
+
+def test_every_declared_series_has_one_source_of_samples():
+    """A row reads its value off the source, or is one the engine's counters land on."""
+    engine_families = {family for family, _ in ENGINE_COUNTERS.values()}
+    for f in DECLARED:
+        assert (f.read is None) == (f.name in engine_families), f.name
+
+
+def test_a_scrape_asks_the_source_once_per_value():
+    class Counting(MetricsSource):
+        def __init__(self):
+            self.asked = {}
+
+        def __getattribute__(self, name):
+            attr = object.__getattribute__(self, name)
+            if callable(attr) and not name.startswith("_"):
+                asked = object.__getattribute__(self, "asked")
+                asked[name] = asked.get(name, 0) + 1
+            return attr
+
+        def etcd_watches(self):
+            return {"subnets": {"connected": True, "reconnects": 1, "resyncs": 2}}
+
+        def lease_counts(self):
+            return {"renewals": 3}
+
+        def subnet_file(self):
+            return False, 4
+
+        def bad_leases(self):
+            return 1, 5
+
+    src = Counting()
+    reg = make_registry(src, standard=False)
+    for _ in range(2):
+        text = generate_latest(reg).decode()
+    assert 'flannel_udp_etcd_watch_resyncs_total{watch="subnets"} 2.0' in text
+    assert "flannel_udp_lease_renew_failures_total 0.0" in text
+    assert "flannel_udp_bad_leases_seen_total 5.0" in text
+    # three families read the etcd watches, four the lease counts: still one call a scrape
+    assert src.asked["etcd_watches"] == src.asked["lease_counts"] == 2, src.asked
+    assert all(n == 2 for n in src.asked.values()), src.asked
+
+
+def test_the_daemons_fields_are_its_states():
+    d = Daemon(Options())
+    engine = SimpleNamespace(ended=lambda: {})
+    d.engine, d.tun_name = engine, "flannel0"
+    assert d.state.engine is engine and d.state.tun_name == "flannel0"
+    d.state.lease = SimpleNamespace(subnet=IPv4Network("10.5.3.0/24"), expiration=None)
+    assert d.lease is d.state.lease and d.current_lease() is d.state.lease
+    assert set(FIELDS) <= set(dir(d))
+    # the reports are handed the state alone, and read the same from the daemon
+    assert DaemonSource(d.state).readiness() == DaemonSource(d).readiness() == \
+        d.source.readiness()
+
+
+def test_the_status_document_says_what_readyz_says(tmp_path):
+    d = Daemon(Options(subnet_file=str(tmp_path / "subnet.env"),
+                       status_socket=str(tmp_path / "status.sock")))
+    doc = status.document(d.state, d.source)
+    assert doc["checks"] == d.source.readiness() and doc["ready"] is False
+    assert doc["lease"] is None and doc["engine"] is None and doc["tun"] is None
+    d.tun_name = "flannel0"
+    d.lease = SimpleNamespace(subnet=IPv4Network("10.5.3.0/24"),
+                              public_ip="192.168.77.1", expiration=time.time() + 60,
+                              reservation=False)
+    doc = status.document(d.state, d.source)
+    assert doc["tun"] == "flannel0" and doc["lease"]["subnet"] == "10.5.3.0/24"
+    assert doc["checks"]["lease"] is None
+
+
+def test_a_bare_state_has_nothing_to_report_yet():
+    st = DaemonState(Options(), subnet_env=SimpleNamespace(stale=lambda: None),
+                     move_failures=SimpleNamespace(total=0), blackhole=None)
+    src = DaemonSource(st)
+    assert src.engine_queue_stats() is None and src.queues_count() == 0
+    assert src.peers_count() == 0 and src.peers_by_mode() == {}
+    assert src.readiness()["engine"] == "not started yet"
