@@ -1,11 +1,21 @@
 """`flannel-udp demo`: a real two-host overlay, one packet followed across it.
 
-* ``story.py``  the steps: starts the overlay (etcd + two daemons with --trace),
-                sends the probes, collects what the system says, builds the steps;
-* ``readings.py`` pure functions: tool output and counters -> the steps' data
-                (a ping's timeline, a packet's leg, a cost row);
+* ``story.py``  the order of the story: each part below in turn, each step
+                numbered and handed to the renderer (``Demo``);
+* ``bringup.py`` what it starts and stops: the engine (``engine/choice.py``),
+                etcd + two daemons with --trace, the workloads, tap and echo;
+* ``facts.py``  what the overlay holds: etcd's config and leases, each host's
+                facts, the kernels' ``ip route get`` answers;
+* ``probes.py`` the ping, the UDP datagram and the bursts, with the counters
+                and trace cursors read around each;
 * ``lab.py``    the workload namespaces, the wire tap and the probe scripts;
-* ``trace.py``  pure functions: trace events + counters + ``ip route get`` -> steps;
-* ``render.py`` terminal output (rich; plain text when not a terminal);
-* ``svg.py``    an SVG diagram of the path with the measured values (``--out``).
+* ``readings.py``, ``trace.py``  pure functions: tool output, etcd's leases
+                (``control/lease.py``'s parser), trace events and counters ->
+                the facts the steps show (a packet's leg, a timeline, costs);
+* ``steps.py``, ``steps_direct.py``  pure: the steps' ids, titles, "why"s and
+                data, through the engines and with --direct-routing;
+* ``render.py`` terminal output (rich; plain text when not a terminal), one
+                entry per step id; ``diagram.py`` its picture of the path;
+* ``svg.py``    an SVG diagram of the path with the measured values (``--out``);
+* ``errors.py`` ``DemoError``.
 """

@@ -1,12 +1,20 @@
 """What the demo reads from the engines and the host tools, as plain data (no I/O).
 
-:mod:`dataplane.demo.story` runs the overlay and collects raw text and counters; the functions here
-turn them into the dicts the renderer shows: a ping's timeline from the two trace rings, one leg of a
-packet, a cost row per engine, the facts of ``ping``, ``ip link``/``ip addr`` and ``ss`` output.
+``facts.py`` and ``probes.py`` collect raw text and counters from the running overlay; the
+functions here turn them into the dicts the steps show: a ping's timeline from the two trace rings,
+one leg of a packet, a cost row per engine and the closing cost table, the leases in etcd (read with
+the control plane's own parser, ``control/lease.py``), the facts of ``ping``, ``ip link``/``ip
+addr``, ``ss`` and the daemon's log.
 """
 from __future__ import annotations
 
+import base64
+import ipaddress
+import json
 import re
+
+from ..control.lease import lease_from_kv
+from . import trace as tr
 
 
 def timeline(req: dict, rep: dict, sc: dict) -> dict:
@@ -114,3 +122,133 @@ def udp_socket_line(ss_text: str, port: int) -> str | None:
         if f":{port} " in line:
             return " ".join(line.split())
     return None
+
+
+# -- etcd ---------------------------------------------------------------------------------------
+
+def etcd_kvs(etcdctl_json: str) -> dict:
+    """{key: value} of ``etcdctl get --prefix ... -w json`` (keys and values come base64)."""
+    kvs = json.loads(etcdctl_json).get("kvs", [])
+    return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode()
+            for kv in kvs}
+
+
+def lease_fact(key: str, value: str) -> dict:
+    """One lease as the steps show it: the value as etcd holds it, the subnets and the PublicIP as
+    a daemon reads them. Raises LeaseFormatError (a ValueError) for what no daemon would accept."""
+    lease = lease_from_kv(key, value)
+    fact = {"key": key, "subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
+            "value": json.loads(value)}
+    if lease.ipv6_subnet is not None:
+        fact["ipv6_subnet"] = str(lease.ipv6_subnet)
+    return fact
+
+
+def lease_for(leases: list, peer: str, dst: str) -> dict | None:
+    """The lease (of ``lease_fact``) whose PublicIP is ``peer`` and whose subnet holds ``dst``."""
+    addr = ipaddress.ip_address(dst)
+    return next((l for l in leases if l["public_ip"] == peer
+                 and addr in ipaddress.ip_network(l["subnet"])), None)
+
+
+# -- the daemon's log, the kernel's routes, the echo service ------------------------------------
+
+# daemon/peer_log.py's line for a peer joining, in flanneld's words.
+_PEER_ADDED = "Subnet added: "
+
+
+def peers_added(log_text: str) -> list[str]:
+    """What the daemon said of each peer it added (the text after "Subnet added: ")."""
+    return [ln.split(_PEER_ADDED, 1)[1].strip() for ln in log_text.splitlines()
+            if _PEER_ADDED in ln]
+
+
+def has_route(route_lines: list, route: str) -> bool:
+    """Whether ``ip route`` (as squeezed_lines) holds ``route``, attributes after it allowed."""
+    return any(ln == route or ln.startswith(route + " ") for ln in route_lines)
+
+
+def echo_seen(text: str) -> dict | None:
+    """The last datagram the echo service (lab.UDP_ECHO) answered: who sent it, its size."""
+    seen = [ln.split() for ln in text.splitlines() if ln.startswith("echo ")]
+    if not seen:
+        return None
+    _, ip, port, n = seen[-1]
+    return {"from": ip, "sport": int(port), "len": int(n)}
+
+
+# -- the closing cost tables --------------------------------------------------------------------
+
+def cost_summary(r: dict) -> dict:
+    """The model's rows, flanneld's loop, then what this run measured (the one ping, each engine's
+    burst): per packet from A's application to B's, over both hosts, beyond the applications' own
+    send and recv. ``r``: the demo's result so far (probes, bursts, engine)."""
+    ping = r["probes"]["ping"]
+    cA, cB = ping["counters"]["A"], ping["counters"]["B"]
+    bursts = r.get("bursts", {})
+    measured = [{"engine": k, "send": v["send_side"].get("syscalls_per_packet"),
+                 "receive": v["receive_side"].get("syscalls_per_packet"),
+                 "send_batch": v["send_side"].get("avg_batch"),
+                 "receive_batch": v["receive_side"].get("avg_batch")}
+                for k, v in bursts.items()]
+    ref = tr.FLANNELD_REFERENCE
+    rows = [dict(m, measured=False) for m in tr.COST_MODEL]
+    rows.append({"path": "flanneld's own loop (docs/design.md reference)", "short": "flanneld",
+                 "crossings": 4, "copies": 4, "syscalls": round(ref["send"] + ref["receive"], 2),
+                 "bytes_added": tr.OVERHEAD, "measured": True})
+    one = _one_ping_row(ping, r["engine"])
+    if one:
+        rows.append(one)
+    rows += [_burst_row(m, bursts[m["engine"]]) for m in measured
+             if m["send"] is not None and m["receive"] is not None]
+    return {"model": tr.COST_MODEL, "rows": rows, "measured": measured,
+            "single_ping": {"A": cA.get("syscalls"), "B": cB.get("syscalls"), "packets_each": 2},
+            "reference_flanneld": ref}
+
+
+def _one_ping_row(ping: dict, engine: str) -> dict | None:
+    # Copies = bytes the engines moved across the boundary / packet size (tun_rx + udp_tx on the
+    # sending host, udp_rx + tun_tx on the receiving one).
+    cA, cB = ping["counters"]["A"], ping["counters"]["B"]
+    n_a = cA.get("tun_rx_packets", 0) + cA.get("udp_rx_packets", 0)
+    n_b = cB.get("tun_rx_packets", 0) + cB.get("udp_rx_packets", 0)
+    req = ping.get("request", {})
+    plen = req.get("tun_read", {}).get("len")
+    if not (n_a and n_b and plen):
+        return None
+    copies = round(bytes_copied(cA) / (n_a * plen) + bytes_copied(cB) / (n_b * plen), 2)
+    wire = req.get("wire")
+    return {"path": f"this run: one ping, {engine} engine (nothing to batch)",
+            "short": "one ping", "crossings": copies, "copies": copies,
+            "syscalls": round(cA["syscalls"] / n_a + cB["syscalls"] / n_b, 2),
+            "bytes_added": (wire["outer"]["tot_len"] - plen) if wire else tr.OVERHEAD,
+            "measured": True}
+
+
+def _burst_row(m: dict, b: dict) -> dict:
+    sent_bytes = b["send_side"]["packets"] * b["ip_len"]
+    recv_bytes = b["receive_side"]["packets"] * b["ip_len"]
+    copies = round(b["send_side"]["bytes_copied"] / sent_bytes
+                   + b["receive_side"]["bytes_copied"] / recv_bytes, 2)
+    return {"path": f"this run: {m['engine']} engine under load (batched)",
+            "short": f"{m['engine']} burst", "crossings": copies, "copies": copies,
+            "syscalls": round(m["send"] + m["receive"], 2),
+            "bytes_added": tr.OVERHEAD, "measured": True}
+
+
+def direct_summary(r: dict) -> dict:
+    """The model's rows and the one ping on the direct path: the engines' byte and call counters
+    during it, the wire tap's length."""
+    ping = r["probes"]["ping"]
+    cA, cB = ping["counters"]["A"], ping["counters"]["B"]
+    plen = ping["result"]["expected_len"]
+    packets = 2                  # the request and the reply
+    calls = sum(c.get(k, 0) for c in (cA, cB)
+                for k in ("tun_reads", "tun_writes", "udp_sends", "udp_recvs"))
+    copies = round((bytes_copied(cA) + bytes_copied(cB)) / (packets * plen), 2)
+    rows = [dict(m, measured=False) for m in tr.COST_MODEL]
+    rows.append({"path": f"this run: one ping, DirectRouting ({r['engine']} engine)",
+                 "short": "one ping, direct", "crossings": copies, "copies": copies,
+                 "syscalls": round(calls / packets, 2),
+                 "bytes_added": ping["request"]["wire"]["tot_len"] - plen, "measured": True})
+    return {"model": tr.COST_MODEL, "rows": rows}

@@ -3,6 +3,7 @@
 Each step of :mod:`dataplane.demo.story` arrives as a dict; :class:`Renderer`
 prints it as a header line (step number, title, which host, which side of the
 user/kernel boundary), the measured facts, and a "why" line for the student.
+What it prints for each step id is one entry of ``Renderer.SHOWS``.
 Colour is only a help: user space green, kernel blue, the boundary yellow;
 piped into a file or a pager the same text comes out without escape codes and
 with ASCII table borders.
@@ -17,6 +18,8 @@ from rich.console import Console
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
+
+from . import diagram
 
 
 SIDE_STYLE = {"user": "green", "kernel": "blue", "kernel -> user": "yellow",
@@ -123,8 +126,12 @@ class Renderer:
                     "dim")
 
     def on_step(self, step: dict):
+        show = self.SHOWS.get(step["id"])
+        if show is None:
+            # A step nobody shows would pass for a step with nothing to show.
+            raise KeyError(f"step {step['id']!r} has no entry in Renderer.SHOWS")
         self.header(step)
-        getattr(self, f"_s_{step['id']}", self._s_default)(step, step.get("data") or {})
+        show(self, step, step.get("data") or {})
         if step.get("why"):
             self.why(step["why"])
         if self.pause and step["id"] != "summary":
@@ -136,9 +143,6 @@ class Renderer:
             input()
         except EOFError:
             self.c.print()
-
-    def _s_default(self, step, d):
-        pass
 
     def _s_overlay(self, step, d):
         cfg = d["config"]
@@ -408,6 +412,16 @@ class Renderer:
         for m in d["model"]:
             self.kv(m["short"], m["why"])
 
+    #: step id -> what is printed under its header. Every id the story declares
+    #: (steps.STEP_IDS) has one, and every entry an id (tests/unit/test_demo_steps.py).
+    SHOWS = {"overlay": _s_overlay, "workloads": _s_workloads, "app_send": _s_app_send,
+             "kernel_route": _s_kernel_route, "tun_read": _s_tun_read, "lookup": _s_lookup,
+             "udp_send": _s_udp_send, "udp_recv": _s_udp_recv, "tun_write": _s_tun_write,
+             "deliver": _s_deliver, "reply": _s_reply, "wire": _s_wire,
+             "untouched": _s_untouched, "deliver_direct": _s_deliver_direct,
+             "udp_packet": _s_udp_packet, "ping_cost": _s_ping_cost, "batching": _s_batching,
+             "summary": _s_summary}
+
     # -- pieces -----------------------------------------------------------------------------
     def header_table(self, head_hex: str, p: dict):
         """The 20 bytes of the IPv4 header the engine read, field by field."""
@@ -438,73 +452,10 @@ class Renderer:
         self.table(t)
 
     def diagram(self):
-        """The two hosts and the path, with this run's addresses (ASCII, fixed width)."""
-        r = self.demo.result
-        if r.get("direct_routing"):
-            return self.diagram_direct()
-        A, B = r["hosts"]["A"], r["hosts"]["B"]
-        port = r["port"]
-        W = 40
-        net = r["network_config"].get("Network")
-        sc = r["syscall_names"]
-
-        def row(left, right, kind):
-            return (f"{left:<{W}}{right}", kind)
-        bnd = ("  " + "-" * (2 * W - 2) + "  user | kernel", "boundary")
-        lines = [
-            row(f"  host A {A['name']}  {A['underlay_ip']}", f"host B {B['name']}  "
-                f"{B['underlay_ip']}", "title"),
-            row(f"  lease {A['subnet']}", f"lease {B['subnet']}", "title"),
-            row(f"  [workload {A['workload']['ip']}] ping/send",
-                f"[workload {B['workload']['ip']}] reply", "user"),
-            bnd,
-            row("     |  kernel: forward", "     ^  kernel: forward", "kernel"),
-            row(f"     v  {net} dev flannel0", f"     ^  {B['subnet']} dev "
-                f"{B['workload']['host_iface']}", "kernel"),
-            row("     |  flannel0 (TUN) queue", "     ^  flannel0 (TUN)", "kernel"),
-            bnd,
-            row("     v  read()          copy 1", "     ^  write()         copy 4", "user"),
-            row("  [engine: lookup lease, TTL-1]", "  [engine: check source, TTL-1]", "user"),
-            row(f"     v  {sc['send']:<16}copy 2", f"     ^  {sc['recv']:<16}copy 3", "user"),
-            bnd,
-            row(f"     v  UDP {A['underlay_ip']}:{port}", f"     ^  socket {B['underlay_ip']}:"
-                f"{port}", "kernel"),
-            row(f"     +-- {A['iface']} ==== bridge (the wire) ====", f"== {B['iface']} --+",
-                "kernel"),
-        ]
+        """The two hosts and the path, with this run's addresses (diagram.py)."""
         self.c.print()
-        for text, kind in lines:
-            style = {"title": "bold", "user": "green", "kernel": "blue",
-                     "boundary": "yellow"}[kind]
+        for text, style in diagram.lines(self.demo.result):
             self.c.print(Text(text, style=style))
-        self.c.print()
-
-
-    def diagram_direct(self):
-        """The direct path (DirectRouting): kernel to kernel, nothing in user space but the
-        applications."""
-        r = self.demo.result
-        A, B = r["hosts"]["A"], r["hosts"]["B"]
-        W = 40
-        bnd = (f"  {'-' * (2 * W - 2)}  user | kernel", "yellow")
-        lines = [
-            (f"  {'host A ' + A['name'] + '  ' + A['underlay_ip']:<{W - 2}}"
-             f"host B {B['name']}  {B['underlay_ip']}", "bold"),
-            (f"  {'[workload ' + A['workload']['ip'] + '] ping/send':<{W - 2}}"
-             f"[workload {B['workload']['ip']}] reply", "green"),
-            (f"  {'     (engine: idle, not on this path)':<{W - 2}}"
-             "     (engine: idle, not on this path)", "dim"),
-            bnd,
-            (f"  {'     |  kernel: forward':<{W - 2}}     ^  kernel: forward", "blue"),
-            (f"  {'     v  ' + B['subnet'] + ' via ' + B['underlay_ip']:<{W - 2}}"
-             f"     ^  {B['subnet']} dev {B['workload']['host_iface']}", "blue"),
-            (f"  {'        dev ' + A['iface']:<{W - 2}}", "blue"),
-            (f"  {'     +-- ' + A['iface'] + ' ==== bridge (the wire) ====':<{W - 2}}"
-             f"== {B['iface']} --+", "blue"),
-        ]
-        self.c.print()
-        for text, style in lines:
-            self.c.print(Text(text.rstrip(), style=style))
         self.c.print()
 
 

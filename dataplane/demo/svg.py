@@ -12,6 +12,7 @@ from __future__ import annotations
 from xml.sax.saxutils import escape
 
 from ..host.atomicfile import write_atomic
+from . import readings
 
 W, H = 940, 640
 COL_A, COL_B = 80, 520          # left edges of the two host columns
@@ -118,8 +119,7 @@ def render(result: dict) -> str:
     # Measured costs.
     y = 530
     cA = ping["counters"]["A"]
-    copied = sum(cA.get(k, 0) for k in ("tun_rx_bytes", "udp_tx_bytes", "udp_rx_bytes",
-                                        "tun_tx_bytes"))
+    copied = readings.bytes_copied(cA)
     out.append(_t(40, y, f"one ping (request + reply) cost A's engine {cA.get('syscalls')} "
                          f"syscalls and {copied} bytes of copies; RTT "
                          f"{ping['result'].get('rtt_ms')} ms", 12))

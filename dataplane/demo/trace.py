@@ -1,4 +1,4 @@
-"""From what the running system says to the steps of the story. No I/O here.
+"""From what the running system says to the facts the steps show. No I/O here.
 
 Inputs are what the demo collected from the overlay:
 
@@ -8,8 +8,9 @@ Inputs are what the demo collected from the overlay:
 * the daemons' ``/metrics`` (the engine counters, incl. the syscall counters);
 * ``ip route get`` output, the leases in etcd, and frames from a wire tap.
 
-Output: plain dicts (JSON-able), one per step, that ``render.py`` prints and
-``--json`` emits. Headers are decoded with :mod:`dataplane.engine.ipv4` (the project's
+Output: plain dicts (JSON-able): one packet's leg through two engines, the
+engine counters, the outer datagram, the cost per packet; ``steps.py`` puts
+them into the steps. Headers are decoded with :mod:`dataplane.engine.ipv4` (the project's
 one IPv4 decoder); only the 8 bytes of UDP/ICMP after it are unpacked here.
 """
 from __future__ import annotations
@@ -67,6 +68,20 @@ def stats_from_metrics(metrics: dict) -> dict:
 def delta(before: dict, after: dict) -> dict:
     """after - before for every counter in ``after``."""
     return {k: v - before.get(k, 0) for k, v in after.items()}
+
+
+def by_label(metrics: dict, family: str, label: str) -> dict:
+    """{value of ``label``: sample} for the samples of ``family`` that carry that label only
+    (``flannel_udp_peers_by_mode`` -> {"direct": 1.0, ...})."""
+    out = {}
+    for key, value in metrics.items():
+        m = _METRIC.match(key)
+        if not m or m.group(1) != family:
+            continue
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        if set(labels) == {label}:
+            out[labels[label]] = value
+    return out
 
 
 # -- ip route get -----------------------------------------------------------------------------
@@ -216,6 +231,31 @@ def _hex(head) -> str:
     return head if isinstance(head, str) else bytes(head).hex()
 
 
+#: What a leg must hold for the story to tell it: each engine event of the path, in path order.
+LEG_EVENTS = ("tun_read", "route_hit", "udp_send", "udp_recv", "tun_write")
+
+
+def follow_both(events: dict, frames: list, workloads: tuple, underlay: tuple, port: int,
+                proto: str) -> tuple[dict, dict]:
+    """A probe's request (A -> B) and reply (B -> A), each followed through both engines' trace
+    rings (``events`` by role "A"/"B"), with the outer datagram built around it and the frame the
+    wire tap saw. ``workloads``, ``underlay``: the (A, B) addresses."""
+    req = follow(events["A"], events["B"], workloads[0], workloads[1], proto)
+    rep = follow(events["B"], events["A"], workloads[1], workloads[0], proto)
+    for leg, src, dst in ((req, underlay[0], underlay[1]), (rep, underlay[1], underlay[0])):
+        if "tun_read" in leg:
+            inner = leg["tun_read"]["packet"]
+            leg["outer"] = outer_datagram(leg["tun_read"]["len"], src,
+                                          leg.get("route_hit", {}).get("peer", "?"), port)
+            leg["wire"] = wire_frame_for(frames, src, dst, inner["id"], inner["src"])
+    return req, rep
+
+
+def missing_events(*legs: dict) -> list[str]:
+    """The events of LEG_EVENTS that one of ``legs`` lacks, in path order."""
+    return [k for k in LEG_EVENTS if any(k not in leg for leg in legs)]
+
+
 def outer_datagram(inner_len: int, src_ip: str, dst_ip: str, port: int) -> dict:
     """What the kernel builds around the payload the engine hands to sendmmsg()."""
     return {"src": src_ip, "sport": port, "dst": dst_ip, "dport": port,
@@ -270,6 +310,15 @@ def direct_leg(frames: list, send_events: list, recv_events: list, src: str, dst
         {"seq": e["seq"], "kind": e["kind"]} for e in list(send_events) + list(recv_events)
         if matches(event_packet(e), src, dst, proto)]
     return leg
+
+
+def direct_legs(frames: list, probe: dict, workloads: tuple, proto: str) -> tuple[dict, dict]:
+    """A probe's request and reply on the direct path (``probe``: its measurement window, with
+    the engines' events by role and its times t0, t1; ``workloads``: the (A, B) addresses)."""
+    ev, t0, t1 = probe["events"], probe["t0"], probe["t1"]
+    wa, wb = workloads
+    return (direct_leg(frames, ev["A"], ev["B"], wa, wb, proto, t0, t1),
+            direct_leg(frames, ev["B"], ev["A"], wb, wa, proto, t0, t1))
 
 
 def link_counters(ip_json: str) -> dict:

@@ -20,9 +20,11 @@ import subprocess
 import time
 import types
 import xml.etree.ElementTree as ET
+from ipaddress import ip_network
 
 import pytest
 
+from dataplane.control.lease import subnet_key_name
 from dataplane.host.child import cli_argv
 from tests.conftest import ENGINES, require_engine, require_etcd, require_root, wait_until
 
@@ -72,7 +74,8 @@ def test_runs_fast_and_tears_down(run):
 
 
 def test_every_step_present_in_order(run):
-    assert [s["id"] for s in run.r["steps"]] == STEPS
+    from dataplane.demo.steps import TUN_PATH
+    assert [s["id"] for s in run.r["steps"]] == STEPS == list(TUN_PATH)
     assert [s["n"] for s in run.r["steps"]] == list(range(1, len(STEPS) + 1))
     for s in run.r["steps"]:
         assert s["title"] and s.get("side") and s.get("why"), s["id"]
@@ -87,7 +90,7 @@ def test_leases_subnet_env_routes(run):
     for h in (A, B):
         lease = leases[h["subnet"]]
         assert lease["public_ip"] == h["underlay_ip"] == lease["value"]["PublicIP"]
-        assert lease["key"].endswith("/subnets/" + h["subnet"].replace("/", "-"))
+        assert lease["key"].endswith("/subnets/" + subnet_key_name(ip_network(h["subnet"])))
         env = h["subnet_env"]
         assert env["FLANNEL_NETWORK"] == r["network_config"]["Network"]
         assert env["FLANNEL_SUBNET"].split("/")[0] == h["workload"]["gateway"]
@@ -384,7 +387,8 @@ def test_direct_routing_goes_host_to_host(direct_run):
     r = direct_run.r
     assert direct_run.elapsed < 50, f"the demo took {direct_run.elapsed:.1f} s"
     assert r["torn_down"] is True
-    assert [s["id"] for s in r["steps"]] == DIRECT_STEPS
+    from dataplane.demo.steps import DIRECT_PATH
+    assert [s["id"] for s in r["steps"]] == DIRECT_STEPS == list(DIRECT_PATH)
     assert r["network_config"]["Backend"]["DirectRouting"] is True
     H = r["hosts"]
     A, B = H["A"], H["B"]

@@ -57,3 +57,61 @@ def test_host_tool_facts():
     assert readings.udp_socket_line(ss, 8285).startswith("UNCONN 0 0 0.0.0.0:8285")
     assert readings.udp_socket_line(ss, 8472) is None
     assert readings.squeezed_lines("a   b\n\n  c d  \n") == ["a b", "c d"]
+
+
+PREFIX = "/coreos.com/network/subnets/"
+
+
+def test_lease_facts_come_from_the_control_planes_parser():
+    # docs/flannel-compat.md#lease-value: the udp backend's value, read as a daemon reads it
+    value = '{"PublicIP":"192.168.77.2","PublicIPv6":null}'
+    fact = readings.lease_fact(PREFIX + "10.5.27.0-24", value)
+    assert fact == {"key": PREFIX + "10.5.27.0-24", "subnet": "10.5.27.0/24",
+                    "public_ip": "192.168.77.2", "value": {"PublicIP": "192.168.77.2",
+                                                          "PublicIPv6": None}}
+    # a dual-stack key: the IPv6 half is read by the same parser, not cut off or mangled
+    dual = readings.lease_fact(PREFIX + "10.5.1.0-24&fc00:5:0:1::-64", value)
+    assert dual["subnet"] == "10.5.1.0/24" and dual["ipv6_subnet"] == "fc00:5:0:1::/64"
+
+
+def test_a_lease_no_daemon_would_read_is_refused():
+    from dataplane.control.lease import LeaseFormatError
+    ok = '{"PublicIP":"192.168.77.2"}'
+    for key, value in ((PREFIX + "10.5.3.7-24", ok), (PREFIX + "10.5.3.0/24", ok),
+                       (PREFIX + "10.5.3.0-24", '{"PublicIP":"not an address"}')):
+        try:
+            readings.lease_fact(key, value)
+        except LeaseFormatError:
+            continue
+        raise AssertionError(f"accepted {key} = {value}")
+
+
+def test_etcd_json_and_the_lease_of_a_destination():
+    import base64
+    import json
+
+    def b64(s):
+        return base64.b64encode(s.encode()).decode()
+    text = json.dumps({"kvs": [{"key": b64(PREFIX + "10.5.2.0-24"),
+                                "value": b64('{"PublicIP":"192.168.77.2"}')},
+                               {"key": b64("/coreos.com/network/config")}]})
+    kvs = readings.etcd_kvs(text)
+    assert kvs == {PREFIX + "10.5.2.0-24": '{"PublicIP":"192.168.77.2"}',
+                   "/coreos.com/network/config": ""}
+    leases = [readings.lease_fact(k, v) for k, v in kvs.items() if k.startswith(PREFIX)]
+    assert readings.lease_for(leases, "192.168.77.2", "10.5.2.9") is leases[0]
+    assert readings.lease_for(leases, "192.168.77.2", "10.5.3.9") is None
+    assert readings.lease_for(leases, "192.168.77.9", "10.5.2.9") is None
+
+
+def test_daemon_log_routes_and_echo_lines():
+    log = ("2026-11-27 10:00:00.000 +0000 INFO: Subnet added: 10.5.2.0/24 via 192.168.77.2, a "
+           "direct route\n2026-11-27 10:00:00.001 +0000 INFO: Lease renewed\n")
+    assert readings.peers_added(log) == ["10.5.2.0/24 via 192.168.77.2, a direct route"]
+    routes = ["10.5.2.0/24 via 192.168.77.2 dev v0 proto 153", "10.5.0.0/16 dev flannel0"]
+    assert readings.has_route(routes, "10.5.2.0/24 via 192.168.77.2 dev v0")
+    assert readings.has_route(routes, "10.5.0.0/16 dev flannel0")
+    assert not readings.has_route(routes, "10.5.2.0/24 via 192.168.77.2 dev v")
+    assert readings.echo_seen("ready\necho 10.5.1.2 40000 31\necho 10.5.1.2 40001 5\n") == \
+        {"from": "10.5.1.2", "sport": 40001, "len": 5}
+    assert readings.echo_seen("ready\n") is None

@@ -40,6 +40,17 @@ def test_delta():
     assert tr.delta({"a": 1, "b": 5}, {"a": 4, "b": 5, "c": 2}) == {"a": 3, "b": 0, "c": 2}
 
 
+def test_peers_by_mode_read_back_from_the_daemons_metrics():
+    class Source(_Source):
+        def peers_by_mode(self):
+            return {"direct": 1, "encapsulated": 0}
+    from dataplane.daemon.metrics import PREFIX
+    text = generate_latest(make_registry(Source({}))).decode()
+    got = tr.by_label(parse_metrics(text), f"{PREFIX}_peers_by_mode", "mode")
+    assert got == {"direct": 1.0, "encapsulated": 0.0}
+    assert tr.by_label(parse_metrics(text), f"{PREFIX}_peers_by_mode", "queue") == {}
+
+
 def test_parse_route_get():
     r = tr.parse_route_get("10.5.14.2 from 10.5.40.2 dev flannel0 src 10.5.40.0 uid 0 \n"
                            "    cache \n")
@@ -104,6 +115,23 @@ def test_follow_reports_a_miss():
     send = [_ev(1, "tun_read", len(pkt), head=pkt[:64]), _ev(2, "route_miss", 0, B_WL)]
     leg = tr.follow(send, [], A_WL, B_WL, "icmp")
     assert leg["dropped"]["kind"] == "route_miss" and "route_hit" not in leg
+
+
+def test_follow_both_builds_the_outer_datagram_and_says_what_is_missing():
+    pkt = _echo(A_WL, B_WL, 4242)
+    out = _dec(pkt)
+    events = {"A": [_ev(1, "tun_read", len(pkt), head=pkt[:64]),
+                    _ev(2, "route_hit", 24, B_IP, 8285), _ev(3, "udp_send", len(pkt), B_IP, 8285, 1)],
+              "B": [_ev(10, "udp_recv", len(out), A_IP, 8285, 1, out[:64]),
+                    _ev(11, "tun_write", len(out), head=_dec(out)[:64])]}
+    frame = _frame(out)
+    frames = [{"hex": frame.hex(), "frame_len": len(frame), "pkttype": 4}]
+    req, rep = tr.follow_both(events, frames, (A_WL, B_WL), (A_IP, B_IP), 8285, "icmp")
+    assert req["outer"] == tr.outer_datagram(len(pkt), A_IP, B_IP, 8285)
+    assert req["wire"]["inner"]["id"] == 4242 and req["wire"]["direction"] == "out"
+    assert tr.missing_events(req) == []
+    # no reply in either ring: every event of its path is missing, in path order
+    assert tr.missing_events(req, rep) == list(tr.LEG_EVENTS)
 
 
 def _frame(inner, src=A_IP, dst=B_IP, port=8285):
