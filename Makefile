@@ -65,6 +65,14 @@ deb:
 	fi
 	packaging/build-deb dist
 
+# The engine tests, the multi-queue tests and the fuzzers' corpora on another architecture
+# (ARCH=arm64 or s390x) under QEMU user-mode emulation, in a Debian 12 root of ARCH made once
+# outside the checkout (FLANNEL_UDP_ARCH_DIR, default /var/cache/flannel-udp/arch/ARCH); the
+# steps and what emulation cannot run are in tests/arch/run.sh and tests/arch/emulated.py.
+test-arch:
+	@test -n "$(ARCH)" || { echo "usage: make test-arch ARCH=arm64|s390x"; exit 2; }
+	tests/arch/run.sh $(ARCH)
+
 # Re-resolve pyproject.toml's ranges to the newest releases and pin them in $(CONSTRAINTS).
 constraints: $(APT_STAMP)
 	rm -rf build/constraints-venv && $(PYTHON) -m venv build/constraints-venv
