@@ -236,8 +236,9 @@ step_deb() {
   # `make deb` as on a build host of ARCH: Debian's packaging tools into the root (the Makefile
   # installs them), the package from the install step's copy; then installed, and its daemon
   # asked for its version (a chroot has no systemd: the postinst starts nothing)
-  in_root sh -c "command -v make >/dev/null || { apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends make >/dev/null; }"
+  # dpkg --configure -a: what an interrupted earlier run left half-installed is finished first
+  in_root sh -c "dpkg --configure -a && { command -v make >/dev/null || { apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends make >/dev/null; }; }"
   in_root sh -c "cd $SRC && rm -rf dist && make deb"
   in_root sh -c "cd $SRC && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     ./dist/flannel-udp_*_$ARCH.deb >/dev/null && dpkg -s flannel-udp | grep -E '^(Version|Architecture)' &&
