@@ -8,8 +8,9 @@ architecture flanneld's udp backend does not exist for.
     h1 (netns)  flannel-udp run from the arm64 root, under      /
                 QEMU user mode (qemu-aarch64 through binfmt_misc)
 
-Both daemons run with the default flags, both engines in turn. The arm64 one meets what QEMU
-does not emulate, SO_ATTACH_REUSEPORT_CBPF, and runs one queue (dataplane/host/udpsock.py);
+Both daemons run with the default flags, both engines in turn; the arm64 one as the install
+step put it in a venv, and as the arm64 Debian package (the deb step) installs it. It meets what
+QEMU does not emulate, SO_ATTACH_REUSEPORT_CBPF, and runs one queue (dataplane/host/udpsock.py);
 QEMU's iptables does not reach this kernel's netfilter either, and the forward rules are then
 only a warning (as flanneld's). Pings cross both ways over flannel0.
 
@@ -37,6 +38,7 @@ ROOT = os.path.join(os.environ.get("FLANNEL_UDP_ARCH_DIR", "/var/cache/flannel-u
 VENV = "/srv/flannel-udp/venv"              # in the root (tests/arch/run.sh)
 SRC = "/srv/flannel-udp/src"                # the install step's copy of the checkout
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGED = "/opt/flannel-udp"               # the Debian package's venv (tests/arch/run.sh deb)
 BINFMT = f"/proc/sys/fs/binfmt_misc/{QEMU}"
 EMULATED_READY_S = 240.0                    # imports under emulation; no figure, a bound
 
@@ -59,11 +61,11 @@ def _binfmt_on() -> None:
             f.write("1")
 
 
-def _stale_in_root() -> list[str]:
-    """The daemon's files (dataplane/, csrc/) that differ between the checkout and the root's
-    copy: a daemon installed from older sources would test those."""
+def _stale_in_root(where: str, tops=("dataplane", "csrc")) -> list[str]:
+    """The daemon's files (under ``tops``) that differ between the checkout and ``where`` in
+    the root: a daemon installed from older sources would test those."""
     stale = []
-    for top in ("dataplane", "csrc"):
+    for top in tops:
         for d, _, files in os.walk(os.path.join(CHECKOUT, top)):
             for f in files:
                 # _dataplane_c.c: cffi's output, a build product of each side
@@ -71,7 +73,7 @@ def _stale_in_root() -> list[str]:
                     continue
                 here = os.path.join(d, f)
                 rel = os.path.relpath(here, CHECKOUT)
-                there = os.path.join(ROOT, SRC.lstrip("/"), rel)
+                there = os.path.join(ROOT, where.lstrip("/"), rel)
                 with open(here, "rb") as a:
                     mine = a.read()
                 try:
@@ -84,16 +86,27 @@ def _stale_in_root() -> list[str]:
     return stale
 
 
-def _require_root_of_arch() -> None:
+def _require_root_of_arch(install: str) -> str:
+    """The arm64 root, its binfmt handler on, and the daemon ``install`` names ("venv": the
+    install and build steps', "deb": the Debian package's) made from this checkout's sources;
+    returns that daemon's path in the root."""
     require(platform.machine() == "x86_64", "runs an arm64 daemon beside this amd64 machine's")
-    made = os.path.exists(os.path.join(ROOT, ".flannel-udp-root")) and \
-        os.path.exists(os.path.join(ROOT, VENV.lstrip("/"), "bin", "flannel-udp"))
-    require(made, f"needs the arm64 root with flannel-udp installed in {ROOT}: "
-                  "tests/arch/run.sh arm64 root install build makes it (make test-arch "
-                  "ARCH=arm64 too, and runs the engine tests there)")
-    stale = _stale_in_root()
-    require(not stale, f"the arm64 root holds older sources than the checkout ({len(stale)} "
-                       f"file(s), e.g. {stale[:3]}): tests/arch/run.sh arm64 install build")
+    require(os.path.exists(os.path.join(ROOT, ".flannel-udp-root")),
+            f"needs the arm64 root in {ROOT}: tests/arch/run.sh arm64 root install build makes "
+            "it (make test-arch ARCH=arm64 too, and runs the engine tests there)")
+    if install == "venv":
+        daemon, steps = f"{VENV}/bin/flannel-udp", "install build"
+        stale = _stale_in_root(SRC)
+    else:
+        site = f"{PACKAGED}/lib/python3.11/site-packages"
+        daemon, steps = "/usr/bin/flannel-udp", "install deb"
+        stale = _stale_in_root(site, ("dataplane",))
+    # the package's /usr/bin/flannel-udp is an absolute link: it resolves inside the root only
+    require(os.path.exists(ROOT + daemon) if install == "venv" else
+            os.path.islink(ROOT + daemon) and os.path.exists(f"{ROOT}{PACKAGED}/bin/flannel-udp"),
+            f"needs {daemon} in the arm64 root: tests/arch/run.sh arm64 {steps} puts it there")
+    require(not stale, f"the arm64 root's {install} holds older sources than the checkout "
+                       f"({len(stale)} file(s), e.g. {stale[:3]}): tests/arch/run.sh arm64 {steps}")
     require(os.path.exists(BINFMT), f"needs the {QEMU} binfmt handler (qemu-user-static, "
                                     "binfmt-support; tests/arch/run.sh registers it)")
     _binfmt_on()
@@ -102,25 +115,27 @@ def _require_root_of_arch() -> None:
     require(state.startswith("enabled") and "flags: " in state and
             "F" in state.split("flags: ")[1].split()[0],
             f"the {QEMU} binfmt handler must be enabled with the F flag: {state[:80]!r}")
+    return daemon
 
 
 @pytest.mark.timeout(600)
-def test_arm64_and_amd64_daemons_forward_to_each_other(engine_kind):
+@pytest.mark.parametrize("install", ["venv", "deb"])
+def test_arm64_and_amd64_daemons_forward_to_each_other(engine_kind, install):
     require_overlay()
-    _require_root_of_arch()
+    daemon = _require_root_of_arch(install)
     from dataplane.testbed.overlay import Overlay
     workdir = None
     try:
         with Overlay(hosts=0, engine=engine_kind) as ov:
             workdir = ov.tb.workdir
-            _overlay_across(ov, engine_kind, workdir)
+            _overlay_across(ov, engine_kind, workdir, daemon)
     finally:
         # the directory the daemon's mounts hung on, once the daemon and its namespace are gone
         if workdir and os.path.isdir(ROOT + workdir) and not os.listdir(ROOT + workdir):
             os.rmdir(ROOT + workdir)
 
 
-def _overlay_across(ov, engine_kind: str, workdir: str) -> None:
+def _overlay_across(ov, engine_kind: str, workdir: str, daemon: str) -> None:
     here = ov.add_host(start=False)
     arm = ov.add_host(start=False)
     plain_argv = ov.daemon_argv
@@ -129,7 +144,7 @@ def _overlay_across(ov, engine_kind: str, workdir: str) -> None:
         if h is not arm:
             return plain_argv(h, engine, args)
         return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
-                _IN_ROOT, "sh", ROOT, workdir, f"{VENV}/bin/flannel-udp",
+                _IN_ROOT, "sh", ROOT, workdir, daemon,
                 *ov.daemon_command(h, engine, args)]
     ov.daemon_argv = argv
     ov.start_daemon(here, wait=False)

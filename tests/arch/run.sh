@@ -76,10 +76,14 @@ TESTS=${ARCH_TESTS:-"tests/unit/test_engine_*.py tests/unit/test_pypath.py tests
   tests/unit/test_fuzz_c.py tests/unit/test_fuzz_gso.py tests/unit/test_fuzz_train.py"}
 
 timed() {   # timed NAME CMD...: runs CMD and says how long it took
-  local name=$1 start rc=0
+  local name=$1 start rc
   shift
   start=$(date +%s)
-  "$@" || rc=$?
+  # in a subshell of its own with -e: inside `CMD || ...` bash would ignore -e in all of CMD
+  set +e
+  (set -e; "$@")
+  rc=$?
+  set -e
   echo "== $ARCH: $name took $(( $(date +%s) - start )) s (exit $rc)" >&2
   return $rc
 }
