@@ -245,7 +245,9 @@ def test_host_moves_from_flanneld_and_back(move, shape, figure):
     figure(f"{ov.kind}/{shape}: workload traffic back after start / after READY (s)",
            f"{back['at'] - t0:.2f} / {back['at'] - ready:.2f} (READY after "
            f"{ready - t0:.2f} s; 20 ms probes)")
-    assert back["at"] - t0 <= 1.0, f"traffic back {back['at'] - t0:.2f} s after the start"
+    # measured from READY, not from the start: how long a loaded machine takes to start Python
+    # is not the daemon's to promise, forwarding once it says it is ready is
+    assert back["at"] - ready <= 1.0, f"traffic back {back['at'] - ready:.2f} s after READY"
     assert lost_after == [], f"lost after traffic came back: {lost_after[:20]}"
 
     # the way back: what flannel-udp leaves is what flanneld itself left
