@@ -10,6 +10,7 @@
                        the etcd client the daemon holds);
 * ``lease.py``         a lease's key and value: the format flanneld writes and reads;
 * ``lease_manager.py`` our lease: acquire, renew, re-acquire when it is lost;
+* ``allocate.py``      free subnets (IPv4 and IPv6 parts) and the random pick among them, no I/O;
 * ``peer_watch.py``    the interface of the peer watch, declared once (PeerWatch);
 * ``peers.py``         the other nodes' leases, kept equal to etcd, reported as snapshots;
 * ``peer_process.py``  the same watch in a child process (the Python engine's daemon: its

@@ -14,19 +14,19 @@ ignored whatever they hold, and a config with `Networks` but no `Network` fails 
 (v0.20.2 required `Network` as well, so no valid config changes meaning). `EnableNFTables`, a bool, is
 new; a change of it while the daemon runs needs a restart, as every other key (control/configwatch.py).
 
-This daemon runs only the udp backend and forwards IPv4 only, so two extra checks come after flanneld's:
-a non-udp backend type and an IPv6-only config are rejected with a message that says so.
+This daemon runs only the udp backend, so two extra checks come after flanneld's: a non-udp backend type
+and an IPv6-only config are rejected with a message that says so (in etcd mode a host always takes an
+IPv4 subnet). With `EnableIPv6` the IPv6 half is checked as flanneld checks it, and the lease manager
+takes a dual-stack lease (control/lease_manager.py); the engines still forward IPv4 only, which the
+daemon says at start (docs/flannel-compat.md#network-config).
 """
 from __future__ import annotations
 
 import ipaddress
 import json
-import logging
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any, NamedTuple, Optional
-
-log = logging.getLogger(__name__)
 
 DEFAULT_UDP_PORT = 8285
 SUPPORTED_BACKENDS = ("udp",)
@@ -69,6 +69,16 @@ class NetworkConfig:
             return False
         return (subnet.prefixlen == self.subnet_len
                 and self.subnet_min <= subnet.network_address <= self.subnet_max)
+
+    def ipv6_subnet_compatible(self, subnet: Optional[IPv6Network]) -> bool:
+        """flanneld's `isIPv6SubnetConfigCompat`: none without EnableIPv6; with it, one of
+        IPv6SubnetLen inside [IPv6SubnetMin, IPv6SubnetMax]."""
+        if not self.enable_ipv6:
+            return subnet is None
+        if subnet is None or self.ipv6_subnet_min is None or self.ipv6_subnet_max is None:
+            return False
+        return (subnet.prefixlen == self.ipv6_subnet_len
+                and self.ipv6_subnet_min <= subnet.network_address <= self.ipv6_subnet_max)
 
 
 # Go field name -> (kind). Matching is case-insensitive, as encoding/json does.
@@ -307,8 +317,6 @@ def _parse_config(text: "str | bytes") -> NetworkConfig:
                           f"{', '.join(SUPPORTED_BACKENDS)} backend)")
     if not 1 <= port <= 65535:
         raise ConfigError(f"error decoding UDP backend config: Port {port} is not in 1..65535")
-    if enable6:
-        log.warning("EnableIPv6 is set, but the udp backend forwards IPv4 only: IPv6 is ignored")
 
     return NetworkConfig(
         network=network, subnet_len=subnet_len, subnet_min=smin, subnet_max=smax,

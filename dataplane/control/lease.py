@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any, Optional
 
@@ -139,6 +139,16 @@ def _lease_of_parts(net, prefixlen, public_ip, public_ipv6, backend_type, backen
                  LeaseAttrs(IPv4Address(public_ip), public_ipv6, backend_type, backend_data,
                             backend_v6_data, direct_routing),
                  ipv6_subnet, expiration, lease_id, mod_revision, key, create_revision)
+
+
+def with_ipv6_of_key(lease: Lease) -> Lease:
+    """``lease`` with the IPv6 part its key names, when it carries the key but not the part."""
+    if lease.ipv6_subnet is not None or not lease.key:
+        return lease
+    try:
+        return replace(lease, ipv6_subnet=parse_subnet_key(lease.key)[1])
+    except LeaseFormatError:
+        return lease
 
 
 def subnet_key_name(subnet: IPv4Network, ipv6_subnet: Optional[IPv6Network] = None) -> str:

@@ -4,9 +4,14 @@ Acquisition follows flanneld's `tryAcquireLease` order (docs/flannel-compat.md#l
   1. a lease whose PublicIP is ours, whatever else its value holds (another flannel's backend fields,
      key order, spacing): reused (rewritten with our value) if it fits the config, else deleted;
   2. the previous subnet from subnet.env, if nobody holds it and it fits the config;
-  3. a uniformly random pick among the first 100 free subnets from SubnetMin to SubnetMax.
+  3. a uniformly random pick among the first 100 free subnets from SubnetMin to SubnetMax
+     (control/allocate.py).
 Creation is a create-if-absent transaction with a fresh 24 h etcd lease. Unlike flanneld, losing a
 creation race is not fatal: we re-list and pick again (up to `max_attempts`).
+
+With EnableIPv6 one key names both parts (`10.5.1.0-24&fc00:5:0:1::-64`) and a lease fits only if its
+IPv6 part does too (none without EnableIPv6). Unlike flanneld, a host never gives up its IPv4 subnet
+because of IPv6: only the IPv6 part is replaced, under a key of the new shape.
 
 A running host keeps its subnet while it can write its key: its workloads hold addresses in it. When
 our key is lost (deleted, expired, overwritten with garbage) we take that same key back first; we move
@@ -38,11 +43,15 @@ import random
 import threading
 import time
 from dataclasses import replace
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Network
 from typing import Callable, Optional
 
+# SubnetError, OutOfSubnetsError, free_subnets and MAX_FREE_CANDIDATES were defined here first:
+# importers still find them here
+from .allocate import (MAX_FREE_CANDIDATES, OutOfSubnetsError, SubnetError,  # noqa: F401
+                       free_subnets, ipv6_part, other_holder, pick_pair)
 from .config import NetworkConfig
-from .lease import Lease, LeaseAttrs, LeaseFormatError, clip
+from .lease import Lease, LeaseAttrs, LeaseFormatError, clip, with_ipv6_of_key
 from .recurring import Recurring
 from .etcd_errors import RegistryError
 from .etcd_watch import WatchLoop
@@ -50,7 +59,6 @@ from .registry import SUBNET_TTL, Registry
 
 log = logging.getLogger(__name__)
 
-MAX_FREE_CANDIDATES = 100
 # The least time between a renewal and the next. flanneld's TTL and margins leave at least 60 s
 # (86400 s - 1439 min), so it changes nothing there; it only bounds a margin that reaches the TTL
 # (a shortened TTL), which would otherwise renew as fast as etcd answers. One second keeps such a
@@ -58,17 +66,11 @@ MAX_FREE_CANDIDATES = 100
 MIN_RENEW_GAP_S = 1.0
 
 
-class SubnetError(RuntimeError):
-    """No lease could be acquired."""
-
-
-class OutOfSubnetsError(SubnetError):
-    pass
-
-
-def _fields(event: str, subnet, public_ip, **more) -> dict:
+def _fields(event: str, subnet, public_ip, ipv6_subnet=None, **more) -> dict:
     """A lease event's fields for json log lines (``--log-format json``), as plain strings."""
-    return {"event": f"lease_{event}", "subnet": str(subnet), "public_ip": str(public_ip), **more}
+    six = {} if ipv6_subnet is None else {"ipv6_subnet": str(ipv6_subnet)}
+    return {"event": f"lease_{event}", "subnet": str(subnet), "public_ip": str(public_ip), **six,
+            **more}
 
 
 def check_renew_margin(minutes: int) -> int:
@@ -78,20 +80,9 @@ def check_renew_margin(minutes: int) -> int:
     return minutes
 
 
-def free_subnets(config: NetworkConfig, taken: "list[IPv4Network]",
-                 limit: int = MAX_FREE_CANDIDATES) -> list[IPv4Network]:
-    """The first `limit` subnets of SubnetLen from SubnetMin to SubnetMax overlapping no taken one."""
-    same = {s for s in taken if s.prefixlen == config.subnet_len}
-    other = [s for s in taken if s.prefixlen != config.subnet_len]
-    out: list[IPv4Network] = []
-    size = config.subnet_size
-    cur, last = int(config.subnet_min), int(config.subnet_max)
-    while cur <= last and len(out) < limit:
-        cand = IPv4Network((cur, config.subnet_len))
-        if cand not in same and not any(cand.overlaps(o) for o in other):
-            out.append(cand)
-        cur += size
-    return out
+def _v6(subnet: Optional[IPv6Network]) -> str:
+    """An IPv6 part as flanneld's log lines print it: its empty IP6Net is `::/0`."""
+    return "::/0" if subnet is None else str(subnet)
 
 
 class LeaseManager:
@@ -101,12 +92,14 @@ class LeaseManager:
                  config: Optional[NetworkConfig] = None, lease_ttl: int = SUBNET_TTL,
                  renew_margin_s: Optional[float] = None, retry_interval: float = 60.0,
                  reacquire_interval: float = 1.0, watch_retry_interval: float = 1.0,
-                 max_attempts: int = 20, rng: Optional[random.Random] = None):
+                 max_attempts: int = 20, rng: Optional[random.Random] = None,
+                 subnet_file_prev_v6: Optional[IPv6Network] = None):
         self.registry = registry
         self.public_ip = IPv4Address(public_ip)
         self.attrs = LeaseAttrs(public_ip=self.public_ip,
                                 direct_routing=bool(config is not None and config.direct_routing))
         self.subnet_file_prev = subnet_file_prev
+        self.subnet_file_prev_v6 = subnet_file_prev_v6
         self.renew_margin = (renew_margin_s if renew_margin_s is not None
                              else 60.0 * check_renew_margin(renew_margin_min))
         self.on_lease_change = on_lease_change
@@ -149,56 +142,55 @@ class LeaseManager:
     # -- acquisition --------------------------------------------------------------------------------
     def acquire(self) -> Lease:
         """Acquire (or reuse) this node's lease; raises SubnetError, ConfigError or RegistryError."""
-        lease = self._acquire(self.subnet_file_prev)
+        lease = self._acquire(self.subnet_file_prev, self.subnet_file_prev_v6)
         self.adopt(lease)
         return lease
 
     def adopt(self, lease: Lease) -> None:
         """Take ``lease`` as ours without asking etcd: a daemon that took over from the previous
         one (daemon/inherited.py) holds the lease that one held. The watch of our key starts
-        after the lease's mod revision, so a change made to it meanwhile is still seen."""
+        after the lease's mod revision, so a change made to it meanwhile is still seen. The
+        handed lease may name its IPv6 part in its key alone: a renewal needs the part."""
+        lease = with_ipv6_of_key(lease)
         with self._cond:
             self._lease = lease
             self._gen += 1
             self._lost = False
 
-    def _acquire(self, prev: Optional[IPv4Network]) -> Lease:
+    def _acquire(self, prev: Optional[IPv4Network], prev6: Optional[IPv6Network] = None) -> Lease:
         config = self.config or self.registry.get_config()
-        lost_races: set[IPv4Network] = set()
+        lost: set[IPv4Network] = set()
+        lost6: set[IPv6Network] = set()
         for attempt in range(1, self.max_attempts + 1):
             leases, _ = self.registry.list_leases()
-            lease = self._reuse_by_ip(config, leases, prev)
+            lease = self._reuse_by_ip(config, leases, prev, prev6)
             if lease is not None:
                 return lease
             if prev is not None:
-                lease = self._reuse_previous(config, leases, prev)
+                lease = self._reuse_previous(config, leases, prev, prev6)
                 if lease is not None:
                     return lease
                 # Tried once; from now on pick at random, and not it: our list predates a writer
                 # that may have just taken it.
-                lost_races.add(prev)
+                lost.add(prev)
                 prev = None
-            taken = [l.subnet for l in leases] + list(lost_races)
-            free = free_subnets(config, taken)
-            if not free:
-                raise OutOfSubnetsError(
-                    f"out of subnets: no free /{config.subnet_len} left in {config.subnet_min} ... "
-                    f"{config.subnet_max} of {config.network} ({len(leases)} leases held)")
-            log.info("Picking subnet in range %s ... %s", config.subnet_min, config.subnet_max)
-            pick = self._rng.choice(free)
-            lease = self.registry.create_lease(pick, self.attrs, self.lease_ttl)
+            pick, pick6 = pick_pair(config, leases, lost, lost6, self._rng)
+            lease = self.registry.create_lease(pick, self.attrs, self.lease_ttl, ipv6_subnet=pick6)
             if lease is not None:
-                log.info("Allocated lease (ip: %s ipv6: ::/0) to current node (%s)", pick, self.public_ip,
-                         extra=_fields("allocated", pick, self.public_ip))
+                log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s)", pick, _v6(pick6),
+                         self.public_ip, extra=_fields("allocated", pick, self.public_ip,
+                                                       ipv6_subnet=pick6))
                 return lease
             log.info("subnet %s was taken by another node meanwhile (attempt %d/%d), picking again",
-                     pick, attempt, self.max_attempts)
-            lost_races.add(pick)
+                     pick if pick6 is None else f"{pick} ({pick6})", attempt, self.max_attempts)
+            lost.add(pick)
+            lost6.update([pick6] if pick6 is not None else [])
             self.races_lost += 1
         raise SubnetError(f"failed to acquire a subnet lease: lost {self.max_attempts} creation races in a row")
 
     def _reuse_by_ip(self, config: NetworkConfig, leases: list[Lease],
-                     prev: Optional[IPv4Network] = None) -> Optional[Lease]:
+                     prev: Optional[IPv4Network] = None,
+                     prev6: Optional[IPv6Network] = None) -> Optional[Lease]:
         ours = [l for l in leases if l.attrs.public_ip == self.public_ip]
         if len(ours) > 1:
             # flanneld takes the first in key order; the subnet our workloads were given wins here
@@ -208,34 +200,76 @@ class LeaseManager:
                         "runs", len(ours), self.public_ip,
                         ", ".join(l.key or str(l.subnet) for l in ours), ours[0].subnet)
         for l in ours:
-            if config.subnet_compatible(l.subnet) and l.ipv6_subnet is None:
-                renewed = self.registry.renew_lease(l.subnet, self.attrs, self.lease_ttl)
-                if renewed is not None:
-                    log.info("Found %s (ip: %s ipv6: ::/0) for current IP (%s), reusing",
-                             "reservation" if renewed.reservation else "lease", l.subnet, self.public_ip,
-                             extra=_fields("reused", l.subnet, self.public_ip,
-                                           reason="found for current IP"))
-                    return renewed
-                continue                      # rewritten by another node since our list
-            log.warning("Found lease (ip: %s) for current IP (%s) that does not fit the network config, "
-                        "deleting it", l.subnet, self.public_ip,
-                        extra=_fields("deleted", l.subnet, self.public_ip,
-                                      reason="does not fit the network config"))
-            self.registry.delete_lease(l.subnet)
+            if not config.subnet_compatible(l.subnet):
+                log.warning("Found lease (ip: %s) for current IP (%s) that does not fit the network "
+                            "config, deleting it", l.subnet, self.public_ip,
+                            extra=_fields("deleted", l.subnet, self.public_ip,
+                                          reason="does not fit the network config"))
+                self.registry.delete_lease(l.subnet, ipv6_subnet=l.ipv6_subnet)
+                continue
+            if config.ipv6_subnet_compatible(l.ipv6_subnet):
+                lease = self._renew_found(l)
+            else:
+                lease = self._reshape(config, l, prev6)
+            if lease is not None:
+                return lease
+            # else: rewritten by another node since our list, or our subnet is another's now
         return None
 
-    def _reuse_previous(self, config: NetworkConfig, leases: list[Lease],
-                        prev: IPv4Network) -> Optional[Lease]:
+    def _renew_found(self, found: Lease) -> Optional[Lease]:
+        renewed = self.registry.renew_lease(found.subnet, self.attrs, self.lease_ttl,
+                                            ipv6_subnet=found.ipv6_subnet)
+        if renewed is not None:
+            log.info("Found %s (ip: %s ipv6: %s) for current IP (%s), reusing",
+                     "reservation" if renewed.reservation else "lease", found.subnet,
+                     _v6(found.ipv6_subnet), self.public_ip,
+                     extra=_fields("reused", found.subnet, self.public_ip,
+                                   reason="found for current IP", ipv6_subnet=found.ipv6_subnet))
+        return renewed
+
+    def _reshape(self, config: NetworkConfig, old: Lease,
+                 prev6: Optional[IPv6Network]) -> Optional[Lease]:
+        """Our lease's IPv4 subnet fits, its IPv6 part does not. flanneld deletes the key and picks
+        a random subnet; we delete it too but keep the IPv4 subnet, where our workloads have their
+        addresses, under a key of the new shape (a reservation stays one). None when another
+        host's lease overlaps that subnet once our key is gone: flanneld's order goes on."""
+        log.warning("Found lease (ip: %s ipv6: %s) for current IP (%s) whose IPv6 part does not fit "
+                    "the network config (EnableIPv6 %s): replacing its key, keeping subnet %s",
+                    old.subnet, _v6(old.ipv6_subnet), self.public_ip,
+                    "on" if config.enable_ipv6 else "off", old.subnet,
+                    extra=_fields("deleted", old.subnet, self.public_ip, old.ipv6_subnet,
+                                  reason="IPv6 part does not fit the network config"))
+        self.registry.delete_lease(old.subnet, ipv6_subnet=old.ipv6_subnet)
+        leases, _ = self.registry.list_leases()
+        others = [l for l in leases if l.attrs.public_ip != self.public_ip]
+        if any(l.subnet.overlaps(old.subnet) for l in others):
+            return None
+        want = old.ipv6_subnet if old.ipv6_subnet is not None else prev6
+        sn6 = ipv6_part(config, others, want, self._rng)
+        lease = self.registry.create_lease(old.subnet, self.attrs,
+                                           0 if old.reservation else self.lease_ttl, ipv6_subnet=sn6)
+        if lease is not None:
+            log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s), the same subnet as "
+                     "before", old.subnet, _v6(sn6), self.public_ip,
+                     extra=_fields("allocated", old.subnet, self.public_ip, ipv6_subnet=sn6,
+                                   reason="new key shape, same subnet"))
+        return lease
+
+    def _reuse_previous(self, config: NetworkConfig, leases: list[Lease], prev: IPv4Network,
+                        prev6: Optional[IPv6Network] = None) -> Optional[Lease]:
         if not config.subnet_compatible(prev):
             log.info("Previous subnet %s does not fit the network config, not reusing it", prev)
             return None
         if any(l.subnet.overlaps(prev) for l in leases):
             return None
+        # the IPv6 part of subnet.env only if it fits too; the IPv4 subnet is kept either way
+        sn6 = ipv6_part(config, leases, prev6, self._rng)
         # absent from our list: free, or its key holds garbage (nobody's lease, taken back)
-        lease, _ = self._take_back(prev)
+        lease, _ = self._take_back(prev, sn6)
         if lease is not None:
             log.info("Found previously leased subnet (%s), reusing", prev,
-                     extra=_fields("reused", prev, self.public_ip, reason="previous subnet"))
+                     extra=_fields("reused", prev, self.public_ip, reason="previous subnet",
+                                   ipv6_subnet=sn6))
         return lease
 
     # -- renewal and own-lease monitoring ----------------------------------------------------------
@@ -298,7 +332,8 @@ class LeaseManager:
                 continue
             retry_lost = False
             try:
-                renewed = self.registry.renew_lease(lease.subnet, self.attrs, self.lease_ttl)
+                renewed = self.registry.renew_lease(lease.subnet, self.attrs, self.lease_ttl,
+                                                    ipv6_subnet=lease.ipv6_subnet)
             except RegistryError as exc:
                 left = (lease.expiration or time.time()) - time.time()
                 self._renew_failing.fail(
@@ -325,21 +360,28 @@ class LeaseManager:
             log.info("Lease renewed, new expiration: %s", time.strftime(
                 "%Y-%m-%d %H:%M:%S", time.gmtime(renewed.expiration)))
 
-    def _take_back(self, subnet: IPv4Network) -> tuple[Optional[Lease], str]:
-        """Our key again, for our subnet: created if it is gone, reclaimed if it holds garbage,
-        renewed if it still names us. (None, who holds it) when another host's valid lease is
-        there; raises RegistryError."""
-        key = self.registry.lease_key(subnet)
+    def _take_back(self, subnet: IPv4Network,
+                   ipv6_subnet: Optional[IPv6Network] = None) -> tuple[Optional[Lease], str]:
+        """Our key again, for our subnet (and IPv6 part): created if it is gone, reclaimed if it
+        holds garbage, renewed if it still names us. (None, who holds it) when another host's valid
+        lease is there; raises RegistryError."""
+        key = self.registry.lease_key(subnet, ipv6_subnet=ipv6_subnet)
         for _ in range(3):                    # each write is guarded: a writer in between wins
             kv = self.registry.get_raw(key)
             if kv is None:
-                lease = self.registry.create_lease(subnet, self.attrs, self.lease_ttl)
+                # keys name both parts: the create-if-absent of ours no longer guards the subnet
+                holder = other_holder(self.registry.list_leases()[0], self.public_ip, subnet,
+                                      ipv6_subnet)
+                if holder:
+                    return None, holder
+                lease = self.registry.create_lease(subnet, self.attrs, self.lease_ttl,
+                                                   ipv6_subnet=ipv6_subnet)
             else:
                 try:
                     held = LeaseAttrs.from_json(kv.value)
                 except LeaseFormatError as exc:
                     lease = self.registry.reclaim_lease(subnet, self.attrs, kv.mod_revision,
-                                                        self.lease_ttl)
+                                                        self.lease_ttl, ipv6_subnet=ipv6_subnet)
                     if lease is not None:
                         log.warning("Lease key %s held a malformed value (%s): took it back",
                                     key, exc)
@@ -347,7 +389,8 @@ class LeaseManager:
                 if held is not None and held.public_ip != self.public_ip:
                     return None, f"PublicIP {held.public_ip}"
                 if held is not None:
-                    lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl)
+                    lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl,
+                                                      ipv6_subnet=ipv6_subnet)
             if lease is not None:
                 return lease, ""
         return None, "a writer that kept changing it"
@@ -359,7 +402,7 @@ class LeaseManager:
             log.warning("Lease %s has been revoked, has expired or holds something else: taking "
                         "the key back", old.subnet)
         try:
-            lease, holder = self._take_back(old.subnet)
+            lease, holder = self._take_back(old.subnet, old.ipv6_subnet)
             if lease is None and first:
                 log.error("Lease %s is now held by another host (%s): this host must move to "
                           "another subnet. That is an outage for its workloads: they keep "

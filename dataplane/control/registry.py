@@ -1,7 +1,8 @@
 """flannel's keys in etcd: the network config and the subnet leases (docs/flannel-compat.md#etcd-keys).
 
 Keys: `<prefix>/config` (the network config JSON) and `<prefix>/subnets/<a.b.c.d>-<len>` (one lease per
-node, attached to a 24 h etcd lease, or to none: a reservation). A lease key's name and value are
+node, attached to a 24 h etcd lease, or to none: a reservation), `...-<len>&<v6>-<len6>` for a dual-stack
+lease: the lease calls take the IPv6 part as `ipv6_subnet`, since it is part of the key's name. A lease key's name and value are
 control/lease.py's; this module reads, creates, renews, reclaims and deletes them with flanneld's
 transactions. Registry is the client the daemon holds: an etcd client (control/etcd.py: endpoints,
 failover, auth, TLS, what the log says of failures) that knows these keys, and hands out watches on
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, IPv6Network
 from typing import Callable, Optional
 
 from .config import NetworkConfig, parse_config
@@ -68,8 +69,8 @@ class Registry(EtcdClient):
         self.put(self.config_key, text)
 
     # -- leases -------------------------------------------------------------------------------------
-    def lease_key(self, subnet: IPv4Network) -> str:
-        return self.subnets_prefix + subnet_key_name(subnet)
+    def lease_key(self, subnet: IPv4Network, *, ipv6_subnet: Optional[IPv6Network] = None) -> str:
+        return self.subnets_prefix + subnet_key_name(subnet, ipv6_subnet)
 
     def _lease(self, kv, with_ttl: bool, quiet: bool = False) -> "Lease | BadLease":
         key = kv.key.decode("utf-8", errors="replace")
@@ -99,20 +100,24 @@ class Registry(EtcdClient):
         leases = [x for x in (self._lease(kv, with_ttl) for kv in kvs) if isinstance(x, Lease)]
         return leases, rev
 
-    def create_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int = SUBNET_TTL) -> Optional[Lease]:
+    def create_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int = SUBNET_TTL, *,
+                     ipv6_subnet: Optional[IPv6Network] = None) -> Optional[Lease]:
         """flanneld's createSubnet: grant `ttl`, then put only if the key is absent (one txn).
 
         Returns the lease, or None when the key already exists (the granted etcd lease is revoked)."""
-        return self._put_lease_if(subnet, attrs, ttl, 0, "create lease")
+        return self._put_lease_if(subnet, attrs, ttl, 0, "create lease", ipv6_subnet=ipv6_subnet)
 
     def reclaim_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, mod_revision: int,
-                      ttl: int = SUBNET_TTL) -> Optional[Lease]:
+                      ttl: int = SUBNET_TTL, *,
+                      ipv6_subnet: Optional[IPv6Network] = None) -> Optional[Lease]:
         """Take over a lease key that holds a malformed value (nobody's lease): grant `ttl` and put
         ours only if the key is still the one we read (its mod revision). None if it changed."""
-        return self._put_lease_if(subnet, attrs, ttl, mod_revision, "reclaim lease")
+        return self._put_lease_if(subnet, attrs, ttl, mod_revision, "reclaim lease",
+                                  ipv6_subnet=ipv6_subnet)
 
     def renew_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int = SUBNET_TTL,
-                    attempts: int = 3) -> Optional[Lease]:
+                    attempts: int = 3, *,
+                    ipv6_subnet: Optional[IPv6Network] = None) -> Optional[Lease]:
         """flanneld's updateSubnet: our value put again under the subnet's key, with a new grant of `ttl`.
 
         The key is ours when its PublicIP is ours, whatever else its value holds (other fields, order,
@@ -121,11 +126,12 @@ class Registry(EtcdClient):
         node took after ours expired: the put is a transaction comparing the mod revision we read
         (or absence), so a change between our read and our put wins; we then read again, up to
         `attempts` times. Returns None if the key holds another PublicIP or a value that is no lease."""
-        key = self.lease_key(subnet)
+        key = self.lease_key(subnet, ipv6_subnet=ipv6_subnet)
         for _ in range(attempts):
             kv = self.get_raw(key)
             if kv is None:
-                lease = self._put_lease_if(subnet, attrs, ttl, 0, "renew lease")
+                lease = self._put_lease_if(subnet, attrs, ttl, 0, "renew lease",
+                                           ipv6_subnet=ipv6_subnet)
             else:
                 try:
                     held = LeaseAttrs.from_json(kv.value)
@@ -134,17 +140,17 @@ class Registry(EtcdClient):
                 if held.public_ip != attrs.public_ip:
                     return None
                 lease = self._put_lease_if(subnet, attrs, ttl if kv.lease else 0, kv.mod_revision,
-                                           "renew lease")
+                                           "renew lease", ipv6_subnet=ipv6_subnet)
             if lease is not None:
                 return lease
         return None
 
     def _put_lease_if(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int, mod_revision: int,
-                      what: str) -> Optional[Lease]:
+                      what: str, *, ipv6_subnet: Optional[IPv6Network] = None) -> Optional[Lease]:
         """Grant `ttl` and put our lease under the subnet's key in one txn if the key is still at
         `mod_revision` (absent when 0); None (and the grant revoked) if it is not. A `ttl` of 0
         puts the key with no etcd lease (a reservation stays one)."""
-        key = self.lease_key(subnet)
+        key = self.lease_key(subnet, ipv6_subnet=ipv6_subnet)
         lease_id = self.grant(ttl) if ttl > 0 else 0
         revision = self.put_if(key, attrs.to_json(), mod_revision=mod_revision, lease_id=lease_id,
                                what=what)
@@ -152,11 +158,12 @@ class Registry(EtcdClient):
             if lease_id:
                 self.revoke(lease_id)
             return None
-        return Lease(subnet=subnet, attrs=attrs, expiration=time.time() + ttl if lease_id else None,
+        return Lease(subnet=subnet, attrs=attrs, ipv6_subnet=ipv6_subnet,
+                     expiration=time.time() + ttl if lease_id else None,
                      lease_id=lease_id, mod_revision=revision, key=key)
 
-    def delete_lease(self, subnet: IPv4Network) -> bool:
-        return self.delete(self.lease_key(subnet)) > 0
+    def delete_lease(self, subnet: IPv4Network, *, ipv6_subnet: Optional[IPv6Network] = None) -> bool:
+        return self.delete(self.lease_key(subnet, ipv6_subnet=ipv6_subnet)) > 0
 
     # -- watches ------------------------------------------------------------------------------------
     def watch_loop(self, key: str, *, prefix: bool, start_revision: int,

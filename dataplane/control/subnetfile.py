@@ -2,19 +2,23 @@
 
     FLANNEL_NETWORK=10.5.0.0/16
     FLANNEL_SUBNET=10.5.84.1/24      (lease network address + 1, lease prefix length)
+    FLANNEL_IPV6_NETWORK=fc00:5::/48        (with EnableIPv6 only: IPv6Network)
+    FLANNEL_IPV6_SUBNET=fc00:5:0:54::1/64   (with EnableIPv6 only: as FLANNEL_SUBNET, the IPv6 part)
     FLANNEL_MTU=1472
     FLANNEL_IPMASQ=false
 
 Written with dataplane.host.atomicfile (a fresh temporary name in the same directory, renamed over it) so
 that a reader never sees half a file and a link planted in the directory is never followed.
 At start the file is read back to prefer the previous subnet; a truncated or garbage file is ignored
-with a warning (a wrong previous subnet would only cost us the preference, never correctness).
+with a warning (a wrong previous subnet would only cost us the preference, never correctness). The two
+IPv6 lines are read each on its own, as flanneld reads them: a bad one is dropped with a warning and
+costs only the IPv6 half of the preference.
 """
 from __future__ import annotations
 
 import logging
 import os
-from ipaddress import IPv4Interface, IPv4Network, ip_interface, ip_network
+from ipaddress import IPv4Interface, IPv4Network, IPv6Network, ip_interface, ip_network
 from typing import Optional
 
 from ..host.atomicfile import write_atomic
@@ -22,18 +26,34 @@ from ..host.atomicfile import write_atomic
 log = logging.getLogger(__name__)
 
 
-def format_subnet_env(network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool) -> str:
-    first = IPv4Interface(f"{subnet.network_address + 1}/{subnet.prefixlen}")
+def _first_address(subnet) -> str:
+    """flanneld writes the subnet's first address after the network's, with the subnet's length."""
+    return f"{subnet.network_address + 1}/{subnet.prefixlen}"
+
+
+def format_subnet_env(network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool, *,
+                      ipv6_network: Optional[IPv6Network] = None,
+                      ipv6_subnet: Optional[IPv6Network] = None) -> str:
+    """The file's text; the IPv6 lines only when both IPv6 values are given (EnableIPv6)."""
+    if (ipv6_network is None) != (ipv6_subnet is None):
+        raise ValueError("the IPv6 lines need both the IPv6 network and the IPv6 subnet")
+    v6 = "" if ipv6_subnet is None else (f"FLANNEL_IPV6_NETWORK={ipv6_network}\n"
+                                         f"FLANNEL_IPV6_SUBNET={_first_address(ipv6_subnet)}\n")
     return (f"FLANNEL_NETWORK={network}\n"
-            f"FLANNEL_SUBNET={first}\n"
+            f"FLANNEL_SUBNET={IPv4Interface(_first_address(subnet))}\n"
+            f"{v6}"
             f"FLANNEL_MTU={int(mtu)}\n"
             f"FLANNEL_IPMASQ={'true' if ipmasq else 'false'}\n")
 
 
-def write_subnet_env(path: str, network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool) -> None:
+def write_subnet_env(path: str, network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool, *,
+                     ipv6_network: Optional[IPv6Network] = None,
+                     ipv6_subnet: Optional[IPv6Network] = None) -> None:
     """Atomically replace `path`, mode 0644; raises OSError (flanneld only warns: the caller decides)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
-    write_atomic(path, format_subnet_env(network, subnet, mtu, ipmasq), mode=0o644)
+    text = format_subnet_env(network, subnet, mtu, ipmasq, ipv6_network=ipv6_network,
+                             ipv6_subnet=ipv6_subnet)
+    write_atomic(path, text, mode=0o644)
 
 
 def _parse_lines(text: str) -> dict:
@@ -74,6 +94,27 @@ def _validate(env: dict) -> None:
         raise ValueError(f"FLANNEL_IPMASQ is not a boolean: {env['FLANNEL_IPMASQ']!r}")
 
 
+def _ipv6_value(name: str, value: str):
+    """FLANNEL_IPV6_NETWORK or FLANNEL_IPV6_SUBNET parsed; ValueError if it is no IPv6 prefix."""
+    if "/" not in value:
+        raise ValueError("no prefix length")
+    parsed = ip_network(value, strict=False) if name == "FLANNEL_IPV6_NETWORK" else ip_interface(value)
+    if parsed.version != 6:
+        raise ValueError("not IPv6")
+    return parsed
+
+
+def _drop_bad_ipv6(env: dict, path: str) -> None:
+    for name in ("FLANNEL_IPV6_NETWORK", "FLANNEL_IPV6_SUBNET"):
+        if name not in env:
+            continue
+        try:
+            _ipv6_value(name, env[name])
+        except ValueError as exc:
+            log.warning("ignoring %s=%.60r in subnet file %s: %s (not an IPv6 address/prefix)",
+                        name, env.pop(name), path, exc)
+
+
 def read_subnet_env(path: str) -> Optional[dict]:
     """Return the file's variables as strings, or None if it is absent or unusable (warned)."""
     try:
@@ -90,6 +131,7 @@ def read_subnet_env(path: str) -> Optional[dict]:
     except (ValueError, UnicodeDecodeError) as exc:
         log.warning("ignoring truncated or malformed subnet file %s: %s", path, exc)
         return None
+    _drop_bad_ipv6(env, path)
     return env
 
 
@@ -102,6 +144,14 @@ def previous_subnet(env: Optional[dict]) -> Optional[IPv4Network]:
     except ValueError:
         return None
     return iface.network if iface.version == 4 else None
+
+
+def previous_ipv6_subnet(env: Optional[dict]) -> Optional[IPv6Network]:
+    """FLANNEL_IPV6_SUBNET parsed back to the lease's IPv6 part: `fc00:5:0:54::1/64` -> fc00:5:0:54::/64."""
+    try:
+        return _ipv6_value("FLANNEL_IPV6_SUBNET", env["FLANNEL_IPV6_SUBNET"]).network if env else None
+    except (KeyError, ValueError):
+        return None
 
 
 def read_previous_subnet(path: str) -> Optional[IPv4Network]:

@@ -31,10 +31,10 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Network
 
 from ..control.config import ConfigError, parse_config
-from ..control.lease import Lease, LeaseAttrs
+from ..control.lease import Lease, LeaseAttrs, with_ipv6_of_key
 from ..host.tun import IFF_MULTI_QUEUE, IFF_VNET_HDR, TXQUEUELEN as FLANNEL0_TXQUEUELEN  # noqa: F401
 from . import fdstore
 
@@ -57,16 +57,22 @@ def udp_fd_name(i: int) -> str:
 # ------------------------------------------------------------------ the state document
 
 def lease_json(lease: Lease) -> dict:
-    return {"subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
-            "lease_id": lease.lease_id, "expiration": lease.expiration,
-            "mod_revision": lease.mod_revision, "key": lease.key}
+    doc = {"subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
+           "lease_id": lease.lease_id, "expiration": lease.expiration,
+           "mod_revision": lease.mod_revision, "key": lease.key}
+    if lease.ipv6_subnet is not None:
+        doc["ipv6_subnet"] = str(lease.ipv6_subnet)
+    return doc
 
 
 def lease_of_json(doc: dict) -> Lease:
-    return Lease(subnet=IPv4Network(doc["subnet"]),
-                 attrs=LeaseAttrs(public_ip=IPv4Address(doc["public_ip"])),
-                 expiration=doc.get("expiration"), lease_id=int(doc.get("lease_id", 0)),
-                 mod_revision=int(doc.get("mod_revision", 0)), key=doc.get("key", ""))
+    # a state written before dual stack has no "ipv6_subnet": its key names the part, if any
+    v6 = doc.get("ipv6_subnet")
+    return with_ipv6_of_key(Lease(
+        subnet=IPv4Network(doc["subnet"]), attrs=LeaseAttrs(public_ip=IPv4Address(doc["public_ip"])),
+        ipv6_subnet=IPv6Network(v6) if v6 else None, expiration=doc.get("expiration"),
+        lease_id=int(doc.get("lease_id", 0)), mod_revision=int(doc.get("mod_revision", 0)),
+        key=doc.get("key", "")))
 
 
 def state_of(daemon) -> dict:
@@ -218,6 +224,9 @@ def kept_lease(state: dict, ext, config, now: float | None = None) -> tuple[Leas
         return None, f"the lease is for PublicIP {lease.public_ip}, this host is {ext.ext_addr}"
     if not config.subnet_compatible(lease.subnet):
         return None, f"the lease {lease.subnet} does not fit the network config"
+    if not config.ipv6_subnet_compatible(lease.ipv6_subnet):
+        return None, (f"the lease's IPv6 part ({lease.ipv6_subnet or 'none'}) does not fit the "
+                      f"network config (EnableIPv6 {'on' if config.enable_ipv6 else 'off'})")
     now = time.time() if now is None else now
     if not lease.reservation and (lease.expiration or 0) - now < LEASE_MIN_LEFT_S:
         return None, f"the lease {lease.subnet} expires in less than {LEASE_MIN_LEFT_S:.0f} s"

@@ -193,6 +193,11 @@ def acquire_lease(subnets, registry, wait):
         failing.ok()
         log.info("Lease acquired: %s (PublicIP %s), expires %s", lease.subnet,
                  lease.public_ip, when(lease.expiration))
+        if lease.ipv6_subnet is not None:         # EnableIPv6: the engines are not there yet
+            log.warning("EnableIPv6: this host's lease holds IPv6 subnet %s (dual-stack key, as "
+                        "flanneld and dual-stack peers expect), but this version forwards IPv4 "
+                        "only: no IPv6 address or route on flannel0 and no FLANNEL_IPV6_* in "
+                        "subnet.env", lease.ipv6_subnet)
         return lease
 
 
@@ -363,15 +368,19 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
 
 
 def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None):
-    """The lease manager for our PublicIP; it prefers ``prev``, else subnet.env's subnet."""
+    """The lease manager for our PublicIP; it prefers ``prev``, else subnet.env's subnet (and
+    IPv6 subnet, which only a dual-stack flanneld has written there so far)."""
     from ..control.lease_manager import LeaseManager
-    from ..control.subnetfile import read_previous_subnet
+    from ..control.subnetfile import previous_ipv6_subnet, previous_subnet, read_subnet_env
+    prev6 = None
     if prev is None:
-        prev = read_previous_subnet(opts.subnet_file)
+        env = read_subnet_env(opts.subnet_file)
+        prev, prev6 = previous_subnet(env), previous_ipv6_subnet(env)
         if prev is not None:
-            log.info("Previous subnet from %s: %s", opts.subnet_file, prev)
+            log.info("Previous subnet from %s: %s%s", opts.subnet_file, prev,
+                     "" if prev6 is None else f", IPv6 {prev6}")
     return LeaseManager(registry, ext.ext_addr, prev, opts.subnet_lease_renew_margin,
-                         on_lease_change, config=config)
+                        on_lease_change, config=config, subnet_file_prev_v6=prev6)
 
 
 def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, prepared=None):

@@ -193,5 +193,15 @@ def test_cleanup_refuses_while_a_daemon_runs_then_removes_what_it_left(ov):
 
         again = _cleanup(ov, h, "--release-lease")
         assert again.returncode == 0 and "nothing to clean up" in again.stdout, again.stdout
+
+        # a dual-stack key (EnableIPv6) names both parts: that key is the one deleted
+        dual = f"{key}&fc00:5:0:7::-64"
+        grant = re.search(r"lease (\w+) granted", ov.etcdctl("lease", "grant", "600").stdout)
+        ov.etcdctl("put", f"--lease={grant.group(1)}", dual,
+                   json.dumps({"PublicIP": h.ip, "PublicIPv6": None}))
+        released = _cleanup(ov, h, "--release-lease")
+        assert released.returncode == 0 and f"delete the lease {dual}" in released.stdout, \
+            released.stdout
+        assert json.loads(ov.etcdctl("get", dual, "-w", "json").stdout).get("kvs") is None
     finally:
         ov.remove_host(h, delete_lease=False)

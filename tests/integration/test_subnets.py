@@ -110,11 +110,12 @@ class RacingRegistry(Registry):
         self.races = races
         self.lost = []
 
-    def create_lease(self, subnet, attrs, ttl=86400):
+    def create_lease(self, subnet, attrs, ttl=86400, **kw):
         if len(self.lost) < self.races:
             self.lost.append(subnet)
-            assert self.rival.create_lease(subnet, LeaseAttrs(IPv4Address("10.99.0.1")), ttl) is not None
-        return super().create_lease(subnet, attrs, ttl)
+            assert self.rival.create_lease(subnet, LeaseAttrs(IPv4Address("10.99.0.1")), ttl,
+                                           **kw) is not None
+        return super().create_lease(subnet, attrs, ttl, **kw)
 
 
 class PrefersSubnet(random.Random):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Network
 from types import SimpleNamespace
 
 import pytest
@@ -147,3 +147,31 @@ def test_state_file_reads_a_document_a_kill_left_uncut():
         assert sf.read() == {"version": 1, "pid": 2}
     finally:
         sf.close()
+
+
+DUAL_CONFIG = dict(CONFIG, EnableIPv6=True, IPv6Network="fc00:5::/48")
+DUAL_LEASE = dict(ipv6_subnet=IPv6Network("fc00:5:0:7::/64"),
+                  key="/coreos.com/network/subnets/10.5.7.0-24&fc00:5:0:7::-64")
+
+
+def test_a_dual_stack_lease_is_handed_over_with_its_ipv6_part():
+    state = dict(_state(config=DUAL_CONFIG), lease=inherited.lease_json(_lease(**DUAL_LEASE)))
+    lease, why = kept_lease(state, EXT, parse_config(json.dumps(DUAL_CONFIG)))
+    assert why == "" and lease.ipv6_subnet == IPv6Network("fc00:5:0:7::/64")
+
+
+def test_a_state_from_before_dual_stack_takes_the_ipv6_part_from_the_key():
+    doc = inherited.lease_json(_lease(**DUAL_LEASE))
+    del doc["ipv6_subnet"]
+    assert inherited.lease_of_json(doc).ipv6_subnet == IPv6Network("fc00:5:0:7::/64")
+
+
+@pytest.mark.parametrize("config,lease,reason", [
+    (DUAL_CONFIG, {}, "IPv6 part (none) does not fit the network config (EnableIPv6 on)"),
+    (CONFIG, DUAL_LEASE, "IPv6 part (fc00:5:0:7::/64) does not fit the network config "
+                         "(EnableIPv6 off)"),
+], ids=["switched-on", "switched-off"])
+def test_a_lease_whose_ipv6_part_no_longer_fits_is_acquired_again(config, lease, reason):
+    state = dict(_state(config=config), lease=inherited.lease_json(_lease(**lease)))
+    got, why = kept_lease(state, EXT, parse_config(json.dumps(config)))
+    assert got is None and reason in why

@@ -1,0 +1,126 @@
+"""Free subnets and the random pick among them, as flanneld's `allocateSubnet` chooses (no I/O).
+
+flanneld walks the subnets of SubnetLen from SubnetMin to SubnetMax, keeps the first 100 that overlap
+no lease's subnet, and picks one uniformly; with EnableIPv6 it does the same, independently, for the
+IPv6 part (IPv6SubnetLen from IPv6SubnetMin to IPv6SubnetMax, against the leases' IPv6 parts), and
+either list empty is "out of subnets" (docs/flannel-compat.md#lease-acquisition).
+
+The walk here gives the same list, but jumps over a taken range in one step: an IPv6 range holds
+billions of subnets, a lease of a shorter prefix covers thousands of candidates, and the list is
+taken from thousands of leases.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from ipaddress import IPv4Address, IPv4Network, IPv6Network
+from typing import Iterable, Optional
+
+from .config import NetworkConfig
+from .lease import Lease
+
+log = logging.getLogger(__name__)
+
+MAX_FREE_CANDIDATES = 100
+
+
+class SubnetError(RuntimeError):
+    """No lease could be acquired."""
+
+
+class OutOfSubnetsError(SubnetError):
+    pass
+
+
+def free_in_range(family: type, first, last, prefixlen: int, taken: Iterable,
+                  limit: int = MAX_FREE_CANDIDATES) -> list:
+    """The first `limit` networks of `family` (IPv4Network or IPv6Network) and `prefixlen`, from
+    `first` to `last` (network addresses on that length's boundary), overlapping none of `taken`."""
+    size = 1 << ((32 if family is IPv4Network else 128) - prefixlen)
+    spans = sorted((int(n.network_address), int(n.broadcast_address)) for n in taken)
+    out: list = []
+    i, cur, last = 0, int(first), int(last)
+    while cur <= last and len(out) < limit:
+        while i < len(spans) and spans[i][1] < cur:
+            i += 1
+        # spans are sorted by start: if any overlaps the candidate, the first one left does
+        if i < len(spans) and spans[i][0] < cur + size:
+            cur = -(-(spans[i][1] + 1) // size) * size
+            continue
+        out.append(family((cur, prefixlen)))
+        cur += size
+    return out
+
+
+def free_subnets(config: NetworkConfig, taken: "Iterable[IPv4Network]",
+                 limit: int = MAX_FREE_CANDIDATES) -> list[IPv4Network]:
+    """The first `limit` subnets of SubnetLen from SubnetMin to SubnetMax overlapping no taken one."""
+    return free_in_range(IPv4Network, config.subnet_min, config.subnet_max, config.subnet_len,
+                         taken, limit)
+
+
+def free_ipv6_subnets(config: NetworkConfig, taken: "Iterable[IPv6Network]",
+                      limit: int = MAX_FREE_CANDIDATES) -> list[IPv6Network]:
+    """The same for the IPv6 part: IPv6SubnetLen from IPv6SubnetMin to IPv6SubnetMax."""
+    return free_in_range(IPv6Network, config.ipv6_subnet_min, config.ipv6_subnet_max,
+                         config.ipv6_subnet_len, taken, limit)
+
+
+def pick_ipv4(config: NetworkConfig, leases: list[Lease], also_taken: Iterable[IPv4Network],
+              rng: random.Random) -> IPv4Network:
+    free = free_subnets(config, [l.subnet for l in leases] + list(also_taken))
+    if not free:
+        raise OutOfSubnetsError(
+            f"out of subnets: no free /{config.subnet_len} left in {config.subnet_min} ... "
+            f"{config.subnet_max} of {config.network} ({len(leases)} leases held)")
+    return rng.choice(free)
+
+
+def pick_ipv6(config: NetworkConfig, leases: list[Lease], also_taken: Iterable[IPv6Network],
+              rng: random.Random) -> IPv6Network:
+    taken = [l.ipv6_subnet for l in leases if l.ipv6_subnet is not None] + list(also_taken)
+    free = free_ipv6_subnets(config, taken)
+    if not free:
+        raise OutOfSubnetsError(
+            f"out of subnets: no free IPv6 /{config.ipv6_subnet_len} left in "
+            f"{config.ipv6_subnet_min} ... {config.ipv6_subnet_max} of {config.ipv6_network} "
+            f"({len(taken)} IPv6 subnets held)")
+    return rng.choice(free)
+
+
+def ipv6_part(config: NetworkConfig, leases: list[Lease], want: Optional[IPv6Network],
+              rng: random.Random, also_taken: Iterable[IPv6Network] = ()) -> Optional[IPv6Network]:
+    """The IPv6 part of a lease for a host that keeps its IPv4 subnet: none without EnableIPv6;
+    `want` (the part it held) if it fits the config and no lease of another host overlaps it;
+    else a random free one. `leases` should hold no key of ours that is being replaced."""
+    if not config.enable_ipv6:
+        return None
+    if (config.ipv6_subnet_compatible(want)
+            and not any(l.ipv6_subnet is not None and l.ipv6_subnet.overlaps(want) for l in leases)):
+        return want
+    return pick_ipv6(config, leases, also_taken, rng)
+
+
+def pick_pair(config: NetworkConfig, leases: list[Lease], lost: Iterable[IPv4Network],
+              lost6: Iterable[IPv6Network], rng: random.Random
+              ) -> tuple[IPv4Network, Optional[IPv6Network]]:
+    """A new lease's subnet and (with EnableIPv6) IPv6 part, each picked on its own; `lost` and
+    `lost6` are taken too (creation races lost since `leases` was read)."""
+    log.info("Picking subnet in range %s ... %s", config.subnet_min, config.subnet_max)
+    if config.enable_ipv6:
+        log.info("Picking ipv6 subnet in range %s ... %s", config.ipv6_subnet_min,
+                 config.ipv6_subnet_max)
+    sn = pick_ipv4(config, leases, lost, rng)
+    return sn, pick_ipv6(config, leases, lost6, rng) if config.enable_ipv6 else None
+
+
+def other_holder(leases: list[Lease], public_ip: IPv4Address, subnet: IPv4Network,
+                 ipv6_subnet: Optional[IPv6Network]) -> str:
+    """Who else holds a lease overlapping `subnet` or `ipv6_subnet`, for a message; "" if nobody."""
+    for l in leases:
+        if l.attrs.public_ip == public_ip:
+            continue
+        if l.subnet.overlaps(subnet) or (ipv6_subnet is not None and l.ipv6_subnet is not None
+                                         and l.ipv6_subnet.overlaps(ipv6_subnet)):
+            return f"PublicIP {l.attrs.public_ip}, key {l.key}"
+    return ""
