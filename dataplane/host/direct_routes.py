@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 PROTO = 153
 MAIN_TABLE = 254
+RTN_UNICAST = 1
 # rtnetlink multicast groups: links, IPv4 addresses, IPv4 routes
 _GROUPS = 0x1 | 0x10 | 0x40
 _RTM_NEWROUTE, _RTM_DELROUTE = 24, 25
@@ -41,7 +42,7 @@ def on_link(ip: "IPv4Address | str", ifindex: int) -> bool:
             return False
     for msg in answer:
         if msg.get_attr("RTA_GATEWAY") is None and msg.get_attr("RTA_OIF") == ifindex \
-                and msg["type"] == 1:   # RTN_UNICAST: not local, not a blackhole
+                and msg["type"] == RTN_UNICAST:     # not local, not a blackhole
             return True
     return False
 
@@ -55,10 +56,12 @@ def replace(subnet: IPv4Network, via: IPv4Address, ifindex: int) -> None:
 
 
 def delete(subnet: IPv4Network) -> None:
-    """Our route of ``subnet``, if it is there."""
+    """Our route of ``subnet``, if it is there. The type is named: --ip-blackhole-route's
+    blackhole carries PROTO too (host/blackhole.py), and a delete that leaves the type open takes
+    whichever of the two the kernel finds first (a lease moved into a former peer's subnet)."""
     with IPRoute() as ipr:
         try:
-            ipr.route("del", dst=str(subnet), proto=PROTO, table=MAIN_TABLE)
+            ipr.route("del", dst=str(subnet), proto=PROTO, table=MAIN_TABLE, type=RTN_UNICAST)
         except NetlinkError as e:
             if e.code not in (errno.ESRCH, errno.ENOENT):
                 raise

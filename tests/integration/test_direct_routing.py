@@ -31,7 +31,7 @@ import time
 
 import pytest
 
-from dataplane.host.child import cli_argv
+from dataplane.host.child import cli_argv, python_argv
 from tests.conftest import require_overlay, wait_until
 from tests.integration.daemon_checks import lease_json
 
@@ -193,3 +193,22 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         assert direct_routes(ov, h2) == {}
     finally:
         fl.stop()
+
+
+def test_deleting_a_direct_route_leaves_a_blackhole_of_the_same_prefix(testbed):
+    """Both are ours (one protocol number): a lease that moved into the subnet a peer of the
+    link held has its --ip-blackhole-route there, and the peer's stale direct route is deleted
+    after. The delete must name its route type, or the kernel takes the blackhole."""
+    h0, h1 = testbed.hosts
+    code = ("import socket\n"
+            "from ipaddress import IPv4Address, IPv4Network as N\n"
+            "from dataplane.host import blackhole, direct_routes\n"
+            f"direct_routes.replace(N('10.5.7.0/24'), IPv4Address('{h1.ip}'), "
+            f"socket.if_nametoindex('{h0.iface}'))\n"
+            "assert blackhole.add(N('10.5.7.0/24'))\n"
+            "direct_routes.delete(N('10.5.7.0/24'))\n"
+            "direct_routes.delete(N('10.5.7.0/24'))\n")
+    r = h0.exec(python_argv(code))
+    assert r.returncode == 0, r.stderr
+    routes = h0.exec(["ip", "-4", "route", "show", "10.5.7.0/24", "table", "main"]).stdout
+    assert routes.startswith("blackhole 10.5.7.0/24") and "via" not in routes, routes
