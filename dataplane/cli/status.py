@@ -99,6 +99,9 @@ def render(doc: dict, now: float | None = None) -> str:
         else:
             expiry = "expiry not known"
         rows.append(("lease", f"{lease['subnet']} (PublicIP {lease['public_ip']}), {expiry}"))
+        if lease.get("ipv6_subnet"):
+            rows.append(("ipv6 subnet", f"{lease['ipv6_subnet']} (EnableIPv6: held in the lease, "
+                                        "not forwarded by this version)"))
     else:
         rows.append(("lease", "none yet"))
     if doc.get("network"):

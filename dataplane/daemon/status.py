@@ -83,7 +83,9 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "checks": checks,
         "lease": None if lease is None else {
             "subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
-            "expiration": lease.expiration, "reservation": lease.reservation},
+            "expiration": lease.expiration, "reservation": lease.reservation,
+            # EnableIPv6: the key's IPv6 part, held for the cluster; not forwarded yet
+            "ipv6_subnet": None if lease.ipv6_subnet is None else str(lease.ipv6_subnet)},
         "network": str(state.config.network) if state.config is not None else None,
         "interface": None if ext is None else {
             "name": ext.name, "address": str(ext.iface_addr), "public_ip": str(ext.ext_addr)},
