@@ -68,10 +68,12 @@ deb:
 # The engine tests, the multi-queue tests and the fuzzers' corpora on another architecture
 # (ARCH=arm64 or s390x) under QEMU user-mode emulation, in a Debian 12 root of ARCH made once
 # outside the checkout (FLANNEL_UDP_ARCH_DIR, default /var/cache/flannel-udp/arch/ARCH); the
-# steps and what emulation cannot run are in tests/arch/run.sh and tests/arch/emulated.py.
-test-arch:
-	@test -n "$(ARCH)" || { echo "usage: make test-arch ARCH=arm64|s390x"; exit 2; }
-	tests/arch/run.sh $(ARCH)
+# steps and what emulation cannot run are in tests/arch/run.sh and tests/arch/emulated.py. On arm64
+# it ends with an arm64 daemon beside this machine's in one overlay (tests/arch/check_cross_arch.py,
+# which runs on this machine's .venv: hence deps). ARCH_STEPS picks steps (e.g. 'install deb cross').
+test-arch: deps
+	@test -n "$(ARCH)" || { echo "usage: make test-arch ARCH=arm64|s390x [ARCH_STEPS='root install ...']"; exit 2; }
+	tests/arch/run.sh $(ARCH) $(ARCH_STEPS)
 
 # Re-resolve pyproject.toml's ranges to the newest releases and pin them in $(CONSTRAINTS).
 constraints: $(APT_STAMP)

@@ -3,8 +3,12 @@
 # ARCH=s390x), under QEMU user-mode emulation, as a user of that architecture would install
 # flannel-udp on Debian 12.
 #
-#   tests/arch/run.sh ARCH [STEP...]      STEP: root install build test (default: all four, in order)
+#   tests/arch/run.sh ARCH [STEP...]      STEP: root install build test cross (the default, in
+#                                         this order; cross on arm64 only)
 #
+#   host     only the packages this machine needs (qemu-user-static, binfmt-support, debootstrap);
+#            the root step installs them too: this lets a caller (.ci/run) take apt's lock before
+#            it starts other work beside the emulated steps
 #   root     a Debian 12 root of ARCH in $FLANNEL_UDP_ARCH_DIR/ARCH (default
 #            /var/cache/flannel-udp/arch/ARCH: outside the checkout, made once and reused), with the
 #            Debian packages the build and the tests need (ROOT_PACKAGES below)
@@ -20,6 +24,9 @@
 #            tests/arch/emulated.py loaded: the tests QEMU cannot run are expected failures there,
 #            each with its reason (that plugin lists them; nothing is skipped silently); the
 #            checkout's tests/ are copied again first, the code is what the install step copied
+#   cross    (arm64 only) tests/arch/check_cross_arch.py with this machine's .venv: an arm64
+#            daemon from the root beside an amd64 one in one overlay, both engines; the Debian
+#            package's daemon too when the deb step ran in the same call
 #   deb      (not in the default) `make deb` in the root, the package installed there and its
 #            daemon run: what a build host of ARCH does
 #
@@ -33,7 +40,7 @@
 # TESTS below), PYTEST_ARGS (more pytest arguments, e.g. -x).
 set -euo pipefail
 
-usage() { echo "usage: $0 arm64|s390x [root|install|build|test|deb|shell]..." >&2; exit 2; }
+usage() { echo "usage: $0 arm64|s390x [host|root|install|build|test|cross|deb|shell]..." >&2; exit 2; }
 die() { echo "tests/arch/run.sh: $*" >&2; exit 1; }
 
 ARCH=${1:-}
@@ -270,16 +277,33 @@ step_test() {
     -p tests.arch.emulated -o timeout=1800 -rxXfE -q -p no:cacheprovider $tests ${PYTEST_ARGS:-}"
 }
 
+step_cross() {
+  [ "$ARCH" = arm64 ] || die "the cross-architecture overlay is an arm64 daemon's (tests/arch/check_cross_arch.py)"
+  local py=${FLANNEL_UDP_PYTHON:-$CHECKOUT/.venv/bin/python} which=venv
+  [ -x "$py" ] || die "no $py: make deps sets up this machine's side"
+  # the package's daemon only when this call built it from the checkout's sources
+  [ "$DEB_BUILT" = 1 ] && which="venv or deb"
+  (cd "$CHECKOUT" && "$py" -m pytest -q -rxXfE -p no:cacheprovider -k "$which" \
+    tests/arch/check_cross_arch.py ${PYTEST_ARGS:-})
+}
+
+DEB_BUILT=0
+
 main() {
   local steps=("$@") step
-  [ ${#steps[@]} -gt 0 ] || steps=(root install build test)
+  if [ ${#steps[@]} -eq 0 ]; then
+    steps=(root install build test)
+    [ "$ARCH" = arm64 ] && steps+=(cross)
+  fi
   for step in "${steps[@]}"; do
     case "$step" in
+      host) host_packages ;;
       root) timed "root (make or reuse)" step_root ;;
       install) timed "install" step_install ;;
       build) timed "build" step_build ;;
       test) timed "test" step_test ;;
-      deb) timed "deb (make deb, install)" step_deb ;;
+      deb) timed "deb (make deb, install)" step_deb; DEB_BUILT=1 ;;
+      cross) timed "cross (an arm64 daemon beside an amd64 one)" step_cross ;;
       shell) in_root /bin/bash ;;      # a look around, by hand
       *) usage ;;
     esac
