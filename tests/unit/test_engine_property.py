@@ -216,7 +216,10 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
                 "rx_batches"}, d
 
 
-@settings(max_examples=400, deadline=None, derandomize=True,
+# 300 derandomized examples (the same ones every run) move, in both engines, every counter that
+# 400 moved: each drop reason the scripts can reach and the rate-limited ICMP error; at 200 the
+# rate-limited ICMP error no longer comes up. More examples only repeat those outcomes.
+@settings(max_examples=300, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(script=runs, accept_any=st.booleans(), mtu=st.sampled_from([68, 576, 1472]),
        limited=st.booleans(), local=st.booleans(), strict=st.booleans())

@@ -15,7 +15,9 @@ import pytest
 from tests import gso_packets as gp
 from tests.cbuild import executed, fuzz_bounded, replay, seeded_fuzzer
 
-FUZZ_SECONDS = 8
+# A smoke run on every `make test`: from these seeds the coverage stops growing within a few
+# seconds (4 s reach what 8 s did), at executions far above the floor asserted below.
+FUZZ_SECONDS = 4
 
 
 def _seeds() -> dict[str, bytes]:
