@@ -31,6 +31,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 from dataplane.testbed import netns
@@ -105,6 +106,12 @@ def missing() -> str | None:
         return f"needs systemd ({SYSTEMD}; Debian package systemd)"
     if unified_root() is None:
         return "needs a cgroup v2 hierarchy mounted"
+    # the box's /tmp and /var/tmp are empty tmpfs: a project there is not in the box
+    for where in (sys.prefix, os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))))):
+        if any(os.path.realpath(where).startswith(t + "/") for t in ("/tmp", "/var/tmp")):
+            return (f"the box's /tmp and /var/tmp are empty: {where} is not in it (check the "
+                    "project out elsewhere than /tmp or /var/tmp)")
     return None
 
 
