@@ -359,8 +359,8 @@ def _peer_watch_children(pid: int) -> list[int]:
                     with open(f"/proc/{child}/comm") as c:
                         if c.read().strip() == CHILD_NAME:
                             out.append(child)
-                except FileNotFoundError:
-                    pass
+                except (FileNotFoundError, ProcessLookupError):
+                    pass            # gone meanwhile: a killed child's comm answers ESRCH
     return out
 
 
