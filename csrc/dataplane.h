@@ -10,8 +10,8 @@
  * struct field is `type name;` or `type name[N];`, one per declaration.
  *
  * The C side knows nothing of etcd and never opens devices: it is handed a
- * TUN fd (IFF_TUN|IFF_NO_PI) and a UDP socket fd, and moves raw IPv4 packets
- * between them. Behaviour (identical in dataplane/engine/pypath.py):
+ * TUN fd (IFF_TUN|IFF_NO_PI) and a UDP socket fd, and moves raw IPv4 and
+ * IPv6 packets between them. Behaviour (identical in dataplane/engine/pypath.py):
  *
  * TUN -> UDP, per batch (read() until EAGAIN or `batch` packets):
  *   1. validate: len >= 20, version 4, ihl >= 5, ihl*4 <= len,
@@ -66,8 +66,9 @@
  *     gso_type NONE: the packet as a plain read(mtu) would see it; with
  *       NEEDS_CSUM its checksum is finished first (the one's complement sum
  *       from csum_start to the end, stored at csum_start + csum_offset; 0
- *       as 0xffff); a range outside the packet or an odd csum_offset ->
- *       drop_malformed.
+ *       as 0xffff); a range outside the packet, a csum_start inside the
+ *       IP header (IPv4: < 20, IPv6: < 40) or an odd csum_offset ->
+ *       drop_malformed. IPv4 and IPv6 alike.
  *     TCPV4 / UDP_L4 (TSO / USO) super-packet (tun_rx_gso += 1): cut into
  *       packets of gso_size payload each (the last may be shorter): IP id +
  *       i, tot_len, full IP checksum; TCP seq + i * gso_size, FIN and PSH on
@@ -93,6 +94,31 @@
  *   tx checksumming). EMSGSIZE or EINVAL (a segment over one peer's path
  *   MTU, SO_NO_CHECK) and any other refusal concern that send only: GSO
  *   stays on.
+ *
+ * IPv6 inner packets (version 6; the underlay stays IPv4: a dp_route6's
+ * peer is an IPv4 address) take the same steps with IPv6's rules, in place
+ * of the IPv4 ones:
+ *   TUN -> UDP: len >= 20 (else drop_malformed), version 6, then len >= 40
+ *     and payload length + 40 == len (else drop_malformed); link scope
+ *     (below) -> drop_scope; dst looked up in the IPv6 table (a miss is
+ *     drop_no_route); hop limit (byte 7) <= 1 -> drop_ttl; hop limit - 1
+ *     (IPv6 has no header checksum); sent as step 5. No ICMPv6 error is
+ *     generated yet: a miss and an expired hop limit are dropped silently.
+ *   UDP -> TUN: steps 1 and 2 as for IPv4; a version other than 4 and 6 is
+ *     drop_not_ipv4 (the name kept for the dashboards: "neither IPv4 nor
+ *     IPv6"); len >= 40 and payload length + 40 == len (else
+ *     drop_malformed); link scope -> drop_scope; step 4 with the IPv6 own
+ *     sources (dp_loop_set_local's net6/addrs6); step 5 with the IPv6
+ *     table; hop limit <= 1 -> drop_ttl; hop limit - 1; written.
+ *   Link scope: the source or the destination in fe80::/10, the
+ *     destination ::, or a multicast destination (ff00::/8) of scope 0, 1
+ *     or 2 (the low nibble of byte 1). Such a packet never leaves its link
+ *     (RFC 4291): on the TUN side these are the kernel's own router and
+ *     neighbour solicitations and MLD reports on flannel0, and on the UDP
+ *     side a datagram that would make the host's kernel take a neighbour
+ *     discovery message as if it came from the link.
+ * Offloads, GRO and GSO stay IPv4's: an IPv6 packet is never coalesced, and
+ * a TSO/USO super-packet of IPv6 is drop_not_ipv4 as before.
  *
  * Checks are made in exactly the order listed; a packet is counted in the
  * first drop reason it meets and in no other.
@@ -177,6 +203,18 @@ typedef struct dp_route {
     uint32_t port;       /* host order */
 } dp_route;
 
+/* Route of an IPv6 subnet, looked up the same way in a table of its own.
+ * The underlay is IPv4: peer_ip is the peer's IPv4 address written as an
+ * IPv4-mapped IPv6 address (::ffff:a.b.c.d), the form an IPv6 underlay will
+ * extend; any other peer_ip, or reserved not 0, is -EINVAL. */
+typedef struct dp_route6 {
+    uint8_t net[16];     /* network order, host bits zero */
+    uint8_t peer_ip[16]; /* ::ffff:a.b.c.d */
+    uint32_t prefixlen;  /* 0..128 */
+    uint32_t port;       /* host order */
+    uint32_t reserved[2];
+} dp_route6;
+
 /* Counters. Names match the Python engine's stats() keys one for one.
  * Append new fields by taking them from `reserved`: the size is fixed. */
 typedef struct dp_stats {
@@ -217,14 +255,15 @@ typedef struct dp_stats {
     uint64_t drop_inner_local;   /* UDP -> TUN step 4: inner source is this host's own */
     uint64_t drop_inner_foreign; /* step 5: inner source not routed to the sender */
     uint64_t coalesce_waits;     /* waits of dp_loop_set_coalesce after a pass with work */
-    uint64_t reserved[27];
+    uint64_t drop_scope;         /* IPv6 with a link-scoped source or destination */
+    uint64_t reserved[26];
 } dp_stats;
 
 /* Trace events, recorded only while tracing is on (for the demo). */
 enum dp_trace_kind {
     DP_TR_TUN_READ = 1,    /* len, head: packet as read from the TUN */
     DP_TR_ROUTE_HIT = 2,   /* addr/port: chosen peer; len = route prefixlen */
-    DP_TR_ROUTE_MISS = 3,  /* addr: the destination that had no route */
+    DP_TR_ROUTE_MISS = 3,  /* addr: the destination that had no route (0 for IPv6) */
     DP_TR_UDP_SEND = 4,    /* addr/port: peer; len; batch: msgs in that sendmmsg */
     DP_TR_UDP_RECV = 5,    /* addr/port: source; len; batch: msgs in that recvmmsg; head */
     DP_TR_TUN_WRITE = 6,   /* len, head: packet as written to the TUN */
@@ -269,16 +308,23 @@ int dp_loop_stop(dp_loop *loop);
  * Only after dp_loop_run() has returned. */
 void dp_loop_free(dp_loop *loop);
 
-/* Thread-safe: builds a new table from n routes and publishes it; the loop
- * takes it into use before its next packet. The routes array is copied. */
-int dp_loop_set_routes(dp_loop *loop, const dp_route *routes, uint32_t n);
+/* Thread-safe: builds a new table from n IPv4 routes and n6 IPv6 routes
+ * and publishes it; the loop takes both families into use together before
+ * its next packet. The arrays are copied; either may be NULL when its count
+ * is 0. */
+int dp_loop_set_routes(dp_loop *loop, const dp_route *routes, uint32_t n,
+                       const dp_route6 *routes6, uint32_t n6);
 
 /* Thread-safe: this host's own sources for UDP -> TUN step 4, replacing
  * the previous set; taken into use like a route table. own_net/own_prefixlen:
  * the lease subnet (network order, host bits zero; prefixlen 0 and net 0:
- * none); addrs: n addresses (network order, at most DP_LOCAL_MAX; copied). */
+ * none); addrs: n addresses (network order, at most DP_LOCAL_MAX; copied).
+ * own_net6 (16 bytes)/own_prefixlen6 and addrs6 (n6 addresses of 16 bytes
+ * each, at most DP_LOCAL_MAX) are the same for IPv6; own_net6 may be NULL
+ * when own_prefixlen6 is 0. */
 int dp_loop_set_local(dp_loop *loop, uint32_t own_net, uint32_t own_prefixlen,
-                      const uint32_t *addrs, uint32_t n);
+                      const uint32_t *addrs, uint32_t n, const uint8_t *own_net6,
+                      uint32_t own_prefixlen6, const uint8_t *addrs6, uint32_t n6);
 
 /* Thread-safe: UDP -> TUN step 5 on (1) or off (0, the default). */
 int dp_loop_set_strict_sources(dp_loop *loop, int enable);
@@ -288,7 +334,7 @@ int dp_loop_set_strict_sources(dp_loop *loop, int enable);
  * the other, so the queues switch together; on error none is published.
  * dp_loop_set_routes(l, ...) is this call for the one loop l. */
 int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *routes,
-                        uint32_t n);
+                        uint32_t n, const dp_route6 *routes6, uint32_t n6);
 
 /* Thread-safe snapshot of the counters. */
 int dp_loop_stats(dp_loop *loop, dp_stats *out);

@@ -46,8 +46,8 @@
  * the first's (a shorter one ends the run). Without the 6.2 kernel every
  * datagram is one write, as before.
  *
- * Anything else is not held: the caller flushes the run and writes the
- * packet alone, so packets never change order.
+ * Anything else, IPv6 included, is not held: the caller flushes the run
+ * and writes the packet alone, so packets never change order.
  */
 #include <string.h>
 
@@ -61,7 +61,8 @@ struct seg_info {
     int psh;
 };
 
-/* Whether p (a packet dp_path_udp forwarded: version 4, tot_len == len)
+/* Whether p (a packet dp_path_udp forwarded: IPv4 with tot_len == len, or
+ * IPv6, which the first test refuses: dataplane.h never coalesces it yet)
  * may take part in a run, as far as its headers say; its protocol, or 0.
  * The checksum is left to l4_csum_ok, the one pass over the payload: the
  * callers ask for it last, once every cheaper rule has passed, so a packet

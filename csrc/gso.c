@@ -5,11 +5,13 @@
  * Flow, in the order the functions appear:
  *   1. (checksums: packet.c's dp_packet_sum/fold/pseudo)
  *   2. dp_gso_hdr_parse      the 10-byte struct virtio_net_hdr (native endian)
- *   3. dp_gso_csum           VIRTIO_NET_HDR_F_NEEDS_CSUM on a plain packet:
- *                            finish the checksum the kernel left partial
+ *   3. dp_gso_csum           VIRTIO_NET_HDR_F_NEEDS_CSUM on a plain packet
+ *                            (IPv4 or IPv6): finish the checksum the kernel
+ *                            left partial
  *   4. dp_gso_start          check a TSO (TCPV4) or USO (UDP_L4) super-packet
  *                            against its header; the DP_ST_DROP_* reason if
  *                            it is not one we can cut into packets <= mtu
+ *                            (IPv6's, TCPV6 included, are not yet)
  *   5. dp_gso_next           write the next segment: IP header (id + i,
  *                            tot_len, checksum), TCP (seq, flags) or UDP
  *                            (length) header with a full checksum, payload
@@ -49,18 +51,25 @@ void dp_gso_hdr_parse(const uint8_t *raw, struct dp_vnet_hdr *h)
 
 /* The kernel left the sum of the pseudo-header in the checksum field and
  * expects the device to add everything from csum_start to the end (what
- * skb_checksum_help() does). Only for what may be IPv4: anything else is
- * dropped by path.c's checks anyway, and counted there. */
+ * skb_checksum_help() does). The sum is the same for both IP versions: only
+ * where the upper layer may start differs (past the fixed header). Any
+ * other version is dropped by path.c's checks anyway, and counted there. */
 int dp_gso_csum(uint8_t *p, uint32_t len, const struct dp_vnet_hdr *h)
 {
     uint32_t at = (uint32_t)h->csum_start + h->csum_offset;
+    uint32_t hdr_min;
     uint16_t c;
 
-    if (!(h->flags & DP_VNET_F_NEEDS_CSUM) || len < DP_IP_HDR_MIN || (p[0] >> 4) != 4)
+    if (!(h->flags & DP_VNET_F_NEEDS_CSUM) || len < DP_IP_HDR_MIN)
         return 0;
+    switch (p[0] >> 4) {
+    case 4: hdr_min = DP_IP_HDR_MIN; break;
+    case 6: hdr_min = DP_IP6_HDR; break;
+    default: return 0;
+    }
     /* An odd offset would put the field across two 16-bit words of the sum:
      * no protocol has one. */
-    if (h->csum_start < DP_IP_HDR_MIN || (h->csum_offset & 1) || at + 2 > len)
+    if (h->csum_start < hdr_min || (h->csum_offset & 1) || at + 2 > len)
         return DP_ST_DROP_MALFORMED;
     c = (uint16_t)~dp_packet_fold(dp_packet_sum(p + h->csum_start, len - h->csum_start));
     /* 0 would mean "no checksum" to UDP; -0 is the same sum for TCP. */

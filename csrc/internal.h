@@ -69,6 +69,7 @@ enum dp_stat {
     DP_ST_DROP_INNER_LOCAL,
     DP_ST_DROP_INNER_FOREIGN,
     DP_ST_COALESCE_WAITS,
+    DP_ST_DROP_SCOPE,
     DP_ST_COUNT,
     DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
 };
@@ -105,7 +106,20 @@ enum dp_ipv4 {
     DP_VNET_F_NEEDS_CSUM = 1       /* VIRTIO_NET_HDR_F_NEEDS_CSUM */
 };
 
-/* routes.c APIs: an immutable table, built once, then only read. */
+/* IPv6 wire constants used by packet6.c, path.c and gso.c. */
+enum dp_ipv6 {
+    DP_IP6_HDR = 40,               /* the fixed header; no options in it */
+    DP_IP6_ADDR = 16,
+    DP_IP6_PLEN_OFF = 4,           /* payload length: what follows the fixed header */
+    DP_IP6_HOP_OFF = 7,            /* hop limit */
+    DP_IP6_SRC_OFF = 8,
+    DP_IP6_DST_OFF = 24,
+    DP_IP6_MCAST = 0xff,           /* first byte of ff00::/8 */
+    DP_IP6_SCOPE_LINK = 2          /* multicast scopes 0 (reserved), 1 (interface), 2 (link) */
+};
+
+/* routes.c APIs: an immutable table of both families' routes, built once,
+ * then only read. */
 struct dp_routes;
 
 struct dp_route_hit {
@@ -114,26 +128,37 @@ struct dp_route_hit {
     uint32_t prefixlen;
 };
 
-int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n);
+/* -EINVAL for a route dataplane.h forbids (prefixlen out of range, host
+ * bits, port > 0xffff; for dp_route6 also a peer_ip not IPv4-mapped or a
+ * reserved word not 0); nothing is built then. */
+int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n,
+                    const dp_route6 *routes6, uint32_t n6);
 /* Reference counted: build gives one reference, hold adds n, free drops one
  * (and frees with the last). Thread-safe. */
 void dp_routes_hold(struct dp_routes *t, uint32_t n);
 void dp_routes_free(struct dp_routes *t);
 /* 1 and *hit filled on a match, 0 on a miss. t may be NULL (empty table). */
 int dp_routes_lookup(const struct dp_routes *t, uint32_t dst, struct dp_route_hit *hit);
-/* 1 if ip is the peer_ip of some route. */
+/* The same over the IPv6 routes; dst: 16 bytes, network order. */
+int dp_routes_lookup6(const struct dp_routes *t, const uint8_t *dst, struct dp_route_hit *hit);
+/* 1 if ip is the (IPv4) peer_ip of some route of either family. */
 int dp_routes_has_peer(const struct dp_routes *t, uint32_t ip);
 
 /* local.c APIs: this host's own sources, immutable once built (as a
  * route table). Addresses in network order, as everywhere. */
 struct dp_local;
 
-/* -EINVAL: prefixlen > 32, host bits in net, more than DP_LOCAL_MAX addrs. */
+/* -EINVAL: prefixlen > 32 or prefixlen6 > 128, host bits in net or net6
+ * (net6 may be NULL for prefixlen6 0), more than DP_LOCAL_MAX addrs of a
+ * family. addrs6: n6 addresses of 16 bytes each. */
 int dp_local_build(struct dp_local **out, uint32_t net, uint32_t prefixlen,
-                   const uint32_t *addrs, uint32_t n);
+                   const uint32_t *addrs, uint32_t n, const uint8_t *net6,
+                   uint32_t prefixlen6, const uint8_t *addrs6, uint32_t n6);
 void dp_local_free(struct dp_local *l);
 /* 1 if ip is one of the addresses or inside the subnet; l may be NULL (empty). */
 int dp_local_has(const struct dp_local *l, uint32_t ip);
+/* The same for an IPv6 address (16 bytes, network order). */
+int dp_local_has6(const struct dp_local *l, const uint8_t *ip);
 
 /* packet.c APIs: pure functions over byte buffers, no I/O. */
 /* Network-order fields, byte by byte: no alignment or endianness assumed. */
@@ -182,6 +207,17 @@ int dp_packet_may_time_exceed(const uint8_t *p, uint32_t len);
 uint32_t dp_packet_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t len,
                               uint8_t type, uint8_t code, uint32_t src);
 
+/* packet6.c APIs: IPv6 checks and the hop limit; pure, no I/O, and no
+ * checksum to patch (IPv6 has none in its header). */
+/* 0 if p is an IPv6 packet of exactly len bytes (len >= 40, version 6,
+ * payload length + 40 == len), else DP_ST_DROP_MALFORMED. */
+int dp_packet6_check(const uint8_t *p, uint32_t len);
+/* 1 if the (checked) packet must not leave its link: dataplane.h's link scope. */
+int dp_packet6_link_scope(const uint8_t *p);
+const uint8_t *dp_packet6_src(const uint8_t *p);
+const uint8_t *dp_packet6_dst(const uint8_t *p);
+void dp_packet6_hop_dec(uint8_t *p);
+
 /* gso.c APIs: a TUN read with IFF_VNET_HDR (DP_OFF_TUN_VNET) turned into
  * wire-sized IPv4 packets; pure functions, no I/O. */
 enum dp_vnet_gso {
@@ -207,8 +243,9 @@ struct dp_gso {
 };
 
 void dp_gso_hdr_parse(const uint8_t *raw, struct dp_vnet_hdr *h);
-/* NEEDS_CSUM on a plain packet: completes the checksum in place; 0, or
- * DP_ST_DROP_MALFORMED for a range outside the packet. */
+/* NEEDS_CSUM on a plain packet of either IP version: completes the
+ * checksum in place; 0, or DP_ST_DROP_MALFORMED for a range outside the
+ * packet (or inside its IP header). */
 int dp_gso_csum(uint8_t *p, uint32_t len, const struct dp_vnet_hdr *h);
 /* 0 if p (len bytes, gso_type != NONE) can be cut into packets of at most
  * mtu bytes, else the DP_ST_DROP_* reason. p must stay valid while cutting. */

@@ -46,8 +46,8 @@ struct dp_loop {
     int tun_gone;               /* errno that says the TUN has no device (loop thread) */
     uint32_t end, end_err;      /* enum dp_loop_end and its errno, for dp_loop_state */
     uint32_t beats;             /* dp_state.beats: the loop writes it, any thread reads */
-    struct dp_routes *pending;  /* published table, exchanged atomically */
-    struct dp_local *pending_local;   /* published own sources, the same way */
+    struct dp_routes *pending;  /* published table (both families), exchanged atomically */
+    struct dp_local *pending_local;   /* published own sources of both families, the same way */
 
     struct dp_path path;        /* counters, table in use, ICMP state, trace */
 

@@ -14,7 +14,8 @@
  *                           coalescing on, a pass that forwarded anything
  *                           is followed by a wait and another pass
  *                           (and end when the TUN is gone)
- *   2. the public API       new/free/stop/set_routes/set_local/stats/
+ *   2. the public API       new/free/stop/set_routes (both families in one
+ *                           table)/set_local/stats/
  *                           trace/set_offloads/set_icmp_limit/
  *                           set_strict_sources/state
  *
@@ -324,13 +325,14 @@ void dp_loop_free(dp_loop *l)
     free(l);
 }
 
-int dp_loop_set_routes(dp_loop *l, const dp_route *routes, uint32_t n)
+int dp_loop_set_routes(dp_loop *l, const dp_route *routes, uint32_t n,
+                       const dp_route6 *routes6, uint32_t n6)
 {
-    return dp_loops_set_routes(&l, 1, routes, n);
+    return dp_loops_set_routes(&l, 1, routes, n, routes6, n6);
 }
 
 int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *routes,
-                        uint32_t n)
+                        uint32_t n, const dp_route6 *routes6, uint32_t n6)
 {
     struct dp_routes *t;
     uint32_t i;
@@ -341,9 +343,10 @@ int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *
     for (i = 0; i < nloops; i++)
         if (!loops[i])
             return -EINVAL;
-    /* One table for every queue, built before any is published: the slow
-     * part must not separate one queue's switch from the next one's. */
-    rc = dp_routes_build(&t, routes, n);
+    /* One table for every queue and both families, built before any is
+     * published: the slow part must not separate one queue's switch from
+     * the next one's, nor IPv4's from IPv6's. */
+    rc = dp_routes_build(&t, routes, n, routes6, n6);
     if (rc)
         return rc;
     dp_routes_hold(t, nloops - 1);
@@ -360,14 +363,16 @@ int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *
 }
 
 int dp_loop_set_local(dp_loop *l, uint32_t own_net, uint32_t own_prefixlen,
-                      const uint32_t *addrs, uint32_t n)
+                      const uint32_t *addrs, uint32_t n, const uint8_t *own_net6,
+                      uint32_t own_prefixlen6, const uint8_t *addrs6, uint32_t n6)
 {
     struct dp_local *s;
     int rc;
 
     if (!l)
         return -EINVAL;
-    rc = dp_local_build(&s, own_net, own_prefixlen, addrs, n);
+    rc = dp_local_build(&s, own_net, own_prefixlen, addrs, n, own_net6, own_prefixlen6,
+                        addrs6, n6);
     if (rc)
         return rc;
     /* As dp_loop_set_routes: a set still pending was never taken. */
@@ -474,5 +479,10 @@ _Static_assert(offsetof(dp_stats, drop_inner_local) == DP_ST_DROP_INNER_LOCAL * 
 _Static_assert(offsetof(dp_stats, drop_inner_foreign) == DP_ST_DROP_INNER_FOREIGN * 8,
                "drop index");
 _Static_assert(offsetof(dp_stats, coalesce_waits) == DP_ST_COALESCE_WAITS * 8, "stats index");
+_Static_assert(offsetof(dp_stats, drop_scope) == DP_ST_DROP_SCOPE * 8, "drop index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");
 _Static_assert(sizeof(dp_state) == 8 * sizeof(uint32_t), "dp_state is 8 words");
+/* dp_route6 is read from Python's ROUTE6_DTYPE array as it is (native.py
+ * checks the same from its side). */
+_Static_assert(sizeof(dp_route6) == 48 && offsetof(dp_route6, prefixlen) == 32 &&
+               offsetof(dp_route6, reserved) == 40, "dp_route6 layout");

@@ -1,5 +1,6 @@
 /*
- * packet.c - IPv4 checks, the TTL update and ICMP errors; no I/O here.
+ * packet.c - IPv4 checks, the TTL update and ICMP errors; no I/O here
+ * (IPv6's checks are packet6.c's).
  *
  * Flow, in the order the functions appear:
  *   1. dp_packet_sum/fold/csum  internet checksum (RFC 1071) over bytes; the
@@ -113,7 +114,8 @@ static int check_lengths(const uint8_t *p, uint32_t len)
     return 0;
 }
 
-/* TUN side: len >= 20 first, then the version, then the other length rules. */
+/* TUN side: len >= 20 first, then the version, then the other length rules.
+ * path.c hands version 6 to packet6.c first, so here it is "not IPv4". */
 int dp_packet_check_tun(const uint8_t *p, uint32_t len)
 {
     if (len < DP_IP_HDR_MIN)
@@ -124,7 +126,8 @@ int dp_packet_check_tun(const uint8_t *p, uint32_t len)
 }
 
 /* UDP side: the version is checked before any length rule, so a short
- * IPv6-looking datagram is "not IPv4"; an empty one has no version at all. */
+ * datagram of another version is "not IPv4"; an empty one has no version
+ * at all. Version 6 never gets here: path.c hands it to packet6.c. */
 int dp_packet_check_udp(const uint8_t *p, uint32_t len)
 {
     if (len >= 1 && (p[0] >> 4) != 4)

@@ -5,12 +5,19 @@
  *   1. dp_path_init / dp_path_set_icmp_limit
  *   2. icmp_allowed      the ICMP rate limit: a token bucket written as GCRA
  *   3. icmp_error        build an ICMP error into pa->icmp, if allowed
- *   4. dp_path_tun       TUN -> UDP: the checks of dataplane.h in its order,
+ *   4. tun6              TUN -> UDP for IPv6: checks, link scope, route,
+ *                        hop limit, hop limit - 1; no ICMPv6 yet
+ *      dp_path_tun       TUN -> UDP: the checks of dataplane.h in its order,
+ *                        IPv6 to tun6 by the version nibble, then IPv4's
  *                        route, TTL, TTL - 1; the verdict says what to write
  *      dp_path_tun_drop  a TUN read refused before those checks (vnet header)
- *   5. inner_source      UDP -> TUN: the inner source, local or foreign
- *      dp_path_udp       UDP -> TUN: truncated, source, checks, inner
- *                        source, TTL, TTL - 1
+ *   5. inner_source,     UDP -> TUN: the inner source, local or foreign, of
+ *      inner_source6     either family
+ *      udp6              UDP -> TUN for IPv6: checks, link scope, inner
+ *                        source, hop limit
+ *      dp_path_udp       UDP -> TUN: truncated, source, then by the version
+ *                        nibble IPv6 (udp6) or IPv4's checks, inner source,
+ *                        TTL; TTL or hop limit - 1
  *   6. dp_path_*_written the outcome of the caller's write into the TUN
  *
  * tx.c and rx.c do the syscalls around these functions and csrc/fuzz/ drives
@@ -87,6 +94,39 @@ static enum dp_verdict icmp_error(struct dp_path *pa, const uint8_t *p, uint32_t
 
 /* ---- 4. TUN -> UDP ------------------------------------------------------------ */
 
+static inline int is_ipv6(const uint8_t *p, uint32_t len)
+{
+    return len >= 1 && (p[0] >> 4) == 6;
+}
+
+/* IPv4's steps with IPv6's rules (dataplane.h, "IPv6 inner packets"). A
+ * miss and an expired hop limit are dropped silently until ICMPv6 errors
+ * exist; the trace's addr is a uint32, so a miss shows 0. */
+static enum dp_verdict tun6(struct dp_path *pa, uint8_t *p, uint32_t len,
+                            struct dp_route_hit *hit)
+{
+    int reason = dp_packet6_check(p, len);
+
+    if (!reason && dp_packet6_link_scope(p))
+        reason = DP_ST_DROP_SCOPE;
+    if (reason) {
+        dp_path_drop(pa, reason, len);
+        return DP_V_DROP;
+    }
+    if (!dp_routes_lookup6(pa->routes, dp_packet6_dst(p), hit)) {
+        dp_path_trace(pa, DP_TR_ROUTE_MISS, 0, 0, 0, 0, NULL);
+        dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, len);
+        return DP_V_DROP;
+    }
+    dp_path_trace(pa, DP_TR_ROUTE_HIT, hit->prefixlen, hit->peer_ip, hit->port, 0, NULL);
+    if (p[DP_IP6_HOP_OFF] <= 1) {
+        dp_path_drop(pa, DP_ST_DROP_TTL, len);
+        return DP_V_DROP;
+    }
+    dp_packet6_hop_dec(p);
+    return DP_V_FORWARD;
+}
+
 enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
                             struct dp_route_hit *hit)
 {
@@ -96,6 +136,9 @@ enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
     dp_path_count(pa, DP_ST_TUN_RX_BYTES, len);
     dp_path_trace(pa, DP_TR_TUN_READ, len, 0, 0, 0, p);
 
+    /* Under 20 bytes a packet is malformed whatever its version. */
+    if (len >= DP_IP_HDR_MIN && is_ipv6(p, len))
+        return tun6(pa, p, len, hit);
     reason = dp_packet_check_tun(p, len);
     if (reason) {
         dp_path_drop(pa, reason, len);
@@ -149,6 +192,38 @@ static int inner_source(const struct dp_path *pa, const uint8_t *p, uint32_t src
     return 0;
 }
 
+/* The same for IPv6: local against the IPv6 own sources, and the strict
+ * rule's owner found in the IPv6 table, whose peers are IPv4 addresses as
+ * the datagram's source is. */
+static int inner_source6(const struct dp_path *pa, const uint8_t *p, uint32_t src)
+{
+    const uint8_t *inner = dp_packet6_src(p);
+    struct dp_route_hit hit;
+
+    if (dp_local_has6(pa->local, inner))
+        return DP_ST_DROP_INNER_LOCAL;
+    if (__atomic_load_n(&pa->strict_sources, __ATOMIC_RELAXED) &&
+        (!dp_routes_lookup6(pa->routes, inner, &hit) || hit.peer_ip != src))
+        return DP_ST_DROP_INNER_FOREIGN;
+    return 0;
+}
+
+/* UDP steps 3-6 for an IPv6 payload: 0, or the drop reason. Link scope
+ * comes before the inner source: a neighbour discovery message from the
+ * underlay is refused as such, whoever it claims to be. */
+static int udp6(const struct dp_path *pa, const uint8_t *p, uint32_t len, uint32_t src)
+{
+    int reason = dp_packet6_check(p, len);
+
+    if (reason)
+        return reason;
+    if (dp_packet6_link_scope(p))
+        return DP_ST_DROP_SCOPE;
+    if ((reason = inner_source6(pa, p, src)))
+        return reason;
+    return p[DP_IP6_HOP_OFF] <= 1 ? DP_ST_DROP_TTL : 0;
+}
+
 enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,
                             uint32_t sport, uint32_t nmsgs, int truncated)
 {
@@ -162,6 +237,8 @@ enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32
         reason = DP_ST_DROP_TRUNCATED;
     else if (!pa->accept_any && !dp_routes_has_peer(pa->routes, src))
         reason = DP_ST_DROP_BAD_SOURCE;
+    else if (is_ipv6(p, len))     /* p may be NULL only when truncated, above */
+        reason = udp6(pa, p, len, src);
     else if ((reason = dp_packet_check_udp(p, len)) == 0 &&
              (reason = inner_source(pa, p, src)) == 0 && p[8] <= 1)
         reason = DP_ST_DROP_TTL;
@@ -169,7 +246,10 @@ enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32
         dp_path_drop(pa, reason, len);
         return DP_V_DROP;
     }
-    dp_packet_ttl_dec(p);
+    if (is_ipv6(p, len))
+        dp_packet6_hop_dec(p);
+    else
+        dp_packet_ttl_dec(p);
     return DP_V_FORWARD;
 }
 

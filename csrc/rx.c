@@ -10,7 +10,8 @@
  *   2. gro_flush,        with DP_OFF_TUN_GRO a forwarded packet joins the
  *      tun_forward       run (gro.c), which is written as one GSO packet
  *                        when it breaks or the batch ends
- *   3. udp_datagram      dp_path_udp (checks, TTL - 1), then tun_forward
+ *   3. udp_datagram      dp_path_udp (checks, TTL or hop limit - 1), then
+ *                        tun_forward
  *   4. udp_packet        one message: a datagram, or with DP_OFF_UDP_GRO a
  *                        train cut by dp_train_cut_* into datagrams
  *   5. dp_rx_batch       one recvmmsg(MSG_DONTWAIT) of up to `batch`, then

@@ -9,8 +9,8 @@
  *   1. icmp_send           an ICMP error path.c built (the clock for its
  *                          rate limit is dp_now_ns), written into the TUN
  *                          by io.c
- *   2. tun_packet          dp_path_tun (checks, route, TTL - 1), then
- *                          queue it in its slot or send the ICMP error
+ *   2. tun_packet          dp_path_tun (checks, route, TTL or hop limit - 1),
+ *                          then queue it in its slot or send the ICMP error
  *   3. udp_sendmmsg,       one sendmmsg() per batch, skipping refused
  *      sent,               messages; each datagram sent is counted once
  *      udp_send_plain

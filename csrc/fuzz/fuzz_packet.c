@@ -1,28 +1,39 @@
 /*
  * fuzz_packet.c - libFuzzer target for both directions of the packet path.
  *
- * It links the I/O-free core (path.c, packet.c, routes.c, trace.c, gro.c;
- * not loop.c, tx.c or rx.c) and plays arbitrary bytes as a small route
- * table followed by a sequence of packets, each read from the TUN or
- * received on the UDP socket, with the writes into the TUN failing or not
- * and a fake clock.
+ * It links the I/O-free core (path.c, packet.c, packet6.c, routes.c,
+ * local.c, trace.c, gro.c; not loop.c, tx.c or rx.c) and plays arbitrary
+ * bytes as a small route table followed by a sequence of packets, each
+ * read from the TUN or received on the UDP socket, with the writes into
+ * the TUN failing or not and a fake clock. Each IPv4 route of the input
+ * also gives an IPv6 route to the same peer (its net at bytes 4-7 with
+ * prefixlen + 32 for an even index, at bytes 12-15 with prefixlen + 96 for
+ * an odd one: both 64-bit halves of the keys are used), and the own
+ * sources an IPv6 set the same way (::a.b.c.d, prefixlen + 96), so the
+ * input layout stays IPv4's.
  * After every packet it checks what dataplane.h guarantees:
  *
  *   - the rx counters moved by one packet and its length;
  *   - exactly one outcome: forwarded (verdict FORWARD, no drop counter
  *     moved) or exactly one drop counter + 1; an ICMP error comes on top;
- *   - a forwarded packet is well-formed IPv4 (version 4, ihl >= 5,
+ *   - a forwarded IPv4 packet is well-formed (version 4, ihl >= 5,
  *     ihl * 4 <= len, tot_len == len, len <= mtu), only TTL (- 1, so >= 1
  *     left) and the checksum changed, and a checksum that was valid on
  *     arrival is still valid (we never verify incoming checksums, so a
  *     wrong one may stay wrong: it is patched, not recomputed);
+ *   - a forwarded IPv6 packet is well-formed (version 6, payload length +
+ *     40 == len, len <= mtu), not link-scoped (a naive reading of the rule
+ *     of dataplane.h), and only its hop limit changed (- 1, so >= 1 left);
+ *     drop_scope is about a well-formed link-scoped one, and IPv6 never
+ *     gets an ICMP error nor meets the rate limit;
  *   - the TUN side routes as a naive longest-prefix scan over the same
- *     routes (the last duplicate wins) and the UDP side's source check
- *     agrees with a naive scan of the peers;
- *   - the inner-source checks (UDP steps 4, 5) agree with naive scans: a
- *     forwarded datagram's inner source is none of the own sources and,
- *     strict, routed to its sender; a drop_inner_local is about one of them,
- *     a drop_inner_foreign about one that is not the sender's;
+ *     routes of the packet's family (the last duplicate wins) and the UDP
+ *     side's source check agrees with a naive scan of the peers;
+ *   - the inner-source checks (UDP steps 4, 5) agree with naive scans of
+ *     the packet's family: a forwarded datagram's inner source is none of
+ *     the own sources and, strict, routed to its sender; a
+ *     drop_inner_local is about one of them, a drop_inner_foreign about one
+ *     that is not the sender's;
  *   - an ICMP error is well-formed, has valid IP and ICMP checksums, is
  *     addressed to the offender's source, quotes min(len, ihl*4 + 8) bytes
  *     of it, and is never about an ICMP error or a later fragment;
@@ -34,7 +45,8 @@
  *     it: a run of >= 2 is one flow of segments of gso_size bytes (the
  *     last may be shorter) within 64 KB, the headers built for it carry
  *     its length and a valid IP checksum, and its writev's iovecs are
- *     those headers and every payload in order.
+ *     those headers and every payload in order; an IPv6 packet never
+ *     joins a run.
  *
  * Each packet is copied into a buffer of exactly its length, so ASan sees
  * any read past its end. Input layout (short input = zeros):
@@ -104,6 +116,22 @@ static int well_formed(const uint8_t *p, uint32_t len, uint32_t mtu)
            (uint32_t)(p[0] & 15) * 4 <= len && rd16(p + 2) == len;
 }
 
+static int well_formed6(const uint8_t *p, uint32_t len, uint32_t mtu)
+{
+    return len >= 40 && len <= mtu && (p[0] >> 4) == 6 && (uint32_t)rd16(p + 4) + 40 == len;
+}
+
+/* dataplane.h's link scope, read the long way round. */
+static int naive_scope6(const uint8_t *p)
+{
+    static const uint8_t zero[16];
+    const uint8_t *src = p + 8, *dst = p + 24;
+    unsigned src10 = (unsigned)src[0] << 2 | src[1] >> 6, dst10 = (unsigned)dst[0] << 2 | dst[1] >> 6;
+
+    return src10 == 0x3fa || dst10 == 0x3fa || memcmp(dst, zero, 16) == 0 ||
+           (dst[0] == 0xff && (dst[1] & 15) < 3);
+}
+
 static int later_fragment(const uint8_t *p)
 {
     return (rd16(p + 6) & 0x1fff) != 0;
@@ -113,7 +141,7 @@ static uint64_t drops(const dp_stats *s)
 {
     return s->drop_no_route + s->drop_ttl + s->drop_malformed + s->drop_not_ipv4 +
            s->drop_truncated + s->drop_bad_source + s->drop_send_error + s->drop_tun_full +
-           s->drop_tun_error + s->drop_inner_local + s->drop_inner_foreign;
+           s->drop_tun_error + s->drop_inner_local + s->drop_inner_foreign + s->drop_scope;
 }
 
 /* The naive oracle: longest prefix first, the last of equal routes wins. */
@@ -136,6 +164,35 @@ static int naive_lookup(const dp_route *rt, uint32_t n, uint32_t dst, struct dp_
     return found;
 }
 
+/* The same over the IPv6 routes, bit by bit. */
+static int prefix6_match(const uint8_t *a, const uint8_t *net, uint32_t plen)
+{
+    uint32_t b;
+
+    for (b = 0; b < plen; b++)
+        if ((a[b / 8] ^ net[b / 8]) & (0x80 >> (b % 8)))
+            return 0;
+    return 1;
+}
+
+static int naive_lookup6(const dp_route6 *rt, uint32_t n, const uint8_t *dst,
+                         struct dp_route_hit *hit)
+{
+    int found = 0;
+    uint32_t i, best = 0;
+
+    for (i = 0; i < n; i++) {
+        if (!prefix6_match(dst, rt[i].net, rt[i].prefixlen) || (found && rt[i].prefixlen < best))
+            continue;
+        found = 1;
+        best = rt[i].prefixlen;
+        memcpy(&hit->peer_ip, rt[i].peer_ip + 12, 4);
+        hit->port = rt[i].port;
+        hit->prefixlen = rt[i].prefixlen;
+    }
+    return found;
+}
+
 static int naive_has_peer(const dp_route *rt, uint32_t n, uint32_t ip)
 {
     uint32_t i;
@@ -150,6 +207,8 @@ static int naive_has_peer(const dp_route *rt, uint32_t n, uint32_t ip)
 struct own {
     int on;
     uint32_t net, prefixlen, n, addrs[MAX_LOCAL];
+    uint8_t net6[16], addrs6[MAX_LOCAL][16];
+    uint32_t prefixlen6;
 };
 
 static int naive_local(const struct own *o, uint32_t ip)
@@ -164,6 +223,35 @@ static int naive_local(const struct own *o, uint32_t ip)
         if (o->addrs[i] == ip)
             return 1;
     return 0;
+}
+
+static int naive_local6(const struct own *o, const uint8_t *ip)
+{
+    uint32_t i;
+
+    if (!o->on)
+        return 0;
+    if (o->prefixlen6 && prefix6_match(ip, o->net6, o->prefixlen6))
+        return 1;
+    for (i = 0; i < o->n; i++)
+        if (memcmp(o->addrs6[i], ip, 16) == 0)
+            return 1;
+    return 0;
+}
+
+/* ::a.b.c.d (a network-order uint32) into 16 bytes at byte `at` of zeros. */
+static void embed(uint8_t *out, uint32_t v4, int at)
+{
+    memset(out, 0, 16);
+    memcpy(out + at, &v4, 4);
+}
+
+/* A forwarded IPv6 packet: only the hop limit, by - 1. */
+static void check_forwarded6(const uint8_t *in, const uint8_t *out, uint32_t len, uint32_t mtu)
+{
+    CHECK(well_formed6(out, len, mtu) && !naive_scope6(in));
+    CHECK(in[7] >= 2 && out[7] == in[7] - 1);
+    CHECK(memcmp(in, out, 7) == 0 && memcmp(in + 8, out + 8, len - 8) == 0);
 }
 
 /* A forwarded packet: only TTL - 1 and the checksum changed, and a valid
@@ -262,8 +350,10 @@ static void gro_flush(void)
         }
         CHECK(rd16(hdr + 2) == total && csum(hdr, 20) == 0);
     }
-    for (i = 0; i < gro.n; i++)
+    for (i = 0; i < gro.n; i++) {
+        CHECK(gro.seg[i][0] == 0x45);                  /* IPv4 only, IPv6 never */
         free(gro_own[i]);
+    }
     dp_gro_reset(&gro);
 }
 
@@ -288,6 +378,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct reader r = { data, size };
     dp_route rt[MAX_ROUTES];
+    dp_route6 rt6[MAX_ROUTES];
     dp_stats before, after;
     uint8_t flags = rd8(&r);
     uint32_t mtu = DP_MTU_MIN + (uint32_t)rd8(&r) * 6;
@@ -328,8 +419,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         rt[i].prefixlen = plen;
         rt[i].peer_ip = peer_addr(rd8(&r) & 7);
         rt[i].port = 8285 + i;
+        memset(&rt6[i], 0, sizeof(rt6[i]));
+        embed(rt6[i].net, rt[i].net, i & 1 ? 12 : 4);
+        rt6[i].prefixlen = plen + (i & 1 ? 96 : 32);
+        embed(rt6[i].peer_ip, rt[i].peer_ip, 12);
+        rt6[i].peer_ip[10] = rt6[i].peer_ip[11] = 0xff;
+        rt6[i].port = rt[i].port;
     }
-    if (dp_routes_build(&table, rt, nroutes) != 0) {
+    if (dp_routes_build(&table, rt, nroutes, rt6, nroutes) != 0) {
         CHECK(flags & 16);                             /* only host bits are refused */
         CHECK(table == NULL);
         nroutes = 0;
@@ -346,14 +443,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!(flags & 16))
             own.net &= m;
         own.n = rd8(&r) % (MAX_LOCAL + 1);
-        for (i = 0; i < own.n; i++)
+        for (i = 0; i < own.n; i++) {
             own.addrs[i] = htonl(fuzz_take(&r, 4));
-        own.on = dp_local_build(&local, own.net, own.prefixlen, own.addrs, own.n) == 0;
+            embed(own.addrs6[i], own.addrs[i], 12);
+        }
+        embed(own.net6, own.net, 12);
+        own.prefixlen6 = own.prefixlen ? own.prefixlen + 96 : 0;
+        own.on = dp_local_build(&local, own.net, own.prefixlen, own.addrs, own.n, own.net6,
+                                own.prefixlen6, own.addrs6[0], own.n) == 0;
         if (!own.on)
             CHECK((flags & 16) && (own.net & ~m) && local == NULL);   /* host bits only */
         path.local = local;
     }
-    CHECK(dp_local_build(&local, 0, 33, NULL, 0) == -EINVAL && local == NULL);
+    CHECK(dp_local_build(&local, 0, 33, NULL, 0, NULL, 0, NULL, 0) == -EINVAL && local == NULL);
+    CHECK(dp_local_build(&local, 0, 0, NULL, 0, NULL, 129, NULL, 0) == -EINVAL && local == NULL);
     local = path.local;
     path.strict_sources = (flags & 0x40) != 0;
 
@@ -364,6 +467,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t *pkt, *orig;
         struct dp_route_hit hit, naive;
         enum dp_verdict v;
+        int v6;
 
         want |= rd8(&r);
         len = want < mtu ? want : mtu;
@@ -374,6 +478,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(pkt && orig);
         memcpy(pkt, r.p, len);
         memcpy(orig, r.p, len);
+        /* Under 20 bytes the TUN side has no version: malformed either way. */
+        v6 = len >= (udp ? 1u : 20u) && (orig[0] >> 4) == 6;
         r.p += len;
         r.n -= len;
         now += 1000000ull << (ctl >> 4);               /* 1 ms .. 33 s */
@@ -390,18 +496,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (v == DP_V_FORWARD) {
                 CHECK(!(ctl & 2));
                 CHECK(path.accept_any || naive_has_peer(rt, nroutes, src));
+            }
+            if (v == DP_V_FORWARD && !v6) {
                 CHECK(!naive_local(&own, dp_packet_src(orig)));
                 if (path.strict_sources)
                     CHECK(naive_lookup(rt, nroutes, dp_packet_src(orig), &naive) &&
                           naive.peer_ip == src);
             }
+            if (v == DP_V_FORWARD && v6) {
+                CHECK(!naive_local6(&own, orig + 8));
+                if (path.strict_sources)
+                    CHECK(naive_lookup6(rt6, nroutes, orig + 8, &naive) && naive.peer_ip == src);
+            }
             if (path.c.s.drop_inner_local != before.drop_inner_local)
-                CHECK(well_formed(orig, len, mtu) && naive_local(&own, dp_packet_src(orig)));
-            if (path.c.s.drop_inner_foreign != before.drop_inner_foreign)
+                CHECK(v6 ? well_formed6(orig, len, mtu) && !naive_scope6(orig) &&
+                           naive_local6(&own, orig + 8)
+                         : well_formed(orig, len, mtu) && naive_local(&own, dp_packet_src(orig)));
+            if (path.c.s.drop_inner_foreign != before.drop_inner_foreign && !v6)
                 CHECK(path.strict_sources && well_formed(orig, len, mtu) &&
                       !naive_local(&own, dp_packet_src(orig)) &&
                       !(naive_lookup(rt, nroutes, dp_packet_src(orig), &naive) &&
                         naive.peer_ip == src));
+            if (path.c.s.drop_inner_foreign != before.drop_inner_foreign && v6)
+                CHECK(path.strict_sources && well_formed6(orig, len, mtu) &&
+                      !naive_scope6(orig) && !naive_local6(&own, orig + 8) &&
+                      !(naive_lookup6(rt6, nroutes, orig + 8, &naive) && naive.peer_ip == src));
+            if (path.c.s.drop_not_ipv4 != before.drop_not_ipv4)
+                CHECK(len >= 1 && (orig[0] >> 4) != 4 && !v6);
             if (!(ctl & 2) && !path.accept_any && !naive_has_peer(rt, nroutes, src))
                 CHECK(path.c.s.drop_bad_source == before.drop_bad_source + 1);
         }
@@ -421,21 +542,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* exactly one outcome */
         if (v == DP_V_FORWARD) {
             CHECK(drops(&after) == drops(&before));
-            check_forwarded(orig, pkt, len, mtu);
+            if (v6)
+                check_forwarded6(orig, pkt, len, mtu);
+            else
+                check_forwarded(orig, pkt, len, mtu);
         } else {
             CHECK(drops(&after) == drops(&before) + 1);
         }
         CHECK(after.icmp_unreach_sent == before.icmp_unreach_sent &&
               after.icmp_ttl_sent == before.icmp_ttl_sent);
         if (!udp && v != DP_V_FORWARD && after.drop_malformed == before.drop_malformed &&
-            after.drop_not_ipv4 == before.drop_not_ipv4)
-            CHECK(well_formed(orig, len, mtu));        /* routed, then dropped */
-        if (!udp && (v == DP_V_FORWARD || after.drop_ttl > before.drop_ttl))
+            after.drop_not_ipv4 == before.drop_not_ipv4)    /* routed, then dropped */
+            CHECK(v6 ? well_formed6(orig, len, mtu) : well_formed(orig, len, mtu));
+        if (after.drop_scope != before.drop_scope)
+            CHECK(v6 && well_formed6(orig, len, mtu) && naive_scope6(orig));
+        else if (v6 && well_formed6(orig, len, mtu) && naive_scope6(orig))   /* taken earlier */
+            CHECK(after.drop_truncated != before.drop_truncated ||
+                  after.drop_bad_source != before.drop_bad_source);
+        if (!udp && !v6 && (v == DP_V_FORWARD || after.drop_ttl > before.drop_ttl))
             CHECK(naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive) &&
                   naive.peer_ip == hit.peer_ip && naive.port == hit.port &&
                   naive.prefixlen == hit.prefixlen);
+        if (!udp && v6 && (v == DP_V_FORWARD || after.drop_ttl > before.drop_ttl))
+            CHECK(naive_lookup6(rt6, nroutes, orig + 24, &naive) &&
+                  naive.peer_ip == hit.peer_ip && naive.port == hit.port &&
+                  naive.prefixlen == hit.prefixlen);
         if (!udp && after.drop_no_route > before.drop_no_route)
-            CHECK(!naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive));
+            CHECK(v6 ? !naive_lookup6(rt6, nroutes, orig + 24, &naive)
+                     : !naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive));
+        if (v6)   /* no ICMPv6 yet: never an error, never a token of the limit */
+            CHECK(v != DP_V_ICMP && after.icmp_ratelimited == before.icmp_ratelimited);
         CHECK(after.icmp_ratelimited <= before.icmp_ratelimited + 1);
         if (after.icmp_ratelimited > before.icmp_ratelimited)
             CHECK(rate != 0 && v == DP_V_DROP);

@@ -336,6 +336,7 @@ ENGINE_COUNTERS = {
     "drop_tun_error": (f"{PREFIX}_drops_total", "tun_error"),
     "drop_inner_local": (f"{PREFIX}_drops_total", "inner_local"),
     "drop_inner_foreign": (f"{PREFIX}_drops_total", "inner_foreign"),
+    "drop_scope": (f"{PREFIX}_drops_total", "scope"),
     # `syscalls` counts every syscall, the kinds below each one kind: what it has beyond their
     # sum are the wake-up eventfd's reads, which have no counter of their own (SYSCALL_REST).
     "syscalls": (f"{PREFIX}_syscalls_total", "wake_reads"),

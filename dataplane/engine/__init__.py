@@ -8,6 +8,7 @@
 * ``pypath.py``       its per-packet work, no I/O: csrc/path.c in Python, function for function;
 * ``ipv4.py``         the IPv4/ICMP header helpers, csrc/packet.c's rules written for reading
                       (the Python engine's slow paths, the tests and the demo use them);
+* ``ipv6.py``         the same for inner IPv6 packets: building, decoding, the link-scope rule;
 * ``pytable.py``, ``route_array.py``  the route table as both engines hold it;
 * ``multi.py``        several queues behind one Engine;
 * ``choice.py``       which engine runs (--engine, $DATAPLANE_ENGINE, auto).

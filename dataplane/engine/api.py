@@ -60,14 +60,27 @@ class Ended:
 
 @dataclass(frozen=True)
 class Route:
-    """Packets to ``subnet`` go as UDP payload to ``peer_ip:port``."""
-    subnet: ipaddress.IPv4Network
+    """Packets to ``subnet`` go as UDP payload to ``peer_ip:port``. The subnet is of
+    either family (an IPv6 one holds inner IPv6 packets); the underlay is IPv4."""
+    subnet: ipaddress.IPv4Network | ipaddress.IPv6Network
     peer_ip: ipaddress.IPv4Address
     port: int
 
     @classmethod
     def make(cls, subnet, peer_ip, port: int) -> "Route":
-        return cls(ipaddress.IPv4Network(subnet), ipaddress.IPv4Address(peer_ip), int(port))
+        return cls(ipaddress.ip_network(subnet), ipaddress.IPv4Address(peer_ip), int(port))
+
+
+@dataclass(frozen=True)
+class Local:
+    """Engine.set_local's arguments as checked: per family the lease subnet (network
+    and prefix length, 0 and 0 for none) and the addresses, as host-order ints."""
+    net: int
+    prefixlen: int
+    addrs: tuple
+    net6: int
+    prefixlen6: int
+    addrs6: tuple
 
 
 class EngineClosed(OSError):
@@ -233,11 +246,12 @@ class Engine(abc.ABC):
         return usecs
 
     @abc.abstractmethod
-    def set_local(self, own_subnet, addrs) -> None:
+    def set_local(self, own_subnet, addrs, own_subnet6=None) -> None:
         """This host's own sources (dataplane.h, UDP -> TUN step 4): a datagram
-        whose inner source is one of ``addrs`` or inside ``own_subnet`` (the
-        lease; None for none) is dropped as drop_inner_local. Replaces the
-        previous set; thread-safe. Empty (the default) checks nothing."""
+        whose inner source is one of ``addrs`` (of either family) or inside
+        ``own_subnet`` or ``own_subnet6`` (the lease's two parts; None for none)
+        is dropped as drop_inner_local. Replaces the previous set; thread-safe.
+        Empty (the default) checks nothing."""
 
     @abc.abstractmethod
     def set_strict_sources(self, enable: bool) -> None:
@@ -245,18 +259,27 @@ class Engine(abc.ABC):
         sent the datagram, else drop_inner_foreign. Thread-safe."""
 
     @staticmethod
-    def _check_local(own_subnet, addrs) -> tuple[int, int, tuple[int, ...]]:
-        """``(net, prefixlen, addrs)`` as host-order ints, checked as
-        dp_loop_set_local checks them, so both engines refuse alike."""
-        net = ipaddress.IPv4Network(own_subnet) if own_subnet is not None else None
-        ints = tuple(int(ipaddress.IPv4Address(a)) for a in addrs)
-        if len(ints) > LOCAL_MAX:
-            raise ValueError(f"{len(ints)} local addresses: at most {LOCAL_MAX}")
-        if net is None or net.prefixlen == 0:
-            if net is not None:
-                raise ValueError("own subnet 0.0.0.0/0 would make every source local")
-            return 0, 0, ints
-        return int(net.network_address), net.prefixlen, ints
+    def _check_local(own_subnet, addrs, own_subnet6=None) -> "Local":
+        """The own sources as host-order ints per family, checked as dp_loop_set_local
+        checks them, so both engines refuse alike."""
+        nets = (ipaddress.IPv4Network(own_subnet) if own_subnet is not None else None,
+                ipaddress.IPv6Network(own_subnet6) if own_subnet6 is not None else None)
+        by_family: dict[int, list[int]] = {4: [], 6: []}
+        for a in addrs:
+            a = ipaddress.ip_address(a)
+            by_family[a.version].append(int(a))
+        out = []
+        for net, version in zip(nets, (4, 6)):
+            ints = tuple(by_family[version])
+            if len(ints) > LOCAL_MAX:
+                raise ValueError(f"{len(ints)} local IPv{version} addresses: at most {LOCAL_MAX}")
+            if net is not None and net.prefixlen == 0:
+                raise ValueError(f"own subnet {net} would make every source local")
+            if net is None:
+                out += [0, 0, ints]
+            else:
+                out += [int(net.network_address), net.prefixlen, ints]
+        return Local(*out)
 
     def set_offloads(self, flags: int) -> None:
         """Tell the engine which offloads (OFF_* bits) the caller switched on

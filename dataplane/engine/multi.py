@@ -155,10 +155,10 @@ class MultiEngine(Engine):
         for q, r, b in zip(self.queues, split(rate, n), split(burst, n)):
             q.set_icmp_limit(max(r, 1), max(b, 1))
 
-    def set_local(self, own_subnet, addrs) -> None:
+    def set_local(self, own_subnet, addrs, own_subnet6=None) -> None:
         addrs = list(addrs)
         for q in self.queues:
-            q.set_local(own_subnet, addrs)
+            q.set_local(own_subnet, addrs, own_subnet6)
 
     def set_coalesce(self, usecs: int) -> None:
         for q in self.queues:

@@ -23,16 +23,21 @@ from dataplane._dataplane_c import ffi, lib
 
 from . import contract
 from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
-from .route_array import ROUTE_DTYPE, RouteArray
+from .route_array import ROUTE6_DTYPE, ROUTE_DTYPE, RouteArray
 
 __all__ = ["CEngine"]
 log = logging.getLogger(__name__)
 
-# route_array's dtype is dp_route's layout: the C loop reads the array's
-# memory as it is, so size and every offset must agree.
-assert ROUTE_DTYPE.itemsize == ffi.sizeof("dp_route")
-assert all(ROUTE_DTYPE.fields[name][1] == ffi.offsetof("dp_route", name)
-           for name, _ in ffi.typeof("dp_route").fields)
+# route_array's dtypes are dp_route's and dp_route6's layouts: the C loop
+# reads the arrays' memory as it is, so sizes and every offset must agree.
+def _same_layout(dtype, struct_name: str) -> bool:
+    return dtype.itemsize == ffi.sizeof(struct_name) and all(
+        dtype.fields[name][1] == ffi.offsetof(struct_name, name)
+        for name, _ in ffi.typeof(struct_name).fields)
+
+
+assert _same_layout(ROUTE_DTYPE, "dp_route")
+assert _same_layout(ROUTE6_DTYPE, "dp_route6")
 
 # The contract's facts from the library itself. One built from another
 # header than the one contract.py read (a stale build) is refused as not
@@ -101,18 +106,19 @@ class CEngine(Engine):
         """One C call for every queue: all tables are built before any is published."""
         if not isinstance(table, RouteArray):
             raise TypeError(f"expected a RouteArray, got {type(table).__name__}")
-        arr = table.array
-        n = len(arr)
-        if n >= 2 ** 32:
+        arr, arr6 = table.array, table.array6
+        n, n6 = len(arr), len(arr6)
+        if max(n, n6) >= 2 ** 32:
             raise ValueError("too many routes")
         engines = list(engines)
         with contextlib.ExitStack() as held:
             for e in engines:                   # always in the queues' order: no deadlock
                 held.enter_context(e._lock)
             loops = ffi.new("dp_loop *[]", [e._live() for e in engines])
-            # The array stays referenced until the call returns; C copies it.
+            # The arrays stay referenced until the call returns; C copies them.
             routes = ffi.from_buffer("dp_route[]", arr) if n else ffi.NULL
-            _check(lib.dp_loops_set_routes(loops, len(engines), routes, n))
+            routes6 = ffi.from_buffer("dp_route6[]", arr6) if n6 else ffi.NULL
+            _check(lib.dp_loops_set_routes(loops, len(engines), routes, n, routes6, n6))
 
     def start(self) -> None:
         with self._lock:
@@ -177,13 +183,20 @@ class CEngine(Engine):
             _check(lib.dp_loop_state(self._live(), state))
         return state.beats
 
-    def set_local(self, own_subnet, addrs) -> None:
-        net, plen, ints = self._check_local(own_subnet, addrs)
-        arr = ffi.new("uint32_t[]", [_addr_u32(ipaddress.IPv4Address(a)) for a in ints]) \
-            if ints else ffi.NULL
+    def set_local(self, own_subnet, addrs, own_subnet6=None) -> None:
+        local = self._check_local(own_subnet, addrs, own_subnet6)
+        arr = ffi.new("uint32_t[]", [_addr_u32(ipaddress.IPv4Address(a)) for a in local.addrs]) \
+            if local.addrs else ffi.NULL
+        # dp_loop_set_local's IPv6 arguments are 16 network-order bytes per address.
+        net6 = ffi.from_buffer("uint8_t[]", local.net6.to_bytes(16, "big")) \
+            if local.prefixlen6 else ffi.NULL
+        arr6 = ffi.from_buffer("uint8_t[]", b"".join(a.to_bytes(16, "big") for a in local.addrs6)) \
+            if local.addrs6 else ffi.NULL
         with self._lock:
-            _check(lib.dp_loop_set_local(self._live(), _addr_u32(ipaddress.IPv4Address(net)),
-                                         plen, arr, len(ints)))
+            _check(lib.dp_loop_set_local(self._live(),
+                                         _addr_u32(ipaddress.IPv4Address(local.net)),
+                                         local.prefixlen, arr, len(local.addrs), net6,
+                                         local.prefixlen6, arr6, len(local.addrs6)))
 
     def set_coalesce(self, usecs: int) -> None:
         usecs = self._check_coalesce(usecs)

@@ -15,7 +15,10 @@ each way; the rest is kept cheap:
   buffers, the pypath functions), and the counters of the syscalls and of
   what was sent or written are kept in locals and added to the shared list
   once per batch;
-* the route table is one dict per prefix length (pytable.RouteTable).
+* the route table is one dict per prefix length and family (pytable.RouteTable).
+
+Inner IPv6 packets take the same I/O (the underlay stays IPv4); only pypath
+tells them apart.
 
 Flow, in the order the code appears:
   1. PyEngine          the Engine API, any thread: it only stores what the
@@ -112,7 +115,7 @@ class PyEngine(Engine):
         # Everything the loop needs is made here, once (like dp_loop_new).
         self._path = pypath.Path(self.tun_addr.packed, self.accept_any)
         self._published = self._path.routes   # the newest table; the loop adopts it
-        self._local = self._path.local        # own subnet net, mask; own addresses (ints)
+        self._local = (self._path.local, self._path.local6)   # own sources: pypath.own_sources
         self._strict = False
         self._tracing = False
         self._coalesce_us = 0                 # the coalescing wait (0: off)
@@ -232,11 +235,9 @@ class PyEngine(Engine):
     def heartbeat(self) -> int:
         return self._beats
 
-    def set_local(self, own_subnet, addrs) -> None:
+    def set_local(self, own_subnet, addrs, own_subnet6=None) -> None:
         self._check_open()
-        net, plen, ints = self._check_local(own_subnet, addrs)
-        mask = (0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF if plen else 0
-        self._local = (net, mask, frozenset(ints))
+        self._local = pypath.own_sources(self._check_local(own_subnet, addrs, own_subnet6))
 
     def set_coalesce(self, usecs: int) -> None:
         self._check_open()
@@ -414,7 +415,7 @@ class _Loop:
         # was sent is the one that judges it (as in C, which looks before each
         # packet). Strict needs the sources, so it starts with a batch that
         # asked for them.
-        pa.local = engine._local
+        pa.local, pa.local6 = engine._local
         pa.strict_sources = engine._strict and need_src
         path_drop, trace_record = pypath.path_drop, pypath.trace_record
         write, rx_views = self.write, self.rx_views

@@ -14,9 +14,14 @@ Flow, in the order the functions appear:
   2. icmp_allowed          the ICMP rate limit: dataplane.h's GCRA, integer for integer
   3. icmp_error            build an ICMP error into pa.icmp, if allowed
   4. path_tun              TUN -> UDP: the checks of dataplane.h in its order,
-                           route, TTL, TTL - 1; where to send each packet
+                           route, TTL, TTL - 1; where to send each packet.
+                           IPv6 takes a branch of its own after the version:
+                           length, link scope, route, hop limit, hop limit - 1
   5. path_udp              UDP -> TUN: truncated, source, checks, inner
-                           source, TTL, TTL - 1; which datagrams to write
+                           source, TTL, TTL - 1; which datagrams to write.
+                           IPv6 branches after the version as in path_tun,
+                           with the inner source checks between scope and
+                           hop limit
   6. tun_write_drop,       the outcome of the caller's write into the TUN
      path_icmp_written
 
@@ -43,8 +48,16 @@ packet passes here:
 * dp_path_tun_written has no counterpart: the caller counts a datagram's
   write into the TUN where it makes it, as tx.c's sent() counts a send
   (tun_write_drop gives the drop reason of a failed one).
-* Addresses are ints in host order; sources and route hits are
-  ``(ip_str, port)``, as ``socket`` takes and gives them.
+* The IPv6 branches (dataplane.h's "IPv6 inner packets"; path.c's is_ipv6,
+  tun6, inner_source6 and udp6, written out) sit where the IPv4 path has
+  already found the version not 4, so that IPv4 pays nothing for them
+  (not even a call per IPv6 packet); they read the header's addresses as
+  two 64-bit halves, on which the link-scope rule is a few int compares
+  (ipv6.is_link_scoped is the reference, tests/unit/test_pypath_ipv6.py
+  holds them equal). No ICMPv6 error is made yet: a route miss and an
+  expired hop limit are silent.
+* Addresses are ints in host order (IPv6: 128-bit ints); sources and route
+  hits are ``(ip_str, port)``, as ``socket`` takes and gives them.
 """
 from __future__ import annotations
 
@@ -53,7 +66,7 @@ import errno
 import struct
 import time
 
-from . import ipv4
+from . import ipv4, ipv6
 from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TR_DROP, TR_ICMP,
                        TR_ROUTE_HIT, TR_ROUTE_MISS, TR_TUN_READ, TR_UDP_RECV, TRACE_HEAD,
                        TRACE_RING)
@@ -80,6 +93,7 @@ TX_BATCHES, RX_BATCHES, ROUTE_SWAPS = _STAT["tx_batches"], _STAT["rx_batches"], 
 ICMP_RATELIMITED = _STAT["icmp_ratelimited"]
 DROP_INNER_LOCAL, DROP_INNER_FOREIGN = _STAT["drop_inner_local"], _STAT["drop_inner_foreign"]
 COALESCE_WAITS = _STAT["coalesce_waits"]
+DROP_SCOPE = _STAT["drop_scope"]
 
 HEADER_MIN = ipv4.HEADER_MIN
 # The header fields path_tun needs once the lengths are known to hold them, in
@@ -90,6 +104,13 @@ _TUN_FIELDS = struct.Struct("!2xH2xHHH4xI").unpack_from
 _UDP_FIELDS = struct.Struct("!2xH4xHHI").unpack_from
 # TTL and protocol, and the checksum, written back after the decrement.
 _PUT_TTL = struct.Struct("!HH").pack_into
+HEADER6 = ipv6.HEADER_LEN
+# An IPv6 header once its 40 bytes are known to be there: payload length, hop limit,
+# then source and destination as their high and low 64-bit halves.
+_FIELDS6 = struct.Struct("!4xHxB4Q").unpack_from
+# The high half of an address: fe80::/10 (link-local) is its top 10 bits 0x3fa;
+# a multicast address's top byte is 0xff and its scope the nibble below the flags.
+_LINK_LOCAL_TOP10 = 0x3FA
 _EMPTY_ROUTES = RouteTable()
 _NO_LOCAL = (0, 0, frozenset())
 
@@ -105,13 +126,14 @@ class Path:
     copied in one C-level call, so never torn); what else they change (routes,
     own sources, strict, tracing) the loop copies in at the start of a batch.
     """
-    __slots__ = ("c", "routes", "local", "tun_addr", "accept_any", "strict_sources",
+    __slots__ = ("c", "routes", "local", "local6", "tun_addr", "accept_any", "strict_sources",
                  "icmp_limit", "icmp_tat", "now_ns", "icmp", "tracing", "trace_seq", "ring")
 
     def __init__(self, tun_addr: bytes, accept_any: bool):
         self.c = [0] * len(STAT_NAMES)        # the counters, dp_stats field order
         self.routes = _EMPTY_ROUTES           # the table in use (pytable.RouteTable)
         self.local = _NO_LOCAL                # own sources: subnet net, mask; addresses (ints)
+        self.local6 = _NO_LOCAL               # the same for IPv6 (128-bit ints)
         self.tun_addr = tun_addr              # 4 bytes, network order: source of ICMP errors
         self.accept_any = accept_any
         self.strict_sources = False           # UDP -> TUN step 5
@@ -122,6 +144,17 @@ class Path:
         self.tracing = False
         self.trace_seq = 0
         self.ring: collections.deque = collections.deque(maxlen=TRACE_RING)
+
+
+def own_sources(local) -> tuple[tuple, tuple]:
+    """api.Local (Engine._check_local's answer) as Path.local and Path.local6 hold it:
+    per family the subnet's net and mask (0 and 0 for none) and the addresses as a
+    frozenset. One pair, so that another thread can store both families in one go."""
+    mask = (0xFFFFFFFF << (32 - local.prefixlen)) & 0xFFFFFFFF if local.prefixlen else 0
+    all6 = (1 << 128) - 1
+    mask6 = all6 ^ (all6 >> local.prefixlen6)
+    return ((local.net, mask, frozenset(local.addrs)),
+            (local.net6, mask6, frozenset(local.addrs6)))
 
 
 def path_set_icmp_limit(pa: Path, rate: int, burst: int) -> None:
@@ -190,7 +223,7 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
     """
     c = pa.c
     tracing = pa.tracing
-    routes = pa.routes.lens
+    routes, routes6 = pa.routes.lens, pa.routes.lens6
     one_length = len(routes) == 1             # flannel's case: no loop over the lengths
     if one_length:
         mask0, prefixlen0, nets0 = routes[0]
@@ -210,7 +243,43 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                 continue
             version_ihl = p[0]
             if version_ihl >> 4 != 4:
-                path_drop(pa, DROP_NOT_IPV4, length)
+                if version_ihl >> 4 != 6:
+                    path_drop(pa, DROP_NOT_IPV4, length)
+                    continue
+                # IPv6, to the end of this branch (dataplane.h, "IPv6 inner packets")
+                if length < HEADER6:
+                    path_drop(pa, DROP_MALFORMED, length)
+                    continue
+                payload_len, hop_limit, s0, s1, d0, d1 = _FIELDS6(p)
+                if payload_len + HEADER6 != length:
+                    path_drop(pa, DROP_MALFORMED, length)
+                    continue
+                # link scope (ipv6.is_link_scoped written out on the halves)
+                if (s0 >> 54 == _LINK_LOCAL_TOP10 or d0 >> 54 == _LINK_LOCAL_TOP10 or
+                        (d0 >> 56 == 0xFF and d0 >> 48 & 15 <= 2) or not (d0 or d1)):
+                    path_drop(pa, DROP_SCOPE, length)
+                    continue
+                # route (RouteTable.lookup6 written out); a miss has no ICMPv6 error yet
+                dst = d0 << 64 | d1
+                hop = None
+                for mask, prefixlen, nets in routes6:
+                    hop = nets.get(dst & mask)
+                    if hop is not None:
+                        break
+                if hop is None:
+                    if tracing:
+                        trace_record(pa, TR_ROUTE_MISS, 0, 0, 0, 0, None)
+                    path_drop(pa, DROP_NO_ROUTE, length)
+                    continue
+                if tracing:
+                    trace_record(pa, TR_ROUTE_HIT, prefixlen, str_to_int(hop[0]), hop[1], 0,
+                                 None)
+                # hop limit, silent when expired; no checksum covers it
+                if hop_limit <= 1:
+                    path_drop(pa, DROP_TTL, length)
+                    continue
+                p[7] = hop_limit - 1
+                hops[j] = hop
                 continue
             header_len = (version_ihl & 15) << 2
             if header_len < HEADER_MIN or header_len > length:
@@ -279,6 +348,7 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
     tracing = pa.tracing
     accept_any, routes = pa.accept_any, pa.routes
     own_net, own_mask, own_addrs = pa.local
+    own_net6, own_mask6, own_addrs6 = pa.local6
     strict = pa.strict_sources
     rx_bytes = 0
     try:
@@ -301,9 +371,38 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
                 continue
 
             # step 3 (packet.c: dp_packet_check_udp): the version comes first, so that
-            # a short IPv6-looking datagram is "not IPv4"
+            # a short datagram of another version is "not IPv4" (nor IPv6)
             if length and p[0] >> 4 != 4:
-                path_drop(pa, DROP_NOT_IPV4, length)
+                if p[0] >> 4 != 6:
+                    path_drop(pa, DROP_NOT_IPV4, length)
+                    continue
+                # IPv6, to the end of this branch (dataplane.h, "IPv6 inner packets"):
+                # the steps of IPv4 with its rules, link scope between 3 and 4
+                if length < HEADER6:
+                    path_drop(pa, DROP_MALFORMED, length)
+                    continue
+                payload_len, hop_limit, s0, s1, d0, d1 = _FIELDS6(p)
+                if payload_len + HEADER6 != length:
+                    path_drop(pa, DROP_MALFORMED, length)
+                    continue
+                if (s0 >> 54 == _LINK_LOCAL_TOP10 or d0 >> 54 == _LINK_LOCAL_TOP10 or
+                        (d0 >> 56 == 0xFF and d0 >> 48 & 15 <= 2) or not (d0 or d1)):
+                    path_drop(pa, DROP_SCOPE, length)
+                    continue
+                inner = s0 << 64 | s1
+                if inner in own_addrs6 or (own_mask6 and inner & own_mask6 == own_net6):
+                    path_drop(pa, DROP_INNER_LOCAL, length)
+                    continue
+                if strict:
+                    hit = routes.lookup6(inner)
+                    if hit is None or hit[0][0] != srcs[j][0]:
+                        path_drop(pa, DROP_INNER_FOREIGN, length)
+                        continue
+                if hop_limit <= 1:
+                    path_drop(pa, DROP_TTL, length)
+                    continue
+                p[7] = hop_limit - 1
+                yield j
                 continue
             if length < HEADER_MIN:
                 path_drop(pa, DROP_MALFORMED, length)

@@ -1,11 +1,19 @@
 """The pure-Python engine's route table: longest prefix match with dicts.
 
-Same semantics as csrc/routes.c: one dict per distinct prefix length, keyed
-by the masked network as an int, probed longest length first, so the cost
-grows with the number of distinct lengths (flannel uses one), not with the
-number of peers. A duplicate (net, prefixlen) keeps the last route. A table
-is immutable once built; the engine publishes a new one by swapping one
-reference, which is atomic under the GIL.
+Same semantics as csrc/routes.c: per family, one dict per distinct prefix
+length, keyed by the masked network as an int (128 bits for IPv6), probed
+longest length first, so the cost grows with the number of distinct lengths
+(flannel uses one), not with the number of peers. A duplicate (net,
+prefixlen) keeps the last route. The two families share the peers (the
+underlay is IPv4 for both). A table is immutable once built; the engine
+publishes a new one by swapping one reference, which is atomic under the GIL.
+
+Flow, in the order the code appears:
+  RouteTable    build (route_arrays, then _fill and _fill6), updated (a change
+                applied to copies of the dicts it touches), lookup / lookup6
+                (the engine inlines them), lookup_addr
+  _fill, _fill6 the rows of a ROUTE_DTYPE / ROUTE6_DTYPE array into the dicts
+  str_to_int    a peer for trace events
 """
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ import struct
 
 import numpy as np
 
-from .route_array import route_array
+from .route_array import route_arrays
 
 _IP = struct.Struct("!I")
 
@@ -24,14 +32,23 @@ def _mask(prefixlen: int) -> int:
     return (0xFFFFFFFF << (32 - prefixlen)) & 0xFFFFFFFF if prefixlen else 0
 
 
+_ALL6 = (1 << 128) - 1
+
+
+def _mask6(prefixlen: int) -> int:
+    return _ALL6 ^ (_ALL6 >> prefixlen)
+
+
 class RouteTable:
     """Immutable table built from an iterable of api.Route, checked as
-    the C engine checks it (route_array).
+    the C engine checks it (route_arrays).
 
     ``lens`` is a tuple of ``(mask, prefixlen, {net_int: (peer_str, port)})``,
     longest prefix first; the value is ready to pass to ``socket.sendto``.
-    ``peers`` is the set of peer IPs as strings (the form ``recvfrom``
-    reports sources in), for the ``accept_any=False`` source check.
+    ``lens6`` is the same for the IPv6 subnets, masks and nets being 128-bit
+    ints; its peers are IPv4 addresses too. ``peers`` is the set of peer IPs
+    of both families' routes as strings (the form ``recvfrom`` reports
+    sources in), for the ``accept_any=False`` source check.
 
     ``updated(removed, added)`` derives the next table from a change: the
     dicts are copied whole (in C, without hashing again) and only the
@@ -39,58 +56,68 @@ class RouteTable:
     control plane, and the interpreter the engine shares with it, little
     however many peers there are.
     """
-    __slots__ = ("lens", "peers", "size", "_refs")
+    __slots__ = ("lens", "lens6", "peers", "size", "_refs")
 
     def __init__(self, routes=()):
         by_len: dict[int, dict[int, tuple[str, int]]] = {}
+        by_len6: dict[int, dict[int, tuple[str, int]]] = {}
         refs: dict[str, int] = {}
         # As csrc/routes.c: the peer of a duplicate that a later route replaced stays a peer.
-        table = route_array(routes)
+        table, table6 = route_arrays(routes)
         _fill(table, lambda plen: by_len.setdefault(plen, {}), refs, replace=False)
-        self._set(by_len, refs, len(table))
+        _fill6(table6, lambda plen: by_len6.setdefault(plen, {}), refs, replace=False)
+        self._set(by_len, by_len6, refs, len(table) + len(table6))
 
     @classmethod
     def of(cls, routes=()) -> "RouteTable":
         return cls(routes)
 
-    def _set(self, by_len: dict, refs: dict, size: int) -> None:
+    def _set(self, by_len: dict, by_len6: dict, refs: dict, size: int) -> None:
         self.lens = tuple((_mask(plen), plen, by_len[plen])
                           for plen in sorted(by_len, reverse=True) if by_len[plen])
+        self.lens6 = tuple((_mask6(plen), plen, by_len6[plen])
+                           for plen in sorted(by_len6, reverse=True) if by_len6[plen])
         self._refs = refs              # peer -> how many routes go to it (+ replaced duplicates)
         self.peers = frozenset(refs)
         self.size = size               # the routes it was built from, as the C engine counts
 
+    def _routes(self):
+        """Every route's (net, hop), both families."""
+        for _, _, nets in self.lens + self.lens6:
+            yield from nets.items()
+
     def updated(self, removed=(), added=()) -> "RouteTable":
-        """This table without the routes of the subnets ``removed`` (IPv4Networks; one with
-        no route is ignored), then with the Routes ``added`` (replacing a route of the same
-        subnet); checked as a whole table is, nothing built when a route is refused."""
-        add = route_array(added)
+        """This table without the routes of the subnets ``removed`` (IPv4Networks or
+        IPv6Networks; one with no route is ignored), then with the Routes ``added``
+        (replacing a route of the same subnet); checked as a whole table is, nothing built
+        when a route is refused."""
+        add, add6 = route_arrays(added)
         by_len = {plen: nets for _, plen, nets in self.lens}   # shared until written
-        copied: set[int] = set()
-        if sum(self._refs.values()) == sum(len(nets) for _, _, nets in self.lens):
+        by_len6 = {plen: nets for _, plen, nets in self.lens6}
+        routes = sum(len(nets) for _, _, nets in self.lens + self.lens6)
+        if sum(self._refs.values()) == routes:
             refs = dict(self._refs)
         else:       # built with duplicates: a derived table knows the peers of its routes only
             refs = {}
-            for _, _, nets in self.lens:
-                for peer, _ in nets.values():
-                    refs[peer] = refs.get(peer, 0) + 1
-
-        def writable(plen: int) -> dict:
-            if plen not in copied:
-                copied.add(plen)
-                by_len[plen] = dict(by_len.get(plen, ()))
-            return by_len[plen]
-
+            for _, (peer, _) in self._routes():
+                refs[peer] = refs.get(peer, 0) + 1
+        writable = {4: _copy_on_write(by_len), 6: _copy_on_write(by_len6)}
+        family = {4: by_len, 6: by_len6}
         for subnet in removed:
-            net, plen = int(subnet.network_address), subnet.prefixlen
-            if net in by_len.get(plen, ()):
-                _unref(refs, writable(plen).pop(net)[0])
-        _fill(add, writable, refs, replace=True)
+            version, plen = subnet.version, subnet.prefixlen
+            net = int(subnet.network_address)
+            if net in family[version].get(plen, ()):
+                _unref(refs, writable[version](plen).pop(net)[0])
+        _fill(add, writable[4], refs, replace=True)
+        _fill6(add6, writable[6], refs, replace=True)
         table = RouteTable.__new__(RouteTable)
-        table._set(by_len, refs, sum(len(nets) for nets in by_len.values()))
+        table._set(by_len, by_len6, refs,
+                   sum(len(nets) for nets in by_len.values()) +
+                   sum(len(nets) for nets in by_len6.values()))
         return table
+
     def lookup(self, dst: int):
-        """``(peer_str, port), prefixlen`` for a destination given as an
+        """``(peer_str, port), prefixlen`` for an IPv4 destination given as an
         int, or ``None`` on a miss (the engine inlines this loop)."""
         for mask, plen, nets in self.lens:
             hop = nets.get(dst & mask)
@@ -98,12 +125,35 @@ class RouteTable:
                 return hop, plen
         return None
 
+    def lookup6(self, dst: int):
+        """:meth:`lookup` for an IPv6 destination given as a 128-bit int."""
+        for mask, plen, nets in self.lens6:
+            hop = nets.get(dst & mask)
+            if hop is not None:
+                return hop, plen
+        return None
+
     def lookup_addr(self, dst):
-        """Same as :meth:`lookup` for an address given as str/IPv4Address."""
-        return self.lookup(int(ipaddress.IPv4Address(dst)))
+        """Same as :meth:`lookup` or :meth:`lookup6` for an address of either family
+        given as str/IPv4Address/IPv6Address."""
+        addr = ipaddress.ip_address(dst)
+        return (self.lookup if addr.version == 4 else self.lookup6)(int(addr))
 
     def __len__(self):
         return self.size
+
+
+def _copy_on_write(by_len: dict):
+    """``writable(prefixlen)``: the dict of that length in ``by_len``, copied on the first
+    call (the old table still uses the original) and made if there is none."""
+    copied: set[int] = set()
+
+    def writable(plen: int) -> dict:
+        if plen not in copied:
+            copied.add(plen)
+            by_len[plen] = dict(by_len.get(plen, ()))
+        return by_len[plen]
+    return writable
 
 
 def _fill(table: np.ndarray, nets_of, refs: dict, replace: bool) -> None:
@@ -121,6 +171,24 @@ def _fill(table: np.ndarray, nets_of, refs: dict, replace: bool) -> None:
             _unref(refs, old[0])
         nets[net] = hop
         refs[hop[0]] = refs.get(hop[0], 0) + 1
+
+
+def _fill6(table: np.ndarray, nets_of, refs: dict, replace: bool) -> None:
+    """:func:`_fill` for a ROUTE6_DTYPE array: nets as 128-bit ints, each peer (an
+    IPv4-mapped address) by its last 4 bytes."""
+    names: dict[bytes, str] = {}
+    for net, peer, plen, port in zip(table["net"].tolist(), table["peer_ip"].tolist(),
+                                     table["prefixlen"].tolist(), table["port"].tolist()):
+        name = names.get(peer)
+        if name is None:
+            name = names[peer] = socket.inet_ntoa(peer[12:])
+        nets = nets_of(plen)
+        net = int.from_bytes(net, "big")
+        old = nets.get(net) if replace else None
+        if old is not None:
+            _unref(refs, old[0])
+        nets[net] = (name, port)
+        refs[name] = refs.get(name, 0) + 1
 
 
 def _unref(refs: dict, peer: str) -> None:

@@ -1,7 +1,7 @@
-"""A route table as one numpy array in the layout of csrc/dataplane.h's
-``dp_route``, checked once for both engines.
+"""A route table as numpy arrays in the layouts of csrc/dataplane.h's ``dp_route``
+(IPv4 subnets) and ``dp_route6`` (IPv6 subnets), checked once for both engines.
 
-The C engine hands the array's memory to ``dp_loop_set_routes`` as it is;
+The C engine hands the arrays' memory to ``dp_loops_set_routes`` as they are;
 the Python engine builds its dicts from the columns. Both therefore accept
 and refuse exactly the same input, with the same exception.
 """
@@ -17,22 +17,29 @@ from .api import Route
 # what a big-endian uint32 of the address's integer value stores; the
 # numbers are native uint32. native.py checks size and offsets against cffi.
 ROUTE_DTYPE = np.dtype([("net", ">u4"), ("prefixlen", "=u4"), ("peer_ip", ">u4"), ("port", "=u4")])
+# dp_route6: 16 network-order bytes per address; the peer (an IPv4 address, the underlay
+# being IPv4) IPv4-mapped, ::ffff:a.b.c.d.
+ROUTE6_DTYPE = np.dtype([("net", "V16"), ("peer_ip", "V16"), ("prefixlen", "=u4"),
+                         ("port", "=u4"), ("reserved", "=u4", (2,))])
+_MAPPED = bytes(10) + b"\xff\xff"
 
 
 def _check_types(routes) -> None:
     for r in routes:
         if not isinstance(r, Route):
             raise TypeError(f"expected Route, got {type(r).__name__}")
-        if not isinstance(r.subnet, ipaddress.IPv4Network) or \
+        if not isinstance(r.subnet, (ipaddress.IPv4Network, ipaddress.IPv6Network)) or \
                 not isinstance(r.peer_ip, ipaddress.IPv4Address) or \
                 not isinstance(r.port, int):
-            raise TypeError(f"route {r!r} is not IPv4")
+            raise TypeError(f"route {r!r}: a subnet of either family, an IPv4 peer and an "
+                            "int port")
 
 
-def route_array(routes) -> np.ndarray:
-    """The routes as a ``ROUTE_DTYPE`` array, in order (a later duplicate
-    wins in both engines). TypeError for anything but IPv4 Routes with an
-    int port, ValueError for a port outside 1..65535; nothing is built then."""
+def route_arrays(routes) -> tuple[np.ndarray, np.ndarray]:
+    """The routes as a ``ROUTE_DTYPE`` array of the IPv4 subnets and a ``ROUTE6_DTYPE``
+    array of the IPv6 ones, each in order (a later duplicate wins in both engines).
+    TypeError for anything but Routes with an IPv4 peer and an int port, ValueError for a
+    port outside 1..65535; nothing is built then."""
     routes = list(routes)
     _check_types(routes)
     # An int too large for int64 makes this an object array, which compares
@@ -41,69 +48,111 @@ def route_array(routes) -> np.ndarray:
     bad = np.flatnonzero((ports < 1) | (ports > 0xFFFF))
     if bad.size:
         raise ValueError(f"route {routes[bad[0]]!r}: port out of range 1..65535")
-    arr = np.empty(len(routes), ROUTE_DTYPE)
-    arr["net"] = [int(r.subnet.network_address) for r in routes]
-    arr["prefixlen"] = [r.subnet.prefixlen for r in routes]
-    arr["peer_ip"] = [int(r.peer_ip) for r in routes]
-    arr["port"] = ports
-    return arr
+    v4 = [r for r in routes if r.subnet.version == 4]
+    v6 = [r for r in routes if r.subnet.version == 6]
+    arr = np.empty(len(v4), ROUTE_DTYPE)
+    arr["net"] = [int(r.subnet.network_address) for r in v4]
+    arr["prefixlen"] = [r.subnet.prefixlen for r in v4]
+    arr["peer_ip"] = [int(r.peer_ip) for r in v4]
+    arr["port"] = [r.port for r in v4]
+    arr6 = np.zeros(len(v6), ROUTE6_DTYPE)
+    arr6["net"] = [r.subnet.network_address.packed for r in v6]
+    arr6["peer_ip"] = [_MAPPED + r.peer_ip.packed for r in v6]
+    arr6["prefixlen"] = [r.subnet.prefixlen for r in v6]
+    arr6["port"] = [r.port for r in v6]
+    return arr, arr6
 
 
-class RouteArray:
-    """A route table in ``ROUTE_DTYPE`` layout, immutable, that derives the next table from a
-    change without visiting the routes the change leaves alone.
+def _key(subnet) -> tuple:
+    """A subnet as the rows of its family's array are keyed: (net as stored, prefixlen)."""
+    net = subnet.network_address
+    return (int(net) if net.version == 4 else net.packed), subnet.prefixlen
 
-    ``array`` is what the C engine is handed. ``updated(removed, added)`` copies it (a memory
-    copy) and applies the change row by row, so the Python work is the size of the change, not
-    of the table: with thousands of peers a burst of lease events costs per event, not per peer.
-    Rows are in no particular order (no two share a subnet, so order cannot matter).
-    """
-    __slots__ = ("array", "_rows")
+
+class _Rows:
+    """One family's array and its rows by subnet, built on first use; a table built with
+    duplicates keeps the last one, as the engines do."""
+    __slots__ = ("array", "rows")
 
     def __init__(self, array: np.ndarray, rows: dict | None = None):
-        self.array = array
-        self._rows = rows          # (net int, prefixlen) -> row; built on first update
+        self.array, self.rows = array, rows
 
-    @classmethod
-    def of(cls, routes=()) -> "RouteArray":
-        return cls(route_array(routes))
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def _index(self) -> tuple[np.ndarray, dict]:
-        """The rows by subnet; a table built with duplicates keeps the last one, as the engines do."""
-        if self._rows is None:
+    def index(self) -> tuple[np.ndarray, dict]:
+        if self.rows is None:
             arr = self.array
-            rows = {key: i for i, key in enumerate(zip(arr["net"].tolist(), arr["prefixlen"].tolist()))}
+            rows = {key: i for i, key in enumerate(self.keys(arr))}
             if len(rows) != len(arr):
-                keep = sorted(rows.values())
-                arr = arr[keep]
-                rows = {key: i for i, key in enumerate(zip(arr["net"].tolist(), arr["prefixlen"].tolist()))}
-            self.array, self._rows = arr, rows
-        return self.array, self._rows
+                arr = arr[sorted(rows.values())]
+                rows = {key: i for i, key in enumerate(self.keys(arr))}
+            self.array, self.rows = arr, rows
+        return self.array, self.rows
 
-    def updated(self, removed=(), added=()) -> "RouteArray":
-        """The table without the routes of the subnets ``removed`` (IPv4Networks; one with no route
-        is ignored), then with the Routes ``added`` (replacing a route of the same subnet). Checked
-        as :func:`route_array` checks a whole table: nothing is built when a route is refused."""
-        add = route_array(added)
-        old, rows = self._index()
+    @staticmethod
+    def keys(arr: np.ndarray):
+        return zip(arr["net"].tolist(), arr["prefixlen"].tolist())
+
+    def updated(self, removed_keys, add: np.ndarray) -> "_Rows":
+        """A copy of the array (a memory copy) with the change applied row by row."""
+        old, rows = self.index()
         rows = dict(rows)
         n = len(old)
-        arr = np.empty(n + len(add), ROUTE_DTYPE)
+        arr = np.empty(n + len(add), old.dtype)
         arr[:n] = old
-        for subnet in removed:
-            row = rows.pop((int(subnet.network_address), subnet.prefixlen), None)
+        for key in removed_keys:
+            row = rows.pop(key, None)
             if row is None:
                 continue
             n -= 1
             if row != n:                   # the last row fills the hole
                 arr[row] = arr[n]
-                rows[(int(arr["net"][row]), int(arr["prefixlen"][row]))] = row
-        for net, plen, peer, port in add.tolist():
-            row = rows.setdefault((net, plen), n)
+                rows[(arr["net"][row].tolist(), int(arr["prefixlen"][row]))] = row
+        for i, key in enumerate(self.keys(add)):
+            row = rows.setdefault(key, n)
             if row == n:
                 n += 1
-            arr[row] = (net, plen, peer, port)
-        return RouteArray(arr[:n], rows)
+            arr[row] = add[i]
+        return _Rows(arr[:n], rows)
+
+
+class RouteArray:
+    """A route table in ``ROUTE_DTYPE`` and ``ROUTE6_DTYPE`` layout, immutable, that derives
+    the next table from a change without visiting the routes the change leaves alone.
+
+    ``array`` and ``array6`` are what the C engine is handed. ``updated(removed, added)``
+    copies them (a memory copy) and applies the change row by row, so the Python work is the
+    size of the change, not of the table: with thousands of peers a burst of lease events
+    costs per event, not per peer. Rows are in no particular order (no two share a subnet,
+    so order cannot matter).
+    """
+    __slots__ = ("_v4", "_v6")
+
+    def __init__(self, array: np.ndarray, array6: np.ndarray | None = None):
+        self._v4 = _Rows(array)
+        self._v6 = _Rows(array6 if array6 is not None else np.zeros(0, ROUTE6_DTYPE))
+
+    @property
+    def array(self) -> np.ndarray:
+        return self._v4.array
+
+    @property
+    def array6(self) -> np.ndarray:
+        return self._v6.array
+
+    @classmethod
+    def of(cls, routes=()) -> "RouteArray":
+        return cls(*route_arrays(routes))
+
+    def __len__(self) -> int:
+        return len(self._v4.array) + len(self._v6.array)
+
+    def updated(self, removed=(), added=()) -> "RouteArray":
+        """The table without the routes of the subnets ``removed`` (IPv4Networks or
+        IPv6Networks; one with no route is ignored), then with the Routes ``added`` (replacing
+        a route of the same subnet). Checked as :func:`route_arrays` checks a whole table:
+        nothing is built when a route is refused."""
+        add4, add6 = route_arrays(added)
+        removed = list(removed)
+        table = RouteArray.__new__(RouteArray)
+        table._v4 = self._v4.updated([_key(s) for s in removed if s.version == 4], add4)
+        table._v6 = self._v6.updated([_key(s) for s in removed if s.version == 6], add6)
+        return table

@@ -98,7 +98,8 @@ def test_stat_names_are_the_dp_stats_fields():
     fields = parse_struct(_header(), "dp_stats")
     assert fields[-1][0] == "reserved"
     assert api.STAT_NAMES == tuple(name for name, _ in fields[:-1])
-    reserved = int(re.search(r"reserved\[(\d+)\]", _header()).group(1))
+    stats = re.search(r"typedef struct dp_stats \{.*?\} dp_stats;", _header(), re.S).group(0)
+    reserved = int(re.search(r"reserved\[(\d+)\]", stats).group(1))
     assert len(api.STAT_NAMES) + reserved == 64          # the block's fixed size
 
 
@@ -129,6 +130,7 @@ def test_the_built_library_agrees():
     assert ffi.sizeof("dp_stats") == 64 * 8
     assert (native.STAT_NAMES, native.TRACE_KINDS) == (api.STAT_NAMES, api.TRACE_KINDS)
     assert ffi.sizeof("dp_route") == 16
+    assert ffi.sizeof("dp_route6") == 48
     assert [n for n, _ in ffi.typeof("dp_state").fields] == [n for n, _ in parse_struct(text,
                                                                                          "dp_state")]
     assert native.END_KINDS == api.END_KINDS

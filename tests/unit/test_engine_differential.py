@@ -12,6 +12,9 @@ Scripts with `sources` also change the engine's own-source set now and then
 and give inner packets sources from it, from the sender's subnet and from
 other peers' subnets (dataplane.h, UDP -> TUN steps 4 and 5), with and
 without the strict rule.
+About a fifth of the routes and packets are IPv6 (dataplane.h, "IPv6 inner packets"): subnets of
+every prefix length class, destinations inside and beside them, link-scoped addresses, hop limits
+around 1, broken payload lengths; the own-source sets have an IPv6 part.
 Template: selftest/allowedips.c's randomized_test in kernel WireGuard.
 """
 import ipaddress
@@ -30,8 +33,22 @@ STRANGER = -1
 
 # ---- the script ---------------------------------------------------------------
 
+V6_BASE = 0xFC00_0005 << 96       # the IPv6 network the v6 routes mostly come from
+
+
+def random_net6(rnd, plens=(0, 16, 48, 56, 64, 64, 64, 65, 120, 128)):
+    plen = rnd.choice(plens)
+    base = V6_BASE | rnd.getrandbits(80) << 16 if rnd.random() < 0.85 else rnd.getrandbits(128)
+    return ipaddress.IPv6Network((base >> (128 - plen) << (128 - plen) if plen else 0, plen))
+
+
 def random_routes(rnd):
     routes = []
+    for _ in range(rnd.choice([0, 1, 3, 10])):
+        net = random_net6(rnd)
+        if net.prefixlen == 0 and rnd.random() < 0.7:
+            continue
+        routes.append((str(net), rnd.randrange(NPEERS)))
     for _ in range(rnd.choice([0, 1, 5, 20, 60])):
         plen = rnd.choice([0, 8, 12, 16, 16, 24, 24, 24, 24, 25, 30, 32])
         base = (10 << 24) | rnd.getrandbits(24) if rnd.random() < 0.85 else rnd.getrandbits(32)
@@ -42,7 +59,53 @@ def random_routes(rnd):
     return routes
 
 
+def random_addr6(rnd, routes):
+    x = rnd.random()
+    nets6 = [ipaddress.IPv6Network(n) for n, _ in routes if ":" in n]
+    if x < 0.6 and nets6:
+        net = rnd.choice(nets6)
+        return str(net.network_address + rnd.getrandbits(128 - net.prefixlen))
+    if x < 0.8:
+        return str(ipaddress.IPv6Address(V6_BASE | rnd.getrandbits(96)))
+    if x < 0.9:                           # link scope, or just beside it
+        return rnd.choice(["fe80::1", "febf::2", "fec0::3", "ff02::1", "ff12::16", "ff05::2",
+                           "ff0e::1", "::", "::1", "ff00::9", "ff03::3"])
+    return str(ipaddress.IPv6Address(rnd.getrandbits(128)))
+
+
+def random_packet6(rnd, routes, mtu=MTU, src=None):
+    dst = random_addr6(rnd, routes)
+    src = src or (random_addr6(rnd, routes) if rnd.random() < 0.3 else
+                  str(ipaddress.IPv6Address(V6_BASE | rnd.getrandbits(96))))
+    hop = rnd.choice([0, 1, 1, 2, 2, 3, 64, 255, rnd.randrange(256)])
+    size = min(rnd.choice([0, 1, 8, 40, rnd.randrange(300), rnd.randrange(max(1, mtu - 40))]),
+               max(0, mtu - 40))
+    first = (6 << 28 | rnd.getrandbits(8) << 20 | rnd.getrandbits(20)).to_bytes(4, "big")
+    pkt = bytearray(first + size.to_bytes(2, "big") + bytes([rnd.choice([17, 6, 58, 0, 44, 60]), hop])
+                    + ipaddress.IPv6Address(src).packed + ipaddress.IPv6Address(dst).packed
+                    + rnd.randbytes(size))
+    if rnd.random() < 0.25:               # break it
+        how = rnd.randrange(6)
+        if how == 0:
+            pkt = pkt[:rnd.randrange(41)]
+        elif how == 1:
+            pkt[4:6] = ((size + rnd.choice([-1, 1, 7, -size])) & 0xFFFF).to_bytes(2, "big")
+        elif how == 2:
+            pkt += rnd.randbytes(rnd.randrange(1, 5))
+        elif how == 3:
+            pkt[0] = rnd.choice([0x4, 0x7, 0x0]) << 4 | (pkt[0] & 15)
+        elif how == 4:                     # longer than the mtu
+            extra = mtu - len(pkt) + rnd.randrange(1, 100)
+            pkt += rnd.randbytes(max(0, extra))
+            pkt[4:6] = ((len(pkt) - 40) & 0xFFFF).to_bytes(2, "big")
+        else:                              # exactly the mtu
+            pkt += rnd.randbytes(max(0, mtu - len(pkt)))
+            pkt[4:6] = ((len(pkt) - 40) & 0xFFFF).to_bytes(2, "big")
+    return bytes(pkt)
+
+
 def random_dst(rnd, routes):
+    routes = [r for r in routes if ":" not in r[0]]
     x = rnd.random()
     if x < 0.65 and routes:
         net = ipaddress.IPv4Network(rnd.choice(routes)[0])
@@ -53,34 +116,48 @@ def random_dst(rnd, routes):
 
 
 def random_local(rnd):
-    """An own-source set: a lease subnet (or none) and a few addresses."""
-    net = None
+    """An own-source set: a lease subnet (or none) and a few addresses, of both families."""
+    net = net6 = None
     if rnd.random() < 0.8:
         plen = rnd.choice([16, 24, 24, 26, 32])
         net = str(ipaddress.IPv4Network(((10 << 24) | rnd.getrandbits(24), plen), strict=False))
+    if rnd.random() < 0.6:
+        net6 = str(random_net6(rnd, (48, 64, 64, 80, 128)))
     addrs = [str(ipaddress.IPv4Address(rnd.choice([(10 << 24) | rnd.getrandbits(24),
                                                    0xC0A83200 | rnd.getrandbits(8),
                                                    rnd.getrandbits(32)])))
              for _ in range(rnd.choice([0, 1, 3, 8]))]
-    return net, addrs
+    addrs += [str(ipaddress.IPv6Address(V6_BASE | rnd.getrandbits(96)))
+              for _ in range(rnd.choice([0, 1, 3]))]
+    return net, addrs, net6
 
 
 def random_src(rnd, routes, local, sender):
     """An inner source: the host's own, one routed to the sender, one routed
     to another peer, or any."""
     x = rnd.random()
-    net, addrs = local
+    net, addrs, net6 = local
+    six = rnd.random() < 0.2
+    addrs = [a for a in addrs if (":" in a) == six]
+    net = net6 if six else net
     if x < 0.15 and addrs:
         return rnd.choice(addrs)
     if x < 0.3 and net:
-        n = ipaddress.IPv4Network(net)
-        return str(n[rnd.randrange(n.num_addresses)])
-    own = [r for r in routes if r[1] == sender]
-    pick = own if x < 0.7 else routes
+        n = ipaddress.ip_network(net)
+        return str(n.network_address + rnd.getrandbits(n.max_prefixlen - n.prefixlen))
+    own = [r for r in routes if r[1] == sender and (":" in r[0]) == six]
+    pick = own if x < 0.7 else [r for r in routes if (":" in r[0]) == six]
     if pick:
-        n = ipaddress.IPv4Network(rnd.choice(pick)[0])
-        return str(n[rnd.randrange(n.num_addresses)])
+        n = ipaddress.ip_network(rnd.choice(pick)[0])
+        return str(n.network_address + rnd.getrandbits(n.max_prefixlen - n.prefixlen))
     return None
+
+
+def random_any(rnd, routes, mtu=MTU, src=None):
+    """An IPv4 or (a fifth of the time, or when src is IPv6) an IPv6 packet."""
+    if (src is not None and ":" in src) or (src is None and rnd.random() < 0.2):
+        return random_packet6(rnd, routes, mtu, src)
+    return random_packet(rnd, routes, mtu, src)
 
 
 def random_packet(rnd, routes, mtu=MTU, src=None):
@@ -136,7 +213,7 @@ def random_packet(rnd, routes, mtu=MTU, src=None):
 
 def make_script(seed, npackets, mtu=MTU, sources=False):
     rnd = random.Random(seed)
-    steps, routes, count, local = [], [], 0, (None, [])
+    steps, routes, count, local = [], [], 0, (None, [], None)
     while count < npackets:
         if rnd.random() < 0.12 or not steps:
             routes = random_routes(rnd)
@@ -146,13 +223,13 @@ def make_script(seed, npackets, mtu=MTU, sources=False):
             steps.append(("local", local))
         n = rnd.randrange(1, 40)
         if rnd.random() < 0.5:
-            steps.append(("tun", [random_packet(rnd, routes, mtu) for _ in range(n)]))
+            steps.append(("tun", [random_any(rnd, routes, mtu) for _ in range(n)]))
         else:
             items = []
             for _ in range(n):
                 who = STRANGER if rnd.random() < 0.1 else rnd.randrange(NPEERS)
                 src = random_src(rnd, routes, local, who) if sources else None
-                items.append((who, random_packet(rnd, routes, mtu, src)))
+                items.append((who, random_any(rnd, routes, mtu, src)))
             steps.append(("udp", items))
         count += n
     return steps
@@ -256,7 +333,8 @@ def test_c_matches_python(seed, npackets, accept_any, batch, trace, mtu, sources
     exercised = {k for k, v in py["stats"].items() if v}
     assert exercised >= {"tun_rx_packets", "udp_tx_packets", "udp_rx_packets", "tun_tx_packets",
                          "icmp_unreach_sent", "icmp_ttl_sent", "drop_no_route", "drop_ttl",
-                         "drop_malformed", "drop_not_ipv4", "drop_truncated", "route_swaps"}
+                         "drop_malformed", "drop_not_ipv4", "drop_truncated", "drop_scope",
+                         "route_swaps"}
     if not accept_any:
         assert "drop_bad_source" in exercised
     if sources:

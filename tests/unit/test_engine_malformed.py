@@ -1,6 +1,8 @@
 """Malformed input from both sides, for both engines: every packet is counted
 in exactly one drop counter (the first check of dataplane.h it fails) and
 in nothing else but the rx counters."""
+import ipaddress
+
 import pytest
 
 from dataplane.engine import ipv4
@@ -13,10 +15,11 @@ def good(ttl=64, payload=b"p" * 16, **kw):
     return ipv4.build("10.5.2.3", "10.5.1.2", payload, ttl=ttl, **kw)
 
 
-def ipv6_packet(n_payload=8):
-    # version 6, payload length, next header UDP, hop limit 64, ::1 -> ::2
-    return (bytes([0x60, 0, 0, 0]) + n_payload.to_bytes(2, "big") + bytes([17, 64])
-            + bytes(15) + b"\x01" + bytes(15) + b"\x02" + bytes(n_payload))
+def ipv6_packet(n_payload=8, src="fc00:5:0:2::3", dst="fc00:5:0:1::2", hop=64, plen=None):
+    """Version 6, next header UDP; ``plen``: the payload length field if not the true one."""
+    return (bytes([0x60, 0, 0, 0]) + (n_payload if plen is None else plen).to_bytes(2, "big")
+            + bytes([17, hop]) + ipaddress.IPv6Address(src).packed
+            + ipaddress.IPv6Address(dst).packed + bytes(n_payload))
 
 
 def with_byte(p, i, v):
@@ -30,7 +33,6 @@ def with_byte(p, i, v):
 COMMON = [
     ("len19", good()[:19], "drop_malformed"),
     ("len1-v4", b"\x45", "drop_malformed"),
-    ("ipv6", ipv6_packet(), "drop_not_ipv4"),
     ("version0", with_byte(good(), 0, 0x05), "drop_not_ipv4"),
     ("version15", with_byte(good(), 0, 0xF5), "drop_not_ipv4"),
     ("ihl0", with_byte(good(), 0, 0x40), "drop_malformed"),
@@ -41,6 +43,22 @@ COMMON = [
     ("totlen-long", good(tot_len=100), "drop_malformed"),
     ("totlen-zero", good(tot_len=0), "drop_malformed"),
     ("trailing-bytes", good() + b"\0\0", "drop_malformed"),
+    ("version7", with_byte(ipv6_packet(), 0, 0x70), "drop_not_ipv4"),
+    ("v6-len39", ipv6_packet(0)[:39], "drop_malformed"),
+    ("v6-paylen-long", ipv6_packet(8, plen=9), "drop_malformed"),
+    ("v6-paylen-short", ipv6_packet(8, plen=7), "drop_malformed"),
+    ("v6-paylen-zero", ipv6_packet(8, plen=0), "drop_malformed"),
+    ("v6-trailing-bytes", ipv6_packet(8) + b"\0", "drop_malformed"),
+    ("v6-scope-malformed", ipv6_packet(8, dst="fe80::1", plen=3), "drop_malformed"),
+    ("v6-dst-link-local", ipv6_packet(dst="fe80::1"), "drop_scope"),
+    ("v6-dst-link-local-top", ipv6_packet(dst="febf:ffff::1"), "drop_scope"),
+    ("v6-src-link-local", ipv6_packet(src="fe80::2"), "drop_scope"),
+    ("v6-dst-all-nodes", ipv6_packet(dst="ff02::1"), "drop_scope"),
+    ("v6-dst-node-local", ipv6_packet(dst="ff01::2"), "drop_scope"),
+    ("v6-dst-scope0", ipv6_packet(dst="ff00::2"), "drop_scope"),
+    ("v6-dst-mld", ipv6_packet(dst="ff12::16"), "drop_scope"),   # a flags nibble, link scope
+    ("v6-dst-unspecified", ipv6_packet(dst="::"), "drop_scope"),
+    ("v6-dad", ipv6_packet(src="::", dst="ff02::1:ff00:1"), "drop_scope"),
 ]
 
 # TUN side: the length rule (>= 20) comes before the version.
@@ -48,16 +66,27 @@ TUN_ONLY = [
     ("empty", b"", "drop_malformed"),
     ("ipv6-short", ipv6_packet()[:10], "drop_malformed"),
     ("v6-nibble-19", b"\x60" + bytes(18), "drop_malformed"),
+    ("v6-len20", b"\x60" + bytes(19), "drop_malformed"),
+    ("v6-no-route", ipv6_packet(dst="fc00:9::1"), "drop_no_route"),
+    ("v6-site-multicast", ipv6_packet(dst="ff05::2"), "drop_no_route"),   # not link scope
+    ("v6-above-link-local", ipv6_packet(dst="fec0::1"), "drop_no_route"),
+    ("v6-hop1", ipv6_packet(hop=1), "drop_ttl"),
+    ("v6-hop0", ipv6_packet(hop=0), "drop_ttl"),
 ]
 # UDP side: the version comes before every length rule.
 UDP_ONLY = [
     ("empty", b"", "drop_malformed"),
-    ("ipv6-short", ipv6_packet()[:10], "drop_not_ipv4"),
-    ("v6-nibble-1", b"\x60", "drop_not_ipv4"),
+    ("ipv6-short", ipv6_packet()[:10], "drop_malformed"),
+    ("v6-nibble-1", b"\x60", "drop_malformed"),
+    ("version5-1", b"\x50", "drop_not_ipv4"),
+    ("v6-hop1", ipv6_packet(hop=1), "drop_ttl"),
+    ("v6-hop0", ipv6_packet(hop=0), "drop_ttl"),
+    ("v6-hop0-malformed", ipv6_packet(hop=0, plen=1), "drop_malformed"),
+    ("v6-hop1-scope", ipv6_packet(hop=1, src="fe80::1"), "drop_scope"),
     ("ttl1", good(ttl=1), "drop_ttl"),
     ("ttl0", good(ttl=0), "drop_ttl"),
     ("ttl0-malformed", good(ttl=0, tot_len=99), "drop_malformed"),
-    ("ttl1-ipv6-lookalike", with_byte(good(ttl=1), 0, 0x65), "drop_not_ipv4"),
+    ("ttl1-ipv6-lookalike", with_byte(good(ttl=1), 0, 0x65), "drop_malformed"),
 ]
 
 
@@ -65,7 +94,8 @@ UDP_ONLY = [
 def h(engine_kind):
     with Harness(engine_kind, mtu=MTU) as h:
         peer = h.add_peer()
-        h.set_routes([h.route("10.5.1.0/24", peer), h.route("10.5.2.0/24", peer)])
+        h.set_routes([h.route("10.5.1.0/24", peer), h.route("10.5.2.0/24", peer),
+                      h.route("fc00:5:0:1::/64", peer)])
         yield h
 
 

@@ -425,7 +425,7 @@ def _mixed_traffic():
     ok = [udp_pkt(i, 700) for i in range(5)]
     bad = [ipv4.build(SRC, DST, bytes(680), tot_len=600),  # tot_len != len: malformed
            udp_pkt(21, 700, ttl=1),                     # ttl
-           b"\x60" + bytes(699),                        # not IPv4
+           b"\x70" + bytes(699),                        # neither IPv4 nor IPv6
            udp_pkt(22, 700)]
     big = [udp_pkt(30 + i, 1300) for i in range(3)]     # > mtu 1000: truncated
     return [ok, bad, big, udp_pkt(40, 1200), udp_pkt(41, 100), [udp_pkt(42, 500)]]

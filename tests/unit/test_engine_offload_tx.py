@@ -283,9 +283,11 @@ def test_ipv6_super_packet_is_one_not_ipv4(c_engine):
     v6 = bytes([0x60]) + bytes(39) + _data(5000)
     with _harness(OFF_TUN_VNET) as h:
         h.inject_tun(gp.vnet_hdr(gp.GSO_TCPV6, 1000, csum_start=40) + v6)
-        h.inject_tun(gp.vnet_hdr(flags=0) + v6[:1000])
-        st = _wait_read(h, 2)
-    expect_only(st, tun_rx_packets=2, tun_rx_bytes=6040, drop_not_ipv4=2, tun_rx_gso=1)
+        h.inject_tun(gp.vnet_hdr(flags=0) + bytes([0x70]) + v6[1:1000])     # neither 4 nor 6
+        h.inject_tun(gp.vnet_hdr(flags=0) + v6[:1000])     # a plain IPv6 read: payload length 0
+        st = _wait_read(h, 3)
+    expect_only(st, tun_rx_packets=3, tun_rx_bytes=7040, drop_not_ipv4=2, drop_malformed=1,
+                tun_rx_gso=1)
 
 
 def test_read_shorter_than_the_vnet_header(c_engine):

@@ -37,9 +37,15 @@ ROUTED = ["10.5.2.0/24", "10.5.3.0/24"]
 ADDRS = ["10.5.2.7", "10.5.3.9", "10.5.1.9", "10.9.0.1", "0.0.0.0", "255.255.255.255",
          "192.168.50.2"]
 OWN_NET, OWN_ADDRS = "10.5.1.0/24", ["192.168.50.2", "0.0.0.0"]
-TUN_DROPS = ("drop_no_route", "drop_ttl", "drop_malformed", "drop_not_ipv4", "drop_send_error")
+ROUTED6 = ["fc00:5:0:2::/64", "fc00:5:0:3::/64"]
+ADDRS6 = ["fc00:5:0:2::7", "fc00:5:0:3::9", "fc00:5:0:1::9", "fc00:9::1", "::", "fe80::1",
+          "ff02::1", "ff05::2", "fd77::2"]
+OWN_NET6, OWN_ADDRS6 = "fc00:5:0:1::/64", ["fd77::2"]
+TUN_DROPS = ("drop_no_route", "drop_ttl", "drop_malformed", "drop_not_ipv4", "drop_send_error",
+             "drop_scope")
 UDP_DROPS = ("drop_truncated", "drop_bad_source", "drop_malformed", "drop_not_ipv4", "drop_ttl",
-             "drop_tun_full", "drop_tun_error", "drop_inner_local", "drop_inner_foreign")
+             "drop_tun_full", "drop_tun_error", "drop_inner_local", "drop_inner_foreign",
+             "drop_scope")
 STRANGER = -1
 
 
@@ -64,8 +70,20 @@ def ipv4_packets(draw):
 
 
 @st.composite
+def ipv6_packets(draw):
+    """An IPv6 packet with random fields, mostly plausible."""
+    payload = draw(st.binary(max_size=120))
+    first = (6 << 28 | draw(st.integers(0, 255)) << 20 | draw(st.integers(0, 0xFFFFF)))
+    return (first.to_bytes(4, "big") + len(payload).to_bytes(2, "big")
+            + bytes([draw(st.sampled_from([17, 6, 58, 0, 44])),
+                     draw(st.sampled_from([0, 1, 2, 64, 255]))])
+            + ipaddress.IPv6Address(draw(st.sampled_from(ADDRS6))).packed
+            + ipaddress.IPv6Address(draw(st.sampled_from(ADDRS6))).packed + payload)
+
+
+@st.composite
 def mutated(draw):
-    b = bytearray(draw(ipv4_packets()))
+    b = bytearray(draw(st.one_of(ipv4_packets(), ipv6_packets())))
     for _ in range(draw(st.integers(1, 3))):
         how = draw(st.integers(0, 3))
         if how == 0 and b:
@@ -85,7 +103,8 @@ def oversized(draw):
     return ipv4.build("10.5.2.7", draw(st.sampled_from(ADDRS)), b"o" * (1472 - 20 + extra))
 
 
-packets = st.one_of(st.binary(max_size=80), ipv4_packets(), mutated(), oversized())
+packets = st.one_of(st.binary(max_size=80), ipv4_packets(), ipv6_packets(), mutated(),
+                    oversized())
 runs = st.lists(
     st.tuples(st.sampled_from(["tun", "udp"]),
               st.lists(st.tuples(st.sampled_from([0, 1, STRANGER]), packets),
@@ -95,14 +114,25 @@ runs = st.lists(
 
 # ---- checks ----------------------------------------------------------------------
 
+def link_scoped(p: bytes) -> bool:
+    src, dst = ipaddress.IPv6Address(p[8:24]), ipaddress.IPv6Address(p[24:40])
+    return src.is_link_local or dst.is_link_local or dst.is_unspecified or \
+        (dst.is_multicast and p[25] & 15 <= 2)
+
+
 def well_formed(p: bytes) -> bool:
+    if len(p) >= 40 and p[0] >> 4 == 6:
+        return int.from_bytes(p[4:6], "big") + 40 == len(p) and p[7] >= 1 and not link_scoped(p)
     ihl4 = (p[0] & 15) * 4 if p else 0
     return (len(p) >= 20 and p[0] >> 4 == 4 and ihl4 >= 20 and ihl4 <= len(p)
             and int.from_bytes(p[2:4], "big") == len(p) and p[8] >= 1)
 
 
 def forwarded(p: bytes) -> bytes | None:
-    """``p`` as an engine forwards it, or None: a packet with TTL <= 1 is never forwarded."""
+    """``p`` as an engine forwards it, or None: a packet with TTL (hop limit) <= 1 is never
+    forwarded."""
+    if len(p) >= 40 and p[0] >> 4 == 6:
+        return None if p[7] <= 1 else p[:7] + bytes([p[7] - 1]) + p[8:]
     if len(p) < 20 or p[8] <= 1:
         return None
     b = bytearray(p)
@@ -117,7 +147,7 @@ def assert_subsequence(outputs, inputs, what):
         while i < len(inputs) and (len(inputs[i]) != len(out) or forwarded(inputs[i]) != out):
             i += 1
         assert i < len(inputs), f"{what}: {ipv4.describe(out)} is no input forwarded in order"
-        if ipv4.header_checksum_ok(inputs[i]):
+        if out[0] >> 4 == 4 and ipv4.header_checksum_ok(inputs[i]):
             assert ipv4.header_checksum_ok(out), f"{what}: checksum broken"
         i += 1
 
@@ -133,18 +163,25 @@ def assert_icmp_error(err: bytes, inputs):
         "ICMP error quotes no input"
 
 
+def source(p: bytes):
+    return ipaddress.IPv6Address(p[8:24]) if p[0] >> 4 == 6 else ipaddress.IPv4Address(p[12:16])
+
+
 def in_net(p: bytes, net: str) -> bool:
-    return ipaddress.IPv4Address(p[12:16]) in ipaddress.IPv4Network(net)
+    src = source(p)
+    net = ipaddress.ip_network(net)
+    return src.version == net.version and src in net
 
 
 def assert_sources(tun_out, items, local, strict):
     """Steps 4 and 5 of dataplane.h over what reached the TUN."""
     for out in tun_out:
         if local:
-            assert not in_net(out, OWN_NET) and \
-                str(ipaddress.IPv4Address(out[12:16])) not in OWN_ADDRS, ipv4.describe(out)
+            assert not in_net(out, OWN_NET) and not in_net(out, OWN_NET6) and \
+                str(source(out)) not in OWN_ADDRS + OWN_ADDRS6, ipv4.describe(out)
         if strict:
-            assert any(forwarded(d) == out and who != STRANGER and in_net(d, ROUTED[who])
+            assert any(forwarded(d) == out and who != STRANGER and
+                       (in_net(d, ROUTED[who]) or in_net(d, ROUTED6[who]))
                        for who, d in items if len(d) == len(out)), ipv4.describe(out)
 
 
@@ -156,9 +193,10 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
     with Harness(kind, mtu=mtu, accept_any=accept_any, tun_addr=TUN_ADDR,
                  icmp_rate=1 if limited else 0, icmp_burst=2) as h:
         peers = [h.add_peer(), h.add_peer()]
-        h.set_routes([h.route(net, p) for net, p in zip(ROUTED, peers)])
+        h.set_routes([h.route(net, p) for net, p in zip(ROUTED, peers)] +
+                     [h.route(net, p) for net, p in zip(ROUTED6, peers)])
         if local:
-            h.engine.set_local(OWN_NET, OWN_ADDRS)
+            h.engine.set_local(OWN_NET, OWN_ADDRS + OWN_ADDRS6, OWN_NET6)
         h.engine.set_strict_sources(strict)
         before = h.settle()
         for side, items in script:

@@ -149,12 +149,12 @@ def test_loop_new_rejects_bad_arguments_with_errno():
         assert lib.dp_loop_new(pp, a.fileno(), b.fileno(), 0, 1500, 64, 1) == 0
         routes = ffi.new("dp_route[1]")
         routes[0].net, routes[0].prefixlen = 0x0100000A, 8   # 10.0.0.1/8: host bits
-        assert lib.dp_loop_set_routes(pp[0], routes, 1) == -errno.EINVAL
+        assert lib.dp_loop_set_routes(pp[0], routes, 1, ffi.NULL, 0) == -errno.EINVAL
         routes[0].net, routes[0].prefixlen = 0x0A, 33
-        assert lib.dp_loop_set_routes(pp[0], routes, 1) == -errno.EINVAL
+        assert lib.dp_loop_set_routes(pp[0], routes, 1, ffi.NULL, 0) == -errno.EINVAL
         routes[0].net, routes[0].prefixlen, routes[0].port = 0x0A, 8, 70000
-        assert lib.dp_loop_set_routes(pp[0], routes, 1) == -errno.EINVAL
-        assert lib.dp_loop_set_routes(pp[0], ffi.NULL, 0) == 0
+        assert lib.dp_loop_set_routes(pp[0], routes, 1, ffi.NULL, 0) == -errno.EINVAL
+        assert lib.dp_loop_set_routes(pp[0], ffi.NULL, 0, ffi.NULL, 0) == 0
         lib.dp_loop_free(pp[0])
     finally:
         a.close()

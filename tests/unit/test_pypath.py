@@ -109,6 +109,10 @@ WITHOUT = {
     "path_init": "pypath.Path() makes the state",
     "path_tun_drop": "a read refused by the vnet header: the Python engine has no offloads",
     "inner_source": "written out in path_udp (pypath.py says why)",
+    "is_ipv6": "written out in path_tun and path_udp: their IPv6 branch",
+    "tun6": "written out in path_tun's IPv6 branch",
+    "inner_source6": "written out in path_udp's IPv6 branch",
+    "udp6": "written out in path_udp's IPv6 branch",
     "path_tun_written": "the caller counts the TUN write it makes (pypath.py says why)",
 }
 
@@ -133,7 +137,8 @@ TUN_CASES = [
     # (what, packet, the one drop counter or None for forwarded, the ICMP type sent or None)
     ("19 bytes", b"\x45" + bytes(18), "drop_malformed", None),
     ("19 bytes of version 6: the length comes first", b"\x60" + bytes(18), "drop_malformed", None),
-    ("version 6", b"\x60" + bytes(39), "drop_not_ipv4", None),
+    ("version 6, :: to ::", b"\x60" + bytes(39), "drop_scope", None),
+    ("version 5", b"\x50" + bytes(39), "drop_not_ipv4", None),
     ("ihl 4", udp_packet(ihl=4), "drop_malformed", None),
     ("ihl past the end", udp_packet(ihl=15), "drop_malformed", None),
     ("tot_len short", udp_packet(tot_len=35), "drop_malformed", None),
@@ -250,8 +255,9 @@ UDP_CASES = [
     ("malformed, from a stranger: the source first", b"\x45", STRANGER, False,
      "drop_bad_source"),
     ("empty", b"", PEER, False, "drop_malformed"),
-    ("one byte of version 6", b"\x60", PEER, False, "drop_not_ipv4"),
-    ("19 bytes of version 6: the version comes first", b"\x60" + bytes(18), PEER, False,
+    ("one byte of version 6", b"\x60", PEER, False, "drop_malformed"),
+    ("one byte of version 7", b"\x70", PEER, False, "drop_not_ipv4"),
+    ("19 bytes of version 7: the version comes first", b"\x70" + bytes(18), PEER, False,
      "drop_not_ipv4"),
     ("19 bytes", b"\x45" + bytes(18), PEER, False, "drop_malformed"),
     ("ihl 4", udp_packet("10.5.2.7", "10.5.1.9", ihl=4), PEER, False, "drop_malformed"),

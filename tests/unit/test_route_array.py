@@ -1,4 +1,4 @@
-"""route_array: the one check and layout of a route table for both engines."""
+"""route_arrays: the one check and layout of a route table, of both families, for both engines."""
 from __future__ import annotations
 
 import ipaddress
@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from dataplane.engine import Route
-from dataplane.engine.route_array import ROUTE_DTYPE, route_array
+from dataplane.engine.route_array import ROUTE6_DTYPE, ROUTE_DTYPE, route_arrays
 from tests.conftest import require_engine
 from tests.engine_harness import Harness
 
@@ -16,24 +16,38 @@ def test_bytes_are_dp_route_layout():
     routes = [Route.make("10.5.2.0/24", "192.168.77.2", 8285), Route.make("0.0.0.0/0", "127.0.0.9", 1)]
     want = b"".join(struct.pack("=4sI4sI", r.subnet.network_address.packed, r.subnet.prefixlen,
                                 r.peer_ip.packed, r.port) for r in routes)
-    assert route_array(routes).tobytes() == want
-    assert route_array(iter(routes)).tobytes() == want
-    assert route_array([]).shape == (0,) and route_array([]).dtype == ROUTE_DTYPE
+    assert route_arrays(routes)[0].tobytes() == want
+    assert route_arrays(iter(routes))[0].tobytes() == want
+    assert route_arrays(routes)[1].shape == (0,)
+    for arr, dtype in zip(route_arrays([]), (ROUTE_DTYPE, ROUTE6_DTYPE)):
+        assert arr.shape == (0,) and arr.dtype == dtype
 
 
-def test_dtype_matches_the_header():
+def test_ipv6_bytes_are_dp_route6_layout_with_the_peer_ipv4_mapped():
+    routes = [Route.make("fc00:66:0:5d::/64", "192.168.77.2", 8285),
+              Route.make("10.5.2.0/24", "192.168.77.3", 8285),
+              Route.make("::/0", "127.0.0.9", 1)]
+    v6 = [r for r in routes if r.subnet.version == 6]
+    want = b"".join(r.subnet.network_address.packed + bytes(10) + b"\xff\xff" + r.peer_ip.packed +
+                    struct.pack("=IIII", r.subnet.prefixlen, r.port, 0, 0) for r in v6)
+    arr, arr6 = route_arrays(routes)
+    assert arr6.tobytes() == want and len(arr) == 1
+
+
+@pytest.mark.parametrize("struct_name, dtype", [("dp_route", ROUTE_DTYPE), ("dp_route6", ROUTE6_DTYPE)])
+def test_dtype_matches_the_header(struct_name, dtype):
     require_engine("c")
     from dataplane._dataplane_c import ffi
-    assert ROUTE_DTYPE.itemsize == ffi.sizeof("dp_route")
-    assert [(n, ROUTE_DTYPE.fields[n][1]) for n in ROUTE_DTYPE.names] == \
-        [(n, ffi.offsetof("dp_route", n)) for n, _ in ffi.typeof("dp_route").fields]
+    assert dtype.itemsize == ffi.sizeof(struct_name)
+    assert [(n, dtype.fields[n][1]) for n in dtype.names] == \
+        [(n, ffi.offsetof(struct_name, n)) for n, _ in ffi.typeof(struct_name).fields]
 
 
 @pytest.mark.parametrize("port", [0, -1, 65536, 2 ** 70, -2 ** 70])
 def test_port_out_of_range_names_the_route(port):
     bad = Route.make("10.5.3.0/24", "127.0.0.3", port)
     with pytest.raises(ValueError, match=r"10\.5\.3\.0/24.*port out of range"):
-        route_array([Route.make("10.5.2.0/24", "127.0.0.2", 8285), bad])
+        route_arrays([Route.make("10.5.2.0/24", "127.0.0.2", 8285), bad])
 
 
 NET, PEER = ipaddress.IPv4Network("10.5.3.0/24"), ipaddress.IPv4Address("127.0.0.2")
@@ -44,7 +58,8 @@ NET, PEER = ipaddress.IPv4Network("10.5.3.0/24"), ipaddress.IPv4Address("127.0.0
     Route(NET, "127.0.0.2", 8285),
     Route(NET, PEER, 8285.0),
     Route(NET, PEER, "8285"),
-    Route(ipaddress.IPv6Network("fd00::/64"), PEER, 8285),
+    Route(ipaddress.IPv6Network("fd00::/64"), ipaddress.IPv6Address("fd00::1"), 8285),  # IPv6 underlay
+    Route(ipaddress.IPv6Network("fd00::/64"), PEER, 8285.0),
 ])
 def test_both_engines_refuse_the_same_malformed_routes(engine_kind, bad):
     with Harness(engine_kind) as h:
@@ -65,3 +80,15 @@ def test_python_table_from_the_array():
     assert t.peers == {"127.0.0.2", "127.0.0.3"}
     assert all(isinstance(peer, str) and isinstance(port, int) and type(net) is int
                for _, _, nets in t.lens for net, (peer, port) in nets.items())
+
+
+def test_python_table_of_both_families():
+    from dataplane.engine.pytable import RouteTable
+    t = RouteTable([Route.make("fc00:66:0:5d::/64", "127.0.0.2", 8285),
+                    Route.make("fc00:66::/56", "127.0.0.4", 8285),
+                    Route.make("10.5.2.0/24", "127.0.0.3", 9)])
+    assert t.lookup6(int(ipaddress.IPv6Address("fc00:66:0:5d::7"))) == (("127.0.0.2", 8285), 64)
+    assert t.lookup6(int(ipaddress.IPv6Address("fc00:66:0:5e::7"))) == (("127.0.0.4", 8285), 56)
+    assert t.lookup6(int(ipaddress.IPv6Address("fc00:67::7"))) is None
+    assert t.lookup_addr("10.5.2.7") == (("127.0.0.3", 9), 24)
+    assert t.peers == {"127.0.0.2", "127.0.0.3", "127.0.0.4"} and len(t) == 3

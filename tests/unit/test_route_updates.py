@@ -13,14 +13,17 @@ from dataplane.control.peerset import PeerChange, PeerSnapshot
 from dataplane.control.routes import route_changes, route_table
 from dataplane.engine import Route, engine_class, multi
 from dataplane.engine.pytable import RouteTable
-from dataplane.engine.route_array import RouteArray, route_array
+from dataplane.engine.route_array import RouteArray, route_arrays
 from tests.conftest import require_engine, wait_until
 
 TABLES = [RouteArray, RouteTable]
 
 
-def route(i: int, peer: int, port: int = 8285, plen: int = 24) -> Route:
-    net = ipaddress.IPv4Network((0x0A000000 + (i << (32 - plen)), plen))
+def route(i: int, peer: int, port: int = 8285, plen: int = 24, v6: bool = False) -> Route:
+    if v6:
+        net = ipaddress.IPv6Network(((0xFC00_0066 << 96) + (i << (128 - plen)), plen))
+    else:
+        net = ipaddress.IPv4Network((0x0A000000 + (i << (32 - plen)), plen))
     return Route(net, ipaddress.IPv4Address(0x7F000002 + peer), port)
 
 
@@ -28,11 +31,13 @@ def same(table, routes) -> None:
     """``table`` holds exactly ``routes`` (a later route of a subnet wins)."""
     want = {r.subnet: r for r in routes}
     if isinstance(table, RouteArray):           # the rows as the C engine reads them
-        rows = {(net, plen): row for net, plen, *row in table.array.tolist()}
-        assert rows == {(net, plen): row for net, plen, *row in route_array(want.values()).tolist()}
+        for arr, full in zip((table.array, table.array6), route_arrays(want.values())):
+            assert sorted(arr.tobytes()[i:i + arr.itemsize] for i in range(0, arr.nbytes, arr.itemsize)) \
+                == sorted(full.tobytes()[i:i + full.itemsize] for i in range(0, full.nbytes, full.itemsize))
     else:
         full = RouteTable(want.values())
-        assert (table.lens, table.peers, len(table)) == (full.lens, full.peers, len(full))
+        assert (table.lens, table.lens6, table.peers, len(table)) == \
+            (full.lens, full.lens6, full.peers, len(full))
 
 
 @pytest.mark.parametrize("cls", TABLES)
@@ -41,11 +46,14 @@ def test_random_changes_equal_a_whole_build(cls):
     current: dict = {}
     table = cls.of()
     for step in range(400):
-        removed = rnd.sample(sorted(current), min(len(current), rnd.randrange(4)))
+        removed = rnd.sample(sorted(current, key=lambda n: (n.version, n)),
+                             min(len(current), rnd.randrange(4)))
         removed.append(route(500 + step, 0).subnet)                    # no route: ignored
         # few peers and subnets, so that moves, shared peers and re-adds happen
         added = [route(rnd.randrange(60), rnd.randrange(8), plen=rnd.choice((24, 24, 16, 32)))
                  for _ in range(rnd.randrange(5))]
+        added += [route(rnd.randrange(60), rnd.randrange(8), plen=rnd.choice((64, 64, 56, 128)),
+                        v6=True) for _ in range(rnd.randrange(3))]
         for subnet in removed:
             current.pop(subnet, None)
         for r in added:
@@ -54,6 +62,7 @@ def test_random_changes_equal_a_whole_build(cls):
         same(table, current.values())
         if cls is RouteArray:                       # no stale duplicate row behind the index
             assert len({tuple(r[:2]) for r in table.array.tolist()}) == len(table.array)
+            assert len({(bytes(r[0]), r[2]) for r in table.array6.tolist()}) == len(table.array6)
 
 
 @pytest.mark.parametrize("cls", TABLES)
@@ -101,9 +110,9 @@ def test_a_change_converts_its_routes_not_the_tables(cls, monkeypatch):
     def counting(routes):
         routes = list(routes)
         converted.append(len(routes))
-        return route_array(routes)
-    monkeypatch.setattr(route_array_module, "route_array", counting)
-    monkeypatch.setattr(pytable, "route_array", counting)
+        return route_arrays(routes)
+    monkeypatch.setattr(route_array_module, "route_arrays", counting)
+    monkeypatch.setattr(pytable, "route_arrays", counting)
     for i in range(20):
         big = big.updated([route(i, i).subnet], [route(40000 + i, i)])
     assert converted == [1] * 20

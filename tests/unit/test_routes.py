@@ -1,13 +1,14 @@
 """The route step (control/routes.py) over the peer snapshot (control/peerset.py): peer leases -> routes."""
 from __future__ import annotations
 
-from ipaddress import IPv4Address, IPv4Network
+import logging
+from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
 import pytest
 
 from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peerset import PeerChange, PeerSnapshot
-from dataplane.control.routes import route_table
+from dataplane.control.routes import Ipv6Parts, route_changes, route_table
 from dataplane.engine import Route
 
 OWN = "10.5.1.0/24"
@@ -63,3 +64,100 @@ def test_change_between_snapshots():
     assert [str(l.subnet) for l in change.added] == ["10.5.3.0/24", "10.5.4.0/24"]   # new, and a moved peer
     assert [str(l.subnet) for l in change.removed] == ["10.5.2.0/24"]
     assert not PeerChange.between(after, PeerSnapshot.of(after.peers, own))
+
+
+# -- dual stack: the peers' IPv6 parts ------------------------------------------------------
+NET6 = IPv6Network("fc00:66::/56")
+
+
+def lease6(subnet: str, ip: str, part: str | None, forwards: bool = True) -> Lease:
+    return Lease(IPv4Network(subnet), LeaseAttrs(IPv4Address(ip), forwards_ipv6=forwards),
+                 ipv6_subnet=IPv6Network(part) if part else None)
+
+
+def apply(table: dict, removed, added) -> dict:
+    """The kept table's update (engine/route_array.py, engine/pytable.py) as a dict: removed
+    subnets go (one with no route is ignored), then added routes replace by subnet."""
+    table = dict(table)
+    for subnet in removed:
+        table.pop(subnet, None)
+    for r in added:
+        table[r.subnet] = r
+    return table
+
+
+def as_dict(routes) -> dict:
+    return {r.subnet: r for r in routes}
+
+
+def test_ipv6_parts_are_routes_only_when_marked_and_inside_the_network(caplog):
+    caplog.set_level(logging.INFO)
+    parts = Ipv6Parts(NET6, own6=IPv6Network("fc00:66:0:1::/64"))
+    leases = [lease6("10.5.2.0/24", "192.168.77.2", "fc00:66:0:2::/64"),
+              lease6("10.5.3.0/24", "192.168.77.3", "fc00:66:0:3::/64", forwards=False),  # flanneld
+              lease6("10.5.4.0/24", "192.168.77.4", "fc00:99:0:4::/64"),      # outside
+              lease6("10.5.5.0/24", "192.168.77.5", "fc00:66::/48"),           # wider than it
+              lease6("10.5.6.0/24", "192.168.77.6", "fc00:66:0:1::/64"),       # ours
+              lease6("10.5.7.0/24", "192.168.77.7", None)]                     # v4-only key
+    routes = route_table(PeerSnapshot.of(leases, IPv4Network(OWN)), 8285, parts)
+    v4 = [r for r in routes if r.subnet.version == 4]
+    assert len(v4) == 6, "a part that is no route costs that part only"
+    assert [r for r in routes if r.subnet.version == 6] == [
+        Route.make("fc00:66:0:2::/64", "192.168.77.2", 8285)]
+    said = [r.getMessage() for r in caplog.records]
+    assert any("10.5.3.0/24" in m and "ForwardsIPv6" in m for m in said)
+    assert any("10.5.4.0/24" in m and "outside the IPv6Network" in m for m in said)
+    assert any("10.5.5.0/24" in m and "outside the IPv6Network" in m for m in said)
+    assert any("10.5.6.0/24" in m and "own IPv6 part" in m for m in said)
+    n = len(caplog.records)
+    route_table(PeerSnapshot.of(leases, IPv4Network(OWN)), 8285, parts)
+    assert len(caplog.records) == n, "said once"
+    # IPv6 off in our config: no IPv6 route at all
+    assert all(r.subnet.version == 4 for r in route_table(
+        PeerSnapshot.of(leases, IPv4Network(OWN)), 8285, Ipv6Parts(None)))
+
+
+def test_a_reshaped_key_with_the_same_value_is_a_change():
+    """The IPv6 part alone changed (same IPv4 subnet, same value bytes): the peer is added
+    again, its old part's route goes, the new one comes."""
+    parts = Ipv6Parts(NET6)
+    old = lease6("10.5.2.0/24", "192.168.77.2", "fc00:66:0:2::/64")
+    new = lease6("10.5.2.0/24", "192.168.77.2", "fc00:66:0:9::/64")
+    assert old.attrs == new.attrs
+    before, after = PeerSnapshot.of([old], None), PeerSnapshot.of([new], None)
+    change = PeerChange.between(before, after)
+    assert change.added == (new,) and not change.removed
+    removed, added = route_changes(change, 8285, parts, before=before)
+    table = apply(as_dict(route_table(before, 8285, parts)), removed, added)
+    assert table == as_dict(route_table(after, 8285, parts))
+    assert IPv6Network("fc00:66:0:2::/64") not in table and IPv6Network("fc00:66:0:9::/64") in table
+
+
+def test_route_changes_keep_a_dual_stack_table_equal_to_the_snapshots():
+    """Snapshot after snapshot (peers come, go, gain, lose and move their IPv6 part, lose
+    their mark), the kept table stays route_table(snapshot)."""
+    import random
+    rng = random.Random(37)
+    parts = Ipv6Parts(NET6)
+    snap = PeerSnapshot.of([], IPv4Network(OWN))
+    table: dict = {}
+    for _ in range(300):
+        peers = dict(snap.peers)
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randint(2, 12)
+            subnet = f"10.5.{i}.0/24"
+            roll = rng.random()
+            if roll < 0.25:
+                peers.pop(IPv4Network(subnet), None)
+                continue
+            part = (None if roll < 0.35 else
+                    f"fc00:99:0:{i}::/64" if roll < 0.4 else
+                    # the allocator never gives a part twice: each subnet draws from its own
+                    f"fc00:66:0:{i * 16 + rng.randint(0, 3):x}::/64")
+            peers[IPv4Network(subnet)] = lease6(subnet, f"192.168.77.{rng.randint(2, 5)}", part,
+                                                forwards=rng.random() < 0.8)
+        after = PeerSnapshot.of(peers, IPv4Network(OWN))
+        change = PeerChange.between(snap, after)
+        table = apply(table, *route_changes(change, 8285, parts, before=snap))
+        assert table == as_dict(route_table(after, 8285, parts))
+        snap = after
