@@ -8,7 +8,11 @@ A peer goes direct when all three hold:
   would leave plain and its replies come back through flannel0, and reverse-path filtering drops
   what arrives on an interface the route back does not use;
 * the kernel reaches the peer's PublicIP without a gateway on our external interface (the
-  ``on_link`` question, host/direct_routes.py), as flanneld's vxlan backend decides it.
+  ``on_link`` question, host/direct_routes.py), as flanneld's vxlan backend decides it;
+* the engines forward no IPv6 part of its lease (``ipv6_routed``): direct routes are IPv4
+  only so far, and a peer is reached one way for both families (its host decides the same on
+  our lease, so both ends agree and reverse-path filtering sees each family come back the way
+  it left).
 
 Every other peer stays in the engine's table. :meth:`DirectRouting.apply` takes each change of
 the peer watcher and returns the engine's share of it and the kernel routes to add and remove;
@@ -38,9 +42,11 @@ class Split:
 
 
 class DirectRouting:
-    def __init__(self, enabled: bool, on_link: Callable[[IPv4Address], bool]):
+    def __init__(self, enabled: bool, on_link: Callable[[IPv4Address], bool],
+                 ipv6_routed: Callable[[Lease], bool] = lambda _lease: False):
         self.enabled = enabled
         self.on_link = on_link
+        self.ipv6_routed = ipv6_routed
         self.direct: dict[IPv4Network, Lease] = {}
 
     def why_not(self, lease: Lease) -> str | None:
@@ -50,6 +56,9 @@ class DirectRouting:
         if not lease.attrs.direct_routing:
             return "the peer does not route directly (no DirectRouting in its lease: flanneld, " \
                    "or a flannel-udp without it)"
+        if self.ipv6_routed(lease):
+            return ("the engines forward its IPv6 part (direct routes are IPv4 only so far), so "
+                    "both families go through flannel0")
         if not self.on_link(lease.public_ip):
             return f"its PublicIP {lease.public_ip} is reached through a gateway, not on this " \
                    "host's link"

@@ -46,6 +46,11 @@ class LeaseAttrs:
     # peers route to it directly only when it says so (control/direct.py). flanneld reads past
     # the field, and rewrites the value without it when it takes the lease over.
     direct_routing: bool = False
+    # "ForwardsIPv6": true, written by a flannel-udp host that forwards inner IPv6 (a dual-stack
+    # config): peers route the IPv6 part of its lease only when it says so (control/routes.py).
+    # flanneld's udp backend takes dual-stack keys too but routes no IPv6; what was sent to it
+    # would vanish. flanneld reads past the field, and drops it when it takes the lease over.
+    forwards_ipv6: bool = False
 
     def to_json(self) -> bytes:
         """Bytes exactly as flanneld's udp backend writes them (field order and spacing of Go's encoder)."""
@@ -59,6 +64,8 @@ class LeaseAttrs:
             doc["BackendV6Data"] = self.backend_v6_data
         if self.direct_routing:
             doc["DirectRouting"] = True
+        if self.forwards_ipv6:
+            doc["ForwardsIPv6"] = True
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -96,7 +103,8 @@ class LeaseAttrs:
                    backend_type=btype if isinstance(btype, str) and btype else None,
                    backend_data=fields.get("backenddata"),
                    backend_v6_data=fields.get("backendv6data"),
-                   direct_routing=fields.get("directrouting") is True)
+                   direct_routing=fields.get("directrouting") is True,
+                   forwards_ipv6=fields.get("forwardsipv6") is True)
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,7 @@ class Lease:
                                   int(a.public_ip), a.public_ipv6, a.backend_type, a.backend_data,
                                   a.backend_v6_data, self.ipv6_subnet, self.expiration,
                                   self.lease_id, self.mod_revision, self.key,
-                                  self.create_revision, a.direct_routing))
+                                  self.create_revision, a.direct_routing, a.forwards_ipv6))
 
     @property
     def reservation(self) -> bool:
@@ -134,10 +142,10 @@ class Lease:
 
 def _lease_of_parts(net, prefixlen, public_ip, public_ipv6, backend_type, backend_data,
                     backend_v6_data, ipv6_subnet, expiration, lease_id, mod_revision, key,
-                    create_revision=0, direct_routing=False) -> Lease:
+                    create_revision=0, direct_routing=False, forwards_ipv6=False) -> Lease:
     return Lease(IPv4Network((net, prefixlen)),
                  LeaseAttrs(IPv4Address(public_ip), public_ipv6, backend_type, backend_data,
-                            backend_v6_data, direct_routing),
+                            backend_v6_data, direct_routing, forwards_ipv6),
                  ipv6_subnet, expiration, lease_id, mod_revision, key, create_revision)
 
 

@@ -97,7 +97,8 @@ class LeaseManager:
         self.registry = registry
         self.public_ip = IPv4Address(public_ip)
         self.attrs = LeaseAttrs(public_ip=self.public_ip,
-                                direct_routing=bool(config is not None and config.direct_routing))
+                                direct_routing=bool(config is not None and config.direct_routing),
+                                forwards_ipv6=bool(config is not None and config.enable_ipv6))
         self.subnet_file_prev = subnet_file_prev
         self.subnet_file_prev_v6 = subnet_file_prev_v6
         self.renew_margin = (renew_margin_s if renew_margin_s is not None

@@ -44,7 +44,8 @@ class PeerSnapshot:
 class PeerChange:
     """One report of the peer watcher: the peers now, and the difference from the last report.
 
-    ``added`` holds new peers and peers whose attributes (PublicIP) changed, ``removed`` the peers
+    ``added`` holds new peers and peers whose attributes (PublicIP) or IPv6 part changed (a key
+    reshaped for the same IPv4 subnet: its value may be the same bytes), ``removed`` the peers
     that are gone; both sorted by subnet."""
     snapshot: PeerSnapshot
     added: tuple = ()
@@ -60,7 +61,8 @@ class PeerChange:
         added, removed = [], []
         for subnet in sorted(subnets, key=_subnet_order):
             old, new = before.peers.get(subnet), after.peers.get(subnet)
-            if new is not None and (old is None or old.attrs != new.attrs):
+            if new is not None and (old is None or old.attrs != new.attrs
+                                    or old.ipv6_subnet != new.ipv6_subnet):
                 added.append(new)
             elif new is None and old is not None:
                 removed.append(old)

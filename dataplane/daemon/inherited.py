@@ -79,6 +79,10 @@ def state_of(daemon) -> dict:
     """The state document of a running daemon (JSON-ready)."""
     with daemon.lock:
         peers = [[str(s), str(l.public_ip)] for s, l in sorted(daemon.peers.peers.items())]
+        # the peers' IPv6 parts the engines route, apart: a daemon of an older version reads
+        # "peers" as pairs and past a key it does not know
+        peers6 = [[str(s), str(l.ipv6_subnet)] for s, l in sorted(daemon.peers.peers.items())
+                  if l.ipv6_subnet is not None and l.attrs.forwards_ipv6]
     return {
         "version": STATE_VERSION, "pid": os.getpid(), "engine": daemon.engine_cls.name,
         "tun": {"name": daemon.tun_name, "queues": len(daemon.tun_fds),
@@ -88,11 +92,15 @@ def state_of(daemon) -> dict:
         "config": daemon.config.raw,
         "lease": lease_json(daemon.current_lease()),
         "peers": peers,
+        "peers6": peers6,
     }
 
 
 def peers_of(state: dict) -> list[Lease]:
-    return [Lease(subnet=IPv4Network(s), attrs=LeaseAttrs(public_ip=IPv4Address(ip)))
+    parts = {s: IPv6Network(v6) for s, v6 in state.get("peers6", [])}
+    return [Lease(subnet=IPv4Network(s),
+                  attrs=LeaseAttrs(public_ip=IPv4Address(ip), forwards_ipv6=s in parts),
+                  ipv6_subnet=parts.get(s))
             for s, ip in state.get("peers", [])]
 
 

@@ -2,7 +2,10 @@
 failure leaves.
 
 Our lease can change under a running daemon: SIGHUP asks for it again, and the lease manager gets
-a new one when etcd lost ours (expired, deleted, taken). The same subnet changes nothing here.
+a new one when etcd lost ours (expired, deleted, taken). The same subnet (both parts of a
+dual-stack lease) changes nothing here. A lease whose IPv6 part alone changed (a key reshaped:
+control/lease_manager.py) moves flannel0's IPv6 address and the engines' own sources, and
+subnet.env's IPv6 lines; its IPv4 address, the rules and the blackhole route stay.
 Another subnet moves flannel0's address, the iptables rules and subnet.env, and replaces the
 engines on the same fds (their ICMP errors come from <lease net>); the peers' leases are kept,
 and the route table is built once, from the peer watcher's snapshot for the new subnet. Last, with
@@ -28,7 +31,7 @@ from __future__ import annotations
 import errno
 import logging
 from dataclasses import dataclass
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, IPv6Network
 from typing import Callable, Optional
 
 from ..control.recurring import Recurring
@@ -45,13 +48,15 @@ class Host:
     network: IPv4Network                # the overlay's Network: its route goes via flannel0
     subnet_file: str                    # named in the log: where workloads read their subnet
     rules: object                       # host/firewall.py Rules, or None
-    new_engine: Callable                # subnet -> engines for it on the same fds, not started
+    # (subnet, IPv6 subnet or None) -> engines for it on the same fds, not started
+    new_engine: Callable
     # engine -> the one it replaced: from then on peer changes (on_peers) reach ``engine``
     swap_engine: Callable
     restore_engine: Callable            # engine -> None: it is back, with the current routes
     own_subnet: Callable                # subnet -> None: the peer watch reports its snapshot
     # (old, new) -> None: the blackhole route follows the host (daemon/blackhole_route.py)
     blackhole: Optional[Callable] = None
+    network6: Optional[IPv6Network] = None  # IPv6Network (EnableIPv6): its route goes via flannel0
 
 
 class MoveFailed(RuntimeError):
@@ -80,14 +85,18 @@ class Failures:
         self._failing.ok(f"the host is on {subnet}")
 
 
-def move(old_subnet, new_subnet, host: Host, failures: Failures) -> bool:
-    """Move the host from ``old_subnet`` to ``new_subnet`` (nothing to do when they are the
-    same). True once the host is on it; False when a step failed (logged and counted in
-    ``failures``): call again to retry."""
-    if new_subnet == old_subnet:
+def move(old, new, host: Host, failures: Failures) -> bool:
+    """Move the host from the lease ``old`` to the lease ``new`` (nothing to do when both
+    parts are the same). True once the host is on it; False when a step failed (logged and
+    counted in ``failures``): call again to retry."""
+    old_subnet, new_subnet = old.subnet, new.subnet
+    if (new_subnet, new.ipv6_subnet) == (old_subnet, old.ipv6_subnet):
         return True
     try:
-        _move(host, old_subnet, new_subnet, failures.retrying)
+        if new_subnet == old_subnet:
+            _move_ipv6(host, old, new)
+        else:
+            _move(host, old_subnet, new_subnet, failures.retrying, new.ipv6_subnet)
     except MoveFailed as e:
         failures.record(new_subnet, str(e))
         return False
@@ -100,16 +109,41 @@ def move(old_subnet, new_subnet, host: Host, failures: Failures) -> bool:
     return True
 
 
-def _move(host: Host, old_subnet, new_subnet, retrying: bool) -> None:
+def _move_ipv6(host: Host, old, new) -> None:
+    """Only the IPv6 part changed: flannel0's IPv6 address follows it, and new engines know
+    the new part as their own sources (they are the way the engines hear of it)."""
+    log.warning("The new lease has another IPv6 part (%s, was %s) for the same subnet %s: "
+                "moving flannel0's IPv6 address and %s's IPv6 lines. Workloads that hold IPv6 "
+                "addresses in %s are cut off until they are restarted", new.ipv6_subnet or "none",
+                old.ipv6_subnet or "none", new.subnet, host.subnet_file, old.ipv6_subnet or "none")
+    _move_flannel0_ipv6(host, new.ipv6_subnet)
+    _replace_engine(host, new.subnet, new.ipv6_subnet)
+
+
+def _move_flannel0_ipv6(host: Host, subnet6) -> None:
+    from .startup import ensure_ipv6, tun_addr6
+    if subnet6 is None or host.network6 is None:
+        return
+    try:
+        ensure_ipv6(host.tun_name, subnet6, host.network6)
+    except Exception as e:
+        raise MoveFailed(f"netlink could not give {host.tun_name} the IPv6 address "
+                         f"{tun_addr6(subnet6)} or the route {host.network6} ({e}); IPv6 "
+                         f"forwarding goes on as before; check that {host.tun_name} exists and "
+                         "that the daemon has CAP_NET_ADMIN") from None
+
+
+def _move(host: Host, old_subnet, new_subnet, retrying: bool, subnet6=None) -> None:
     if not retrying:
         log.warning("The new lease has another subnet (%s, was %s): moving flannel0, the "
                     "iptables rules and %s. Workloads that hold addresses in %s are cut off "
                     "until they are restarted (they then get addresses of %s)",
                     new_subnet, old_subnet, host.subnet_file, old_subnet, new_subnet)
     _move_flannel0(host, old_subnet, new_subnet)
+    _move_flannel0_ipv6(host, subnet6)
     if host.rules is not None:
         host.rules.update_subnet(new_subnet)        # its own failures: the resync retries
-    _replace_engine(host, new_subnet)
+    _replace_engine(host, new_subnet, subnet6)
     if host.blackhole is not None:
         try:
             host.blackhole(old_subnet, new_subnet)
@@ -144,10 +178,11 @@ def _move_flannel0(host: Host, old_subnet, new_subnet) -> None:
             from None
 
 
-def _replace_engine(host: Host, subnet) -> None:
-    """New engines for ``subnet`` on the same fds; the old ones stop only once these run."""
+def _replace_engine(host: Host, subnet, subnet6=None) -> None:
+    """New engines for ``subnet`` (and the IPv6 part ``subnet6``) on the same fds; the old ones
+    stop only once these run."""
     try:
-        engine = host.new_engine(subnet)
+        engine = host.new_engine(subnet, subnet6)
     except StartupError as e:
         raise MoveFailed(f"{e}; the old engine keeps forwarding (its ICMP errors still come "
                          "from the old address)") from None

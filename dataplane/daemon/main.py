@@ -21,6 +21,8 @@ each step is a function of daemon/startup.py::
     4. lease                     reuse by PublicIP, else the subnet.env subnet, else random
     5. flannel0                  ioctl(TUNSETIFF) by this process; <lease net>/32,
                                  MTU = interface MTU - 28, up, route <Network> dev flannel0;
+                                 with EnableIPv6 also <IPv6 lease net>/128 and
+                                 <IPv6Network> dev flannel0;
                                  one fd per queue (--queues), vnet headers for --offload auto
     6. UDP socket(s)             bound to the interface address and the config's port, one
                                  per queue (SO_REUSEPORT), or one (and one flannel0 queue)
@@ -30,7 +32,8 @@ each step is a function of daemon/startup.py::
                                  than one --iptables-resync period later as flanneld, then
                                  checked every period on the tick (daemon/blackhole_route.py)
     7. iptables                  --ip-masq (FLANNEL-POSTRTG), --iptables-forward-rules (FLANNEL-FWD)
-    8. subnet.env                FLANNEL_NETWORK / SUBNET / MTU / IPMASQ
+    8. subnet.env                FLANNEL_NETWORK / SUBNET / (IPV6_NETWORK / IPV6_SUBNET) /
+                                 MTU / IPMASQ
     9. engine + watches          one engine per queue (host/assembly.py), made first; the
                                  peer watch lists the leases and their routes go in; then the
                                  engine starts (so the source check knows the peers from the
@@ -234,6 +237,7 @@ class Daemon:
                                               fallback=inh.config_raw if inh else None)
         if inh is None:                 # the config names the port: a read, still no write
             preflight.udp_port(self.ext, self.config.backend_port)
+        startup.check_ipv6(self.config, self.ext)
         self.lease_manager = startup.make_lease_manager(o, self.registry, self.ext, self.config,
                                                         self.on_lease_change)
         # the engine decides the queues' fds (vnet headers for its offloads)
@@ -246,21 +250,25 @@ class Daemon:
                 queues=self.queues, vnet=self.offloads.wanted)
         if inh is not None:
             # 4.-6. kept: the lease, flannel0, the sockets; our engine forwards from here on
+            self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet)
             self._take_over(inh)
         else:
             # 4. lease
             self.lease = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
+            self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet)
             # 5.-6. flannel0, the UDP socket(s), the offloads they accept (host/assembly.py)
             self._use(startup.open_dataplane(self.offloads, self.queues, self.lease.subnet,
                                              self.config.network, self.ext,
-                                             self.config.backend_port))
+                                             self.config.backend_port, self.lease.ipv6_subnet,
+                                             self.config.ipv6_network))
         # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
         self.blackhole.want(self.lease.subnet, previous=self.lease_manager.subnet_file_prev)
         # 7. iptables
         self.rules = startup.install_rules(o, self.config.network, self.lease.subnet,
                                            enable_nftables=self.config.enable_nftables)
         # 8. subnet.env (rewritten on the tick while a write fails)
-        self.subnet_env.want(self.config.network, self.lease.subnet, self.ext.tun_mtu)
+        self.subnet_env.want(self.config.network, self.lease.subnet, self.ext.tun_mtu,
+                             self.config.ipv6_network, self.lease.ipv6_subnet)
         # 9. engine and watches: the routes to the listed peers are in before the engine
         #    forwards, so that the source check accepts their datagrams from the first one
         if self.engine is None:
@@ -302,7 +310,8 @@ class Daemon:
         self.queues, note = queues.effective(o.queues, o.trace)
         if note:
             log.info("%s", note)
-        self.offloads = Offloads(o.offload, self.engine_cls.name)
+        self.offloads = Offloads(o.offload, self.engine_cls.name,
+                                 ipv6=self.config.enable_ipv6)
 
     def _use(self, dataplane: Dataplane):
         """flannel0 and the sockets from here on: as many queues as they have (fewer than asked
@@ -314,7 +323,8 @@ class Daemon:
         o = self.opts
         engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
                                     self.lease.subnet, self.ext.tun_mtu,
-                                    self.dataplane.offload_flags, self.own_sources)
+                                    self.dataplane.offload_flags, self.own_sources,
+                                    self.lease.ipv6_subnet)
         self.liveness.hold_for_test(engine, self._stop)
         with self.lock:
             self.peer_routes.load(engine)
@@ -323,15 +333,18 @@ class Daemon:
                  self.engine_why, len(engine),
                  "known leases only (--accept-from leases)" if o.accept_from == "leases"
                  else "any source (--accept-from any, as flanneld)")
-        log.info("Inner sources dropped: this host's own (%s and its %d address(es))%s",
-                 self.lease.subnet, len(self.own_sources.addresses),
+        log.info("Inner sources dropped: this host's own (%s%s and its %d address(es))%s",
+                 self.lease.subnet,
+                 "" if self.lease.ipv6_subnet is None else f", {self.lease.ipv6_subnet}",
+                 len(self.own_sources.addresses),
                  "; and any not in the sending lease's subnet (--strict-sources)"
                  if o.strict_sources else "")
 
     # ------------------------------------------------------------------ taking over
     def _take_over(self, inh):
         self.state_file = inh.state_file
-        self._use(startup.adopt_dataplane(self.offloads, inh, self.queues, self.config.network))
+        self._use(startup.adopt_dataplane(self.offloads, inh, self.queues, self.config.network,
+                                          self.lease.ipv6_subnet, self.config.ipv6_network))
         self.peers = PeerSnapshot.of(inherited.peers_of(inh.state), self.lease.subnet)
         self._make_engine()
         state = inh.switch(self.engine.start)
@@ -342,7 +355,7 @@ class Daemon:
         lease, _ = inherited.kept_lease(state, self.ext, self.config)
         if lease is not None and lease != self.lease:
             self.lease_manager.adopt(lease)
-            if lease.subnet == self.lease.subnet:
+            if (lease.subnet, lease.ipv6_subnet) == (self.lease.subnet, self.lease.ipv6_subnet):
                 self.lease = lease
             else:                       # it moved meanwhile: the serve loop moves us too
                 self.on_lease_change(lease)
@@ -439,7 +452,7 @@ class Daemon:
                     if self._stop.wait(5):
                         return 0
             with self.lock:
-                engine, subnet = self.engine, self.lease.subnet
+                engine, subnet, subnet6 = self.engine, self.lease.subnet, self.lease.ipv6_subnet
                 save = self.peer_routes.take_changed()
                 if self.peer_log is not None:
                     self.peer_log.tick()
@@ -447,7 +460,7 @@ class Daemon:
                 self._save_state()
             self.subnet_env.retry()
             self.blackhole.tick()
-            self.own_sources.refresh(engine, subnet)
+            self.own_sources.refresh(engine, subnet, subnet6)
             status = monitor.check(engine, self.tun_name)
             if status is not None:
                 return status
@@ -473,23 +486,25 @@ class Daemon:
         lease manager has handed over a newer lease meanwhile."""
         with self.lock:
             old = self.lease
-        if not lease_move.move(old.subnet, lease.subnet, self._move_host(), self.move_failures):
+        if not lease_move.move(old, lease, self._move_host(), self.move_failures):
             with self.lock:
                 if self._pending_lease is None:
                     self._pending_lease = lease
             return
         with self.lock:
             self.lease = lease
-        if lease.subnet != old.subnet:
-            self.subnet_env.want(self.config.network, lease.subnet, self.ext.tun_mtu)
+        self.peer_routes.follow_lease(self.config.ipv6_network, lease.ipv6_subnet)
+        if (lease.subnet, lease.ipv6_subnet) != (old.subnet, old.ipv6_subnet):
+            self.subnet_env.want(self.config.network, lease.subnet, self.ext.tun_mtu,
+                                 self.config.ipv6_network, lease.ipv6_subnet)
         self._save_state()
 
     def _move_host(self) -> lease_move.Host:
         """What a lease move changes, and how its new engine takes the place of ours."""
-        def new_engine(subnet):
+        def new_engine(subnet, subnet6=None):
             return startup.new_engine(self.engine_cls, self.opts, self.tun_fds, self.socks,
                                       subnet, self.ext.tun_mtu, self.dataplane.offload_flags,
-                                      self.own_sources)
+                                      self.own_sources, subnet6)
 
         def swap_engine(engine):
             with self.lock:
@@ -502,6 +517,7 @@ class Daemon:
                 self.peer_routes.load(engine)
         return lease_move.Host(tun_name=self.tun_name, mtu=self.ext.tun_mtu,
                                network=self.config.network, subnet_file=self.opts.subnet_file,
+                               network6=self.config.ipv6_network,
                                rules=self.rules, new_engine=new_engine, swap_engine=swap_engine,
                                restore_engine=restore_engine,
                                own_subnet=self.peer_watcher.set_own_subnet,

@@ -18,7 +18,7 @@ import threading
 
 from ..control.direct import DirectRouting
 from ..control.peerset import PeerChange, PeerSnapshot
-from ..control.routes import route_changes, route_table
+from ..control.routes import Ipv6Parts, route_changes, route_table
 from ..host import direct_routes
 
 log = logging.getLogger(__name__)
@@ -31,10 +31,19 @@ class PeerRoutes:
     def __init__(self, state):
         self.state = state
         self.routes = None                    # the engine's table; None until the first listing
+        # which peers' IPv6 parts are routes (control/routes.py): none until follow_lease
+        self.ipv6 = Ipv6Parts(None)
         self.all_peers = PeerSnapshot()       # every peer the watcher reported last
         self.route_watch = None               # host/direct_routes.py HostRouteWatch, when it is on
         self._lock = threading.RLock()        # one peer change (or re-decision) at a time
         self._changed = False                 # peers changed since take_changed(); state.lock
+
+    def follow_lease(self, network6, own6) -> None:
+        """The network config's IPv6Network and our lease's IPv6 part, before the first engine
+        gets its routes and whenever the lease moves."""
+        if self.ipv6.network6 != network6:
+            self.ipv6 = Ipv6Parts(network6, own6)
+        self.ipv6.own6 = own6
 
     def start_direct(self, table_type) -> None:
         """Which peers go direct, as the network config says (its DirectRouting), and, when it
@@ -42,7 +51,8 @@ class PeerRoutes:
         st = self.state
         ifindex = st.ext.index
         st.direct = DirectRouting(st.config.direct_routing,
-                                  lambda ip: direct_routes.on_link(ip, ifindex))
+                                  lambda ip: direct_routes.on_link(ip, ifindex),
+                                  ipv6_routed=lambda lease: self.ipv6.why_not(lease) is None)
         if st.config.direct_routing:
             log.info("DirectRouting is on: peers that have it too and whose PublicIP is on %s's "
                      "link get a plain route via their PublicIP (proto %d); the others go through "
@@ -64,7 +74,8 @@ class PeerRoutes:
             split = st.direct.apply(change, st.peers)
             self.all_peers = change.snapshot
             self._apply(split, table_type, reconcile=first)
-            peer_log.record(change, len(self.routes), direct=st.direct)
+            # the peers the engine routes: its table also holds their IPv6 parts
+            peer_log.record(change, len(st.peers), direct=st.direct)
 
     def reconsider(self, table_type) -> None:
         """HostRouteWatch's callback: the host's addresses or routes changed; every peer is
@@ -86,7 +97,8 @@ class PeerRoutes:
         if self.routes is not None:
             engine.set_table(self.routes)
         else:
-            engine.set_routes(route_table(self.state.peers, self.state.config.backend_port))
+            engine.set_routes(route_table(self.state.peers, self.state.config.backend_port,
+                                          self.ipv6))
 
     def take_changed(self) -> bool:
         """Whether the peers changed since the last call (the caller holds state.lock)."""
@@ -102,10 +114,10 @@ class PeerRoutes:
             direct_routes.replace(lease.subnet, lease.public_ip, st.ext.index)
         change = split.engine
         port = st.config.backend_port
-        removed, added = route_changes(change, port)
+        removed, added = route_changes(change, port, self.ipv6, before=st.peers)
         with st.lock:
             if self.routes is None:     # the first listing: whole, so nothing handed over lingers
-                self.routes = table_type.of(route_table(change.snapshot, port))
+                self.routes = table_type.of(route_table(change.snapshot, port, self.ipv6))
             else:
                 self.routes = self.routes.updated(removed, added)
             st.peers = change.snapshot

@@ -55,6 +55,25 @@ def select_interface(opts):
     return ext
 
 
+def check_ipv6(config, ext) -> None:
+    """EnableIPv6: what IPv6 on flannel0 needs of this host, said before etcd holds a lease
+    for a host that cannot carry it."""
+    from ..host.netconf import IPV6_MTU_MIN, ipv6_unavailable
+    if not config.enable_ipv6:
+        return
+    why = ipv6_unavailable()
+    if why is not None:
+        raise StartupError(f"the network config enables IPv6 (EnableIPv6) but {why}: boot "
+                           "without ipv6.disable=1, or remove EnableIPv6 from the config of "
+                           "every host's cluster")
+    if ext.tun_mtu < IPV6_MTU_MIN:
+        raise StartupError(
+            f"the network config enables IPv6 (EnableIPv6) but flannel0's MTU would be "
+            f"{ext.tun_mtu} ({ext.name} MTU {ext.mtu} - 28), below the {IPV6_MTU_MIN} bytes "
+            f"every IPv6 link must carry: raise {ext.name}'s MTU to {IPV6_MTU_MIN + 28} or "
+            "more, or remove EnableIPv6 from the config")
+
+
 def make_registry(opts):
     from ..control.registry import Registry
     tls = bool(opts.etcd_keyfile and opts.etcd_certfile)
@@ -193,11 +212,8 @@ def acquire_lease(subnets, registry, wait):
         failing.ok()
         log.info("Lease acquired: %s (PublicIP %s), expires %s", lease.subnet,
                  lease.public_ip, when(lease.expiration))
-        if lease.ipv6_subnet is not None:         # EnableIPv6: the engines are not there yet
-            log.warning("EnableIPv6: this host's lease holds IPv6 subnet %s (dual-stack key, as "
-                        "flanneld and dual-stack peers expect), but this version forwards IPv4 "
-                        "only: no IPv6 address or route on flannel0 and no FLANNEL_IPV6_* in "
-                        "subnet.env", lease.ipv6_subnet)
+        if lease.ipv6_subnet is not None:
+            log.info("Lease's IPv6 part: %s", lease.ipv6_subnet)
         return lease
 
 
@@ -211,31 +227,50 @@ def choose_engine(opts):
         raise StartupError(str(e)) from None
 
 
-def open_dataplane(offloads, queues: int, subnet, network, ext, port: int):
+def open_dataplane(offloads, queues: int, subnet, network, ext, port: int, subnet6=None,
+                   network6=None):
     """5.-6. The dataplane's assembly (host/assembly.py) in the daemon's words: flannel0 with one
-    fd per queue, <lease net>/32, MTU, queues long enough for a restart
-    (inherited.FLANNEL0_TXQUEUELEN), up, route <Network> dev flannel0; the UDP socket(s)
-    (:func:`open_sockets`), fewer queues where the host refuses their steering; the offloads."""
+    fd per queue, <lease net>/32 (and with a dual-stack lease <IPv6 lease net>/128), MTU, queues
+    long enough for a restart (inherited.FLANNEL0_TXQUEUELEN), up, route <Network> dev flannel0
+    (and <IPv6Network>); the UDP socket(s) (:func:`open_sockets`), fewer queues where the host
+    refuses their steering; the offloads."""
     from ..host.assembly import AssemblyError, Dataplane
     from .inherited import FLANNEL0_TXQUEUELEN
     addr = f"{subnet.network_address}/32"
+    addr6 = tun_addr6(subnet6)
+    v6 = "" if addr6 is None else f", IPv6 address {addr6}, route {network6}"
     try:
         dp = Dataplane.open(offloads, tun_name="flannel%d", tun_addr=addr, mtu=ext.tun_mtu,
                             network=network, queues=queues,
-                            sockets=lambda n: open_sockets(ext, port, n))
+                            sockets=lambda n: open_sockets(ext, port, n),
+                            tun_addr6=addr6, network6=network6 if addr6 else None)
     except AssemblyError as e:
-        raise _assembly_failed(e, f"{addr}, MTU {ext.tun_mtu}, route {network}") from None
+        raise _assembly_failed(e, f"{addr}, MTU {ext.tun_mtu}, route {network}{v6}") from None
     _accept_local(dp.tun_name)
     log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s) of "
              "%d packets", dp.tun_name, addr, ext.tun_mtu, ext.name, ext.mtu, network,
              dp.tun_name, len(dp.tun_fds), FLANNEL0_TXQUEUELEN)
+    if addr6 is not None:
+        log.info("%s carries IPv6: address %s, route %s dev %s", dp.tun_name, addr6, network6,
+                 dp.tun_name)
     return dp
 
 
-def adopt_dataplane(offloads, inh, queues: int, network):
+def tun_addr6(subnet6) -> str | None:
+    """flannel0's IPv6 address for the lease's IPv6 part: its network address as a /128, as
+    flannel's vxlan backend gives its IPv6 device, and as flannel0's IPv4 address is the
+    lease's network address as a /32 (docs/flannel-compat.md#tun-device). A /128 rather than
+    the prefix: the kernel then routes nothing of the lease's subnet to flannel0 (the subnet
+    is the pods', behind their bridge), and the route of IPv6Network does the rest."""
+    return None if subnet6 is None else f"{subnet6.network_address}/128"
+
+
+def adopt_dataplane(offloads, inh, queues: int, network, subnet6=None, network6=None):
     """flannel0 and the sockets handed over (``inh``, checked by daemon/inherited.py): as
     :func:`open_dataplane` would leave them, their route and accept_local put back if someone
-    removed them, the offloads probed on them (host/assembly.py)."""
+    removed them, and with a dual-stack lease IPv6 as open_dataplane gives it (a daemon of a
+    version that forwarded no IPv6 handed over a flannel0 without it), the offloads probed on
+    them (host/assembly.py)."""
     from ..host.assembly import AssemblyError, Dataplane
     from ..host.netconf import add_network_route, set_accept_local
     try:
@@ -246,11 +281,32 @@ def adopt_dataplane(offloads, inh, queues: int, network):
         if add_network_route(network, dp.tun_name):
             log.warning("the route %s dev %s was missing: added again", network, dp.tun_name)
         set_accept_local(dp.tun_name)
+        if subnet6 is not None:
+            ensure_ipv6(dp.tun_name, subnet6, network6)
     except Exception as e:
         dp.close()
         raise StartupError(f"failed to configure the {dp.tun_name} handed over (route "
-                           f"{network}, accept_local): {e}") from None
+                           f"{network}, accept_local"
+                           f"{'' if subnet6 is None else ', IPv6 ' + tun_addr6(subnet6)}): "
+                           f"{e}") from None
     return dp
+
+
+def ensure_ipv6(tun_name: str, subnet6, network6) -> None:
+    """An flannel0 that is up already (handed over, or a lease whose IPv6 part moved) gets
+    the IPv6 address of ``subnet6`` (any other global one goes) and the route of
+    ``network6``; what had to change is logged. Raises what netconf raises."""
+    from ..host.netconf import add_network_route, ipv6_addresses, prepare_ipv6, set_ipv6_address
+    addr6 = tun_addr6(subnet6)
+    before = ipv6_addresses(tun_name)
+    if not any(str(a) == addr6 for a in before):
+        prepare_ipv6(tun_name)      # idempotent; on an up link they hold from now on
+    removed = set_ipv6_address(tun_name, addr6)
+    if not any(str(a) == addr6 for a in before):
+        log.info("%s carries IPv6: address %s%s", tun_name, addr6,
+                 f" (instead of {', '.join(map(str, removed))})" if removed else "")
+    if add_network_route(network6, tun_name):
+        log.info("Added the route %s dev %s", network6, tun_name)
 
 
 def _accept_local(tun_name: str) -> None:
@@ -341,10 +397,12 @@ def install_rules(opts, network, subnet, enable_nftables: bool = False):
     return rules
 
 
-def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, own_sources):
+def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, own_sources,
+               subnet6=None):
     """One engine per queue behind one MultiEngine (host/assembly.py make_engine), configured,
     not started; its ICMP errors come from <lease net>, flannel0's address. It knows this host's
-    own sources (own_sources: host/own_sources.py) before it forwards a packet."""
+    own sources (own_sources: host/own_sources.py; ``subnet6`` the lease's IPv6 part) before it
+    forwards a packet."""
     from ..host import sched
     from ..host.assembly import make_engine
     if opts.realtime_priority:
@@ -363,7 +421,7 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
     engine.set_strict_sources(opts.strict_sources)
-    own_sources.refresh(engine, subnet)
+    own_sources.refresh(engine, subnet, subnet6)
     return engine
 
 

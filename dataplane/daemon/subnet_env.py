@@ -2,7 +2,8 @@
 the daemon's tick for as long as a write fails.
 
 The file is what the workloads' runtime reads (the flannel CNI plugin gives every new container an
-address from FLANNEL_SUBNET). A write that failed (the directory full, read-only, removed) leaves the
+address from FLANNEL_SUBNET, and, with a dual-stack lease, one from FLANNEL_IPV6_SUBNET too,
+written as flanneld writes them whenever the lease has an IPv6 part). A write that failed (the directory full, read-only, removed) leaves the
 old file whole, which is worse than no file when the lease moved: new containers start, with
 addresses of a subnet that is now another host's. So a failed write is not a warning and done: the
 file is stale until a write succeeds; meanwhile /readyz fails with a line saying so, the metric
@@ -26,14 +27,19 @@ class SubnetEnv:
         self.path = path
         self.ipmasq = ipmasq
         self._lock = threading.Lock()     # guards _want and _written
-        self._want: Optional[tuple] = None      # (network, subnet, mtu) the file must hold
+        # (network, subnet, mtu, IPv6 network, IPv6 subnet) the file must hold
+        self._want: Optional[tuple] = None
         self._written = False
         self.failures = Recurring(log, f"Writing the subnet file {path}", level=logging.ERROR)
 
-    def want(self, network, subnet, mtu: int) -> bool:
-        """The file must name ``subnet`` from now on: written now; True when it was."""
+    def want(self, network, subnet, mtu: int, ipv6_network=None, ipv6_subnet=None) -> bool:
+        """The file must name ``subnet`` (and ``ipv6_subnet`` of ``ipv6_network``, the lease's
+        IPv6 part, when it has one) from now on: written now; True when it was."""
+        if ipv6_subnet is None:
+            ipv6_network = None
         with self._lock:
-            self._want, self._written = (network, subnet, int(mtu)), False
+            self._want = (network, subnet, int(mtu), ipv6_network, ipv6_subnet)
+            self._written = False
         return self.retry()
 
     def retry(self) -> bool:
@@ -42,9 +48,10 @@ class SubnetEnv:
             want, written = self._want, self._written
         if want is None or written:
             return True
-        network, subnet, mtu = want
+        network, subnet, mtu, ipv6_network, ipv6_subnet = want
         try:
-            write_subnet_env(self.path, network, subnet, mtu, self.ipmasq)
+            write_subnet_env(self.path, network, subnet, mtu, self.ipmasq,
+                             ipv6_network=ipv6_network, ipv6_subnet=ipv6_subnet)
         except OSError as e:
             self.failures.fail(f"{e.strerror or e} ({type(e).__name__})", self._consequence(subnet))
             return False

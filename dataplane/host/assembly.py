@@ -5,7 +5,8 @@ engines on them, put together here once for `flannel-udp run` (daemon/startup.py
 The steps, in flanneld's order (the TUN before the socket):
 
 1. the TUN, one fd per queue, with vnet headers when offloads are wanted (host/offload.py); its
-   address, MTU and queue length, up, and the route of the overlay's network through it;
+   address (and, with a dual-stack lease, its IPv6 address), MTU and queue length, up, and the
+   route of the overlay's network (and of its IPv6 network) through it;
 2. the UDP sockets, one per queue (host/udpsock.py), or ONE where the host refuses their
    steering: then the TUN queues beyond the sockets are closed, because the kernel spreads
    flannel0's packets over every attached queue and a queue that no engine reads would strand
@@ -82,11 +83,12 @@ class Dataplane:
 
     @classmethod
     def open(cls, offloads, *, tun_name: str, tun_addr: str, mtu: int, network, queues: int,
-             sockets) -> "Dataplane":
+             sockets, tun_addr6: str | None = None, network6=None) -> "Dataplane":
         """Steps 1-3: a TUN named after ``tun_name`` (a template such as flannel%d) with
         ``tun_addr`` (an address with its prefix), ``mtu``, up, and the route ``network`` (none
-        when None); ``sockets(n)`` opens the UDP sockets for n queues (:func:`open_sockets`,
-        which the daemon wraps in its own messages) and may return fewer."""
+        when None); with ``tun_addr6`` its IPv6 address too, and the route ``network6``;
+        ``sockets(n)`` opens the UDP sockets for n queues (:func:`open_sockets`, which the
+        daemon wraps in its own messages) and may return fewer."""
         try:
             tun_fds, name = offloads.open_tun(tun_name, queues)
         except OSError as e:
@@ -94,9 +96,11 @@ class Dataplane:
         dp = cls(offloads, tun_fds, name)
         try:
             try:
-                netconf.configure_tun(name, tun_addr, mtu, txqueuelen=TXQUEUELEN)
-                if network is not None:
-                    netconf.add_network_route(network, name)
+                netconf.configure_tun(name, tun_addr, mtu, txqueuelen=TXQUEUELEN,
+                                      addr6=tun_addr6)
+                for net in (network, network6):
+                    if net is not None:
+                        netconf.add_network_route(net, name)
             except Exception as e:          # NetlinkError is no OSError
                 raise AssemblyError("configure", e, name) from None
             try:

@@ -1,9 +1,12 @@
 """Netlink configuration of the TUN device and lookups of interfaces and of this host's
-addresses (pyroute2), and the one sysctl flannel0 needs (accept_local).
+addresses (pyroute2), and the sysctls flannel0 needs (accept_local; with a dual-stack lease
+the per-device IPv6 ones).
 
 What flanneld does after opening the TUN (docs/flannel-compat.md#tun-device): address
 ``<lease network>/32``, MTU = external interface MTU - 28, link up, then one
-route ``<Network> dev flannel0`` (EEXIST ignored).
+route ``<Network> dev flannel0`` (EEXIST ignored). A lease with an IPv6 part adds, before the
+link is up, ``<IPv6 lease network>/128`` and, after, ``<IPv6Network> dev flannel0``
+(:func:`prepare_ipv6` says why each sysctl).
 
 All functions use pyroute2's *synchronous* ``IPRoute`` and act on the network
 namespace of the calling thread. pyroute2 0.9's sync API must not be called
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import ipaddress
+import os
 import socket
 import threading
 
@@ -23,6 +27,22 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 ENCAP_OVERHEAD = 28  # outer IPv4 header (20) + UDP header (8), flanneld's encapOverhead
+IPV6_MTU_MIN = 1280  # RFC 8200 section 5: a link that carries IPv6 carries 1280 bytes at least
+PROC_IPV6 = "/proc/sys/net/ipv6"
+
+# Written on flannel0 before the link is up, in this order (disable_ipv6 last: the others are
+# in place when IPv6 starts on the device):
+#  addr_gen_mode=1   no link-local address: the kernel would make one (a TUN has no MAC, so a
+#                    random one) and then speak ND, MLD and router solicitations from it into
+#                    the engines, which drop them (drop_scope) but count every one;
+#  accept_dad=0      no duplicate address detection: no neighbour answers on a TUN, and the
+#                    address would stay "tentative", unusable as a source, for a second or more;
+#  accept_ra=0, router_solicitations=0: no router lives behind flannel0, routes come from leases;
+#  disable_ipv6=0    the device's own switch: a host may disable IPv6 by default
+#                    (net.ipv6.conf.default.disable_ipv6=1) and enable it per device, as the CNI
+#                    plugins do for the pods' interfaces.
+IPV6_SYSCTLS = (("addr_gen_mode", "1"), ("accept_dad", "0"), ("accept_ra", "0"),
+                ("router_solicitations", "0"), ("disable_ipv6", "0"))
 
 
 def _ipr() -> IPRoute:
@@ -41,34 +61,98 @@ def _index(ipr: IPRoute, name: str) -> int:
     return idx[0]
 
 
-def configure_tun(name: str, addr, mtu: int, txqueuelen: int | None = None) -> None:
+def configure_tun(name: str, addr, mtu: int, txqueuelen: int | None = None,
+                  addr6=None) -> None:
     """Give ``name`` the address ``addr`` (``"10.5.84.0/32"``, an
     IPv4Interface, or a bare address meaning /32), set its MTU (and ``txqueuelen``, the packets
-    each queue holds while nobody reads it) and bring it up.
+    each queue holds while nobody reads it) and bring it up; with ``addr6`` (``"fc00:5:0:54::/128"``)
+    IPv6 too, set up before the link is up (:func:`prepare_ipv6`).
     An address that is already there is not an error (idempotent). The queue length is set
     before the link goes up only: the kernel drops what is sent to an up device while it
     resizes its queues."""
     iface = ipaddress.IPv4Interface(addr)
+    if addr6 is not None:
+        prepare_ipv6(name)
     with _ipr() as ipr:
         idx = _index(ipr, name)
-        try:
-            ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
-        except NetlinkError as e:
-            if e.code != errno.EEXIST:
-                raise
+        _add_address(ipr, idx, iface)
+        if addr6 is not None:
+            _add_address(ipr, idx, ipaddress.IPv6Interface(addr6))
         ipr.link("set", index=idx, mtu=int(mtu))
         if txqueuelen is not None:
             ipr.link("set", index=idx, txqlen=int(txqueuelen))
         ipr.link("set", index=idx, state="up")
 
 
+def _add_address(ipr: IPRoute, idx: int, iface) -> None:
+    try:
+        ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
+    except NetlinkError as e:
+        if e.code != errno.EEXIST:
+            raise
+
+
 def remove_address(name: str, addr) -> None:
-    """Remove ``addr`` (an IPv4Interface or ``"10.5.84.0/32"``) from ``name``: flannel0's old
-    address when the lease moves to another subnet."""
-    iface = ipaddress.IPv4Interface(addr)
+    """Remove ``addr`` (an interface of either family, ``"10.5.84.0/32"``) from ``name``:
+    flannel0's old address when the lease moves to another subnet."""
+    iface = ipaddress.ip_interface(addr)
     with _ipr() as ipr:
         ipr.addr("del", index=_index(ipr, name), address=str(iface.ip),
                  prefixlen=iface.network.prefixlen)
+
+
+def ipv6_unavailable() -> str | None:
+    """Why this host cannot give flannel0 an IPv6 address, or None. Only a kernel without IPv6
+    (booted with ipv6.disable=1, or built without it) is a hard no: a host that disables it by
+    sysctl keeps it per device (:data:`IPV6_SYSCTLS`)."""
+    if not os.path.isdir(os.path.join(PROC_IPV6, "conf")):
+        return (f"this kernel has no IPv6 ({PROC_IPV6} is missing: booted with ipv6.disable=1, "
+                "or built without IPv6)")
+    return None
+
+
+def prepare_ipv6(name: str) -> None:
+    """The per-device IPv6 sysctls of :data:`IPV6_SYSCTLS` on ``name``, meant for a link that is
+    still down (on an up link they hold from now on; a link-local address made already stays)."""
+    for key, value in IPV6_SYSCTLS:
+        path = os.path.join(PROC_IPV6, "conf", name, key)
+        try:
+            with open(path, "w") as f:
+                f.write(value)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write {path} = {value}: {e.strerror}") from None
+
+
+def set_ipv6_address(name: str, addr6) -> list:
+    """``name``'s one global IPv6 address is ``addr6`` from now on: added (EEXIST is no error),
+    then every other IPv6 address on it but link-local ones removed (a moved lease's, or a
+    previous daemon's). Returns the removed ones (IPv6Interface). flannel0 is ours alone, so
+    any other address there is stale."""
+    want = ipaddress.IPv6Interface(addr6)
+    removed = []
+    with _ipr() as ipr:
+        idx = _index(ipr, name)
+        _add_address(ipr, idx, want)
+        for got in _ipv6_interfaces(ipr, idx):
+            if got != want and not got.ip.is_link_local:
+                try:
+                    ipr.addr("del", index=idx, address=str(got.ip), prefixlen=got.network.prefixlen)
+                except NetlinkError as e:
+                    if e.code != errno.EADDRNOTAVAIL:
+                        raise
+                removed.append(got)
+    return removed
+
+
+def _ipv6_interfaces(ipr: IPRoute, idx: int) -> list:
+    return [ipaddress.IPv6Interface(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}")
+            for a in ipr.get_addr(index=idx, family=socket.AF_INET6)]
+
+
+def ipv6_addresses(name: str) -> list:
+    """The IPv6 addresses of ``name`` (IPv6Interface each), link-local ones included."""
+    with _ipr() as ipr:
+        return _ipv6_interfaces(ipr, _index(ipr, name))
 
 
 def set_accept_local(name: str) -> None:
@@ -85,20 +169,26 @@ def set_accept_local(name: str) -> None:
         f.write("1")
 
 
-def _ipv4_addresses(ipr: IPRoute) -> list:
+def _host_addresses(ipr: IPRoute) -> list:
     try:
-        return [ipaddress.IPv4Address(m.get("IFA_LOCAL") or m.get("IFA_ADDRESS"))
-                for m in ipr.get_addr(family=socket.AF_INET)]
+        v4 = [ipaddress.IPv4Address(m.get("IFA_LOCAL") or m.get("IFA_ADDRESS"))
+              for m in ipr.get_addr(family=socket.AF_INET)]
+        v6 = [ipaddress.IPv6Address(m.get("IFA_ADDRESS"))
+              for m in ipr.get_addr(family=socket.AF_INET6)]
     except NetlinkError as e:
         raise OSError(e.code, f"netlink: {e}") from None
+    # Link-local IPv6 sources never pass the engines (drop_scope), and a host has one per
+    # interface (each pod's veth): listing them would only grow the engine's set.
+    return v4 + [a for a in v6 if not a.is_link_local]
 
 
 def host_addresses() -> list:
-    """Every IPv4 address of every interface in this network namespace (IPv4Address each):
-    the inner sources no datagram may claim (host/own_sources.py). IFA_LOCAL first: on a
-    point-to-point link IFA_ADDRESS is the far end's. OSError when netlink refuses."""
+    """Every IPv4 and IPv6 address (link-local ones left out) of every interface in this
+    network namespace (IPv4Address or IPv6Address each): the inner sources no datagram may
+    claim (host/own_sources.py). For IPv4 IFA_LOCAL first: on a point-to-point link
+    IFA_ADDRESS is the far end's. OSError when netlink refuses."""
     with _ipr() as ipr:
-        return _ipv4_addresses(ipr)
+        return _host_addresses(ipr)
 
 
 class AddressReader:
@@ -116,7 +206,7 @@ class AddressReader:
             if self._ipr is None:
                 self._ipr = _ipr()
             try:
-                return _ipv4_addresses(self._ipr)
+                return _host_addresses(self._ipr)
             except Exception:
                 self._close()
                 raise
@@ -149,14 +239,15 @@ def link_facts(name: str) -> tuple[int, list]:
 
 
 def add_network_route(network, dev: str) -> bool:
-    """Add ``<network> dev <dev>`` (scope universe, no src, as flanneld).
+    """Add ``<network> dev <dev>`` (scope universe, no src, as flanneld), of either family.
     Returns False if the route already existed (EEXIST is ignored)."""
-    net = ipaddress.IPv4Network(network)
+    net = ipaddress.ip_network(network)
+    family = socket.AF_INET6 if net.version == 6 else socket.AF_INET
     with _ipr() as ipr:
         idx = _index(ipr, dev)
         try:
             # proto boot, as `ip route add` and flanneld (vishvananda/netlink) send it.
-            ipr.route("add", dst=str(net), oif=idx, proto=3)
+            ipr.route("add", dst=str(net), oif=idx, proto=3, family=family)
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise

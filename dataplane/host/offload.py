@@ -24,6 +24,14 @@ the device without vnet headers would mean closing and re-creating flannel0
 for a kernel that no longer exists in practice (TUN_F_CSUM is from 2.6.27).
 Only ``IFF_VNET_HDR`` itself being refused (EINVAL) opens the TUN without it.
 
+With a dual-stack lease (``ipv6=True``) TSO6 and USO are not asked for: the kernel would hand
+the TUN IPv6 super-packets, which the C engine cannot segment yet (it drops them as
+``drop_not_ipv4``), so every large IPv6 TCP send would be lost. The kernel takes USO4 and USO6
+only together, so USO goes for IPv4 too; the full set is still tried first, once, to learn
+whether the kernel takes USO packets written into the TUN (TUN GRO for UDP), which does not
+depend on the device's features. Partial checksums (TUN_F_CSUM) stay: the engines complete
+those of IPv6 packets as of IPv4 ones.
+
 The Python engine gets no offloads (it has no segmentation or coalescing
 code; a super-packet would be dropped as malformed), nor does ``--offload
 off``: then nothing is even tried and the fds are flanneld's.
@@ -43,6 +51,7 @@ UDP_SEGMENT = 103           # <linux/udp.h>, Linux >= 4.18
 UDP_GRO = 104               # Linux >= 5.0
 TUN_TSO = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6
 TUN_ALL = TUN_TSO | TUN_F_USO4 | TUN_F_USO6
+TUN_IPV4_ONLY = TUN_F_CSUM | TUN_F_TSO4     # with IPv6 on flannel0 (see the module's docstring)
 # What /metrics and the log call each offload, in the order they are shown.
 NAMES = ("tun_vnet", "tun_csum", "tun_tso", "tun_uso", "tun_gro", "tun_gro_udp", "udp_gso",
          "udp_gro")
@@ -51,13 +60,15 @@ NAMES = ("tun_vnet", "tun_csum", "tun_tso", "tun_uso", "tun_gro", "tun_gro_udp",
 class Offloads:
     """The decision and the probe results for one run (daemon or forward)."""
 
-    def __init__(self, mode: str, engine: str):
+    def __init__(self, mode: str, engine: str, *, ipv6: bool = False):
         if mode not in MODES:
             raise ValueError(f"offload mode {mode!r}: use {' or '.join(MODES)}")
         self.mode = mode
         self.engine = engine
         self.vnet = False
-        self.tun_features = 0       # TUN_F_* bits TUNSETOFFLOAD accepted
+        self.ipv6 = ipv6            # flannel0 carries IPv6: no TSO6/USO (module docstring)
+        self.tun_features = 0       # TUN_F_* bits TUNSETOFFLOAD accepted and left on
+        self.kernel_uso = False     # TUNSETOFFLOAD took USO: the TUN takes USO writes too
         self.udp_gso = False
         self.udp_gro = False
         self.refused: dict[str, str] = {}
@@ -111,13 +122,20 @@ class Offloads:
                 # that no queue's view can differ.
                 for fd in fds:
                     set_offload(fd, features)
+                if self.ipv6:
+                    for fd in fds:
+                        set_offload(fd, TUN_IPV4_ONLY)
             except OSError as e:
                 last = e
                 continue
-            self.tun_features = features
+            self.kernel_uso = features == TUN_ALL
+            self.tun_features = TUN_IPV4_ONLY if self.ipv6 else features
             if features != TUN_ALL:
                 self.refused["tun_uso"] = (f"TUNSETOFFLOAD refused USO ({last.strerror}; "
                                            "needs Linux >= 6.2)")
+            if self.ipv6:
+                self.refused["tun_tso6"] = ("not asked for: the C engine cannot segment IPv6 "
+                                            "yet (TSO6 and, with it, USO stay off)")
             return
         why = f"TUNSETOFFLOAD refused CSUM|TSO ({last.strerror if last else '?'})"
         self.refused["tun_tso"] = why + "; the TUN keeps plain packets behind zero vnet headers"
@@ -148,7 +166,7 @@ class Offloads:
                 f |= OFF_TUN_GRO
                 # A kernel that takes USO from TUNSETOFFLOAD (6.2 on) also
                 # takes UDP GSO packets written to the TUN.
-                if self.tun_features & TUN_F_USO4:
+                if self.kernel_uso:
                     f |= OFF_TUN_GRO_UDP
         if self.udp_gso:
             f |= OFF_UDP_GSO
@@ -165,7 +183,8 @@ class Offloads:
         return {
             "tun_vnet": bool(f & OFF_TUN_VNET),
             "tun_csum": bool(tf & TUN_F_CSUM),
-            "tun_tso": bool(tf & TUN_F_TSO4 and tf & TUN_F_TSO6),
+            # TSO of IPv4: with IPv6 on flannel0 TSO6 stays off (refused["tun_tso6"] says so)
+            "tun_tso": bool(tf & TUN_F_TSO4),
             "tun_uso": bool(tf & TUN_F_USO4 and tf & TUN_F_USO6),
             "tun_gro": bool(f & OFF_TUN_GRO),
             "tun_gro_udp": bool(f & OFF_TUN_GRO_UDP),

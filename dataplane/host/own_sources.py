@@ -2,9 +2,10 @@
 
 Without cryptography the outer source of a datagram proves nothing (docs/threat-model.md), so
 the engines drop an inner packet whose source is one of this host's addresses or inside its
-lease subnet. flannel0 keeps accept_local (host/netconf.py: set_accept_local) and only this check
-keeps a forged datagram from using it. The addresses are every IPv4 address of every interface in
-the daemon's network namespace, read over netlink when an engine is made and again on each
+lease subnet (both parts of a dual-stack lease). flannel0 keeps accept_local (host/netconf.py:
+set_accept_local) and only this check keeps a forged datagram from using it. The addresses are every
+IPv4 and IPv6 address (link-local ones aside: the engines drop those sources anyway) of every
+interface in the daemon's network namespace, read over netlink when an engine is made and again on each
 monitor tick; the engine hears of them only when they changed, so an address added after start
 (a container bridge, a DHCP lease) is covered within a tick.
 """
@@ -24,14 +25,15 @@ class OwnSources:
             collect = AddressReader()
         self._collect = collect
         self._engine = None
-        self._told = None             # (subnet, addresses) the engine has
+        self._told = None             # (subnet, addresses, IPv6 subnet) the engine has
         self._addrs: list = []        # the last list netlink gave
         self._failing = False
 
     def _read(self) -> list:
         """The host's addresses; the last ones known while netlink fails (logged once)."""
         try:
-            self._addrs = sorted(set(self._collect()))
+            # IPv4 first, then IPv6: the two families do not compare with each other
+            self._addrs = sorted(set(self._collect()), key=lambda a: (a.version, a))
             self._failing = False
         except OSError as e:
             if not self._failing:
@@ -52,13 +54,13 @@ class OwnSources:
         """The addresses the engine was last told."""
         return list(self._told[1]) if self._told else []
 
-    def refresh(self, engine, subnet) -> bool:
-        """Tell ``engine`` the lease subnet and the host's addresses unless it has them
-        already; True if it was told."""
-        told = (subnet, self._read())
+    def refresh(self, engine, subnet, subnet6=None) -> bool:
+        """Tell ``engine`` the lease subnet (and its IPv6 part, ``subnet6``) and the host's
+        addresses unless it has them already; True if it was told."""
+        told = (subnet, self._read(), subnet6)
         if engine is self._engine and told == self._told:
             return False
-        engine.set_local(*told)
+        engine.set_local(subnet, told[1], own_subnet6=subnet6)
         if engine is self._engine:
             log.info("This host's addresses changed: %d count as our own sources now (%s)",
                      len(told[1]), ", ".join(map(str, told[1])))

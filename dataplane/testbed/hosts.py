@@ -171,6 +171,39 @@ class Testbed:
         log.debug("testbed host %s: netns %s, %s on %s", name, netns, ip, iface)
         return host
 
+    def add_pod(self, host: Host | str, name: str, address: str, gateway: str) -> str:
+        """A workload namespace (IPv6 on) hanging off ``host`` by a veth: ``address`` (with its
+        prefix) and a default route via ``gateway`` in the pod, ``gateway`` with the same
+        prefix on the host's end, which forwards for it; as a CNI bridge would give it, without
+        duplicate address detection (its second would only slow the tests). Returns the pod's
+        namespace, deleted with the testbed."""
+        self._check_open()
+        host = self.host(host)
+        netns = ns.ns_name(self.run_id, f"{host.name}{name}")
+        near = f"{ns.PREFIX}{self.tag}{host.index}{name}"
+        if len(near) > 15:
+            raise ValueError(f"interface name {near} too long")
+        plen = ipaddress.ip_interface(address).network.prefixlen
+        ns.create(netns, disable_ipv6=False)
+        self._namespaces.append(netns)
+        try:
+            ns.run_ip(["-batch", "-"], netns=host.netns, input=(
+                f"link add {near} type veth peer name eth0 netns {netns}\n"
+                f"addr add {gateway}/{plen} dev {near} nodad\n"
+                f"link set {near} up\n"))
+            ns.run_ip(["-batch", "-"], netns=netns, input=(
+                f"addr add {address} dev eth0 nodad\n"
+                "link set eth0 up\n"
+                f"route add default via {gateway} dev eth0\n"))
+            family = "ipv6" if ipaddress.ip_address(gateway).version == 6 else "ipv4"
+            key = "net.ipv6.conf.all.forwarding" if family == "ipv6" else "net.ipv4.ip_forward"
+            subprocess.run(ns.exec_argv(host.netns, ["sysctl", "-qw", f"{key}=1"]), check=True,
+                           capture_output=True, timeout=10)
+        except BaseException:
+            self._delete_ns(netns)
+            raise
+        return netns
+
     def put_behind_router(self, host: Host | str, network: str = ROUTED_UNDERLAY) -> Host:
         """Move ``host`` into another underlay subnet (its address there has the same last
         byte) whose gateway is the switch namespace, which then routes between the two: from

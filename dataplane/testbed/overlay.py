@@ -102,7 +102,7 @@ class Overlay:
     def __init__(self, hosts: int = 0, *, engine: str = "auto", network: str = DEFAULT_NETWORK,
                  config: dict | None = None, prefix: str = DEFAULT_PREFIX, mtu: int = 1500,
                  daemon_args=(), healthz_port: int = HEALTHZ_PORT, wait: bool = True,
-                 put_config: bool = True):
+                 put_config: bool = True, ipv6: bool = False):
         self.engine = engine
         self.prefix = prefix
         self.daemon_args = tuple(daemon_args)
@@ -111,7 +111,8 @@ class Overlay:
         self.network = ipaddress.IPv4Network(self.config["Network"], strict=False)
         self.daemons: dict[str, DaemonProc] = {}
         self._writer: LeaseWriter | None = None
-        self.tb = Testbed(hosts=0, mtu=mtu)
+        # ipv6: the namespaces keep IPv6 on (pods with IPv6 addresses, hosts forwarding them)
+        self.tb = Testbed(hosts=0, mtu=mtu, disable_ipv6=not ipv6)
         try:
             self.etcd = EtcdServer(host=self.tb.switch_ip, netns=self.tb.switch,
                                    name=f"fu-etcd-{self.tb.tag}")

@@ -2,13 +2,17 @@
 
 What this version does with it (docs/flannel-compat.md, docs/operating.md#dual-stack): each host
 takes flanneld's dual-stack lease, one key naming both parts, so that flanneld hosts of the same
-cluster start beside it (a v4-only key made flanneld v0.20.2 panic at its start); IPv4 is
-forwarded as on any config; IPv6 is not yet, and the daemon says so, shows the held part in its
-status, and leaves FLANNEL_IPV6_* out of subnet.env (pods given IPv6 addresses that go nowhere
-would be worse than none).
+cluster start beside it (a v4-only key made flanneld v0.20.2 panic at its start), and marks its
+value `ForwardsIPv6` (peers route its IPv6 part only then: flanneld's udp hosts take the same
+keys but route no IPv6); IPv4 is forwarded as on any config, and IPv6 too
+(tests/integration/test_dual_stack_netns.py pings over it); the status shows the held part, and
+subnet.env has flanneld's FLANNEL_IPV6_* lines. The hosts here disable IPv6 by sysctl
+(net.ipv6.conf.{all,default}.disable_ipv6=1, the testbed's default): flannel0 gets it all the same,
+per device, as the CNI plugins enable it on the pods' interfaces.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
@@ -41,7 +45,7 @@ def ov(engine_kind):
         overlay.close()
 
 
-def test_dual_stack_leases_ipv4_forwarded_ipv6_said_not_to_be(ov):
+def test_dual_stack_leases_marked_ipv4_forwarded_ipv6_lines_written(ov):
     h0, h1 = ov.hosts
     keys = ov.etcdctl("get", "--prefix", f"{ov.prefix}/subnets/", "--keys-only").stdout.split()
     parts = [KEY.match(k) for k in keys]
@@ -50,12 +54,20 @@ def test_dual_stack_leases_ipv4_forwarded_ipv6_said_not_to_be(ov):
     for h in (h0, h1):
         value = ov.etcdctl("get", "--prefix", f"{ov.prefix}/subnets/{ov.subnet(h).network_address}-",
                            "--print-value-only").stdout.strip()
-        assert value == json.dumps({"PublicIP": h.ip, "PublicIPv6": None}, separators=(",", ":"))
-        # flanneld's udp backend's subnet.env: no IPv6 lines while IPv6 is not forwarded
+        # flanneld's udp value, then the mark, which flanneld reads past
+        assert value == json.dumps({"PublicIP": h.ip, "PublicIPv6": None, "ForwardsIPv6": True},
+                                   separators=(",", ":"))
+        # flanneld's subnet.env lines (docs/flannel-compat.md#subnet-env)
         env = ov.subnet_env(h)
+        part = next(p.group(2) for p in parts if p.group(1) == f"{ov.subnet(h).network_address}-24")
+        six = ipaddress.IPv6Network(part.replace("-", "/"))
         assert env["FLANNEL_SUBNET"] == f"{ov.subnet(h).network_address + 1}/24"
-        assert not any(k.startswith("FLANNEL_IPV6") for k in env), env
-        assert "this version forwards IPv4 only" in ov.daemon(h).log_text()
+        assert env["FLANNEL_IPV6_NETWORK"] == CONFIG["IPv6Network"]
+        assert env["FLANNEL_IPV6_SUBNET"] == f"{six.network_address + 1}/64"
+        log = ov.daemon(h).log_text()
+        assert "forwards IPv4 only" not in log and not re.search(r"WARNING.*IPv6", log), log
+        addrs = ov.exec(h, ["ip", "-6", "-o", "addr", "show", "dev", "flannel0"]).stdout
+        assert f"inet6 {six.network_address}/128" in addrs, addrs
     assert ov.ping(h0, ov.flannel_ip(h1))["received"] > 0
     assert ov.ping(h1, ov.flannel_ip(h0))["received"] > 0
 

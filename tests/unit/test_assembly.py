@@ -72,8 +72,9 @@ def netlink(monkeypatch):
     """flannel0's address and route as netlink would have been asked for them."""
     asked = []
     monkeypatch.setattr(netconf, "configure_tun",
-                        lambda name, addr, mtu, txqueuelen=None: asked.append(
-                            ("addr", name, addr, mtu, txqueuelen)))
+                        lambda name, addr, mtu, txqueuelen=None, addr6=None: asked.append(
+                            ("addr", name, addr, mtu, txqueuelen) if addr6 is None
+                            else ("addr", name, addr, mtu, txqueuelen, addr6)))
     monkeypatch.setattr(netconf, "add_network_route",
                         lambda network, name: asked.append(("route", network, name)) or True)
     return asked
@@ -84,10 +85,21 @@ def refusing(monkeypatch):
     monkeypatch.setattr(udpsock, "SO_ATTACH_REUSEPORT_CBPF", UNKNOWN_OPTION)
 
 
-def _open(tun, queues: int, sockets=None, network="10.5.0.0/16"):
+def _open(tun, queues: int, sockets=None, network="10.5.0.0/16", **v6):
     return Dataplane.open(tun, tun_name="flannel%d", tun_addr="10.5.1.0/32", mtu=1472,
                           network=network, queues=queues,
-                          sockets=sockets or (lambda n: open_sockets("127.0.0.1", 0, n)))
+                          sockets=sockets or (lambda n: open_sockets("127.0.0.1", 0, n)), **v6)
+
+
+def test_a_dual_stack_lease_gives_flannel0_ipv6_and_its_route(tun, netlink):
+    dp = _open(tun, 1, tun_addr6="fc00:66:0:62::/128", network6="fc00:66::/56")
+    try:
+        assert netlink == [("addr", "flannel0", "10.5.1.0/32", 1472, assembly.TXQUEUELEN,
+                            "fc00:66:0:62::/128"),
+                           ("route", "10.5.0.0/16", "flannel0"),
+                           ("route", "fc00:66::/56", "flannel0")]
+    finally:
+        dp.close()
 
 
 def test_every_queue_pairs_a_tun_fd_with_a_socket(tun, netlink):

@@ -7,6 +7,7 @@ FLANNEL_IPV6_SUBNET (the part's network address + 1) right after FLANNEL_SUBNET.
 """
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -257,7 +258,8 @@ def test_make_lease_manager_hands_subnet_envs_ipv6_part_over(tmp_path):
 
 
 @pytest.mark.parametrize("six", [None, S6], ids=["v4-only", "dual"])
-def test_a_dual_stack_lease_is_announced_with_what_is_not_forwarded(caplog, six):
+def test_a_dual_stack_lease_is_announced_without_a_warning(caplog, six):
+    """IPv6 is forwarded now: the held part is said at info, and nothing warns."""
     from dataplane.daemon.startup import acquire_lease
 
     class Subnets:
@@ -266,9 +268,31 @@ def test_a_dual_stack_lease_is_announced_with_what_is_not_forwarded(caplog, six)
 
     caplog.set_level(logging.INFO)
     assert acquire_lease(Subnets(), object(), lambda s: None).ipv6_subnet == six
-    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
-    if six is None:
-        assert not warned
-    else:
-        assert len(warned) == 1 and f"holds IPv6 subnet {S6}" in warned[0].getMessage()
-        assert "forwards IPv4 only" in warned[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    said = [r.getMessage() for r in caplog.records if "IPv6 part" in r.getMessage()]
+    assert said == ([] if six is None else [f"Lease's IPv6 part: {S6}"])
+
+
+def _ext(mtu):
+    from types import SimpleNamespace
+    return SimpleNamespace(name="eth0", mtu=mtu, tun_mtu=mtu - 28)
+
+
+def test_ipv6_needs_1280_bytes_on_flannel0():
+    from dataplane.daemon.startup import StartupError, check_ipv6
+    check_ipv6(parse_config(DUAL), _ext(1308))
+    check_ipv6(parse_config(json.dumps({"Network": "10.5.0.0/16"})), _ext(600))  # v4 only
+    with pytest.raises(StartupError) as e:
+        check_ipv6(parse_config(DUAL), _ext(1307))
+    assert "flannel0's MTU would be 1279 (eth0 MTU 1307 - 28)" in str(e.value)
+    assert "raise eth0's MTU to 1308" in str(e.value) and "remove EnableIPv6" in str(e.value)
+
+
+def test_a_kernel_without_ipv6_is_a_clear_error(tmp_path, monkeypatch):
+    from dataplane.daemon.startup import StartupError, check_ipv6
+    from dataplane.host import netconf
+    monkeypatch.setattr(netconf, "PROC_IPV6", str(tmp_path / "ipv6"))
+    with pytest.raises(StartupError) as e:
+        check_ipv6(parse_config(DUAL), _ext(1500))
+    assert "this kernel has no IPv6" in str(e.value) and "ipv6.disable=1" in str(e.value)
+    check_ipv6(parse_config(json.dumps({"Network": "10.5.0.0/16"})), _ext(1500))

@@ -108,3 +108,12 @@ def test_a_lease_crosses_a_pickle_whole():
     assert back == lease and back.key == lease.key and back.attrs.backend_data == {"VNI": 1}
     assert isinstance(back.subnet, IPv4Network) and isinstance(back.public_ip, IPv4Address)
     assert b"10.5.7.0" not in pickle.dumps(lease)         # numbers, not strings to parse again
+
+
+def test_forwards_ipv6_mark_is_written_after_flanneld_fields_and_read_back():
+    """A flannel-udp host that forwards IPv6 says so in its value (control/routes.py routes a
+    peer's IPv6 part only then); flanneld reads past the field."""
+    a = LeaseAttrs(IPv4Address("192.168.77.1"), forwards_ipv6=True)
+    assert a.to_json() == b'{"PublicIP":"192.168.77.1","PublicIPv6":null,"ForwardsIPv6":true}'
+    assert LeaseAttrs.from_json(a.to_json()) == a
+    assert not LeaseAttrs.from_json(b'{"PublicIP":"192.168.77.1","forwardsipv6":"yes"}').forwards_ipv6

@@ -136,7 +136,8 @@ class Factory:
         self.made = []
         monkeypatch.setattr(startup, "new_engine", self)
 
-    def __call__(self, cls, opts, tun_fds, socks, subnet, mtu, offload_flags, own_sources):
+    def __call__(self, cls, opts, tun_fds, socks, subnet, mtu, offload_flags, own_sources,
+                 subnet6=None):
         step = self.script.pop(0) if self.script else None
         if isinstance(step, startup.StartupError):
             raise step
@@ -151,7 +152,8 @@ def daemon(tmp_path, monkeypatch):
     d = Daemon(Options(subnet_file=str(tmp_path / "subnet.env")))
     d.lease = lease(OLD)
     d.ext = SimpleNamespace(tun_mtu=1472)
-    d.config = SimpleNamespace(network=ipaddress.IPv4Network("10.5.0.0/16"), backend_port=8285)
+    d.config = SimpleNamespace(network=ipaddress.IPv4Network("10.5.0.0/16"), backend_port=8285,
+                               ipv6_network=None)
     d.tun_name = "flannel0"
     d.engine = FakeEngine()
     d.engine.start()

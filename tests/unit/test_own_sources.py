@@ -14,13 +14,14 @@ class FakeEngine:
     def __init__(self):
         self.told = []
 
-    def set_local(self, subnet, addrs):
-        self.told.append((subnet, list(addrs)))
+    def set_local(self, subnet, addrs, own_subnet6=None):
+        self.told.append((subnet, list(addrs)) if own_subnet6 is None
+                         else (subnet, list(addrs), own_subnet6))
 
 
 class FakeNetlink:
     def __init__(self, *addrs):
-        self.addrs = [ipaddress.IPv4Address(a) for a in addrs]
+        self.addrs = [ipaddress.ip_address(a) for a in addrs]
         self.error = None
 
     def __call__(self):
@@ -73,3 +74,17 @@ def test_netlink_failing_from_the_start_leaves_the_subnet():
     own, e = OwnSources(nl), FakeEngine()
     assert own.refresh(e, NET) is True
     assert e.told == [(NET, [])]
+
+
+def test_dual_stack_addresses_and_the_ipv6_part_are_told():
+    """Both families' addresses, IPv4 first (they do not compare), and the lease's IPv6 part;
+    a reshape that changes only the IPv6 part tells the engine again."""
+    net6 = ipaddress.IPv6Network("fc00:66:0:62::/64")
+    nl = FakeNetlink("fc00:66:0:62::", "192.168.50.2", "2001:db8::7", "10.5.1.0")
+    own, e = OwnSources(nl), FakeEngine()
+    assert own.refresh(e, NET, net6) is True
+    assert e.told == [(NET, [ipaddress.ip_address(a) for a in
+                             ("10.5.1.0", "192.168.50.2", "2001:db8::7", "fc00:66:0:62::")], net6)]
+    assert own.refresh(e, NET, net6) is False
+    assert own.refresh(e, NET, ipaddress.IPv6Network("fc00:66:0:63::/64")) is True
+    assert e.told[-1][2] == ipaddress.IPv6Network("fc00:66:0:63::/64")
