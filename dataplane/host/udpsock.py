@@ -48,36 +48,33 @@ STEERING_REFUSED = frozenset({errno.ENOPROTOOPT, errno.EPERM, errno.EACCES, errn
                               errno.ENOSYS})
 
 # Classic BPF opcodes (<linux/filter.h>).
-_LD, _LDX, _ALU, _RET, _MISC = 0x00, 0x01, 0x04, 0x06, 0x07
+_LD, _LDX, _ALU, _JMP, _RET, _MISC = 0x00, 0x01, 0x04, 0x05, 0x06, 0x07
 _W, _B = 0x00, 0x10
 _ABS, _IND, _MSH = 0x20, 0x40, 0xA0
 _MUL, _RSH, _MOD, _XOR = 0x20, 0x70, 0x90, 0xA0
+_JEQ = 0x10
 _K, _X = 0x00, 0x08
 _TAX, _RET_A = 0x00, 0x10
 _INSN = struct.Struct("=HBBI")   # struct sock_filter
 
 
-def steering_program(queues: int) -> list[tuple[int, int]]:
-    """(code, k) pairs: socket index = hash(inner src, dst, ports word) % queues.
+def steering_program(queues: int) -> list[tuple[int, int, int, int]]:
+    """struct sock_filter's (code, jt, jf, k): socket index = hash(inner src, dst, ports word)
+    % queues.
 
-    The program sees the UDP payload (the inner IPv4 packet) at offset 0. The
+    The program sees the UDP payload (the inner packet) at offset 0. The
     XOR of the fields is folded to 16 bits, then hashed multiplicatively
     (Fibonacci hashing: the high half of x * 2^32/phi mixes every low bit of
     x), because the low bits of the plain XOR are nearly constant: Linux gives
     connect()ed sockets even ports, and parallel connections neighbouring
-    ones. A packet too short for a load ends the program with 0 (socket 0); a
+    ones. An IPv6 packet hashes the low words of its addresses (where hosts of
+    one subnet differ) and the 4 bytes after the fixed header: the ports when
+    no extension header comes first, else bytes as constant per flow. A
+    packet too short for a load ends the program with 0 (socket 0); a
     non-first fragment hashes other bytes than its first fragment, which is
     harmless (reassembly happens after the TUN write).
     """
-    return [
-        (_LDX | _B | _MSH, 0),          # X = 4 * ihl
-        (_LD | _W | _IND, 0),           # A = the 4 bytes after the IP header (the ports)
-        (_MISC | _TAX, 0),
-        (_LD | _W | _ABS, 12),          # A = source address
-        (_ALU | _XOR | _X, 0),
-        (_MISC | _TAX, 0),
-        (_LD | _W | _ABS, 16),          # A = destination address
-        (_ALU | _XOR | _X, 0),          # A = ports ^ src ^ dst
+    tail = [
         (_MISC | _TAX, 0),
         (_ALU | _RSH | _K, 16),
         (_ALU | _XOR | _X, 0),          # fold: the source port (high half) reaches the low bits
@@ -86,6 +83,32 @@ def steering_program(queues: int) -> list[tuple[int, int]]:
         (_ALU | _MOD | _K, queues),
         (_RET | _RET_A, 0),
     ]
+    v4 = [
+        (_LDX | _B | _MSH, 0),          # X = 4 * ihl
+        (_LD | _W | _IND, 0),           # A = the 4 bytes after the IP header (the ports)
+        (_MISC | _TAX, 0),
+        (_LD | _W | _ABS, 12),          # A = source address
+        (_ALU | _XOR | _X, 0),
+        (_MISC | _TAX, 0),
+        (_LD | _W | _ABS, 16),          # A = destination address
+        (_ALU | _XOR | _X, 0),          # A = ports ^ src ^ dst
+    ] + tail
+    v6 = [
+        (_LD | _W | _ABS, 40),          # A = the 4 bytes after the fixed header
+        (_MISC | _TAX, 0),
+        (_LD | _W | _ABS, 20),          # A = the source address's low word
+        (_ALU | _XOR | _X, 0),
+        (_MISC | _TAX, 0),
+        (_LD | _W | _ABS, 36),          # A = the destination address's low word
+        (_ALU | _XOR | _X, 0),
+    ] + tail
+    head = [
+        (_LD | _B | _ABS, 0),
+        (_ALU | _RSH | _K, 4),          # A = the version
+    ]
+    return ([(code, 0, 0, k) for code, k in head]
+            + [(_JMP | _JEQ | _K, len(v4), 0, 6)]          # version 6: jump over the IPv4 part
+            + [(code, 0, 0, k) for code, k in v4 + v6])
 
 
 class SocketCallError(OSError):
@@ -132,7 +155,7 @@ def _call(what: str, fn, *args):
 def attach_steering(sock: socket.socket, queues: int) -> None:
     """Attach :func:`steering_program` to the reuseport group of ``sock``."""
     prog = steering_program(queues)
-    buf = ctypes.create_string_buffer(b"".join(_INSN.pack(code, 0, 0, k) for code, k in prog))
+    buf = ctypes.create_string_buffer(b"".join(_INSN.pack(*insn) for insn in prog))
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; } (padded to 16)
     fprog = struct.pack("HL", len(prog), ctypes.addressof(buf))
     _call(STEERING_CALL, sock.setsockopt, socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)

@@ -7,6 +7,7 @@ leaves 127.0.0.0/8; every send is bounded.
 """
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 import pytest
@@ -130,6 +131,29 @@ def test_flows_from_one_peer_spread_over_the_sockets(queues):
         flows_of.append({o[20:22] for o in outs})      # the inner source port
     per = e.queue_stats()
     assert all(q["udp_rx_packets"] > 0 for q in per), per
+    assert all(len(f) >= FLOWS // QUEUES // 3 for f in flows_of), [len(f) for f in flows_of]
+    assert sum(len(f) for f in flows_of) == FLOWS, "a flow was split over queues"
+
+
+def _udp6_packet(src, dst, sport, dport=5201, data=b"multi"):
+    """An IPv6 packet holding a UDP datagram (the checksum is not the engines' business)."""
+    udp = (sport.to_bytes(2, "big") + dport.to_bytes(2, "big")
+           + (8 + len(data)).to_bytes(2, "big") + b"\0\0" + data)
+    return (bytes([0x60, 0, 0, 0]) + len(udp).to_bytes(2, "big") + bytes([17, 64])
+            + ipaddress.IPv6Address(src).packed + ipaddress.IPv6Address(dst).packed + udp)
+
+
+def test_ipv6_flows_spread_over_the_sockets_too(queues):
+    """The steering program's IPv6 branch: the same spread, each flow on one queue."""
+    e = queues.engine
+    e.set_routes([queues.route(), Route.make("fc00:5:0:2::/64", PEER_IP, queues.peer.getsockname()[1])])
+    e.start()
+    sent = [_udp6_packet("fc00:5:0:2::2", "fc00:5:0:1::2", 30000 + 2 * f, data=bytes([r]))
+            for f in range(FLOWS) for r in range(3)]
+    for pkt in sent:
+        queues.peer.sendto(pkt, ("127.0.0.1", queues.port))
+    queues.wait(lambda s: s["tun_tx_packets"] == len(sent), f"{len(sent)} datagrams written")
+    flows_of = [{o[40:42] for o in queues.tun_out(i)} for i in range(QUEUES)]
     assert all(len(f) >= FLOWS // QUEUES // 3 for f in flows_of), [len(f) for f in flows_of]
     assert sum(len(f) for f in flows_of) == FLOWS, "a flow was split over queues"
 

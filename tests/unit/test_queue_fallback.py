@@ -100,7 +100,7 @@ def test_refused_steering_leaves_one_exclusive_socket(refusing):
 
 def test_a_rejected_program_is_an_error_not_a_fallback(monkeypatch):
     # a jump past the end: the kernel knows the option and rejects the program (EINVAL)
-    monkeypatch.setattr(udpsock, "steering_program", lambda queues: [(0x05, 99)])
+    monkeypatch.setattr(udpsock, "steering_program", lambda queues: [(0x05, 0, 0, 99)])
     with pytest.raises(SocketCallError) as got:
         open_queue_sockets("127.0.0.1", 0, 2, bufsize=1 << 16)
     assert got.value.call == STEERING_CALL and got.value.errno == errno.EINVAL
@@ -144,7 +144,7 @@ def test_a_port_in_use_names_the_holder_not_the_interface():
 
 
 def test_a_rejected_program_stops_the_daemon_with_the_call(monkeypatch):
-    monkeypatch.setattr(udpsock, "steering_program", lambda queues: [(0x05, 99)])
+    monkeypatch.setattr(udpsock, "steering_program", lambda queues: [(0x05, 0, 0, 99)])
     with pytest.raises(StartupError) as got:
         startup.open_sockets(_ext("127.0.0.1"), 0, 2)
     msg = str(got.value)
