@@ -2,8 +2,8 @@
 
     python csrc/fuzz/make_corpus.py
 
-The seeds are real packets from dataplane.engine.ipv4's builders (the ones the
-engine tests use) and a few malformed ones, wrapped in the input layout
+The seeds are real packets from dataplane.engine.ipv4's and ipv6's builders (the
+ones the engine tests use) and a few malformed ones, wrapped in the input layout
 described at the top of fuzz_packet.c. Regression inputs (crashes found by
 fuzzing) live beside them as corpus/regress-*; this script leaves those alone.
 """
@@ -16,7 +16,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from dataplane.engine import ipv4  # noqa: E402
+from dataplane.engine import ipv4, ipv6  # noqa: E402
 
 CORPUS = os.path.join(HERE, "corpus")
 
@@ -135,6 +135,40 @@ UDP_RUNS_PKTS = ([udp_ck(64, i, fill=i) for i in range(6)]                 # one
                  + [udp_ck(64, 9 + i) for i in range(3)])
 
 
+# IPv6: fuzz_packet.c derives an IPv6 route from each IPv4 one (an even index's net at bytes
+# 4-7, prefixlen + 32; an odd one's at bytes 12-15, prefixlen + 96), so ROUTES gives
+# 0:0:a05:200::/56 (peer 0), ::a05:300/120 (peer 1) and 0:0:a06::/48 (peer 2); an own-source
+# set gives ::a.b.c.d/prefixlen + 96.
+OUT6 = "0:0:a05:100::9"             # a pod on this host
+IN6 = "0:0:a05:207::7"              # a pod behind peer 0
+
+
+def udp6(src, dst, n=16, **kw):
+    return ipv6.build(src, dst, ipv6.udp_payload(src, dst, 4000, 5000, b"d" * n), **kw)
+
+
+GOOD_TUN6 = [
+    udp6(OUT6, "0:0:a05:203::3"),
+    udp6(OUT6, "::a05:3c8", n=400, hop_limit=2),
+    udp6(OUT6, "0:0:a06:7:8::1"),
+    ipv6.echo_request(OUT6, "0:0:a05:203::3"),
+]
+QUIET_TUN6 = [
+    udp6(OUT6, "fc00::1"),                                   # no route
+    udp6(OUT6, "0:0:a05:203::3", hop_limit=1),               # hop limit
+    ipv6.echo_request(OUT6, "fc00::1"),
+    udp6("fe80::1", "0:0:a05:203::3"),                      # link scope
+    udp6(OUT6, "ff02::1"), udp6(OUT6, "ff05::1"), udp6("::", "ff02::1:ff00:9"),
+]
+MALFORMED6 = [
+    udp6(OUT6, "0:0:a05:203::3")[:39],
+    udp6(OUT6, "0:0:a05:203::3", payload_len=7),
+    udp6(OUT6, "0:0:a05:203::3") + b"\0",
+    udp6(OUT6, "0:0:a05:203::3", version=7),
+]
+GOOD_UDP6 = [udp6(IN6, OUT6), udp6(IN6, OUT6, n=1000, hop_limit=2), udp6("::a05:304", OUT6)]
+
+
 def seeds() -> dict[str, bytes]:
     s = {}
     s["tun-forward"] = seed(ACCEPT_ANY, 1472, ROUTES, [packet(TUN, p) for p in GOOD_TUN])
@@ -212,6 +246,20 @@ def seeds() -> dict[str, bytes]:
     s["jumbo"] = seed(ACCEPT_ANY | LIMIT_ONE, 1598, ROUTES,
                       [packet(TUN, udp(OUT, "10.5.2.3", n=1570)),
                        packet(UDP, udp(IN, OUT, n=1570))])
+    s["tun6-forward"] = seed(ACCEPT_ANY | TRACE, 1472, ROUTES,
+                             [packet(TUN, p) for p in GOOD_TUN6 + QUIET_TUN6 + MALFORMED6])
+    s["udp6-forward"] = seed(ACCEPT_ANY, 1472, ROUTES,
+                             [packet(UDP, p, src=i % 3) for i, p in enumerate(GOOD_UDP6)]
+                             + [packet(UDP, p) for p in MALFORMED6 + QUIET_TUN6[1:]])
+    mine6 = own("10.5.1.0", 24, ["192.168.50.2", "10.5.1.0"])    # ::a05:100/120 and two more
+    s["udp6-inner-strict"] = seed(STRICT | LOCAL, 1472, ROUTES,
+                                  [packet(UDP, udp6(IN6, OUT6), src=0),
+                                   packet(UDP, udp6("::a05:304", OUT6), src=0),   # peer 1's
+                                   packet(UDP, udp6("::a05:304", OUT6), src=1),
+                                   packet(UDP, udp6("fd00::1", OUT6), src=2),      # no route
+                                   packet(UDP, udp6("::a05:109", OUT6), src=0),    # own subnet
+                                   packet(UDP, udp6("::c0a8:3202", OUT6), src=0)],  # own address
+                                  local=mine6)
     return s
 
 
