@@ -268,9 +268,9 @@ class FakeHost:
 def fake(monkeypatch):
     from dataplane.host import firewall
     host = FakeHost()
-    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False:
+    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False, fam=None:
                         ("iptables", "a fake host"))
-    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda: True)
+    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda *binary: True)
     monkeypatch.setattr(firewall.Rules, "_ipt_install", lambda self: host.install(self))
     monkeypatch.setattr(firewall.Rules, "_ipt_missing", lambda self: list(host.missing))
     return host
@@ -341,10 +341,10 @@ def test_random_fully_needs_the_switch_and_the_tool(monkeypatch, caplog, tool, a
     import logging
 
     from dataplane.host import firewall
-    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False:
+    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False, fam=None:
                         (tool, "a fake host"))
-    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda: supported)
-    monkeypatch.setattr(firewall, "_nft_random_fully", lambda: supported)
+    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda *binary: supported)
+    monkeypatch.setattr(firewall, "_nft_random_fully", lambda *fam: supported)
     with caplog.at_level(logging.INFO, logger=firewall.log.name):
         r = firewall.Rules(NET, SUB, masq=True, forward=False, random_fully=asked)
     masq = [a for a in r._want()[NAT] if "MASQUERADE" in a]
