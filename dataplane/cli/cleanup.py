@@ -17,7 +17,8 @@ Remove what flannel-udp leaves behind on purpose when it stops, for a host that 
 overlay for good:
 
   * the firewall rules: the jumps to FLANNEL-POSTRTG and FLANNEL-FWD, both chains (and rules
-    of older flannels carrying their comments), and the nftables tables ip flannel-ipv4,
+    of older flannels carrying their comments), in iptables and ip6tables, and the nftables
+    tables ip flannel-ipv4,
     ip6 flannel-ipv6 (flanneld's, and ours with EnableNFTables) and ip flannel-udp (older
     flannel-udp versions);
   * a flannel0 that outlived its daemon (a persistent TUN device named flannel<N>);

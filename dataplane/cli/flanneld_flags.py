@@ -248,7 +248,8 @@ FLAGS: tuple[Flag, ...] = (
          metavar="MINUTES", check=_range(1, 1439, " minutes")),
     # --- iptables (flanneld)
     Flag("ip-masq", _parse_bool, "setup IP masquerade rule for traffic destined outside of "
-         "overlay network (iptables chain FLANNEL-POSTRTG, or nftables when iptables is missing); "
+         "overlay network (iptables chain FLANNEL-POSTRTG, or nftables when iptables is missing; "
+         "with EnableIPv6 also for IPv6Network, in ip6tables); "
          "the rules stay after exit, remove them with: " + "; ".join(firewall.MASQ_REMOVAL)
          + " (nftables: " + firewall.REMOVAL_COMMANDS["nft"][0] + ")",
          kind="bool"),
@@ -262,7 +263,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("iptables-resync", _parse_int, "resync period for iptables rules, in seconds "
          "(default: {default})", metavar="SECONDS", check=_range(1, 86400, " s")),
     Flag("iptables-forward-rules", _parse_bool, "add default accept rules to the FORWARD "
-         "chain in iptables (chain FLANNEL-FWD, jumped to first; default: {default}); the rules "
+         "chain in iptables (chain FLANNEL-FWD, jumped to first; with EnableIPv6 also in "
+         "ip6tables; default: {default}); the rules "
          "stay after exit, remove them with: " + "; ".join(firewall.FWD_REMOVAL), kind="bool"),
     # --- health (flanneld)
     Flag("healthz-ip", _parse_ip, "the IP address for healthz server to listen "

@@ -167,9 +167,26 @@ def previous_network(env: Optional[dict]) -> Optional[IPv4Network]:
     return net if net is not None and net.version == 4 else None
 
 
+def previous_ipv6_network(env: Optional[dict]) -> Optional[IPv6Network]:
+    """FLANNEL_IPV6_NETWORK as written last time (the ip6tables recycling compares it)."""
+    try:
+        return _ipv6_value("FLANNEL_IPV6_NETWORK", env["FLANNEL_IPV6_NETWORK"]) if env else None
+    except (KeyError, ValueError):
+        return None
+
+
+def _previous_masq(env: Optional[dict]) -> Optional[bool]:
+    masq = (env or {}).get("FLANNEL_IPMASQ", "").lower()
+    return True if masq in ("true", "1") else False if masq in ("false", "0") else None
+
+
 def read_previous_rules(path: str):
     """(network, subnet, ipmasq) of the last run, each None when unknown."""
     env = read_subnet_env(path)
-    masq = (env or {}).get("FLANNEL_IPMASQ", "").lower()
-    return (previous_network(env), previous_subnet(env),
-            True if masq in ("true", "1") else False if masq in ("false", "0") else None)
+    return previous_network(env), previous_subnet(env), _previous_masq(env)
+
+
+def read_previous_rules6(path: str):
+    """(IPv6 network, IPv6 subnet, ipmasq) of the last run, each None when unknown."""
+    env = read_subnet_env(path)
+    return previous_ipv6_network(env), previous_ipv6_subnet(env), _previous_masq(env)

@@ -4,9 +4,10 @@ failure leaves.
 Our lease can change under a running daemon: SIGHUP asks for it again, and the lease manager gets
 a new one when etcd lost ours (expired, deleted, taken). The same subnet (both parts of a
 dual-stack lease) changes nothing here. A lease whose IPv6 part alone changed (a key reshaped:
-control/lease_manager.py) moves flannel0's IPv6 address and the engines' own sources, and
-subnet.env's IPv6 lines; its IPv4 address, the rules and the blackhole route stay.
-Another subnet moves flannel0's address, the iptables rules and subnet.env, and replaces the
+control/lease_manager.py) moves flannel0's IPv6 address, the engines' own sources, the IPv6
+masquerade rules and subnet.env's IPv6 lines; its IPv4 address, the IPv4 rules and the blackhole
+route stay. Another subnet moves flannel0's address, the iptables rules (both families': the
+IPv6 part moves with it) and subnet.env, and replaces the
 engines on the same fds (their ICMP errors come from <lease net>); the peers' leases are kept,
 and the route table is built once, from the peer watcher's snapshot for the new subnet. Last, with
 --ip-blackhole-route, the old subnet's blackhole route goes (the subnet may be another host's now:
@@ -47,7 +48,7 @@ class Host:
     mtu: int                            # flannel0's MTU
     network: IPv4Network                # the overlay's Network: its route goes via flannel0
     subnet_file: str                    # named in the log: where workloads read their subnet
-    rules: object                       # host/firewall.py Rules, or None
+    rules: object                       # host/firewall_stack.py Stack, or None
     # (subnet, IPv6 subnet or None) -> engines for it on the same fds, not started
     new_engine: Callable
     # engine -> the one it replaced: from then on peer changes (on_peers) reach ``engine``
@@ -110,13 +111,17 @@ def move(old, new, host: Host, failures: Failures) -> bool:
 
 
 def _move_ipv6(host: Host, old, new) -> None:
-    """Only the IPv6 part changed: flannel0's IPv6 address follows it, and new engines know
-    the new part as their own sources (they are the way the engines hear of it)."""
+    """Only the IPv6 part changed: flannel0's IPv6 address and the IPv6 masquerade rules follow
+    it, and new engines know the new part as their own sources (they are the way the engines
+    hear of it)."""
     log.warning("The new lease has another IPv6 part (%s, was %s) for the same subnet %s: "
-                "moving flannel0's IPv6 address and %s's IPv6 lines. Workloads that hold IPv6 "
-                "addresses in %s are cut off until they are restarted", new.ipv6_subnet or "none",
+                "moving flannel0's IPv6 address, the IPv6 firewall rules and %s's IPv6 lines. "
+                "Workloads that hold IPv6 addresses in %s are cut off until they are "
+                "restarted", new.ipv6_subnet or "none",
                 old.ipv6_subnet or "none", new.subnet, host.subnet_file, old.ipv6_subnet or "none")
     _move_flannel0_ipv6(host, new.ipv6_subnet)
+    if host.rules is not None:
+        host.rules.update_subnet(new.subnet, new.ipv6_subnet)   # failures: the resync retries
     _replace_engine(host, new.subnet, new.ipv6_subnet)
 
 
@@ -142,7 +147,7 @@ def _move(host: Host, old_subnet, new_subnet, retrying: bool, subnet6=None) -> N
     _move_flannel0(host, old_subnet, new_subnet)
     _move_flannel0_ipv6(host, subnet6)
     if host.rules is not None:
-        host.rules.update_subnet(new_subnet)        # its own failures: the resync retries
+        host.rules.update_subnet(new_subnet, subnet6)   # its own failures: the resync retries
     _replace_engine(host, new_subnet, subnet6)
     if host.blackhole is not None:
         try:

@@ -31,7 +31,8 @@ each step is a function of daemon/startup.py::
        blackhole route           --ip-blackhole-route: blackhole <lease net>, at once rather
                                  than one --iptables-resync period later as flanneld, then
                                  checked every period on the tick (daemon/blackhole_route.py)
-    7. iptables                  --ip-masq (FLANNEL-POSTRTG), --iptables-forward-rules (FLANNEL-FWD)
+    7. iptables                  --ip-masq (FLANNEL-POSTRTG), --iptables-forward-rules (FLANNEL-FWD);
+                                 with EnableIPv6 ip6tables' too (host/firewall_stack.py)
     8. subnet.env                FLANNEL_NETWORK / SUBNET / (IPV6_NETWORK / IPV6_SUBNET) /
                                  MTU / IPMASQ
     9. engine + watches          one engine per queue (host/assembly.py), made first; the
@@ -264,8 +265,11 @@ class Daemon:
         # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
         self.blackhole.want(self.lease.subnet, previous=self.lease_manager.subnet_file_prev)
         # 7. iptables
+        v6 = self.config.enable_ipv6
         self.rules = startup.install_rules(o, self.config.network, self.lease.subnet,
-                                           enable_nftables=self.config.enable_nftables)
+                                           enable_nftables=self.config.enable_nftables,
+                                           network6=self.config.ipv6_network if v6 else None,
+                                           subnet6=self.lease.ipv6_subnet if v6 else None)
         # 8. subnet.env (rewritten on the tick while a write fails)
         self.subnet_env.want(self.config.network, self.lease.subnet, self.ext.tun_mtu,
                              self.config.ipv6_network, self.lease.ipv6_subnet)

@@ -368,18 +368,24 @@ def open_sockets(ext, port: int, queues: int) -> list:
     return socks
 
 
-def install_rules(opts, network, subnet, enable_nftables: bool = False):
-    """--ip-masq and --iptables-forward-rules; None when neither is asked for (or, for the forward
-    rules alone, when no tool can install them: flanneld only warns then). `enable_nftables` is
-    the network config's EnableNFTables: nftables even where iptables exists."""
-    from ..control.subnetfile import read_previous_rules
-    from ..host.firewall import MasqError, Previous, Rules
+def install_rules(opts, network, subnet, enable_nftables: bool = False, network6=None,
+                  subnet6=None):
+    """--ip-masq and --iptables-forward-rules (host/firewall_stack.py); None when neither is
+    asked for (or, for the forward rules alone, when no tool can install them: flanneld only
+    warns then). `enable_nftables` is the network config's EnableNFTables: nftables even where
+    iptables exists; `network6` and `subnet6` (EnableIPv6: IPv6Network and the lease's IPv6
+    part) add the IPv6 rules."""
+    from ..control.subnetfile import read_previous_rules, read_previous_rules6
+    from ..host.firewall import MasqError, Previous
+    from ..host.firewall_stack import Stack
     if not (opts.ip_masq or opts.iptables_forward_rules):
         return None
     rules = None
     try:
-        rules = Rules(network, subnet, masq=opts.ip_masq, forward=opts.iptables_forward_rules,
+        rules = Stack(network, subnet, masq=opts.ip_masq, forward=opts.iptables_forward_rules,
+                      network6=network6, subnet6=subnet6,
                       previous=Previous(*read_previous_rules(opts.subnet_file)),
+                      previous6=Previous(*read_previous_rules6(opts.subnet_file)),
                       random_fully=not opts.ip_masq_fully_random_disable,
                       enable_nftables=enable_nftables)
         rules.install()

@@ -5,7 +5,9 @@
 * ``own_sources.py`` telling the engine this host's own sources (the inner sources no datagram
   may claim), again whenever its addresses change;
 * ``iface.py``    choosing the external interface by flanneld's rules;
-* ``firewall.py`` the iptables/nftables rules of --ip-masq and --iptables-forward-rules;
+* ``firewall.py`` the iptables/nftables rules of --ip-masq and --iptables-forward-rules, one
+  family's (ip6tables and ``ip6 flannel-ipv6`` for IPv6);
+* ``firewall_stack.py`` both families' rules as the daemon holds them (EnableIPv6);
 * ``blackhole.py`` the route ``blackhole <lease subnet>`` of --ip-blackhole-route (its metric
   lets a bridge's route of the subnet win);
 * ``direct_routes.py`` DirectRouting's kernel routes to peers on this link (proto 153), and the

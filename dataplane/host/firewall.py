@@ -75,6 +75,16 @@ Moving between the two, at the first install (flanneld v0.28.9 does it at start)
 * iptables: the tables ``ip flannel-ipv4`` and ``ip6 flannel-ipv6`` (a flanneld's or ours in
   nftables mode) and ``ip flannel-udp`` (older flannel-udp) are deleted, after our iptables
   rules are in.
+
+IPv6 (``"EnableIPv6": true``), as flanneld v0.28.9: the same rules for IPv6Network and the
+lease's IPv6 part, ff00::/8 as the multicast range masquerade leaves alone, each family with
+its own :class:`Rules`: ip6tables (the same chain names and comments in ip6tables' nat and
+filter tables) or the nftables table ``ip6 flannel-ipv6`` (same chains), chosen as for IPv4
+with ``ip6tables`` in the place of ``iptables``. Its lifetime is the IPv4 rules': resynced,
+rebuilt for a new IPv6 part, kept at exit, removed by :func:`remove_all`. The iptables-mode
+cross-over of the IPv6 rules deletes ``ip6 flannel-ipv6`` only; that of the IPv4 rules all three
+tables (a host without EnableIPv6 any more keeps no IPv6 NAT table), so the daemon installs the
+IPv6 rules first (host/firewall_stack.py).
 """
 from __future__ import annotations
 
@@ -86,7 +96,7 @@ import shutil
 import subprocess
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +117,50 @@ NFT_POSTRTG, NFT_FWD = "postrtg", "forward"
 # (family, name): every nftables table a flannel may have left on a host
 NFT_TABLES = (("ip", NFT_TABLE), ("ip6", NFT_TABLE6), ("ip", NFT_LEGACY_TABLE))
 
+
+@dataclass(frozen=True)
+class Family:
+    """What the IPv4 and the IPv6 rules differ in (the module docstring)."""
+    version: int
+    iptables: str               # the binary; its -save and -restore sit beside it
+    nft_family: str             # nftables' family, also its address match ("ip6 saddr")
+    nft_table: str
+    multicast: str              # never masqueraded
+    network: type
+
+    @property
+    def save(self) -> str:
+        return f"{self.iptables}-save"
+
+    @property
+    def restore(self) -> str:
+        return f"{self.iptables}-restore"
+
+
+V4 = Family(4, "iptables", "ip", NFT_TABLE, "224.0.0.0/4", ipaddress.IPv4Network)
+V6 = Family(6, "ip6tables", "ip6", NFT_TABLE6, "ff00::/8", ipaddress.IPv6Network)
+
+
+def family_of(network) -> Family:
+    return V6 if ipaddress.ip_network(str(network), strict=False).version == 6 else V4
+
 # What an operator runs to remove the rules (they stay after exit); --help and the tests use them.
-MASQ_REMOVAL = [f'iptables -t nat -D POSTROUTING -m comment --comment "{MASQ_COMMENT}" -j {POSTRTG}',
-                f"iptables -t nat -F {POSTRTG}", f"iptables -t nat -X {POSTRTG}"]
-FWD_REMOVAL = [f'iptables -t filter -D FORWARD -m comment --comment "{FWD_COMMENT}" -j {FWD}',
-               f"iptables -t filter -F {FWD}", f"iptables -t filter -X {FWD}"]
-REMOVAL_COMMANDS = {"iptables": MASQ_REMOVAL + FWD_REMOVAL,
-                    "nft": [f"nft delete table ip {NFT_TABLE}"]}
+def _chain_removal(binary: str, table: str) -> list[str]:
+    base, chain, comment = CHAINS[table]
+    return [f'{binary} -t {table} -D {base} -m comment --comment "{comment}" -j {chain}',
+            f"{binary} -t {table} -F {chain}", f"{binary} -t {table} -X {chain}"]
+
+
+def removal_commands(tool: str, fam: Family = V4) -> list[str]:
+    """What removes one family's rules installed with `tool` ('iptables' or 'nft')."""
+    if tool == "nft":
+        return [f"nft delete table {fam.nft_family} {fam.nft_table}"]
+    return _chain_removal(fam.iptables, NAT) + _chain_removal(fam.iptables, FILTER)
+
+
+MASQ_REMOVAL = _chain_removal("iptables", NAT)
+FWD_REMOVAL = _chain_removal("iptables", FILTER)
+REMOVAL_COMMANDS = {"iptables": removal_commands("iptables"), "nft": removal_commands("nft")}
 
 
 class MasqError(RuntimeError):
@@ -129,17 +176,18 @@ def _run(argv, check=True, input=None):
 
 @dataclass(frozen=True)
 class Previous:
-    """What subnet.env said before this start (any part may be unknown)."""
-    network: Optional[ipaddress.IPv4Network] = None
-    subnet: Optional[ipaddress.IPv4Network] = None
+    """What subnet.env said before this start (any part may be unknown), for one family."""
+    network: Optional[Union[ipaddress.IPv4Network, ipaddress.IPv6Network]] = None
+    subnet: Optional[Union[ipaddress.IPv4Network, ipaddress.IPv6Network]] = None
     ipmasq: Optional[bool] = None
 
 
 # ---------------------------------------------------------------- the rules (pure)
 def masq_rules(network, subnet, random_fully=True) -> list[tuple]:
-    """(table, chain, args) in flanneld v0.28.9's order: the jump, then FLANNEL-POSTRTG's."""
-    n = str(ipaddress.IPv4Network(network))
-    s = str(ipaddress.IPv4Network(subnet))
+    """(table, chain, args) in flanneld v0.28.9's order: the jump, then FLANNEL-POSTRTG's;
+    IPv4 or IPv6 as `network` is."""
+    fam = family_of(network)
+    n, s = str(fam.network(network)), str(fam.network(subnet))
     c = ["-m", "comment", "--comment", MASQ_COMMENT]
     masq = ["-j", "MASQUERADE"] + (["--random-fully"] if random_fully else [])
     return [(NAT, "POSTROUTING", jump_rule(NAT))] + [(NAT, POSTRTG, r) for r in (
@@ -147,14 +195,14 @@ def masq_rules(network, subnet, random_fully=True) -> list[tuple]:
         ["-s", s, "-d", n] + c + ["-j", "RETURN"],
         ["-s", n, "-d", s] + c + ["-j", "RETURN"],
         ["!", "-s", n, "-d", s] + c + ["-j", "RETURN"],
-        ["-s", n, "!", "-d", "224.0.0.0/4"] + c + masq,
+        ["-s", n, "!", "-d", fam.multicast] + c + masq,
         ["!", "-s", n, "-d", n] + c + masq,
     )]
 
 
 def forward_rules(network) -> list[tuple]:
     """(table, chain, args): the jump, then FLANNEL-FWD's rules."""
-    n = str(ipaddress.IPv4Network(network))
+    n = str(family_of(network).network(network))
     c = ["-m", "comment", "--comment", FWD_COMMENT]
     return [(FILTER, "FORWARD", jump_rule(FILTER)),
             (FILTER, FWD, ["-s", n] + c + ["-j", "ACCEPT"]),
@@ -245,11 +293,11 @@ def missing_rules(want: dict, save: dict) -> list[str]:
     return gone
 
 
-_NFT_ADDR = {"-s": "ip saddr", "-d": "ip daddr"}
+_NFT_ADDR = {"-s": "saddr", "-d": "daddr"}
 _NFT_VERDICT = {"RETURN": "return", "ACCEPT": "accept", "MASQUERADE": "masquerade"}
 
 
-def nft_rule(args: list[str]) -> str:
+def nft_rule(args: list[str], fam: Family = V4) -> str:
     """One of our iptables rules (as :func:`masq_rules` and :func:`forward_rules` give them) in
     nftables' words, so both tools install the same rules from one list; the comment goes
     last, where nft wants it."""
@@ -260,7 +308,7 @@ def nft_rule(args: list[str]) -> str:
             negate, i = True, i + 1
             continue
         if a in _NFT_ADDR:
-            out.append(f"{_NFT_ADDR[a]} {'!= ' if negate else ''}{args[i + 1]}")
+            out.append(f"{fam.nft_family} {_NFT_ADDR[a]} {'!= ' if negate else ''}{args[i + 1]}")
             i += 2
         elif args[i:i + 3] == ["-m", "mark", "--mark"]:
             value, _, mask = args[i + 3].partition("/")
@@ -283,13 +331,15 @@ def nft_rule(args: list[str]) -> str:
 
 
 def nft_ruleset(network, subnet, masq: bool, forward: bool, random_fully: bool = True) -> str:
-    """The same rules as the nftables table ``ip flannel-ipv4``, replaced whole in one ``nft -f``
-    transaction that also deletes older flannel-udp's ``ip flannel-udp`` (an empty ``table``
-    line before each ``delete`` makes it valid when the table is not there)."""
+    """The same rules as the nftables table ``ip flannel-ipv4`` (``ip6 flannel-ipv6`` for an
+    IPv6 `network`), replaced whole in one ``nft -f`` transaction that also deletes older
+    flannel-udp's ``ip flannel-udp`` (an empty ``table`` line before each ``delete`` makes it
+    valid when the table is not there)."""
+    fam = family_of(network)
     lines = []
-    for table in (NFT_LEGACY_TABLE, NFT_TABLE):
-        lines += [f"table ip {table} {{}}", f"delete table ip {table}"]
-    lines.append(f"table ip {NFT_TABLE} {{")
+    for table in ((NFT_LEGACY_TABLE, NFT_TABLE) if fam is V4 else (fam.nft_table,)):
+        lines += [f"table {fam.nft_family} {table} {{}}", f"delete table {fam.nft_family} {table}"]
+    lines.append(f"table {fam.nft_family} {fam.nft_table} {{")
     chains = []
     if masq:
         chains.append((NFT_POSTRTG, "type nat hook postrouting priority srcnat",
@@ -299,29 +349,32 @@ def nft_ruleset(network, subnet, masq: bool, forward: bool, random_fully: bool =
                        in_chain(forward_rules(network))))
     for name, base, rules in chains:
         lines += [f"  chain {name} {{", f"    {base}; policy accept;"]
-        lines += [f"    {nft_rule(r)}" for r in rules]
+        lines += [f"    {nft_rule(r, fam)}" for r in rules]
         lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- the host
-def choose_tool(prefer=None, enable_nftables: bool = False) -> tuple[str | None, str]:
-    """('iptables' | 'nft' | None, why), as flanneld v0.28.9 chooses (the module docstring).
-    `prefer` forces one (tests)."""
+def choose_tool(prefer=None, enable_nftables: bool = False,
+                fam: Family = V4) -> tuple[str | None, str]:
+    """('iptables' | 'nft' | None, why), as flanneld v0.28.9 chooses (the module docstring);
+    'iptables' means ip6tables for `fam` V6. `prefer` forces one (tests)."""
+    binary = {"iptables": fam.iptables}
+    table = f"table {fam.nft_family} {fam.nft_table}"
     if prefer:
-        return (prefer if shutil.which(prefer) else None), f"{prefer} asked for"
+        return (prefer if shutil.which(binary.get(prefer, prefer)) else None), \
+            f"{prefer} asked for"
     if enable_nftables:
         if shutil.which("nft"):
-            return "nft", ("EnableNFTables is true in the network config: nftables rules in "
-                           f"table ip {NFT_TABLE}")
+            return "nft", f"EnableNFTables is true in the network config: nftables rules in {table}"
         return None, "EnableNFTables is true in the network config but `nft` was not found"
-    if shutil.which("iptables"):
-        return "iptables", ("EnableNFTables is not true in the network config: iptables rules "
-                            f"({POSTRTG}, {FWD})")
+    if shutil.which(fam.iptables):
+        return "iptables", ("EnableNFTables is not true in the network config: "
+                            f"{fam.iptables} rules ({POSTRTG}, {FWD})")
     if shutil.which("nft"):
-        return "nft", f"the iptables binary is missing: nftables rules in table ip {NFT_TABLE}"
-    return None, "neither `iptables` nor `nft` was found"
+        return "nft", f"the {fam.iptables} binary is missing: nftables rules in {table}"
+    return None, f"neither `{fam.iptables}` nor `nft` was found"
 
 
 def detect_tool(prefer=None, enable_nftables: bool = False) -> str | None:
@@ -329,15 +382,15 @@ def detect_tool(prefer=None, enable_nftables: bool = False) -> str | None:
     return choose_tool(prefer, enable_nftables)[0]
 
 
-def _iptables_random_fully() -> bool:
-    p = _run(["iptables", "--version"], check=False)
+def _iptables_random_fully(binary: str = "iptables") -> bool:
+    p = _run([binary, "--version"], check=False)
     m = re.search(r"v(\d+)\.(\d+)\.(\d+)", p.stdout)
     return bool(m) and tuple(map(int, m.groups())) >= (1, 6, 2)
 
 
-def _nft_random_fully() -> bool:
+def _nft_random_fully(fam: Family = V4) -> bool:
     # -c: the kernel checks the transaction and nothing is committed
-    probe = (f"table ip {NFT_TABLE}-probe {{\n  chain p {{\n"
+    probe = (f"table {fam.nft_family} {fam.nft_table}-probe {{\n  chain p {{\n"
              "    type nat hook postrouting priority srcnat; policy accept;\n"
              "    masquerade fully-random\n  }\n}\n")
     return _run(["nft", "-c", "-f", "-"], check=False, input=probe).returncode == 0
@@ -357,7 +410,7 @@ def _delete_nft_tables(tables) -> None:
     _run(["nft", "-f", "-"], input="".join(f"delete table {f} {n}\n" for f, n in tables))
 
 
-def _removal(table: str, saved: str) -> tuple[list[str], list[str]]:
+def _removal(table: str, saved: str, binary: str = "iptables") -> tuple[list[str], list[str]]:
     """What removes our chain of `table` and everything that leads to it from iptables-save's
     `saved`: (iptables-restore lines, the equivalent commands). Any rule that jumps to the
     chain, any rule of the built-in chain carrying our comment (older flannels' rules left
@@ -371,33 +424,35 @@ def _removal(table: str, saved: str) -> tuple[list[str], list[str]]:
         where, args = words[1], words[2:]
         if _jumps_to(args, chain) or (where == base and comment in args):
             lines.append(_line("-D", where, args))
-            done.append(f"iptables -t {table} -D {where} {shlex.join(args)}")
+            done.append(f"{binary} -t {table} -D {where} {shlex.join(args)}")
     if re.search(rf"^:{re.escape(chain)} ", saved, re.M):
         rules = len(chain_rules(saved, chain))
         # the declaration flushes the chain under --noflush; then it can go
         lines += [f":{chain} - [0:0]", f"-X {chain}"]
-        done.append(f"iptables -t {table} -F {chain}; iptables -t {table} -X {chain}"
+        done.append(f"{binary} -t {table} -F {chain}; {binary} -t {table} -X {chain}"
                     f"    # {rules} rule(s)")
     return lines, done
 
 
-def _iptables_tools() -> bool:
-    return bool(shutil.which("iptables-save") and shutil.which("iptables-restore"))
+def _iptables_tools(fam: Family = V4) -> bool:
+    return bool(shutil.which(fam.save) and shutil.which(fam.restore))
 
 
 class Rules:
-    """The rules for one network and the current lease subnet: installed, resynced, kept."""
+    """The rules for one network and the current lease subnet, of one family (that of
+    `network`): installed, resynced, kept."""
 
     def __init__(self, network, subnet, masq: bool, forward: bool, tool: str | None = None,
                  previous: Previous = Previous(), *, random_fully: bool = True,
                  enable_nftables: bool = False):
-        self.network = ipaddress.IPv4Network(network)
-        self.subnet = ipaddress.IPv4Network(subnet)
+        self.fam = family_of(network)
+        self.network = self.fam.network(network)
+        self.subnet = self.fam.network(subnet)
         self.masq = masq
         self.forward = forward
         self.previous = previous
         self.enable_nftables = enable_nftables
-        self.tool, why = choose_tool(tool, enable_nftables)
+        self.tool, why = choose_tool(tool, enable_nftables, self.fam)
         self._lock = threading.Lock()   # one install/resync at a time
         self._stop = threading.Event()
         self._thread = None
@@ -407,26 +462,34 @@ class Rules:
         self._dirty = False             # a rebuild failed: the next resync rebuilds regardless
         self._crossed = False           # the other tool's leftovers are gone (first install)
         self._random_fully = False
+        ipt = self.fam.iptables
+        v6 = (f" for the IPv6Network {self.network} (\"EnableIPv6\": true)"
+              if self.fam is V6 else "")
         if self.tool is None:
             if masq and enable_nftables:
-                raise MasqError("--ip-masq with \"EnableNFTables\": true in the network config "
-                                "needs nftables and `nft` was not found: install it (apt-get "
-                                "install nftables), set EnableNFTables to false, or run without "
-                                "--ip-masq")
-            if masq:
-                raise MasqError("--ip-masq needs iptables or nftables and neither `iptables` nor "
-                                "`nft` was found: install one (apt-get install iptables) or run "
+                raise MasqError(f"--ip-masq{v6} with \"EnableNFTables\": true in the network "
+                                "config needs nftables and `nft` was not found: install it "
+                                "(apt-get install nftables), set EnableNFTables to false, or run "
                                 "without --ip-masq")
+            if masq:
+                raise MasqError(f"--ip-masq{v6} needs {ipt} or nftables and neither `{ipt}` "
+                                "nor `nft` was found: install one (apt-get install iptables, "
+                                f"which has {ipt}) or run without --ip-masq")
             if forward:
                 log.warning("%s: FORWARD accept rules for %s not added "
                             "(--iptables-forward-rules); install %s or add them yourself",
                             "nft not found (EnableNFTables is true in the network config)"
-                            if enable_nftables else "iptables not found", self.network,
-                            "nftables" if enable_nftables else "iptables")
+                            if enable_nftables else f"{ipt} not found", self.network,
+                            "nftables" if enable_nftables else f"iptables (it has {ipt})")
             return
-        log.info("Firewall: %s", why)
+        log.info("Firewall%s: %s", " (IPv6)" if self.fam is V6 else "", why)
         if masq:
             self._random_fully = self._choose_random_fully(random_fully)
+
+    @property
+    def binary(self) -> str:
+        """The tool by its name (ip6tables for IPv6), for the log."""
+        return self.fam.iptables if self.tool == "iptables" else "nft"
 
     def _choose_random_fully(self, wanted: bool) -> bool:
         word = "--random-fully" if self.tool == "iptables" else "fully-random"
@@ -434,9 +497,10 @@ class Rules:
             log.info("--ip-masq-fully-random-disable: MASQUERADE without %s", word)
             return False
         if self.tool == "iptables":
-            ok, why = _iptables_random_fully(), "iptables is older than 1.6.2"
+            ok = _iptables_random_fully(self.fam.iptables)
+            why = f"{self.fam.iptables} is older than 1.6.2"
         else:
-            ok, why = _nft_random_fully(), "the kernel refuses it"
+            ok, why = _nft_random_fully(self.fam), "the kernel refuses it"
         if not ok:
             log.info("MASQUERADE without %s: %s", word, why)
         return ok
@@ -470,10 +534,9 @@ class Rules:
             return
         self._crossed = True
 
-    # --- iptables
-    @staticmethod
-    def _save(table) -> str:
-        return _run(["iptables-save", "-t", table]).stdout
+    # --- iptables (ip6tables for IPv6)
+    def _save(self, table) -> str:
+        return _run([self.fam.save, "-t", table]).stdout
 
     def _ipt_install(self):
         want = self._want()
@@ -484,7 +547,7 @@ class Rules:
         if drop and POSTRTG not in saved[NAT]:
             drop = ()
         text = restore_text(want, builtin, self.previous, changed=self._recycle(), drop=drop)
-        _run(["iptables-restore", "-w", "5", "--noflush"], input=text)
+        _run([self.fam.restore, "-w", "5", "--noflush"], input=text)
         if drop:
             log.info("Masquerade is off now (subnet.env said FLANNEL_IPMASQ=true): removed %s",
                      POSTRTG)
@@ -493,27 +556,36 @@ class Rules:
         self._cross_over(self._drop_nft_tables)
 
     def _drop_nft_tables(self):
-        tables = _nft_tables_present()
+        # IPv4's go with all of them (the module docstring), IPv6's with its own
+        tables = [t for t in _nft_tables_present()
+                  if self.fam is V4 or t == (self.fam.nft_family, self.fam.nft_table)]
         if tables:
             _delete_nft_tables(tables)
-            log.info("iptables mode: deleted the nftables table(s) %s (a flannel in nftables "
-                     "mode left them)", ", ".join(f"{f} {n}" for f, n in tables))
+            log.info("%s mode: deleted the nftables table(s) %s (a flannel in nftables "
+                     "mode left them)", self.fam.iptables,
+                     ", ".join(f"{f} {n}" for f, n in tables))
 
     def _ipt_missing(self) -> list[str]:
         return missing_rules(self._expected, {t: self._save(t) for t in self._expected})
 
     # --- nftables
+    @property
+    def _nft_name(self) -> str:
+        return f"{self.fam.nft_family} {self.fam.nft_table}"
+
     def _nft_list(self) -> str:
-        return _run(["nft", "list", "table", "ip", NFT_TABLE], check=False).stdout
+        return _run(["nft", "list", "table", self.fam.nft_family, self.fam.nft_table],
+                    check=False).stdout
 
     def _nft_install(self):
         self._recycle()                 # only logged: the old table goes whole with `delete`
-        legacy = not self._crossed and ("ip", NFT_LEGACY_TABLE) in _nft_tables_present()
+        legacy = (self.fam is V4 and not self._crossed
+                  and ("ip", NFT_LEGACY_TABLE) in _nft_tables_present())
         text = nft_ruleset(self.network, self.subnet, self.masq, self.forward,
                            self._random_fully)
         p = _run(["nft", "-f", "-"], check=False, input=text)
         if p.returncode != 0:
-            raise MasqError(f"nft could not load the table ip {NFT_TABLE}: {p.stderr.strip()}")
+            raise MasqError(f"nft could not load the table {self._nft_name}: {p.stderr.strip()}")
         if legacy:
             log.info("Replaced the table ip %s of an older flannel-udp by ip %s",
                      NFT_LEGACY_TABLE, NFT_TABLE)
@@ -521,23 +593,24 @@ class Rules:
         self._cross_over(self._drop_iptables_masq)
 
     def _drop_iptables_masq(self):
-        if not _iptables_tools():
+        fam = self.fam
+        if not _iptables_tools(fam):
             return
-        nat = _run(["iptables-save", "-t", NAT], check=False)
-        lines, done = _removal(NAT, nat.stdout) if nat.returncode == 0 else ([], [])
+        nat = _run([fam.save, "-t", NAT], check=False)
+        lines, done = _removal(NAT, nat.stdout, fam.iptables) if nat.returncode == 0 else ([], [])
         if lines:
-            _run(["iptables-restore", "-w", "5", "--noflush"],
+            _run([fam.restore, "-w", "5", "--noflush"],
                  input="\n".join(["*nat"] + lines + ["COMMIT"]) + "\n")
-            log.info("nftables mode: removed the iptables masquerade so that nothing is NATed "
-                     "twice: %s", "; ".join(done))
-        fwd = _run(["iptables-save", "-t", FILTER], check=False).stdout
+            log.info("nftables mode: removed the %s masquerade so that nothing is NATed "
+                     "twice: %s", fam.iptables, "; ".join(done))
+        fwd = _run([fam.save, "-t", FILTER], check=False).stdout
         if re.search(rf"^:{FWD} ", fwd, re.M):
-            log.info("nftables mode: the iptables chain %s and its jump stay (they keep the "
+            log.info("nftables mode: the %s chain %s and its jump stay (they keep the "
                      "overlay forwarded where FORWARD drops; no longer resynced); to remove "
-                     "them: %s", FWD, "; ".join(FWD_REMOVAL))
+                     "them: %s", fam.iptables, FWD, "; ".join(_chain_removal(fam.iptables, FILTER)))
 
     def _nft_missing(self) -> list[str]:
-        return [] if self._nft_list() == self._expected else [f"table ip {NFT_TABLE}"]
+        return [] if self._nft_list() == self._expected else [f"table {self._nft_name}"]
 
     # --- public
     def install(self) -> None:
@@ -550,11 +623,11 @@ class Rules:
             parts = (("masquerade (FLANNEL-POSTRTG)", self.masq),
                      ("forward (FLANNEL-FWD)", self.forward))
         else:
-            parts = ((f"masquerade (table ip {NFT_TABLE}, chain {NFT_POSTRTG})", self.masq),
-                     (f"forward (table ip {NFT_TABLE}, chain {NFT_FWD})", self.forward))
+            parts = ((f"masquerade (table {self._nft_name}, chain {NFT_POSTRTG})", self.masq),
+                     (f"forward (table {self._nft_name}, chain {NFT_FWD})", self.forward))
         what = " and ".join(w for w, on in parts if on)
         log.info("Installed %s rules for %s, subnet %s, with %s (they stay after exit)", what,
-                 self.network, self.subnet, self.tool)
+                 self.network, self.subnet, self.binary)
 
     def _install_locked(self):
         self._dirty = True
@@ -577,7 +650,7 @@ class Rules:
                 gone = self._ipt_missing() if self.tool == "iptables" else self._nft_missing()
             if not gone:
                 return False
-            log.warning("%d %s rule(s) missing (%s); rebuilding them all", len(gone), self.tool,
+            log.warning("%d %s rule(s) missing (%s); rebuilding them all", len(gone), self.binary,
                         "; ".join(gone[:3]))
             self._install_locked()
             return True
@@ -592,14 +665,16 @@ class Rules:
                 try:
                     self.resync()
                 except Exception as e:  # keep the daemon up; the next period retries
-                    log.warning("%s resync failed: %s", self.tool, e)
+                    log.warning("%s resync failed: %s", self.binary, e)
 
-        self._thread = threading.Thread(target=loop, name="ipmasq-resync", daemon=True)
+        name = "ipmasq6-resync" if self.fam is V6 else "ipmasq-resync"
+        self._thread = threading.Thread(target=loop, name=name, daemon=True)
         self._thread.start()
 
     def update_subnet(self, subnet) -> None:
-        """The lease moved to another subnet: rebuild for it (the resync goes on)."""
-        subnet = ipaddress.IPv4Network(subnet)
+        """The lease moved to another subnet (of this family): rebuild for it (the resync goes
+        on)."""
+        subnet = self.fam.network(subnet)
         with self._lock:
             if subnet == self.subnet:
                 return
@@ -611,9 +686,9 @@ class Rules:
                 self._install_locked()
             except MasqError as e:      # the lease move goes on; the resync retries
                 log.warning("Could not rebuild the %s rules for the new subnet %s (retried every "
-                            "resync period): %s", self.tool, subnet, e)
+                            "resync period): %s", self.binary, subnet, e)
                 return
-        log.info("Rebuilt the %s rules for the new subnet %s", self.tool, subnet)
+        log.info("Rebuilt the %s rules for the new subnet %s", self.binary, subnet)
 
     def remove(self) -> None:
         """Remove every rule and chain in one transaction (not done at exit: see stop)."""
@@ -624,12 +699,13 @@ class Rules:
             if self.tool == "iptables":
                 tables = tuple(self._expected)
                 builtin = {t: chain_rules(self._save(t), CHAINS[t][0]) for t in tables}
-                _run(["iptables-restore", "-w", "5", "--noflush"],
+                _run([self.fam.restore, "-w", "5", "--noflush"],
                      input=restore_text({}, builtin, drop=tables))
             else:
-                _run(["nft", "delete", "table", "ip", NFT_TABLE], check=False)
+                _run(["nft", "delete", "table", self.fam.nft_family, self.fam.nft_table],
+                     check=False)
             self._installed = False
-        log.info("Removed the %s rules for %s", self.tool, self.network)
+        log.info("Removed the %s rules for %s", self.binary, self.network)
 
     def stop(self) -> None:
         """Stop the resync at exit. The rules stay (see the module docstring)."""
@@ -638,32 +714,35 @@ class Rules:
             self._thread.join(timeout=5)
         if self._installed and not self._stopped_once:
             self._stopped_once = True
-            log.info("Leaving the %s rules in place; to remove them: %s", self.tool,
-                     "; ".join(REMOVAL_COMMANDS[self.tool]))
+            log.info("Leaving the %s rules in place; to remove them: %s", self.binary,
+                     "; ".join(removal_commands(self.tool, self.fam)))
 
 
 # ---------------------------------------------------------------- leaving the overlay
 def remove_all(dry_run: bool = False) -> list[str]:
     """Remove every rule, chain and table the daemon (or flanneld) installs, whatever network they
     were for: any rule that jumps to FLANNEL-POSTRTG or FLANNEL-FWD, any rule of POSTROUTING /
-    FORWARD carrying our comments (older flannels' rules left there directly), both chains, and
-    the nftables tables ``ip flannel-ipv4``, ``ip6 flannel-ipv6`` and ``ip flannel-udp`` (older
+    FORWARD carrying our comments (older flannels' rules left there directly), both chains, in
+    iptables and in ip6tables, and the nftables tables ``ip flannel-ipv4``, ``ip6 flannel-ipv6`` and ``ip flannel-udp`` (older
     flannel-udp). For `flannel-udp cleanup`, when a host leaves the overlay for good: the daemon
     itself never removes them (they stay at exit, see the module docstring).
 
-    The iptables part is one ``iptables-restore --noflush`` transaction, as the install; the
-    nftables part one ``nft -f``. Returns what was removed (with ``dry_run``: what would be), as
+    Each of iptables and ip6tables is one ``-restore --noflush`` transaction, as the install;
+    the nftables part one ``nft -f``. Returns what was removed (with ``dry_run``: what would be), as
     the equivalent commands, one per line; [] when nothing of ours is there."""
     done: list[str] = []
-    restore: list[str] = []
-    if _iptables_tools():
+    for fam in (V4, V6):
+        if not _iptables_tools(fam):
+            continue
+        restore: list[str] = []
         for table in CHAINS:
-            lines, said = _removal(table, _run(["iptables-save", "-t", table], check=False).stdout)
+            saved = _run([fam.save, "-t", table], check=False).stdout
+            lines, said = _removal(table, saved, fam.iptables)
             done += said
             if lines:
                 restore += [f"*{table}"] + lines + ["COMMIT"]
-    if restore and not dry_run:
-        _run(["iptables-restore", "-w", "5", "--noflush"], input="\n".join(restore) + "\n")
+        if restore and not dry_run:
+            _run([fam.restore, "-w", "5", "--noflush"], input="\n".join(restore) + "\n")
     tables = _nft_tables_present()
     done += [f"nft delete table {f} {n}" for f, n in tables]
     if tables and not dry_run:

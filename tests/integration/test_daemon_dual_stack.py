@@ -5,8 +5,9 @@ takes flanneld's dual-stack lease, one key naming both parts, so that flanneld h
 cluster start beside it (a v4-only key made flanneld v0.20.2 panic at its start), and marks its
 value `ForwardsIPv6` (peers route its IPv6 part only then: flanneld's udp hosts take the same
 keys but route no IPv6); IPv4 is forwarded as on any config, and IPv6 too
-(tests/integration/test_dual_stack_netns.py pings over it); the status shows the held part, and
-subnet.env has flanneld's FLANNEL_IPV6_* lines. The hosts here disable IPv6 by sysctl
+(tests/integration/test_dual_stack_netns.py pings over it); the status shows the held part,
+subnet.env has flanneld's FLANNEL_IPV6_* lines and ip6tables flanneld's rules for IPv6Network
+(--ip-masq, --iptables-forward-rules). The hosts here disable IPv6 by sysctl
 (net.ipv6.conf.{all,default}.disable_ipv6=1, the testbed's default): flannel0 gets it all the same,
 per device, as the CNI plugins enable it on the pods' interfaces.
 """
@@ -37,7 +38,7 @@ def ov(engine_kind):
     overlay = Overlay(hosts=0, engine=engine_kind, config=CONFIG)
     try:
         for kind in (engine_kind, other_engine(engine_kind)):
-            overlay.add_host(engine=kind, wait=False)
+            overlay.add_host(engine=kind, wait=False, args=("--ip-masq",))
         for h in overlay.hosts:
             overlay.wait_ready(h)
         yield overlay
@@ -68,6 +69,12 @@ def test_dual_stack_leases_marked_ipv4_forwarded_ipv6_lines_written(ov):
         assert "forwards IPv4 only" not in log and not re.search(r"WARNING.*IPv6", log), log
         addrs = ov.exec(h, ["ip", "-6", "-o", "addr", "show", "dev", "flannel0"]).stdout
         assert f"inet6 {six.network_address}/128" in addrs, addrs
+        # --ip-masq and --iptables-forward-rules for IPv6Network too (host/firewall_stack.py)
+        nat6 = ov.exec(h, ["ip6tables-save", "-t", "nat"]).stdout
+        assert f"-A FLANNEL-POSTRTG -s {six} -d fc00:66::/56 " in nat6, nat6
+        assert "-A FLANNEL-POSTRTG -s fc00:66::/56 ! -d ff00::/8 " in nat6, nat6
+        fwd6 = ov.exec(h, ["ip6tables-save", "-t", "filter"]).stdout
+        assert "-A FLANNEL-FWD -d fc00:66::/56 " in fwd6, fwd6
     assert ov.ping(h0, ov.flannel_ip(h1))["received"] > 0
     assert ov.ping(h1, ov.flannel_ip(h0))["received"] > 0
 

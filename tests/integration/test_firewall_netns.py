@@ -6,11 +6,14 @@ so each check is on the kernel's rule set, not on the text we sent. What flannel
 left (its appended jumps, its nftables table, older flannel-udp's table) is staged with the
 same commands first. The facts pinned are those of docs/flannel-compat.md#iptables: the rule
 order, --ip-masq-fully-random-disable, EnableNFTables and the move between the two tools, the
-table and chain names flanneld shares with us, and `flannel-udp cleanup`'s removal.
+table and chain names flanneld shares with us, and `flannel-udp cleanup`'s removal. With
+EnableIPv6 the same for IPv6Network (ip6tables, ``ip6 flannel-ipv6``), and one pod's IPv6
+datagrams through a host with them: masqueraded out of IPv6Network, not inside it.
 """
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -24,6 +27,7 @@ from tests.conftest import require, require_root
 pytestmark = pytest.mark.root
 
 NET, SUB = "10.5.0.0/16", "10.5.3.0/24"
+NET6, SUB6 = "fc00:5::/56", "fc00:5:0:3::/64"
 M = '-m comment --comment "flanneld masq"'
 F = '-m comment --comment "flanneld forward"'
 MASQ_JUMP = f"{M} -j FLANNEL-POSTRTG"
@@ -55,6 +59,29 @@ def v028_postrtg_nft(random_fully=True) -> list[str]:
 FWD_NFT = [f'ip saddr {NET} accept comment "flanneld forward"',
            f'ip daddr {NET} accept comment "flanneld forward"']
 
+
+def v028_postrtg6() -> list[str]:
+    """FLANNEL-POSTRTG for IPv6Network as flanneld v0.28.9 fills it, as ip6tables-save prints it."""
+    return [f"-A FLANNEL-POSTRTG -m mark --mark 0x4000/0x4000 {M} -j RETURN",
+            f"-A FLANNEL-POSTRTG -s {SUB6} -d {NET6} {M} -j RETURN",
+            f"-A FLANNEL-POSTRTG -s {NET6} -d {SUB6} {M} -j RETURN",
+            f"-A FLANNEL-POSTRTG ! -s {NET6} -d {SUB6} {M} -j RETURN",
+            f"-A FLANNEL-POSTRTG -s {NET6} ! -d ff00::/8 {M} -j MASQUERADE --random-fully",
+            f"-A FLANNEL-POSTRTG ! -s {NET6} -d {NET6} {M} -j MASQUERADE --random-fully"]
+
+
+FWD6 = [f"-A FLANNEL-FWD -s {NET6} {F} -j ACCEPT", f"-A FLANNEL-FWD -d {NET6} {F} -j ACCEPT"]
+POSTRTG6_NFT = ['meta mark & 0x00004000 == 0x00004000 return comment "flanneld masq"',
+                f'ip6 saddr {SUB6} ip6 daddr {NET6} return comment "flanneld masq"',
+                f'ip6 saddr {NET6} ip6 daddr {SUB6} return comment "flanneld masq"',
+                f'ip6 saddr != {NET6} ip6 daddr {SUB6} return comment "flanneld masq"',
+                f'ip6 saddr {NET6} ip6 daddr != ff00::/8 masquerade fully-random comment '
+                '"flanneld masq"',
+                f'ip6 saddr != {NET6} ip6 daddr {NET6} masquerade fully-random comment '
+                '"flanneld masq"']
+FWD6_NFT = [f'ip6 saddr {NET6} accept comment "flanneld forward"',
+            f'ip6 daddr {NET6} accept comment "flanneld forward"']
+
 # The table older flannel-udp versions made (iptables missing), in their layout.
 LEGACY_TABLE = f"""table ip flannel-udp {{
   chain FLANNEL_POSTRTG {{
@@ -82,9 +109,9 @@ table ip6 flannel-ipv6 {{}}
 class Ns:
     """A namespace of the suite's naming (fu-<pid>-<seq>-fw), deleted at teardown."""
 
-    def __init__(self):
-        self.name = netns.ns_name(netns.new_run_id(), "fw")
-        netns.create(self.name)
+    def __init__(self, role="fw", disable_ipv6=True):
+        self.name = netns.ns_name(netns.new_run_id(), role)
+        netns.create(self.name, disable_ipv6=disable_ipv6)
 
     def run(self, argv, input=None, check=True) -> subprocess.CompletedProcess:
         r = subprocess.run(netns.exec_argv(self.name, argv), input=input, capture_output=True,
@@ -103,19 +130,19 @@ class Ns:
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout.splitlines()[-1]), r.stderr
 
-    def save(self, table: str) -> list[str]:
-        return [l for l in self.run(["iptables-save", "-t", table]).stdout.splitlines()
+    def save(self, table: str, tool: str = "iptables") -> list[str]:
+        return [l for l in self.run([f"{tool}-save", "-t", table]).stdout.splitlines()
                 if l.startswith(("-A ", ":"))]
 
-    def chain(self, table: str, chain: str) -> list[str]:
-        return [l for l in self.save(table) if l.startswith(f"-A {chain} ")]
+    def chain(self, table: str, chain: str, tool: str = "iptables") -> list[str]:
+        return [l for l in self.save(table, tool) if l.startswith(f"-A {chain} ")]
 
     def nft_tables(self) -> set[str]:
         return {l.strip() for l in self.run(["nft", "list", "tables"]).stdout.splitlines()}
 
-    def nft_chain(self, chain: str) -> list[str]:
-        """The rules of `chain` in table ip flannel-ipv4, the base chain's line first."""
-        out = self.run(["nft", "list", "chain", "ip", "flannel-ipv4", chain]).stdout
+    def nft_chain(self, chain: str, table: str = "ip flannel-ipv4") -> list[str]:
+        """The rules of `chain` in `table`, the base chain's line first."""
+        out = self.run(["nft", "list", "chain", *table.split(), chain]).stdout
         lines = [l.strip() for l in out.splitlines()]
         return [l for l in lines if l and not l.startswith(("table ", "chain ")) and l != "}"]
 
@@ -126,7 +153,8 @@ class Ns:
 @pytest.fixture
 def ns():
     require_root()
-    for tool in ("iptables", "iptables-save", "iptables-restore", "nft"):
+    for tool in ("iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save",
+                 "ip6tables-restore", "nft"):
         require(shutil.which(tool) is not None, f"needs {tool} (apt-get install iptables nftables)")
     n = Ns()
     try:
@@ -268,3 +296,147 @@ def test_remove_all_removes_the_iptables_chains_and_every_flannel_table(ns):
         assert "FLANNEL" not in text and "flanneld" not in text, text
     again, _ = ns.firewall("result = fw.remove_all()")
     assert again == []
+
+
+# ---------------------------------------------------------------- dual stack (EnableIPv6)
+def _stack(enable_nftables=False, masq=True) -> str:
+    """Code that makes both families' rules in the namespace as the daemon does, as `r`."""
+    return ("from dataplane.host.firewall_stack import Stack\n"
+            f"r = Stack({NET!r}, {SUB!r}, masq={masq}, forward=True, network6={NET6!r}, "
+            f"subnet6={SUB6!r}, enable_nftables={enable_nftables})\n"
+            "r.install()\n")
+
+
+def test_dual_stack_ip6tables_rules_are_restored_moved_and_cleaned_up(ns):
+    got, log = ns.firewall(
+        _stack() + "import subprocess\n"
+        "before = r.v6.resync()\n"
+        f"subprocess.run(['ip6tables', '-t', 'nat', '-D', 'FLANNEL-POSTRTG', '-s', {NET6!r}, "
+        f"'!', '-d', 'ff00::/8', '-m', 'comment', '--comment', 'flanneld masq', '-j', "
+        "'MASQUERADE', '--random-fully'], check=True)\n"
+        "subprocess.run(['ip6tables', '-t', 'filter', '-D', 'FORWARD', '-m', 'comment', "
+        "'--comment', 'flanneld forward', '-j', 'FLANNEL-FWD'], check=True)\n"
+        "result = [before, r.v6.resync(), r.v6.resync(), r.v4.resync()]")
+    assert got == [False, True, False, False], log    # rebuilt once; IPv4's untouched
+    assert "ip6tables rule(s) missing" in log
+    assert ns.chain("nat", "FLANNEL-POSTRTG", "ip6tables") == v028_postrtg6()
+    assert ns.chain("nat", "POSTROUTING", "ip6tables") == [f"-A POSTROUTING {MASQ_JUMP}"]
+    assert ns.chain("filter", "FORWARD", "ip6tables") == [f"-A FORWARD {FWD_JUMP}"]
+    assert ns.chain("filter", "FLANNEL-FWD", "ip6tables") == FWD6
+    assert ns.chain("nat", "FLANNEL-POSTRTG") == v028_postrtg()      # IPv4's beside them
+
+    # an IPv6-only reshape of the lease: the masquerade follows the new part
+    moved, _ = ns.firewall(_stack() + "r.update_subnet(r.v4.subnet, 'fc00:5:0:9::/64')\n"
+                           "result = str(r.v6.subnet)")
+    assert moved == "fc00:5:0:9::/64"
+    assert ns.chain("nat", "FLANNEL-POSTRTG", "ip6tables") == [
+        l.replace(SUB6, "fc00:5:0:9::/64") for l in v028_postrtg6()]
+
+    dry, _ = ns.firewall("result = fw.remove_all(dry_run=True)")
+    assert any(l.startswith("ip6tables -t nat -D POSTROUTING") for l in dry), dry
+    assert any(l.startswith("ip6tables -t filter -F FLANNEL-FWD") for l in dry), dry
+    ns.firewall("result = fw.remove_all()")
+    for tool in ("iptables", "ip6tables"):
+        for table in ("nat", "filter"):
+            text = "\n".join(ns.save(table, tool))
+            assert "FLANNEL" not in text and "flanneld" not in text, (tool, text)
+
+
+def test_dual_stack_nftables_table_ip6_is_restored_and_cleaned_up(ns):
+    _, _ = ns.firewall(_stack())                # iptables mode first: the move takes it out
+    got, log = ns.firewall(
+        _stack(enable_nftables=True) + "import subprocess\n"
+        "listing = subprocess.run(['nft', '-a', 'list', 'chain', 'ip6', 'flannel-ipv6', "
+        "'forward'], capture_output=True, text=True).stdout\n"
+        "line = next(l for l in listing.splitlines() if 'ip6 daddr' in l)\n"
+        "subprocess.run(['nft', 'delete', 'rule', 'ip6', 'flannel-ipv6', 'forward', 'handle', "
+        "line.rsplit('# handle ', 1)[1]], check=True)\n"
+        "result = [r.v6.resync(), r.v6.resync(), r.v4.resync()]")
+    assert got == [True, False, False], log
+    assert "nftables rules in table ip6 flannel-ipv6" in log
+    assert ns.nft_chain("postrtg", "ip6 flannel-ipv6") == [
+        "type nat hook postrouting priority srcnat; policy accept;", *POSTRTG6_NFT]
+    assert ns.nft_chain("forward", "ip6 flannel-ipv6") == [
+        "type filter hook forward priority filter; policy accept;", *FWD6_NFT]
+    nat6 = "\n".join(ns.save("nat", "ip6tables"))
+    assert "FLANNEL-POSTRTG" not in nat6 and "flanneld masq" not in nat6, nat6
+    assert "ip6tables masquerade" in log
+
+    ns.firewall("result = fw.remove_all()")
+    assert not [t for t in ns.nft_tables() if "flannel" in t]
+    assert "FLANNEL" not in "\n".join(ns.save("filter", "ip6tables"))
+
+
+def test_dual_stack_without_ip6tables_names_what_to_install(ns):
+    """A PATH with iptables but neither ip6tables nor nft, as a host with a bare iptables."""
+    bin_dir = f"/tmp/{ns.name}-bin"
+    os.makedirs(bin_dir)
+    try:
+        for tool in ("iptables", "iptables-save", "iptables-restore"):
+            os.symlink(shutil.which(tool), os.path.join(bin_dir, tool))
+        got, _ = ns.firewall(
+            f"import os\nos.environ['PATH'] = {bin_dir!r}\n"
+            "try:\n    " + _stack().replace("\n", "\n    ") + "result = 'installed'\n"
+            "except fw.MasqError as e:\n    result = str(e)\n")
+    finally:
+        shutil.rmtree(bin_dir)
+    assert "neither `ip6tables` nor `nft`" in got and "apt-get install iptables" in got, got
+    assert not ns.chain("nat", "FLANNEL-POSTRTG"), "nothing installed before the error"
+
+
+_RECEIVER = """
+import json, socket, sys
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+s.bind(("::", 7791)); s.settimeout(10)
+print("ready", flush=True)
+print(json.dumps([s.recvfrom(64)[1][0] for _ in range(2)]), flush=True)
+"""
+_SENDER = """
+import socket
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+for dst in ("2001:db8:1::2", "fc00:5:0:9::2"):
+    s.sendto(b"x", (dst, 7791))
+"""
+
+
+@pytest.mark.parametrize("enable_nftables", [False, True], ids=["ip6tables", "nftables"])
+def test_a_pod_s_ipv6_datagram_leaves_masqueraded_only_out_of_ipv6network(enable_nftables):
+    """pod fc00:5:0:3::2 -- host (the rules; 2001:db8:1::1) -- outside 2001:db8:1::2, which also
+    holds fc00:5:0:9::2 (another host's pod, as the overlay would deliver it)."""
+    require_root()
+    for tool in ("ip6tables", "nft"):
+        require(shutil.which(tool) is not None, f"needs {tool} (apt-get install iptables nftables)")
+    made = []
+    try:
+        host, pod, out = (Ns(role, disable_ipv6=False) for role in ("fwh", "fwp", "fwo"))
+        made += [host, pod, out]
+        ip = ["ip", "-batch", "-"]
+        host.run(ip, input=f"link add vp type veth peer name eth0 netns {pod.name}\n"
+                           f"link add vo type veth peer name eth0 netns {out.name}\n"
+                           "addr add fc00:5:0:3::1/64 dev vp nodad\n"
+                           "addr add 2001:db8:1::1/64 dev vo nodad\n"
+                           "link set vp up\nlink set vo up\n"
+                           "route add fc00:5:0:9::/64 via 2001:db8:1::2\n")
+        host.run(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
+        pod.run(ip, input="addr add fc00:5:0:3::2/64 dev eth0 nodad\nlink set eth0 up\n"
+                          "route add default via fc00:5:0:3::1\n")
+        out.run(ip, input="addr add 2001:db8:1::2/64 dev eth0 nodad\n"
+                          "addr add fc00:5:0:9::2/128 dev eth0 nodad\nlink set eth0 up\n"
+                          "route add default via 2001:db8:1::1\n")
+        _, log = host.firewall(_stack(enable_nftables=enable_nftables))
+        receiver = subprocess.Popen(netns.exec_argv(out.name, [sys.executable, "-c", _RECEIVER]),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read()
+            pod.run([sys.executable, "-c", _SENDER])
+            got, err = receiver.communicate(timeout=15)
+        finally:
+            if receiver.poll() is None:
+                receiver.kill()
+                receiver.wait()
+        assert receiver.returncode == 0, err
+        # out of IPv6Network: the host's address; inside it (-s S -d N RETURN): the pod's own
+        assert json.loads(got) == ["2001:db8:1::1", "fc00:5:0:3::2"], log
+    finally:
+        for n in made:
+            n.close()

@@ -13,6 +13,7 @@ from dataplane.control.subnetfile import read_previous_rules
 from tests.conftest import wait_until
 
 NET, SUB = "10.5.0.0/16", "10.5.3.0/24"
+NET6, SUB6 = "fc00:5::/56", "fc00:5:0:3::/64"
 MASQ_JUMP = '-m comment --comment "flanneld masq" -j FLANNEL-POSTRTG'
 FWD_JUMP = '-m comment --comment "flanneld forward" -j FLANNEL-FWD'
 
@@ -268,9 +269,9 @@ class FakeHost:
 def fake(monkeypatch):
     from dataplane.host import firewall
     host = FakeHost()
-    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False:
+    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False, fam=None:
                         ("iptables", "a fake host"))
-    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda: True)
+    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda *binary: True)
     monkeypatch.setattr(firewall.Rules, "_ipt_install", lambda self: host.install(self))
     monkeypatch.setattr(firewall.Rules, "_ipt_missing", lambda self: list(host.missing))
     return host
@@ -341,10 +342,10 @@ def test_random_fully_needs_the_switch_and_the_tool(monkeypatch, caplog, tool, a
     import logging
 
     from dataplane.host import firewall
-    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False:
+    monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False, fam=None:
                         (tool, "a fake host"))
-    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda: supported)
-    monkeypatch.setattr(firewall, "_nft_random_fully", lambda: supported)
+    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda *binary: supported)
+    monkeypatch.setattr(firewall, "_nft_random_fully", lambda *fam: supported)
     with caplog.at_level(logging.INFO, logger=firewall.log.name):
         r = firewall.Rules(NET, SUB, masq=True, forward=False, random_fully=asked)
     masq = [a for a in r._want()[NAT] if "MASQUERADE" in a]
@@ -354,27 +355,41 @@ def test_random_fully_needs_the_switch_and_the_tool(monkeypatch, caplog, tool, a
         assert "--ip-masq-fully-random-disable" in caplog.text
 
 
+@pytest.mark.parametrize("dual", [False, True], ids=["ipv4", "dual-stack"])
 @pytest.mark.parametrize("disable, enable", [(False, False), (True, True), (True, False)])
 def test_the_daemon_passes_the_flag_and_the_config_key_to_the_rules(monkeypatch, tmp_path,
-                                                                    disable, enable):
+                                                                    disable, enable, dual):
     from dataplane.daemon import startup
     from dataplane.daemon.options import Options
     from dataplane.host import firewall
-    seen = {}
+    made = []
 
     class Recorder:
         def __init__(self, network, subnet, **kw):
-            seen.update(kw, network=network, subnet=subnet)
+            self.seen = dict(kw, network=network, subnet=subnet)
+            made.append(self)
 
         def install(self):
-            seen["installed"] = True
+            self.seen["installed"] = True
 
         def start_resync(self, period):
-            seen["resync"] = period
+            self.seen["resync"] = period
 
     monkeypatch.setattr(firewall, "Rules", Recorder)
-    opts = Options(ip_masq=True, ip_masq_fully_random_disable=disable,
-                   subnet_file=str(tmp_path / "subnet.env"))
-    assert isinstance(startup.install_rules(opts, NET, SUB, enable_nftables=enable), Recorder)
-    assert seen["random_fully"] is (not disable) and seen["enable_nftables"] is enable
-    assert seen["installed"] and seen["resync"] == opts.iptables_resync
+    path = tmp_path / "subnet.env"
+    path.write_text("FLANNEL_NETWORK=10.4.0.0/16\nFLANNEL_SUBNET=10.4.7.1/24\nFLANNEL_MTU=1472\n"
+                    "FLANNEL_IPMASQ=true\nFLANNEL_IPV6_NETWORK=fc00:4::/56\n"
+                    "FLANNEL_IPV6_SUBNET=fc00:4:0:7::1/64\n")
+    opts = Options(ip_masq=True, ip_masq_fully_random_disable=disable, subnet_file=str(path))
+    v6 = dict(network6=NET6, subnet6=SUB6) if dual else {}
+    stack = startup.install_rules(opts, NET, SUB, enable_nftables=enable, **v6)
+    # the IPv6 rules first: the IPv4 ones' cross-over may delete ip6 flannel-ipv6
+    assert [m.seen["network"] for m in made] == ([NET6] if dual else []) + [NET]
+    assert stack.members == made
+    for m in made:
+        assert m.seen["random_fully"] is (not disable) and m.seen["enable_nftables"] is enable
+        assert m.seen["installed"] and m.seen["resync"] == opts.iptables_resync
+    assert made[-1].seen["previous"] == P("10.4.0.0/16", "10.4.7.0/24", True)
+    if dual:
+        assert made[0].seen["previous"] == Previous(ipaddress.IPv6Network("fc00:4::/56"),
+                                                    ipaddress.IPv6Network("fc00:4:0:7::/64"), True)

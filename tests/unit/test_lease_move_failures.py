@@ -230,7 +230,8 @@ def test_netlink_failure_moves_nothing_and_is_retried(daemon, monkeypatch, caplo
     host = Host(monkeypatch)
     factory = Factory(monkeypatch)
     moved_rules = []
-    daemon.rules = SimpleNamespace(update_subnet=moved_rules.append)
+    daemon.rules = SimpleNamespace(update_subnet=lambda subnet, subnet6=None:
+                                   moved_rules.append(subnet))
     host.fail["configure_tun"] = [OSError(errno.EPERM, "Operation not permitted")] * 3
     old_engine = daemon.engine
     daemon._move_to(lease(NEW))
