@@ -101,9 +101,11 @@
  *   TUN -> UDP: len >= 20 (else drop_malformed), version 6, then len >= 40
  *     and payload length + 40 == len (else drop_malformed); link scope
  *     (below) -> drop_scope; dst looked up in the IPv6 table (a miss is
- *     drop_no_route); hop limit (byte 7) <= 1 -> drop_ttl; hop limit - 1
- *     (IPv6 has no header checksum); sent as step 5. No ICMPv6 error is
- *     generated yet: a miss and an expired hop limit are dropped silently.
+ *     drop_no_route, and ICMPv6 destination unreachable 1/0 "no route to
+ *     destination" into the TUN); hop limit (byte 7) <= 1 -> drop_ttl, and
+ *     ICMPv6 time exceeded 3/0; hop limit - 1 (IPv6 has no header
+ *     checksum); sent as step 5. Either error only as "ICMPv6 errors"
+ *     below allows.
  *   UDP -> TUN: steps 1 and 2 as for IPv4; a version other than 4 and 6 is
  *     drop_not_ipv4 (the name kept for the dashboards: "neither IPv4 nor
  *     IPv6"); len >= 40 and payload length + 40 == len (else
@@ -152,7 +154,36 @@
  *         quote: the offender's first min(len, ihl*4 + 8) bytes (q bytes),
  *         as read (before any TTL change).
  *
- * ICMP rate limit (both engines, same integer arithmetic): a token bucket of
+ * ICMPv6 errors (RFC 4443; the same counters, which mean "unreachable"
+ * and "time exceeded" for both families, and the same rate limit):
+ *   IPv6: version 6, traffic class 0, flow label 0, payload length 8 + q,
+ *         next header 58, hop limit DP_ICMP_TTL (64), src = tun_addr6
+ *         (dp_loop_set_addr6), dst = offender's src
+ *   ICMPv6: type, code, checksum over RFC 8200 8.1's pseudo-header (src,
+ *         dst, 8 + q as 32 bits, 3 zero bytes, 58) and the message, 4 zero
+ *         bytes, then the offender's first q = min(len, DP_ICMP6_ERR_MAX -
+ *         48) bytes as read, so that the error is at most DP_ICMP6_ERR_MAX.
+ *   Never sent (the offender just dropped, nothing else counted, no token
+ *   of the rate limit taken), in this order:
+ *     - tun_addr6 is :: (the default: dp_loop_set_addr6 not called, as on a
+ *       host whose flannel0 has no IPv6 address, which then sends no IPv6);
+ *     - the offender's destination is multicast (ff00::/8) or its source is
+ *       multicast or ::;
+ *     - its upper layer is not known to be anything but an ICMPv6 error.
+ *       The upper layer is found by walking the extension headers 0, 43,
+ *       44, 51 (AH: (byte 1 + 2) * 4 bytes), 60, 135, 139, 140 (fragment:
+ *       8 bytes; the others (byte 1 + 1) * 8): none is sent when the walk
+ *       meets a header that is not whole in the packet (its first 8 bytes
+ *       past len) or more than DP_IPV6_EXT_MAX extension headers, a
+ *       fragment header with an offset (bytes 2-3 & 0xfff8) not 0, or ends
+ *       past len, at ESP (50: encrypted, it may hide an ICMPv6 error), or
+ *       at ICMPv6 (58) with no type byte left or a type < 128 (an error).
+ *       Any other upper layer, one we know nothing of included, is not
+ *       ICMPv6 and gets an error; so do ICMPv6 informational messages
+ *       (echo request: traceroute6 -I).
+ *
+ * ICMP rate limit (both engines, same integer arithmetic; one bucket for the
+ * errors of both families): a token bucket of
  * `burst` errors refilled at `rate` per second (by default
  * DP_ICMP_RATE_DEFAULT and DP_ICMP_BURST_DEFAULT, below; rate 0 = unlimited),
  * as GCRA with one state word tat (ns, initially 0) and now =
@@ -183,7 +214,9 @@ enum dp_limits {
     DP_MTU_MAX = 65535,          /* ... and its largest tot_len */
     DP_ICMP_RATE_DEFAULT = 100,  /* ICMP errors per second (see "ICMP rate limit") */
     DP_ICMP_BURST_DEFAULT = 50,
-    DP_ICMP_TTL = 64,            /* TTL of the ICMP errors we generate */
+    DP_ICMP_TTL = 64,            /* TTL (IPv6: hop limit) of the ICMP errors we generate */
+    DP_ICMP6_ERR_MAX = 1280,     /* the longest ICMPv6 error: IPv6's minimum MTU */
+    DP_IPV6_EXT_MAX = 8,         /* extension headers walked to find the upper layer */
     DP_LOCAL_MAX = 65536,        /* dp_loop_set_local: addresses at most */
     DP_COALESCE_MAX_US = 1000,   /* dp_loop_set_coalesce: a millisecond at most */
     DP_DENSE_WAITS = 4,          /* dp_loop_set_coalesce: "densely" is within this many waits */
@@ -325,6 +358,11 @@ int dp_loop_set_routes(dp_loop *loop, const dp_route *routes, uint32_t n,
 int dp_loop_set_local(dp_loop *loop, uint32_t own_net, uint32_t own_prefixlen,
                       const uint32_t *addrs, uint32_t n, const uint8_t *own_net6,
                       uint32_t own_prefixlen6, const uint8_t *addrs6, uint32_t n6);
+
+/* Thread-safe: the source of the ICMPv6 errors (addr6: 16 bytes, network
+ * order; flannel0's IPv6 address), taken into use like a route table. All
+ * zeros (the default) generates none (see "ICMPv6 errors"). */
+int dp_loop_set_addr6(dp_loop *loop, const uint8_t *addr6);
 
 /* Thread-safe: UDP -> TUN step 5 on (1) or off (0, the default). */
 int dp_loop_set_strict_sources(dp_loop *loop, int enable);

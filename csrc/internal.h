@@ -111,11 +111,27 @@ enum dp_ipv6 {
     DP_IP6_HDR = 40,               /* the fixed header; no options in it */
     DP_IP6_ADDR = 16,
     DP_IP6_PLEN_OFF = 4,           /* payload length: what follows the fixed header */
+    DP_IP6_NH_OFF = 6,             /* next header */
     DP_IP6_HOP_OFF = 7,            /* hop limit */
     DP_IP6_SRC_OFF = 8,
     DP_IP6_DST_OFF = 24,
     DP_IP6_MCAST = 0xff,           /* first byte of ff00::/8 */
-    DP_IP6_SCOPE_LINK = 2          /* multicast scopes 0 (reserved), 1 (interface), 2 (link) */
+    DP_IP6_SCOPE_LINK = 2,         /* multicast scopes 0 (reserved), 1 (interface), 2 (link) */
+    DP_IP6_NH_HOP = 0,             /* extension headers (RFC 8200 4, RFC 7045's list) */
+    DP_IP6_NH_ROUTING = 43,
+    DP_IP6_NH_FRAGMENT = 44,
+    DP_IP6_NH_ESP = 50,
+    DP_IP6_NH_AH = 51,
+    DP_IP6_NH_DEST = 60,
+    DP_IP6_NH_MOBILITY = 135,
+    DP_IP6_NH_HIP = 139,
+    DP_IP6_NH_SHIM6 = 140,
+    DP_IP6_NH_ICMP = 58,
+    DP_IP6_EXT_MIN = 8,            /* every extension header is at least this long */
+    DP_IP6_FRAG_OFFSET_MASK = 0xfff8,   /* of the fragment header's bytes 2-3 */
+    DP_ICMP6_DEST_UNREACH = 1,
+    DP_ICMP6_TIME_EXCEEDED = 3,
+    DP_ICMP6_INFO_MIN = 128        /* types below are errors (RFC 4443 2.1) */
 };
 
 /* routes.c APIs: an immutable table of both families' routes, built once,
@@ -217,6 +233,18 @@ int dp_packet6_link_scope(const uint8_t *p);
 const uint8_t *dp_packet6_src(const uint8_t *p);
 const uint8_t *dp_packet6_dst(const uint8_t *p);
 void dp_packet6_hop_dec(uint8_t *p);
+/* 1 if address a (16 bytes) is ::. */
+int dp_packet6_unspecified(const uint8_t *a);
+/* The partial sum of RFC 8200 8.1's pseudo-header of the IPv6 header at ip
+ * (its addresses), for an upper layer nh of l4len bytes. */
+uint64_t dp_packet6_pseudo(const uint8_t *ip, uint8_t nh, uint32_t l4len);
+/* Whether an ICMPv6 error may be sent about this (checked) packet: the
+ * rules of dataplane.h's "ICMPv6 errors" (RFC 4443 2.4 e). */
+int dp_packet6_may_error(const uint8_t *p, uint32_t len);
+/* Builds the ICMPv6 error into out (DP_ICMP6_ERR_MAX bytes) from src (16
+ * bytes) to the offender's source; returns its length. */
+uint32_t dp_packet6_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t len,
+                               uint8_t type, uint8_t code, const uint8_t *src);
 
 /* gso.c APIs: a TUN read with IFF_VNET_HDR (DP_OFF_TUN_VNET) turned into
  * wire-sized IPv4 packets; pure functions, no I/O. */
@@ -385,13 +413,14 @@ struct dp_path {
     struct dp_routes *routes;   /* the table in use; loop thread only */
     struct dp_local *local;     /* own sources in use (UDP step 4); loop thread only */
     uint32_t tun_addr;          /* network order: source of our ICMP errors */
+    uint8_t tun_addr6[DP_IP6_ADDR];   /* source of our ICMPv6 errors; :: = none (loop thread) */
     int accept_any;
     int strict_sources;         /* UDP step 5; any thread stores (relaxed) */
     uint64_t icmp_limit;        /* rate << 32 | burst; any thread stores (relaxed) */
     uint64_t icmp_tat;          /* rate limit: theoretical arrival time (GCRA), ns */
     uint64_t now_ns;            /* CLOCK_MONOTONIC, set by the caller per TUN batch */
     uint32_t icmp_len;
-    uint8_t icmp[DP_ICMP_ERR_MAX];
+    uint8_t icmp[DP_ICMP6_ERR_MAX];   /* either family's error; IPv6's is the larger */
     struct dp_trace trace;
 };
 

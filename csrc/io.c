@@ -5,8 +5,9 @@
  *
  * Flow, in the order the functions appear:
  *   1. dp_io_take_tables  at the start of each batch and before each
- *                         packet, adopt a published route table and
- *                         own-source set (loop.c publishes them)
+ *                         packet, adopt a published route table,
+ *                         own-source set and ICMPv6 source (loop.c
+ *                         publishes them)
  *   2. dp_io_msgs_init    the message slots of a sendmmsg or a recvmmsg
  *   3. dp_io_tun_write    write() to the TUN (with DP_OFF_TUN_VNET behind a
  *                         plain virtio_net_hdr): rx.c's forwarded packets
@@ -14,6 +15,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "io.h"
@@ -22,12 +25,18 @@
 
 /* The publisher only ever exchanges `pending`; a table we take out of it is
  * ours alone, and the one we drop can be in use by nobody else. The same
- * holds for `pending_local`. */
+ * holds for `pending_local` and `pending_addr6`. */
 void dp_io_take_tables(struct dp_loop *l)
 {
     struct dp_routes *t;
     struct dp_local *s;
+    uint8_t *a;
 
+    if (__atomic_load_n(&l->pending_addr6, __ATOMIC_RELAXED) &&
+        (a = __atomic_exchange_n(&l->pending_addr6, NULL, __ATOMIC_ACQ_REL))) {
+        memcpy(l->path.tun_addr6, a, sizeof(l->path.tun_addr6));
+        free(a);
+    }
     if (__atomic_load_n(&l->pending_local, __ATOMIC_RELAXED) &&
         (s = __atomic_exchange_n(&l->pending_local, NULL, __ATOMIC_ACQ_REL))) {
         dp_local_free(l->path.local);

@@ -9,8 +9,9 @@
  * not a loop.
  *
  * Threads: one loop thread runs dp_loop_run(); control calls come from any
- * thread. What crosses threads is atomic: `stopping`, `pending` and
- * `pending_local` (the next route table and own-source set), the counters
+ * thread. What crosses threads is atomic: `stopping`, `pending`,
+ * `pending_local` and `pending_addr6` (the next route table, own-source set
+ * and ICMPv6 source), the counters
  * (one writer, relaxed), the heartbeat `beats` (the same), the ICMP limit,
  * the strict switch and the trace ring.
  */
@@ -48,6 +49,7 @@ struct dp_loop {
     uint32_t beats;             /* dp_state.beats: the loop writes it, any thread reads */
     struct dp_routes *pending;  /* published table (both families), exchanged atomically */
     struct dp_local *pending_local;   /* published own sources of both families, the same way */
+    uint8_t *pending_addr6;     /* published source of ICMPv6 errors (16 bytes), the same way */
 
     struct dp_path path;        /* counters, table in use, ICMP state, trace */
 

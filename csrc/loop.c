@@ -17,7 +17,7 @@
  *   2. the public API       new/free/stop/set_routes (both families in one
  *                           table)/set_local/stats/
  *                           trace/set_offloads/set_icmp_limit/
- *                           set_strict_sources/state
+ *                           set_strict_sources/set_addr6/state
  *
  * Everything is allocated in dp_loop_new() (the super-packet buffer and the
  * receive slots again in dp_loop_set_offloads(), before the loop runs); the
@@ -319,6 +319,7 @@ void dp_loop_free(dp_loop *l)
     dp_routes_free(__atomic_exchange_n(&l->pending, NULL, __ATOMIC_ACQ_REL));
     dp_local_free(l->path.local);
     dp_local_free(__atomic_exchange_n(&l->pending_local, NULL, __ATOMIC_ACQ_REL));
+    free(__atomic_exchange_n(&l->pending_addr6, NULL, __ATOMIC_ACQ_REL));
     free(l->tx_buf);
     free(l->rx_buf);
     free(l->vnet_buf);
@@ -377,6 +378,23 @@ int dp_loop_set_local(dp_loop *l, uint32_t own_net, uint32_t own_prefixlen,
         return rc;
     /* As dp_loop_set_routes: a set still pending was never taken. */
     dp_local_free(__atomic_exchange_n(&l->pending_local, s, __ATOMIC_ACQ_REL));
+    wake(l);
+    return 0;
+}
+
+/* Sixteen bytes could be read torn if stored in place while the loop reads
+ * them, so they are handed over as a table is. */
+int dp_loop_set_addr6(dp_loop *l, const uint8_t *addr6)
+{
+    uint8_t *a;
+
+    if (!l || !addr6)
+        return -EINVAL;
+    a = malloc(DP_IP6_ADDR);
+    if (!a)
+        return -ENOMEM;
+    memcpy(a, addr6, DP_IP6_ADDR);
+    free(__atomic_exchange_n(&l->pending_addr6, a, __ATOMIC_ACQ_REL));
     wake(l);
     return 0;
 }

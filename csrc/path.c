@@ -4,9 +4,10 @@
  * Flow, in the order the functions appear:
  *   1. dp_path_init / dp_path_set_icmp_limit
  *   2. icmp_allowed      the ICMP rate limit: a token bucket written as GCRA
- *   3. icmp_error        build an ICMP error into pa->icmp, if allowed
+ *   3. icmp_error,       build an ICMP or ICMPv6 error into pa->icmp, if
+ *      icmp_error6       allowed
  *   4. tun6              TUN -> UDP for IPv6: checks, link scope, route,
- *                        hop limit, hop limit - 1; no ICMPv6 yet
+ *                        hop limit, hop limit - 1
  *      dp_path_tun       TUN -> UDP: the checks of dataplane.h in its order,
  *                        IPv6 to tun6 by the version nibble, then IPv4's
  *                        route, TTL, TTL - 1; the verdict says what to write
@@ -92,6 +93,19 @@ static enum dp_verdict icmp_error(struct dp_path *pa, const uint8_t *p, uint32_t
     return DP_V_ICMP;
 }
 
+/* The same for IPv6: no source address yet means no error at all, and an
+ * offender RFC 4443 forbids an error about takes no token of the limit,
+ * which both families share as they share the TUN and the senders. */
+static enum dp_verdict icmp_error6(struct dp_path *pa, const uint8_t *p, uint32_t len,
+                                   uint8_t type)
+{
+    if (dp_packet6_unspecified(pa->tun_addr6) || !dp_packet6_may_error(p, len) ||
+        !icmp_allowed(pa))
+        return DP_V_DROP;
+    pa->icmp_len = dp_packet6_icmp_error(pa->icmp, p, len, type, 0, pa->tun_addr6);
+    return DP_V_ICMP;
+}
+
 /* ---- 4. TUN -> UDP ------------------------------------------------------------ */
 
 static inline int is_ipv6(const uint8_t *p, uint32_t len)
@@ -99,9 +113,8 @@ static inline int is_ipv6(const uint8_t *p, uint32_t len)
     return len >= 1 && (p[0] >> 4) == 6;
 }
 
-/* IPv4's steps with IPv6's rules (dataplane.h, "IPv6 inner packets"). A
- * miss and an expired hop limit are dropped silently until ICMPv6 errors
- * exist; the trace's addr is a uint32, so a miss shows 0. */
+/* IPv4's steps with IPv6's rules (dataplane.h, "IPv6 inner packets"); the
+ * trace's addr is a uint32, so a miss shows 0. */
 static enum dp_verdict tun6(struct dp_path *pa, uint8_t *p, uint32_t len,
                             struct dp_route_hit *hit)
 {
@@ -116,12 +129,12 @@ static enum dp_verdict tun6(struct dp_path *pa, uint8_t *p, uint32_t len,
     if (!dp_routes_lookup6(pa->routes, dp_packet6_dst(p), hit)) {
         dp_path_trace(pa, DP_TR_ROUTE_MISS, 0, 0, 0, 0, NULL);
         dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, len);
-        return DP_V_DROP;
+        return icmp_error6(pa, p, len, DP_ICMP6_DEST_UNREACH);
     }
     dp_path_trace(pa, DP_TR_ROUTE_HIT, hit->prefixlen, hit->peer_ip, hit->port, 0, NULL);
     if (p[DP_IP6_HOP_OFF] <= 1) {
         dp_path_drop(pa, DP_ST_DROP_TTL, len);
-        return DP_V_DROP;
+        return icmp_error6(pa, p, len, DP_ICMP6_TIME_EXCEEDED);
     }
     dp_packet6_hop_dec(p);
     return DP_V_FORWARD;
@@ -271,13 +284,18 @@ void dp_path_tun_written(struct dp_path *pa, const uint8_t *p, uint32_t len, int
     dp_path_trace(pa, DP_TR_TUN_WRITE, len, 0, 0, 0, p);
 }
 
+/* The counters mean "unreachable" and "time exceeded" for both families,
+ * whose type numbers differ. */
 void dp_path_icmp_written(struct dp_path *pa, int err)
 {
+    int unreach = is_ipv6(pa->icmp, pa->icmp_len) ?
+                  pa->icmp[DP_IP6_HDR] == DP_ICMP6_DEST_UNREACH :
+                  pa->icmp[DP_IP_HDR_MIN] == DP_ICMP_DEST_UNREACH;
+
     if (err) {
         dp_path_drop(pa, tun_write_drop(err), pa->icmp_len);
         return;
     }
-    dp_path_count(pa, pa->icmp[DP_IP_HDR_MIN] == DP_ICMP_DEST_UNREACH ?
-                  DP_ST_ICMP_UNREACH_SENT : DP_ST_ICMP_TTL_SENT, 1);
+    dp_path_count(pa, unreach ? DP_ST_ICMP_UNREACH_SENT : DP_ST_ICMP_TTL_SENT, 1);
     dp_path_trace(pa, DP_TR_ICMP, pa->icmp_len, 0, 0, 0, pa->icmp);
 }

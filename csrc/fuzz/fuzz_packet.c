@@ -24,8 +24,7 @@
  *   - a forwarded IPv6 packet is well-formed (version 6, payload length +
  *     40 == len, len <= mtu), not link-scoped (a naive reading of the rule
  *     of dataplane.h), and only its hop limit changed (- 1, so >= 1 left);
- *     drop_scope is about a well-formed link-scoped one, and IPv6 never
- *     gets an ICMP error nor meets the rate limit;
+ *     drop_scope is about a well-formed link-scoped one;
  *   - the TUN side routes as a naive longest-prefix scan over the same
  *     routes of the packet's family (the last duplicate wins) and the UDP
  *     side's source check agrees with a naive scan of the peers;
@@ -37,6 +36,13 @@
  *   - an ICMP error is well-formed, has valid IP and ICMP checksums, is
  *     addressed to the offender's source, quotes min(len, ihl*4 + 8) bytes
  *     of it, and is never about an ICMP error or a later fragment;
+ *   - an ICMPv6 error is well-formed and at most 1280 bytes, comes from
+ *     the ICMPv6 source, goes to the offender's source, has a valid
+ *     checksum over the pseudo-header, quotes min(len, 1232) bytes, and is
+ *     sent (or rate-limited) exactly when a naive reading of RFC 4443's
+ *     rules allows one: never about an ICMPv6 error, a later fragment, an
+ *     unreadable chain, ESP, to a multicast destination or from a
+ *     multicast or :: source, nor before an ICMPv6 source is set;
  *   - the rate limit allows exactly what a token bucket written another way
  *     allows: a credit of ns, burst * T when full, growing with the clock,
  *     T = ceil(1e9 / rate) per error (path.c writes it as GCRA).
@@ -57,7 +63,8 @@
  *               strict sources, bit 7 an own-source set follows the routes
  *   byte 1      mtu = 68 + byte * 6 (68 .. 1598)
  *   byte 2,3    rate, burst (used when bits 2-3 == 3)
- *   byte 4      number of routes (% 9); each route: net 4, prefixlen 1, peer 1
+ *   byte 4      number of routes (% 9; bit 7 also leaves the ICMPv6 source
+ *               unset: no ICMPv6 errors); each route: net 4, prefixlen 1, peer 1
  *   (bit 7)     own sources: net 4, prefixlen 1 (% 33), count 1 (% 5), then
  *               count addresses of 4 bytes (host bits of net kept as routes')
  *   then packets: ctl 1, len 2 (big-endian, cut to the mtu and to what is
@@ -268,6 +275,67 @@ static void check_forwarded(const uint8_t *in, const uint8_t *out, uint32_t len,
         CHECK(csum(out, hl) == 0);
 }
 
+/* RFC 4443 2.4 e as dataplane.h words it, walked the long way: may an
+ * ICMPv6 error be sent about this well-formed packet? */
+static int naive_may_error6(const uint8_t *p, uint32_t len)
+{
+    static const uint8_t zero[16];
+    uint32_t off = 40, hops = 0;
+    uint8_t nh = p[6];
+
+    if (p[24] == 0xff || p[8] == 0xff || memcmp(p + 8, zero, 16) == 0)
+        return 0;
+    for (;;) {
+        uint32_t size;
+
+        if (nh == 0 || nh == 43 || nh == 60 || nh == 135 || nh == 139 || nh == 140)
+            size = 8u * (1u + (off + 1 < len ? p[off + 1] : 0));
+        else if (nh == 51)
+            size = 4u * (2u + (off + 1 < len ? p[off + 1] : 0));
+        else if (nh == 44)
+            size = 8;
+        else
+            break;
+        if (++hops > 8 || off + 8 > len)
+            return 0;
+        if (nh == 44 && ((p[off + 2] << 5) | (p[off + 3] >> 3)) != 0)
+            return 0;
+        nh = p[off];
+        off += size;
+    }
+    if (off > len || nh == 50)
+        return 0;
+    if (nh == 58)
+        return off < len && p[off] >= 128;
+    return 1;
+}
+
+static void check_icmp6(const struct dp_path *pa, const uint8_t *off, uint32_t len)
+{
+    const uint8_t *e = pa->icmp;
+    uint32_t q = len < 1232 ? len : 1232, n = pa->icmp_len;
+    uint8_t *sum = malloc(n);
+
+    CHECK(sum);
+    CHECK(n == 48 + q && n <= 1280 && well_formed6(e, n, 1280));
+    CHECK(e[0] == 0x60 && e[1] == 0 && e[2] == 0 && e[3] == 0 && e[6] == 58 && e[7] == 64);
+    CHECK(memcmp(e + 8, pa->tun_addr6, 16) == 0 && memcmp(e + 24, off + 8, 16) == 0);
+    CHECK((e[40] == 1 || e[40] == 3) && e[41] == 0 && rd16(e + 44) == 0 && rd16(e + 46) == 0);
+    CHECK(memcmp(e + 48, off, q) == 0);
+    /* The pseudo-header (addresses, length, 3 zeros, 58) in the place of
+     * the IPv6 header: the sum over it and the message must be 0. */
+    memcpy(sum, e + 8, 32);
+    sum[32] = sum[33] = 0;
+    sum[34] = (uint8_t)((n - 40) >> 8);
+    sum[35] = (uint8_t)(n - 40);
+    sum[36] = sum[37] = sum[38] = 0;
+    sum[39] = 58;
+    memcpy(sum + 40, e + 40, n - 40);
+    CHECK(ref_csum(sum, n) == 0);
+    free(sum);
+    CHECK(naive_may_error6(off, len));
+}
+
 static void check_icmp(const struct dp_path *pa, const uint8_t *off, uint32_t len)
 {
     const uint8_t *e = pa->icmp;
@@ -382,8 +450,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dp_stats before, after;
     uint8_t flags = rd8(&r);
     uint32_t mtu = DP_MTU_MIN + (uint32_t)rd8(&r) * 6;
-    uint32_t rate = rd8(&r), burst = rd8(&r), nroutes = rd8(&r) % (MAX_ROUTES + 1);
+    uint32_t rate = rd8(&r), burst = rd8(&r), nbyte = rd8(&r), nroutes = nbyte % (MAX_ROUTES + 1);
     uint32_t i, tun_addr = htonl(0x0a050100);
+    static const uint8_t tun_addr6[16] = {0xfc, 0, 0, 5, 0, 0, 0, 1};   /* fc00:5:0:1:: */
     uint64_t now = 1000000000ull, interval = 0, credit = 0, last = now;
     struct dp_routes *table = NULL;
     struct dp_local *local = NULL;
@@ -399,6 +468,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (i = 0; i < 4 && i <= size; i++)
         (void)csum(data + i, size - i);
     dp_path_init(&path, tun_addr, flags & 1);
+    if (!(nbyte & 0x80))
+        memcpy(path.tun_addr6, tun_addr6, 16);
     gro.udp = (flags & 0x20) != 0;
     CHECK(dp_path_set_icmp_limit(&path, rate, burst) == 0);
     CHECK(dp_path_set_icmp_limit(&path, 5, 0) == -EINVAL);   /* and unchanged */
@@ -570,8 +641,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!udp && after.drop_no_route > before.drop_no_route)
             CHECK(v6 ? !naive_lookup6(rt6, nroutes, orig + 24, &naive)
                      : !naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive));
-        if (v6)   /* no ICMPv6 yet: never an error, never a token of the limit */
+        if (v6 && !udp && (after.drop_no_route > before.drop_no_route ||
+                           after.drop_ttl > before.drop_ttl)) {
+            /* An error (or a refusal of the limit) exactly when it is allowed. */
+            int may = (nbyte & 0x80) == 0 && naive_may_error6(orig, len);
+
+            CHECK(may == (v == DP_V_ICMP || after.icmp_ratelimited > before.icmp_ratelimited));
+        } else if (v6) {
             CHECK(v != DP_V_ICMP && after.icmp_ratelimited == before.icmp_ratelimited);
+        }
         CHECK(after.icmp_ratelimited <= before.icmp_ratelimited + 1);
         if (after.icmp_ratelimited > before.icmp_ratelimited)
             CHECK(rate != 0 && v == DP_V_DROP);
@@ -587,7 +665,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
         /* the caller's write, and its accounting */
         if (v == DP_V_ICMP) {
-            check_icmp(&path, orig, len);
+            if (v6)
+                check_icmp6(&path, orig, len);
+            else
+                check_icmp(&path, orig, len);
             dp_path_icmp_written(&path, err);
         } else if (v == DP_V_FORWARD && udp) {
             gro_add(pkt, len);
@@ -598,8 +679,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 CHECK(path.c.s.drop_tun_full == after.drop_tun_full + 1);
             else if (err)
                 CHECK(path.c.s.drop_tun_error == after.drop_tun_error + 1);
-            else if (v == DP_V_ICMP)
-                CHECK(path.c.s.icmp_unreach_sent + path.c.s.icmp_ttl_sent ==
+            else if (v == DP_V_ICMP)   /* unreachable is type 3 in IPv4, 1 in IPv6 */
+                CHECK(path.c.s.icmp_unreach_sent - after.icmp_unreach_sent ==
+                      (uint64_t)(path.icmp[v6 ? 40 : 20] == (v6 ? 1 : 3)) &&
+                      path.c.s.icmp_unreach_sent + path.c.s.icmp_ttl_sent ==
                       after.icmp_unreach_sent + after.icmp_ttl_sent + 1);
             else
                 CHECK(path.c.s.tun_tx_packets == after.tun_tx_packets + 1 &&

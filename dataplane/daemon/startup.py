@@ -406,7 +406,9 @@ def install_rules(opts, network, subnet, enable_nftables: bool = False, network6
 def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, own_sources,
                subnet6=None):
     """One engine per queue behind one MultiEngine (host/assembly.py make_engine), configured,
-    not started; its ICMP errors come from <lease net>, flannel0's address. It knows this host's
+    not started; its ICMP errors come from <lease net>, flannel0's address, and with a
+    dual-stack lease its ICMPv6 errors from flannel0's IPv6 address (:func:`tun_addr6`). It
+    knows this host's
     own sources (own_sources: host/own_sources.py; ``subnet6`` the lease's IPv6 part) before it
     forwards a packet."""
     from ..host import sched
@@ -427,6 +429,8 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
     engine.set_strict_sources(opts.strict_sources)
+    if subnet6 is not None:
+        engine.set_tun_addr6(subnet6.network_address)
     own_sources.refresh(engine, subnet, subnet6)
     return engine
 

@@ -254,6 +254,16 @@ class Engine(abc.ABC):
         Empty (the default) checks nothing."""
 
     @abc.abstractmethod
+    def set_tun_addr6(self, addr) -> None:
+        """The source of the ICMPv6 errors the engine generates (dataplane.h,
+        dp_loop_set_addr6): flannel0's IPv6 address. Until it is set, or once it is
+        set to ``::``, the engine generates none. Thread-safe."""
+
+    @staticmethod
+    def _check_addr6(addr) -> bytes:
+        return ipaddress.IPv6Address(addr).packed
+
+    @abc.abstractmethod
     def set_strict_sources(self, enable: bool) -> None:
         """Step 5 on or off: the inner source must be routed to the peer that
         sent the datagram, else drop_inner_foreign. Thread-safe."""

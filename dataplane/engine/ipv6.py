@@ -1,4 +1,4 @@
-"""IPv6 headers: building, decoding, the link-scope rule and the upper-layer walk.
+"""IPv6 headers: building, decoding, the link-scope rule, the upper-layer walk and ICMPv6 errors.
 
 Plain functions over ``bytes``/``bytearray``, no I/O, as ipv4.py is for IPv4:
 csrc/dataplane.h's rules for inner IPv6 packets written for reading rather
@@ -6,7 +6,9 @@ than for speed. The Python engine's per-packet work (pypath.py) writes the
 length check, the link-scope rule and the hop-limit update out for speed
 (tests/unit/test_pypath_ipv6.py holds them to :func:`is_link_scoped` and
 :func:`decrement_hop_limit`); the tests build packets with :func:`build`, and
-the demo can decode them with :func:`parse` / :func:`describe`.
+the demo can decode them with :func:`parse` / :func:`describe`. The ICMPv6
+errors are built here for both the engine and the tests (:func:`may_send_error`,
+:func:`icmp_error`): not every packet pays for them.
 
 The IPv6 header (RFC 8200), always 40 bytes; options live in extension
 headers after it::
@@ -36,6 +38,7 @@ import ipaddress
 import struct
 from dataclasses import dataclass
 
+from .contract import ICMP6_ERR_MAX, ICMP_TTL, IPV6_EXT_MAX
 from .ipv4 import checksum
 
 # --- constants ---------------------------------------------------------------
@@ -155,14 +158,16 @@ def parse(packet) -> IPv6Header:
 
 def upper_layer(packet) -> tuple[int, int] | None:
     """``(protocol, offset)`` of the upper-layer header after the extension
-    headers, or None when the chain runs past the packet, reaches a fragment
-    other than the first (whose upper layer is elsewhere) or ESP (encrypted
-    from there on). ``protocol`` may be NH_NONE (59: nothing follows)."""
+    headers, or None when the chain runs past the packet or past IPV6_EXT_MAX
+    headers, reaches a fragment other than the first (whose upper layer is
+    elsewhere) or ESP (encrypted from there on). ``protocol`` may be NH_NONE
+    (59: nothing follows). The walk of dataplane.h's "ICMPv6 errors"."""
     packet = bytes(packet)
-    nh, off = packet[6], HEADER_LEN
+    nh, off, n = packet[6], HEADER_LEN, 0
     while nh in EXTENSION_HEADERS:
-        if off + 8 > len(packet):
+        if n == IPV6_EXT_MAX or off + 8 > len(packet):
             return None
+        n += 1
         if nh == NH_FRAGMENT:
             if (packet[off + 2] << 8 | packet[off + 3]) & 0xFFF8:
                 return None
@@ -238,6 +243,32 @@ def icmp_message(src, dst, type_: int, code: int, rest: int = 0, data: bytes = b
     msg = _ICMP.pack(type_, code, 0, rest) + data
     check = upper_checksum(src, dst, NH_ICMPV6, msg)
     return msg[:2] + check.to_bytes(2, "big") + msg[4:]
+
+
+def may_send_error(packet) -> bool:
+    """RFC 4443 2.4 (e) as dataplane.h's "ICMPv6 errors" writes it: no error to a
+    multicast destination, from a multicast or :: source, or about a packet whose
+    upper layer is not known to be anything but an ICMPv6 error (an unreadable
+    chain, a later fragment, ESP, a cut ICMPv6 header, an ICMPv6 error)."""
+    if packet[24] == 0xFF or packet[8] == 0xFF or not any(packet[8:24]):
+        return False
+    upper = upper_layer(packet)
+    if upper is None:
+        return False
+    proto, off = upper
+    return proto != NH_ICMPV6 or (off < len(packet) and packet[off] > ICMPV6_ERROR_MAX)
+
+
+def icmp_error(offender, type_: int, code: int, src) -> bytes:
+    """The complete IPv6 packet of an ICMPv6 error about ``offender`` (the packet
+    as read, before any hop limit change), sent from ``src`` back to the
+    offender's source, in the format of dataplane.h: as much of the offender as
+    keeps the error within ICMP6_ERR_MAX bytes (IPv6's minimum MTU)."""
+    offender = bytes(offender)
+    dst = offender[8:24]
+    quote = offender[:ICMP6_ERR_MAX - HEADER_LEN - _ICMP.size]
+    return build(src, dst, icmp_message(src, dst, type_, code, 0, quote),
+                 next_header=NH_ICMPV6, hop_limit=ICMP_TTL)
 
 
 def echo_request(src, dst, ident: int = 1, seq: int = 1, data: bytes = b"ping") -> bytes:

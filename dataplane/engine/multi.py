@@ -160,6 +160,10 @@ class MultiEngine(Engine):
         for q in self.queues:
             q.set_local(own_subnet, addrs, own_subnet6)
 
+    def set_tun_addr6(self, addr) -> None:
+        for q in self.queues:
+            q.set_tun_addr6(addr)
+
     def set_coalesce(self, usecs: int) -> None:
         for q in self.queues:
             q.set_coalesce(usecs)

@@ -203,6 +203,11 @@ class CEngine(Engine):
         with self._lock:
             _check(lib.dp_loop_set_coalesce(self._live(), usecs))
 
+    def set_tun_addr6(self, addr) -> None:
+        packed = ffi.from_buffer("uint8_t[]", self._check_addr6(addr))
+        with self._lock:
+            _check(lib.dp_loop_set_addr6(self._live(), packed))
+
     def set_strict_sources(self, enable: bool) -> None:
         with self._lock:
             _check(lib.dp_loop_set_strict_sources(self._live(), 1 if enable else 0))

@@ -117,6 +117,7 @@ class PyEngine(Engine):
         self._published = self._path.routes   # the newest table; the loop adopts it
         self._local = (self._path.local, self._path.local6)   # own sources: pypath.own_sources
         self._strict = False
+        self._tun_addr6 = None                # pypath.Path.tun_addr6, taken per TUN batch
         self._tracing = False
         self._coalesce_us = 0                 # the coalescing wait (0: off)
         self._stopping = False
@@ -243,6 +244,11 @@ class PyEngine(Engine):
         self._check_open()
         self._coalesce_us = self._check_coalesce(usecs)
 
+    def set_tun_addr6(self, addr) -> None:
+        self._check_open()
+        packed = self._check_addr6(addr)
+        self._tun_addr6 = packed if any(packed) else None     # :: is none, as in C
+
     def set_strict_sources(self, enable: bool) -> None:
         self._check_open()
         self._strict = bool(enable)
@@ -337,6 +343,7 @@ class _Loop:
         pa, c = self.path, self.c
         self.take_tables()
         tracing = pa.tracing = self.engine._tracing
+        pa.tun_addr6 = self.engine._tun_addr6
         # For the ICMP rate limit: one clock read per batch, not per packet.
         pa.now_ns = time.monotonic_ns()
         readinto, nbatch, tx_bufs, tx_len, tx_hop = (self.readinto, self.nbatch, self.tx_bufs,

@@ -12,11 +12,13 @@ Flow, in the order the functions appear:
      trace_record,         the trace ring (trace.c) and a drop counted with its
      path_drop             trace event (internal.h's dp_path_drop)
   2. icmp_allowed          the ICMP rate limit: dataplane.h's GCRA, integer for integer
-  3. icmp_error            build an ICMP error into pa.icmp, if allowed
+  3. icmp_error,           build an ICMP or ICMPv6 error into pa.icmp, if
+     icmp_error6           allowed
   4. path_tun              TUN -> UDP: the checks of dataplane.h in its order,
                            route, TTL, TTL - 1; where to send each packet.
                            IPv6 takes a branch of its own after the version:
-                           length, link scope, route, hop limit, hop limit - 1
+                           length, link scope, route, hop limit, hop limit - 1,
+                           with its ICMPv6 errors
   5. path_udp              UDP -> TUN: truncated, source, checks, inner
                            source, TTL, TTL - 1; which datagrams to write.
                            IPv6 branches after the version as in path_tun,
@@ -54,8 +56,8 @@ packet passes here:
   (not even a call per IPv6 packet); they read the header's addresses as
   two 64-bit halves, on which the link-scope rule is a few int compares
   (ipv6.is_link_scoped is the reference, tests/unit/test_pypath_ipv6.py
-  holds them equal). No ICMPv6 error is made yet: a route miss and an
-  expired hop limit are silent.
+  holds them equal). Their ICMPv6 errors are ipv6.py's, as IPv4's are
+  ipv4.py's: only a dropped packet pays for them.
 * Addresses are ints in host order (IPv6: 128-bit ints); sources and route
   hits are ``(ip_str, port)``, as ``socket`` takes and gives them.
 """
@@ -126,8 +128,9 @@ class Path:
     copied in one C-level call, so never torn); what else they change (routes,
     own sources, strict, tracing) the loop copies in at the start of a batch.
     """
-    __slots__ = ("c", "routes", "local", "local6", "tun_addr", "accept_any", "strict_sources",
-                 "icmp_limit", "icmp_tat", "now_ns", "icmp", "tracing", "trace_seq", "ring")
+    __slots__ = ("c", "routes", "local", "local6", "tun_addr", "tun_addr6", "accept_any",
+                 "strict_sources", "icmp_limit", "icmp_tat", "now_ns", "icmp", "tracing",
+                 "trace_seq", "ring")
 
     def __init__(self, tun_addr: bytes, accept_any: bool):
         self.c = [0] * len(STAT_NAMES)        # the counters, dp_stats field order
@@ -135,6 +138,7 @@ class Path:
         self.local = _NO_LOCAL                # own sources: subnet net, mask; addresses (ints)
         self.local6 = _NO_LOCAL               # the same for IPv6 (128-bit ints)
         self.tun_addr = tun_addr              # 4 bytes, network order: source of ICMP errors
+        self.tun_addr6 = None                 # 16 bytes: source of ICMPv6 errors; None: none
         self.accept_any = accept_any
         self.strict_sources = False           # UDP -> TUN step 5
         self.icmp_limit = (ICMP_RATE_DEFAULT, ICMP_BURST_DEFAULT)
@@ -209,6 +213,19 @@ def icmp_error(pa: Path, p, length: int, type_: int) -> bool:
     return True
 
 
+def icmp_error6(pa: Path, p, length: int, type_: int) -> bool:
+    """The same for an IPv6 offender (path.c's icmp_error6): none without a source
+    address, nor where RFC 4443 forbids one, and neither takes a token of the limit
+    that both families share."""
+    if pa.tun_addr6 is None:
+        return False
+    offender = bytes(p[:length])
+    if not ipv6.may_send_error(offender) or not icmp_allowed(pa):
+        return False
+    pa.icmp = ipv6.icmp_error(offender, type_, 0, pa.tun_addr6)
+    return True
+
+
 # ---- 4. TUN -> UDP --------------------------------------------------------------------
 
 def path_tun(pa: Path, bufs, lens, n: int, hops):
@@ -259,7 +276,7 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                         (d0 >> 56 == 0xFF and d0 >> 48 & 15 <= 2) or not (d0 or d1)):
                     path_drop(pa, DROP_SCOPE, length)
                     continue
-                # route (RouteTable.lookup6 written out); a miss has no ICMPv6 error yet
+                # route (RouteTable.lookup6 written out)
                 dst = d0 << 64 | d1
                 hop = None
                 for mask, prefixlen, nets in routes6:
@@ -270,13 +287,17 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                     if tracing:
                         trace_record(pa, TR_ROUTE_MISS, 0, 0, 0, 0, None)
                     path_drop(pa, DROP_NO_ROUTE, length)
+                    if icmp_error6(pa, p, length, ipv6.ICMPV6_DEST_UNREACH):
+                        yield j
                     continue
                 if tracing:
                     trace_record(pa, TR_ROUTE_HIT, prefixlen, str_to_int(hop[0]), hop[1], 0,
                                  None)
-                # hop limit, silent when expired; no checksum covers it
+                # hop limit; no checksum covers it
                 if hop_limit <= 1:
                     path_drop(pa, DROP_TTL, length)
+                    if icmp_error6(pa, p, length, ipv6.ICMPV6_TIME_EXCEEDED):
+                        yield j
                     continue
                 p[7] = hop_limit - 1
                 hops[j] = hop
@@ -455,7 +476,11 @@ def path_icmp_written(pa: Path, err: int) -> None:
     if err:
         path_drop(pa, tun_write_drop(err), len(icmp))
         return
-    pa.c[ICMP_UNREACH_SENT if icmp[HEADER_MIN] == ipv4.ICMP_DEST_UNREACH else
-         ICMP_TTL_SENT] += 1
+    # The counters mean unreachable and time exceeded in both families, whose types differ.
+    if icmp[0] >> 4 == 6:
+        unreach = icmp[HEADER6] == ipv6.ICMPV6_DEST_UNREACH
+    else:
+        unreach = icmp[HEADER_MIN] == ipv4.ICMP_DEST_UNREACH
+    pa.c[ICMP_UNREACH_SENT if unreach else ICMP_TTL_SENT] += 1
     if pa.tracing:
         trace_record(pa, TR_ICMP, len(icmp), 0, 0, 0, icmp)

@@ -92,3 +92,25 @@ def test_ipv6_pods_talk_over_the_ipv4_underlay(ov):
            '{"PublicIP":"192.168.99.9","PublicIPv6":null}')
     assert ov.wait_log(h0, "its IPv6 part fc00:66:0:c8::/64 gets no route: the lease does not "
                            "say ForwardsIPv6")
+
+
+def ping6_out(netns: str, dst: str, *extra: str) -> str:
+    r = subprocess.run(ns.exec_argv(netns, ["ping", "-6", "-n", "-c", "1", "-W", "2", *extra,
+                                            dst]), capture_output=True, text=True, timeout=20)
+    return r.stdout
+
+
+def test_icmpv6_errors_reach_the_sender(ov):
+    """dataplane.h's "ICMPv6 errors" seen by the senders' kernels: an unleased address inside
+    IPv6Network is unreachable, a hop limit of 1 through flannel0 exceeded; both come from
+    flannel0's IPv6 address (the kernel takes its own address as an error's source)."""
+    h0, h1 = ov.hosts
+    six0, six1 = subnet6(ov, h0), subnet6(ov, h1)
+    pod0 = ov.tb.add_pod(h0, "p", f"{six0.network_address + 2}/64", str(six0.network_address + 1))
+    assert wait_for(lambda: ping6(h0.netns, str(six1.network_address), count=1)["received"] == 1,
+                    10, interval=0.2)
+    unleased = next(n for n in NET6.subnets(new_prefix=64) if n not in (six0, six1))
+    out = ping6_out(pod0, str(unleased.network_address + 5))
+    assert f"From {six0.network_address} icmp_seq=1 Destination unreachable" in out, out
+    out = ping6_out(h0.netns, str(six1.network_address), "-t", "1")
+    assert f"From {six0.network_address} icmp_seq=1 Time exceeded" in out, out

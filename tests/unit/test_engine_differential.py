@@ -14,7 +14,9 @@ other peers' subnets (dataplane.h, UDP -> TUN steps 4 and 5), with and
 without the strict rule.
 About a fifth of the routes and packets are IPv6 (dataplane.h, "IPv6 inner packets"): subnets of
 every prefix length class, destinations inside and beside them, link-scoped addresses, hop limits
-around 1, broken payload lengths; the own-source sets have an IPv6 part.
+around 1, broken payload lengths, chains of extension headers and ICMPv6 messages (so that the
+ICMPv6 errors and the cases RFC 4443 forbids them are compared); the own-source sets have an IPv6
+part.
 Template: selftest/allowedips.c's randomized_test in kernel WireGuard.
 """
 import ipaddress
@@ -28,6 +30,7 @@ from tests.engine_harness import Harness, behaviour_stats, kernel_drops
 
 MTU = 1472
 NPEERS = 6
+TUN_ADDR6 = "fc00:5:0:1::"
 STRANGER = -1
 
 
@@ -73,6 +76,24 @@ def random_addr6(rnd, routes):
     return str(ipaddress.IPv6Address(rnd.getrandbits(128)))
 
 
+def chain6(rnd, nh, size):
+    """``size`` bytes of payload that begin as a chain of extension headers (the first named
+    by ``nh``), each naming the next, a fragment now and then a later one, ending in ICMPv6
+    of an error or an informational type, or in UDP."""
+    out = bytearray()
+    while nh in (0, 44, 60) and len(out) + 16 <= size:
+        nxt = rnd.choice([60, 44, 58, 58, 17, 0])
+        if nh == 44:
+            out += bytes([nxt, 0]) + (rnd.choice([0, 0, 1, 0x1FFF]) << 3 | 1).to_bytes(2, "big")
+            out += rnd.randbytes(4)
+        else:
+            out += bytes([nxt, 0]) + rnd.randbytes(6)
+        nh = nxt
+    if nh == 58 and len(out) < size:
+        out.append(rnd.choice([1, 3, 4, 127, 128, 129, 135, rnd.randrange(256)]))
+    return bytes(out) + rnd.randbytes(size - len(out))
+
+
 def random_packet6(rnd, routes, mtu=MTU, src=None):
     dst = random_addr6(rnd, routes)
     src = src or (random_addr6(rnd, routes) if rnd.random() < 0.3 else
@@ -81,9 +102,11 @@ def random_packet6(rnd, routes, mtu=MTU, src=None):
     size = min(rnd.choice([0, 1, 8, 40, rnd.randrange(300), rnd.randrange(max(1, mtu - 40))]),
                max(0, mtu - 40))
     first = (6 << 28 | rnd.getrandbits(8) << 20 | rnd.getrandbits(20)).to_bytes(4, "big")
-    pkt = bytearray(first + size.to_bytes(2, "big") + bytes([rnd.choice([17, 6, 58, 0, 44, 60]), hop])
+    nh = rnd.choice([17, 6, 58, 0, 44, 60])
+    payload = chain6(rnd, nh, size) if rnd.random() < 0.6 else rnd.randbytes(size)
+    pkt = bytearray(first + size.to_bytes(2, "big") + bytes([nh, hop])
                     + ipaddress.IPv6Address(src).packed + ipaddress.IPv6Address(dst).packed
-                    + rnd.randbytes(size))
+                    + payload)
     if rnd.random() < 0.25:               # break it
         how = rnd.randrange(6)
         if how == 0:
@@ -240,6 +263,7 @@ def make_script(seed, npackets, mtu=MTU, sources=False):
 def play(kind, steps, *, accept_any, batch, trace, mtu=MTU, strict=False):
     with Harness(kind, mtu=mtu, accept_any=accept_any, batch=batch) as h:
         h.engine.set_strict_sources(strict)
+        h.engine.set_tun_addr6(TUN_ADDR6)            # so that ICMPv6 errors are compared
         peers = [h.add_peer() for _ in range(NPEERS)]
         who = {p.port: i for i, p in enumerate(peers)}
         who[h.stranger.port] = STRANGER

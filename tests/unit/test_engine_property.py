@@ -13,7 +13,10 @@ not), mutated packets, and packets longer than the mtu. Each run is settled
     ihl >= 5, ihl * 4 <= len, tot_len == len, TTL >= 1; a forwarded
     packet also len <= mtu), and is either one of the inputs, in order,
     with TTL - 1 and the checksum patched (valid if it was valid), or an
-    ICMP error with valid checksums quoting one of the inputs;
+    ICMP error with valid checksums quoting one of the inputs (IPv6: an
+    ICMPv6 error within 1280 bytes, its checksum over the pseudo-header
+    valid, about neither a multicast destination nor a multicast or ::
+    source);
   * with this host's own sources set, nothing that reached the TUN claims
     one of them; with the strict rule, everything that reached it came from
     the peer its source is routed to (dataplane.h, UDP -> TUN steps 4, 5).
@@ -28,11 +31,12 @@ import ipaddress
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataplane.engine import ipv4
+from dataplane.engine import ipv4, ipv6
 from dataplane.engine import DROP_STATS
 from tests.engine_harness import Harness
 
 TUN_ADDR = "10.5.1.0"
+TUN_ADDR6 = "fc00:5:0:1::"
 ROUTED = ["10.5.2.0/24", "10.5.3.0/24"]
 ADDRS = ["10.5.2.7", "10.5.3.9", "10.5.1.9", "10.9.0.1", "0.0.0.0", "255.255.255.255",
          "192.168.50.2"]
@@ -152,7 +156,22 @@ def assert_subsequence(outputs, inputs, what):
         i += 1
 
 
+def assert_icmp6_error(err: bytes, inputs):
+    assert well_formed(err) and len(err) <= 1280 and err[:4] == b"\x60\0\0\0", ipv6.describe(err)
+    assert err[6] == 58 and err[7] == 64 and err[8:24] == ipaddress.IPv6Address(TUN_ADDR6).packed
+    pseudo = err[8:40] + (len(err) - 40).to_bytes(4, "big") + bytes([0, 0, 0, 58])
+    assert ipv4.checksum(pseudo + err[40:]) == 0
+    assert err[40] in (1, 3) and err[41] == 0
+    quote = err[48:]
+    assert any(p[:len(quote)] == quote and p[8:24] == err[24:40] for p in inputs), \
+        "ICMPv6 error quotes no input"
+    assert quote[24] != 0xFF and quote[8] != 0xFF and any(quote[8:24])
+
+
 def assert_icmp_error(err: bytes, inputs):
+    if err[0] >> 4 == 6:
+        assert_icmp6_error(err, inputs)
+        return
     assert well_formed(err) and len(err) <= 576, ipv4.describe(err)
     assert err[0] == 0x45 and err[9] == 1 and err[8] == 64
     assert ipv4.header_checksum_ok(err) and ipv4.checksum(err[20:]) == 0
@@ -198,6 +217,7 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
         if local:
             h.engine.set_local(OWN_NET, OWN_ADDRS + OWN_ADDRS6, OWN_NET6)
         h.engine.set_strict_sources(strict)
+        h.engine.set_tun_addr6(TUN_ADDR6)
         before = h.settle()
         for side, items in script:
             n_peer = [len(p.received) for p in peers]

@@ -2,7 +2,8 @@
 
 csrc/dataplane.h's "IPv6 inner packets" played packet by packet, as
 test_pypath.py plays IPv4's: each drop reason in the header's order, no ICMPv6
-error for a miss or an expired hop limit, the hop limit - 1 touching byte 7
+error for a miss or an expired hop limit until Path.tun_addr6 is set and then
+exactly where ipv6.may_send_error allows one, the hop limit - 1 touching byte 7
 only, the link-scope rule written out on 64-bit halves equal to
 ipv6.is_link_scoped for any addresses, the own sources and the strict rule per
 family, and every packet counted once. C against Python is
@@ -114,7 +115,7 @@ TUN_CASES = [
 def test_tun_checks_in_the_headers_order(what, pkt, outcome):
     pa = new_path()
     bufs, hops, errors = run_tun(pa, [pkt])
-    assert errors == []                               # no ICMPv6 error yet, whatever the drop
+    assert errors == []                               # no ICMPv6 source: no error, whatever the drop
     expect = {"tun_rx_packets": 1, "tun_rx_bytes": len(pkt)}
     if isinstance(outcome, tuple):
         assert hops == [outcome] and bytes(bufs[0][:len(pkt)]) == decremented(pkt)
@@ -138,7 +139,7 @@ def test_the_families_have_tables_of_their_own():
     for pa, expect in ((v4_only, [PEER, None]), (v6_only, [None, PEER])):
         _, hops, errors = run_tun(pa, [v4, pkt6()])
         assert hops == expect
-        # an IPv4 miss is answered with ICMP, an IPv6 one is silent
+        # an IPv4 miss is answered with ICMP, an IPv6 one is silent without tun_addr6
         assert [j for j in errors] == ([] if expect[0] else [0])
 
 
@@ -269,3 +270,42 @@ def test_every_packet_is_counted_once(packets, strict, tracing):
     forwarded = (len(packets) - hops.count(None)) + (len(out) - out.count(None))
     assert dropped + forwarded == 2 * len(packets)
     assert c["tun_rx_packets"] == c["udp_rx_packets"] == len(packets)
+
+
+OWN6 = ipaddress.IPv6Address("fd00:5:1::").packed
+
+
+@pytest.mark.parametrize("what,pkt,outcome", TUN_CASES, ids=[c[0] for c in TUN_CASES])
+def test_icmpv6_errors_where_the_header_allows(what, pkt, outcome):
+    pa = new_path()
+    pa.tun_addr6 = OWN6
+    _, _, errors = run_tun(pa, [pkt])
+    counted = nonzero(pa)
+    if outcome in ("drop_no_route", "drop_ttl") and ipv6.may_send_error(pkt):
+        type_ = ipv6.ICMPV6_DEST_UNREACH if outcome == "drop_no_route" else \
+            ipv6.ICMPV6_TIME_EXCEEDED
+        assert errors == [0] and pa.icmp == ipv6.icmp_error(pkt, type_, 0, OWN6)
+        pypath.path_icmp_written(pa, 0)
+        sent = "icmp_unreach_sent" if outcome == "drop_no_route" else "icmp_ttl_sent"
+        assert nonzero(pa) == {**counted, sent: 1}
+    else:
+        assert errors == []
+
+
+def test_icmpv6_and_icmp_share_the_rate_limit():
+    pa = new_path(routes=[])
+    pa.tun_addr6 = OWN6
+    pypath.path_set_icmp_limit(pa, 1, 2)
+    v4 = ipv4.build("10.5.1.2", "10.5.2.3", ipv4.udp_payload(1, 2))
+    _, _, errors = run_tun(pa, [pkt6(), v4, pkt6(), v4])
+    assert errors == [0, 1] and nonzero(pa)["icmp_ratelimited"] == 2
+
+
+@given(st.binary(min_size=0, max_size=120), st.sampled_from([0, 43, 44, 50, 51, 58, 60, 17]))
+@settings(max_examples=200, deadline=None, derandomize=True)
+def test_the_error_is_well_formed_for_any_payload(payload, nh):
+    pkt = ipv6.build("fd00:5:1::2", "fd00:9::1", payload, next_header=nh)
+    err = ipv6.icmp_error(pkt, ipv6.ICMPV6_DEST_UNREACH, 0, OWN6)
+    assert len(err) == 48 + len(pkt) and err[48:] == pkt and err[24:40] == pkt[8:24]
+    pseudo = err[8:40] + (len(err) - 40).to_bytes(4, "big") + bytes([0, 0, 0, 58])
+    assert ipv4.checksum(pseudo + err[40:]) == 0
