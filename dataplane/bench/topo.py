@@ -14,8 +14,8 @@ route to the peer's /24 changes (see paths.py). A run with an inner-IPv6 path
 (``c6``, ``python6``, ``vxlan6``) gives each host an IPv6 one too, on its lo alone
 (fc00:5:0:1::1 -> fc00:5:0:2::1, in the hosts' IPv6 subnets as a dual-stack
 lease gives them): the other devices keep IPv6 off, as the testbed leaves them,
-so that no router or neighbour solicitation crosses a path being measured. Host A's processes run on
-CPU0, host B's on CPU1, and receive packet steering (RPS) sends each
+so that no router or neighbour solicitation crosses a path being measured.
+Host A's processes run on CPU0, host B's on CPU1, and receive packet steering (RPS) sends each
 host's veth (and overlay device) to the same core, so that each simulated
 host has a core of its own. The switch-side end of each veth - where the
 bridge forwards what the host sent - is steered to the *receiving* host's

@@ -101,7 +101,8 @@ def _iface6(value: str) -> ipaddress.IPv6Interface:
     try:
         return ipaddress.IPv6Interface(value if "/" in value else value + "/128")
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected an IPv6 address, e.g. fc00:5:0:1::/128")
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected an IPv6 address, e.g. fc00:5:0:1::/128")
 
 
 def _network6(value: str) -> ipaddress.IPv6Network:
