@@ -1,7 +1,8 @@
 """One measurement at a time: UDP trials, the NDR/PDR searches, TCP, latency, cost.
 
 Every trial runs the C generator on host A (CPU0) towards the C sink on host
-B (CPU1), from 10.5.1.1 to 10.5.2.1, over whatever path is set up. Every
+B (CPU1), from 10.5.1.1 to 10.5.2.1 (with ``family=6``, an inner-IPv6 path's,
+from fc00:5:0:1::1 to fc00:5:0:2::1), over whatever path is set up. Every
 process is bounded twice: by its own count/duration/deadline arguments and
 by the timeout of the call that waits for it.
 """
@@ -43,6 +44,16 @@ class Tools:
     iperf3: str
 
 
+def app_ip(side, family: int = 4) -> str:
+    """The host's application address of this family (on its lo: topo.py)."""
+    return side.app_ip6 if family == 6 else side.app_ip
+
+
+def hostport(ip: str, port: int) -> str:
+    """``ip:port`` as udpgen reads it (an IPv6 address in brackets)."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
 def _json_line(text: str, what: str) -> dict:
     for line in reversed((text or "").splitlines()):
         line = line.strip()
@@ -72,9 +83,10 @@ class Sink:
     """The C sink on host B, counting one tag's datagrams."""
 
     def __init__(self, topo: BenchTopo, tools: Tools, tag: int, deadline: float,
-                 port: int = SINK_PORT):
+                 port: int = SINK_PORT, family: int = 4):
         self.topo = topo
-        self.proc = topo.b.popen([tools.udpgen, "sink", "--bind", f"{topo.b.app_ip}:{port}",
+        self.proc = topo.b.popen([tools.udpgen, "sink",
+                                  "--bind", hostport(app_ip(topo.b, family), port),
                                   "--tag", str(tag), "--deadline", f"{deadline:.1f}",
                                   "--idle-ms", str(SINK_IDLE_MS), "--batch", "64"])
         try:
@@ -94,9 +106,9 @@ class Sink:
 
 
 def send_argv(topo: BenchTopo, tools: Tools, *, size: int, rate: float, count: int,
-              duration: float, tag: int) -> list[str]:
-    return [tools.udpgen, "send", "--dst", f"{topo.b.app_ip}:{SINK_PORT}",
-            "--src", topo.a.app_ip, "--size", str(size), "--rate", f"{rate:.0f}",
+              duration: float, tag: int, family: int = 4) -> list[str]:
+    return [tools.udpgen, "send", "--dst", hostport(app_ip(topo.b, family), SINK_PORT),
+            "--src", app_ip(topo.a, family), "--size", str(size), "--rate", f"{rate:.0f}",
             "--count", str(count), "--duration", f"{duration:.3f}", "--tag", str(tag),
             "--batch", "64" if rate == 0 else "32"]
 
@@ -112,17 +124,18 @@ def machine_busy_ns() -> int:
     return (user + nice + system + irq + softirq) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
-def udp_trial(topo: BenchTopo, tools: Tools, *, size: int, rate: float, duration: float) -> dict:
+def udp_trial(topo: BenchTopo, tools: Tools, *, size: int, rate: float, duration: float,
+              family: int = 4) -> dict:
     """Send ``size``-byte datagrams at ``rate`` pps (0: flood) for ``duration``
     seconds; returns offered and received rates, the loss, and the whole machine's CPU time
     while the sender ran."""
     tag = random.getrandbits(31)
     count = FLOOD_COUNT if rate == 0 else max(1, int(rate * duration))
-    sink = Sink(topo, tools, tag, deadline=duration + 10)
+    sink = Sink(topo, tools, tag, deadline=duration + 10, family=family)
     try:
         busy0 = machine_busy_ns()
         r = topo.a.run(send_argv(topo, tools, size=size, rate=rate, count=count,
-                                 duration=duration, tag=tag),
+                                 duration=duration, tag=tag, family=family),
                        pin=True, timeout=duration + 15)
         busy = machine_busy_ns() - busy0
         sent = _json_line(r.stdout, "sender")
@@ -263,7 +276,7 @@ def flood(topo: BenchTopo, tools: Tools, path: Path, *, size: int, duration: flo
     cost = CostWindow(path)
     cost.start(quiet_since)
     drops0 = drop_counters(topo)
-    res = udp_trial(topo, tools, size=size, rate=0, duration=duration)
+    res = udp_trial(topo, tools, size=size, rate=0, duration=duration, family=path.family)
     drops1 = drop_counters(topo)
     res["cost"] = cost.stop()
     # Every path, the kernel's included: the machine's CPU time per packet delivered.
@@ -369,9 +382,10 @@ def pdr_ndr(trial, *, flood_res: dict, steps: int, ndr_steps: int, progress=None
             "machine_cpu_ns_per_packet": pdr["machine_cpu_ns_per_packet"]}
 
 
-def udp_prober(topo: BenchTopo, tools: Tools, *, size: int, duration: float):
+def udp_prober(topo: BenchTopo, tools: Tools, *, size: int, duration: float, family: int = 4):
     """The trial function of a search: one paced UDP trial at a rate."""
-    return lambda rate: udp_trial(topo, tools, size=size, rate=rate, duration=duration)
+    return lambda rate: udp_trial(topo, tools, size=size, rate=rate, duration=duration,
+                                  family=family)
 
 
 RTT_KEYS = (("p50_us", "p50_us"), ("p90_us", "p90_us"), ("p99_us", "p99_us"),
@@ -385,11 +399,12 @@ def rtt_figures(rr: dict, prefix: str = "rtt_") -> dict:
 
 
 def latency(topo: BenchTopo, tools: Tools, *, count: int, interval_us: int,
-            bg_rate: float = 0.0, bg_size: int = 64) -> dict:
+            bg_rate: float = 0.0, bg_size: int = 64, family: int = 4) -> dict:
     """UDP request/response round trips (C rr client on A, echo on B), idle
     or under a background load of ``bg_rate`` pps of ``bg_size`` bytes."""
     probe_s = count * interval_us / 1e6
-    echo = topo.b.popen([tools.udpgen, "echo", "--bind", f"{topo.b.app_ip}:{ECHO_PORT}",
+    echo = topo.b.popen([tools.udpgen, "echo",
+                         "--bind", hostport(app_ip(topo.b, family), ECHO_PORT),
                          "--deadline", f"{probe_s + 15:.1f}"])
     sink = bg = None
     try:
@@ -397,12 +412,13 @@ def latency(topo: BenchTopo, tools: Tools, *, count: int, interval_us: int,
         if bg_rate > 0:
             tag = random.getrandbits(31)
             bg_s = probe_s + 0.6
-            sink = Sink(topo, tools, tag, deadline=bg_s + 10)
+            sink = Sink(topo, tools, tag, deadline=bg_s + 10, family=family)
             bg = topo.a.popen(send_argv(topo, tools, size=bg_size, rate=bg_rate,
-                                        count=int(bg_rate * bg_s) + 1, duration=bg_s, tag=tag))
+                                        count=int(bg_rate * bg_s) + 1, duration=bg_s, tag=tag,
+                                        family=family))
             time.sleep(0.3)    # let the load settle before probing
-        r = topo.a.run([tools.udpgen, "rr", "--dst", f"{topo.b.app_ip}:{ECHO_PORT}",
-                        "--src", topo.a.app_ip, "--count", str(count),
+        r = topo.a.run([tools.udpgen, "rr", "--dst", hostport(app_ip(topo.b, family), ECHO_PORT),
+                        "--src", app_ip(topo.a, family), "--count", str(count),
                         "--interval-us", str(interval_us), "--timeout-ms", "200",
                         "--deadline", f"{probe_s + 10:.1f}"],
                        pin=True, timeout=probe_s + 20)
@@ -422,10 +438,11 @@ def latency(topo: BenchTopo, tools: Tools, *, count: int, interval_us: int,
 
 
 def tcp(topo: BenchTopo, tools: Tools, *, seconds: float, streams: int = 1,
-        reverse: bool = False) -> dict:
+        reverse: bool = False, family: int = 4) -> dict:
     """TCP with iperf3 between A and B: ``streams`` parallel streams (-P), from A to B or,
     with ``reverse`` (-R), from B to A; throughput and retransmits."""
-    server = topo.b.popen([tools.iperf3, "-s", "-1", "-B", topo.b.app_ip, "-p", str(IPERF_PORT)])
+    server = topo.b.popen([tools.iperf3, "-s", "-1", "-B", app_ip(topo.b, family),
+                           "-p", str(IPERF_PORT)])
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -436,7 +453,7 @@ def tcp(topo: BenchTopo, tools: Tools, *, seconds: float, streams: int = 1,
                 raise MeasureError(f"iperf3 server did not start: {server.stderr.read()}")
             time.sleep(0.05)
         r = topo.a.run(iperf3_client_argv(topo, tools, seconds=seconds, streams=streams,
-                                          reverse=reverse),
+                                          reverse=reverse, family=family),
                        pin=True, check=False, timeout=seconds + 30)
         return iperf3_result(r.stdout, r.stderr)
     finally:
@@ -444,8 +461,9 @@ def tcp(topo: BenchTopo, tools: Tools, *, seconds: float, streams: int = 1,
 
 
 def iperf3_client_argv(topo: BenchTopo, tools: Tools, *, seconds: float, streams: int = 1,
-                       reverse: bool = False) -> list[str]:
-    argv = [tools.iperf3, "-c", topo.b.app_ip, "-B", topo.a.app_ip, "-p", str(IPERF_PORT),
+                       reverse: bool = False, family: int = 4) -> list[str]:
+    argv = [tools.iperf3, "-c", app_ip(topo.b, family), "-B", app_ip(topo.a, family),
+            "-p", str(IPERF_PORT),
             "-t", f"{seconds:g}", "-J"]
     if streams > 1:
         argv += ["-P", str(streams)]

@@ -3,6 +3,7 @@ daemons over an etcd (daemon_paths.py)."""
 from __future__ import annotations
 
 from .daemon_paths import make_daemon_path
+from .families import IPV6_TWINS
 from .paths import (ALL_PATHS, DAEMON_PATHS, ENGINE_VARIANTS, DirectPath, EnginePath, Path,
                     VxlanPath)
 from .topo import BenchTopo
@@ -18,6 +19,10 @@ def make_path(topo: BenchTopo, name: str, batch: int | None = None, routes: int 
         return VxlanPath(topo)
     if name in ("c", "python"):
         return EnginePath(topo, name, batch=batch, routes=routes)
+    if name == "vxlan6":
+        return VxlanPath(topo, family=6)
+    if name in IPV6_TWINS:
+        return EnginePath(topo, IPV6_TWINS[name], batch=batch, name=name, routes=routes, family=6)
     if name in ENGINE_VARIANTS:
         kind, extra = ENGINE_VARIANTS[name]
         return EnginePath(topo, kind, batch=batch, name=name, extra_args=extra, routes=routes)

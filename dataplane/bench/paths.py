@@ -15,6 +15,12 @@
   leases``); with ``routes`` > 0 (``bench --routes N``), N more routes to
   peers that never send fill the table, as N peers of a big cluster would.
 
+* ``c6``, ``python6`` and ``vxlan6``: ``c``, ``python`` and ``vxlan`` with a dual-stack config
+  (the overlay device's IPv6 address, ``<IPv6 subnet>/128``, and the routes of the peer's IPv6
+  /64 too), measured with inner IPv6 between the hosts' IPv6 addresses (families.py). The
+  engines' flannel0 then offers no TSO6 (as the daemon's with a dual-stack lease), so the
+  kernel segments IPv6 TCP before the engine sees it.
+
 A path's ``setup()`` and ``teardown()`` leave the hosts as they found them,
 so the paths run one after another on one testbed. The paths that run real
 daemons over an etcd (``c-direct``, ``flanneld``) are in daemon_paths.py.
@@ -30,7 +36,8 @@ import tempfile
 import time
 
 from ..host.child import cli_argv
-from .topo import FLANNEL_PORT, NETWORK, BenchTopo, Side, TopoError
+from .families import IPV6_TWINS
+from .topo import FLANNEL_PORT, NETWORK, NETWORK6, BenchTopo, Side, TopoError
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +63,7 @@ ENGINE_VARIANTS = {
 # with DirectRouting on; `flanneld`, the real flanneld's udp backend (a binary the caller names,
 # `bench --flanneld PATH`: the project does not ship it, and without it the path is skipped).
 DAEMON_PATHS = ("c-direct", "flanneld")
-ALL_PATHS = PATHS + tuple(ENGINE_VARIANTS) + DAEMON_PATHS
+ALL_PATHS = PATHS + tuple(IPV6_TWINS) + tuple(ENGINE_VARIANTS) + DAEMON_PATHS
 VXLAN_DEV = "flannel.1"
 VXLAN_PORT = 8472
 TUN_DEV = "flannel0"
@@ -87,6 +94,7 @@ class PathSkipped(Exception):
 class Path:
     name = "?"
     kernel = True
+    family = 4          # of the inner packets the measurements send
 
     def __init__(self, topo: BenchTopo):
         self.topo = topo
@@ -130,6 +138,12 @@ class DirectPath(Path):
 class VxlanPath(Path):
     name = "vxlan"
 
+    def __init__(self, topo: BenchTopo, family: int = 4):
+        super().__init__(topo)
+        self.family = family
+        if family == 6:
+            self.name = "vxlan6"
+
     def mtu(self) -> int:
         return self.topo.a.host.mtu - ENCAP_VXLAN
 
@@ -138,10 +152,18 @@ class VxlanPath(Path):
         for side in self.topo.sides:
             side.ip_batch([
                 f"link add {VXLAN_DEV} type vxlan id 1 local {side.ip} dev {side.iface} "
-                f"dstport {VXLAN_PORT} nolearning",
+                f"dstport {VXLAN_PORT} nolearning"])
+            if self.family == 6:
+                # Before the link is up, as the daemon does for flannel0: no link-local
+                # address, hence no solicitation or MLD report through the tunnel.
+                side.run(["sh", "-c", f"cd /proc/sys/net/ipv6/conf/{VXLAN_DEV} && "
+                          "echo 1 > addr_gen_mode && echo 0 > accept_dad && "
+                          "echo 0 > disable_ipv6"])
+            side.ip_batch([
                 f"link set {VXLAN_DEV} mtu {self.mtu()} up",
                 f"addr add {side.tun_ip}/32 dev {VXLAN_DEV}",
-            ])
+            ] + ([f"addr add {side.tun_ip6}/128 dev {VXLAN_DEV} nodad"]
+                 if self.family == 6 else []))
             out = side.run(["cat", f"/sys/class/net/{VXLAN_DEV}/address"]).stdout.strip()
             macs[side.name] = out
             side.steer(VXLAN_DEV)
@@ -151,7 +173,9 @@ class VxlanPath(Path):
             side.ip_batch([
                 f"neigh replace {peer.tun_ip} lladdr {mac} dev {VXLAN_DEV} nud permanent",
                 f"route replace {peer.subnet} via {peer.tun_ip} dev {VXLAN_DEV} onlink",
-            ])
+            ] + ([f"neigh replace {peer.tun_ip6} lladdr {mac} dev {VXLAN_DEV} nud permanent",
+                  f"route replace {peer.subnet6} via {peer.tun_ip6} dev {VXLAN_DEV} onlink"]
+                 if self.family == 6 else []))
             side.run(["bridge", "fdb", "replace", mac, "dev", VXLAN_DEV, "dst", peer.ip,
                       "self", "permanent"])
 
@@ -165,10 +189,11 @@ class EnginePath(Path):
     kernel = False
 
     def __init__(self, topo: BenchTopo, kind: str, batch: int | None = None,
-                 name: str | None = None, extra_args=(), routes: int = 0):
+                 name: str | None = None, extra_args=(), routes: int = 0, family: int = 4):
         super().__init__(topo)
         self.name = name or kind
         self.kind = kind
+        self.family = family
         self.batch = batch
         self.extra_args = list(extra_args)
         self.procs: dict[str, object] = {}
@@ -195,6 +220,10 @@ class EnginePath(Path):
                         "--route", f"{peer.subnet}={peer.ip}:{FLANNEL_PORT}",
                         "--engine", self.kind, "--accept-from", "leases",
                         "--stats-file", stats, "--ready-file", ready)
+        if self.family == 6:
+            # dual stack: the IPv4 route stays, as a dual-stack lease keeps both
+            argv += ["--tun-addr6", f"{side.tun_ip6}/128", "--network6", str(NETWORK6),
+                     "--route", f"{peer.subnet6}={peer.ip}:{FLANNEL_PORT}"]
         if self.route_file:
             argv += ["--route-file", self.route_file]
         if self.batch:

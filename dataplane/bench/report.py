@@ -5,11 +5,16 @@ with ``"size": null`` for what is not a UDP size (TCP, idle latency). Every
 figure is the median over the trials; ``detail`` (written to results.json, not
 to ``--json``) keeps min, max and every trial's value. A path skipped (what it
 needs was not given) has its rows all null, with ``"skipped"``: the reason.
-Ratios carry a 95 % interval from the trials (``ratio_ci``).
+Ratios carry a 95 % interval from the trials (``ratio_ci``). An inner-IPv6 path (``c6``,
+``python6``, ``vxlan6``: families.py) has rows of its own, as any path, and its ratios are to its
+IPv4 twin (``ratios["c6"]["c"]``: IPv6 / IPv4 of the same engine in the same run) and, for the
+engines, to ``vxlan6``.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .families import IPV6_TWINS, KERNEL6
 
 PERCENTILES = ("p50", "p90", "p99", "p999", "max")
 RTT_KEYS = tuple(f"rtt_{p}_us" for p in PERCENTILES) + ("rtt_samples",)
@@ -95,14 +100,19 @@ def _get(rows, path, size, key):
 def ratios(rows, detail=None) -> dict:
     """{engine: {"vxlan": {figure: x, ..., "ci95": {figure: [lo, hi] | None}}, "direct": ...},
     "vxlan": {"direct": ...}}: each path's figure divided by the reference path's, from the
-    same run, with its interval from the trials in ``detail`` (``ratio_ci``)."""
+    same run, with its interval from the trials in ``detail`` (``ratio_ci``). An inner-IPv6
+    path's references are its IPv4 twin and, for an engine, ``vxlan6``: {"c6": {"c": ...,
+    "vxlan6": ...}, "vxlan6": {"vxlan": ...}}."""
     out = {}
     rows = [r for r in rows if not r.get("skipped")]
     trials = {(d["path"], d["size"]): d for d in detail or []}
     present = {r["path"] for r in rows}
-    engines = [p for p in dict.fromkeys(r["path"] for r in rows) if p not in ("direct", "vxlan")]
+    order = list(dict.fromkeys(r["path"] for r in rows))
+    engines = [p for p in order if p not in ("direct", "vxlan") and p not in IPV6_TWINS]
     pairs = [(p, ref) for p in engines for ref in ("vxlan", "direct")]
     pairs.append(("vxlan", "direct"))
+    for p in (p for p in order if p in IPV6_TWINS):
+        pairs += [(p, IPV6_TWINS[p])] + ([(p, KERNEL6)] if p != KERNEL6 else [])
     for path, ref in pairs:
         if path not in present or ref not in present:
             continue
@@ -254,6 +264,11 @@ def legend_lines(result: dict) -> list[str]:
              "FD.io CSIT); RTT: medians over the trials of each percentile (nearest rank), "
              "n round trips each, under load at half the path's PDR; common: at the lowest "
              "NDR of the run, the same offered load for every path"]
+    six = [p for p in dict.fromkeys(d["path"] for d in result["detail"]) if p in IPV6_TWINS]
+    if six:
+        lines.append(f"{', '.join(six)}: inner IPv6 over the same underlay, each beside its IPv4 "
+                     "twin (a dual-stack config); the size is the UDP payload, so an IPv6 packet "
+                     "is 20 bytes longer; X6 / X is IPv6 / IPv4 of the same path in this run")
     if any(generator_limited(d) or ndr_generator_limited(d) for d in result["detail"]):
         lines.append(">= : the flood lost < 0.5 % (PDR) or nothing (NDR), so the generator was "
                      "the limit and the rate is a lower bound")
@@ -331,7 +346,8 @@ def print_table(result: dict, file=None) -> None:
 # -- the plot -------------------------------------------------------------
 
 COLORS = {"direct": "#4c72b0", "vxlan": "#55a868", "c": "#dd8452", "python": "#c44e52",
-          "c-base": "#937860", "c-offload": "#da8bc3", "flanneld": "#8172b3"}
+          "c-base": "#937860", "c-offload": "#da8bc3", "flanneld": "#8172b3",
+          "vxlan6": "#9fd4a8", "c6": "#f0b48a", "python6": "#e09295"}
 OTHER_COLOR = "#8c8c8c"          # a path without a colour of its own
 
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from . import build, measure, report
+from .families import IPV6_TWINS
 from .path_choice import make_path
 from .paths import PATHS, PathSkipped
 from .topo import BenchTopo
@@ -141,7 +142,7 @@ def run(paths=PATHS, profile: Profile = FULL, trials: int | None = None,
     errors = []
     skipped: dict = {}
     progress(f"bench: {profile.name} run, paths {', '.join(paths)}, {trials} trial(s)")
-    with BenchTopo() as topo:
+    with BenchTopo(ipv6=any(p in IPV6_TWINS for p in paths)) as topo:
         for name in paths:
             try:
                 samples[name] = _run_path(topo, tools, name, profile, trials, batch, routes,
@@ -224,7 +225,7 @@ def _run_common(topo, tools, name, profile: Profile, trials: int, batch, routes,
             for size, rate in rates.items():
                 load = measure.latency(topo, tools, count=profile.lat_count,
                                        interval_us=profile.lat_interval_us,
-                                       bg_rate=rate, bg_size=size)
+                                       bg_rate=rate, bg_size=size, family=path.family)
                 _add(out, size, "common_load_pps", load.get("bg_offered_pps"))
                 _add(out, size, "common_bg_loss", load.get("bg_loss"))
                 for key, v in measure.rtt_figures(load, "common_rtt_").items():
@@ -252,13 +253,15 @@ TCP_VARIANTS = (("tcp", 1, False, "one stream"), ("tcp4", 4, False, "4 streams")
                 ("tcp_rev", 1, True, "reverse"))
 
 
-def _idle_and_tcp(topo, tools, profile: Profile, out: dict, tag: str, progress) -> None:
+def _idle_and_tcp(topo, tools, profile: Profile, out: dict, tag: str, progress,
+                  family: int = 4) -> None:
     idle = measure.latency(topo, tools, count=profile.lat_count,
-                           interval_us=profile.lat_interval_us)
+                           interval_us=profile.lat_interval_us, family=family)
     _add_rtt(out, None, idle)
     parts = []
     for key, streams, reverse, what in TCP_VARIANTS:
-        res = measure.tcp(topo, tools, seconds=profile.tcp_s, streams=streams, reverse=reverse)
+        res = measure.tcp(topo, tools, seconds=profile.tcp_s, streams=streams, reverse=reverse,
+                          family=family)
         _add(out, None, f"{key}_gbps", res["gbps"])
         _add(out, None, f"{key}_retransmits", res["retransmits"])
         parts.append(f"{what} {res['gbps']:.2f} Gbit/s ({res['retransmits']} retr)")
@@ -303,15 +306,15 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
 
 
 def _rates_and_load(topo, tools, profile: Profile, out: dict, size: int, fl: dict, tag: str,
-                    progress) -> None:
-    trial = measure.udp_prober(topo, tools, size=size, duration=profile.probe_s)
+                    progress, family: int = 4) -> None:
+    trial = measure.udp_prober(topo, tools, size=size, duration=profile.probe_s, family=family)
     nd = measure.pdr_ndr(trial, flood_res=fl, steps=profile.steps,
                          ndr_steps=profile.ndr_steps, progress=progress)
     for key in ("pdr_pps", "ndr_pps", "pdr_probes", "ndr_probes", "machine_cpu_ns_per_packet"):
         _add(out, size, key, nd[key])
     load = measure.latency(topo, tools, count=profile.lat_count,
                            interval_us=profile.lat_interval_us,
-                           bg_rate=nd["pdr_pps"] / 2, bg_size=size)
+                           bg_rate=nd["pdr_pps"] / 2, bg_size=size, family=family)
     _add_rtt(out, size, load)
     _add(out, size, "rtt_bg_pps", load.get("bg_offered_pps"))
     progress(f"{tag} {size} B: PDR {nd['pdr_pps'] / 1e3:.1f} kpps, NDR "
@@ -328,15 +331,17 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, routes,
     progress(f"{name}: setting up")
     path.setup()
     try:
-        check = measure.udp_trial(topo, tools, size=64, rate=2000, duration=0.1)
+        check = measure.udp_trial(topo, tools, size=64, rate=2000, duration=0.1,
+                                  family=path.family)
         if check["received"] == 0:
             raise measure.MeasureError(f"{name} path carries no traffic ({check})")
         for t in range(1, trials + 1):
             tag = f"{name} trial {t}/{trials}"
-            _idle_and_tcp(topo, tools, profile, out, tag, progress)
+            _idle_and_tcp(topo, tools, profile, out, tag, progress, family=path.family)
             for size in SIZES:
                 fl = _flood(topo, tools, path, profile, out, size, tag, progress)
-                _rates_and_load(topo, tools, profile, out, size, fl, tag, progress)
+                _rates_and_load(topo, tools, profile, out, size, fl, tag, progress,
+                                family=path.family)
     finally:
         path.teardown()
     return out

@@ -10,8 +10,12 @@
 
 Each host's application address lives on its loopback, so that the same
 source and destination (10.5.1.1 -> 10.5.2.1) cross every path; only the
-route to the peer's /24 changes (see paths.py). Host A's processes run on
-CPU0, host B's on CPU1, and receive packet steering (RPS) sends each
+route to the peer's /24 changes (see paths.py). A run with an inner-IPv6 path
+(``c6``, ``python6``, ``vxlan6``) gives each host an IPv6 one too, on its lo alone
+(fc00:5:0:1::1 -> fc00:5:0:2::1, in the hosts' IPv6 subnets as a dual-stack
+lease gives them): the other devices keep IPv6 off, as the testbed leaves them,
+so that no router or neighbour solicitation crosses a path being measured.
+Host A's processes run on CPU0, host B's on CPU1, and receive packet steering (RPS) sends each
 host's veth (and overlay device) to the same core, so that each simulated
 host has a core of its own. The switch-side end of each veth - where the
 bridge forwards what the host sent - is steered to the *receiving* host's
@@ -35,6 +39,9 @@ from dataplane.testbed.hosts import Testbed
 log = logging.getLogger(__name__)
 
 NETWORK = ipaddress.IPv4Network("10.5.0.0/16")
+# The IPv6Network of a dual-stack config; each host's IPv6 part is a /64 of it, as flannel's
+# default IPv6 SubnetLen.
+NETWORK6 = ipaddress.IPv6Network("fc00:5::/56")
 SINK_PORT = 9000
 ECHO_PORT = 9001
 IPERF_PORT = 5201
@@ -50,6 +57,11 @@ def subnet(index: int) -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network(f"10.5.{index + 1}.0/24")
 
 
+def subnet6(index: int) -> ipaddress.IPv6Network:
+    """Host i's IPv6 part of a dual-stack lease: fc00:5:0:(i+1)::/64."""
+    return ipaddress.IPv6Network(f"fc00:5:0:{index + 1:x}::/64")
+
+
 class Side:
     """One simulated host of the bench, with the core it is pinned to."""
 
@@ -60,6 +72,9 @@ class Side:
         self.subnet = subnet(host.index)
         self.app_ip = str(self.subnet.network_address + 1)   # on lo
         self.tun_ip = str(self.subnet.network_address)       # flannel0 / flannel.1 address
+        self.subnet6 = subnet6(host.index)
+        self.app_ip6 = str(self.subnet6.network_address + 1)
+        self.tun_ip6 = str(self.subnet6.network_address)     # as the daemon's, a /128
 
     @property
     def name(self) -> str:
@@ -106,9 +121,10 @@ class Side:
 
 
 class BenchTopo:
-    """Two testbed hosts prepared for the bench. A context manager."""
+    """Two testbed hosts prepared for the bench, with IPv6 application addresses when
+    ``ipv6``. A context manager."""
 
-    def __init__(self):
+    def __init__(self, ipv6: bool = False):
         ncpu = os.cpu_count() or 1
         self.cpus = (0, 1) if ncpu >= 2 else (0, 0)
         if ncpu < 2:
@@ -119,6 +135,9 @@ class BenchTopo:
             self.b = Side(self, self.tb[1], self.cpus[1])
             for side in (self.a, self.b):
                 side.ip_batch([f"addr add {side.app_ip}/32 dev lo"])
+                if ipv6:
+                    side.run(["sysctl", "-qw", "net.ipv6.conf.lo.disable_ipv6=0"])
+                    side.ip_batch([f"addr add {side.app_ip6}/128 dev lo nodad"])
                 for key in ("all", "default", "lo", side.iface):
                     side.run(["sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter=0"], check=False)
                 side.steer(side.iface)

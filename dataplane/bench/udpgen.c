@@ -13,6 +13,9 @@
  *   rr    request/response round trips at a fixed interval; prints p50, p90,
  *         p99, p99.9 and max (nearest rank) and how many round trips they rest on.
  *
+ * Addresses are IPv4 (10.5.2.1:9000) or IPv6 in brackets ([fc00:5:0:2::1]:9000; --src
+ * without a port may drop them): the bench's inner IPv6 paths run the same modes over AF_INET6.
+ *
  * Results are one JSON object on stdout; errors go to stderr with exit 1.
  * Ships inside the package; dataplane/bench/build.py compiles it on first use
  * into the user's cache directory (~/.cache/flannel-udp/).
@@ -55,9 +58,21 @@ struct hdr {
 	uint64_t pad;
 };
 
+/* One socket address of either family; sa_family tells which. */
+union addr {
+	struct sockaddr sa;
+	struct sockaddr_in v4;
+	struct sockaddr_in6 v6;
+};
+
+static socklen_t addr_len(const union addr *a)
+{
+	return a->sa.sa_family == AF_INET6 ? sizeof(a->v6) : sizeof(a->v4);
+}
+
 struct opts {
 	const char *mode;
-	struct sockaddr_in dst, src, bind;
+	union addr dst, src, bind;
 	int have_dst, have_src, have_bind;
 	unsigned size, batch, tag, idle_ms, timeout_ms;
 	double rate, duration, deadline, interval_us;
@@ -92,6 +107,7 @@ static void die(const char *what)
 static void usage(void)
 {
 	fprintf(stderr,
+		"addresses: IPv4 as 10.5.2.1:9000, IPv6 as [fc00:5:0:2::1]:9000 (--src: a bare IPv6 too)\n"
 		"usage: udpgen send --dst IP:PORT [--src IP] --size N [--rate PPS] --count N --duration S [--batch N] [--tag N]\n"
 		"       udpgen sink --bind IP:PORT [--tag N] --deadline S [--idle-ms N] [--batch N]\n"
 		"       udpgen echo --bind IP:PORT --deadline S\n"
@@ -100,25 +116,52 @@ static void usage(void)
 	exit(2);
 }
 
-static int parse_addr(const char *s, struct sockaddr_in *out, int need_port)
+static int parse_addr(const char *s, union addr *out, int need_port)
 {
 	char buf[64];
-	const char *colon = strrchr(s, ':');
-	size_t n = colon ? (size_t)(colon - s) : strlen(s);
+	const char *host = s, *colon, *port = NULL;
+	size_t n;
+	int v6 = 0;
 
-	if (n >= sizeof(buf) || (need_port && !colon))
+	if (*s == '[') {        /* [IPv6]:PORT or [IPv6] */
+		const char *close = strchr(s, ']');
+		if (!close)
+			return -1;
+		host = s + 1;
+		n = (size_t)(close - host);
+		v6 = 1;
+		if (close[1] == ':')
+			port = close + 2;
+		else if (close[1])
+			return -1;
+	} else if (strchr(s, ':') != strrchr(s, ':')) {  /* a bare IPv6 address, no port */
+		n = strlen(s);
+		v6 = 1;
+	} else {
+		colon = strrchr(s, ':');
+		n = colon ? (size_t)(colon - s) : strlen(s);
+		port = colon ? colon + 1 : NULL;
+	}
+	if (n >= sizeof(buf) || (need_port && !port))
 		return -1;
-	memcpy(buf, s, n);
+	memcpy(buf, host, n);
 	buf[n] = 0;
 	memset(out, 0, sizeof(*out));
-	out->sin_family = AF_INET;
-	if (inet_pton(AF_INET, buf, &out->sin_addr) != 1)
-		return -1;
-	if (colon) {
-		long p = strtol(colon + 1, NULL, 10);
+	if (v6) {
+		out->v6.sin6_family = AF_INET6;
+		if (inet_pton(AF_INET6, buf, &out->v6.sin6_addr) != 1)
+			return -1;
+	} else {
+		out->v4.sin_family = AF_INET;
+		if (inet_pton(AF_INET, buf, &out->v4.sin_addr) != 1)
+			return -1;
+	}
+	if (port) {
+		long p = strtol(port, NULL, 10);
 		if (p < 0 || p > 65535)
 			return -1;
-		out->sin_port = htons((uint16_t)p);
+		/* sin_port and sin6_port sit at the same offset */
+		out->v4.sin_port = htons((uint16_t)p);
 	}
 	return 0;
 }
@@ -183,11 +226,14 @@ static void parse(int argc, char **argv, struct opts *o)
 		o->deadline = DURATION_MAX_S;
 	if (o->rate < 0)
 		usage();
+	/* A socket has one family: the source must be the destination's. */
+	if (o->have_src && o->have_dst && o->src.sa.sa_family != o->dst.sa.sa_family)
+		usage();
 }
 
-static int udp_socket(const struct sockaddr_in *bind_to)
+static int udp_socket(int family, const union addr *bind_to)
 {
-	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	int fd = socket(family, SOCK_DGRAM, 0);
 	int buf = SOCKBUF;
 
 	if (fd < 0)
@@ -197,7 +243,7 @@ static int udp_socket(const struct sockaddr_in *bind_to)
 		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buf, sizeof(buf)) < 0)
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-	if (bind_to && bind(fd, (const struct sockaddr *)bind_to, sizeof(*bind_to)) < 0)
+	if (bind_to && bind(fd, &bind_to->sa, addr_len(bind_to)) < 0)
 		die("bind");
 	return fd;
 }
@@ -208,7 +254,7 @@ static int mode_send(struct opts *o)
 	static struct mmsghdr msgs[BATCH_MAX];
 	static struct iovec iov[BATCH_MAX];
 	uint8_t *bufs = calloc(BATCH_MAX, o->size);
-	struct sockaddr_in src = o->src;
+	union addr src = o->src;
 	uint64_t sent = 0, errors = 0, calls = 0, start, end, deadline;
 	int fd;
 
@@ -216,8 +262,8 @@ static int mode_send(struct opts *o)
 		usage();
 	if (!bufs)
 		die("calloc");
-	src.sin_port = 0;
-	fd = udp_socket(o->have_src ? &src : NULL);
+	src.v4.sin_port = 0;
+	fd = udp_socket(o->dst.sa.sa_family, o->have_src ? &src : NULL);
 	for (unsigned i = 0; i < o->batch; i++) {
 		struct hdr *h = (struct hdr *)(bufs + (size_t)i * o->size);
 		h->magic = MAGIC;
@@ -227,7 +273,7 @@ static int mode_send(struct opts *o)
 		msgs[i].msg_hdr.msg_iov = &iov[i];
 		msgs[i].msg_hdr.msg_iovlen = 1;
 		msgs[i].msg_hdr.msg_name = &o->dst;
-		msgs[i].msg_hdr.msg_namelen = sizeof(o->dst);
+		msgs[i].msg_hdr.msg_namelen = addr_len(&o->dst);
 	}
 	start = now_ns();
 	deadline = start + (uint64_t)(o->duration * 1e9);
@@ -295,7 +341,7 @@ static int mode_sink(struct opts *o)
 		usage();
 	if (!bufs)
 		die("malloc");
-	fd = udp_socket(&o->bind);
+	fd = udp_socket(o->bind.sa.sa_family, &o->bind);
 	if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0)
 		die("SO_RCVTIMEO");
 	for (unsigned i = 0; i < o->batch; i++) {
@@ -359,19 +405,19 @@ static int mode_echo(struct opts *o)
 
 	if (!o->have_bind)
 		usage();
-	fd = udp_socket(&o->bind);
+	fd = udp_socket(o->bind.sa.sa_family, &o->bind);
 	if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0)
 		die("SO_RCVTIMEO");
 	printf("READY\n");
 	fflush(stdout);
 	deadline = now_ns() + (uint64_t)(o->deadline * 1e9);
 	while (!stop_flag && now_ns() < deadline) {
-		struct sockaddr_in from;
+		union addr from;
 		socklen_t fl = sizeof(from);
-		ssize_t n = recvfrom(fd, buf, sizeof(buf), 0, (struct sockaddr *)&from, &fl);
+		ssize_t n = recvfrom(fd, buf, sizeof(buf), 0, &from.sa, &fl);
 		if (n <= 0)
 			continue;
-		if (sendto(fd, buf, (size_t)n, 0, (struct sockaddr *)&from, fl) == n)
+		if (sendto(fd, buf, (size_t)n, 0, &from.sa, fl) == n)
 			echoed++;
 	}
 	printf("{\"echoed\": %llu}\n", (unsigned long long)echoed);
@@ -401,7 +447,7 @@ static double pct(const uint64_t *v, uint64_t n, double p)
 static int mode_rr(struct opts *o)
 {
 	uint8_t out[65536], in[65536];
-	struct sockaddr_in src = o->src;
+	union addr src = o->src;
 	uint64_t *rtt, got = 0, lost = 0, start, deadline, sum = 0;
 	struct hdr *h = (struct hdr *)out;
 	int fd;
@@ -411,9 +457,9 @@ static int mode_rr(struct opts *o)
 	rtt = calloc(o->count, sizeof(*rtt));
 	if (!rtt)
 		die("calloc");
-	src.sin_port = 0;
-	fd = udp_socket(o->have_src ? &src : NULL);
-	if (connect(fd, (struct sockaddr *)&o->dst, sizeof(o->dst)) < 0)
+	src.v4.sin_port = 0;
+	fd = udp_socket(o->dst.sa.sa_family, o->have_src ? &src : NULL);
+	if (connect(fd, &o->dst.sa, addr_len(&o->dst)) < 0)
 		die("connect");
 	memset(out, 0, sizeof(out));
 	h->magic = MAGIC;

@@ -21,7 +21,9 @@ trip. Then every path again, its latency at one common load: the lowest NDR of
 the run, a rate every path carried whole. Figures are the median of the
 trials; the table shows [min-max]. Ratios compare each engine to kernel VXLAN
 and to direct routing from the same run, with a 95 % interval from the trials
-(full run; "~" marks one that includes 1.0).
+(full run; "~" marks one that includes 1.0). Inner IPv6 (--paths c6,python6,vxlan6,
+beside c,python,vxlan): the same measures between the hosts' IPv6 addresses over
+the same IPv4 underlay, each path's figures divided by its IPv4 twin's (c6 / c).
 
 The full run (5 trials) of four paths takes about 10 minutes (613-638 s measured
 here); --quick (1 trial) about a minute. See
@@ -38,7 +40,12 @@ def add_arguments(p) -> None:
                    help="write results.json and bench.png into DIR (default: perf/out "
                         f"of a source checkout, else ./{OUT_OUTSIDE_CHECKOUT}; none with --json)")
     p.add_argument("--paths", default="direct,vxlan,c,python",
-                   help="comma-separated paths (default: direct,vxlan,c,python); also c-base "
+                   help="comma-separated paths (default: direct,vxlan,c,python); inner IPv6: "
+                        "c6, python6 and vxlan6, each its IPv4 twin with a dual-stack config "
+                        "(flannel0 or flannel.1 with an IPv6 address too, the peer's IPv6 /64 "
+                        "routed) and the traffic between the hosts' IPv6 addresses, reported "
+                        "as IPv6 / IPv4 of the same path (c6 / c) and the engines beside "
+                        "vxlan6; also c-base "
                         "(C engine, one queue, no offloads) and c-offload (one queue, offloads "
                         "where the kernel has them), to measure the C engine's steps; "
                         "c-coalesce20 and python-coalesce20 (20 us coalescing), c-rt and "

@@ -19,6 +19,8 @@ Ctrl-C. Needs root; about 10 seconds.
   flannel-udp demo --direct-routing
                                    the network config says "DirectRouting": true: follow
                                    the packet on the kernel route host to host instead
+  flannel-udp demo --ipv6          a dual-stack config (EnableIPv6): also follow an IPv6
+                                   ping between the workloads through the engines
 """
 
 
@@ -35,6 +37,11 @@ def add_arguments(p) -> None:
                    help='put "DirectRouting": true in the network config and show the packet '
                         "routed host to host by the kernels (flannel0 and the engines idle) "
                         "instead of through the engines")
+    p.add_argument("--ipv6", action="store_true",
+                   help='put "EnableIPv6": true in the network config (IPv6Network fc00:5::/56), '
+                        "give the workloads IPv6 addresses from FLANNEL_IPV6_SUBNET and follow "
+                        "an IPv6 ping through the engines too, over the IPv4 underlay (not with "
+                        "--direct-routing)")
     p.add_argument("--one-engine", action="store_true",
                    help="measure batching with the chosen engine only (skip the switch)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the testbed does")
@@ -75,17 +82,23 @@ def main(args) -> int:
     if missing:
         print("flannel-udp demo needs: " + "; ".join(missing), file=sys.stderr)
         return 2
+    if args.ipv6 and args.direct_routing:
+        print("flannel-udp demo: --ipv6 follows the IPv6 ping through the engines, and "
+              "DirectRouting routes IPv4 only: use one or the other", file=sys.stderr)
+        return 2
 
     if args.json:
         # stdout carries exactly one JSON object; the story's progress goes to stderr.
         err = make_console(sys.stderr)
         renderer = None
         demo = Demo(args.engine, on_progress=lambda t: err.print(f"... {t}", style="dim"),
-                    compare_engines=not args.one_engine, direct_routing=args.direct_routing)
+                    compare_engines=not args.one_engine, direct_routing=args.direct_routing,
+                    ipv6=args.ipv6)
     else:
         renderer = Renderer(make_console(), pause=args.step)
         demo = Demo(args.engine, on_step=renderer.on_step, on_progress=renderer.progress,
-                    compare_engines=not args.one_engine, direct_routing=args.direct_routing)
+                    compare_engines=not args.one_engine, direct_routing=args.direct_routing,
+                    ipv6=args.ipv6)
         renderer.demo = demo
         renderer.c.rule("flannel-udp demo: one packet across the overlay, DirectRouting on"
                         if args.direct_routing else

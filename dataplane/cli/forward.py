@@ -64,12 +64,12 @@ def _listen(value: str) -> tuple[str, int]:
     return ip, p
 
 
-def _route(value: str) -> tuple[ipaddress.IPv4Network, str, int | None]:
+def _route(value: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str, int | None]:
     subnet, sep, hop = value.partition("=")
     try:
         if not sep:
             raise ValueError
-        net = ipaddress.IPv4Network(subnet)
+        net = ipaddress.ip_network(subnet)
         ip, sep, port = hop.partition(":")
         ip = str(ipaddress.IPv4Address(ip))
         p = int(port) if sep else None
@@ -77,7 +77,8 @@ def _route(value: str) -> tuple[ipaddress.IPv4Network, str, int | None]:
             raise ValueError
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{value!r}: expected SUBNET=PEER_IP[:PORT], e.g. 10.5.2.0/24=192.168.77.2")
+            f"{value!r}: expected SUBNET=PEER_IP[:PORT], e.g. 10.5.2.0/24=192.168.77.2 "
+            "(the subnet may be IPv6, the peer is IPv4)")
     return net, ip, p
 
 
@@ -92,6 +93,21 @@ def _iface(value: str) -> ipaddress.IPv4Interface:
 def _network(value: str) -> ipaddress.IPv4Network:
     try:
         return ipaddress.IPv4Network(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{value!r}: {e}")
+
+
+def _iface6(value: str) -> ipaddress.IPv6Interface:
+    try:
+        return ipaddress.IPv6Interface(value if "/" in value else value + "/128")
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected an IPv6 address, e.g. fc00:5:0:1::/128")
+
+
+def _network6(value: str) -> ipaddress.IPv6Network:
+    try:
+        return ipaddress.IPv6Network(value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{value!r}: {e}")
 
@@ -149,13 +165,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the TUN address, flanneld's <lease network>/32 (also the source of ICMP errors)")
     p.add_argument("--network", type=_network, metavar="CIDR",
                    help="the flannel network: adds the route `CIDR dev <tun>` (e.g. 10.5.0.0/16)")
+    p.add_argument("--tun-addr6", type=_iface6, metavar="IPV6[/128]",
+                   help="also give the TUN this IPv6 address, as the daemon does with a dual-stack "
+                        "lease (<IPv6 lease network>/128); TSO6 and USO stay off on the TUN")
+    p.add_argument("--network6", type=_network6, metavar="CIDR",
+                   help="the IPv6 network: adds the route `CIDR dev <tun>` (needs --tun-addr6)")
     p.add_argument("--listen", required=True, type=_listen, metavar="IP:PORT",
                    help="bind the UDP socket here (the external interface address; port default "
                         f"{DEFAULT_UDP_PORT})")
     p.add_argument("--mtu", type=_mtu,
                    help="TUN MTU (default: MTU of the interface holding the --listen address - 28)")
     p.add_argument("--route", action="append", type=_route, default=[], metavar="SUBNET=PEER_IP[:PORT]",
-                   help="packets to SUBNET go to PEER_IP:PORT (port default: the --listen port); repeatable")
+                   help="packets to SUBNET (IPv4, or IPv6 for inner IPv6) go to PEER_IP:PORT (port "
+                        "default: the --listen port); repeatable")
     p.add_argument("--route-file", metavar="PATH",
                    help="more routes, one SUBNET=PEER_IP[:PORT] per line (# comments); for "
                         "tables too long for the command line, e.g. 10,000 peers")
@@ -242,6 +264,9 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         log.error("--route-file %s: %s", args.route_file, e)
         return 2
+    if args.network6 is not None and args.tun_addr6 is None:
+        log.error("--network6 needs --tun-addr6 (the TUN carries no IPv6 without an address)")
+        return 2
     if args.realtime_priority:
         try:
             sched.probe(args.realtime_priority)
@@ -261,12 +286,14 @@ def main(args: argparse.Namespace) -> int:
     dataplane = Dataplane()
     engine = None
     tun_name = "?"
-    offloads = Offloads(args.offload or DEFAULT_MODE, cls.name)
+    offloads = Offloads(args.offload or DEFAULT_MODE, cls.name, ipv6=args.tun_addr6 is not None)
     try:
         # The daemon's assembly, so that the bench measures the daemon's data path.
         dataplane = Dataplane.open(
             offloads, tun_name=args.tun_name, tun_addr=tun_addr.with_prefixlen, mtu=mtu,
             network=args.network, queues=args.queues or default_queues(),
+            tun_addr6=args.tun_addr6.with_prefixlen if args.tun_addr6 else None,
+            network6=args.network6,
             sockets=lambda n: open_sockets(listen_ip, port, n, bufsize=args.sockbuf))
         tun_name, queues = dataplane.tun_name, dataplane.queues
         routes = [Route.make(net, ip, p or port) for net, ip, p in args.route + extra_routes]
@@ -279,7 +306,9 @@ def main(args: argparse.Namespace) -> int:
         engine.start()
         log.info("engine %s (%s), %d queue(s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",
                  engine.name, why, queues, tun_name, tun_addr, mtu,
-                 f", route {args.network} dev {tun_name}" if args.network else "",
+                 (f", route {args.network} dev {tun_name}" if args.network else "")
+                 + (f", IPv6 {args.tun_addr6}" if args.tun_addr6 else "")
+                 + (f", route {args.network6} dev {tun_name}" if args.network6 else ""),
                  listen_ip, port, len(routes),
                  "".join(f"\n  {r.subnet} -> {r.peer_ip}:{r.port}" for r in routes))
 

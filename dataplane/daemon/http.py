@@ -47,7 +47,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..engine import ipv4
+from ..engine import ipv4, ipv6
 from .metrics import MetricsSource, make_registry
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,11 @@ _TCP_HEADER_MIN = 20
 def headers_only(head) -> bytes:
     """The IPv4 header and the L4 header (UDP, ICMP: 8 bytes; TCP: its data offset) at the start
     of a packet, without its payload. A later fragment keeps its IPv4 header only; bytes that are
-    no IPv4 header keep at most the 20 where one would be."""
+    no IPv4 header keep at most the 20 where one would be. An IPv6 packet (version 6) keeps its
+    headers up to the upper layer's, as headers6_only."""
     head = bytes(head)
+    if head and head[0] >> 4 == ipv6.VERSION and len(head) >= ipv6.HEADER_LEN:
+        return headers6_only(head)
     try:
         h = ipv4.parse(head)
     except ValueError:
@@ -86,6 +89,23 @@ def headers_only(head) -> bytes:
         offset = head[end + 12] >> 4 if len(head) > end + 12 else 0
         return head[:end + max(_TCP_HEADER_MIN, offset * 4)]
     return head[:end + _L4_HEADER.get(h.proto, 0)]
+
+
+_L4_HEADER6 = {ipv6.NH_UDP: 8, ipv6.NH_ICMPV6: 8}
+
+
+def headers6_only(head: bytes) -> bytes:
+    """The IPv6 header, its extension headers and the upper layer's header (UDP, ICMPv6: 8 bytes;
+    TCP: its data offset) at the start of an IPv6 packet, without its payload; the fixed header
+    alone when the chain cannot be followed within ``head``."""
+    upper = ipv6.upper_layer(head)
+    if upper is None:
+        return head[:ipv6.HEADER_LEN]
+    proto, off = upper
+    if proto == ipv6.NH_TCP:
+        offset = head[off + 12] >> 4 if len(head) > off + 12 else 0
+        return head[:off + max(_TCP_HEADER_MIN, offset * 4)]
+    return head[:off + _L4_HEADER6.get(proto, 0)]
 
 
 def client_is_loopback(host: str) -> bool:

@@ -43,13 +43,20 @@ def engines_to_compare(engine: str, compare: bool) -> tuple[list, dict]:
     return engines, skipped
 
 
-def start_overlay(engine: str, direct: bool) -> Overlay:
+IPV6_NETWORK = "fc00:5::/56"    # demo --ipv6: the config's IPv6Network (a /64 per host)
+
+
+def start_overlay(engine: str, direct: bool, ipv6: bool = False) -> Overlay:
     """etcd and two daemons, ready; --trace switches on the engines' trace rings and serves them
-    at /debug/trace."""
+    at /debug/trace. ``ipv6``: a dual-stack config (EnableIPv6), the namespaces with IPv6 on."""
     config = None
-    if direct:
-        config = {"Network": DEFAULT_NETWORK, "Backend": {"Type": "udp", "DirectRouting": True}}
-    return Overlay(hosts=2, engine=engine, daemon_args=("--trace",), config=config)
+    if direct or ipv6:
+        config = {"Network": DEFAULT_NETWORK, "Backend": {"Type": "udp"}}
+        if direct:
+            config["Backend"]["DirectRouting"] = True
+        if ipv6:
+            config.update(EnableIPv6=True, IPv6Network=IPV6_NETWORK)
+    return Overlay(hosts=2, engine=engine, daemon_args=("--trace",), config=config, ipv6=ipv6)
 
 
 def wait_direct_routes(ov, timeout: float = 10.0) -> None:
@@ -93,8 +100,11 @@ def start_echo(ov, wb) -> str:
 
 
 def warm_up(wa, wb) -> None:
-    # One ping first, so that ARP in the workload namespaces is done before we watch.
+    # One ping first, so that ARP (and IPv6 neighbour discovery) in the workload namespaces is
+    # done before we watch.
     wa.run(["ping", "-n", "-q", "-c", "1", "-W", "2", wb.ip], timeout=10)
+    if wa.ip6 and wb.ip6:
+        wa.run(["ping", "-6", "-n", "-q", "-c", "1", "-W", "2", wb.ip6], timeout=10)
 
 
 def switch_engine(ov, kind: str, wa, wb, timeout: float = 15.0) -> None:

@@ -10,7 +10,10 @@ do the same with one extra network namespace per host, the *workload*::
 
 so a packet from the workload crosses A's kernel as *forwarded* traffic, as a
 container's would, and the kernel route ``<Network> dev flannel0`` is what
-hands it to the daemon.
+hands it to the daemon. With a dual-stack lease (``demo --ipv6``: subnet.env has
+FLANNEL_IPV6_SUBNET, ``<part>::1/64``) the workload has IPv6 on and gets
+``<part>::2/64`` too, its host's end ``<part>::1`` and IPv6 forwarding, as the
+flannel CNI plugin gives a pod both families.
 
 Everything here is started by this module and stopped by PID; the workload
 namespaces carry the testbed's run id, so a killed demo's leftovers are swept
@@ -45,6 +48,7 @@ class Workload:
     gateway: str         # the host side, FLANNEL_SUBNET's address, e.g. 10.5.40.1
     host_iface: str      # the veth end inside the host namespace
     mtu: int
+    ip6: str | None = None       # with a dual-stack lease: <IPv6 part>::2
     procs: list = field(default_factory=list, repr=False)
 
     def argv(self, argv) -> list[str]:
@@ -71,19 +75,38 @@ def add_workload(ov, host, role: str, subnet_env: dict) -> Workload:
     ip = str(bridge.network.network_address + WORKLOAD_HOST)
     netns = ns.ns_name(ov.tb.run_id, role)
     host_iface = f"{ns.PREFIX}{ov.tb.tag}{role}"
-    ns.create(netns)
+    bridge6 = subnet_env.get("FLANNEL_IPV6_SUBNET")
+    ns.create(netns, disable_ipv6=bridge6 is None)
     w = Workload(role, netns, host, ip, str(bridge.ip), host_iface, mtu)
     try:
         ns.add_veth(host.netns, host_iface, netns, "eth0", mtu=mtu, cidr=bridge.with_prefixlen,
                     peer_cidr=f"{ip}/{bridge.network.prefixlen}", gateway=str(bridge.ip))
         # The host forwards between its workloads and flannel0, like any container host.
-        r = ov.exec(host, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
-        if r.returncode != 0:
-            raise RuntimeError(f"ip_forward on {host.name}: {r.stderr.strip()}")
+        keys = ["net.ipv4.ip_forward=1"]
+        if bridge6 is not None:
+            w.ip6 = _add_ipv6(host, w, ipaddress.IPv6Interface(bridge6))
+            keys.append("net.ipv6.conf.all.forwarding=1")
+        for key in keys:
+            r = ov.exec(host, ["sysctl", "-qw", key])
+            if r.returncode != 0:
+                raise RuntimeError(f"{key} on {host.name}: {r.stderr.strip()}")
     except BaseException:
         remove_workload(w)
         raise
     return w
+
+
+def _add_ipv6(host, w: Workload, bridge6) -> str:
+    """The workload's IPv6 address (<part>::2) and default route via its host's end (<part>::1),
+    without duplicate address detection (the two ends are alone on the link)."""
+    ip6 = str(bridge6.network.network_address + WORKLOAD_HOST)
+    plen = bridge6.network.prefixlen
+    ns.run_ip(["addr", "add", f"{bridge6.ip}/{plen}", "dev", w.host_iface, "nodad"],
+              netns=host.netns)
+    ns.run_ip(["-batch", "-"], netns=w.netns, input=(
+        f"addr add {ip6}/{plen} dev eth0 nodad\n"
+        f"route add default via {bridge6.ip} dev eth0\n"))
+    return ip6
 
 
 def stop_procs(w: Workload) -> None:

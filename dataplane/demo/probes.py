@@ -17,6 +17,7 @@ from . import trace as tr
 from .errors import DemoError
 
 PING_SIZE = 56                       # ping's default: 56 data + 8 ICMP + 20 IP = 84 bytes
+IPV6_HEADER = 40                     # a ping6 of PING_SIZE: 56 + 8 ICMPv6 + 40 = 104 bytes
 UDP_TEXT = "hello from a workload on host A"
 BURST_COUNT = 3000                   # datagrams per engine in the batching measurement
 BURST_SIZE = 36                      # UDP payload: 36 + 8 + 20 = a 64-byte IP packet
@@ -90,6 +91,19 @@ def ping(meter: Meter, wa, wb) -> dict:
     win["result"].update(size=PING_SIZE, expected_len=PING_SIZE + 8 + 20)
     if not win["result"].get("received"):
         raise DemoError(f"the ping from {wa.ip} to {wb.ip} got no reply: {win['result']}")
+    return win
+
+
+def ping6(meter: Meter, wa, wb) -> dict:
+    """One IPv6 ping from A's workload to B's (demo --ipv6), in a window."""
+    def send():
+        r = wa.run(["ping", "-6", "-n", "-c", "1", "-W", "2", "-s", str(PING_SIZE), wb.ip6],
+                   timeout=10)
+        return readings.parse_ping(r.stdout, r.returncode)
+    win = meter.window(send)
+    win["result"].update(size=PING_SIZE, expected_len=PING_SIZE + 8 + IPV6_HEADER)
+    if not win["result"].get("received"):
+        raise DemoError(f"the IPv6 ping from {wa.ip6} to {wb.ip6} got no reply: {win['result']}")
     return win
 
 

@@ -94,7 +94,9 @@ def cost_row(c: dict) -> dict:
 
 def parse_ping(out: str, rc: int) -> dict:
     res = {"rc": rc, "output": out.strip().splitlines()[:2]}
-    m = re.search(r"(\d+) bytes from ([\d.]+): icmp_seq=(\d+) ttl=(\d+) time=([\d.]+)", out)
+    # the address of an IPv6 ping's reply has colons, and a colon follows it
+    m = re.search(r"(\d+) bytes from ([\da-fA-F.:]+): icmp_seq=(\d+) ttl=(\d+) time=([\d.]+)",
+                  out)
     if m:
         res.update(received=1, reply_bytes=int(m.group(1)), ttl=int(m.group(4)),
                    rtt_ms=float(m.group(5)))
@@ -145,10 +147,12 @@ def lease_fact(key: str, value: str) -> dict:
 
 
 def lease_for(leases: list, peer: str, dst: str) -> dict | None:
-    """The lease (of ``lease_fact``) whose PublicIP is ``peer`` and whose subnet holds ``dst``."""
+    """The lease (of ``lease_fact``) whose PublicIP is ``peer`` and whose subnet (or IPv6 part,
+    for an IPv6 ``dst``) holds ``dst``."""
     addr = ipaddress.ip_address(dst)
-    return next((l for l in leases if l["public_ip"] == peer
-                 and addr in ipaddress.ip_network(l["subnet"])), None)
+    key = "ipv6_subnet" if addr.version == 6 else "subnet"
+    return next((l for l in leases if l["public_ip"] == peer and l.get(key)
+                 and addr in ipaddress.ip_network(l[key])), None)
 
 
 # -- the daemon's log, the kernel's routes, the echo service ------------------------------------

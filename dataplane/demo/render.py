@@ -351,6 +351,25 @@ class Renderer:
                       f"{leg.get('wire_ip_len', '-')} B" if leg.get("wire_ip_len") else "-")
         self.table(t)
 
+    def _s_ping6(self, step, d):
+        res, lease = d["result"], d.get("lease") or {}
+        self.kv("probe", f"ping -6 -c 1 -s {res['size']}: {res['size']} + 8 ICMPv6 + 40 IPv6 = "
+                f"{res['expected_len']} bytes; reply "
+                f"{'received' if res.get('received') else 'LOST'} in {res.get('rtt_ms', 0):.2f} ms")
+        self.header6_table(d["head"], d["header"])
+        self.kv("lease", f"{lease.get('key', '?')}: IPv6 part {lease.get('ipv6_subnet', '?')}, "
+                f"PublicIP {lease.get('public_ip', '?')}")
+        t = self._table("leg", "TUN_READ", "ROUTE_HIT", "UDP_SEND", "outer (+28)", "TUN_WRITE",
+                        "on the wire")
+        for name, leg in (("A -> B", d["request"]), ("B -> A", d["reply"])):
+            hit = leg["route_hit"]
+            t.add_row(name, f"{leg['tun_read']['len']} B hlim {leg['tun_read']['ttl']}",
+                      f"/{hit['prefixlen']} -> {hit['peer']}",
+                      f"batch {leg['udp_send']['batch']}", f"{leg['outer']['ip_len']} B",
+                      f"{leg['tun_write']['len']} B hlim {leg['tun_write']['ttl']}",
+                      f"{leg['wire_ip_len']} B" if leg.get("wire_ip_len") else "-")
+        self.table(t)
+
     def _s_ping_cost(self, step, d):
         sc = d.get("syscall_names", {"send": "sendmmsg()", "recv": "recvmmsg()"})
         t = self._table("host", "packets", "epoll", "read", "write", sc["send"].rstrip("()"),
@@ -419,7 +438,8 @@ class Renderer:
              "udp_send": _s_udp_send, "udp_recv": _s_udp_recv, "tun_write": _s_tun_write,
              "deliver": _s_deliver, "reply": _s_reply, "wire": _s_wire,
              "untouched": _s_untouched, "deliver_direct": _s_deliver_direct,
-             "udp_packet": _s_udp_packet, "ping_cost": _s_ping_cost, "batching": _s_batching,
+             "udp_packet": _s_udp_packet, "ping6": _s_ping6, "ping_cost": _s_ping_cost,
+             "batching": _s_batching,
              "summary": _s_summary}
 
     # -- pieces -----------------------------------------------------------------------------
@@ -449,6 +469,26 @@ class Renderer:
             u = p["udp"]
             t.add_row(str(p["header_len"]), "", "UDP", f"{u['sport']} -> {u['dport']} "
                       f"len {u['len']}")
+        self.table(t)
+
+    def header6_table(self, head_hex: str, p: dict):
+        """The 40 bytes of the IPv6 header the engine read, field by field."""
+        raw = bytes.fromhex(head_hex)[:p["header_len"]]
+        rows = [("0", raw[0:4], "version / class / flow", f"{p['version']} / {p['traffic_class']} "
+                 f"/ {p['flow_label']}"),
+                ("4", raw[4:6], "payload length", f"{p['payload_len']} (+ 40 = what read() "
+                 "returned)"),
+                ("6", raw[6:7], "next header", p["proto"]),
+                ("7", raw[7:8], "hop limit", str(p["ttl"])),
+                ("8", raw[8:24], "source", p["src"]),
+                ("24", raw[24:40], "destination", p["dst"])]
+        t = self._table("offset", "bytes", "field", "value")
+        for off, b, name, val in rows:
+            t.add_row(off, b.hex(" "), name, val)
+        if "icmp" in p:
+            ic = p["icmp"]
+            t.add_row(str(p["header_len"]), "", "ICMPv6", f"{ic['name']} id {ic['id']} "
+                      f"seq {ic['seq']}")
         self.table(t)
 
     def diagram(self):

@@ -15,10 +15,13 @@ from . import trace as tr
 TUN_PATH = ("overlay", "workloads", "app_send", "kernel_route", "tun_read", "lookup", "udp_send",
             "udp_recv", "tun_write", "deliver", "reply", "udp_packet", "ping_cost", "batching",
             "summary")
+#: The story with --ipv6: the same, and an IPv6 ping after the UDP datagram.
+TUN_PATH_IPV6 = TUN_PATH[:TUN_PATH.index("udp_packet") + 1] + ("ping6",) + \
+    TUN_PATH[TUN_PATH.index("udp_packet") + 1:]
 #: The story with --direct-routing.
 DIRECT_PATH = ("overlay", "workloads", "app_send", "kernel_route", "wire", "untouched",
                "deliver_direct", "summary")
-STEP_IDS = frozenset(TUN_PATH + DIRECT_PATH)
+STEP_IDS = frozenset(TUN_PATH_IPV6 + DIRECT_PATH)
 
 #: The UDP calls of each engine: the C engine batches the UDP side (one sendmmsg/recvmmsg per
 #: batch); Python has neither call, so it makes one sendto()/recvfrom_into() per datagram.
@@ -216,6 +219,25 @@ def udp_packet(r: dict) -> dict:
                     "the IP header. The outer datagram is always the inner packet + 28.",
                 data={"request": readings.leg_summary(udp["request"]),
                       "reply": readings.leg_summary(udp["reply"]), "result": udp["result"]})
+
+
+def ping6(r: dict) -> dict:
+    """The IPv6 ping (demo --ipv6): the same path, shown as one table, its IPv6 header first."""
+    p = r["probes"]["ping6"]
+    req = p["request"]
+    return step("ping6", "An IPv6 ping takes the same path, over the IPv4 underlay",
+                host="A -> B -> A", side="both",
+                why="The engine reads the version nibble and, for IPv6, looks the destination up "
+                    "in the IPv6 routes the daemon made of the peers' IPv6 lease parts (a /64 "
+                    "each, next hop the peer's IPv4 PublicIP): the outer datagram is the same "
+                    "IPv4 + UDP, inner packet + 28. The hop limit is IPv6's TTL: the engine "
+                    "takes one off as it takes one off the TTL, with no header checksum to "
+                    "update (IPv6 has none). Nor has it an identification field: the trace ties "
+                    "the two hosts' events by the echo's id and sequence.",
+                data={"request": readings.leg_summary(req),
+                      "reply": readings.leg_summary(p["reply"]), "result": p["result"],
+                      "header": req["tun_read"]["packet"], "head": req["tun_read"]["head"],
+                      "lease": req["route_hit"].get("lease")})
 
 
 # -- the costs ------------------------------------------------------------------------------

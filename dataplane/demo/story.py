@@ -40,8 +40,14 @@ class Demo:
     """One run of the demo. ``on_step(step)`` is called as each step is ready."""
 
     def __init__(self, engine: str = "auto", *, on_step=None, on_progress=None,
-                 compare_engines: bool = True, direct_routing: bool = False):
+                 compare_engines: bool = True, direct_routing: bool = False, ipv6: bool = False):
+        if ipv6 and direct_routing:
+            # DirectRouting routes IPv4 only: the ping6 would be the encapsulated one anyway
+            raise DemoError("--ipv6 follows the ping6 through the engines: not with "
+                            "--direct-routing")
         self.engine_req = engine
+        # A dual-stack config: the workloads get IPv6 too, and an IPv6 ping is followed as well.
+        self.ipv6 = ipv6
         # DirectRouting in the network config: the followed packets take the kernel route
         # host to host, so the story shows that path (and its counters) instead of the engine's.
         self.direct = direct_routing
@@ -70,6 +76,8 @@ class Demo:
             self._add_workloads()
             self._probe_ping()
             self._probe_udp()
+            if self.ipv6:
+                self._probe_ping6()
             self._stop_tap()
             if self.direct:
                 self._follow_direct()
@@ -91,7 +99,9 @@ class Demo:
         t = time.monotonic()
         if self.direct:
             self.result["direct_routing"] = True
-        self.ov = bringup.start_overlay(self.engine, self.direct)
+        if self.ipv6:
+            self.result["ipv6"] = True
+        self.ov = bringup.start_overlay(self.engine, self.direct, self.ipv6)
         self.a, self.b = self.ov.hosts
         if self.direct:
             bringup.wait_direct_routes(self.ov)
@@ -123,6 +133,13 @@ class Demo:
         wa, wb = self.workloads["A"], self.workloads["B"]
         self.result["probes"] = {"ping": probes.ping(self.meter, wa, wb)}
 
+    def _probe_ping6(self):
+        wa, wb = self.workloads["A"], self.workloads["B"]
+        if not (wa.ip6 and wb.ip6):
+            raise DemoError("--ipv6: a workload has no IPv6 address (no FLANNEL_IPV6_SUBNET in "
+                            "its host's subnet.env)")
+        self.result["probes"]["ping6"] = probes.ping6(self.meter, wa, wb)
+
     def _probe_udp(self):
         wa, wb = self.workloads["A"], self.workloads["B"]
         self.result["probes"]["udp"] = probes.udp(self.meter, wa, wb, self.echo_log)
@@ -133,13 +150,14 @@ class Demo:
         self.result["wire_frames"] = frames
 
     # 3. following the packets --------------------------------------------------------------
-    def _legs(self, probe: str, proto: str) -> dict:
+    def _legs(self, probe: str, proto: str, family: int = 4) -> dict:
         """The probe's request and reply found in the trace rings (and on the wire), into its
         window; returns the request."""
         p = self.result["probes"][probe]
         wa, wb = self.workloads["A"], self.workloads["B"]
+        ends = (wa.ip6, wb.ip6) if family == 6 else (wa.ip, wb.ip)
         p["request"], p["reply"] = tr.follow_both(p["events"], self.result["wire_frames"],
-                                                  (wa.ip, wb.ip), (self.a.ip, self.b.ip),
+                                                  ends, (self.a.ip, self.b.ip),
                                                   self.port, proto)
         missing = tr.missing_events(p["request"], p["reply"])
         if missing:
@@ -157,6 +175,11 @@ class Demo:
             self.emit(build(self.result))
         self._legs("udp", "udp")
         self.emit(steps.udp_packet(self.result))
+        if self.ipv6:
+            req6 = self._legs("ping6", "icmp6", family=6)
+            req6["route_hit"]["lease"] = readings.lease_for(
+                self.result["leases"], req6["route_hit"]["peer"], req6["tun_read"]["packet"]["dst"])
+            self.emit(steps.ping6(self.result))
 
     # 4. costs -------------------------------------------------------------------------------
     def _costs(self):

@@ -21,6 +21,7 @@ import struct
 
 from ..daemon.metrics import ENGINE_COUNTERS, SYSCALL_REST
 from ..engine import ipv4
+from .inner6 import decode as decode_packet6, flow_key
 
 #: flannel's udp backend adds exactly an outer IPv4 header and a UDP header.
 OUTER_IP = 20
@@ -140,15 +141,24 @@ def decode_packet(head: bytes, length: int | None = None) -> dict:
     return out
 
 
+def decode_inner(head: bytes, length: int | None = None) -> dict:
+    """An inner packet of either family (its version nibble says which): decode_packet, or
+    inner6.decode for IPv6. ValueError when too short."""
+    if head and head[0] >> 4 == 6:
+        return decode_packet6(head, length)
+    return decode_packet(head, length)
+
+
 def event_packet(ev: dict) -> dict | None:
-    """Decode an event's head (hex from /debug/trace, or bytes); None if it has none."""
+    """Decode an event's head (hex from /debug/trace, or bytes), IPv4 or IPv6; None if it has
+    none."""
     head = ev.get("head") or b""
     if isinstance(head, str):
         head = bytes.fromhex(head)
     if len(head) < ipv4.HEADER_MIN:
         return None
     try:
-        return decode_packet(head, ev.get("len"))
+        return decode_inner(head, ev.get("len"))
     except ValueError:
         return None
 
@@ -163,7 +173,10 @@ def decode_frame(hex_frame: str) -> dict:
     ip = frame[ETHERNET:]
     outer = decode_packet(ip)
     inner = ip[outer["header_len"] + OUTER_UDP:]
-    return {"outer": outer, "inner": decode_packet(inner) if len(inner) >= 20 else None}
+    try:
+        return {"outer": outer, "inner": decode_inner(inner) if len(inner) >= 20 else None}
+    except ValueError:          # an IPv6 packet cut short by the tap
+        return {"outer": outer, "inner": None}
 
 
 # -- following one packet ---------------------------------------------------------------------
@@ -182,7 +195,8 @@ def follow(send_events: list, recv_events: list, src: str, dst: str, proto: str)
     that follows it (the loop looks up each packet right after reading it), and
     the next UDP_SEND to that peer (one sendmmsg per batch, later). On the
     receiver: the UDP_RECV carrying the same header, then its TUN_WRITE.
-    The IP id ties the two sides together (no hop changes it).
+    The IP id ties the two sides together (no hop changes it); for an inner IPv6 packet,
+    which has none, the ICMPv6 echo's id and sequence or the ports (inner6.flow_key).
     """
     leg = {"src": src, "dst": dst, "proto": proto}
     rd = _first(send_events, lambda e: e["kind"] == "tun_read"
@@ -206,9 +220,10 @@ def follow(send_events: list, recv_events: list, src: str, dst: str, proto: str)
     if snd is not None:
         leg["udp_send"] = {"seq": snd["seq"], "ts_ns": snd["ts_ns"], "peer": snd["addr"],
                            "port": snd["port"], "len": snd["len"], "batch": snd["batch"]}
-    ident = pkt["id"]
+    ident = flow_key(pkt)
     rcv = _first(recv_events, lambda e: e["kind"] == "udp_recv"
-                 and matches(event_packet(e), src, dst, proto) and event_packet(e)["id"] == ident)
+                 and matches(event_packet(e), src, dst, proto)
+                 and flow_key(event_packet(e)) == ident)
     if rcv is None:
         return leg
     leg["udp_recv"] = {"seq": rcv["seq"], "ts_ns": rcv["ts_ns"], "source": rcv["addr"],
@@ -216,7 +231,7 @@ def follow(send_events: list, recv_events: list, src: str, dst: str, proto: str)
                        "packet": event_packet(rcv), "head": _hex(rcv.get("head"))}
     wr = _first(recv_events, lambda e: e["kind"] in ("tun_write", "drop") and (
         e["kind"] == "drop" or (matches(event_packet(e), src, dst, proto)
-                                and event_packet(e)["id"] == ident)), rcv["seq"])
+                                and flow_key(event_packet(e)) == ident)), rcv["seq"])
     if wr is not None and wr["kind"] == "tun_write":
         leg["tun_write"] = {"seq": wr["seq"], "ts_ns": wr["ts_ns"], "len": wr["len"],
                             "packet": event_packet(wr), "head": _hex(wr.get("head"))}
@@ -247,7 +262,7 @@ def follow_both(events: dict, frames: list, workloads: tuple, underlay: tuple, p
             inner = leg["tun_read"]["packet"]
             leg["outer"] = outer_datagram(leg["tun_read"]["len"], src,
                                           leg.get("route_hit", {}).get("peer", "?"), port)
-            leg["wire"] = wire_frame_for(frames, src, dst, inner["id"], inner["src"])
+            leg["wire"] = wire_frame_for(frames, src, dst, flow_key(inner), inner["src"])
     return req, rep
 
 
@@ -265,7 +280,8 @@ def outer_datagram(inner_len: int, src_ip: str, dst_ip: str, port: int) -> dict:
 
 
 def wire_frame_for(frames: list, src_ip: str, dst_ip: str, inner_id: int, inner_src: str):
-    """The tapped frame whose outer header is src_ip > dst_ip and inner packet has that id."""
+    """The tapped frame whose outer header is src_ip > dst_ip and inner packet has that id
+    (inner6.flow_key: an IPv4 id, or what stands for it in IPv6)."""
     for f in frames:
         try:
             d = decode_frame(f["hex"])
@@ -273,7 +289,7 @@ def wire_frame_for(frames: list, src_ip: str, dst_ip: str, inner_id: int, inner_
             continue
         inner = d["inner"]
         if (d["outer"]["src"] == src_ip and d["outer"]["dst"] == dst_ip and inner
-                and inner["id"] == inner_id and inner["src"] == inner_src):
+                and flow_key(inner) == inner_id and inner["src"] == inner_src):
             d["frame_len"] = f["frame_len"]
             d["direction"] = "out" if f.get("pkttype") == 4 else "in"
             return d

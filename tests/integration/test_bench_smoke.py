@@ -171,6 +171,41 @@ def test_c_direct_routes_around_flannel0():
         assert after == before
 
 
+@pytest.mark.timeout(60)
+def test_inner_ipv6_paths_carry_ipv6_through_their_devices():
+    """`bench --paths c6,vxlan6` in little (issue 37): each path's device carries the UDP trial
+    and the round trips between the hosts' IPv6 addresses (its counters move by as much), and
+    the teardown leaves the hosts' links and routes, IPv6 ones included, as they were."""
+    require_root()
+    require_engine("c")
+    require(shutil.which("gcc") is not None, "needs gcc (the bench compiles its traffic generator)")
+    from dataplane.bench import build, measure
+    from dataplane.bench.path_choice import make_path
+    from dataplane.bench.topo import BenchTopo
+
+    tools = measure.Tools(udpgen=str(build.build_udpgen()), iperf3="")
+    with BenchTopo(ipv6=True) as topo:
+        def state(side):
+            return dict(_host_state(side), routes6=side.run(["ip", "-6", "route", "show"]).stdout)
+        before = {s.name: state(s) for s in topo.sides}
+        for name, dev in (("c6", "flannel0"), ("vxlan6", "flannel.1")):
+            path = make_path(topo, name)
+            assert path.family == 6
+            path.setup()
+            try:
+                stats = f"/sys/class/net/{dev}/statistics/tx_packets"
+                tx0 = int(topo.a.run(["cat", stats]).stdout)
+                udp = measure.udp_trial(topo, tools, size=64, rate=20000, duration=0.3, family=6)
+                rr = measure.latency(topo, tools, count=100, interval_us=500, family=6)
+                tx1 = int(topo.a.run(["cat", stats]).stdout)
+            finally:
+                path.teardown()
+            assert udp["received"] > 0.9 * udp["sent"] > 0, (name, udp)
+            assert rr["lost"] < 10 and rr["p50_us"] > 0, (name, rr)
+            assert tx1 - tx0 >= udp["received"] + rr["received"], (name, tx0, tx1)
+        assert {s.name: state(s) for s in topo.sides} == before
+
+
 def _descendants(pid: int) -> set[int]:
     """Every process below ``pid``, read from /proc (children before their parent exits)."""
     parent = {}

@@ -437,3 +437,51 @@ def test_direct_routing_goes_host_to_host(direct_run):
     for s in r["steps"]:
         rnd.on_step(s)
     assert A["route_get"]["text"] in buf.getvalue()
+
+
+# -- demo --ipv6: one run, C engine, one engine (no switch: about 15 s) ------------------------
+
+def test_ipv6_ping_followed_through_the_engines():
+    """With a dual-stack config the workloads get IPv6 addresses from FLANNEL_IPV6_SUBNET and an
+    IPv6 ping is followed through both engines' trace rings: its IPv6 header in the heads, the
+    route hit on the peer's IPv6 /64 carrying the peer's IPv4 PublicIP, the outer datagram the
+    inner packet + 28 (also on the wire), one hop off per engine and per kernel."""
+    require_root()
+    require_etcd()
+    require_engine("c")
+    t0 = time.monotonic()
+    p = subprocess.run(cli_argv("demo", "--json", "--engine", "c", "--ipv6", "--one-engine"),
+                       capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, f"demo exited {p.returncode}:\n{p.stderr[-3000:]}"
+    r = json.loads(p.stdout)
+    assert elapsed < 50 and r["torn_down"] is True and r["ipv6"] is True
+    from dataplane.demo.steps import TUN_PATH_IPV6
+    assert [s["id"] for s in r["steps"]] == list(TUN_PATH_IPV6)
+    assert r["network_config"]["EnableIPv6"] is True
+    H, leases = r["hosts"], {l["public_ip"]: l for l in r["leases"]}
+    ping6 = r["probes"]["ping6"]
+    assert ping6["result"]["received"] and ping6["result"]["expected_len"] == 104
+    for leg, src, dst in (("request", H["A"], H["B"]), ("reply", H["B"], H["A"])):
+        lg = ping6[leg]
+        rd, hit, wr = lg["tun_read"], lg["route_hit"], lg["tun_write"]
+        six = ip_network(leases[dst["underlay_ip"]]["ipv6_subnet"])
+        assert rd["packet"]["version"] == 6 and rd["len"] == 104
+        assert rd["packet"]["dst"] == str(six.network_address + 2)      # the workload
+        assert rd["packet"]["icmp"]["name"] == ("echo request" if leg == "request" else
+                                                "echo reply")
+        assert (hit["peer"], hit["prefixlen"]) == (dst["underlay_ip"], six.prefixlen)
+        assert lg["udp_send"]["peer"] == dst["underlay_ip"]
+        assert lg["udp_recv"]["source"] == src["underlay_ip"]
+        assert lg["outer"]["ip_len"] == 104 + 28 == lg["wire"]["outer"]["tot_len"]
+        assert wr["packet"]["hop_limit"] == rd["packet"]["hop_limit"] - 2 == 64 - 3
+    step = next(s for s in r["steps"] if s["id"] == "ping6")
+    assert step["data"]["lease"]["ipv6_subnet"] == leases[H["B"]["underlay_ip"]]["ipv6_subnet"]
+    from rich.console import Console
+
+    from dataplane.demo.render import Renderer
+    buf = io.StringIO()
+    rnd = Renderer(Console(file=buf, width=100, no_color=True, highlight=False))
+    rnd.demo = types.SimpleNamespace(result=r)
+    rnd.on_step(step)
+    assert "hop limit" in buf.getvalue() and "echo request" in buf.getvalue()

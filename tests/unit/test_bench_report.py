@@ -187,3 +187,52 @@ def test_common_load_latency_in_the_rows_and_the_table(capsys):
     assert by[("c", 1400)]["common_load_pps"] is None
     report.print_table(res)
     assert "75/310/400/500 (n=2000)" in capsys.readouterr().out
+
+
+def _with_ipv6(s):
+    """c6 and vxlan6 beside c and vxlan: c6's 64 B rates 0.9x c's, its TCP half."""
+    s = dict(s)
+    s["c6"] = {k: {m: list(v) for m, v in d.items()} for k, d in s["c"].items()}
+    s["c6"][64]["pdr_pps"] = [v * 0.9 for v in s["c"][64]["pdr_pps"]]
+    s["c6"][None]["tcp_gbps"] = [g / 2 for g in s["c"][None]["tcp_gbps"]]
+    s["vxlan6"] = {k: {m: list(v) for m, v in d.items()} for k, d in s["vxlan"].items()}
+    return s
+
+
+def test_inner_ipv6_paths_are_divided_by_their_ipv4_twin():
+    paths = ["direct", "vxlan", "vxlan6", "c", "c6"]
+    res = report.build(_with_ipv6(_samples()), paths, SIZES, {"mode": "full"})
+    r = res["ratios"]
+    # IPv6 / IPv4 of the same path in the same run, and the engine beside the kernel's IPv6
+    assert set(r["c6"]) == {"c", "vxlan6"} and set(r["vxlan6"]) == {"vxlan"}
+    assert r["c6"]["c"]["pdr_pps_64"] == 0.9 and r["c6"]["c"]["tcp_gbps"] == 0.5
+    assert r["c6"]["vxlan6"]["pdr_pps_64"] == round(225e3 / 450e3, 3)
+    assert r["vxlan6"]["vxlan"]["pdr_pps_64"] == 1.0
+    assert r["c6"]["c"]["ci95"]["pdr_pps_64"] is not None       # three trials each
+    # the IPv4 paths' ratios are what they were without the IPv6 paths
+    plain = report.build(_samples(), ["direct", "vxlan", "c"], SIZES, {"mode": "full"})
+    assert {p: r[p] for p in ("c", "vxlan")} == plain["ratios"]
+    assert [row for row in res["rows"] if row["path"] in ("direct", "vxlan", "c")] \
+        == plain["rows"]
+    assert all(tuple(row) == report.ROW_KEYS for row in res["rows"])
+
+
+def test_the_table_says_what_the_ipv6_rows_are(capsys):
+    res = report.build(_with_ipv6(_samples()), ["vxlan", "vxlan6", "c", "c6"], SIZES, {})
+    report.print_table(res)
+    out = capsys.readouterr().out
+    assert "c6 / c: ndr_pps_64=" in out and "vxlan6 / vxlan: " in out
+    assert "c6 / vxlan6: " in out and "inner IPv6 over the same underlay" in out
+    plain = report.build(_samples(), ["vxlan", "c"], SIZES, {})
+    report.print_table(plain)
+    assert "inner IPv6" not in capsys.readouterr().out
+
+
+def test_ipv6_paths_are_chosen_by_name():
+    from dataplane.bench.families import IPV6_TWINS, family
+    from dataplane.bench.paths import ALL_PATHS, PATHS
+    from dataplane.cli.bench import choose_paths
+    assert choose_paths("c,c6,python,python6,vxlan,vxlan6", None)[1::2] == \
+        ["c6", "python6", "vxlan6"]
+    assert set(IPV6_TWINS) <= set(ALL_PATHS) and set(IPV6_TWINS.values()) <= set(PATHS)
+    assert (family("c6"), family("c"), family("c-base")) == (6, 4, 4)

@@ -72,3 +72,14 @@ def test_engines_compared_in_the_batching_measurement(monkeypatch):
     monkeypatch.setattr(choice, "_c_error", ImportError("no module _dataplane_c"))
     engines, skipped = bringup.engines_to_compare("python", True)
     assert engines == ["python"] and "not built" in skipped["c"]
+
+
+def test_the_ipv6_story_is_the_ipv4_one_with_the_ping6_after_the_udp_packet():
+    six = list(steps.TUN_PATH_IPV6)
+    assert six.pop(six.index("udp_packet") + 1) == "ping6" and six == list(steps.TUN_PATH)
+
+
+def test_demo_ipv6_is_refused_with_direct_routing():
+    from dataplane.demo.story import Demo
+    with pytest.raises(DemoError, match="--direct-routing"):
+        Demo("auto", ipv6=True, direct_routing=True)

@@ -172,3 +172,54 @@ def test_cost_model_is_what_the_story_says():
     m = {x["short"]: x for x in tr.COST_MODEL}
     assert m["TUN + UDP"]["copies"] == 4 and m["TUN + UDP"]["bytes_added"] == 28
     assert m["kernel VXLAN"]["bytes_added"] == 50 and m["direct routing"]["copies"] == 0
+
+
+A6, B6 = "fc00:5:0:28::2", "fc00:5:0:e::2"
+
+
+def _echo6(src, dst, seq, hop=63):
+    from dataplane.engine import ipv6
+    pkt = bytearray(ipv6.echo_request(src, dst, ident=7, seq=seq, data=bytes(56)))
+    pkt[7] = hop                                     # the hop limit, as A's kernel forwarded it
+    return bytes(pkt)
+
+
+def _dec6(pkt):
+    from dataplane.engine import ipv6
+    p = bytearray(pkt)
+    ipv6.decrement_hop_limit(p)
+    return bytes(p)
+
+
+def test_an_inner_ipv6_ping_is_followed_by_its_echo_id_and_seq():
+    """demo --ipv6: the heads hold IPv6 headers; the route hit carries the IPv4 peer; with no
+    IP id, the echo's id and sequence tie the two rings together (seq 1 is not seq 2)."""
+    other, first, pkt = _echo6(A6, "fc00:5:0:99::9", 2), _echo6(A6, B6, 1), _echo6(A6, B6, 2)
+    out = _dec6(pkt)
+    send = [_ev(1, "tun_read", len(other), head=other[:64]),
+            _ev(2, "route_hit", 64, "192.168.77.9", 8285),
+            _ev(3, "tun_read", len(pkt), head=pkt[:64]),
+            _ev(4, "route_hit", 64, B_IP, 8285),
+            _ev(5, "udp_send", len(pkt), B_IP, 8285, 2)]
+    recv = [_ev(10, "udp_recv", len(first), A_IP, 8285, 2, _dec6(first)[:64]),
+            _ev(11, "tun_write", len(first), head=_dec6(_dec6(first))[:64]),
+            _ev(12, "udp_recv", len(out), A_IP, 8285, 2, out[:64]),
+            _ev(13, "tun_write", len(out), head=_dec6(out)[:64])]
+    leg = tr.follow(send, recv, A6, B6, "icmp6")
+    p = leg["tun_read"]["packet"]
+    assert leg["tun_read"]["seq"] == 3 and p["len"] == 104 == p["tot_len"]
+    assert (p["version"], p["src"], p["dst"], p["ttl"], p["id"]) == (6, A6, B6, 63, None)
+    assert p["icmp"] == {"type": 128, "code": 0, "id": 7, "seq": 2, "name": "echo request"}
+    assert leg["route_hit"] == {"seq": 4, "prefixlen": 64, "peer": B_IP, "port": 8285}
+    assert leg["udp_recv"]["seq"] == 12 and leg["udp_recv"]["packet"]["hop_limit"] == 62
+    assert leg["tun_write"]["seq"] == 13 and leg["tun_write"]["packet"]["ttl"] == 61
+    frames = [{"hex": _frame(out).hex(), "frame_len": 14 + 28 + len(out), "pkttype": 4}]
+    req, _ = tr.follow_both({"A": send, "B": recv}, frames, (A6, B6), (A_IP, B_IP), 8285,
+                            "icmp6")
+    assert req["outer"]["ip_len"] == 104 + 28 and req["wire"]["inner"]["src"] == A6
+    assert tr.missing_events(req) == []
+
+
+def test_an_ipv4_packet_still_decodes_as_before():
+    pkt = _echo(A_WL, B_WL, 9)
+    assert tr.decode_inner(pkt[:64]) == tr.decode_packet(pkt[:64])

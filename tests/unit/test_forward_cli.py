@@ -23,6 +23,19 @@ def test_defaults_and_routes():
     assert a.engine is None and a.accept_from == "any"
 
 
+def test_dual_stack_arguments():
+    """The bench's inner-IPv6 paths: the TUN's IPv6 address (a bare one is a /128), the IPv6
+    network's route, and an IPv6 subnet routed to an IPv4 peer."""
+    a = parse("--tun-addr", "10.5.1.0/32", "--listen", "192.168.77.1:8285",
+              "--tun-addr6", "fc00:5:0:1::", "--network6", "fc00:5::/56",
+              "--route", "fc00:5:0:2::/64=192.168.77.2:8285")
+    assert a.tun_addr6 == ipaddress.IPv6Interface("fc00:5:0:1::/128")
+    assert a.network6 == ipaddress.IPv6Network("fc00:5::/56")
+    assert a.route == [(ipaddress.IPv6Network("fc00:5:0:2::/64"), "192.168.77.2", 8285)]
+    plain = parse("--tun-addr", "10.5.1.0/32", "--listen", "192.168.77.1:8285")
+    assert plain.tun_addr6 is None and plain.network6 is None
+
+
 def test_listen_port_defaults_to_8285():
     assert parse("--tun-addr", "10.5.1.0", "--listen", "192.168.77.1").listen == \
         ("192.168.77.1", 8285)
@@ -36,6 +49,9 @@ def test_listen_port_defaults_to_8285():
     (["--mtu", "20"], "--mtu"),
     (["--engine", "go"], "--engine"),
     (["--network", "10.5.0.0/33"], "--network"),
+    (["--tun-addr6", "10.5.1.0"], "--tun-addr6"),
+    (["--network6", "10.5.0.0/16"], "--network6"),
+    (["--route", "fc00:5:0:2::/64=fc00::2"], "--route"),       # the underlay is IPv4
 ])
 def test_bad_values_exit_2_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as e:

@@ -14,7 +14,7 @@ import pytest
 from dataplane.daemon import http, metrics
 from dataplane.daemon.http import HttpServer
 from dataplane.daemon.metrics import MetricsSource
-from dataplane.engine import ipv4
+from dataplane.engine import ipv4, ipv6
 from tests.conftest import wait_until
 
 SECRET = b"PAYLOAD-SECRET-" * 4
@@ -187,9 +187,14 @@ def test_trace_serves_headers_only_unless_payload_is_asked_for(server):
     (ipv4.build("10.5.1.2", "10.5.2.3", bytes([0] * 12) + bytes([0x80]) + bytes(7) + SECRET,
                 proto=ipv4.PROTO_TCP), 52),                  # data offset 8 words: 32 bytes
     (ipv4.build("10.5.1.2", "10.5.2.3", SECRET, proto=47), 20),         # GRE: no known L4 header
-    (b"\x60" + bytes(39) + SECRET, 20),                       # not IPv4: where a header would be
+    (b"\x50" + bytes(39) + SECRET, 20),                       # neither: where a header would be
     (b"\x45\x00", 2),
-], ids=["icmp", "tcp-options", "gre", "ipv6", "short"])
+    (ipv6.echo_request("fc00::1", "fc00::2", data=SECRET), 48),           # IPv6 40 + ICMPv6 8
+    (ipv6.build("fc00::1", "fc00::2", ipv6.udp_payload("fc00::1", "fc00::2", 1, 2, SECRET)), 48),
+    (ipv6.build("fc00::1", "fc00::2", SECRET, next_header=ipv6.NH_NONE), 40),
+    (ipv6.build("fc00::1", "fc00::2", bytes(12) + bytes([0x50]) + bytes(7) + SECRET,
+                next_header=ipv6.NH_TCP), 60),
+], ids=["icmp", "tcp-options", "gre", "not-ip", "short", "icmpv6", "udp6", "ipv6-none", "tcp6"])
 def test_headers_only_cut(packet, keep):
     assert http.headers_only(packet[:64]) == packet[:keep]
 
