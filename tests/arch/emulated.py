@@ -32,6 +32,7 @@ EXPECTED: dict[str, list[tuple[str, str, type[BaseException] | None]]] = {
     "*": [
         ("tests/unit/test_engine_multi.py::test_routes_reach_every_queue", CBPF, OSError),
         ("tests/unit/test_engine_multi.py::test_flows_from_one_peer_spread", CBPF, OSError),
+        ("tests/unit/test_engine_multi.py::test_ipv6_flows_spread", CBPF, OSError),
         ("tests/unit/test_engine_multi.py::test_own_sources_and_strict", CBPF, OSError),
         ("tests/unit/test_engine_multi.py::test_icmp_limit_is_split", CBPF, OSError),
         ("tests/unit/test_engine_multi.py::test_trace_is_queue_zero", CBPF, OSError),
@@ -61,6 +62,8 @@ EXPECTED: dict[str, list[tuple[str, str, type[BaseException] | None]]] = {
         ("tests/unit/test_engine_offload_tx.py::test_udp_gso_train_limits", CMSG, AssertionError),
         # the C programs built with ASan (tests/cbuild.py): the fuzzers and the train table
         ("tests/unit/test_train_table.py::test_table", ASAN, AssertionError),
+        ("tests/unit/test_fuzz_routes6.py::test_table", ASAN, AssertionError),
+        ("tests/unit/test_fuzz_routes6.py::test_random_tables", ASAN, AssertionError),
         ("tests/unit/test_fuzz_c.py::test_corpus_replays_clean", ASAN, AssertionError),
         ("tests/unit/test_fuzz_gso.py::test_seeds_replay_clean", ASAN, AssertionError),
         ("tests/unit/test_fuzz_train.py::test_seeds_replay_clean", ASAN, AssertionError),
