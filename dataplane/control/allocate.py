@@ -124,3 +124,19 @@ def other_holder(leases: list[Lease], public_ip: IPv4Address, subnet: IPv4Networ
                                          and l.ipv6_subnet.overlaps(ipv6_subnet)):
             return f"PublicIP {l.attrs.public_ip}, key {l.key}"
     return ""
+
+
+def earlier_rival(leases: list[Lease], ours: Lease) -> Optional[Lease]:
+    """Another key created before ``ours`` (a lower create revision) that overlaps either of its
+    parts, or None. A dual-stack key names both parts, so the create-if-absent of ours guards
+    neither alone: two hosts that picked the same IPv4 subnet with other IPv6 parts, or the
+    same IPv6 part with other IPv4 subnets, both succeed. The later creator lists after its own
+    create, so it always sees the earlier one and yields; the earlier needs no look."""
+    for l in leases:
+        if l.key == ours.key or not 0 < l.create_revision < ours.mod_revision:
+            continue
+        if l.subnet.overlaps(ours.subnet) or (
+                ours.ipv6_subnet is not None and l.ipv6_subnet is not None
+                and l.ipv6_subnet.overlaps(ours.ipv6_subnet)):
+            return l
+    return None

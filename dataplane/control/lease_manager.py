@@ -49,7 +49,7 @@ from typing import Callable, Optional
 # SubnetError, OutOfSubnetsError, free_subnets and MAX_FREE_CANDIDATES were defined here first:
 # importers still find them here
 from .allocate import (MAX_FREE_CANDIDATES, OutOfSubnetsError, SubnetError,  # noqa: F401
-                       free_subnets, ipv6_part, other_holder, pick_pair)
+                       earlier_rival, free_subnets, ipv6_part, other_holder, pick_pair)
 from .config import NetworkConfig
 from .lease import Lease, LeaseAttrs, LeaseFormatError, clip, with_ipv6_of_key
 from .recurring import Recurring
@@ -177,6 +177,15 @@ class LeaseManager:
                 prev = None
             pick, pick6 = pick_pair(config, leases, lost, lost6, self._rng)
             lease = self.registry.create_lease(pick, self.attrs, self.lease_ttl, ipv6_subnet=pick6)
+            if lease is not None and pick6 is not None:
+                rival = earlier_rival(self.registry.list_leases()[0], lease)
+                if rival is not None:       # we came second: ours goes, the first keeps it
+                    log.info("subnet %s (%s) overlaps %s, created just before ours: giving it up",
+                             pick, pick6, rival.key)
+                    self.registry.delete_lease(pick, ipv6_subnet=pick6)
+                    if lease.lease_id:
+                        self.registry.revoke(lease.lease_id)
+                    lease = None
             if lease is not None:
                 log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s)", pick, _v6(pick6),
                          self.public_ip, extra=_fields("allocated", pick, self.public_ip,

@@ -293,7 +293,7 @@ def adopt_dataplane(offloads, inh, queues: int, network, subnet6=None, network6=
 
 
 def ensure_ipv6(tun_name: str, subnet6, network6) -> None:
-    """An flannel0 that is up already (handed over, or a lease whose IPv6 part moved) gets
+    """A flannel0 that is up already (handed over, or a lease whose IPv6 part moved) gets
     the IPv6 address of ``subnet6`` (any other global one goes) and the route of
     ``network6``; what had to change is logged. Raises what netconf raises."""
     from ..host.netconf import add_network_route, ipv6_addresses, prepare_ipv6, set_ipv6_address
@@ -408,9 +408,8 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
     """One engine per queue behind one MultiEngine (host/assembly.py make_engine), configured,
     not started; its ICMP errors come from <lease net>, flannel0's address, and with a
     dual-stack lease its ICMPv6 errors from flannel0's IPv6 address (:func:`tun_addr6`). It
-    knows this host's
-    own sources (own_sources: host/own_sources.py; ``subnet6`` the lease's IPv6 part) before it
-    forwards a packet."""
+    knows this host's own sources (own_sources: host/own_sources.py; ``subnet6`` the lease's IPv6
+    part) before it forwards a packet."""
     from ..host import sched
     from ..host.assembly import make_engine
     if opts.realtime_priority:

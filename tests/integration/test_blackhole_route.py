@@ -130,7 +130,9 @@ def test_kept_on_the_host_and_workloads_still_reach_each_other(both, engine_kind
         wait_until(lambda: blackholes(ov, h0) == ours, timeout=RESYNC_S + 4, interval=0.05,
                    what="the blackhole route to come back")
         assert time.monotonic() - gone <= RESYNC_S + 2
-        assert "added it again" in d0.log_text()
+        # the line follows the route's add: with the Python engine in the same process, a loaded
+        # machine can put a moment between them
+        wait_until(lambda: "added it again" in d0.log_text(), timeout=5, what="the log line")
 
         # SIGTERM: it stays, and the log says how to remove it
         assert ov.stop_daemon(h0, sig=signal.SIGTERM) == 0

@@ -201,3 +201,42 @@ def test_v4_only_host_beside_dual_stack_hosts(shared_etcd, make_registry):
     assert keys(reg)[name(lease.subnet)] == OURS and len(keys(reg)) == 4
     # and it finds its own v4-only key among them again
     assert LeaseManager(reg, ME).acquire().key == lease.key
+
+
+@pytest.mark.parametrize("rival_parts", ["same-ipv4", "same-ipv6"])
+def test_second_creator_of_an_overlapping_dual_key_gives_it_up(shared_etcd, make_registry,
+                                                                rival_parts):
+    """Two hosts that list at once and pick the same IPv4 subnet with other IPv6 parts (or the
+    reverse) both create their keys: the create-if-absent of a dual key guards neither part. The
+    later creator sees the earlier key after its create, deletes its own and picks again."""
+    reg = make_registry(shared_etcd, config=dual(SubnetMin="10.5.200.0", SubnetMax="10.5.202.0",
+                                                 IPv6SubnetMin="fc00:5:0:1::",
+                                                 IPv6SubnetMax="fc00:5:0:3::"))
+    # the rival got there first, with a key whose other part differs from our pick
+    rival = ((MINE, v6(2)) if rival_parts == "same-ipv4" else (IPv4Network("10.5.201.0/24"), v6(1)))
+    stage(reg, *rival, public_ip=OTHER)
+    real = reg.list_leases
+    calls = []
+
+    def stale_first(*a, **kw):                  # our first listing predates the rival's create
+        calls.append(1)
+        leases, rev = real(*a, **kw)
+        return ([l for l in leases if l.attrs.public_ip != OTHER] if len(calls) == 1 else leases), rev
+    reg.list_leases = stale_first
+
+    class Pick:                                 # the rng picks 10.5.200.0/24 and v6(1) first
+        def choice(self, seq):
+            seq = list(seq)
+            for x in seq:
+                if x in (MINE, v6(1)):
+                    return x
+            return seq[0]
+
+        def randrange(self, n):
+            return 0
+    mgr = LeaseManager(reg, ME)
+    mgr._rng = Pick()
+    lease = mgr.acquire()
+    assert lease.subnet != rival[0] and lease.ipv6_subnet != rival[1], lease
+    assert set(keys(reg)) == {name(*rival), name(lease.subnet, lease.ipv6_subnet)}
+    assert mgr.races_lost == 1
