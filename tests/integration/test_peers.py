@@ -92,8 +92,11 @@ def test_snapshot_filters_own_and_skips_malformed(shared_etcd, make_registry, st
         w, rec = started(reg)
     assert set(w.peers()) == {IPv4Network("10.5.2.0/24")}
     assert rec.calls == [(["10.5.2.0/24"], [])]
-    assert "not-a-subnet" in caplog.text and "10.5.4.0-24" in caplog.text
-    assert set(w.bad()) == {reg.subnets_prefix + "not-a-subnet", key(reg, 4)}
+    # the peer-watch process's log lines and status travel apart from its peers: they may follow
+    wait_until(lambda: "not-a-subnet" in caplog.text and "10.5.4.0-24" in caplog.text,
+               what=lambda: f"both bad keys logged: {caplog.text}")
+    wait_until(lambda: set(w.bad()) == {reg.subnets_prefix + "not-a-subnet", key(reg, 4)},
+               what=lambda: f"both bad keys known, have {w.bad()}")
     # Malformed events while watching are skipped too; a peer whose value turns bad keeps its last
     # valid lease (as flanneld, which ignores an event it cannot parse) until the key is deleted.
     reg.put(reg.subnets_prefix + "zzz", attrs(5))
@@ -102,13 +105,15 @@ def test_snapshot_filters_own_and_skips_malformed(shared_etcd, make_registry, st
     wait_until(lambda: IPv4Network("10.5.6.0/24") in w.peers(), what="event after malformed ones")
     assert set(w.peers()) == {IPv4Network("10.5.2.0/24"), IPv4Network("10.5.6.0/24")}
     assert w.peers()[IPv4Network("10.5.2.0/24")].attrs == LeaseAttrs.from_json(attrs(2))
-    assert len(w.bad()) == 4 and w.bad_total == 4
+    wait_until(lambda: len(w.bad()) == 4 and w.bad_total == 4,
+               what=lambda: f"4 bad keys, have {w.bad()} ({w.bad_total} in all)")
     later = rec.calls[1:]                # one or more calls, depending on how etcd batched the events
     assert [s for a, _ in later for s in a] == ["10.5.6.0/24"]
     assert [s for _, r in later for s in r] == []
     # the same holds across a re-list (compaction, own subnet change), which logs nothing new
     w.set_own_subnet(OWN)
-    assert IPv4Network("10.5.2.0/24") in w.peers() and w.bad_total == 4
+    assert IPv4Network("10.5.2.0/24") in w.peers()
+    wait_until(lambda: w.bad_total == 4, what=lambda: f"bad_total 4, have {w.bad_total}")
     # fixed keys leave bad(); a deleted one takes its peer with it
     reg.put(key(reg, 4), attrs(4))
     reg.delete(key(reg, 2))
