@@ -100,8 +100,11 @@ def render(doc: dict, now: float | None = None) -> str:
             expiry = "expiry not known"
         rows.append(("lease", f"{lease['subnet']} (PublicIP {lease['public_ip']}), {expiry}"))
         if lease.get("ipv6_subnet"):
-            rows.append(("ipv6 subnet", f"{lease['ipv6_subnet']} (EnableIPv6: held in the lease, "
-                                        "not forwarded by this version)"))
+            v6 = doc.get("ipv6") or {}
+            tun = doc.get("tun") or "the tun device"
+            rows.append(("ipv6 subnet", f"{lease['ipv6_subnet']} (EnableIPv6): {tun} has "
+                         f"{v6.get('tun_address') or '-'}, route {v6.get('route') or '-'} "
+                         f"dev {tun}"))
     else:
         rows.append(("lease", "none yet"))
     if doc.get("network"):

@@ -23,6 +23,7 @@ import time
 
 from .. import __version__
 from ..host.unix_listener import UnixListener, peer_allowed, peer_credentials
+from .startup import tun_addr6
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,12 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "lease": None if lease is None else {
             "subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
             "expiration": lease.expiration, "reservation": lease.reservation,
-            # EnableIPv6: the key's IPv6 part, held for the cluster; not forwarded yet
+            # EnableIPv6: the key's IPv6 part, the pods' IPv6 subnet on this host
             "ipv6_subnet": None if lease.ipv6_subnet is None else str(lease.ipv6_subnet)},
+        # what the tun device carries for it (daemon/startup.py), None without an IPv6 part
+        "ipv6": None if lease is None or lease.ipv6_subnet is None else {
+            "tun_address": tun_addr6(lease.ipv6_subnet),
+            "route": None if state.config is None else str(state.config.ipv6_network)},
         "network": str(state.config.network) if state.config is not None else None,
         "interface": None if ext is None else {
             "name": ext.name, "address": str(ext.iface_addr), "public_ip": str(ext.ext_addr)},

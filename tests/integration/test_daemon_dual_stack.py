@@ -83,3 +83,5 @@ def test_dual_stack_leases_marked_ipv4_forwarded_ipv6_lines_written(ov):
                                     capture_output=True, text=True, timeout=30).stdout)
     ours = next(p for p in parts if p.group(1) == f"{ov.subnet(h0).network_address}-24")
     assert doc["lease"]["ipv6_subnet"] == ours.group(2).replace("-", "/")
+    part = doc["lease"]["ipv6_subnet"]
+    assert doc["ipv6"] == {"tun_address": part.replace("/64", "/128"), "route": "fc00:66::/56"}
