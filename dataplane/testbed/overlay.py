@@ -151,13 +151,13 @@ class Overlay:
         self.put("config", text)
 
     def leases(self) -> dict:
-        """{subnet: PublicIP} as stored in etcd."""
+        """{subnet: PublicIP} as stored in etcd (a dual-stack key by its IPv4 part)."""
         r = self.etcdctl("get", "--prefix", f"{self.prefix}/subnets/", "-w", "json")
         out = {}
         for kv in json.loads(r.stdout).get("kvs", []):
             # tests put broken keys and values on purpose: anything unreadable is skipped
             key = base64.b64decode(kv["key"]).decode(errors="replace")
-            m = re.search(r"/(\d+\.\d+\.\d+\.\d+)-(\d+)$", key)
+            m = re.search(r"/(\d+\.\d+\.\d+\.\d+)-(\d+)(?:&[0-9a-f:]+-\d+)?$", key)
             try:
                 doc = json.loads(base64.b64decode(kv.get("value", "")))
                 out[ipaddress.IPv4Network(f"{m.group(1)}/{m.group(2)}")] = doc.get("PublicIP")
