@@ -4,13 +4,18 @@ and prove it arrived intact (length and sha256 on both ends).
 Run as ``python -c HASH_SINK IP PORT [TIMEOUT]``: prints ``listening``, then,
 after one connection closed, ``<bytes> <sha256>``.
 ``python -c HASH_SOURCE IP PORT NBYTES [SEED] [TIMEOUT]``: sends NBYTES of
-seeded random data and prints the same line for what it sent.
+seeded random data and prints the same line for what it sent. IP is IPv4 or IPv6.
+``python -c NO_TX_OFFLOADS DEV``: turns off DEV's transmit checksum and segmentation
+offloads, so that the kernel segments and checksums in software what it sends through DEV
+(a GSO packet of ours with a wrong header or pseudo-header sum then loses data); prints
+what is left on.
 """
 
 HASH_SINK = r"""
 import hashlib, socket, sys
 timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 20
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(timeout)
 print("listening", flush=True)
 c, _ = s.accept(); c.settimeout(timeout)
@@ -31,4 +36,18 @@ data = random.Random(seed).randbytes(int(sys.argv[3]))
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=timeout)
 s.sendall(data); s.close()
 print(len(data), hashlib.sha256(data).hexdigest(), flush=True)
+"""
+
+NO_TX_OFFLOADS = r"""
+import sys
+from pyroute2 import Ethtool
+e = Ethtool(); f = e.get_features(sys.argv[1])
+for k in ("tx-checksum-ip-generic", "tx-tcp-segmentation", "tx-tcp6-segmentation",
+          "tx-generic-segmentation"):
+    if k in f.features:
+        f.features[k].enable = False
+e.set_features(sys.argv[1], f)
+f = e.get_features(sys.argv[1])
+print({k: f.features[k].enable for k in ("tx-checksum-ip-generic", "tx-tcp-segmentation",
+                                         "tx-tcp6-segmentation") if k in f.features})
 """

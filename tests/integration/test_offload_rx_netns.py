@@ -35,7 +35,7 @@ import sys
 import pytest
 
 from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO
-from tests.streams import HASH_SINK, HASH_SOURCE
+from tests.streams import HASH_SINK, HASH_SOURCE, NO_TX_OFFLOADS
 from tests.conftest import require_engine, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -81,17 +81,6 @@ class Node:
 
 
 POD_IP, NBYTES = "10.5.2.5", 8 << 20
-_NO_OFFLOADS = r"""
-import sys
-from pyroute2 import Ethtool
-e = Ethtool(); f = e.get_features(sys.argv[1])
-for k in ("tx-checksum-ip-generic", "tx-tcp-segmentation", "tx-generic-segmentation"):
-    if k in f.features:
-        f.features[k].enable = False
-e.set_features(sys.argv[1], f)
-f = e.get_features(sys.argv[1])
-print({k: f.features[k].enable for k in ("tx-checksum-ip-generic", "tx-tcp-segmentation")})
-"""
 
 
 def _make_pod(tb, b) -> str:
@@ -109,7 +98,7 @@ def _make_pod(tb, b) -> str:
         "route add default via 10.5.2.1\n"))
     r = tb.exec(b, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
     assert r.returncode == 0, r.stderr
-    r = tb.exec(b, [sys.executable, "-c", _NO_OFFLOADS, "pod0"])
+    r = tb.exec(b, [sys.executable, "-c", NO_TX_OFFLOADS, "pod0"])
     assert r.returncode == 0 and "True" not in r.stdout, r.stdout + r.stderr
     return pod
 
