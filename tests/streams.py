@@ -9,7 +9,12 @@ seeded random data and prints the same line for what it sent. IP is IPv4 or IPv6
 offloads, so that the kernel segments and checksums in software what it sends through DEV
 (a GSO packet of ours with a wrong header or pseudo-header sum then loses data); prints
 what is left on.
+``hashed_transfer`` runs the two between namespaces and checks the lines agree.
 """
+import subprocess
+import sys
+
+from dataplane.testbed import netns as ns
 
 HASH_SINK = r"""
 import hashlib, socket, sys
@@ -51,3 +56,25 @@ f = e.get_features(sys.argv[1])
 print({k: f.features[k].enable for k in ("tx-checksum-ip-generic", "tx-tcp-segmentation",
                                          "tx-tcp6-segmentation") if k in f.features})
 """
+
+
+def hashed_transfer(src_netns: str, dst_netns: str, dst_ip: str, nbytes: int,
+                    port: int = 5300) -> None:
+    """nbytes over one TCP connection from src_netns to dst_ip:port in dst_netns; the length
+    and sha256 on both ends must agree."""
+    sink = subprocess.Popen(ns.exec_argv(dst_netns, [sys.executable, "-c", HASH_SINK, dst_ip,
+                                                     str(port), "30"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
+        r = subprocess.run(ns.exec_argv(src_netns, [sys.executable, "-c", HASH_SOURCE, dst_ip,
+                                                    str(port), str(nbytes), "7", "30"]),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"source failed: {r.stderr}"
+        out, err = sink.communicate(timeout=30)
+        assert out.split() == r.stdout.split(), f"sent {r.stdout!r}, received {out!r} {err}"
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait(5)

@@ -22,7 +22,7 @@ from dataplane.testbed import netns as ns
 from dataplane.testbed.hosts import wait_for
 from dataplane.testbed.overlay import parse_ping
 from tests.conftest import require_overlay
-from tests.streams import HASH_SINK, HASH_SOURCE, NO_TX_OFFLOADS
+from tests.streams import NO_TX_OFFLOADS, hashed_transfer
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -111,22 +111,7 @@ def _tcp6_transfer(ov, src_pod: str, dst_pod: str, dst_addr) -> None:
     near = f"{ns.PREFIX}{ov.tb.tag}{h0.index}p"          # hosts.add_pod's name for h0's end
     r = ov.exec(h0, [sys.executable, "-c", NO_TX_OFFLOADS, near])
     assert r.returncode == 0 and "True" not in r.stdout, r.stdout + r.stderr
-    sink = subprocess.Popen(ns.exec_argv(dst_pod, [sys.executable, "-c", HASH_SINK, str(dst_addr),
-                                                   "5300", "30"]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
-        r = subprocess.run(ns.exec_argv(src_pod, [sys.executable, "-c", HASH_SOURCE,
-                                                  str(dst_addr), "5300", str(NBYTES6), "7", "30"]),
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, f"source failed: {r.stderr}"
-        out, err = sink.communicate(timeout=30)
-        assert out.split() == r.stdout.split(), f"sent {r.stdout!r}, received {out!r} {err}"
-    finally:
-        if sink.poll() is None:
-            sink.kill()
-            sink.wait(5)
+    hashed_transfer(src_pod, dst_pod, str(dst_addr), NBYTES6)
     m0, m1 = ov.metrics(h0), ov.metrics(h1)
     ops = 'flannel_udp_offload_ops_total{op="%s"}'
     if ov.daemon(h0).engine == "c":

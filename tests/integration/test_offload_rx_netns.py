@@ -35,7 +35,7 @@ import sys
 import pytest
 
 from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO
-from tests.streams import HASH_SINK, HASH_SOURCE, NO_TX_OFFLOADS
+from tests.streams import NO_TX_OFFLOADS, hashed_transfer
 from tests.conftest import require_engine, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -105,21 +105,7 @@ def _make_pod(tb, b) -> str:
 
 def _transfer(tb, a, pod) -> None:
     """NBYTES from A to the pod; the sha256 on both ends must agree."""
-    import subprocess
-    from dataplane.testbed import netns as ns
-    sink = subprocess.Popen(ns.exec_argv(pod, [sys.executable, "-c", HASH_SINK, POD_IP, "5300", "30"]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
-        r = tb.exec(a, [sys.executable, "-c", HASH_SOURCE, POD_IP, "5300", str(NBYTES), "7", "30"], timeout=60)
-        assert r.returncode == 0, f"source failed: {r.stderr}"
-        out, err = sink.communicate(timeout=30)
-        assert out.split() == r.stdout.split(), f"sent {r.stdout!r}, received {out!r} {err}"
-    finally:
-        if sink.poll() is None:
-            sink.kill()
-            sink.wait(5)
+    hashed_transfer(a.netns, pod, POD_IP, NBYTES)
 
 
 def _through_b(tb, kind: str, offloads: int, load):
