@@ -22,7 +22,7 @@ from dataplane.testbed import netns as ns
 from dataplane.testbed.hosts import wait_for
 from dataplane.testbed.overlay import parse_ping
 from tests.conftest import require_overlay
-from tests.streams import NO_TX_OFFLOADS, hashed_transfer
+from tests.streams import NO_TX_OFFLOADS, hashed_transfer, udp_stream
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -88,7 +88,7 @@ def test_ipv6_pods_talk_over_the_ipv4_underlay(ov):
     assert ping6(h1.netns, str(addr0))["received"] == 3
     # IPv4 as ever
     assert ov.ping(h0, ov.flannel_ip(h1))["received"] == 3
-    _tcp6_transfer(ov, pod1, pod0, addr0)
+    _ipv6_streams(ov, pod1, pod0, addr0)
 
     # A lease as flanneld's udp backend writes it (a dual-stack key, no mark): its IPv4 subnet is
     # a route, its IPv6 part none (flanneld would drop what we sent it).
@@ -98,26 +98,36 @@ def test_ipv6_pods_talk_over_the_ipv4_underlay(ov):
                            "say ForwardsIPv6")
 
 
-NBYTES6 = 20 << 20
+NBYTES6, NDGRAMS6 = 20 << 20, 1000
 
 
-def _tcp6_transfer(ov, src_pod: str, dst_pod: str, dst_addr) -> None:
-    """NBYTES6 of TCP over IPv6 from src_pod to dst_pod, intact (sha256 on both ends). The C
-    engine gets them as TCPV6 super-packets from flannel0 (TSO6) on the sending host and writes
-    them as TCPV6 GSO packets into flannel0 on the receiving one; the receiving host's end of
-    the pod's veth computes nothing, so its kernel must cut those packets and finish every
+def _ipv6_streams(ov, src_pod: str, dst_pod: str, dst_addr) -> None:
+    """NBYTES6 of TCP over IPv6 from src_pod to dst_pod, intact (sha256 on both ends), then
+    NDGRAMS6 datagrams, all intact and in order. The C engine reads the TCP as TCPV6
+    super-packets from flannel0 (TSO6) on the sending host and writes TCPV6 GSO packets into
+    flannel0 on the receiving one, then UDP_L4 ones of the datagrams' runs; the receiving host's
+    end of the pod's veth computes nothing, so its kernel must cut those packets and finish every
     checksum from the pseudo-header sum we left: a wrong header or sum loses data."""
     h0, h1 = ov.hosts
     near = f"{ns.PREFIX}{ov.tb.tag}{h0.index}p"          # hosts.add_pod's name for h0's end
     r = ov.exec(h0, [sys.executable, "-c", NO_TX_OFFLOADS, near])
     assert r.returncode == 0 and "True" not in r.stdout, r.stdout + r.stderr
-    hashed_transfer(src_pod, dst_pod, str(dst_addr), NBYTES6)
-    m0, m1 = ov.metrics(h0), ov.metrics(h1)
     ops = 'flannel_udp_offload_ops_total{op="%s"}'
+
+    def gso_ops() -> tuple[float, float]:
+        return (ov.metrics(h1).get(ops % "tun_rx_gso", 0),
+                ov.metrics(h0).get(ops % "tun_tx_gso", 0))
+
+    hashed_transfer(src_pod, dst_pod, str(dst_addr), NBYTES6)
+    after_tcp = gso_ops()
+    got, bad, in_order, distinct = udp_stream(src_pod, dst_pod, str(dst_addr), NDGRAMS6, 1000, 25)
+    assert (got, bad, in_order, distinct) == (NDGRAMS6, 0, 1, NDGRAMS6)
+    after_udp = gso_ops()
     if ov.daemon(h0).engine == "c":
-        assert m1[ops % "tun_rx_gso"] > 0 and m0[ops % "tun_tx_gso"] > 0, (m0, m1)
+        assert after_tcp[0] > 0 and after_tcp[1] > 0, after_tcp   # TSO6 read, TCPV6 written
+        assert after_udp[1] > after_tcp[1], (after_tcp, after_udp)  # UDP_L4 of IPv6 written
     else:
-        assert m1.get(ops % "tun_rx_gso", 0) == m0.get(ops % "tun_tx_gso", 0) == 0
+        assert after_udp == (0, 0)
 
 
 def ping6_out(netns: str, dst: str, *extra: str) -> str:
