@@ -49,13 +49,16 @@
  * without GRO - one larger than the mtu is drop_truncated with mtu bytes,
  * as a plain receive reports it; udp_rx_gro counts trains of >= 2.
  * With DP_OFF_TUN_GRO (needs DP_OFF_TUN_VNET) step 5 holds back runs of
- * consecutive forwarded TCP/IPv4 segments of one flow (the rules are in
+ * consecutive forwarded TCP segments of one flow (the rules are in
  * csrc/gro.c: contiguous, equal size, ACK only, ...) and writes each run of
  * >= 2 as one GSO packet: virtio_net_hdr NEEDS_CSUM, TCPV4, gso_size = the
  * segment payload, csum_start 20, csum_offset 16, the TCP checksum field
  * holding the pseudo-header sum; tot_len and the IP checksum recomputed.
- * With DP_OFF_TUN_GRO_UDP, runs of UDP/IPv4 datagrams of one flow (same
- * rules where they apply, checksum not 0) are written the same way as
+ * IPv6 runs (TCP right after the fixed header; the same bytes 0-3 and hop
+ * limit in all) the same way as TCPV6, csum_start 40, the payload length
+ * recomputed; a run never mixes the families.
+ * With DP_OFF_TUN_GRO_UDP, runs of UDP datagrams of one flow (same rules
+ * where they apply, checksum not 0) are written the same way as
  * VIRTIO_NET_HDR_GSO_UDP_L4, csum_offset 6, the UDP length and checksum
  * fields those of the whole run.
  * Packets keep their order and no run outlives its recvmmsg batch. Counters
@@ -71,16 +74,18 @@
  *       as 0xffff); a range outside the packet, a csum_start inside the
  *       IP header (IPv4: < 20, IPv6: < 40) or an odd csum_offset ->
  *       drop_malformed. IPv4 and IPv6 alike.
- *     TCPV4 / UDP_L4 (TSO / USO) super-packet (tun_rx_gso += 1): cut into
- *       packets of gso_size payload each (the last may be shorter): IP id +
- *       i, tot_len, full IP checksum; TCP seq + i * gso_size, FIN and PSH on
+ *     TCPV4 / TCPV6 / UDP_L4 (TSO / USO) super-packet (tun_rx_gso += 1): cut
+ *       into packets of gso_size payload each (the last may be shorter): IPv4
+ *       id + i, tot_len, full IP checksum (IPv6: payload length, TCP/UDP
+ *       right after the fixed header); TCP seq + i * gso_size, FIN and PSH on
  *       the last only, CWR on the first only; UDP length; full TCP/UDP
  *       checksums (UDP 0 as 0xffff). Each of them then goes through steps
  *       1-5 above exactly as a plain read, so the tun_rx_*, drop and ICMP
  *       counters count wire-sized packets.
- *     version != 4 -> drop_not_ipv4; an inconsistent header (unknown or
- *       ECN-marked gso_type, TCPV6 or UFO on IPv4, protocol not the type's,
- *       tot_len != length, a fragment, a cut TCP/UDP header, NEEDS_CSUM
+ *     version neither 4 nor 6 -> drop_not_ipv4; an inconsistent header
+ *       (unknown or ECN-marked gso_type, TCPV6 or UFO on IPv4, TCPV4 or UFO
+ *       on IPv6, protocol (next header) not the type's, tot_len (payload
+ *       length + 40) != length, a fragment, a cut TCP/UDP header, NEEDS_CSUM
  *       elsewhere than that header's checksum, gso_size 0 or a segment over
  *       mtu) or a read under DP_VNET_HDR_LEN bytes -> drop_malformed;
  *       either way counted as one packet read of the super-packet's length.
@@ -124,8 +129,8 @@
  *     neighbour solicitations and MLD reports on flannel0, and on the UDP
  *     side a datagram that would make the host's kernel take a neighbour
  *     discovery message as if it came from the link.
- * Offloads, GRO and GSO stay IPv4's: an IPv6 packet is never coalesced, and
- * a TSO/USO super-packet of IPv6 is drop_not_ipv4 as before.
+ * Offloads take IPv6 as IPv4 ("Offloads" above; TUN GRO: step 5 of UDP ->
+ * TUN).
  *
  * The IPv6 underlay (dp_loop_set_udp6). A route's peer is where its packets
  * go: dp_route's is an IPv4 address, dp_route6's an IPv4-mapped address

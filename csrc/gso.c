@@ -8,22 +8,24 @@
  *   3. dp_gso_csum           VIRTIO_NET_HDR_F_NEEDS_CSUM on a plain packet
  *                            (IPv4 or IPv6): finish the checksum the kernel
  *                            left partial
- *   4. dp_gso_start          check a TSO (TCPV4) or USO (UDP_L4) super-packet
- *                            against its header; the DP_ST_DROP_* reason if
- *                            it is not one we can cut into packets <= mtu
- *                            (IPv6's, TCPV6 included, are not yet)
- *   5. dp_gso_next           write the next segment: IP header (id + i,
- *                            tot_len, checksum), TCP (seq, flags) or UDP
- *                            (length) header with a full checksum, payload
+ *   4. dp_gso_start          check a TSO (TCPV4, TCPV6) or USO (UDP_L4)
+ *                            super-packet against its header; the
+ *                            DP_ST_DROP_* reason if it is not one we can cut
+ *                            into packets <= mtu
+ *   5. dp_gso_next           write the next segment: IP header (IPv4: id + i,
+ *                            tot_len, checksum; IPv6: payload length), TCP
+ *                            (seq, flags) or UDP (length) header with a full
+ *                            checksum over the family's pseudo-header, payload
  *   6. dp_gso_scatter        where a read lands: header, send slot, the
  *      dp_gso_read           super-packet buffer; and which packet it gave
  *                            (tx.c makes the read and sends the packets)
  *
  * A segment is what the kernel's own software GSO (tcp_gso_segment,
  * __udp_gso_segment) would have put on the wire, so what we send is what
- * flanneld sends for the same TCP/UDP stream: one IPv4 packet per datagram.
- * The TUN never hands us IPv4 fragments, BIG TCP or UFO (we never turn
- * them on); such a header is inconsistent and so malformed.
+ * flanneld sends for the same TCP/UDP stream: one IP packet per datagram.
+ * The TUN never hands us IPv4 fragments, IPv6 extension headers under a
+ * GSO type, BIG TCP (an IPv6 jumbogram's payload length 0) or UFO (we never
+ * turn them on); such a header is inconsistent and so malformed.
  */
 #include <string.h>
 
@@ -79,28 +81,55 @@ int dp_gso_csum(uint8_t *p, uint32_t len, const struct dp_vnet_hdr *h)
 
 /* ---- 4. a super-packet --------------------------------------------------------- */
 
+/* The IP header of a super-packet: its length (20 for IPv4 without
+ * options, which is all the TUN hands us, 40 for IPv6) and the protocol
+ * its gso_type means, or 0 with *reason set. IPv6 must carry TCP/UDP right
+ * after its fixed header: the kernel's GSO of an IPv6 packet with extension
+ * headers is not something a TUN without them is handed. */
+static uint32_t ip_header(const uint8_t *p, uint32_t len, uint32_t type, uint8_t *proto,
+                          int *reason)
+{
+    uint32_t iphl;
+    int v6 = (p[0] >> 4) == 6;
+
+    *reason = DP_ST_DROP_MALFORMED;
+    if ((p[0] >> 4) != 4 && !v6) {
+        *reason = DP_ST_DROP_NOT_IPV4;         /* "neither 4 nor 6", as when read plain */
+        return 0;
+    }
+    if (type == (v6 ? DP_VNET_GSO_TCPV6 : DP_VNET_GSO_TCPV4))
+        *proto = DP_IP_PROTO_TCP;
+    else if (type == DP_VNET_GSO_UDP_L4)
+        *proto = DP_IP_PROTO_UDP;
+    else
+        return 0;        /* unknown, the other family's TCP, UFO, ECN unasked */
+    if (v6) {
+        iphl = DP_IP6_HDR;
+        if (len < iphl || dp_rd16(p + DP_IP6_PLEN_OFF) + iphl != len ||
+            p[DP_IP6_NH_OFF] != *proto)
+            return 0;
+    } else {
+        iphl = (p[0] & 0x0fu) * 4u;
+        if (iphl < DP_IP_HDR_MIN || iphl > len || dp_rd16(p + 2) != len || p[9] != *proto ||
+            (dp_rd16(p + 6) & (IP_MF | DP_IP_FRAG_OFFSET_MASK)))
+            return 0;
+    }
+    return iphl;
+}
+
 int dp_gso_start(struct dp_gso *g, const uint8_t *p, uint32_t len,
                  const struct dp_vnet_hdr *h, uint32_t mtu)
 {
-    uint32_t iphl, l4hl, type = h->gso_type;
-    uint8_t proto;
+    uint32_t iphl, l4hl;
+    uint8_t proto = 0;
+    int reason;
 
     memset(g, 0, sizeof(*g));
     if (len < DP_IP_HDR_MIN)
         return DP_ST_DROP_MALFORMED;
-    /* TCPV6 and IPv6 USO are whole IPv6 packets: one drop, as when read plain. */
-    if ((p[0] >> 4) != 4)
-        return DP_ST_DROP_NOT_IPV4;
-    if (type == DP_VNET_GSO_TCPV4)
-        proto = DP_IP_PROTO_TCP;
-    else if (type == DP_VNET_GSO_UDP_L4)
-        proto = DP_IP_PROTO_UDP;
-    else
-        return DP_ST_DROP_MALFORMED;      /* unknown, TCPV6 on IPv4, UFO, ECN unasked */
-    iphl = (p[0] & 0x0fu) * 4u;
-    if (iphl < DP_IP_HDR_MIN || iphl > len || dp_rd16(p + 2) != len || p[9] != proto ||
-        (dp_rd16(p + 6) & (IP_MF | DP_IP_FRAG_OFFSET_MASK)))
-        return DP_ST_DROP_MALFORMED;
+    iphl = ip_header(p, len, h->gso_type, &proto, &reason);
+    if (!iphl)
+        return reason;
     if (proto == DP_IP_PROTO_TCP) {
         if (len < iphl + DP_TCP_HDR_MIN)
             return DP_ST_DROP_MALFORMED;
@@ -137,6 +166,7 @@ uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out)
     const uint8_t *p = g->pkt;
     uint32_t iphl = g->iphl, hlen = g->hlen;
     uint32_t n, seglen, l4len;
+    uint64_t pseudo;
     uint8_t *l4 = out + iphl;
     uint16_t c;
     int first = g->idx == 0, last;
@@ -153,10 +183,16 @@ uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out)
     memcpy(out, p, hlen);
     memcpy(out + hlen, p + g->off, n);
 
-    dp_wr16(out + 2, (uint16_t)seglen);
-    dp_wr16(out + 4, (uint16_t)(dp_rd16(p + 4) + g->idx));
-    dp_wr16(out + 10, 0);
-    dp_wr16(out + 10, dp_packet_csum(out, iphl));
+    if (iphl == DP_IP6_HDR) {
+        /* No id, no header checksum: only the payload length changes. */
+        dp_wr16(out + DP_IP6_PLEN_OFF, (uint16_t)l4len);
+    } else {
+        dp_wr16(out + 2, (uint16_t)seglen);
+        dp_wr16(out + 4, (uint16_t)(dp_rd16(p + 4) + g->idx));
+        dp_wr16(out + 10, 0);
+        dp_wr16(out + 10, dp_packet_csum(out, iphl));
+    }
+    pseudo = dp_packet_pseudo_any(out, g->proto, l4len);
 
     if (g->proto == DP_IP_PROTO_TCP) {
         dp_wr32(l4 + 4, dp_rd32(p + iphl + 4) + (g->off - hlen));
@@ -165,15 +201,14 @@ uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out)
         if (!first)
             l4[13] &= (uint8_t)~DP_TCP_CWR;
         dp_wr16(l4 + DP_TCP_CSUM_OFF, 0);
-        c = (uint16_t)~dp_packet_fold(dp_packet_pseudo(out, DP_IP_PROTO_TCP, l4len) +
-                                      dp_packet_sum(l4, hlen - iphl) +
+        c = (uint16_t)~dp_packet_fold(pseudo + dp_packet_sum(l4, hlen - iphl) +
                                       dp_packet_sum(out + hlen, n));
         dp_wr16(l4 + DP_TCP_CSUM_OFF, c);
     } else {
         dp_wr16(l4 + 4, (uint16_t)l4len);
         dp_wr16(l4 + DP_UDP_CSUM_OFF, 0);
-        c = (uint16_t)~dp_packet_fold(dp_packet_pseudo(out, DP_IP_PROTO_UDP, l4len) +
-                                      dp_packet_sum(l4, DP_UDP_HDR) + dp_packet_sum(out + hlen, n));
+        c = (uint16_t)~dp_packet_fold(pseudo + dp_packet_sum(l4, DP_UDP_HDR) +
+                                      dp_packet_sum(out + hlen, n));
         dp_wr16(l4 + DP_UDP_CSUM_OFF, c ? c : 0xffff);
     }
     g->off += n;

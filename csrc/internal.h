@@ -249,6 +249,13 @@ int dp_packet6_unspecified(const uint8_t *a);
 /* The partial sum of RFC 8200 8.1's pseudo-header of the IPv6 header at ip
  * (its addresses), for an upper layer nh of l4len bytes. */
 uint64_t dp_packet6_pseudo(const uint8_t *ip, uint8_t nh, uint32_t l4len);
+/* The pseudo-header sum of the TCP/UDP under the IP header at ip, of the
+ * family its version says (gso.c and gro.c build and check both). */
+static inline uint64_t dp_packet_pseudo_any(const uint8_t *ip, uint8_t proto, uint32_t l4len)
+{
+    return (ip[0] >> 4) == 6 ? dp_packet6_pseudo(ip, proto, l4len)
+                             : dp_packet_pseudo(ip, proto, l4len);
+}
 /* Whether an ICMPv6 error may be sent about this (checked) packet: the
  * rules of dataplane.h's "ICMPv6 errors" (RFC 4443 2.4 e). */
 int dp_packet6_may_error(const uint8_t *p, uint32_t len);
@@ -378,14 +385,15 @@ int dp_trace_read(const struct dp_trace *tr, uint64_t after, dp_trace_event *out
  * keeps until it has written the run (one recvmmsg batch at most). */
 enum dp_gro_limits {
     DP_GRO_SEGS_MAX = 64,          /* segments in one coalesced write */
-    DP_GRO_BYTES_MAX = 65535,      /* IPv4 tot_len */
-    DP_GRO_HDR_MAX = DP_IP_HDR_MIN + 60   /* ihl 5 + the largest TCP header */
+    DP_GRO_BYTES_MAX = 65535,      /* IPv4 tot_len; IPv6's whole packet too (kept simple) */
+    DP_GRO_HDR_MAX = DP_IP6_HDR + 60      /* IPv6 (or IPv4 ihl 5) + the largest TCP header */
 };
 
 struct dp_gro {
     int udp;                       /* UDP runs allowed (DP_OFF_TUN_GRO_UDP); kept by reset */
     uint32_t n;                    /* segments held; 0 = no run */
     uint8_t proto;                 /* of the run: 6 TCP, 17 UDP */
+    uint32_t iphl;                 /* of the run: 20 (IPv4), 40 (IPv6) */
     uint32_t hdr_len;              /* IP + TCP/UDP header bytes, the same in all */
     uint32_t gso_size;             /* TCP/UDP payload bytes of the first */
     uint32_t total;                /* tot_len of the coalesced packet */

@@ -3,16 +3,17 @@
 What a TUN opened with IFF_VNET_HDR hands the engine (csrc/gso.c cuts it):
 a 10-byte ``struct virtio_net_hdr`` in host byte order, then the packet; a
 TSO/USO "super-packet" is one IPv4 packet of up to 64 KB whose payload is
-cut into ``gso_size`` pieces. :func:`segment` is the reference cut (what the
-kernel's software GSO does), written independently of the C code, so the
-Python engine fed its output is the oracle for the wire bytes.
+cut into ``gso_size`` pieces; an IPv6 one (TCPV6, or UDP_L4) has TCP/UDP right after its
+40-byte header. :func:`segment` is the reference cut (what the kernel's software GSO does),
+written independently of the C code, so the Python engine fed its output is the oracle for the
+wire bytes.
 """
 from __future__ import annotations
 
 import ipaddress
 import struct
 
-from dataplane.engine import ipv4
+from dataplane.engine import ipv4, ipv6
 
 VNET = struct.Struct("=BBHHHH")      # flags, gso_type, hdr_len, gso_size, csum_start, csum_offset
 F_NEEDS_CSUM = 1
@@ -26,25 +27,34 @@ def vnet_hdr(gso_type=GSO_NONE, gso_size=0, *, flags=F_NEEDS_CSUM, hdr_len=0, cs
     return VNET.pack(flags, gso_type, hdr_len, gso_size, csum_start, csum_offset)
 
 
-def _pseudo(src: bytes, dst: bytes, proto: int, length: int) -> bytes:
-    return src + dst + struct.pack("!BBH", 0, proto, length)
+def ip_header(p: bytes) -> tuple[int, int]:
+    """(IP header length, TCP/UDP protocol) of an IPv4 packet or of an IPv6 one whose upper
+    layer follows its fixed header."""
+    if p[0] >> 4 == 6:
+        return 40, p[6]
+    return (p[0] & 15) * 4, p[9]
+
+
+def _pseudo(p: bytes, length: int) -> bytes:
+    if p[0] >> 4 == 6:
+        return p[8:40] + struct.pack("!IxxxB", length, p[6])
+    return p[12:20] + struct.pack("!BBH", 0, p[9], length)
 
 
 def l4_checksum(ip_packet: bytes) -> int:
-    """The TCP/UDP checksum over the pseudo-header and the segment: 0 when
+    """The TCP/UDP checksum over the pseudo-header (of either family) and the segment: 0 when
     the one stored is right."""
-    ihl = (ip_packet[0] & 15) * 4
+    ihl, _ = ip_header(ip_packet)
     seg = ip_packet[ihl:]
-    return ipv4.checksum(_pseudo(ip_packet[12:16], ip_packet[16:20], ip_packet[9], len(seg)) + seg)
+    return ipv4.checksum(_pseudo(ip_packet, len(seg)) + seg)
 
 
 def partial_checksum(ip_packet: bytes) -> bytes:
     """The packet as the kernel hands it with NEEDS_CSUM: the L4 checksum
     field holds the folded pseudo-header sum, not the checksum."""
-    ihl = (ip_packet[0] & 15) * 4
-    off = ihl + (16 if ip_packet[9] == PROTO_TCP else 6)
-    seg_len = len(ip_packet) - ihl
-    s = ~ipv4.checksum(_pseudo(ip_packet[12:16], ip_packet[16:20], ip_packet[9], seg_len)) & 0xFFFF
+    ihl, proto = ip_header(ip_packet)
+    off = ihl + (16 if proto == PROTO_TCP else 6)
+    s = ~ipv4.checksum(_pseudo(ip_packet, len(ip_packet) - ihl)) & 0xFFFF
     return ip_packet[:off] + struct.pack("!H", s) + ip_packet[off + 2:]
 
 
@@ -68,23 +78,45 @@ def udp(src, dst, payload=b"", *, sport=4000, dport=5000, ident=1, ttl=64, ip_fl
     return _with_l4_checksum(pkt)
 
 
+def tcp6(src, dst, payload=b"", *, sport=40000, dport=5001, seq=1000, ack=1, flags=ACK | PSH,
+         window=502, options=b"", hop=64, traffic_class=0, flow_label=0, payload_len=None,
+         csum=True) -> bytes:
+    """An IPv6/TCP packet (TCP right after the fixed header) with a correct checksum."""
+    doff = (20 + len(options)) // 4
+    hdr = struct.pack("!HHIIBBHHH", sport, dport, seq & 0xFFFFFFFF, ack, doff << 4, flags,
+                      window, 0, 0) + options
+    pkt = ipv6.build(src, dst, hdr + payload, next_header=PROTO_TCP, hop_limit=hop,
+                     traffic_class=traffic_class, flow_label=flow_label,
+                     payload_len=payload_len)
+    return _with_l4_checksum(pkt) if csum else pkt
+
+
+def udp6(src, dst, payload=b"", *, sport=4000, dport=5000, hop=64, traffic_class=0,
+         flow_label=0, length=None) -> bytes:
+    """An IPv6/UDP packet with a correct checksum."""
+    hdr = struct.pack("!HHHH", sport, dport, 8 + len(payload) if length is None else length, 0)
+    pkt = ipv6.build(src, dst, hdr + payload, next_header=PROTO_UDP, hop_limit=hop,
+                     traffic_class=traffic_class, flow_label=flow_label)
+    return _with_l4_checksum(pkt)
+
+
 def _with_l4_checksum(pkt: bytes) -> bytes:
-    ihl = (pkt[0] & 15) * 4
-    off = ihl + (16 if pkt[9] == PROTO_TCP else 6)
+    ihl, proto = ip_header(pkt)
+    off = ihl + (16 if proto == PROTO_TCP else 6)
     pkt = pkt[:off] + b"\0\0" + pkt[off + 2:]
     c = l4_checksum(pkt)
-    if pkt[9] == PROTO_UDP and c == 0:
+    if proto == PROTO_UDP and c == 0:
         c = 0xFFFF
     return pkt[:off] + struct.pack("!H", c) + pkt[off + 2:]
 
 
 def segment(super_packet: bytes, gso_size: int) -> list[bytes]:
     """The reference cut of a TSO/USO super-packet: what tcp_gso_segment /
-    __udp_gso_segment put on the wire (id + i, tot_len, seq, FIN/PSH on the
-    last only, CWR on the first only, full checksums)."""
+    __udp_gso_segment put on the wire (IPv4: id + i, tot_len; IPv6: payload
+    length; seq, FIN/PSH on the last only, CWR on the first only, full
+    checksums)."""
     p = super_packet
-    ihl = (p[0] & 15) * 4
-    proto = p[9]
+    ihl, proto = ip_header(p)
     hlen = ihl + ((p[ihl + 12] >> 4) * 4 if proto == PROTO_TCP else 8)
     ident = struct.unpack("!H", p[4:6])[0]
     data = p[hlen:]
@@ -92,10 +124,13 @@ def segment(super_packet: bytes, gso_size: int) -> list[bytes]:
     out = []
     for i, piece in enumerate(pieces):
         ip = bytearray(p[:ihl])
-        ip[2:4] = struct.pack("!H", hlen + len(piece))
-        ip[4:6] = struct.pack("!H", (ident + i) & 0xFFFF)
-        ip[10:12] = b"\0\0"
-        ip[10:12] = struct.pack("!H", ipv4.checksum(ip))
+        if ihl == 40:
+            ip[4:6] = struct.pack("!H", hlen - 40 + len(piece))
+        else:
+            ip[2:4] = struct.pack("!H", hlen + len(piece))
+            ip[4:6] = struct.pack("!H", (ident + i) & 0xFFFF)
+            ip[10:12] = b"\0\0"
+            ip[10:12] = struct.pack("!H", ipv4.checksum(ip))
         l4 = bytearray(p[ihl:hlen])
         if proto == PROTO_TCP:
             seq = struct.unpack("!I", l4[4:8])[0]
@@ -111,9 +146,13 @@ def segment(super_packet: bytes, gso_size: int) -> list[bytes]:
 
 
 def check_wire_packet(pkt: bytes, mtu: int) -> None:
-    """One datagram as flanneld's wire format has it: exactly one IPv4
-    packet of at most mtu bytes, with valid IP and (TCP/UDP) checksums."""
+    """One datagram as flanneld's wire format has it: exactly one IPv4 (or
+    IPv6) packet of at most mtu bytes, with valid IP and (TCP/UDP) checksums."""
     assert len(pkt) <= mtu, f"{len(pkt)} > mtu {mtu}"
+    if len(pkt) >= 40 and pkt[0] >> 4 == 6:
+        assert struct.unpack("!H", pkt[4:6])[0] + 40 == len(pkt), "payload length != datagram"
+        assert l4_checksum(pkt) == 0, f"bad L4 checksum in {ipv6.describe(pkt)}"
+        return
     assert len(pkt) >= 20 and pkt[0] >> 4 == 4, pkt[:20].hex()
     assert struct.unpack("!H", pkt[2:4])[0] == len(pkt), "tot_len != datagram length"
     assert ipv4.header_checksum_ok(pkt), "bad IP header checksum"
@@ -124,13 +163,17 @@ def check_wire_packet(pkt: bytes, mtu: int) -> None:
 
 
 def tcp_fields(pkt: bytes) -> dict:
-    ihl = (pkt[0] & 15) * 4
+    """A TCP packet's fields; ``id`` is None for IPv6 (it has none)."""
+    ihl, _ = ip_header(pkt)
     sport, dport, seq, ack, doff, flags = struct.unpack("!HHIIBB", pkt[ihl:ihl + 14])
     hlen = ihl + (doff >> 4) * 4
+    if ihl == 40:
+        ident, src, dst = None, ipaddress.IPv6Address(pkt[8:24]), ipaddress.IPv6Address(pkt[24:40])
+    else:
+        ident = struct.unpack("!H", pkt[4:6])[0]
+        src, dst = ipaddress.IPv4Address(pkt[12:16]), ipaddress.IPv4Address(pkt[16:20])
     return {"sport": sport, "dport": dport, "seq": seq, "ack": ack, "flags": flags,
-            "id": struct.unpack("!H", pkt[4:6])[0], "payload": pkt[hlen:],
-            "src": str(ipaddress.IPv4Address(pkt[12:16])),
-            "dst": str(ipaddress.IPv4Address(pkt[16:20]))}
+            "id": ident, "payload": pkt[hlen:], "src": str(src), "dst": str(dst)}
 
 
 def reassemble(packets, sport: int | None = None, dport: int | None = None) -> bytes:

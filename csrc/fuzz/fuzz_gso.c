@@ -11,10 +11,12 @@
  *     inside the packet) or leaves a range that sums, with the pseudo-header
  *     sum the field held, to -0 (the checksum verifies);
  *   - a super-packet dp_gso_start accepts is cut into max(1, ceil(payload /
- *     gso_size)) segments, each a well-formed IPv4 packet <= mtu (tot_len ==
- *     its length) with a valid IP checksum and a valid TCP/UDP checksum
- *     over the pseudo-header, each header equal to the original's but for
- *     the fields GSO rewrites, and the payloads together are the original's;
+ *     gso_size)) segments, each a well-formed packet <= mtu of the
+ *     original's family (IPv4: tot_len == its length, a valid IP checksum;
+ *     IPv6: payload length + 40 == its length) with a valid TCP/UDP
+ *     checksum over its family's pseudo-header, each header equal to the
+ *     original's but for the fields GSO rewrites, and the payloads together
+ *     are the original's;
  *   - the read itself, as tx.c makes it: the header and packet scattered
  *     over dp_gso_scatter's iovecs (the slot exactly mtu bytes, so ASan sees
  *     a read past it), then dp_gso_read finds the packet the TUN handed
@@ -35,14 +37,16 @@ static uint16_t rd16(const uint8_t *p)
     return (uint16_t)(p[0] << 8 | p[1]);
 }
 
-/* Byte-by-byte RFC 1071 sum of the pseudo-header and the L4 bytes. */
+/* Byte-by-byte RFC 1071 sum of the pseudo-header (RFC 791's or RFC
+ * 8200's: the addresses, the protocol and the L4 length) and the L4 bytes. */
 static int l4_csum_ok(const uint8_t *ip, uint32_t len)
 {
-    uint32_t ihl = (ip[0] & 15) * 4u, i, s = 0;
+    int v6 = (ip[0] >> 4) == 6;
+    uint32_t ihl = v6 ? 40 : (ip[0] & 15) * 4u, i, s = 0;
 
-    for (i = 12; i < 20; i += 2)
+    for (i = v6 ? 8 : 12; i < (v6 ? 40u : 20u); i += 2)
         s += rd16(ip + i);
-    s += ip[9] + (len - ihl);
+    s += (v6 ? ip[6] : ip[9]) + (len - ihl);
     for (i = ihl; i + 1 < len; i += 2)
         s += rd16(ip + i);
     if ((len - ihl) & 1)
@@ -58,26 +62,36 @@ static void check_segments(const uint8_t *p, uint32_t len, const struct dp_vnet_
     static uint8_t out[65536];
     struct dp_gso g;
     uint32_t seg, n = 0, at, payload, want, ihl, hlen;
+    uint8_t proto;
+    int v6;
 
     if (dp_gso_start(&g, p, len, h, mtu))
         return;
     ihl = g.iphl;
     hlen = g.hlen;
+    v6 = (p[0] >> 4) == 6;
+    proto = v6 ? p[6] : p[9];
+    CHECK(ihl == (v6 ? 40u : (p[0] & 15) * 4u));
     payload = len - hlen;
     want = payload ? (payload + h->gso_size - 1) / h->gso_size : 1;
     at = hlen;
     while ((seg = dp_gso_next(&g, out)) != 0) {
         CHECK(seg <= mtu && seg >= hlen);
-        CHECK(rd16(out + 2) == seg && (out[0] >> 4) == 4 && (out[0] & 15) * 4u == ihl);
-        CHECK(dp_packet_csum(out, ihl) == 0);
         CHECK(l4_csum_ok(out, seg));
-        CHECK(rd16(out + 4) == (uint16_t)(rd16(p + 4) + n));
-        /* Unchanged: IP but tot_len, id and checksum; ports; TCP ack, doff,
-         * window, urgent and options (flags are checked below). */
-        CHECK(out[0] == p[0] && out[1] == p[1] && !memcmp(out + 6, p + 6, 4) &&
-              !memcmp(out + 12, p + 12, ihl - 12));
+        if (v6) {
+            /* Only the payload length changes: IPv6 has no id, no checksum. */
+            CHECK(rd16(out + 4) == seg - 40 && !memcmp(out, p, 4) && !memcmp(out + 6, p + 6, 34));
+        } else {
+            CHECK(rd16(out + 2) == seg && (out[0] >> 4) == 4 && (out[0] & 15) * 4u == ihl);
+            CHECK(dp_packet_csum(out, ihl) == 0);
+            CHECK(rd16(out + 4) == (uint16_t)(rd16(p + 4) + n));
+            /* Unchanged: IP but tot_len, id and checksum; ports; TCP ack,
+             * doff, window, urgent and options (flags are checked below). */
+            CHECK(out[0] == p[0] && out[1] == p[1] && !memcmp(out + 6, p + 6, 4) &&
+                  !memcmp(out + 12, p + 12, ihl - 12));
+        }
         CHECK(!memcmp(out + ihl, p + ihl, 4));
-        if (p[9] == 6) {
+        if (proto == 6) {
             uint8_t f = p[ihl + 13], keep = 0xff;
 
             if (at + (seg - hlen) < len)
@@ -170,7 +184,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
         if (at + 2 <= len)
             pseudo = rd16(p + at);      /* the kernel's pseudo-header sum */
-        if (dp_gso_csum(p, len, &h) == 0 && (h.flags & 1) && len >= 20 && (p[0] >> 4) == 4) {
+        if (dp_gso_csum(p, len, &h) == 0 && (h.flags & 1) && len >= 20 &&
+            ((p[0] >> 4) == 4 || (p[0] >> 4) == 6)) {
             /* the range now sums, with the pseudo-header, to -0 */
             s = (~dp_packet_csum(p + h.csum_start, len - h.csum_start) & 0xffffu) + pseudo;
             s = (s & 0xffff) + (s >> 16);

@@ -58,9 +58,9 @@
  *   - TUN GRO (gro.c) over the forwarded UDP-side packets, as rx.c runs
  *     it: a run of >= 2 is one flow of segments of gso_size bytes (the
  *     last may be shorter) within 64 KB, the headers built for it carry
- *     its length and a valid IP checksum, and its writev's iovecs are
- *     those headers and every payload in order; an IPv6 packet never
- *     joins a run.
+ *     its length (and IPv4's a valid IP checksum), the virtio header its
+ *     family's, and its writev's iovecs are those headers and every
+ *     payload in order; a run never mixes the families.
  *
  * Each packet is copied into a buffer of exactly its length, so ASan sees
  * any read past its end. Input layout (short input = zeros):
@@ -427,9 +427,14 @@ static void gro_flush(void)
 {
     uint8_t vnet[DP_VNET_HDR_LEN], hdr[DP_GRO_HDR_MAX];
     struct iovec iov[DP_GRO_SEGS_MAX + 2];
-    uint32_t i, n, total;
+    uint32_t i, n, total, ip = gro.iphl;
+    /* Where the addresses are, and the family's TCP GSO type. */
+    uint32_t addr = ip == 40 ? 8 : 12, addr_len = ip == 40 ? 32 : 8;
     uint16_t v[4];
 
+    for (i = 0; i < gro.n; i++)   /* one family: IPv4 ihl 5, or IPv6 with TCP/UDP next */
+        CHECK(ip == 20 ? gro.seg[i][0] == 0x45 && gro.seg[i][9] == gro.proto
+                       : ip == 40 && gro.seg[i][0] >> 4 == 6 && gro.seg[i][6] == gro.proto);
     if (gro.n > 1) {
         CHECK(gro.n <= DP_GRO_SEGS_MAX && gro.hdr_len <= DP_GRO_HDR_MAX);
         total = gro.hdr_len;
@@ -438,13 +443,13 @@ static void gro_flush(void)
 
             CHECK(gro.len[i] > gro.hdr_len && pl <= gro.gso_size);
             CHECK(pl == gro.gso_size || i == gro.n - 1);
-            CHECK(memcmp(gro.seg[i] + 12, gro.seg[0] + 12, 8) == 0);   /* one flow */
+            CHECK(memcmp(gro.seg[i] + addr, gro.seg[0] + addr, addr_len) == 0);   /* one flow */
             total += pl;
         }
         CHECK(total == gro.total && total <= DP_GRO_BYTES_MAX);
         dp_gro_headers(&gro, vnet, hdr);
         /* The writev rx.c makes: the headers, then every payload in order,
-         * the coalesced packet's tot_len in all. */
+         * the coalesced packet's length in all. */
         CHECK(dp_gro_iov(&gro, vnet, hdr, iov) == gro.n + 2);
         CHECK(iov[0].iov_base == vnet && iov[0].iov_len == DP_VNET_HDR_LEN &&
               iov[1].iov_base == hdr && iov[1].iov_len == gro.hdr_len);
@@ -454,22 +459,23 @@ static void gro_flush(void)
         }
         CHECK(n == gro.total);
         memcpy(v, vnet + 2, sizeof(v));
-        if (gro.proto == 6) {
-            CHECK(vnet[0] == 1 && vnet[1] == 1 && v[0] == gro.hdr_len && v[1] == gro.gso_size &&
-                  v[2] == 20 && v[3] == 16);
+        if (gro.proto == 6) {   /* TCPV4 or TCPV6 */
+            CHECK(vnet[0] == 1 && vnet[1] == (ip == 40 ? 4 : 1) && v[0] == gro.hdr_len &&
+                  v[1] == gro.gso_size && v[2] == ip && v[3] == 16);
         } else {   /* UDP runs: VIRTIO_NET_HDR_GSO_UDP_L4, the run's UDP length */
-            CHECK(gro.udp && gro.proto == 17 && gro.hdr_len == 28);
-            CHECK(vnet[0] == 1 && vnet[1] == 5 && v[0] == 28 && v[1] == gro.gso_size &&
-                  v[2] == 20 && v[3] == 6 && rd16(hdr + 24) == total - 20);
+            CHECK(gro.udp && gro.proto == 17 && gro.hdr_len == ip + 8);
+            CHECK(vnet[0] == 1 && vnet[1] == 5 && v[0] == ip + 8 && v[1] == gro.gso_size &&
+                  v[2] == ip && v[3] == 6 && rd16(hdr + ip + 4) == total - ip);
             for (i = 0; i < gro.n; i++)   /* one flow: the same ports */
-                CHECK(memcmp(gro.seg[i] + 20, gro.seg[0] + 20, 4) == 0);
+                CHECK(memcmp(gro.seg[i] + ip, gro.seg[0] + ip, 4) == 0);
         }
-        CHECK(rd16(hdr + 2) == total && csum(hdr, 20) == 0);
+        if (ip == 40)
+            CHECK(rd16(hdr + 4) == total - 40);
+        else
+            CHECK(rd16(hdr + 2) == total && csum(hdr, 20) == 0);
     }
-    for (i = 0; i < gro.n; i++) {
-        CHECK(gro.seg[i][0] == 0x45);                  /* IPv4 only, IPv6 never */
+    for (i = 0; i < gro.n; i++)
         free(gro_own[i]);
-    }
     dp_gro_reset(&gro);
 }
 

@@ -171,6 +171,20 @@ MALFORMED6 = [
 GOOD_UDP6 = [udp6(IN6, OUT6), udp6(IN6, OUT6, n=1000, hop_limit=2), udp6("::a05:304", OUT6)]
 
 
+def tcp6(seq: int, n: int, flags: int = 0x10, **kw) -> bytes:
+    """A TCP segment from IN6 to OUT6 with a valid checksum (TUN GRO runs of IPv6)."""
+    th = bytearray(struct.pack("!HHIIBBHHH", 40000, 5201, seq, 1, 5 << 4, flags, 500, 0, 0)
+                   + bytes((seq + i) & 255 for i in range(n)))
+    th[16:18] = ipv6.upper_checksum(IN6, OUT6, 6, th).to_bytes(2, "big")
+    return ipv6.build(IN6, OUT6, bytes(th), next_header=6, **kw)
+
+
+# Runs of both families back to back, a flow label that ends one, a short last datagram.
+RUNS6 = ([tcp6(1000 + i * 600, 600) for i in range(4)] + [tcp6(3400, 600, flow_label=9)]
+         + [udp6(IN6, OUT6, n=500) for _ in range(3)] + [udp6(IN6, OUT6, n=100)]
+         + TCP_RUNS[:2])
+
+
 def seeds() -> dict[str, bytes]:
     s = {}
     s["tun-forward"] = seed(ACCEPT_ANY, 1472, ROUTES, [packet(TUN, p) for p in GOOD_TUN])
@@ -253,6 +267,9 @@ def seeds() -> dict[str, bytes]:
     s["udp6-forward"] = seed(ACCEPT_ANY, 1472, ROUTES,
                              [packet(UDP, p, src=i % 3) for i, p in enumerate(GOOD_UDP6)]
                              + [packet(UDP, p) for p in MALFORMED6 + QUIET_TUN6[1:]])
+    s["udp6-runs"] = seed(ACCEPT_ANY | UDP_RUNS, 1472, ROUTES,
+                          [packet(UDP | (WRITE_EAGAIN if i == 6 else 0), p)
+                           for i, p in enumerate(RUNS6)])
     mine6 = own("10.5.1.0", 24, ["192.168.50.2", "10.5.1.0"])    # ::a05:100/120 and two more
     s["udp6-inner-strict"] = seed(STRICT | LOCAL, 1472, ROUTES,
                                   [packet(UDP, udp6(IN6, OUT6), src=0),

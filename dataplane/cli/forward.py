@@ -286,7 +286,7 @@ def main(args: argparse.Namespace) -> int:
     dataplane = Dataplane()
     engine = None
     tun_name = "?"
-    offloads = Offloads(args.offload or DEFAULT_MODE, cls.name, ipv6=args.tun_addr6 is not None)
+    offloads = Offloads(args.offload or DEFAULT_MODE, cls.name)
     try:
         # The daemon's assembly, so that the bench measures the daemon's data path.
         dataplane = Dataplane.open(

@@ -314,8 +314,7 @@ class Daemon:
         self.queues, note = queues.effective(o.queues, o.trace)
         if note:
             log.info("%s", note)
-        self.offloads = Offloads(o.offload, self.engine_cls.name,
-                                 ipv6=self.config.enable_ipv6)
+        self.offloads = Offloads(o.offload, self.engine_cls.name)
 
     def _use(self, dataplane: Dataplane):
         """flannel0 and the sockets from here on: as many queues as they have (fewer than asked

@@ -24,13 +24,8 @@ the device without vnet headers would mean closing and re-creating flannel0
 for a kernel that no longer exists in practice (TUN_F_CSUM is from 2.6.27).
 Only ``IFF_VNET_HDR`` itself being refused (EINVAL) opens the TUN without it.
 
-With a dual-stack lease (``ipv6=True``) TSO6 and USO are not asked for: the kernel would hand
-the TUN IPv6 super-packets, which the C engine cannot segment yet (it drops them as
-``drop_not_ipv4``), so every large IPv6 TCP send would be lost. The kernel takes USO4 and USO6
-only together, so USO goes for IPv4 too; the full set is still tried first, once, to learn
-whether the kernel takes USO packets written into the TUN (TUN GRO for UDP), which does not
-depend on the device's features. Partial checksums (TUN_F_CSUM) stay: the engines complete
-those of IPv6 packets as of IPv4 ones.
+A dual-stack flannel0 gets the same: the C engine cuts IPv6 super-packets (TCPV6, and UDP_L4
+of IPv6) and coalesces IPv6 runs (TCPV6 and UDP_L4 writes) as it does IPv4's.
 
 The Python engine gets no offloads (it has no segmentation or coalescing
 code; a super-packet would be dropped as malformed), nor does ``--offload
@@ -51,7 +46,6 @@ UDP_SEGMENT = 103           # <linux/udp.h>, Linux >= 4.18
 UDP_GRO = 104               # Linux >= 5.0
 TUN_TSO = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6
 TUN_ALL = TUN_TSO | TUN_F_USO4 | TUN_F_USO6
-TUN_IPV4_ONLY = TUN_F_CSUM | TUN_F_TSO4     # with IPv6 on flannel0 (see the module's docstring)
 # What /metrics and the log call each offload, in the order they are shown.
 NAMES = ("tun_vnet", "tun_csum", "tun_tso", "tun_uso", "tun_gro", "tun_gro_udp", "udp_gso",
          "udp_gro")
@@ -60,13 +54,12 @@ NAMES = ("tun_vnet", "tun_csum", "tun_tso", "tun_uso", "tun_gro", "tun_gro_udp",
 class Offloads:
     """The decision and the probe results for one run (daemon or forward)."""
 
-    def __init__(self, mode: str, engine: str, *, ipv6: bool = False):
+    def __init__(self, mode: str, engine: str):
         if mode not in MODES:
             raise ValueError(f"offload mode {mode!r}: use {' or '.join(MODES)}")
         self.mode = mode
         self.engine = engine
         self.vnet = False
-        self.ipv6 = ipv6            # flannel0 carries IPv6: no TSO6/USO (module docstring)
         self.tun_features = 0       # TUN_F_* bits TUNSETOFFLOAD accepted and left on
         self.kernel_uso = False     # TUNSETOFFLOAD took USO: the TUN takes USO writes too
         self.udp_gso = False
@@ -122,20 +115,14 @@ class Offloads:
                 # that no queue's view can differ.
                 for fd in fds:
                     set_offload(fd, features)
-                if self.ipv6:
-                    for fd in fds:
-                        set_offload(fd, TUN_IPV4_ONLY)
             except OSError as e:
                 last = e
                 continue
             self.kernel_uso = features == TUN_ALL
-            self.tun_features = TUN_IPV4_ONLY if self.ipv6 else features
+            self.tun_features = features
             if features != TUN_ALL:
                 self.refused["tun_uso"] = (f"TUNSETOFFLOAD refused USO ({last.strerror}; "
                                            "needs Linux >= 6.2)")
-            if self.ipv6:
-                self.refused["tun_tso6"] = ("not asked for: the C engine cannot segment IPv6 "
-                                            "yet (TSO6 and, with it, USO stay off)")
             return
         why = f"TUNSETOFFLOAD refused CSUM|TSO ({last.strerror if last else '?'})"
         self.refused["tun_tso"] = why + "; the TUN keeps plain packets behind zero vnet headers"
@@ -183,7 +170,6 @@ class Offloads:
         return {
             "tun_vnet": bool(f & OFF_TUN_VNET),
             "tun_csum": bool(tf & TUN_F_CSUM),
-            # TSO of IPv4: with IPv6 on flannel0 TSO6 stays off (refused["tun_tso6"] says so)
             "tun_tso": bool(tf & TUN_F_TSO4),
             "tun_uso": bool(tf & TUN_F_USO4 and tf & TUN_F_USO6),
             "tun_gro": bool(f & OFF_TUN_GRO),

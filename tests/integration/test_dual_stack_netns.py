@@ -5,7 +5,8 @@ Each host gives flannel0 its lease's IPv6 part's network address as a /128 and t
 IPv6Network, writes FLANNEL_IPV6_* into subnet.env as flanneld does, and marks its lease value
 `ForwardsIPv6` (control/lease.py); a pod hangs off each host with an address from
 FLANNEL_IPV6_SUBNET's range, as the CNI plugin would give it. Pods and hosts ping each other
-over IPv6, and IPv4 still goes; a lease written as flanneld's udp backend writes it (no mark)
+over IPv6, a TCP stream of 20 MiB goes from pod to pod intact through the C engine's IPv6
+offloads (TSO6 read, TCPV6 GSO written), and IPv4 still goes; a lease written as flanneld's udp backend writes it (no mark)
 gets no IPv6 route.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -20,6 +22,7 @@ from dataplane.testbed import netns as ns
 from dataplane.testbed.hosts import wait_for
 from dataplane.testbed.overlay import parse_ping
 from tests.conftest import require_overlay
+from tests.streams import NO_TX_OFFLOADS, hashed_transfer, udp_stream
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -85,6 +88,7 @@ def test_ipv6_pods_talk_over_the_ipv4_underlay(ov):
     assert ping6(h1.netns, str(addr0))["received"] == 3
     # IPv4 as ever
     assert ov.ping(h0, ov.flannel_ip(h1))["received"] == 3
+    _ipv6_streams(ov, pod1, pod0, addr0)
 
     # A lease as flanneld's udp backend writes it (a dual-stack key, no mark): its IPv4 subnet is
     # a route, its IPv6 part none (flanneld would drop what we sent it).
@@ -92,6 +96,38 @@ def test_ipv6_pods_talk_over_the_ipv4_underlay(ov):
            '{"PublicIP":"192.168.99.9","PublicIPv6":null}')
     assert ov.wait_log(h0, "its IPv6 part fc00:66:0:c8::/64 gets no route: the lease does not "
                            "say ForwardsIPv6")
+
+
+NBYTES6, NDGRAMS6 = 20 << 20, 1000
+
+
+def _ipv6_streams(ov, src_pod: str, dst_pod: str, dst_addr) -> None:
+    """NBYTES6 of TCP over IPv6 from src_pod to dst_pod, intact (sha256 on both ends), then
+    NDGRAMS6 datagrams, all intact and in order. The C engine reads the TCP as TCPV6
+    super-packets from flannel0 (TSO6) on the sending host and writes TCPV6 GSO packets into
+    flannel0 on the receiving one, then UDP_L4 ones of the datagrams' runs; the receiving host's
+    end of the pod's veth computes nothing, so its kernel must cut those packets and finish every
+    checksum from the pseudo-header sum we left: a wrong header or sum loses data."""
+    h0, h1 = ov.hosts
+    near = f"{ns.PREFIX}{ov.tb.tag}{h0.index}p"          # hosts.add_pod's name for h0's end
+    r = ov.exec(h0, [sys.executable, "-c", NO_TX_OFFLOADS, near])
+    assert r.returncode == 0 and "True" not in r.stdout, r.stdout + r.stderr
+    ops = 'flannel_udp_offload_ops_total{op="%s"}'
+
+    def gso_ops() -> tuple[float, float]:
+        return (ov.metrics(h1).get(ops % "tun_rx_gso", 0),
+                ov.metrics(h0).get(ops % "tun_tx_gso", 0))
+
+    hashed_transfer(src_pod, dst_pod, str(dst_addr), NBYTES6)
+    after_tcp = gso_ops()
+    got, bad, in_order, distinct = udp_stream(src_pod, dst_pod, str(dst_addr), NDGRAMS6, 1000, 25)
+    assert (got, bad, in_order, distinct) == (NDGRAMS6, 0, 1, NDGRAMS6)
+    after_udp = gso_ops()
+    if ov.daemon(h0).engine == "c":
+        assert after_tcp[0] > 0 and after_tcp[1] > 0, after_tcp   # TSO6 read, TCPV6 written
+        assert after_udp[1] > after_tcp[1], (after_tcp, after_udp)  # UDP_L4 of IPv6 written
+    else:
+        assert after_udp == (0, 0)
 
 
 def ping6_out(netns: str, dst: str, *extra: str) -> str:

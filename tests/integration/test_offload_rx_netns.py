@@ -35,7 +35,7 @@ import sys
 import pytest
 
 from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO
-from tests.streams import HASH_SINK, HASH_SOURCE
+from tests.streams import NO_TX_OFFLOADS, hashed_transfer, udp_stream
 from tests.conftest import require_engine, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -81,17 +81,6 @@ class Node:
 
 
 POD_IP, NBYTES = "10.5.2.5", 8 << 20
-_NO_OFFLOADS = r"""
-import sys
-from pyroute2 import Ethtool
-e = Ethtool(); f = e.get_features(sys.argv[1])
-for k in ("tx-checksum-ip-generic", "tx-tcp-segmentation", "tx-generic-segmentation"):
-    if k in f.features:
-        f.features[k].enable = False
-e.set_features(sys.argv[1], f)
-f = e.get_features(sys.argv[1])
-print({k: f.features[k].enable for k in ("tx-checksum-ip-generic", "tx-tcp-segmentation")})
-"""
 
 
 def _make_pod(tb, b) -> str:
@@ -109,28 +98,14 @@ def _make_pod(tb, b) -> str:
         "route add default via 10.5.2.1\n"))
     r = tb.exec(b, ["sysctl", "-qw", "net.ipv4.ip_forward=1"])
     assert r.returncode == 0, r.stderr
-    r = tb.exec(b, [sys.executable, "-c", _NO_OFFLOADS, "pod0"])
+    r = tb.exec(b, [sys.executable, "-c", NO_TX_OFFLOADS, "pod0"])
     assert r.returncode == 0 and "True" not in r.stdout, r.stdout + r.stderr
     return pod
 
 
 def _transfer(tb, a, pod) -> None:
     """NBYTES from A to the pod; the sha256 on both ends must agree."""
-    import subprocess
-    from dataplane.testbed import netns as ns
-    sink = subprocess.Popen(ns.exec_argv(pod, [sys.executable, "-c", HASH_SINK, POD_IP, "5300", "30"]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
-        r = tb.exec(a, [sys.executable, "-c", HASH_SOURCE, POD_IP, "5300", str(NBYTES), "7", "30"], timeout=60)
-        assert r.returncode == 0, f"source failed: {r.stderr}"
-        out, err = sink.communicate(timeout=30)
-        assert out.split() == r.stdout.split(), f"sent {r.stdout!r}, received {out!r} {err}"
-    finally:
-        if sink.poll() is None:
-            sink.kill()
-            sink.wait(5)
+    hashed_transfer(a.netns, pod, POD_IP, NBYTES)
 
 
 def _through_b(tb, kind: str, offloads: int, load):
@@ -187,59 +162,13 @@ def test_tcp_transfer_arrives_through_gro_and_gso(testbed, kind, offloads):
         assert rx["tun_tx_packets"] == rx["udp_rx_packets"]
 
 
-# A UDP stream: NDGRAMS datagrams of DGRAM bytes, each "<seq> <crc>" and a
-# pattern of seq, in paced bursts (A's relay is Python: its TUN queue of
-# 500 must not overflow). The sink in the pod checks every payload and
-# prints the seqs it got, in order.
+# A UDP stream (tests/streams.py's udp_stream), in paced bursts: A's relay is Python, its TUN
+# queue of 500 must not overflow.
 NDGRAMS, DGRAM, BURST = 3000, 1000, 25
-_UDP_SOURCE = r"""
-import socket, sys, time, zlib
-n, size, burst = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for i in range(n):
-    body = bytes([i % 251]) * (size - 16)
-    s.sendto(b"%08d%08x" % (i, zlib.crc32(body)) + body, (sys.argv[1], int(sys.argv[2])))
-    if i % burst == burst - 1:
-        time.sleep(0.003)
-print(n, flush=True)
-"""
-_UDP_SINK = r"""
-import socket, sys, zlib
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)          # SO_RCVBUFFORCE
-s.bind((sys.argv[1], int(sys.argv[2]))); s.settimeout(3)
-print("listening", flush=True)
-seqs, bad = [], 0
-try:
-    while True:
-        b = s.recv(65535)
-        seq, crc, body = int(b[:8]), int(b[8:16], 16), b[16:]
-        ok = zlib.crc32(body) == crc and body == bytes([seq % 251]) * len(body)
-        bad += not ok
-        seqs.append(seq)
-except socket.timeout:
-    pass
-print(len(seqs), bad, int(seqs == sorted(seqs)), len(set(seqs)), flush=True)
-"""
 
 
-def _udp_stream(tb, a, pod) -> tuple[str, str]:
-    """NDGRAMS from A to the pod's sink; the sink's line and stderr."""
-    import subprocess
-    from dataplane.testbed import netns as ns
-    sink = subprocess.Popen(ns.exec_argv(pod, [sys.executable, "-c", _UDP_SINK, POD_IP, "5400"]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert sink.stdout.readline().startswith("listening"), sink.stderr.read()
-        r = tb.exec(a, [sys.executable, "-c", _UDP_SOURCE, POD_IP, "5400", str(NDGRAMS),
-                        str(DGRAM), str(BURST)], timeout=60)
-        assert r.returncode == 0, f"source failed: {r.stderr}"
-        return sink.communicate(timeout=30)
-    finally:
-        if sink.poll() is None:
-            sink.kill()
-            sink.wait(5)
+def _udp_stream(tb, a, pod) -> tuple[int, int, int, int]:
+    return udp_stream(a.netns, pod, POD_IP, NDGRAMS, DGRAM, BURST)
 
 
 @pytest.mark.timeout(120)
@@ -250,10 +179,9 @@ def test_udp_stream_arrives_through_uso_writes(testbed, kind, offloads):
     must cut them on the way to a pod (no offloads on its veth) into exactly
     the datagrams A sent: all of them, intact, in order."""
     require_engine("c")
-    sa, sb, (out, err) = _through_b(testbed, kind, offloads, _udp_stream)
-    got, bad, in_order, distinct = map(int, out.split())
+    sa, sb, (got, bad, in_order, distinct) = _through_b(testbed, kind, offloads, _udp_stream)
     rx = sb["rx"]
-    assert (bad, in_order, distinct) == (0, 1, got), (out, err)
+    assert (bad, in_order, distinct) == (0, 1, got)
     assert got == NDGRAMS, f"{NDGRAMS - got} datagrams lost: A {sa}, B {rx}"
     assert {k: v for k, v in rx.items() if k.startswith("drop_") and v} == {}, rx
     assert sa["trains"] > 0, sa

@@ -2,7 +2,8 @@
 
 The offloads are the C engine's alone, so these are not cross-engine tests: a partial checksum
 on a plain IPv6 read is finished as on IPv4 (csum_start past the 40-byte fixed header), an IPv6
-USO super-packet is one drop_not_ipv4 as a TSO one is, and TUN GRO never coalesces IPv6.
+USO super-packet is cut into datagrams, and TUN GRO coalesces IPv6 runs into TCPV6 / UDP_L4
+writes (the thorough cases: test_engine_offload_tx.py, test_engine_offload_rx.py).
 The checksums here are computed from scratch over RFC 8200's pseudo-header.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tests.conftest import require_engine
 from tests.engine_harness import Harness, expect_only
 
 SRC6, DST6 = "fc00:5:0:1::9", "fc00:5:0:2::7"
-NEEDS_CSUM, GSO_NONE, GSO_UDP_L4 = 1, 0, 5
+NEEDS_CSUM, GSO_NONE, GSO_TCPV6, GSO_UDP_L4 = 1, 0, 4, 5
 VNET = struct.Struct("=BBHHHH")      # struct virtio_net_hdr, host order (the TUN default)
 TCP, UDP = 6, 17
 
@@ -113,16 +114,22 @@ def test_partial_checksum_inside_the_ipv6_header_or_out_of_range_is_malformed(st
     expect_only(st, tun_rx_packets=1, tun_rx_bytes=len(p), drop_malformed=1)
 
 
-def test_ipv6_uso_super_packet_is_one_not_ipv4():
-    p = udp6(b"u" * 3000, partial=True)
+def test_ipv6_uso_super_packet_is_cut_into_datagrams():
+    payload = bytes(i % 251 for i in range(2500))
+    p = udp6(payload, partial=True)
     with _tx(OFF_TUN_VNET) as h:
         h.inject_tun(_vnet(GSO_UDP_L4, 1000) + p)
-        h.wait_for(lambda st: st["tun_rx_packets"] >= 1, what="read")
+        h.wait_for(lambda st: st["udp_tx_packets"] >= 3, what="three datagrams sent")
         st = h.settle()
-    expect_only(st, tun_rx_packets=1, tun_rx_bytes=len(p), tun_rx_gso=1, drop_not_ipv4=1)
+        got = h.peer.received
+    want = [_hop_decremented(udp6(payload[i:i + 1000])) for i in range(0, 2500, 1000)]
+    assert got == want
+    n = sum(map(len, want))
+    expect_only(st, tun_rx_packets=3, tun_rx_bytes=n, tun_rx_gso=1, udp_tx_packets=3,
+                udp_tx_bytes=n)
 
 
-def test_tun_gro_never_coalesces_ipv6():
+def test_tun_gro_coalesces_ipv6():
     flow = [tcp6(1000 + i * 500, bytes([i]) * 500) for i in range(6)]
     dgrams = [udp6(bytes([i]) * 300) for i in range(4)]
     sent = flow + dgrams
@@ -132,9 +139,18 @@ def test_tun_gro_never_coalesces_ipv6():
         h.set_routes([h.route("fc00:5:0:1::/64", p)], wait=False)
         h.inject_udp(p, *sent)
         h.engine.start()
-        h.wait_for(lambda st: st["tun_tx_packets"] >= len(sent), what="all written")
-        st = h.settle()
+        st = h.wait_for(lambda st: st["tun_tx_packets"] >= len(sent) and h.outputs()[0] >= 2,
+                        what="all written")
         writes = h.take_tun()
-    # One write each, behind a plain virtio_net_hdr: nothing was joined.
-    assert writes == [bytes(10) + _hop_decremented(s) for s in sent]
-    assert st["tun_tx_gso"] == 0 and st["tun_writes"] == len(sent)
+    # One TCPV6 write and one UDP_L4 write, csum_start past the fixed header, the checksum
+    # field holding the folded pseudo-header sum of the whole, the payloads in order.
+    assert len(writes) == 2 and st["tun_tx_gso"] == 2 and st["tun_writes"] == 2
+    for w, group, gso_type, hdr_len, size, nh, coff in (
+            (writes[0], flow, GSO_TCPV6, 60, 500, TCP, 16),
+            (writes[1], dgrams, GSO_UDP_L4, 48, 300, UDP, 6)):
+        assert VNET.unpack_from(w) == (NEEDS_CSUM, gso_type, hdr_len, size, 40, coff)
+        pkt = w[10:]
+        assert pkt[:40] == _hop_decremented(v6(pkt[40:], nh))[:40]
+        assert struct.unpack("!H", pkt[40 + coff:42 + coff])[0] == \
+            _sum(_pseudo6(SRC6, DST6, nh, len(pkt) - 40))
+        assert pkt[hdr_len:] == b"".join(g[hdr_len:] for g in group)

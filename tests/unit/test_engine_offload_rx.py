@@ -1,6 +1,7 @@
 """The receive offloads of the C engine (csrc/rx.c, csrc/train.c, csrc/gro.c):
 UDP_GRO trains split into datagrams, TCP segments coalesced into one GSO
-write to the TUN (DP_OFF_TUN_GRO, rules at the top of csrc/gro.c).
+write to the TUN (DP_OFF_TUN_GRO, rules at the top of csrc/gro.c), IPv4's
+and IPv6's (a TCPV6 or UDP_L4 write whose csum_start is 40).
 
 The "TUN" is the harness's socketpair (tests/engine_harness.py): the engine
 only writes bytes, so what it wrote - virtio_net_hdr and all - is read back
@@ -23,14 +24,16 @@ import time
 
 import pytest
 
-from dataplane.engine import ipv4
+from dataplane.engine import ipv4, ipv6
 from dataplane.engine import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO
+from tests import gso_packets as gp
 from tests.engine_harness import Harness, behaviour_stats, nonzero
 
 SOL_UDP, UDP_SEGMENT, UDP_GRO = 17, 103, 104
 ACK, PSH, FIN, SYN, RST, URG = 0x10, 0x08, 0x01, 0x02, 0x04, 0x20
 VNET = struct.Struct("=BBHHHH")      # struct virtio_net_hdr, host order (the TUN default)
 SRC, DST = "10.5.2.7", "10.5.1.9"
+SRC6, DST6 = "fc00:5:0:2::7", "fc00:5:0:1::9"
 RX_ALL = OFF_TUN_VNET | OFF_UDP_GRO | OFF_TUN_GRO
 
 
@@ -78,9 +81,27 @@ def flow(n: int, size: int = 1000, seq0: int = 1000, ident0: int = 100, **kw) ->
     return [tcp_seg(seq0 + i * size, size, ident=ident0 + i, **kw) for i in range(n)]
 
 
+def tcp6_seg(seq: int, size: int, *, flags: int = ACK, hop: int = 64, flow_label: int = 0,
+             traffic_class: int = 0, dst: str = DST6, sport: int = 40000) -> bytes:
+    """A TCP/IPv6 segment of one flow (TCP right after the fixed header), payload by seq."""
+    data = bytes((seq + i) * 131 % 251 for i in range(size))
+    return gp.tcp6(SRC6, dst, data, sport=sport, dport=5201, seq=seq, ack=7777, flags=flags,
+                   window=501, hop=hop, flow_label=flow_label, traffic_class=traffic_class)
+
+
+def flow6(n: int, size: int = 1000, seq0: int = 1000, **kw) -> list[bytes]:
+    return [tcp6_seg(seq0 + i * size, size, **kw) for i in range(n)]
+
+
+def udp6_flow(n: int, size: int = 700, fill0: int = 0, dst: str = DST6, **kw) -> list[bytes]:
+    return [gp.udp6(SRC6, dst, bytes([(fill0 + i) & 0xFF]) * size, **kw) for i in range(n)]
+
+
 def forwarded(p: bytes) -> bytes:
-    """p as the engine writes it: TTL - 1 (p's checksum is valid, so the
-    incremental update equals a full one)."""
+    """p as the engine writes it: TTL (hop limit) - 1 (p's checksum is valid,
+    so the incremental update equals a full one)."""
+    if p[0] >> 4 == 6:
+        return p[:7] + bytes([p[7] - 1]) + p[8:]
     h = bytearray(p[:20])
     h[8] -= 1
     h[10:12] = b"\0\0"
@@ -103,6 +124,8 @@ def kernel_segments(write: bytes, vnet: bool) -> tuple[list[bytes], bool]:
     if (flags, gso_type) == (0, 0):
         assert (hdr_len, gso_size, cstart, coff) == (0, 0, 0, 0), write[:10]
         return [pkt], False
+    if pkt[0] >> 4 == 6:
+        return _segments6(pkt, gso_type, hdr_len, gso_size, cstart, coff, flags), True
     if gso_type == 5:
         return _udp_segments(pkt, hdr_len, gso_size, cstart, coff, flags), True
     assert (flags, gso_type, cstart, coff) == (1, 1, 20, 16), VNET.unpack_from(write)
@@ -167,6 +190,24 @@ def _udp_segments(pkt: bytes, hdr_len: int, gso_size: int, cstart: int, coff: in
     return out
 
 
+def _segments6(pkt: bytes, gso_type: int, hdr_len: int, gso_size: int, cstart: int, coff: int,
+               flags: int) -> list[bytes]:
+    """An IPv6 GSO write (TCPV6 or UDP_L4) checked field by field, then cut as the kernel's
+    GSO would (tests/gso_packets.py's reference cut: payload length, seq, full checksums)."""
+    proto = pkt[6]
+    thl = (pkt[52] >> 4) * 4 if proto == 6 else 8
+    assert (flags, cstart, hdr_len) == (1, 40, 40 + thl)
+    assert (gso_type, coff) == ((4, 16) if proto == 6 else (5, 6)), (gso_type, coff)
+    assert int.from_bytes(pkt[4:6], "big") + 40 == len(pkt), "payload length of the whole"
+    if proto == 17:
+        assert int.from_bytes(pkt[44:46], "big") == len(pkt) - 40, "UDP length of the whole run"
+    pseudo = ~ipv6.checksum(pkt[8:40] + struct.pack("!IxxxB", len(pkt) - 40, proto)) & 0xFFFF
+    assert int.from_bytes(pkt[40 + coff:42 + coff], "big") == pseudo, \
+        "the checksum field must hold the folded pseudo-header sum"
+    assert len(pkt) - hdr_len > gso_size, "a GSO write must hold more than one segment"
+    return gp.segment(pkt, gso_size)
+
+
 # ---- running an engine ------------------------------------------------------------------
 
 def send_train(h: Harness, peer, datagrams: list[bytes]) -> None:
@@ -193,7 +234,7 @@ def run(kind: str, offloads: int, messages, *, mtu: int = 1472, **harness) -> tu
         if offloads:
             h.engine.set_offloads(offloads)
         p = h.add_peer()
-        h.set_routes([h.route("10.5.2.0/24", p)], wait=False)
+        h.set_routes([h.route("10.5.2.0/24", p), h.route("fc00:5:0:2::/64", p)], wait=False)
         for m in messages:
             if isinstance(m, list):
                 send_train(h, p, m)     # a socket without UDP_GRO gets the datagrams
@@ -392,6 +433,51 @@ UDP_CASES = _udp_cases()
 @pytest.mark.parametrize("name", sorted(UDP_CASES))
 def test_udp_not_coalesced_is_written_alone_in_order(engine_kind, name):
     check_groups(engine_kind, UDP_RUNS, *UDP_CASES[name])
+
+
+# ---- IPv6 runs ---------------------------------------------------------------------
+
+def test_ipv6_runs_become_tcpv6_and_uso_writes(engine_kind):
+    sent = (flow6(5, 1200) + [tcp6_seg(7000, 300, flags=ACK | PSH)] + udp6_flow(4, 900)
+            + [gp.udp6(SRC6, DST6, b"end" * 10)])
+    writes, st = run(engine_kind, UDP_RUNS, sent)
+    check_writes(engine_kind, UDP_RUNS, writes, sent, [6, 5])
+    nbytes = sum(map(len, sent))
+    assert (st["tun_tx_packets"], st["tun_tx_bytes"]) == (11, nbytes)
+    if engine_kind == "c":
+        assert st["tun_tx_gso"] == 2 and st["tun_writes"] == 2, nonzero(st)
+        assert [VNET.unpack_from(w)[1:4] for w in writes] == [(4, 60, 1200), (5, 48, 900)]
+        pkt = writes[0][10:]
+        assert pkt[53] == ACK | PSH, "the run's last segment pushed: so does the GSO packet"
+        assert pkt[7] == 63 and pkt[60:] == b"".join(p[60:] for p in sent[:6])
+
+
+def _ipv6_cases():
+    f, u = flow6, udp6_flow
+    dest_opts = ipv6.build(SRC6, DST6, bytes([6, 0]) + bytes(6) + tcp6_seg(3000, 1000)[40:],
+                           next_header=60)
+    return {
+        "flow_label_differs": (f(2) + f(2, seq0=3000, flow_label=5), [2, 2]),
+        "class_differs": (f(2) + f(2, seq0=3000, traffic_class=4), [2, 2]),
+        "hop_limit_differs": (f(2) + f(2, seq0=3000, hop=30), [2, 2]),
+        "other_dst": (f(2) + f(2, seq0=3000, dst="fc00:5:0:1::a"), [2, 2]),
+        "gap_in_seq": (f(2) + f(2, seq0=4000), [2, 2]),
+        "extension_header_alone": (f(2) + [dest_opts] + f(2, seq0=4000), [2, 1, 2]),
+        "ipv4_and_ipv6_of_like_ports": (flow(2) + f(2) + flow(2, seq0=3000, ident0=102),
+                                        [2, 2, 2]),
+        "udp_other_dst": (u(2) + u(2, dst="fc00:5:0:1::a"), [2, 2]),
+        "udp_hop_limit_differs": (u(2) + u(2, hop=9), [2, 2]),
+        "udp_ipv4_between": (u(2) + udp_flow(2) + u(2, fill0=5), [2, 2, 2]),
+        "at_most_64k": (u(47, 1400), [46, 1]),
+    }
+
+
+IPV6_CASES = _ipv6_cases()
+
+
+@pytest.mark.parametrize("name", sorted(IPV6_CASES))
+def test_ipv6_not_coalesced_is_written_alone_in_order(engine_kind, name):
+    check_groups(engine_kind, UDP_RUNS, *IPV6_CASES[name])
 
 
 # ---- UDP GRO --------------------------------------------------------------------------

@@ -18,13 +18,15 @@ import struct
 
 import pytest
 
-from dataplane.engine import ipv4
+from dataplane.engine import ipv4, ipv6
 from dataplane.engine import OFF_TUN_VNET, OFF_UDP_GSO, Route, create_engine
 from tests import gso_packets as gp
 from tests.conftest import require, require_engine, wait_until
 from tests.engine_harness import Harness, big_rcvbuf, expect_only
 
 SRC, DST = "10.5.1.9", "10.5.2.7"
+SRC6, DST6 = "fc00:5:0:1::9", "fc00:5:0:2::7"
+ROUTED = ("10.5.2.0/24", "fc00:5:0:2::/64")
 SO_NO_CHECK = 11          # <asm-generic/socket.h>: UDP sends without checksums
 
 
@@ -38,7 +40,7 @@ def _harness(offloads: int, **kw) -> Harness:
     try:
         h.engine.set_offloads(offloads)
         h.peer = h.add_peer()
-        h.set_routes([h.route("10.5.2.0/24", h.peer)], wait=False)
+        h.set_routes([h.route(n, h.peer) for n in ROUTED], wait=False)
         h.engine.start()
     except BaseException:
         h.close()
@@ -50,7 +52,7 @@ def _python_reference(packets, *, mtu=1472) -> list[bytes]:
     """What the Python engine sends for these plain packets (the oracle)."""
     with Harness("python", mtu=mtu) as h:
         p = h.add_peer()
-        h.set_routes([h.route("10.5.2.0/24", p)])
+        h.set_routes([h.route(n, p) for n in ROUTED])
         h.inject_tun(*packets)
         h.settle()
         return list(p.received)
@@ -126,6 +128,20 @@ def _tso(payload: bytes, *, flags=gp.ACK | gp.PSH | gp.FIN | gp.CWR, seq=0xFFFFF
                   tot_len=None)
 
 
+def _check_tso_segments(got, sp: bytes, mss: int) -> None:
+    """Each segment of super-packet sp a valid wire packet, seq + i * mss, CWR on the first
+    only, FIN and PSH on the last only, and the payloads together sp's."""
+    seq0 = gp.tcp_fields(sp)["seq"]
+    for i, p in enumerate(got):
+        gp.check_wire_packet(p, 1472)
+        f = gp.tcp_fields(p)
+        assert f["seq"] == (seq0 + i * mss) & 0xFFFFFFFF
+        assert bool(f["flags"] & gp.CWR) == (i == 0)
+        assert bool(f["flags"] & (gp.FIN | gp.PSH)) == (i == len(got) - 1)
+        assert f["flags"] & gp.ACK
+    assert b"".join(gp.tcp_fields(p)["payload"] for p in got) == gp.tcp_fields(sp)["payload"]
+
+
 def test_tso_super_packet_is_cut_like_the_kernel(c_engine):
     mss = 1400
     sp = _tso(_data(10 * mss + 333))
@@ -136,20 +152,9 @@ def test_tso_super_packet_is_cut_like_the_kernel(c_engine):
         st = _wait_read(h, len(want))
         got = h.peer.received
     assert got == _python_reference(want)
-    ids, seqs = [], []
-    for i, p in enumerate(got):
-        gp.check_wire_packet(p, 1472)
-        f = gp.tcp_fields(p)
-        ids.append(f["id"])
-        seqs.append(f["seq"])
-        assert p[8] == 63                                    # TTL - 1 on each
-        assert bool(f["flags"] & gp.CWR) == (i == 0)
-        assert bool(f["flags"] & (gp.FIN | gp.PSH)) == (i == len(got) - 1)
-        assert f["flags"] & gp.FIN == 0 or f["flags"] & gp.PSH
-        assert f["flags"] & gp.ACK
-    assert ids == [(0xFFFE + i) & 0xFFFF for i in range(11)]
-    assert seqs == [(0xFFFFF000 + i * mss) & 0xFFFFFFFF for i in range(11)]
-    assert b"".join(gp.tcp_fields(p)["payload"] for p in got) == sp[52:]
+    _check_tso_segments(got, sp, mss)
+    assert all(p[8] == 63 for p in got)                      # TTL - 1 on each
+    assert [gp.tcp_fields(p)["id"] for p in got] == [(0xFFFE + i) & 0xFFFF for i in range(11)]
     n = sum(map(len, want))
     expect_only(st, tun_rx_packets=11, tun_rx_bytes=n, udp_tx_packets=11, udp_tx_bytes=n,
                 tun_rx_gso=1)
@@ -269,6 +274,73 @@ MALFORMED = {
 }
 
 
+def test_tso6_super_packet_is_cut_like_the_kernel(c_engine):
+    """TCPV6: each segment its own payload length, no id, the checksum over RFC 8200's
+    pseudo-header; class and flow label kept (the kernel copies the header)."""
+    mss = 1400
+    sp = gp.tcp6(SRC6, DST6, _data(4 * mss + 77), seq=0xFFFFF000, flags=gp.ACK | gp.PSH | gp.FIN
+                 | gp.CWR, options=b"\x01\x01\x08\x0a" + bytes(8), traffic_class=0x28,
+                 flow_label=0xABCDE)
+    want = gp.segment(sp, mss)
+    assert len(want) == 5
+    with _harness(OFF_TUN_VNET) as h:
+        h.inject_tun(gp.vnet_hdr(gp.GSO_TCPV6, mss, hdr_len=72, csum_start=40)
+                     + gp.partial_checksum(sp))
+        st = _wait_read(h, len(want))
+        got = h.peer.received
+    assert got == _python_reference(want)
+    _check_tso_segments(got, sp, mss)
+    assert all(p[:4] == sp[:4] and p[7] == 63 for p in got)  # class/flow kept, hop limit - 1
+    n = sum(map(len, want))
+    expect_only(st, tun_rx_packets=5, tun_rx_bytes=n, udp_tx_packets=5, udp_tx_bytes=n,
+                tun_rx_gso=1)
+
+
+def test_uso6_super_packet_and_tso6_bare_header(c_engine):
+    seg = 1000
+    sp = gp.udp6(SRC6, DST6, _data(3 * seg + 1))
+    bare = gp.tcp6(SRC6, DST6, b"", flags=gp.ACK)
+    want = gp.segment(sp, seg) + [bare]
+    assert [len(w) for w in want] == [1048] * 3 + [49, 60]
+    with _harness(OFF_TUN_VNET) as h:
+        h.inject_tun(gp.vnet_hdr(gp.GSO_UDP_L4, seg, csum_start=40, csum_offset=6)
+                     + gp.partial_checksum(sp),
+                     gp.vnet_hdr(gp.GSO_TCPV6, seg, csum_start=40) + gp.partial_checksum(bare))
+        st = _wait_read(h, len(want))
+        got = h.peer.received
+    for p in got[:4]:
+        gp.check_wire_packet(p, 1472)
+        assert struct.unpack("!H", p[44:46])[0] == len(p) - 40      # UDP length
+    assert got == _python_reference(want)
+    assert st["tun_rx_gso"] == 2 and st["udp_tx_packets"] == 5
+
+
+def _bad6(**over):
+    sp = gp.tcp6(SRC6, DST6, _data(3000))
+    args = dict(gso_type=gp.GSO_TCPV6, gso_size=1000, flags=gp.F_NEEDS_CSUM, csum_start=40,
+                csum_offset=16)
+    pkt = over.pop("pkt", sp)
+    args.update(over)
+    return gp.vnet_hdr(args.pop("gso_type"), args.pop("gso_size"), **args) + pkt
+
+
+MALFORMED.update({
+    "TCPV4 on IPv6": _bad6(gso_type=gp.GSO_TCPV4),
+    "UFO on IPv6": _bad6(gso_type=gp.GSO_UDP),
+    "ECN on IPv6": _bad6(gso_type=gp.GSO_TCPV6 | gp.GSO_ECN),
+    "csum_start in the IPv6 header": _bad6(csum_start=20),
+    "USO on TCP/IPv6": _bad6(gso_type=gp.GSO_UDP_L4, csum_offset=6),
+    "TCPV6 on UDP/IPv6": _bad6(pkt=gp.udp6(SRC6, DST6, _data(3000)), csum_offset=6),
+    "payload length short": _bad6(pkt=gp.tcp6(SRC6, DST6, _data(3000), payload_len=2000)),
+    "a jumbogram's payload length 0": _bad6(pkt=gp.tcp6(SRC6, DST6, _data(3000), payload_len=0)),
+    "an extension header first": _bad6(pkt=ipv6.build(SRC6, DST6, bytes(8) + gp.tcp6(
+        SRC6, DST6, _data(3000))[40:], next_header=0)),
+    "TCP header cut after IPv6": _bad6(pkt=ipv6.build(SRC6, DST6, bytes(12), next_header=gp.PROTO_TCP)),
+    "shorter than IPv6": _bad6(pkt=gp.tcp6(SRC6, DST6)[:30]),
+    "IPv6 segment over mtu": _bad6(gso_size=1413),
+})
+
+
 @pytest.mark.parametrize("name", sorted(MALFORMED))
 def test_inconsistent_super_packet_is_malformed(c_engine, name):
     raw = MALFORMED[name]
@@ -279,15 +351,12 @@ def test_inconsistent_super_packet_is_malformed(c_engine, name):
                 tun_rx_gso=1)
 
 
-def test_ipv6_super_packet_is_one_not_ipv4(c_engine):
-    v6 = bytes([0x60]) + bytes(39) + _data(5000)
+def test_super_packet_of_neither_version_is_not_ipv4(c_engine):
+    bad = bytes([0x70]) + gp.tcp6(SRC6, DST6, _data(3000))[1:]
     with _harness(OFF_TUN_VNET) as h:
-        h.inject_tun(gp.vnet_hdr(gp.GSO_TCPV6, 1000, csum_start=40) + v6)
-        h.inject_tun(gp.vnet_hdr(flags=0) + bytes([0x70]) + v6[1:1000])     # neither 4 nor 6
-        h.inject_tun(gp.vnet_hdr(flags=0) + v6[:1000])     # a plain IPv6 read: payload length 0
-        st = _wait_read(h, 3)
-    expect_only(st, tun_rx_packets=3, tun_rx_bytes=7040, drop_not_ipv4=2, drop_malformed=1,
-                tun_rx_gso=1)
+        h.inject_tun(gp.vnet_hdr(gp.GSO_TCPV6, 1000, csum_start=40) + bad)
+        st = _wait_read(h, 1)
+    expect_only(st, tun_rx_packets=1, tun_rx_bytes=len(bad), drop_not_ipv4=1, tun_rx_gso=1)
 
 
 def test_read_shorter_than_the_vnet_header(c_engine):

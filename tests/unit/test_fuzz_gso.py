@@ -1,8 +1,8 @@
 """csrc/gso.c under libFuzzer with ASan + UBSan (csrc/fuzz/fuzz_gso.c).
 
 Arbitrary virtio_net_hdr + packet bytes, as a TUN with IFF_VNET_HDR hands
-them over; the target aborts when a segment is not a valid IPv4 packet
-<= mtu with valid checksums, the segments do not carry the payload, or a
+them over; the target aborts when a segment is not a valid IPv4 (IPv6)
+packet <= mtu of the super-packet's family with valid checksums, the segments do not carry the payload, or a
 read does not land where tx.c expects it (dp_gso_scatter, dp_gso_read; its
 header lists the checks). Seeds are built here from tests/gso_packets.py.
 """
@@ -26,8 +26,16 @@ def _seeds() -> dict[str, bytes]:
     tso = gp.tcp(src, dst, data[:4000], flags=gp.ACK | gp.PSH | gp.FIN | gp.CWR,
                  options=b"\x01\x01\x08\x0a" + bytes(8))
     uso = gp.udp(src, dst, data[:3001])
+    src6, dst6 = "fc00:5:0:1::9", "fc00:5:0:2::7"
+    tso6 = gp.tcp6(src6, dst6, data[:4000], flags=gp.ACK | gp.PSH | gp.FIN | gp.CWR,
+                   options=b"\x01\x01\x08\x0a" + bytes(8), flow_label=0x12345)
+    uso6 = gp.udp6(src6, dst6, data[:3001])
     mtu = struct.pack("!H", 1472)
     return {
+        "tso6": mtu + gp.vnet_hdr(gp.GSO_TCPV6, 1400, csum_start=40, csum_offset=16) + tso6,
+        "uso6": mtu + gp.vnet_hdr(gp.GSO_UDP_L4, 1000, csum_start=40, csum_offset=6) + uso6,
+        "csum6": mtu + gp.vnet_hdr(csum_start=40, csum_offset=16) + gp.partial_checksum(
+            tso6[:500]),
         "tso": mtu + gp.vnet_hdr(gp.GSO_TCPV4, 1400, csum_start=20, csum_offset=16) + tso,
         "tso-tiny": mtu + gp.vnet_hdr(gp.GSO_TCPV4, 7) + tso[:300],
         "uso": mtu + gp.vnet_hdr(gp.GSO_UDP_L4, 1000, csum_offset=6) + uso,
