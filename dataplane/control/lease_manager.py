@@ -43,7 +43,7 @@ import random
 import threading
 import time
 from dataclasses import replace
-from ipaddress import IPv4Address, IPv4Network, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Callable, Optional
 
 # SubnetError, OutOfSubnetsError, free_subnets and MAX_FREE_CANDIDATES were defined here first:
@@ -93,10 +93,14 @@ class LeaseManager:
                  renew_margin_s: Optional[float] = None, retry_interval: float = 60.0,
                  reacquire_interval: float = 1.0, watch_retry_interval: float = 1.0,
                  max_attempts: int = 20, rng: Optional[random.Random] = None,
-                 subnet_file_prev_v6: Optional[IPv6Network] = None):
+                 subnet_file_prev_v6: Optional[IPv6Network] = None,
+                 public_ipv6: "IPv6Address | str | None" = None):
         self.registry = registry
         self.public_ip = IPv4Address(public_ip)
+        # the IPv6 underlay's address, written only with EnableIPv6 (docs/operating.md#dual-stack)
+        with_v6 = config is not None and config.enable_ipv6 and public_ipv6
         self.attrs = LeaseAttrs(public_ip=self.public_ip,
+                                public_ipv6=IPv6Address(public_ipv6) if with_v6 else None,
                                 direct_routing=bool(config is not None and config.direct_routing),
                                 forwards_ipv6=bool(config is not None and config.enable_ipv6))
         self.subnet_file_prev = subnet_file_prev

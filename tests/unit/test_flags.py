@@ -214,3 +214,18 @@ def test_handover_flags():
     assert (o.handover, o.handover_socket) == (True, "/run/x/h.sock")
     o = resolve(["--handover-socket="], {"FLANNELD_HANDOVER": "true"})
     assert (o.handover, o.handover_socket) == (True, "")          # no handover offered
+
+
+def test_public_ipv6_is_a_global_unicast_ipv6_address():
+    """--public-ipv6 names this host's IPv6 underlay (docs/flags.md): a peer must be able to
+    send to it, so it is checked as it is read, with words that say why."""
+    assert resolve(["--public-ipv6=FD00:99::0001"]).public_ipv6 == "fd00:99::1"
+    assert resolve([], {"FLANNELD_PUBLIC_IPV6": "2001:db8::7"}).public_ipv6 == "2001:db8::7"
+    assert not any("public-ipv6" in w for w in resolve(["--public-ipv6=2001:db8::7"]).warnings)
+    for bad, why in (("10.0.0.1", "not an IPv6 address"), ("fd00::/64", "not an IPv6 address"),
+                     ("::1", "not a global unicast"), ("::", "not a global unicast"),
+                     ("fe80::1", "not a global unicast"), ("ff02::1", "not a global unicast"),
+                     ("::ffff:10.0.0.1", "IPv4-mapped")):
+        with pytest.raises(flanneld_flags.FlagError, match="--public-ipv6") as e:
+            resolve([f"--public-ipv6={bad}"])
+        assert why in str(e.value), (bad, str(e.value))
