@@ -10,8 +10,9 @@
  * struct field is `type name;` or `type name[N];`, one per declaration.
  *
  * The C side knows nothing of etcd and never opens devices: it is handed a
- * TUN fd (IFF_TUN|IFF_NO_PI) and a UDP socket fd, and moves raw IPv4 and
- * IPv6 packets between them. Behaviour (identical in dataplane/engine/pypath.py):
+ * TUN fd (IFF_TUN|IFF_NO_PI) and a UDP socket fd (AF_INET), and for the
+ * IPv6 underlay a second UDP socket fd (AF_INET6, dp_loop_set_udp6), and
+ * moves raw IPv4 and IPv6 packets between them. Behaviour (identical in dataplane/engine/pypath.py):
  *
  * TUN -> UDP, per batch (read() until EAGAIN or `batch` packets):
  *   1. validate: len >= 20, version 4, ihl >= 5, ihl*4 <= len,
@@ -95,9 +96,8 @@
  *   MTU, SO_NO_CHECK) and any other refusal concern that send only: GSO
  *   stays on.
  *
- * IPv6 inner packets (version 6; the underlay stays IPv4: a dp_route6's
- * peer is an IPv4 address) take the same steps with IPv6's rules, in place
- * of the IPv4 ones:
+ * IPv6 inner packets (version 6) take the same steps with IPv6's rules, in
+ * place of the IPv4 ones:
  *   TUN -> UDP: len >= 20 (else drop_malformed), version 6, then len >= 40
  *     and payload length + 40 == len (else drop_malformed); link scope
  *     (below) -> drop_scope; dst looked up in the IPv6 table (a miss is
@@ -105,7 +105,11 @@
  *     destination" into the TUN); hop limit (byte 7) <= 1 -> drop_ttl, and
  *     ICMPv6 time exceeded 3/0; hop limit - 1 (IPv6 has no header
  *     checksum); sent as step 5. Either error only as "ICMPv6 errors"
- *     below allows.
+ *     below allows. Between the hop limit and its decrement: len over the
+ *     route's mtu (dp_route6.mtu, when not 0) -> drop_too_big, and ICMPv6
+ *     packet too big 2/0 (its 4-byte word after the checksum: that mtu),
+ *     as "ICMPv6 errors" allows, counted in icmp_too_big_sent (the order
+ *     of RFC 8200 routers: hop limit first, then the link's MTU).
  *   UDP -> TUN: steps 1 and 2 as for IPv4; a version other than 4 and 6 is
  *     drop_not_ipv4 (the name kept for the dashboards: "neither IPv4 nor
  *     IPv6"); len >= 40 and payload length + 40 == len (else
@@ -121,6 +125,25 @@
  *     discovery message as if it came from the link.
  * Offloads, GRO and GSO stay IPv4's: an IPv6 packet is never coalesced, and
  * a TSO/USO super-packet of IPv6 is drop_not_ipv4 as before.
+ *
+ * The IPv6 underlay (dp_loop_set_udp6). A route's peer is where its packets
+ * go: dp_route's is an IPv4 address, dp_route6's an IPv4-mapped address
+ * (::ffff:a.b.c.d: the IPv4 underlay, udp_fd) or an IPv6 address (the IPv6
+ * underlay: [peer_ip]:port over udp6_fd); inner IPv6 packets may take
+ * either underlay, inner IPv4 packets take IPv4's. TUN -> UDP step 5 sends
+ * each packet on its peer's socket, the order of a batch kept within each
+ * socket (one sendmmsg per run of one socket; DP_OFF_UDP_GSO trains never
+ * mix peers, so never sockets). UDP -> TUN reads both sockets alike; step
+ * 2's source check of a datagram from udp6_fd asks whether its source is
+ * the IPv6 peer_ip of some dp_route6 (IPv4-mapped ones and dp_route peers
+ * match only udp_fd's sources, and no IPv6 address matches those), with
+ * the same counter (drop_bad_source) and the same accept_any. The inner
+ * packet's family is told by its version nibble on either socket: an IPv4
+ * packet from an IPv6 peer is accepted as one from an IPv4 peer is (the
+ * check is on the outer source); step 5 (strict) compares the route's
+ * peer, address and family, with the datagram's source, so such a packet
+ * is drop_inner_foreign there, its IPv4 route's peer being IPv4. The
+ * offload bits apply to both sockets (the caller sets UDP_GRO on each).
  *
  * Checks are made in exactly the order listed; a packet is counted in the
  * first drop reason it meets and in no other.
@@ -161,8 +184,10 @@
  *         (dp_loop_set_addr6), dst = offender's src
  *   ICMPv6: type, code, checksum over RFC 8200 8.1's pseudo-header (src,
  *         dst, 8 + q as 32 bits, 3 zero bytes, 58) and the message, 4 zero
- *         bytes, then the offender's first q = min(len, DP_ICMP6_ERR_MAX -
- *         48) bytes as read, so that the error is at most DP_ICMP6_ERR_MAX.
+ *         bytes (packet too big: the mtu, 32 bits), then the offender's
+ *         first q = min(len, DP_ICMP6_ERR_MAX - 48) bytes as read, so that
+ *         the error is at most DP_ICMP6_ERR_MAX. Types: 1/0 unreachable,
+ *         2/0 packet too big, 3/0 time exceeded.
  *   Never sent (the offender just dropped, nothing else counted, no token
  *   of the rate limit taken), in this order:
  *     - tun_addr6 is :: (the default: dp_loop_set_addr6 not called, as on a
@@ -216,6 +241,7 @@ enum dp_limits {
     DP_ICMP_BURST_DEFAULT = 50,
     DP_ICMP_TTL = 64,            /* TTL (IPv6: hop limit) of the ICMP errors we generate */
     DP_ICMP6_ERR_MAX = 1280,     /* the longest ICMPv6 error: IPv6's minimum MTU */
+    DP_MTU6_MIN = 1280,          /* dp_route6.mtu: IPv6's minimum link MTU (RFC 8200 5) */
     DP_IPV6_EXT_MAX = 8,         /* extension headers walked to find the upper layer */
     DP_LOCAL_MAX = 65536,        /* dp_loop_set_local: addresses at most */
     DP_COALESCE_MAX_US = 1000,   /* dp_loop_set_coalesce: a millisecond at most */
@@ -237,15 +263,22 @@ typedef struct dp_route {
 } dp_route;
 
 /* Route of an IPv6 subnet, looked up the same way in a table of its own.
- * The underlay is IPv4: peer_ip is the peer's IPv4 address written as an
- * IPv4-mapped IPv6 address (::ffff:a.b.c.d), the form an IPv6 underlay will
- * extend; any other peer_ip, or reserved not 0, is -EINVAL. */
+ * peer_ip says the underlay ("The IPv6 underlay" above): an IPv4-mapped
+ * address (::ffff:a.b.c.d) is the IPv4 peer a.b.c.d over udp_fd; any other
+ * is an IPv6 peer over the udp6 socket, and must be an address one
+ * datagram can be sent to without a scope: ::, fe80::/10 (link-local) and
+ * ff00::/8 (multicast) are -EINVAL.
+ * mtu: the largest inner packet this route carries (RFC 8200's link MTU of
+ * the tunnel towards that peer), 0 (none: the loop's mtu) or
+ * DP_MTU6_MIN..DP_MTU_MAX, else -EINVAL; a longer packet gets ICMPv6
+ * packet too big (see "IPv6 inner packets"). reserved not 0 is -EINVAL. */
 typedef struct dp_route6 {
     uint8_t net[16];     /* network order, host bits zero */
-    uint8_t peer_ip[16]; /* ::ffff:a.b.c.d */
+    uint8_t peer_ip[16]; /* ::ffff:a.b.c.d (IPv4 underlay) or an IPv6 address */
     uint32_t prefixlen;  /* 0..128 */
     uint32_t port;       /* host order */
-    uint32_t reserved[2];
+    uint32_t mtu;        /* inner MTU towards that peer; 0 = the loop's mtu */
+    uint32_t reserved;
 } dp_route6;
 
 /* Counters. Names match the Python engine's stats() keys one for one.
@@ -289,16 +322,19 @@ typedef struct dp_stats {
     uint64_t drop_inner_foreign; /* step 5: inner source not routed to the sender */
     uint64_t coalesce_waits;     /* waits of dp_loop_set_coalesce after a pass with work */
     uint64_t drop_scope;         /* IPv6 with a link-scoped source or destination */
-    uint64_t reserved[26];
+    uint64_t drop_too_big;       /* IPv6 longer than its route's mtu (dp_route6.mtu) */
+    uint64_t icmp_too_big_sent;  /* ICMPv6 packet too big written into the TUN */
+    uint64_t reserved[24];
 } dp_stats;
 
 /* Trace events, recorded only while tracing is on (for the demo). */
 enum dp_trace_kind {
     DP_TR_TUN_READ = 1,    /* len, head: packet as read from the TUN */
-    DP_TR_ROUTE_HIT = 2,   /* addr/port: chosen peer; len = route prefixlen */
+    DP_TR_ROUTE_HIT = 2,   /* addr/port: chosen peer (addr 0: an IPv6 peer); len = route prefixlen */
     DP_TR_ROUTE_MISS = 3,  /* addr: the destination that had no route (0 for IPv6) */
-    DP_TR_UDP_SEND = 4,    /* addr/port: peer; len; batch: msgs in that sendmmsg */
-    DP_TR_UDP_RECV = 5,    /* addr/port: source; len; batch: msgs in that recvmmsg; head */
+    DP_TR_UDP_SEND = 4,    /* addr/port: peer (addr 0: IPv6); len; batch: msgs in that sendmmsg */
+    DP_TR_UDP_RECV = 5,    /* addr/port: source (addr 0: IPv6); len; batch: msgs in that
+                              recvmmsg; head */
     DP_TR_TUN_WRITE = 6,   /* len, head: packet as written to the TUN */
     DP_TR_ICMP = 7,        /* len, head: the ICMP error written to the TUN */
     DP_TR_DROP = 8         /* len; batch = reason index (dp_stats field order) */
@@ -325,6 +361,15 @@ typedef struct dp_loop dp_loop;
 int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
                 uint32_t mtu, uint32_t batch, int accept_any);
 
+/* The IPv6 underlay: fd is an AF_INET6 UDP socket (IPV6_V6ONLY, bound by
+ * the caller, as udp_fd is, to the host's [address]:port) that the loop
+ * reads and sends from beside udp_fd; it keeps its mode and is never
+ * closed here. Before dp_loop_run() and at most once: -EBUSY while the
+ * loop runs or when a udp6 socket is set already, -EBADF for fd < 0 or an
+ * fd the loop has already. Until it is set, a table with an IPv6 peer is
+ * -EINVAL for this loop (dp_loops_set_routes), so call it first. */
+int dp_loop_set_udp6(dp_loop *loop, int fd);
+
 /* Runs until dp_loop_stop() or until the TUN is gone; call from a dedicated
  * thread. After each wake-up it alternates the directions, one batch each,
  * while either has work, at most DP_ROUNDS times, then polls again; a poll
@@ -344,7 +389,8 @@ void dp_loop_free(dp_loop *loop);
 /* Thread-safe: builds a new table from n IPv4 routes and n6 IPv6 routes
  * and publishes it; the loop takes both families into use together before
  * its next packet. The arrays are copied; either may be NULL when its count
- * is 0. */
+ * is 0. A route dataplane.h forbids, or an IPv6 peer (dp_route6) while the
+ * loop has no udp6 socket (dp_loop_set_udp6), is -EINVAL. */
 int dp_loop_set_routes(dp_loop *loop, const dp_route *routes, uint32_t n,
                        const dp_route6 *routes6, uint32_t n6);
 
@@ -369,7 +415,8 @@ int dp_loop_set_strict_sources(dp_loop *loop, int enable);
 
 /* Thread-safe: the same n routes for several loops (the queues of one host).
  * Each loop's table is built first, then all are published one right after
- * the other, so the queues switch together; on error none is published.
+ * the other, so the queues switch together; on error (-EINVAL as above for
+ * any one loop) none is published.
  * dp_loop_set_routes(l, ...) is this call for the one loop l. */
 int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *routes,
                         uint32_t n, const dp_route6 *routes6, uint32_t n6);
@@ -411,7 +458,8 @@ enum dp_offload {
                               reads may be TSO/USO super-packets, segmented here */
     DP_OFF_UDP_GSO = 2,    /* trains of equal-sized datagrams to one peer go out in
                               one message with UDP_SEGMENT */
-    DP_OFF_UDP_GRO = 4,    /* udp_fd has UDP_GRO on: one message may hold a train */
+    DP_OFF_UDP_GRO = 4,    /* udp_fd (and the udp6 socket) has UDP_GRO on: one message
+                              may hold a train */
     DP_OFF_TUN_GRO = 8,    /* consecutive TCP segments of one flow are written to
                               the TUN as one GSO packet (needs DP_OFF_TUN_VNET) */
     DP_OFF_TUN_GRO_UDP = 16 /* and so are consecutive UDP datagrams of one flow, as

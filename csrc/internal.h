@@ -70,6 +70,8 @@ enum dp_stat {
     DP_ST_DROP_INNER_FOREIGN,
     DP_ST_COALESCE_WAITS,
     DP_ST_DROP_SCOPE,
+    DP_ST_DROP_TOO_BIG,
+    DP_ST_ICMP_TOO_BIG_SENT,
     DP_ST_COUNT,
     DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
 };

@@ -399,6 +399,13 @@ int dp_loop_set_addr6(dp_loop *l, const uint8_t *addr6)
     return 0;
 }
 
+/* The API of the IPv6 underlay; its implementation follows. */
+int dp_loop_set_udp6(dp_loop *l, int fd)
+{
+    (void)fd;
+    return l ? -EOPNOTSUPP : -EINVAL;
+}
+
 int dp_loop_set_strict_sources(dp_loop *l, int enable)
 {
     if (!l)
@@ -498,9 +505,13 @@ _Static_assert(offsetof(dp_stats, drop_inner_foreign) == DP_ST_DROP_INNER_FOREIG
                "drop index");
 _Static_assert(offsetof(dp_stats, coalesce_waits) == DP_ST_COALESCE_WAITS * 8, "stats index");
 _Static_assert(offsetof(dp_stats, drop_scope) == DP_ST_DROP_SCOPE * 8, "drop index");
+_Static_assert(offsetof(dp_stats, drop_too_big) == DP_ST_DROP_TOO_BIG * 8, "drop index");
+_Static_assert(offsetof(dp_stats, icmp_too_big_sent) == DP_ST_ICMP_TOO_BIG_SENT * 8,
+               "stats index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");
 _Static_assert(sizeof(dp_state) == 8 * sizeof(uint32_t), "dp_state is 8 words");
 /* dp_route6 is read from Python's ROUTE6_DTYPE array as it is (native.py
  * checks the same from its side). */
 _Static_assert(sizeof(dp_route6) == 48 && offsetof(dp_route6, prefixlen) == 32 &&
-               offsetof(dp_route6, reserved) == 40, "dp_route6 layout");
+               offsetof(dp_route6, mtu) == 40 && offsetof(dp_route6, reserved) == 44,
+               "dp_route6 layout");

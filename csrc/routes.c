@@ -231,7 +231,7 @@ static int count_routes6(const dp_route6 *routes, uint32_t n, uint32_t *count)
         const dp_route6 *r = &routes[i];
         struct dp_key6 net, m;
 
-        if (r->prefixlen > 128 || r->port > 0xffff || r->reserved[0] || r->reserved[1])
+        if (r->prefixlen > 128 || r->port > 0xffff || r->reserved || r->mtu)
             return -EINVAL;
         net = key6_of(r->net);
         m = mask6_of(r->prefixlen);

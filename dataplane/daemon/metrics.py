@@ -337,6 +337,8 @@ ENGINE_COUNTERS = {
     "drop_inner_local": (f"{PREFIX}_drops_total", "inner_local"),
     "drop_inner_foreign": (f"{PREFIX}_drops_total", "inner_foreign"),
     "drop_scope": (f"{PREFIX}_drops_total", "scope"),
+    "drop_too_big": (f"{PREFIX}_drops_total", "too_big"),
+    "icmp_too_big_sent": (f"{PREFIX}_icmp_sent_total", "packet_too_big"),
     # `syscalls` counts every syscall, the kinds below each one kind: what it has beyond their
     # sum are the wake-up eventfd's reads, which have no counter of their own (SYSCALL_REST).
     "syscalls": (f"{PREFIX}_syscalls_total", "wake_reads"),

@@ -61,14 +61,31 @@ class Ended:
 @dataclass(frozen=True)
 class Route:
     """Packets to ``subnet`` go as UDP payload to ``peer_ip:port``. The subnet is of
-    either family (an IPv6 one holds inner IPv6 packets); the underlay is IPv4."""
+    either family (an IPv6 one holds inner IPv6 packets). The peer says the underlay: an
+    IPv4Address goes over the IPv4 socket, an IPv6Address over the IPv6 one
+    (:meth:`Engine.set_udp6`), for an IPv6 subnet only (dataplane.h, "The IPv6 underlay").
+    ``mtu``: the largest inner packet the route carries, for an IPv6 subnet (0: the
+    engine's mtu); a longer one gets ICMPv6 packet too big."""
     subnet: ipaddress.IPv4Network | ipaddress.IPv6Network
-    peer_ip: ipaddress.IPv4Address
+    peer_ip: ipaddress.IPv4Address | ipaddress.IPv6Address
     port: int
+    mtu: int = 0
 
     @classmethod
-    def make(cls, subnet, peer_ip, port: int) -> "Route":
-        return cls(ipaddress.ip_network(subnet), ipaddress.IPv4Address(peer_ip), int(port))
+    def make(cls, subnet, peer_ip, port: int, mtu: int = 0) -> "Route":
+        """A Route from strings or address objects. An IPv4-mapped IPv6 peer
+        (::ffff:a.b.c.d) is the IPv4 peer a.b.c.d; ValueError for an IPv6 peer of an IPv4
+        subnet, or an mtu on an IPv4 subnet (the IPv4 table has none). The rest
+        (port, mtu range, which IPv6 peers) is checked where the table is built
+        (route_array.route_arrays), as the C engine checks it."""
+        subnet = ipaddress.ip_network(subnet)
+        peer = ipaddress.ip_address(peer_ip)
+        if peer.version == 6 and peer.ipv4_mapped is not None:
+            peer = peer.ipv4_mapped
+        if subnet.version == 4 and (peer.version == 6 or mtu):
+            raise ValueError(f"route {subnet} via {peer} mtu {mtu}: an IPv4 subnet takes an "
+                             "IPv4 peer and no mtu")
+        return cls(subnet, peer, int(port), int(mtu))
 
 
 @dataclass(frozen=True)
@@ -262,6 +279,16 @@ class Engine(abc.ABC):
     @staticmethod
     def _check_addr6(addr) -> bytes:
         return ipaddress.IPv6Address(addr).packed
+
+    @abc.abstractmethod
+    def set_udp6(self, fd) -> None:
+        """The IPv6 underlay (dataplane.h, dp_loop_set_udp6): ``fd`` (an int or anything
+        with fileno()) is an AF_INET6 UDP socket with IPV6_V6ONLY, bound by the caller to
+        the host's [address]:port, that the engine reads and sends from beside its IPv4
+        socket; the caller keeps owning it. Before start() and once: OSError EBUSY after
+        start() or a second time, EBADF for a bad fd or one the engine has already.
+        Routes with an IPv6 peer (Route.peer_ip an IPv6Address) are refused (OSError
+        EINVAL) by an engine without it, so call it before the first such table."""
 
     @abc.abstractmethod
     def set_strict_sources(self, enable: bool) -> None:

@@ -168,6 +168,10 @@ class MultiEngine(Engine):
         for q in self.queues:
             q.set_coalesce(usecs)
 
+    def set_udp6(self, fd) -> None:
+        """Each queue has its own IPv6 socket: create(udp6_fds=) hands them out."""
+        raise TypeError("a MultiEngine takes one IPv6 socket per queue: create(udp6_fds=...)")
+
     def set_strict_sources(self, enable: bool) -> None:
         for q in self.queues:
             q.set_strict_sources(enable)
@@ -185,19 +189,27 @@ class MultiEngine(Engine):
 
 def create(cls, tun_fds, udp_fds, *, icmp_rate=None, icmp_burst=ICMP_BURST_DEFAULT,
            offloads: int = 0, coalesce_us: int = 0, trace: bool = False,
-           thread_init=None, **engine_kw) -> MultiEngine:
+           thread_init=None, udp6_fds=None, **engine_kw) -> MultiEngine:
     """One ``cls`` engine per (tun fd, udp fd) pair, configured alike, not started.
 
-    ``engine_kw`` are Engine's other constructor arguments (tun_addr, mtu, batch,
-    accept_any). On failure the engines made so far are closed."""
+    ``udp6_fds``: None (no IPv6 underlay), or one IPv6 socket per queue, in the queues'
+    order, each handed to its engine's set_udp6 (the IPv6 sockets form a reuseport group
+    of their own, steered as the IPv4 ones). ``engine_kw`` are Engine's other constructor
+    arguments (tun_addr, mtu, batch, accept_any). On failure the engines made so far are
+    closed."""
     tun_fds, udp_fds = list(tun_fds), list(udp_fds)
     if len(tun_fds) != len(udp_fds) or not tun_fds:
         raise ValueError(f"{len(tun_fds)} TUN queue(s) for {len(udp_fds)} UDP socket(s)")
+    udp6_fds = [None] * len(tun_fds) if udp6_fds is None else list(udp6_fds)
+    if len(udp6_fds) != len(tun_fds):
+        raise ValueError(f"{len(tun_fds)} TUN queue(s) for {len(udp6_fds)} IPv6 UDP socket(s)")
     made = []
     try:
-        for t, u in zip(tun_fds, udp_fds):
+        for t, u, u6 in zip(tun_fds, udp_fds, udp6_fds):
             made.append(cls(tun_fd=t, udp_fd=u, **engine_kw))
             made[-1].thread_init = thread_init
+            if u6 is not None:
+                made[-1].set_udp6(u6)
         multi = MultiEngine(made)
         if icmp_rate is not None:
             multi.set_icmp_limit(icmp_rate, icmp_burst)

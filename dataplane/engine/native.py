@@ -208,6 +208,13 @@ class CEngine(Engine):
         with self._lock:
             _check(lib.dp_loop_set_addr6(self._live(), packed))
 
+    def set_udp6(self, fd) -> None:
+        with self._lock:
+            loop = self._live()
+            if self._thread is not None:
+                raise OSError(errno.EBUSY, "set_udp6() after start()")
+            _check(lib.dp_loop_set_udp6(loop, _fd(fd)))
+
     def set_strict_sources(self, enable: bool) -> None:
         with self._lock:
             _check(lib.dp_loop_set_strict_sources(self._live(), 1 if enable else 0))

@@ -249,6 +249,9 @@ class PyEngine(Engine):
         packed = self._check_addr6(addr)
         self._tun_addr6 = packed if any(packed) else None     # :: is none, as in C
 
+    def set_udp6(self, fd) -> None:
+        raise OSError(errno.EOPNOTSUPP, "the IPv6 underlay follows")
+
     def set_strict_sources(self, enable: bool) -> None:
         self._check_open()
         self._strict = bool(enable)

@@ -20,7 +20,7 @@ ROUTE_DTYPE = np.dtype([("net", ">u4"), ("prefixlen", "=u4"), ("peer_ip", ">u4")
 # dp_route6: 16 network-order bytes per address; the peer (an IPv4 address, the underlay
 # being IPv4) IPv4-mapped, ::ffff:a.b.c.d.
 ROUTE6_DTYPE = np.dtype([("net", "V16"), ("peer_ip", "V16"), ("prefixlen", "=u4"),
-                         ("port", "=u4"), ("reserved", "=u4", (2,))])
+                         ("port", "=u4"), ("mtu", "=u4"), ("reserved", "=u4")])
 _MAPPED = bytes(10) + b"\xff\xff"
 
 
