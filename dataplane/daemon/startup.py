@@ -389,7 +389,7 @@ def open_sockets(ext, port: int, queues: int, ip=None) -> list:
     as many TUN queues as it got sockets, and asks as many of the IPv6 underlay."""
     from ..host import assembly
     from ..host.udpsock import STEERING_CALL, endpoint
-    ip = ext.iface_addr if ip is None else ip
+    underlay6, ip = ip is not None, ext.iface_addr if ip is None else ip
     addr = endpoint(ip, port)
     try:
         socks = assembly.open_sockets(str(ip), port, queues, bufsize=SOCKET_BUFFER)
@@ -400,7 +400,7 @@ def open_sockets(ext, port: int, queues: int, ip=None) -> list:
         elif e.errno == errno.EADDRNOTAVAIL and call.startswith("bind("):
             hint = (f"; {ip} is no address of this host (any more), or still tentative "
                     f"(IPv6 duplicate address detection): check --iface"
-                    f"{'' if ip == ext.iface_addr else ' and --public-ipv6'}")
+                    f"{' and --public-ipv6' if underlay6 else ''}")
         elif e.errno == errno.EACCES and call.startswith("bind("):
             hint = "; a port this low needs CAP_NET_BIND_SERVICE"
         elif call == STEERING_CALL:
@@ -409,7 +409,7 @@ def open_sockets(ext, port: int, queues: int, ip=None) -> list:
             hint = ""
         raise StartupError(f"failed to open the UDP socket(s) on {addr}: "
                            f"{e if call else e.strerror}{hint}") from None
-    if len(socks) != queues:            # the IPv6 group after the IPv4 one took its count
+    if underlay6 and len(socks) != queues:      # the IPv4 group's count is the queues
         for s in socks:
             s.close()
         raise StartupError(f"the UDP sockets on {addr}: {len(socks)} for {queues} queue(s) "

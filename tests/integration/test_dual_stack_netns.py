@@ -114,3 +114,71 @@ def test_icmpv6_errors_reach_the_sender(ov):
     assert f"From {six0.network_address} icmp_seq=1 Destination unreachable" in out, out
     out = ping6_out(h0.netns, str(six1.network_address), "-t", "1")
     assert f"From {six0.network_address} icmp_seq=1 Time exceeded" in out, out
+
+
+# -- the IPv6 underlay (docs/operating.md#dual-stack) ---------------------------------------
+def udp_out(ov, h) -> tuple[int, int]:
+    """(IPv4, IPv6) UDP datagrams sent by ``h``'s network namespace so far: the kernel's own
+    counters, which only the engines' sockets move here."""
+    snmp = ov.exec(h, ["cat", "/proc/net/snmp"]).stdout.splitlines()
+    names, values = [line.split() for line in snmp if line.startswith("Udp:")][:2]
+    v4 = int(values[names.index("OutDatagrams")])
+    snmp6 = dict(line.split() for line in ov.exec(h, ["cat", "/proc/net/snmp6"]).stdout.splitlines())
+    return v4, int(snmp6["Udp6OutDatagrams"])
+
+
+@pytest.fixture
+def ov6(engine_kind):
+    """h0 and h1 with an IPv6 underlay address (each engine on one of them), h2 without."""
+    require_overlay()
+    from dataplane.testbed.overlay import Overlay
+    from tests.integration.conftest import other_engine
+    overlay = Overlay(hosts=0, engine=engine_kind, config=CONFIG, ipv6=True)
+    try:
+        for kind, six in ((engine_kind, True), (other_engine(engine_kind), True),
+                          (engine_kind, False)):
+            overlay.add_host(engine=kind, wait=False, underlay6=six)
+        for h in overlay.hosts:
+            overlay.wait_ready(h)
+        yield overlay
+    finally:
+        overlay.close()
+
+
+def test_ipv6_goes_over_the_ipv6_underlay_where_both_hosts_have_one(ov6):
+    ov = ov6
+    h0, h1, h2 = ov.hosts
+    for h in ov.hosts:
+        value = ov.etcdctl("get", "--prefix", f"{ov.prefix}/subnets/{ov.subnet(h).network_address}-",
+                           "--print-value-only").stdout.strip()
+        assert json.loads(value) == {"PublicIP": h.ip, "PublicIPv6": h.ip6, "ForwardsIPv6": True}
+    six = {h.name: subnet6(ov, h) for h in ov.hosts}
+    pod0 = ov.tb.add_pod(h0, "p", f"{six['h0'].network_address + 2}/64",
+                         str(six["h0"].network_address + 1))
+    pod1_addr = six["h1"].network_address + 2
+    ov.tb.add_pod(h1, "p", f"{pod1_addr}/64", str(six["h1"].network_address + 1))
+    assert wait_for(lambda: ping6(pod0, str(pod1_addr), count=1)["received"] == 1, 10,
+                    interval=0.2), "pod0 -> pod1 over IPv6"
+
+    # pods' IPv6 between h0 and h1: IPv6 datagrams, no IPv4 ones
+    v4, v6 = udp_out(ov, h0)
+    assert ping6(pod0, str(pod1_addr), count=5)["received"] == 5
+    v4_after, v6_after = udp_out(ov, h0)
+    assert v6_after - v6 >= 5 and v4_after - v4 < 5, (v4, v4_after, v6, v6_after)
+    # IPv4 between them stays on IPv4
+    v4, v6 = udp_out(ov, h0)
+    assert ov.ping(h0, ov.flannel_ip(h1), count=5)["received"] == 5
+    v4_after, v6_after = udp_out(ov, h0)
+    assert v4_after - v4 >= 5 and v6_after - v6 < 5, (v4, v4_after, v6, v6_after)
+    # h2 has no PublicIPv6: its IPv6 part is reached over IPv4
+    v4, v6 = udp_out(ov, h0)
+    assert wait_for(lambda: ping6(h0.netns, str(six["h2"].network_address), count=1)["received"]
+                    == 1, 10, interval=0.2)
+    assert ping6(h0.netns, str(six["h2"].network_address), count=5)["received"] == 5
+    v4_after, v6_after = udp_out(ov, h0)
+    assert v4_after - v4 >= 5 and v6_after - v6 < 5, (v4, v4_after, v6, v6_after)
+
+    # the route's MTU over IPv6 (1500 - 48) is below flannel0's (1500 - 28): a packet between
+    # the two gets packet too big, from flannel0's IPv6 address
+    out = ping6_out(pod0, str(pod1_addr), "-s", "1420", "-M", "do")
+    assert "Packet too big: mtu=1452" in out or "mtu = 1452" in out, out
