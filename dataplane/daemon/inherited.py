@@ -54,6 +54,11 @@ def udp_fd_name(i: int) -> str:
     return f"udp{i}"
 
 
+def udp6_fd_name(i: int) -> str:
+    """The IPv6 underlay's socket of queue ``i`` (a daemon of an older version closes it)."""
+    return f"udp6-{i}"
+
+
 # ------------------------------------------------------------------ the state document
 
 def lease_json(lease: Lease) -> dict:
@@ -77,6 +82,7 @@ def lease_of_json(doc: dict) -> Lease:
 
 def state_of(daemon) -> dict:
     """The state document of a running daemon (JSON-ready)."""
+    socks6 = getattr(daemon, "socks6", ())
     with daemon.lock:
         peers = [[str(s), str(l.public_ip)] for s, l in sorted(daemon.peers.peers.items())]
         # the peers' IPv6 parts the engines route, apart: a daemon of an older version reads
@@ -88,6 +94,9 @@ def state_of(daemon) -> dict:
         "tun": {"name": daemon.tun_name, "queues": len(daemon.tun_fds),
                 "vnet": bool(daemon.offloads.vnet)},
         "udp": {"addr": str(daemon.ext.iface_addr), "port": daemon.config.backend_port},
+        # the IPv6 underlay's sockets (none: {}), which an older daemon reads past
+        "udp6": ({"addr": socks6[0].getsockname()[0], "sockets": len(socks6)} if socks6
+                 else {}),
         "mtu": daemon.ext.tun_mtu,
         "config": daemon.config.raw,
         "lease": lease_json(daemon.current_lease()),
@@ -248,10 +257,12 @@ class Inherited:
     way = "?"
     state_file: StateFile | None = None    # the memfd systemd keeps, when the state is in one
 
-    def __init__(self, state: dict, tun_fds: list, socks: list):
+    def __init__(self, state: dict, tun_fds: list, socks: list, socks6=()):
         self.state = state
         self.tun_fds = tun_fds
         self.socks = socks
+        # the IPv6 underlay's, one per queue, or none (daemon/takeover.py underlay6)
+        self.socks6 = list(socks6)
 
     @property
     def tun_name(self) -> str:
@@ -281,17 +292,17 @@ class Inherited:
                 os.close(fd)
             except OSError:
                 pass
-        for s in self.socks:
+        for s in self.socks + self.socks6:
             s.close()
-        self.tun_fds, self.socks = [], []
+        self.tun_fds, self.socks, self.socks6 = [], [], []
 
 
 class FromFdStore(Inherited):
     way = "systemd's fd store"
 
     def __init__(self, state: dict, tun_fds: list, socks: list, state_file: StateFile | None,
-                 names: list):
-        super().__init__(state, tun_fds, socks)
+                 names: list, socks6=()):
+        super().__init__(state, tun_fds, socks, socks6)
         self.state_file = state_file
         self.names = names
 
@@ -318,6 +329,9 @@ def from_fd_store() -> FromFdStore | None:
         tun_fds.append(by_name.pop(tun_fd_name(i)))
         socks.append(socket.socket(fileno=by_name.pop(udp_fd_name(i))))
         i += 1
+    socks6 = []
+    while udp6_fd_name(len(socks6)) in by_name:
+        socks6.append(socket.socket(fileno=by_name.pop(udp6_fd_name(len(socks6)))))
     if STATE_NAME in by_name:
         state_file = StateFile(by_name.pop(STATE_NAME))
         try:
@@ -328,10 +342,11 @@ def from_fd_store() -> FromFdStore | None:
         log.warning("systemd passed an fd named %r that this daemon does not know: closed", name)
         os.close(fd)
     names = [n for n, _ in named if n not in by_name]
-    log.info("systemd passed %d flannel0 queue(s), %d UDP socket(s)%s from the previous process "
-             "(pid %s)", len(tun_fds), len(socks), " and its state" if state else "",
+    log.info("systemd passed %d flannel0 queue(s), %d UDP socket(s)%s%s from the previous "
+             "process (pid %s)", len(tun_fds), len(socks),
+             f", {len(socks6)} IPv6 one(s)" if socks6 else "", " and its state" if state else "",
              state.get("pid", "?"))
-    return FromFdStore(state, tun_fds, socks, state_file, names)
+    return FromFdStore(state, tun_fds, socks, state_file, names, socks6)
 
 
 def wait_gone(name: str, timeout: float = RELEASE_TIMEOUT_S) -> bool:

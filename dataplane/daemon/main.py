@@ -151,6 +151,7 @@ class Daemon:
     # What the handover offers and the state file counts (daemon/handover.py, inherited.py).
     tun_fds = property(lambda self: self.dataplane.tun_fds)
     socks = property(lambda self: self.dataplane.socks)
+    socks6 = property(lambda self: self.dataplane.socks6)
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
@@ -240,9 +241,11 @@ class Daemon:
         if inh is None:                 # the config names the port: a read, still no write
             preflight.udp_port(self.ext, self.config.backend_port)
         startup.check_ipv6(self.config, self.ext)
-        self.underlay6 = startup.ipv6_underlay(o, self.config, self.ext,
-                                               handed_over=inh is not None)
-        if inh is None and self.underlay6 is not None:
+        self.underlay6 = startup.ipv6_underlay(o, self.config, self.ext)
+        if inh is not None:             # its IPv6 sockets, handed over or opened now
+            self.underlay6 = takeover.underlay6(inh, self.underlay6, self.ext,
+                                                self.config.backend_port)
+        elif self.underlay6 is not None:
             preflight.udp_port(self.ext, self.config.backend_port, ip=self.underlay6[1])
         self.lease_manager = startup.make_lease_manager(o, self.registry, self.ext, self.config,
                                                         self.on_lease_change,

@@ -74,7 +74,7 @@ def check_ipv6(config, ext) -> None:
             "more, or remove EnableIPv6 from the config")
 
 
-def ipv6_underlay(opts, config, ext, handed_over: bool = False):
+def ipv6_underlay(opts, config, ext):
     """With EnableIPv6, the IPv6 underlay (docs/operating.md#dual-stack) as ``(PublicIPv6, the
     address its sockets bind, the inner MTU over it)``; None when there is none, and pods' IPv6
     goes over IPv4 to every peer. --public-ipv6 is checked here (a StartupError when it cannot
@@ -105,10 +105,6 @@ def ipv6_underlay(opts, config, ext, handed_over: bool = False):
         log.warning("No IPv6 underlay: %s's MTU %d leaves %d bytes inside IPv6 and UDP (48), "
                     "below IPv6's %d; pods' IPv6 goes over IPv4", ext.name, ext.mtu, mtu6,
                     IPV6_MTU_MIN)
-        return None
-    if handed_over:
-        log.warning("No IPv6 underlay until the next restart: a handover does not carry its "
-                    "sockets yet; pods' IPv6 goes over IPv4")
         return None
     return public6, bind6, mtu6
 
@@ -316,7 +312,7 @@ def adopt_dataplane(offloads, inh, queues: int, network, subnet6=None, network6=
     from ..host.assembly import AssemblyError, Dataplane
     from ..host.netconf import add_network_route, set_accept_local
     try:
-        dp = Dataplane.adopt(offloads, inh.tun_fds, inh.tun_name, inh.socks, queues)
+        dp = Dataplane.adopt(offloads, inh.tun_fds, inh.tun_name, inh.socks, queues, inh.socks6)
     except AssemblyError as e:
         raise _assembly_failed(e, f"handed over, route {network}") from None
     try:
