@@ -132,6 +132,7 @@ enum dp_ipv6 {
     DP_IP6_EXT_MIN = 8,            /* every extension header is at least this long */
     DP_IP6_FRAG_OFFSET_MASK = 0xfff8,   /* of the fragment header's bytes 2-3 */
     DP_ICMP6_DEST_UNREACH = 1,
+    DP_ICMP6_TOO_BIG = 2,
     DP_ICMP6_TIME_EXCEEDED = 3,
     DP_ICMP6_INFO_MIN = 128        /* types below are errors (RFC 4443 2.1) */
 };
@@ -141,14 +142,17 @@ enum dp_ipv6 {
 struct dp_routes;
 
 struct dp_route_hit {
-    uint32_t peer_ip;    /* network order */
+    uint32_t peer_ip;    /* network order; 0 for an IPv6 peer */
     uint32_t port;       /* host order */
     uint32_t prefixlen;
+    uint32_t mtu;        /* dp_route6.mtu; 0 (none) for dp_route */
+    int v6;              /* the peer is peer6, over the IPv6 underlay */
+    uint8_t peer6[16];   /* when v6; else all zero (a hit is whole: no padding) */
 };
 
 /* -EINVAL for a route dataplane.h forbids (prefixlen out of range, host
- * bits, port > 0xffff; for dp_route6 also a peer_ip not IPv4-mapped or a
- * reserved word not 0); nothing is built then. */
+ * bits, port > 0xffff; for dp_route6 also a peer_ip it forbids, an mtu
+ * out of range or a reserved word not 0); nothing is built then. */
 int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n,
                     const dp_route6 *routes6, uint32_t n6);
 /* Reference counted: build gives one reference, hold adds n, free drops one
@@ -159,8 +163,13 @@ void dp_routes_free(struct dp_routes *t);
 int dp_routes_lookup(const struct dp_routes *t, uint32_t dst, struct dp_route_hit *hit);
 /* The same over the IPv6 routes; dst: 16 bytes, network order. */
 int dp_routes_lookup6(const struct dp_routes *t, const uint8_t *dst, struct dp_route_hit *hit);
-/* 1 if ip is the (IPv4) peer_ip of some route of either family. */
+/* 1 if ip is the IPv4 peer of some route of either family (dp_route's
+ * peer_ip, or a dp_route6 peer_ip IPv4-mapped). */
 int dp_routes_has_peer(const struct dp_routes *t, uint32_t ip);
+/* 1 if ip (16 bytes) is the IPv6 peer_ip of some dp_route6 (not mapped). */
+int dp_routes_has_peer6(const struct dp_routes *t, const uint8_t *ip);
+/* How many distinct IPv6 peers the table has (0: the IPv4 underlay only). */
+uint32_t dp_routes_peers6(const struct dp_routes *t);
 
 /* local.c APIs: this host's own sources, immutable once built (as a
  * route table). Addresses in network order, as everywhere. */
@@ -244,9 +253,10 @@ uint64_t dp_packet6_pseudo(const uint8_t *ip, uint8_t nh, uint32_t l4len);
  * rules of dataplane.h's "ICMPv6 errors" (RFC 4443 2.4 e). */
 int dp_packet6_may_error(const uint8_t *p, uint32_t len);
 /* Builds the ICMPv6 error into out (DP_ICMP6_ERR_MAX bytes) from src (16
- * bytes) to the offender's source; returns its length. */
+ * bytes) to the offender's source, word (host order) in the 4 bytes after
+ * the checksum (packet too big: the MTU); returns its length. */
 uint32_t dp_packet6_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t len,
-                               uint8_t type, uint8_t code, const uint8_t *src);
+                               uint8_t type, uint8_t code, uint32_t word, const uint8_t *src);
 
 /* gso.c APIs: a TUN read with IFF_VNET_HDR (DP_OFF_TUN_VNET) turned into
  * wire-sized IPv4 packets; pure functions, no I/O. */
@@ -460,6 +470,9 @@ void dp_path_tun_drop(struct dp_path *pa, const uint8_t *p, uint32_t len, int re
  * unknown; nmsgs: for the trace; truncated: MSG_TRUNC was set). */
 enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,
                             uint32_t sport, uint32_t nmsgs, int truncated);
+/* The same from the IPv6 underlay's socket: src6 is its source (16 bytes). */
+enum dp_verdict dp_path_udp6(struct dp_path *pa, uint8_t *p, uint32_t len, const uint8_t *src6,
+                             uint32_t sport, uint32_t nmsgs, int truncated);
 /* How the write of a DP_V_FORWARD (UDP side) or DP_V_ICMP went: 0 or errno. */
 void dp_path_tun_written(struct dp_path *pa, const uint8_t *p, uint32_t len, int err);
 void dp_path_icmp_written(struct dp_path *pa, int err);

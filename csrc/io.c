@@ -54,7 +54,7 @@ void dp_io_take_tables(struct dp_loop *l)
 
 /* ---- 2. message slots --------------------------------------------------------------- */
 
-void dp_io_msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *addr,
+void dp_io_msgs_init(struct mmsghdr *msgs, struct iovec *iov, union dp_sockaddr *addr,
                      uint8_t *buf, uint32_t batch, uint32_t stride)
 {
     uint32_t i;
@@ -62,7 +62,7 @@ void dp_io_msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in
     for (i = 0; i < batch; i++) {
         iov[i].iov_base = buf + (size_t)i * stride;
         iov[i].iov_len = stride;
-        addr[i].sin_family = AF_INET;
+        addr[i].v4.sin_family = AF_INET;
         msgs[i].msg_hdr.msg_name = &addr[i];
         msgs[i].msg_hdr.msg_namelen = sizeof(addr[i]);
         msgs[i].msg_hdr.msg_iov = &iov[i];

@@ -32,8 +32,17 @@ enum dp_loop_sizes {
     DP_RX_CTL = 64          /* control buffer per received message: one UDP_GRO int */
 };
 
+/* A message's peer on either underlay: sa_family says which, and so which
+ * socket (udp_fd for AF_INET, udp6_fd for AF_INET6). */
+union dp_sockaddr {
+    struct sockaddr sa;
+    struct sockaddr_in v4;
+    struct sockaddr_in6 v6;
+};
+
 struct dp_loop {
     int tun_fd, udp_fd;         /* the caller's; never closed here */
+    int udp6_fd;                /* the caller's IPv6 underlay socket; -1 = none */
     int ep_fd, wake_fd;         /* ours */
     uint32_t mtu, batch;
     uint32_t offloads;          /* enum dp_offload bits; fixed once the loop runs
@@ -58,7 +67,7 @@ struct dp_loop {
     uint8_t *tx_buf;
     struct mmsghdr tx_msgs[DP_BATCH_MAX];
     struct iovec tx_iov[DP_BATCH_MAX];
-    struct sockaddr_in tx_addr[DP_BATCH_MAX];
+    union dp_sockaddr tx_addr[DP_BATCH_MAX];
 
     /* DP_OFF_TUN_VNET: a read is scattered over vnet_hdr, the free slot and
      * vnet_buf (dp_gso_scatter). DP_OFF_UDP_GSO: the batch planned as trains
@@ -81,7 +90,7 @@ struct dp_loop {
     uint32_t rx_slot;
     struct mmsghdr rx_msgs[DP_BATCH_MAX];
     struct iovec rx_iov[DP_BATCH_MAX];
-    struct sockaddr_in rx_addr[DP_BATCH_MAX];
+    union dp_sockaddr rx_addr[DP_BATCH_MAX];
     union {
         struct cmsghdr align;
         uint8_t buf[DP_RX_CTL];
@@ -130,8 +139,9 @@ static inline void tun_failed(struct dp_loop *l, int err)
  * relaxed load each when none); at the start of each batch and before each
  * packet. */
 void dp_io_take_tables(struct dp_loop *l);
-/* io.c: one message per slot of buf (stride bytes apart), addressed by addr[i]. */
-void dp_io_msgs_init(struct mmsghdr *msgs, struct iovec *iov, struct sockaddr_in *addr,
+/* io.c: one message per slot of buf (stride bytes apart), addressed by addr[i]
+ * (AF_INET until set otherwise). */
+void dp_io_msgs_init(struct mmsghdr *msgs, struct iovec *iov, union dp_sockaddr *addr,
                      uint8_t *buf, uint32_t batch, uint32_t stride);
 /* io.c: one write into the TUN (forwarded packets, ICMP errors); write()'s result. */
 ssize_t dp_io_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len);
@@ -143,8 +153,9 @@ int dp_tx_set_offloads(struct dp_loop *l, uint32_t offloads);
 enum dp_io dp_tx_batch(struct dp_loop *l);
 
 /* rx.c: UDP -> TUN. Setup sizes the receive slots for the offloads; on
- * failure the old ones stay. */
+ * failure the old ones stay. A batch reads one socket, udp_fd or udp6_fd:
+ * the slots serve each in turn. */
 int dp_rx_setup(struct dp_loop *l, uint32_t offloads);
-enum dp_io dp_rx_batch(struct dp_loop *l);
+enum dp_io dp_rx_batch(struct dp_loop *l, int fd);
 
 #endif

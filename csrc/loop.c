@@ -1,6 +1,7 @@
 /*
- * loop.c - the packet loop: epoll over the TUN, the UDP socket and a stop
- * fd, and the public API of dataplane.h. Each direction is its own file:
+ * loop.c - the packet loop: epoll over the TUN, the UDP socket (and the
+ * IPv6 underlay's, when set) and a stop fd, and the public API of
+ * dataplane.h. Each direction is its own file:
  * tx.c (TUN -> UDP) and rx.c (UDP -> TUN); the state they share is in
  * io.h, and what they both do with it in io.c. This file is the top: it
  * calls them, nothing calls back into it.
@@ -8,7 +9,8 @@
  * Flow, in the order the functions appear:
  *   1. dp_loop_run          epoll_wait (at most DP_WAKE_MS: the heartbeat
  *                           beats when idle too), then passes: alternate the two
- *                           directions, one batch each, while there is
+ *                           directions (UDP -> TUN: a batch of each socket),
+ *                           one batch each, while there is
  *                           work, at most DP_ROUNDS times, so neither
  *                           direction nor the stop fd starves; with
  *                           coalescing on, a pass that forwarded anything
@@ -17,7 +19,7 @@
  *   2. the public API       new/free/stop/set_routes (both families in one
  *                           table)/set_local/stats/
  *                           trace/set_offloads/set_icmp_limit/
- *                           set_strict_sources/set_addr6/state
+ *                           set_strict_sources/set_addr6/set_udp6/state
  *
  * Everything is allocated in dp_loop_new() (the super-packet buffer and the
  * receive slots again in dp_loop_set_offloads(), before the loop runs); the
@@ -39,9 +41,9 @@
 
 /* DP_ROUNDS and DP_DENSE_WAITS are in dataplane.h: the Python engine's loop
  * follows them too. */
-enum dp_loop_limits { DP_EPOLL_EVENTS = 3 };
+enum dp_loop_limits { DP_EPOLL_EVENTS = 4 };
 
-enum dp_loop_fd { DP_FD_TUN = 1, DP_FD_UDP, DP_FD_WAKE };
+enum dp_loop_fd { DP_FD_TUN = 1, DP_FD_UDP, DP_FD_WAKE, DP_FD_UDP6 };
 
 static inline int is_stopping(struct dp_loop *l)
 {
@@ -81,9 +83,11 @@ static inline uint64_t handled(struct dp_loop *l)
     return l->path.c.v[DP_ST_TUN_RX_PACKETS] + l->path.c.v[DP_ST_UDP_RX_PACKETS];
 }
 
-/* One pass: alternate the directions that may have work, one batch each,
- * at most DP_ROUNDS times. Returns the packets it handled. */
-static uint64_t pass(struct dp_loop *l, enum dp_io tun, enum dp_io udp, uint32_t tun_events)
+/* One pass: alternate the directions that may have work, one batch each
+ * (UDP -> TUN: one of each socket), at most DP_ROUNDS times. Returns the
+ * packets it handled. */
+static uint64_t pass(struct dp_loop *l, enum dp_io tun, enum dp_io udp, enum dp_io udp6,
+                     uint32_t tun_events)
 {
     uint64_t before = handled(l);
     int round;
@@ -92,7 +96,10 @@ static uint64_t pass(struct dp_loop *l, enum dp_io tun, enum dp_io udp, uint32_t
      * not at epoll_wait, so that a loop kept busy by coalescing beats too. */
     __atomic_store_n(&l->beats, l->beats + 1, __ATOMIC_RELAXED);
     dp_io_take_tables(l);
-    for (round = 0; round < DP_ROUNDS && (tun == DP_IO_MORE || udp == DP_IO_MORE); round++) {
+    if (l->udp6_fd < 0)
+        udp6 = DP_IO_IDLE;
+    for (round = 0; round < DP_ROUNDS &&
+                    (tun == DP_IO_MORE || udp == DP_IO_MORE || udp6 == DP_IO_MORE); round++) {
         if (tun == DP_IO_MORE) {
             tun = dp_tx_batch(l);
             if (tun == DP_IO_ERROR)
@@ -101,7 +108,11 @@ static uint64_t pass(struct dp_loop *l, enum dp_io tun, enum dp_io udp, uint32_t
         if (is_stopping(l) || l->tun_gone)
             break;
         if (udp == DP_IO_MORE)
-            udp = dp_rx_batch(l);
+            udp = dp_rx_batch(l, l->udp_fd);
+        if (is_stopping(l) || l->tun_gone)
+            break;
+        if (udp6 == DP_IO_MORE)
+            udp6 = dp_rx_batch(l, l->udp6_fd);
         if (is_stopping(l) || l->tun_gone)
             break;
     }
@@ -128,7 +139,7 @@ static inline int light(uint64_t packets, uint64_t ns, uint32_t us)
  * this pass if it forwarded anything. */
 static uint64_t coalesce(struct dp_loop *l, uint32_t us, int *lights, uint64_t *last_work)
 {
-    struct pollfd pfd[3] = { { .fd = l->wake_fd, .events = POLLIN } };
+    struct pollfd pfd[4] = { { .fd = l->wake_fd, .events = POLLIN } };
     struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)us * 1000 };
     uint64_t tun0, udp0, tun, udp, end;
     nfds_t n = 1;
@@ -137,6 +148,8 @@ static uint64_t coalesce(struct dp_loop *l, uint32_t us, int *lights, uint64_t *
         pfd[n++] = (struct pollfd){ .fd = l->tun_fd, .events = POLLIN };
     if (*lights & DP_LIGHT_UDP)
         pfd[n++] = (struct pollfd){ .fd = l->udp_fd, .events = POLLIN };
+    if ((*lights & DP_LIGHT_UDP) && l->udp6_fd >= 0)
+        pfd[n++] = (struct pollfd){ .fd = l->udp6_fd, .events = POLLIN };
     sys_count(l, DP_ST_COALESCE_WAITS);
     if (ppoll(pfd, n, &ts, NULL) > 0 && (pfd[0].revents & POLLIN))
         wake_drain(l);
@@ -144,7 +157,7 @@ static uint64_t coalesce(struct dp_loop *l, uint32_t us, int *lights, uint64_t *
         return 0;
     tun0 = l->path.c.v[DP_ST_TUN_RX_PACKETS];
     udp0 = l->path.c.v[DP_ST_UDP_RX_PACKETS];
-    pass(l, DP_IO_MORE, DP_IO_MORE, 0);
+    pass(l, DP_IO_MORE, DP_IO_MORE, DP_IO_MORE, 0);
     tun = l->path.c.v[DP_ST_TUN_RX_PACKETS] - tun0;
     udp = l->path.c.v[DP_ST_UDP_RX_PACKETS] - udp0;
     end = dp_now_ns();
@@ -159,7 +172,7 @@ int dp_loop_run(dp_loop *l)
 {
     struct epoll_event ev[DP_EPOLL_EVENTS];
     int n, i, rc = 0;
-    enum dp_io tun, udp;
+    enum dp_io tun, udp, udp6;
     uint32_t tun_events, us;
     uint64_t work, now, last_work_ns = 0;
     int lights;
@@ -184,7 +197,7 @@ int dp_loop_run(dp_loop *l)
             rc = -errno;
             break;
         }
-        tun = udp = DP_IO_IDLE;
+        tun = udp = udp6 = DP_IO_IDLE;
         tun_events = 0;
         for (i = 0; i < n; i++) {
             switch (ev[i].data.u32) {
@@ -195,12 +208,15 @@ int dp_loop_run(dp_loop *l)
             case DP_FD_UDP:
                 udp = DP_IO_MORE;
                 break;
+            case DP_FD_UDP6:
+                udp6 = DP_IO_MORE;
+                break;
             case DP_FD_WAKE:
                 wake_drain(l);   /* stop, or a new route table */
                 break;
             }
         }
-        work = pass(l, tun, udp, tun_events);
+        work = pass(l, tun, udp, udp6, tun_events);
         us = __atomic_load_n(&l->coalesce_us, __ATOMIC_RELAXED);
         if (!work || !us)
             continue;
@@ -272,6 +288,7 @@ int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
         return -ENOMEM;
     l->tun_fd = tun_fd;
     l->udp_fd = udp_fd;
+    l->udp6_fd = -1;
     l->ep_fd = l->wake_fd = -1;
     l->mtu = mtu;
     l->batch = batch;
@@ -350,6 +367,13 @@ int dp_loops_set_routes(dp_loop *const *loops, uint32_t nloops, const dp_route *
     rc = dp_routes_build(&t, routes, n, routes6, n6);
     if (rc)
         return rc;
+    /* An IPv6 peer needs the socket to reach it on every queue. */
+    for (i = 0; i < nloops && dp_routes_peers6(t); i++) {
+        if (loops[i]->udp6_fd < 0) {
+            dp_routes_free(t);
+            return -EINVAL;
+        }
+    }
     dp_routes_hold(t, nloops - 1);
     /* A table still pending was never taken by its loop (a loop exchanges
      * `pending` out before using a table): we drop that loop's reference.
@@ -399,11 +423,22 @@ int dp_loop_set_addr6(dp_loop *l, const uint8_t *addr6)
     return 0;
 }
 
-/* The API of the IPv6 underlay; its implementation follows. */
+/* The receive slots and the send path serve both sockets, so all this
+ * takes is the fd and its place in the epoll set. */
 int dp_loop_set_udp6(dp_loop *l, int fd)
 {
-    (void)fd;
-    return l ? -EOPNOTSUPP : -EINVAL;
+    int rc;
+
+    if (!l)
+        return -EINVAL;
+    if (__atomic_load_n(&l->running, __ATOMIC_ACQUIRE) || l->udp6_fd >= 0)
+        return -EBUSY;
+    if (fd < 0 || fd == l->tun_fd || fd == l->udp_fd)
+        return -EBADF;
+    if ((rc = ep_add(l->ep_fd, fd, DP_FD_UDP6)))
+        return rc;
+    l->udp6_fd = fd;
+    return 0;
 }
 
 int dp_loop_set_strict_sources(dp_loop *l, int enable)

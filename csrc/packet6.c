@@ -158,7 +158,7 @@ uint64_t dp_packet6_pseudo(const uint8_t *ip, uint8_t nh, uint32_t l4len)
  * so the error reaches the sender whatever the links on the way back. The
  * offender is quoted as read, before any hop limit change. */
 uint32_t dp_packet6_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t len,
-                               uint8_t type, uint8_t code, const uint8_t *src)
+                               uint8_t type, uint8_t code, uint32_t word, const uint8_t *src)
 {
     uint32_t room = DP_ICMP6_ERR_MAX - DP_IP6_HDR - DP_ICMP_HDR;
     uint32_t q = len < room ? len : room, plen = DP_ICMP_HDR + q;
@@ -173,7 +173,8 @@ uint32_t dp_packet6_icmp_error(uint8_t *out, const uint8_t *offender, uint32_t l
 
     icmp[0] = type;
     icmp[1] = code;
-    memset(icmp + 2, 0, 6);              /* checksum, then the unused word */
+    memset(icmp + 2, 0, 2);              /* the checksum, summed as 0 */
+    dp_wr32(icmp + 4, word);             /* unused (0), or packet too big's MTU */
     memcpy(icmp + DP_ICMP_HDR, offender, q);
     dp_wr16(icmp + 2, (uint16_t)~dp_packet_fold(dp_packet6_pseudo(out, DP_IP6_NH_ICMP, plen) +
                                                 dp_packet_sum(icmp, plen)));

@@ -7,18 +7,19 @@
  *   3. icmp_error,       build an ICMP or ICMPv6 error into pa->icmp, if
  *      icmp_error6       allowed
  *   4. tun6              TUN -> UDP for IPv6: checks, link scope, route,
- *                        hop limit, hop limit - 1
+ *                        hop limit, the route's mtu, hop limit - 1
  *      dp_path_tun       TUN -> UDP: the checks of dataplane.h in its order,
  *                        IPv6 to tun6 by the version nibble, then IPv4's
  *                        route, TTL, TTL - 1; the verdict says what to write
  *      dp_path_tun_drop  a TUN read refused before those checks (vnet header)
  *   5. inner_source,     UDP -> TUN: the inner source, local or foreign, of
- *      inner_source6     either family
+ *      inner_source6     either family, from a sender of either underlay
  *      udp6              UDP -> TUN for IPv6: checks, link scope, inner
  *                        source, hop limit
- *      dp_path_udp       UDP -> TUN: truncated, source, then by the version
- *                        nibble IPv6 (udp6) or IPv4's checks, inner source,
- *                        TTL; TTL or hop limit - 1
+ *      udp_path,         UDP -> TUN: truncated, source (of the IPv4 or the
+ *      dp_path_udp,      IPv6 underlay), then by the version nibble IPv6
+ *      dp_path_udp6      (udp6) or IPv4's checks, inner source, TTL; TTL or
+ *                        hop limit - 1
  *   6. dp_path_*_written the outcome of the caller's write into the TUN
  *
  * tx.c and rx.c do the syscalls around these functions and csrc/fuzz/ drives
@@ -95,14 +96,15 @@ static enum dp_verdict icmp_error(struct dp_path *pa, const uint8_t *p, uint32_t
 
 /* The same for IPv6: no source address yet means no error at all, and an
  * offender RFC 4443 forbids an error about takes no token of the limit,
- * which both families share as they share the TUN and the senders. */
+ * which both families share as they share the TUN and the senders. word:
+ * the 4 bytes after the checksum (packet too big: the MTU; else 0). */
 static enum dp_verdict icmp_error6(struct dp_path *pa, const uint8_t *p, uint32_t len,
-                                   uint8_t type)
+                                   uint8_t type, uint32_t word)
 {
     if (dp_packet6_unspecified(pa->tun_addr6) || !dp_packet6_may_error(p, len) ||
         !icmp_allowed(pa))
         return DP_V_DROP;
-    pa->icmp_len = dp_packet6_icmp_error(pa->icmp, p, len, type, 0, pa->tun_addr6);
+    pa->icmp_len = dp_packet6_icmp_error(pa->icmp, p, len, type, 0, word, pa->tun_addr6);
     return DP_V_ICMP;
 }
 
@@ -129,12 +131,19 @@ static enum dp_verdict tun6(struct dp_path *pa, uint8_t *p, uint32_t len,
     if (!dp_routes_lookup6(pa->routes, dp_packet6_dst(p), hit)) {
         dp_path_trace(pa, DP_TR_ROUTE_MISS, 0, 0, 0, 0, NULL);
         dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, len);
-        return icmp_error6(pa, p, len, DP_ICMP6_DEST_UNREACH);
+        return icmp_error6(pa, p, len, DP_ICMP6_DEST_UNREACH, 0);
     }
     dp_path_trace(pa, DP_TR_ROUTE_HIT, hit->prefixlen, hit->peer_ip, hit->port, 0, NULL);
     if (p[DP_IP6_HOP_OFF] <= 1) {
         dp_path_drop(pa, DP_ST_DROP_TTL, len);
-        return icmp_error6(pa, p, len, DP_ICMP6_TIME_EXCEEDED);
+        return icmp_error6(pa, p, len, DP_ICMP6_TIME_EXCEEDED, 0);
+    }
+    /* The tunnel towards this peer is a link of hit->mtu (RFC 8200 5): the
+     * sender learns it (RFC 8201) rather than the packet being lost, or cut
+     * into IPv6 fragments of the outer packet on the way. */
+    if (hit->mtu && len > hit->mtu) {
+        dp_path_drop(pa, DP_ST_DROP_TOO_BIG, len);
+        return icmp_error6(pa, p, len, DP_ICMP6_TOO_BIG, hit->mtu);
     }
     dp_packet6_hop_dec(p);
     return DP_V_FORWARD;
@@ -188,11 +197,26 @@ void dp_path_tun_drop(struct dp_path *pa, const uint8_t *p, uint32_t len, int re
 
 /* ---- 5. UDP -> TUN ------------------------------------------------------------ */
 
+/* A datagram's outer source: an IPv4 address (src6 NULL) or, from the
+ * IPv6 underlay's socket, an IPv6 one. */
+struct dp_sender {
+    uint32_t src;
+    const uint8_t *src6;
+};
+
+/* Whether the route's peer is the sender: same underlay, same address. */
+static inline int sent_by_peer(const struct dp_route_hit *hit, const struct dp_sender *s)
+{
+    if (s->src6)
+        return hit->v6 && !memcmp(hit->peer6, s->src6, DP_IP6_ADDR);
+    return !hit->v6 && hit->peer_ip == s->src;
+}
+
 /* Steps 4 and 5 of dataplane.h on a packet that passed the header checks:
  * 0, or the drop reason. The strict rule asks the route table who owns the
  * inner source, as kernel WireGuard asks its allowed IPs: the sender must
  * be that owner. */
-static int inner_source(const struct dp_path *pa, const uint8_t *p, uint32_t src)
+static int inner_source(const struct dp_path *pa, const uint8_t *p, const struct dp_sender *s)
 {
     uint32_t inner = dp_packet_src(p);
     struct dp_route_hit hit;
@@ -200,15 +224,15 @@ static int inner_source(const struct dp_path *pa, const uint8_t *p, uint32_t src
     if (dp_local_has(pa->local, inner))
         return DP_ST_DROP_INNER_LOCAL;
     if (__atomic_load_n(&pa->strict_sources, __ATOMIC_RELAXED) &&
-        (!dp_routes_lookup(pa->routes, inner, &hit) || hit.peer_ip != src))
+        (!dp_routes_lookup(pa->routes, inner, &hit) || !sent_by_peer(&hit, s)))
         return DP_ST_DROP_INNER_FOREIGN;
     return 0;
 }
 
 /* The same for IPv6: local against the IPv6 own sources, and the strict
- * rule's owner found in the IPv6 table, whose peers are IPv4 addresses as
- * the datagram's source is. */
-static int inner_source6(const struct dp_path *pa, const uint8_t *p, uint32_t src)
+ * rule's owner found in the IPv6 table, whose peers are of either
+ * underlay. */
+static int inner_source6(const struct dp_path *pa, const uint8_t *p, const struct dp_sender *s)
 {
     const uint8_t *inner = dp_packet6_src(p);
     struct dp_route_hit hit;
@@ -216,7 +240,7 @@ static int inner_source6(const struct dp_path *pa, const uint8_t *p, uint32_t sr
     if (dp_local_has6(pa->local, inner))
         return DP_ST_DROP_INNER_LOCAL;
     if (__atomic_load_n(&pa->strict_sources, __ATOMIC_RELAXED) &&
-        (!dp_routes_lookup6(pa->routes, inner, &hit) || hit.peer_ip != src))
+        (!dp_routes_lookup6(pa->routes, inner, &hit) || !sent_by_peer(&hit, s)))
         return DP_ST_DROP_INNER_FOREIGN;
     return 0;
 }
@@ -224,7 +248,8 @@ static int inner_source6(const struct dp_path *pa, const uint8_t *p, uint32_t sr
 /* UDP steps 3-6 for an IPv6 payload: 0, or the drop reason. Link scope
  * comes before the inner source: a neighbour discovery message from the
  * underlay is refused as such, whoever it claims to be. */
-static int udp6(const struct dp_path *pa, const uint8_t *p, uint32_t len, uint32_t src)
+static int udp6(const struct dp_path *pa, const uint8_t *p, uint32_t len,
+                const struct dp_sender *src)
 {
     int reason = dp_packet6_check(p, len);
 
@@ -237,23 +262,27 @@ static int udp6(const struct dp_path *pa, const uint8_t *p, uint32_t len, uint32
     return p[DP_IP6_HOP_OFF] <= 1 ? DP_ST_DROP_TTL : 0;
 }
 
-enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,
-                            uint32_t sport, uint32_t nmsgs, int truncated)
+/* Both underlays: the source check asks the sender's own family's set of
+ * peers, and from there on only the strict rule looks at the sender. */
+static enum dp_verdict udp_path(struct dp_path *pa, uint8_t *p, uint32_t len,
+                                const struct dp_sender *s, uint32_t sport, uint32_t nmsgs,
+                                int truncated)
 {
     int reason;
 
     dp_path_count(pa, DP_ST_UDP_RX_PACKETS, 1);
     dp_path_count(pa, DP_ST_UDP_RX_BYTES, len);
-    dp_path_trace(pa, DP_TR_UDP_RECV, len, src, sport, nmsgs, p);
+    dp_path_trace(pa, DP_TR_UDP_RECV, len, s->src, sport, nmsgs, p);
 
     if (truncated)
         reason = DP_ST_DROP_TRUNCATED;
-    else if (!pa->accept_any && !dp_routes_has_peer(pa->routes, src))
+    else if (!pa->accept_any && !(s->src6 ? dp_routes_has_peer6(pa->routes, s->src6) :
+                                            dp_routes_has_peer(pa->routes, s->src)))
         reason = DP_ST_DROP_BAD_SOURCE;
     else if (is_ipv6(p, len))     /* p may be NULL only when truncated, above */
-        reason = udp6(pa, p, len, src);
+        reason = udp6(pa, p, len, s);
     else if ((reason = dp_packet_check_udp(p, len)) == 0 &&
-             (reason = inner_source(pa, p, src)) == 0 && p[8] <= 1)
+             (reason = inner_source(pa, p, s)) == 0 && p[8] <= 1)
         reason = DP_ST_DROP_TTL;
     if (reason) {
         dp_path_drop(pa, reason, len);
@@ -264,6 +293,24 @@ enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32
     else
         dp_packet_ttl_dec(p);
     return DP_V_FORWARD;
+}
+
+enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,
+                            uint32_t sport, uint32_t nmsgs, int truncated)
+{
+    struct dp_sender s = { src, NULL };
+
+    return udp_path(pa, p, len, &s, sport, nmsgs, truncated);
+}
+
+/* The trace's addr is a uint32: 0 for an IPv6 sender, as for a miss of an
+ * IPv6 destination. */
+enum dp_verdict dp_path_udp6(struct dp_path *pa, uint8_t *p, uint32_t len, const uint8_t *src6,
+                             uint32_t sport, uint32_t nmsgs, int truncated)
+{
+    struct dp_sender s = { 0, src6 };
+
+    return udp_path(pa, p, len, &s, sport, nmsgs, truncated);
 }
 
 /* ---- 6. outcomes of the caller's writes ------------------------------------------ */
@@ -285,17 +332,28 @@ void dp_path_tun_written(struct dp_path *pa, const uint8_t *p, uint32_t len, int
 }
 
 /* The counters mean "unreachable" and "time exceeded" for both families,
- * whose type numbers differ. */
+ * whose type numbers differ; packet too big is IPv6's alone. */
+static enum dp_stat icmp_sent_counter(const struct dp_path *pa)
+{
+    if (!is_ipv6(pa->icmp, pa->icmp_len))
+        return pa->icmp[DP_IP_HDR_MIN] == DP_ICMP_DEST_UNREACH ? DP_ST_ICMP_UNREACH_SENT :
+                                                                 DP_ST_ICMP_TTL_SENT;
+    switch (pa->icmp[DP_IP6_HDR]) {
+    case DP_ICMP6_DEST_UNREACH:
+        return DP_ST_ICMP_UNREACH_SENT;
+    case DP_ICMP6_TOO_BIG:
+        return DP_ST_ICMP_TOO_BIG_SENT;
+    default:
+        return DP_ST_ICMP_TTL_SENT;
+    }
+}
+
 void dp_path_icmp_written(struct dp_path *pa, int err)
 {
-    int unreach = is_ipv6(pa->icmp, pa->icmp_len) ?
-                  pa->icmp[DP_IP6_HDR] == DP_ICMP6_DEST_UNREACH :
-                  pa->icmp[DP_IP_HDR_MIN] == DP_ICMP_DEST_UNREACH;
-
     if (err) {
         dp_path_drop(pa, tun_write_drop(err), pa->icmp_len);
         return;
     }
-    dp_path_count(pa, unreach ? DP_ST_ICMP_UNREACH_SENT : DP_ST_ICMP_TTL_SENT, 1);
+    dp_path_count(pa, icmp_sent_counter(pa), 1);
     dp_path_trace(pa, DP_TR_ICMP, pa->icmp_len, 0, 0, 0, pa->icmp);
 }

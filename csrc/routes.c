@@ -6,14 +6,16 @@
  *   1. dp_routes_build    validate the dp_route and dp_route6 arrays, find
  *                         each family's distinct prefix lengths (longest
  *                         first), fill one open-addressing hash per length
- *                         and one hash set of peer IPs for both families
- *                         (the underlay is IPv4: an IPv6 route's peer is
- *                         the IPv4 address its IPv4-mapped peer_ip holds)
+ *                         and one hash set of peer IPs per underlay: the
+ *                         IPv4 one (dp_route peers and the IPv4 address an
+ *                         IPv4-mapped dp_route6 peer_ip holds) and the IPv6
+ *                         one (every other dp_route6 peer_ip)
  *   2. dp_routes_hold,    a table is shared by the loops of one host: each
  *      dp_routes_free     holds a reference, the last one frees it
  *   3. dp_routes_lookup,  per length, longest first: mask dst, probe that
  *      dp_routes_lookup6  hash (IPv6: 128-bit keys as two 64-bit halves)
- *   4. dp_routes_has_peer the accept_any == 0 source check
+ *   4. dp_routes_has_peer, the accept_any == 0 source check, per underlay
+ *      dp_routes_has_peer6
  *
  * A table is immutable once built. loop.c publishes a new one with one
  * atomic exchange per loop and each loop lets the old one go from its own
@@ -57,9 +59,11 @@ struct dp_key6 {
 
 struct dp_rslot6 {
     struct dp_key6 net;  /* the key */
-    uint32_t peer_ip;    /* network order: the IPv4 underlay's address */
+    uint32_t peer_ip;    /* network order: the IPv4 underlay's address (v6 == 0) */
     uint32_t port;
-    uint32_t used;
+    uint32_t mtu;
+    uint8_t used, v6;    /* v6: the peer is peer6, over the IPv6 underlay */
+    uint8_t peer6[DP_IP6_ADDR];
 };
 
 struct dp_rlen6 {
@@ -77,6 +81,8 @@ struct dp_routes {
     uint32_t *peers;     /* open addressing, 0 = empty slot */
     uint32_t peer_cap_mask;
     int has_zero_peer;   /* 0.0.0.0 cannot live in the set, so it is a flag */
+    struct dp_key6 *peers6;   /* the IPv6 underlay's peers; :: (never a peer) = empty */
+    uint32_t peer6_cap_mask, npeers6;
 };
 
 /* murmur3's finalizer: all 32 bits of the key reach the low bits we index by. */
@@ -151,8 +157,8 @@ static inline int key6_eq(struct dp_key6 a, struct dp_key6 b)
     return a.hi == b.hi && a.lo == b.lo;
 }
 
-/* ::ffff:a.b.c.d, the one form of peer_ip dataplane.h allows; *ip gets
- * a.b.c.d in network order. */
+/* ::ffff:a.b.c.d, a peer of the IPv4 underlay; *ip gets a.b.c.d in
+ * network order. */
 static int mapped_v4(const uint8_t *a, uint32_t *ip)
 {
     static const uint8_t prefix[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
@@ -175,6 +181,8 @@ static void rlen_insert(struct dp_rlen *l, const dp_route *r)
     l->slots[i].used = 1;
 }
 
+static const uint8_t zero6[DP_IP6_ADDR];
+
 static void rlen6_insert(struct dp_rlen6 *l, const dp_route6 *r)
 {
     struct dp_key6 k = key6_of(r->net);
@@ -183,8 +191,11 @@ static void rlen6_insert(struct dp_rlen6 *l, const dp_route6 *r)
     while (l->slots[i].used && !key6_eq(l->slots[i].net, k))
         i = (i + 1) & l->cap_mask;
     l->slots[i].net = k;
-    mapped_v4(r->peer_ip, &l->slots[i].peer_ip);
+    l->slots[i].peer_ip = 0;
+    l->slots[i].v6 = !mapped_v4(r->peer_ip, &l->slots[i].peer_ip);
+    memcpy(l->slots[i].peer6, l->slots[i].v6 ? r->peer_ip : zero6, DP_IP6_ADDR);
     l->slots[i].port = r->port;
+    l->slots[i].mtu = r->mtu;
     l->slots[i].used = 1;
 }
 
@@ -200,6 +211,28 @@ static void peers_insert(struct dp_routes *t, uint32_t ip)
     while (t->peers[i] && t->peers[i] != ip)
         i = (i + 1) & t->peer_cap_mask;
     t->peers[i] = ip;
+}
+
+static void peers6_insert(struct dp_routes *t, const uint8_t *a)
+{
+    struct dp_key6 k = key6_of(a);
+    uint32_t i = hash128(k) & t->peer6_cap_mask;
+
+    while ((t->peers6[i].hi || t->peers6[i].lo) && !key6_eq(t->peers6[i], k))
+        i = (i + 1) & t->peer6_cap_mask;
+    if (!t->peers6[i].hi && !t->peers6[i].lo)
+        t->npeers6++;
+    t->peers6[i] = k;
+}
+
+/* An IPv6 peer dataplane.h allows: one a datagram reaches without a scope.
+ * (:: is also what keeps the empty slots of peers6 apart.) */
+static int peer6_ok(const uint8_t *a)
+{
+    struct dp_key6 k = key6_of(a);
+
+    return (k.hi || k.lo) && a[0] != DP_IP6_MCAST &&
+           !(a[0] == 0xfe && (a[1] & 0xc0) == 0x80);
 }
 
 /* Counts the routes per prefix length; -EINVAL for one the header forbids. */
@@ -221,7 +254,8 @@ static int count_routes(const dp_route *routes, uint32_t n, uint32_t *count)
     return 0;
 }
 
-static int count_routes6(const dp_route6 *routes, uint32_t n, uint32_t *count)
+static int count_routes6(const dp_route6 *routes, uint32_t n, uint32_t *count,
+                         uint32_t *n6peers)
 {
     uint32_t i, ip = 0;
 
@@ -231,12 +265,18 @@ static int count_routes6(const dp_route6 *routes, uint32_t n, uint32_t *count)
         const dp_route6 *r = &routes[i];
         struct dp_key6 net, m;
 
-        if (r->prefixlen > 128 || r->port > 0xffff || r->reserved || r->mtu)
+        if (r->prefixlen > 128 || r->port > 0xffff || r->reserved ||
+            (r->mtu && (r->mtu < DP_MTU6_MIN || r->mtu > DP_MTU_MAX)))
             return -EINVAL;
         net = key6_of(r->net);
         m = mask6_of(r->prefixlen);
-        if (!key6_eq(net, key6_and(net, m)) || !mapped_v4(r->peer_ip, &ip))
+        if (!key6_eq(net, key6_and(net, m)))
             return -EINVAL;
+        if (!mapped_v4(r->peer_ip, &ip)) {
+            if (!peer6_ok(r->peer_ip))
+                return -EINVAL;
+            (*n6peers)++;
+        }
         count[r->prefixlen]++;
     }
     return 0;
@@ -248,11 +288,12 @@ int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n,
     uint32_t count[DP_ROUTES_LENS] = {0}, count6[DP_ROUTES6_LENS] = {0};
     uint32_t slot_of[DP_ROUTES_LENS], slot6_of[DP_ROUTES6_LENS];
     struct dp_routes *t;
-    uint32_t i, ip = 0;
+    uint32_t i, ip = 0, n6peers = 0;
     int len, rc;
 
     *out = NULL;
-    if ((rc = count_routes(routes, n, count)) || (rc = count_routes6(routes6, n6, count6)))
+    if ((rc = count_routes(routes, n, count)) ||
+        (rc = count_routes6(routes6, n6, count6, &n6peers)))
         return rc;
 
     rc = -ENOMEM;
@@ -288,11 +329,13 @@ int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n,
             goto err_free;
         slot6_of[len] = t->nlens6++;
     }
-    /* One set for the peers of both families: a datagram's source is an
-     * IPv4 address whatever it carries. */
+    /* One set per underlay, for the routes of both families: a datagram's
+     * source is of its socket's family whatever it carries. */
     t->peer_cap_mask = capacity_for(n + n6) - 1;
     t->peers = calloc((size_t)t->peer_cap_mask + 1, sizeof(*t->peers));
-    if (!t->peers)
+    t->peer6_cap_mask = capacity_for(n6peers) - 1;
+    t->peers6 = calloc((size_t)t->peer6_cap_mask + 1, sizeof(*t->peers6));
+    if (!t->peers || !t->peers6)
         goto err_free;
 
     for (i = 0; i < n; i++) {
@@ -301,8 +344,10 @@ int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n,
     }
     for (i = 0; i < n6; i++) {
         rlen6_insert(&t->lens6[slot6_of[routes6[i].prefixlen]], &routes6[i]);
-        mapped_v4(routes6[i].peer_ip, &ip);
-        peers_insert(t, ip);
+        if (mapped_v4(routes6[i].peer_ip, &ip))
+            peers_insert(t, ip);
+        else
+            peers6_insert(t, routes6[i].peer_ip);
     }
     *out = t;
     return 0;
@@ -330,6 +375,7 @@ void dp_routes_free(struct dp_routes *t)
     for (i = 0; i < t->nlens6; i++)
         free(t->lens6[i].slots);
     free(t->peers);
+    free(t->peers6);
     free(t);
 }
 
@@ -350,6 +396,9 @@ int dp_routes_lookup(const struct dp_routes *t, uint32_t dst, struct dp_route_hi
                 hit->peer_ip = l->slots[i].peer_ip;
                 hit->port = l->slots[i].port;
                 hit->prefixlen = l->prefixlen;
+                hit->mtu = 0;
+                hit->v6 = 0;
+                memset(hit->peer6, 0, sizeof(hit->peer6));
                 return 1;
             }
             i = (i + 1) & l->cap_mask;
@@ -376,6 +425,9 @@ int dp_routes_lookup6(const struct dp_routes *t, const uint8_t *dst, struct dp_r
                 hit->peer_ip = l->slots[i].peer_ip;
                 hit->port = l->slots[i].port;
                 hit->prefixlen = l->prefixlen;
+                hit->mtu = l->slots[i].mtu;
+                hit->v6 = l->slots[i].v6;
+                memcpy(hit->peer6, l->slots[i].peer6, DP_IP6_ADDR);
                 return 1;
             }
             i = (i + 1) & l->cap_mask;
@@ -399,4 +451,28 @@ int dp_routes_has_peer(const struct dp_routes *t, uint32_t ip)
         i = (i + 1) & t->peer_cap_mask;
     }
     return 0;
+}
+
+int dp_routes_has_peer6(const struct dp_routes *t, const uint8_t *ip)
+{
+    struct dp_key6 k;
+    uint32_t i;
+
+    if (!t || !t->npeers6)
+        return 0;
+    k = key6_of(ip);
+    if (!k.hi && !k.lo)
+        return 0;       /* the empty slots' key */
+    i = hash128(k) & t->peer6_cap_mask;
+    while (t->peers6[i].hi || t->peers6[i].lo) {
+        if (key6_eq(t->peers6[i], k))
+            return 1;
+        i = (i + 1) & t->peer6_cap_mask;
+    }
+    return 0;
+}
+
+uint32_t dp_routes_peers6(const struct dp_routes *t)
+{
+    return t ? t->npeers6 : 0;
 }

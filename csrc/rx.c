@@ -10,12 +10,14 @@
  *   2. gro_flush,        with DP_OFF_TUN_GRO a forwarded packet joins the
  *      tun_forward       run (gro.c), which is written as one GSO packet
  *                        when it breaks or the batch ends
- *   3. udp_datagram      dp_path_udp (checks, TTL or hop limit - 1), then
+ *   3. udp_datagram      dp_path_udp, or dp_path_udp6 for a datagram of the
+ *                        IPv6 underlay (checks, TTL or hop limit - 1), then
  *                        tun_forward
  *   4. udp_packet        one message: a datagram, or with DP_OFF_UDP_GRO a
  *                        train cut by dp_train_cut_* into datagrams
- *   5. dp_rx_batch       one recvmmsg(MSG_DONTWAIT) of up to `batch`, then
- *                        the run held is flushed
+ *   5. dp_rx_batch       one recvmmsg(MSG_DONTWAIT) of up to `batch` on one
+ *                        socket (either underlay's), then the run held is
+ *                        flushed
  *   6. dp_rx_setup       the receive slots, sized for the offloads
  */
 #define _GNU_SOURCE
@@ -89,10 +91,21 @@ static void tun_forward(struct dp_loop *l, const uint8_t *p, uint32_t len)
 
 /* ---- 3. one datagram ---------------------------------------------------------------- */
 
-static void udp_datagram(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t src,
-                         uint32_t sport, uint32_t nmsgs, int truncated)
+/* Where a message came from: an IPv4 source, or (src6) an IPv6 one. */
+struct dp_datagram_src {
+    uint32_t src;
+    const uint8_t *src6;
+    uint32_t sport;
+};
+
+static void udp_datagram(struct dp_loop *l, uint8_t *p, uint32_t len,
+                         const struct dp_datagram_src *s, uint32_t nmsgs, int truncated)
 {
-    if (dp_path_udp(&l->path, p, len, src, sport, nmsgs, truncated) == DP_V_FORWARD)
+    enum dp_verdict v = s->src6 ?
+        dp_path_udp6(&l->path, p, len, s->src6, s->sport, nmsgs, truncated) :
+        dp_path_udp(&l->path, p, len, s->src, s->sport, nmsgs, truncated);
+
+    if (v == DP_V_FORWARD)
         tun_forward(l, p, len);
 }
 
@@ -117,8 +130,8 @@ static uint32_t gro_segment_size(struct msghdr *mh)
 /* DP_OFF_UDP_GRO: each datagram of the train is handled as if received
  * alone - one larger than the mtu, or cut short by the slot, as a plain
  * receive reports it: truncated (dataplane.h). */
-static void udp_train(struct dp_loop *l, struct mmsghdr *mh, uint8_t *p, uint32_t src,
-                      uint32_t sport, uint32_t nmsgs)
+static void udp_train(struct dp_loop *l, struct mmsghdr *mh, uint8_t *p,
+                      const struct dp_datagram_src *s, uint32_t nmsgs)
 {
     struct dp_train_cut c;
     struct dp_datagram d;
@@ -127,31 +140,33 @@ static void udp_train(struct dp_loop *l, struct mmsghdr *mh, uint8_t *p, uint32_
                            l->mtu))
         st_add(l, DP_ST_UDP_RX_GRO, 1);
     while (dp_train_cut_next(&c, &d))
-        udp_datagram(l, d.has_bytes ? p + d.off : NULL, d.len, src, sport, nmsgs,
-                     d.truncated);
+        udp_datagram(l, d.has_bytes ? p + d.off : NULL, d.len, s, nmsgs, d.truncated);
 }
 
 static void udp_packet(struct dp_loop *l, uint32_t k, uint32_t nmsgs)
 {
     struct mmsghdr *mh = &l->rx_msgs[k];
+    union dp_sockaddr *a = &l->rx_addr[k];
     uint8_t *p = l->rx_iov[k].iov_base;
-    uint32_t src = 0, sport = 0;
+    struct dp_datagram_src s = { 0, NULL, 0 };
 
-    if (mh->msg_hdr.msg_namelen >= sizeof(struct sockaddr_in) &&
-        l->rx_addr[k].sin_family == AF_INET) {
-        src = l->rx_addr[k].sin_addr.s_addr;
-        sport = ntohs(l->rx_addr[k].sin_port);
+    if (mh->msg_hdr.msg_namelen >= sizeof(struct sockaddr_in6) && a->sa.sa_family == AF_INET6) {
+        s.src6 = a->v6.sin6_addr.s6_addr;
+        s.sport = ntohs(a->v6.sin6_port);
+    } else if (mh->msg_hdr.msg_namelen >= sizeof(struct sockaddr_in) &&
+               a->sa.sa_family == AF_INET) {
+        s.src = a->v4.sin_addr.s_addr;
+        s.sport = ntohs(a->v4.sin_port);
     }
     if (l->offloads & DP_OFF_UDP_GRO)
-        udp_train(l, mh, p, src, sport, nmsgs);
+        udp_train(l, mh, p, &s, nmsgs);
     else
-        udp_datagram(l, p, mh->msg_len, src, sport, nmsgs,
-                     (mh->msg_hdr.msg_flags & MSG_TRUNC) != 0);
+        udp_datagram(l, p, mh->msg_len, &s, nmsgs, (mh->msg_hdr.msg_flags & MSG_TRUNC) != 0);
 }
 
 /* ---- 5. one batch ------------------------------------------------------------------- */
 
-enum dp_io dp_rx_batch(struct dp_loop *l)
+enum dp_io dp_rx_batch(struct dp_loop *l, int fd)
 {
     int gro = (l->offloads & DP_OFF_UDP_GRO) != 0;
     uint32_t k;
@@ -160,7 +175,7 @@ enum dp_io dp_rx_batch(struct dp_loop *l)
     dp_io_take_tables(l);
     do {
         sys_count(l, DP_ST_UDP_RECVS);
-        r = recvmmsg(l->udp_fd, l->rx_msgs, l->batch, MSG_DONTWAIT | (gro ? MSG_TRUNC : 0),
+        r = recvmmsg(fd, l->rx_msgs, l->batch, MSG_DONTWAIT | (gro ? MSG_TRUNC : 0),
                      NULL);
     } while (r < 0 && errno == EINTR);
     if (r <= 0)

@@ -9,11 +9,13 @@
  *   1. icmp_send           an ICMP error path.c built (the clock for its
  *                          rate limit is dp_now_ns), written into the TUN
  *                          by io.c
- *   2. tun_packet          dp_path_tun (checks, route, TTL or hop limit - 1),
- *                          then queue it in its slot or send the ICMP error
- *   3. udp_sendmmsg,       one sendmmsg() per batch, skipping refused
- *      sent,               messages; each datagram sent is counted once
- *      udp_send_plain
+ *   2. set_peer,           dp_path_tun (checks, route, TTL or hop limit - 1),
+ *      tun_packet          then queue it in its slot, addressed to the
+ *                          route's peer on either underlay, or send the
+ *                          ICMP error
+ *   3. udp_sendmmsg,       one sendmmsg() per batch and underlay (the
+ *      sent,               IPv4 socket or the IPv6 one), skipping refused
+ *      udp_send_plain      messages; each datagram sent is counted once
  *   4. trains_build,       with DP_OFF_UDP_GSO: dp_train_plan groups the
  *      udp_send_gso        batch, each train one message with UDP_SEGMENT;
  *                          a refused train goes again plain
@@ -57,6 +59,25 @@ static void icmp_send(struct dp_loop *l)
 
 /* ---- 2. one packet ------------------------------------------------------------------ */
 
+/* Message `slot` goes to the route's peer, on the socket of its underlay. */
+static void set_peer(struct dp_loop *l, uint32_t slot, const struct dp_route_hit *hit)
+{
+    union dp_sockaddr *a = &l->tx_addr[slot];
+
+    if (hit->v6) {
+        memset(&a->v6, 0, sizeof(a->v6));
+        a->v6.sin6_family = AF_INET6;
+        a->v6.sin6_port = htons((uint16_t)hit->port);
+        memcpy(a->v6.sin6_addr.s6_addr, hit->peer6, sizeof(hit->peer6));
+        l->tx_msgs[slot].msg_hdr.msg_namelen = sizeof(a->v6);
+    } else {
+        a->v4.sin_family = AF_INET;
+        a->v4.sin_addr.s_addr = hit->peer_ip;
+        a->v4.sin_port = htons((uint16_t)hit->port);
+        l->tx_msgs[slot].msg_hdr.msg_namelen = sizeof(a->v4);
+    }
+}
+
 /* Returns 1 if the packet was queued as message `slot` of the next sendmmsg. */
 static int tun_packet(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t slot)
 {
@@ -72,73 +93,106 @@ static int tun_packet(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t slot
         return 0;
     }
     l->tx_iov[slot].iov_len = len;
-    l->tx_addr[slot].sin_addr.s_addr = hit.peer_ip;
-    l->tx_addr[slot].sin_port = htons((uint16_t)hit.port);
+    set_peer(l, slot, &hit);
     return 1;
 }
 
 /* ---- 3. plain sends ----------------------------------------------------------------- */
 
-/* One sendmmsg(), again when a signal interrupted it before it sent anything. */
+/* One sendmmsg() on the socket of the messages' underlay (all of one),
+ * again when a signal interrupted it before it sent anything. */
 static int udp_sendmmsg(struct dp_loop *l, struct mmsghdr *msgs, uint32_t n)
 {
+    const union dp_sockaddr *a = msgs[0].msg_hdr.msg_name;
+    int fd = a->sa.sa_family == AF_INET6 ? l->udp6_fd : l->udp_fd;
     int r;
 
     do {
         sys_count(l, DP_ST_UDP_SENDS);
-        r = sendmmsg(l->udp_fd, msgs, n, 0);
+        r = sendmmsg(fd, msgs, n, 0);
     } while (r < 0 && errno == EINTR);
     return r;
 }
 
-/* Slot k went out, in a call handed `batch` datagrams. */
+/* How many of the n messages from msgs on go to the first one's underlay:
+ * one sendmmsg's worth. */
+static uint32_t same_socket(const struct mmsghdr *msgs, uint32_t n)
+{
+    const union dp_sockaddr *a = msgs[0].msg_hdr.msg_name;
+    uint32_t k = 1;
+
+    while (k < n && ((const union dp_sockaddr *)msgs[k].msg_hdr.msg_name)->sa.sa_family ==
+                    a->sa.sa_family)
+        k++;
+    return k;
+}
+
+/* Slot k went out, in a call handed `batch` datagrams. The trace's addr
+ * is a uint32: 0 for an IPv6 peer. */
 static void sent(struct dp_loop *l, uint32_t k, uint32_t batch)
 {
     uint32_t len = (uint32_t)l->tx_iov[k].iov_len;
+    const union dp_sockaddr *a = &l->tx_addr[k];
+    int v6 = a->sa.sa_family == AF_INET6;
 
     st_add(l, DP_ST_UDP_TX_PACKETS, 1);
     st_add(l, DP_ST_UDP_TX_BYTES, len);
-    trace(l, DP_TR_UDP_SEND, len, l->tx_addr[k].sin_addr.s_addr, ntohs(l->tx_addr[k].sin_port),
-          batch, NULL);
+    trace(l, DP_TR_UDP_SEND, len, v6 ? 0 : a->v4.sin_addr.s_addr,
+          ntohs(v6 ? a->v6.sin6_port : a->v4.sin_port), batch, NULL);
 }
 
-/* One sendmmsg() for the queued messages from slot i on. The kernel stops
- * at the first message it refuses and reports only how many went before
- * it; so on a short count we call again from there, and the call that
- * starts with the refused message fails with its errno: that one is
- * dropped and skipped. */
+/* One sendmmsg() for the queued messages from slot i on, per run of one
+ * underlay. The kernel stops at the first message it refuses and reports
+ * only how many went before it; so on a short count we call again from
+ * there, and the call that starts with the refused message fails with its
+ * errno: that one is dropped and skipped. */
 static void udp_send_plain(struct dp_loop *l, uint32_t i, uint32_t m)
 {
-    uint32_t k;
+    uint32_t k, n;
     int r;
 
     while (i < m) {
-        r = udp_sendmmsg(l, &l->tx_msgs[i], m - i);
+        n = same_socket(&l->tx_msgs[i], m - i);
+        r = udp_sendmmsg(l, &l->tx_msgs[i], n);
         if (r <= 0) {
             drop(l, DP_ST_DROP_SEND_ERROR, (uint32_t)l->tx_iov[i].iov_len);
             i++;
             continue;
         }
-        /* batch = the messages handed to this call (all m when none fails). */
+        /* batch = the messages handed to this call (all of the run when none fails). */
         for (k = i; k < i + (uint32_t)r; k++)
-            sent(l, k, m - i);
+            sent(l, k, n);
         i += (uint32_t)r;
     }
+}
+
+/* Whether slots a and b go to the same peer (address, port, underlay). */
+static int same_peer(const union dp_sockaddr *a, const union dp_sockaddr *b)
+{
+    if (a->sa.sa_family != b->sa.sa_family)
+        return 0;
+    if (a->sa.sa_family == AF_INET6)
+        return a->v6.sin6_port == b->v6.sin6_port &&
+               !memcmp(&a->v6.sin6_addr, &b->v6.sin6_addr, sizeof(a->v6.sin6_addr));
+    return a->v4.sin_port == b->v4.sin_port && a->v4.sin_addr.s_addr == b->v4.sin_addr.s_addr;
 }
 
 /* ---- 4. trains (DP_OFF_UDP_GSO) ----------------------------------------------------- */
 
 /* Plans slots 0..m-1 as trains and builds one message per train; returns
  * how many. A train of one is a plain message, no cmsg: exactly what
- * udp_send_plain sends. */
+ * udp_send_plain sends. A train only ever joins consecutive slots, so a
+ * slot's key is the first slot of its run of one peer: equal exactly when
+ * the peer is, for 16-byte addresses as for 4-byte ones, and whatever
+ * table routed the slot (a table may be taken between two reads). */
 static uint32_t trains_build(struct dp_loop *l, uint32_t m)
 {
     uint32_t t, nt, i;
 
     for (i = 0; i < m; i++) {
         l->train_len[i] = (uint32_t)l->tx_iov[i].iov_len;
-        l->train_dest[i] = (uint64_t)l->tx_addr[i].sin_addr.s_addr << 16 |
-                           l->tx_addr[i].sin_port;
+        l->train_dest[i] = i && same_peer(&l->tx_addr[i - 1], &l->tx_addr[i]) ?
+                           l->train_dest[i - 1] : i;
     }
     nt = dp_train_plan(l->train_len, l->train_dest, m, l->trains);
     for (t = 0; t < nt; t++) {
@@ -147,7 +201,7 @@ static uint32_t trains_build(struct dp_loop *l, uint32_t m)
         i = l->trains[t].first;
         memset(mh, 0, sizeof(*mh));
         mh->msg_name = &l->tx_addr[i];
-        mh->msg_namelen = sizeof(l->tx_addr[i]);
+        mh->msg_namelen = l->tx_msgs[i].msg_hdr.msg_namelen;
         mh->msg_iov = &l->tx_iov[i];
         mh->msg_iovlen = l->trains[t].n;
         if (l->trains[t].n > 1) {
@@ -176,11 +230,14 @@ static uint32_t trains_build(struct dp_loop *l, uint32_t m)
  * about this send alone: the next train may well go through. */
 static void udp_send_gso(struct dp_loop *l, uint32_t m)
 {
-    uint32_t nt = trains_build(l, m), t = 0, j, k, first, n;
+    uint32_t nt = trains_build(l, m), t = 0, j, k, first, n, run, handed;
     int r, err;
 
     while (t < nt) {
-        r = udp_sendmmsg(l, &l->train_msgs[t], nt - t);
+        /* One call per run of trains of one underlay; handed: its datagrams. */
+        run = same_socket(&l->train_msgs[t], nt - t);
+        handed = l->trains[t + run - 1].first + l->trains[t + run - 1].n - l->trains[t].first;
+        r = udp_sendmmsg(l, &l->train_msgs[t], run);
         if (r <= 0) {
             err = r < 0 ? errno : 0;
             first = l->trains[t].first;
@@ -207,7 +264,7 @@ static void udp_send_gso(struct dp_loop *l, uint32_t m)
                 st_add(l, DP_ST_UDP_TX_GSO, 1);
             /* batch = the datagrams handed to this call. */
             for (k = first; k < first + n; k++)
-                sent(l, k, m - l->trains[t].first);
+                sent(l, k, handed);
         }
         t += (uint32_t)r;
     }

@@ -7,6 +7,11 @@ Topology (everything on loopback, nothing leaves the host)::
                                                                           │
     peer 127.0.0.1x:p  <──── UDP ────  engine UDP socket 127.0.0.1:<port> ┘
     peer 127.0.0.1x:p  ─────────────>
+    peer [::1]:p       <──── UDP ────  engine IPv6 socket [::1]:<port>  (udp6=True:
+    peer [::1]:p       ─────────────>                                    the IPv6 underlay)
+
+Loopback has one IPv6 address, so every IPv6 peer is ::1 (on a port of its
+own); a test of the IPv6 source check names peers elsewhere and sends from ::1.
 
 A SOCK_DGRAM socketpair keeps packet boundaries, as a TUN does. A collector
 thread drains the test's end of the TUN and every peer socket all the time
@@ -50,16 +55,33 @@ def big_rcvbuf(sock, size: int = 4 << 20) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
 
 
+ENGINE_IP6 = "::1"
+
+
+def udp6_socket(ip: str = ENGINE_IP6, port: int = 0) -> socket.socket:
+    """An IPv6 underlay's socket as the daemon opens one: IPV6_V6ONLY, bound."""
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    big_rcvbuf(s)
+    s.bind((ip, port))
+    return s
+
+
 class Peer:
     """A UDP socket standing for a remote node; ``received`` is what the
-    engine sent to it, in order (payloads as bytes)."""
+    engine sent to it, in order (payloads as bytes). ``family`` AF_INET6: a
+    peer of the IPv6 underlay."""
 
-    def __init__(self, ip: str, port: int = 0):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        big_rcvbuf(self.sock)
-        self.sock.bind((ip, port))
+    def __init__(self, ip: str, port: int = 0, family: int = socket.AF_INET):
+        if family == socket.AF_INET6:
+            self.sock = udp6_socket(ip, port)
+        else:
+            self.sock = socket.socket(family, socket.SOCK_DGRAM)
+            big_rcvbuf(self.sock)
+            self.sock.bind((ip, port))
         self.sock.setblocking(False)
-        self.ip, self.port = self.sock.getsockname()
+        self.family = family
+        self.ip, self.port = self.sock.getsockname()[:2]
         self.received: list[bytes] = []
 
     @property
@@ -76,7 +98,7 @@ class Harness:
     def __init__(self, kind: str, *, mtu: int = 1472, batch: int = 64, accept_any: bool = True,
                  tun_addr: str = DEFAULT_TUN_ADDR, start: bool = True, collect_tun: bool = True,
                  tun_sndbuf: int | None = None, icmp_rate: int | None = 0,
-                 icmp_burst: int = 1):
+                 icmp_burst: int = 1, udp6: bool = False):
         self.kind = kind
         self.mtu = mtu
         self.tun_addr = tun_addr
@@ -99,9 +121,14 @@ class Harness:
         self.udp_addr = self.udp.getsockname()
         # A socket to send from a source that is no route's peer.
         self.stranger = Peer("127.0.0.254")
+        # The IPv6 underlay's socket, when asked for: [::1]:<port>.
+        self.udp6 = udp6_socket() if udp6 else None
+        self.udp6_addr = self.udp6.getsockname()[:2] if udp6 else None
         self.engine = create_engine(kind, tun_fd=self.tun_engine.fileno(),
                                     udp_fd=self.udp.fileno(), tun_addr=tun_addr, mtu=mtu,
                                     batch=batch, accept_any=accept_any)
+        if udp6:
+            self.engine.set_udp6(self.udp6.fileno())
         # Tests see every ICMP error unless they ask for a limit (None: the
         # engine's default, 100/s with a burst of 50).
         if icmp_rate is not None:
@@ -125,17 +152,19 @@ class Harness:
         self._by_fd[sock.fileno()] = (sock, peer)
         self._ep.register(sock.fileno(), select.EPOLLIN)
 
-    def add_peer(self, ip: str | None = None, port: int = 0) -> Peer:
+    def add_peer(self, ip: str | None = None, port: int = 0,
+                 family: int = socket.AF_INET) -> Peer:
         if ip is None:
-            ip = f"127.0.0.{PEER_BASE + len(self.peers)}"
-        p = Peer(ip, port)
+            ip = ENGINE_IP6 if family == socket.AF_INET6 else \
+                f"127.0.0.{PEER_BASE + len(self.peers)}"
+        p = Peer(ip, port, family)
         self.peers.append(p)
         self._watch(p.sock, p)
         return p
 
     @staticmethod
-    def route(subnet, peer: Peer) -> Route:
-        return Route.make(subnet, peer.ip, peer.port)
+    def route(subnet, peer: Peer, mtu: int = 0) -> Route:
+        return Route.make(subnet, peer.ip, peer.port, mtu)
 
     def set_routes(self, routes, wait: bool = True) -> None:
         """Publish a table; with ``wait``, return once the loop has adopted
@@ -173,12 +202,14 @@ class Harness:
             self._injected_tun += 1
 
     def inject_udp(self, peer: Peer | None, *payloads: bytes) -> None:
-        """Send datagrams to the engine from ``peer`` (None: the stranger)."""
+        """Send datagrams to the engine from ``peer`` (None: the stranger); an IPv6 peer
+        sends to the engine's IPv6 socket."""
         s = (peer or self.stranger).sock
+        to = self.udp6_addr if s.family == socket.AF_INET6 else self.udp_addr
         for p in payloads:
             while True:
                 try:
-                    s.sendto(p, self.udp_addr)
+                    s.sendto(p, to)
                     break
                 except BlockingIOError:
                     time.sleep(0.0005)
@@ -223,7 +254,7 @@ class Harness:
         def delivered(st):
             tun_n, udp_n = self.outputs()
             return (tun_n >= st["tun_tx_packets"] + st["icmp_unreach_sent"] + st["icmp_ttl_sent"]
-                    and udp_n >= st["udp_tx_packets"])
+                    + st["icmp_too_big_sent"] and udp_n >= st["udp_tx_packets"])
         deadline = time.monotonic() + timeout
         st = self.wait_for(delivered, timeout, "outputs collected") if outputs else st
         # The C engine counts a packet as received before it has finished
@@ -258,6 +289,8 @@ class Harness:
             for p in self.peers + [self.stranger]:
                 p.close()
             self.udp.close()
+            if self.udp6 is not None:
+                self.udp6.close()
             self.tun_engine.close()
             self.tun_test.close()
 

@@ -6,8 +6,11 @@
  * checks the same functions on the packet path, with fewer prefix lengths.
  *
  *   lookup NET/LEN=PEER:PORT ... -> DST    -> PEER:PORT/LEN, or miss
- *                                             (-EINVAL: the table refused)
- *   build NET/LEN PEER_IP6 PORT RESERVED   -> dp_routes_build's return
+ *                                             (-EINVAL: the table refused);
+ *                                             PEER an IPv4 address (the IPv4
+ *                                             underlay) or [IPv6] (the IPv6
+ *                                             one), :PORT/MTU with an mtu
+ *   build NET/LEN PEER_IP6 PORT MTU RESERVED -> dp_routes_build's return
  *   local NET/LEN ADDR ... -> IP           -> 1 if IP is an own source, 0 if
  *                                             not (or the build's return)
  *   random SEED TABLES                     -> ok HITS MISSES: TABLES random
@@ -53,9 +56,16 @@ static int naive6(const dp_route6 *rt, uint32_t n, const uint8_t *dst, struct dp
             continue;
         found = 1;
         best = rt[i].prefixlen;
-        memcpy(&hit->peer_ip, rt[i].peer_ip + 12, 4);
+        hit->v6 = memcmp(rt[i].peer_ip, mapped_prefix, sizeof(mapped_prefix)) != 0;
+        hit->peer_ip = 0;
+        memset(hit->peer6, 0, sizeof(hit->peer6));
+        if (hit->v6)
+            memcpy(hit->peer6, rt[i].peer_ip, 16);
+        else
+            memcpy(&hit->peer_ip, rt[i].peer_ip + 12, 4);
         hit->port = rt[i].port;
         hit->prefixlen = rt[i].prefixlen;
+        hit->mtu = rt[i].mtu;
     }
     return found;
 }
@@ -75,6 +85,9 @@ static int naive4(const dp_route *rt, uint32_t n, uint32_t dst, struct dp_route_
         hit->peer_ip = rt[i].peer_ip;
         hit->port = rt[i].port;
         hit->prefixlen = rt[i].prefixlen;
+        hit->mtu = 0;
+        hit->v6 = 0;
+        memset(hit->peer6, 0, sizeof(hit->peer6));
     }
     return found;
 }
@@ -104,14 +117,50 @@ static void set_peer(dp_route6 *r, uint32_t ip)
 
 static void print_hit(int found, const struct dp_route_hit *h)
 {
-    char ip[INET_ADDRSTRLEN];
+    char ip[INET6_ADDRSTRLEN];
 
     if (!found) {
         printf("miss\n");
         return;
     }
-    inet_ntop(AF_INET, &h->peer_ip, ip, sizeof(ip));
-    printf("%s:%u/%u\n", ip, h->port, h->prefixlen);
+    if (h->v6) {
+        inet_ntop(AF_INET6, h->peer6, ip, sizeof(ip));
+        printf("[%s]", ip);
+    } else {
+        inet_ntop(AF_INET, &h->peer_ip, ip, sizeof(ip));
+        printf("%s", ip);
+    }
+    printf(":%u/%u", h->port, h->prefixlen);
+    if (h->mtu)
+        printf(" mtu %u", h->mtu);
+    printf("\n");
+}
+
+/* "PEER:PORT" or "PEER:PORT/MTU", PEER an IPv4 address or [IPv6], into r. */
+static int parse_peer(char *s, dp_route6 *r)
+{
+    char *port, *mtu;
+    uint32_t ip;
+
+    if (*s == '[') {
+        if (!(port = strstr(s, "]:")))
+            return 0;
+        *port = 0;
+        port += 2;
+        if (inet_pton(AF_INET6, s + 1, r->peer_ip) != 1)
+            return 0;
+    } else {
+        if (!(port = strchr(s, ':')))
+            return 0;
+        *port++ = 0;
+        if (inet_pton(AF_INET, s, &ip) != 1)
+            return 0;
+        set_peer(r, ip);
+    }
+    if ((mtu = strchr(port, '/')))
+        r->mtu = (uint32_t)strtoul(mtu + 1, NULL, 10);
+    r->port = (uint32_t)strtoul(port, NULL, 10);
+    return 1;
 }
 
 /* ---- the cases ------------------------------------------------------------------ */
@@ -122,19 +171,17 @@ static int lookup(char *args)
     struct dp_routes *t;
     struct dp_route_hit hit, naive;
     uint8_t dst[16];
-    uint32_t n = 0, ip;
-    char *tok, *eq, *colon;
+    uint32_t n = 0;
+    char *tok, *eq;
     int rc, found;
 
     for (tok = strtok(args, " \n"); tok && strcmp(tok, "->"); tok = strtok(NULL, " \n")) {
-        if (n == MAX_ROUTES || !(eq = strchr(tok, '=')) || !(colon = strchr(eq, ':')))
+        if (n == MAX_ROUTES || !(eq = strchr(tok, '=')))
             return 0;
-        *eq = *colon = 0;
+        *eq = 0;
         memset(&rt[n], 0, sizeof(rt[n]));
-        if (!parse_net6(tok, rt[n].net, &rt[n].prefixlen) || inet_pton(AF_INET, eq + 1, &ip) != 1)
+        if (!parse_net6(tok, rt[n].net, &rt[n].prefixlen) || !parse_peer(eq + 1, &rt[n++]))
             return 0;
-        set_peer(&rt[n], ip);
-        rt[n++].port = (uint32_t)strtoul(colon + 1, NULL, 10);
     }
     tok = strtok(NULL, " \n");
     if (!tok || inet_pton(AF_INET6, tok, dst) != 1)
@@ -155,19 +202,23 @@ static int lookup(char *args)
 static int build(const char *args)
 {
     char net[64], peer[64];
-    unsigned port, reserved;
+    unsigned port, mtu, reserved;
     struct dp_routes *t;
     dp_route6 r;
     int rc;
 
     memset(&r, 0, sizeof(r));
-    if (sscanf(args, "%63s %63s %u %u", net, peer, &port, &reserved) != 4 ||
+    if (sscanf(args, "%63s %63s %u %u %u", net, peer, &port, &mtu, &reserved) != 5 ||
         !parse_net6(net, r.net, &r.prefixlen) || inet_pton(AF_INET6, peer, r.peer_ip) != 1)
         return 0;
     r.port = port;
-    r.reserved[1] = reserved;
+    r.mtu = mtu;
+    r.reserved = reserved;
     rc = dp_routes_build(&t, NULL, 0, &r, 1);
     CHECK((rc == 0) == (t != NULL));
+    /* A peer of the IPv6 underlay is one of its peers, and only there. */
+    if (!rc && memcmp(r.peer_ip, mapped_prefix, sizeof(mapped_prefix)))
+        CHECK(dp_routes_peers6(t) == 1 && dp_routes_has_peer6(t, r.peer_ip));
     printf("%d\n", rc);
     dp_routes_free(t);
     return 1;
@@ -265,7 +316,15 @@ static int random_case(const char *args)
             near((const uint8_t (*)[16])base, 1 + (uint32_t)(next() % 4), rt6[i].net);
             rt6[i].prefixlen = next() % 2 ? lens[next() % 4] : (uint32_t)(next() % 129);
             mask_to(rt6[i].net, rt6[i].prefixlen);
-            set_peer(&rt6[i], htonl(0x7f000010u + (uint32_t)(next() % 8)));
+            /* A third of the peers on the IPv6 underlay, with an mtu or not. */
+            if (next() % 3 == 0) {
+                rt6[i].peer_ip[0] = 0x20;
+                rt6[i].peer_ip[1] = 0x01;
+                rt6[i].peer_ip[15] = (uint8_t)(1 + next() % 8);
+                rt6[i].mtu = next() % 2 ? 0 : DP_MTU6_MIN + (uint32_t)(next() % 64000);
+            } else {
+                set_peer(&rt6[i], htonl(0x7f000010u + (uint32_t)(next() % 8)));
+            }
             rt6[i].port = (uint32_t)(next() % 65536);
         }
         for (i = 0; i < n4; i++) {
@@ -301,9 +360,12 @@ static int random_case(const char *args)
         }
         for (i = 0; i < n6; i++) {
             uint32_t ip;
+            int v6 = memcmp(rt6[i].peer_ip, mapped_prefix, sizeof(mapped_prefix)) != 0;
 
             memcpy(&ip, rt6[i].peer_ip + 12, 4);
-            CHECK(dp_routes_has_peer(t, ip));
+            /* Each underlay's peers in its own set, and no other. */
+            CHECK(v6 ? dp_routes_has_peer6(t, rt6[i].peer_ip) && !dp_routes_has_peer(t, ip) :
+                       dp_routes_has_peer(t, ip) && !dp_routes_has_peer6(t, rt6[i].peer_ip));
         }
         CHECK(!dp_routes_has_peer(t, htonl(0x7f000030u)));
         dp_routes_free(t);

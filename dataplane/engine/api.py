@@ -122,6 +122,7 @@ class Engine(abc.ABC):
             raise ValueError(f"batch {batch} out of range 1..{BATCH_MAX}")
         self.tun_fd = tun_fd
         self.udp_fd = udp_fd
+        self.udp6_fd = None           # the IPv6 underlay's socket, once set_udp6() has it
         self.tun_addr = ipaddress.IPv4Address(tun_addr)
         self.mtu = int(mtu)
         self.batch = int(batch)

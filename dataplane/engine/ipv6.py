@@ -259,15 +259,16 @@ def may_send_error(packet) -> bool:
     return proto != NH_ICMPV6 or (off < len(packet) and packet[off] > ICMPV6_ERROR_MAX)
 
 
-def icmp_error(offender, type_: int, code: int, src) -> bytes:
+def icmp_error(offender, type_: int, code: int, src, rest: int = 0) -> bytes:
     """The complete IPv6 packet of an ICMPv6 error about ``offender`` (the packet
     as read, before any hop limit change), sent from ``src`` back to the
     offender's source, in the format of dataplane.h: as much of the offender as
-    keeps the error within ICMP6_ERR_MAX bytes (IPv6's minimum MTU)."""
+    keeps the error within ICMP6_ERR_MAX bytes (IPv6's minimum MTU). ``rest``: the
+    word after the checksum (packet too big: the MTU)."""
     offender = bytes(offender)
     dst = offender[8:24]
     quote = offender[:ICMP6_ERR_MAX - HEADER_LEN - _ICMP.size]
-    return build(src, dst, icmp_message(src, dst, type_, code, 0, quote),
+    return build(src, dst, icmp_message(src, dst, type_, code, rest, quote),
                  next_header=NH_ICMPV6, hop_limit=ICMP_TTL)
 
 

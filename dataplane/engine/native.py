@@ -214,6 +214,7 @@ class CEngine(Engine):
             if self._thread is not None:
                 raise OSError(errno.EBUSY, "set_udp6() after start()")
             _check(lib.dp_loop_set_udp6(loop, _fd(fd)))
+            self.udp6_fd = _fd(fd)
 
     def set_strict_sources(self, enable: bool) -> None:
         with self._lock:

@@ -17,8 +17,10 @@ each way; the rest is kept cheap:
   once per batch;
 * the route table is one dict per prefix length and family (pytable.RouteTable).
 
-Inner IPv6 packets take the same I/O (the underlay stays IPv4); only pypath
-tells them apart.
+Inner IPv6 packets take the same I/O; only pypath tells them apart. The IPv6
+underlay (set_udp6) is a second socket beside the IPv4 one: a route's hop
+in AF_INET6's form (four items) is sent on it, and its datagrams are read
+in batches of their own, as rx.c reads each socket.
 
 Flow, in the order the code appears:
   1. PyEngine          the Engine API, any thread: it only stores what the
@@ -126,6 +128,7 @@ class PyEngine(Engine):
         self._error: BaseException | None = None
         self._lock = threading.Lock()         # start/close only; never taken by the loop
         self._wake_fd = None
+        self._sock6 = None                    # the IPv6 underlay's socket (set_udp6)
 
         # TUN reads get exactly mtu bytes; UDP receives get mtu + 1, so a
         # datagram that fills the extra byte is known to be longer than mtu.
@@ -179,6 +182,8 @@ class PyEngine(Engine):
         engines = list(engines)
         for e in engines:
             e._check_open()
+            if table.peers6 and e._sock6 is None:
+                raise OSError(errno.EINVAL, "a route with an IPv6 peer needs set_udp6() first")
         for e in engines:
             e._published = table
         for e in engines:
@@ -219,6 +224,8 @@ class PyEngine(Engine):
             os.close(self._wake_fd)
             self._wake_fd = None
         self._sock.close()            # closes our dup only
+        if self._sock6 is not None:
+            self._sock6.close()
 
     def stats(self) -> dict:
         self._check_open()
@@ -250,7 +257,25 @@ class PyEngine(Engine):
         self._tun_addr6 = packed if any(packed) else None     # :: is none, as in C
 
     def set_udp6(self, fd) -> None:
-        raise OSError(errno.EOPNOTSUPP, "the IPv6 underlay follows")
+        with self._lock:
+            self._check_open()
+            if self._thread is not None or self._sock6 is not None:
+                raise OSError(errno.EBUSY, "set_udp6() after start() or a second time")
+            fd = fd if isinstance(fd, int) else fd.fileno()
+            if fd < 0 or fd in (self.tun_fd, self.udp_fd):
+                raise OSError(errno.EBADF, "the IPv6 socket must be an fd of its own")
+            dup = os.dup(fd)          # ours, as the IPv4 socket's
+            try:
+                sock = socket.socket(fileno=dup)
+            except BaseException:
+                os.close(dup)
+                raise
+            try:
+                self._ep.register(fd, select.EPOLLIN)
+            except BaseException:
+                sock.close()
+                raise
+            self.udp6_fd, self._sock6 = fd, sock
 
     def set_strict_sources(self, enable: bool) -> None:
         self._check_open()
@@ -300,10 +325,15 @@ class _Loop:
         self.c = engine._path.c
         self.mtu, self.nbatch = engine.mtu, engine.batch
         self.tun_fd, self.udp_fd, self.wake_fd = engine.tun_fd, engine.udp_fd, engine._wake_fd
+        self.udp6_fd = engine.udp6_fd     # None: no IPv6 underlay
         self.readinto, self.write = engine._tun.readinto, engine._tun.write
-        sock = engine._sock
-        self.sendto, self.recv_into, self.recvfrom_into = (sock.sendto, sock.recv_into,
-                                                           sock.recvfrom_into)
+        sock, sock6 = engine._sock, engine._sock6
+        self.sendto = sock.sendto
+        # Per socket: what udp_batch reads it with.
+        self.receive = (sock.recv_into, sock.recvfrom_into)
+        # A route to an IPv6 peer exists only with the socket (publish_all checks it).
+        self.sendto6 = sock6.sendto if sock6 is not None else None
+        self.receive6 = (sock6.recv_into, sock6.recvfrom_into) if sock6 is not None else None
         self.poll = engine._ep.poll
         nbatch = self.nbatch
         self.tx_bufs = engine._tx_bufs
@@ -368,7 +398,7 @@ class _Loop:
         for _ in pypath.path_tun(pa, tx_bufs, tx_len, n, tx_hop):
             self.icmp_send()
         m = n - tx_hop[:n].count(None)        # queued: one sendto() each
-        sendto, tx_views = self.sendto, self.tx_views
+        sendto, sendto6, tx_views = self.sendto, self.sendto6, self.tx_views
         tx_pk = tx_by = 0
         for i in range(n):
             hop = tx_hop[i]
@@ -376,7 +406,8 @@ class _Loop:
                 continue
             length = tx_len[i]
             try:
-                sendto(tx_views[i][:length], hop)
+                # An IPv6 peer's hop is an AF_INET6 sockaddr: four items.
+                (sendto6 if len(hop) == 4 else sendto)(tx_views[i][:length], hop)
             except OSError:
                 pypath.path_drop(pa, DROP_SEND_ERROR, length)
                 continue
@@ -394,14 +425,15 @@ class _Loop:
             c[TX_BATCHES] += 1
         return more, err
 
-    def udp_batch(self) -> bool:
-        """UDP -> TUN. Returns True if the socket may have more right now."""
+    def udp_batch(self, receive) -> bool:
+        """UDP -> TUN from one socket, ``receive`` being its (recv_into, recvfrom_into).
+        Returns True if the socket may have more right now."""
         pa, c, engine = self.path, self.c, self.engine
         self.take_tables()
         tracing = pa.tracing = engine._tracing
         need_src = tracing or not pa.accept_any or engine._strict
         nbatch, rx_bufs, rx_len, rx_src = self.nbatch, self.rx_bufs, self.rx_len, self.rx_src
-        recv_into, recvfrom_into = self.recv_into, self.recvfrom_into
+        recv_into, recvfrom_into = receive
         size, dontwait = self.mtu + 1, socket.MSG_DONTWAIT
         k = recvs = 0
         more = True
@@ -458,14 +490,16 @@ class _Loop:
         """Packets handled so far in both directions."""
         return self.c[TUN_RX_PACKETS] + self.c[UDP_RX_PACKETS]
 
-    def one_pass(self, tun_more: bool, udp_more: bool, tun_events: int) -> int:
-        """Both directions, one batch each, at most ROUNDS times; the packets handled."""
+    def one_pass(self, tun_more: bool, udp_more: bool, udp6_more: bool, tun_events: int) -> int:
+        """Both directions, one batch each (UDP -> TUN: one per socket), at most ROUNDS
+        times; the packets handled."""
         engine = self.engine
         before = self.handled()
         engine._beats += 1            # the heartbeat, on every pass as loop.c's
         self.take_tables()
+        udp6_more = udp6_more and self.receive6 is not None
         for _ in range(ROUNDS):
-            if not (tun_more or udp_more):
+            if not (tun_more or udp_more or udp6_more):
                 break
             if tun_more:
                 tun_more, tun_err = self.tun_batch()
@@ -477,7 +511,11 @@ class _Loop:
             if engine._stopping or self.gone:
                 break
             if udp_more:
-                udp_more = self.udp_batch()
+                udp_more = self.udp_batch(self.receive)
+            if engine._stopping or self.gone:
+                break
+            if udp6_more:
+                udp6_more = self.udp_batch(self.receive6)
             if engine._stopping or self.gone:
                 break
         return self.handled() - before
@@ -504,12 +542,14 @@ class _Loop:
         c[COALESCE_WAITS] += 1
         watch = [self.wake_fd] + [fd for fd, lit in zip((self.tun_fd, self.udp_fd), lights)
                                   if lit]
+        if lights[1] and self.udp6_fd is not None:
+            watch.append(self.udp6_fd)
         if self.wake_fd in select.select(watch, [], [], usecs / 1e6)[0]:
             self.wake_drain()
         if self.engine._stopping:
             return 0, lights, last_work_ns
         tun0, udp0 = c[TUN_RX_PACKETS], c[UDP_RX_PACKETS]
-        self.one_pass(True, True, 0)
+        self.one_pass(True, True, True, 0)
         tun, udp = c[TUN_RX_PACKETS] - tun0, c[UDP_RX_PACKETS] - udp0
         end = time.monotonic_ns()
         ns = max(end - last_work_ns, 1)
@@ -519,13 +559,14 @@ class _Loop:
     def run(self) -> Ended:
         engine, c = self.engine, self.c
         tun_fd, udp_fd, wake_fd, poll = self.tun_fd, self.udp_fd, self.wake_fd, self.poll
+        udp6_fd = self.udp6_fd
         monotonic_ns = time.monotonic_ns
         wait_s = WAKE_MS / 1000       # bounded, as loop.c's: an idle loop beats too
         last_work_ns = 0              # when the last pass that forwarded anything ended
         while not engine._stopping and not self.gone:
             c[SYSCALLS] += 1
             c[POLLS] += 1
-            tun_more = udp_more = False
+            tun_more = udp_more = udp6_more = False
             tun_events = 0
             for fd, ev in poll(wait_s):
                 if fd == tun_fd:
@@ -533,9 +574,11 @@ class _Loop:
                     tun_events = ev
                 elif fd == udp_fd:
                     udp_more = True
+                elif fd == udp6_fd:
+                    udp6_more = True
                 elif fd == wake_fd:   # stop, or a new route table
                     self.wake_drain()
-            work = self.one_pass(tun_more, udp_more, tun_events)
+            work = self.one_pass(tun_more, udp_more, udp6_more, tun_events)
             usecs = engine._coalesce_us
             if not work or not usecs:
                 continue

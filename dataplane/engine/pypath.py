@@ -17,8 +17,8 @@ Flow, in the order the functions appear:
   4. path_tun              TUN -> UDP: the checks of dataplane.h in its order,
                            route, TTL, TTL - 1; where to send each packet.
                            IPv6 takes a branch of its own after the version:
-                           length, link scope, route, hop limit, hop limit - 1,
-                           with its ICMPv6 errors
+                           length, link scope, route, hop limit, the route's
+                           mtu, hop limit - 1, with its ICMPv6 errors
   5. path_udp              UDP -> TUN: truncated, source, checks, inner
                            source, TTL, TTL - 1; which datagrams to write.
                            IPv6 branches after the version as in path_tun,
@@ -59,7 +59,12 @@ packet passes here:
   holds them equal). Their ICMPv6 errors are ipv6.py's, as IPv4's are
   ipv4.py's: only a dropped packet pays for them.
 * Addresses are ints in host order (IPv6: 128-bit ints); sources and route
-  hits are ``(ip_str, port)``, as ``socket`` takes and gives them.
+  hits are ``(ip_str, port)``, as ``socket`` takes and gives them (a peer of
+  the IPv6 underlay: ``(ip6_str, port, 0, 0)``, and a source from its socket
+  has 4 items too). A source of either socket is checked against the one set
+  of peer names (pytable.RouteTable.peers), which no name of the other family
+  can match, and the strict rule compares names, so an IPv4 route's peer is
+  never an IPv6 sender (path.c's sent_by_peer).
 """
 from __future__ import annotations
 
@@ -96,6 +101,7 @@ ICMP_RATELIMITED = _STAT["icmp_ratelimited"]
 DROP_INNER_LOCAL, DROP_INNER_FOREIGN = _STAT["drop_inner_local"], _STAT["drop_inner_foreign"]
 COALESCE_WAITS = _STAT["coalesce_waits"]
 DROP_SCOPE = _STAT["drop_scope"]
+DROP_TOO_BIG, ICMP_TOO_BIG_SENT = _STAT["drop_too_big"], _STAT["icmp_too_big_sent"]
 
 HEADER_MIN = ipv4.HEADER_MIN
 # The header fields path_tun needs once the lengths are known to hold them, in
@@ -114,6 +120,8 @@ _FIELDS6 = struct.Struct("!4xHxB4Q").unpack_from
 # a multicast address's top byte is 0xff and its scope the nibble below the flags.
 _LINK_LOCAL_TOP10 = 0x3FA
 _EMPTY_ROUTES = RouteTable()
+_ICMP6_SENT = {ipv6.ICMPV6_DEST_UNREACH: ICMP_UNREACH_SENT,
+               ipv6.ICMPV6_PACKET_TOO_BIG: ICMP_TOO_BIG_SENT}
 _NO_LOCAL = (0, 0, frozenset())
 
 
@@ -213,16 +221,17 @@ def icmp_error(pa: Path, p, length: int, type_: int) -> bool:
     return True
 
 
-def icmp_error6(pa: Path, p, length: int, type_: int) -> bool:
+def icmp_error6(pa: Path, p, length: int, type_: int, word: int = 0) -> bool:
     """The same for an IPv6 offender (path.c's icmp_error6): none without a source
     address, nor where RFC 4443 forbids one, and neither takes a token of the limit
-    that both families share."""
+    that both families share. ``word``: the 4 bytes after the checksum (packet too
+    big: the MTU)."""
     if pa.tun_addr6 is None:
         return False
     offender = bytes(p[:length])
     if not ipv6.may_send_error(offender) or not icmp_allowed(pa):
         return False
-    pa.icmp = ipv6.icmp_error(offender, type_, 0, pa.tun_addr6)
+    pa.icmp = ipv6.icmp_error(offender, type_, 0, pa.tun_addr6, word)
     return True
 
 
@@ -276,20 +285,21 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                         (d0 >> 56 == 0xFF and d0 >> 48 & 15 <= 2) or not (d0 or d1)):
                     path_drop(pa, DROP_SCOPE, length)
                     continue
-                # route (RouteTable.lookup6 written out)
+                # route (RouteTable.route6 written out)
                 dst = d0 << 64 | d1
-                hop = None
+                entry = None
                 for mask, prefixlen, nets in routes6:
-                    hop = nets.get(dst & mask)
-                    if hop is not None:
+                    entry = nets.get(dst & mask)
+                    if entry is not None:
                         break
-                if hop is None:
+                if entry is None:
                     if tracing:
                         trace_record(pa, TR_ROUTE_MISS, 0, 0, 0, 0, None)
                     path_drop(pa, DROP_NO_ROUTE, length)
                     if icmp_error6(pa, p, length, ipv6.ICMPV6_DEST_UNREACH):
                         yield j
                     continue
+                hop, mtu = entry
                 if tracing:
                     trace_record(pa, TR_ROUTE_HIT, prefixlen, str_to_int(hop[0]), hop[1], 0,
                                  None)
@@ -297,6 +307,12 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                 if hop_limit <= 1:
                     path_drop(pa, DROP_TTL, length)
                     if icmp_error6(pa, p, length, ipv6.ICMPV6_TIME_EXCEEDED):
+                        yield j
+                    continue
+                # the route's mtu: the tunnel towards that peer is a link of that MTU
+                if mtu and length > mtu:
+                    path_drop(pa, DROP_TOO_BIG, length)
+                    if icmp_error6(pa, p, length, ipv6.ICMPV6_PACKET_TOO_BIG, mtu):
                         yield j
                     continue
                 p[7] = hop_limit - 1
@@ -476,11 +492,13 @@ def path_icmp_written(pa: Path, err: int) -> None:
     if err:
         path_drop(pa, tun_write_drop(err), len(icmp))
         return
-    # The counters mean unreachable and time exceeded in both families, whose types differ.
+    # The counters mean unreachable and time exceeded in both families, whose types
+    # differ; packet too big is IPv6's alone.
     if icmp[0] >> 4 == 6:
-        unreach = icmp[HEADER6] == ipv6.ICMPV6_DEST_UNREACH
+        counter = _ICMP6_SENT.get(icmp[HEADER6], ICMP_TTL_SENT)
     else:
-        unreach = icmp[HEADER_MIN] == ipv4.ICMP_DEST_UNREACH
-    pa.c[ICMP_UNREACH_SENT if unreach else ICMP_TTL_SENT] += 1
+        counter = ICMP_UNREACH_SENT if icmp[HEADER_MIN] == ipv4.ICMP_DEST_UNREACH \
+            else ICMP_TTL_SENT
+    pa.c[counter] += 1
     if pa.tracing:
         trace_record(pa, TR_ICMP, len(icmp), 0, 0, 0, icmp)

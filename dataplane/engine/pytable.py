@@ -4,9 +4,12 @@ Same semantics as csrc/routes.c: per family, one dict per distinct prefix
 length, keyed by the masked network as an int (128 bits for IPv6), probed
 longest length first, so the cost grows with the number of distinct lengths
 (flannel uses one), not with the number of peers. A duplicate (net,
-prefixlen) keeps the last route. The two families share the peers (the
-underlay is IPv4 for both). A table is immutable once built; the engine
-publishes a new one by swapping one reference, which is atomic under the GIL.
+prefixlen) keeps the last route. The routes of both families share one set
+of peers: an IPv4 peer's name is a dotted quad, an IPv6 peer's (the IPv6
+underlay, IPv6 subnets only) the text recvfrom gives an AF_INET6 source in,
+so one set serves both sockets' source checks and no name is of both. A
+table is immutable once built; the engine publishes a new one by swapping
+one reference, which is atomic under the GIL.
 
 Flow, in the order the code appears:
   RouteTable    build (route_arrays, then _fill and _fill6), updated (a change
@@ -26,6 +29,7 @@ import numpy as np
 from .route_array import route_arrays
 
 _IP = struct.Struct("!I")
+_MAPPED = bytes(10) + b"\xff\xff"
 
 
 def _mask(prefixlen: int) -> int:
@@ -46,9 +50,13 @@ class RouteTable:
     ``lens`` is a tuple of ``(mask, prefixlen, {net_int: (peer_str, port)})``,
     longest prefix first; the value is ready to pass to ``socket.sendto``.
     ``lens6`` is the same for the IPv6 subnets, masks and nets being 128-bit
-    ints; its peers are IPv4 addresses too. ``peers`` is the set of peer IPs
-    of both families' routes as strings (the form ``recvfrom`` reports
-    sources in), for the ``accept_any=False`` source check.
+    ints, each value ``(hop, mtu)``: ``hop`` is ``(peer_str, port)`` for a
+    peer of the IPv4 underlay and ``(peer_str, port, 0, 0)`` (an AF_INET6
+    sockaddr, which is how the engine tells the socket) for one of the IPv6
+    underlay; ``mtu`` is the route's (0: none). ``peers`` is the set of peer
+    IPs of both families' routes as strings (the form ``recvfrom`` reports
+    sources in), for the ``accept_any=False`` source check; ``peers6`` how many
+    of them are IPv6 peers.
 
     ``updated(removed, added)`` derives the next table from a change: the
     dicts are copied whole (in C, without hashing again) and only the
@@ -56,7 +64,7 @@ class RouteTable:
     control plane, and the interpreter the engine shares with it, little
     however many peers there are.
     """
-    __slots__ = ("lens", "lens6", "peers", "size", "_refs")
+    __slots__ = ("lens", "lens6", "peers", "peers6", "size", "_refs")
 
     def __init__(self, routes=()):
         by_len: dict[int, dict[int, tuple[str, int]]] = {}
@@ -79,12 +87,16 @@ class RouteTable:
                            for plen in sorted(by_len6, reverse=True) if by_len6[plen])
         self._refs = refs              # peer -> how many routes go to it (+ replaced duplicates)
         self.peers = frozenset(refs)
+        self.peers6 = sum(":" in peer for peer in refs)
         self.size = size               # the routes it was built from, as the C engine counts
 
     def _routes(self):
         """Every route's (net, hop), both families."""
-        for _, _, nets in self.lens + self.lens6:
+        for _, _, nets in self.lens:
             yield from nets.items()
+        for _, _, nets in self.lens6:
+            for net, (hop, _) in nets.items():
+                yield net, hop
 
     def updated(self, removed=(), added=()) -> "RouteTable":
         """This table without the routes of the subnets ``removed`` (IPv4Networks or
@@ -107,7 +119,8 @@ class RouteTable:
             version, plen = subnet.version, subnet.prefixlen
             net = int(subnet.network_address)
             if net in family[version].get(plen, ()):
-                _unref(refs, writable[version](plen).pop(net)[0])
+                value = writable[version](plen).pop(net)
+                _unref(refs, (value if version == 4 else value[0])[0])
         _fill(add, writable[4], refs, replace=True)
         _fill6(add6, writable[6], refs, replace=True)
         table = RouteTable.__new__(RouteTable)
@@ -126,11 +139,18 @@ class RouteTable:
         return None
 
     def lookup6(self, dst: int):
-        """:meth:`lookup` for an IPv6 destination given as a 128-bit int."""
+        """:meth:`lookup` for an IPv6 destination given as a 128-bit int (the hop
+        only: :meth:`route6` has the mtu too)."""
+        hit = self.route6(dst)
+        return None if hit is None else (hit[0], hit[2])
+
+    def route6(self, dst: int):
+        """``hop, mtu, prefixlen`` for an IPv6 destination given as a 128-bit int, or
+        ``None`` on a miss (the engine inlines this loop)."""
         for mask, plen, nets in self.lens6:
-            hop = nets.get(dst & mask)
-            if hop is not None:
-                return hop, plen
+            value = nets.get(dst & mask)
+            if value is not None:
+                return value[0], value[1], plen
         return None
 
     def lookup_addr(self, dst):
@@ -173,21 +193,30 @@ def _fill(table: np.ndarray, nets_of, refs: dict, replace: bool) -> None:
         refs[hop[0]] = refs.get(hop[0], 0) + 1
 
 
+def _name6(peer: bytes) -> str:
+    """A dp_route6 peer_ip as recvfrom names a source of its underlay's socket: an
+    IPv4-mapped peer by its last 4 bytes, any other as inet_ntop writes it."""
+    if peer[:12] == _MAPPED:
+        return socket.inet_ntoa(peer[12:])
+    return socket.inet_ntop(socket.AF_INET6, peer)
+
+
 def _fill6(table: np.ndarray, nets_of, refs: dict, replace: bool) -> None:
-    """:func:`_fill` for a ROUTE6_DTYPE array: nets as 128-bit ints, each peer (an
-    IPv4-mapped address) by its last 4 bytes."""
+    """:func:`_fill` for a ROUTE6_DTYPE array: nets as 128-bit ints, values (hop, mtu)
+    with an IPv6 peer's hop in AF_INET6's form (RouteTable says why)."""
     names: dict[bytes, str] = {}
-    for net, peer, plen, port in zip(table["net"].tolist(), table["peer_ip"].tolist(),
-                                     table["prefixlen"].tolist(), table["port"].tolist()):
+    for net, peer, plen, port, mtu in zip(table["net"].tolist(), table["peer_ip"].tolist(),
+                                          table["prefixlen"].tolist(), table["port"].tolist(),
+                                          table["mtu"].tolist()):
         name = names.get(peer)
         if name is None:
-            name = names[peer] = socket.inet_ntoa(peer[12:])
+            name = names[peer] = _name6(peer)
         nets = nets_of(plen)
         net = int.from_bytes(net, "big")
         old = nets.get(net) if replace else None
         if old is not None:
-            _unref(refs, old[0])
-        nets[net] = (name, port)
+            _unref(refs, old[0][0])
+        nets[net] = ((name, port) if ":" not in name else (name, port, 0, 0), mtu)
         refs[name] = refs.get(name, 0) + 1
 
 

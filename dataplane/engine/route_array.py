@@ -12,13 +12,14 @@ import ipaddress
 import numpy as np
 
 from .api import Route
+from .contract import MTU6_MIN, MTU_MAX
 
 # dp_route: the addresses are uint32 holding network-order bytes, which is
 # what a big-endian uint32 of the address's integer value stores; the
 # numbers are native uint32. native.py checks size and offsets against cffi.
 ROUTE_DTYPE = np.dtype([("net", ">u4"), ("prefixlen", "=u4"), ("peer_ip", ">u4"), ("port", "=u4")])
-# dp_route6: 16 network-order bytes per address; the peer (an IPv4 address, the underlay
-# being IPv4) IPv4-mapped, ::ffff:a.b.c.d.
+# dp_route6: 16 network-order bytes per address; the peer IPv4-mapped (::ffff:a.b.c.d) for
+# the IPv4 underlay, as it is for the IPv6 one; the inner MTU towards it (0: none).
 ROUTE6_DTYPE = np.dtype([("net", "V16"), ("peer_ip", "V16"), ("prefixlen", "=u4"),
                          ("port", "=u4"), ("mtu", "=u4"), ("reserved", "=u4")])
 _MAPPED = bytes(10) + b"\xff\xff"
@@ -29,19 +30,41 @@ def _check_types(routes) -> None:
         if not isinstance(r, Route):
             raise TypeError(f"expected Route, got {type(r).__name__}")
         if not isinstance(r.subnet, (ipaddress.IPv4Network, ipaddress.IPv6Network)) or \
-                not isinstance(r.peer_ip, ipaddress.IPv4Address) or \
-                not isinstance(r.port, int):
-            raise TypeError(f"route {r!r}: a subnet of either family, an IPv4 peer and an "
-                            "int port")
+                not isinstance(r.peer_ip, (ipaddress.IPv4Address, ipaddress.IPv6Address)) or \
+                not isinstance(r.port, int) or not isinstance(r.mtu, int):
+            raise TypeError(f"route {r!r}: a subnet of either family, a peer address and an "
+                            "int port and mtu")
+
+
+def _peer6(r: Route) -> bytes:
+    """dp_route6.peer_ip of an IPv6 subnet's route, refused as dp_routes_build refuses it."""
+    peer = r.peer_ip
+    if peer.version == 4:
+        return _MAPPED + peer.packed
+    if peer.is_unspecified or peer.is_link_local or peer.is_multicast:
+        raise ValueError(f"route {r!r}: a peer of the IPv6 underlay is neither ::, "
+                         "link-local nor multicast")
+    return peer.packed
+
+
+def _check_family(r: Route) -> None:
+    if r.subnet.version == 4 and (r.peer_ip.version == 6 or r.mtu):
+        raise ValueError(f"route {r!r}: an IPv4 subnet takes an IPv4 peer and no mtu")
+    if r.mtu and not MTU6_MIN <= r.mtu <= MTU_MAX:
+        raise ValueError(f"route {r!r}: mtu 0 or {MTU6_MIN}..{MTU_MAX}")
 
 
 def route_arrays(routes) -> tuple[np.ndarray, np.ndarray]:
     """The routes as a ``ROUTE_DTYPE`` array of the IPv4 subnets and a ``ROUTE6_DTYPE``
     array of the IPv6 ones, each in order (a later duplicate wins in both engines).
-    TypeError for anything but Routes with an IPv4 peer and an int port, ValueError for a
-    port outside 1..65535; nothing is built then."""
+    TypeError for anything but Routes with a peer address and int port and mtu,
+    ValueError for what dataplane.h forbids: a port outside 1..65535, an IPv6 peer or an
+    mtu on an IPv4 subnet, an mtu outside 0 and MTU6_MIN..MTU_MAX, an IPv6 peer that is
+    ::, link-local or multicast; nothing is built then."""
     routes = list(routes)
     _check_types(routes)
+    for r in routes:
+        _check_family(r)
     # An int too large for int64 makes this an object array, which compares
     # just as well; the check below is then still exact.
     ports = np.array([r.port for r in routes])
@@ -57,9 +80,10 @@ def route_arrays(routes) -> tuple[np.ndarray, np.ndarray]:
     arr["port"] = [r.port for r in v4]
     arr6 = np.zeros(len(v6), ROUTE6_DTYPE)
     arr6["net"] = [r.subnet.network_address.packed for r in v6]
-    arr6["peer_ip"] = [_MAPPED + r.peer_ip.packed for r in v6]
+    arr6["peer_ip"] = [_peer6(r) for r in v6]
     arr6["prefixlen"] = [r.subnet.prefixlen for r in v6]
     arr6["port"] = [r.port for r in v6]
+    arr6["mtu"] = [r.mtu for r in v6]
     return arr, arr6
 
 

@@ -16,11 +16,14 @@ About a fifth of the routes and packets are IPv6 (dataplane.h, "IPv6 inner packe
 every prefix length class, destinations inside and beside them, link-scoped addresses, hop limits
 around 1, broken payload lengths, chains of extension headers and ICMPv6 messages (so that the
 ICMPv6 errors and the cases RFC 4443 forbids them are compared); the own-source sets have an IPv6
-part.
+part. A third of the peers are on the IPv6 underlay ("The IPv6 underlay": ::1, a port each), which
+IPv6 routes choose as often as the others, with an mtu now and then (packet too big compared), and
+which send datagrams as the others do.
 Template: selftest/allowedips.c's randomized_test in kernel WireGuard.
 """
 import ipaddress
 import random
+import socket
 
 import pytest
 
@@ -29,7 +32,8 @@ from tests.conftest import require_engine
 from tests.engine_harness import Harness, behaviour_stats, kernel_drops
 
 MTU = 1472
-NPEERS = 6
+NPEERS = 6                        # peers of the IPv4 underlay: 0..5
+NPEERS6 = 3                       # of the IPv6 underlay: 6..8 (IPv6 routes only)
 TUN_ADDR6 = "fc00:5:0:1::"
 STRANGER = -1
 
@@ -51,20 +55,21 @@ def random_routes(rnd):
         net = random_net6(rnd)
         if net.prefixlen == 0 and rnd.random() < 0.7:
             continue
-        routes.append((str(net), rnd.randrange(NPEERS)))
+        mtu = rnd.choice([0, 0, 1280, 1300, 1400, 1500])
+        routes.append((str(net), rnd.randrange(NPEERS + NPEERS6), mtu))
     for _ in range(rnd.choice([0, 1, 5, 20, 60])):
         plen = rnd.choice([0, 8, 12, 16, 16, 24, 24, 24, 24, 25, 30, 32])
         base = (10 << 24) | rnd.getrandbits(24) if rnd.random() < 0.85 else rnd.getrandbits(32)
         net = ipaddress.IPv4Network((base & ((0xFFFFFFFF << (32 - plen)) & 0xFFFFFFFF), plen))
         if plen == 0 and rnd.random() < 0.7:
             continue                      # a default route only now and then
-        routes.append((str(net), rnd.randrange(NPEERS)))
+        routes.append((str(net), rnd.randrange(NPEERS), 0))
     return routes
 
 
 def random_addr6(rnd, routes):
     x = rnd.random()
-    nets6 = [ipaddress.IPv6Network(n) for n, _ in routes if ":" in n]
+    nets6 = [ipaddress.IPv6Network(r[0]) for r in routes if ":" in r[0]]
     if x < 0.6 and nets6:
         net = rnd.choice(nets6)
         return str(net.network_address + rnd.getrandbits(128 - net.prefixlen))
@@ -99,7 +104,9 @@ def random_packet6(rnd, routes, mtu=MTU, src=None):
     src = src or (random_addr6(rnd, routes) if rnd.random() < 0.3 else
                   str(ipaddress.IPv6Address(V6_BASE | rnd.getrandbits(96))))
     hop = rnd.choice([0, 1, 1, 2, 2, 3, 64, 255, rnd.randrange(256)])
-    size = min(rnd.choice([0, 1, 8, 40, rnd.randrange(300), rnd.randrange(max(1, mtu - 40))]),
+    # Near the mtu now and then: over a route's mtu (packet too big) or just under it.
+    size = min(rnd.choice([0, 1, 8, 40, rnd.randrange(300), rnd.randrange(max(1, mtu - 40)),
+                           rnd.randrange(max(1, mtu - 240), max(2, mtu - 39))]),
                max(0, mtu - 40))
     first = (6 << 28 | rnd.getrandbits(8) << 20 | rnd.getrandbits(20)).to_bytes(4, "big")
     nh = rnd.choice([17, 6, 58, 0, 44, 60])
@@ -249,8 +256,12 @@ def make_script(seed, npackets, mtu=MTU, sources=False):
             steps.append(("tun", [random_any(rnd, routes, mtu) for _ in range(n)]))
         else:
             items = []
+            # One underlay per chunk: the engines read each socket in batches of its own, so
+            # the order of two sockets' datagrams in the TUN is the kernel's, not theirs.
+            six = rnd.random() < 0.3
             for _ in range(n):
-                who = STRANGER if rnd.random() < 0.1 else rnd.randrange(NPEERS)
+                who = rnd.randrange(NPEERS, NPEERS + NPEERS6) if six else \
+                    STRANGER if rnd.random() < 0.1 else rnd.randrange(NPEERS)
                 src = random_src(rnd, routes, local, who) if sources else None
                 items.append((who, random_any(rnd, routes, mtu, src)))
             steps.append(("udp", items))
@@ -261,10 +272,11 @@ def make_script(seed, npackets, mtu=MTU, sources=False):
 # ---- playing it -------------------------------------------------------------------
 
 def play(kind, steps, *, accept_any, batch, trace, mtu=MTU, strict=False):
-    with Harness(kind, mtu=mtu, accept_any=accept_any, batch=batch) as h:
+    with Harness(kind, mtu=mtu, accept_any=accept_any, batch=batch, udp6=True) as h:
         h.engine.set_strict_sources(strict)
         h.engine.set_tun_addr6(TUN_ADDR6)            # so that ICMPv6 errors are compared
-        peers = [h.add_peer() for _ in range(NPEERS)]
+        peers = [h.add_peer() for _ in range(NPEERS)] + \
+            [h.add_peer(family=socket.AF_INET6) for _ in range(NPEERS6)]
         who = {p.port: i for i, p in enumerate(peers)}
         who[h.stranger.port] = STRANGER
         events = []
@@ -272,7 +284,7 @@ def play(kind, steps, *, accept_any, batch, trace, mtu=MTU, strict=False):
             h.engine.trace(True)
         for step, arg in steps:
             if step == "routes":
-                h.set_routes([h.route(net, peers[i]) for net, i in arg])
+                h.set_routes([h.route(net, peers[i], mtu) for net, i, mtu in arg])
             elif step == "local":
                 h.engine.set_local(*arg)
             elif step == "tun":
@@ -359,6 +371,8 @@ def test_c_matches_python(seed, npackets, accept_any, batch, trace, mtu, sources
                          "icmp_unreach_sent", "icmp_ttl_sent", "drop_no_route", "drop_ttl",
                          "drop_malformed", "drop_not_ipv4", "drop_truncated", "drop_scope",
                          "route_swaps"}
+    if mtu > 1280 and npackets >= 1000:
+        assert {"drop_too_big", "icmp_too_big_sent"} <= exercised
     if not accept_any:
         assert "drop_bad_source" in exercised
     if sources:

@@ -1,6 +1,7 @@
 """ICMPv6 errors, both engines (dataplane.h, "ICMPv6 errors").
 
-A route miss gets destination unreachable 1/0 and an expired hop limit time exceeded 3/0, from
+A route miss gets destination unreachable 1/0, an expired hop limit time exceeded 3/0 and a
+packet longer than its route's mtu packet too big 2/0 (the mtu in its second word), from
 flannel0's IPv6 address (set_tun_addr6) back to the offender's source, quoting as much of the
 offender as keeps the error within 1280 bytes; never about an ICMPv6 error, a later fragment,
 a packet whose upper layer cannot be told, to a multicast group or from a multicast or ::
@@ -19,7 +20,8 @@ MTU = 1472
 OWN6 = "fc00:5:0:1::"                 # flannel0's IPv6 address: the lease part's network
 POD = "fc00:5:0:1::9"                 # a pod of ours, the senders below
 ROUTED, UNROUTED = "fc00:5:0:2::1", "fc00:9::1"
-UNREACH, TIME_EXCEEDED = 1, 3
+UNREACH, TOO_BIG, TIME_EXCEEDED = 1, 2, 3
+NARROW = "fc00:5:0:3::1"              # behind a route of mtu 1280 (a tunnel of IPv6's minimum)
 
 
 def a16(addr) -> bytes:
@@ -57,9 +59,10 @@ def pseudo(src: bytes, dst: bytes, length: int) -> bytes:
     return src + dst + length.to_bytes(4, "big") + bytes(3) + bytes([58])
 
 
-def expected_error(type_: int, offender: bytes, src=OWN6) -> bytes:
-    """RFC 4443's error, written out here: header, type, code 0, checksum, unused, quote."""
-    body = bytes([type_, 0, 0, 0]) + bytes(4) + offender[:1280 - 48]
+def expected_error(type_: int, offender: bytes, src=OWN6, mtu: int = 0) -> bytes:
+    """RFC 4443's error, written out here: header, type, code 0, checksum, unused (packet too
+    big: the mtu), quote."""
+    body = bytes([type_, 0, 0, 0]) + mtu.to_bytes(4, "big") + offender[:1280 - 48]
     check = ~ones_sum(pseudo(a16(src), offender[8:24], len(body)) + body) & 0xFFFF
     body = body[:2] + check.to_bytes(2, "big") + body[4:]
     return (bytes([0x60, 0, 0, 0]) + len(body).to_bytes(2, "big") + bytes([58, 64]) + a16(src)
@@ -72,12 +75,22 @@ def assert_valid(err: bytes) -> None:
     assert ones_sum(pseudo(err[8:24], err[24:40], len(err) - 40) + err[40:]) == 0xFFFF
 
 
-def make(engine_kind, **kw):
+def make(engine_kind, more=(), **kw):
+    """A harness whose one peer takes ROUTED, NARROW (mtu 1280) and the subnets ``more``
+    (mtu 1280 too)."""
     h = Harness(engine_kind, mtu=MTU, **kw)
     a = h.add_peer()
-    h.set_routes([h.route("fc00:5:0:2::/64", a), h.route("10.5.2.0/24", a)])
+    h.set_routes([h.route("fc00:5:0:2::/64", a), h.route("10.5.2.0/24", a),
+                  h.route("fc00:5:0:3::/64", a, mtu=1280)] +
+                 [h.route(net, a, mtu=1280) for net in more])
     h.engine.set_tun_addr6(OWN6)
     return h
+
+
+def padded(p: bytes, length: int) -> bytes:
+    """p with its payload grown to a packet of ``length`` bytes (zeros after what it had)."""
+    payload = p[40:] + bytes(length - len(p))
+    return p[:4] + len(payload).to_bytes(2, "big") + p[6:40] + payload
 
 
 @pytest.fixture
@@ -192,3 +205,54 @@ def test_trace_shows_the_error(h):
     icmp = [e for e in h.engine.trace_events() if e["kind"] == "icmp"]
     assert len(icmp) == 1 and icmp[0]["len"] == len(echo()) + 48
     assert icmp[0]["head"] == expected_error(UNREACH, echo())[:64]
+
+
+def test_packet_too_big_bytes_and_the_mtu_itself_forwarded(h):
+    a = h.peers[0]
+    fits = v6(POD, NARROW, bytes([5]) * (1280 - 40))
+    over = v6(POD, NARROW, bytes([6]) * (1281 - 40))
+    big = v6(POD, NARROW, bytes([7]) * (MTU - 40))
+    h.inject_tun(fits, over, big)
+    st = h.settle()
+    assert a.received == [fits[:7] + bytes([63]) + fits[8:]]
+    assert h.tun_received == [expected_error(TOO_BIG, over, mtu=1280),
+                              expected_error(TOO_BIG, big, mtu=1280)]
+    assert [len(e) for e in h.tun_received] == [1280, 1280]
+    for err in h.tun_received:
+        assert_valid(err)
+        assert err[40:48] == bytes([2, 0]) + err[42:44] + (1280).to_bytes(4, "big")
+    expect_only(st, tun_rx_packets=3, tun_rx_bytes=1280 + 1281 + MTU, udp_tx_packets=1,
+                udp_tx_bytes=1280, drop_too_big=2, icmp_too_big_sent=2)
+
+
+def test_hop_limit_before_the_mtu(h):
+    """RFC 8200's router: an expired hop limit is time exceeded, however long the packet."""
+    p = echo(dst=NARROW, hop=1, data=bytes(1400))
+    h.inject_tun(p)
+    st = h.settle()
+    assert h.tun_received == [expected_error(TIME_EXCEEDED, p)]
+    assert st["drop_ttl"] == 1 and st["drop_too_big"] == 0
+
+
+@pytest.mark.parametrize("offender", [
+    echo(src="ff05::1", dst=NARROW), echo(src="::", dst=NARROW), echo(dst="ff0e::2"),
+    v6(POD, NARROW, bytes([2, 0]) + bytes(30), nh=58),                     # itself too big
+    v6(POD, NARROW, frag(17, 1, False) + bytes(16), nh=44),               # a later fragment
+    v6(POD, NARROW, bytes(16), nh=50),                                    # ESP
+], ids=["mcast-src", "unspec-src", "mcast-dst", "error", "later-fragment", "esp"])
+def test_never_a_packet_too_big_about(engine_kind, offender):
+    with make(engine_kind, ("ff0e::/16",), icmp_rate=1, icmp_burst=1) as h:
+        h.inject_tun(padded(offender, 1300))
+        st = h.settle()
+        assert h.tun_received == [] and st["icmp_ratelimited"] == 0
+        expect_only(st, tun_rx_packets=1, tun_rx_bytes=1300, drop_too_big=1)
+
+
+def test_packet_too_big_shares_the_rate_limit(engine_kind):
+    with make(engine_kind, icmp_rate=1, icmp_burst=2) as h:
+        over = v6(POD, NARROW, bytes(1300))
+        h.inject_tun(over, echo(), over)
+        st = h.settle()
+        assert [e[40] for e in h.tun_received] == [TOO_BIG, UNREACH]
+        assert (st["icmp_too_big_sent"], st["icmp_unreach_sent"], st["icmp_ratelimited"],
+                st["drop_too_big"]) == (1, 1, 1, 2)

@@ -40,17 +40,33 @@ LOOKUP = [
     ("2001:db8::/64=10.0.0.3:7 2001:db8::/64=10.0.0.4:8 -> 2001:db8::ffff", "10.0.0.4:8/64"),
     ("2001:db8::1/64=10.0.0.3:7 -> 2001:db8::1", EINVAL),             # host bits
     ("-> 2001:db8::1", "miss"),                                       # no routes at all
+    # peers of both underlays in one table, and the mtu with its route
+    ("2001:db8::/32=[2001:db8:ff::1]:8285/1400 2001:db8:1::/48=10.0.0.2:8286 -> 2001:db8:2::5",
+     "[2001:db8:ff::1]:8285/32 mtu 1400"),
+    ("2001:db8::/32=[2001:db8:ff::1]:8285/1400 2001:db8:1::/48=10.0.0.2:8286 -> 2001:db8:1::5",
+     "10.0.0.2:8286/48"),
+    ("2001:db8::/64=[fe80::1]:8285 -> 2001:db8::5", EINVAL),
 ]
 
 BUILD = [
-    # (net/len, peer_ip, port, reserved[1]), dp_routes_build's return
-    ("2001:db8::/64 ::ffff:10.0.0.1 8285 0", "0"),
-    ("2001:db8::/129 ::ffff:10.0.0.1 8285 0", EINVAL),                # prefixlen 0..128
-    ("2001:db8::/64 ::10.0.0.1 8285 0", EINVAL),                      # peer not IPv4-mapped
-    ("2001:db8::/64 2001:db8::1 8285 0", EINVAL),
-    ("2001:db8::/64 ::ffff:10.0.0.1 65536 0", EINVAL),                # port
-    ("2001:db8::/64 ::ffff:10.0.0.1 8285 1", EINVAL),                 # reserved not 0
-    ("::/0 ::ffff:0.0.0.0 0 0", "0"),
+    # (net/len, peer_ip, port, mtu, reserved), dp_routes_build's return
+    ("2001:db8::/64 ::ffff:10.0.0.1 8285 0 0", "0"),
+    ("2001:db8::/129 ::ffff:10.0.0.1 8285 0 0", EINVAL),              # prefixlen 0..128
+    ("2001:db8::/64 2001:db8::1 8285 0 0", "0"),                      # the IPv6 underlay
+    ("2001:db8::/64 ::1 8285 0 0", "0"),
+    ("2001:db8::/64 ::10.0.0.1 8285 0 0", "0"),                       # IPv4-compatible: IPv6
+    ("2001:db8::/64 :: 8285 0 0", EINVAL),                            # nobody
+    ("2001:db8::/64 fe80::1 8285 0 0", EINVAL),                       # needs a scope
+    ("2001:db8::/64 febf::1 8285 0 0", EINVAL),
+    ("2001:db8::/64 ff0e::1 8285 0 0", EINVAL),                       # multicast
+    ("2001:db8::/64 ::ffff:10.0.0.1 65536 0 0", EINVAL),              # port
+    ("2001:db8::/64 ::ffff:10.0.0.1 8285 0 1", EINVAL),               # reserved not 0
+    ("2001:db8::/64 2001:db8::1 8285 1280 0", "0"),                   # mtu 0 or 1280..65535
+    ("2001:db8::/64 ::ffff:10.0.0.1 8285 65535 0", "0"),
+    ("2001:db8::/64 2001:db8::1 8285 1279 0", EINVAL),
+    ("2001:db8::/64 2001:db8::1 8285 68 0", EINVAL),
+    ("2001:db8::/64 2001:db8::1 8285 65536 0", EINVAL),
+    ("::/0 ::ffff:0.0.0.0 0 0 0", "0"),
 ]
 
 LOCAL = [

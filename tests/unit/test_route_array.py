@@ -34,6 +34,44 @@ def test_ipv6_bytes_are_dp_route6_layout_with_the_peer_ipv4_mapped():
     assert arr6.tobytes() == want and len(arr) == 1
 
 
+def test_ipv6_peers_and_mtus_are_dp_route6_layout():
+    routes = [Route.make("fc00:66:0:5d::/64", "2001:db8::7", 8285, mtu=1452),
+              Route.make("fc00:66:0:5e::/64", "::ffff:192.168.77.2", 8286, 1472),
+              Route.make("fc00:66:0:5f::/64", "192.168.77.3", 8287)]
+    assert routes[1].peer_ip == ipaddress.IPv4Address("192.168.77.2")    # mapped is IPv4
+    want = b"".join(struct.pack("=16s16sIIII", r.subnet.network_address.packed,
+                                (r.peer_ip.packed if r.peer_ip.version == 6 else
+                                 bytes(10) + b"\xff\xff" + r.peer_ip.packed),
+                                r.subnet.prefixlen, r.port, r.mtu, 0) for r in routes)
+    assert route_arrays(routes)[1].tobytes() == want
+
+
+V6NET = ipaddress.IPv6Network("fd00::/64")
+
+
+@pytest.mark.parametrize("bad, why", [
+    (Route(NET := ipaddress.IPv4Network("10.5.3.0/24"), ipaddress.IPv6Address("fd00::1"), 8285),
+     "an IPv4 subnet takes an IPv4 peer"),
+    (Route(NET, ipaddress.IPv4Address("127.0.0.2"), 8285, 1400), "an IPv4 subnet takes"),
+    (Route(V6NET, ipaddress.IPv6Address("fd00::1"), 8285, 1279), "mtu 0 or 1280"),
+    (Route(V6NET, ipaddress.IPv6Address("fd00::1"), 8285, 65536), "mtu 0 or 1280"),
+    (Route(V6NET, ipaddress.IPv6Address("::"), 8285), "neither ::"),
+    (Route(V6NET, ipaddress.IPv6Address("fe80::1"), 8285), "link-local"),
+    (Route(V6NET, ipaddress.IPv6Address("ff05::1"), 8285), "multicast"),
+])
+def test_what_the_header_forbids_of_a_route6_is_a_value_error(bad, why):
+    with pytest.raises(ValueError, match=why):
+        route_arrays([Route.make("10.5.2.0/24", "127.0.0.2", 8285), bad])
+
+
+def test_route_make_refuses_an_ipv6_peer_or_an_mtu_for_an_ipv4_subnet():
+    with pytest.raises(ValueError, match="an IPv4 subnet"):
+        Route.make("10.5.3.0/24", "fd00::1", 8285)
+    with pytest.raises(ValueError, match="an IPv4 subnet"):
+        Route.make("10.5.3.0/24", "127.0.0.2", 8285, mtu=1400)
+    assert Route.make("10.5.3.0/24", "::ffff:127.0.0.2", 8285).peer_ip.version == 4
+
+
 @pytest.mark.parametrize("struct_name, dtype", [("dp_route", ROUTE_DTYPE), ("dp_route6", ROUTE6_DTYPE)])
 def test_dtype_matches_the_header(struct_name, dtype):
     require_engine("c")
@@ -58,7 +96,6 @@ NET, PEER = ipaddress.IPv4Network("10.5.3.0/24"), ipaddress.IPv4Address("127.0.0
     Route(NET, "127.0.0.2", 8285),
     Route(NET, PEER, 8285.0),
     Route(NET, PEER, "8285"),
-    Route(ipaddress.IPv6Network("fd00::/64"), ipaddress.IPv6Address("fd00::1"), 8285),  # IPv6 underlay
     Route(ipaddress.IPv6Network("fd00::/64"), PEER, 8285.0),
 ])
 def test_both_engines_refuse_the_same_malformed_routes(engine_kind, bad):
