@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Network
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address, IPv6Network
 
 from ..control.config import ConfigError, parse_config
 from ..control.lease import Lease, LeaseAttrs, with_ipv6_of_key
@@ -67,14 +67,18 @@ def lease_json(lease: Lease) -> dict:
            "mod_revision": lease.mod_revision, "key": lease.key}
     if lease.ipv6_subnet is not None:
         doc["ipv6_subnet"] = str(lease.ipv6_subnet)
+    if lease.attrs.public_ipv6 is not None:
+        doc["public_ipv6"] = str(lease.attrs.public_ipv6)
     return doc
 
 
 def lease_of_json(doc: dict) -> Lease:
     # a state written before dual stack has no "ipv6_subnet": its key names the part, if any
-    v6 = doc.get("ipv6_subnet")
+    v6, pub6 = doc.get("ipv6_subnet"), doc.get("public_ipv6")
     return with_ipv6_of_key(Lease(
-        subnet=IPv4Network(doc["subnet"]), attrs=LeaseAttrs(public_ip=IPv4Address(doc["public_ip"])),
+        subnet=IPv4Network(doc["subnet"]),
+        attrs=LeaseAttrs(public_ip=IPv4Address(doc["public_ip"]),
+                         public_ipv6=IPv6Address(pub6) if pub6 else None),
         ipv6_subnet=IPv6Network(v6) if v6 else None, expiration=doc.get("expiration"),
         lease_id=int(doc.get("lease_id", 0)), mod_revision=int(doc.get("mod_revision", 0)),
         key=doc.get("key", "")))
