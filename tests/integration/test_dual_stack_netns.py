@@ -20,7 +20,7 @@ import pytest
 from dataplane.testbed import netns as ns
 from dataplane.testbed.hosts import wait_for
 from dataplane.testbed.overlay import parse_ping
-from tests.conftest import require_overlay
+from tests.integration.conftest import other_engine, overlay_of
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -31,17 +31,8 @@ NET6 = ipaddress.IPv6Network(CONFIG["IPv6Network"])
 
 @pytest.fixture
 def ov(engine_kind):
-    require_overlay()
-    from dataplane.testbed.overlay import Overlay
-    overlay = Overlay(hosts=0, engine=engine_kind, config=CONFIG, ipv6=True)
-    try:
-        for i in range(2):
-            overlay.add_host(engine=engine_kind, wait=False, underlay6=i == 0)
-        for h in overlay.hosts:
-            overlay.wait_ready(h)
-        yield overlay
-    finally:
-        overlay.close()
+    yield from overlay_of(engine_kind, ((engine_kind, {"underlay6": True}), engine_kind),
+                          config=CONFIG, ipv6=True)
 
 
 def subnet6(ov, h) -> ipaddress.IPv6Network:
@@ -135,18 +126,9 @@ def udp_out(ov, h) -> tuple[int, int]:
 @pytest.fixture
 def ov6(engine_kind):
     """h0 and h1 with an IPv6 underlay address, each engine on one of them."""
-    require_overlay()
-    from dataplane.testbed.overlay import Overlay
-    from tests.integration.conftest import other_engine
-    overlay = Overlay(hosts=0, engine=engine_kind, config=CONFIG, ipv6=True)
-    try:
-        for kind in (engine_kind, other_engine(engine_kind)):
-            overlay.add_host(engine=kind, wait=False, underlay6=True)
-        for h in overlay.hosts:
-            overlay.wait_ready(h)
-        yield overlay
-    finally:
-        overlay.close()
+    yield from overlay_of(engine_kind, ((kind, {"underlay6": True})
+                                        for kind in (engine_kind, other_engine(engine_kind))),
+                          config=CONFIG, ipv6=True)
 
 
 def test_ipv6_goes_over_the_ipv6_underlay_where_both_hosts_have_one(ov6):
