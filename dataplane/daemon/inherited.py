@@ -93,6 +93,9 @@ def state_of(daemon) -> dict:
         # "peers" as pairs and past a key it does not know
         peers6 = [[str(s), str(l.ipv6_subnet)] for s, l in sorted(daemon.peers.peers.items())
                   if l.ipv6_subnet is not None and l.attrs.forwards_ipv6]
+        # and their PublicIPv6s, so that the IPv6 underlay's routes are there from the switch
+        pub6 = [[str(s), str(l.attrs.public_ipv6)] for s, l in sorted(daemon.peers.peers.items())
+                if l.attrs.public_ipv6 is not None]
     return {
         "version": STATE_VERSION, "pid": os.getpid(), "engine": daemon.engine_cls.name,
         "tun": {"name": daemon.tun_name, "queues": len(daemon.tun_fds),
@@ -106,13 +109,16 @@ def state_of(daemon) -> dict:
         "lease": lease_json(daemon.current_lease()),
         "peers": peers,
         "peers6": peers6,
+        "peers_public_ipv6": pub6,
     }
 
 
 def peers_of(state: dict) -> list[Lease]:
     parts = {s: IPv6Network(v6) for s, v6 in state.get("peers6", [])}
+    pub6 = {s: IPv6Address(a) for s, a in state.get("peers_public_ipv6", [])}
     return [Lease(subnet=IPv4Network(s),
-                  attrs=LeaseAttrs(public_ip=IPv4Address(ip), forwards_ipv6=s in parts),
+                  attrs=LeaseAttrs(public_ip=IPv4Address(ip), forwards_ipv6=s in parts,
+                                   public_ipv6=pub6.get(s)),
                   ipv6_subnet=parts.get(s))
             for s, ip in state.get("peers", [])]
 

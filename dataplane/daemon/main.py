@@ -260,8 +260,6 @@ class Daemon:
                 queues=self.queues, vnet=self.offloads.wanted)
         if inh is not None:
             # 4.-6. kept: the lease, flannel0, the sockets; our engine forwards from here on
-            self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
-                                          self._routed6())
             self._take_over(inh)
         else:
             # 4. lease
@@ -372,6 +370,8 @@ class Daemon:
         self.state_file = inh.state_file
         self._use(startup.adopt_dataplane(self.offloads, inh, self.queues, self.config.network,
                                           self.lease.ipv6_subnet, self.config.ipv6_network))
+        self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
+                                      self._routed6())
         self.peers = PeerSnapshot.of(inherited.peers_of(inh.state), self.lease.subnet)
         self._make_engine()
         state = inh.switch(self.engine.start)

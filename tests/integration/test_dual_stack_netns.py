@@ -165,3 +165,13 @@ def test_ipv6_goes_over_the_ipv6_underlay_where_both_hosts_have_one(ov6):
     # the two gets packet too big, from flannel0's IPv6 address
     out = ping6_out(pod0, str(pod1_addr), "-s", "1420", "-M", "do", "-w", "1")
     assert "Packet too big: mtu=1452" in out or "mtu = 1452" in out, out
+
+    # a handover carries the IPv6 sockets: the new daemon sends over IPv6 at once
+    new, rc = ov.handover_daemon(h0)
+    assert rc == 0 and "No IPv6 underlay" not in new.log_text(), new.log_text()[-2000:]
+    v4, v6 = udp_out(ov, h0)
+    assert ping6(pod0, str(pod1_addr))["received"] == 3
+    v4_after, v6_after = udp_out(ov, h0)
+    assert v6_after - v6 >= 3 and v4_after - v4 < 3, (v4, v4_after, v6, v6_after)
+    # the routes handed over had the peers' IPv6 underlay: no reply was refused meanwhile
+    assert int(ov.metrics(h0).get('flannel_udp_drops_total{reason="bad_source"}', 0)) == 0

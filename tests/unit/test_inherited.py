@@ -125,6 +125,14 @@ def test_peers_come_back_as_leases():
     assert inherited.peers_of(_state()) == [
         Lease(subnet=IPv4Network("10.5.9.0/24"),
               attrs=LeaseAttrs(public_ip=IPv4Address("192.168.1.9")))]
+    # with their IPv6 parts and PublicIPv6s: the engine routes over the IPv6 underlay at once
+    state = dict(_state(), peers6=[["10.5.9.0/24", "fc00:5:0:9::/64"]],
+                 peers_public_ipv6=[["10.5.9.0/24", "fd00:99::9"]])
+    assert inherited.peers_of(state) == [
+        Lease(subnet=IPv4Network("10.5.9.0/24"),
+              attrs=LeaseAttrs(public_ip=IPv4Address("192.168.1.9"), forwards_ipv6=True,
+                               public_ipv6=IPv6Address("fd00:99::9")),
+              ipv6_subnet=IPv6Network("fc00:5:0:9::/64"))]
 
 
 def test_state_file_is_rewritten_in_place():
