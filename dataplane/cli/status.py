@@ -100,8 +100,10 @@ def render(doc: dict, now: float | None = None) -> str:
             expiry = "expiry not known"
         rows.append(("lease", f"{lease['subnet']} (PublicIP {lease['public_ip']}), {expiry}"))
         if lease.get("ipv6_subnet"):
-            rows.append(("ipv6 subnet", f"{lease['ipv6_subnet']} (EnableIPv6: held in the lease, "
-                                        "not forwarded by this version)"))
+            pub6 = lease.get("public_ipv6")
+            rows.append(("ipv6 subnet", f"{lease['ipv6_subnet']} (" + (
+                f"PublicIPv6 {pub6}: the IPv6 underlay to peers that have one)" if pub6 else
+                "no PublicIPv6: over the IPv4 underlay)")))
     else:
         rows.append(("lease", "none yet"))
     if doc.get("network"):

@@ -84,8 +84,10 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "lease": None if lease is None else {
             "subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
             "expiration": lease.expiration, "reservation": lease.reservation,
-            # EnableIPv6: the key's IPv6 part, held for the cluster; not forwarded yet
-            "ipv6_subnet": None if lease.ipv6_subnet is None else str(lease.ipv6_subnet)},
+            # EnableIPv6: the key's IPv6 part, and the IPv6 underlay's address, if any
+            "ipv6_subnet": None if lease.ipv6_subnet is None else str(lease.ipv6_subnet),
+            "public_ipv6": (None if lease.attrs.public_ipv6 is None
+                            else str(lease.attrs.public_ipv6))},
         "network": str(state.config.network) if state.config is not None else None,
         "interface": None if ext is None else {
             "name": ext.name, "address": str(ext.iface_addr), "public_ip": str(ext.ext_addr)},

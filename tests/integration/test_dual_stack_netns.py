@@ -17,6 +17,7 @@ import subprocess
 
 import pytest
 
+from dataplane.host.child import cli_argv
 from dataplane.testbed import netns as ns
 from dataplane.testbed.hosts import wait_for
 from dataplane.testbed.overlay import parse_ping
@@ -138,6 +139,9 @@ def test_ipv6_goes_over_the_ipv6_underlay_where_both_hosts_have_one(ov6):
         value = ov.etcdctl("get", "--prefix", f"{ov.prefix}/subnets/{ov.subnet(h).network_address}-",
                            "--print-value-only").stdout.strip()
         assert json.loads(value) == {"PublicIP": h.ip, "PublicIPv6": h.ip6, "ForwardsIPv6": True}
+    status = subprocess.run(cli_argv("status", "--json", "--status-socket", ov.status_socket(h0)),
+                            capture_output=True, text=True, timeout=30).stdout
+    assert json.loads(status)["lease"]["public_ipv6"] == h0.ip6, status
     six = {h.name: subnet6(ov, h) for h in ov.hosts}
     pod0 = ov.tb.add_pod(h0, "p", f"{six['h0'].network_address + 2}/64",
                          str(six["h0"].network_address + 1))
