@@ -12,7 +12,8 @@
  * The C side knows nothing of etcd and never opens devices: it is handed a
  * TUN fd (IFF_TUN|IFF_NO_PI) and a UDP socket fd (AF_INET), and for the
  * IPv6 underlay a second UDP socket fd (AF_INET6, dp_loop_set_udp6), and
- * moves raw IPv4 and IPv6 packets between them. Behaviour (identical in dataplane/engine/pypath.py):
+ * moves raw IPv4 and IPv6 packets between them. Behaviour (identical in
+ * dataplane/engine/pypath.py):
  *
  * TUN -> UDP, per batch (read() until EAGAIN or `batch` packets):
  *   1. validate: len >= 20, version 4, ihl >= 5, ihl*4 <= len,
@@ -330,7 +331,7 @@ typedef struct dp_stats {
 /* Trace events, recorded only while tracing is on (for the demo). */
 enum dp_trace_kind {
     DP_TR_TUN_READ = 1,    /* len, head: packet as read from the TUN */
-    DP_TR_ROUTE_HIT = 2,   /* addr/port: chosen peer (addr 0: an IPv6 peer); len = route prefixlen */
+    DP_TR_ROUTE_HIT = 2,   /* addr/port: chosen peer (addr 0: IPv6); len = route prefixlen */
     DP_TR_ROUTE_MISS = 3,  /* addr: the destination that had no route (0 for IPv6) */
     DP_TR_UDP_SEND = 4,    /* addr/port: peer (addr 0: IPv6); len; batch: msgs in that sendmmsg */
     DP_TR_UDP_RECV = 5,    /* addr/port: source (addr 0: IPv6); len; batch: msgs in that

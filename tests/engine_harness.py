@@ -7,8 +7,8 @@ Topology (everything on loopback, nothing leaves the host)::
                                                                           │
     peer 127.0.0.1x:p  <──── UDP ────  engine UDP socket 127.0.0.1:<port> ┘
     peer 127.0.0.1x:p  ─────────────>
-    peer [::1]:p       <──── UDP ────  engine IPv6 socket [::1]:<port>  (udp6=True:
-    peer [::1]:p       ─────────────>                                    the IPv6 underlay)
+    peer [::1]:p       <──── UDP ────  engine IPv6 socket [::1]:<port>  (udp6=True: the
+    peer [::1]:p       ─────────────>                                    IPv6 underlay)
 
 Loopback has one IPv6 address, so every IPv6 peer is ::1 (on a port of its
 own); a test of the IPv6 source check names peers elsewhere and sends from ::1.

@@ -10,7 +10,12 @@
  * prefixlen + 32 for an even index, at bytes 12-15 with prefixlen + 96 for
  * an odd one: both 64-bit halves of the keys are used), and the own
  * sources an IPv6 set the same way (::a.b.c.d, prefixlen + 96), so the
- * input layout stays IPv4's.
+ * input layout stays IPv4's. The IPv6 underlay too lives in bits the
+ * layout left unused: bit 3 of a route's peer byte puts the IPv6 route's
+ * peer on the IPv6 underlay (2001:db8::a.b.c.d for the IPv4 peer
+ * a.b.c.d), bits 4-5 give it an mtu (0, 1280, 1400, 1500), and a datagram
+ * of a stranger's source (8-14) comes from the IPv6 peer 2001:db8::a.b.c.d
+ * of peer source - 8 instead (15 stays the IPv4 0.0.0.0).
  * After every packet it checks what dataplane.h guarantees:
  *
  *   - the rx counters moved by one packet and its length;
@@ -26,8 +31,11 @@
  *     of dataplane.h), and only its hop limit changed (- 1, so >= 1 left);
  *     drop_scope is about a well-formed link-scoped one;
  *   - the TUN side routes as a naive longest-prefix scan over the same
- *     routes of the packet's family (the last duplicate wins) and the UDP
- *     side's source check agrees with a naive scan of the peers;
+ *     routes of the packet's family (the last duplicate wins: peer, its
+ *     underlay, port and mtu) and the UDP side's source check agrees with
+ *     a naive scan of the peers of the datagram's underlay;
+ *   - an IPv6 packet longer than its route's mtu is drop_too_big (after
+ *     the hop limit), never forwarded, and its ICMPv6 error names the mtu;
  *   - the inner-source checks (UDP steps 4, 5) agree with naive scans of
  *     the packet's family: a forwarded datagram's inner source is none of
  *     the own sources and, strict, routed to its sender; a
@@ -70,7 +78,8 @@
  *   then packets: ctl 1, len 2 (big-endian, cut to the mtu and to what is
  *   left), bytes. ctl bit 0: 0 TUN, 1 UDP; bit 1 MSG_TRUNC; bits 2-3 the
  *   TUN write: 0/1 ok, 2 EAGAIN, 3 EIO; bits 4-7 source (UDP: 0-7 a route's
- *   peer, 8-15 a stranger; 7 and 15 are 0.0.0.0) and clock step (2^bits ms).
+ *   peer, 7 being 0.0.0.0; 8-14 the IPv6 underlay's 2001:db8::(peer - 8),
+ *   15 the IPv4 0.0.0.0) and clock step (2^bits ms).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -148,8 +157,11 @@ static uint64_t drops(const dp_stats *s)
 {
     return s->drop_no_route + s->drop_ttl + s->drop_malformed + s->drop_not_ipv4 +
            s->drop_truncated + s->drop_bad_source + s->drop_send_error + s->drop_tun_full +
-           s->drop_tun_error + s->drop_inner_local + s->drop_inner_foreign + s->drop_scope;
+           s->drop_tun_error + s->drop_inner_local + s->drop_inner_foreign + s->drop_scope +
+           s->drop_too_big;
 }
+
+static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
 
 /* The naive oracle: longest prefix first, the last of equal routes wins. */
 static int naive_lookup(const dp_route *rt, uint32_t n, uint32_t dst, struct dp_route_hit *hit)
@@ -164,6 +176,7 @@ static int naive_lookup(const dp_route *rt, uint32_t n, uint32_t dst, struct dp_
             continue;
         found = 1;
         best = rt[i].prefixlen;
+        memset(hit, 0, sizeof(*hit));
         hit->peer_ip = rt[i].peer_ip;
         hit->port = rt[i].port;
         hit->prefixlen = rt[i].prefixlen;
@@ -193,21 +206,52 @@ static int naive_lookup6(const dp_route6 *rt, uint32_t n, const uint8_t *dst,
             continue;
         found = 1;
         best = rt[i].prefixlen;
-        memcpy(&hit->peer_ip, rt[i].peer_ip + 12, 4);
+        memset(hit, 0, sizeof(*hit));
+        hit->v6 = memcmp(rt[i].peer_ip, mapped, 12) != 0;
+        if (hit->v6)
+            memcpy(hit->peer6, rt[i].peer_ip, 16);
+        else
+            memcpy(&hit->peer_ip, rt[i].peer_ip + 12, 4);
         hit->port = rt[i].port;
         hit->prefixlen = rt[i].prefixlen;
+        hit->mtu = rt[i].mtu;
     }
     return found;
 }
 
-static int naive_has_peer(const dp_route *rt, uint32_t n, uint32_t ip)
+/* The IPv4 underlay's peers: every dp_route's, and the IPv4-mapped ones. */
+static int naive_has_peer(const dp_route *rt, const dp_route6 *rt6, uint32_t n, uint32_t ip)
 {
     uint32_t i;
 
     for (i = 0; i < n; i++)
-        if (rt[i].peer_ip == ip)
+        if (rt[i].peer_ip == ip ||
+            (!memcmp(rt6[i].peer_ip, mapped, 12) && !memcmp(rt6[i].peer_ip + 12, &ip, 4)))
             return 1;
     return 0;
+}
+
+/* The IPv6 underlay's: the dp_route6 peers that are not IPv4-mapped. */
+static int naive_has_peer6(const dp_route6 *rt6, uint32_t n, const uint8_t *ip6)
+{
+    uint32_t i;
+
+    for (i = 0; i < n; i++)
+        if (memcmp(rt6[i].peer_ip, mapped, 12) && !memcmp(rt6[i].peer_ip, ip6, 16))
+            return 1;
+    return 0;
+}
+
+/* Whether the route's peer sent the datagram: the same underlay and address. */
+static int naive_sent_by(const struct dp_route_hit *h, uint32_t src, const uint8_t *src6)
+{
+    return src6 ? h->v6 && !memcmp(h->peer6, src6, 16) : !h->v6 && h->peer_ip == src;
+}
+
+static int same_hit(const struct dp_route_hit *a, const struct dp_route_hit *b)
+{
+    return a->peer_ip == b->peer_ip && a->port == b->port && a->prefixlen == b->prefixlen &&
+           a->mtu == b->mtu && a->v6 == b->v6 && !memcmp(a->peer6, b->peer6, 16);
 }
 
 /* The own sources of the input, kept as read: the oracle of local.c. */
@@ -310,7 +354,9 @@ static int naive_may_error6(const uint8_t *p, uint32_t len)
     return 1;
 }
 
-static void check_icmp6(const struct dp_path *pa, const uint8_t *off, uint32_t len)
+/* mtu: the route's, for packet too big (type 2); 0 for the others. */
+static void check_icmp6(const struct dp_path *pa, const uint8_t *off, uint32_t len,
+                        uint32_t mtu)
 {
     const uint8_t *e = pa->icmp;
     uint32_t q = len < 1232 ? len : 1232, n = pa->icmp_len;
@@ -320,7 +366,9 @@ static void check_icmp6(const struct dp_path *pa, const uint8_t *off, uint32_t l
     CHECK(n == 48 + q && n <= 1280 && well_formed6(e, n, 1280));
     CHECK(e[0] == 0x60 && e[1] == 0 && e[2] == 0 && e[3] == 0 && e[6] == 58 && e[7] == 64);
     CHECK(memcmp(e + 8, pa->tun_addr6, 16) == 0 && memcmp(e + 24, off + 8, 16) == 0);
-    CHECK((e[40] == 1 || e[40] == 3) && e[41] == 0 && rd16(e + 44) == 0 && rd16(e + 46) == 0);
+    CHECK((e[40] == 1 || e[40] == 2 || e[40] == 3) && e[41] == 0);
+    CHECK(((uint32_t)rd16(e + 44) << 16 | rd16(e + 46)) == (e[40] == 2 ? mtu : 0));
+    CHECK(e[40] != 2 || (mtu && len > mtu));
     CHECK(memcmp(e + 48, off, q) == 0);
     /* The pseudo-header (addresses, length, 3 zeros, 58) in the place of
      * the IPv6 header: the sum over it and the message must be 0. */
@@ -481,20 +529,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     for (i = 0; i < nroutes; i++) {
-        uint8_t b[4] = { rd8(&r), rd8(&r), rd8(&r), rd8(&r) };
+        static const uint32_t route_mtu[4] = { 0, DP_MTU6_MIN, 1400, 1500 };
+        uint8_t b[4] = { rd8(&r), rd8(&r), rd8(&r), rd8(&r) }, peer;
         uint32_t plen = rd8(&r) % 33, m = plen ? htonl(0xffffffffu << (32 - plen)) : 0;
 
         memcpy(&rt[i].net, b, 4);
         if (!(flags & 16))
             rt[i].net &= m;
         rt[i].prefixlen = plen;
-        rt[i].peer_ip = peer_addr(rd8(&r) & 7);
+        peer = rd8(&r);
+        rt[i].peer_ip = peer_addr(peer & 7);
         rt[i].port = 8285 + i;
         memset(&rt6[i], 0, sizeof(rt6[i]));
         embed(rt6[i].net, rt[i].net, i & 1 ? 12 : 4);
         rt6[i].prefixlen = plen + (i & 1 ? 96 : 32);
         embed(rt6[i].peer_ip, rt[i].peer_ip, 12);
-        rt6[i].peer_ip[10] = rt6[i].peer_ip[11] = 0xff;
+        if (peer & 8) {                                /* the IPv6 underlay: 2001:db8::a.b.c.d */
+            rt6[i].peer_ip[0] = 0x20;
+            rt6[i].peer_ip[1] = 0x01;
+            rt6[i].peer_ip[2] = 0x0d;
+            rt6[i].peer_ip[3] = 0xb8;
+        } else {
+            rt6[i].peer_ip[10] = rt6[i].peer_ip[11] = 0xff;
+        }
+        rt6[i].mtu = route_mtu[peer >> 4 & 3];
         rt6[i].port = rt[i].port;
     }
     if (dp_routes_build(&table, rt, nroutes, rt6, nroutes) != 0) {
@@ -561,23 +619,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!udp) {
             v = dp_path_tun(&path, pkt, len, &hit);
         } else {
-            uint32_t src = peer_addr(ctl >> 4);        /* >= 8: no route's peer */
+            uint32_t s = ctl >> 4, src = 0;            /* 8-14: the IPv6 underlay */
+            uint8_t src6_buf[16], *src6 = NULL;
 
-            v = dp_path_udp(&path, pkt, len, src, 4000, 1, ctl & 2);
+            if (s >= 8 && s < 15) {
+                embed(src6_buf, peer_addr(s - 8), 12);
+                memcpy(src6_buf, "\x20\x01\x0d\xb8", 4);
+                src6 = src6_buf;
+                v = dp_path_udp6(&path, pkt, len, src6, 4000, 1, ctl & 2);
+            } else {
+                src = peer_addr(s);
+                v = dp_path_udp(&path, pkt, len, src, 4000, 1, ctl & 2);
+            }
             if (v == DP_V_FORWARD) {
                 CHECK(!(ctl & 2));
-                CHECK(path.accept_any || naive_has_peer(rt, nroutes, src));
+                CHECK(path.accept_any || (src6 ? naive_has_peer6(rt6, nroutes, src6) :
+                                                 naive_has_peer(rt, rt6, nroutes, src)));
             }
             if (v == DP_V_FORWARD && !v6) {
                 CHECK(!naive_local(&own, dp_packet_src(orig)));
                 if (path.strict_sources)
                     CHECK(naive_lookup(rt, nroutes, dp_packet_src(orig), &naive) &&
-                          naive.peer_ip == src);
+                          naive_sent_by(&naive, src, src6));
             }
             if (v == DP_V_FORWARD && v6) {
                 CHECK(!naive_local6(&own, orig + 8));
                 if (path.strict_sources)
-                    CHECK(naive_lookup6(rt6, nroutes, orig + 8, &naive) && naive.peer_ip == src);
+                    CHECK(naive_lookup6(rt6, nroutes, orig + 8, &naive) &&
+                          naive_sent_by(&naive, src, src6));
             }
             if (path.c.s.drop_inner_local != before.drop_inner_local)
                 CHECK(v6 ? well_formed6(orig, len, mtu) && !naive_scope6(orig) &&
@@ -587,14 +656,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 CHECK(path.strict_sources && well_formed(orig, len, mtu) &&
                       !naive_local(&own, dp_packet_src(orig)) &&
                       !(naive_lookup(rt, nroutes, dp_packet_src(orig), &naive) &&
-                        naive.peer_ip == src));
+                        naive_sent_by(&naive, src, src6)));
             if (path.c.s.drop_inner_foreign != before.drop_inner_foreign && v6)
                 CHECK(path.strict_sources && well_formed6(orig, len, mtu) &&
                       !naive_scope6(orig) && !naive_local6(&own, orig + 8) &&
-                      !(naive_lookup6(rt6, nroutes, orig + 8, &naive) && naive.peer_ip == src));
+                      !(naive_lookup6(rt6, nroutes, orig + 8, &naive) &&
+                        naive_sent_by(&naive, src, src6)));
             if (path.c.s.drop_not_ipv4 != before.drop_not_ipv4)
                 CHECK(len >= 1 && (orig[0] >> 4) != 4 && !v6);
-            if (!(ctl & 2) && !path.accept_any && !naive_has_peer(rt, nroutes, src))
+            if (!(ctl & 2) && !path.accept_any &&
+                !(src6 ? naive_has_peer6(rt6, nroutes, src6) :
+                         naive_has_peer(rt, rt6, nroutes, src)))
                 CHECK(path.c.s.drop_bad_source == before.drop_bad_source + 1);
         }
         memcpy(&after, &path.c.s, sizeof(after));
@@ -621,7 +693,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(drops(&after) == drops(&before) + 1);
         }
         CHECK(after.icmp_unreach_sent == before.icmp_unreach_sent &&
-              after.icmp_ttl_sent == before.icmp_ttl_sent);
+              after.icmp_ttl_sent == before.icmp_ttl_sent &&
+              after.icmp_too_big_sent == before.icmp_too_big_sent);
         if (!udp && v != DP_V_FORWARD && after.drop_malformed == before.drop_malformed &&
             after.drop_not_ipv4 == before.drop_not_ipv4)    /* routed, then dropped */
             CHECK(v6 ? well_formed6(orig, len, mtu) : well_formed(orig, len, mtu));
@@ -631,18 +704,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(after.drop_truncated != before.drop_truncated ||
                   after.drop_bad_source != before.drop_bad_source);
         if (!udp && !v6 && (v == DP_V_FORWARD || after.drop_ttl > before.drop_ttl))
-            CHECK(naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive) &&
-                  naive.peer_ip == hit.peer_ip && naive.port == hit.port &&
-                  naive.prefixlen == hit.prefixlen);
-        if (!udp && v6 && (v == DP_V_FORWARD || after.drop_ttl > before.drop_ttl))
-            CHECK(naive_lookup6(rt6, nroutes, orig + 24, &naive) &&
-                  naive.peer_ip == hit.peer_ip && naive.port == hit.port &&
-                  naive.prefixlen == hit.prefixlen);
+            CHECK(naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive) && same_hit(&naive, &hit));
+        if (!udp && v6 && (v == DP_V_FORWARD || after.drop_ttl > before.drop_ttl ||
+                           after.drop_too_big > before.drop_too_big))
+            CHECK(naive_lookup6(rt6, nroutes, orig + 24, &naive) && same_hit(&naive, &hit));
+        /* The route's mtu: over it is too big (the hop limit first), never forwarded. */
+        if (!udp && v6 && v == DP_V_FORWARD)
+            CHECK(!hit.mtu || len <= hit.mtu);
+        if (after.drop_too_big > before.drop_too_big)
+            CHECK(!udp && v6 && hit.mtu && len > hit.mtu && orig[7] > 1 &&
+                  well_formed6(orig, len, mtu) && !naive_scope6(orig));
         if (!udp && after.drop_no_route > before.drop_no_route)
             CHECK(v6 ? !naive_lookup6(rt6, nroutes, orig + 24, &naive)
                      : !naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive));
         if (v6 && !udp && (after.drop_no_route > before.drop_no_route ||
-                           after.drop_ttl > before.drop_ttl)) {
+                           after.drop_ttl > before.drop_ttl ||
+                           after.drop_too_big > before.drop_too_big)) {
             /* An error (or a refusal of the limit) exactly when it is allowed. */
             int may = (nbyte & 0x80) == 0 && naive_may_error6(orig, len);
 
@@ -666,7 +743,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* the caller's write, and its accounting */
         if (v == DP_V_ICMP) {
             if (v6)
-                check_icmp6(&path, orig, len);
+                check_icmp6(&path, orig, len,
+                            after.drop_too_big > before.drop_too_big ? hit.mtu : 0);
             else
                 check_icmp(&path, orig, len);
             dp_path_icmp_written(&path, err);
@@ -682,8 +760,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             else if (v == DP_V_ICMP)   /* unreachable is type 3 in IPv4, 1 in IPv6 */
                 CHECK(path.c.s.icmp_unreach_sent - after.icmp_unreach_sent ==
                       (uint64_t)(path.icmp[v6 ? 40 : 20] == (v6 ? 1 : 3)) &&
-                      path.c.s.icmp_unreach_sent + path.c.s.icmp_ttl_sent ==
-                      after.icmp_unreach_sent + after.icmp_ttl_sent + 1);
+                      path.c.s.icmp_too_big_sent - after.icmp_too_big_sent ==
+                      (uint64_t)(v6 && path.icmp[40] == 2) &&
+                      path.c.s.icmp_unreach_sent + path.c.s.icmp_ttl_sent +
+                      path.c.s.icmp_too_big_sent == after.icmp_unreach_sent +
+                      after.icmp_ttl_sent + after.icmp_too_big_sent + 1);
             else
                 CHECK(path.c.s.tun_tx_packets == after.tun_tx_packets + 1 &&
                       path.c.s.tun_tx_bytes == after.tun_tx_bytes + len);

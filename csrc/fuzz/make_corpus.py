@@ -23,6 +23,8 @@ CORPUS = os.path.join(HERE, "corpus")
 # flags byte
 ACCEPT_ANY, TRACE, KEEP_HOST_BITS, UDP_RUNS, STRICT, LOCAL = 1, 2, 16, 32, 64, 128
 LIMIT_NONE, LIMIT_ONE, LIMIT_DEFAULT, LIMIT_BYTES = 0 << 2, 1 << 2, 2 << 2, 3 << 2
+# a route's peer byte, above the peer index: its IPv6 route on the IPv6 underlay, its mtu
+UNDERLAY6, MTU_1280, MTU_1400, MTU_1500 = 8, 1 << 4, 2 << 4, 3 << 4
 # packet ctl byte
 TUN, UDP, TRUNC = 0, 1, 2
 WRITE_OK, WRITE_EAGAIN, WRITE_EIO = 0 << 2, 2 << 2, 3 << 2
@@ -37,8 +39,8 @@ def route(net: str, plen: int, peer: int) -> bytes:
 
 
 def packet(ctl: int, data: bytes, src: int = 0, clock: int = 0) -> bytes:
-    """src (UDP: 0-7 a route's peer, 8-15 a stranger; 7 and 15: 0.0.0.0) and clock share the
-    high nibble."""
+    """src (UDP: 0-7 a route's peer, 7 being 0.0.0.0; 8-14 the IPv6 underlay's peer src - 8;
+    15 the IPv4 0.0.0.0) and clock share the high nibble."""
     return bytes([ctl | (src or clock) << 4]) + struct.pack("!H", len(data)) + data
 
 
@@ -260,6 +262,27 @@ def seeds() -> dict[str, bytes]:
                                    packet(UDP, udp6("::a05:109", OUT6), src=0),    # own subnet
                                    packet(UDP, udp6("::c0a8:3202", OUT6), src=0)],  # own address
                                   local=mine6)
+    # The IPv6 underlay (bits of the layout left unused): route 0's IPv6 peer is
+    # 2001:db8::127.0.0.16 with an mtu of 1280, route 1's the IPv4-mapped 127.0.0.17 with 1400,
+    # route 2's 2001:db8::127.0.0.18; a datagram from source 8 + k comes from 2001:db8::(peer k).
+    routes6 = [route("10.5.2.0", 24, 0 | UNDERLAY6 | MTU_1280), route("10.5.3.0", 24, 1 | MTU_1400),
+               route("10.6.0.0", 16, 2 | UNDERLAY6)]
+    s["underlay6-too-big"] = seed(ACCEPT_ANY | LIMIT_ONE, 1472, routes6,
+                                  [packet(TUN, udp6(OUT6, "0:0:a05:203::3", n=1280 - 48)),
+                                   packet(TUN, udp6(OUT6, "0:0:a05:203::3", n=1281 - 48)),
+                                   packet(TUN, udp6(OUT6, "0:0:a05:203::3", n=1300,
+                                                    hop_limit=1), clock=15),
+                                   packet(TUN, udp6(OUT6, "::a05:3c8", n=1401 - 48), clock=15),
+                                   packet(TUN, udp6(OUT6, "0:0:a06:7:8::1", n=1400)),
+                                   packet(TUN, udp(OUT, "10.5.2.3", n=1400))])
+    s["underlay6-sources"] = seed(STRICT, 1472, routes6,
+                                  [packet(UDP, udp6(IN6, OUT6), src=8),          # peer 0's
+                                   packet(UDP, udp6(IN6, OUT6), src=0),          # IPv4: not it
+                                   packet(UDP, udp6("::a05:304", OUT6), src=9),  # mapped peer
+                                   packet(UDP, udp6("::a05:304", OUT6), src=1),
+                                   packet(UDP, udp(IN, OUT), src=8),             # inner IPv4
+                                   packet(UDP, udp6("0:0:a06::5", OUT6), src=10),
+                                   packet(UDP, udp6(IN6, OUT6), src=13)])        # no peer
     return s
 
 

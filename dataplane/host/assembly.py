@@ -148,7 +148,7 @@ class Dataplane:
 
     def _probe(self) -> None:
         try:
-            self.offload_flags = self.offloads.probe(self.tun_fds, self.socks)
+            self.offload_flags = self.offloads.probe(self.tun_fds, self.socks + self.socks6)
         except OSError as e:
             raise AssemblyError("offloads", e, self.tun_name) from None
         log.info("%s", self.offloads.summary())

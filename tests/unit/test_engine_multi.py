@@ -12,12 +12,12 @@ import socket
 
 import pytest
 
-from dataplane.engine import ipv4
+from dataplane.engine import ipv4, ipv6
 from dataplane.engine import EngineClosed, Route, engine_class, multi
 from dataplane.engine.api import STAT_NAMES, Ended
 from dataplane.host.udpsock import open_udp_sockets
 from tests.conftest import wait_until
-from tests.engine_harness import assert_forwarded, behaviour_stats, big_rcvbuf
+from tests.engine_harness import assert_forwarded, behaviour_stats, big_rcvbuf, udp6_socket
 
 QUEUES = 3
 PEER_IP = "127.0.0.16"
@@ -239,6 +239,36 @@ def test_stop_and_close_are_idempotent(queues):
 def test_create_rejects_mismatched_fds(engine_kind):
     with pytest.raises(ValueError, match="2 TUN queue"):
         multi.create(engine_class(engine_kind), [1, 2], [3], tun_addr="10.5.1.0", mtu=1472)
+
+
+def test_each_queue_sends_on_its_own_ipv6_socket(engine_kind):
+    """create(udp6_fds=): one IPv6 socket per queue, in the queues' order; a table with an
+    IPv6 peer reaches every queue, and each sends on its own socket."""
+    six = [udp6_socket() for _ in range(QUEUES)]
+    peer = udp6_socket()
+    peer.settimeout(5)
+    q = Queues(engine_kind, udp6_fds=[s.fileno() for s in six])
+    try:
+        e = q.engine
+        assert [x.udp6_fd for x in e.queues] == [s.fileno() for s in six]
+        with pytest.raises(TypeError, match="one IPv6 socket per queue"):
+            e.set_udp6(six[0])
+        e.set_routes([Route.make("fd00:5:2::/64", "::1", peer.getsockname()[1])])
+        e.start()
+        sent = [ipv6.build("fd00:5:1::2", "fd00:5:2::2", ipv6.udp_payload(
+            "fd00:5:1::2", "fd00:5:2::2", 40000 + i, 5201, b"six")) for i in range(QUEUES)]
+        for (_, test_end), pkt in zip(q.pairs, sent):
+            test_end.send(pkt)
+        got = [peer.recvfrom(65536) for _ in sent]
+        assert sorted(data[8:] for data, _ in got) == sorted(p[8:] for p in sent)
+        assert sorted(src[1] for _, src in got) == sorted(s.getsockname()[1] for s in six)
+    finally:
+        q.close()
+        for s in six + [peer]:
+            s.close()
+    with pytest.raises(ValueError, match="3 TUN queue.*2 IPv6"):
+        multi.create(engine_class(engine_kind), [1, 2, 3], [4, 5, 6], udp6_fds=[7, 8],
+                     tun_addr="10.5.1.0", mtu=1472)
 
 
 def test_on_end_hears_each_loop_end_and_ended_already_says_why(queues):

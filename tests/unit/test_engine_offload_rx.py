@@ -17,6 +17,7 @@ seen to deliver the same packets.
 from __future__ import annotations
 
 import errno
+import socket
 import struct
 import time
 
@@ -170,11 +171,13 @@ def _udp_segments(pkt: bytes, hdr_len: int, gso_size: int, cstart: int, coff: in
 
 def send_train(h: Harness, peer, datagrams: list[bytes]) -> None:
     """One sendmsg with UDP_SEGMENT: the kernel keeps it one GSO skb up to a
-    UDP_GRO socket, which receives it as one message (a train)."""
+    UDP_GRO socket, which receives it as one message (a train). An IPv6 peer
+    sends to the engine's IPv6 socket."""
     size = len(datagrams[0])
     assert all(len(d) == size for d in datagrams[:-1]) and len(datagrams[-1]) <= size
+    to = h.udp6_addr if peer.sock.family == socket.AF_INET6 else h.udp_addr
     peer.sock.sendmsg([b"".join(datagrams)], [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))],
-                      0, h.udp_addr)
+                      0, to)
 
 
 def run(kind: str, offloads: int, messages, *, mtu: int = 1472, **harness) -> tuple[list[bytes], dict]:
@@ -463,6 +466,27 @@ def test_bad_source_in_a_train(engine_kind):
                         what="both trains")
         assert st["drop_bad_source"] == 4 and st["tun_tx_packets"] == 4, nonzero(st)
         assert h.take_tun() == [forwarded(d) for d in train]
+
+
+def test_a_train_over_the_ipv6_underlay_is_split_too(engine_kind):
+    """The receive slots serve both sockets: a train on the IPv6 one (UDP_GRO set on it too,
+    as the offload bits say) is cut as one on the IPv4 one, and its source checked against
+    the IPv6 peers."""
+    train = [udp_pkt(i, 500) for i in range(4)] + [udp_pkt(4, 300)]
+    with Harness(engine_kind, start=False, accept_any=False, udp6=True) as h:
+        if engine_kind == "c":
+            h.udp6.setsockopt(SOL_UDP, UDP_GRO, 1)
+            h.engine.set_offloads(OFF_UDP_GRO)
+        p = h.add_peer(family=socket.AF_INET6)
+        h.set_routes([h.route("fd00:5:2::/64", p)], wait=False)
+        send_train(h, p, train)
+        h.engine.start()
+        st = h.wait_for(lambda s: s["udp_rx_packets"] >= 5 and len(h.tun_received) >= 5,
+                        what="the train")
+        assert h.take_tun() == [forwarded(d) for d in train]
+        assert st["tun_tx_packets"] == 5 and st["drop_bad_source"] == 0, nonzero(st)
+        if engine_kind == "c":
+            assert st["udp_rx_gro"] == 1, nonzero(st)
 
 
 # ---- the contract ---------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Property tests: arbitrary bytes into both engines, from both sides.
 
 Hypothesis builds scripts of runs; a run is a few packets read from the TUN
-or received on the UDP socket (from a route's peer or from a stranger).
+or received on the UDP socket (from a route's peer or from a stranger), or on
+the IPv6 underlay's socket (from its one peer, whose IPv6 route has an mtu of
+1280: packet too big).
 Packets are raw random bytes, IPv4 packets with random fields (valid or
 not), mutated packets, and packets longer than the mtu. Each run is settled
 (tests/engine_harness.py) before the next, and then:
@@ -16,7 +18,8 @@ not), mutated packets, and packets longer than the mtu. Each run is settled
     ICMP error with valid checksums quoting one of the inputs (IPv6: an
     ICMPv6 error within 1280 bytes, its checksum over the pseudo-header
     valid, about neither a multicast destination nor a multicast or ::
-    source);
+    source; packet too big only about a packet over its route's mtu, which
+    it names); a packet sent to the IPv6 underlay's peer is within its mtu;
   * with this host's own sources set, nothing that reached the TUN claims
     one of them; with the strict rule, everything that reached it came from
     the peer its source is routed to (dataplane.h, UDP -> TUN steps 4, 5).
@@ -27,6 +30,7 @@ engines; `derandomize` keeps CI reproducible.
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,12 +45,13 @@ ROUTED = ["10.5.2.0/24", "10.5.3.0/24"]
 ADDRS = ["10.5.2.7", "10.5.3.9", "10.5.1.9", "10.9.0.1", "0.0.0.0", "255.255.255.255",
          "192.168.50.2"]
 OWN_NET, OWN_ADDRS = "10.5.1.0/24", ["192.168.50.2", "0.0.0.0"]
-ROUTED6 = ["fc00:5:0:2::/64", "fc00:5:0:3::/64"]
+ROUTED6 = ["fc00:5:0:2::/64", "fc00:5:0:3::/64", "fc00:5:0:4::/64"]   # the last: peer 2's
+PEER6, MTU6 = 2, 1280     # the IPv6 underlay's peer, the mtu of its route
 ADDRS6 = ["fc00:5:0:2::7", "fc00:5:0:3::9", "fc00:5:0:1::9", "fc00:9::1", "::", "fe80::1",
-          "ff02::1", "ff05::2", "fd77::2"]
+          "ff02::1", "ff05::2", "fd77::2", "fc00:5:0:4::7"]
 OWN_NET6, OWN_ADDRS6 = "fc00:5:0:1::/64", ["fd77::2"]
 TUN_DROPS = ("drop_no_route", "drop_ttl", "drop_malformed", "drop_not_ipv4", "drop_send_error",
-             "drop_scope")
+             "drop_scope", "drop_too_big")
 UDP_DROPS = ("drop_truncated", "drop_bad_source", "drop_malformed", "drop_not_ipv4", "drop_ttl",
              "drop_tun_full", "drop_tun_error", "drop_inner_local", "drop_inner_foreign",
              "drop_scope")
@@ -86,6 +91,17 @@ def ipv6_packets(draw):
 
 
 @st.composite
+def near_mtu6(draw):
+    """An IPv6 packet to the IPv6 underlay's peer around the mtu of its route, over or not."""
+    payload = draw(st.binary(max_size=40))
+    payload += bytes(draw(st.integers(MTU6 - 80, 1472 - 40)) - len(payload))
+    return ipv6.build(draw(st.sampled_from(["fc00:5:0:1::9", "ff05::1", "fc00:9::1"])),
+                      "fc00:5:0:4::7", payload,
+                      next_header=draw(st.sampled_from([17, 6, 58, 44])),
+                      hop_limit=draw(st.sampled_from([1, 2, 64])))
+
+
+@st.composite
 def mutated(draw):
     b = bytearray(draw(st.one_of(ipv4_packets(), ipv6_packets())))
     for _ in range(draw(st.integers(1, 3))):
@@ -108,11 +124,15 @@ def oversized(draw):
 
 
 packets = st.one_of(st.binary(max_size=80), ipv4_packets(), ipv6_packets(), mutated(),
-                    oversized())
+                    oversized(), near_mtu6())
+# A run of datagrams comes on one socket: the order of two sockets' datagrams is the kernel's.
 runs = st.lists(
-    st.tuples(st.sampled_from(["tun", "udp"]),
-              st.lists(st.tuples(st.sampled_from([0, 1, STRANGER]), packets),
-                       min_size=1, max_size=8)),
+    st.one_of(
+        st.tuples(st.sampled_from(["tun", "udp"]),
+                  st.lists(st.tuples(st.sampled_from([0, 1, STRANGER]), packets),
+                           min_size=1, max_size=8)),
+        st.tuples(st.just("udp6"), st.lists(st.tuples(st.just(PEER6), packets),
+                                            min_size=1, max_size=8))),
     min_size=1, max_size=4)
 
 
@@ -161,10 +181,11 @@ def assert_icmp6_error(err: bytes, inputs):
     assert err[6] == 58 and err[7] == 64 and err[8:24] == ipaddress.IPv6Address(TUN_ADDR6).packed
     pseudo = err[8:40] + (len(err) - 40).to_bytes(4, "big") + bytes([0, 0, 0, 58])
     assert ipv4.checksum(pseudo + err[40:]) == 0
-    assert err[40] in (1, 3) and err[41] == 0
+    assert err[40] in (1, 2, 3) and err[41] == 0
     quote = err[48:]
-    assert any(p[:len(quote)] == quote and p[8:24] == err[24:40] for p in inputs), \
-        "ICMPv6 error quotes no input"
+    assert any(p[:len(quote)] == quote and p[8:24] == err[24:40] and
+               (err[40] != 2 or len(p) > MTU6) for p in inputs), "ICMPv6 error quotes no input"
+    assert int.from_bytes(err[44:48], "big") == (MTU6 if err[40] == 2 else 0)
     assert quote[24] != 0xFF and quote[8] != 0xFF and any(quote[8:24])
 
 
@@ -200,8 +221,13 @@ def assert_sources(tun_out, items, local, strict):
                 str(source(out)) not in OWN_ADDRS + OWN_ADDRS6, ipv4.describe(out)
         if strict:
             assert any(forwarded(d) == out and who != STRANGER and
-                       (in_net(d, ROUTED[who]) or in_net(d, ROUTED6[who]))
+                       any(in_net(d, net) for net in nets_of(who))
                        for who, d in items if len(d) == len(out)), ipv4.describe(out)
+
+
+def nets_of(who: int) -> list:
+    """The subnets routed to peer ``who``: the IPv6 underlay's peer has one IPv6 subnet."""
+    return [ROUTED6[who]] if who == PEER6 else [ROUTED[who], ROUTED6[who]]
 
 
 def delta(a: dict, b: dict) -> dict:
@@ -210,10 +236,11 @@ def delta(a: dict, b: dict) -> dict:
 
 def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
     with Harness(kind, mtu=mtu, accept_any=accept_any, tun_addr=TUN_ADDR,
-                 icmp_rate=1 if limited else 0, icmp_burst=2) as h:
-        peers = [h.add_peer(), h.add_peer()]
+                 icmp_rate=1 if limited else 0, icmp_burst=2, udp6=True) as h:
+        peers = [h.add_peer(), h.add_peer(), h.add_peer(family=socket.AF_INET6)]
         h.set_routes([h.route(net, p) for net, p in zip(ROUTED, peers)] +
-                     [h.route(net, p) for net, p in zip(ROUTED6, peers)])
+                     [h.route(net, p, MTU6 if p is peers[PEER6] else 0)
+                      for net, p in zip(ROUTED6, peers)])
         if local:
             h.engine.set_local(OWN_NET, OWN_ADDRS + OWN_ADDRS6, OWN_NET6)
         h.engine.set_strict_sources(strict)
@@ -242,23 +269,27 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
                 assert d.get("tun_rx_packets", 0) == len(items) and "udp_rx_packets" not in d
                 assert d["tun_rx_packets"] == d.get("udp_tx_packets", 0) + sum(
                     d.get(k, 0) for k in TUN_DROPS)
-                icmp = d.get("icmp_unreach_sent", 0) + d.get("icmp_ttl_sent", 0)
+                icmp = d.get("icmp_unreach_sent", 0) + d.get("icmp_ttl_sent", 0) + \
+                    d.get("icmp_too_big_sent", 0)
                 assert icmp + d.get("icmp_ratelimited", 0) <= \
-                    d.get("drop_no_route", 0) + d.get("drop_ttl", 0)
+                    d.get("drop_no_route", 0) + d.get("drop_ttl", 0) + d.get("drop_too_big", 0)
+                assert d.get("icmp_too_big_sent", 0) <= d.get("drop_too_big", 0)
                 assert len(tun_out) == icmp
                 for err in tun_out:
                     assert_icmp_error(err, seen)
                 assert sum(map(len, peer_out)) == d.get("udp_tx_packets", 0)
                 for k, out in enumerate(peer_out):
                     for p in out:
-                        assert well_formed(p) and len(p) <= mtu, ipv4.describe(p)
+                        assert well_formed(p) and len(p) <= (MTU6 if k == PEER6 else mtu), \
+                            ipv4.describe(p)
                     assert_subsequence(out, seen, f"peer {k}")
             else:
                 assert d.get("udp_rx_packets", 0) == len(items) and "tun_rx_packets" not in d
                 assert d["udp_rx_packets"] == d.get("tun_tx_packets", 0) + sum(
                     d.get(k, 0) for k in UDP_DROPS)
                 for k in ("icmp_unreach_sent", "icmp_ttl_sent", "icmp_ratelimited",
-                          "udp_tx_packets", "drop_no_route", "drop_send_error"):
+                          "icmp_too_big_sent", "udp_tx_packets", "drop_no_route",
+                          "drop_send_error", "drop_too_big"):
                     assert k not in d, k
                 assert len(tun_out) == d.get("tun_tx_packets", 0)
                 assert all(p.received[k:] == [] for p, k in zip(peers, n_peer))
@@ -269,7 +300,8 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
             assert set(d) <= set(DROP_STATS) | {
                 "tun_rx_packets", "tun_rx_bytes", "udp_rx_packets", "udp_rx_bytes",
                 "udp_tx_packets", "udp_tx_bytes", "tun_tx_packets", "tun_tx_bytes",
-                "icmp_unreach_sent", "icmp_ttl_sent", "icmp_ratelimited", "syscalls",
+                "icmp_unreach_sent", "icmp_ttl_sent", "icmp_ratelimited", "icmp_too_big_sent",
+                "syscalls",
                 "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls", "tx_batches",
                 "rx_batches"}, d
 

@@ -4,10 +4,15 @@ accepted only from such peers, and one table mixes peers of both underlays.
 
 Loopback has one IPv6 address: every IPv6 peer here is ::1 on a port of its own, and a test of
 the source check names its peers elsewhere (2001:db8::/32, never sent to) and sends from ::1.
+The one test that needs two IPv6 peers at one port runs in a network namespace of its own
+(unshare: it goes with its process), whose loopback gets two more addresses.
 """
 from __future__ import annotations
 
 import errno
+import os
+import subprocess
+import sys
 import socket
 
 import pytest
@@ -156,3 +161,42 @@ def test_gso_trains_never_mix_peers_or_sockets():
         for peer in (a6, b6, a4):
             assert peer.received == [forwarded(s) for s, p in zip(sent, order) if p is peer]
         assert st["udp_tx_packets"] == len(sent) and st["udp_tx_gso"] >= 1
+
+
+NETNS_PEERS = ("2001:db8::1", "2001:db8::2")
+
+
+def trains_in_netns(kind: str) -> None:
+    """Run inside a new network namespace (test_ipv6_peers_at_one_port_are_told_apart)."""
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    for a in NETNS_PEERS:
+        subprocess.run(["ip", "-6", "addr", "add", f"{a}/128", "dev", "lo", "nodad"], check=True)
+    with Harness(kind, start=False, udp6=True) as h:
+        if kind == "c":
+            h.engine.set_offloads(OFF_UDP_GSO)
+        a = h.add_peer(NETNS_PEERS[0], family=socket.AF_INET6)
+        b = h.add_peer(NETNS_PEERS[1], a.port, family=socket.AF_INET6)
+        h.set_routes([h.route("fd00:5:2::/64", a), h.route("fd00:5:3::/64", b)], wait=False)
+        order = [a] * 6 + [b] * 6 + [a, b] * 4 + [a] * 3
+        dst = {a: "fd00:5:2::1", b: "fd00:5:3::1"}
+        sent = [v6(OWN, dst[p], bytes([i]) * 100) for i, p in enumerate(order)]
+        h.inject_tun(*sent)
+        h.engine.start()                        # its first batch: all of them waiting
+        st = h.settle()
+        for peer in (a, b):
+            assert peer.received == [forwarded(s) for s, p in zip(sent, order) if p is peer]
+        assert st["udp_tx_packets"] == len(sent)
+        assert kind != "c" or st["udp_tx_gso"] >= 2
+
+
+def test_ipv6_peers_at_one_port_are_told_apart(engine_kind):
+    """Two IPv6 peers at one port and two addresses, in runs and alternating: each gets its
+    own datagrams only (a GSO train keyed by the port alone would mix them). In a network
+    namespace of its own, which ends with its process."""
+    require_engine(engine_kind)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run(["unshare", "--net", sys.executable, "-c",
+                        "from tests.unit.test_engine_underlay6 import trains_in_netns; "
+                        f"trains_in_netns({engine_kind!r})"],
+                       cwd=root, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
