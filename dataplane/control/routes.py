@@ -3,11 +3,11 @@
 Every peer's subnet goes as UDP to its PublicIP on the network config's backend port, flanneld's
 udp backend's one port for every node; so does the IPv6 part of a dual-stack peer's lease, when
 :class:`Ipv6Parts` says it is a route: over the IPv6 underlay to the peer's PublicIPv6 when both
-hosts have one (as flannel's vxlan carries IPv6 over its IPv6 device), else over the IPv4 one. ``route_table`` is the whole
-table of a snapshot; ``route_changes`` is what one peer change does to it, which the daemon
-applies to the table it keeps (``table.updated(removed, added)``, engine/route_array.py and
-engine/pytable.py) and hands to the engine in one swap: a change costs its own size, not the peer
-set's.
+hosts have one (as flannel's vxlan carries IPv6 over its IPv6 device), else over the IPv4 one.
+``route_table`` is the whole table of a snapshot; ``route_changes`` is what one peer change does
+to it, which the daemon applies to the table it keeps (``table.updated(removed, added)``,
+engine/route_array.py and engine/pytable.py) and hands to the engine in one swap: a change costs
+its own size, not the peer set's.
 """
 from __future__ import annotations
 

@@ -120,7 +120,8 @@ def udp_out(ov, h) -> tuple[int, int]:
     snmp = ov.exec(h, ["cat", "/proc/net/snmp"]).stdout.splitlines()
     names, values = [line.split() for line in snmp if line.startswith("Udp:")][:2]
     v4 = int(values[names.index("OutDatagrams")])
-    snmp6 = dict(line.split() for line in ov.exec(h, ["cat", "/proc/net/snmp6"]).stdout.splitlines())
+    snmp6 = dict(line.split()
+                 for line in ov.exec(h, ["cat", "/proc/net/snmp6"]).stdout.splitlines())
     return v4, int(snmp6["Udp6OutDatagrams"])
 
 
@@ -136,7 +137,8 @@ def test_ipv6_goes_over_the_ipv6_underlay_where_both_hosts_have_one(ov6):
     ov = ov6
     h0, h1 = ov.hosts
     for h in ov.hosts:
-        value = ov.etcdctl("get", "--prefix", f"{ov.prefix}/subnets/{ov.subnet(h).network_address}-",
+        value = ov.etcdctl("get", "--prefix",
+                           f"{ov.prefix}/subnets/{ov.subnet(h).network_address}-",
                            "--print-value-only").stdout.strip()
         assert json.loads(value) == {"PublicIP": h.ip, "PublicIPv6": h.ip6, "ForwardsIPv6": True}
     status = subprocess.run(cli_argv("status", "--json", "--status-socket", ov.status_socket(h0)),

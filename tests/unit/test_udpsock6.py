@@ -17,8 +17,8 @@ FLOWS = 24
 
 
 def _inner6(sport: int, data: bytes) -> bytes:
-    udp = sport.to_bytes(2, "big") + (5201).to_bytes(2, "big") + (8 + len(data)).to_bytes(2, "big") \
-        + b"\0\0" + data
+    udp = (sport.to_bytes(2, "big") + (5201).to_bytes(2, "big")
+           + (8 + len(data)).to_bytes(2, "big") + b"\0\0" + data)
     return (bytes([0x60, 0, 0, 0]) + len(udp).to_bytes(2, "big") + bytes([17, 64])
             + ipaddress.IPv6Address("fc00:5:0:2::2").packed
             + ipaddress.IPv6Address("fc00:5:0:1::2").packed + udp)
