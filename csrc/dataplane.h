@@ -32,7 +32,7 @@
  * UDP -> TUN, per batch (one recvmmsg(MSG_DONTWAIT) of up to `batch`):
  *   1. MSG_TRUNC (datagram > mtu)             -> drop_truncated
  *   2. accept_any == 0 and source IP is not the peer_ip of any route
- *                                             -> drop_bad_source
+ *      of the socket's underlay ("The IPv6 underlay") -> drop_bad_source
  *   3. len < 20 or ihl < 5 or ihl*4 > len or tot_len != len -> drop_malformed
  *      (version != 4 -> drop_not_ipv4, checked before the length rules)
  *   4. the inner source is this host's own (dp_loop_set_local: one of the
