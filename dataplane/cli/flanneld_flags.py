@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from ..daemon import options
 from ..daemon.options import Options
 from ..host import firewall, logfmt, queues
+from ..host.iface import ipv6_underlay_problem
 from ..host.offload import MODES as OFFLOAD_MODES
 from ..engine.api import COALESCE_MAX_US
 
@@ -110,6 +111,17 @@ def _parse_ipv4(text: str) -> str:
         return str(ipaddress.IPv4Address(str(text).strip()))
     except ValueError:
         raise ValueError(f"{text!r} is not an IPv4 address") from None
+
+
+def _parse_public_ipv6(text: str) -> str:
+    try:
+        addr = ipaddress.IPv6Address(str(text).strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IPv6 address") from None
+    why = ipv6_underlay_problem(addr)
+    if why is not None:
+        raise ValueError(f"{addr} is {why}")
+    return str(addr)
 
 
 def _parse_ip(text: str) -> str:
@@ -237,8 +249,10 @@ FLAGS: tuple[Flag, ...] = (
          "(like `ip route get IP`)", metavar="IP"),
     Flag("public-ip", _parse_ipv4, "IP accessible by other nodes for inter-host communication "
          "(the PublicIP of this host's lease; default: the interface address)", metavar="IP"),
-    Flag("public-ipv6", _parse_str, "accepted for compatibility; the udp backend is IPv4 only "
-         "and ignores it", metavar="IP"),
+    Flag("public-ipv6", _parse_public_ipv6, "IPv6 address accessible by other nodes (the "
+         "PublicIPv6 of this host's lease, with EnableIPv6 only): pods' IPv6 goes to peers that "
+         "have one over IPv6 UDP; default: the interface's first global IPv6 address, if any",
+         metavar="IP"),
     # --- subnet (flanneld)
     Flag("subnet-file", _parse_str,
          "filename where env variables (subnet, MTU, ...) will be written to "
@@ -551,8 +565,6 @@ def resolve(args: argparse.Namespace, environ=None) -> Options:
             opts.warnings.append(f"{where} is accepted for compatibility and ignored")
         setattr(opts, f.dest, value)
         opts.sources[f.dest] = source
-    if opts.public_ipv6:
-        opts.warnings.append("--public-ipv6 is ignored: the udp backend carries IPv4 only")
     if bool(opts.etcd_keyfile) != bool(opts.etcd_certfile):
         opts.warnings.append("TLS to etcd needs both --etcd-keyfile and --etcd-certfile; "
                              "one alone is ignored (as flanneld)")

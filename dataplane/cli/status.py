@@ -102,9 +102,11 @@ def render(doc: dict, now: float | None = None) -> str:
         if lease.get("ipv6_subnet"):
             v6 = doc.get("ipv6") or {}
             tun = doc.get("tun") or "the tun device"
-            rows.append(("ipv6 subnet", f"{lease['ipv6_subnet']} (EnableIPv6): {tun} has "
-                         f"{v6.get('tun_address') or '-'}, route {v6.get('route') or '-'} "
-                         f"dev {tun}"))
+            pub6 = lease.get("public_ipv6")
+            rows.append(("ipv6 subnet", f"{lease['ipv6_subnet']} (" + (
+                f"PublicIPv6 {pub6}: the IPv6 underlay to peers that have one)" if pub6 else
+                "no PublicIPv6: over the IPv4 underlay)") + f"; {tun} has "
+                f"{v6.get('tun_address') or '-'}, route {v6.get('route') or '-'} dev {tun}"))
     else:
         rows.append(("lease", "none yet"))
     if doc.get("network"):

@@ -43,7 +43,7 @@ import random
 import threading
 import time
 from dataclasses import replace
-from ipaddress import IPv4Address, IPv4Network, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Callable, Optional
 
 # SubnetError, OutOfSubnetsError, free_subnets and MAX_FREE_CANDIDATES were defined here first:
@@ -93,10 +93,14 @@ class LeaseManager:
                  renew_margin_s: Optional[float] = None, retry_interval: float = 60.0,
                  reacquire_interval: float = 1.0, watch_retry_interval: float = 1.0,
                  max_attempts: int = 20, rng: Optional[random.Random] = None,
-                 subnet_file_prev_v6: Optional[IPv6Network] = None):
+                 subnet_file_prev_v6: Optional[IPv6Network] = None,
+                 public_ipv6: "IPv6Address | str | None" = None):
         self.registry = registry
         self.public_ip = IPv4Address(public_ip)
+        # the IPv6 underlay's address, written only with EnableIPv6 (docs/operating.md#dual-stack)
+        with_v6 = config is not None and config.enable_ipv6 and public_ipv6
         self.attrs = LeaseAttrs(public_ip=self.public_ip,
+                                public_ipv6=IPv6Address(public_ipv6) if with_v6 else None,
                                 direct_routing=bool(config is not None and config.direct_routing),
                                 forwards_ipv6=bool(config is not None and config.enable_ipv6))
         self.subnet_file_prev = subnet_file_prev
@@ -116,6 +120,7 @@ class LeaseManager:
         self._gen = 0                         # bumped whenever _lease is replaced by a new acquisition
         self._lost = False
         self._retime = False                  # the watch changed _lease's etcd lease: renewal due again
+        self._rewrite = False                 # an adopted lease's value is not ours: renew at once
         self._stopped = False
         self._watch: Optional[WatchLoop] = None
         self._threads: list[threading.Thread] = []
@@ -157,6 +162,12 @@ class LeaseManager:
             self._lease = lease
             self._gen += 1
             self._lost = False
+            # our PublicIPv6 (the IPv6 underlay) came or went or moved since the value was
+            # written: renewed at once, so that peers learn it now rather than in up to 23 h
+            self._rewrite = lease.attrs.public_ipv6 != self.attrs.public_ipv6
+        if self._rewrite:
+            log.info("Lease %s: its value says PublicIPv6 %s, this host's is %s: rewriting it",
+                     lease.subnet, lease.attrs.public_ipv6, self.attrs.public_ipv6)
 
     def _acquire(self, prev: Optional[IPv4Network], prev6: Optional[IPv6Network] = None) -> Lease:
         config = self.config or self.registry.get_config()
@@ -325,7 +336,7 @@ class LeaseManager:
             self._cond.wait(min(left, 3600.0))   # a reservation waits for ever, in bounded steps
 
     def _maintain(self) -> None:
-        due = self._renew_due(self.lease)
+        due = time.time() if self._rewrite else self._renew_due(self.lease)
         retry_lost = False                    # True after a failed re-acquisition: wait before retrying
         while True:
             with self._cond:

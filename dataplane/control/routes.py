@@ -1,28 +1,25 @@
 """The route table: peer leases -> routes, with no I/O.
 
 Every peer's subnet goes as UDP to its PublicIP on the network config's backend port, flanneld's
-udp backend's one port for every node; so does the IPv6 part of a dual-stack peer's lease, over
-the same IPv4 underlay, when :class:`Ipv6Parts` says it is a route. ``route_table`` is the whole
-table of a snapshot; ``route_changes`` is what one peer change does to it, which the daemon
-applies to the table it keeps (``table.updated(removed, added)``, engine/route_array.py and
-engine/pytable.py) and hands to the engine in one swap: a change costs its own size, not the peer
-set's.
+udp backend's one port for every node; so does the IPv6 part of a dual-stack peer's lease, when
+:class:`Ipv6Parts` says it is a route: over the IPv6 underlay to the peer's PublicIPv6 when both
+hosts have one (as flannel's vxlan carries IPv6 over its IPv6 device), else over the IPv4 one.
+``route_table`` is the whole table of a snapshot; ``route_changes`` is what one peer change does
+to it, which the daemon applies to the table it keeps (``table.updated(removed, added)``,
+engine/route_array.py and engine/pytable.py) and hands to the engine in one swap: a change costs
+its own size, not the peer set's.
 """
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv6Network
-from typing import Callable, Optional
+from ipaddress import IPv6Address, IPv6Network
+from typing import Optional
 
 from ..engine.api import Route
 from .lease import Lease
 from .peerset import PeerChange, PeerSnapshot
 
 log = logging.getLogger(__name__)
-
-# lease -> the IPv6 part that is a route, or None (an Ipv6Parts)
-V6Part = Callable[[Lease], Optional[IPv6Network]]
-
 
 class Ipv6Parts:
     """Which peers' IPv6 parts are routes, on a network config with ``network6`` (its
@@ -32,12 +29,22 @@ class Ipv6Parts:
     udp backend takes dual-stack keys but routes no IPv6, so what went to it would vanish) and
     the part lies in ``network6`` (anything else could only shadow or steal others' traffic) and
     is not this host's own (``own6``). A part that is no route costs that part only: the
-    peer's IPv4 subnet is routed as ever. Each such part is said once (per subnet and reason)."""
+    peer's IPv4 subnet is routed as ever. Each such part is said once (per subnet and reason).
 
-    def __init__(self, network6: Optional[IPv6Network], own6: Optional[IPv6Network] = None):
+    The underlay of a part (:meth:`underlay`): with ``public6`` (this host's PublicIPv6, whose
+    sockets are open) and a usable PublicIPv6 in the peer's lease, that address, with
+    ``mtu6`` the inner MTU towards it (the interface's MTU - 48, so that the sender learns it
+    by an ICMPv6 packet too big while flannel0 keeps the IPv4 underlay's MTU - 28); else the
+    peer's PublicIP, at flannel0's MTU."""
+
+    def __init__(self, network6: Optional[IPv6Network], own6: Optional[IPv6Network] = None,
+                 public6: Optional[IPv6Address] = None, mtu6: int = 0):
         self.network6 = network6
         self.own6 = own6
+        self.public6 = public6
+        self.mtu6 = mtu6
         self._said: dict = {}           # IPv4 subnet -> (IPv6 part, why) logged last
+        self._said_underlay: dict = {}  # IPv4 subnet -> (PublicIPv6, why) logged last
 
     def __call__(self, lease: Lease) -> Optional[IPv6Network]:
         part = lease.ipv6_subnet
@@ -69,7 +76,40 @@ class Ipv6Parts:
         return None
 
 
-def route_table(snapshot: PeerSnapshot, port: int, v6: Optional[V6Part] = None) -> tuple[Route, ...]:
+    def underlay(self, lease: Lease) -> tuple:
+        """``(peer address, inner MTU or 0 for flannel0's)`` of ``lease``'s IPv6 part."""
+        pub6 = lease.attrs.public_ipv6
+        if self.public6 is None or pub6 is None:
+            return lease.public_ip, 0
+        why = self.underlay_problem(pub6)
+        if why is None:
+            return pub6, self.mtu6
+        said = (pub6, why)
+        if self._said_underlay.get(lease.subnet) != said:
+            self._said_underlay[lease.subnet] = said
+            log.warning("Subnet %s: its PublicIPv6 %s cannot carry the overlay (%s): its IPv6 "
+                        "part goes over IPv4 to %s", lease.subnet, pub6, why, lease.public_ip)
+        return lease.public_ip, 0
+
+    def underlay_problem(self, pub6: IPv6Address) -> Optional[str]:
+        """Why a peer's PublicIPv6 cannot be its IPv6 underlay, or None."""
+        if pub6.ipv4_mapped is not None or pub6.is_unspecified or pub6.is_loopback \
+                or pub6.is_link_local or pub6.is_multicast:
+            return "no global unicast address"
+        if pub6 == self.public6:
+            return "it is this host's own"
+        if self.network6 is not None and pub6 in self.network6:
+            return f"it lies inside the IPv6Network {self.network6} (it would loop)"
+        return None
+
+    def route(self, part: IPv6Network, lease: Lease, port: int) -> Route:
+        """The route of ``lease``'s IPv6 part ``part``."""
+        peer, mtu = self.underlay(lease)
+        return Route.make(part, peer, port, mtu=mtu)
+
+
+def route_table(snapshot: PeerSnapshot, port: int,
+                v6: Optional[Ipv6Parts] = None) -> tuple[Route, ...]:
     """One route per peer in ``snapshot``, sorted by subnet, then one per peer's IPv6 part that
     ``v6`` makes a route; our own subnet is not a peer."""
     peers = sorted(snapshot.peers.items())
@@ -78,11 +118,11 @@ def route_table(snapshot: PeerSnapshot, port: int, v6: Optional[V6Part] = None) 
         for _, lease in peers:
             part = v6(lease)
             if part is not None:
-                routes.append(Route(part, lease.public_ip, port))
+                routes.append(v6.route(part, lease, port))
     return tuple(routes)
 
 
-def route_changes(change: PeerChange, port: int, v6: Optional[V6Part] = None,
+def route_changes(change: PeerChange, port: int, v6: Optional[Ipv6Parts] = None,
                   before: Optional[PeerSnapshot] = None) -> tuple[tuple, tuple[Route, ...]]:
     """``(removed subnets, added routes)``: applied to the table of ``before`` (the snapshot
     preceding ``change``), they give ``route_table(change.snapshot, port, v6)``; a peer whose
@@ -99,5 +139,6 @@ def route_changes(change: PeerChange, port: int, v6: Optional[V6Part] = None,
             if old is not None and old.ipv6_subnet is not None and old.ipv6_subnet != part:
                 removed.append(old.ipv6_subnet)
             if part is not None:
-                added.append(Route(part, lease.public_ip, port))
+                added.append(v6.route(part, lease, port))
     return tuple(removed), tuple(added)
+

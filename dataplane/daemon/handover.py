@@ -7,9 +7,12 @@ mode 0600, and the peer must be root or our own user). A daemon
 started with ``--handover`` connects to it and they speak in frames (a 4-byte length, then one JSON
 object; fds ride with the first byte of a frame, at most MAX_FDS_PER_FRAME per frame):
 
-    new -> old   {"op": "hello", "pid": N}
+    new -> old   {"op": "hello", "pid": N, "udp6": true}
     old -> new   {"op": "offer", "state": {...}, "fds": T}        + T fds: the TUN queues, then the
-                                                                   sockets (both in queue order)
+                                                                   sockets (both in queue order),
+                                                                   then, when "udp6": K, the K
+                                                                   IPv6 underlay sockets (only
+                                                                   to a hello that says "udp6")
     new -> old   {"op": "stop"}          the new one is ready to forward (or {"op": "exit"}: it starts
                                          afresh, the old one stops and exits)
     old -> new   {"op": "stopped", "state": {...}}   the old engine has ended; the newest state
@@ -173,8 +176,8 @@ class FromHandover(Inherited):
     way = "the handover socket"
 
     def __init__(self, conn: socket.socket, state: dict, tun_fds: list, socks: list,
-                 state_file: StateFile | None = None):
-        super().__init__(state, tun_fds, socks)
+                 state_file: StateFile | None = None, socks6=()):
+        super().__init__(state, tun_fds, socks, socks6)
         self.conn = conn
         self.old_pid = state.get("pid")
         self.state_file = state_file
@@ -237,7 +240,7 @@ def connect(path: str) -> FromHandover | None:
             return None
         raise
     try:
-        send_frame(conn, {"op": "hello", "pid": os.getpid()})
+        send_frame(conn, {"op": "hello", "pid": os.getpid(), "udp6": True})
         conn.settimeout(OFFER_TIMEOUT_S)
         doc, fds = recv_frame(conn)
         if doc.get("op") != "offer" or not isinstance(doc.get("state"), dict):
@@ -249,15 +252,18 @@ def connect(path: str) -> FromHandover | None:
     state = doc["state"]
     n = int(state.get("tun", {}).get("queues", 0))
     extra = 1 if doc.get("state_fd") else 0
-    if len(fds) != 2 * n + extra:
+    n6 = int(doc.get("udp6", 0))
+    if len(fds) != 2 * n + n6 + extra:
         _close_fds(fds)
         conn.close()
         raise HandoverError(errno.EPROTO, f"{len(fds)} fds for {n} queue(s)")
     socks = [socket.socket(fileno=fd) for fd in fds[n:2 * n]]
+    socks6 = [socket.socket(fileno=fd) for fd in fds[2 * n:2 * n + n6]]
     log.info("--handover: the daemon with pid %s offers %s (%d queue(s)), its UDP sockets and its "
              "lease %s", state.get("pid"), state["tun"].get("name"), n,
              state.get("lease", {}).get("subnet"))
-    return FromHandover(conn, state, fds[:n], socks, StateFile(fds[-1]) if extra else None)
+    return FromHandover(conn, state, fds[:n], socks, StateFile(fds[-1]) if extra else None,
+                        socks6)
 
 
 # ------------------------------------------------------------------ the running daemon's end
@@ -317,11 +323,16 @@ class HandoverServer(UnixListener):
             return False
         if doc.get("op") != "hello":
             raise HandoverError(errno.EPROTO, f"expected 'hello', got {doc.get('op')!r}")
+        # the IPv6 sockets only to a daemon that says it takes them (an older one would count
+        # them as fds too many)
+        socks6 = list(getattr(d, "socks6", ())) if doc.get("udp6") else []
         with d.lock:
             state = inherited.state_of(d)
-            fds = list(d.tun_fds) + [s.fileno() for s in d.socks]
+            fds = list(d.tun_fds) + [s.fileno() for s in d.socks] + [s.fileno() for s in socks6]
             state_file = d.state_file
         offer = {"op": "offer", "state": state}
+        if socks6:
+            offer["udp6"] = len(socks6)
         if state_file is not None:
             offer["state_fd"] = True
             fds.append(state_file.fd)

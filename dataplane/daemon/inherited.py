@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Network
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address, IPv6Network
 
 from ..control.config import ConfigError, parse_config
 from ..control.lease import Lease, LeaseAttrs, with_ipv6_of_key
@@ -54,6 +54,11 @@ def udp_fd_name(i: int) -> str:
     return f"udp{i}"
 
 
+def udp6_fd_name(i: int) -> str:
+    """The IPv6 underlay's socket of queue ``i`` (a daemon of an older version closes it)."""
+    return f"udp6-{i}"
+
+
 # ------------------------------------------------------------------ the state document
 
 def lease_json(lease: Lease) -> dict:
@@ -62,14 +67,18 @@ def lease_json(lease: Lease) -> dict:
            "mod_revision": lease.mod_revision, "key": lease.key}
     if lease.ipv6_subnet is not None:
         doc["ipv6_subnet"] = str(lease.ipv6_subnet)
+    if lease.attrs.public_ipv6 is not None:
+        doc["public_ipv6"] = str(lease.attrs.public_ipv6)
     return doc
 
 
 def lease_of_json(doc: dict) -> Lease:
     # a state written before dual stack has no "ipv6_subnet": its key names the part, if any
-    v6 = doc.get("ipv6_subnet")
+    v6, pub6 = doc.get("ipv6_subnet"), doc.get("public_ipv6")
     return with_ipv6_of_key(Lease(
-        subnet=IPv4Network(doc["subnet"]), attrs=LeaseAttrs(public_ip=IPv4Address(doc["public_ip"])),
+        subnet=IPv4Network(doc["subnet"]),
+        attrs=LeaseAttrs(public_ip=IPv4Address(doc["public_ip"]),
+                         public_ipv6=IPv6Address(pub6) if pub6 else None),
         ipv6_subnet=IPv6Network(v6) if v6 else None, expiration=doc.get("expiration"),
         lease_id=int(doc.get("lease_id", 0)), mod_revision=int(doc.get("mod_revision", 0)),
         key=doc.get("key", "")))
@@ -77,29 +86,39 @@ def lease_of_json(doc: dict) -> Lease:
 
 def state_of(daemon) -> dict:
     """The state document of a running daemon (JSON-ready)."""
+    socks6 = getattr(daemon, "socks6", ())
     with daemon.lock:
         peers = [[str(s), str(l.public_ip)] for s, l in sorted(daemon.peers.peers.items())]
         # the peers' IPv6 parts the engines route, apart: a daemon of an older version reads
         # "peers" as pairs and past a key it does not know
         peers6 = [[str(s), str(l.ipv6_subnet)] for s, l in sorted(daemon.peers.peers.items())
                   if l.ipv6_subnet is not None and l.attrs.forwards_ipv6]
+        # and their PublicIPv6s, so that the IPv6 underlay's routes are there from the switch
+        pub6 = [[str(s), str(l.attrs.public_ipv6)] for s, l in sorted(daemon.peers.peers.items())
+                if l.attrs.public_ipv6 is not None]
     return {
         "version": STATE_VERSION, "pid": os.getpid(), "engine": daemon.engine_cls.name,
         "tun": {"name": daemon.tun_name, "queues": len(daemon.tun_fds),
                 "vnet": bool(daemon.offloads.vnet)},
         "udp": {"addr": str(daemon.ext.iface_addr), "port": daemon.config.backend_port},
+        # the IPv6 underlay's sockets (none: {}), which an older daemon reads past
+        "udp6": ({"addr": socks6[0].getsockname()[0], "sockets": len(socks6)} if socks6
+                 else {}),
         "mtu": daemon.ext.tun_mtu,
         "config": daemon.config.raw,
         "lease": lease_json(daemon.current_lease()),
         "peers": peers,
         "peers6": peers6,
+        "peers_public_ipv6": pub6,
     }
 
 
 def peers_of(state: dict) -> list[Lease]:
     parts = {s: IPv6Network(v6) for s, v6 in state.get("peers6", [])}
+    pub6 = {s: IPv6Address(a) for s, a in state.get("peers_public_ipv6", [])}
     return [Lease(subnet=IPv4Network(s),
-                  attrs=LeaseAttrs(public_ip=IPv4Address(ip), forwards_ipv6=s in parts),
+                  attrs=LeaseAttrs(public_ip=IPv4Address(ip), forwards_ipv6=s in parts,
+                                   public_ipv6=pub6.get(s)),
                   ipv6_subnet=parts.get(s))
             for s, ip in state.get("peers", [])]
 
@@ -248,10 +267,12 @@ class Inherited:
     way = "?"
     state_file: StateFile | None = None    # the memfd systemd keeps, when the state is in one
 
-    def __init__(self, state: dict, tun_fds: list, socks: list):
+    def __init__(self, state: dict, tun_fds: list, socks: list, socks6=()):
         self.state = state
         self.tun_fds = tun_fds
         self.socks = socks
+        # the IPv6 underlay's, one per queue, or none (daemon/takeover.py underlay6)
+        self.socks6 = list(socks6)
 
     @property
     def tun_name(self) -> str:
@@ -281,17 +302,17 @@ class Inherited:
                 os.close(fd)
             except OSError:
                 pass
-        for s in self.socks:
+        for s in self.socks + self.socks6:
             s.close()
-        self.tun_fds, self.socks = [], []
+        self.tun_fds, self.socks, self.socks6 = [], [], []
 
 
 class FromFdStore(Inherited):
     way = "systemd's fd store"
 
     def __init__(self, state: dict, tun_fds: list, socks: list, state_file: StateFile | None,
-                 names: list):
-        super().__init__(state, tun_fds, socks)
+                 names: list, socks6=()):
+        super().__init__(state, tun_fds, socks, socks6)
         self.state_file = state_file
         self.names = names
 
@@ -318,6 +339,9 @@ def from_fd_store() -> FromFdStore | None:
         tun_fds.append(by_name.pop(tun_fd_name(i)))
         socks.append(socket.socket(fileno=by_name.pop(udp_fd_name(i))))
         i += 1
+    socks6 = []
+    while udp6_fd_name(len(socks6)) in by_name:
+        socks6.append(socket.socket(fileno=by_name.pop(udp6_fd_name(len(socks6)))))
     if STATE_NAME in by_name:
         state_file = StateFile(by_name.pop(STATE_NAME))
         try:
@@ -328,10 +352,11 @@ def from_fd_store() -> FromFdStore | None:
         log.warning("systemd passed an fd named %r that this daemon does not know: closed", name)
         os.close(fd)
     names = [n for n, _ in named if n not in by_name]
-    log.info("systemd passed %d flannel0 queue(s), %d UDP socket(s)%s from the previous process "
-             "(pid %s)", len(tun_fds), len(socks), " and its state" if state else "",
+    log.info("systemd passed %d flannel0 queue(s), %d UDP socket(s)%s%s from the previous "
+             "process (pid %s)", len(tun_fds), len(socks),
+             f", {len(socks6)} IPv6 one(s)" if socks6 else "", " and its state" if state else "",
              state.get("pid", "?"))
-    return FromFdStore(state, tun_fds, socks, state_file, names)
+    return FromFdStore(state, tun_fds, socks, state_file, names, socks6)
 
 
 def wait_gone(name: str, timeout: float = RELEASE_TIMEOUT_S) -> bool:

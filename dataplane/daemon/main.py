@@ -129,6 +129,7 @@ class Daemon:
         self.peer_log = None                  # daemon/peer_log.py
         self.dataplane = Dataplane()          # flannel0's queues, the sockets (host/assembly.py)
         self.queues = 1                       # asked for; then the dataplane's
+        self.underlay6 = None                 # (PublicIPv6, bind address, inner MTU) or None
         self.rules = None
         self._reacquire_failing = Recurring(log, "Re-acquiring the lease (SIGHUP)",
                                             level=logging.ERROR)
@@ -150,6 +151,7 @@ class Daemon:
     # What the handover offers and the state file counts (daemon/handover.py, inherited.py).
     tun_fds = property(lambda self: self.dataplane.tun_fds)
     socks = property(lambda self: self.dataplane.socks)
+    socks6 = property(lambda self: self.dataplane.socks6)
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
@@ -239,8 +241,15 @@ class Daemon:
         if inh is None:                 # the config names the port: a read, still no write
             preflight.udp_port(self.ext, self.config.backend_port)
         startup.check_ipv6(self.config, self.ext)
+        self.underlay6 = startup.ipv6_underlay(o, self.config, self.ext)
+        if inh is not None:             # its IPv6 sockets, handed over or opened now
+            self.underlay6 = takeover.underlay6(inh, self.underlay6, self.ext,
+                                                self.config.backend_port)
+        elif self.underlay6 is not None:
+            preflight.udp_port(self.ext, self.config.backend_port, ip=self.underlay6[1])
         self.lease_manager = startup.make_lease_manager(o, self.registry, self.ext, self.config,
-                                                        self.on_lease_change)
+                                                        self.on_lease_change,
+                                                        public6=self._public6())
         # the engine decides the queues' fds (vnet headers for its offloads)
         self._select_engine()
         if inh is not None:
@@ -251,17 +260,17 @@ class Daemon:
                 queues=self.queues, vnet=self.offloads.wanted)
         if inh is not None:
             # 4.-6. kept: the lease, flannel0, the sockets; our engine forwards from here on
-            self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet)
             self._take_over(inh)
         else:
             # 4. lease
             self.lease = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
-            self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet)
             # 5.-6. flannel0, the UDP socket(s), the offloads they accept (host/assembly.py)
             self._use(startup.open_dataplane(self.offloads, self.queues, self.lease.subnet,
                                              self.config.network, self.ext,
                                              self.config.backend_port, self.lease.ipv6_subnet,
-                                             self.config.ipv6_network))
+                                             self.config.ipv6_network, self._public6(bind=True)))
+            self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
+                                          self._routed6())
         # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
         self.blackhole.want(self.lease.subnet, previous=self.lease_manager.subnet_file_prev)
         # 7. iptables
@@ -321,13 +330,25 @@ class Daemon:
         where the host refuses the sockets' steering)."""
         self.dataplane, self.tun_name, self.queues = dataplane, dataplane.tun_name, dataplane.queues
 
+    def _public6(self, bind: bool = False):
+        """Our PublicIPv6 (``bind``: the address the IPv6 sockets bind), None without an IPv6
+        underlay (daemon/startup.py ipv6_underlay)."""
+        return None if self.underlay6 is None else self.underlay6[1 if bind else 0]
+
+    def _routed6(self) -> tuple:
+        """(our PublicIPv6, the inner MTU over it) for the routes: (None, 0) without an IPv6
+        underlay, whose sockets are open (control/routes.py Ipv6Parts)."""
+        if self.underlay6 is None or not self.dataplane.socks6:
+            return None, 0
+        return self.underlay6[0], self.underlay6[2]
+
     def _make_engine(self):
         """A new engine on our fds, with the routes of the peers we know; not started."""
         o = self.opts
         engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
                                     self.lease.subnet, self.ext.tun_mtu,
                                     self.dataplane.offload_flags, self.own_sources,
-                                    self.lease.ipv6_subnet)
+                                    self.lease.ipv6_subnet, self.dataplane.socks6)
         self.liveness.hold_for_test(engine, self._stop)
         with self.lock:
             self.peer_routes.load(engine)
@@ -348,6 +369,8 @@ class Daemon:
         self.state_file = inh.state_file
         self._use(startup.adopt_dataplane(self.offloads, inh, self.queues, self.config.network,
                                           self.lease.ipv6_subnet, self.config.ipv6_network))
+        self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
+                                      self._routed6())
         self.peers = PeerSnapshot.of(inherited.peers_of(inh.state), self.lease.subnet)
         self._make_engine()
         state = inh.switch(self.engine.start)
@@ -478,7 +501,8 @@ class Daemon:
             log.debug("stopping the lease manager: %s", e)
         self.lease_manager = startup.make_lease_manager(self.opts, self.registry, self.ext,
                                                         self.config, self.on_lease_change,
-                                                        prev=current.subnet)
+                                                        prev=current.subnet,
+                                                        public6=self._public6())
         new = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
         self.lease_manager.start()
         return new
@@ -496,7 +520,8 @@ class Daemon:
             return
         with self.lock:
             self.lease = lease
-        self.peer_routes.follow_lease(self.config.ipv6_network, lease.ipv6_subnet)
+        self.peer_routes.follow_lease(self.config.ipv6_network, lease.ipv6_subnet,
+                                      self._routed6())
         if (lease.subnet, lease.ipv6_subnet) != (old.subnet, old.ipv6_subnet):
             self.subnet_env.want(self.config.network, lease.subnet, self.ext.tun_mtu,
                                  self.config.ipv6_network, lease.ipv6_subnet)
@@ -507,7 +532,7 @@ class Daemon:
         def new_engine(subnet, subnet6=None):
             return startup.new_engine(self.engine_cls, self.opts, self.tun_fds, self.socks,
                                       subnet, self.ext.tun_mtu, self.dataplane.offload_flags,
-                                      self.own_sources, subnet6)
+                                      self.own_sources, subnet6, self.dataplane.socks6)
 
         def swap_engine(engine):
             with self.lock:

@@ -38,12 +38,14 @@ class PeerRoutes:
         self._lock = threading.RLock()        # one peer change (or re-decision) at a time
         self._changed = False                 # peers changed since take_changed(); state.lock
 
-    def follow_lease(self, network6, own6) -> None:
+    def follow_lease(self, network6, own6, underlay6=(None, 0)) -> None:
         """The network config's IPv6Network and our lease's IPv6 part, before the first engine
-        gets its routes and whenever the lease moves."""
+        gets its routes and whenever the lease moves; ``underlay6`` is (our PublicIPv6 or
+        None, the inner MTU over it): control/routes.py Ipv6Parts."""
         if self.ipv6.network6 != network6:
             self.ipv6 = Ipv6Parts(network6, own6)
         self.ipv6.own6 = own6
+        self.ipv6.public6, self.ipv6.mtu6 = underlay6
 
     def start_direct(self, table_type) -> None:
         """Which peers go direct, as the network config says (its DirectRouting), and, when it

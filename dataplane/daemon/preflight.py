@@ -26,6 +26,7 @@ import socket
 import subprocess
 import tempfile
 
+from ..host.udpsock import endpoint
 from .startup import StartupError
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,10 @@ def local(opts, inherited: bool = False) -> None:
     _raise(problems)
 
 
-def udp_port(ext, port: int) -> None:
-    """The port the config names, free and bindable on the interface address."""
-    _raise([p for p in (_udp(str(ext.iface_addr), port),) if p])
+def udp_port(ext, port: int, ip=None) -> None:
+    """The port the config names, free and bindable on the interface address (``ip``: on the
+    IPv6 underlay's)."""
+    _raise([p for p in (_udp(str(ext.iface_addr if ip is None else ip), port),) if p])
 
 
 def _net_admin(caps: int) -> str | None:
@@ -171,23 +173,29 @@ def _realtime(priority: int) -> str | None:
 
 
 def _udp(ip: str, port: int) -> str | None:
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    where = endpoint(ip, port)
     try:
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         probe.bind((ip, port))
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            return (f"UDP {ip}:{port} (the network config's Backend Port) is in use: is "
+            return (f"UDP {where} (the network config's Backend Port) is in use: is "
                     "flanneld or another flannel-udp still running on this host? Stop it, or "
                     "find the holder with: ss -ulpn sport = :%d" % port)
         if e.errno == errno.EACCES:
-            return (f"UDP {ip}:{port}: binding a port below "
+            return (f"UDP {where}: binding a port below "
                     f"{_unprivileged_port_start()} needs CAP_NET_BIND_SERVICE: give it "
                     f"({UNIT_CAPS}) or choose a Backend Port above it")
         errname = errno.errorcode.get(e.errno, str(e.errno))
         if e.errno == errno.EADDRNOTAVAIL:
-            return (f"bind(UDP {ip}:{port}) failed: {errname} ({e.strerror}): {ip} is no address "
-                    "of this host (any more); check --iface")
-        return f"bind(UDP {ip}:{port}) failed: {errname} ({e.strerror})"
+            return (f"bind(UDP {where}) failed: {errname} ({e.strerror}): {ip} is no address "
+                    "of this host (any more), or an IPv6 one still tentative (duplicate "
+                    "address detection); check --iface"
+                    f"{' and --public-ipv6' if family == socket.AF_INET6 else ''}")
+        return f"bind(UDP {where}) failed: {errname} ({e.strerror})"
     finally:
         probe.close()
     return None

@@ -74,6 +74,41 @@ def check_ipv6(config, ext) -> None:
             "more, or remove EnableIPv6 from the config")
 
 
+def ipv6_underlay(opts, config, ext):
+    """With EnableIPv6, the IPv6 underlay (docs/operating.md#dual-stack) as ``(PublicIPv6, the
+    address its sockets bind, the inner MTU over it)``; None when there is none, and pods' IPv6
+    goes over IPv4 to every peer. --public-ipv6 is checked here (a StartupError when it cannot
+    be one); no IPv6 address on the interface, or an MTU that leaves less than 1280 bytes
+    inside 48 bytes of IPv6 and UDP, is said and runs without it."""
+    from ..host.iface import ENCAP_OVERHEAD6, IfaceError, underlay6
+    from ..host.netconf import IPV6_MTU_MIN
+    if not config.enable_ipv6:
+        if opts.public_ipv6:
+            log.warning("--public-ipv6 %s is not used: the network config does not enable IPv6 "
+                        "(EnableIPv6)", opts.public_ipv6)
+        return None
+    try:
+        public6, bind6 = underlay6(ext, opts.public_ipv6)
+    except IfaceError as e:
+        raise StartupError(str(e)) from None
+    mtu6 = ext.mtu - ENCAP_OVERHEAD6
+    if public6 is None:
+        log.info("No IPv6 underlay: %s has no global IPv6 address and no --public-ipv6 is "
+                 "given; pods' IPv6 goes to every peer over IPv4", ext.name)
+        return None
+    if bind6 is None:
+        log.warning("No IPv6 underlay: --public-ipv6 %s is no address of %s, which has no "
+                    "global IPv6 address to bind instead; pods' IPv6 goes over IPv4",
+                    public6, ext.name)
+        return None
+    if mtu6 < IPV6_MTU_MIN:
+        log.warning("No IPv6 underlay: %s's MTU %d leaves %d bytes inside IPv6 and UDP (48), "
+                    "below IPv6's %d; pods' IPv6 goes over IPv4", ext.name, ext.mtu, mtu6,
+                    IPV6_MTU_MIN)
+        return None
+    return public6, bind6, mtu6
+
+
 def make_registry(opts):
     from ..control.registry import Registry
     tls = bool(opts.etcd_keyfile and opts.etcd_certfile)
@@ -228,12 +263,13 @@ def choose_engine(opts):
 
 
 def open_dataplane(offloads, queues: int, subnet, network, ext, port: int, subnet6=None,
-                   network6=None):
+                   network6=None, bind6=None):
     """5.-6. The dataplane's assembly (host/assembly.py) in the daemon's words: flannel0 with one
     fd per queue, <lease net>/32 (and with a dual-stack lease <IPv6 lease net>/128), MTU, queues
     long enough for a restart (inherited.FLANNEL0_TXQUEUELEN), up, route <Network> dev flannel0
     (and <IPv6Network>); the UDP socket(s) (:func:`open_sockets`), fewer queues where the host
-    refuses their steering; the offloads."""
+    refuses their steering, and with ``bind6`` (the IPv6 underlay's address) as many on it;
+    the offloads."""
     from ..host.assembly import AssemblyError, Dataplane
     from .inherited import FLANNEL0_TXQUEUELEN
     addr = f"{subnet.network_address}/32"
@@ -243,7 +279,9 @@ def open_dataplane(offloads, queues: int, subnet, network, ext, port: int, subne
         dp = Dataplane.open(offloads, tun_name="flannel%d", tun_addr=addr, mtu=ext.tun_mtu,
                             network=network, queues=queues,
                             sockets=lambda n: open_sockets(ext, port, n),
-                            tun_addr6=addr6, network6=network6 if addr6 else None)
+                            tun_addr6=addr6, network6=network6 if addr6 else None,
+                            sockets6=None if bind6 is None else
+                            lambda n: open_sockets(ext, port, n, ip=bind6))
     except AssemblyError as e:
         raise _assembly_failed(e, f"{addr}, MTU {ext.tun_mtu}, route {network}{v6}") from None
     _accept_local(dp.tun_name)
@@ -274,7 +312,7 @@ def adopt_dataplane(offloads, inh, queues: int, network, subnet6=None, network6=
     from ..host.assembly import AssemblyError, Dataplane
     from ..host.netconf import add_network_route, set_accept_local
     try:
-        dp = Dataplane.adopt(offloads, inh.tun_fds, inh.tun_name, inh.socks, queues)
+        dp = Dataplane.adopt(offloads, inh.tun_fds, inh.tun_name, inh.socks, queues, inh.socks6)
     except AssemblyError as e:
         raise _assembly_failed(e, f"handed over, route {network}") from None
     try:
@@ -340,21 +378,25 @@ def listen_for_handover(path: str, daemon):
         return None
 
 
-def open_sockets(ext, port: int, queues: int) -> list:
-    """The UDP socket(s) on the interface address and the config's port, one per queue; ONE
-    when the host refuses the steering of several (host/assembly.py open_sockets, which says so
-    once in a warning): open_dataplane then keeps as many TUN queues as it got sockets."""
+def open_sockets(ext, port: int, queues: int, ip=None) -> list:
+    """The UDP socket(s) on the interface address (or ``ip``, the IPv6 underlay's) and the
+    config's port, one per queue; ONE when the host refuses the steering of several
+    (host/assembly.py open_sockets, which says so once in a warning): open_dataplane then keeps
+    as many TUN queues as it got sockets, and asks as many of the IPv6 underlay."""
     from ..host import assembly
-    from ..host.udpsock import STEERING_CALL
-    addr = f"{ext.iface_addr}:{port}"
+    from ..host.udpsock import STEERING_CALL, endpoint
+    underlay6, ip = ip is not None, ext.iface_addr if ip is None else ip
+    addr = endpoint(ip, port)
     try:
-        socks = assembly.open_sockets(str(ext.iface_addr), port, queues, bufsize=SOCKET_BUFFER)
+        socks = assembly.open_sockets(str(ip), port, queues, bufsize=SOCKET_BUFFER)
     except OSError as e:
         call = getattr(e, "call", "")
         if e.errno == errno.EADDRINUSE:
             hint = "; is flanneld or another flannel-udp still running on this host?"
         elif e.errno == errno.EADDRNOTAVAIL and call.startswith("bind("):
-            hint = f"; {ext.iface_addr} is no address of this host (any more): check --iface"
+            hint = (f"; {ip} is no address of this host (any more), or still tentative "
+                    f"(IPv6 duplicate address detection): check --iface"
+                    f"{' and --public-ipv6' if underlay6 else ''}")
         elif e.errno == errno.EACCES and call.startswith("bind("):
             hint = "; a port this low needs CAP_NET_BIND_SERVICE"
         elif call == STEERING_CALL:
@@ -363,6 +405,11 @@ def open_sockets(ext, port: int, queues: int) -> list:
             hint = ""
         raise StartupError(f"failed to open the UDP socket(s) on {addr}: "
                            f"{e if call else e.strerror}{hint}") from None
+    if underlay6 and len(socks) != queues:      # the IPv4 group's count is the queues
+        for s in socks:
+            s.close()
+        raise StartupError(f"the UDP sockets on {addr}: {len(socks)} for {queues} queue(s) "
+                           "(the host steers one group and not the other); run with --queues=1")
     log.info("Listening for encapsulated packets on UDP %s%s", addr,
              f" ({len(socks)} sockets, SO_REUSEPORT)" if len(socks) > 1 else "")
     return socks
@@ -404,12 +451,12 @@ def install_rules(opts, network, subnet, enable_nftables: bool = False, network6
 
 
 def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, own_sources,
-               subnet6=None):
+               subnet6=None, socks6=()):
     """One engine per queue behind one MultiEngine (host/assembly.py make_engine), configured,
     not started; its ICMP errors come from <lease net>, flannel0's address, and with a
     dual-stack lease its ICMPv6 errors from flannel0's IPv6 address (:func:`tun_addr6`). It
     knows this host's own sources (own_sources: host/own_sources.py; ``subnet6`` the lease's IPv6
-    part) before it forwards a packet."""
+    part) before it forwards a packet. ``socks6``: the IPv6 underlay's sockets, one per queue."""
     from ..host import sched
     from ..host.assembly import make_engine
     if opts.realtime_priority:
@@ -423,7 +470,7 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
                              accept_any=opts.accept_from == "any", icmp_rate=opts.icmp_rate,
                              icmp_burst=opts.icmp_burst, offloads=offload_flags,
                              coalesce_us=opts.coalesce_usecs, trace=opts.trace,
-                             realtime_priority=opts.realtime_priority)
+                             realtime_priority=opts.realtime_priority, socks6=socks6)
     except (OSError, ValueError) as e:
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
@@ -434,9 +481,10 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
     return engine
 
 
-def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None):
-    """The lease manager for our PublicIP; it prefers ``prev``, else subnet.env's subnet (and
-    IPv6 subnet, which only a dual-stack flanneld has written there so far)."""
+def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None, public6=None):
+    """The lease manager for our PublicIP (and ``public6``, the IPv6 underlay's PublicIPv6);
+    it prefers ``prev``, else subnet.env's subnet (and IPv6 subnet, which only a dual-stack
+    flanneld has written there so far)."""
     from ..control.lease_manager import LeaseManager
     from ..control.subnetfile import previous_ipv6_subnet, previous_subnet, read_subnet_env
     prev6 = None
@@ -447,7 +495,8 @@ def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None):
             log.info("Previous subnet from %s: %s%s", opts.subnet_file, prev,
                      "" if prev6 is None else f", IPv6 {prev6}")
     return LeaseManager(registry, ext.ext_addr, prev, opts.subnet_lease_renew_margin,
-                        on_lease_change, config=config, subnet_file_prev_v6=prev6)
+                        on_lease_change, config=config, subnet_file_prev_v6=prev6,
+                        public_ipv6=public6)
 
 
 def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, prepared=None):

@@ -85,9 +85,11 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "lease": None if lease is None else {
             "subnet": str(lease.subnet), "public_ip": str(lease.public_ip),
             "expiration": lease.expiration, "reservation": lease.reservation,
-            # EnableIPv6: the key's IPv6 part, the pods' IPv6 subnet on this host
-            "ipv6_subnet": None if lease.ipv6_subnet is None else str(lease.ipv6_subnet)},
-        # what the tun device carries for it (daemon/startup.py), None without an IPv6 part
+            # EnableIPv6: the key's IPv6 part, and the IPv6 underlay's address, if any
+            "ipv6_subnet": None if lease.ipv6_subnet is None else str(lease.ipv6_subnet),
+            "public_ipv6": (None if lease.attrs.public_ipv6 is None
+                            else str(lease.attrs.public_ipv6))},
+        # what the tun device carries for the IPv6 part (daemon/startup.py), None without one
         "ipv6": None if lease is None or lease.ipv6_subnet is None else {
             "tun_address": tun_addr6(lease.ipv6_subnet),
             "route": None if state.config is None else str(state.config.ipv6_network)},

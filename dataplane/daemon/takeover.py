@@ -41,6 +41,40 @@ def check(inh, *, ext, config, lease_manager, acquire, queues: int, vnet: bool):
     return inh, lease
 
 
+def underlay6(inh, wanted, ext, port: int):
+    """The IPv6 underlay of a daemon handed ``inh``: ``wanted`` (daemon/startup.py
+    ipv6_underlay) when ``inh`` carries its sockets, one per queue on the address it would bind,
+    or when it carries none and they can be opened now (the previous daemon had none: the port
+    is free); anything else is let go, and the daemon runs without it (said), as it does when
+    it wants none."""
+    from ..host.udpsock import endpoint
+    from .startup import StartupError, open_sockets
+    handed, inh.socks6 = inh.socks6, []
+    if wanted is None:
+        for s in handed:
+            s.close()
+        return None
+    bind6 = str(wanted[1])
+    if handed:
+        got = {s.getsockname()[:2] for s in handed}
+        if len(handed) == len(inh.socks) and got == {(bind6, port)}:
+            inh.socks6 = handed
+            return wanted
+        for s in handed:
+            s.close()
+        log.warning("No IPv6 underlay until the next fresh start: the %d IPv6 socket(s) handed "
+                    "over (%s) are not this daemon's %d on %s", len(handed),
+                    ", ".join(endpoint(*g) for g in sorted(got)), len(inh.socks),
+                    endpoint(bind6, port))
+        return None
+    try:
+        inh.socks6 = open_sockets(ext, port, len(inh.socks), ip=bind6)
+    except StartupError as e:
+        log.warning("No IPv6 underlay until the next fresh start: %s", e)
+        return None
+    return wanted
+
+
 def save(state_file, state_of) -> None:
     """``state_of()`` (inherited.state_of) into the state file, when there is one."""
     if state_file is None:
@@ -63,7 +97,8 @@ def keep_for_restart(state_file, dataplane, state_of):
         save(state_file, state_of)
         return state_file
     named = ([(inherited.tun_fd_name(i), fd) for i, fd in enumerate(dataplane.tun_fds)]
-             + [(inherited.udp_fd_name(i), s.fileno()) for i, s in enumerate(dataplane.socks)])
+             + [(inherited.udp_fd_name(i), s.fileno()) for i, s in enumerate(dataplane.socks)]
+             + [(inherited.udp6_fd_name(i), s.fileno()) for i, s in enumerate(dataplane.socks6)])
     if capacity < len(named) + 1:
         log.warning("systemd keeps %d fds (FileDescriptorStoreMax=, $FDSTORE), %d are needed: "
                     "a restart will make flannel0 again", capacity, len(named) + 1)

@@ -10,7 +10,8 @@ The steps, in flanneld's order (the TUN before the socket):
 2. the UDP sockets, one per queue (host/udpsock.py), or ONE where the host refuses their
    steering: then the TUN queues beyond the sockets are closed, because the kernel spreads
    flannel0's packets over every attached queue and a queue that no engine reads would strand
-   its share (:func:`open_sockets` says so, once);
+   its share (:func:`open_sockets` says so, once); with an IPv6 underlay a second group beside
+   it on the IPv6 address, one socket per queue kept;
 3. the offloads the kernel accepts on those fds, probed once and said in one line;
 4. engines, one per queue behind one MultiEngine (engine/multi.py), made on the fds when asked:
    the daemon makes new ones on the same fds when its lease moves or a handover fails.
@@ -56,11 +57,14 @@ def open_sockets(ip: str, port: int, queues: int, *, bufsize: int = SOCKET_BUFFE
     return socks
 
 
-def make_engine(cls, tun_fds, socks, *, realtime_priority: int = 0, **settings):
+def make_engine(cls, tun_fds, socks, *, realtime_priority: int = 0, socks6=(), **settings):
     """Step 4: one ``cls`` engine per (TUN fd, socket) pair behind one MultiEngine, configured
-    and not started; ``settings`` are multi.create's (tun_addr, mtu, offloads, accept_any,
-    icmp_rate, icmp_burst, coalesce_us, trace, batch). A ``realtime_priority`` is not probed
-    here: the loop threads try it as they start (host/sched.py), callers probe it first."""
+    and not started, each with its queue's IPv6 socket when ``socks6`` has them; ``settings``
+    are multi.create's (tun_addr, mtu, offloads, accept_any, icmp_rate, icmp_burst,
+    coalesce_us, trace, batch). A ``realtime_priority`` is not probed here: the loop threads
+    try it as they start (host/sched.py), callers probe it first."""
+    if socks6:
+        settings["udp6_fds"] = [s.fileno() for s in socks6]
     return multi.create(cls, tun_fds, [s.fileno() for s in socks],
                         thread_init=sched.thread_init(realtime_priority), **settings)
 
@@ -70,11 +74,13 @@ class Dataplane:
     they took. It owns the fds (:meth:`close`; the last TUN fd closed removes the device) and
     makes engines on them (:meth:`engine`). ``Dataplane()`` is none yet: no fds."""
 
-    def __init__(self, offloads=None, tun_fds=(), tun_name: str | None = None, socks=()):
+    def __init__(self, offloads=None, tun_fds=(), tun_name: str | None = None, socks=(),
+                 socks6=()):
         self.offloads = offloads            # host/offload.py Offloads
         self.tun_fds: list = list(tun_fds)
         self.tun_name = tun_name
         self.socks: list = list(socks)
+        self.socks6: list = list(socks6)    # the IPv6 underlay's, one per queue, or none
         self.offload_flags = 0              # the OFF_* bits the probe left on
 
     @property
@@ -83,12 +89,14 @@ class Dataplane:
 
     @classmethod
     def open(cls, offloads, *, tun_name: str, tun_addr: str, mtu: int, network, queues: int,
-             sockets, tun_addr6: str | None = None, network6=None) -> "Dataplane":
+             sockets, tun_addr6: str | None = None, network6=None,
+             sockets6=None) -> "Dataplane":
         """Steps 1-3: a TUN named after ``tun_name`` (a template such as flannel%d) with
         ``tun_addr`` (an address with its prefix), ``mtu``, up, and the route ``network`` (none
         when None); with ``tun_addr6`` its IPv6 address too, and the route ``network6``;
         ``sockets(n)`` opens the UDP sockets for n queues (:func:`open_sockets`, which the
-        daemon wraps in its own messages) and may return fewer."""
+        daemon wraps in its own messages) and may return fewer; ``sockets6(n)`` then opens
+        the IPv6 underlay's, exactly n."""
         try:
             tun_fds, name = offloads.open_tun(tun_name, queues)
         except OSError as e:
@@ -105,6 +113,8 @@ class Dataplane:
                 raise AssemblyError("configure", e, name) from None
             try:
                 dp.socks = list(sockets(queues))
+                if sockets6 is not None:
+                    dp.socks6 = list(sockets6(dp.queues))
             except OSError as e:
                 raise AssemblyError("sockets", e, name) from None
             for fd in dp.tun_fds[dp.queues:]:
@@ -117,13 +127,14 @@ class Dataplane:
         return dp
 
     @classmethod
-    def adopt(cls, offloads, tun_fds, tun_name: str, socks, queues: int) -> "Dataplane":
+    def adopt(cls, offloads, tun_fds, tun_name: str, socks, queues: int,
+              socks6=()) -> "Dataplane":
         """Step 3 on fds handed over, which the daemon found to be what it would open
         (daemon/inherited.py): the TUN has vnet headers exactly when offloads are wanted. Fewer
         sockets than ``queues`` are a daemon that ran one queue where the host refuses the
         steering, as it refuses ours: said as step 2 says it."""
         offloads.adopt_tun()
-        dp = cls(offloads, tun_fds, tun_name, socks)
+        dp = cls(offloads, tun_fds, tun_name, socks, socks6)
         if dp.queues < queues:
             refused = steering_refusal()
             if refused is not None:
@@ -137,18 +148,20 @@ class Dataplane:
 
     def _probe(self) -> None:
         try:
-            self.offload_flags = self.offloads.probe(self.tun_fds, self.socks)
+            self.offload_flags = self.offloads.probe(self.tun_fds, self.socks + self.socks6)
         except OSError as e:
             raise AssemblyError("offloads", e, self.tun_name) from None
         log.info("%s", self.offloads.summary())
 
     def engine(self, cls, **settings):
         """Step 4 on these fds, with the offloads they took: :func:`make_engine`."""
-        return make_engine(cls, self.tun_fds, self.socks, offloads=self.offload_flags, **settings)
+        return make_engine(cls, self.tun_fds, self.socks, offloads=self.offload_flags,
+                           socks6=self.socks6, **settings)
 
     def close(self) -> None:
         """The sockets, then the TUN queues; again, nothing."""
-        socks, self.socks = self.socks, []
+        socks, self.socks = self.socks + self.socks6, []
+        self.socks6 = []
         fds, self.tun_fds = self.tun_fds, []
         for s in socks:
             s.close()

@@ -34,6 +34,12 @@ pick the same address and therefore the same lease. An address given by IP
 (``--iface IP``, ``--public-ip`` alone, the source of ``--iface-can-reach``)
 is taken as it is, whatever its flags.
 
+With EnableIPv6 the host's PublicIPv6 (the IPv6 underlay, docs/operating.md#dual-stack) is
+``--public-ipv6`` if given, else the first of the chosen interface's usable IPv6 addresses in the
+same order (flanneld v0.28.9 sorts and filters IPv6 addresses as IPv4 ones), but global only:
+flanneld also falls back to a link-local address, which names no peer without a scope and so
+cannot carry the overlay between hosts (:func:`preferred_ipv6`).
+
 Netlink access goes through :class:`NetlinkView` so the rules can be tested
 without root against a fake (:class:`StaticView`).
 """
@@ -48,6 +54,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 ENCAP_OVERHEAD = 28  # 20 bytes outer IPv4 + 8 bytes UDP (flanneld's encapOverhead)
+ENCAP_OVERHEAD6 = 48  # 40 bytes outer IPv6 + 8 bytes UDP: a route over the IPv6 underlay
 
 
 class IfaceError(RuntimeError):
@@ -64,12 +71,12 @@ IFA_F_PERMANENT = 0x80
 
 @dataclass(frozen=True)
 class Addr:
-    """One IPv4 address of a link and its IFA_F_* flags."""
-    ip: ipaddress.IPv4Address
+    """One address of a link (IPv4 or IPv6) and its IFA_F_* flags."""
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
     flags: int = IFA_F_PERMANENT
 
     def __post_init__(self):
-        object.__setattr__(self, "ip", ipaddress.IPv4Address(self.ip))
+        object.__setattr__(self, "ip", ipaddress.ip_address(self.ip))
 
     def __str__(self):
         return str(self.ip)
@@ -83,10 +90,12 @@ class Link:
     # IPv4 addresses in kernel order, as Addr; a plain string is a permanent address (a static
     # config's, the common case), so fakes can list addresses as strings
     addrs: tuple = ()
+    addrs6: tuple = ()      # its IPv6 addresses, the same way
 
     def __post_init__(self):
-        object.__setattr__(self, "addrs", tuple(a if isinstance(a, Addr) else Addr(a)
-                                                for a in self.addrs))
+        for name in ("addrs", "addrs6"):
+            object.__setattr__(self, name, tuple(a if isinstance(a, Addr) else Addr(a)
+                                                 for a in getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,11 @@ class ExternalInterface:
     mtu: int
     iface_addr: ipaddress.IPv4Address   # the UDP socket binds here
     ext_addr: ipaddress.IPv4Address     # PublicIP written into the lease
+    # the interface's first usable global IPv6 address (:func:`preferred_ipv6`), or None: the
+    # IPv6 sockets bind here unless --public-ipv6 is an address of the interface
+    iface_addr6: ipaddress.IPv6Address | None = None
+    # what the interface holds of IPv6, for :func:`underlay6`
+    addrs6: tuple = ()
 
     @property
     def tun_mtu(self) -> int:
@@ -103,10 +117,22 @@ class ExternalInterface:
 
 
 def is_global_unicast(addr) -> bool:
-    """Go's net.IP.IsGlobalUnicast for IPv4 (private ranges included)."""
-    a = ipaddress.IPv4Address(addr)
+    """Go's net.IP.IsGlobalUnicast (private ranges and IPv6 ULAs included)."""
+    a = ipaddress.ip_address(addr)
     return not (a.is_unspecified or a.is_loopback or a.is_link_local or a.is_multicast
                 or a == ipaddress.IPv4Address("255.255.255.255"))
+
+
+def ipv6_underlay_problem(addr) -> str | None:
+    """Why ``addr`` cannot be a host's PublicIPv6 (the IPv6 underlay), or None: it must be a
+    global unicast IPv6 address; an IPv4-mapped one is the IPv4 underlay's."""
+    a = ipaddress.IPv6Address(addr)
+    if a.ipv4_mapped is not None:
+        return "an IPv4-mapped address (the IPv4 underlay is --public-ip's)"
+    if not is_global_unicast(a):
+        return ("not a global unicast address (::, ::1, link-local fe80::/10 and multicast "
+                "ff00::/8 name no other host)")
+    return None
 
 
 def _preference(a: Addr, b: Addr) -> int:
@@ -146,6 +172,28 @@ def preferred_ipv4(link: Link):
     return usable[0] if usable else None
 
 
+def preferred_ipv6(link: Link):
+    """The link's PublicIPv6 when no --public-ipv6 is given: the first of its IPv6 addresses in
+    flanneld's order (:func:`usable_ipv4s` on them) that can carry the overlay; None if none."""
+    usable = usable_ipv4s(Link(link.name, link.index, link.mtu, link.addrs6))
+    return next((a for a in usable if ipv6_underlay_problem(a) is None), None)
+
+
+def underlay6(ext: ExternalInterface, public_ipv6: str = ""):
+    """``(PublicIPv6, the address its sockets bind)`` of the IPv6 underlay, or ``(None, None)``
+    when there is none: ``public_ipv6`` (--public-ipv6, checked) is bound when the interface
+    holds it, else (a NATed address, as --public-ip) the interface's own; with neither given nor
+    held, the interface's first usable global IPv6 address is both."""
+    if public_ipv6:
+        pub = ipaddress.IPv6Address(public_ipv6)
+        why = ipv6_underlay_problem(pub)
+        if why is not None:
+            raise IfaceError(f"--public-ipv6 {public_ipv6} is {why}")
+        held = pub in ext.addrs6
+        return pub, pub if held else ext.iface_addr6
+    return ext.iface_addr6, ext.iface_addr6
+
+
 # --------------------------------------------------------------------------
 # netlink views
 
@@ -166,20 +214,22 @@ class NetlinkView:
         self.close()
 
     def links(self) -> list[Link]:
-        addrs: dict[int, list[Addr]] = {}
-        for a in self._ipr.get_addr(family=socket.AF_INET):
-            ip = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
-            if ip:
-                # the header holds only the low 8 bits; IFA_FLAGS, when the kernel sends it,
-                # holds them all and wins (as in flanneld's netlink library)
-                flags = a.get_attr("IFA_FLAGS")
-                flags = int(a["flags"] if flags is None else flags)
-                addrs.setdefault(a["index"], []).append(Addr(ip, flags))
+        addrs = {socket.AF_INET: {}, socket.AF_INET6: {}}
+        for family, of_family in addrs.items():
+            for a in self._ipr.get_addr(family=family):
+                ip = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
+                if ip:
+                    # the header holds only the low 8 bits; IFA_FLAGS, when the kernel sends
+                    # it, holds them all and wins (as in flanneld's netlink library)
+                    flags = a.get_attr("IFA_FLAGS")
+                    flags = int(a["flags"] if flags is None else flags)
+                    of_family.setdefault(a["index"], []).append(Addr(ip, flags))
         out = []
         for ln in self._ipr.get_links():
             idx = ln["index"]
             out.append(Link(ln.get_attr("IFLA_IFNAME"), idx, int(ln.get_attr("IFLA_MTU") or 0),
-                            tuple(addrs.get(idx, ()))))
+                            tuple(addrs[socket.AF_INET].get(idx, ())),
+                            tuple(addrs[socket.AF_INET6].get(idx, ()))))
         out.sort(key=lambda l: l.index)
         return out
 
@@ -293,7 +343,8 @@ def _finish(link: Link, addr, public_ip: str) -> ExternalInterface:
             raise IfaceError(f"failed to find an IPv4 address for interface {link.name}: "
                              "give it an address or choose another with --iface")
     ext = ipaddress.IPv4Address(public_ip) if public_ip else addr
-    return ExternalInterface(link.name, link.index, link.mtu, addr, ext)
+    return ExternalInterface(link.name, link.index, link.mtu, addr, ext, preferred_ipv6(link),
+                             tuple(a.ip for a in link.addrs6))
 
 
 _FLAG_OF = {"iface": "--iface", "regex": "--iface-regex", "can_reach": "--iface-can-reach"}

@@ -19,6 +19,11 @@ Two things SO_REUSEPORT alone gets wrong here:
   mistake would do so silently). So the port is first bound once without
   SO_REUSEPORT: if that fails with EADDRINUSE, someone holds it.
 
+The IPv6 underlay (docs/operating.md#dual-stack) is a second group of the same shape on
+``[PublicIPv6]:port``, one socket per queue beside each IPv4 one, ``IPV6_V6ONLY`` (an IPv4
+datagram belongs to the IPv4 group) and with the same steering: the program reads the inner
+packet, whichever family carried it. The address's family picks the group's.
+
 Some hosts refuse the steering program: kernels before 4.5, QEMU's user-mode
 emulation (which does not emulate the option), seccomp or LSM sandboxes.
 Without it the group would spread by the outer 4-tuple, one socket per peer,
@@ -171,16 +176,44 @@ def _set_buffers(sock: socket.socket, size: int) -> None:
                   socket.SOL_SOCKET, opt, size)
 
 
+def _family(ip: str) -> int:
+    return socket.AF_INET6 if ":" in str(ip) else socket.AF_INET
+
+
+def endpoint(ip: str, port: int) -> str:
+    """``ip:port`` as messages write it (``[ip]:port`` for IPv6)."""
+    return f"[{ip}]:{port}" if _family(ip) == socket.AF_INET6 else f"{ip}:{port}"
+
+
+def _socket(ip: str) -> socket.socket:
+    """An unbound UDP socket of ``ip``'s family; an IPv6 one takes IPv6 only."""
+    family = _family(ip)
+    name = "AF_INET6" if family == socket.AF_INET6 else "AF_INET"
+    s = _call(f"socket({name}, SOCK_DGRAM)", socket.socket, family, socket.SOCK_DGRAM)
+    if family == socket.AF_INET6:
+        try:
+            _call("setsockopt(IPPROTO_IPV6, IPV6_V6ONLY)", s.setsockopt, socket.IPPROTO_IPV6,
+                  socket.IPV6_V6ONLY, 1)
+        except BaseException:
+            s.close()
+            raise
+    return s
+
+
+def _bind(s: socket.socket, ip: str, port: int) -> None:
+    _call(f"bind({endpoint(ip, port)})", s.bind, (str(ip), port))
+
+
 def _check_free(ip: str, port: int) -> None:
     """EADDRINUSE if anyone holds ip:port, SO_REUSEPORT or not."""
-    with _call("socket(AF_INET, SOCK_DGRAM)", socket.socket, socket.AF_INET,
-               socket.SOCK_DGRAM) as probe:
-        _call(f"bind({ip}:{port})", probe.bind, (ip, port))
+    with _socket(ip) as probe:
+        _bind(probe, ip, port)
 
 
 def open_udp_sockets(ip: str, port: int, queues: int = 1, *, bufsize: int = SOCKET_BUFFER,
                      blocking: bool = True) -> list[socket.socket]:
-    """``queues`` UDP sockets bound to ``ip:port`` (see the module docstring).
+    """``queues`` UDP sockets bound to ``ip:port`` (see the module docstring), of ``ip``'s
+    family.
 
     Port 0 binds the first socket to a free port and the others to the same
     one (for tests). Raises :class:`SocketCallError` (EADDRINUSE when the port
@@ -195,14 +228,13 @@ def open_udp_sockets(ip: str, port: int, queues: int = 1, *, bufsize: int = SOCK
     socks: list[socket.socket] = []
     try:
         for _ in range(queues):
-            s = _call("socket(AF_INET, SOCK_DGRAM)", socket.socket, socket.AF_INET,
-                      socket.SOCK_DGRAM)
+            s = _socket(ip)
             socks.append(s)
             _set_buffers(s, bufsize)
             if multi:
                 _call("setsockopt(SOL_SOCKET, SO_REUSEPORT)", s.setsockopt, socket.SOL_SOCKET,
                       socket.SO_REUSEPORT, 1)
-            _call(f"bind({ip}:{port})", s.bind, (ip, port))
+            _bind(s, ip, port)
             port = s.getsockname()[1]
             s.setblocking(blocking)
         if multi:

@@ -48,6 +48,8 @@ DEFAULT_UNDERLAY = "192.168.77.0/24"
 SWITCH_HOST = 254  # the switch namespace's address: .254
 # where put_behind_router moves a host: the switch routes between it and DEFAULT_UNDERLAY
 ROUTED_UNDERLAY = "192.168.78.0/24"
+# add_underlay6's: a unique local prefix, on the same link as DEFAULT_UNDERLAY
+DEFAULT_UNDERLAY6 = "fd00:99::/64"
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Host:
     iface: str
     mtu: int
     testbed: "Testbed" = field(repr=False, compare=False, default=None)
+    ip6: str | None = None      # its IPv6 underlay address (Testbed.add_underlay6), if any
 
     def exec(self, argv, **kw) -> subprocess.CompletedProcess:
         return self.testbed.exec(self, argv, **kw)
@@ -203,6 +206,22 @@ class Testbed:
             self._delete_ns(netns)
             raise
         return netns
+
+    def add_underlay6(self, host: Host | str, network: str = DEFAULT_UNDERLAY6) -> Host:
+        """An IPv6 underlay address on ``host``'s veth, with the same last number as its IPv4
+        one (``fd00:99::1`` for h0), usable at once (``nodad``: a daemon binds it as it
+        starts); IPv6 is turned on for that veth alone where the testbed keeps it off."""
+        host = self.host(host)
+        net = ipaddress.IPv6Network(network)
+        ip = str(net.network_address + host.index + 1)
+        subprocess.run(ns.exec_argv(host.netns, ["sysctl", "-qw",
+                                                 f"net.ipv6.conf.{host.iface}.disable_ipv6=0"]),
+                       check=True, capture_output=True, timeout=10)
+        ns.run_ip(["addr", "add", f"{ip}/{net.prefixlen}", "dev", host.iface, "nodad"],
+                  netns=host.netns)
+        host.ip6 = ip
+        log.debug("testbed host %s: IPv6 underlay %s on %s", host.name, ip, host.iface)
+        return host
 
     def put_behind_router(self, host: Host | str, network: str = ROUTED_UNDERLAY) -> Host:
         """Move ``host`` into another underlay subnet (its address there has the same last

@@ -190,9 +190,12 @@ class Overlay:
         return self.tb.host(key)
 
     def add_host(self, *, engine: str | None = None, args=(), start: bool = True,
-                 wait: bool = True, name: str | None = None) -> Host:
-        """A new simulated host, with its daemon started (and waited for) by default."""
+                 wait: bool = True, name: str | None = None, underlay6: bool = False) -> Host:
+        """A new simulated host, with its daemon started (and waited for) by default;
+        ``underlay6``: with an IPv6 underlay address too (Testbed.add_underlay6)."""
         h = self.tb.add_host(name)
+        if underlay6:
+            self.tb.add_underlay6(h)
         os.makedirs(self._dir(h), exist_ok=True)
         if start:
             self.start_daemon(h, engine=engine, args=args, wait=wait)

@@ -61,16 +61,18 @@ def testbed():
         tb.close()
 
 
-def overlay_of(engine: str, kinds):
-    """For an `ov` fixture: yields a started Overlay (its own etcd) whose
-    hosts run the engines `kinds`, in order, all ready; `ov.kind` is
-    `engine`. Closed after, also when a test fails."""
+def overlay_of(engine: str, kinds, **overlay_kw):
+    """For an `ov` fixture: yields a started Overlay (its own etcd; `overlay_kw` are
+    Overlay's) whose hosts run the engines `kinds`, in order, all ready (a kind may be
+    `(kind, add_host's keywords)`); `ov.kind` is `engine`. Closed after, also when a test
+    fails."""
     require_overlay()
     from dataplane.testbed.overlay import Overlay
-    overlay = Overlay(hosts=0, engine=engine)
+    overlay = Overlay(hosts=0, engine=engine, **overlay_kw)
     try:
         for kind in kinds:
-            overlay.add_host(engine=kind, wait=False)
+            kind, kw = (kind, {}) if isinstance(kind, str) else kind
+            overlay.add_host(engine=kind, wait=False, **kw)
         for h in overlay.hosts:
             overlay.wait_ready(h)
         overlay.kind = engine

@@ -72,10 +72,10 @@ def _run(ov, engine: str, args=(), env=None):
 
 
 def test_on_the_journal_stream_each_line_carries_its_priority_and_no_time(ov):
-    lines, peer, _ = _run(ov, "c", ["--public-ipv6", "::1"], {"JOURNAL_STREAM": None})
+    lines, peer, _ = _run(ov, "c", ["--vmodule", "peers=2"], {"JOURNAL_STREAM": None})
     assert lines and all(JOURNAL_LINE.match(line) for line in lines), lines
-    assert any(line.startswith("<4>WARNING ") and "--public-ipv6 is ignored" in line
-               for line in lines), lines
+    assert any(line.startswith("<4>WARNING ") and "--vmodule is accepted for compatibility "
+               "and ignored" in line for line in lines), lines
     assert any(line.startswith(f"<6>INFO dataplane.daemon.peer_log: Subnet added: {peer} ")
                for line in lines), lines
     assert any(line.startswith("<4>WARNING ") and "Skipping subnet lease" in line
@@ -116,7 +116,7 @@ def test_journalctl_priority_filter_under_systemd(ov):
         with systemd_box.SystemdBox() as box:
             box.start_journal()
             u = Unit(ov, h, box, "c")
-            u.options("--queues 1 --public-ipv6 ::1")
+            u.options("--queues 1 --vmodule peers=2")
             with open(os.path.join(box.units, f"{UNIT}.d", "zz-journal.conf"), "w") as f:
                 f.write("[Service]\nStandardOutput=journal\nStandardError=inherit\n")
             box.systemctl("daemon-reload")
@@ -147,6 +147,6 @@ def test_journalctl_priority_filter_under_systemd(ov):
     assert any(f"Subnet added: {peer}" in e["MESSAGE"] for e in ours)
     assert warned and all(int(e["PRIORITY"]) <= 4 for e in warned), warned
     said = [e["MESSAGE"] for e in warned]
-    assert any("--public-ipv6 is ignored" in m for m in said), said
+    assert any("--vmodule is accepted for compatibility and ignored" in m for m in said), said
     assert any("Skipping subnet lease" in m for m in said), said
     assert not any("Subnet added" in m for m in said), said

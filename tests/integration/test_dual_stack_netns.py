@@ -1,13 +1,14 @@
-"""IPv6 pods over the IPv4 underlay: two daemons on a dual-stack network config (`EnableIPv6`),
-each engine on both ends, real etcd and hosts (docs/operating.md#dual-stack).
+"""IPv6 pods over the IPv4 underlay and the IPv6 one: two daemons on a dual-stack network config
+(`EnableIPv6`), each engine on both ends, real etcd and hosts (docs/operating.md#dual-stack).
 
 Each host gives flannel0 its lease's IPv6 part's network address as a /128 and the route of the
 IPv6Network, writes FLANNEL_IPV6_* into subnet.env as flanneld does, and marks its lease value
 `ForwardsIPv6` (control/lease.py); a pod hangs off each host with an address from
 FLANNEL_IPV6_SUBNET's range, as the CNI plugin would give it. Pods and hosts ping each other
 over IPv6, a TCP stream of 20 MiB goes from pod to pod intact through the C engine's IPv6
-offloads (TSO6 read, TCPV6 GSO written), and IPv4 still goes; a lease written as flanneld's udp backend writes it (no mark)
-gets no IPv6 route.
+offloads (TSO6 read, TCPV6 GSO written), and IPv4 still goes; a lease written as flanneld's udp
+backend writes it (no mark) gets no IPv6 route. h0 has an IPv6 underlay address, h1 none: between
+them IPv6 goes over IPv4; between two hosts that both have one (:func:`ov6`), over IPv6.
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ import sys
 
 import pytest
 
+from dataplane.host.child import cli_argv
 from dataplane.testbed import netns as ns
 from dataplane.testbed.hosts import wait_for
 from dataplane.testbed.overlay import parse_ping
-from tests.conftest import require_overlay
+from tests.integration.conftest import other_engine, overlay_of
 from tests.streams import NO_TX_OFFLOADS, hashed_transfer, udp_stream
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
@@ -33,17 +35,8 @@ NET6 = ipaddress.IPv6Network(CONFIG["IPv6Network"])
 
 @pytest.fixture
 def ov(engine_kind):
-    require_overlay()
-    from dataplane.testbed.overlay import Overlay
-    overlay = Overlay(hosts=0, engine=engine_kind, config=CONFIG, ipv6=True)
-    try:
-        for _ in range(2):
-            overlay.add_host(engine=engine_kind, wait=False)
-        for h in overlay.hosts:
-            overlay.wait_ready(h)
-        yield overlay
-    finally:
-        overlay.close()
+    yield from overlay_of(engine_kind, ((engine_kind, {"underlay6": True}), engine_kind),
+                          config=CONFIG, ipv6=True)
 
 
 def subnet6(ov, h) -> ipaddress.IPv6Network:
@@ -67,7 +60,7 @@ def test_ipv6_pods_talk_over_the_ipv4_underlay(ov):
         assert env["FLANNEL_IPV6_SUBNET"] == f"{six.network_address + 1}/64" and six.subnet_of(NET6)
         value = ov.etcdctl("get", "--prefix", f"{ov.prefix}/subnets/{ov.subnet(h).network_address}-",
                            "--print-value-only").stdout.strip()
-        assert json.loads(value) == {"PublicIP": h.ip, "PublicIPv6": None, "ForwardsIPv6": True}
+        assert json.loads(value) == {"PublicIP": h.ip, "PublicIPv6": h.ip6, "ForwardsIPv6": True}
         addrs = ov.exec(h, ["ip", "-6", "-o", "addr", "show", "dev", "flannel0"]).stdout
         assert f"inet6 {six.network_address}/128" in addrs and "fe80" not in addrs, addrs
         route = ov.exec(h, ["ip", "-6", "route", "show", str(NET6)]).stdout
@@ -81,7 +74,11 @@ def test_ipv6_pods_talk_over_the_ipv4_underlay(ov):
     (pod0, addr0), (pod1, addr1) = pods[h0.name], pods[h1.name]
     assert wait_for(lambda: ping6(pod0, str(addr1), count=1)["received"] == 1, 10, interval=0.2), \
         "pod0 -> pod1 over IPv6"
+    # h1 has no PublicIPv6: h0 sends it IPv6 over IPv4 though it has an IPv6 underlay itself
+    v4, v6 = udp_out(ov, h0)
     assert ping6(pod0, str(addr1))["received"] == 3
+    v4_after, v6_after = udp_out(ov, h0)
+    assert v4_after - v4 >= 3 and v6_after - v6 < 3, (v4, v4_after, v6, v6_after)
     assert ping6(pod1, str(addr0))["received"] == 3
     # host to host, flannel0's own IPv6 addresses (the source: flannel0's, chosen by the kernel)
     assert ping6(h0.netns, str(subnet6(ov, h1).network_address))["received"] == 3
@@ -150,3 +147,73 @@ def test_icmpv6_errors_reach_the_sender(ov):
     assert f"From {six0.network_address} icmp_seq=1 Destination unreachable" in out, out
     out = ping6_out(h0.netns, str(six1.network_address), "-t", "1")
     assert f"From {six0.network_address} icmp_seq=1 Time exceeded" in out, out
+
+
+# -- the IPv6 underlay (docs/operating.md#dual-stack) ---------------------------------------
+def udp_out(ov, h) -> tuple[int, int]:
+    """(IPv4, IPv6) UDP datagrams sent by ``h``'s network namespace so far: the kernel's own
+    counters, which only the engines' sockets move here."""
+    snmp = ov.exec(h, ["cat", "/proc/net/snmp"]).stdout.splitlines()
+    names, values = [line.split() for line in snmp if line.startswith("Udp:")][:2]
+    v4 = int(values[names.index("OutDatagrams")])
+    snmp6 = dict(line.split()
+                 for line in ov.exec(h, ["cat", "/proc/net/snmp6"]).stdout.splitlines())
+    return v4, int(snmp6["Udp6OutDatagrams"])
+
+
+@pytest.fixture
+def ov6(engine_kind):
+    """h0 and h1 with an IPv6 underlay address, each engine on one of them."""
+    yield from overlay_of(engine_kind, ((kind, {"underlay6": True})
+                                        for kind in (engine_kind, other_engine(engine_kind))),
+                          config=CONFIG, ipv6=True)
+
+
+def test_ipv6_goes_over_the_ipv6_underlay_where_both_hosts_have_one(ov6):
+    ov = ov6
+    h0, h1 = ov.hosts
+    for h in ov.hosts:
+        value = ov.etcdctl("get", "--prefix",
+                           f"{ov.prefix}/subnets/{ov.subnet(h).network_address}-",
+                           "--print-value-only").stdout.strip()
+        assert json.loads(value) == {"PublicIP": h.ip, "PublicIPv6": h.ip6, "ForwardsIPv6": True}
+    status = subprocess.run(cli_argv("status", "--json", "--status-socket", ov.status_socket(h0)),
+                            capture_output=True, text=True, timeout=30).stdout
+    assert json.loads(status)["lease"]["public_ipv6"] == h0.ip6, status
+    six = {h.name: subnet6(ov, h) for h in ov.hosts}
+    pod0 = ov.tb.add_pod(h0, "p", f"{six['h0'].network_address + 2}/64",
+                         str(six["h0"].network_address + 1))
+    pod1_addr = six["h1"].network_address + 2
+    ov.tb.add_pod(h1, "p", f"{pod1_addr}/64", str(six["h1"].network_address + 1))
+    assert wait_for(lambda: ping6(pod0, str(pod1_addr), count=1)["received"] == 1, 10,
+                    interval=0.2), "pod0 -> pod1 over IPv6"
+
+    # pods' IPv6 between h0 and h1: IPv6 datagrams, no IPv4 ones
+    v4, v6 = udp_out(ov, h0)
+    assert ping6(pod0, str(pod1_addr), count=3)["received"] == 3
+    v4_after, v6_after = udp_out(ov, h0)
+    assert v6_after - v6 >= 3 and v4_after - v4 < 3, (v4, v4_after, v6, v6_after)
+    # IPv4 between them stays on IPv4
+    v4, v6 = udp_out(ov, h0)
+    assert ov.ping(h0, ov.flannel_ip(h1), count=3)["received"] == 3
+    v4_after, v6_after = udp_out(ov, h0)
+    assert v4_after - v4 >= 3 and v6_after - v6 < 3, (v4, v4_after, v6, v6_after)
+    # the other way, host to pod: IPv6 too
+    _, v6 = udp_out(ov, h1)
+    assert ping6(h1.netns, str(six["h0"].network_address + 2))["received"] == 3
+    assert udp_out(ov, h1)[1] - v6 >= 3
+
+    # the route's MTU over IPv6 (1500 - 48) is below flannel0's (1500 - 28): a packet between
+    # the two gets packet too big, from flannel0's IPv6 address
+    out = ping6_out(pod0, str(pod1_addr), "-s", "1420", "-M", "do", "-w", "1")
+    assert "Packet too big: mtu=1452" in out or "mtu = 1452" in out, out
+
+    # a handover carries the IPv6 sockets: the new daemon sends over IPv6 at once
+    new, rc = ov.handover_daemon(h0)
+    assert rc == 0 and "No IPv6 underlay" not in new.log_text(), new.log_text()[-2000:]
+    v4, v6 = udp_out(ov, h0)
+    assert ping6(pod0, str(pod1_addr))["received"] == 3
+    v4_after, v6_after = udp_out(ov, h0)
+    assert v6_after - v6 >= 3 and v4_after - v4 < 3, (v4, v4_after, v6, v6_after)
+    # the routes handed over had the peers' IPv6 underlay: no reply was refused meanwhile
+    assert int(ov.metrics(h0).get('flannel_udp_drops_total{reason="bad_source"}', 0)) == 0

@@ -191,6 +191,34 @@ def test_renewal_keeps_the_dual_key(shared_etcd, make_registry, handed_over):
         mgr.stop()
 
 
+def test_public_ipv6_is_written_and_an_adopted_value_without_it_rewritten(shared_etcd,
+                                                                          make_registry):
+    """The IPv6 underlay's address is the value's PublicIPv6 (with EnableIPv6 only); a lease
+    handed over whose value says another (an older daemon's: none) is rewritten as the lease
+    manager starts, not at the renewal 23 h later."""
+    reg = make_registry(shared_etcd, config=DUAL)
+    pub6 = "fd00:99::1"
+    mgr = LeaseManager(reg, ME, public_ipv6=pub6, config=reg.get_config())     # 24 h
+    first = mgr.acquire()
+    value = b'{"PublicIP":"192.168.77.1","PublicIPv6":"fd00:99::1","ForwardsIPv6":true}'
+    assert keys(reg) == {name(first.subnet, first.ipv6_subnet): value}
+    # a daemon of an older version wrote it without; ours takes it over
+    first = reg.renew_lease(first.subnet, LeaseAttrs(ME, forwards_ipv6=True), SUBNET_TTL,
+                            ipv6_subnet=first.ipv6_subnet)
+    mgr = LeaseManager(reg, ME, public_ipv6=pub6, config=reg.get_config())
+    mgr.adopt(replace(first, attrs=LeaseAttrs(ME)))
+    mgr.start()
+    try:
+        wait_until(lambda: keys(reg) == {name(first.subnet, first.ipv6_subnet): value},
+                   timeout=5, what="the value rewritten with PublicIPv6")
+    finally:
+        mgr.stop()
+    # without EnableIPv6 none is written
+    v4 = LeaseManager(reg, ME, public_ipv6=pub6, config=make_registry(shared_etcd, config=V4)
+                      .get_config())
+    assert v4.attrs.public_ipv6 is None
+
+
 def test_v4_only_host_beside_dual_stack_hosts(shared_etcd, make_registry):
     reg = make_registry(shared_etcd, config='{"Network":"10.5.0.0/16","SubnetMin":"10.5.1.0",'
                                             '"SubnetMax":"10.5.4.0"}')

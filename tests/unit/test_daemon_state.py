@@ -83,10 +83,11 @@ def test_the_status_document_says_what_readyz_says(tmp_path):
     d.tun_name = "flannel0"
     d.lease = SimpleNamespace(subnet=IPv4Network("10.5.3.0/24"),
                               public_ip="192.168.77.1", expiration=time.time() + 60,
-                              reservation=False, ipv6_subnet=None)
+                              reservation=False, ipv6_subnet=None,
+                              attrs=SimpleNamespace(public_ipv6=None))
     doc = status.document(d.state, d.source)
     assert doc["tun"] == "flannel0" and doc["lease"]["subnet"] == "10.5.3.0/24"
-    assert doc["lease"]["ipv6_subnet"] is None
+    assert doc["lease"]["ipv6_subnet"] is None and doc["lease"]["public_ipv6"] is None
     assert doc["checks"]["lease"] is None
 
 

@@ -296,3 +296,38 @@ def test_a_kernel_without_ipv6_is_a_clear_error(tmp_path, monkeypatch):
         check_ipv6(parse_config(DUAL), _ext(1500))
     assert "this kernel has no IPv6" in str(e.value) and "ipv6.disable=1" in str(e.value)
     check_ipv6(parse_config(json.dumps({"Network": "10.5.0.0/16"})), _ext(1500))
+
+
+def test_the_ipv6_underlay_is_chosen_at_start_or_said_why_not(caplog):
+    """daemon/startup.py ipv6_underlay: (PublicIPv6, bind address, inner MTU) with EnableIPv6;
+    each reason to run without it is one line, and a bad --public-ipv6 stops the start."""
+    from types import SimpleNamespace
+    from dataplane.daemon.startup import StartupError, ipv6_underlay
+    from dataplane.host.iface import select_interface, StaticView, Link
+    caplog.set_level(logging.INFO)
+    opts = SimpleNamespace(public_ipv6="")
+    dual, v4 = parse_config(DUAL), parse_config(json.dumps({"Network": "10.5.0.0/16"}))
+
+    def ext(mtu, *addrs6):
+        return select_interface(view=StaticView([Link("eth0", 2, mtu, ("10.0.0.5",), addrs6)], 2))
+
+    assert ipv6_underlay(opts, dual, ext(1500, "fd00:99::5")) == (
+        IPv6Address("fd00:99::5"), IPv6Address("fd00:99::5"), 1452)
+    assert ipv6_underlay(opts, v4, ext(1500, "fd00:99::5")) is None
+    assert ipv6_underlay(opts, dual, ext(1500, "fe80::5")) is None
+    assert ipv6_underlay(opts, dual, ext(1327, "fd00:99::5")) is None        # 1279 inside
+    assert ipv6_underlay(opts, dual, ext(1328, "fd00:99::5"))[2] == 1280
+    said = [r.getMessage() for r in caplog.records]
+    assert any("eth0 has no global IPv6 address and no --public-ipv6" in m for m in said), said
+    assert any("MTU 1327 leaves 1279 bytes" in m for m in said), said
+    opts.public_ipv6 = "2001:db8::9"         # NATed: written, the interface's own bound
+    assert ipv6_underlay(opts, dual, ext(1500, "fd00:99::5"))[:2] == (
+        IPv6Address("2001:db8::9"), IPv6Address("fd00:99::5"))
+    assert ipv6_underlay(opts, dual, ext(1500)) is None
+    assert any("is no address of eth0" in r.getMessage() for r in caplog.records)
+    assert ipv6_underlay(opts, v4, ext(1500)) is None
+    assert any("not used: the network config does not enable IPv6" in r.getMessage()
+               for r in caplog.records)
+    opts.public_ipv6 = "ff02::1"             # the flag parser refuses it; from elsewhere too
+    with pytest.raises(StartupError, match="--public-ipv6 ff02::1 is not a global unicast"):
+        ipv6_underlay(opts, dual, ext(1500))

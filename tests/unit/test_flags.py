@@ -214,3 +214,22 @@ def test_handover_flags():
     assert (o.handover, o.handover_socket) == (True, "/run/x/h.sock")
     o = resolve(["--handover-socket="], {"FLANNELD_HANDOVER": "true"})
     assert (o.handover, o.handover_socket) == (True, "")          # no handover offered
+
+
+def test_public_ipv6_is_a_global_unicast_ipv6_address(capsys):
+    """--public-ipv6 names this host's IPv6 underlay (docs/flags.md): a peer must be able to
+    send to it, so it is checked as it is read, with words that say why."""
+    assert resolve(["--public-ipv6=FD00:99::0001"]).public_ipv6 == "fd00:99::1"
+    assert resolve([], {"FLANNELD_PUBLIC_IPV6": "2001:db8::7"}).public_ipv6 == "2001:db8::7"
+    assert not any("public-ipv6" in w for w in resolve(["--public-ipv6=2001:db8::7"]).warnings)
+    for bad, why in (("10.0.0.1", "not an IPv6 address"), ("fd00::/64", "not an IPv6 address"),
+                     ("::1", "not a global unicast"), ("::", "not a global unicast"),
+                     ("fe80::1", "not a global unicast"), ("ff02::1", "not a global unicast"),
+                     ("::ffff:10.0.0.1", "IPv4-mapped")):
+        with pytest.raises(SystemExit):
+            resolve([f"--public-ipv6={bad}"])
+        err = capsys.readouterr().err
+        assert "--public-ipv6" in err and why in err, (bad, err)
+    # from the environment, as any value that does not parse: said and ignored
+    o = resolve([], {"FLANNELD_PUBLIC_IPV6": "fe80::1"})
+    assert o.public_ipv6 == "" and any("FLANNELD_PUBLIC_IPV6" in w for w in o.warnings)

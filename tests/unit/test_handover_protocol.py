@@ -204,3 +204,60 @@ def test_a_frame_that_is_no_json_object_is_refused():
             recv_frame(b)                          # closed: not a hang, not an empty frame
     finally:
         b.close()
+
+
+def test_the_ipv6_underlay_sockets_go_only_to_a_daemon_that_takes_them(old):
+    """A new daemon says "udp6" in its hello and gets the IPv6 sockets after the IPv4 ones
+    (the state counts them); an older one's hello gets the offer it knows."""
+    old.socks6 = []
+    for _ in old.socks:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        s.bind(("::1", 0))
+        old.socks6.append(s)
+    try:
+        new = connect(old.server.path)
+        assert new.state["udp6"] == {"addr": "::1", "sockets": 2}
+        assert [s.getsockname() for s in new.socks6] == [s.getsockname() for s in old.socks6]
+        assert [s.getsockname() for s in new.socks] == [s.getsockname() for s in old.socks]
+        new._close()                               # it goes away before "stop"
+        new.conn.close()
+        # an older daemon's hello: no IPv6 fds, the TUN queues and sockets as ever
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(old.server.path)
+        send_frame(conn, {"op": "hello", "pid": os.getpid()})
+        doc, fds = recv_frame(conn)
+        assert doc["op"] == "offer" and "udp6" not in doc and len(fds) == 4
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+    finally:
+        for s in old.socks6:
+            s.close()
+
+
+def test_a_daemon_taking_over_keeps_matching_ipv6_sockets_else_opens_or_goes_without():
+    from dataplane.daemon import takeover
+    from dataplane.daemon.inherited import Inherited
+    from dataplane.host.udpsock import open_udp_sockets
+    ext = SimpleNamespace(iface_addr=IPv4Address("127.0.0.1"))
+    v4 = open_udp_sockets("127.0.0.1", 0, 2)
+    handed = open_udp_sockets("::1", 0, 2)
+    port = handed[0].getsockname()[1]
+    wanted = ("2001:db8::1", "::1", 1452)
+    try:
+        inh = Inherited({}, [], v4, handed)
+        assert takeover.underlay6(inh, wanted, ext, port) == wanted and inh.socks6 == handed
+        # another port: let go, no IPv6 underlay this run
+        assert takeover.underlay6(inh, wanted, ext, port + 1) is None and not inh.socks6
+        assert all(s.fileno() == -1 for s in handed)
+        # none handed (the previous daemon had none): opened now
+        inh = Inherited({}, [], v4)
+        assert takeover.underlay6(inh, wanted, ext, port) == wanted
+        assert [s.getsockname()[:2] for s in inh.socks6] == [("::1", port)] * 2
+        # not wanted: what came is let go
+        mine = inh.socks6
+        assert takeover.underlay6(inh, None, ext, port) is None
+        assert all(s.fileno() == -1 for s in mine)
+    finally:
+        for s in v4 + handed:
+            s.close()

@@ -227,3 +227,44 @@ def test_real_netlink_view_reads_flags():
         lo = next(l for l in v.links() if l.name == "lo")
     assert all(isinstance(a, Addr) for a in lo.addrs)
     assert any(str(a) == "127.0.0.1" and a.flags & IFA_F_PERMANENT for a in lo.addrs)
+
+
+# -- the IPv6 underlay's address (docs/operating.md#dual-stack) ------------------------------
+from dataplane.host.iface import ENCAP_OVERHEAD6, preferred_ipv6, underlay6  # noqa: E402
+
+LINKS6 = [
+    Link("eth0", 2, 1500, ("10.0.0.5",),
+         (Addr("fe80::5", STATIC), Addr("2001:db8::dead", IFA_F_SECONDARY),   # temporary
+          Addr("2001:db8::d", DYNAMIC), Addr("2001:db8::beef", IFA_F_DEPRECATED | STATIC),
+          Addr("fd00:99::5", STATIC))),
+    Link("eth1", 3, 1500, ("192.168.77.3",), ("fe80::3",)),
+    Link("eth2", 4, 1500, ("192.168.78.3",), ("::ffff:10.1.1.1", "2001:db8:2::2")),
+]
+
+
+def test_the_ipv6_underlay_address_is_flanneld_order_global_only():
+    """flanneld's order for IPv6 (permanent before dynamic, non-temporary before temporary,
+    deprecated out); a link-local address is never it (it names no peer without a scope), nor
+    an IPv4-mapped one."""
+    eth0, eth1, eth2 = LINKS6
+    assert str(preferred_ipv6(eth0)) == "fd00:99::5"
+    assert preferred_ipv6(eth1) is None
+    assert str(preferred_ipv6(eth2)) == "2001:db8:2::2"
+    e = select_interface(view=StaticView(LINKS6, 2))
+    assert str(e.iface_addr6) == "fd00:99::5" and e.mtu - ENCAP_OVERHEAD6 == 1452
+    assert select_interface(view=StaticView(LINKS6, 3)).iface_addr6 is None
+
+
+def test_public_ipv6_is_bound_when_held_else_the_interface_address():
+    e = select_interface(view=StaticView(LINKS6, 2))
+    assert tuple(map(str, underlay6(e))) == ("fd00:99::5", "fd00:99::5")
+    # held by the interface, though not its first: bound as given
+    assert tuple(map(str, underlay6(e, "2001:db8::d"))) == ("2001:db8::d", "2001:db8::d")
+    # not held (a NATed address, as --public-ip): written in the lease, the own one bound
+    assert tuple(map(str, underlay6(e, "2001:db8:9::9"))) == ("2001:db8:9::9", "fd00:99::5")
+    bare = select_interface(view=StaticView(LINKS6, 3))
+    assert underlay6(bare) == (None, None)
+    pub, bind = underlay6(bare, "2001:db8:9::9")
+    assert str(pub) == "2001:db8:9::9" and bind is None
+    with pytest.raises(IfaceError, match="--public-ipv6 fe80::1 is not a global unicast"):
+        underlay6(e, "fe80::1")

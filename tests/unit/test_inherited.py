@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Network
+from dataclasses import replace
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address, IPv6Network
 from types import SimpleNamespace
 
 import pytest
@@ -124,6 +125,14 @@ def test_peers_come_back_as_leases():
     assert inherited.peers_of(_state()) == [
         Lease(subnet=IPv4Network("10.5.9.0/24"),
               attrs=LeaseAttrs(public_ip=IPv4Address("192.168.1.9")))]
+    # with their IPv6 parts and PublicIPv6s: the engine routes over the IPv6 underlay at once
+    state = dict(_state(), peers6=[["10.5.9.0/24", "fc00:5:0:9::/64"]],
+                 peers_public_ipv6=[["10.5.9.0/24", "fd00:99::9"]])
+    assert inherited.peers_of(state) == [
+        Lease(subnet=IPv4Network("10.5.9.0/24"),
+              attrs=LeaseAttrs(public_ip=IPv4Address("192.168.1.9"), forwards_ipv6=True,
+                               public_ipv6=IPv6Address("fd00:99::9")),
+              ipv6_subnet=IPv6Network("fc00:5:0:9::/64"))]
 
 
 def test_state_file_is_rewritten_in_place():
@@ -158,6 +167,13 @@ def test_a_dual_stack_lease_is_handed_over_with_its_ipv6_part():
     state = dict(_state(config=DUAL_CONFIG), lease=inherited.lease_json(_lease(**DUAL_LEASE)))
     lease, why = kept_lease(state, EXT, parse_config(json.dumps(DUAL_CONFIG)))
     assert why == "" and lease.ipv6_subnet == IPv6Network("fc00:5:0:7::/64")
+    assert lease.attrs.public_ipv6 is None
+    # the value's PublicIPv6 comes along (the lease manager rewrites a value that differs)
+    with_pub6 = replace(_lease(**DUAL_LEASE), attrs=LeaseAttrs(
+        _lease(**DUAL_LEASE).public_ip, public_ipv6=IPv6Address("fd00:99::1")))
+    state["lease"] = inherited.lease_json(with_pub6)
+    lease, _ = kept_lease(state, EXT, parse_config(json.dumps(DUAL_CONFIG)))
+    assert lease.attrs.public_ipv6 == IPv6Address("fd00:99::1")
 
 
 def test_a_state_from_before_dual_stack_takes_the_ipv6_part_from_the_key():

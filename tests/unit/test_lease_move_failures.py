@@ -137,7 +137,7 @@ class Factory:
         monkeypatch.setattr(startup, "new_engine", self)
 
     def __call__(self, cls, opts, tun_fds, socks, subnet, mtu, offload_flags, own_sources,
-                 subnet6=None):
+                 subnet6=None, socks6=()):
         step = self.script.pop(0) if self.script else None
         if isinstance(step, startup.StartupError):
             raise step

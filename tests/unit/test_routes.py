@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv4Address, IPv4Network, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
 
@@ -70,8 +70,10 @@ def test_change_between_snapshots():
 NET6 = IPv6Network("fc00:66::/56")
 
 
-def lease6(subnet: str, ip: str, part: str | None, forwards: bool = True) -> Lease:
-    return Lease(IPv4Network(subnet), LeaseAttrs(IPv4Address(ip), forwards_ipv6=forwards),
+def lease6(subnet: str, ip: str, part: str | None, forwards: bool = True,
+           pub6: str | None = None) -> Lease:
+    return Lease(IPv4Network(subnet), LeaseAttrs(IPv4Address(ip), forwards_ipv6=forwards,
+                                                 public_ipv6=IPv6Address(pub6) if pub6 else None),
                  ipv6_subnet=IPv6Network(part) if part else None)
 
 
@@ -133,12 +135,14 @@ def test_a_reshaped_key_with_the_same_value_is_a_change():
     assert IPv6Network("fc00:66:0:2::/64") not in table and IPv6Network("fc00:66:0:9::/64") in table
 
 
-def test_route_changes_keep_a_dual_stack_table_equal_to_the_snapshots():
+@pytest.mark.parametrize("public6", [None, "fd00:99::1"], ids=["ipv4-underlay", "ipv6-underlay"])
+def test_route_changes_keep_a_dual_stack_table_equal_to_the_snapshots(public6):
     """Snapshot after snapshot (peers come, go, gain, lose and move their IPv6 part, lose
-    their mark), the kept table stays route_table(snapshot)."""
+    their mark, gain, lose and change their PublicIPv6), the kept table stays
+    route_table(snapshot), underlay and MTU included."""
     import random
     rng = random.Random(37)
-    parts = Ipv6Parts(NET6)
+    parts = Ipv6Parts(NET6, public6=IPv6Address(public6) if public6 else None, mtu6=1452)
     snap = PeerSnapshot.of([], IPv4Network(OWN))
     table: dict = {}
     for _ in range(300):
@@ -154,10 +158,47 @@ def test_route_changes_keep_a_dual_stack_table_equal_to_the_snapshots():
                     f"fc00:99:0:{i}::/64" if roll < 0.4 else
                     # the allocator never gives a part twice: each subnet draws from its own
                     f"fc00:66:0:{i * 16 + rng.randint(0, 3):x}::/64")
+            pub6 = rng.choice([None, None, f"fd00:99::{rng.randint(2, 5)}", "fe80::1",
+                               f"fc00:66::{i}"])
             peers[IPv4Network(subnet)] = lease6(subnet, f"192.168.77.{rng.randint(2, 5)}", part,
-                                                forwards=rng.random() < 0.8)
+                                                forwards=rng.random() < 0.8, pub6=pub6)
         after = PeerSnapshot.of(peers, IPv4Network(OWN))
         change = PeerChange.between(snap, after)
         table = apply(table, *route_changes(change, 8285, parts, before=snap))
         assert table == as_dict(route_table(after, 8285, parts))
         snap = after
+
+
+def test_ipv6_parts_go_over_ipv6_when_both_hosts_have_a_public_ipv6(caplog):
+    """The IPv6 underlay (docs/operating.md#dual-stack): a part goes to the peer's PublicIPv6
+    with the inner MTU over IPv6 when we have one too; else, or when the peer's address cannot
+    carry the overlay (said once), IPv4-mapped to its PublicIP at flannel0's MTU (0)."""
+    caplog.set_level(logging.INFO)
+    leases = [lease6("10.5.2.0/24", "192.168.77.2", "fc00:66:0:2::/64", pub6="fd00:99::2"),
+              lease6("10.5.3.0/24", "192.168.77.3", "fc00:66:0:3::/64"),             # no v6
+              lease6("10.5.4.0/24", "192.168.77.4", "fc00:66:0:4::/64", pub6="fc00:66::4"),
+              lease6("10.5.5.0/24", "192.168.77.5", "fc00:66:0:5::/64", pub6="fd00:99::1")]
+    snap = PeerSnapshot.of(leases, IPv4Network(OWN))
+    ours = Ipv6Parts(NET6, public6=IPv6Address("fd00:99::1"), mtu6=1452)
+    six = {str(r.subnet): r for r in route_table(snap, 8285, ours) if r.subnet.version == 6}
+    assert six["fc00:66:0:2::/64"] == Route.make("fc00:66:0:2::/64", "fd00:99::2", 8285, mtu=1452)
+    for i in (3, 4, 5):
+        assert six[f"fc00:66:0:{i}::/64"] == Route.make(f"fc00:66:0:{i}::/64", f"192.168.77.{i}",
+                                                        8285)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("10.5.4.0/24" in m and "inside the IPv6Network" in m for m in said), said
+    assert any("10.5.5.0/24" in m and "this host's own" in m for m in said), said
+    n = len(caplog.records)
+    route_table(snap, 8285, ours)
+    assert len(caplog.records) == n, "said once"
+    # without an IPv6 underlay of our own, every part goes over IPv4
+    plain = route_table(snap, 8285, Ipv6Parts(NET6))
+    assert all(r.peer_ip.version == 4 or r.peer_ip.ipv4_mapped for r in plain)
+    assert all(getattr(r, "mtu", 0) == 0 for r in plain)
+    # the peer's PublicIPv6 alone changes: a change, and its part moves underlay
+    after = PeerSnapshot.of([lease6("10.5.2.0/24", "192.168.77.2", "fc00:66:0:2::/64")]
+                            + leases[1:], IPv4Network(OWN))
+    change = PeerChange.between(snap, after)
+    assert [str(l.subnet) for l in change.added] == ["10.5.2.0/24"]
+    removed, added = route_changes(change, 8285, ours, before=snap)
+    assert Route.make("fc00:66:0:2::/64", "192.168.77.2", 8285) in added

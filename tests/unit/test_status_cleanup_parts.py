@@ -54,12 +54,14 @@ def test_an_expired_lease_says_so():
     assert "EXPIRED" in render(doc) and "(1m30s ago)" in render(doc)
 
 
-def test_a_dual_stack_lease_shows_its_ipv6_part_address_and_route():
+def test_a_dual_stack_lease_shows_its_ipv6_part_underlay_address_and_route():
     assert "ipv6 subnet" not in render(NOT_READY)
     doc = dict(NOT_READY, lease=dict(NOT_READY["lease"], ipv6_subnet="fc00:5:0:3::/64"),
                ipv6={"tun_address": "fc00:5:0:3::/128", "route": "fc00:5::/56"}, tun="flannel0")
-    assert ("fc00:5:0:3::/64 (EnableIPv6): flannel0 has fc00:5:0:3::/128, "
-            "route fc00:5::/56 dev flannel0") in render(doc)
+    assert ("fc00:5:0:3::/64 (no PublicIPv6: over the IPv4 underlay); flannel0 has "
+            "fc00:5:0:3::/128, route fc00:5::/56 dev flannel0") in render(doc)
+    doc["lease"]["public_ipv6"] = "fd00:99::1"
+    assert "fc00:5:0:3::/64 (PublicIPv6 fd00:99::1: the IPv6 underlay" in render(doc)
 
 
 def test_daemon_command_lines():
