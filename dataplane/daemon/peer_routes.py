@@ -128,13 +128,12 @@ class PeerRoutes:
         finds neither; the engine routes every IPv6 part, so a part's direct route may go
         first (a part that moved to another peer is routed after its old route went)."""
         st = self.state
-        ifindex = st.ext.index
         for lease in split.route:
-            direct_routes.replace(lease.subnet, lease.public_ip, ifindex)
+            direct_routes.replace(lease.subnet, lease.public_ip, st.ext.index)
         for lease in split.unroute6:
             direct_routes.delete(lease.ipv6_subnet)
         for lease in split.route6:
-            direct_routes.replace(lease.ipv6_subnet, lease.attrs.public_ipv6, ifindex)
+            direct_routes.replace(lease.ipv6_subnet, lease.attrs.public_ipv6, st.ext.index)
         port = st.config.backend_port
         removed, added = route_changes(split.engine, port, before=st.peers)
         removed6, added6 = route_changes(whole, port, self.ipv6, before=st.peers6)
