@@ -84,6 +84,8 @@ class PeerRoutes:
         decided again, and the kernel's direct routes made to match."""
         st = self.state
         with self._lock:
+            if self.routes is None:     # before the first listing, which decides every peer
+                return
             split = st.direct.reconsider(st.peers6, st.peers)
             for lease in split.route:
                 log.info("Subnet %s: now a direct route via %s dev %s (its PublicIP is on this "
