@@ -229,7 +229,8 @@ def main(args) -> int:
         steps.append(("", lambda: firewall.remove_all()))   # one transaction for all of them
     for name in sorted(tun_devices()):
         steps.append((f"ip link del {name}", _del_link(name)))
-    for subnet, via in sorted(direct_routes.installed().items()):
+    for subnet, via in sorted(direct_routes.installed().items(),     # IPv4's, then IPv6's
+                              key=lambda item: (item[0].version, item[0])):
         steps.append((f"ip route del {subnet} via {via} proto {direct_routes.PROTO}    "
                       "# DirectRouting", lambda subnet=subnet: direct_routes.delete(subnet)))
     steps += _blackhole_steps(opts.subnet_file)

@@ -84,7 +84,8 @@ def main(args) -> int:
         return 2
     if args.ipv6 and args.direct_routing:
         print("flannel-udp demo: --ipv6 follows the IPv6 ping through the engines, and "
-              "DirectRouting routes IPv4 only: use one or the other", file=sys.stderr)
+              "--direct-routing follows the IPv4 one around them: use one or the other",
+              file=sys.stderr)
         return 2
 
     if args.json:

@@ -1,6 +1,7 @@
-"""DirectRouting: which peers get a plain kernel route instead of the engine, with no I/O.
+"""DirectRouting: which peers get a plain kernel route instead of the engine, with no I/O; each
+family decided on its own.
 
-A peer goes direct when all three hold:
+A peer's IPv4 subnet goes direct when all three hold:
 
 * the network config says ``"Backend": {"Type": "udp", "DirectRouting": true}`` (this host);
 * the peer's lease says ``"DirectRouting": true``: it routes directly back to us. Without that
@@ -8,22 +9,32 @@ A peer goes direct when all three hold:
   would leave plain and its replies come back through flannel0, and reverse-path filtering drops
   what arrives on an interface the route back does not use;
 * the kernel reaches the peer's PublicIP without a gateway on our external interface (the
-  ``on_link`` question, host/direct_routes.py), as flanneld's vxlan backend decides it;
-* the engines forward no IPv6 part of its lease (``ipv6_routed``): direct routes are IPv4
-  only so far, and a peer is reached one way for both families (its host decides the same on
-  our lease, so both ends agree and reverse-path filtering sees each family come back the way
-  it left).
+  ``on_link`` question, host/direct_routes.py), as flanneld's vxlan backend decides it.
 
-Every other peer stays in the engine's table. :meth:`DirectRouting.apply` takes each change of
-the peer watcher and returns the engine's share of it and the kernel routes to add and remove;
+Its IPv6 part (a dual-stack lease) goes direct, ``via <PublicIPv6> dev <external interface>``,
+when the first two hold, the part is one the engines would route (``ipv6_part``: the lease says
+ForwardsIPv6, the part lies in IPv6Network and is not ours; control/routes.py Ipv6Parts), and the
+lease's PublicIPv6 is on our link the same way (a connected IPv6 prefix of the external
+interface covers it). flanneld's vxlan and host-gw backends decide the two families apart the
+same way, IPv6 on PublicIPv6 alone. A peer without a PublicIPv6 (or with one behind a gateway)
+keeps its IPv6 part in the engine, over the IPv4 underlay, whatever its IPv4 subnet does.
+
+The engine's table gets every IPv4 subnet that is not direct; its IPv6 parts do not depend on
+DirectRouting at all (daemon/peer_routes.py derives them from the whole change): a direct route
+is more specific than IPv6Network's route to flannel0, so the kernel sends nothing of a direct
+part to the engine, and a peer that sends its IPv6 to us encapsulated all the same (it does not
+see a PublicIPv6 of ours on its link) is still a peer the engine receives from.
+
+:meth:`DirectRouting.apply` takes each change of the peer watcher and returns the engine's (IPv4)
+share of it and the kernel routes to add and remove for both families;
 :meth:`DirectRouting.reconsider` answers again for every peer after the host's addresses or
 routes changed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
-from typing import Callable
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
+from typing import Callable, Optional, Union
 
 from .lease import Lease
 from .peerset import PeerChange, PeerSnapshot
@@ -33,69 +44,98 @@ DIRECT, ENCAPSULATED = "direct", "encapsulated"
 
 @dataclass(frozen=True)
 class Split:
-    """One peer change, divided: ``engine`` is what the engine's table gets (its snapshot
-    holds the encapsulated peers only); ``route`` the leases to route directly (new or whose
-    PublicIP changed), ``unroute`` those whose direct route goes."""
+    """One peer change, divided: ``engine`` is what the engine's table gets of the IPv4
+    subnets (its snapshot holds the encapsulated peers only); ``route`` the leases whose IPv4
+    subnet to route directly (new or whose PublicIP changed), ``unroute`` those whose direct
+    route goes; ``route6`` and ``unroute6`` the same for the leases' IPv6 parts (an unrouted
+    lease is the one whose part had the route: a part that changed is unrouted, then routed)."""
     engine: PeerChange
     route: tuple = ()
     unroute: tuple = ()
+    route6: tuple = ()
+    unroute6: tuple = ()
+
+
+def _no_ipv6(_lease: Lease) -> Optional[str]:
+    return "IPv6 is off in the network config"
 
 
 class DirectRouting:
-    def __init__(self, enabled: bool, on_link: Callable[[IPv4Address], bool],
-                 ipv6_routed: Callable[[Lease], bool] = lambda _lease: False):
+    def __init__(self, enabled: bool,
+                 on_link: Callable[[Union[IPv4Address, IPv6Address]], bool],
+                 ipv6_part: Callable[[Lease], Optional[str]] = _no_ipv6):
+        """``on_link``: the kernel's answer for an address of either family; ``ipv6_part``:
+        why a lease's IPv6 part is no route of the engines (None: it is one)."""
         self.enabled = enabled
         self.on_link = on_link
-        self.ipv6_routed = ipv6_routed
-        self.direct: dict[IPv4Network, Lease] = {}
+        self.ipv6_part = ipv6_part
+        self.direct: dict[IPv4Network, Lease] = {}      # IPv4 subnet -> lease routed directly
+        self.direct6: dict[IPv4Network, Lease] = {}     # IPv4 subnet -> lease whose part is
 
-    def why_not(self, lease: Lease) -> str | None:
-        """Why ``lease`` is encapsulated (None: it goes direct)."""
+    def _why_not_peer(self, lease: Lease) -> Optional[str]:
         if not self.enabled:
             return "DirectRouting is off in the network config"
         if not lease.attrs.direct_routing:
             return "the peer does not route directly (no DirectRouting in its lease: flanneld, " \
                    "or a flannel-udp without it)"
-        if self.ipv6_routed(lease):
-            return ("the engines forward its IPv6 part (direct routes are IPv4 only so far), so "
-                    "both families go through flannel0")
-        if not self.on_link(lease.public_ip):
-            return f"its PublicIP {lease.public_ip} is reached through a gateway, not on this " \
-                   "host's link"
+        return None
+
+    def why_not(self, lease: Lease) -> Optional[str]:
+        """Why the IPv4 subnet of ``lease`` is encapsulated (None: it goes direct)."""
+        why = self._why_not_peer(lease)
+        if why is None and not self.on_link(lease.public_ip):
+            why = f"its PublicIP {lease.public_ip} is reached through a gateway, not on this " \
+                  "host's link"
+        return why
+
+    def why_not6(self, lease: Lease) -> Optional[str]:
+        """Why the IPv6 part of ``lease`` is not routed directly (None: it is)."""
+        why = self._why_not_peer(lease) or self.ipv6_part(lease)
+        if why is not None:
+            return why
+        pub6 = lease.attrs.public_ipv6
+        if pub6 is None:
+            return "its lease has no PublicIPv6"
+        if not self.on_link(pub6):
+            return f"its PublicIPv6 {pub6} is reached through a gateway, not on this host's link"
         return None
 
     def mode(self, subnet: IPv4Network) -> str:
         return DIRECT if subnet in self.direct else ENCAPSULATED
+
+    def mode6(self, subnet: IPv4Network) -> str:
+        """The way of the IPv6 part of the lease of ``subnet`` (its IPv4 subnet)."""
+        return DIRECT if subnet in self.direct6 else ENCAPSULATED
 
     def apply(self, change: PeerChange, engine_before: PeerSnapshot) -> Split:
         """``change`` as the watcher reported it; ``engine_before``: the engine's snapshot the
         last split gave (what its table holds now)."""
         if not self.enabled:
             return Split(change)
-        route, unroute = [], []
-        for lease in change.removed:
-            old = self.direct.pop(lease.subnet, None)
-            if old is not None:
-                unroute.append(old)
-        for lease in change.added:
-            if self.why_not(lease) is None:
-                self.direct[lease.subnet] = lease
-                route.append(lease)
-            else:
-                old = self.direct.pop(lease.subnet, None)
-                if old is not None:
-                    unroute.append(old)
-        return self._split(change, route, unroute, engine_before)
+        route, unroute = _follow(self.direct, self.why_not, change.removed, change.added,
+                                 lambda lease: lease.subnet)
+        route6, unroute6 = _follow(self.direct6, self.why_not6, change.removed, change.added,
+                                   lambda lease: lease.ipv6_subnet)
+        return self._split(change, route, unroute, engine_before, route6, unroute6)
 
     def reconsider(self, snapshot: PeerSnapshot, engine_before: PeerSnapshot) -> Split:
-        """Every peer of ``snapshot`` decided again; the split of those whose way changed."""
+        """Every peer of ``snapshot`` decided again; the split of those whose way changed, each
+        family on its own (a peer whose IPv6 part alone flipped leaves its IPv4 route be)."""
         if not self.enabled:
             return Split(PeerChange(engine_before))
-        flipped = tuple(lease for subnet, lease in sorted(snapshot.peers.items())
+        peers = sorted(snapshot.peers.items())
+        flipped = tuple(lease for subnet, lease in peers
                         if (self.why_not(lease) is None) != (subnet in self.direct))
-        return self.apply(PeerChange(snapshot, added=flipped), engine_before)
+        flipped6 = tuple(lease for subnet, lease in peers
+                         if (self.why_not6(lease) is None) != (subnet in self.direct6))
+        route, unroute = _follow(self.direct, self.why_not, (), flipped,
+                                 lambda lease: lease.subnet)
+        route6, unroute6 = _follow(self.direct6, self.why_not6, (), flipped6,
+                                   lambda lease: lease.ipv6_subnet)
+        return self._split(PeerChange(snapshot, added=flipped), route, unroute, engine_before,
+                           route6, unroute6)
 
-    def _split(self, change, route, unroute, engine_before) -> Split:
+    def _split(self, change, route, unroute, engine_before, route6, unroute6) -> Split:
         snapshot = change.snapshot
         engine = PeerSnapshot.of(snapshot.peers, snapshot.own, skip=self.direct)
         removed = [lease for lease in change.removed if lease.subnet in engine_before.peers]
@@ -104,4 +144,25 @@ class DirectRouting:
         order = lambda lease: (int(lease.subnet.network_address), lease.subnet.prefixlen)
         return Split(PeerChange(engine, tuple(sorted(added, key=order)),
                                 tuple(sorted(removed, key=order))),
-                     tuple(route), tuple(unroute))
+                     tuple(route), tuple(unroute), tuple(route6), tuple(unroute6))
+
+
+def _follow(table: dict, why_not, removed, added, dst) -> tuple[list, list]:
+    """One family's direct routes after a change: ``table`` (IPv4 subnet -> lease routed
+    directly) updated; returns the leases to route and those whose route (to ``dst(lease)``)
+    goes."""
+    route, unroute = [], []
+    for lease in removed:
+        old = table.pop(lease.subnet, None)
+        if old is not None:
+            unroute.append(old)
+    for lease in added:
+        old = table.pop(lease.subnet, None)
+        if why_not(lease) is None:
+            if old is not None and dst(old) != dst(lease):
+                unroute.append(old)
+            table[lease.subnet] = lease
+            route.append(lease)
+        elif old is not None:
+            unroute.append(old)
+    return route, unroute

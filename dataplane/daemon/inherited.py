@@ -90,11 +90,15 @@ def state_of(daemon) -> dict:
     with daemon.lock:
         peers = [[str(s), str(l.public_ip)] for s, l in sorted(daemon.peers.peers.items())]
         # the peers' IPv6 parts the engines route, apart: a daemon of an older version reads
-        # "peers" as pairs and past a key it does not know
-        peers6 = [[str(s), str(l.ipv6_subnet)] for s, l in sorted(daemon.peers.peers.items())
-                  if l.ipv6_subnet is not None and l.attrs.forwards_ipv6]
+        # "peers" as pairs and past a key it does not know. The engine routes the parts of
+        # peers whose IPv4 goes direct too; "peers6_via" has their PublicIPs (an older version
+        # takes only the parts of "peers")
+        with6 = [(s, l) for s, l in sorted(daemon.peers6.peers.items())
+                 if l.ipv6_subnet is not None and l.attrs.forwards_ipv6]
+        peers6 = [[str(s), str(l.ipv6_subnet)] for s, l in with6]
+        via6 = [[str(s), str(l.public_ip)] for s, l in with6 if s not in daemon.peers.peers]
         # and their PublicIPv6s, so that the IPv6 underlay's routes are there from the switch
-        pub6 = [[str(s), str(l.attrs.public_ipv6)] for s, l in sorted(daemon.peers.peers.items())
+        pub6 = [[str(s), str(l.attrs.public_ipv6)] for s, l in with6
                 if l.attrs.public_ipv6 is not None]
     return {
         "version": STATE_VERSION, "pid": os.getpid(), "engine": daemon.engine_cls.name,
@@ -110,17 +114,23 @@ def state_of(daemon) -> dict:
         "peers": peers,
         "peers6": peers6,
         "peers_public_ipv6": pub6,
+        "peers6_via": via6,
     }
 
 
-def peers_of(state: dict) -> list[Lease]:
+def peers_of(state: dict, ipv6: bool = False) -> list[Lease]:
+    """The engine's peers of the state: those of its IPv4 routes, or (``ipv6``) every peer
+    whose IPv6 part it routes."""
     parts = {s: IPv6Network(v6) for s, v6 in state.get("peers6", [])}
     pub6 = {s: IPv6Address(a) for s, a in state.get("peers_public_ipv6", [])}
+    pairs = state.get("peers", [])
+    if ipv6:
+        pairs = [(s, ip) for s, ip in pairs + state.get("peers6_via", []) if s in parts]
     return [Lease(subnet=IPv4Network(s),
                   attrs=LeaseAttrs(public_ip=IPv4Address(ip), forwards_ipv6=s in parts,
                                    public_ipv6=pub6.get(s)),
                   ipv6_subnet=parts.get(s))
-            for s, ip in state.get("peers", [])]
+            for s, ip in pairs]
 
 
 class StateFile:

@@ -371,12 +371,12 @@ class Daemon:
                                           self.lease.ipv6_subnet, self.config.ipv6_network))
         self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
                                       self._routed6())
-        self.peers = PeerSnapshot.of(inherited.peers_of(inh.state), self.lease.subnet)
+        self._take_peers(inh.state)
         self._make_engine()
         state = inh.switch(self.engine.start)
         # what changed on the old daemon since its offer
         with self.lock:
-            self.peers = PeerSnapshot.of(inherited.peers_of(state), self.lease.subnet)
+            self._take_peers(state)
             self.peer_routes.load(self.engine)
         lease, _ = inherited.kept_lease(state, self.ext, self.config)
         if lease is not None and lease != self.lease:
@@ -388,6 +388,10 @@ class Daemon:
         log.info("Took over from pid %s through %s: forwarding on %s (%d queue(s)) with %d "
                  "peer route(s) it knew", state.get("pid", "?"), inh.way, self.tun_name,
                  len(self.tun_fds), len(self.peers))
+
+    def _take_peers(self, state) -> None:
+        self.peers = PeerSnapshot.of(inherited.peers_of(state), self.lease.subnet)
+        self.peers6 = PeerSnapshot.of(inherited.peers_of(state, ipv6=True), self.lease.subnet)
 
     def _save_state(self):
         takeover.save(self.state_file, lambda: inherited.state_of(self))

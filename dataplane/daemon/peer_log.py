@@ -64,18 +64,19 @@ class PeerLog:
             for lease in change.added:
                 fields = self._fields(lease, "added", table_size)
                 on = direct is not None and direct.enabled
+                six = _ipv6_way(direct, lease) if on else ""
                 if on and direct.mode(lease.subnet) == DIRECT:
                     fields["mode"] = DIRECT
                     log.info("Subnet added: %s via %s, a direct route (DirectRouting: on this "
-                             "host's link); %d peer(s) through flannel0", lease.subnet,
-                             lease.public_ip, table_size, extra=fields)
+                             "host's link)%s; %d peer(s) through flannel0", lease.subnet,
+                             lease.public_ip, six, table_size, extra=fields)
                     continue
                 why = (direct.why_not(lease) or "its lease changed meanwhile") if on else ""
                 if why:
                     fields["mode"] = ENCAPSULATED
-                log.info("Subnet added: %s via %s:%d%s; %d peer(s) in the route table",
+                log.info("Subnet added: %s via %s:%d%s%s; %d peer(s) in the route table",
                          lease.subnet, lease.public_ip, self.port,
-                         f", encapsulated: {why}" if why else "", table_size, extra=fields)
+                         f", encapsulated: {why}" if why else "", six, table_size, extra=fields)
             self._lines += n
             return
         for kind, leases in (("removed", change.removed), ("added", change.added)):
@@ -136,3 +137,14 @@ class PeerLog:
         if kind == "added":
             return f"{lease.subnet} via {lease.public_ip}"
         return str(lease.subnet)
+
+
+def _ipv6_way(direct, lease) -> str:
+    """The way of the lease's IPv6 part with DirectRouting on, when it has a part to route."""
+    part = lease.ipv6_subnet
+    if direct.mode6(lease.subnet) == DIRECT:
+        return f"; its IPv6 part {part} via {lease.attrs.public_ipv6}, a direct route"
+    if part is None or direct.ipv6_part(lease) is not None:
+        return ""
+    why = direct.why_not6(lease) or "its lease changed meanwhile"
+    return f"; its IPv6 part {part} through flannel0: {why}"

@@ -3,10 +3,13 @@ routes. The one way a peer change reaches the engine.
 
 The peer watch reports changes (its publisher thread, or the daemon's main thread during a lease
 move: daemon/lease_move.py); DirectRouting (control/direct.py) splits each into the engine's
-share and the direct routes. The engine's share is applied to the route table kept here (the work
-of the change, not of the whole table: control/routes.py), which every queue takes whole and at
-once; a new engine (a lease move, a failed handover) gets the whole table the same way. With
-DirectRouting on, the host's address and route changes decide every peer again.
+share of the IPv4 subnets and the direct routes of both families. The engine's IPv4 routes follow
+that share, its IPv6 routes the whole change (a peer's IPv6 part is routed by the engine whether
+or not either family goes direct: control/direct.py says why), so the two families' ways are
+independent. Both are applied to the route table kept here (the work of the change, not of the
+whole table: control/routes.py), which every queue takes whole and at once; a new engine (a lease
+move, a failed handover) gets the whole table the same way. With DirectRouting on, the host's
+address and route changes decide every peer again.
 
 What the reports read (the engine's peers, the direct ones) is in the daemon's DaemonState
 (daemon/state.py), written under its lock.
@@ -33,7 +36,6 @@ class PeerRoutes:
         self.routes = None                    # the engine's table; None until the first listing
         # which peers' IPv6 parts are routes (control/routes.py): none until follow_lease
         self.ipv6 = Ipv6Parts(None)
-        self.all_peers = PeerSnapshot()       # every peer the watcher reported last
         self.route_watch = None               # host/direct_routes.py HostRouteWatch, when it is on
         self._lock = threading.RLock()        # one peer change (or re-decision) at a time
         self._changed = False                 # peers changed since take_changed(); state.lock
@@ -54,10 +56,11 @@ class PeerRoutes:
         ifindex = st.ext.index
         st.direct = DirectRouting(st.config.direct_routing,
                                   lambda ip: direct_routes.on_link(ip, ifindex),
-                                  ipv6_routed=lambda lease: self.ipv6.why_not(lease) is None)
+                                  ipv6_part=lambda lease: self.ipv6.why_not(lease))
         if st.config.direct_routing:
             log.info("DirectRouting is on: peers that have it too and whose PublicIP is on %s's "
-                     "link get a plain route via their PublicIP (proto %d); the others go through "
+                     "link get a plain route via their PublicIP (proto %d), their IPv6 parts one "
+                     "via their PublicIPv6 when that is on the link; the others go through "
                      "flannel0", st.ext.name, direct_routes.PROTO)
             self.route_watch = direct_routes.HostRouteWatch(
                 lambda: self.reconsider(table_type)).start()
@@ -74,8 +77,7 @@ class PeerRoutes:
         with self._lock:
             first = self.routes is None
             split = st.direct.apply(change, st.peers)
-            self.all_peers = change.snapshot
-            self._apply(split, table_type, reconcile=first)
+            self._apply(split, change, table_type, reconcile=first)
             # the peers the engine routes: its table also holds their IPv6 parts
             peer_log.record(change, len(st.peers), direct=st.direct)
 
@@ -84,7 +86,9 @@ class PeerRoutes:
         decided again, and the kernel's direct routes made to match."""
         st = self.state
         with self._lock:
-            split = st.direct.reconsider(self.all_peers, st.peers)
+            if self.routes is None:     # before the first listing, which decides every peer
+                return
+            split = st.direct.reconsider(st.peers6, st.peers)
             for lease in split.route:
                 log.info("Subnet %s: now a direct route via %s dev %s (its PublicIP is on this "
                          "host's link)", lease.subnet, lease.public_ip, st.ext.name)
@@ -92,37 +96,59 @@ class PeerRoutes:
                 log.info("Subnet %s: now through flannel0 to %s:%d (%s)", lease.subnet,
                          lease.public_ip, st.config.backend_port,
                          st.direct.why_not(lease) or "its lease changed")
-            self._apply(split, table_type, reconcile=True)
+            for lease in split.route6:
+                log.info("Subnet %s: its IPv6 part %s now a direct route via %s dev %s (its "
+                         "PublicIPv6 is on this host's link)", lease.subnet, lease.ipv6_subnet,
+                         lease.attrs.public_ipv6, st.ext.name)
+            for lease in split.unroute6:
+                log.info("Subnet %s: its IPv6 part %s now through flannel0 to %s:%d (%s)",
+                         lease.subnet, lease.ipv6_subnet, lease.public_ip,
+                         st.config.backend_port, st.direct.why_not6(lease) or "its lease changed")
+            self._apply(split, PeerChange(st.peers6), table_type, reconcile=True)
 
     def load(self, engine) -> None:
         """Give a new engine the routes of the peers known (the caller holds state.lock)."""
         if self.routes is not None:
             engine.set_table(self.routes)
         else:
-            engine.set_routes(route_table(self.state.peers, self.state.config.backend_port,
-                                          self.ipv6))
+            engine.set_routes(self._table(self.state.peers, self.state.peers6))
 
     def take_changed(self) -> bool:
         """Whether the peers changed since the last call (the caller holds state.lock)."""
         changed, self._changed = self._changed, False
         return changed
 
-    def _apply(self, split, table_type, reconcile: bool = False) -> None:
-        """The engine's share of a change, and the direct routes: a peer that goes direct gets
-        its route before it leaves the engine's table, one that comes back is in the table
-        before its route goes, so that no packet finds neither."""
+    def _table(self, peers: PeerSnapshot, peers6: PeerSnapshot) -> tuple:
+        """The whole table: the IPv4 subnets of ``peers`` (the engine's share), the routed IPv6
+        parts of ``peers6`` (every peer)."""
+        port = self.state.config.backend_port
+        return route_table(peers, port) + _ipv6_only(route_table(peers6, port, self.ipv6))
+
+    def _apply(self, split, whole: PeerChange, table_type, reconcile: bool = False) -> None:
+        """A change (``whole``; ``split`` its division, control/direct.py) applied: the
+        engine's IPv4 routes from its share, its IPv6 routes from the whole, and the direct
+        routes. A peer that goes direct gets its IPv4 route before it leaves the engine's
+        table, one that comes back is in the table before its route goes, so that no packet
+        finds neither; the engine routes every IPv6 part, so a part's direct route may go
+        first (a part that moved to another peer is routed after its old route went)."""
         st = self.state
         for lease in split.route:
             direct_routes.replace(lease.subnet, lease.public_ip, st.ext.index)
-        change = split.engine
+        for lease in split.unroute6:
+            direct_routes.delete(lease.ipv6_subnet)
+        for lease in split.route6:
+            direct_routes.replace(lease.ipv6_subnet, lease.attrs.public_ipv6, st.ext.index)
         port = st.config.backend_port
-        removed, added = route_changes(change, port, self.ipv6, before=st.peers)
+        removed, added = route_changes(split.engine, port, before=st.peers)
+        removed6, added6 = route_changes(whole, port, self.ipv6, before=st.peers6)
+        removed += tuple(subnet for subnet in removed6 if subnet.version == 6)
+        added += _ipv6_only(added6)
         with st.lock:
             if self.routes is None:     # the first listing: whole, so nothing handed over lingers
-                self.routes = table_type.of(route_table(change.snapshot, port, self.ipv6))
+                self.routes = table_type.of(self._table(split.engine.snapshot, whole.snapshot))
             else:
                 self.routes = self.routes.updated(removed, added)
-            st.peers = change.snapshot
+            st.peers, st.peers6 = split.engine.snapshot, whole.snapshot
             if st.engine is not None:
                 st.engine.set_table(self.routes)
             # The state file is for the next process only; the serve loop rewrites it once a
@@ -134,16 +160,22 @@ class PeerRoutes:
             self._reconcile_direct_routes()
 
     def _reconcile_direct_routes(self) -> None:
-        """Our routes in the kernel as decided: a previous daemon's that no peer wants go, a
-        missing one (deleted by hand) comes back."""
+        """Our routes in the kernel as decided, both families: a previous daemon's that no peer
+        wants go, a missing one (deleted by hand) comes back."""
         st = self.state
+        want = {subnet: lease.public_ip for subnet, lease in st.direct.direct.items()}
+        want.update((lease.ipv6_subnet, lease.attrs.public_ipv6)
+                    for lease in st.direct.direct6.values())
         have = direct_routes.installed()
         for subnet, via in have.items():
-            lease = st.direct.direct.get(subnet)
-            if lease is None:
+            if subnet not in want:
                 log.info("Removing the direct route to %s via %s: no peer routed directly has "
                          "it now", subnet, via)
                 direct_routes.delete(subnet)
-        for subnet, lease in st.direct.direct.items():
-            if have.get(subnet) != lease.public_ip:
-                direct_routes.replace(subnet, lease.public_ip, st.ext.index)
+        for subnet, via in want.items():
+            if have.get(subnet) != via:
+                direct_routes.replace(subnet, via, st.ext.index)
+
+
+def _ipv6_only(routes) -> tuple:
+    return tuple(route for route in routes if route.subnet.version == 6)

@@ -43,6 +43,8 @@ class DaemonState:
     peer_watcher: object = None         # control/peers.py PeerWatcher (or its process)
     config_watcher: object = None       # control/configwatch.py ConfigWatcher
     peers: PeerSnapshot = field(default_factory=PeerSnapshot)   # the engine's (encapsulated)
+    # every peer: the engine routes the IPv6 parts of all (daemon/peer_routes.py)
+    peers6: PeerSnapshot = field(default_factory=PeerSnapshot)
     direct: DirectRouting = field(default_factory=_no_direct_routes)   # the kernel's (direct)
     engine: object = None               # engine/multi.py MultiEngine
     engine_why: str = ""                # why this engine (engine/choice.py's sentence)

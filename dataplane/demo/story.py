@@ -42,7 +42,7 @@ class Demo:
     def __init__(self, engine: str = "auto", *, on_step=None, on_progress=None,
                  compare_engines: bool = True, direct_routing: bool = False, ipv6: bool = False):
         if ipv6 and direct_routing:
-            # DirectRouting routes IPv4 only: the ping6 would be the encapsulated one anyway
+            # one story each: the ping6 through the engines, or the IPv4 ping around them
             raise DemoError("--ipv6 follows the ping6 through the engines: not with "
                             "--direct-routing")
         self.engine_req = engine

@@ -1,7 +1,9 @@
 """The kernel's side of DirectRouting (control/direct.py decides which peers): plain routes
-``<peer subnet> via <peer PublicIP> dev <external interface>``, the question the decision asks
-the kernel (is a PublicIP reached without a gateway, on that interface?), and a watch of this
-host's addresses and routes, after which the answers may differ.
+``<peer subnet> via <peer PublicIP> dev <external interface>`` and, for a dual-stack peer's
+IPv6 part, ``<part> via <peer PublicIPv6> dev <external interface>`` (same protocol number and
+type), the question the decision asks the kernel (is an address reached without a gateway, on
+that interface?), and a watch of this host's addresses and routes of both families, after which
+the answers may differ.
 
 Our routes carry their own protocol number, PROTO (``ip route`` shows ``proto 153``): the
 daemon finds its own among the host's routes after a restart or a handover, and ``flannel-udp
@@ -16,7 +18,7 @@ import select
 import socket
 import struct
 import threading
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -26,15 +28,20 @@ log = logging.getLogger(__name__)
 PROTO = 153
 MAIN_TABLE = 254
 RTN_UNICAST = 1
-# rtnetlink multicast groups: links, IPv4 addresses, IPv4 routes
-_GROUPS = 0x1 | 0x10 | 0x40
+# rtnetlink multicast groups: links, IPv4 addresses, IPv4 routes, IPv6 addresses, IPv6 routes
+# (an IPv6 prefix that comes or goes changes which PublicIPv6 is on the link)
+_GROUPS = 0x1 | 0x10 | 0x40 | 0x100 | 0x400
 _RTM_NEWROUTE, _RTM_DELROUTE = 24, 25
 _NLMSG_HDR = struct.Struct("=IHHII")
 
 
-def on_link(ip: "IPv4Address | str", ifindex: int) -> bool:
-    """The kernel's own lookup: ``ip`` is reached on ``ifindex`` with no gateway (its route is
-    the interface's connected network, or a host route on it)."""
+def _family(net) -> int:
+    return socket.AF_INET6 if net.version == 6 else socket.AF_INET
+
+
+def on_link(ip: "IPv4Address | IPv6Address | str", ifindex: int) -> bool:
+    """The kernel's own lookup: ``ip`` (either family) is reached on ``ifindex`` with no
+    gateway (its route is the interface's connected network, or a host route on it)."""
     with IPRoute() as ipr:
         try:
             answer = ipr.route("get", dst=str(ip))
@@ -47,37 +54,41 @@ def on_link(ip: "IPv4Address | str", ifindex: int) -> bool:
     return False
 
 
-def replace(subnet: IPv4Network, via: IPv4Address, ifindex: int) -> None:
+def replace(subnet: "IPv4Network | IPv6Network", via: "IPv4Address | IPv6Address",
+            ifindex: int) -> None:
     """``<subnet> via <via> dev <ifindex> proto 153`` in the main table, replacing any route of
-    that subnet there (a PublicIP that changed)."""
+    that subnet there (a PublicIP that changed); both of one family."""
     with IPRoute() as ipr:
-        ipr.route("replace", dst=str(subnet), gateway=str(via), oif=ifindex, proto=PROTO,
-                  table=MAIN_TABLE)
+        ipr.route("replace", family=_family(subnet), dst=str(subnet), gateway=str(via),
+                  oif=ifindex, proto=PROTO, table=MAIN_TABLE, type=RTN_UNICAST)
 
 
-def delete(subnet: IPv4Network) -> None:
+def delete(subnet: "IPv4Network | IPv6Network") -> None:
     """Our route of ``subnet``, if it is there. The type is named: --ip-blackhole-route's
     blackhole carries PROTO too (host/blackhole.py), and a delete that leaves the type open takes
     whichever of the two the kernel finds first (a lease moved into a former peer's subnet)."""
     with IPRoute() as ipr:
         try:
-            ipr.route("del", dst=str(subnet), proto=PROTO, table=MAIN_TABLE, type=RTN_UNICAST)
+            ipr.route("del", family=_family(subnet), dst=str(subnet), proto=PROTO,
+                      table=MAIN_TABLE, type=RTN_UNICAST)
         except NetlinkError as e:
             if e.code not in (errno.ESRCH, errno.ENOENT):
                 raise
 
 
-def installed() -> dict[IPv4Network, IPv4Address]:
-    """Our routes in the main table: subnet -> gateway."""
+def installed() -> dict:
+    """Our routes in the main table, both families: subnet -> gateway (IPv4Network ->
+    IPv4Address, IPv6Network -> IPv6Address)."""
     out = {}
     with IPRoute() as ipr:
-        for msg in ipr.route("dump", family=socket.AF_INET, table=MAIN_TABLE):
-            if msg["proto"] != PROTO or msg.get_attr("RTA_GATEWAY") is None:
-                continue
-            dst = msg.get_attr("RTA_DST")
-            if dst is None:
-                continue
-            out[IPv4Network(f"{dst}/{msg['dst_len']}")] = IPv4Address(msg.get_attr("RTA_GATEWAY"))
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for msg in ipr.route("dump", family=family, table=MAIN_TABLE):
+                if msg["proto"] != PROTO or msg.get_attr("RTA_GATEWAY") is None:
+                    continue
+                dst = msg.get_attr("RTA_DST")
+                if dst is None:
+                    continue
+                out[ip_network(f"{dst}/{msg['dst_len']}")] = ip_address(msg.get_attr("RTA_GATEWAY"))
     return out
 
 

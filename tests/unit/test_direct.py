@@ -1,8 +1,9 @@
 """DirectRouting's decisions (control/direct.py) and what the lease and the config carry of it,
-with a fake of the kernel's on-link answer."""
+with a fake of the kernel's on-link answer; each family decided on its own."""
 from __future__ import annotations
 
-from ipaddress import IPv4Address, IPv4Network
+from dataclasses import replace
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
 
@@ -10,18 +11,30 @@ from dataplane.control.config import ConfigError, parse_config
 from dataplane.control.direct import DirectRouting
 from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peerset import PeerChange, PeerSnapshot
-from dataplane.control.routes import route_changes
+from dataplane.control.routes import Ipv6Parts, route_changes
 
 OWN = IPv4Network("10.5.1.0/24")
-ON_LINK = {IPv4Address("192.168.77.2"), IPv4Address("192.168.77.3")}
+ON_LINK = {IPv4Address("192.168.77.2"), IPv4Address("192.168.77.3"),
+           IPv6Address("fd77::2"), IPv6Address("fd77::3")}
+NET6 = IPv6Network("fc00:5::/56")
 
 
 def lease(n: int, ip: str, direct: bool = True) -> Lease:
     return Lease(IPv4Network(f"10.5.{n}.0/24"), LeaseAttrs(IPv4Address(ip), direct_routing=direct))
 
 
+def lease6(n: int, ip: str, ip6: str | None, direct: bool = True, part: int | None = None,
+           forwards: bool = True) -> Lease:
+    """A dual-stack lease: its IPv6 part fc00:5:0:<part or n>::/64."""
+    return Lease(IPv4Network(f"10.5.{n}.0/24"),
+                 LeaseAttrs(IPv4Address(ip), IPv6Address(ip6) if ip6 else None,
+                            direct_routing=direct, forwards_ipv6=forwards),
+                 ipv6_subnet=IPv6Network(f"fc00:5:0:{part if part is not None else n:x}::/64"))
+
+
 def routing(enabled=True, on_link=ON_LINK):
-    return DirectRouting(enabled, lambda ip: ip in on_link)
+    parts = Ipv6Parts(NET6, IPv6Network("fc00:5:0:1::/64"))
+    return DirectRouting(enabled, lambda ip: ip in on_link, ipv6_part=parts.why_not)
 
 
 def first(dr, leases):
@@ -119,3 +132,85 @@ def test_the_config_reads_directrouting(backend, want):
 def test_a_directrouting_that_is_no_bool_is_a_config_error():
     with pytest.raises(ConfigError, match="DirectRouting of type bool"):
         parse_config('{"Network":"10.5.0.0/16","Backend":{"Type":"udp","DirectRouting":"true"}}')
+
+
+def test_each_family_goes_direct_on_its_own_address():
+    dr = routing()
+    both = lease6(2, "192.168.77.2", "fd77::2")
+    v4_only = lease6(3, "192.168.77.3", None)               # no PublicIPv6: IPv6 in the engine
+    v6_only = lease6(4, "192.168.78.4", "fd77::3")          # PublicIP behind a gateway
+    far = lease6(5, "192.168.78.5", "fd78::5")
+    split = first(dr, [both, v4_only, v6_only, far])
+    assert split.route == (both, v4_only) and split.route6 == (both, v6_only)
+    assert split.unroute == split.unroute6 == ()
+    # the engine's IPv4 share: the encapsulated subnets only
+    assert set(split.engine.snapshot.peers) == {v6_only.subnet, far.subnet}
+    assert dr.mode(v4_only.subnet) == "direct" and dr.mode6(v4_only.subnet) == "encapsulated"
+    assert dr.mode(v6_only.subnet) == "encapsulated" and dr.mode6(v6_only.subnet) == "direct"
+    assert dr.why_not6(v4_only) == "its lease has no PublicIPv6"
+    assert "its PublicIPv6 fd78::5 is reached through a gateway" in dr.why_not6(far)
+    assert "its PublicIP 192.168.78.5 is reached through a gateway" in dr.why_not(far)
+
+
+def test_an_ipv6_part_the_engines_would_not_route_never_goes_direct():
+    dr = routing()
+    unmarked = lease6(2, "192.168.77.2", "fd77::2", forwards=False)    # flanneld's udp
+    outside = replace(lease6(3, "192.168.77.3", "fd77::3"),
+                      ipv6_subnet=IPv6Network("fc00:6::/64"))
+    ours = lease6(4, "192.168.77.2", "fd77::2", part=1)
+    no_flag = lease6(5, "192.168.77.3", "fd77::3", direct=False)
+    split = first(dr, [unmarked, outside, ours, no_flag])
+    assert split.route6 == () and dr.direct6 == {}
+    assert "ForwardsIPv6" in dr.why_not6(unmarked)
+    assert "outside the IPv6Network" in dr.why_not6(outside)
+    assert "overlaps this host's own IPv6 part" in dr.why_not6(ours)
+    assert "no DirectRouting in its lease" in dr.why_not6(no_flag)
+    assert routing(enabled=False).why_not6(lease6(2, "192.168.77.2", "fd77::2")) \
+        == "DirectRouting is off in the network config"
+    # a DirectRouting made without IPv6 (an IPv4-only config) routes no part
+    assert "IPv6 is off" in DirectRouting(True, lambda ip: True).why_not6(unmarked)
+
+
+def test_reconsidering_flips_one_family_and_leaves_the_other():
+    on_link = set(ON_LINK) - {IPv6Address("fd77::2")}
+    dr = routing(on_link=on_link)
+    a = lease6(2, "192.168.77.2", "fd77::2")
+    split = first(dr, [a])
+    assert split.route == (a,) and split.route6 == ()
+    snap, engine = PeerSnapshot.of([a], OWN), split.engine.snapshot
+    on_link.add(IPv6Address("fd77::2"))                 # an IPv6 prefix of the link appeared
+    split = dr.reconsider(snap, engine)
+    assert split.route6 == (a,) and split.route == split.unroute == split.unroute6 == ()
+    assert not split.engine                             # nothing for the engine's IPv4 share
+    on_link.discard(IPv4Address("192.168.77.2"))        # IPv4 goes through a gateway now
+    split = dr.reconsider(snap, split.engine.snapshot)
+    assert split.unroute == (a,) and split.engine.added == (a,)
+    assert split.route6 == split.unroute6 == ()
+    assert dr.mode(a.subnet) == "encapsulated" and dr.mode6(a.subnet) == "direct"
+
+
+def test_a_moved_ipv6_part_loses_its_old_route_and_a_gone_peer_both():
+    dr = routing()
+    a = lease6(2, "192.168.77.2", "fd77::2")
+    split = first(dr, [a])
+    before = PeerSnapshot.of([a], OWN)
+    moved = lease6(2, "192.168.77.2", "fd77::2", part=9)       # the same IPv4 subnet, reshaped
+    after = PeerSnapshot.of([moved], OWN)
+    split = dr.apply(PeerChange.between(before, after), split.engine.snapshot)
+    assert split.unroute6 == (a,) and split.route6 == (moved,)
+    # the IPv4 subnet is routed again (a replace: its PublicIP may have changed)
+    assert split.route == (moved,) and split.unroute == ()
+    new_ip = replace(moved, attrs=replace(moved.attrs, public_ipv6=IPv6Address("fd77::3")))
+    split = dr.apply(PeerChange.between(after, PeerSnapshot.of([new_ip], OWN)),
+                     split.engine.snapshot)
+    assert split.route6 == (new_ip,) and split.unroute6 == ()      # a replace of the same part
+    gone = dr.apply(PeerChange.between(PeerSnapshot.of([new_ip], OWN), PeerSnapshot(OWN)),
+                    split.engine.snapshot)
+    assert gone.unroute == (new_ip,) and gone.unroute6 == (new_ip,)
+    assert dr.direct == dr.direct6 == {}
+    # a PublicIPv6 that went from the lease takes the part back to the engine
+    dr = routing()
+    first(dr, [a])
+    bare = lease6(2, "192.168.77.2", None)
+    split = dr.apply(PeerChange.between(before, PeerSnapshot.of([bare], OWN)), PeerSnapshot(OWN))
+    assert split.unroute6 == (a,) and split.route6 == () and split.route == (bare,)

@@ -60,6 +60,7 @@ class FakeDaemon:
         self.peers = PeerSnapshot.of([Lease(subnet=IPv4Network("10.5.9.0/24"),
                                             attrs=LeaseAttrs(public_ip=IPv4Address("127.0.0.9")))],
                                      self.lease.subnet)
+        self.peers6 = self.peers
         self.state_file = None
         self.handing_over = False
         self.stopped = threading.Event()

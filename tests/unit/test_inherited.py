@@ -135,6 +135,25 @@ def test_peers_come_back_as_leases():
               ipv6_subnet=IPv6Network("fc00:5:0:9::/64"))]
 
 
+def test_ipv6_parts_of_peers_whose_ipv4_goes_direct_come_back_for_the_engine():
+    """The engine routes every peer's IPv6 part, DirectRouting or not: "peers6_via" has the
+    PublicIPs of those not in "peers" (their IPv4 goes direct), which a daemon reading
+    "peers" alone (an older one) leaves out."""
+    state = dict(_state(), peers=[["10.5.9.0/24", "192.168.1.9"]],
+                 peers6=[["10.5.9.0/24", "fc00:5:0:9::/64"], ["10.5.8.0/24", "fc00:5:0:8::/64"]],
+                 peers6_via=[["10.5.8.0/24", "192.168.1.8"]])
+    v4 = inherited.peers_of(state)
+    assert [(str(l.subnet), str(l.ipv6_subnet)) for l in v4] == [("10.5.9.0/24", "fc00:5:0:9::/64")]
+    v6 = inherited.peers_of(state, ipv6=True)
+    assert sorted((str(l.subnet), str(l.public_ip), str(l.ipv6_subnet), l.attrs.forwards_ipv6)
+                  for l in v6) == [("10.5.8.0/24", "192.168.1.8", "fc00:5:0:8::/64", True),
+                                   ("10.5.9.0/24", "192.168.1.9", "fc00:5:0:9::/64", True)]
+    # a state written before "peers6_via": the parts of "peers"
+    old = dict(state)
+    del old["peers6_via"]
+    assert [str(l.subnet) for l in inherited.peers_of(old, ipv6=True)] == ["10.5.9.0/24"]
+
+
 def test_state_file_is_rewritten_in_place():
     sf = StateFile.create()
     try:
