@@ -10,7 +10,7 @@ seeded random data and prints the same line for what it sent.
 HASH_SINK = r"""
 import hashlib, socket, sys
 timeout = float(sys.argv[3]) if len(sys.argv) > 3 else 20
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(timeout)
 print("listening", flush=True)
 c, _ = s.accept(); c.settimeout(timeout)

@@ -151,13 +151,14 @@ class Overlay:
         self.put("config", text)
 
     def leases(self) -> dict:
-        """{subnet: PublicIP} as stored in etcd."""
+        """{IPv4 subnet: PublicIP} as stored in etcd."""
         r = self.etcdctl("get", "--prefix", f"{self.prefix}/subnets/", "-w", "json")
         out = {}
         for kv in json.loads(r.stdout).get("kvs", []):
             # tests put broken keys and values on purpose: anything unreadable is skipped
             key = base64.b64decode(kv["key"]).decode(errors="replace")
-            m = re.search(r"/(\d+\.\d+\.\d+\.\d+)-(\d+)$", key)
+            # a dual-stack key names the IPv6 part after the IPv4 one: `...-24&fc00:66:0:1::-64`
+            m = re.search(r"/(\d+\.\d+\.\d+\.\d+)-(\d+)(&[0-9a-f:]+-\d+)?$", key)
             try:
                 doc = json.loads(base64.b64decode(kv.get("value", "")))
                 out[ipaddress.IPv4Network(f"{m.group(1)}/{m.group(2)}")] = doc.get("PublicIP")
@@ -190,9 +191,10 @@ class Overlay:
         return self.tb.host(key)
 
     def add_host(self, *, engine: str | None = None, args=(), start: bool = True,
-                 wait: bool = True, name: str | None = None) -> Host:
-        """A new simulated host, with its daemon started (and waited for) by default."""
-        h = self.tb.add_host(name)
+                 wait: bool = True, name: str | None = None, behind_router: bool = False) -> Host:
+        """A new simulated host, with its daemon started (and waited for) by default;
+        ``behind_router``: on the testbed's link behind its router (Testbed.add_host)."""
+        h = self.tb.add_host(name, behind_router=behind_router)
         os.makedirs(self._dir(h), exist_ok=True)
         if start:
             self.start_daemon(h, engine=engine, args=args, wait=wait)
