@@ -61,13 +61,13 @@ def testbed():
         tb.close()
 
 
-def overlay_of(engine: str, kinds):
-    """For an `ov` fixture: yields a started Overlay (its own etcd) whose
-    hosts run the engines `kinds`, in order, all ready; `ov.kind` is
-    `engine`. Closed after, also when a test fails."""
+def overlay_of(engine: str, kinds, **overlay_kw):
+    """For an `ov` fixture: yields a started Overlay (its own etcd, made with `overlay_kw`)
+    whose hosts run the engines `kinds`, in order, all ready; `ov.kind` is `engine`. Closed
+    after, also when a test fails."""
     require_overlay()
     from dataplane.testbed.overlay import Overlay
-    overlay = Overlay(hosts=0, engine=engine)
+    overlay = Overlay(hosts=0, engine=engine, **overlay_kw)
     try:
         for kind in kinds:
             overlay.add_host(engine=kind, wait=False)
