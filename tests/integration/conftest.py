@@ -63,14 +63,15 @@ def testbed():
 
 def overlay_of(engine: str, kinds, **overlay_kw):
     """For an `ov` fixture: yields a started Overlay (its own etcd, made with `overlay_kw`)
-    whose hosts run the engines `kinds`, in order, all ready; `ov.kind` is `engine`. Closed
-    after, also when a test fails."""
+    whose hosts run the engines `kinds`, in order, all ready; `ov.kind` is `engine`. A kind
+    may also be the host's Overlay.add_host arguments (`{"engine": "c", "args": (...)}`).
+    Closed after, also when a test fails."""
     require_overlay()
     from dataplane.testbed.overlay import Overlay
     overlay = Overlay(hosts=0, engine=engine, **overlay_kw)
     try:
         for kind in kinds:
-            overlay.add_host(engine=kind, wait=False)
+            overlay.add_host(wait=False, **(kind if isinstance(kind, dict) else {"engine": kind}))
         for h in overlay.hosts:
             overlay.wait_ready(h)
         overlay.kind = engine

@@ -16,10 +16,14 @@ both families); the checks hold either way, and h2 is encapsulated whatever happ
            |                        |                           |
       -----+---- bridge, switch netns (etcd) ---- router netns --+-- its own link
 
-Each pod pings every other over IPv6 and IPv4 and sends one of them 20 MiB over TCPv6, the
-hash compared at both ends; then the plugins' DEL gives the addresses back. The daemons run
-with --ip-masq as flannel's manifests run flanneld, so the bridge masquerades nothing
-(FLANNEL_IPMASQ=true) and the pods' own addresses cross the overlay.
+Each host gives flannel0 its lease's IPv6 part's network address as a /128 and the route of the
+IPv6Network, writes FLANNEL_IPV6_* into subnet.env as flanneld does and marks its lease value
+`ForwardsIPv6` (control/lease.py). Each pod pings every other over IPv6 and IPv4 and sends one of
+them 20 MiB over TCPv6, the hash compared at both ends, and the hosts ping each other's flannel0
+over IPv6; then the plugins' DEL gives the addresses back. The daemons run with --ip-masq as
+flannel's manifests run flanneld, so the bridge masquerades nothing (FLANNEL_IPMASQ=true) and the
+pods' own addresses cross the overlay. A lease written as flanneld's udp backend writes it (no
+mark) gets no IPv6 route.
 """
 from __future__ import annotations
 
@@ -33,37 +37,31 @@ import pytest
 
 from dataplane.testbed import cni
 from dataplane.testbed.overlay import parse_ping
-from tests.conftest import require, require_overlay
-from tests.integration.conftest import other_engine
+from tests.conftest import require
+from tests.integration.conftest import other_engine, overlay_of
 from tests.integration.traffic import hashed_transfer
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
 CONFIG = {"Network": "10.66.0.0/16", "EnableIPv6": True, "IPv6Network": "fc00:66::/56",
           "Backend": {"Type": "udp", "DirectRouting": True}}
+NET6 = ipaddress.IPv6Network(CONFIG["IPv6Network"])
 NBYTES = 20 << 20
 
 
 @pytest.fixture
 def ov(engine_kind):
-    require_overlay()
     require(cni.plugins_present(), f"needs the CNI plugins bridge and host-local in {cni.CNI_PATH} "
             "(apt-get install containernetworking-plugins)")
-    from dataplane.testbed.overlay import Overlay
-    overlay = Overlay(hosts=0, engine=engine_kind, config=CONFIG, ipv6=True)
-    try:
-        for kind, routed in ((engine_kind, False), (other_engine(engine_kind), False),
-                             (engine_kind, True)):
-            overlay.add_host(engine=kind, behind_router=routed, wait=False, args=("--ip-masq",))
+    masq = ("--ip-masq",)
+    yield from overlay_of(engine_kind, [
+        {"engine": engine_kind, "args": masq},
+        {"engine": other_engine(engine_kind), "args": masq},
+        {"engine": engine_kind, "args": masq, "behind_router": True},
         # The fourth host goes here: one with an IPv6 underlay (PublicIPv6, so that the IPv6
-        # pods' traffic to it crosses an IPv6 socket), once the daemon has one (issue 37 step 5;
-        # the testbed's bridges then need IPv6 addresses too). The checks below take every host.
-        for h in overlay.hosts:
-            overlay.wait_ready(h)
-        overlay.kind = engine_kind
-        yield overlay
-    finally:
-        overlay.close()
+        # pods' traffic to it crosses an IPv6 socket), once the daemon has one (issue 37 step
+        # 5; the testbed's bridges then need IPv6 addresses too). The checks take every host.
+    ], config=CONFIG, ipv6=True)
 
 
 def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
@@ -73,6 +71,23 @@ def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
     assert f"via {ov.tb.switch_ip} " in ov.exec(h0, ["ip", "route", "get", h2.ip]).stdout
     assert ov.leases()[ov.subnet(h2)] == h2.ip
     assert not direct_routes(ov, h2) and not direct_routes(ov, h0).get(str(ov.subnet(h2)))
+
+    for h in ov.hosts:
+        env, six = ov.subnet_env(h), subnet6(ov, h)
+        # flanneld's lines (docs/flannel-compat.md#subnet-env): the IPv6Network, the part + 1
+        assert env["FLANNEL_IPV6_NETWORK"] == str(NET6)
+        assert env["FLANNEL_IPV6_SUBNET"] == f"{six.network_address + 1}/64" and six.subnet_of(NET6)
+        value = ov.etcdctl("get", "--prefix", f"{ov.prefix}/subnets/{ov.subnet(h).network_address}-",
+                           "--print-value-only").stdout.strip()
+        assert json.loads(value) == {"PublicIP": h.ip, "PublicIPv6": None, "DirectRouting": True,
+                                     "ForwardsIPv6": True}
+        addrs = ov.exec(h, ["ip", "-6", "-o", "addr", "show", "dev", "flannel0"]).stdout
+        assert f"inet6 {six.network_address}/128" in addrs and "fe80" not in addrs, addrs
+        route = ov.exec(h, ["ip", "-6", "route", "show", str(NET6)]).stdout
+        assert "dev flannel0" in route, route
+        mtu = int(ov.exec(h, ["cat", "/sys/class/net/flannel0/mtu"]).stdout)
+        assert mtu == int(env["FLANNEL_MTU"]) >= 1280
+        assert f"flannel0 carries IPv6: address {six.network_address}/128" in ov.daemon(h).log_text()
 
     pods = {}
     for h in ov.hosts:
@@ -84,18 +99,23 @@ def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
             assert ipaddress.ip_address(pod.ip(version)) in \
                 ipaddress.ip_interface(env[key]).network, (pod.result, env)
 
-    # every pair, both families at once: three replies each within 10 s. The first requests
-    # may be lost or late (neighbour discovery on the way waits for the new bridges' IPv6 DAD),
-    # and the pings wait for it together.
-    pings = [(a, b, version, ov.tb.popen(a.netns, ["ping", f"-{version}", "-n", "-q", "-c", "3",
-                                                    "-i", "0.2", "-W", "2", "-w", "10",
-                                                    b.ip(version)]))
+    # every pair of pods, both families, and every pair of hosts from flannel0 to flannel0 over
+    # IPv6 (the kernel picks flannel0's address as the source), all at once: three replies each
+    # within 10 s. The first requests may be lost or late (neighbour discovery on the way waits
+    # for the new bridges' IPv6 DAD), and the pings wait for it together.
+    def ping(where, dst, version):
+        return ov.tb.popen(where, ["ping", f"-{version}", "-n", "-q", "-c", "3", "-i", "0.2",
+                                   "-W", "2", "-w", "10", dst])
+    pings = [(f"{a.host.name}'s pod -> {b.host.name}'s pod over IPv{version}",
+              ping(a.netns, b.ip(version), version))
              for a, b in itertools.combinations(pods.values(), 2) for version in (6, 4)]
-    for a, b, version, proc in pings:
+    pings += [(f"{a.name} -> {b.name}'s flannel0 over IPv6",
+               ping(a.netns, str(subnet6(ov, b).network_address), 6))
+              for a, b in itertools.combinations(ov.hosts, 2)]
+    for what, proc in pings:
         out, _ = proc.communicate(timeout=20)
         got = parse_ping(out, proc.returncode)
-        assert got["received"] >= 3, \
-            f"{a.host.name}'s pod -> {b.host.name}'s pod over IPv{version}: {got}"
+        assert got["received"] >= 3, f"{what}: {got}"
     # 20 MiB over TCPv6 along every pair, each pod sending once and receiving once
     for a, b in zip(pods.values(), list(pods.values())[1:] + list(pods.values())[:1]):
         t0 = time.monotonic()
@@ -105,14 +125,25 @@ def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
                f"({ov.daemon(b.host).engine}), h2 behind the router: 20 MiB over TCPv6, pod to "
                "pod", f"{took:.2f} s, intact")
 
+    # A lease as flanneld's udp backend writes it (a dual-stack key, no mark): its IPv4 subnet is
+    # a route, its IPv6 part none (flanneld would drop what we sent it).
+    ov.put(f"{ov.prefix}/subnets/10.66.200.0-24&fc00:66:0:c8::-64",
+           '{"PublicIP":"192.168.99.9","PublicIPv6":null}')
+
     for pod in pods.values():
         cni.delete(ov.tb, pod)
         assert cni.leased(pod.conf) == [], f"{pod.host.name}: host-local still holds addresses"
         links = ov.tb.exec(pod.netns, ["ip", "-o", "link", "show"]).stdout
         assert pod.ifname not in links, links
+    assert ov.wait_log(h0, "its IPv6 part fc00:66:0:c8::/64 gets no route: the lease does not "
+                           "say ForwardsIPv6")
 
 
 def direct_routes(ov, host) -> dict:
     """{subnet: gateway} of the host's direct routes (the daemon's protocol, 153)."""
     r = ov.exec(host, ["ip", "-j", "route", "show", "proto", "153"])
     return {e["dst"]: e.get("gateway") for e in json.loads(r.stdout or "[]")}
+
+
+def subnet6(ov, h) -> ipaddress.IPv6Network:
+    return ipaddress.IPv6Interface(ov.subnet_env(h)["FLANNEL_IPV6_SUBNET"]).network
