@@ -173,8 +173,12 @@ class Overlay:
         return self._writer
 
     def delete_lease(self, subnet) -> None:
+        """Delete the lease of an IPv4 subnet, of either key shape (a dual-stack key names
+        the IPv6 part after an "&")."""
         net = ipaddress.IPv4Network(subnet)
-        self.etcdctl("del", f"{self.prefix}/subnets/{net.network_address}-{net.prefixlen}")
+        key = f"{self.prefix}/subnets/{net.network_address}-{net.prefixlen}"
+        self.etcdctl("del", key)
+        self.etcdctl("del", "--prefix", key + "&")
 
     def stop_etcd(self) -> None:
         self.etcd.stop()
