@@ -310,7 +310,8 @@ class Testbed:
         self._delete_ns(host.netns)
         # Its IP is reused by the next add_host(); a cached MAC of the old veth
         # would black-hole that host for the neighbour timeout (~30 s).
-        for where in [self.switch, self.router or self.switch] + [h.netns for h in self.hosts]:
+        links = [self.switch] + ([self.router] if self.router else [])
+        for where in links + [h.netns for h in self.hosts]:
             ns.run_ip(["neigh", "flush", "to", host.ip], netns=where, check=False)
 
     def host(self, key: Host | str | int) -> Host:
