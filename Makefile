@@ -10,9 +10,12 @@ PY = $(VENV)/bin/python
 # etcd: the control plane the tests and the demo start; iproute2/iptables/nftables: what the daemon
 # drives; iperf3/ping: the bench's and the demo's measuring tools; gcc: the C engine and the traffic
 # generator; clang and its sanitizer runtime: the fuzz tests; systemd: the unit file is verified;
-# the Debian packaging tools: the package is built and installed by the tests.
+# the Debian packaging tools: the package is built and installed by the tests;
+# containernetworking-plugins: the real `bridge` and `host-local` CNI plugins (/usr/lib/cni), with
+# which the dual-stack tests make pods from subnet.env as flannel's CNI plugin has them made.
 APT_PACKAGES = python3-venv python3-dev etcd-server etcd-client iproute2 iputils-ping iperf3 \
-  iptables nftables gcc clang libclang-rt-14-dev systemd $(DEB_BUILD_PACKAGES)
+  iptables nftables gcc clang libclang-rt-14-dev systemd containernetworking-plugins \
+  $(DEB_BUILD_PACKAGES)
 APT_STAMP = $(VENV)/.apt-installed
 PIP_STAMP = $(VENV)/.pip-installed
 # The versions the suite runs with, and the package bundles (packaging/constraints.txt).

@@ -2,7 +2,9 @@
 
 * ``netns.py``       network namespaces, named with the suite's prefix, and the sweep of a dead
   run's leftovers;
-* ``hosts.py``       simulated hosts joined by veth pairs to a bridge (the ``Testbed``);
+* ``hosts.py``       simulated hosts joined by veth pairs to a bridge (the ``Testbed``), and a
+  router with a link of its own behind it;
+* ``cni.py``         pods made by the real ``bridge`` and ``host-local`` CNI plugins;
 * ``etcd.py``        real etcd servers: one member, or a 3-member cluster;
 * ``overlay.py``     a whole overlay: etcd, the network config and a daemon per host;
 * ``lease_writer.py`` many peer leases written at once;

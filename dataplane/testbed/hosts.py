@@ -8,6 +8,13 @@
             |  veth                                |  veth
       ------+------------ bridge fu<id>br ---------+-------------- switch netns
                            192.168.77.254/24        (fu-<pid>-<seq>-sw; room for an etcd)
+                                   |
+                           router netns (fu-<pid>-<seq>-rt), made by the first
+                           add_host(behind_router=True): 192.168.77.253 on the
+                           bridge above, 192.168.79.254 on its own bridge fu<id>rb
+                                   |
+      ------------- bridge fu<id>rb ------+--  host h2 behind the router: 192.168.79.3/24,
+                                              default via 192.168.79.254
 
 The underlay exists only inside these namespaces: nothing is added to the
 caller's namespace, so the range cannot clash with the machine's own
@@ -50,6 +57,9 @@ SWITCH_HOST = 254  # the switch namespace's address: .254
 ROUTED_UNDERLAY = "192.168.78.0/24"
 # add_underlay6's: a unique local prefix, on the same link as DEFAULT_UNDERLAY
 DEFAULT_UNDERLAY6 = "fd00:99::/64"
+# the router's address on the underlay (.253), and the link behind it (add_host(behind_router=))
+ROUTER_HOST = 253
+BEHIND_ROUTER = "192.168.79.0/24"
 
 
 @dataclass
@@ -107,6 +117,7 @@ class Testbed:
         self.switch = ns.ns_name(self.run_id, "sw")
         self.bridge = f"{ns.PREFIX}{self.tag}br"
         self.switch_ip = str(self.underlay.network_address + SWITCH_HOST)
+        self.router: str | None = None  # its namespace, once a host is behind it
         self.hosts: list[Host] = []
         self._procs: dict[int, tuple[subprocess.Popen, str]] = {}  # pid -> (proc, netns)
         self._lock = threading.Lock()
@@ -136,18 +147,62 @@ class Testbed:
         # resolved .254 meanwhile keep the vanished MAC, and their traffic to the switch (etcd)
         # is black-holed until their neighbour entry expires (up to ~45 s). A fixed address
         # (locally administered, per run) never moves.
-        pid, seq = self.run_id
-        mac = "02:66:%02x:%02x:%02x:%02x" % ((pid >> 16) & 0xff, (pid >> 8) & 0xff, pid & 0xff,
-                                             seq & 0xff)
         ns.run_ip(["-batch", "-"], netns=self.switch, input=(
             f"link add {self.bridge} type bridge stp_state 0 forward_delay 0\n"
-            f"link set {self.bridge} address {mac}\n"
+            f"link set {self.bridge} address {self._fixed_mac(0)}\n"
             f"link set {self.bridge} mtu {self.mtu} up\n"
             f"addr add {self.switch_ip}/{self.underlay.prefixlen} dev {self.bridge}\n"))
 
-    def add_host(self, name: str | None = None) -> Host:
+    def _make_router(self) -> str:
+        """The router namespace: a leg on the underlay's bridge (.253) and a bridge of its own
+        for the link behind it (:data:`BEHIND_ROUTER`), forwarding between the two. The switch,
+        every host's default gateway, routes that link via the router, as a LAN's gateway
+        knows the LAN's other routers; it sends no redirects, so the hosts keep that path."""
+        if self.router is not None:
+            return self.router
+        router = ns.ns_name(self.run_id, "rt")
+        ns.create(router, disable_ipv6=self.disable_ipv6)
+        self._namespaces.append(router)
+        self.router = router
+        behind = ipaddress.IPv4Network(BEHIND_ROUTER)
+        leg = str(self.underlay.network_address + ROUTER_HOST)
+        ns.add_veth(self.switch, f"{ns.PREFIX}{self.tag}sr", router, f"{ns.PREFIX}{self.tag}ru",
+                    mtu=self.mtu, master=self.bridge, peer_cidr=f"{leg}/{self.underlay.prefixlen}",
+                    gateway=self.switch_ip)
+        ns.run_ip(["-batch", "-"], netns=router, input=(
+            f"link add {self._router_bridge} type bridge stp_state 0 forward_delay 0\n"
+            f"link set {self._router_bridge} address {self._fixed_mac(1)}\n"
+            f"link set {self._router_bridge} mtu {self.mtu} up\n"
+            f"addr add {behind.network_address + SWITCH_HOST}/{behind.prefixlen} "
+            f"dev {self._router_bridge}\n"))
+        ns.run_ip(["route", "add", str(behind), "via", leg], netns=self.switch)
+        ns.write_sysctl(router, "net/ipv4/ip_forward", "1")
+        self._switch_routes()
+        return router
+
+    def _switch_routes(self) -> None:
+        """The switch forwards between subnets of its bridge and sends no redirects (the hosts
+        are to keep going through it)."""
+        for key in ("net/ipv4/ip_forward", "net/ipv4/conf/all/send_redirects",
+                    f"net/ipv4/conf/{self.bridge}/send_redirects"):
+            ns.write_sysctl(self.switch, key, "0" if "redirects" in key else "1")
+
+    @property
+    def _router_bridge(self) -> str:
+        return f"{ns.PREFIX}{self.tag}rb"
+
+    def _fixed_mac(self, bridge: int) -> str:
+        """A bridge's MAC address, locally administered and unique per run and bridge: see
+        _make_switch."""
+        pid, seq = self.run_id
+        return "02:%02x:%02x:%02x:%02x:%02x" % (0x66 + bridge, (pid >> 16) & 0xff,
+                                                (pid >> 8) & 0xff, pid & 0xff, seq & 0xff)
+
+    def add_host(self, name: str | None = None, *, behind_router: bool = False) -> Host:
         """Create one more host (namespace + veth into the bridge + address).
-        ``name`` defaults to ``h<index>``, index being the lowest free one."""
+        ``name`` defaults to ``h<index>``, index being the lowest free one. ``behind_router``:
+        on the router's own link instead (:data:`BEHIND_ROUTER`, same last byte), so that its
+        underlay address is one router away from the others and on none of their links."""
         self._check_open()
         used = {h.index for h in self.hosts}
         index = next(i for i in range(SWITCH_HOST - 1) if i not in used)
@@ -155,7 +210,11 @@ class Testbed:
         if any(h.name == name for h in self.hosts):
             raise ValueError(f"host {name!r} exists")
         netns = ns.ns_name(self.run_id, name)
-        ip = str(self.underlay.network_address + index + 1)
+        lan, bridge, link = self.underlay, self.bridge, self.switch
+        if behind_router:
+            lan, bridge, link = ipaddress.IPv4Network(BEHIND_ROUTER), self._router_bridge, \
+                self._make_router()
+        ip = str(lan.network_address + index + 1)
         iface = f"{ns.PREFIX}{self.tag}h{index}"
         port = f"{ns.PREFIX}{self.tag}s{index}"
         if len(iface) > 15:
@@ -163,8 +222,9 @@ class Testbed:
         ns.create(netns, disable_ipv6=self.disable_ipv6)
         self._namespaces.append(netns)
         try:
-            ns.add_veth(self.switch, port, netns, iface, mtu=self.mtu, master=self.bridge,
-                        peer_cidr=f"{ip}/{self.underlay.prefixlen}", gateway=self.switch_ip)
+            ns.add_veth(link, port, netns, iface, mtu=self.mtu, master=bridge,
+                        peer_cidr=f"{ip}/{lan.prefixlen}",
+                        gateway=str(lan.network_address + SWITCH_HOST))
         except BaseException:
             self._delete_ns(netns)
             raise
@@ -174,21 +234,28 @@ class Testbed:
         log.debug("testbed host %s: netns %s, %s on %s", name, netns, ip, iface)
         return host
 
+    def add_netns(self, host: Host | str, name: str) -> str:
+        """An empty namespace (IPv6 on, loopback up) for a workload ``name`` of ``host``, deleted
+        with the testbed: where a CNI plugin puts a pod (testbed/cni.py); add_pod wires one
+        itself."""
+        self._check_open()
+        netns = ns.ns_name(self.run_id, f"{self.host(host).name}{name}")
+        ns.create(netns, disable_ipv6=False)
+        self._namespaces.append(netns)
+        return netns
+
     def add_pod(self, host: Host | str, name: str, address: str, gateway: str) -> str:
         """A workload namespace (IPv6 on) hanging off ``host`` by a veth: ``address`` (with its
         prefix) and a default route via ``gateway`` in the pod, ``gateway`` with the same
         prefix on the host's end, which forwards for it; as a CNI bridge would give it, without
         duplicate address detection (its second would only slow the tests). Returns the pod's
         namespace, deleted with the testbed."""
-        self._check_open()
         host = self.host(host)
-        netns = ns.ns_name(self.run_id, f"{host.name}{name}")
         near = f"{ns.PREFIX}{self.tag}{host.index}{name}"
         if len(near) > 15:
             raise ValueError(f"interface name {near} too long")
         plen = ipaddress.ip_interface(address).network.prefixlen
-        ns.create(netns, disable_ipv6=False)
-        self._namespaces.append(netns)
+        netns = self.add_netns(host, name)
         try:
             ns.run_ip(["-batch", "-"], netns=host.netns, input=(
                 f"link add {near} type veth peer name eth0 netns {netns}\n"
@@ -237,10 +304,7 @@ class Testbed:
                       netns=self.switch)
         # a router between two subnets of one bridge: forward, and send no redirects (the
         # hosts are to keep going through it)
-        for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0",
-                    f"net.ipv4.conf.{self.bridge}.send_redirects=0"):
-            subprocess.run(["ip", "netns", "exec", self.switch, "sysctl", "-q", "-w", key],
-                           check=True, capture_output=True, text=True, timeout=10)
+        self._switch_routes()
         ip = str(net.network_address + host.index + 1)
         ns.run_ip(["-batch", "-"], netns=host.netns, input=(
             f"addr flush dev {host.iface}\n"
@@ -258,12 +322,15 @@ class Testbed:
         # A deleted namespace is torn down asynchronously by the kernel, so its
         # veth can answer for a moment after `ip netns del`; deleting the
         # switch-side end removes the pair at once.
-        ns.run_ip(["link", "del", f"{ns.PREFIX}{self.tag}s{host.index}"],
-                  netns=self.switch, check=False)
+        for link in (self.switch, self.router):
+            if link is not None:
+                ns.run_ip(["link", "del", f"{ns.PREFIX}{self.tag}s{host.index}"], netns=link,
+                          check=False)
         self._delete_ns(host.netns)
         # Its IP is reused by the next add_host(); a cached MAC of the old veth
         # would black-hole that host for the neighbour timeout (~30 s).
-        for where in [self.switch] + [h.netns for h in self.hosts]:
+        links = [self.switch] + ([self.router] if self.router else [])
+        for where in links + [h.netns for h in self.hosts]:
             ns.run_ip(["neigh", "flush", "to", host.ip], netns=where, check=False)
 
     def host(self, key: Host | str | int) -> Host:

@@ -105,7 +105,7 @@ def create(netns: str, *, disable_ipv6: bool = True) -> None:
         run_ip(["link", "set", "lo", "up"], netns=netns)
         if disable_ipv6:
             for key in ("all", "default"):
-                _write_sysctl(netns, f"net/ipv6/conf/{key}/disable_ipv6", "1")
+                write_sysctl(netns, f"net/ipv6/conf/{key}/disable_ipv6", "1")
     except BaseException:
         delete(netns)
         raise
@@ -128,7 +128,7 @@ def add_veth(netns: str, name: str, peer_netns: str, peer: str, *, mtu: int, pee
         f"route add default via {gateway} dev {peer}\n"))
 
 
-def _write_sysctl(netns: str, key: str, value: str) -> None:
+def write_sysctl(netns: str, key: str, value: str) -> None:
     r = subprocess.run(exec_argv(netns, ["sysctl", "-qw", f"{key.replace('/', '.')}={value}"]),
                        capture_output=True, text=True, timeout=10)
     if r.returncode != 0:

@@ -151,13 +151,14 @@ class Overlay:
         self.put("config", text)
 
     def leases(self) -> dict:
-        """{subnet: PublicIP} as stored in etcd (a dual-stack key by its IPv4 part)."""
+        """{IPv4 subnet: PublicIP} as stored in etcd (a dual-stack key by its IPv4 part)."""
         r = self.etcdctl("get", "--prefix", f"{self.prefix}/subnets/", "-w", "json")
         out = {}
         for kv in json.loads(r.stdout).get("kvs", []):
             # tests put broken keys and values on purpose: anything unreadable is skipped
             key = base64.b64decode(kv["key"]).decode(errors="replace")
-            m = re.search(r"/(\d+\.\d+\.\d+\.\d+)-(\d+)(?:&[0-9a-f:]+-\d+)?$", key)
+            # a dual-stack key names the IPv6 part after the IPv4 one: `...-24&fc00:66:0:1::-64`
+            m = re.search(r"/(\d+\.\d+\.\d+\.\d+)-(\d+)(&[0-9a-f:]+-\d+)?$", key)
             try:
                 doc = json.loads(base64.b64decode(kv.get("value", "")))
                 out[ipaddress.IPv4Network(f"{m.group(1)}/{m.group(2)}")] = doc.get("PublicIP")
@@ -172,8 +173,12 @@ class Overlay:
         return self._writer
 
     def delete_lease(self, subnet) -> None:
+        """Delete the lease of an IPv4 subnet, of either key shape (a dual-stack key names
+        the IPv6 part after an "&")."""
         net = ipaddress.IPv4Network(subnet)
-        self.etcdctl("del", f"{self.prefix}/subnets/{net.network_address}-{net.prefixlen}")
+        key = f"{self.prefix}/subnets/{net.network_address}-{net.prefixlen}"
+        self.etcdctl("del", key)
+        self.etcdctl("del", "--prefix", key + "&")
 
     def stop_etcd(self) -> None:
         self.etcd.stop()
@@ -190,10 +195,12 @@ class Overlay:
         return self.tb.host(key)
 
     def add_host(self, *, engine: str | None = None, args=(), start: bool = True,
-                 wait: bool = True, name: str | None = None, underlay6: bool = False) -> Host:
+                 wait: bool = True, name: str | None = None, underlay6: bool = False,
+                 behind_router: bool = False) -> Host:
         """A new simulated host, with its daemon started (and waited for) by default;
-        ``underlay6``: with an IPv6 underlay address too (Testbed.add_underlay6)."""
-        h = self.tb.add_host(name)
+        ``underlay6``: with an IPv6 underlay address too (Testbed.add_underlay6);
+        ``behind_router``: on the testbed's link behind its router (Testbed.add_host)."""
+        h = self.tb.add_host(name, behind_router=behind_router)
         if underlay6:
             self.tb.add_underlay6(h)
         os.makedirs(self._dir(h), exist_ok=True)

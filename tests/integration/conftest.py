@@ -62,17 +62,20 @@ def testbed():
 
 
 def overlay_of(engine: str, kinds, **overlay_kw):
-    """For an `ov` fixture: yields a started Overlay (its own etcd; `overlay_kw` are
-    Overlay's) whose hosts run the engines `kinds`, in order, all ready (a kind may be
-    `(kind, add_host's keywords)`); `ov.kind` is `engine`. Closed after, also when a test
-    fails."""
+    """For an `ov` fixture: yields a started Overlay (its own etcd, made with `overlay_kw`)
+    whose hosts run the engines `kinds`, in order, all ready; `ov.kind` is `engine`. A kind
+    may also be `(kind, add_host's keywords)` or the host's Overlay.add_host arguments
+    (`{"engine": "c", "args": (...)}`). Closed after, also when a test fails."""
     require_overlay()
     from dataplane.testbed.overlay import Overlay
     overlay = Overlay(hosts=0, engine=engine, **overlay_kw)
     try:
         for kind in kinds:
-            kind, kw = (kind, {}) if isinstance(kind, str) else kind
-            overlay.add_host(engine=kind, wait=False, **kw)
+            if isinstance(kind, str):
+                kind = {"engine": kind}
+            elif isinstance(kind, tuple):
+                kind = {"engine": kind[0], **kind[1]}
+            overlay.add_host(wait=False, **kind)
         for h in overlay.hosts:
             overlay.wait_ready(h)
         overlay.kind = engine
