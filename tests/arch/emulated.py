@@ -33,6 +33,8 @@ EXPECTED: dict[str, list[tuple[str, str, type[BaseException] | None]]] = {
         ("tests/unit/test_engine_multi.py::test_routes_reach_every_queue", CBPF, OSError),
         ("tests/unit/test_engine_multi.py::test_flows_from_one_peer_spread", CBPF, OSError),
         ("tests/unit/test_engine_multi.py::test_ipv6_flows_spread", CBPF, OSError),
+        ("tests/unit/test_engine_multi.py::test_each_queue_sends_on_its_own_ipv6_socket", CBPF,
+         OSError),
         ("tests/unit/test_engine_multi.py::test_own_sources_and_strict", CBPF, OSError),
         ("tests/unit/test_engine_multi.py::test_icmp_limit_is_split", CBPF, OSError),
         ("tests/unit/test_engine_multi.py::test_trace_is_queue_zero", CBPF, OSError),

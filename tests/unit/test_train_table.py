@@ -71,8 +71,9 @@ READ = [
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
-    return build_c(tmp_path_factory.mktemp("table"), "table_train",
-                   ("train.c", "gso.c", "packet.c"), fuzzer=False)
+    # every pure source (csrc/sources.txt), as the fuzzers: a hand-picked subset breaks
+    # whenever one of them starts calling into another file
+    return build_c(tmp_path_factory.mktemp("table"), "table_train", fuzzer=False)
 
 
 def test_table(table):
