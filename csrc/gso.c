@@ -183,8 +183,9 @@ uint32_t dp_gso_next(struct dp_gso *g, uint8_t *out)
     memcpy(out, p, hlen);
     memcpy(out + hlen, p + g->off, n);
 
-    if (iphl == DP_IP6_HDR) {
-        /* No id, no header checksum: only the payload length changes. */
+    if ((p[0] >> 4) == 6) {
+        /* No id, no header checksum: only the payload length changes. (By
+         * the version, not iphl: an IPv4 header with options is 40 bytes too.) */
         dp_wr16(out + DP_IP6_PLEN_OFF, (uint16_t)l4len);
     } else {
         dp_wr16(out + 2, (uint16_t)seglen);

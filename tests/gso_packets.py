@@ -124,7 +124,7 @@ def segment(super_packet: bytes, gso_size: int) -> list[bytes]:
     out = []
     for i, piece in enumerate(pieces):
         ip = bytearray(p[:ihl])
-        if ihl == 40:
+        if p[0] >> 4 == 6:
             ip[4:6] = struct.pack("!H", hlen - 40 + len(piece))
         else:
             ip[2:4] = struct.pack("!H", hlen + len(piece))
