@@ -379,6 +379,20 @@ def choose_tool(prefer=None, enable_nftables: bool = False,
     return None, f"neither `{fam.iptables}` nor `nft` was found"
 
 
+def missing_tool(network, enable_nftables: bool = False) -> str:
+    """What --ip-masq says when :func:`choose_tool` finds no tool for `network`'s family: the
+    package that has it (Debian's and Ubuntu's names)."""
+    fam = family_of(network)
+    ipt = fam.iptables
+    v6 = f" for the IPv6Network {network} (\"EnableIPv6\": true)" if fam is V6 else ""
+    if enable_nftables:
+        return (f"--ip-masq{v6} with \"EnableNFTables\": true in the network config needs "
+                "nftables and `nft` was not found: install it (apt-get install nftables), set "
+                "EnableNFTables to false, or run without --ip-masq")
+    return (f"--ip-masq{v6} needs {ipt} or nftables and neither `{ipt}` nor `nft` was found: "
+            f"install one (apt-get install iptables, which has {ipt}) or run without --ip-masq")
+
+
 def detect_tool(prefer=None, enable_nftables: bool = False) -> str | None:
     """'iptables', 'nft' or None (:func:`choose_tool` without the reason)."""
     return choose_tool(prefer, enable_nftables)[0]
@@ -465,18 +479,9 @@ class Rules:
         self._crossed = False           # the other tool's leftovers are gone (first install)
         self._random_fully = False
         ipt = self.fam.iptables
-        v6 = (f" for the IPv6Network {self.network} (\"EnableIPv6\": true)"
-              if self.fam is V6 else "")
         if self.tool is None:
-            if masq and enable_nftables:
-                raise MasqError(f"--ip-masq{v6} with \"EnableNFTables\": true in the network "
-                                "config needs nftables and `nft` was not found: install it "
-                                "(apt-get install nftables), set EnableNFTables to false, or run "
-                                "without --ip-masq")
             if masq:
-                raise MasqError(f"--ip-masq{v6} needs {ipt} or nftables and neither `{ipt}` "
-                                "nor `nft` was found: install one (apt-get install iptables, "
-                                f"which has {ipt}) or run without --ip-masq")
+                raise MasqError(missing_tool(self.network, enable_nftables))
             if forward:
                 log.warning("%s: FORWARD accept rules for %s not added "
                             "(--iptables-forward-rules); install %s or add them yourself",
