@@ -90,6 +90,7 @@
 
 #include "internal.h"
 #include "fuzz.h"
+#include "naive_routes.h"
 
 enum { MAX_ROUTES = 8, MAX_LOCAL = 4, PEER_BASE = 0x7f000010 };   /* peers 127.0.0.16 + i */
 
@@ -161,64 +162,6 @@ static uint64_t drops(const dp_stats *s)
            s->drop_too_big;
 }
 
-static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
-
-/* The naive oracle: longest prefix first, the last of equal routes wins. */
-static int naive_lookup(const dp_route *rt, uint32_t n, uint32_t dst, struct dp_route_hit *hit)
-{
-    int found = 0;
-    uint32_t i, best = 0;
-
-    for (i = 0; i < n; i++) {
-        uint32_t m = rt[i].prefixlen ? htonl(0xffffffffu << (32 - rt[i].prefixlen)) : 0;
-
-        if ((dst & m) != rt[i].net || (found && rt[i].prefixlen < best))
-            continue;
-        found = 1;
-        best = rt[i].prefixlen;
-        memset(hit, 0, sizeof(*hit));
-        hit->peer_ip = rt[i].peer_ip;
-        hit->port = rt[i].port;
-        hit->prefixlen = rt[i].prefixlen;
-    }
-    return found;
-}
-
-/* The same over the IPv6 routes, bit by bit. */
-static int prefix6_match(const uint8_t *a, const uint8_t *net, uint32_t plen)
-{
-    uint32_t b;
-
-    for (b = 0; b < plen; b++)
-        if ((a[b / 8] ^ net[b / 8]) & (0x80 >> (b % 8)))
-            return 0;
-    return 1;
-}
-
-static int naive_lookup6(const dp_route6 *rt, uint32_t n, const uint8_t *dst,
-                         struct dp_route_hit *hit)
-{
-    int found = 0;
-    uint32_t i, best = 0;
-
-    for (i = 0; i < n; i++) {
-        if (!prefix6_match(dst, rt[i].net, rt[i].prefixlen) || (found && rt[i].prefixlen < best))
-            continue;
-        found = 1;
-        best = rt[i].prefixlen;
-        memset(hit, 0, sizeof(*hit));
-        hit->v6 = memcmp(rt[i].peer_ip, mapped, 12) != 0;
-        if (hit->v6)
-            memcpy(hit->peer6, rt[i].peer_ip, 16);
-        else
-            memcpy(&hit->peer_ip, rt[i].peer_ip + 12, 4);
-        hit->port = rt[i].port;
-        hit->prefixlen = rt[i].prefixlen;
-        hit->mtu = rt[i].mtu;
-    }
-    return found;
-}
-
 /* The IPv4 underlay's peers: every dp_route's, and the IPv4-mapped ones. */
 static int naive_has_peer(const dp_route *rt, const dp_route6 *rt6, uint32_t n, uint32_t ip)
 {
@@ -226,7 +169,7 @@ static int naive_has_peer(const dp_route *rt, const dp_route6 *rt6, uint32_t n, 
 
     for (i = 0; i < n; i++)
         if (rt[i].peer_ip == ip ||
-            (!memcmp(rt6[i].peer_ip, mapped, 12) && !memcmp(rt6[i].peer_ip + 12, &ip, 4)))
+            (!memcmp(rt6[i].peer_ip, naive_mapped, 12) && !memcmp(rt6[i].peer_ip + 12, &ip, 4)))
             return 1;
     return 0;
 }
@@ -237,7 +180,7 @@ static int naive_has_peer6(const dp_route6 *rt6, uint32_t n, const uint8_t *ip6)
     uint32_t i;
 
     for (i = 0; i < n; i++)
-        if (memcmp(rt6[i].peer_ip, mapped, 12) && !memcmp(rt6[i].peer_ip, ip6, 16))
+        if (memcmp(rt6[i].peer_ip, naive_mapped, 12) && !memcmp(rt6[i].peer_ip, ip6, 16))
             return 1;
     return 0;
 }
@@ -282,7 +225,7 @@ static int naive_local6(const struct own *o, const uint8_t *ip)
 
     if (!o->on)
         return 0;
-    if (o->prefixlen6 && prefix6_match(ip, o->net6, o->prefixlen6))
+    if (o->prefixlen6 && naive_match6(ip, o->net6, o->prefixlen6))
         return 1;
     for (i = 0; i < o->n; i++)
         if (memcmp(o->addrs6[i], ip, 16) == 0)
@@ -645,7 +588,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (v == DP_V_FORWARD && !v6) {
                 CHECK(!naive_local(&own, dp_packet_src(orig)));
                 if (path.strict_sources)
-                    CHECK(naive_lookup(rt, nroutes, dp_packet_src(orig), &naive) &&
+                    CHECK(naive_lookup4(rt, nroutes, dp_packet_src(orig), &naive) &&
                           naive_sent_by(&naive, src, src6));
             }
             if (v == DP_V_FORWARD && v6) {
@@ -661,7 +604,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (path.c.s.drop_inner_foreign != before.drop_inner_foreign && !v6)
                 CHECK(path.strict_sources && well_formed(orig, len, mtu) &&
                       !naive_local(&own, dp_packet_src(orig)) &&
-                      !(naive_lookup(rt, nroutes, dp_packet_src(orig), &naive) &&
+                      !(naive_lookup4(rt, nroutes, dp_packet_src(orig), &naive) &&
                         naive_sent_by(&naive, src, src6)));
             if (path.c.s.drop_inner_foreign != before.drop_inner_foreign && v6)
                 CHECK(path.strict_sources && well_formed6(orig, len, mtu) &&
@@ -710,7 +653,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(after.drop_truncated != before.drop_truncated ||
                   after.drop_bad_source != before.drop_bad_source);
         if (!udp && !v6 && (v == DP_V_FORWARD || after.drop_ttl > before.drop_ttl))
-            CHECK(naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive) && same_hit(&naive, &hit));
+            CHECK(naive_lookup4(rt, nroutes, dp_packet_dst(orig), &naive) && same_hit(&naive, &hit));
         if (!udp && v6 && (v == DP_V_FORWARD || after.drop_ttl > before.drop_ttl ||
                            after.drop_too_big > before.drop_too_big))
             CHECK(naive_lookup6(rt6, nroutes, orig + 24, &naive) && same_hit(&naive, &hit));
@@ -722,7 +665,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                   well_formed6(orig, len, mtu) && !naive_scope6(orig));
         if (!udp && after.drop_no_route > before.drop_no_route)
             CHECK(v6 ? !naive_lookup6(rt6, nroutes, orig + 24, &naive)
-                     : !naive_lookup(rt, nroutes, dp_packet_dst(orig), &naive));
+                     : !naive_lookup4(rt, nroutes, dp_packet_dst(orig), &naive));
         if (v6 && !udp && (after.drop_no_route > before.drop_no_route ||
                            after.drop_ttl > before.drop_ttl ||
                            after.drop_too_big > before.drop_too_big)) {

@@ -28,69 +28,9 @@
 
 #include "internal.h"
 #include "fuzz.h"
+#include "naive_routes.h"
 
 enum { MAX_ROUTES = 64, MAX_ADDRS = 16, LOOKUPS = 512 };
-
-static const uint8_t mapped_prefix[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
-
-/* ---- the naive oracle ----------------------------------------------------------- */
-
-static int bit_match(const uint8_t *a, const uint8_t *net, uint32_t plen)
-{
-    uint32_t b;
-
-    for (b = 0; b < plen; b++)
-        if ((a[b / 8] ^ net[b / 8]) & (0x80 >> (b % 8)))
-            return 0;
-    return 1;
-}
-
-/* Longest prefix first, the last of equal routes wins. */
-static int naive6(const dp_route6 *rt, uint32_t n, const uint8_t *dst, struct dp_route_hit *hit)
-{
-    uint32_t i, best = 0;
-    int found = 0;
-
-    for (i = 0; i < n; i++) {
-        if (!bit_match(dst, rt[i].net, rt[i].prefixlen) || (found && rt[i].prefixlen < best))
-            continue;
-        found = 1;
-        best = rt[i].prefixlen;
-        hit->v6 = memcmp(rt[i].peer_ip, mapped_prefix, sizeof(mapped_prefix)) != 0;
-        hit->peer_ip = 0;
-        memset(hit->peer6, 0, sizeof(hit->peer6));
-        if (hit->v6)
-            memcpy(hit->peer6, rt[i].peer_ip, 16);
-        else
-            memcpy(&hit->peer_ip, rt[i].peer_ip + 12, 4);
-        hit->port = rt[i].port;
-        hit->prefixlen = rt[i].prefixlen;
-        hit->mtu = rt[i].mtu;
-    }
-    return found;
-}
-
-static int naive4(const dp_route *rt, uint32_t n, uint32_t dst, struct dp_route_hit *hit)
-{
-    uint32_t i, best = 0;
-    int found = 0;
-
-    for (i = 0; i < n; i++) {
-        uint32_t m = rt[i].prefixlen ? htonl(0xffffffffu << (32 - rt[i].prefixlen)) : 0;
-
-        if ((dst & m) != rt[i].net || (found && rt[i].prefixlen < best))
-            continue;
-        found = 1;
-        best = rt[i].prefixlen;
-        hit->peer_ip = rt[i].peer_ip;
-        hit->port = rt[i].port;
-        hit->prefixlen = rt[i].prefixlen;
-        hit->mtu = 0;
-        hit->v6 = 0;
-        memset(hit->peer6, 0, sizeof(hit->peer6));
-    }
-    return found;
-}
 
 /* ---- parsing -------------------------------------------------------------------- */
 
@@ -111,7 +51,7 @@ static int parse_net6(const char *s, uint8_t *net, uint32_t *plen)
 
 static void set_peer(dp_route6 *r, uint32_t ip)
 {
-    memcpy(r->peer_ip, mapped_prefix, sizeof(mapped_prefix));
+    memcpy(r->peer_ip, naive_mapped, sizeof(naive_mapped));
     memcpy(r->peer_ip + 12, &ip, 4);
 }
 
@@ -192,7 +132,7 @@ static int lookup(char *args)
         return 1;
     }
     found = dp_routes_lookup6(t, dst, &hit);
-    CHECK(found == naive6(rt, n, dst, &naive));
+    CHECK(found == naive_lookup6(rt, n, dst, &naive));
     CHECK(!found || !memcmp(&hit, &naive, sizeof(hit)));
     print_hit(found, &hit);
     dp_routes_free(t);
@@ -217,7 +157,7 @@ static int build(const char *args)
     rc = dp_routes_build(&t, NULL, 0, &r, 1);
     CHECK((rc == 0) == (t != NULL));
     /* A peer of the IPv6 underlay is one of its peers, and only there. */
-    if (!rc && memcmp(r.peer_ip, mapped_prefix, sizeof(mapped_prefix)))
+    if (!rc && memcmp(r.peer_ip, naive_mapped, sizeof(naive_mapped)))
         CHECK(dp_routes_peers6(t) == 1 && dp_routes_has_peer6(t, r.peer_ip));
     printf("%d\n", rc);
     dp_routes_free(t);
@@ -340,7 +280,7 @@ static int random_case(const char *args)
 
             near((const uint8_t (*)[16])base, 4, dst);
             found = dp_routes_lookup6(t, dst, &hit);
-            CHECK(found == naive6(rt6, n6, dst, &naive));
+            CHECK(found == naive_lookup6(rt6, n6, dst, &naive));
             CHECK(!found || !memcmp(&hit, &naive, sizeof(hit)));
             if (found)
                 hits++;
@@ -354,13 +294,13 @@ static int random_case(const char *args)
             uint32_t d = rt4[i].net | ((uint32_t)next() & ~m);
             struct dp_route_hit h4;
 
-            CHECK(dp_routes_lookup(t, d, &h4) && naive4(rt4, n4, d, &naive) &&
+            CHECK(dp_routes_lookup(t, d, &h4) && naive_lookup4(rt4, n4, d, &naive) &&
                   !memcmp(&h4, &naive, sizeof(h4)));
             CHECK(dp_routes_has_peer(t, rt4[i].peer_ip));
         }
         for (i = 0; i < n6; i++) {
             uint32_t ip;
-            int v6 = memcmp(rt6[i].peer_ip, mapped_prefix, sizeof(mapped_prefix)) != 0;
+            int v6 = memcmp(rt6[i].peer_ip, naive_mapped, sizeof(naive_mapped)) != 0;
 
             memcpy(&ip, rt6[i].peer_ip + 12, 4);
             /* Each underlay's peers in its own set, and no other. */

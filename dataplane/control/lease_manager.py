@@ -11,7 +11,10 @@ creation race is not fatal: we re-list and pick again (up to `max_attempts`).
 
 With EnableIPv6 one key names both parts (`10.5.1.0-24&fc00:5:0:1::-64`) and a lease fits only if its
 IPv6 part does too (none without EnableIPv6). Unlike flanneld, a host never gives up its IPv4 subnet
-because of IPv6: only the IPv6 part is replaced, under a key of the new shape.
+because of IPv6: only the IPv6 part is replaced, under a key of the new shape. Two such keys can
+share a part, which their create-if-absent cannot see: every write that makes a dual key (an
+allocation, a take-back, a key of the new shape) looks at the keys after it, and the later of two
+overlapping keys goes (`_second`, control/allocate.py `earlier_rival`).
 
 A running host keeps its subnet while it can write its key: its workloads hold addresses in it. When
 our key is lost (deleted, expired, overwritten with garbage) we take that same key back first; we move
@@ -188,15 +191,8 @@ class LeaseManager:
                 prev = None
             pick, pick6 = pick_pair(config, leases, lost, lost6, self._rng)
             lease = self.registry.create_lease(pick, self.attrs, self.lease_ttl, ipv6_subnet=pick6)
-            if lease is not None and pick6 is not None:
-                rival = earlier_rival(self.registry.list_leases()[0], lease)
-                if rival is not None:       # we came second: ours goes, the first keeps it
-                    log.info("subnet %s (%s) overlaps %s, created just before ours: giving it up",
-                             pick, pick6, rival.key)
-                    self.registry.delete_lease(pick, ipv6_subnet=pick6)
-                    if lease.lease_id:
-                        self.registry.revoke(lease.lease_id)
-                    lease = None
+            if lease is not None and self._second(lease) is not None:
+                lease = None
             if lease is not None:
                 log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s)", pick, _v6(pick6),
                          self.public_ip, extra=_fields("allocated", pick, self.public_ip,
@@ -208,6 +204,30 @@ class LeaseManager:
             lost6.update([pick6] if pick6 is not None else [])
             self.races_lost += 1
         raise SubnetError(f"failed to acquire a subnet lease: lost {self.max_attempts} creation races in a row")
+
+    def _second(self, lease: Lease, others_only: bool = False) -> Optional[Lease]:
+        """The key just written as ``lease``, if it names both parts, against every key created
+        before it: the first such key that overlaps either part (allocate.earlier_rival) keeps
+        it, ours is deleted (its etcd lease revoked) and that key returned; None when ours
+        stands. An IPv4-only key needs no look: its transaction (create if absent, or put if
+        still at the revision read) guards the subnet, which no other key of that shape names.
+        No transaction can guard a dual key's parts (a range compare covers the keys that
+        begin with our IPv4 part, none those that end with our IPv6 part), hence the order of
+        creation. ``others_only``: keys naming our PublicIP are no rivals (taking ours back)."""
+        if lease.ipv6_subnet is None:
+            return None
+        leases = self.registry.list_leases()[0]
+        if others_only:
+            leases = [l for l in leases if l.attrs.public_ip != self.public_ip]
+        rival = earlier_rival(leases, lease)
+        if rival is None:
+            return None
+        log.info("subnet %s (%s) overlaps %s, created just before ours: giving it up",
+                 lease.subnet, lease.ipv6_subnet, rival.key)
+        self.registry.delete_lease(lease.subnet, ipv6_subnet=lease.ipv6_subnet)
+        if lease.lease_id:
+            self.registry.revoke(lease.lease_id)
+        return rival
 
     def _reuse_by_ip(self, config: NetworkConfig, leases: list[Lease],
                      prev: Optional[IPv4Network] = None,
@@ -269,6 +289,8 @@ class LeaseManager:
         sn6 = ipv6_part(config, others, want, self._rng)
         lease = self.registry.create_lease(old.subnet, self.attrs,
                                            0 if old.reservation else self.lease_ttl, ipv6_subnet=sn6)
+        if lease is not None and self._second(lease, others_only=True) is not None:
+            return None
         if lease is not None:
             log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s), the same subnet as "
                      "before", old.subnet, _v6(sn6), self.public_ip,
@@ -390,7 +412,8 @@ class LeaseManager:
         for _ in range(3):                    # each write is guarded: a writer in between wins
             kv = self.registry.get_raw(key)
             if kv is None:
-                # keys name both parts: the create-if-absent of ours no longer guards the subnet
+                # keys name both parts: the create-if-absent of ours no longer guards the subnet;
+                # the listing saves a write, the look after the create (_second) decides
                 holder = other_holder(self.registry.list_leases()[0], self.public_ip, subnet,
                                       ipv6_subnet)
                 if holder:
@@ -412,7 +435,12 @@ class LeaseManager:
                 if held is not None:
                     lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl,
                                                       ipv6_subnet=ipv6_subnet)
+                    if lease is not None:
+                        return lease, ""        # the key named us: nothing was taken back
             if lease is not None:
+                rival = self._second(lease, others_only=True)
+                if rival is not None:
+                    return None, f"PublicIP {rival.attrs.public_ip}, key {rival.key}"
                 return lease, ""
         return None, "a writer that kept changing it"
 

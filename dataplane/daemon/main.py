@@ -14,7 +14,8 @@ each step is a function of daemon/startup.py::
                                  kept when they match the config (daemon/inherited.py)
     1. external interface        flanneld's rules (dataplane.host.iface); then what this host
                                  lacks (privileges, TUN, firewall tool, subnet.env's directory),
-                                 and after 3. the UDP port: exit 1 before any etcd write
+                                 and after 3. the UDP port and the firewall tool of each
+                                 family (EnableIPv6: ip6tables): exit 1 before any etcd write
                                  (daemon/preflight.py)
     2. etcd registry, signals, /healthz (and /metrics) server
     3. network config            <prefix>/config, retried every second until valid
@@ -241,6 +242,7 @@ class Daemon:
         if inh is None:                 # the config names the port: a read, still no write
             preflight.udp_port(self.ext, self.config.backend_port)
         startup.check_ipv6(self.config, self.ext)
+        preflight.firewall_tools(o, self.config)    # the IPv6 rules' tool is known only now
         self.underlay6 = startup.ipv6_underlay(o, self.config, self.ext)
         if inh is not None:             # its IPv6 sockets, handed over or opened now
             self.underlay6 = takeover.underlay6(inh, self.underlay6, self.ext,

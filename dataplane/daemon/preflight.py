@@ -12,7 +12,11 @@ found and how to fix it, having written nothing:
   ``--realtime-priority`` is allowed;
 * :func:`udp_port` (once the network config names the port, a read; before the lease): the port
   is free on the interface address, and bindable (CAP_NET_BIND_SERVICE below the unprivileged
-  range).
+  range);
+* :func:`firewall_tools` (once the config is read, before the lease): with ``--ip-masq``, the tool
+  of each family's rules as the config chooses it: with ``"EnableNFTables": true`` ``nft``, with
+  ``"EnableIPv6": true`` also ``ip6tables`` or ``nft`` for the IPv6 rules (a host can have
+  iptables without ip6tables), and CAP_NET_RAW for ip6tables-legacy as for iptables-legacy.
 
 What a daemon that takes over already holds (flannel0's queues, the bound sockets:
 daemon/inherited.py) is not checked: opening them again would fail on the holder's own fds.
@@ -81,6 +85,28 @@ def udp_port(ext, port: int, ip=None) -> None:
     _raise([p for p in (_udp(str(ext.iface_addr if ip is None else ip), port),) if p])
 
 
+def firewall_tools(opts, config) -> None:
+    """--ip-masq's tool for each family the config asks rules for (:func:`local` looked for
+    iptables or nft before the config was known); PreflightError naming the package."""
+    from ..host import firewall
+    if not opts.ip_masq:
+        return                  # forward rules alone: a warning at install time, as flanneld
+    caps = effective_caps()
+    problems = []
+    for network in (config.network, config.ipv6_network if config.enable_ipv6 else None):
+        if network is None:
+            continue
+        fam = firewall.family_of(network)
+        tool, _ = firewall.choose_tool(enable_nftables=config.enable_nftables, fam=fam)
+        if tool is None:
+            problems.append(f"{firewall.missing_tool(network, config.enable_nftables)} (PATH "
+                            f"{os.environ.get('PATH', '')})")
+        elif (fam is firewall.V6 and tool == "iptables" and not has_cap(CAP_NET_RAW, caps)
+              and _iptables_legacy(fam.iptables)):
+            problems.append(_legacy(fam.iptables))
+    _raise(problems)
+
+
 def _net_admin(caps: int) -> str | None:
     if has_cap(CAP_NET_ADMIN, caps):
         return None
@@ -119,15 +145,19 @@ def _firewall(opts, caps: int) -> str | None:
                 f"the PATH ({os.environ.get('PATH', '')}): install one (apt-get install "
                 "iptables) or run without --ip-masq")
     if tool == "iptables" and not has_cap(CAP_NET_RAW, caps) and _iptables_legacy():
-        return ("iptables here is iptables-legacy, which needs CAP_NET_RAW for its rules "
-                f"(--ip-masq, --iptables-forward-rules): give it ({UNIT_CAPS}), or switch to "
-                "iptables-nft (update-alternatives --set iptables /usr/sbin/iptables-nft)")
+        return _legacy("iptables")
     return None
 
 
-def _iptables_legacy() -> bool:
+def _legacy(binary: str) -> str:
+    return (f"{binary} here is {binary}-legacy, which needs CAP_NET_RAW for its rules "
+            f"(--ip-masq, --iptables-forward-rules): give it ({UNIT_CAPS}), or switch to "
+            f"{binary}-nft (update-alternatives --set {binary} /usr/sbin/{binary}-nft)")
+
+
+def _iptables_legacy(binary: str = "iptables") -> bool:
     try:
-        p = subprocess.run(["iptables", "--version"], capture_output=True, text=True, timeout=10)
+        p = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return False
     return "legacy" in p.stdout

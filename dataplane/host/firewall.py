@@ -83,8 +83,10 @@ filter tables) or the nftables table ``ip6 flannel-ipv6`` (same chains), chosen 
 with ``ip6tables`` in the place of ``iptables``. Its lifetime is the IPv4 rules': resynced,
 rebuilt for a new IPv6 part, kept at exit, removed by :func:`remove_all`. The iptables-mode
 cross-over of the IPv6 rules deletes ``ip6 flannel-ipv6`` only; that of the IPv4 rules all three
-tables (a host without EnableIPv6 any more keeps no IPv6 NAT table), so the daemon installs the
-IPv6 rules first (host/firewall_stack.py).
+tables, so the daemon installs the IPv6 rules first (host/firewall_stack.py). A daemon that
+starts without EnableIPv6 removes the IPv6 rules of either tool (:func:`remove_family`) at its
+first install: left by a run with it, they would NAT and accept for an IPv6Network this host no
+longer serves, until ``flannel-udp cleanup``.
 """
 from __future__ import annotations
 
@@ -377,6 +379,20 @@ def choose_tool(prefer=None, enable_nftables: bool = False,
     return None, f"neither `{fam.iptables}` nor `nft` was found"
 
 
+def missing_tool(network, enable_nftables: bool = False) -> str:
+    """What --ip-masq says when :func:`choose_tool` finds no tool for `network`'s family: the
+    package that has it (Debian's and Ubuntu's names)."""
+    fam = family_of(network)
+    ipt = fam.iptables
+    v6 = f" for the IPv6Network {network} (\"EnableIPv6\": true)" if fam is V6 else ""
+    if enable_nftables:
+        return (f"--ip-masq{v6} with \"EnableNFTables\": true in the network config needs "
+                "nftables and `nft` was not found: install it (apt-get install nftables), set "
+                "EnableNFTables to false, or run without --ip-masq")
+    return (f"--ip-masq{v6} needs {ipt} or nftables and neither `{ipt}` nor `nft` was found: "
+            f"install one (apt-get install iptables, which has {ipt}) or run without --ip-masq")
+
+
 def detect_tool(prefer=None, enable_nftables: bool = False) -> str | None:
     """'iptables', 'nft' or None (:func:`choose_tool` without the reason)."""
     return choose_tool(prefer, enable_nftables)[0]
@@ -463,18 +479,9 @@ class Rules:
         self._crossed = False           # the other tool's leftovers are gone (first install)
         self._random_fully = False
         ipt = self.fam.iptables
-        v6 = (f" for the IPv6Network {self.network} (\"EnableIPv6\": true)"
-              if self.fam is V6 else "")
         if self.tool is None:
-            if masq and enable_nftables:
-                raise MasqError(f"--ip-masq{v6} with \"EnableNFTables\": true in the network "
-                                "config needs nftables and `nft` was not found: install it "
-                                "(apt-get install nftables), set EnableNFTables to false, or run "
-                                "without --ip-masq")
             if masq:
-                raise MasqError(f"--ip-masq{v6} needs {ipt} or nftables and neither `{ipt}` "
-                                "nor `nft` was found: install one (apt-get install iptables, "
-                                f"which has {ipt}) or run without --ip-masq")
+                raise MasqError(missing_tool(self.network, enable_nftables))
             if forward:
                 log.warning("%s: FORWARD accept rules for %s not added "
                             "(--iptables-forward-rules); install %s or add them yourself",
@@ -723,17 +730,23 @@ def remove_all(dry_run: bool = False) -> list[str]:
     """Remove every rule, chain and table the daemon (or flanneld) installs, whatever network they
     were for: any rule that jumps to FLANNEL-POSTRTG or FLANNEL-FWD, any rule of POSTROUTING /
     FORWARD carrying our comments (older flannels' rules left there directly), both chains, in
-    iptables and in ip6tables, and the nftables tables ``ip flannel-ipv4``, ``ip6 flannel-ipv6`` and ``ip flannel-udp`` (older
-    flannel-udp). For `flannel-udp cleanup`, when a host leaves the overlay for good: the daemon
-    itself never removes them (they stay at exit, see the module docstring).
+    iptables and in ip6tables, and the nftables tables ``ip flannel-ipv4``, ``ip6 flannel-ipv6``
+    and ``ip flannel-udp`` (older flannel-udp). For `flannel-udp cleanup`, when a host leaves the
+    overlay for good: the daemon itself never removes them (they stay at exit, see the module
+    docstring), but for the IPv6 ones when it starts without EnableIPv6 (:func:`remove_family`).
 
     Each of iptables and ip6tables is one ``-restore --noflush`` transaction, as the install;
-    the nftables part one ``nft -f``. Returns what was removed (with ``dry_run``: what would be), as
+    each family's nftables tables one ``nft -f``. Returns what was removed (with ``dry_run``: what would be), as
     the equivalent commands, one per line; [] when nothing of ours is there."""
+    return remove_family(V4, dry_run) + remove_family(V6, dry_run)
+
+
+def remove_family(fam: Family, dry_run: bool = False) -> list[str]:
+    """:func:`remove_all` for one family: its iptables tool's chains and rules, and the flannel
+    nftables tables of its nftables family (IPv4: ``ip flannel-ipv4`` and ``ip flannel-udp``;
+    IPv6: ``ip6 flannel-ipv6``)."""
     done: list[str] = []
-    for fam in (V4, V6):
-        if not _iptables_tools(fam):
-            continue
+    if _iptables_tools(fam):
         restore: list[str] = []
         for table in CHAINS:
             saved = _run([fam.save, "-t", table], check=False).stdout
@@ -743,7 +756,7 @@ def remove_all(dry_run: bool = False) -> list[str]:
                 restore += [f"*{table}"] + lines + ["COMMIT"]
         if restore and not dry_run:
             _run([fam.restore, "-w", "5", "--noflush"], input="\n".join(restore) + "\n")
-    tables = _nft_tables_present()
+    tables = [t for t in _nft_tables_present() if t[0] == fam.nft_family]
     done += [f"nft delete table {f} {n}" for f, n in tables]
     if tables and not dry_run:
         _delete_nft_tables(tables)

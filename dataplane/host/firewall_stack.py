@@ -6,6 +6,14 @@ flannel nftables table, ``ip6 flannel-ipv6`` included, and by then the ip6tables
 take its place must be in. A family whose forward rules alone cannot go in (no tool, the tool
 refused) is left out with a warning, as flanneld leaves them out; one whose masquerade cannot
 fails the start (:class:`~dataplane.host.firewall.MasqError`).
+
+Without EnableIPv6 the first install removes the IPv6 rules a run with it left (ip6tables'
+FLANNEL-POSTRTG and FLANNEL-FWD with their jumps, the table ``ip6 flannel-ipv6``), said once.
+They carry flanneld's names, so they may be a flanneld's; but a host runs one of the two (they
+share the subnet file, the lease and, for udp, the port, and our IPv4 install already takes over
+the same names), so a flanneld's rules here are those of the flanneld this daemon replaced, as
+stale as our own. Nothing else of ip6tables is touched, and a daemon asked for no rules (neither
+``--ip-masq`` nor ``--iptables-forward-rules``) touches none.
 """
 from __future__ import annotations
 
@@ -32,12 +40,27 @@ class Stack:
         if network6 is not None and subnet6 is not None:
             self.v6 = firewall.Rules(network6, subnet6, previous=previous6, **kw)
         self.v4 = firewall.Rules(network, subnet, previous=previous, **kw)
+        self._clear6 = network6 is None     # EnableIPv6 off: a run with it may have left rules
+
+    def _remove_ipv6_leftovers(self) -> None:
+        try:
+            done = firewall.remove_family(firewall.V6)
+        except MasqError as e:      # ours are unaffected; `flannel-udp cleanup` removes them
+            log.warning("EnableIPv6 is off, but the IPv6 firewall rules a run with it left could "
+                        "not be removed (flannel-udp cleanup removes them): %s", e)
+            return
+        if done:
+            log.info("EnableIPv6 is off: removed the IPv6 firewall rules a run with it left: %s",
+                     "; ".join(done))
 
     @property
     def members(self) -> list:
         return [r for r in (self.v6, self.v4) if r is not None]
 
     def install(self) -> None:
+        if self._clear6:
+            self._clear6 = False
+            self._remove_ipv6_leftovers()
         for rules in list(self.members):
             try:
                 rules.install()

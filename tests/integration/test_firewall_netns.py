@@ -299,11 +299,13 @@ def test_remove_all_removes_the_iptables_chains_and_every_flannel_table(ns):
 
 
 # ---------------------------------------------------------------- dual stack (EnableIPv6)
-def _stack(enable_nftables=False, masq=True) -> str:
-    """Code that makes both families' rules in the namespace as the daemon does, as `r`."""
+def _stack(enable_nftables=False, masq=True, ipv6=True) -> str:
+    """Code that makes both families' rules in the namespace as the daemon does, as `r` (with
+    `ipv6` False: as a daemon without EnableIPv6 does)."""
+    six = f"network6={NET6!r}, subnet6={SUB6!r}, " if ipv6 else ""
     return ("from dataplane.host.firewall_stack import Stack\n"
-            f"r = Stack({NET!r}, {SUB!r}, masq={masq}, forward=True, network6={NET6!r}, "
-            f"subnet6={SUB6!r}, enable_nftables={enable_nftables})\n"
+            f"r = Stack({NET!r}, {SUB!r}, masq={masq}, forward=True, {six}"
+            f"enable_nftables={enable_nftables})\n"
             "r.install()\n")
 
 
@@ -365,6 +367,37 @@ def test_dual_stack_nftables_table_ip6_is_restored_and_cleaned_up(ns):
     ns.firewall("result = fw.remove_all()")
     assert not [t for t in ns.nft_tables() if "flannel" in t]
     assert "FLANNEL" not in "\n".join(ns.save("filter", "ip6tables"))
+
+
+@pytest.mark.parametrize("enable_nftables", [False, True], ids=["ip6tables", "nftables"])
+def test_a_start_without_ipv6_removes_the_ipv6_rules_a_run_with_it_left(ns, enable_nftables):
+    """EnableIPv6 turned off between two runs: the second removes the first's IPv6 rules (said
+    once), keeps its IPv4 ones and the host's own ip6tables rules; a third finds nothing."""
+    host = ("*nat\n-A POSTROUTING -s fd00:1::/64 -j MASQUERADE\nCOMMIT\n"
+            "*filter\n-A FORWARD -j REJECT --reject-with icmp6-port-unreachable\nCOMMIT\n")
+    ns.run(["ip6tables-restore", "--noflush"], input=host)
+    ns.firewall(_stack(enable_nftables))
+    if enable_nftables:      # what an ip6tables-mode run before that one left: FLANNEL-FWD
+        assert "table ip6 flannel-ipv6" in ns.nft_tables()
+        ns.run(["ip6tables-restore", "--noflush"], input="\n".join(
+            ["*filter", ":FLANNEL-FWD - [0:0]", *FWD6, f"-I FORWARD 1 {FWD_JUMP}", "COMMIT"]) + "\n")
+    else:
+        assert ns.chain("nat", "FLANNEL-POSTRTG", "ip6tables") == v028_postrtg6()
+    _, log = ns.firewall(_stack(enable_nftables, ipv6=False))
+    said = [l for l in log.splitlines() if "EnableIPv6 is off" in l]
+    assert len(said) == 1 and "ip6tables -t filter -F FLANNEL-FWD" in said[0], log
+    assert ("nft delete table ip6 flannel-ipv6" in said[0]) == enable_nftables, said
+    assert ns.save("nat", "ip6tables")[-1:] == ["-A POSTROUTING -s fd00:1::/64 -j MASQUERADE"]
+    assert [l for l in ns.save("filter", "ip6tables") if l.startswith("-A")] == [
+        "-A FORWARD -j REJECT --reject-with icmp6-port-unreachable"]
+    assert "FLANNEL" not in "\n".join(ns.save("nat", "ip6tables"))
+    assert "table ip6 flannel-ipv6" not in ns.nft_tables()
+    if enable_nftables:
+        assert ns.nft_chain("postrtg")[1:] == v028_postrtg_nft()
+    else:
+        assert ns.chain("nat", "FLANNEL-POSTRTG") == v028_postrtg()
+    _, log = ns.firewall(_stack(enable_nftables, ipv6=False))
+    assert "EnableIPv6 is off" not in log, log
 
 
 def test_dual_stack_without_ip6tables_names_what_to_install(ns):

@@ -8,6 +8,7 @@ shape (a deliberate difference).
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
@@ -268,3 +269,54 @@ def test_second_creator_of_an_overlapping_dual_key_gives_it_up(shared_etcd, make
     assert lease.subnet != rival[0] and lease.ipv6_subnet != rival[1], lease
     assert set(keys(reg)) == {name(*rival), name(lease.subnet, lease.ipv6_subnet)}
     assert mgr.races_lost == 1
+
+
+def _hide_others(reg, listings: int) -> None:
+    """The next `listings` of reg's leases miss OTHER's keys: they predate its create."""
+    real, left = reg.list_leases, [listings]
+
+    def listing(*a, **kw):
+        leases, rev = real(*a, **kw)
+        if left[0] > 0:
+            left[0] -= 1
+            leases = [l for l in leases if l.attrs.public_ip != OTHER]
+        return leases, rev
+    reg.list_leases = listing
+
+
+@pytest.mark.parametrize("rival_parts", ["same-ipv4", "same-ipv6"])
+@pytest.mark.parametrize("how", ["subnet.env", "lost key", "new key shape"])
+def test_take_back_of_a_dual_key_gives_it_up_to_an_earlier_overlapping_key(
+        shared_etcd, make_registry, tmp_path, how, rival_parts):
+    """A host takes its dual-stack key back (subnet.env's pair at start, or its key lost while
+    running): it lists, finds the subnet free and creates its key, while another host creates a
+    key of another shape with one part the same between that list and that create. The create-if-
+    absent of either key cannot see the other, so the taker looks after its create, as an
+    allocation does, and the later key goes: ours moves to a pair of its own. The same for our
+    IPv4-only key given an IPv6 part (a key of the new shape for the same subnet)."""
+    reg = make_registry(shared_etcd, config=DUAL)
+    with contextlib.ExitStack() as running:
+        if how != "lost key":
+            mine = (IPv4Network("10.5.7.0/24"), v6(0x77))
+        else:
+            _, first, changes = running.enter_context(_watched(reg))
+            mine = (first.subnet, first.ipv6_subnet)
+        other4 = IPv4Network("10.5.202.0/24" if mine[0] == IPv4Network("10.5.201.0/24")
+                             else "10.5.201.0/24")
+        rival = (mine[0], v6(0x7f)) if rival_parts == "same-ipv4" else (other4, mine[1])
+        stage(reg, *rival, public_ip=OTHER)
+        if how == "subnet.env":
+            _hide_others(reg, 2)        # _acquire's listing and the take-back's
+            prev, prev6 = _subnet_env(tmp_path, *mine)
+            lease = LeaseManager(reg, ME, prev, subnet_file_prev_v6=prev6).acquire()
+        elif how == "new key shape":
+            stage(reg, mine[0], None)
+            _hide_others(reg, 2)        # _acquire's listing and the reshape's
+            lease = LeaseManager(reg, ME, subnet_file_prev_v6=mine[1]).acquire()
+        else:
+            _hide_others(reg, 1)        # the take-back's
+            reg.delete_lease(mine[0], ipv6_subnet=mine[1])
+            wait_until(lambda: changes, what="on_lease_change after delete")
+            lease = changes[0]
+        assert not lease.subnet.overlaps(rival[0]) and not lease.ipv6_subnet.overlaps(rival[1])
+        assert set(keys(reg)) == {name(*rival), name(lease.subnet, lease.ipv6_subnet)}

@@ -108,6 +108,22 @@ def test_ip_masq_without_a_firewall_tool_on_the_path(ov, host, monkeypatch):
     assert "--ip-masq needs iptables or nftables" in log and "apt-get install iptables" in log
 
 
+def test_ip_masq_with_enable_ipv6_and_iptables_but_no_ip6tables(ov, host, monkeypatch):
+    """iptables alone (no ip6tables, no nft): the IPv4 rules could go in, the IPv6 ones not, which
+    is known only once the config says EnableIPv6, still before the lease."""
+    bin_dir = os.path.join(ov.tb.workdir, f"{host.name}-bin")
+    os.makedirs(bin_dir)
+    for tool in ("ip", "iptables", "iptables-save", "iptables-restore"):
+        os.symlink(shutil.which(tool), os.path.join(bin_dir, tool))
+    ov.put_config(dict(ov.config, EnableIPv6=True, IPv6Network="fc00:7::/56"))
+    try:
+        log = refused(ov, host, monkeypatch, args=("--ip-masq",), env={"PATH": bin_dir})
+    finally:
+        ov.put_config(ov.config)
+    assert "--ip-masq for the IPv6Network fc00:7::/56" in log, log[-3000:]
+    assert "neither `ip6tables` nor `nft`" in log and "apt-get install iptables" in log
+
+
 def test_root_without_cap_net_admin(ov, host, monkeypatch):
     setpriv = shutil.which("setpriv")
     require(setpriv is not None, "needs setpriv (util-linux)")

@@ -376,6 +376,8 @@ def test_the_daemon_passes_the_flag_and_the_config_key_to_the_rules(monkeypatch,
             self.seen["resync"] = period
 
     monkeypatch.setattr(firewall, "Rules", Recorder)
+    cleared = []        # without EnableIPv6 the IPv6 leftovers go (the netns tests: the rules)
+    monkeypatch.setattr(firewall, "remove_family", lambda fam: cleared.append(fam) or [])
     path = tmp_path / "subnet.env"
     path.write_text("FLANNEL_NETWORK=10.4.0.0/16\nFLANNEL_SUBNET=10.4.7.1/24\nFLANNEL_MTU=1472\n"
                     "FLANNEL_IPMASQ=true\nFLANNEL_IPV6_NETWORK=fc00:4::/56\n"
@@ -390,6 +392,7 @@ def test_the_daemon_passes_the_flag_and_the_config_key_to_the_rules(monkeypatch,
         assert m.seen["random_fully"] is (not disable) and m.seen["enable_nftables"] is enable
         assert m.seen["installed"] and m.seen["resync"] == opts.iptables_resync
     assert made[-1].seen["previous"] == P("10.4.0.0/16", "10.4.7.0/24", True)
+    assert cleared == ([] if dual else [firewall.V6])
     if dual:
         assert made[0].seen["previous"] == Previous(ipaddress.IPv6Network("fc00:4::/56"),
                                                     ipaddress.IPv6Network("fc00:4:0:7::/64"), True)
