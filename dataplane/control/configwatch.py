@@ -26,7 +26,10 @@ def config_changes(old: NetworkConfig, new: NetworkConfig) -> list[str]:
     # the running config" while the daemon keeps the old value until a restart.
     fields = (("Network", "network"), ("SubnetLen", "subnet_len"), ("SubnetMin", "subnet_min"),
               ("SubnetMax", "subnet_max"), ("Backend Type", "backend_type"), ("Port", "backend_port"),
-              ("DirectRouting", "direct_routing"), ("EnableNFTables", "enable_nftables"))
+              ("DirectRouting", "direct_routing"), ("EnableNFTables", "enable_nftables"),
+              ("EnableIPv4", "enable_ipv4"), ("EnableIPv6", "enable_ipv6"),
+              ("IPv6Network", "ipv6_network"), ("IPv6SubnetLen", "ipv6_subnet_len"),
+              ("IPv6SubnetMin", "ipv6_subnet_min"), ("IPv6SubnetMax", "ipv6_subnet_max"))
     out = []
     for label, attr in fields:
         a, b = getattr(old, attr), getattr(new, attr)

@@ -26,6 +26,21 @@ def test_changes_are_named_field_by_field():
     assert config_changes(RUNNING, direct) == ["DirectRouting False -> True"]
 
 
+def test_dual_stack_keys_are_changes():
+    """Switching IPv6 on, or its network, changes the lease key, flannel0 and the firewall: the
+    running daemon keeps the old ones until a restart, so the watch must not call it a match."""
+    dual = parse_config('{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00:5::/56",'
+                        '"Backend":{"Type":"udp"}}')
+    changes = config_changes(RUNNING, dual)
+    assert "EnableIPv6 False -> True" in changes
+    assert "IPv6Network None -> fc00:5::/56" in changes and "IPv6SubnetLen 0 -> 64" in changes
+    other = parse_config('{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00:6::/56",'
+                         '"IPv6SubnetLen":60,"Backend":{"Type":"udp"}}')
+    assert [c.split()[0] for c in config_changes(dual, other)] == [
+        "IPv6Network", "IPv6SubnetLen", "IPv6SubnetMin", "IPv6SubnetMax"]
+    assert config_changes(dual, dual) == []
+
+
 def test_each_state_is_logged_once_with_the_key_and_bounded(caplog):
     w = ConfigWatcher(_Registry(), RUNNING)
     states = [b"not json", b"not json", b'{"Network":"' + b"1" * (1 << 20) + b'"}',
