@@ -358,9 +358,20 @@ def ndr_seed(pdr: dict) -> dict:
 def find_rate(trial, *, flood_res: dict, steps: int, loss_limit: float, progress=None,
                label: str = "rate", seed: dict | None = None) -> dict:
     """One search for the highest rate that passes ``loss_limit``: in [0, the flood's offered
-    rate] from the flood's receive rate, or from ``seed`` (``ndr_seed``) when given."""
+    rate] from the flood's receive rate, or from ``seed`` (``ndr_seed``) when given. A flood
+    that passes is the answer: its offered rate, with the flood as the one probe."""
     if seed is None:
         hi = max(flood_res["tx_pps"], 1.0)
+        if "sent" in flood_res and passes(flood_res, loss_limit):
+            # The flood is a probe at the highest rate the generator offers: when it passed,
+            # a paced probe can only offer less (pacing costs the generator: an inner-IPv6
+            # flood lost nothing at 355 kpps, and the paced probe at that target offered 254).
+            flood = _probe_record(flood_res["tx_pps"], flood_res, True)
+            if progress:
+                progress(f"  {label}: the flood passed at {flood_res['tx_pps'] / 1e3:.1f} kpps "
+                         "offered, lost " f"{flood_res.get('lost', '?')}: no paced probe")
+            return {"pps": flood_res["tx_pps"], "probes": [flood],
+                    "machine_cpu_ns_per_packet": flood["machine_cpu_ns_per_packet"]}
         return search_rate(trial, hi=hi, start=min(max(flood_res["rx_pps"], hi * 0.05), hi),
                            loss_limit=loss_limit, steps=steps, label=label, progress=progress)
     if seed["hi"] <= 0:

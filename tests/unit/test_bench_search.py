@@ -65,6 +65,20 @@ def test_ndr_needs_no_probe_when_the_pdr_lost_nothing():
     assert len(res["pdr_probes"]) == 1
 
 
+def test_a_flood_that_lost_nothing_is_the_rate_and_no_paced_probe_runs():
+    """A paced generator offers less than a flood: a flood that passed already shows the rate."""
+    path = FakePath(clean=1e9, partial=1e9, gen_max=250e3)          # pacing reaches 250 kpps
+    flood = {"tx_pps": 355e3, "rx_pps": 356e3, "sent": 3_550_000, "received": 3_550_000,
+             "lost": 0, "loss": 0.0, "machine_cpu_ns": 4e9}
+    res = measure.pdr_ndr(path, flood_res=flood, steps=6, ndr_steps=4)
+    assert res["pdr_pps"] == res["ndr_pps"] == 355e3 and path.rates == []
+    assert res["pdr_probes"][0]["offered"] == 355e3 and res["ndr_probes"] == []
+    one_lost = dict(flood, received=flood["sent"] - 1, lost=1, loss=1 / flood["sent"])
+    res = measure.pdr_ndr(path, flood_res=one_lost, steps=6, ndr_steps=4)
+    assert res["pdr_pps"] == 355e3                      # < 0.5 % lost: the PDR is the flood's
+    assert 0 < res["ndr_pps"] <= 250e3 and path.rates   # the NDR needs paced probes
+
+
 def test_find_rate_takes_the_loss_limit():
     strict = measure.find_rate(FakePath(clean=100e3, partial=250e3), flood_res=FLOOD, steps=6,
                                 loss_limit=measure.NDR_LOSS)
