@@ -108,6 +108,14 @@ _end = parse_enum(_text, "dp_loop_end")
 # Counter names, in dp_stats field order (the `reserved` tail left out).
 STAT_NAMES = tuple(f for f, _ in parse_struct(_text, "dp_stats") if f != "reserved")
 
+# IPv6's shares of the counters (the header's "Counters by family"): counter -> its v6_<counter>,
+# which counts the IPv6 packets of that counter, so that IPv4's share is the difference.
+V6_PREFIX = "v6_"
+V6_SHARES = {n[len(V6_PREFIX):]: n for n in STAT_NAMES if n.startswith(V6_PREFIX)}
+for _total, _share in V6_SHARES.items():
+    if _total not in STAT_NAMES or _total.startswith(V6_PREFIX):
+        raise HeaderError(f"dp_stats: {_share} is the IPv6 share of no counter")
+
 # enum dp_offload
 OFF_TUN_VNET = _pick(_offload, "DP_OFF_TUN_VNET")
 OFF_UDP_GSO = _pick(_offload, "DP_OFF_UDP_GSO")

@@ -83,7 +83,8 @@ from .contract import (DENSE_WAITS, ICMP_BURST_DEFAULT, LIGHT_PACKETS, ROUNDS, S
 from .pypath import (COALESCE_WAITS, DROP_SEND_ERROR, DROP_TUN_FULL, POLLS, ROUTE_SWAPS,
                      RX_BATCHES, SYSCALLS, TUN_READS, TUN_RX_PACKETS, TUN_TX_BYTES,
                      TUN_TX_PACKETS, TUN_WRITES, TX_BATCHES, UDP_RECVS, UDP_RX_PACKETS, UDP_SENDS,
-                     UDP_TX_BYTES, UDP_TX_PACKETS)
+                     UDP_TX_BYTES, UDP_TX_PACKETS, V6_TUN_TX_BYTES, V6_TUN_TX_PACKETS,
+                     V6_UDP_TX_BYTES, V6_UDP_TX_PACKETS)
 from .pytable import RouteTable, str_to_int
 
 log = logging.getLogger(__name__)
@@ -399,26 +400,33 @@ class _Loop:
             self.icmp_send()
         m = n - tx_hop[:n].count(None)        # queued: one sendto() each
         sendto, sendto6, tx_views = self.sendto, self.sendto6, self.tx_views
-        tx_pk = tx_by = 0
+        tx_pk = tx_by = tx6 = tx6_by = 0
         for i in range(n):
             hop = tx_hop[i]
             if hop is None:
                 continue
             length = tx_len[i]
+            # The inner family, which the peer's does not say (an IPv4 peer carries either).
+            v6 = tx_bufs[i][0] >> 4 == 6
             try:
                 # An IPv6 peer's hop is an AF_INET6 sockaddr: four items.
                 (sendto6 if len(hop) == 4 else sendto)(tx_views[i][:length], hop)
             except OSError:
-                pypath.path_drop(pa, DROP_SEND_ERROR, length)
+                (pypath.path_drop6 if v6 else pypath.path_drop)(pa, DROP_SEND_ERROR, length)
                 continue
             tx_pk += 1
             tx_by += length
+            if v6:
+                tx6 += 1
+                tx6_by += length
             if tracing:
                 pypath.trace_record(pa, TR_UDP_SEND, length, str_to_int(hop[0]), hop[1], m,
                                     None)
         c[SYSCALLS] += reads + m
         c[TUN_READS] += reads
         c[UDP_SENDS] += m
+        c[V6_UDP_TX_PACKETS] += tx6
+        c[V6_UDP_TX_BYTES] += tx6_by
         c[UDP_TX_PACKETS] += tx_pk
         c[UDP_TX_BYTES] += tx_by
         if n:
@@ -459,29 +467,36 @@ class _Loop:
         # asked for them.
         pa.local, pa.local6 = engine._local
         pa.strict_sources = engine._strict and need_src
-        path_drop, trace_record = pypath.path_drop, pypath.trace_record
+        trace_record = pypath.trace_record
+        drop4, drop6 = pypath.path_drop, pypath.path_drop6
         write, rx_views = self.write, self.rx_views
-        writes = tx_pk = tx_by = 0
+        writes = tx_pk = tx_by = tx6 = tx6_by = 0
         for i in pypath.path_udp(pa, rx_bufs, rx_len, rx_src, k, self.mtu):
             # The write's outcome is counted here, as tun_batch counts a send
             # (path.c's dp_path_tun_written: pypath.py says why).
             length = rx_len[i]
             writes += 1
+            v6 = rx_bufs[i][0] >> 4 == 6
             try:
                 if write(rx_views[i][:length]) is None:     # FileIO's EAGAIN
-                    path_drop(pa, DROP_TUN_FULL, length)
+                    (drop6 if v6 else drop4)(pa, DROP_TUN_FULL, length)
                     continue
             except OSError as e:
                 if e.errno == errno.EBADFD:   # the device is gone: the loop ends
                     self.gone = e.errno
-                path_drop(pa, pypath.tun_write_drop(e.errno or errno.EIO), length)
+                (drop6 if v6 else drop4)(pa, pypath.tun_write_drop(e.errno or errno.EIO), length)
                 continue
             tx_pk += 1
             tx_by += length
+            if v6:
+                tx6 += 1
+                tx6_by += length
             if tracing:
                 trace_record(pa, TR_TUN_WRITE, length, 0, 0, 0, rx_bufs[i])
         c[SYSCALLS] += writes
         c[TUN_WRITES] += writes
+        c[V6_TUN_TX_PACKETS] += tx6
+        c[V6_TUN_TX_BYTES] += tx6_by
         c[TUN_TX_PACKETS] += tx_pk
         c[TUN_TX_BYTES] += tx_by
         return more
