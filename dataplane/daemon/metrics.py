@@ -52,6 +52,15 @@ class MetricsSource:
         """{"direct": n, "encapsulated": m} when DirectRouting is on, else empty (no series)."""
         return {}
 
+    def peers_ipv6(self) -> int | None:
+        """Peers whose IPv6 part the engines route; None while IPv6 is off (no series)."""
+        return None
+
+    def peers_ipv6_by_mode(self) -> dict:
+        """peers_by_mode for those IPv6 parts: {"direct": n, "encapsulated": m} when IPv6 and
+        DirectRouting are on, else empty."""
+        return {}
+
     def queues_count(self) -> int:
         """Forwarding queues (engines) running; 0 = none yet (no metric then)."""
         return 0
@@ -241,6 +250,15 @@ DECLARED = (
            "With DirectRouting on: peers by the way their packets go (direct: a plain kernel "
            "route via their PublicIP; encapsulated: through flannel0 and the engine).",
            _by_label("peers_by_mode", sort=True)),
+    Family(f"{PREFIX}_peers_ipv6", "gauge", (),
+           "With EnableIPv6: peer leases whose IPv6 part the engines route (ForwardsIPv6, inside "
+           "IPv6Network).",
+           _value("peers_ipv6")),
+    Family(f"{PREFIX}_peers_ipv6_by_mode", "gauge", ("mode",),
+           "With EnableIPv6 and DirectRouting on: those IPv6 parts by the way their packets go "
+           "(direct: a plain kernel route via the peer's PublicIPv6; encapsulated: through "
+           "flannel0 and the engine).",
+           _by_label("peers_ipv6_by_mode", sort=True)),
     Family(f"{PREFIX}_lease_expiry_timestamp_seconds", "gauge", ("subnet",),
            "When this host's subnet lease expires (Unix time).",
            _lease_expiry),

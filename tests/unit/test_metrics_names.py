@@ -47,6 +47,12 @@ class FullSource(MetricsSource):
     def peers_by_mode(self):
         return {"direct": 2, "encapsulated": 3}
 
+    def peers_ipv6(self):
+        return 2
+
+    def peers_ipv6_by_mode(self):
+        return {"direct": 1, "encapsulated": 1}
+
     def queues_count(self):
         return len(self.per_queue)
 
@@ -225,7 +231,7 @@ def test_engine_info_reason_is_one_of_a_few_words(monkeypatch, flag, env, c_buil
 
 def _doc_rows():
     """(series, type, labels) of every row of docs/metrics.md's reference tables."""
-    rows = re.findall(r"^\| `([a-z_]+)` \| (counter|gauge) \|\s*([a-z_, ]*?)\s*\|", DOC.read_text(),
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (counter|gauge) \|\s*([a-z_, ]*?)\s*\|", DOC.read_text(),
                       re.M)
     return {name: (typ, tuple(x.strip() for x in labels.split(",") if x.strip()))
             for name, typ, labels in rows}
