@@ -400,25 +400,24 @@ class _Loop:
             self.icmp_send()
         m = n - tx_hop[:n].count(None)        # queued: one sendto() each
         sendto, sendto6, tx_views = self.sendto, self.sendto6, self.tx_views
-        tx_pk = tx_by = tx6 = tx6_by = 0
+        tx_pk = tx_by = 0
+        tx6, tx6_by = pa.fwd6                 # IPv6's queued, less those refused below
         for i in range(n):
             hop = tx_hop[i]
             if hop is None:
                 continue
             length = tx_len[i]
-            # The inner family, which the peer's does not say (an IPv4 peer carries either).
-            v6 = tx_bufs[i][0] >> 4 == 6
             try:
                 # An IPv6 peer's hop is an AF_INET6 sockaddr: four items.
                 (sendto6 if len(hop) == 4 else sendto)(tx_views[i][:length], hop)
             except OSError:
-                (pypath.path_drop6 if v6 else pypath.path_drop)(pa, DROP_SEND_ERROR, length)
+                # by the inner family, which the peer's does not say (IPv4 peers carry either)
+                if pypath.path_drop_of(pa, DROP_SEND_ERROR, tx_bufs[i], length):
+                    tx6 -= 1
+                    tx6_by -= length
                 continue
             tx_pk += 1
             tx_by += length
-            if v6:
-                tx6 += 1
-                tx6_by += length
             if tracing:
                 pypath.trace_record(pa, TR_UDP_SEND, length, str_to_int(hop[0]), hop[1], m,
                                     None)
@@ -467,36 +466,36 @@ class _Loop:
         # asked for them.
         pa.local, pa.local6 = engine._local
         pa.strict_sources = engine._strict and need_src
-        trace_record = pypath.trace_record
-        drop4, drop6 = pypath.path_drop, pypath.path_drop6
+        drop_of, trace_record = pypath.path_drop_of, pypath.trace_record
         write, rx_views = self.write, self.rx_views
-        writes = tx_pk = tx_by = tx6 = tx6_by = 0
+        writes = tx_pk = tx_by = lost6 = lost6_by = 0
         for i in pypath.path_udp(pa, rx_bufs, rx_len, rx_src, k, self.mtu):
             # The write's outcome is counted here, as tun_batch counts a send
             # (path.c's dp_path_tun_written: pypath.py says why).
             length = rx_len[i]
             writes += 1
-            v6 = rx_bufs[i][0] >> 4 == 6
             try:
                 if write(rx_views[i][:length]) is None:     # FileIO's EAGAIN
-                    (drop6 if v6 else drop4)(pa, DROP_TUN_FULL, length)
+                    if drop_of(pa, DROP_TUN_FULL, rx_bufs[i], length):
+                        lost6 += 1                # IPv6's, which path_udp counted through
+                        lost6_by += length
                     continue
             except OSError as e:
                 if e.errno == errno.EBADFD:   # the device is gone: the loop ends
                     self.gone = e.errno
-                (drop6 if v6 else drop4)(pa, pypath.tun_write_drop(e.errno or errno.EIO), length)
+                if drop_of(pa, pypath.tun_write_drop(e.errno or errno.EIO), rx_bufs[i], length):
+                    lost6 += 1
+                    lost6_by += length
                 continue
             tx_pk += 1
             tx_by += length
-            if v6:
-                tx6 += 1
-                tx6_by += length
             if tracing:
                 trace_record(pa, TR_TUN_WRITE, length, 0, 0, 0, rx_bufs[i])
         c[SYSCALLS] += writes
         c[TUN_WRITES] += writes
-        c[V6_TUN_TX_PACKETS] += tx6
-        c[V6_TUN_TX_BYTES] += tx6_by
+        fwd6, fwd6_by = pa.fwd6
+        c[V6_TUN_TX_PACKETS] += fwd6 - lost6
+        c[V6_TUN_TX_BYTES] += fwd6_by - lost6_by
         c[TUN_TX_PACKETS] += tx_pk
         c[TUN_TX_BYTES] += tx_by
         return more

@@ -146,7 +146,7 @@ class Path:
     """
     __slots__ = ("c", "routes", "local", "local6", "tun_addr", "tun_addr6", "accept_any",
                  "strict_sources", "icmp_limit", "icmp_tat", "now_ns", "icmp", "tracing",
-                 "trace_seq", "ring")
+                 "trace_seq", "ring", "fwd6")
 
     def __init__(self, tun_addr: bytes, accept_any: bool):
         self.c = [0] * len(STAT_NAMES)        # the counters, dp_stats field order
@@ -164,6 +164,9 @@ class Path:
         self.tracing = False
         self.trace_seq = 0
         self.ring: collections.deque = collections.deque(maxlen=TRACE_RING)
+        # (packets, bytes) of IPv6 the last path_tun or path_udp let through: the caller's
+        # sends or writes take IPv6's share of theirs from it, so IPv4's pay nothing for it
+        self.fwd6 = (0, 0)
 
 
 def own_sources(local) -> tuple[tuple, tuple]:
@@ -197,6 +200,16 @@ def path_drop(pa: Path, reason: int, length: int) -> None:
     pa.c[reason] += 1
     if pa.tracing:
         trace_record(pa, TR_DROP, length, 0, 0, reason, None)
+
+
+def path_drop_of(pa: Path, reason: int, p, length: int) -> bool:
+    """dp_path_drop itself: the drop of the packet ``p``, in IPv6's share too when its version
+    nibble says 6 (then True). For the callers that do not know the family."""
+    if length and p[0] >> 4 == 6:
+        path_drop6(pa, reason, length)
+        return True
+    path_drop(pa, reason, length)
+    return False
 
 
 def path_drop6(pa: Path, reason: int, length: int) -> None:
@@ -272,7 +285,7 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
     one_length = len(routes) == 1             # flannel's case: no loop over the lengths
     if one_length:
         mask0, prefixlen0, nets0 = routes[0]
-    rx_bytes = rx6 = rx6_bytes = 0
+    rx_bytes = rx6 = rx6_bytes = fwd6 = fwd6_bytes = 0
     try:
         for j in range(n):
             p = bufs[j]
@@ -344,6 +357,8 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                     continue
                 p[7] = hop_limit - 1
                 hops[j] = hop
+                fwd6 += 1
+                fwd6_bytes += length
                 continue
             header_len = (version_ihl & 15) << 2
             if header_len < HEADER_MIN or header_len > length:
@@ -391,6 +406,7 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
             _PUT_TTL(p, 8, new, s ^ 0xFFFF)
             hops[j] = hop
     finally:
+        pa.fwd6 = (fwd6, fwd6_bytes)
         c[V6_TUN_RX_PACKETS] += rx6
         c[V6_TUN_RX_BYTES] += rx6_bytes
         c[TUN_RX_PACKETS] += n
@@ -416,7 +432,7 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
     own_net, own_mask, own_addrs = pa.local
     own_net6, own_mask6, own_addrs6 = pa.local6
     strict = pa.strict_sources
-    rx_bytes = rx6 = rx6_bytes = 0
+    rx_bytes = rx6 = rx6_bytes = fwd6 = fwd6_bytes = 0
     try:
         for j in range(k):
             p = bufs[j]
@@ -480,6 +496,8 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
                     path_drop6(pa, DROP_TTL, length)
                     continue
                 p[7] = hop_limit - 1
+                fwd6 += 1
+                fwd6_bytes += length
                 yield j
                 continue
             if length < HEADER_MIN:
@@ -516,6 +534,7 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
             _PUT_TTL(p, 8, new, s ^ 0xFFFF)
             yield j
     finally:
+        pa.fwd6 = (fwd6, fwd6_bytes)
         c[V6_UDP_RX_PACKETS] += rx6
         c[V6_UDP_RX_BYTES] += rx6_bytes
         c[UDP_RX_PACKETS] += k
@@ -532,13 +551,12 @@ def tun_write_drop(err: int) -> int:
 def path_icmp_written(pa: Path, err: int) -> None:
     """How the write of pa.icmp into the TUN went: 0 or the errno."""
     icmp = pa.icmp
-    v6 = icmp[0] >> 4 == 6
     if err:
-        (path_drop6 if v6 else path_drop)(pa, tun_write_drop(err), len(icmp))
+        path_drop_of(pa, tun_write_drop(err), icmp, len(icmp))
         return
     # The counters mean unreachable and time exceeded in both families, whose types
     # differ; packet too big is IPv6's alone.
-    if v6:
+    if icmp[0] >> 4 == 6:
         counter = _ICMP6_SENT.get(icmp[HEADER6], ICMP_TTL_SENT)
         if V6_OF[counter]:
             pa.c[V6_OF[counter]] += 1
