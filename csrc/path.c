@@ -26,7 +26,9 @@
  * them with arbitrary bytes (the I/O-free core, as boringtun's
  * Tunn::encapsulate). Every packet handed in is counted in its rx counters
  * and then either forwarded or in exactly one drop counter; an ICMP error
- * adds icmp_*_sent, icmp_ratelimited or a TUN write drop of its own.
+ * adds icmp_*_sent, icmp_ratelimited or a TUN write drop of its own. An
+ * IPv6 packet counts in the IPv6 share of each of those that has one
+ * (dp_path_count_of, dp_path_drop: they are handed the packet).
  */
 #include <errno.h>
 #include <string.h>

@@ -50,6 +50,11 @@ packet passes here:
 * dp_path_tun_written has no counterpart: the caller counts a datagram's
   write into the TUN where it makes it, as tx.c's sent() counts a send
   (tun_write_drop gives the drop reason of a failed one).
+* IPv6's shares of the counters (dataplane.h, "Counters by family"), which
+  C takes from each packet's first byte where it counts it, are counted in
+  the IPv6 branches (path_drop6); the caller's sends and writes take theirs
+  from what those branches let through (Path.fwd6) less the failures
+  (path_drop_of), so that no IPv4 packet pays for a look at its version.
 * The IPv6 branches (dataplane.h's "IPv6 inner packets"; path.c's is_ipv6,
   tun6, inner_source6 and udp6, written out) sit where the IPv4 path has
   already found the version not 4, so that IPv4 pays nothing for them
