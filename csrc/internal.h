@@ -471,60 +471,36 @@ static inline void dp_path_count(struct dp_path *pa, enum dp_stat i, uint64_t n)
                      __ATOMIC_RELAXED);
 }
 
-/* IPv6's share of counter i (dataplane.h, "Counters by family"), or 0 for
+/* IPv6's share of each counter (dataplane.h, "Counters by family"), 0 for
  * a counter without one (no share is slot 0). */
-static inline enum dp_stat dp_stat_v6(enum dp_stat i)
-{
-    switch (i) {
-    case DP_ST_TUN_RX_PACKETS:
-        return DP_ST_V6_TUN_RX_PACKETS;
-    case DP_ST_TUN_RX_BYTES:
-        return DP_ST_V6_TUN_RX_BYTES;
-    case DP_ST_UDP_TX_PACKETS:
-        return DP_ST_V6_UDP_TX_PACKETS;
-    case DP_ST_UDP_TX_BYTES:
-        return DP_ST_V6_UDP_TX_BYTES;
-    case DP_ST_UDP_RX_PACKETS:
-        return DP_ST_V6_UDP_RX_PACKETS;
-    case DP_ST_UDP_RX_BYTES:
-        return DP_ST_V6_UDP_RX_BYTES;
-    case DP_ST_TUN_TX_PACKETS:
-        return DP_ST_V6_TUN_TX_PACKETS;
-    case DP_ST_TUN_TX_BYTES:
-        return DP_ST_V6_TUN_TX_BYTES;
-    case DP_ST_ICMP_UNREACH_SENT:
-        return DP_ST_V6_ICMP_UNREACH_SENT;
-    case DP_ST_ICMP_TTL_SENT:
-        return DP_ST_V6_ICMP_TTL_SENT;
-    case DP_ST_DROP_NO_ROUTE:
-        return DP_ST_V6_DROP_NO_ROUTE;
-    case DP_ST_DROP_TTL:
-        return DP_ST_V6_DROP_TTL;
-    case DP_ST_DROP_MALFORMED:
-        return DP_ST_V6_DROP_MALFORMED;
-    case DP_ST_DROP_BAD_SOURCE:
-        return DP_ST_V6_DROP_BAD_SOURCE;
-    case DP_ST_DROP_SEND_ERROR:
-        return DP_ST_V6_DROP_SEND_ERROR;
-    case DP_ST_DROP_TUN_FULL:
-        return DP_ST_V6_DROP_TUN_FULL;
-    case DP_ST_DROP_TUN_ERROR:
-        return DP_ST_V6_DROP_TUN_ERROR;
-    case DP_ST_DROP_INNER_LOCAL:
-        return DP_ST_V6_DROP_INNER_LOCAL;
-    case DP_ST_DROP_INNER_FOREIGN:
-        return DP_ST_V6_DROP_INNER_FOREIGN;
-    default:
-        return 0;
-    }
-}
+static const uint8_t dp_stat_v6[DP_ST_COUNT] = {
+    [DP_ST_TUN_RX_PACKETS] = DP_ST_V6_TUN_RX_PACKETS,
+    [DP_ST_TUN_RX_BYTES] = DP_ST_V6_TUN_RX_BYTES,
+    [DP_ST_UDP_TX_PACKETS] = DP_ST_V6_UDP_TX_PACKETS,
+    [DP_ST_UDP_TX_BYTES] = DP_ST_V6_UDP_TX_BYTES,
+    [DP_ST_UDP_RX_PACKETS] = DP_ST_V6_UDP_RX_PACKETS,
+    [DP_ST_UDP_RX_BYTES] = DP_ST_V6_UDP_RX_BYTES,
+    [DP_ST_TUN_TX_PACKETS] = DP_ST_V6_TUN_TX_PACKETS,
+    [DP_ST_TUN_TX_BYTES] = DP_ST_V6_TUN_TX_BYTES,
+    [DP_ST_ICMP_UNREACH_SENT] = DP_ST_V6_ICMP_UNREACH_SENT,
+    [DP_ST_ICMP_TTL_SENT] = DP_ST_V6_ICMP_TTL_SENT,
+    [DP_ST_DROP_NO_ROUTE] = DP_ST_V6_DROP_NO_ROUTE,
+    [DP_ST_DROP_TTL] = DP_ST_V6_DROP_TTL,
+    [DP_ST_DROP_MALFORMED] = DP_ST_V6_DROP_MALFORMED,
+    [DP_ST_DROP_BAD_SOURCE] = DP_ST_V6_DROP_BAD_SOURCE,
+    [DP_ST_DROP_SEND_ERROR] = DP_ST_V6_DROP_SEND_ERROR,
+    [DP_ST_DROP_TUN_FULL] = DP_ST_V6_DROP_TUN_FULL,
+    [DP_ST_DROP_TUN_ERROR] = DP_ST_V6_DROP_TUN_ERROR,
+    [DP_ST_DROP_INNER_LOCAL] = DP_ST_V6_DROP_INNER_LOCAL,
+    [DP_ST_DROP_INNER_FOREIGN] = DP_ST_V6_DROP_INNER_FOREIGN,
+};
 
 /* Counter i for the packet p (NULL: its bytes are not at hand), and its
  * IPv6 share when p is IPv6 by the version nibble. */
 static inline void dp_path_count_of(struct dp_path *pa, enum dp_stat i, uint64_t n,
                                     const uint8_t *p, uint32_t len)
 {
-    enum dp_stat v6 = dp_stat_v6(i);
+    enum dp_stat v6 = (enum dp_stat)dp_stat_v6[i];
 
     dp_path_count(pa, i, n);
     if (v6 && p && len && (p[0] >> 4) == 6)
