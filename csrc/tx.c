@@ -154,7 +154,8 @@ static void udp_send_plain(struct dp_loop *l, uint32_t i, uint32_t m)
         n = same_socket(&l->tx_msgs[i], m - i);
         r = udp_sendmmsg(l, &l->tx_msgs[i], n);
         if (r <= 0) {
-            drop(l, DP_ST_DROP_SEND_ERROR, l->tx_iov[i].iov_base, (uint32_t)l->tx_iov[i].iov_len);
+            drop(l, DP_ST_DROP_SEND_ERROR, l->tx_iov[i].iov_base,
+                 (uint32_t)l->tx_iov[i].iov_len);
             i++;
             continue;
         }
