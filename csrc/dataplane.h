@@ -225,6 +225,18 @@
  * so any t seconds see at most burst + rate * t errors. The offender is
  * counted in its drop reason either way.
  *
+ * Counters by family (both engines, at the same sites): a counter of
+ * packets or bytes, of ICMP errors sent, or a drop reason that an IPv6
+ * packet can meet has an IPv6 share, v6_<counter>, counted with it for a
+ * packet whose version nibble (byte 0 >> 4) is 6: the inner packet read,
+ * sent, received or written, the ICMP error written. The counter stays the
+ * total of both families, so IPv4's share is counter - v6_<counter>.
+ * drop_not_ipv4 (neither family) and drop_truncated (counted before the
+ * packet is looked at; a cut UDP_GRO train may hold none of its bytes)
+ * have none; drop_scope, drop_too_big and icmp_too_big_sent are IPv6's
+ * alone and need none. A share is never named drop_*: those are the drop
+ * reasons.
+ *
  * Byte order: addresses are uint32 in network byte order (as in_addr_t);
  * ports are host order. Counters are uint64, written only by the loop
  * thread, readable at any time with dp_loop_stats().
@@ -330,7 +342,26 @@ typedef struct dp_stats {
     uint64_t drop_scope;         /* IPv6 with a link-scoped source or destination */
     uint64_t drop_too_big;       /* IPv6 longer than its route's mtu (dp_route6.mtu) */
     uint64_t icmp_too_big_sent;  /* ICMPv6 packet too big written into the TUN */
-    uint64_t reserved[24];
+    uint64_t v6_tun_rx_packets;  /* IPv6's shares ("Counters by family") */
+    uint64_t v6_tun_rx_bytes;
+    uint64_t v6_udp_tx_packets;
+    uint64_t v6_udp_tx_bytes;
+    uint64_t v6_udp_rx_packets;
+    uint64_t v6_udp_rx_bytes;
+    uint64_t v6_tun_tx_packets;
+    uint64_t v6_tun_tx_bytes;
+    uint64_t v6_icmp_unreach_sent;
+    uint64_t v6_icmp_ttl_sent;
+    uint64_t v6_drop_no_route;
+    uint64_t v6_drop_ttl;
+    uint64_t v6_drop_malformed;
+    uint64_t v6_drop_bad_source;
+    uint64_t v6_drop_send_error;
+    uint64_t v6_drop_tun_full;
+    uint64_t v6_drop_tun_error;
+    uint64_t v6_drop_inner_local;
+    uint64_t v6_drop_inner_foreign;
+    uint64_t reserved[5];
 } dp_stats;
 
 /* Trace events, recorded only while tracing is on (for the demo). */

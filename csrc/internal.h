@@ -72,6 +72,25 @@ enum dp_stat {
     DP_ST_DROP_SCOPE,
     DP_ST_DROP_TOO_BIG,
     DP_ST_ICMP_TOO_BIG_SENT,
+    DP_ST_V6_TUN_RX_PACKETS,
+    DP_ST_V6_TUN_RX_BYTES,
+    DP_ST_V6_UDP_TX_PACKETS,
+    DP_ST_V6_UDP_TX_BYTES,
+    DP_ST_V6_UDP_RX_PACKETS,
+    DP_ST_V6_UDP_RX_BYTES,
+    DP_ST_V6_TUN_TX_PACKETS,
+    DP_ST_V6_TUN_TX_BYTES,
+    DP_ST_V6_ICMP_UNREACH_SENT,
+    DP_ST_V6_ICMP_TTL_SENT,
+    DP_ST_V6_DROP_NO_ROUTE,
+    DP_ST_V6_DROP_TTL,
+    DP_ST_V6_DROP_MALFORMED,
+    DP_ST_V6_DROP_BAD_SOURCE,
+    DP_ST_V6_DROP_SEND_ERROR,
+    DP_ST_V6_DROP_TUN_FULL,
+    DP_ST_V6_DROP_TUN_ERROR,
+    DP_ST_V6_DROP_INNER_LOCAL,
+    DP_ST_V6_DROP_INNER_FOREIGN,
     DP_ST_COUNT,
     DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
 };
@@ -452,6 +471,50 @@ static inline void dp_path_count(struct dp_path *pa, enum dp_stat i, uint64_t n)
                      __ATOMIC_RELAXED);
 }
 
+/* IPv6's share of each counter (dataplane.h, "Counters by family"), 0 for
+ * a counter without one (no share is slot 0). */
+static const uint8_t dp_stat_v6[DP_ST_COUNT] = {
+    [DP_ST_TUN_RX_PACKETS] = DP_ST_V6_TUN_RX_PACKETS,
+    [DP_ST_TUN_RX_BYTES] = DP_ST_V6_TUN_RX_BYTES,
+    [DP_ST_UDP_TX_PACKETS] = DP_ST_V6_UDP_TX_PACKETS,
+    [DP_ST_UDP_TX_BYTES] = DP_ST_V6_UDP_TX_BYTES,
+    [DP_ST_UDP_RX_PACKETS] = DP_ST_V6_UDP_RX_PACKETS,
+    [DP_ST_UDP_RX_BYTES] = DP_ST_V6_UDP_RX_BYTES,
+    [DP_ST_TUN_TX_PACKETS] = DP_ST_V6_TUN_TX_PACKETS,
+    [DP_ST_TUN_TX_BYTES] = DP_ST_V6_TUN_TX_BYTES,
+    [DP_ST_ICMP_UNREACH_SENT] = DP_ST_V6_ICMP_UNREACH_SENT,
+    [DP_ST_ICMP_TTL_SENT] = DP_ST_V6_ICMP_TTL_SENT,
+    [DP_ST_DROP_NO_ROUTE] = DP_ST_V6_DROP_NO_ROUTE,
+    [DP_ST_DROP_TTL] = DP_ST_V6_DROP_TTL,
+    [DP_ST_DROP_MALFORMED] = DP_ST_V6_DROP_MALFORMED,
+    [DP_ST_DROP_BAD_SOURCE] = DP_ST_V6_DROP_BAD_SOURCE,
+    [DP_ST_DROP_SEND_ERROR] = DP_ST_V6_DROP_SEND_ERROR,
+    [DP_ST_DROP_TUN_FULL] = DP_ST_V6_DROP_TUN_FULL,
+    [DP_ST_DROP_TUN_ERROR] = DP_ST_V6_DROP_TUN_ERROR,
+    [DP_ST_DROP_INNER_LOCAL] = DP_ST_V6_DROP_INNER_LOCAL,
+    [DP_ST_DROP_INNER_FOREIGN] = DP_ST_V6_DROP_INNER_FOREIGN,
+};
+
+/* Counter i for the packet p (NULL: its bytes are not at hand), and its
+ * IPv6 share when p is IPv6 by the version nibble. */
+static inline void dp_path_count_of(struct dp_path *pa, enum dp_stat i, uint64_t n,
+                                    const uint8_t *p, uint32_t len)
+{
+    enum dp_stat v6 = (enum dp_stat)dp_stat_v6[i];
+
+    dp_path_count(pa, i, n);
+    if (v6 && p && len && (p[0] >> 4) == 6)
+        dp_path_count(pa, v6, n);
+}
+
+/* A *_PACKETS counter and the *_BYTES one after it, for the packet p. */
+static inline void dp_path_count_packet(struct dp_path *pa, enum dp_stat packets,
+                                        const uint8_t *p, uint32_t len)
+{
+    dp_path_count_of(pa, packets, 1, p, len);
+    dp_path_count_of(pa, (enum dp_stat)(packets + 1), len, p, len);
+}
+
 static inline void dp_path_trace(struct dp_path *pa, uint32_t kind, uint32_t len, uint32_t addr,
                                  uint32_t port, uint32_t batch, const uint8_t *head)
 {
@@ -459,9 +522,10 @@ static inline void dp_path_trace(struct dp_path *pa, uint32_t kind, uint32_t len
         dp_trace_record(&pa->trace, kind, len, addr, port, batch, head, head ? len : 0);
 }
 
-static inline void dp_path_drop(struct dp_path *pa, enum dp_stat reason, uint32_t len)
+static inline void dp_path_drop(struct dp_path *pa, enum dp_stat reason, const uint8_t *p,
+                                uint32_t len)
 {
-    dp_path_count(pa, reason, 1);
+    dp_path_count_of(pa, reason, 1, p, len);
     dp_path_trace(pa, DP_TR_DROP, len, 0, 0, (uint32_t)reason, NULL);
 }
 

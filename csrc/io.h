@@ -115,9 +115,9 @@ static inline void trace(struct dp_loop *l, uint32_t kind, uint32_t len, uint32_
     dp_path_trace(&l->path, kind, len, addr, port, batch, head);
 }
 
-static inline void drop(struct dp_loop *l, enum dp_stat reason, uint32_t len)
+static inline void drop(struct dp_loop *l, enum dp_stat reason, const uint8_t *p, uint32_t len)
 {
-    dp_path_drop(&l->path, reason, len);
+    dp_path_drop(&l->path, reason, p, len);
 }
 
 /* Every syscall bumps `syscalls` and its own counter. */

@@ -26,7 +26,9 @@
  * them with arbitrary bytes (the I/O-free core, as boringtun's
  * Tunn::encapsulate). Every packet handed in is counted in its rx counters
  * and then either forwarded or in exactly one drop counter; an ICMP error
- * adds icmp_*_sent, icmp_ratelimited or a TUN write drop of its own.
+ * adds icmp_*_sent, icmp_ratelimited or a TUN write drop of its own. An
+ * IPv6 packet counts in the IPv6 share of each of those that has one
+ * (dp_path_count_of, dp_path_drop: they are handed the packet).
  */
 #include <errno.h>
 #include <string.h>
@@ -125,24 +127,24 @@ static enum dp_verdict tun6(struct dp_path *pa, uint8_t *p, uint32_t len,
     if (!reason && dp_packet6_link_scope(p))
         reason = DP_ST_DROP_SCOPE;
     if (reason) {
-        dp_path_drop(pa, reason, len);
+        dp_path_drop(pa, reason, p, len);
         return DP_V_DROP;
     }
     if (!dp_routes_lookup6(pa->routes, dp_packet6_dst(p), hit)) {
         dp_path_trace(pa, DP_TR_ROUTE_MISS, 0, 0, 0, 0, NULL);
-        dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, len);
+        dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, p, len);
         return icmp_error6(pa, p, len, DP_ICMP6_DEST_UNREACH, 0);
     }
     dp_path_trace(pa, DP_TR_ROUTE_HIT, hit->prefixlen, hit->peer_ip, hit->port, 0, NULL);
     if (p[DP_IP6_HOP_OFF] <= 1) {
-        dp_path_drop(pa, DP_ST_DROP_TTL, len);
+        dp_path_drop(pa, DP_ST_DROP_TTL, p, len);
         return icmp_error6(pa, p, len, DP_ICMP6_TIME_EXCEEDED, 0);
     }
     /* The tunnel towards this peer is a link of hit->mtu (RFC 8200 5): the
      * sender learns it (RFC 8201) rather than the packet being lost, or cut
      * into IPv6 fragments of the outer packet on the way. */
     if (hit->mtu && len > hit->mtu) {
-        dp_path_drop(pa, DP_ST_DROP_TOO_BIG, len);
+        dp_path_drop(pa, DP_ST_DROP_TOO_BIG, p, len);
         return icmp_error6(pa, p, len, DP_ICMP6_TOO_BIG, hit->mtu);
     }
     dp_packet6_hop_dec(p);
@@ -154,8 +156,7 @@ enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
 {
     int reason;
 
-    dp_path_count(pa, DP_ST_TUN_RX_PACKETS, 1);
-    dp_path_count(pa, DP_ST_TUN_RX_BYTES, len);
+    dp_path_count_packet(pa, DP_ST_TUN_RX_PACKETS, p, len);
     dp_path_trace(pa, DP_TR_TUN_READ, len, 0, 0, 0, p);
 
     /* Under 20 bytes a packet is malformed whatever its version. */
@@ -163,19 +164,19 @@ enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
         return tun6(pa, p, len, hit);
     reason = dp_packet_check_tun(p, len);
     if (reason) {
-        dp_path_drop(pa, reason, len);
+        dp_path_drop(pa, reason, p, len);
         return DP_V_DROP;
     }
     if (!dp_routes_lookup(pa->routes, dp_packet_dst(p), hit)) {
         dp_path_trace(pa, DP_TR_ROUTE_MISS, 0, dp_packet_dst(p), 0, 0, NULL);
-        dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, len);
+        dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, p, len);
         if (!dp_packet_may_unreach(p, len))
             return DP_V_DROP;
         return icmp_error(pa, p, len, DP_ICMP_DEST_UNREACH);
     }
     dp_path_trace(pa, DP_TR_ROUTE_HIT, hit->prefixlen, hit->peer_ip, hit->port, 0, NULL);
     if (p[8] <= 1) {
-        dp_path_drop(pa, DP_ST_DROP_TTL, len);
+        dp_path_drop(pa, DP_ST_DROP_TTL, p, len);
         if (!dp_packet_may_time_exceed(p, len))
             return DP_V_DROP;
         return icmp_error(pa, p, len, DP_ICMP_TIME_EXCEEDED);
@@ -189,10 +190,10 @@ enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
  * counted as read, then in its one drop reason. */
 void dp_path_tun_drop(struct dp_path *pa, const uint8_t *p, uint32_t len, int reason)
 {
-    dp_path_count(pa, DP_ST_TUN_RX_PACKETS, 1);
-    dp_path_count(pa, DP_ST_TUN_RX_BYTES, len);
-    dp_path_trace(pa, DP_TR_TUN_READ, len, 0, 0, 0, len ? p : NULL);
-    dp_path_drop(pa, (enum dp_stat)reason, len);
+    p = len ? p : NULL;
+    dp_path_count_packet(pa, DP_ST_TUN_RX_PACKETS, p, len);
+    dp_path_trace(pa, DP_TR_TUN_READ, len, 0, 0, 0, p);
+    dp_path_drop(pa, (enum dp_stat)reason, p, len);
 }
 
 /* ---- 5. UDP -> TUN ------------------------------------------------------------ */
@@ -270,8 +271,7 @@ static enum dp_verdict udp_path(struct dp_path *pa, uint8_t *p, uint32_t len,
 {
     int reason;
 
-    dp_path_count(pa, DP_ST_UDP_RX_PACKETS, 1);
-    dp_path_count(pa, DP_ST_UDP_RX_BYTES, len);
+    dp_path_count_packet(pa, DP_ST_UDP_RX_PACKETS, p, len);
     dp_path_trace(pa, DP_TR_UDP_RECV, len, s->src, sport, nmsgs, p);
 
     if (truncated)
@@ -285,7 +285,7 @@ static enum dp_verdict udp_path(struct dp_path *pa, uint8_t *p, uint32_t len,
              (reason = inner_source(pa, p, s)) == 0 && p[8] <= 1)
         reason = DP_ST_DROP_TTL;
     if (reason) {
-        dp_path_drop(pa, reason, len);
+        dp_path_drop(pa, reason, p, len);
         return DP_V_DROP;
     }
     if (is_ipv6(p, len))
@@ -323,11 +323,10 @@ static inline enum dp_stat tun_write_drop(int err)
 void dp_path_tun_written(struct dp_path *pa, const uint8_t *p, uint32_t len, int err)
 {
     if (err) {
-        dp_path_drop(pa, tun_write_drop(err), len);
+        dp_path_drop(pa, tun_write_drop(err), p, len);
         return;
     }
-    dp_path_count(pa, DP_ST_TUN_TX_PACKETS, 1);
-    dp_path_count(pa, DP_ST_TUN_TX_BYTES, len);
+    dp_path_count_packet(pa, DP_ST_TUN_TX_PACKETS, p, len);
     dp_path_trace(pa, DP_TR_TUN_WRITE, len, 0, 0, 0, p);
 }
 
@@ -351,9 +350,9 @@ static enum dp_stat icmp_sent_counter(const struct dp_path *pa)
 void dp_path_icmp_written(struct dp_path *pa, int err)
 {
     if (err) {
-        dp_path_drop(pa, tun_write_drop(err), pa->icmp_len);
+        dp_path_drop(pa, tun_write_drop(err), pa->icmp, pa->icmp_len);
         return;
     }
-    dp_path_count(pa, icmp_sent_counter(pa), 1);
+    dp_path_count_of(pa, icmp_sent_counter(pa), 1, pa->icmp, pa->icmp_len);
     dp_path_trace(pa, DP_TR_ICMP, pa->icmp_len, 0, 0, 0, pa->icmp);
 }

@@ -135,8 +135,7 @@ static void sent(struct dp_loop *l, uint32_t k, uint32_t batch)
     const union dp_sockaddr *a = &l->tx_addr[k];
     int v6 = a->sa.sa_family == AF_INET6;
 
-    st_add(l, DP_ST_UDP_TX_PACKETS, 1);
-    st_add(l, DP_ST_UDP_TX_BYTES, len);
+    dp_path_count_packet(&l->path, DP_ST_UDP_TX_PACKETS, l->tx_iov[k].iov_base, len);
     trace(l, DP_TR_UDP_SEND, len, v6 ? 0 : a->v4.sin_addr.s_addr,
           ntohs(v6 ? a->v6.sin6_port : a->v4.sin_port), batch, NULL);
 }
@@ -155,7 +154,8 @@ static void udp_send_plain(struct dp_loop *l, uint32_t i, uint32_t m)
         n = same_socket(&l->tx_msgs[i], m - i);
         r = udp_sendmmsg(l, &l->tx_msgs[i], n);
         if (r <= 0) {
-            drop(l, DP_ST_DROP_SEND_ERROR, (uint32_t)l->tx_iov[i].iov_len);
+            drop(l, DP_ST_DROP_SEND_ERROR, l->tx_iov[i].iov_base,
+                 (uint32_t)l->tx_iov[i].iov_len);
             i++;
             continue;
         }
@@ -243,7 +243,8 @@ static void udp_send_gso(struct dp_loop *l, uint32_t m)
             first = l->trains[t].first;
             n = l->trains[t].n;
             if (n == 1) {
-                drop(l, DP_ST_DROP_SEND_ERROR, (uint32_t)l->tx_iov[first].iov_len);
+                drop(l, DP_ST_DROP_SEND_ERROR, l->tx_iov[first].iov_base,
+                     (uint32_t)l->tx_iov[first].iov_len);
             } else {
                 st_add(l, DP_ST_UDP_GSO_FALLBACKS, 1);
                 if (err == EIO) {

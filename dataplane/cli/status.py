@@ -131,7 +131,9 @@ def render(doc: dict, now: float | None = None) -> str:
     if offloads:
         on = [k for k, v in offloads.items() if v]
         rows.append(("offloads", ", ".join(on) if on else "none"))
-    rows.append(("peers", str(doc.get("peers", 0))))
+    peers6 = doc.get("peers_ipv6")
+    rows.append(("peers", str(doc.get("peers", 0))
+                 + (f" ({peers6} with an IPv6 part routed)" if peers6 is not None else "")))
     etcd = doc.get("etcd") or {}
     watches = etcd.get("watches") or {}
     wtext = ", ".join(f"{n} {'connected' if w.get('connected') else 'NOT CONNECTED'}"
@@ -144,7 +146,9 @@ def render(doc: dict, now: float | None = None) -> str:
                      "(restart to apply it)"))
     packets = doc.get("packets") or {}
     if packets:
-        rows.append(("packets", ", ".join(f"{k} {v}" for k, v in sorted(packets.items()))))
+        ipv6 = doc.get("packets_ipv6") or {}      # each path's IPv6 share, when there is one
+        rows.append(("packets", ", ".join(f"{k} {v}" + (f" (IPv6 {ipv6[k]})" if ipv6.get(k) else
+                                                         "") for k, v in sorted(packets.items()))))
     drops = {k: v for k, v in (doc.get("drops") or {}).items() if v}
     rows.append(("drops", ", ".join(f"{k} {v}" for k, v in sorted(drops.items(),
                                                                   key=lambda kv: -kv[1]))

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import __version__
+from ..engine.contract import V6_SHARES
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,15 @@ class MetricsSource:
 
     def peers_by_mode(self) -> dict:
         """{"direct": n, "encapsulated": m} when DirectRouting is on, else empty (no series)."""
+        return {}
+
+    def peers_ipv6(self) -> int | None:
+        """Peers whose IPv6 part the engines route; None while IPv6 is off (no series)."""
+        return None
+
+    def peers_ipv6_by_mode(self) -> dict:
+        """peers_by_mode for those IPv6 parts: {"direct": n, "encapsulated": m} when IPv6 and
+        DirectRouting are on, else empty."""
         return {}
 
     def queues_count(self) -> int:
@@ -182,6 +192,9 @@ def _lease_expiry(ask):
 
 
 _Q = ("queue",)     # every engine counter is per queue: "0" .. "N-1" (docs/metrics.md#queues)
+# The inner packet's family, on the series of packets, bytes, drops and ICMP errors sent
+# (docs/metrics.md#families): ipv4, ipv6, or other (FIXED_FAMILY).
+_F = ("family",)
 
 # Every family the daemon's collector serves: docs/metrics.md documents exactly these (a unit test
 # holds the two equal), and nothing outside this table is ever served.
@@ -203,16 +216,18 @@ DECLARED = (
            "goes to 0 if the kernel later cannot segment (EIO).",
            _by_label("offloads_enabled", lambda on: 1 if on else 0)),
     # the engine's counters (ENGINE_COUNTERS below), per queue
-    Family(f"{PREFIX}_packets_total", "counter", ("path",) + _Q,
+    Family(f"{PREFIX}_packets_total", "counter", ("path",) + _F + _Q,
            "Packets through the engine, by path (tun_rx: read from flannel0, udp_tx: sent to "
-           "peers, udp_rx: received from peers, tun_tx: written to flannel0)."),
-    Family(f"{PREFIX}_bytes_total", "counter", ("path",) + _Q,
-           "Bytes through the engine, by path (see flannel_udp_packets_total)."),
-    Family(f"{PREFIX}_drops_total", "counter", ("reason",) + _Q,
-           "Packets dropped by the engine, by reason."),
-    Family(f"{PREFIX}_icmp_sent_total", "counter", ("type",) + _Q,
-           "ICMP errors the engine generated (net_unreachable: a subnet with no lease; "
-           "time_exceeded: TTL ran out)."),
+           "peers, udp_rx: received from peers, tun_tx: written to flannel0) and the inner "
+           "packet's family (ipv4, ipv6)."),
+    Family(f"{PREFIX}_bytes_total", "counter", ("path",) + _F + _Q,
+           "Bytes through the engine, by path and family (see flannel_udp_packets_total)."),
+    Family(f"{PREFIX}_drops_total", "counter", ("reason",) + _F + _Q,
+           "Packets dropped by the engine, by reason and the packet's family (ipv4, ipv6; "
+           "other: not_ipv4 and truncated, whose family is neither or not looked at)."),
+    Family(f"{PREFIX}_icmp_sent_total", "counter", ("type",) + _F + _Q,
+           "ICMP errors the engine generated, by type and family (net_unreachable: a subnet with "
+           "no lease; time_exceeded: TTL ran out; packet_too_big: an IPv6 route's MTU)."),
     Family(f"{PREFIX}_icmp_ratelimited_total", "counter", _Q,
            "ICMP errors not sent because of the --icmp-rate/--icmp-burst limit."),
     Family(f"{PREFIX}_syscalls_total", "counter", ("kind",) + _Q,
@@ -235,6 +250,15 @@ DECLARED = (
            "With DirectRouting on: peers by the way their packets go (direct: a plain kernel "
            "route via their PublicIP; encapsulated: through flannel0 and the engine).",
            _by_label("peers_by_mode", sort=True)),
+    Family(f"{PREFIX}_peers_ipv6", "gauge", (),
+           "With EnableIPv6: peer leases whose IPv6 part the engines route (ForwardsIPv6, inside "
+           "IPv6Network).",
+           _value("peers_ipv6")),
+    Family(f"{PREFIX}_peers_ipv6_by_mode", "gauge", ("mode",),
+           "With EnableIPv6 and DirectRouting on: those IPv6 parts by the way their packets go "
+           "(direct: a plain kernel route via the peer's PublicIPv6; encapsulated: through "
+           "flannel0 and the engine).",
+           _by_label("peers_ipv6_by_mode", sort=True)),
     Family(f"{PREFIX}_lease_expiry_timestamp_seconds", "gauge", ("subnet",),
            "When this host's subnet lease expires (Unix time).",
            _lease_expiry),
@@ -310,10 +334,11 @@ STANDARD = (
 
 _DECLARED = {f.name: f for f in DECLARED}
 
-# Every counter of the engine contract (dp_stats, csrc/dataplane.h) -> (family, the value of the
-# family's label other than queue, or None). Listed, not derived from the counter's name: a
-# counter added to the header without a line here is not served, and
-# tests/unit/test_metrics_names.py fails until it has one (and docs/metrics.md says what it is).
+# Every counter of the engine contract (dp_stats, csrc/dataplane.h) but the IPv6 shares (served
+# with their totals: FAMILY_LABELLED) -> (family, the value of the family's label other than
+# queue and family, or None). Listed, not derived from the counter's name: a counter added to the
+# header without a line here is not served, and tests/unit/test_metrics_names.py fails until it
+# has one (and docs/metrics.md says what it is).
 ENGINE_COUNTERS = {
     "tun_rx_packets": (f"{PREFIX}_packets_total", "tun_rx"),
     "tun_rx_bytes": (f"{PREFIX}_bytes_total", "tun_rx"),
@@ -358,10 +383,19 @@ ENGINE_COUNTERS = {
     "tun_tx_gso": (f"{PREFIX}_offload_ops_total", "tun_tx_gso"),
     "udp_gso_fallbacks": (f"{PREFIX}_offload_ops_total", "udp_gso_fallbacks"),
 }
+# The families whose engine counters carry the family label. A counter in one of them with an IPv6
+# share (engine/contract.py V6_SHARES, dp_stats' v6_<counter>) is two samples, ipv6 = the share
+# and ipv4 = the counter - the share (the counter being the total); one without a share is one
+# sample of the family FIXED_FAMILY says (tests/unit/test_metrics_names.py: every one says one).
+FAMILY_LABELLED = frozenset({f"{PREFIX}_packets_total", f"{PREFIX}_bytes_total",
+                             f"{PREFIX}_drops_total", f"{PREFIX}_icmp_sent_total"})
+FIXED_FAMILY = {"drop_scope": "ipv6", "drop_too_big": "ipv6", "icmp_too_big_sent": "ipv6",
+                "drop_not_ipv4": "other", "drop_truncated": "other"}
 SYSCALL_REST = "syscalls"
 # The syscall kinds SYSCALL_REST is the total of (tx/rx_batches count batches, not syscalls).
 _SYSCALL_KINDS = tuple(n for n, (fam, _) in ENGINE_COUNTERS.items()
                        if fam == f"{PREFIX}_syscalls_total" and n != SYSCALL_REST)
+_SHARE_NAMES = frozenset(V6_SHARES.values())
 
 # flannel_udp_engine_info's reason: choose_engine's sentence (engine/choice.py) goes to the log;
 # the label keeps which of its cases it was, by the words each case starts with.
@@ -418,10 +452,10 @@ class DaemonCollector:
     def __init__(self, source: MetricsSource):
         self.source = source
         self._unknown_logged: set = set()
-        # SYSCALL_REST's remainder by queue: (syscalls when read, value served). The counters are
-        # read while the loop runs, so a kind may be counted in a read that misses its total (or
-        # the other way round); what is served never goes down but when the total does (a new
-        # engine).
+        # The values derived as a difference (SYSCALL_REST's remainder, IPv4's share), by queue
+        # and counter: (the total when read, value served). The counters are read while the loop
+        # runs, so a part may be counted in a read that misses its total (or the other way
+        # round); what is served never goes down but when the total does (a new engine).
         self._rest: dict = {}
         self._rest_lock = threading.Lock()
 
@@ -448,6 +482,8 @@ class DaemonCollector:
             queue = str(q)
             for name, value in stats.items():
                 decl = ENGINE_COUNTERS.get(name)
+                if decl is None and name in _SHARE_NAMES:
+                    continue                      # served with its total, below
                 if decl is None:
                     if name not in self._unknown_logged:
                         self._unknown_logged.add(name)
@@ -455,20 +491,33 @@ class DaemonCollector:
                                     "(dataplane/daemon/metrics.py ENGINE_COUNTERS)", name)
                     continue
                 fname, lval = decl
+                samples = fams.setdefault(fname, [])
+                if fname in FAMILY_LABELLED:
+                    samples += [((lval, family, queue), n)
+                                for family, n in self._by_family(q, name, stats)]
+                    continue
                 if name == SYSCALL_REST:
-                    value = self._syscall_rest(q, stats)
-                fams.setdefault(fname, []).append(
-                    ((lval, queue) if lval is not None else (queue,), value))
+                    value = self._rest_of(q, name, value,
+                                          sum(stats.get(k, 0) for k in _SYSCALL_KINDS))
+                samples.append(((lval, queue) if lval is not None else (queue,), value))
         return fams
 
-    def _syscall_rest(self, q: int, stats: dict) -> int:
-        total = stats.get(SYSCALL_REST, 0)
-        rest = max(0, total - sum(stats.get(k, 0) for k in _SYSCALL_KINDS))
+    def _by_family(self, q: int, name: str, stats: dict) -> list:
+        """[(family, value)] of one counter of a FAMILY_LABELLED family."""
+        share = V6_SHARES.get(name)
+        if share is None:
+            return [(FIXED_FAMILY.get(name, "other"), stats[name])]
+        v6 = stats.get(share, 0)
+        return [("ipv4", self._rest_of(q, name, stats[name], v6)), ("ipv6", v6)]
+
+    def _rest_of(self, q: int, name: str, total: int, parts: int) -> int:
+        """total - parts, served so that it never goes down while the total does not."""
+        rest = max(0, total - parts)
         with self._rest_lock:
-            seen, served = self._rest.get(q, (0, 0))
+            seen, served = self._rest.get((q, name), (0, 0))
             if total >= seen:
                 rest = max(rest, served)
-            self._rest[q] = (total, rest)
+            self._rest[(q, name)] = (total, rest)
         return rest
 
 

@@ -114,6 +114,23 @@ class DaemonSource(MetricsSource):
             return {}
         return {DIRECT: len(d.direct.direct), ENCAPSULATED: len(d.peers)}
 
+    def peers_ipv6(self):
+        d = self.daemon
+        if d.config is None or d.config.ipv6_network is None or d.direct is None:
+            return None
+        # the rule the engines' IPv6 table is made by (control/routes.py Ipv6Parts)
+        return sum(1 for lease in list(d.peers6.peers.values())
+                   if d.direct.ipv6_part(lease) is None)
+
+    def peers_ipv6_by_mode(self):
+        d = self.daemon
+        parts = self.peers_ipv6()
+        if parts is None or not d.direct.enabled:
+            return {}
+        # the engines route every part, those that go direct too (daemon/peer_routes.py)
+        direct = len(d.direct.direct6)
+        return {DIRECT: direct, ENCAPSULATED: max(0, parts - direct)}
+
     def queues_count(self):
         engine = self.daemon.engine
         return len(engine) if engine is not None else 0

@@ -23,12 +23,14 @@ import time
 
 from .. import __version__
 from ..host.unix_listener import UnixListener, peer_allowed, peer_credentials
+from ..engine.contract import V6_SHARES
 from .startup import tun_addr6
 
 log = logging.getLogger(__name__)
 
 WARNINGS_KEPT = 10
 SEND_TIMEOUT_S = 2.0        # a client that does not read does not hold the socket longer
+_SHARES = frozenset(V6_SHARES.values())
 
 
 class WarningRing(logging.Handler):
@@ -69,9 +71,13 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
     except Exception as e:          # an engine closing under us: the rest still answers
         log.debug("engine stats unavailable: %s", e)
     # by the engine contract's counter names (csrc/dataplane.h): drop_<reason>, <path>_packets
-    drops = {n[len("drop_"):]: v for n, v in (stats or {}).items() if n.startswith("drop_")}
-    packets = {n[:-len("_packets")]: v for n, v in (stats or {}).items()
-               if n.endswith("_packets")}
+    # (totals of both families), and IPv6's share of each path's, v6_<path>_packets
+    stats = stats or {}
+    drops = {n[len("drop_"):]: v for n, v in stats.items() if n.startswith("drop_")}
+    packets = {n[:-len("_packets")]: v for n, v in stats.items()
+               if n.endswith("_packets") and n not in _SHARES}
+    packets_ipv6 = {p: stats[V6_SHARES[f"{p}_packets"]] for p in packets
+                    if V6_SHARES.get(f"{p}_packets") in stats}
     stale = state.subnet_env.stale()
     ext = state.ext
     watches = src.etcd_watches()
@@ -104,6 +110,8 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "queues": src.queues_count(),
         "offloads": src.offloads_enabled(),
         "peers": src.peers_count(),
+        # peers whose IPv6 part the engines route (None: IPv6 is off)
+        "peers_ipv6": src.peers_ipv6(),
         "etcd": {"endpoints": list(o.etcd_endpoints), "prefix": o.etcd_prefix,
                  "watches": watches,
                  "connected": bool(watches) and all(w.get("connected") for w in watches.values())},
@@ -112,6 +120,7 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "blackhole_route": (state.blackhole.status()
                             if state.blackhole is not None else None),
         "packets": packets,
+        "packets_ipv6": packets_ipv6,
         "drops": drops,
         "warnings": warnings.records() if warnings is not None else [],
     }

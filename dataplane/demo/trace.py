@@ -19,8 +19,9 @@ import ipaddress
 import re
 import struct
 
-from ..daemon.metrics import ENGINE_COUNTERS, SYSCALL_REST
+from ..daemon.metrics import ENGINE_COUNTERS, FAMILY_LABELLED, SYSCALL_REST
 from ..engine import ipv4
+from ..engine.contract import V6_SHARES
 from .inner6 import decode as decode_packet6, flow_key
 
 #: flannel's udp backend adds exactly an outer IPv4 header and a UDP header.
@@ -45,7 +46,8 @@ def stats_from_metrics(metrics: dict) -> dict:
 
     ``metrics`` is {"name{labels}": value} (Overlay.metrics). The mapping is the inverse of
     dataplane/daemon/metrics.py's ENGINE_COUNTERS; ``syscalls`` is the sum of every kind, as the
-    engine counts it.
+    engine counts it; a counter's families add up to it, and its ``family="ipv6"`` sample is its
+    IPv6 share (V6_SHARES).
     """
     out: dict = {}
     for key, value in metrics.items():
@@ -53,14 +55,18 @@ def stats_from_metrics(metrics: dict) -> dict:
         if not m:
             continue
         labels = dict(_LABEL.findall(m.group(2) or ""))
-        if "queue" not in labels:       # parse_metrics' sums over the queues: counted already
+        # parse_metrics' sums over the queues or the families: counted already
+        if "queue" not in labels or "family" not in labels and m.group(1) in FAMILY_LABELLED:
             continue
+        family = labels.pop("family", None)
         others = [v for k, v in labels.items() if k != "queue"]
         stat = _COUNTER_OF.get((m.group(1), others[0] if others else None))
         if stat is None:
             continue
         v = int(value)
         out[stat] = out.get(stat, 0) + v
+        if family == "ipv6" and stat in V6_SHARES:
+            out[V6_SHARES[stat]] = out.get(V6_SHARES[stat], 0) + v
         if m.group(1) == ENGINE_COUNTERS[SYSCALL_REST][0] and stat != SYSCALL_REST:
             out[SYSCALL_REST] = out.get(SYSCALL_REST, 0) + v
     return out

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .contract import (BATCH_MAX, COALESCE_MAX_US, END_KINDS,  # noqa: F401
                        ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT,
                        LOCAL_MAX, MTU_MAX, MTU_MIN, OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO,
-                       STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, WAKE_MS)
+                       STAT_NAMES, TRACE_HEAD, TRACE_KINDS, TRACE_RING, V6_SHARES, WAKE_MS)
 
 # Counters that depend on how an engine batches its syscalls; every other
 # counter must be identical between engines for the same input.

@@ -108,6 +108,22 @@ _end = parse_enum(_text, "dp_loop_end")
 # Counter names, in dp_stats field order (the `reserved` tail left out).
 STAT_NAMES = tuple(f for f, _ in parse_struct(_text, "dp_stats") if f != "reserved")
 
+# IPv6's shares of the counters (the header's "Counters by family"): counter -> its v6_<counter>,
+# which counts the IPv6 packets of that counter, so that IPv4's share is the difference.
+V6_PREFIX = "v6_"
+
+
+def v6_shares(names) -> dict[str, str]:
+    """{counter: its v6_ share} of dp_stats' field names; a v6_ field of no counter raises."""
+    shares = {n[len(V6_PREFIX):]: n for n in names if n.startswith(V6_PREFIX)}
+    for total, share in shares.items():
+        if total not in names or total.startswith(V6_PREFIX):
+            raise HeaderError(f"dp_stats: {share} is the IPv6 share of no counter")
+    return shares
+
+
+V6_SHARES = v6_shares(STAT_NAMES)
+
 # enum dp_offload
 OFF_TUN_VNET = _pick(_offload, "DP_OFF_TUN_VNET")
 OFF_UDP_GSO = _pick(_offload, "DP_OFF_UDP_GSO")

@@ -83,7 +83,8 @@ from .contract import (DENSE_WAITS, ICMP_BURST_DEFAULT, LIGHT_PACKETS, ROUNDS, S
 from .pypath import (COALESCE_WAITS, DROP_SEND_ERROR, DROP_TUN_FULL, POLLS, ROUTE_SWAPS,
                      RX_BATCHES, SYSCALLS, TUN_READS, TUN_RX_PACKETS, TUN_TX_BYTES,
                      TUN_TX_PACKETS, TUN_WRITES, TX_BATCHES, UDP_RECVS, UDP_RX_PACKETS, UDP_SENDS,
-                     UDP_TX_BYTES, UDP_TX_PACKETS)
+                     UDP_TX_BYTES, UDP_TX_PACKETS, V6_TUN_TX_BYTES, V6_TUN_TX_PACKETS,
+                     V6_UDP_TX_BYTES, V6_UDP_TX_PACKETS)
 from .pytable import RouteTable, str_to_int
 
 log = logging.getLogger(__name__)
@@ -400,6 +401,7 @@ class _Loop:
         m = n - tx_hop[:n].count(None)        # queued: one sendto() each
         sendto, sendto6, tx_views = self.sendto, self.sendto6, self.tx_views
         tx_pk = tx_by = 0
+        tx6, tx6_by = pa.fwd6                 # IPv6's queued, less those refused below
         for i in range(n):
             hop = tx_hop[i]
             if hop is None:
@@ -409,7 +411,10 @@ class _Loop:
                 # An IPv6 peer's hop is an AF_INET6 sockaddr: four items.
                 (sendto6 if len(hop) == 4 else sendto)(tx_views[i][:length], hop)
             except OSError:
-                pypath.path_drop(pa, DROP_SEND_ERROR, length)
+                # by the inner family, which the peer's does not say (IPv4 peers carry either)
+                if pypath.path_drop_of(pa, DROP_SEND_ERROR, tx_bufs[i], length):
+                    tx6 -= 1
+                    tx6_by -= length
                 continue
             tx_pk += 1
             tx_by += length
@@ -419,6 +424,8 @@ class _Loop:
         c[SYSCALLS] += reads + m
         c[TUN_READS] += reads
         c[UDP_SENDS] += m
+        c[V6_UDP_TX_PACKETS] += tx6
+        c[V6_UDP_TX_BYTES] += tx6_by
         c[UDP_TX_PACKETS] += tx_pk
         c[UDP_TX_BYTES] += tx_by
         if n:
@@ -459,9 +466,9 @@ class _Loop:
         # asked for them.
         pa.local, pa.local6 = engine._local
         pa.strict_sources = engine._strict and need_src
-        path_drop, trace_record = pypath.path_drop, pypath.trace_record
+        drop_of, trace_record = pypath.path_drop_of, pypath.trace_record
         write, rx_views = self.write, self.rx_views
-        writes = tx_pk = tx_by = 0
+        writes = tx_pk = tx_by = lost6 = lost6_by = 0
         for i in pypath.path_udp(pa, rx_bufs, rx_len, rx_src, k, self.mtu):
             # The write's outcome is counted here, as tun_batch counts a send
             # (path.c's dp_path_tun_written: pypath.py says why).
@@ -469,12 +476,16 @@ class _Loop:
             writes += 1
             try:
                 if write(rx_views[i][:length]) is None:     # FileIO's EAGAIN
-                    path_drop(pa, DROP_TUN_FULL, length)
+                    if drop_of(pa, DROP_TUN_FULL, rx_bufs[i], length):
+                        lost6 += 1                # IPv6's, which path_udp counted through
+                        lost6_by += length
                     continue
             except OSError as e:
                 if e.errno == errno.EBADFD:   # the device is gone: the loop ends
                     self.gone = e.errno
-                path_drop(pa, pypath.tun_write_drop(e.errno or errno.EIO), length)
+                if drop_of(pa, pypath.tun_write_drop(e.errno or errno.EIO), rx_bufs[i], length):
+                    lost6 += 1
+                    lost6_by += length
                 continue
             tx_pk += 1
             tx_by += length
@@ -482,6 +493,9 @@ class _Loop:
                 trace_record(pa, TR_TUN_WRITE, length, 0, 0, 0, rx_bufs[i])
         c[SYSCALLS] += writes
         c[TUN_WRITES] += writes
+        fwd6, fwd6_by = pa.fwd6
+        c[V6_TUN_TX_PACKETS] += fwd6 - lost6
+        c[V6_TUN_TX_BYTES] += fwd6_by - lost6_by
         c[TUN_TX_PACKETS] += tx_pk
         c[TUN_TX_BYTES] += tx_by
         return more

@@ -50,6 +50,11 @@ packet passes here:
 * dp_path_tun_written has no counterpart: the caller counts a datagram's
   write into the TUN where it makes it, as tx.c's sent() counts a send
   (tun_write_drop gives the drop reason of a failed one).
+* IPv6's shares of the counters (dataplane.h, "Counters by family"), which
+  C takes from each packet's first byte where it counts it, are counted in
+  the IPv6 branches (path_drop6); the caller's sends and writes take theirs
+  from what those branches let through (Path.fwd6) less the failures
+  (path_drop_of), so that no IPv4 packet pays for a look at its version.
 * The IPv6 branches (dataplane.h's "IPv6 inner packets"; path.c's is_ipv6,
   tun6, inner_source6 and udp6, written out) sit where the IPv4 path has
   already found the version not 4, so that IPv4 pays nothing for them
@@ -76,7 +81,7 @@ import time
 from . import ipv4, ipv6
 from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TR_DROP, TR_ICMP,
                        TR_ROUTE_HIT, TR_ROUTE_MISS, TR_TUN_READ, TR_UDP_RECV, TRACE_HEAD,
-                       TRACE_RING)
+                       TRACE_RING, V6_SHARES)
 from .pytable import RouteTable, str_to_int
 
 NS_PER_S = 1_000_000_000
@@ -102,6 +107,14 @@ DROP_INNER_LOCAL, DROP_INNER_FOREIGN = _STAT["drop_inner_local"], _STAT["drop_in
 COALESCE_WAITS = _STAT["coalesce_waits"]
 DROP_SCOPE = _STAT["drop_scope"]
 DROP_TOO_BIG, ICMP_TOO_BIG_SENT = _STAT["drop_too_big"], _STAT["icmp_too_big_sent"]
+# IPv6's share of each counter by index (internal.h's dp_stat_v6), 0 for none: no share is slot 0.
+V6_OF = [0] * len(STAT_NAMES)
+for _total, _share in V6_SHARES.items():
+    V6_OF[_STAT[_total]] = _STAT[_share]
+V6_TUN_RX_PACKETS, V6_TUN_RX_BYTES = V6_OF[TUN_RX_PACKETS], V6_OF[TUN_RX_BYTES]
+V6_UDP_TX_PACKETS, V6_UDP_TX_BYTES = V6_OF[UDP_TX_PACKETS], V6_OF[UDP_TX_BYTES]
+V6_UDP_RX_PACKETS, V6_UDP_RX_BYTES = V6_OF[UDP_RX_PACKETS], V6_OF[UDP_RX_BYTES]
+V6_TUN_TX_PACKETS, V6_TUN_TX_BYTES = V6_OF[TUN_TX_PACKETS], V6_OF[TUN_TX_BYTES]
 
 HEADER_MIN = ipv4.HEADER_MIN
 # The header fields path_tun needs once the lengths are known to hold them, in
@@ -138,7 +151,7 @@ class Path:
     """
     __slots__ = ("c", "routes", "local", "local6", "tun_addr", "tun_addr6", "accept_any",
                  "strict_sources", "icmp_limit", "icmp_tat", "now_ns", "icmp", "tracing",
-                 "trace_seq", "ring")
+                 "trace_seq", "ring", "fwd6")
 
     def __init__(self, tun_addr: bytes, accept_any: bool):
         self.c = [0] * len(STAT_NAMES)        # the counters, dp_stats field order
@@ -156,6 +169,9 @@ class Path:
         self.tracing = False
         self.trace_seq = 0
         self.ring: collections.deque = collections.deque(maxlen=TRACE_RING)
+        # (packets, bytes) of IPv6 the last path_tun or path_udp let through: the caller's
+        # sends or writes take IPv6's share of theirs from it, so IPv4's pay nothing for it
+        self.fwd6 = (0, 0)
 
 
 def own_sources(local) -> tuple[tuple, tuple]:
@@ -187,6 +203,27 @@ def trace_record(pa: Path, kind: int, length: int, addr: int, port: int, batch: 
 def path_drop(pa: Path, reason: int, length: int) -> None:
     """internal.h's dp_path_drop: the drop counter, and its trace event."""
     pa.c[reason] += 1
+    if pa.tracing:
+        trace_record(pa, TR_DROP, length, 0, 0, reason, None)
+
+
+def path_drop_of(pa: Path, reason: int, p, length: int) -> bool:
+    """dp_path_drop itself: the drop of the packet ``p``, in IPv6's share too when its version
+    nibble says 6 (then True). For the callers that do not know the family."""
+    if length and p[0] >> 4 == 6:
+        path_drop6(pa, reason, length)
+        return True
+    path_drop(pa, reason, length)
+    return False
+
+
+def path_drop6(pa: Path, reason: int, length: int) -> None:
+    """path_drop of an IPv6 packet: its share of the reason too, where it has one (the
+    callers know the family; dp_path_drop looks at the packet)."""
+    c = pa.c
+    c[reason] += 1
+    if V6_OF[reason]:
+        c[V6_OF[reason]] += 1
     if pa.tracing:
         trace_record(pa, TR_DROP, length, 0, 0, reason, None)
 
@@ -253,7 +290,7 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
     one_length = len(routes) == 1             # flannel's case: no loop over the lengths
     if one_length:
         mask0, prefixlen0, nets0 = routes[0]
-    rx_bytes = 0
+    rx_bytes = rx6 = rx6_bytes = fwd6 = fwd6_bytes = 0
     try:
         for j in range(n):
             p = bufs[j]
@@ -265,20 +302,28 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
 
             # step 1 (packet.c: dp_packet_check_tun)
             if length < HEADER_MIN:
-                path_drop(pa, DROP_MALFORMED, length)
+                if length and p[0] >> 4 == 6:      # IPv6's share, as for any IPv6 read
+                    rx6 += 1
+                    rx6_bytes += length
+                    path_drop6(pa, DROP_MALFORMED, length)
+                else:
+                    path_drop(pa, DROP_MALFORMED, length)
                 continue
             version_ihl = p[0]
             if version_ihl >> 4 != 4:
                 if version_ihl >> 4 != 6:
                     path_drop(pa, DROP_NOT_IPV4, length)
                     continue
-                # IPv6, to the end of this branch (dataplane.h, "IPv6 inner packets")
+                # IPv6, to the end of this branch (dataplane.h, "IPv6 inner packets"),
+                # each drop with its IPv6 share
+                rx6 += 1
+                rx6_bytes += length
                 if length < HEADER6:
-                    path_drop(pa, DROP_MALFORMED, length)
+                    path_drop6(pa, DROP_MALFORMED, length)
                     continue
                 payload_len, hop_limit, s0, s1, d0, d1 = _FIELDS6(p)
                 if payload_len + HEADER6 != length:
-                    path_drop(pa, DROP_MALFORMED, length)
+                    path_drop6(pa, DROP_MALFORMED, length)
                     continue
                 # link scope (ipv6.is_link_scoped written out on the halves)
                 if (s0 >> 54 == _LINK_LOCAL_TOP10 or d0 >> 54 == _LINK_LOCAL_TOP10 or
@@ -295,7 +340,7 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                 if entry is None:
                     if tracing:
                         trace_record(pa, TR_ROUTE_MISS, 0, 0, 0, 0, None)
-                    path_drop(pa, DROP_NO_ROUTE, length)
+                    path_drop6(pa, DROP_NO_ROUTE, length)
                     if icmp_error6(pa, p, length, ipv6.ICMPV6_DEST_UNREACH):
                         yield j
                     continue
@@ -305,7 +350,7 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                                  None)
                 # hop limit; no checksum covers it
                 if hop_limit <= 1:
-                    path_drop(pa, DROP_TTL, length)
+                    path_drop6(pa, DROP_TTL, length)
                     if icmp_error6(pa, p, length, ipv6.ICMPV6_TIME_EXCEEDED):
                         yield j
                     continue
@@ -317,6 +362,8 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                     continue
                 p[7] = hop_limit - 1
                 hops[j] = hop
+                fwd6 += 1
+                fwd6_bytes += length
                 continue
             header_len = (version_ihl & 15) << 2
             if header_len < HEADER_MIN or header_len > length:
@@ -364,6 +411,9 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
             _PUT_TTL(p, 8, new, s ^ 0xFFFF)
             hops[j] = hop
     finally:
+        pa.fwd6 = (fwd6, fwd6_bytes)
+        c[V6_TUN_RX_PACKETS] += rx6
+        c[V6_TUN_RX_BYTES] += rx6_bytes
         c[TUN_RX_PACKETS] += n
         c[TUN_RX_BYTES] += rx_bytes
 
@@ -387,7 +437,7 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
     own_net, own_mask, own_addrs = pa.local
     own_net6, own_mask6, own_addrs6 = pa.local6
     strict = pa.strict_sources
-    rx_bytes = 0
+    rx_bytes = rx6 = rx6_bytes = fwd6 = fwd6_bytes = 0
     try:
         for j in range(k):
             p = bufs[j]
@@ -399,12 +449,21 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
                 src = srcs[j]
                 trace_record(pa, TR_UDP_RECV, length, str_to_int(src[0]), src[1], k, p)
 
-            # steps 1 and 2
+            # steps 1 and 2; IPv6's share of udp_rx counted in each branch that sees an
+            # IPv6 packet, so that IPv4 pays nothing for it
             if truncated:
+                if length and p[0] >> 4 == 6:
+                    rx6 += 1
+                    rx6_bytes += length
                 path_drop(pa, DROP_TRUNCATED, length)
                 continue
             if not accept_any and srcs[j][0] not in routes.peers:
-                path_drop(pa, DROP_BAD_SOURCE, length)
+                if length and p[0] >> 4 == 6:
+                    rx6 += 1
+                    rx6_bytes += length
+                    path_drop6(pa, DROP_BAD_SOURCE, length)
+                else:
+                    path_drop(pa, DROP_BAD_SOURCE, length)
                 continue
 
             # step 3 (packet.c: dp_packet_check_udp): the version comes first, so that
@@ -414,13 +473,16 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
                     path_drop(pa, DROP_NOT_IPV4, length)
                     continue
                 # IPv6, to the end of this branch (dataplane.h, "IPv6 inner packets"):
-                # the steps of IPv4 with its rules, link scope between 3 and 4
+                # the steps of IPv4 with its rules, link scope between 3 and 4; each drop
+                # with its IPv6 share
+                rx6 += 1
+                rx6_bytes += length
                 if length < HEADER6:
-                    path_drop(pa, DROP_MALFORMED, length)
+                    path_drop6(pa, DROP_MALFORMED, length)
                     continue
                 payload_len, hop_limit, s0, s1, d0, d1 = _FIELDS6(p)
                 if payload_len + HEADER6 != length:
-                    path_drop(pa, DROP_MALFORMED, length)
+                    path_drop6(pa, DROP_MALFORMED, length)
                     continue
                 if (s0 >> 54 == _LINK_LOCAL_TOP10 or d0 >> 54 == _LINK_LOCAL_TOP10 or
                         (d0 >> 56 == 0xFF and d0 >> 48 & 15 <= 2) or not (d0 or d1)):
@@ -428,17 +490,19 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
                     continue
                 inner = s0 << 64 | s1
                 if inner in own_addrs6 or (own_mask6 and inner & own_mask6 == own_net6):
-                    path_drop(pa, DROP_INNER_LOCAL, length)
+                    path_drop6(pa, DROP_INNER_LOCAL, length)
                     continue
                 if strict:
                     hit = routes.lookup6(inner)
                     if hit is None or hit[0][0] != srcs[j][0]:
-                        path_drop(pa, DROP_INNER_FOREIGN, length)
+                        path_drop6(pa, DROP_INNER_FOREIGN, length)
                         continue
                 if hop_limit <= 1:
-                    path_drop(pa, DROP_TTL, length)
+                    path_drop6(pa, DROP_TTL, length)
                     continue
                 p[7] = hop_limit - 1
+                fwd6 += 1
+                fwd6_bytes += length
                 yield j
                 continue
             if length < HEADER_MIN:
@@ -475,6 +539,9 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
             _PUT_TTL(p, 8, new, s ^ 0xFFFF)
             yield j
     finally:
+        pa.fwd6 = (fwd6, fwd6_bytes)
+        c[V6_UDP_RX_PACKETS] += rx6
+        c[V6_UDP_RX_BYTES] += rx6_bytes
         c[UDP_RX_PACKETS] += k
         c[UDP_RX_BYTES] += rx_bytes
 
@@ -490,12 +557,14 @@ def path_icmp_written(pa: Path, err: int) -> None:
     """How the write of pa.icmp into the TUN went: 0 or the errno."""
     icmp = pa.icmp
     if err:
-        path_drop(pa, tun_write_drop(err), len(icmp))
+        path_drop_of(pa, tun_write_drop(err), icmp, len(icmp))
         return
     # The counters mean unreachable and time exceeded in both families, whose types
     # differ; packet too big is IPv6's alone.
     if icmp[0] >> 4 == 6:
         counter = _ICMP6_SENT.get(icmp[HEADER6], ICMP_TTL_SENT)
+        if V6_OF[counter]:
+            pa.c[V6_OF[counter]] += 1
     else:
         counter = ICMP_UNREACH_SENT if icmp[HEADER_MIN] == ipv4.ICMP_DEST_UNREACH \
             else ICMP_TTL_SENT

@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import datetime
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -500,13 +501,18 @@ def parse_ping(out: str, rc: int = 0) -> dict:
     return {"sent": sent, "received": received, "rtt_avg_ms": rtt, "rc": rc}
 
 
-_QUEUE_LABEL = re.compile(r'(,?)queue="\d+"(,?)')
+# Labels whose samples parse_metrics also sums over: the engine's queues and the inner packet's
+# family (docs/metrics.md).
+_SUMMED = ("queue", "family")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def parse_metrics(text: str) -> dict:
-    """{"name{labels}": value} of a /metrics text; a sample labelled by queue also adds to its
-    sum over the queues, under the key without that label (PromQL's ``sum without (queue)``):
-    ``flannel_udp_packets_total{path="udp_tx"}`` is the host's, whatever --queues."""
+    """{"name{labels}": value} of a /metrics text; a sample labelled by queue or family also
+    adds to its sums over them, under the keys without those labels (PromQL's ``sum without
+    (queue)``, ``sum without (family)``, ``sum without (queue, family)``):
+    ``flannel_udp_packets_total{path="udp_tx"}`` is the host's, whatever --queues and both
+    families."""
     out = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -517,9 +523,12 @@ def parse_metrics(text: str) -> dict:
         except ValueError:
             continue
         out[key] = v
-        m = _QUEUE_LABEL.search(key)
-        if m:
-            total = (key[:m.start()] + ("," if m.group(1) and m.group(2) else "")
-                     + key[m.end():]).replace("{}", "")
-            out[total] = out.get(total, 0.0) + v
+        name, brace, rest = key.partition("{")
+        labels = _LABEL.findall(rest) if brace else []
+        summed = [k for k, _ in labels if k in _SUMMED]
+        for n in range(1, len(summed) + 1):
+            for gone in itertools.combinations(summed, n):
+                kept = ",".join(f'{k}="{x}"' for k, x in labels if k not in gone)
+                total = f"{name}{{{kept}}}" if kept else name
+                out[total] = out.get(total, 0.0) + v
     return out

@@ -141,6 +141,13 @@ def udp_packets(ov, host) -> tuple[int, int]:
                  for path in ("udp_tx", "udp_rx"))
 
 
+def received_by_family(ov, host) -> dict:
+    """The engine's datagrams received from peers, by the inner packet's family."""
+    m = ov.metrics(host)
+    return {f: m.get(f'flannel_udp_packets_total{{family="{f}",path="udp_rx"}}', 0)
+            for f in ("ipv4", "ipv6")}
+
+
 def subnet(ov, host) -> str:
     return str(ov.subnet(host))
 
@@ -197,13 +204,17 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         assert wait_until(lambda: pod_ping(pods0[6][0], pods1[6][1], 1), 10, 0.1,
                           "pod0 -> pod1 over IPv6 through flannel0")
         # h0's engine sees every encapsulated packet between the two: IPv6's, none of IPv4
-        counts = [udp_packets(ov, h0)]
+        # (and its metrics say which family each was)
+        counts, by_family = [udp_packets(ov, h0)], [received_by_family(ov, h0)]
         for family in (4, 6):
             assert pod_ping(pods0[family][0], pods1[family][1]) == 3
             assert pod_ping(pods1[family][0], pods0[family][1]) == 3
             counts.append(udp_packets(ov, h0))
         assert counts[1] == counts[0] and min(a - b for a, b in zip(counts[2], counts[1])) >= 6, \
             counts
+        by_family.append(received_by_family(ov, h0))
+        assert by_family[1]["ipv4"] == by_family[0]["ipv4"] and \
+            by_family[1]["ipv6"] - by_family[0]["ipv6"] >= 6, by_family
         assert f"its IPv6 part {s6_1} through flannel0: its lease has no PublicIPv6" \
             in ov.daemon(h0).log_text()
 
@@ -249,6 +260,10 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         assert m['flannel_udp_peers_by_mode{mode="direct"}'] == 1
         assert m['flannel_udp_peers_by_mode{mode="encapsulated"}'] == 2
         assert m["flannel_udp_peers"] == 3
+        # the IPv6 parts: h1's direct, h2's through flannel0; h3's lease has none
+        assert m["flannel_udp_peers_ipv6"] == 2
+        assert m['flannel_udp_peers_ipv6_by_mode{mode="direct"}'] == 1
+        assert m['flannel_udp_peers_ipv6_by_mode{mode="encapsulated"}'] == 1
 
         # a handover (an upgrade in place): the new daemon takes the direct routes as they are
         ov.handover_daemon(h0)

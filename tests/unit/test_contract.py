@@ -103,6 +103,24 @@ def test_stat_names_are_the_dp_stats_fields():
     assert len(api.STAT_NAMES) + reserved == 64          # the block's fixed size
 
 
+def test_ipv6_shares_are_the_v6_fields_of_the_counters_that_have_one():
+    """The header's "Counters by family": each v6_<counter> is the share of a counter before
+    it, never a drop_* (api.DROP_STATS are the reasons), and the shares are the packet and byte
+    counters, the ICMP errors of both families and the drop reasons an IPv6 packet meets."""
+    shares = [n for n in api.STAT_NAMES if n.startswith("v6_")]
+    assert contract.V6_SHARES == {n[3:]: n for n in shares}
+    assert all(api.STAT_NAMES.index(t) < api.STAT_NAMES.index(s)
+               for t, s in contract.V6_SHARES.items())
+    assert not set(shares) & set(api.DROP_STATS)
+    assert set(contract.V6_SHARES) == {
+        f"{path}_{unit}" for path in ("tun_rx", "udp_tx", "udp_rx", "tun_tx")
+        for unit in ("packets", "bytes")} | {"icmp_unreach_sent", "icmp_ttl_sent"} | (
+        set(api.DROP_STATS) - {"drop_not_ipv4", "drop_truncated", "drop_scope", "drop_too_big"})
+    # a share of no counter is refused rather than served as the share of nothing
+    with pytest.raises(HeaderError, match="v6_polls_x"):
+        contract.v6_shares(api.STAT_NAMES + ("v6_polls_x",))
+
+
 def test_offload_stats_are_the_counters_of_an_offload():
     assert api.OFFLOAD_STATS == {name for name, note in parse_struct(_header(), "dp_stats")
                                  if "DP_OFF_" in note}

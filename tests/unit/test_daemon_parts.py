@@ -12,15 +12,16 @@ import urllib.request
 import pytest
 
 from dataplane.host import firewall
-from dataplane.engine.api import STAT_NAMES
+from dataplane.engine.api import STAT_NAMES, V6_SHARES
 from dataplane.daemon.http import HttpServer
 from dataplane.daemon.metrics import MetricsSource
 
 
 def stat_value(name: str) -> float:
     """Each engine counter gets its own value, far from every other metric's (peers 2, info 1,
-    the expiry 1.8e9), so that a sample with it can only be that counter."""
-    return 1000.0 + STAT_NAMES.index(name)
+    the expiry 1.8e9), so that a sample with it can only be that counter; IPv6's shares are
+    smaller than their totals, as an engine's are."""
+    return (10.0 if name.startswith("v6_") else 1000.0) + STAT_NAMES.index(name)
 
 
 class Source(MetricsSource):
@@ -71,9 +72,14 @@ def test_metrics_text(server):
     status, body, ctype = get(server + "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
     v = stat_value
-    assert f'flannel_udp_packets_total{{path="udp_tx",queue="0"}} {v("udp_tx_packets")}' in body
-    assert f'flannel_udp_drops_total{{queue="0",reason="bad_source"}} {v("drop_bad_source")}' \
+    tx, tx6 = v("udp_tx_packets"), v("v6_udp_tx_packets")
+    assert f'flannel_udp_packets_total{{family="ipv4",path="udp_tx",queue="0"}} {tx - tx6}' in body
+    assert f'flannel_udp_packets_total{{family="ipv6",path="udp_tx",queue="0"}} {tx6}' in body
+    bad, bad6 = v("drop_bad_source"), v("v6_drop_bad_source")
+    assert f'flannel_udp_drops_total{{family="ipv4",queue="0",reason="bad_source"}} {bad - bad6}' \
         in body
+    assert f'flannel_udp_drops_total{{family="other",queue="0",reason="not_ipv4"}} ' \
+        f'{v("drop_not_ipv4")}' in body
     assert f'flannel_udp_syscalls_total{{kind="polls",queue="0"}} {v("polls")}' in body
     if "icmp_ratelimited" in STAT_NAMES:
         assert f'flannel_udp_icmp_ratelimited_total{{queue="0"}} {v("icmp_ratelimited")}' in body
@@ -87,7 +93,9 @@ def test_metrics_text(server):
     samples = [s for fam in text_string_to_metric_families(body) for s in fam.samples]
     assert all(s.name.startswith(("flannel_udp_", "process_", "python_")) for s in samples)
     exported = {s.value for s in samples}
-    missing = [n for n in STAT_NAMES if n != "syscalls" and v(n) not in exported]
+    # (a counter with an IPv6 share as its two families: the share, and the rest as ipv4)
+    missing = [n for n in STAT_NAMES if n != "syscalls" and
+               (v(n) - v(V6_SHARES[n]) if n in V6_SHARES else v(n)) not in exported]
     assert not missing, f"engine counters without a sample: {missing}"
 
 

@@ -6,11 +6,15 @@ status document says what /readyz says.
 from __future__ import annotations
 
 import time
-from ipaddress import IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Network
 from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
+from dataplane.control.direct import DirectRouting
+from dataplane.control.lease import Lease, LeaseAttrs
+from dataplane.control.peerset import PeerSnapshot
+from dataplane.control.routes import Ipv6Parts
 from dataplane.daemon import status
 from dataplane.daemon.main import Daemon
 from dataplane.daemon.metrics import DECLARED, ENGINE_COUNTERS, MetricsSource, make_registry
@@ -97,4 +101,33 @@ def test_a_bare_state_has_nothing_to_report_yet():
     src = DaemonSource(st)
     assert src.engine_queue_stats() is None and src.queues_count() == 0
     assert src.peers_count() == 0 and src.peers_by_mode() == {}
+    assert src.peers_ipv6() is None and src.peers_ipv6_by_mode() == {}
+
+
+def test_peers_ipv6_counts_the_parts_the_engines_route_by_their_mode():
+    own = IPv4Network("10.5.1.0/24")
+    net6 = IPv6Network("fc00:5::/56")
+
+    def lease(n, part, forwards=True):
+        return Lease(IPv4Network(f"10.5.{n}.0/24"),
+                     LeaseAttrs(IPv4Address(f"192.168.77.{n}"), direct_routing=True,
+                                forwards_ipv6=forwards),
+                     ipv6_subnet=IPv6Network(part) if part else None)
+    leases = [lease(2, "fc00:5:0:2::/64"), lease(3, "fc00:5:0:3::/64"),
+              lease(4, "fc00:5:0:4::/64", forwards=False),       # its host forwards no IPv6
+              lease(5, "fc00:9::/64"),                           # outside IPv6Network
+              lease(6, None)]                                    # no IPv6 part
+    st = DaemonState(Options(), subnet_env=SimpleNamespace(stale=lambda: None),
+                     move_failures=SimpleNamespace(total=0), blackhole=None,
+                     config=SimpleNamespace(ipv6_network=net6),
+                     peers6=PeerSnapshot.of(leases, own))
+    st.direct = DirectRouting(False, lambda ip: True,
+                              ipv6_part=Ipv6Parts(net6, IPv6Network("fc00:5:0:1::/64")).why_not)
+    src = DaemonSource(st)
+    assert src.peers_ipv6() == 2 and src.peers_ipv6_by_mode() == {}
+    st.direct.enabled = True
+    st.direct.direct6 = {leases[0].subnet: leases[0]}
+    assert src.peers_ipv6_by_mode() == {"direct": 1, "encapsulated": 1}
+    st.config = SimpleNamespace(ipv6_network=None)                 # IPv6 off: no series
+    assert src.peers_ipv6() is None and src.peers_ipv6_by_mode() == {}
     assert src.readiness()["engine"] == "not started yet"

@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from dataplane.engine import ipv4
 from dataplane.demo import trace as tr
-from dataplane.engine.api import STAT_NAMES, SYSCALL_STATS
+from dataplane.engine.api import STAT_NAMES, SYSCALL_STATS, V6_SHARES
 from dataplane.daemon.metrics import MetricsSource, make_registry
 from dataplane.testbed.overlay import parse_metrics
 
@@ -28,6 +28,8 @@ class _Source(MetricsSource):
 
 def test_metrics_decode_back_to_every_engine_counter():
     stats = {name: 1000 + i for i, name in enumerate(STAT_NAMES)}
+    # IPv6's shares within their totals: /metrics serves each total as its two families
+    stats.update({share: stats[total] // 3 for total, share in V6_SHARES.items()})
     # as the engines count: every syscall in `syscalls`, the kinds each in its own counter, and
     # a few wake-up reads in neither of the kinds
     stats["syscalls"] = 3 + sum(stats[k] for k in SYSCALL_STATS

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from dataplane.engine import ipv4
+from dataplane.engine import ipv4, ipv6
 from dataplane.engine import EngineClosed
 from tests.engine_harness import Harness, assert_forwarded, expect_only
 
@@ -186,16 +186,21 @@ def test_send_error_drops_one_and_sends_the_rest(engine_kind):
     # 65000 bytes of UDP payload is too big for an IPv4 datagram (max 65507 +
     # headers... only with a 65535-byte packet): sendto fails with EMSGSIZE
     # before anything goes on the wire.
+    # The same for IPv6 inner packets, counted in IPv6's shares too.
     with Harness(engine_kind, mtu=65535, batch=8) as h:
         p = h.add_peer()
-        h.set_routes([h.route("10.5.2.0/24", p)])
+        h.set_routes([h.route("10.5.2.0/24", p), h.route("fc00:5:0:2::/64", p)])
         big = ipv4.build("10.5.1.2", "10.5.2.3", bytes(65535 - 20))
         small = [udp_packet("10.5.1.2", "10.5.2.3", ident=i) for i in range(3)]
-        h.inject_tun(small[0], big, small[1], small[2])
+        big6 = ipv6.build("fc00:5:0:1::2", "fc00:5:0:2::3", bytes(65535 - 40))
+        small6 = ipv6.build("fc00:5:0:1::2", "fc00:5:0:2::3", bytes(24))
+        h.inject_tun(small[0], big, small[1], small[2], big6, small6)
         st = h.settle()
-        expect_only(st, tun_rx_packets=4, tun_rx_bytes=65535 + 3 * 64, udp_tx_packets=3,
-                    udp_tx_bytes=3 * 64, drop_send_error=1)
-        assert [x[4:6] for x in p.received] == [x[4:6] for x in small]
+        expect_only(st, tun_rx_packets=6, tun_rx_bytes=2 * 65535 + 3 * 64 + 64,
+                    udp_tx_packets=4, udp_tx_bytes=4 * 64, drop_send_error=2,
+                    v6_tun_rx_packets=2, v6_tun_rx_bytes=65535 + 64, v6_udp_tx_packets=1,
+                    v6_udp_tx_bytes=64, v6_drop_send_error=1)
+        assert [x[4:6] for x in p.received[:3]] == [x[4:6] for x in small]
 
 
 def test_tun_full_is_counted_and_not_retried(engine_kind):
@@ -220,11 +225,16 @@ def test_tun_error_is_counted(engine_kind):
         h.set_routes([h.route("10.5.2.0/24", p)])
         big = udp_packet("10.5.2.3", "10.5.1.2", size=8900)
         ok = udp_packet("10.5.2.3", "10.5.1.2", size=100)
-        h.inject_udp(p, big, ok)
+        # and IPv6's, in its shares too
+        big6 = ipv6.build("fc00:5:0:2::3", "fc00:5:0:1::2", bytes(8900 - 40))
+        ok6 = ipv6.build("fc00:5:0:2::3", "fc00:5:0:1::2", bytes(100 - 40))
+        h.inject_udp(p, big, ok, big6, ok6)
         st = h.settle()
-        expect_only(st, udp_rx_packets=2, udp_rx_bytes=9000, tun_tx_packets=1,
-                    tun_tx_bytes=100, drop_tun_error=1)
-        assert len(h.tun_received) == 1
+        expect_only(st, udp_rx_packets=4, udp_rx_bytes=18000, tun_tx_packets=2,
+                    tun_tx_bytes=200, drop_tun_error=2,
+                    v6_udp_rx_packets=2, v6_udp_rx_bytes=9000, v6_tun_tx_packets=1,
+                    v6_tun_tx_bytes=100, v6_drop_tun_error=1)
+        assert len(h.tun_received) == 2
 
 
 def test_fds_modes_and_ownership(engine_kind):

@@ -11,6 +11,7 @@ import ipaddress
 
 import pytest
 
+from dataplane.daemon.metrics import MetricsSource, make_registry
 from dataplane.engine import ipv4
 from tests.engine_harness import Harness, expect_only
 
@@ -197,3 +198,62 @@ def test_trace_of_an_ipv6_packet(engine_kind):
         assert (hit["addr"], hit["len"]) == (a.ip, 64)
         miss = next(e for e in ev if e["kind"] == "route_miss")
         assert miss["addr"] == "0.0.0.0"
+
+
+class _Counters(MetricsSource):
+    """/metrics over one engine's counters, as the daemon's source reads them."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def engine_stats(self):
+        return self.engine.stats()
+
+
+def test_each_family_counts_in_its_share_and_metrics_split_by_it(h):
+    """dataplane.h "Counters by family": IPv6's packets count in the v6_ shares of the counters
+    they count in, IPv4's in none; /metrics serves ipv6 = the share, ipv4 = the rest."""
+    a, _ = h.peers
+    h.engine.set_tun_addr6("fc00:5:0:1::")
+    four = ipv4.build("10.5.1.2", "10.5.2.3", b"four")
+    six = v6("fc00:5:0:1::9", "fc00:5:0:2::1")
+    h.inject_tun(four, four, six,
+                 ipv4.build("10.5.1.2", "10.9.0.1", b"x"),        # no route: ICMP, IPv4
+                 v6("fc00:5:0:1::9", "fc00:9::1"),                # no route: ICMPv6
+                 v6("fc00:5:0:1::9", "fc00:5:0:2::1", hop=1),     # hop limit: ICMPv6
+                 six[:10])                                        # version 6, malformed
+    h.inject_udp(a, ipv4.build("10.5.2.3", "10.5.1.2", b"in"),
+                 v6("fc00:5:0:2::7", "fc00:5:0:1::9", payload=b"q" * 50),
+                 v6("fc00:5:0:2::7", "fc00:5:0:1::9", hop=1))     # hop limit on arrival
+    st = h.settle()
+    n6 = len(six)
+    # one datagram and one ICMP error of IPv4, one datagram and two errors of IPv6
+    assert sorted(p[0] >> 4 for p in h.tun_received) == [4, 4, 6, 6, 6]
+    udp_in = [len(four) + 2 - 4, n6 + 26]       # "in" and 50 bytes of payload
+    expect_only(
+        st, tun_rx_packets=7, tun_rx_bytes=2 * len(four) + 3 * n6 + 21 + 10,
+        udp_tx_packets=3, udp_tx_bytes=2 * len(four) + n6,
+        udp_rx_packets=3, udp_rx_bytes=sum(udp_in) + n6,
+        tun_tx_packets=2, tun_tx_bytes=sum(udp_in),
+        drop_no_route=2, drop_ttl=2, drop_malformed=1,
+        icmp_unreach_sent=2, icmp_ttl_sent=1,
+        v6_tun_rx_packets=4, v6_tun_rx_bytes=3 * n6 + 10,
+        v6_udp_tx_packets=1, v6_udp_tx_bytes=n6,
+        v6_udp_rx_packets=2, v6_udp_rx_bytes=udp_in[1] + n6,
+        v6_tun_tx_packets=1, v6_tun_tx_bytes=udp_in[1],
+        v6_drop_no_route=1, v6_drop_ttl=2, v6_drop_malformed=1,
+        v6_icmp_unreach_sent=1, v6_icmp_ttl_sent=1)
+
+    reg = make_registry(_Counters(h.engine), standard=False)
+
+    def served(family, **labels):
+        return {fam: reg.get_sample_value(family, dict(labels, family=fam, queue="0"))
+                for fam in ("ipv4", "ipv6")}
+    assert served("flannel_udp_packets_total", path="tun_rx") == {"ipv4": 3, "ipv6": 4}
+    assert served("flannel_udp_bytes_total", path="udp_tx") == {"ipv4": 2 * len(four),
+                                                                "ipv6": n6}
+    assert served("flannel_udp_packets_total", path="tun_tx") == {"ipv4": 1, "ipv6": 1}
+    assert served("flannel_udp_drops_total", reason="ttl") == {"ipv4": 0, "ipv6": 2}
+    assert served("flannel_udp_icmp_sent_total", type="net_unreachable") == {"ipv4": 1,
+                                                                            "ipv6": 1}
+    assert served("flannel_udp_drops_total", reason="scope") == {"ipv4": None, "ipv6": 0}

@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 
 from dataplane.engine import ipv4, ipv6
 from dataplane.engine import DROP_STATS
+from dataplane.engine.api import V6_SHARES
 from tests.engine_harness import Harness
 
 TUN_ADDR = "10.5.1.0"
@@ -56,6 +57,18 @@ UDP_DROPS = ("drop_truncated", "drop_bad_source", "drop_malformed", "drop_not_ip
              "drop_tun_full", "drop_tun_error", "drop_inner_local", "drop_inner_foreign",
              "drop_scope")
 STRANGER = -1
+# Drop reasons only IPv6 meets, which need no share (dataplane.h, "Counters by family").
+IPV6_ONLY_DROPS = ("drop_scope", "drop_too_big")
+
+
+def is6(packets) -> list:
+    return [p for p in packets if p[:1] and p[0] >> 4 == 6]
+
+
+def v6_dropped(d: dict, reasons) -> int:
+    """IPv6's drops among ``reasons``: their shares, and all of an IPv6-only one."""
+    return sum(d.get(V6_SHARES[k], 0) if k in V6_SHARES else
+               d.get(k, 0) if k in IPV6_ONLY_DROPS else 0 for k in reasons)
 
 
 # ---- strategies ----------------------------------------------------------------
@@ -265,10 +278,18 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
             assert h.stranger.received == []
             # Reads are cut at the mtu on the TUN side (then malformed).
             seen = [x[:mtu] for x in inputs] if side == "tun" else inputs
+            # IPv6's shares: each within its total, and IPv6's packets accounted for alone
+            for total, share in V6_SHARES.items():
+                assert d.get(share, 0) <= d.get(total, 0), share
             if side == "tun":
                 assert d.get("tun_rx_packets", 0) == len(items) and "udp_rx_packets" not in d
                 assert d["tun_rx_packets"] == d.get("udp_tx_packets", 0) + sum(
                     d.get(k, 0) for k in TUN_DROPS)
+                assert d.get("v6_tun_rx_packets", 0) == len(is6(seen)) == d.get(
+                    "v6_udp_tx_packets", 0) + v6_dropped(d, TUN_DROPS)
+                assert d.get("v6_udp_tx_packets", 0) == len(is6(sum(peer_out, [])))
+                assert d.get("v6_icmp_unreach_sent", 0) + d.get("v6_icmp_ttl_sent", 0) + \
+                    d.get("icmp_too_big_sent", 0) == len(is6(tun_out))
                 icmp = d.get("icmp_unreach_sent", 0) + d.get("icmp_ttl_sent", 0) + \
                     d.get("icmp_too_big_sent", 0)
                 assert icmp + d.get("icmp_ratelimited", 0) <= \
@@ -287,6 +308,11 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
                 assert d.get("udp_rx_packets", 0) == len(items) and "tun_rx_packets" not in d
                 assert d["udp_rx_packets"] == d.get("tun_tx_packets", 0) + sum(
                     d.get(k, 0) for k in UDP_DROPS)
+                # a truncated datagram counts in IPv6's udp_rx but in no share of a drop
+                cut6 = len(is6(x for x in inputs if len(x) > mtu))
+                assert d.get("v6_udp_rx_packets", 0) == len(is6(inputs)) == d.get(
+                    "v6_tun_tx_packets", 0) + v6_dropped(d, UDP_DROPS) + cut6
+                assert d.get("v6_tun_tx_packets", 0) == len(is6(tun_out))
                 for k in ("icmp_unreach_sent", "icmp_ttl_sent", "icmp_ratelimited",
                           "icmp_too_big_sent", "udp_tx_packets", "drop_no_route",
                           "drop_send_error", "drop_too_big"):
@@ -303,7 +329,7 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
                 "icmp_unreach_sent", "icmp_ttl_sent", "icmp_ratelimited", "icmp_too_big_sent",
                 "syscalls",
                 "tun_reads", "tun_writes", "udp_sends", "udp_recvs", "polls", "tx_batches",
-                "rx_batches"}, d
+                "rx_batches"} | set(V6_SHARES.values()), d
 
 
 # 300 derandomized examples (the same ones every run) move, in both engines, every counter that

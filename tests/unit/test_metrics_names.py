@@ -14,12 +14,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import dataplane
-from dataplane.daemon.metrics import (DECLARED, ENGINE_COUNTERS, STANDARD, MetricsSource,
-                                      engine_reason, make_registry)
+from dataplane.daemon.metrics import (DECLARED, ENGINE_COUNTERS, FAMILY_LABELLED, FIXED_FAMILY,
+                                      STANDARD, MetricsSource, engine_reason, make_registry)
 from dataplane.daemon.state import DaemonSource
 from dataplane.engine import choice, engine_class, multi
-from dataplane.engine.api import STAT_NAMES
+from dataplane.engine.api import STAT_NAMES, V6_SHARES
 from dataplane.host.udpsock import open_udp_sockets
+from dataplane.testbed.overlay import parse_metrics
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 # A label value is a word, a number, an address or a version: this bounds what a bug that put a
@@ -45,6 +46,12 @@ class FullSource(MetricsSource):
 
     def peers_by_mode(self):
         return {"direct": 2, "encapsulated": 3}
+
+    def peers_ipv6(self):
+        return 2
+
+    def peers_ipv6_by_mode(self):
+        return {"direct": 1, "encapsulated": 1}
 
     def queues_count(self):
         return len(self.per_queue)
@@ -95,12 +102,18 @@ def _sample_name(fam) -> str:
 def test_every_engine_counter_has_a_declared_series():
     """A counter added to the engine contract fails here until ENGINE_COUNTERS (and the
     docs) say which series it is."""
-    assert set(ENGINE_COUNTERS) == set(STAT_NAMES)
+    assert set(ENGINE_COUNTERS) | set(V6_SHARES.values()) == set(STAT_NAMES)
+    assert not set(ENGINE_COUNTERS) & set(V6_SHARES.values())
     declared = {f.name: f for f in DECLARED}
     for stat, (family, value) in ENGINE_COUNTERS.items():
         f = declared[family]
         assert f.type == "counter" and f.labels[-1] == "queue", stat
         assert (value is None) == (len(f.labels) == 1), stat
+        # a series of the family label has an IPv6 share or says its one family
+        assert ("family" in f.labels) == (family in FAMILY_LABELLED), stat
+        if family in FAMILY_LABELLED:
+            assert (stat in V6_SHARES) != (stat in FIXED_FAMILY), stat
+    assert set(FIXED_FAMILY) <= set(ENGINE_COUNTERS)
     # and no two counters land on one series
     assert len(set(ENGINE_COUNTERS.values())) == len(ENGINE_COUNTERS)
 
@@ -162,6 +175,37 @@ def test_the_syscall_remainder_never_goes_down_between_scrapes():
     assert rest() == 3                                         # a new engine: counted afresh
 
 
+def test_the_family_label_splits_a_counter_by_its_ipv6_share():
+    """ipv6 = the share, ipv4 = the total - the share, kept from going down as the syscall
+    remainder is; a counter only IPv6 meets is ipv6 alone, one of neither family other."""
+    st = dict.fromkeys(STAT_NAMES, 0)
+    st.update(tun_rx_packets=10, v6_tun_rx_packets=3, udp_tx_bytes=900, v6_udp_tx_bytes=400,
+              drop_ttl=5, v6_drop_ttl=5, icmp_unreach_sent=2, drop_scope=4, drop_not_ipv4=1)
+    source = FullSource([st])
+    reg = make_registry(source, standard=False)
+
+    def served(name, **labels):
+        return {f: reg.get_sample_value(f"flannel_udp_{name}_total", dict(labels, family=f,
+                                                                       queue="0"))
+                for f in ("ipv4", "ipv6", "other")}
+    assert served("packets", path="tun_rx") == {"ipv4": 7, "ipv6": 3, "other": None}
+    assert served("bytes", path="udp_tx") == {"ipv4": 500, "ipv6": 400, "other": None}
+    assert served("drops", reason="ttl") == {"ipv4": 0, "ipv6": 5, "other": None}
+    assert served("icmp_sent", type="net_unreachable") == {"ipv4": 2, "ipv6": 0, "other": None}
+    assert served("drops", reason="scope") == {"ipv4": None, "ipv6": 4, "other": None}
+    assert served("drops", reason="not_ipv4") == {"ipv4": None, "ipv6": None, "other": 1}
+    # the testbed's reading sums the families back into the total
+    text = generate_latest(reg).decode()
+    assert parse_metrics(text)['flannel_udp_packets_total{path="tun_rx"}'] == 10
+    # a read that caught the share ahead of its total: ipv4 holds until the total moves on
+    source.per_queue = [dict(st, v6_tun_rx_packets=5)]
+    assert served("packets", path="tun_rx") == {"ipv4": 7, "ipv6": 5, "other": None}
+    source.per_queue = [dict(st, tun_rx_packets=13, v6_tun_rx_packets=5)]
+    assert served("packets", path="tun_rx")["ipv4"] == 8
+    source.per_queue = [dict(st, tun_rx_packets=2, v6_tun_rx_packets=1)]     # a new engine
+    assert served("packets", path="tun_rx")["ipv4"] == 1
+
+
 def test_an_undeclared_engine_counter_is_not_served(caplog):
     st = dict(_queue_stats(0), gre_wakeups=4242)
     text = generate_latest(make_registry(FullSource([st]), standard=False)).decode()
@@ -187,7 +231,7 @@ def test_engine_info_reason_is_one_of_a_few_words(monkeypatch, flag, env, c_buil
 
 def _doc_rows():
     """(series, type, labels) of every row of docs/metrics.md's reference tables."""
-    rows = re.findall(r"^\| `([a-z_]+)` \| (counter|gauge) \|\s*([a-z_, ]*?)\s*\|", DOC.read_text(),
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (counter|gauge) \|\s*([a-z_, ]*?)\s*\|", DOC.read_text(),
                       re.M)
     return {name: (typ, tuple(x.strip() for x in labels.split(",") if x.strip()))
             for name, typ, labels in rows}
@@ -228,10 +272,16 @@ def test_a_real_two_queue_engine_is_labelled_by_queue(engine_kind):
         declared = {f.name: f.labels for f in DECLARED}
         want = {}
         for stat, (family, value) in ENGINE_COUNTERS.items():
-            other = [x for x in declared[family] if x != "queue"]
+            other = [x for x in declared[family] if x not in ("queue", "family")]
             for q, st in enumerate(per_queue):
                 labels = dict(zip(other, [value]), queue=str(q))
-                want[(family, tuple(sorted(labels.items())))] = st[stat]
+                if family not in FAMILY_LABELLED:
+                    want[(family, tuple(sorted(labels.items())))] = st[stat]
+                    continue
+                v6 = st[V6_SHARES[stat]] if stat in V6_SHARES else None
+                for fam, n in (("ipv4", st[stat] - v6), ("ipv6", v6)) if v6 is not None else (
+                        (FIXED_FAMILY[stat], st[stat]),):
+                    want[(family, tuple(sorted(dict(labels, family=fam).items())))] = n
         # not started, so nothing moves between the scrape and the read above; `syscalls`
         # is served as its remainder beyond the kinds, none yet
         for k in want:

@@ -62,6 +62,12 @@ def test_a_dual_stack_lease_shows_its_ipv6_part_underlay_address_and_route():
             "fc00:5:0:3::/128, route fc00:5::/56 dev flannel0") in render(doc)
     doc["lease"]["public_ipv6"] = "fd00:99::1"
     assert "fc00:5:0:3::/64 (PublicIPv6 fd00:99::1: the IPv6 underlay" in render(doc)
+    # the peers with a routed IPv6 part, and each path's IPv6 packets, beside the totals
+    assert "with an IPv6 part" not in render(doc) and "(IPv6" not in render(doc)
+    doc.update(peers_ipv6=3, packets={"udp_rx": 9, "tun_tx": 4}, packets_ipv6={"udp_rx": 2,
+                                                                               "tun_tx": 0})
+    text = render(doc)
+    assert "7 (3 with an IPv6 part routed)" in text and "tun_tx 4, udp_rx 9 (IPv6 2)" in text
 
 
 def test_daemon_command_lines():
