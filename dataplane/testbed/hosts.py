@@ -460,11 +460,11 @@ class Testbed:
     def udp_out(self, where) -> tuple[int, int]:
         """(IPv4, IPv6) UDP datagrams sent from a namespace so far: the kernel's own counters
         (a UDP_SEGMENT send counts once), which tell the underlay an engine's traffic took."""
-        snmp = self.exec(where, ["cat", "/proc/net/snmp"], check=True).stdout.splitlines()
-        names, values = [line.split() for line in snmp if line.startswith("Udp:")][:2]
-        snmp6 = dict(line.split() for line in
-                     self.exec(where, ["cat", "/proc/net/snmp6"], check=True).stdout.splitlines())
-        return int(values[names.index("OutDatagrams")]), int(snmp6["Udp6OutDatagrams"])
+        lines = self.exec(where, ["cat", "/proc/net/snmp", "/proc/net/snmp6"],
+                          check=True).stdout.splitlines()
+        names, values = [line.split() for line in lines if line.startswith("Udp:")][:2]
+        v6 = next(line.split()[1] for line in lines if line.startswith("Udp6OutDatagrams "))
+        return int(values[names.index("OutDatagrams")]), int(v6)
 
     def start_etcd(self, **kw):
         """Start a real etcd in the switch namespace, listening on the switch
