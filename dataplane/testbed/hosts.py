@@ -296,7 +296,12 @@ class Testbed:
             gateway = self._router6()
         net = ipaddress.IPv6Network(network or here)
         ip = str(net.network_address + host.index + 1)
-        ns.write_sysctl(host.netns, f"net/ipv6/conf/{host.iface}/disable_ipv6", "0")
+        # Neighbour solicitations go from the link-local address only: without DAD (IPv6
+        # turned off and on again so that a present one is made anew) the first datagrams
+        # do not wait a second for it.
+        ns.write_sysctl(host.netns, f"net/ipv6/conf/{host.iface}/accept_dad", "0")
+        for off in ("1", "0"):
+            ns.write_sysctl(host.netns, f"net/ipv6/conf/{host.iface}/disable_ipv6", off)
         ns.run_ip(["-batch", "-"], netns=host.netns, input=(
             f"addr add {ip}/{net.prefixlen} dev {host.iface} nodad\n"
             f"route add {there} via {gateway} dev {host.iface}\n"))
@@ -314,8 +319,10 @@ class Testbed:
         if f" {gateway}/" in have:
             return gateway
         leg = f"{ns.PREFIX}{self.tag}ru"
-        for dev in (leg, self._router_bridge):
-            ns.write_sysctl(self.router, f"net/ipv6/conf/{dev}/disable_ipv6", "0")
+        for dev in (leg, self._router_bridge):      # as add_underlay6, without DAD
+            ns.write_sysctl(self.router, f"net/ipv6/conf/{dev}/accept_dad", "0")
+            for off in ("1", "0"):
+                ns.write_sysctl(self.router, f"net/ipv6/conf/{dev}/disable_ipv6", off)
         ns.write_sysctl(self.router, "net/ipv6/conf/all/forwarding", "1")
         on_link = ipaddress.IPv6Network(DEFAULT_UNDERLAY6)
         ns.run_ip(["-batch", "-"], netns=self.router, input=(
