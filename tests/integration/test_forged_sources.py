@@ -15,7 +15,7 @@ engines.
       -----+----------------- bridge, switch netns (etcd) ---------+------------
 
 h0 and h1 have an IPv6 underlay too (their PublicIPv6s), so each daemon has a socket of each
-family and h1's pods' IPv6 comes over the IPv6 one. The forger sends, from raw sockets, UDP
+family and h1's IPv6 traffic comes over the IPv6 one. The forger sends, from raw sockets, UDP
 datagrams to h0:8285 of both underlays whose outer source is h1's PublicIP (192.168.77.2) or
 PublicIPv6 (fd00:99::2) and whose inner packet is UDP to a socket on h0, with an inner source
 that is h0's own: its underlay addresses, its flannel0 address, its bridge's address, a pod of
