@@ -16,6 +16,10 @@
       ------------- bridge fu<id>rb ------+--  host h2 behind the router: 192.168.79.3/24,
                                               default via 192.168.79.254
 
+An IPv6 underlay (add_underlay6) takes the same shape: fd00:99::N/64 on the hosts' link,
+fd00:79::N/64 behind the router, which has fd00:99::fd and fd00:79::fe and forwards between
+them; each side has a route to the other's prefix via the router.
+
 The underlay exists only inside these namespaces: nothing is added to the
 caller's namespace, so the range cannot clash with the machine's own
 networks. Each host has a default route through .254 so that a daemon that
@@ -55,8 +59,10 @@ DEFAULT_UNDERLAY = "192.168.77.0/24"
 SWITCH_HOST = 254  # the switch namespace's address: .254
 # where put_behind_router moves a host: the switch routes between it and DEFAULT_UNDERLAY
 ROUTED_UNDERLAY = "192.168.78.0/24"
-# add_underlay6's: a unique local prefix, on the same link as DEFAULT_UNDERLAY
+# add_underlay6's: a unique local prefix, on the same link as DEFAULT_UNDERLAY, and one on the
+# link behind the router (as BEHIND_ROUTER); the router's addresses end as its IPv4 ones
 DEFAULT_UNDERLAY6 = "fd00:99::/64"
+BEHIND_ROUTER6 = "fd00:79::/64"
 # the router's address on the underlay (.253), and the link behind it (add_host(behind_router=))
 ROUTER_HOST = 253
 BEHIND_ROUTER = "192.168.79.0/24"
@@ -74,6 +80,7 @@ class Host:
     mtu: int
     testbed: "Testbed" = field(repr=False, compare=False, default=None)
     ip6: str | None = None      # its IPv6 underlay address (Testbed.add_underlay6), if any
+    behind_router: bool = False  # on the link behind the router (Testbed.add_host)
 
     def exec(self, argv, **kw) -> subprocess.CompletedProcess:
         return self.testbed.exec(self, argv, **kw)
@@ -229,7 +236,7 @@ class Testbed:
             self._delete_ns(netns)
             raise
         host = Host(name=name, index=index, netns=netns, ip=ip, iface=iface, mtu=self.mtu,
-                    testbed=self)
+                    testbed=self, behind_router=behind_router)
         self.hosts.append(host)
         log.debug("testbed host %s: netns %s, %s on %s", name, netns, ip, iface)
         return host
@@ -274,21 +281,55 @@ class Testbed:
             raise
         return netns
 
-    def add_underlay6(self, host: Host | str, network: str = DEFAULT_UNDERLAY6) -> Host:
+    def add_underlay6(self, host: Host | str, network: str | None = None) -> Host:
         """An IPv6 underlay address on ``host``'s veth, with the same last number as its IPv4
-        one (``fd00:99::1`` for h0), usable at once (``nodad``: a daemon binds it as it
-        starts); IPv6 is turned on for that veth alone where the testbed keeps it off."""
+        one (``fd00:99::1`` for h0; behind the router ``fd00:79::3`` for h2, which sets up the
+        router's IPv6 legs), usable at once (``nodad``: a daemon binds it as it starts), and a
+        route to the other side of the router (a gateway that exists once a host behind it
+        has an IPv6 underlay); IPv6 is turned on for that veth alone where the testbed keeps
+        it off."""
         host = self.host(host)
-        net = ipaddress.IPv6Network(network)
+        here, there = DEFAULT_UNDERLAY6, BEHIND_ROUTER6
+        gateway = ipaddress.IPv6Network(here).network_address + ROUTER_HOST
+        if host.behind_router:
+            here, there = there, here
+            gateway = self._router6()
+        net = ipaddress.IPv6Network(network or here)
         ip = str(net.network_address + host.index + 1)
-        subprocess.run(ns.exec_argv(host.netns, ["sysctl", "-qw",
-                                                 f"net.ipv6.conf.{host.iface}.disable_ipv6=0"]),
-                       check=True, capture_output=True, timeout=10)
-        ns.run_ip(["addr", "add", f"{ip}/{net.prefixlen}", "dev", host.iface, "nodad"],
-                  netns=host.netns)
+        # Neighbour solicitations go from the link-local address only: without DAD (IPv6
+        # turned off and on again so that a present one is made anew) the first datagrams
+        # do not wait a second for it.
+        ns.write_sysctl(host.netns, f"net/ipv6/conf/{host.iface}/accept_dad", "0")
+        for off in ("1", "0"):
+            ns.write_sysctl(host.netns, f"net/ipv6/conf/{host.iface}/disable_ipv6", off)
+        ns.run_ip(["-batch", "-"], netns=host.netns, input=(
+            f"addr add {ip}/{net.prefixlen} dev {host.iface} nodad\n"
+            f"route add {there} via {gateway} dev {host.iface}\n"))
         host.ip6 = ip
         log.debug("testbed host %s: IPv6 underlay %s on %s", host.name, ip, host.iface)
         return host
+
+    def _router6(self) -> ipaddress.IPv6Address:
+        """The router's IPv6 legs (once): DEFAULT_UNDERLAY6's .253 and BEHIND_ROUTER6's .254
+        (its gateway for the hosts behind it, returned), forwarding between the two."""
+        behind = ipaddress.IPv6Network(BEHIND_ROUTER6)
+        gateway = behind.network_address + SWITCH_HOST
+        have = ns.run_ip(["-6", "-o", "addr", "show", "dev", self._router_bridge],
+                         netns=self.router).stdout
+        if f" {gateway}/" in have:
+            return gateway
+        leg = f"{ns.PREFIX}{self.tag}ru"
+        for dev in (leg, self._router_bridge):      # as add_underlay6, without DAD
+            ns.write_sysctl(self.router, f"net/ipv6/conf/{dev}/accept_dad", "0")
+            for off in ("1", "0"):
+                ns.write_sysctl(self.router, f"net/ipv6/conf/{dev}/disable_ipv6", off)
+        ns.write_sysctl(self.router, "net/ipv6/conf/all/forwarding", "1")
+        on_link = ipaddress.IPv6Network(DEFAULT_UNDERLAY6)
+        ns.run_ip(["-batch", "-"], netns=self.router, input=(
+            f"addr add {on_link.network_address + ROUTER_HOST}/{on_link.prefixlen} dev {leg} "
+            "nodad\n"
+            f"addr add {gateway}/{behind.prefixlen} dev {self._router_bridge} nodad\n"))
+        return gateway
 
     def put_behind_router(self, host: Host | str, network: str = ROUTED_UNDERLAY) -> Host:
         """Move ``host`` into another underlay subnet (its address there has the same last
@@ -422,6 +463,15 @@ class Testbed:
             procs = [p for p, n in self._procs.values() if netns is None or n == netns]
         for p in procs:
             self.kill(p, timeout=3.0)
+
+    def udp_out(self, where) -> tuple[int, int]:
+        """(IPv4, IPv6) UDP datagrams sent from a namespace so far: the kernel's own counters
+        (a UDP_SEGMENT send counts once), which tell the underlay an engine's traffic took."""
+        lines = self.exec(where, ["cat", "/proc/net/snmp", "/proc/net/snmp6"],
+                          check=True).stdout.splitlines()
+        names, values = [line.split() for line in lines if line.startswith("Udp:")][:2]
+        v6 = next(line.split()[1] for line in lines if line.startswith("Udp6OutDatagrams "))
+        return int(values[names.index("OutDatagrams")]), int(v6)
 
     def start_etcd(self, **kw):
         """Start a real etcd in the switch namespace, listening on the switch

@@ -1,9 +1,10 @@
 """Three dual-stack hosts, one of them behind a router, pods made by the real CNI plugins:
 every pair of pods reaches the other over both families (issue 37, "measured, not assumed").
-Both engines in each setup; the router's host runs each in turn. The config has DirectRouting,
-so h0 and h1, on one link, are the pair that routes directly once direct routes carry a dual-stack
-peer (docs/dual-stack-plan.md step 6; until then the daemon keeps such a peer encapsulated for
-both families); the checks hold either way, and h2 is encapsulated whatever happens.
+Both engines in each setup; the router's host runs each in turn. Every host has an IPv6 underlay
+address too (its PublicIPv6), h2's one router away as its IPv4 one is. The config has
+DirectRouting, so h0 and h1, on one link, route to each other directly, both families (IPv6 via
+the PublicIPv6), while h2 is encapsulated from both: its pods' IPv4 over the IPv4 underlay, their
+IPv6 over the IPv6 one, through the router.
 
 ::
 
@@ -13,17 +14,19 @@ both families); the checks hold either way, and h2 is encapsulated whatever happ
            fc00:66:0:x::1/64        fc00:66:0:y::1/64           fc00:66:0:z::1/64
       flannel0, flannel-udp run --ip-masq on each host
       veth 192.168.77.1        veth 192.168.77.2           veth 192.168.79.3
+           fd00:99::1               fd00:99::2                  fd00:79::3
            |                        |                           |
       -----+---- bridge, switch netns (etcd) ---- router netns --+-- its own link
 
 Each host gives flannel0 its lease's IPv6 part's network address as a /128 and the route of the
 IPv6Network, writes FLANNEL_IPV6_* into subnet.env as flanneld does and marks its lease value
 `ForwardsIPv6` (control/lease.py). Each pod pings every other over IPv6 and IPv4 and sends one of
-them 20 MiB over TCPv6, the hash compared at both ends, and the hosts ping each other's flannel0
-over IPv6; then the plugins' DEL gives the addresses back. The daemons run with --ip-masq as
-flannel's manifests run flanneld, so the bridge masquerades nothing (FLANNEL_IPMASQ=true) and the
-pods' own addresses cross the overlay. A lease written as flanneld's udp backend writes it (no
-mark) gets no IPv6 route.
+them 20 MiB over TCPv6, the hash compared at both ends, and the kernel's UDP counters of the
+sending host say which way it went (none for the direct pair, IPv6 datagrams to and from h2);
+the hosts ping each other's flannel0 over IPv6; then the plugins' DEL gives the addresses back.
+The daemons run with --ip-masq as flannel's manifests run flanneld, so the bridge masquerades
+nothing (FLANNEL_IPMASQ=true) and the pods' own addresses cross the overlay. A lease written as
+flanneld's udp backend writes it (no mark) gets no IPv6 route.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ import time
 import pytest
 
 from dataplane.testbed import cni
+from dataplane.testbed.hosts import wait_for
 from dataplane.testbed.overlay import parse_ping
 from tests.conftest import require
 from tests.integration.conftest import other_engine, overlay_of
@@ -53,14 +57,12 @@ NBYTES = 20 << 20
 def ov(engine_kind):
     require(cni.plugins_present(), f"needs the CNI plugins bridge and host-local in {cni.CNI_PATH} "
             "(apt-get install containernetworking-plugins)")
-    masq = ("--ip-masq",)
+    # each daemon's PublicIPv6 is its veth's IPv6 underlay address (no --public-ipv6 needed)
+    on = {"args": ("--ip-masq",), "underlay6": True}
     yield from overlay_of(engine_kind, [
-        {"engine": engine_kind, "args": masq},
-        {"engine": other_engine(engine_kind), "args": masq},
-        {"engine": engine_kind, "args": masq, "behind_router": True},
-        # The fourth host goes here: one with an IPv6 underlay (PublicIPv6, so that the IPv6
-        # pods' traffic to it crosses an IPv6 socket), once the daemon has one (issue 37 step
-        # 5; the testbed's bridges then need IPv6 addresses too). The checks take every host.
+        {"engine": engine_kind, **on},
+        {"engine": other_engine(engine_kind), **on},
+        {"engine": engine_kind, **on, "behind_router": True},
     ], config=CONFIG, ipv6=True)
 
 
@@ -70,7 +72,16 @@ def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
     assert ipaddress.ip_address(h2.ip) not in ipaddress.ip_network(f"{h0.ip}/24", strict=False)
     assert f"via {ov.tb.switch_ip} " in ov.exec(h0, ["ip", "route", "get", h2.ip]).stdout
     assert ov.leases()[ov.subnet(h2)] == h2.ip
-    assert not direct_routes(ov, h2) and not direct_routes(ov, h0).get(str(ov.subnet(h2)))
+    # and so is its IPv6 underlay address
+    assert " via " in ov.exec(h0, ["ip", "-6", "route", "get", h2.ip6]).stdout
+    # h0 and h1 route to each other directly, both families; to and from h2 nothing is direct
+    for a, b in ((h0, h1), (h1, h0)):
+        assert wait_for(lambda: direct_routes(ov, a).get(str(ov.subnet(b))) == b.ip
+                        and direct_routes(ov, a, 6).get(str(subnet6(ov, b))) == b.ip6, 10), \
+            (a.name, direct_routes(ov, a), direct_routes(ov, a, 6))
+    assert not direct_routes(ov, h2) and not direct_routes(ov, h2, 6)
+    assert not {str(ov.subnet(h2)), str(subnet6(ov, h2))} & \
+        (direct_routes(ov, h0).keys() | direct_routes(ov, h0, 6).keys())
 
     for h in ov.hosts:
         env, six = ov.subnet_env(h), subnet6(ov, h)
@@ -79,7 +90,7 @@ def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
         assert env["FLANNEL_IPV6_SUBNET"] == f"{six.network_address + 1}/64" and six.subnet_of(NET6)
         value = ov.etcdctl("get", "--prefix", f"{ov.prefix}/subnets/{ov.subnet(h).network_address}-",
                            "--print-value-only").stdout.strip()
-        assert json.loads(value) == {"PublicIP": h.ip, "PublicIPv6": None, "DirectRouting": True,
+        assert json.loads(value) == {"PublicIP": h.ip, "PublicIPv6": h.ip6, "DirectRouting": True,
                                      "ForwardsIPv6": True}
         addrs = ov.exec(h, ["ip", "-6", "-o", "addr", "show", "dev", "flannel0"]).stdout
         assert f"inet6 {six.network_address}/128" in addrs and "fe80" not in addrs, addrs
@@ -99,10 +110,11 @@ def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
             assert ipaddress.ip_address(pod.ip(version)) in \
                 ipaddress.ip_interface(env[key]).network, (pod.result, env)
 
-    # every pair of pods, both families, and every pair of hosts from flannel0 to flannel0 over
-    # IPv6 (the kernel picks flannel0's address as the source), all at once: three replies each
-    # within 10 s. The first requests may be lost or late (neighbour discovery on the way waits
-    # for the new bridges' IPv6 DAD), and the pings wait for it together.
+    # every pair of pods, both families, and every pair of hosts to each other's flannel0 over
+    # IPv6 (from flannel0's address through flannel0, from the veth's on the direct pair's
+    # route), all at once: three replies each within 10 s. The first requests may be lost or
+    # late (neighbour discovery on the way waits for the new bridges' IPv6 DAD), and the pings
+    # wait for it together.
     def ping(where, dst, version):
         return ov.tb.popen(where, ["ping", f"-{version}", "-n", "-q", "-c", "3", "-i", "0.2",
                                    "-W", "2", "-w", "10", dst])
@@ -116,14 +128,20 @@ def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
         out, _ = proc.communicate(timeout=20)
         got = parse_ping(out, proc.returncode)
         assert got["received"] >= 3, f"{what}: {got}"
-    # 20 MiB over TCPv6 along every pair, each pod sending once and receiving once
+    # 20 MiB over TCPv6 along every pair, each pod sending once and receiving once; the sending
+    # host's UDP datagrams say the way: the direct pair's none (the kernel routes it), h2's
+    # over the IPv6 underlay (a UDP_SEGMENT send counts once: a few hundred at least)
     for a, b in zip(pods.values(), list(pods.values())[1:] + list(pods.values())[:1]):
+        way = "direct" if h2 not in (a.host, b.host) else "over the IPv6 underlay"
+        before = ov.tb.udp_out(a.host)
         t0 = time.monotonic()
         hashed_transfer(ov.tb, a.netns, b.netns, b.ip(6), NBYTES)
         took = time.monotonic() - t0
+        v4, v6 = (n - m for n, m in zip(ov.tb.udp_out(a.host), before))
         figure(f"{ov.kind}: {a.host.name} ({ov.daemon(a.host).engine}) -> {b.host.name} "
                f"({ov.daemon(b.host).engine}), h2 behind the router: 20 MiB over TCPv6, pod to "
-               "pod", f"{took:.2f} s, intact")
+               f"pod, {way}", f"{took:.2f} s, intact; UDP datagrams sent: {v4} IPv4, {v6} IPv6")
+        assert v4 < 10 and (v6 < 10 if way == "direct" else v6 >= 200), (a.host.name, way, v4, v6)
 
     # A lease as flanneld's udp backend writes it (a dual-stack key, no mark): its IPv4 subnet is
     # a route, its IPv6 part none (flanneld would drop what we sent it).
@@ -139,9 +157,10 @@ def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
                            "say ForwardsIPv6")
 
 
-def direct_routes(ov, host) -> dict:
-    """{subnet: gateway} of the host's direct routes (the daemon's protocol, 153)."""
-    r = ov.exec(host, ["ip", "-j", "route", "show", "proto", "153"])
+def direct_routes(ov, host, version: int = 4) -> dict:
+    """{subnet: gateway} of the host's direct routes of one family (the daemon's protocol,
+    153)."""
+    r = ov.exec(host, ["ip", f"-{version}", "-j", "route", "show", "proto", "153"])
     return {e["dst"]: e.get("gateway") for e in json.loads(r.stdout or "[]")}
 
 

@@ -115,12 +115,7 @@ def test_icmpv6_errors_reach_the_sender(ov):
 def udp_out(ov, h) -> tuple[int, int]:
     """(IPv4, IPv6) UDP datagrams sent by ``h``'s network namespace so far: the kernel's own
     counters, which only the engines' sockets move here."""
-    snmp = ov.exec(h, ["cat", "/proc/net/snmp"]).stdout.splitlines()
-    names, values = [line.split() for line in snmp if line.startswith("Udp:")][:2]
-    v4 = int(values[names.index("OutDatagrams")])
-    snmp6 = dict(line.split()
-                 for line in ov.exec(h, ["cat", "/proc/net/snmp6"]).stdout.splitlines())
-    return v4, int(snmp6["Udp6OutDatagrams"])
+    return ov.tb.udp_out(h)
 
 
 @pytest.fixture

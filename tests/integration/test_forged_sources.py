@@ -1,5 +1,6 @@
 """Forged datagrams from the underlay never reach the victim host's own sockets
-(docs/threat-model.md), their inner packet IPv4 or IPv6. Root, real etcd, both engines.
+(docs/threat-model.md), their outer and inner packets IPv4 or IPv6. Root, real etcd, both
+engines.
 
 ::
 
@@ -9,23 +10,29 @@
       cni0 10.5.a.1/24 (bridge), fc00:5:0:x::1/64
       and 172.31.9.1/32, fd31:9::1/128 (all added after the daemon started)
       veth 192.168.77.1           veth 192.168.77.2           veth 192.168.77.3
+           fd00:99::1                  fd00:99::2                  fd00:99::3
            |                           |                           |
       -----+----------------- bridge, switch netns (etcd) ---------+------------
 
-The forger sends, from a raw socket, UDP datagrams to h0:8285 whose outer source is h1's
-PublicIP (192.168.77.2) and whose inner packet is UDP to a socket on h0, with an inner source
-that is h0's own: its underlay address, its flannel0 address, its bridge's address, a pod of
-its own subnet; each case once with an inner IPv4 packet and once with an inner IPv6 one
-(carried over the same IPv4 underlay), from the same kind of address of the other family. None
-may arrive (drop_inner_local counts each), while h1's real traffic of both families does. A
-datagram whose outer source is no lease's PublicIP (the forger's own) is dropped before its
+h0 and h1 have an IPv6 underlay too (their PublicIPv6s), so each daemon has a socket of each
+family and h1's IPv6 traffic comes over the IPv6 one. The forger sends, from raw sockets, UDP
+datagrams to h0:8285 of both underlays whose outer source is h1's PublicIP (192.168.77.2) or
+PublicIPv6 (fd00:99::2) and whose inner packet is UDP to a socket on h0, with an inner source
+that is h0's own: its underlay addresses, its flannel0 address, its bridge's address, a pod of
+its own subnet; each case with an inner IPv4 packet and with an inner IPv6 one, from the same
+kind of address of the other family, each over both underlays. None may arrive
+(drop_inner_local counts each), while h1's real traffic of both families does. A datagram whose
+outer source is no lease's PublicIP or PublicIPv6 (the forger's own) is dropped before its
 inner packet is looked at (drop_bad_source). With --strict-sources, an inner source outside
-h1's lease is dropped too (drop_inner_foreign); one inside it still arrives: a forged PublicIP
-cannot be told from the real peer without cryptography (the limit the threat model names).
+h1's lease is dropped too (drop_inner_foreign), and so is one inside it that comes over the
+underlay its route does not use; one inside it over the right underlay still arrives: a forged
+PublicIP cannot be told from the real peer without cryptography (the limit the threat model
+names).
 """
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import subprocess
 import sys
 import time
@@ -68,25 +75,34 @@ while time.monotonic() < end:
 print(len(got), *got, flush=True)
 """
 
-# In the forger: `count` datagrams, outer source forged, from a raw socket (IP_HDRINCL); the
-# inner packet IPv4 or IPv6 by its addresses.
+# In the forger: `count` datagrams per job "outer_src,outer_dst,inner_src,inner_dst", outer
+# source forged, from raw sockets (IPPROTO_RAW: the header is ours in either family); the outer
+# and the inner packet IPv4 or IPv6 by their addresses.
 FORGE = r"""
 import socket, sys, time
 from dataplane.engine import ipv4, ipv6
-outer_src, outer_dst, inner_src, inner_dst, dport, count = sys.argv[1:7]
-s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-for i in range(int(count)):
-    data = b"forged-%d" % i
-    if ":" in inner_src:
-        inner = ipv6.build(inner_src, inner_dst,
-                           ipv6.udp_payload(inner_src, inner_dst, 5555, int(dport), data))
-    else:
-        inner = ipv4.build(inner_src, inner_dst, ipv4.udp_payload(5555, int(dport), data),
-                           ident=100 + i)
-    outer = ipv4.build(outer_src, outer_dst, ipv4.udp_payload(8285, 8285, inner), ident=200 + i)
-    s.sendto(outer, (outer_dst, 0))
-    time.sleep(0.01)
-print("sent", count, flush=True)
+dport, count = int(sys.argv[1]), int(sys.argv[2])
+raw = {6: socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW),
+       4: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)}
+for job in sys.argv[3:]:
+    outer_src, outer_dst, inner_src, inner_dst = job.split(",")
+    for i in range(count):
+        data = b"forged-%d" % i
+        if ":" in inner_src:
+            inner = ipv6.build(inner_src, inner_dst,
+                               ipv6.udp_payload(inner_src, inner_dst, 5555, dport, data))
+        else:
+            inner = ipv4.build(inner_src, inner_dst, ipv4.udp_payload(5555, dport, data),
+                               ident=100 + i)
+        if ":" in outer_src:
+            outer = ipv6.build(outer_src, outer_dst,
+                               ipv6.udp_payload(outer_src, outer_dst, 8285, 8285, inner))
+        else:
+            outer = ipv4.build(outer_src, outer_dst, ipv4.udp_payload(8285, 8285, inner),
+                               ident=200 + i)
+        raw[6 if ":" in outer_src else 4].sendto(outer, (outer_dst, 0))
+        time.sleep(0.002)
+print("sent", count * len(sys.argv[3:]), flush=True)
 """
 
 # In the real peer: ordinary datagrams through the overlay.
@@ -103,7 +119,8 @@ for i in range(count):
 @pytest.fixture(scope="module", params=ENGINES)
 def ov(request):
     engine = request.param
-    for overlay in overlay_of(engine, (engine, engine), config=CONFIG, ipv6=True):
+    for overlay in overlay_of(engine, [(engine, {"underlay6": True})] * 2, config=CONFIG,
+                              ipv6=True):
         victim = overlay.hosts[0]
         # A bridge address in the own subnet, as a CNI bridge has (the daemon never
         # hears of it: the subnet rule covers it).
@@ -117,7 +134,7 @@ def ov(request):
         # covers them.
         for late in (f"{LATE}/32", f"{LATE6}/128"):
             overlay.exec(victim, ["ip", "addr", "add", late, "dev", "cni0"]).check_returncode()
-        overlay.forger = overlay.tb.add_host("forger")
+        overlay.forger = overlay.tb.add_underlay6(overlay.tb.add_host("forger"))
         try:
             yield overlay
         finally:
@@ -159,22 +176,32 @@ def arrivals(ov, victim, send, until=None) -> list[str]:
     return sources
 
 
-def forge(ov, victim, outer_src, inner_srcs, n=N):
-    """``n`` forged datagrams per inner source, each to the victim's flannel0 address of its
-    family, from ``outer_src``."""
-    for inner_src in inner_srcs:
+def forge(ov, victim, pairs, n=N):
+    """``n`` forged datagrams per (outer source, inner source) of ``pairs``, from the outer one
+    to the victim's underlay address of its family, from the inner one to the victim's flannel0
+    address of its family."""
+    jobs = []
+    for outer_src, inner_src in pairs:
+        outer_dst = victim.ip6 if ":" in outer_src else victim.ip
         version = ipaddress.ip_address(inner_src).version
-        r = ov.tb.exec(ov.forger, [sys.executable, "-c", FORGE, outer_src, victim.ip, inner_src,
-                                   flannel_ip(ov, victim, version), str(PORT), str(n)],
-                       timeout=20)
-        assert r.returncode == 0 and r.stdout.split() == ["sent", str(n)], r.stderr
+        jobs.append(f"{outer_src},{outer_dst},{inner_src},{flannel_ip(ov, victim, version)}")
+    r = ov.tb.exec(ov.forger, [sys.executable, "-c", FORGE, str(PORT), str(n), *jobs],
+                   timeout=20)
+    assert r.returncode == 0 and r.stdout.split() == ["sent", str(n * len(jobs))], r.stderr
 
 
 def send_real(ov, victim, peer, n=3):
+    """``n`` datagrams of each family from the peer's flannel0 addresses; each family's goes
+    over the underlay of that family: the peer's kernel counts the datagrams sent to flannel0
+    and the engine's (a UDP_SEGMENT send counts once) in that family, none in the other."""
     for version in (4, 6):
+        before = ov.tb.udp_out(peer)
         r = ov.exec(peer, [sys.executable, "-c", SEND, flannel_ip(ov, victim, version), str(PORT),
                            str(n)], timeout=20)
         assert r.returncode == 0, r.stderr
+        v4, v6 = (b - a for b, a in zip(ov.tb.udp_out(peer), before))
+        same, other = (v4, v6) if version == 4 else (v6, v4)
+        assert same > n and other == 0, (version, v4, v6)
 
 
 def real_sources(ov, peer, n=3) -> list[str]:
@@ -183,23 +210,33 @@ def real_sources(ov, peer, n=3) -> list[str]:
 
 
 def own_sources(ov, victim) -> dict[str, tuple]:
-    """Each kind of the victim's own address, IPv4 and IPv6 (the underlay is IPv4 only)."""
+    """Each kind of the victim's own address, IPv4 and IPv6."""
     net, net6 = ov.subnet(victim), subnet6(ov, victim)
-    return {"underlay": (victim.ip,),
+    return {"underlay": (victim.ip, victim.ip6),
             "flannel0": (str(net.network_address), str(net6.network_address)),
             "bridge": (str(net.network_address + 1), str(net6.network_address + 1)),
             "pod": (str(net.network_address + 9), str(net6.network_address + 9)),
             "added-later": (LATE, LATE6)}
 
 
-def forged_drops(ov, victim, outer_src, inner_srcs, reason) -> tuple[list[str], int]:
-    """N forged datagrams per inner source: the sources of those that arrived, and how many
-    the victim's engine counted in drop_<reason>."""
+def forged_drops(ov, victim, pairs, reason) -> tuple[list[str], int]:
+    """N forged datagrams per (outer source, inner source): the sources of those that arrived,
+    and how many the victim's engine counted in drop_<reason>."""
     before = counter(ov, victim, reason)
-    want = before + N * len(inner_srcs)
-    got = arrivals(ov, victim, lambda: forge(ov, victim, outer_src, inner_srcs),
+    want = before + N * len(pairs)
+    got = arrivals(ov, victim, lambda: forge(ov, victim, pairs),
                    lambda: counter(ov, victim, reason) >= want)
     return got, counter(ov, victim, reason) - before
+
+
+def every(outer_srcs, inner_srcs) -> list[tuple[str, str]]:
+    """Each inner source forged from each outer one."""
+    return list(itertools.product(outer_srcs, inner_srcs))
+
+
+def public_ips(host) -> tuple[str, str]:
+    """The host's underlay addresses, one per family: what a forger claims to be."""
+    return host.ip, host.ip6
 
 
 @pytest.mark.parametrize("which", ["underlay", "flannel0", "bridge", "pod", "added-later"])
@@ -209,10 +246,11 @@ def test_forged_own_source_never_arrives(ov, which, figure):
     if which == "added-later":
         assert ov.wait_log(victim, LATE) and ov.wait_log(victim, LATE6), \
             "the daemon never noticed the new addresses"
-    got, dropped = forged_drops(ov, victim, peer.ip, inner_srcs, "inner_local")
-    figure(f"{ov.kind}: forged inner source {which} ({', '.join(inner_srcs)}): sent, arrived, "
-           "drop_inner_local", f"{N * len(inner_srcs)}, {len(got)}, {dropped}")
-    assert got == [] and dropped == N * len(inner_srcs)
+    got, dropped = forged_drops(ov, victim, every(public_ips(peer), inner_srcs), "inner_local")
+    sent = 2 * N * len(inner_srcs)
+    figure(f"{ov.kind}: forged inner source {which} ({', '.join(inner_srcs)}) over both "
+           "underlays: sent, arrived, drop_inner_local", f"{sent}, {len(got)}, {dropped}")
+    assert got == [] and dropped == sent
     # flannel0 keeps accept_local (the engine's ICMP errors need it): the check makes it safe.
     r = ov.exec(victim, ["cat", "/proc/sys/net/ipv4/conf/flannel0/accept_local"])
     assert r.stdout.strip() == "1"
@@ -220,14 +258,15 @@ def test_forged_own_source_never_arrives(ov, which, figure):
 
 @pytest.mark.parametrize("version", [4, 6])
 def test_forged_lease_holder_dropped_first(ov, version, figure):
-    """The outer source is the forger's own, no lease's PublicIP: whatever the inner packet
-    (here the real peer's flannel0 address, which would pass every later rule)."""
+    """The outer source is the forger's own, of either family, no lease's PublicIP or
+    PublicIPv6: whatever the inner packet (here the real peer's flannel0 address, which would
+    pass every later rule)."""
     victim, peer = ov.hosts[0], ov.hosts[1]
     inner = flannel_ip(ov, peer, version)
-    got, dropped = forged_drops(ov, victim, ov.forger.ip, (inner,), "bad_source")
-    figure(f"{ov.kind}: outer source no lease's, inner IPv{version} from the peer: sent, "
-           "arrived, drop_bad_source", f"{N}, {len(got)}, {dropped}")
-    assert got == [] and dropped == N
+    got, dropped = forged_drops(ov, victim, every(public_ips(ov.forger), (inner,)), "bad_source")
+    figure(f"{ov.kind}: outer source no lease's (IPv4, IPv6), inner IPv{version} from the peer: "
+           "sent, arrived, drop_bad_source", f"{2 * N}, {len(got)}, {dropped}")
+    assert got == [] and dropped == 2 * N
 
 
 def test_real_peer_still_arrives(ov, figure):
@@ -246,22 +285,30 @@ def test_strict_sources_drops_what_is_not_the_senders(ov, figure):
               str(ipaddress.IPv6Network(CONFIG["IPv6Network"])[-10]))
     assert not any(ipaddress.ip_address(s) in n for s in strays
                    for n in (ov.subnet(peer), subnet6(ov, peer)))
-    # Off (the default): forwarded, as flanneld does.
-    got = arrivals(ov, victim, lambda: forge(ov, victim, peer.ip, strays))
-    assert sorted(got) == sorted(strays * N)
+    # Off (the default): forwarded, as flanneld does, over either underlay.
+    got = arrivals(ov, victim, lambda: forge(ov, victim, every(public_ips(peer), strays)))
+    assert sorted(got) == sorted(strays * 2 * N)
     ov.restart_daemon(victim, args=("--strict-sources",))
     try:
-        got, dropped = forged_drops(ov, victim, peer.ip, strays, "inner_foreign")
+        got, dropped = forged_drops(ov, victim, every(public_ips(peer), strays), "inner_foreign")
         figure(f"{ov.kind}: --strict-sources, forged inner sources (IPv4, IPv6) outside the "
-               "sender's lease: sent, arrived, drop_inner_foreign", f"{2 * N}, {len(got)}, {dropped}")
-        assert got == [] and dropped == 2 * N
-        # The limit: a source inside the forged peer's own lease is the peer's to send.
+               "sender's lease, over both underlays: sent, arrived, drop_inner_foreign",
+               f"{4 * N}, {len(got)}, {dropped}")
+        assert got == [] and dropped == 4 * N
+        # The limit: a source inside the forged peer's own lease is the peer's to send, over
+        # the underlay its route takes (IPv4 for its subnet, IPv6 for its IPv6 part), but not
+        # over the other one
         inside = (str(ov.subnet(peer).network_address + 7),
                   str(subnet6(ov, peer).network_address + 7))
-        got = arrivals(ov, victim, lambda: forge(ov, victim, peer.ip, inside))
+        before = counter(ov, victim, "inner_foreign")
+        got = arrivals(ov, victim, lambda: forge(ov, victim, every(public_ips(peer), inside)))
+        wait_until(lambda: counter(ov, victim, "inner_foreign") >= before + 2 * N, 5.0, 0.05,
+                   "the victim to have dropped the datagrams over the other underlay")
+        dropped = counter(ov, victim, "inner_foreign") - before
         figure(f"{ov.kind}: --strict-sources, forged inner sources (IPv4, IPv6) inside the "
-               "sender's lease: sent, arrived", f"{2 * N}, {len(got)}")
-        assert sorted(got) == sorted(inside * N)
+               "sender's lease, over both underlays: sent, arrived, drop_inner_foreign",
+               f"{4 * N}, {len(got)}, {dropped}")
+        assert sorted(got) == sorted(inside * N) and dropped == 2 * N
         got = arrivals(ov, victim, lambda: send_real(ov, victim, peer))
         assert sorted(got) == sorted(real_sources(ov, peer))
     finally:
