@@ -62,7 +62,7 @@ class Outcome:
         return (f"UDP lost {self.udp_lost()} of {UDP_RATE}/s each way; TCP longest silence (ms) "
                 f"{self.tcp_max_gap_ms()}; UDP longest silence (ms) "
                 f"{ {d: r['max_gap_ms'] for d, r in self.udp.items()} }; restart took "
-                f"{self.action_s:.2f} s")
+                f"{self.action_s:.2f} s of the streams' {self.streamed_s:.1f} s")
 
     def assert_lost_only_what_the_kernel_dropped(self, drops: dict) -> None:
         """As after a crash: what was lost either did not fit in the kernel's queues (``drops``:
