@@ -148,6 +148,7 @@ def across(tb, a, b, ip_a: str, ip_b: str, action) -> Outcome:
         for p in senders.values():
             p.send_signal(signal.SIGUSR1)
         out.streamed_s = time.monotonic() - streaming
+        assert out.streamed_s < MAX_S, f"the action took {out.action_s:.0f} s: the streams ended"
         for key, p in senders.items():
             sent = _json_line(p, 60)
             got = _json_line(sinks[key], 60)

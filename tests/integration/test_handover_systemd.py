@@ -16,11 +16,11 @@ for longer than the restart itself took, as the daemons logged it (SIGTERM to th
 "Took over" by the new one: systemd starts the new process once the old one has exited, so the
 silence is the new one's start, mostly its interpreter and imports, which differ between
 machines of one kind by 3x) plus RESTART_MARGIN_MS, and never longer than RESTART_STALL_CAP_MS;
-keep flannel0 (the same device) and the lease (no write to etcd). `systemctl reload` (the unit's upgrade in place: the
-old daemon starts the new one, which takes over through the handover socket) must do the same
-within RELOAD_STALL_BOUND_MS, and leave the new daemon as the unit's main process; and it
-applies the environment file as edited since the start (a bad flag there fails the reload and
-leaves the daemon as it is). (A crash and a changed config:
+keep flannel0 (the same device) and the lease (no write to etcd). `systemctl reload` (the unit's
+upgrade in place: the old daemon starts the new one, which takes over through the handover
+socket) must do the same within RELOAD_STALL_BOUND_MS, and leave the new daemon as the unit's
+main process; and it applies the environment file as edited since the start (a bad flag there
+fails the reload and leaves the daemon as it is). (A crash and a changed config:
 tests/integration/test_systemd_restart_fallbacks.py.)
 
 Dual stack (EnableIPv6, both hosts with an IPv6 underlay): the fd store holds the IPv6 sockets
@@ -50,8 +50,6 @@ RELOAD_STALL_BOUND_MS = 100
 @pytest.fixture
 def unit(engine_kind):
     yield from unit_of(engine_kind)
-
-
 
 
 def _logged_at(log: str, text: str) -> datetime:
