@@ -387,9 +387,13 @@ class Daemon:
                 self.lease = lease
             else:                       # it moved meanwhile: the serve loop moves us too
                 self.on_lease_change(lease)
-        log.info("Took over from pid %s through %s: forwarding on %s (%d queue(s)) with %d "
+        # IPv6 sockets named in the offer and kept (takeover.underlay6 opens new ones only when
+        # none came): an operator sees the IPv6 underlay went on without a gap
+        handed6 = (f", the IPv6 underlay's {len(self.socks6)} socket(s)"
+                   if inh.state.get("udp6") and self.socks6 else "")
+        log.info("Took over from pid %s through %s: forwarding on %s (%d queue(s)%s) with %d "
                  "peer route(s) it knew", state.get("pid", "?"), inh.way, self.tun_name,
-                 len(self.tun_fds), len(self.peers))
+                 len(self.tun_fds), handed6, len(self.peers))
 
     def _take_peers(self, state) -> None:
         self.peers = PeerSnapshot.of(inherited.peers_of(state), self.lease.subnet)

@@ -1,26 +1,30 @@
 """Paced streams that measure an outage: what was lost and the longest silence, at the receiver.
 
 Run inside a testbed host as ``python paced_streams.py MODE ARGS...``; each end prints one JSON
-line when it is done (receivers print ``ready`` first, once they listen). Every loop is bounded
-in packets and in time. Arrival times are the kernel's (SO_TIMESTAMPNS: when the data reached the
-socket), so that a receiver the scheduler kept waiting on a busy machine makes no silence of its
-own.
+line when it is done (receivers print ``ready`` first, once they listen; senders ``sending``,
+once they send). Every loop is bounded in packets and in time. A sender stops early, cleanly,
+on SIGUSR1: the caller ends the streams a fixed time after what it measures, however long that
+took. Arrival times are the kernel's (SO_TIMESTAMPNS: when the data reached the socket), so that
+a receiver the scheduler kept waiting on a busy machine makes no silence of its own. IP is
+either family.
 
     udp-sink IP PORT SECONDS              datagrams numbered by udp-send; ends at its END marker
                                           or after SECONDS: received, distinct, max_gap_ms (the
                                           longest time between two arrivals)
-    udp-send IP PORT RATE COUNT           COUNT datagrams at RATE per second, then END markers
+    udp-send IP PORT RATE COUNT           at most COUNT datagrams at RATE per second, then END
+                                          markers: sent (how many were)
     tcp-sink IP PORT SECONDS              one connection, read to EOF: bytes, sha256, max_gap_ms
                                           (the longest time between two arrivals of data), error
                                           (a reset shows here)
-    tcp-send IP PORT RATE CHUNK SECONDS   CHUNK bytes RATE times a second for SECONDS (sent on
-                                          schedule: a stall is caught up after it), then EOF:
-                                          bytes, sha256, error
+    tcp-send IP PORT RATE CHUNK SECONDS   CHUNK bytes RATE times a second for at most SECONDS
+                                          (sent on schedule: a stall is caught up after it), then
+                                          EOF: bytes, sha256, error
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import socket
 import struct
 import sys
@@ -31,6 +35,22 @@ _TIMESPEC = struct.Struct("qq")
 END = 2 ** 64 - 1
 UDP_PAYLOAD = 200
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+STALL_S = 30.0          # a TCP send or connect blocked this long is an error, not an outage
+STOP = signal.SIGUSR1
+
+
+class _Stop:
+    """Set by STOP; the senders look at it before each send."""
+    asked = False
+
+    @classmethod
+    def arm(cls) -> None:
+        signal.signal(STOP, lambda *_: setattr(cls, "asked", True))
+        print("sending", flush=True)
+
+
+def _family(ip: str) -> int:
+    return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
 def _stamped(s: socket.socket) -> None:
@@ -52,7 +72,7 @@ def _done(doc: dict) -> None:
 
 
 def udp_sink(ip: str, port: int, seconds: float) -> None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = socket.socket(_family(ip), socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     _stamped(s)
     s.bind((ip, port))
@@ -82,10 +102,14 @@ def udp_sink(ip: str, port: int, seconds: float) -> None:
 
 
 def udp_send(ip: str, port: int, rate: float, count: int) -> None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = socket.socket(_family(ip), socket.SOCK_DGRAM)
     pad = bytes(UDP_PAYLOAD - _SEQ.size)
-    start, errors = time.monotonic(), 0
+    _Stop.arm()
+    start, errors, sent = time.monotonic(), 0, 0
     for seq in range(count):
+        if _Stop.asked:
+            break
+        sent += 1
         due = start + seq / rate
         wait = due - time.monotonic()
         if wait > 0:
@@ -97,11 +121,11 @@ def udp_send(ip: str, port: int, rate: float, count: int) -> None:
     for _ in range(5):
         time.sleep(0.05)
         s.sendto(_SEQ.pack(END), (ip, port))
-    _done({"sent": count, "send_errors": errors, "seconds": round(time.monotonic() - start, 2)})
+    _done({"sent": sent, "send_errors": errors, "seconds": round(time.monotonic() - start, 2)})
 
 
 def tcp_sink(ip: str, port: int, seconds: float) -> None:
-    ls = socket.socket()
+    ls = socket.socket(_family(ip))
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind((ip, port))
     ls.listen(1)
@@ -136,9 +160,12 @@ def tcp_send(ip: str, port: int, rate: float, chunk: int, seconds: float) -> Non
     h, n, error = hashlib.sha256(), 0, None
     block = bytes(range(256)) * (chunk // 256 + 1)
     try:
-        s = socket.create_connection((ip, port), timeout=seconds + 10)
+        s = socket.create_connection((ip, port), timeout=STALL_S)
+        _Stop.arm()
         start = time.monotonic()
         for i in range(int(rate * seconds)):
+            if _Stop.asked:
+                break
             wait = start + i / rate - time.monotonic()
             if wait > 0:
                 time.sleep(wait)

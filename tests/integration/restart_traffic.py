@@ -6,13 +6,17 @@ what each stream saw (tests/integration/paced_streams.py does the sending and re
       TCP a -> b and b -> a: TCP_CHUNK bytes TCP_RATE times/s each: the longest silence at the
                              receiver, whether it reset, whether every byte arrived
 
-Every process runs inside its host, is bounded in packets and time, and is killed by PID when
+The streams span the action whatever it takes: they start, run WARMUP_S, the action runs, and
+they run SETTLE_S more after it returns, so that what comes after the action is measured too (a
+daemon that forwards nothing once it is back loses SETTLE_S worth of datagrams). Every process
+runs inside its host, is bounded in packets and time (MAX_S at most), and is killed by PID when
 the measurement ends, also when it fails.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,8 +26,9 @@ UDP_RATE = 1000              # datagrams/s each way
 TCP_RATE = 250               # writes/s each way
 TCP_CHUNK = 8192             # bytes a write: 2 MB/s each way
 UDP_PORT, TCP_PORT = 7801, 7802
-SETTLE_S = 1.5               # traffic before the restart
-READY_TIMEOUT = 10.0
+WARMUP_S = 1.0               # traffic before the action
+SETTLE_S = 1.5               # and after it
+MAX_S = 120.0                # the streams' own bound, should the action never return
 
 
 @dataclass
@@ -32,6 +37,7 @@ class Outcome:
     udp: dict = field(default_factory=dict)      # {"sent", "received", "distinct", "lost", ...}
     tcp: dict = field(default_factory=dict)      # {"sent": {...}, "received": {...}}
     action_s: float = 0.0                        # how long the restart itself took
+    streamed_s: float = 0.0                      # from the senders' start to their stop
     counters: dict = field(default_factory=dict)  # per host: the kernel's drop counters, deltas
 
     def udp_lost(self) -> dict:
@@ -56,7 +62,7 @@ class Outcome:
         return (f"UDP lost {self.udp_lost()} of {UDP_RATE}/s each way; TCP longest silence (ms) "
                 f"{self.tcp_max_gap_ms()}; UDP longest silence (ms) "
                 f"{ {d: r['max_gap_ms'] for d, r in self.udp.items()} }; restart took "
-                f"{self.action_s:.2f} s")
+                f"{self.action_s:.2f} s of the streams' {self.streamed_s:.1f} s")
 
     def assert_lost_only_what_the_kernel_dropped(self, drops: dict) -> None:
         """As after a crash: what was lost either did not fit in the kernel's queues (``drops``:
@@ -97,17 +103,21 @@ def _json_line(proc, timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
-def across(tb, a, b, ip_a: str, ip_b: str, action, seconds: float = 6.0) -> Outcome:
-    """Run the streams for ``seconds``, calling ``action()`` SETTLE_S after they started."""
+def across(tb, a, b, ip_a: str, ip_b: str, action) -> Outcome:
+    """Run the streams WARMUP_S, then ``action()``, then SETTLE_S more; the addresses may be
+    of either family."""
     py = sys.executable
-    udp_count = int(UDP_RATE * seconds)
-    sink_s = seconds + 25
+    sink_s = MAX_S + 30
     procs = []
 
     def start(host, *args):
         p = tb.popen(host, [py, SCRIPT, *map(str, args)])
         procs.append(p)
         return p
+
+    def first_line(key, p, want: str) -> None:
+        line = p.stdout.readline()
+        assert line.startswith(want), f"{key}: {line!r} {'' if line else p.stderr.read()[-1000:]}"
 
     hosts = {"a": a, "b": b}
     before = {n: kernel_counters(tb, h) for n, h in hosts.items()}
@@ -119,21 +129,29 @@ def across(tb, a, b, ip_a: str, ip_b: str, action, seconds: float = 6.0) -> Outc
             ("tcp", "b->a"): start(a, "tcp-sink", ip_a, TCP_PORT, sink_s),
         }
         for key, p in sinks.items():
-            line = p.stdout.readline()
-            assert line.startswith("ready"), f"{key} sink did not start: {line!r}"
+            first_line(key, p, "ready")
+        udp_count = int(UDP_RATE * MAX_S)
         senders = {
             ("udp", "a->b"): start(a, "udp-send", ip_b, UDP_PORT, UDP_RATE, udp_count),
             ("udp", "b->a"): start(b, "udp-send", ip_a, UDP_PORT, UDP_RATE, udp_count),
-            ("tcp", "a->b"): start(a, "tcp-send", ip_b, TCP_PORT, TCP_RATE, TCP_CHUNK, seconds),
-            ("tcp", "b->a"): start(b, "tcp-send", ip_a, TCP_PORT, TCP_RATE, TCP_CHUNK, seconds),
+            ("tcp", "a->b"): start(a, "tcp-send", ip_b, TCP_PORT, TCP_RATE, TCP_CHUNK, MAX_S),
+            ("tcp", "b->a"): start(b, "tcp-send", ip_a, TCP_PORT, TCP_RATE, TCP_CHUNK, MAX_S),
         }
-        time.sleep(SETTLE_S)
+        for key, p in senders.items():
+            first_line(key, p, "sending")
+        streaming = time.monotonic()
+        time.sleep(WARMUP_S)
         t0 = time.monotonic()
         action()
         out = Outcome(action_s=time.monotonic() - t0)
+        time.sleep(SETTLE_S)
+        for p in senders.values():
+            p.send_signal(signal.SIGUSR1)
+        out.streamed_s = time.monotonic() - streaming
+        assert out.streamed_s < MAX_S, f"the action took {out.action_s:.0f} s: the streams ended"
         for key, p in senders.items():
-            sent = _json_line(p, seconds + 30)
-            got = _json_line(sinks[key], sink_s + 10)
+            sent = _json_line(p, 60)
+            got = _json_line(sinks[key], 60)
             kind, direction = key
             if kind == "udp":
                 out.udp[direction] = dict(got, sent=sent["sent"], send_errors=sent["send_errors"],

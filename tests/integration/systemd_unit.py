@@ -2,9 +2,12 @@
 (tests/integration/systemd_box.py): the unit as shipped, ExecStart pointed at this checkout, and a
 drop-in with what the testbed decides (NetworkNamespacePath=<the host's>, the env file with the
 overlay's etcd and the host's veth, the log file). Used by the tests of restarts under systemd.
+A dual-stack unit (``unit_of(..., dual_stack=True)``) runs on a network config with EnableIPv6,
+both hosts with an IPv6 underlay address (docs/operating.md#ipv6-underlay).
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -18,6 +21,8 @@ from tests.integration.conftest import overlay_of
 UNIT = "flannel-udp.service"
 UNIT_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "packaging", UNIT)
 QUEUES = "--queues 2"
+DUAL_STACK = {"Network": "10.67.0.0/16", "EnableIPv6": True, "IPv6Network": "fc00:67::/56",
+              "Backend": {"Type": "udp"}}
 # A Python, a venv or a checkout (the editable install's sources) under a home directory: the
 # unit's ProtectHome=yes would hide it from the daemon (pyenv here, /root/main/.venv on a newcomer's).
 HOME_PYTHON = any(os.path.realpath(p).startswith(("/root/", "/home/")) for p in (
@@ -98,20 +103,31 @@ class Unit:
     def stored_fds(self) -> int:
         return int(self.box.show(UNIT, "NFileDescriptorStore")["NFileDescriptorStore"])
 
-    def flannel_ip(self) -> str:
+    def subnet_env(self) -> dict:
         with open(os.path.join(self.dir, "subnet.env")) as f:
-            env = dict(line.strip().split("=", 1) for line in f if "=" in line)
-        return env["FLANNEL_SUBNET"].rsplit(".", 1)[0] + ".0"
+            return dict(line.strip().split("=", 1) for line in f if "=" in line)
+
+    def flannel_ip(self) -> str:
+        return self.subnet_env()["FLANNEL_SUBNET"].rsplit(".", 1)[0] + ".0"
+
+    def flannel_ip6(self) -> str:
+        return flannel_ip6(self.subnet_env())
 
 
-def unit_of(engine: str):
+def flannel_ip6(subnet_env: dict) -> str:
+    """flannel0's IPv6 address: the network address of the lease's IPv6 part."""
+    return str(ipaddress.IPv6Interface(subnet_env["FLANNEL_IPV6_SUBNET"]).network.network_address)
+
+
+def unit_of(engine: str, dual_stack: bool = False):
     """For a fixture: yields a started Unit on h1 of a new overlay whose h0 (the peer) runs the
-    testbed's daemon; both with ``engine`` and QUEUES. Everything is removed after, also when
-    the test fails."""
+    testbed's daemon; both with ``engine`` and QUEUES (``dual_stack``: on DUAL_STACK, both with
+    an IPv6 underlay). Everything is removed after, also when the test fails."""
     require(systemd_box.missing() is None, f"a systemd box: {systemd_box.missing()}")
-    for ov in overlay_of(engine, ()):
-        ov.add_host(engine=engine, args=QUEUES.split())
-        h = ov.add_host(start=False)
+    kw = {"config": DUAL_STACK, "ipv6": True} if dual_stack else {}
+    for ov in overlay_of(engine, (), **kw):
+        ov.add_host(engine=engine, args=QUEUES.split(), underlay6=dual_stack)
+        h = ov.add_host(start=False, underlay6=dual_stack)
         with systemd_box.SystemdBox() as box:
             u = Unit(ov, h, box, engine)
             try:
@@ -128,12 +144,18 @@ def ifindex(u) -> int:
 
 
 def lease_revision(u) -> int:
+    """Of the lease's key, of either shape (a dual-stack one names the IPv6 part after "&")."""
     net = u.flannel_ip().rsplit(".", 1)[0] + ".0-24"
-    r = u.ov.etcdctl("get", f"{u.ov.prefix}/subnets/{net}", "-w", "json")
-    return int(json.loads(r.stdout)["kvs"][0]["mod_revision"])
+    r = u.ov.etcdctl("get", "--prefix", f"{u.ov.prefix}/subnets/{net}", "-w", "json")
+    kv, = json.loads(r.stdout)["kvs"]
+    return int(kv["mod_revision"])
 
 
-def across(u, action, seconds: float = 6.0):
+def across(u, action, ipv6: bool = False):
+    """restart_traffic.across between the unit's host and h0, over flannel0's IPv4 or IPv6."""
     peer = u.ov.hosts[0]
-    return restart_traffic.across(u.ov.tb, u.host, peer, u.flannel_ip(), u.ov.flannel_ip(peer),
-                                  action, seconds)
+    if ipv6:
+        ips = u.flannel_ip6(), flannel_ip6(u.ov.subnet_env(peer))
+    else:
+        ips = u.flannel_ip(), u.ov.flannel_ip(peer)
+    return restart_traffic.across(u.ov.tb, u.host, peer, *ips, action)

@@ -218,7 +218,7 @@ def _lifecycle(ov, phs, old_deb, new_deb, figure):
                        and ph.show("ActiveState")["ActiveState"] == "active", 30, 0.1,
                        "the new daemon to take over")
 
-    outcome = restart_traffic.across(ov.tb, h1.host, h0.host, ip1, ip0, upgrade, seconds=14)
+    outcome = restart_traffic.across(ov.tb, h1.host, h0.host, ip1, ip0, upgrade)
     figure("package upgrade on h1 (python) then h0 (c) under traffic", outcome.summary())
     figure("apt-get install of the newer build", {k: f"{v:.1f} s" for k, v in timings.items()})
     assert outcome.tcp_problems() == [], outcome.details()

@@ -16,21 +16,27 @@ for longer than the restart itself took, as the daemons logged it (SIGTERM to th
 "Took over" by the new one: systemd starts the new process once the old one has exited, so the
 silence is the new one's start, mostly its interpreter and imports, which differ between
 machines of one kind by 3x) plus RESTART_MARGIN_MS, and never longer than RESTART_STALL_CAP_MS;
-keep flannel0 (the same device) and the lease (no write to etcd). `systemctl reload` (the unit's upgrade in place: the
-old daemon starts the new one, which takes over through the handover socket) must do the same
-within RELOAD_STALL_BOUND_MS, and leave the new daemon as the unit's main process; and it
-applies the environment file as edited since the start (a bad flag there fails the reload and
-leaves the daemon as it is). (A crash and a changed config:
+keep flannel0 (the same device) and the lease (no write to etcd). `systemctl reload` (the unit's
+upgrade in place: the old daemon starts the new one, which takes over through the handover
+socket) must do the same within RELOAD_STALL_BOUND_MS, and leave the new daemon as the unit's
+main process; and it applies the environment file as edited since the start (a bad flag there
+fails the reload and leaves the daemon as it is). (A crash and a changed config:
 tests/integration/test_systemd_restart_fallbacks.py.)
+
+Dual stack (EnableIPv6, both hosts with an IPv6 underlay): the fd store holds the IPv6 sockets
+too, and `systemctl restart` hands the new daemon those very sockets: the streams, over flannel0's
+IPv6 addresses and so over the IPv6 underlay, lose nothing either.
 """
 from __future__ import annotations
 
+import os
 import re
 from datetime import datetime
 
 import pytest
 
 from tests.conftest import wait_until
+from tests.integration.test_dual_stack_netns import udp_out
 from tests.integration.systemd_unit import (QUEUES, UNIT, across, ifindex, lease_revision,
                                             unit_of)
 
@@ -44,8 +50,6 @@ RELOAD_STALL_BOUND_MS = 100
 @pytest.fixture
 def unit(engine_kind):
     yield from unit_of(engine_kind)
-
-
 
 
 def _logged_at(log: str, text: str) -> datetime:
@@ -62,16 +66,20 @@ def _restart_window_ms(log: str) -> float:
     return (took_over - stop).total_seconds() * 1000
 
 
-def _takes_over_without_loss(u, figure, what: str, action, bound_ms, way: str):
-    assert u.stored_fds() == 2 * 2 + 1, u.log()[-3000:]
+def _takes_over_without_loss(u, figure, what: str, action, bound_ms, way: str,
+                             ipv6: bool = False):
+    """``ipv6``: a dual-stack unit, the streams over IPv6 (a third socket per queue stored)."""
+    stored = 2 * (3 if ipv6 else 2) + 1
+    assert u.stored_fds() == stored, u.log()[-3000:]
     before = (ifindex(u), u.flannel_ip(), lease_revision(u), u.main_pid())
     if u.engine == "c":
         assert "tun_tso" in u.log() and "udp_gro" in u.log()
-    out = across(u, lambda: action(before[3]))
+    out = across(u, lambda: action(before[3]), ipv6=ipv6)
     log = u.log()
     if callable(bound_ms):
         bound_ms = bound_ms(log)
-    figure(f"{u.engine}: {what}, 2 queues", f"{out.summary()}; allowed {bound_ms:.0f} ms")
+    figure(f"{u.engine}: {what}, 2 queues{', IPv6' if ipv6 else ''}",
+           f"{out.summary()}; allowed {bound_ms:.0f} ms")
     assert f"through {way}" in log, log[-3000:]
     assert out.tcp_problems() == [], out.details()
     assert out.udp_lost() == {"a->b": 0, "b->a": 0}, out.details()
@@ -80,14 +88,53 @@ def _takes_over_without_loss(u, figure, what: str, action, bound_ms, way: str):
     after = (ifindex(u), u.flannel_ip(), lease_revision(u), u.main_pid())
     assert after[:3] == before[:3] and after[3] not in (0, before[3])
     assert "nothing written to etcd" in log
-    assert u.stored_fds() == 2 * 2 + 1          # the same fds, not a second copy
-    return u
+    assert u.stored_fds() == stored             # the same fds, not a second copy
+    return out
 
 
 def test_systemctl_restart_loses_nothing(unit, figure):
     _takes_over_without_loss(unit, figure, "systemctl restart (fd store)",
                              lambda _pid: unit.systemctl("restart"), _restart_bound_ms,
                              "systemd's fd store")
+
+
+@pytest.fixture
+def unit6(engine_kind):
+    yield from unit_of(engine_kind, dual_stack=True)
+
+
+def test_systemctl_restart_keeps_the_ipv6_underlay(unit6, figure):
+    u = unit6
+    held = udp6_sockets(u, u.main_pid())
+    assert len(held) == 2, (held, u.log()[-3000:])
+    v4, v6 = udp_out(u.ov, u.host)
+    out = _takes_over_without_loss(u, figure, "systemctl restart (fd store)",
+                                   lambda _pid: u.systemctl("restart"), _restart_bound_ms,
+                                   "systemd's fd store", ipv6=True)
+    log = u.log()
+    assert "through systemd's fd store: forwarding on flannel0 (2 queue(s), the IPv6 " \
+           "underlay's 2 socket(s))" in log, log[-3000:]
+    assert "No IPv6 underlay" not in log, log[-3000:]
+    assert udp6_sockets(u, u.main_pid()) == held    # the very sockets, not new ones
+    # the streams went over the IPv6 underlay: IPv6 datagrams out of h1, next to no IPv4 ones
+    v4_after, v6_after = udp_out(u.ov, u.host)
+    assert v6_after - v6 >= out.udp["a->b"]["sent"] // 64 and v4_after - v4 < 50, \
+        (v4, v4_after, v6, v6_after, out.udp["a->b"]["sent"])
+
+
+def udp6_sockets(u, pid: int) -> set:
+    """The inodes of the IPv6 UDP sockets of the unit's host that ``pid`` holds."""
+    table = u.ov.exec(u.host, ["cat", "/proc/net/udp6"]).stdout.splitlines()[1:]
+    bound = {row.split()[9] for row in table}
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in bound:
+            held.add(link[8:-1])
+    return held
 
 
 def _restart_bound_ms(log: str) -> float:

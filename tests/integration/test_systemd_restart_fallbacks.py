@@ -34,7 +34,7 @@ def test_crash_keeps_flannel0(unit, figure):
                    "systemd to restart the daemon")
         wait_until(lambda: u.log().count("Took over from pid") >= 1, 30, 0.1, "the takeover")
 
-    out = across(u, crash, seconds=9.0)
+    out = across(u, crash)
     a = out.counters["a"]
     figure(f"{u.engine}: SIGKILL under systemd (Restart=on-failure), 2 queues",
            f"{out.summary()}; on h0 the kernel dropped {a.get('flannel0_tx_dropped')} packet(s) "
