@@ -44,7 +44,7 @@ def test_crash_keeps_flannel0(unit, figure):
     assert out.tcp_problems() == [], out.details()
     for direction, r in out.udp.items():
         assert r["ended"] and r["distinct"] > 0, f"UDP {direction}: {out.details()}"
-    out.assert_lost_only_what_the_kernel_dropped(a)
+    out.assert_lost_only_what_the_kernel_dropped()
 
 
 def test_restart_with_another_config_starts_afresh(unit):

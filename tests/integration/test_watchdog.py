@@ -83,7 +83,7 @@ def test_a_stalled_loop_fails_healthz_and_the_watchdog_restarts_the_daemon(unit,
     assert out.tcp_problems() == [], out.details()
     for direction, r in out.udp.items():
         assert r["ended"] and r["distinct"] > 0, f"UDP {direction}: {out.details()}"
-    out.assert_lost_only_what_the_kernel_dropped(a)
+    out.assert_lost_only_what_the_kernel_dropped()
 
 
 @pytest.fixture
