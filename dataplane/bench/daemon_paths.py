@@ -8,7 +8,8 @@
   (``<prefix>/subnets/10.5.X.0-24``) with the host's underlay address as PublicIP and no TTL (a
   reservation): a daemon reuses the lease that names its own PublicIP, so each host gets the /24
   every other path uses, and the flow 10.5.1.1 -> 10.5.2.1 is the same;
-* one daemon per host, pinned to the host's core, with its log, subnet file and sockets in a
+* one daemon per host, pinned to its forwarder core (the host's, or host B's with
+  ``--forwarders-together``), with its log, subnet file and sockets in a
   directory of its own; ready once its log says so (``ready_log``) and, for a direct-routing
   path, once each host has the kernel route ``<peer /24> via <peer PublicIP>``;
 * for a path whose packets go through flannel0, the cost is measured as the engines' is: the
@@ -132,7 +133,8 @@ class DaemonsOverEtcd(Path):
                 os.makedirs(self.dir(side), exist_ok=True)
                 with open(self.log_file(side), "w") as lf:
                     self.procs[side.name] = side.popen(self.command(self, side), stdout=lf,
-                                                       stderr=lf, env=env)
+                                                       stderr=lf, env=env,
+                                                       cpu=side.forwarder_cpu)
             deadline = time.monotonic() + READY_TIMEOUT
             for side in self.topo.sides:
                 for line in self.ready_lines(side):

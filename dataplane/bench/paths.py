@@ -185,7 +185,7 @@ class VxlanPath(Path):
 
 
 class EnginePath(Path):
-    """``flannel-udp forward`` on each host, pinned to the host's core."""
+    """``flannel-udp forward`` on each host, pinned to its forwarder core (``Side.forwarder_cpu``)."""
     kernel = False
 
     def __init__(self, topo: BenchTopo, kind: str, batch: int | None = None,
@@ -237,7 +237,7 @@ class EnginePath(Path):
                 _, ready, logf = self._files(side)
                 with open(logf, "w") as lf:
                     self.procs[side.name] = side.popen(self.argv(side), stdout=lf, stderr=lf,
-                                                       env=env)
+                                                       env=env, cpu=side.forwarder_cpu)
             deadline = time.monotonic() + READY_TIMEOUT
             for side in self.topo.sides:
                 _, ready, logf = self._files(side)

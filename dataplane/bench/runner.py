@@ -27,6 +27,13 @@ from .topo import BenchTopo
 
 log = logging.getLogger(__name__)
 
+PINNING = ("sender, rr client, iperf3 client, host A forwarder: CPU0; "
+           "sink, echo, iperf3 server, host B forwarder: CPU1; "
+           "RPS of each veth (both ends) and overlay device to its host's CPU")
+PINNING_TOGETHER = ("sender, rr client, iperf3 client: CPU0; "
+                    "sink, echo, iperf3 server, both forwarders: CPU1 (--forwarders-together); "
+                    "RPS of each veth (both ends) and overlay device to its host's CPU")
+
 SIZES = (64, 1400)
 
 
@@ -101,9 +108,7 @@ def machine_info(profile: Profile, trials: int, paths, tools: dict) -> dict:
         "python": platform.python_version(),
         "c_engine_built": c_ok,
         "loadavg_start": os.getloadavg()[0],
-        "pinning": "sender, rr client, iperf3 client, host A forwarder: CPU0; "
-                   "sink, echo, iperf3 server, host B forwarder: CPU1; "
-                   "RPS of each veth (both ends) and overlay device to its host's CPU",
+        "pinning": PINNING,
         "loss_limit": measure.PDR_LOSS,
         "pdr_loss_limit": measure.PDR_LOSS,
         "ndr_loss_limit": measure.NDR_LOSS,
@@ -129,20 +134,26 @@ def _git_rev() -> str | None:
 
 def run(paths=PATHS, profile: Profile = FULL, trials: int | None = None,
         batch: int | None = None, routes: int = 0, progress: Progress | None = None,
-        flanneld: str | None = None) -> dict:
+        flanneld: str | None = None, forwarders_together: bool = False) -> dict:
     """``flanneld``: the binary of the ``flanneld`` path (None: that path is skipped, with the
-    reason in its rows and ``machine.skipped``, and the others run)."""
+    reason in its rows and ``machine.skipped``, and the others run). ``forwarders_together``:
+    both hosts' forwarders on host B's core (topo.py), said in ``machine.pinning``."""
     progress = progress or Progress()
     trials = trials or profile.trials
     tools_d = build.setup()
     tools = measure.Tools(**tools_d)
     machine = machine_info(profile, trials, paths, tools_d)
     machine["routes"] = routes + 1        # per engine: the peer's, and the fillers
+    if forwarders_together:
+        machine["pinning"] = PINNING_TOGETHER
     samples: dict = {}
     errors = []
     skipped: dict = {}
-    progress(f"bench: {profile.name} run, paths {', '.join(paths)}, {trials} trial(s)")
-    with BenchTopo(ipv6=any(p in IPV6_TWINS for p in paths)) as topo:
+    progress(f"bench: {profile.name} run, paths {', '.join(paths)}, {trials} trial(s)"
+             + (", both forwarders on host B's core (--forwarders-together)"
+                if forwarders_together else ""))
+    with BenchTopo(ipv6=any(p in IPV6_TWINS for p in paths),
+                   forwarders_together=forwarders_together) as topo:
         for name in paths:
             try:
                 samples[name] = _run_path(topo, tools, name, profile, trials, batch, routes,

@@ -21,6 +21,10 @@ host has a core of its own. The switch-side end of each veth - where the
 bridge forwards what the host sent - is steered to the *receiving* host's
 core: that keeps the bridge (the wire) off the sender's core, where it would
 cost one cross-CPU interrupt per packet (perf/README.md#pinning).
+With ``forwarders_together`` (``flannel-udp bench --forwarders-together``) both hosts' forwarder
+processes run on host B's core instead, so that host A's core is the generator's and its
+kernel's alone: where host A's core is the limit of the default layout (every rate a lower
+bound), the forwarders become it (perf/README.md#forwarders-together).
 
 Nothing here touches the caller's namespace: the testbed keeps the underlay
 inside its namespaces, and every process is started through it (tracked by
@@ -88,8 +92,13 @@ class Side:
     def iface(self) -> str:
         return self.host.iface
 
-    def pinned(self, argv) -> list[str]:
-        return ["taskset", "-c", str(self.cpu)] + [str(a) for a in argv]
+    @property
+    def forwarder_cpu(self) -> int:
+        """The core this host's forwarder process runs on."""
+        return self.topo.b.cpu if self.topo.forwarders_together else self.cpu
+
+    def pinned(self, argv, cpu: int | None = None) -> list[str]:
+        return ["taskset", "-c", str(self.cpu if cpu is None else cpu)] + [str(a) for a in argv]
 
     def run(self, argv, *, timeout: float = 30, check: bool = True, pin: bool = False):
         argv = self.pinned(argv) if pin else [str(a) for a in argv]
@@ -106,8 +115,9 @@ class Side:
         if r.returncode != 0:
             raise TopoError(f"{self.name}: ip -batch failed: {r.stderr.strip()}\n" + "\n".join(lines))
 
-    def popen(self, argv, *, pin: bool = True, **kw) -> subprocess.Popen:
-        return self.topo.tb.popen(self.host, self.pinned(argv) if pin else list(argv), **kw)
+    def popen(self, argv, *, pin: bool = True, cpu: int | None = None,
+              **kw) -> subprocess.Popen:
+        return self.topo.tb.popen(self.host, self.pinned(argv, cpu) if pin else list(argv), **kw)
 
     def steer(self, dev: str, where=None) -> None:
         """RPS: process packets received on ``dev`` on this host's core."""
@@ -122,9 +132,11 @@ class Side:
 
 class BenchTopo:
     """Two testbed hosts prepared for the bench, with IPv6 application addresses when
-    ``ipv6``. A context manager."""
+    ``ipv6``; both forwarders on host B's core when ``forwarders_together``. A context
+    manager."""
 
-    def __init__(self, ipv6: bool = False):
+    def __init__(self, ipv6: bool = False, forwarders_together: bool = False):
+        self.forwarders_together = forwarders_together
         ncpu = os.cpu_count() or 1
         self.cpus = (0, 1) if ncpu >= 2 else (0, 0)
         if ncpu < 2:

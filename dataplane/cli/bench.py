@@ -67,6 +67,11 @@ def add_arguments(p) -> None:
                    help="load N more routes (peers that never send, as in an N-node cluster) "
                         "into the engines' tables, to measure the data path at scale "
                         "(default 0: one route per host)")
+    p.add_argument("--forwarders-together", action="store_true",
+                   help="run both hosts' forwarders on host B's core, leaving host A's core to "
+                        "the generator: for when the default layout's generator is the limit "
+                        "(rates marked >=); rates are then not comparable with a default run's, "
+                        "ratios within the run are (perf/README.md#forwarders-together)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -125,7 +130,8 @@ def main(args) -> int:
         with signals_interrupt():
             result = runner.run(paths=paths, profile=profile, trials=args.trials,
                                 batch=args.batch, routes=args.routes, progress=progress,
-                                flanneld=args.flanneld)
+                                flanneld=args.flanneld,
+                                forwarders_together=args.forwarders_together)
     except build.SetupError as e:
         print(f"flannel-udp bench: {e}", file=sys.stderr)
         return 2

@@ -64,7 +64,7 @@ def test_without_a_binary_the_path_is_skipped_with_the_reason():
 
 def test_a_run_without_a_binary_skips_flanneld_and_runs_the_others(monkeypatch, capsys):
     class Topo:
-        def __init__(self, ipv6=False):
+        def __init__(self, ipv6=False, forwarders_together=False):
             self.ipv6 = ipv6
 
         def __enter__(self):
