@@ -8,7 +8,10 @@ needs was not given) has its rows all null, with ``"skipped"``: the reason.
 Ratios carry a 95 % interval from the trials (``ratio_ci``). An inner-IPv6 path (``c6``,
 ``python6``, ``vxlan6``: families.py) has rows of its own, as any path, and its ratios are to its
 IPv4 twin (``ratios["c6"]["c"]``: IPv6 / IPv4 of the same engine in the same run) and, for the
-engines, to ``vxlan6``.
+engines, to ``vxlan6``. That pair also has ``tcp_gbps_same_forwarders``: each trial ran the IPv6
+path's one TCP stream beside one of inner IPv4 through its own forwarders, and the figure is the
+median of those per-trial ratios (``paired_ci`` its interval), free of what moves between the
+minutes that separate a path from its twin.
 """
 from __future__ import annotations
 
@@ -35,6 +38,11 @@ RATIO_FIGURES = (("ndr_pps_64", 64, "ndr_pps"), ("ndr_pps_1400", 1400, "ndr_pps"
                  # lower is better: the 64 B round trip's p99 under half the path's own PDR, and
                  # at the run's common load (the latency goal is stated as these ratios)
                  ("rtt_p99_64", 64, "rtt_p99_us"), ("common_rtt_p99_64", 64, "common_rtt_p99_us"))
+# An inner-IPv6 path's per-trial ratio of its one TCP stream to one of inner IPv4 through the
+# same forwarders right beside it (runner._tcp_beside_ipv4), and the figure that ratios()
+# makes of it in the pair with the IPv4 twin: the median of those per-trial ratios.
+PAIRED_TCP_KEY = "tcp_family_ratio"
+PAIRED_FIGURES = (("tcp_gbps_same_forwarders", PAIRED_TCP_KEY),)
 CI_KEY = "ci95"                 # ratios[path][ref][CI_KEY][figure] = [low, high] or None
 CI_RESAMPLES = 2000
 CI_SEED = 2544                  # fixed: the same trials always give the same interval
@@ -122,6 +130,13 @@ def ratios(rows, detail=None) -> dict:
             figs[name] = round(num / den, 3) if num is not None and den else None
             cis[name] = ratio_ci(_trials(trials.get((path, size)), key),
                                  _trials(trials.get((ref, size)), key))
+        if IPV6_TWINS.get(path) == ref:
+            det = trials.get((path, None))
+            for name, key in PAIRED_FIGURES:
+                per_trial = [v for v in _trials(det, key) if v is not None]
+                if per_trial:           # none in a path run before the bench measured them
+                    figs[name] = round(float(np.median(per_trial)), 3)
+                    cis[name] = paired_ci(per_trial)
         figs[CI_KEY] = cis
         out.setdefault(path, {})[ref] = figs
     return out
@@ -159,6 +174,20 @@ def ratio_ci(num_trials, den_trials, *, resamples: int = CI_RESAMPLES,
     return [round(float(lo), 3), round(float(hi), 3)]
 
 
+def paired_ci(per_trial, *, resamples: int = CI_RESAMPLES, seed: int = CI_SEED
+              ) -> list[float] | None:
+    """95 % interval of the median of per-trial ratios, each trial's two figures measured
+    side by side (so, unlike ratio_ci's, the trials are resampled as pairs): the same
+    percentile bootstrap, with the same limits. None with fewer than CI_MIN_TRIALS."""
+    a = np.asarray([v for v in per_trial if v is not None], dtype=float)
+    if a.size < CI_MIN_TRIALS:
+        return None
+    rng = np.random.default_rng(seed)
+    med = np.median(a[rng.integers(0, a.size, (resamples, a.size))], axis=1)
+    lo, hi = np.percentile(med, [2.5, 97.5])
+    return [round(float(lo), 3), round(float(hi), 3)]
+
+
 def straddles_one(ci) -> bool:
     """The interval includes 1.0: the run shows no difference between the two paths."""
     return ci is not None and ci[0] <= 1.0 <= ci[1]
@@ -174,9 +203,11 @@ def ratio_text(value, ci) -> str:
 
 
 def ratio_figures(figs: dict) -> list[tuple[str, float | None, list | None]]:
-    """(figure, ratio, interval) of one pair, in RATIO_FIGURES order."""
+    """(figure, ratio, interval) of one pair, in RATIO_FIGURES order, then the paired ones
+    where the pair has them."""
     cis = figs.get(CI_KEY) or {}
-    return [(n, figs.get(n), cis.get(n)) for n, _, _ in RATIO_FIGURES]
+    names = [n for n, _, _ in RATIO_FIGURES] + [n for n, _ in PAIRED_FIGURES if n in figs]
+    return [(n, figs.get(n), cis.get(n)) for n in names]
 
 
 def public(result: dict) -> dict:
@@ -268,7 +299,9 @@ def legend_lines(result: dict) -> list[str]:
     if six:
         lines.append(f"{', '.join(six)}: inner IPv6 over the same underlay, each beside its IPv4 "
                      "twin (a dual-stack config); the size is the UDP payload, so an IPv6 packet "
-                     "is 20 bytes longer; X6 / X is IPv6 / IPv4 of the same path in this run")
+                     "is 20 bytes longer; X6 / X is IPv6 / IPv4 of the same path in this run; "
+                     "tcp_gbps_same_forwarders: the median over the trials of X6's one TCP "
+                     "stream over one of inner IPv4 through X6's own forwarders beside it")
     if any(generator_limited(d) or ndr_generator_limited(d) for d in result["detail"]):
         lines.append(">= : the flood lost < 0.5 % (PDR) or nothing (NDR), so the generator was "
                      "the limit and the rate is a lower bound")

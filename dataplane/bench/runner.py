@@ -1,7 +1,8 @@
 """One bench run: setup, every path on one testbed, results.
 
 Order, per path: set the path up, check that it carries traffic, then per
-trial: idle latency, TCP (one stream, four streams, the reverse direction), and
+trial: idle latency, TCP (one stream, four streams, the reverse direction; an inner-IPv6
+path's one stream beside one of inner IPv4 through the same forwarders), and
 per size a flood (with the forwarders' cost), the PDR and NDR searches and
 latency under half the path's own PDR. Paths run one after another on the
 same two hosts. Then the common-load pass: every path that ran is set up
@@ -265,18 +266,39 @@ TCP_VARIANTS = (("tcp", 1, False, "one stream"), ("tcp4", 4, False, "4 streams")
 
 
 def _idle_and_tcp(topo, tools, profile: Profile, out: dict, tag: str, progress,
-                  family: int = 4) -> None:
+                  family: int = 4, trial: int = 1) -> None:
     idle = measure.latency(topo, tools, count=profile.lat_count,
                            interval_us=profile.lat_interval_us, family=family)
     _add_rtt(out, None, idle)
     parts = []
     for key, streams, reverse, what in TCP_VARIANTS:
-        res = measure.tcp(topo, tools, seconds=profile.tcp_s, streams=streams, reverse=reverse,
-                          family=family)
+        beside = ""
+        if key == "tcp" and family == 6:
+            res, v4 = _tcp_beside_ipv4(topo, tools, profile, out, ipv4_first=trial % 2 == 1)
+            beside = f"; IPv4 through the same forwarders {v4:.2f} Gbit/s"
+        else:
+            res = measure.tcp(topo, tools, seconds=profile.tcp_s, streams=streams,
+                              reverse=reverse, family=family)
         _add(out, None, f"{key}_gbps", res["gbps"])
         _add(out, None, f"{key}_retransmits", res["retransmits"])
-        parts.append(f"{what} {res['gbps']:.2f} Gbit/s ({res['retransmits']} retr)")
+        parts.append(f"{what} {res['gbps']:.2f} Gbit/s ({res['retransmits']} retr{beside})")
     progress(f"{tag}: idle rtt {_rtt_text(idle)}; TCP " + ", ".join(parts))
+
+
+def _tcp_beside_ipv4(topo, tools, profile: Profile, out: dict,
+                     ipv4_first: bool) -> tuple[dict, float]:
+    """An inner-IPv6 path's one stream, and right beside it one stream of inner IPv4 through
+    the same forwarders (the path's dual-stack config carries both), the order alternating
+    between trials. Their ratio, per trial, is IPv6 against IPv4 with nothing else changed:
+    the twin path's figure ran minutes apart, and one TCP stream through a Python forwarder
+    moves +-15 % between such runs, more than the difference the ratio is after."""
+    got = {}
+    for fam in ((4, 6) if ipv4_first else (6, 4)):
+        got[fam] = measure.tcp(topo, tools, seconds=profile.tcp_s, family=fam)
+    v4 = got[4]["gbps"]
+    _add(out, None, "tcp_ipv4_same_gbps", v4)
+    _add(out, None, report.PAIRED_TCP_KEY, got[6]["gbps"] / v4 if v4 else None)
+    return got[6], v4
 
 
 def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, progress):
@@ -348,7 +370,8 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, routes,
             raise measure.MeasureError(f"{name} path carries no traffic ({check})")
         for t in range(1, trials + 1):
             tag = f"{name} trial {t}/{trials}"
-            _idle_and_tcp(topo, tools, profile, out, tag, progress, family=path.family)
+            _idle_and_tcp(topo, tools, profile, out, tag, progress, family=path.family,
+                          trial=t)
             for size in SIZES:
                 fl = _flood(topo, tools, path, profile, out, size, tag, progress)
                 _rates_and_load(topo, tools, profile, out, size, fl, tag, progress,

@@ -174,8 +174,8 @@ def test_c_direct_routes_around_flannel0():
 @pytest.mark.timeout(60)
 def test_inner_ipv6_paths_carry_ipv6_through_their_devices():
     """`bench --paths c6,vxlan6` in little (issue 37): each path's device carries the UDP trial
-    and the round trips between the hosts' IPv6 addresses (its counters move by as much), and
-    the teardown leaves the hosts' links and routes, IPv6 ones included, as they were."""
+    and the round trips between the hosts' IPv6 addresses (its counters move by as much), then
+    an IPv4 trial between their IPv4 ones, and the teardown leaves the hosts' links and routes, IPv6 ones included, as they were."""
     require_root()
     require_engine("c")
     require(shutil.which("gcc") is not None, "needs gcc (the bench compiles its traffic generator)")
@@ -198,11 +198,17 @@ def test_inner_ipv6_paths_carry_ipv6_through_their_devices():
                 udp = measure.udp_trial(topo, tools, size=64, rate=20000, duration=0.3, family=6)
                 rr = measure.latency(topo, tools, count=100, interval_us=500, family=6)
                 tx1 = int(topo.a.run(["cat", stats]).stdout)
+                # the same device carries inner IPv4 too: the bench's IPv4 stream beside the
+                # IPv6 one (runner._tcp_beside_ipv4) goes through the same forwarders
+                udp4 = measure.udp_trial(topo, tools, size=64, rate=20000, duration=0.2, family=4)
+                tx2 = int(topo.a.run(["cat", stats]).stdout)
             finally:
                 path.teardown()
             assert udp["received"] > 0.9 * udp["sent"] > 0, (name, udp)
             assert rr["lost"] < 10 and rr["p50_us"] > 0, (name, rr)
             assert tx1 - tx0 >= udp["received"] + rr["received"], (name, tx0, tx1)
+            assert udp4["received"] > 0.9 * udp4["sent"] > 0, (name, udp4)
+            assert tx2 - tx1 >= udp4["received"], (name, tx1, tx2)
         assert {s.name: state(s) for s in topo.sides} == before
 
 

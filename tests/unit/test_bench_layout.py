@@ -37,3 +37,35 @@ def test_the_flag_parses():
     cli_bench.add_arguments(p)
     assert p.parse_args(["--forwarders-together"]).forwarders_together
     assert not p.parse_args([]).forwarders_together
+
+
+def test_an_ipv6_paths_one_stream_runs_beside_ipv4_in_alternating_order(monkeypatch):
+    """runner._idle_and_tcp: an inner-IPv6 path's one stream and one of inner IPv4 through
+    the same forwarders run back to back, IPv4 first in odd trials and second in even ones
+    (measure.tcp stood in for: the order and the bookkeeping are what is tested here; the
+    IPv4 stream's route through the IPv6 path is test_bench_smoke's)."""
+    calls = []
+
+    def tcp(topo, tools, *, seconds, streams=1, reverse=False, family=4):
+        calls.append((streams, reverse, family))
+        return {"gbps": {4: 2.0, 6: 1.8}[family] if streams == 1 and not reverse else 5.0,
+                "retransmits": 0}
+
+    monkeypatch.setattr(runner.measure, "tcp", tcp)
+    monkeypatch.setattr(runner.measure, "latency", lambda *a, **k: dict(
+        p50_us=1, p90_us=1, p99_us=1, p999_us=1, max_us=1, received=1, lost=0))
+    out, lines = {}, []
+    profile = runner.QUICK
+    for trial in (1, 2):
+        runner._idle_and_tcp(None, None, profile, out, f"t{trial}", lines.append, family=6,
+                             trial=trial)
+    one = [c for c in calls if c[:2] == (1, False)]
+    assert [c[2] for c in one] == [4, 6, 6, 4]
+    assert all(c[2] == 6 for c in calls if c[:2] != (1, False))     # the other variants
+    assert out[None]["tcp_gbps"] == [1.8, 1.8]
+    assert out[None]["tcp_ipv4_same_gbps"] == [2.0, 2.0]
+    assert out[None]["tcp_family_ratio"] == [0.9, 0.9]
+    assert "IPv4 through the same forwarders 2.00 Gbit/s" in lines[0]
+    calls.clear()
+    runner._idle_and_tcp(None, None, profile, {}, "t", lines.append, family=4, trial=1)
+    assert all(c[2] == 4 for c in calls) and len(calls) == len(runner.TCP_VARIANTS)

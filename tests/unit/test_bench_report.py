@@ -236,3 +236,29 @@ def test_ipv6_paths_are_chosen_by_name():
         ["c6", "python6", "vxlan6"]
     assert set(IPV6_TWINS) <= set(ALL_PATHS) and set(IPV6_TWINS.values()) <= set(PATHS)
     assert (family("c6"), family("c"), family("c-base")) == (6, 4, 4)
+
+
+def test_an_ipv6_paths_tcp_is_also_divided_by_ipv4_through_its_own_forwarders(capsys):
+    """runner._tcp_beside_ipv4's per-trial ratios: their median in the pair with the twin,
+    with an interval that resamples the trials as pairs, and nowhere else."""
+    s = _with_ipv6(_samples())
+    s["c6"][None][report.PAIRED_TCP_KEY] = [0.97, 0.88, 1.02]
+    s["c6"][None]["tcp_ipv4_same_gbps"] = [2.1, 2.4, 2.2]
+    res = report.build(s, ["vxlan", "vxlan6", "c", "c6"], SIZES, {})
+    r = res["ratios"]
+    assert r["c6"]["c"]["tcp_gbps_same_forwarders"] == 0.97
+    assert r["c6"]["c"]["tcp_gbps"] == 0.5                     # the twin's ratio as before
+    lo, hi = r["c6"]["c"]["ci95"]["tcp_gbps_same_forwarders"]
+    assert 0.88 <= lo <= 0.97 <= hi <= 1.02
+    assert "tcp_gbps_same_forwarders" not in r["c6"]["vxlan6"]
+    assert "tcp_gbps_same_forwarders" not in r["vxlan6"]["vxlan"]   # vxlan6 has no such trials
+    assert r["c"]["vxlan"] == report.build(_samples(), ["vxlan", "c"], SIZES, {})[
+        "ratios"]["c"]["vxlan"]
+    report.print_table(res)
+    out = capsys.readouterr().out
+    assert "tcp_gbps_same_forwarders=0.97x [" in out and "own forwarders" in out
+
+
+def test_a_paired_interval_needs_three_trials():
+    assert report.paired_ci([0.9, 1.0]) is None
+    assert report.paired_ci([0.9, 0.9, 0.9]) == [0.9, 0.9]
