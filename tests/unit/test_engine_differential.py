@@ -277,8 +277,10 @@ def play(kind, steps, *, accept_any, batch, trace, mtu=MTU, strict=False):
         h.engine.set_tun_addr6(TUN_ADDR6)            # so that ICMPv6 errors are compared
         peers = [h.add_peer() for _ in range(NPEERS)] + \
             [h.add_peer(family=socket.AF_INET6) for _ in range(NPEERS6)]
-        who = {p.port: i for i, p in enumerate(peers)}
-        who[h.stranger.port] = STRANGER
+        # By address and port: sockets bound to different addresses (and the two families)
+        # may share a port number.
+        who = {(_trace_addr(p.ip), p.port): i for i, p in enumerate(peers)}
+        who[(_trace_addr(h.stranger.ip), h.stranger.port)] = STRANGER
         events = []
         if trace:
             h.engine.trace(True)
@@ -304,17 +306,22 @@ def play(kind, steps, *, accept_any, batch, trace, mtu=MTU, strict=False):
         }
 
 
+def _trace_addr(ip: str) -> str:
+    """A peer's address as trace events give it: an IPv6 one as 0.0.0.0 (they hold 32 bits)."""
+    return ip if ipaddress.ip_address(ip).version == 4 else "0.0.0.0"
+
+
 def normalise(events, who):
     """Events grouped by kind (the interleaving of kinds depends on how reads
     were batched), ports replaced by peer index (ephemeral ports differ
-    between runs), and without seq/ts/batch (batching). Drop events keep
-    their reason, which the header puts in `batch`."""
+    between runs; a peer is known by address and port), and without seq/ts/batch
+    (batching). Drop events keep their reason, which the header puts in `batch`."""
     if events:
         seqs = [e["seq"] for e in events]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "trace seq has gaps"
     by_kind = {}
     for e in events:
-        port = who.get(e["port"], e["port"]) if e["kind"] in (
+        port = who.get((e["addr"], e["port"]), e["port"]) if e["kind"] in (
             "route_hit", "udp_send", "udp_recv") else e["port"]
         extra = e["batch"] if e["kind"] == "drop" else None
         by_kind.setdefault(e["kind"], []).append((e["len"], e["addr"], port, extra, e["head"]))
