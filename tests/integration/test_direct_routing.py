@@ -135,9 +135,8 @@ def tun_packets(ov, host) -> tuple[int, int]:
 def udp_packets(ov, host) -> tuple[int, int]:
     """The engine's packets sent to peers and received from them (flannel0's own counters
     also see the kernel's MLD reports on it once a host forwards IPv6)."""
-    m = ov.metrics(host)
-    return tuple(int(sum(v for k, v in m.items()
-                         if k.startswith(f'flannel_udp_packets_total{{path="{path}"')))
+    m = ov.metrics(host)       # the host's sums over queues and families (parse_metrics)
+    return tuple(int(m.get(f'flannel_udp_packets_total{{path="{path}"}}', 0))
                  for path in ("udp_tx", "udp_rx"))
 
 
