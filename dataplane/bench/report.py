@@ -8,10 +8,10 @@ needs was not given) has its rows all null, with ``"skipped"``: the reason.
 Ratios carry a 95 % interval from the trials (``ratio_ci``). An inner-IPv6 path (``c6``,
 ``python6``, ``vxlan6``: families.py) has rows of its own, as any path, and its ratios are to its
 IPv4 twin (``ratios["c6"]["c"]``: IPv6 / IPv4 of the same engine in the same run) and, for the
-engines, to ``vxlan6``. That pair also has ``tcp_gbps_same_forwarders``: each trial ran the IPv6
-path's one TCP stream beside one of inner IPv4 through its own forwarders, and the figure is the
-median of those per-trial ratios (``paired_ci`` its interval), free of what moves between the
-minutes that separate a path from its twin.
+engines, to ``vxlan6``. That pair also has the ``*_same_forwarders`` figures (PAIRED_FIGURES):
+each trial ran the IPv6 path's one TCP stream and floods beside the same of inner IPv4 through
+its own forwarders, and a figure is the median of those per-trial ratios (``paired_ci`` its
+interval), free of what moves between the minutes that separate a path from its twin.
 """
 from __future__ import annotations
 
@@ -38,11 +38,15 @@ RATIO_FIGURES = (("ndr_pps_64", 64, "ndr_pps"), ("ndr_pps_1400", 1400, "ndr_pps"
                  # lower is better: the 64 B round trip's p99 under half the path's own PDR, and
                  # at the run's common load (the latency goal is stated as these ratios)
                  ("rtt_p99_64", 64, "rtt_p99_us"), ("common_rtt_p99_64", 64, "common_rtt_p99_us"))
-# An inner-IPv6 path's per-trial ratio of its one TCP stream to one of inner IPv4 through the
-# same forwarders right beside it (runner._tcp_beside_ipv4), and the figure that ratios()
-# makes of it in the pair with the IPv4 twin: the median of those per-trial ratios.
+# An inner-IPv6 path's per-trial ratios of its one TCP stream, and of its floods' received
+# rate, to the same of inner IPv4 through its own forwarders right beside it (runner.py), and
+# the figures that ratios() makes of them in the pair with the IPv4 twin, as (figure, row size,
+# key): the median of the per-trial ratios.
 PAIRED_TCP_KEY = "tcp_family_ratio"
-PAIRED_FIGURES = (("tcp_gbps_same_forwarders", PAIRED_TCP_KEY),)
+PAIRED_FLOOD_KEY = "flood_family_ratio"
+PAIRED_FIGURES = (("tcp_gbps_same_forwarders", None, PAIRED_TCP_KEY),
+                  ("flood_rx_pps_64_same_forwarders", 64, PAIRED_FLOOD_KEY),
+                  ("flood_rx_pps_1400_same_forwarders", 1400, PAIRED_FLOOD_KEY))
 CI_KEY = "ci95"                 # ratios[path][ref][CI_KEY][figure] = [low, high] or None
 CI_RESAMPLES = 2000
 CI_SEED = 2544                  # fixed: the same trials always give the same interval
@@ -122,7 +126,8 @@ def ratios(rows, detail=None) -> dict:
     for p in (p for p in order if p in IPV6_TWINS):
         pairs += [(p, IPV6_TWINS[p])] + ([(p, KERNEL6)] if p != KERNEL6 else [])
     for path, ref in pairs:
-        if path not in present or ref not in present:
+        # the figures of an IPv6 path beside its own IPv4 need no twin in the run
+        if path not in present or (ref not in present and IPV6_TWINS.get(path) != ref):
             continue
         figs, cis = {}, {}
         for name, size, key in RATIO_FIGURES:
@@ -131,9 +136,8 @@ def ratios(rows, detail=None) -> dict:
             cis[name] = ratio_ci(_trials(trials.get((path, size)), key),
                                  _trials(trials.get((ref, size)), key))
         if IPV6_TWINS.get(path) == ref:
-            det = trials.get((path, None))
-            for name, key in PAIRED_FIGURES:
-                per_trial = [v for v in _trials(det, key) if v is not None]
+            for name, size, key in PAIRED_FIGURES:
+                per_trial = [v for v in _trials(trials.get((path, size)), key) if v is not None]
                 if per_trial:           # none in a path run before the bench measured them
                     figs[name] = round(float(np.median(per_trial)), 3)
                     cis[name] = paired_ci(per_trial)
@@ -206,7 +210,7 @@ def ratio_figures(figs: dict) -> list[tuple[str, float | None, list | None]]:
     """(figure, ratio, interval) of one pair, in RATIO_FIGURES order, then the paired ones
     where the pair has them."""
     cis = figs.get(CI_KEY) or {}
-    names = [n for n, _, _ in RATIO_FIGURES] + [n for n, _ in PAIRED_FIGURES if n in figs]
+    names = [n for n, _, _ in RATIO_FIGURES] + [n for n, _, _ in PAIRED_FIGURES if n in figs]
     return [(n, figs.get(n), cis.get(n)) for n in names]
 
 
@@ -300,8 +304,9 @@ def legend_lines(result: dict) -> list[str]:
         lines.append(f"{', '.join(six)}: inner IPv6 over the same underlay, each beside its IPv4 "
                      "twin (a dual-stack config); the size is the UDP payload, so an IPv6 packet "
                      "is 20 bytes longer; X6 / X is IPv6 / IPv4 of the same path in this run; "
-                     "tcp_gbps_same_forwarders: the median over the trials of X6's one TCP "
-                     "stream over one of inner IPv4 through X6's own forwarders beside it")
+                     "*_same_forwarders: the median over the trials of X6's figure (one TCP "
+                     "stream, a flood's received rate) over the same of inner IPv4 through X6's "
+                     "own forwarders beside it")
     if any(generator_limited(d) or ndr_generator_limited(d) for d in result["detail"]):
         lines.append(">= : the flood lost < 0.5 % (PDR) or nothing (NDR), so the generator was "
                      "the limit and the rate is a lower bound")

@@ -1,10 +1,10 @@
 """One bench run: setup, every path on one testbed, results.
 
 Order, per path: set the path up, check that it carries traffic, then per
-trial: idle latency, TCP (one stream, four streams, the reverse direction; an inner-IPv6
-path's one stream beside one of inner IPv4 through the same forwarders), and
+trial: idle latency, TCP (one stream, four streams, the reverse direction), and
 per size a flood (with the forwarders' cost), the PDR and NDR searches and
-latency under half the path's own PDR. Paths run one after another on the
+latency under half the path's own PDR. An inner-IPv6 path's one TCP stream and
+floods each run beside the same of inner IPv4 through its own forwarders. Paths run one after another on the
 same two hosts. Then the common-load pass: every path that ran is set up
 again and its latency measured at the same offered rate for all of them, the
 highest rate every path carried whole (the lowest NDR of the run), so that
@@ -301,9 +301,21 @@ def _tcp_beside_ipv4(topo, tools, profile: Profile, out: dict,
     return got[6], v4
 
 
-def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, progress):
+def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, progress,
+           trial: int = 1):
+    # An inner-IPv6 path's flood runs beside one of inner IPv4 through the same forwarders,
+    # as its TCP stream does (_tcp_beside_ipv4), the order alternating between trials.
+    beside = path.family == 6
+    if beside and trial % 2 == 1:
+        v4 = _ipv4_flood(topo, tools, profile, size)
     fl = measure.flood(topo, tools, path, size=size, duration=profile.flood_s,
                        quiet_since=time.time())
+    if beside:
+        if trial % 2 == 0:
+            v4 = _ipv4_flood(topo, tools, profile, size)
+        _add(out, size, "flood_ipv4_same_rx_pps", v4["rx_pps"])
+        _add(out, size, report.PAIRED_FLOOD_KEY,
+             fl["rx_pps"] / v4["rx_pps"] if v4["rx_pps"] else None)
     cost = fl["cost"] or {}
     _add(out, size, "flood_rx_pps", fl["rx_pps"])
     _add(out, size, "flood_loss", fl["loss"])
@@ -327,7 +339,9 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
              f"received {fl['rx_pps'] / 1e3:.1f} kpps, loss {fl['loss'] * 100:.1f}%"
              + (f", machine {fl['machine_cpu_ns_per_packet']:.0f} ns CPU per packet"
                 if fl["machine_cpu_ns_per_packet"] is not None else "")
-             + (f", {' and '.join(per_packet)} per packet" if per_packet else ""))
+             + (f", {' and '.join(per_packet)} per packet" if per_packet else "")
+             + (f"; IPv4 through the same forwarders: offered {v4['tx_pps'] / 1e3:.1f}, "
+                f"received {v4['rx_pps'] / 1e3:.1f} kpps" if beside else ""))
     if fl["drops"]:
         progress(f"  drops: {_top_drops(fl['drops'])}")
     if cost.get("offload_ops"):
@@ -336,6 +350,10 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
             f"{h} " + ", ".join(f"{k} {v}" for k, v in ops.items())
             for h, ops in cost["offload_ops"].items()))
     return fl
+
+
+def _ipv4_flood(topo, tools, profile: Profile, size: int) -> dict:
+    return measure.udp_trial(topo, tools, size=size, rate=0, duration=profile.flood_s, family=4)
 
 
 def _rates_and_load(topo, tools, profile: Profile, out: dict, size: int, fl: dict, tag: str,
@@ -373,7 +391,7 @@ def _run_path(topo, tools, name, profile: Profile, trials: int, batch, routes,
             _idle_and_tcp(topo, tools, profile, out, tag, progress, family=path.family,
                           trial=t)
             for size in SIZES:
-                fl = _flood(topo, tools, path, profile, out, size, tag, progress)
+                fl = _flood(topo, tools, path, profile, out, size, tag, progress, trial=t)
                 _rates_and_load(topo, tools, profile, out, size, fl, tag, progress,
                                 family=path.family)
     finally:

@@ -69,3 +69,33 @@ def test_an_ipv6_paths_one_stream_runs_beside_ipv4_in_alternating_order(monkeypa
     calls.clear()
     runner._idle_and_tcp(None, None, profile, {}, "t", lines.append, family=4, trial=1)
     assert all(c[2] == 4 for c in calls) and len(calls) == len(runner.TCP_VARIANTS)
+
+
+def test_an_ipv6_paths_floods_run_beside_ipv4_in_alternating_order(monkeypatch):
+    """runner._flood: the same for an inner-IPv6 path's floods."""
+    calls = []
+
+    def trial(topo, tools, *, size, rate, duration, family=4):
+        calls.append(family)
+        rx = {4: 100e3, 6: 90e3}[family]
+        return {"rx_pps": rx, "tx_pps": 2 * rx, "loss": 0.5, "machine_cpu_ns_per_packet": None,
+                "received": 1, "sent": 2}
+
+    def flood(topo, tools, path, *, size, duration, quiet_since):
+        return dict(trial(topo, tools, size=size, rate=0, duration=duration,
+                          family=path.family), cost=None, drops={})
+
+    monkeypatch.setattr(runner.measure, "udp_trial", trial)
+    monkeypatch.setattr(runner.measure, "flood", flood)
+    out, lines = {}, []
+    for t in (1, 2):
+        runner._flood(None, None, SimpleNamespace(family=6), runner.QUICK, out, 64, f"t{t}",
+                      lines.append, trial=t)
+    assert calls == [4, 6, 6, 4]
+    assert out[64]["flood_family_ratio"] == [0.9, 0.9]
+    assert out[64]["flood_ipv4_same_rx_pps"] == [100e3, 100e3]
+    assert "IPv4 through the same forwarders: offered 200.0, received 100.0 kpps" in lines[0]
+    calls.clear()
+    runner._flood(None, None, SimpleNamespace(family=4), runner.QUICK, {}, 64, "t",
+                  lines.append, trial=1)
+    assert calls == [4]

@@ -238,25 +238,33 @@ def test_ipv6_paths_are_chosen_by_name():
     assert (family("c6"), family("c"), family("c-base")) == (6, 4, 4)
 
 
-def test_an_ipv6_paths_tcp_is_also_divided_by_ipv4_through_its_own_forwarders(capsys):
+def test_an_ipv6_paths_figures_are_also_divided_by_ipv4_through_its_own_forwarders(capsys):
     """runner._tcp_beside_ipv4's per-trial ratios: their median in the pair with the twin,
     with an interval that resamples the trials as pairs, and nowhere else."""
     s = _with_ipv6(_samples())
     s["c6"][None][report.PAIRED_TCP_KEY] = [0.97, 0.88, 1.02]
     s["c6"][None]["tcp_ipv4_same_gbps"] = [2.1, 2.4, 2.2]
+    s["c6"][64][report.PAIRED_FLOOD_KEY] = [1.01, 0.93, 0.95]
     res = report.build(s, ["vxlan", "vxlan6", "c", "c6"], SIZES, {})
     r = res["ratios"]
     assert r["c6"]["c"]["tcp_gbps_same_forwarders"] == 0.97
     assert r["c6"]["c"]["tcp_gbps"] == 0.5                     # the twin's ratio as before
+    assert r["c6"]["c"]["flood_rx_pps_64_same_forwarders"] == 0.95
+    assert "flood_rx_pps_1400_same_forwarders" not in r["c6"]["c"]      # no such trials
     lo, hi = r["c6"]["c"]["ci95"]["tcp_gbps_same_forwarders"]
     assert 0.88 <= lo <= 0.97 <= hi <= 1.02
     assert "tcp_gbps_same_forwarders" not in r["c6"]["vxlan6"]
     assert "tcp_gbps_same_forwarders" not in r["vxlan6"]["vxlan"]   # vxlan6 has no such trials
     assert r["c"]["vxlan"] == report.build(_samples(), ["vxlan", "c"], SIZES, {})[
         "ratios"]["c"]["vxlan"]
+    # without the twin in the run: the twin's ratios are None, those beside IPv4 still there
+    alone = report.build({"c6": s["c6"]}, ["c6"], SIZES, {})["ratios"]["c6"]
+    assert set(alone) == {"c"} and alone["c"]["tcp_gbps"] is None
+    assert alone["c"]["tcp_gbps_same_forwarders"] == 0.97
     report.print_table(res)
     out = capsys.readouterr().out
     assert "tcp_gbps_same_forwarders=0.97x [" in out and "own forwarders" in out
+    assert "flood_rx_pps_64_same_forwarders=0.95x [" in out
 
 
 def test_a_paired_interval_needs_three_trials():
