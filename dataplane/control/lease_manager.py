@@ -13,8 +13,9 @@ With EnableIPv6 one key names both parts (`10.5.1.0-24&fc00:5:0:1::-64`) and a l
 IPv6 part does too (none without EnableIPv6). Unlike flanneld, a host never gives up its IPv4 subnet
 because of IPv6: only the IPv6 part is replaced, under a key of the new shape. Two such keys can
 share a part, which their create-if-absent cannot see: every write that makes a dual key (an
-allocation, a take-back, a key of the new shape) looks at the keys after it, and the later of two
-overlapping keys goes (`_second`, control/allocate.py `earlier_rival`).
+allocation, a take-back, a key of the new shape, a renewal whose key had vanished) looks at the
+keys after it, and the later of two overlapping keys goes (`_second`, control/allocate.py
+`earlier_rival`).
 
 A running host keeps its subnet while it can write its key: its workloads hold addresses in it. When
 our key is lost (deleted, expired, overwritten with garbage) we take that same key back first; we move
@@ -81,6 +82,11 @@ def check_renew_margin(minutes: int) -> int:
         raise ValueError("Invalid subnet-lease-renew-margin option, out of acceptable range "
                          f"(want 1..1439 minutes, got {minutes!r})")
     return minutes
+
+
+def _recreated(lease: Lease) -> bool:
+    """A renewal's put found no key and created it (registry.renew_lease)."""
+    return lease.create_revision == lease.mod_revision
 
 
 def _v6(subnet: Optional[IPv6Network]) -> str:
@@ -257,9 +263,19 @@ class LeaseManager:
             # else: rewritten by another node since our list, or our subnet is another's now
         return None
 
+    def _renew(self, subnet: IPv4Network, ipv6_subnet: Optional[IPv6Network]) -> Optional[Lease]:
+        """Our key put again (registry.renew_lease). A key gone since we read it is created
+        again by that put: a dual key so made is a take-back and yields as one (``_second``),
+        None then, as when the key names another host."""
+        lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl,
+                                          ipv6_subnet=ipv6_subnet)
+        if (lease is not None and _recreated(lease)
+                and self._second(lease, others_only=True) is not None):
+            return None
+        return lease
+
     def _renew_found(self, found: Lease) -> Optional[Lease]:
-        renewed = self.registry.renew_lease(found.subnet, self.attrs, self.lease_ttl,
-                                            ipv6_subnet=found.ipv6_subnet)
+        renewed = self._renew(found.subnet, found.ipv6_subnet)
         if renewed is not None:
             log.info("Found %s (ip: %s ipv6: %s) for current IP (%s), reusing",
                      "reservation" if renewed.reservation else "lease", found.subnet,
@@ -375,8 +391,7 @@ class LeaseManager:
                 continue
             retry_lost = False
             try:
-                renewed = self.registry.renew_lease(lease.subnet, self.attrs, self.lease_ttl,
-                                                    ipv6_subnet=lease.ipv6_subnet)
+                renewed = self._renew(lease.subnet, lease.ipv6_subnet)
             except RegistryError as exc:
                 left = (lease.expiration or time.time()) - time.time()
                 self._renew_failing.fail(
@@ -435,7 +450,7 @@ class LeaseManager:
                 if held is not None:
                     lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl,
                                                       ipv6_subnet=ipv6_subnet)
-                    if lease is not None:
+                    if lease is not None and not _recreated(lease):
                         return lease, ""        # the key named us: nothing was taken back
             if lease is not None:
                 rival = self._second(lease, others_only=True)
