@@ -20,7 +20,8 @@ keys after it, and the later of two overlapping keys goes (`_second`, control/al
 A running host keeps its subnet while it can write its key: its workloads hold addresses in it. When
 our key is lost (deleted, expired, overwritten with garbage) we take that same key back first; we move
 only when the subnet is genuinely held by another host (a valid lease with another PublicIP), and that
-move is logged as the outage it is. A second key naming our PublicIP (a copy-paste, a broken tool) is
+move is logged as the outage it is. A dual key whose IPv6 part alone is another host's keeps its
+IPv4 subnet and takes another IPv6 part (an outage of the workloads' IPv6 only). A second key naming our PublicIP (a copy-paste, a broken tool) is
 a conflict, never a reason to move: at startup the subnet of subnet.env wins among such keys, and the
 others are logged with what to delete.
 
@@ -468,14 +469,16 @@ class LeaseManager:
         try:
             lease, holder = self._take_back(old.subnet, old.ipv6_subnet)
             if lease is None and first:
-                log.error("Lease %s is now held by another host (%s): this host must move to "
-                          "another subnet. That is an outage for its workloads: they keep "
-                          "addresses in %s, which now route to that host, until they are "
-                          "restarted", old.subnet, holder, old.subnet,
+                log.error("Lease %s is now held by another host (%s): %s", old.subnet, holder,
+                          "this host must move to another subnet" if old.ipv6_subnet is None
+                          else "this host takes another lease, the same subnet if only the IPv6 "
+                          f"part {old.ipv6_subnet} is that host's",
                           extra=_fields("lost", old.subnet, self.public_ip,
                                         reason=f"held by {holder}"))
             if lease is None:
-                lease = self._acquire(None)
+                # never the IPv4 subnet given up because of IPv6 (above): the same subnet with
+                # another IPv6 part, unless another host holds the subnet itself
+                lease = self._acquire(old.subnet)
         except Exception as exc:              # etcd down, out of subnets...: keep trying
             self._reacquire_failing.fail(str(exc), f"retrying every {self.reacquire_interval:g} "
                                          "s; forwarding goes on with the peers known",
@@ -491,13 +494,18 @@ class LeaseManager:
         if watch is not None:
             watch.cancel()                    # the watch thread restarts on the new key
         self.reacquisitions += 1
-        if lease.subnet == old.subnet:
+        if (lease.subnet, lease.ipv6_subnet) == (old.subnet, old.ipv6_subnet):
             log.info("Took our lease %s back", lease.subnet,
                      extra=_fields("taken_back", lease.subnet, self.public_ip))
         else:
-            log.info("Acquired lease %s (was %s)", lease.subnet, old.subnet,
-                     extra=_fields("moved", lease.subnet, self.public_ip,
-                                   previous_subnet=str(old.subnet)))
+            gone = old.subnet if lease.subnet != old.subnet else old.ipv6_subnet
+            log.error("Acquired lease %s (ipv6: %s), was %s (ipv6: %s). That is an outage for "
+                      "this host's workloads with addresses in %s: they keep them, and they now "
+                      "route to another host, until the workloads are restarted", lease.subnet,
+                      _v6(lease.ipv6_subnet), old.subnet, _v6(old.ipv6_subnet), gone,
+                      extra=_fields("moved", lease.subnet, self.public_ip, lease.ipv6_subnet,
+                                    previous_subnet=str(old.subnet),
+                                    previous_ipv6_subnet=_v6(old.ipv6_subnet)))
         if self.on_lease_change is not None:
             try:
                 self.on_lease_change(lease)

@@ -322,6 +322,8 @@ def test_take_back_of_a_dual_key_gives_it_up_to_an_earlier_overlapping_key(
             lease = changes[0]
         assert not lease.subnet.overlaps(rival[0]) and not lease.ipv6_subnet.overlaps(rival[1])
         assert set(keys(reg)) == {name(*rival), name(lease.subnet, lease.ipv6_subnet)}
+        if how == "lost key" and rival_parts == "same-ipv6":   # the IPv4 subnet kept
+            assert lease.subnet == mine[0]
 
 
 @pytest.mark.parametrize("rival_parts", ["same-ipv4", "same-ipv6"])
@@ -330,7 +332,8 @@ def test_renewal_that_recreates_a_vanished_dual_key_yields_to_an_earlier_overlap
     """A renewal finds our dual key gone (deleted, expired) before the watch of it said so, and
     puts it again: a create, which no transaction guards against another host's key made
     meanwhile with one part the same. It looks after its write as a take-back does and yields:
-    the host moves, says so as the outage it is, and goes on with the new lease."""
+    the host moves (its IPv6 part alone when only that is the other's), says so as the outage
+    it is, and goes on with the new lease."""
     reg = make_registry(shared_etcd, config=DUAL)
     changes: list = []
     mgr = LeaseManager(reg, ME, on_lease_change=changes.append, reacquire_interval=0.1,
@@ -353,10 +356,14 @@ def test_renewal_that_recreates_a_vanished_dual_key_yields_to_an_earlier_overlap
             assert not lease.subnet.overlaps(rival[0]) and not lease.ipv6_subnet.overlaps(rival[1])
             assert set(keys(reg)) == {name(*rival), name(lease.subnet, lease.ipv6_subnet)}
             assert mgr.lease == lease
+            assert (lease.subnet == first.subnet) == (rival_parts == "same-ipv6")
         finally:
             mgr.stop()
     said = caplog.text
     assert f"overlaps {reg.lease_key(*rival[:1], ipv6_subnet=rival[1])}, created just before ours" \
         in said
-    assert (f"Lease {first.subnet} is now held by another host (PublicIP {OTHER}, key "
-            in said and "That is an outage for its workloads" in said and "restarted" in said)
+    assert f"Lease {first.subnet} is now held by another host (PublicIP {OTHER}, key " in said
+    gone = first.subnet if rival_parts == "same-ipv4" else first.ipv6_subnet
+    assert (f"was {first.subnet} (ipv6: {first.ipv6_subnet}). That is an outage for this host's "
+            f"workloads with addresses in {gone}" in said and "until the workloads are restarted"
+            in said), said
