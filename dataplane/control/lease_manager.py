@@ -13,13 +13,15 @@ With EnableIPv6 one key names both parts (`10.5.1.0-24&fc00:5:0:1::-64`) and a l
 IPv6 part does too (none without EnableIPv6). Unlike flanneld, a host never gives up its IPv4 subnet
 because of IPv6: only the IPv6 part is replaced, under a key of the new shape. Two such keys can
 share a part, which their create-if-absent cannot see: every write that makes a dual key (an
-allocation, a take-back, a key of the new shape) looks at the keys after it, and the later of two
-overlapping keys goes (`_second`, control/allocate.py `earlier_rival`).
+allocation, a take-back, a key of the new shape, a renewal whose key had vanished) looks at the
+keys after it, and the later of two overlapping keys goes (`_second`, control/allocate.py
+`earlier_rival`).
 
 A running host keeps its subnet while it can write its key: its workloads hold addresses in it. When
 our key is lost (deleted, expired, overwritten with garbage) we take that same key back first; we move
 only when the subnet is genuinely held by another host (a valid lease with another PublicIP), and that
-move is logged as the outage it is. A second key naming our PublicIP (a copy-paste, a broken tool) is
+move is logged as the outage it is. A dual key whose IPv6 part alone is another host's keeps its
+IPv4 subnet and takes another IPv6 part (an outage of the workloads' IPv6 only). A second key naming our PublicIP (a copy-paste, a broken tool) is
 a conflict, never a reason to move: at startup the subnet of subnet.env wins among such keys, and the
 others are logged with what to delete.
 
@@ -81,6 +83,11 @@ def check_renew_margin(minutes: int) -> int:
         raise ValueError("Invalid subnet-lease-renew-margin option, out of acceptable range "
                          f"(want 1..1439 minutes, got {minutes!r})")
     return minutes
+
+
+def _recreated(lease: Lease) -> bool:
+    """A renewal's put found no key and created it (registry.renew_lease)."""
+    return lease.create_revision == lease.mod_revision
 
 
 def _v6(subnet: Optional[IPv6Network]) -> str:
@@ -257,9 +264,19 @@ class LeaseManager:
             # else: rewritten by another node since our list, or our subnet is another's now
         return None
 
+    def _renew(self, subnet: IPv4Network, ipv6_subnet: Optional[IPv6Network]) -> Optional[Lease]:
+        """Our key put again (registry.renew_lease). A key gone since we read it is created
+        again by that put: a dual key so made is a take-back and yields as one (``_second``),
+        None then, as when the key names another host."""
+        lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl,
+                                          ipv6_subnet=ipv6_subnet)
+        if (lease is not None and _recreated(lease)
+                and self._second(lease, others_only=True) is not None):
+            return None
+        return lease
+
     def _renew_found(self, found: Lease) -> Optional[Lease]:
-        renewed = self.registry.renew_lease(found.subnet, self.attrs, self.lease_ttl,
-                                            ipv6_subnet=found.ipv6_subnet)
+        renewed = self._renew(found.subnet, found.ipv6_subnet)
         if renewed is not None:
             log.info("Found %s (ip: %s ipv6: %s) for current IP (%s), reusing",
                      "reservation" if renewed.reservation else "lease", found.subnet,
@@ -375,8 +392,7 @@ class LeaseManager:
                 continue
             retry_lost = False
             try:
-                renewed = self.registry.renew_lease(lease.subnet, self.attrs, self.lease_ttl,
-                                                    ipv6_subnet=lease.ipv6_subnet)
+                renewed = self._renew(lease.subnet, lease.ipv6_subnet)
             except RegistryError as exc:
                 left = (lease.expiration or time.time()) - time.time()
                 self._renew_failing.fail(
@@ -435,7 +451,7 @@ class LeaseManager:
                 if held is not None:
                     lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl,
                                                       ipv6_subnet=ipv6_subnet)
-                    if lease is not None:
+                    if lease is not None and not _recreated(lease):
                         return lease, ""        # the key named us: nothing was taken back
             if lease is not None:
                 rival = self._second(lease, others_only=True)
@@ -453,14 +469,16 @@ class LeaseManager:
         try:
             lease, holder = self._take_back(old.subnet, old.ipv6_subnet)
             if lease is None and first:
-                log.error("Lease %s is now held by another host (%s): this host must move to "
-                          "another subnet. That is an outage for its workloads: they keep "
-                          "addresses in %s, which now route to that host, until they are "
-                          "restarted", old.subnet, holder, old.subnet,
+                log.error("Lease %s is now held by another host (%s): %s", old.subnet, holder,
+                          "this host must move to another subnet" if old.ipv6_subnet is None
+                          else "this host takes another lease, the same subnet if only the IPv6 "
+                          f"part {old.ipv6_subnet} is that host's",
                           extra=_fields("lost", old.subnet, self.public_ip,
                                         reason=f"held by {holder}"))
             if lease is None:
-                lease = self._acquire(None)
+                # never the IPv4 subnet given up because of IPv6 (above): the same subnet with
+                # another IPv6 part, unless another host holds the subnet itself
+                lease = self._acquire(old.subnet)
         except Exception as exc:              # etcd down, out of subnets...: keep trying
             self._reacquire_failing.fail(str(exc), f"retrying every {self.reacquire_interval:g} "
                                          "s; forwarding goes on with the peers known",
@@ -476,13 +494,18 @@ class LeaseManager:
         if watch is not None:
             watch.cancel()                    # the watch thread restarts on the new key
         self.reacquisitions += 1
-        if lease.subnet == old.subnet:
+        if (lease.subnet, lease.ipv6_subnet) == (old.subnet, old.ipv6_subnet):
             log.info("Took our lease %s back", lease.subnet,
                      extra=_fields("taken_back", lease.subnet, self.public_ip))
         else:
-            log.info("Acquired lease %s (was %s)", lease.subnet, old.subnet,
-                     extra=_fields("moved", lease.subnet, self.public_ip,
-                                   previous_subnet=str(old.subnet)))
+            gone = old.subnet if lease.subnet != old.subnet else old.ipv6_subnet
+            log.error("Acquired lease %s (ipv6: %s), was %s (ipv6: %s). That is an outage for "
+                      "this host's workloads with addresses in %s: they keep them, and they now "
+                      "route to another host, until the workloads are restarted", lease.subnet,
+                      _v6(lease.ipv6_subnet), old.subnet, _v6(old.ipv6_subnet), gone,
+                      extra=_fields("moved", lease.subnet, self.public_ip, lease.ipv6_subnet,
+                                    previous_subnet=str(old.subnet),
+                                    previous_ipv6_subnet=_v6(old.ipv6_subnet)))
         if self.on_lease_change is not None:
             try:
                 self.on_lease_change(lease)

@@ -125,7 +125,9 @@ class Registry(EtcdClient):
         reservation) is put again without one. Guarded so that we never overwrite a key that another
         node took after ours expired: the put is a transaction comparing the mod revision we read
         (or absence), so a change between our read and our put wins; we then read again, up to
-        `attempts` times. Returns None if the key holds another PublicIP or a value that is no lease."""
+        `attempts` times. Returns None if the key holds another PublicIP or a value that is no lease.
+        A key put where there was none comes back with ``create_revision == mod_revision``
+        (``created``): for a dual key, only the caller's look after it can see an overlap."""
         key = self.lease_key(subnet, ipv6_subnet=ipv6_subnet)
         for _ in range(attempts):
             kv = self.get_raw(key)
@@ -158,9 +160,12 @@ class Registry(EtcdClient):
             if lease_id:
                 self.revoke(lease_id)
             return None
+        # a create's revision is the key's creation: the caller tells a renewal that re-created
+        # a vanished key by it (a dual key so made must look for overlaps, as any create)
         return Lease(subnet=subnet, attrs=attrs, ipv6_subnet=ipv6_subnet,
                      expiration=time.time() + ttl if lease_id else None,
-                     lease_id=lease_id, mod_revision=revision, key=key)
+                     lease_id=lease_id, mod_revision=revision, key=key,
+                     create_revision=revision if mod_revision == 0 else 0)
 
     def delete_lease(self, subnet: IPv4Network, *, ipv6_subnet: Optional[IPv6Network] = None) -> bool:
         return self.delete(self.lease_key(subnet, ipv6_subnet=ipv6_subnet)) > 0

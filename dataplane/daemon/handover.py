@@ -19,6 +19,11 @@ object; fds ride with the first byte of a frame, at most MAX_FDS_PER_FRAME per f
     new -> old   {"op": "forwarding"}    the new engine runs
     old -> new   {"op": "released"}      the old one closed its HTTP ports and exits
 
+Before "released", or as soon as told "exit", the old daemon stops all that reconciles the host
+and the lease (the firewall's resync, the direct routes, the peer and lease watches: Daemon
+``stop_reconciling``): the new one may change what the old set up (one started without
+EnableIPv6 removes the IPv6 firewall rules), and the old must not put it back before it exits.
+
 Between "stop" and "forwarding" nobody reads flannel0 and the sockets: the kernel queues what
 arrives (daemon/inherited.py). If the new daemon goes away or says nothing for SWITCH_TIMEOUT_S
 after "stop", the old one forwards again with a new engine on the same fds. Under systemd's fd
@@ -272,7 +277,8 @@ class HandoverServer(UnixListener):
     """Listens on ``path`` and hands ``daemon``'s fds to the first daemon that asks.
 
     ``daemon`` provides: ``lock``, ``engine``, ``tun_fds``, ``socks``, ``handing_over`` (set
-    while its engine is stopped for a switch), ``handed_over(pid)`` and ``stop()``, plus what
+    while its engine is stopped for a switch), ``handed_over(pid)`` (which stops reconciling
+    first), ``stop_reconciling()`` and ``stop()``, plus what
     ``inherited.state_of`` reads; ``resume_engine()`` forwards again after a failed switch."""
     thread_name = "handover"
 
@@ -343,6 +349,7 @@ class HandoverServer(UnixListener):
         _close_fds(extra)
         if doc.get("op") == "exit":
             log.warning("The new daemon (pid %d) does not take over and starts afresh: stopping", pid)
+            d.stop_reconciling()
             self._tell_reload({"op": "reloaded", "pid": pid, "afresh": True})
             d.stop()
             return True

@@ -205,9 +205,10 @@ def observe(tun_fds, socks) -> Observed:
     return obs
 
 
-def mismatch(state: dict, obs: Observed, *, ext, config, lease: Lease, queues: int,
+def mismatch(state: dict, obs: Observed, *, ext, config, lease: Lease | None, queues: int,
              vnet: bool) -> str | None:
-    """Why the handed fds are not what this daemon would set up itself, or None."""
+    """Why the handed fds are not what this daemon would set up itself, or None. Without a
+    ``lease`` (not yet acquired) flannel0's address is not looked at."""
     if state.get("version") != STATE_VERSION:
         return f"the state is of version {state.get('version')!r}, this daemon reads {STATE_VERSION}"
     try:
@@ -238,8 +239,8 @@ def mismatch(state: dict, obs: Observed, *, ext, config, lease: Lease, queues: i
             return f"{name} is {'' if flags & IFF_MULTI_QUEUE else 'not '}a multi-queue device"
     if obs.mtu != ext.tun_mtu:
         return f"{name} has MTU {obs.mtu}, this daemon would set {ext.tun_mtu} ({ext.name} - 28)"
-    want = IPv4Interface(f"{lease.subnet.network_address}/32")
-    if want not in obs.addrs:
+    want = IPv4Interface(f"{lease.subnet.network_address}/32") if lease is not None else None
+    if want is not None and want not in obs.addrs:
         return (f"{name} has the address(es) {', '.join(map(str, obs.addrs)) or 'none'}, not "
                 f"{want} of the lease {lease.subnet}")
     for got in obs.udp:

@@ -142,6 +142,8 @@ class Daemon:
         self.handover_server = None
         self.handing_over = False             # our engine is stopped for a new daemon
         self._successor = None                # the pid we handed over to
+        self._let_go = threading.Event()      # another daemon holds the host: stop_reconciling
+        self._let_go_lock = threading.Lock()
         self._ready = False                   # READY=1 sent
         self._old_handlers = {}
         self.source = DaemonSource(self.state)    # what /metrics, /readyz and /debug/trace read
@@ -413,9 +415,32 @@ class Daemon:
             self.engine.start()
             self.handing_over = False
 
+    def stop_reconciling(self):
+        """Another daemon holds the host from now on (it took over, or starts afresh once we
+        exit): nothing of ours may put back what it changes, as the firewall's resync would (a
+        start without EnableIPv6 removes the IPv6 rules), nor the direct routes (the host's
+        route watch, the peer watch), the lease (its renewal takes our key back), the blackhole
+        route or subnet.env (the serve loop's tick). The handover runs it before the new daemon
+        goes on; the shutdown runs it first. Once: a second call waits for the first."""
+        with self._let_go_lock:
+            if self._let_go.is_set():
+                return
+            self._let_go.set()
+            _steps([
+                ("stop the peer watch", lambda: self.peer_watcher and self.peer_watcher.stop()),
+                ("stop watching the host's routes (the direct routes stay)",
+                 self.peer_routes.close),
+                ("stop the lease renewal",
+                 lambda: self.lease_manager and self.lease_manager.stop()),
+                ("stop the iptables resync (the rules stay)",
+                 lambda: self.rules and self.rules.stop()),
+            ])
+
     def handed_over(self, pid: int):
         """The new daemon forwards: free our HTTP ports for it and exit. Under systemd it is
-        the unit's main process from now on."""
+        the unit's main process from now on. It may change what we set up from now on: we
+        stop reconciling first (the handover says "released" after this returns)."""
+        self.stop_reconciling()
         self._successor = pid
         sd_notify(f"MAINPID={pid}")
         servers, self.servers = self.servers, []
@@ -466,7 +491,8 @@ class Daemon:
                 return 0
             # before anything that may take long; not once a successor is the main process
             self.liveness.tick(ping=self._successor is None)
-            if self.handing_over:       # our engine is stopped on purpose; lease moves wait
+            # our engine is stopped on purpose, lease moves wait; or another daemon holds the host
+            if self.handing_over or self._let_go.is_set():
                 continue
             if self._upgrade.is_set():
                 self._upgrade.clear()
@@ -565,13 +591,11 @@ class Daemon:
     def _shutdown(self):
         # The engine stops last: until then it forwards, and under systemd's fd store the next
         # process reads the queues from where it stopped.
-        steps = [
-            ("stop the peer watch", lambda: self.peer_watcher and self.peer_watcher.stop()),
-            ("stop watching the host's routes (the direct routes stay)", self.peer_routes.close),
+        self.stop_reconciling()
+        _steps([
             ("end the peer watch's unused process",
              lambda: self._peer_child and self._peer_child.close()),
             ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),
-            ("stop the lease renewal", lambda: self.lease_manager and self.lease_manager.stop()),
             ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
             ("close the status socket", lambda: self.status_server and self.status_server.close()),
             ("stop keeping the last warnings", self.warnings.remove),
@@ -580,7 +604,6 @@ class Daemon:
             ("stop the engine", self._close_engine),
             # the last fd of flannel0 closed removes it
             ("close flannel0 and the UDP sockets", self.dataplane.close),
-            ("stop the iptables resync (the rules stay)", lambda: self.rules and self.rules.stop()),
             ("say that the blackhole route stays",
              lambda: self._successor is None and self.blackhole.leave()),
             ("close the address reader", self.own_sources.close),
@@ -588,12 +611,7 @@ class Daemon:
             # last: a daemon that asked us to exit reads our exit as the end of this connection
             ("close the handover socket", lambda: self.handover_server
              and self.handover_server.close()),
-        ]
-        for what, fn in steps:
-            try:
-                fn()
-            except Exception as e:
-                log.warning("while shutting down, could not %s: %s", what, e)
+        ])
         if self._successor is not None:
             log.info("Exiting: pid %d forwards on %s now, with the lease %s", self._successor,
                      self.tun_name, self.lease.subnet)
@@ -610,6 +628,15 @@ class Daemon:
         with self.lock:
             if self.engine is not None:
                 self.engine.close()
+
+
+def _steps(steps) -> None:
+    """(what, fn) in order; a step that fails is said and the next one runs."""
+    for what, fn in steps:
+        try:
+            fn()
+        except Exception as e:
+            log.warning("while shutting down, could not %s: %s", what, e)
 
 
 __all__ = ["Daemon", "StartupError"]

@@ -18,27 +18,41 @@ log = logging.getLogger(__name__)
 
 def check(inh, *, ext, config, lease_manager, acquire, queues: int, vnet: bool):
     """(``inh`` when its fds are what this daemon would set up, else None after letting them go;
-    the lease, the one handed over when it is kept, else ``acquire()``'s)."""
+    the lease, the one handed over when it is kept, else ``acquire()``'s, after the fds were
+    let go when they are not kept whatever the lease)."""
     state = inh.state
     lease, why = (inherited.kept_lease(state, ext, config) if state
                   else (None, "no state came with them"))
+    obs = inherited.observe(inh.tun_fds, inh.socks)
+
+    def mismatch(lease):
+        return inherited.mismatch(state, obs, ext=ext, config=config, lease=lease,
+                                  queues=queues, vnet=vnet) if state else why
     if lease is not None:
         lease_manager.adopt(lease)
         log.info("Lease kept: %s (PublicIP %s), expires %s; nothing written to etcd",
                  lease.subnet, lease.public_ip, when(lease.expiration))
     else:
         log.info("Not keeping the lease handed over: %s; acquiring one", why)
+        # The fds not kept whatever the lease: the old daemon goes before we write to etcd,
+        # or its lease watch takes back the key we replace (a dual key without EnableIPv6)
+        early = mismatch(None)
+        if early is not None:
+            _afresh(inh, early)
+            return None, acquire()
         lease = acquire()
-    obs = inherited.observe(inh.tun_fds, inh.socks)
-    why = inherited.mismatch(state, obs, ext=ext, config=config, lease=lease, queues=queues,
-                             vnet=vnet) if state else why
+    why = mismatch(lease)
     if why is not None:
-        log.warning("Not taking over flannel0 and the UDP sockets from %s: %s; starting "
-                    "afresh (flannel0 is made again: traffic stops until this daemon "
-                    "forwards)", inh.way, why)
-        inh.release()
+        _afresh(inh, why)
         return None, lease
     return inh, lease
+
+
+def _afresh(inh, why: str) -> None:
+    log.warning("Not taking over flannel0 and the UDP sockets from %s: %s; starting afresh "
+                "(flannel0 is made again: traffic stops until this daemon forwards)",
+                inh.way, why)
+    inh.release()
 
 
 def underlay6(inh, wanted, ext, port: int):

@@ -9,7 +9,8 @@ keys but route no IPv6); IPv4 is forwarded as on any config, and IPv6 too
 subnet.env has flanneld's FLANNEL_IPV6_* lines and ip6tables flanneld's rules for IPv6Network
 (--ip-masq, --iptables-forward-rules). The hosts here disable IPv6 by sysctl
 (net.ipv6.conf.{all,default}.disable_ipv6=1, the testbed's default): flannel0 gets it all the same,
-per device, as the CNI plugins enable it on the pods' interfaces.
+per device, as the CNI plugins enable it on the pods' interfaces. Last, EnableIPv6 switched off
+under a handover: one key without an IPv6 part, no IPv6 rule left.
 """
 from __future__ import annotations
 
@@ -85,3 +86,22 @@ def test_dual_stack_leases_marked_ipv4_forwarded_ipv6_lines_written(ov):
     assert doc["lease"]["ipv6_subnet"] == ours.group(2).replace("-", "/")
     part = doc["lease"]["ipv6_subnet"]
     assert doc["ipv6"] == {"tun_address": part.replace("/64", "/128"), "route": "fc00:66::/56"}
+
+    # EnableIPv6 switched off as h0's daemon hands over: the new one starts afresh (the config
+    # changed), keeps the IPv4 subnet under a key without an IPv6 part and removes the IPv6
+    # rules. The old one let go before that (docs/restarts-and-upgrades.md#checks): its lease
+    # watch takes no dual key back beside the new one's, its resync puts no IPv6 rule back.
+    # One engine: neither is the engine's.
+    if ov.engine != "c":
+        return
+    subnet = ov.subnet(h0)
+    ov.put_config({k: v for k, v in CONFIG.items() if k not in ("EnableIPv6", "IPv6Network")})
+    new, rc = ov.handover_daemon(h0)
+    assert rc == 0 and "starting afresh" in new.log_text()
+    keys = ov.etcdctl("get", "--prefix", f"{ov.prefix}/subnets/", "--keys-only").stdout.split()
+    ours = [k for k in keys if k.rsplit("/", 1)[1].startswith(f"{subnet.network_address}-")]
+    assert ours == [f"{ov.prefix}/subnets/{subnet.network_address}-24"], keys
+    assert ov.subnet(h0) == subnet and "FLANNEL_IPV6_SUBNET" not in ov.subnet_env(h0)
+    rules6 = ov.exec(h0, ["ip6tables-save"]).stdout
+    assert "FLANNEL" not in rules6, rules6
+    assert ov.ping(h0, ov.flannel_ip(h1))["received"] > 0

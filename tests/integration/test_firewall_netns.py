@@ -399,6 +399,27 @@ def test_a_start_without_ipv6_removes_the_ipv6_rules_a_run_with_it_left(ns, enab
     _, log = ns.firewall(_stack(enable_nftables, ipv6=False))
     assert "EnableIPv6 is off" not in log, log
 
+    if enable_nftables:
+        return
+    # The same through a handover: the old daemon (with EnableIPv6) still runs, its resync
+    # every 50 ms, when the new one (without) removes the IPv6 rules; having handed over, the
+    # old one must not put them back before it exits (one tool: the resync is the daemon's).
+    alive, log = ns.firewall(
+        _stack() + "import time\n"
+        "from dataplane.daemon.main import Daemon\n"
+        "from dataplane.daemon.options import Options\n"
+        "r.start_resync(0.05)\n"
+        "old = Daemon(Options())\n"
+        "old.rules = r\n"
+        "old.handed_over(4242)\n"
+        + _stack(ipv6=False).replace("r = Stack", "new = Stack")
+        .replace("r.install()", "new.install()") +
+        "time.sleep(0.3)\n"
+        "result = r.v6._thread.is_alive()")
+    assert not alive and "rebuilding them all" not in log, log
+    assert "FLANNEL" not in "\n".join(ns.save("nat", "ip6tables") + ns.save("filter", "ip6tables"))
+    assert "table ip6 flannel-ipv6" not in ns.nft_tables()
+
 
 def test_dual_stack_without_ip6tables_names_what_to_install(ns):
     """A PATH with iptables but neither ip6tables nor nft, as a host with a bare iptables."""

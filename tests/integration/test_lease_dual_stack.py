@@ -9,7 +9,9 @@ shape (a deliberate difference).
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import time
 from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
 
@@ -320,3 +322,48 @@ def test_take_back_of_a_dual_key_gives_it_up_to_an_earlier_overlapping_key(
             lease = changes[0]
         assert not lease.subnet.overlaps(rival[0]) and not lease.ipv6_subnet.overlaps(rival[1])
         assert set(keys(reg)) == {name(*rival), name(lease.subnet, lease.ipv6_subnet)}
+        if how == "lost key" and rival_parts == "same-ipv6":   # the IPv4 subnet kept
+            assert lease.subnet == mine[0]
+
+
+@pytest.mark.parametrize("rival_parts", ["same-ipv4", "same-ipv6"])
+def test_renewal_that_recreates_a_vanished_dual_key_yields_to_an_earlier_overlapping_key(
+        shared_etcd, make_registry, rival_parts, caplog):
+    """A renewal finds our dual key gone (deleted, expired) before the watch of it said so, and
+    puts it again: a create, which no transaction guards against another host's key made
+    meanwhile with one part the same. It looks after its write as a take-back does and yields:
+    the host moves (its IPv6 part alone when only that is the other's), says so as the outage
+    it is, and goes on with the new lease."""
+    reg = make_registry(shared_etcd, config=DUAL)
+    changes: list = []
+    mgr = LeaseManager(reg, ME, on_lease_change=changes.append, reacquire_interval=0.1,
+                       watch_retry_interval=0.2)
+    first = mgr.acquire()
+    reg.delete_lease(first.subnet, ipv6_subnet=first.ipv6_subnet)
+    other4 = IPv4Network("10.5.202.0/24" if first.subnet == IPv4Network("10.5.201.0/24")
+                         else "10.5.201.0/24")
+    rival = ((first.subnet, v6(0x7f)) if rival_parts == "same-ipv4"
+             else (other4, first.ipv6_subnet))
+    stage(reg, *rival, public_ip=OTHER)
+    # the watch starts after the delete, as one that missed it; the renewal is due at once
+    mgr.adopt(replace(first, mod_revision=reg.current_revision(), expiration=time.time()))
+    with caplog.at_level(logging.INFO, logger="dataplane.control.lease_manager"):
+        mgr.start()
+        try:
+            wait_until(lambda: changes or mgr.renewals, timeout=10, what="the renewal's outcome")
+            assert changes, f"renewed beside {name(*rival)}: {sorted(keys(reg))}"
+            lease = changes[0]
+            assert not lease.subnet.overlaps(rival[0]) and not lease.ipv6_subnet.overlaps(rival[1])
+            assert set(keys(reg)) == {name(*rival), name(lease.subnet, lease.ipv6_subnet)}
+            assert mgr.lease == lease
+            assert (lease.subnet == first.subnet) == (rival_parts == "same-ipv6")
+        finally:
+            mgr.stop()
+    said = caplog.text
+    assert f"overlaps {reg.lease_key(*rival[:1], ipv6_subnet=rival[1])}, created just before ours" \
+        in said
+    assert f"Lease {first.subnet} is now held by another host (PublicIP {OTHER}, key " in said
+    gone = first.subnet if rival_parts == "same-ipv4" else first.ipv6_subnet
+    assert (f"was {first.subnet} (ipv6: {first.ipv6_subnet}). That is an outage for this host's "
+            f"workloads with addresses in {gone}" in said and "until the workloads are restarted"
+            in said), said

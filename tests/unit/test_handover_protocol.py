@@ -66,12 +66,16 @@ class FakeDaemon:
         self.stopped = threading.Event()
         self.successor = None
         self.resumed = 0
+        self.let_go = False                 # stop_reconciling() called: it may only exit now
 
     def current_lease(self):
         return self.lease
 
     def stop(self):
         self.stopped.set()
+
+    def stop_reconciling(self):
+        self.let_go = True
 
     def handed_over(self, pid):
         self.successor = pid
@@ -143,6 +147,7 @@ def test_a_new_daemon_that_goes_away_after_stop_leaves_the_old_forwarding(old):
     new.conn.close()                               # it died before it forwarded
     wait_until(lambda: old.resumed, 5, 0.01, "the old daemon to resume")
     assert old.resumed == 1 and old.engine.running and not old.stopped.is_set()
+    assert not old.let_go                          # it serves on: its resync too
     new.release()
     # and the next one can still take over
     again = connect(old.server.path)
@@ -163,6 +168,7 @@ def test_a_new_daemon_that_starts_afresh_makes_the_old_one_exit(old):
     new.release()                                  # returns once the old one is gone
     t.join(5)
     assert old.stopped.is_set() and old.successor is None and old.engine.running
+    assert old.let_go            # from "exit" on, the new one's rules are not put back
 
 
 def test_nobody_listening_is_a_fresh_start(tmp_path):
