@@ -104,7 +104,12 @@ def test_the_main_loop_and_the_watchdog_cadence():
 def test_the_watchdog_is_ours_or_our_parents(monkeypatch):
     monkeypatch.setenv("NOTIFY_SOCKET", "/run/nothing-listens")
     monkeypatch.setenv("WATCHDOG_USEC", "3000000")
-    for pid, usec in ((os.getpid(), 3000000), (os.getppid(), 3000000), (1, 0), (None, 3000000)):
+    # a pid neither ours nor our parent's (not 1: a process whose parent exited has parent 1)
+    other = os.getpid() + 1
+    while other in (os.getpid(), os.getppid()):
+        other += 1
+    for pid, usec in ((os.getpid(), 3000000), (os.getppid(), 3000000), (other, 0),
+                      (None, 3000000)):
         if pid is None:
             monkeypatch.delenv("WATCHDOG_PID", raising=False)
         else:
