@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 
 ETCD_BIN = "etcd"
 ETCDCTL_BIN = "etcdctl"
+# A member alone elects itself once its election timeout has passed: at etcd's default (1 s,
+# randomized up to 2 s) that is most of its start, and of every restart. Alone it has no peer
+# to miss a heartbeat from, so a short timeout changes nothing else; members of a cluster keep
+# the defaults, which a busy machine needs between peers.
+ALONE_ARGS = ("--heartbeat-interval", "10", "--election-timeout", "100")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -121,6 +126,7 @@ class EtcdServer:
         self.base_dir = data_dir or tempfile.mkdtemp(prefix=f"fu-etcd-{os.getpid()}-")
         self.data_dir = os.path.join(self.base_dir, "data")
         self.log_path = os.path.join(self.base_dir, "etcd.log")
+        self.alone = initial_cluster is None
         self.initial_cluster = initial_cluster or f"{name}={self.peer_url}"
         self.cluster_token = cluster_token or f"fu-{os.getpid()}-{self.client_port}"
         self.extra_args = tuple(extra_args)
@@ -150,7 +156,7 @@ class EtcdServer:
             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", self.initial_cluster, "--initial-cluster-token", self.cluster_token,
             "--initial-cluster-state", "new", "--log-level", "warn", "--logger", "zap",
-            *self._tls_server_args(), *self.extra_args,
+            *(ALONE_ARGS if self.alone else ()), *self._tls_server_args(), *self.extra_args,
         ])
 
     def _tls_server_args(self) -> list[str]:
@@ -232,17 +238,31 @@ class EtcdServer:
                         return
                 except subprocess.TimeoutExpired:
                     last = "etcdctl timed out"
-            time.sleep(0.1)
+            time.sleep(0.02)
         raise TimeoutError(f"etcd at {self.client_url} not healthy after {timeout}s: {last}\n{self.log_tail()}")
 
     def _port_open(self) -> bool:
         if self.netns:
-            return True
+            return self._listening_in_netns()
         try:
             with socket.create_connection((self.host, self.client_port), timeout=0.5):
                 return True
         except OSError:
             return False
+
+    def _listening_in_netns(self) -> bool:
+        """Whether etcd listens on its client port yet, from its namespace's socket table
+        (/proc/PID/net/tcp is the table of PID's namespace; `ip netns exec` execs etcd, so the
+        PID is etcd's). An etcdctl run before then waits out gRPC's 1 s reconnect backoff."""
+        port = f":{self.client_port:04X} "
+        try:
+            for table in ("tcp", "tcp6"):
+                with open(f"/proc/{self.proc.pid}/net/{table}") as f:
+                    if any(port in line and line.split()[3] == "0A" for line in f):  # LISTEN
+                        return True
+            return False
+        except (OSError, IndexError):
+            return True                  # no table to read: etcdctl's health check decides
 
     def log_tail(self, n: int = 2000) -> str:
         try:

@@ -26,8 +26,8 @@ UDP_RATE = 1000              # datagrams/s each way
 TCP_RATE = 250               # writes/s each way
 TCP_CHUNK = 8192             # bytes a write: 2 MB/s each way
 UDP_PORT, TCP_PORT = 7801, 7802
-WARMUP_S = 1.0               # traffic before the action
-SETTLE_S = 1.5               # and after it
+WARMUP_S = 0.5               # traffic before the action: 500 datagrams and 125 writes each way
+SETTLE_S = 1.0               # and after it: a daemon back but not forwarding loses 1000
 MAX_S = 120.0                # the streams' own bound, should the action never return
 
 
