@@ -99,3 +99,10 @@ def test_an_ipv6_paths_floods_run_beside_ipv4_in_alternating_order(monkeypatch):
     runner._flood(None, None, SimpleNamespace(family=4), runner.QUICK, {}, 64, "t",
                   lines.append, trial=1)
     assert calls == [4]
+    # a flood that lost < 0.5 % measured its generator: no ratio of the forwarders
+    monkeypatch.setattr(runner.measure, "udp_trial", lambda *a, family=4, **k: dict(
+        trial(*a, family=family, **k), loss=0.001 if family == 4 else 0.5))
+    runner._flood(None, None, SimpleNamespace(family=6), runner.QUICK, out, 64, "t3",
+                  lines.append, trial=3)
+    assert out[64]["flood_family_ratio"] == [0.9, 0.9, None]
+    assert "no ratio" in lines[-1] and "no ratio" not in lines[0]
