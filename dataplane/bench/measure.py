@@ -270,13 +270,15 @@ def drop_delta(before: dict, after: dict) -> dict:
 
 
 def flood(topo: BenchTopo, tools: Tools, path: Path, *, size: int, duration: float,
-          quiet_since: float) -> dict:
+          quiet_since: float, family: int | None = None) -> dict:
     """A flood trial, with the forwarders' cost and the drop counters
-    measured over it."""
+    measured over it; of the path's inner family unless ``family`` says (4 through an
+    inner-IPv6 path's dual-stack forwarders)."""
     cost = CostWindow(path)
     cost.start(quiet_since)
     drops0 = drop_counters(topo)
-    res = udp_trial(topo, tools, size=size, rate=0, duration=duration, family=path.family)
+    res = udp_trial(topo, tools, size=size, rate=0, duration=duration,
+                    family=family or path.family)
     drops1 = drop_counters(topo)
     res["cost"] = cost.stop()
     # Every path, the kernel's included: the machine's CPU time per packet delivered.

@@ -307,13 +307,17 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
     # as its TCP stream does (_tcp_beside_ipv4), the order alternating between trials.
     beside = path.family == 6
     if beside and trial % 2 == 1:
-        v4 = _ipv4_flood(topo, tools, profile, size)
+        v4 = _ipv4_flood(topo, tools, path, profile, size)
     fl = measure.flood(topo, tools, path, size=size, duration=profile.flood_s,
                        quiet_since=time.time())
     if beside:
         if trial % 2 == 0:
-            v4 = _ipv4_flood(topo, tools, profile, size)
+            v4 = _ipv4_flood(topo, tools, path, profile, size)
         _add(out, size, "flood_ipv4_same_rx_pps", v4["rx_pps"])
+        v4_cost = v4["cost"] or {}
+        for k in ("cpu_ns_per_packet", "send_cpu_ns_per_packet", "recv_cpu_ns_per_packet"):
+            if v4_cost:
+                _add(out, size, f"ipv4_same_{k}", v4_cost.get(k))
         # Only floods that the forwarders limited compare them: one that lost < 0.5 % shows
         # its generator's rate, and the generator sends IPv6 more slowly than IPv4.
         forwarder_bound = min(fl["loss"], v4["loss"]) >= measure.PDR_LOSS
@@ -345,6 +349,8 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
              + (f", {' and '.join(per_packet)} per packet" if per_packet else "")
              + (f"; IPv4 through the same forwarders: offered {v4['tx_pps'] / 1e3:.1f}, "
                 f"received {v4['rx_pps'] / 1e3:.1f} kpps"
+                + (f", {v4_cost['cpu_ns_per_packet']:.0f} ns CPU per packet"
+                   if v4_cost.get("cpu_ns_per_packet") is not None else "")
                 + ("" if forwarder_bound else " (a flood lost < 0.5 %: the generators' "
                    "rates, no ratio)") if beside else ""))
     if fl["drops"]:
@@ -357,8 +363,11 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
     return fl
 
 
-def _ipv4_flood(topo, tools, profile: Profile, size: int) -> dict:
-    return measure.udp_trial(topo, tools, size=size, rate=0, duration=profile.flood_s, family=4)
+def _ipv4_flood(topo, tools, path, profile: Profile, size: int) -> dict:
+    """The IPv4 flood beside an IPv6 one, with the forwarders' cost too (what sets the two
+    apart: their CPU and syscalls per packet, each side's)."""
+    return measure.flood(topo, tools, path, size=size, duration=profile.flood_s,
+                         quiet_since=time.time(), family=4)
 
 
 def _rates_and_load(topo, tools, profile: Profile, out: dict, size: int, fl: dict, tag: str,

@@ -81,9 +81,13 @@ def test_an_ipv6_paths_floods_run_beside_ipv4_in_alternating_order(monkeypatch):
         return {"rx_pps": rx, "tx_pps": 2 * rx, "loss": 0.5, "machine_cpu_ns_per_packet": None,
                 "received": 1, "sent": 2}
 
-    def flood(topo, tools, path, *, size, duration, quiet_since):
-        return dict(trial(topo, tools, size=size, rate=0, duration=duration,
-                          family=path.family), cost=None, drops={})
+    def flood(topo, tools, path, *, size, duration, quiet_since, family=None):
+        return dict(measure_trial()(topo, tools, size=size, rate=0, duration=duration,
+                                    family=family or path.family),
+                    cost={"cpu_ns_per_packet": 1000.0}, drops={})
+
+    def measure_trial():
+        return runner.measure.udp_trial
 
     monkeypatch.setattr(runner.measure, "udp_trial", trial)
     monkeypatch.setattr(runner.measure, "flood", flood)
@@ -94,7 +98,9 @@ def test_an_ipv6_paths_floods_run_beside_ipv4_in_alternating_order(monkeypatch):
     assert calls == [4, 6, 6, 4]
     assert out[64]["flood_family_ratio"] == [0.9, 0.9]
     assert out[64]["flood_ipv4_same_rx_pps"] == [100e3, 100e3]
-    assert "IPv4 through the same forwarders: offered 200.0, received 100.0 kpps" in lines[0]
+    assert "IPv4 through the same forwarders: offered 200.0, received 100.0 kpps, 1000 ns CPU" \
+        in lines[0]
+    assert out[64]["ipv4_same_cpu_ns_per_packet"] == [1000.0, 1000.0]
     calls.clear()
     runner._flood(None, None, SimpleNamespace(family=4), runner.QUICK, {}, 64, "t",
                   lines.append, trial=1)
