@@ -6,12 +6,26 @@ import os
 
 import pytest
 
+from dataplane.control.etcd_errors import RegistryError
 from dataplane.control.registry import Registry
 from dataplane.testbed.etcd import EtcdServer
-from tests.conftest import require, require_etcd, require_overlay, require_root
+from tests.conftest import require, require_etcd, require_overlay, require_root, wait_until
 
 _prefix_seq = itertools.count()
 DEFAULT_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
+
+
+def reach_again(reg, timeout: float = 10.0) -> None:
+    """After an etcd restart, wait until ``reg`` reaches it. Its channel reconnects on a backoff
+    of up to 2 s (control/etcd.py), and a call made before then fails at once; a lone test etcd
+    is back in about 0.1 s (testbed/etcd.py), well before that."""
+    def reached():
+        try:
+            reg.get(reg.subnets_prefix, prefix=True)
+            return True
+        except RegistryError:
+            return False
+    wait_until(reached, timeout, 0.05, what=f"a client to reach etcd again ({reg.endpoint().url})")
 
 
 def unique_prefix(tag: str = "t") -> str:

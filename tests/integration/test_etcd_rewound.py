@@ -14,6 +14,7 @@ import pytest
 from dataplane.control.lease import LeaseAttrs
 from dataplane.control.peers import PeerWatcher
 from tests.conftest import wait_until
+from tests.integration.conftest import reach_again
 
 pytestmark = [pytest.mark.etcd]
 
@@ -41,6 +42,7 @@ def test_a_watch_lists_anew_when_etcd_was_restored_from_an_older_backup(etcd, ma
         backup = etcd.data_dir + ".backup"
         shutil.copytree(etcd.data_dir, backup)
         etcd.start()
+        reach_again(reg)
         for third in (3, 4, 5, 6):           # written after the backup: gone after the restore
             reg.put(key(reg, third), attrs(third))
         wait_until(lambda: len(w.peers()) == 5, what="the watch to see the later leases")
@@ -49,6 +51,7 @@ def test_a_watch_lists_anew_when_etcd_was_restored_from_an_older_backup(etcd, ma
         shutil.rmtree(etcd.data_dir)
         shutil.move(backup, etcd.data_dir)
         etcd.start()
+        reach_again(reg)
         reg.put(key(reg, 9), attrs(9))       # a revision the old cursor had seen already
         assert reg.current_revision() < cursor
         wait_until(lambda: set(w.peers()) == {IPv4Network("10.5.2.0/24"),

@@ -23,6 +23,7 @@ from dataplane.control.peer_process import PeerWatchProcess
 from dataplane.control.peers import PeerWatcher
 from dataplane.control.lease_manager import LeaseManager
 from tests.conftest import wait_until
+from tests.integration.conftest import reach_again
 
 pytestmark = pytest.mark.etcd
 OWN = IPv4Network("10.5.1.0/24")
@@ -209,6 +210,7 @@ def test_etcd_restarted_mid_watch(etcd, make_registry, started):
         reg.put(key(reg, 20 + round_), attrs(20 + round_))
         etcd.kill() if round_ == 0 else etcd.stop()      # a crash, then a clean stop
         etcd.start()
+        reach_again(reg)
         reg.txn_put_delete({key(reg, 30 + round_): attrs(30 + round_),
                             key(reg, 40 + round_): attrs(40 + round_)},
                            deletes=[key(reg, 2)] if round_ == 0 else [key(reg, 20)])
@@ -225,6 +227,7 @@ def test_compacted_mid_watch_relists(etcd, make_registry, started):
     w, rec = started(reg, retry_interval=3.0)           # the watcher stays away while we compact
     etcd.kill()
     etcd.start()
+    reach_again(reg)
     reg.delete(key(reg, 3))
     reg.txn_put_delete({key(reg, 7): attrs(7), key(reg, 8): attrs(8)}, deletes=[key(reg, 4)])
     reg.put(key(reg, 2), attrs(22))
@@ -289,6 +292,7 @@ def test_random_churn_with_restarts_and_compaction_converges(etcd, make_registry
         stop.set()
         t.join(20)
     assert done[0] > 20
+    reach_again(reg)
     wait_until(converged(reg, w), timeout=15, what="convergence after random churn")
     wait_until(lambda: w.watch_loop.reconnects >= 2, what="the reconnects counted")
 

@@ -14,7 +14,7 @@ from dataplane.control.lease import LeaseAttrs
 from dataplane.control.registry import CONFIG_NOT_FOUND, ConfigNotFoundError, Registry
 from dataplane.testbed.etcd import EtcdServer, make_certs, server_tls
 from tests.conftest import require_etcd, wait_until
-from tests.integration.conftest import unique_prefix
+from tests.integration.conftest import reach_again, unique_prefix
 
 pytestmark = pytest.mark.etcd
 A1 = LeaseAttrs(IPv4Address("192.168.77.1"))
@@ -134,6 +134,7 @@ def test_watch_resumes_after_etcd_restart_without_loss(etcd, make_registry):
         wait_until(lambda: len(got) == 2, what="both events of one txn")
         etcd.kill()
         etcd.start()
+        reach_again(reg)
         reg.put(reg.subnets_prefix + "10.5.3.0-24", A1.to_json())
         reg.delete(reg.subnets_prefix + "10.5.1.0-24")
         wait_until(lambda: len(got) == 4, what="events after the restart")
