@@ -28,11 +28,6 @@ log = logging.getLogger(__name__)
 
 ETCD_BIN = "etcd"
 ETCDCTL_BIN = "etcdctl"
-# A member alone elects itself once its election timeout has passed: at etcd's default (1 s,
-# randomized up to 2 s) that is most of its start, and of every restart. Alone it has no peer
-# to miss a heartbeat from, so a short timeout changes nothing else; members of a cluster keep
-# the defaults, which a busy machine needs between peers.
-ALONE_ARGS = ("--heartbeat-interval", "10", "--election-timeout", "100")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -126,7 +121,6 @@ class EtcdServer:
         self.base_dir = data_dir or tempfile.mkdtemp(prefix=f"fu-etcd-{os.getpid()}-")
         self.data_dir = os.path.join(self.base_dir, "data")
         self.log_path = os.path.join(self.base_dir, "etcd.log")
-        self.alone = initial_cluster is None
         self.initial_cluster = initial_cluster or f"{name}={self.peer_url}"
         self.cluster_token = cluster_token or f"fu-{os.getpid()}-{self.client_port}"
         self.extra_args = tuple(extra_args)
@@ -156,7 +150,7 @@ class EtcdServer:
             "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", self.initial_cluster, "--initial-cluster-token", self.cluster_token,
             "--initial-cluster-state", "new", "--log-level", "warn", "--logger", "zap",
-            *(ALONE_ARGS if self.alone else ()), *self._tls_server_args(), *self.extra_args,
+            *self._tls_server_args(), *self.extra_args,
         ])
 
     def _tls_server_args(self) -> list[str]:

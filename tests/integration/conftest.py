@@ -17,8 +17,8 @@ DEFAULT_CONFIG = '{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}'
 
 def reach_again(reg, timeout: float = 10.0) -> None:
     """After an etcd restart, wait until ``reg`` reaches it. Its channel reconnects on a backoff
-    of up to 2 s (control/etcd.py), and a call made before then fails at once; a lone test etcd
-    is back in about 0.1 s (testbed/etcd.py), well before that."""
+    of up to 2 s (control/etcd.py), and a call made before then fails at once, however soon
+    etcd is back."""
     def reached():
         try:
             reg.get(reg.subnets_prefix, prefix=True)
