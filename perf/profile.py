@@ -41,12 +41,15 @@ def main() -> int:
     ap.add_argument("--family", type=int, choices=(4, 6), default=None,
                     help="inner family of the traffic (default: the path's; 4 on an IPv6 path "
                          "such as c6 sends IPv4 through its dual-stack forwarders)")
+    ap.add_argument("--forwarders-together", action="store_true",
+                    help="both forwarders on host B's core, as bench --forwarders-together")
     ap.add_argument("--perf", metavar="FILE", help="perf record -a -g into FILE during the load")
     a = ap.parse_args()
     if not 2 <= a.seconds <= 60:
         ap.error("--seconds must be between 2 and 60")
     tools = measure.Tools(**build.setup())
-    with BenchTopo(ipv6=a.path in IPV6_TWINS) as topo:
+    with BenchTopo(ipv6=a.path in IPV6_TWINS,
+                   forwarders_together=a.forwarders_together) as topo:
         path = make_path(topo, a.path, batch=a.batch)
         family = a.family or path.family
         if family == 6 and path.family != 6:
@@ -54,6 +57,7 @@ def main() -> int:
         path.setup()
         try:
             before = path.counters()
+            drops0 = measure.drop_counters(topo)
             rec = None
             if a.perf:
                 # The middle of the load: skip the ramp-up and the end.
@@ -74,6 +78,7 @@ def main() -> int:
                 rec.wait(timeout=a.seconds + 30)
                 print(f"perf data: {a.perf}")
             after = path.counters(after=time.time())
+            print("kernel drops:", measure.drop_delta(drops0, measure.drop_counters(topo)))
             for side, d in after.items():
                 moved = {k: v - before.get(side, {}).get(k, 0) for k, v in d.items()
                          if isinstance(v, int) and v != before.get(side, {}).get(k, 0)}
