@@ -44,10 +44,14 @@ RATIO_FIGURES = (("ndr_pps_64", 64, "ndr_pps"), ("ndr_pps_1400", 1400, "ndr_pps"
 # key): the median of the per-trial ratios.
 PAIRED_TCP_KEY = "tcp_family_ratio"
 PAIRED_FLOOD_KEY = "flood_family_ratio"
+# Per trial that has a PAIRED_FLOOD_KEY ratio (None in the others): the IPv6 flood lost < 0.5 %,
+# so its rate is its generator's, at most what the forwarders carry, and the ratio a lower bound.
+PAIRED_FLOOD_LOWER_KEY = "flood_family_ratio_lower_bound"
 PAIRED_FIGURES = (("tcp_gbps_same_forwarders", None, PAIRED_TCP_KEY),
                   ("flood_rx_pps_64_same_forwarders", 64, PAIRED_FLOOD_KEY),
                   ("flood_rx_pps_1400_same_forwarders", 1400, PAIRED_FLOOD_KEY))
 CI_KEY = "ci95"                 # ratios[path][ref][CI_KEY][figure] = [low, high] or None
+LOWER_KEY = "lower_bounds"      # ratios[path][ref][LOWER_KEY]: figures that are lower bounds
 CI_RESAMPLES = 2000
 CI_SEED = 2544                  # fixed: the same trials always give the same interval
 CI_MIN_TRIALS = 3               # fewer trials per path: no interval (a quick run has one)
@@ -137,10 +141,16 @@ def ratios(rows, detail=None) -> dict:
                                  _trials(trials.get((ref, size)), key))
         if IPV6_TWINS.get(path) == ref:
             for name, size, key in PAIRED_FIGURES:
-                per_trial = [v for v in _trials(trials.get((path, size)), key) if v is not None]
+                det = trials.get((path, size))
+                per_trial = [v for v in _trials(det, key) if v is not None]
                 if per_trial:           # none in a path run before the bench measured them
                     figs[name] = round(float(np.median(per_trial)), 3)
                     cis[name] = paired_ci(per_trial)
+                    # a median of values some of which are lower bounds is one too
+                    # (flags are kept as the trials' list: build() summarizes numbers only)
+                    flags = (det or {}).get(PAIRED_FLOOD_LOWER_KEY) or []
+                    if key == PAIRED_FLOOD_KEY and any(f is True for f in flags):
+                        figs.setdefault(LOWER_KEY, []).append(name)
         figs[CI_KEY] = cis
         out.setdefault(path, {})[ref] = figs
     return out
@@ -164,18 +174,15 @@ def ratio_ci(num_trials, den_trials, *, resamples: int = CI_RESAMPLES,
     limit: with 5 trials a resampled median can only be one of the trials' values, so the
     interval is coarse and rather narrow than wide; one clear of 1.0 is evidence, not proof.
     None with fewer than CI_MIN_TRIALS trials on either side or a zero denominator."""
-    a = np.asarray([v for v in num_trials if v is not None], dtype=float)
-    b = np.asarray([v for v in den_trials if v is not None], dtype=float)
+    a, b = _values(num_trials), _values(den_trials)
     if a.size < CI_MIN_TRIALS or b.size < CI_MIN_TRIALS:
         return None
     rng = np.random.default_rng(seed)
-    med_a = np.median(a[rng.integers(0, a.size, (resamples, a.size))], axis=1)
-    med_b = np.median(b[rng.integers(0, b.size, (resamples, b.size))], axis=1)
+    med_a, med_b = _boot_medians(a, rng, resamples), _boot_medians(b, rng, resamples)
     keep = med_b != 0
     if not keep.any():
         return None
-    lo, hi = np.percentile(med_a[keep] / med_b[keep], [2.5, 97.5])
-    return [round(float(lo), 3), round(float(hi), 3)]
+    return _interval(med_a[keep] / med_b[keep])
 
 
 def paired_ci(per_trial, *, resamples: int = CI_RESAMPLES, seed: int = CI_SEED
@@ -183,12 +190,24 @@ def paired_ci(per_trial, *, resamples: int = CI_RESAMPLES, seed: int = CI_SEED
     """95 % interval of the median of per-trial ratios, each trial's two figures measured
     side by side (so, unlike ratio_ci's, the trials are resampled as pairs): the same
     percentile bootstrap, with the same limits. None with fewer than CI_MIN_TRIALS."""
-    a = np.asarray([v for v in per_trial if v is not None], dtype=float)
+    a = _values(per_trial)
     if a.size < CI_MIN_TRIALS:
         return None
-    rng = np.random.default_rng(seed)
-    med = np.median(a[rng.integers(0, a.size, (resamples, a.size))], axis=1)
-    lo, hi = np.percentile(med, [2.5, 97.5])
+    return _interval(_boot_medians(a, np.random.default_rng(seed), resamples))
+
+
+def _values(trials) -> np.ndarray:
+    return np.asarray([v for v in trials if v is not None], dtype=float)
+
+
+def _boot_medians(a: np.ndarray, rng, resamples: int) -> np.ndarray:
+    """The medians of ``resamples`` resamples of ``a`` (with replacement, its own size)."""
+    return np.median(a[rng.integers(0, a.size, (resamples, a.size))], axis=1)
+
+
+def _interval(stats: np.ndarray) -> list[float]:
+    """The percentile bootstrap's 95 % interval of resampled statistics."""
+    lo, hi = np.percentile(stats, [2.5, 97.5])
     return [round(float(lo), 3), round(float(hi), 3)]
 
 
@@ -197,13 +216,15 @@ def straddles_one(ci) -> bool:
     return ci is not None and ci[0] <= 1.0 <= ci[1]
 
 
-def ratio_text(value, ci) -> str:
-    """``0.55x [0.48-0.61]``; a trailing ``~`` when the interval includes 1.0."""
+def ratio_text(value, ci, lower: bool = False) -> str:
+    """``0.55x [0.48-0.61]``; a trailing ``~`` when the interval includes 1.0, a leading
+    ``>=`` when the ratio is a lower bound."""
     if value is None:
         return "-"
+    text = (">=" if lower else "") + f"{value:.2f}x"
     if ci is None:
-        return f"{value:.2f}x"
-    return f"{value:.2f}x [{ci[0]:.2f}-{ci[1]:.2f}]" + ("~" if straddles_one(ci) else "")
+        return text
+    return text + f" [{ci[0]:.2f}-{ci[1]:.2f}]" + ("~" if straddles_one(ci) else "")
 
 
 def ratio_figures(figs: dict) -> list[tuple[str, float | None, list | None]]:
@@ -212,6 +233,12 @@ def ratio_figures(figs: dict) -> list[tuple[str, float | None, list | None]]:
     cis = figs.get(CI_KEY) or {}
     names = [n for n, _, _ in RATIO_FIGURES] + [n for n, _, _ in PAIRED_FIGURES if n in figs]
     return [(n, figs.get(n), cis.get(n)) for n in names]
+
+
+def _ratio_cells(figs: dict) -> list[tuple[str, str]]:
+    """(figure, text) of one pair, as ratio_figures orders them."""
+    lower = set(figs.get(LOWER_KEY) or ())
+    return [(n, ratio_text(v, ci, n in lower)) for n, v, ci in ratio_figures(figs)]
 
 
 def public(result: dict) -> dict:
@@ -306,7 +333,9 @@ def legend_lines(result: dict) -> list[str]:
                      "is 20 bytes longer; X6 / X is IPv6 / IPv4 of the same path in this run; "
                      "*_same_forwarders: the median over the trials of X6's figure (one TCP "
                      "stream, a flood's received rate) over the same of inner IPv4 through X6's "
-                     "own forwarders beside it")
+                     "own forwarders beside it; a flood pair counts when the IPv4 flood lost "
+                     ">= 0.5 % (the forwarders' limit), and the ratio is marked >= (a lower "
+                     "bound) when the IPv6 flood lost less (its generator's limit)")
     if any(generator_limited(d) or ndr_generator_limited(d) for d in result["detail"]):
         lines.append(">= : the flood lost < 0.5 % (PDR) or nothing (NDR), so the generator was "
                      "the limit and the rate is a lower bound")
@@ -328,7 +357,7 @@ def ratio_lines(result: dict) -> list[str]:
     lines += legend_lines(result)
     for path, refs in result["ratios"].items():
         for ref, figs in refs.items():
-            parts = [f"{n}={ratio_text(v, ci)}" for n, v, ci in ratio_figures(figs)]
+            parts = [f"{n}={text}" for n, text in _ratio_cells(figs)]
             lines.append(f"{path} / {ref}: " + "  ".join(parts))
     return lines
 
@@ -343,7 +372,7 @@ def markdown(result: dict) -> str:
     for path, refs in result["ratios"].items():
         for ref, figs in refs.items():
             out.append(f"| {path} / {ref} | " + " | ".join(
-                ratio_text(v, ci) for _, v, ci in ratio_figures(figs)) + " |")
+                text for _, text in _ratio_cells(figs)) + " |")
     out.append("")
     for line in legend_lines(result):
         out += [line, ""]

@@ -301,28 +301,21 @@ def _tcp_beside_ipv4(topo, tools, profile: Profile, out: dict,
     return got[6], v4
 
 
+# The forwarders' cost keys of a flood (CostWindow.stop), per packet.
+COST_KEYS = ("send_cpu_ns_per_packet", "recv_cpu_ns_per_packet",
+             "send_syscalls_per_packet", "recv_syscalls_per_packet")
+
+
 def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, progress,
            trial: int = 1):
-    # An inner-IPv6 path's flood runs beside one of inner IPv4 through the same forwarders,
-    # as its TCP stream does (_tcp_beside_ipv4), the order alternating between trials.
     beside = path.family == 6
-    if beside and trial % 2 == 1:
-        v4 = _ipv4_flood(topo, tools, path, profile, size)
-    fl = measure.flood(topo, tools, path, size=size, duration=profile.flood_s,
-                       quiet_since=time.time())
     if beside:
-        if trial % 2 == 0:
-            v4 = _ipv4_flood(topo, tools, path, profile, size)
-        _add(out, size, "flood_ipv4_same_rx_pps", v4["rx_pps"])
+        fl, v4, paired = _flood_beside_ipv4(topo, tools, path, profile, out, size,
+                                            ipv4_first=trial % 2 == 1)
         v4_cost = v4["cost"] or {}
-        for k in ("cpu_ns_per_packet", "send_cpu_ns_per_packet", "recv_cpu_ns_per_packet"):
-            if v4_cost:
-                _add(out, size, f"ipv4_same_{k}", v4_cost.get(k))
-        # Only floods that the forwarders limited compare them: one that lost < 0.5 % shows
-        # its generator's rate, and the generator sends IPv6 more slowly than IPv4.
-        forwarder_bound = min(fl["loss"], v4["loss"]) >= measure.PDR_LOSS
-        _add(out, size, report.PAIRED_FLOOD_KEY,
-             fl["rx_pps"] / v4["rx_pps"] if forwarder_bound and v4["rx_pps"] else None)
+    else:
+        fl = measure.flood(topo, tools, path, size=size, duration=profile.flood_s,
+                           quiet_since=time.time())
     cost = fl["cost"] or {}
     _add(out, size, "flood_rx_pps", fl["rx_pps"])
     _add(out, size, "flood_loss", fl["loss"])
@@ -334,9 +327,8 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
     _add(out, size, "cpu_ns_per_packet", cost.get("cpu_ns_per_packet"))
     _add(out, size, "flood_machine_cpu_ns_per_packet", fl["machine_cpu_ns_per_packet"])
     _add(out, size, "syscalls_per_packet", cost.get("syscalls_per_packet"))
-    for k in ("send_cpu_ns_per_packet", "recv_cpu_ns_per_packet",
-              "send_syscalls_per_packet", "recv_syscalls_per_packet"):
-        if cost:
+    if cost:
+        for k in COST_KEYS:
             _add(out, size, k, cost.get(k))
     # flanneld's forwarders count no syscalls: its CPU alone (daemon_paths.py)
     per_packet = [f"{cost[k]:{fmt}} {what}" for k, fmt, what in (
@@ -351,8 +343,7 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
                 f"received {v4['rx_pps'] / 1e3:.1f} kpps"
                 + (f", {v4_cost['cpu_ns_per_packet']:.0f} ns CPU per packet"
                    if v4_cost.get("cpu_ns_per_packet") is not None else "")
-                + ("" if forwarder_bound else " (a flood lost < 0.5 %: the generators' "
-                   "rates, no ratio)") if beside else ""))
+                + paired if beside else ""))
     if fl["drops"]:
         progress(f"  drops: {_top_drops(fl['drops'])}")
     if cost.get("offload_ops"):
@@ -363,11 +354,38 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
     return fl
 
 
-def _ipv4_flood(topo, tools, path, profile: Profile, size: int) -> dict:
-    """The IPv4 flood beside an IPv6 one, with the forwarders' cost too (what sets the two
-    apart: their CPU and syscalls per packet, each side's)."""
-    return measure.flood(topo, tools, path, size=size, duration=profile.flood_s,
-                         quiet_since=time.time(), family=4)
+def _flood_beside_ipv4(topo, tools, path, profile: Profile, out: dict, size: int,
+                       ipv4_first: bool) -> tuple[dict, dict, bool]:
+    """An inner-IPv6 path's flood, and right beside it the same flood of inner IPv4 through
+    the same forwarders, the order alternating between trials (as ``_tcp_beside_ipv4``).
+    Keeps the IPv4 flood's rate and the forwarders' cost of it (CPU and syscalls per packet,
+    each side's: what would set the two families apart), and their ratio when the IPv4 flood
+    was the forwarders' limit. A flood that lost < 0.5 % shows its generator's rate, which is
+    at most what the forwarders carry, and the generator sends IPv6 more slowly than IPv4: an
+    IPv4 flood so limited leaves no ratio; an IPv6 one leaves a lower bound. Returns both
+    floods and what the progress line says of the ratio."""
+    got = {}
+    for fam in ((4, 6) if ipv4_first else (6, 4)):
+        got[fam] = measure.flood(topo, tools, path, size=size, duration=profile.flood_s,
+                                 quiet_since=time.time(), family=fam)
+    fl, v4 = got[6], got[4]
+    _add(out, size, "flood_ipv4_same_rx_pps", v4["rx_pps"])
+    v4_cost = v4["cost"] or {}
+    if v4_cost:
+        for k in ("cpu_ns_per_packet", "syscalls_per_packet") + COST_KEYS:
+            _add(out, size, f"ipv4_same_{k}", v4_cost.get(k))
+    counts = v4["loss"] >= measure.PDR_LOSS and v4["rx_pps"] > 0
+    lower = counts and fl["loss"] < measure.PDR_LOSS
+    _add(out, size, report.PAIRED_FLOOD_KEY, fl["rx_pps"] / v4["rx_pps"] if counts else None)
+    _add(out, size, report.PAIRED_FLOOD_LOWER_KEY, lower if counts else None)
+    if not counts:
+        said = " (the IPv4 flood lost < 0.5 %: its generator's rate, no ratio)"
+    elif lower:
+        said = (f" (IPv6 / IPv4 >= {fl['rx_pps'] / v4['rx_pps']:.2f}: the IPv6 flood lost "
+                "< 0.5 %, its generator's rate)")
+    else:
+        said = f" (IPv6 / IPv4 {fl['rx_pps'] / v4['rx_pps']:.2f})"
+    return fl, v4, said
 
 
 def _rates_and_load(topo, tools, profile: Profile, out: dict, size: int, fl: dict, tag: str,

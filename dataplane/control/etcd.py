@@ -66,6 +66,10 @@ log = logging.getLogger(LOGGER)
 DEFAULT_ENDPOINTS = ("http://127.0.0.1:4001", "http://127.0.0.1:2379")
 
 FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+MAX_RECONNECT_BACKOFF_MS = 2_000
+# After etcd is back, a channel still in its reconnect backoff fails its next call at once: a
+# failure that soon after "recovered" is held back until it outlasts that backoff.
+OUTAGE_SETTLE_S = MAX_RECONNECT_BACKOFF_MS / 1000 + 1.0
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),          # never below etcd's 5 s minimum
     ("grpc.keepalive_timeout_ms", 5_000),
@@ -73,7 +77,7 @@ _CHANNEL_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2_000),
+    ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ("grpc.max_receive_message_length", 64 << 20),   # a big lease list in one Range response
 ]
 
@@ -178,7 +182,7 @@ class EtcdClient:
             raise ValueError("etcd auth needs both a username and a password")
         self._token: Optional[str] = None      # "" when etcd has auth off: no token to send
         # What the log says of failures, once each (control/recurring.py; the module's docstring).
-        self._unreachable = Recurring(log, "etcd unreachable")
+        self._unreachable = Recurring(log, "etcd unreachable", settle=OUTAGE_SETTLE_S)
         self._refused = Recurring(log, "etcd refuses this client", level=logging.ERROR)
         self._denied: dict[str, Recurring] = {}          # permission denied, per operation
         self._failed_over: set[int] = set()    # endpoints left since the last success

@@ -137,6 +137,9 @@ class LeaseManager:
         self.renewals = 0
         self.reacquisitions = 0
         self.races_lost = 0                   # creations beaten by another node (we picked again)
+        # The subnet of the last dual key given up (_second) to a key that overlaps its IPv6 part
+        # alone: the subnet is still ours to take, with another IPv6 part (_acquire).
+        self._ipv6_only_loss: Optional[IPv4Network] = None
         self._reacquire_failing = Recurring(log, "Re-acquiring our lease", level=logging.ERROR)
         self._renew_failing = Recurring(log, "Renewing our lease", level=logging.ERROR)
 
@@ -184,14 +187,21 @@ class LeaseManager:
         lost: set[IPv4Network] = set()
         lost6: set[IPv6Network] = set()
         for attempt in range(1, self.max_attempts + 1):
+            self._ipv6_only_loss = None
             leases, _ = self.registry.list_leases()
             lease = self._reuse_by_ip(config, leases, prev, prev6)
             if lease is not None:
                 return lease
+            if self._keep_subnet():
+                prev, prev6 = self._ipv6_only_loss, None
+                continue
             if prev is not None:
                 lease = self._reuse_previous(config, leases, prev, prev6)
                 if lease is not None:
                     return lease
+                if self._keep_subnet():
+                    prev6 = None
+                    continue
                 # Tried once; from now on pick at random, and not it: our list predates a writer
                 # that may have just taken it.
                 lost.add(prev)
@@ -211,6 +221,16 @@ class LeaseManager:
             lost6.update([pick6] if pick6 is not None else [])
             self.races_lost += 1
         raise SubnetError(f"failed to acquire a subnet lease: lost {self.max_attempts} creation races in a row")
+
+    def _keep_subnet(self) -> bool:
+        """A reuse of our subnet (our key, subnet.env's) just lost only its IPv6 part to an
+        earlier key: as a running host does (_reacquire), the subnet is kept, with another
+        IPv6 part, on the next attempt. Never the IPv4 subnet given up because of IPv6."""
+        if self._ipv6_only_loss is None:
+            return False
+        log.info("Keeping subnet %s: only the IPv6 part of our key was another host's; taking "
+                 "another IPv6 part", self._ipv6_only_loss)
+        return True
 
     def _second(self, lease: Lease, others_only: bool = False) -> Optional[Lease]:
         """The key just written as ``lease``, if it names both parts, against every key created
@@ -234,6 +254,8 @@ class LeaseManager:
         self.registry.delete_lease(lease.subnet, ipv6_subnet=lease.ipv6_subnet)
         if lease.lease_id:
             self.registry.revoke(lease.lease_id)
+        if not rival.subnet.overlaps(lease.subnet):
+            self._ipv6_only_loss = lease.subnet
         return rival
 
     def _reuse_by_ip(self, config: NetworkConfig, leases: list[Lease],

@@ -13,6 +13,11 @@ a caller whose cause text varies from one attempt to the next while the problem 
 (etcd unreachable, seen by several loops with their own words) passes a steady key, so that only
 the reminders carry the newest text.
 
+A problem may also flicker as it ends: a client whose connection was waiting out its reconnect
+backoff fails once more right after another call has said the outage over. ``settle`` is that
+window: a failure that begins less than ``settle`` seconds after a recovery was said is kept at
+DEBUG until it is still failing past the window, and ends at DEBUG if it never was said.
+
 The pace is ``REMIND_EVERY`` (a minute). The integration tests shorten it through the environment
 variable ``FLANNEL_UDP_REMIND_EVERY_S`` (read once, at import), so that a short outage shows its
 reminders; it is no operator's setting.
@@ -41,16 +46,20 @@ REMIND_EVERY = _remind_every()
 
 class Recurring:
     def __init__(self, logger: logging.Logger, what: str, *, level: int = logging.WARNING,
-                 remind_every: Optional[float] = None, clock: Callable[[], float] = time.monotonic):
+                 remind_every: Optional[float] = None, settle: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.log = logger
         self.what = what
         self.level = level
         # None: the module's pace, read when the object is made (so a test may patch it)
         self.remind_every = REMIND_EVERY if remind_every is None else remind_every
+        self.settle = settle
         self._clock = clock
         self._lock = threading.Lock()
         self._since: Optional[float] = None    # when the current failure began (clock)
         self._last_said = 0.0
+        self._said = False                     # the current failure has been logged
+        self._recovered_at: Optional[float] = None   # when a said failure last ended (clock)
         self._cause = ""
         self._key: object = None
         self.attempts = 0                      # failures since it began
@@ -85,13 +94,15 @@ class Recurring:
         with self._lock:
             self.total += 1
             self.attempts += 1
-            first = self._since is None
-            if first:
-                self._since = now
+            if self._since is None:
+                self._since, self._said = now, False
             new_cause = key != self._key
             self._cause, self._key = cause, key
-            if first or new_cause:
-                self._last_said = now
+            settling = (self._recovered_at is not None and now - self._recovered_at < self.settle)
+            if not self._said and settling:
+                kind = None
+            elif not self._said or new_cause:
+                self._last_said, self._said = now, True
                 kind = "first"
             elif now - self._last_said >= self.remind_every:
                 self._last_said = now
@@ -117,8 +128,15 @@ class Recurring:
         with self._lock:
             if self._since is None:
                 return False
-            lasted, attempts = self._clock() - self._since, self.attempts
+            now = self._clock()
+            lasted, attempts, said = now - self._since, self.attempts, self._said
             self._since, self._cause, self._key, self.attempts = None, "", None, 0
+            if said:
+                self._recovered_at = now
+        if not said:
+            self.log.debug("%s: over after %s (%d failed attempts), within %.1f s of a recovery",
+                           self.what, _duration(lasted), attempts, self.settle)
+            return True
         self.log.info("%s: recovered after %s (%d failed attempts)%s", self.what, _duration(lasted),
                       attempts, f"; {what_now}" if what_now else "")
         return True

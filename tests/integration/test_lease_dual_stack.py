@@ -295,7 +295,8 @@ def test_take_back_of_a_dual_key_gives_it_up_to_an_earlier_overlapping_key(
     key of another shape with one part the same between that list and that create. The create-if-
     absent of either key cannot see the other, so the taker looks after its create, as an
     allocation does, and the later key goes: ours moves to a pair of its own. The same for our
-    IPv4-only key given an IPv6 part (a key of the new shape for the same subnet)."""
+    IPv4-only key given an IPv6 part (a key of the new shape for the same subnet). A rival of
+    our IPv6 part alone takes only that: our IPv4 subnet, where the workloads are, is kept."""
     reg = make_registry(shared_etcd, config=DUAL)
     with contextlib.ExitStack() as running:
         if how != "lost key":
@@ -322,7 +323,7 @@ def test_take_back_of_a_dual_key_gives_it_up_to_an_earlier_overlapping_key(
             lease = changes[0]
         assert not lease.subnet.overlaps(rival[0]) and not lease.ipv6_subnet.overlaps(rival[1])
         assert set(keys(reg)) == {name(*rival), name(lease.subnet, lease.ipv6_subnet)}
-        if how == "lost key" and rival_parts == "same-ipv6":   # the IPv4 subnet kept
+        if rival_parts == "same-ipv6":   # the IPv4 subnet kept, however the key was taken
             assert lease.subnet == mine[0]
 
 

@@ -84,7 +84,7 @@ def test_an_ipv6_paths_floods_run_beside_ipv4_in_alternating_order(monkeypatch):
     def flood(topo, tools, path, *, size, duration, quiet_since, family=None):
         return dict(measure_trial()(topo, tools, size=size, rate=0, duration=duration,
                                     family=family or path.family),
-                    cost={"cpu_ns_per_packet": 1000.0}, drops={})
+                    cost={"cpu_ns_per_packet": 1000.0, "syscalls_per_packet": 1.05}, drops={})
 
     def measure_trial():
         return runner.measure.udp_trial
@@ -101,6 +101,7 @@ def test_an_ipv6_paths_floods_run_beside_ipv4_in_alternating_order(monkeypatch):
     assert "IPv4 through the same forwarders: offered 200.0, received 100.0 kpps, 1000 ns CPU" \
         in lines[0]
     assert out[64]["ipv4_same_cpu_ns_per_packet"] == [1000.0, 1000.0]
+    assert out[64]["ipv4_same_syscalls_per_packet"] == [1.05, 1.05]
     calls.clear()
     runner._flood(None, None, SimpleNamespace(family=4), runner.QUICK, {}, 64, "t",
                   lines.append, trial=1)
@@ -112,3 +113,12 @@ def test_an_ipv6_paths_floods_run_beside_ipv4_in_alternating_order(monkeypatch):
                   lines.append, trial=3)
     assert out[64]["flood_family_ratio"] == [0.9, 0.9, None]
     assert "no ratio" in lines[-1] and "no ratio" not in lines[0]
+    assert "IPv6 / IPv4 0.90)" in lines[0]
+    # an IPv6 flood that lost < 0.5 % beside an IPv4 one the forwarders limited: a lower bound
+    monkeypatch.setattr(runner.measure, "udp_trial", lambda *a, family=4, **k: dict(
+        trial(*a, family=family, **k), loss=0.001 if family == 6 else 0.5))
+    runner._flood(None, None, SimpleNamespace(family=6), runner.QUICK, out, 64, "t4",
+                  lines.append, trial=4)
+    assert out[64]["flood_family_ratio"] == [0.9, 0.9, None, 0.9]
+    assert out[64]["flood_family_ratio_lower_bound"] == [False, False, None, True]
+    assert "IPv6 / IPv4 >= 0.90" in lines[-1]

@@ -267,6 +267,24 @@ def test_an_ipv6_paths_figures_are_also_divided_by_ipv4_through_its_own_forwarde
     assert "flood_rx_pps_64_same_forwarders=0.95x [" in out
 
 
+def test_a_paired_flood_ratio_with_a_generator_limited_ipv6_flood_is_a_lower_bound(capsys):
+    s = _with_ipv6(_samples())
+    s["c6"][64][report.PAIRED_FLOOD_KEY] = [1.01, None, 0.95]
+    s["c6"][64][report.PAIRED_FLOOD_LOWER_KEY] = [True, None, False]
+    s["c6"][1400][report.PAIRED_FLOOD_KEY] = [1.0, 0.9, 0.95]
+    s["c6"][1400][report.PAIRED_FLOOD_LOWER_KEY] = [False, False, False]
+    r = report.build(s, ["c", "c6"], SIZES, {})["ratios"]["c6"]["c"]
+    assert r["flood_rx_pps_64_same_forwarders"] == 0.98
+    assert r[report.LOWER_KEY] == ["flood_rx_pps_64_same_forwarders"]
+    s["c6"][64][report.PAIRED_FLOOD_LOWER_KEY] = [False, None, False]
+    assert report.LOWER_KEY not in report.build(s, ["c", "c6"], SIZES, {})["ratios"]["c6"]["c"]
+    s["c6"][64][report.PAIRED_FLOOD_LOWER_KEY] = [True, None, False]
+    report.print_table(report.build(s, ["c", "c6"], SIZES, {}))
+    out = capsys.readouterr().out
+    assert "flood_rx_pps_64_same_forwarders=>=0.98x" in out
+    assert "flood_rx_pps_1400_same_forwarders=0.95x" in out
+
+
 def test_a_paired_interval_needs_three_trials():
     assert report.paired_ci([0.9, 1.0]) is None
     assert report.paired_ci([0.9, 0.9, 0.9]) == [0.9, 0.9]

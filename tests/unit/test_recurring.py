@@ -151,3 +151,34 @@ def test_the_pace_can_be_shortened_through_the_environment(monkeypatch, value, e
     finally:
         monkeypatch.delenv(recurring.REMIND_ENV, raising=False)
         importlib.reload(recurring)
+
+
+def test_a_failure_just_after_a_recovery_waits_out_the_settle_window(clock, lines):
+    r = make(clock, remind_every=60, settle=3.0)
+    r.fail("refused")
+    clock.now += 5
+    assert r.ok("answering") is True
+    said = len(lines())
+    # A channel still in its reconnect backoff fails once more, then succeeds: nothing said.
+    clock.now += 0.5
+    r.fail("watch cannot open a stream")
+    assert r.failing and len(lines()) == said
+    clock.now += 0.5
+    assert r.ok("answering") is True and len(lines()) == said
+    # A failure that lasts past the window is said, with its cause, and its end too.
+    clock.now += 0.5
+    r.fail("refused again")
+    clock.now += 3
+    r.fail("refused again")
+    assert lines()[said:] == [(logging.WARNING, "etcd unreachable: refused again")]
+    clock.now += 1
+    assert r.ok() is True
+    assert "recovered after 4 s (2 failed attempts)" in lines()[-1][1]
+
+
+def test_without_settle_a_failure_right_after_a_recovery_is_said_at_once(clock, lines):
+    r = make(clock)
+    r.fail("refused")
+    r.ok()
+    r.fail("refused")
+    assert [text for _, text in lines()][-1] == "etcd unreachable: refused"
