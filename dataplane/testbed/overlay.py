@@ -221,13 +221,19 @@ class Overlay:
     def _dir(self, host) -> str:
         return os.path.join(self.tb.workdir, self.host(host).name)
 
-    def prefer_subnet(self, host, subnet) -> None:
-        """Write the host's subnet.env as a previous run would leave it, naming ``subnet``: its
+    def prefer_subnet(self, host, subnet, subnet6=None) -> None:
+        """Write the host's subnet.env as a previous run would leave it, naming ``subnet`` (and
+        the IPv6 part ``subnet6``, else none: a dual-stack daemon then picks one at random): its
         daemon then takes that subnet when it is free, so peers can be pointed at it beforehand."""
         net = ipaddress.IPv4Network(subnet)
+        lines = [f"FLANNEL_NETWORK={self.network}",
+                 f"FLANNEL_SUBNET={net.network_address + 1}/{net.prefixlen}"]
+        if subnet6 is not None:
+            net6 = ipaddress.IPv6Network(subnet6)
+            lines.append(f"FLANNEL_IPV6_SUBNET={net6.network_address + 1}/{net6.prefixlen}")
+        lines += [f"FLANNEL_MTU={self.tb.mtu - 28}", "FLANNEL_IPMASQ=false"]
         with open(os.path.join(self._dir(host), "subnet.env"), "w") as f:
-            f.write(f"FLANNEL_NETWORK={self.network}\nFLANNEL_SUBNET={net.network_address + 1}/"
-                    f"{net.prefixlen}\nFLANNEL_MTU={self.tb.mtu - 28}\nFLANNEL_IPMASQ=false\n")
+            f.write("\n".join(lines) + "\n")
 
     def daemon_command(self, host: Host, engine: str, args=()) -> list[str]:
         """The daemon's `flannel-udp` arguments; ``--iface <veth>`` unless ``args`` choose the

@@ -287,7 +287,10 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         delete_lease(ov, s1)
         # a subnet other than the one h1 held (its first lease was random: it may be 10.5.77.0)
         new = "10.5.77.0/24" if str(s1) != "10.5.77.0/24" else "10.5.78.0/24"
-        ov.prefer_subnet(h1, new)
+        # and another IPv6 part: a random pick could be the old one again (1 in 100), whose
+        # direct route would then rightly stay
+        new6 = "fc00:5:0:fe::/64" if s6_1 != "fc00:5:0:fe::/64" else "fc00:5:0:fd::/64"
+        ov.prefer_subnet(h1, new, new6)
         ov.start_daemon(h1, wait=False)
         wait_until(lambda: direct_routes(ov, h0).get(new) == h1.ip, 15, 0.02,
                    lambda: f"h0 to route h1's new subnet directly: {direct_routes(ov, h0)}, "
