@@ -151,6 +151,46 @@
  * is drop_inner_foreign there, its IPv4 route's peer being IPv4. The
  * offload bits apply to both sockets (the caller sets UDP_GRO on each).
  *
+ * Path MTU (the IPv6 underlay). The caller sets IPV6_RECVERR and
+ * IPV6_DONTFRAG on udp6_fd: the kernel then never cuts an outer packet into
+ * fragments (many networks drop them), and refuses a datagram longer than
+ * the path MTU it knows to that peer (learnt from ICMPv6 packet too big,
+ * RFC 8201) with EMSGSIZE, that MTU on the socket's error queue. A message
+ * udp6_fd refuses (TUN -> UDP step 5) is judged by that queue, read first
+ * (recvmsg(MSG_ERRQUEUE) until it is empty or DP_ERRQ_MAX reads, each
+ * counted in udp_recvs):
+ *   - refused with EMSGSIZE and the queue held the kernel's own EMSGSIZE
+ *     (SO_EE_ORIGIN_LOCAL) with path MTU M (ee_info, the last such one):
+ *     with m = M - DP_UNDERLAY6_HDRS, at least DP_MTU6_MIN, a packet
+ *     longer than m is drop_too_big and gets ICMPv6 packet too big m, as a
+ *     route's mtu does (the quote as read: the hop limit before step 4's
+ *     decrement); one not longer (a path under DP_MTU6_MIN +
+ *     DP_UNDERLAY6_HDRS) is drop_send_error;
+ *   - else, when the queue held an error from the network (ICMP or ICMPv6
+ *     origin: the kernel hands such an error to the next call on the
+ *     socket too, whatever it sends), the message is sent once more,
+ *     alone; a refusal of that send is judged as above, without a third;
+ *   - else drop_send_error.
+ * EPOLLERR on either UDP socket empties its error queue the same way
+ * (errors from the network: the kernel took the path MTU from them).
+ * Inner IPv6 over the IPv4 underlay (udp_fd): the socket stays as the
+ * caller made it (the kernel fragments inner IPv4's outer packets, as under
+ * flanneld), but IPv4 has no per-packet "don't fragment" but one: a
+ * datagram sent with UDP_SEGMENT at least its length is never fragmented,
+ * and is refused (EMSGSIZE) over the path MTU. So each inner IPv6 message
+ * to an IPv4 peer carries UDP_SEGMENT = its length (a train of one; in a
+ * DP_OFF_UDP_GSO train, the train's own). A refused one is sent again once,
+ * without it, with udp_fd in IP_PMTUDISC_DO and IP_RECVERR for that send
+ * alone (its IP_MTU_DISCOVER read first and put back, IP_RECVERR cleared):
+ *   - sent: forwarded; when the first refusal was not EMSGSIZE, the kernel
+ *     refused the cmsg itself (EIO: no checksum offload or IPsec on the
+ *     path; Linux < 4.18), so no message carries it from then on;
+ *   - EMSGSIZE with the path MTU M on the error queue: as on the IPv6
+ *     underlay, with m = M - DP_UNDERLAY4_HDRS (at least DP_MTU6_MIN);
+ *   - else drop_send_error.
+ * The common case costs a control message on each inner IPv6 datagram to
+ * an IPv4 peer; no syscall and nothing for inner IPv4.
+ *
  * Checks are made in exactly the order listed; a packet is counted in the
  * first drop reason it meets and in no other.
  *
@@ -260,6 +300,9 @@ enum dp_limits {
     DP_ICMP_TTL = 64,            /* TTL (IPv6: hop limit) of the ICMP errors we generate */
     DP_ICMP6_ERR_MAX = 1280,     /* the longest ICMPv6 error: IPv6's minimum MTU */
     DP_MTU6_MIN = 1280,          /* dp_route6.mtu: IPv6's minimum link MTU (RFC 8200 5) */
+    DP_UNDERLAY6_HDRS = 48,      /* the IPv6 underlay's outer IPv6 and UDP headers ("Path MTU") */
+    DP_UNDERLAY4_HDRS = 28,      /* the IPv4 underlay's outer IPv4 and UDP headers ("Path MTU") */
+    DP_ERRQ_MAX = 64,            /* error queue reads at most per emptying ("Path MTU") */
     DP_IPV6_EXT_MAX = 8,         /* extension headers walked to find the upper layer */
     DP_LOCAL_MAX = 65536,        /* dp_loop_set_local: addresses at most */
     DP_COALESCE_MAX_US = 1000,   /* dp_loop_set_coalesce: a millisecond at most */
@@ -325,7 +368,8 @@ typedef struct dp_stats {
     uint64_t tun_reads;          /* read() calls on the TUN, EAGAIN included */
     uint64_t tun_writes;
     uint64_t udp_sends;          /* sendmmsg()/sendto() calls */
-    uint64_t udp_recvs;          /* recvmmsg()/recvfrom() calls, EAGAIN included */
+    uint64_t udp_recvs;          /* recvmmsg()/recvfrom() calls, EAGAIN included, and
+                                    the error queue's recvmsg() ("Path MTU") */
     uint64_t polls;              /* epoll_wait() calls */
     uint64_t tx_batches;         /* non-empty TUN->UDP batches */
     uint64_t rx_batches;         /* non-empty UDP->TUN batches */

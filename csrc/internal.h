@@ -538,6 +538,10 @@ enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
 /* A TUN read dropped before dp_path_tun could see it: counted as read
  * (len bytes) and in `reason` (a DP_ST_DROP_* index). */
 void dp_path_tun_drop(struct dp_path *pa, const uint8_t *p, uint32_t len, int reason);
+/* A queued packet the underlay refused: longer than path_mtu less hdrs
+ * (dataplane.h "Path MTU"). DP_V_ICMP: pa->icmp is the packet too big. */
+enum dp_verdict dp_path_too_big(struct dp_path *pa, uint8_t *p, uint32_t len,
+                                uint32_t path_mtu, uint32_t hdrs);
 /* A datagram received on the UDP socket (src/sport: its source, 0 if
  * unknown; nmsgs: for the trace; truncated: MSG_TRUNC was set). */
 enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,

@@ -40,6 +40,12 @@ union dp_sockaddr {
     struct sockaddr_in6 v6;
 };
 
+/* A message's UDP_SEGMENT control message (tx.c). */
+union dp_seg_cmsg {
+    char buf[CMSG_SPACE(sizeof(uint16_t))];
+    struct cmsghdr align;
+};
+
 struct dp_loop {
     int tun_fd, udp_fd;         /* the caller's; never closed here */
     int udp6_fd;                /* the caller's IPv6 underlay socket; -1 = none */
@@ -68,6 +74,11 @@ struct dp_loop {
     struct mmsghdr tx_msgs[DP_BATCH_MAX];
     struct iovec tx_iov[DP_BATCH_MAX];
     union dp_sockaddr tx_addr[DP_BATCH_MAX];
+    /* An inner IPv6 packet to an IPv4 peer carries UDP_SEGMENT = its length:
+     * IPv4's "don't fragment" for one datagram (dataplane.h "Path MTU"),
+     * while df4 holds (the kernel took the cmsg so far). */
+    union dp_seg_cmsg tx_df[DP_BATCH_MAX];
+    int df4;
 
     /* DP_OFF_TUN_VNET: a read is scattered over vnet_hdr, the free slot and
      * vnet_buf (dp_gso_scatter). DP_OFF_UDP_GSO: the batch planned as trains
@@ -79,10 +90,7 @@ struct dp_loop {
     uint64_t train_dest[DP_BATCH_MAX];
     struct dp_train trains[DP_BATCH_MAX];
     struct mmsghdr train_msgs[DP_BATCH_MAX];
-    union {
-        char buf[CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } train_cmsg[DP_BATCH_MAX];
+    union dp_seg_cmsg train_cmsg[DP_BATCH_MAX];
 
     /* UDP -> TUN (rx.c): slot i receives the i-th message of the recvmmsg;
      * its size is dp_train_rx_slot's. */
@@ -145,6 +153,16 @@ void dp_io_msgs_init(struct mmsghdr *msgs, struct iovec *iov, union dp_sockaddr 
                      uint8_t *buf, uint32_t batch, uint32_t stride);
 /* io.c: one write into the TUN (forwarded packets, ICMP errors); write()'s result. */
 ssize_t dp_io_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len);
+
+/* What a socket's error queue held (dataplane.h "Path MTU"): mtu, the path
+ * MTU of the last local EMSGSIZE (0: none); network, whether an error came
+ * from the network (ICMP or ICMPv6). */
+struct dp_errq {
+    uint32_t mtu;
+    int network;
+};
+/* io.c: empty fd's error queue (at most DP_ERRQ_MAX reads) into *q. */
+void dp_io_errqueue(struct dp_loop *l, int fd, struct dp_errq *q);
 
 /* tx.c: TUN -> UDP. */
 int dp_tx_setup(struct dp_loop *l);

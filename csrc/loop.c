@@ -70,6 +70,17 @@ static void tun_read_failed(struct dp_loop *l, uint32_t tun_events)
         l->tun_gone = l->tun_read_err;
 }
 
+/* EPOLLERR on a UDP socket: its error queue is emptied (dataplane.h "Path
+ * MTU"), else epoll would report it again at once, and the ICMP error
+ * pending with it would fail the socket's next call. */
+static void errors_seen(struct dp_loop *l, int fd, uint32_t events)
+{
+    struct dp_errq q;
+
+    if (events & EPOLLERR)
+        dp_io_errqueue(l, fd, &q);
+}
+
 /* Why the loop ended, for dp_loop_state; before `running` drops. */
 static void set_end(struct dp_loop *l, uint32_t end, int err)
 {
@@ -207,9 +218,11 @@ int dp_loop_run(dp_loop *l)
                 break;
             case DP_FD_UDP:
                 udp = DP_IO_MORE;
+                errors_seen(l, l->udp_fd, ev[i].events);
                 break;
             case DP_FD_UDP6:
                 udp6 = DP_IO_MORE;
+                errors_seen(l, l->udp6_fd, ev[i].events);
                 break;
             case DP_FD_WAKE:
                 wake_drain(l);   /* stop, or a new route table */
@@ -289,6 +302,7 @@ int dp_loop_new(dp_loop **out, int tun_fd, int udp_fd, uint32_t tun_addr,
     l->tun_fd = tun_fd;
     l->udp_fd = udp_fd;
     l->udp6_fd = -1;
+    l->df4 = 1;
     l->ep_fd = l->wake_fd = -1;
     l->mtu = mtu;
     l->batch = batch;

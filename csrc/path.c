@@ -12,6 +12,8 @@
  *                        IPv6 to tun6 by the version nibble, then IPv4's
  *                        route, TTL, TTL - 1; the verdict says what to write
  *      dp_path_tun_drop  a TUN read refused before those checks (vnet header)
+ *      dp_path_too_big   a packet the IPv6 underlay refused as over its path
+ *                        MTU: ICMPv6 packet too big
  *   5. inner_source,     UDP -> TUN: the inner source, local or foreign, of
  *      inner_source6     either family, from a sender of either underlay
  *      udp6              UDP -> TUN for IPv6: checks, link scope, inner
@@ -194,6 +196,24 @@ void dp_path_tun_drop(struct dp_path *pa, const uint8_t *p, uint32_t len, int re
     dp_path_count_packet(pa, DP_ST_TUN_RX_PACKETS, p, len);
     dp_path_trace(pa, DP_TR_TUN_READ, len, 0, 0, 0, p);
     dp_path_drop(pa, (enum dp_stat)reason, p, len);
+}
+
+/* A packet step 5 could not send: the IPv6 underlay refused it as longer than
+ * its path MTU (dataplane.h "Path MTU"; hdrs: the outer headers). Its sender
+ * learns the inner MTU, as from a route's mtu; the hop limit is put back, so
+ * that the quote is the packet as read. */
+enum dp_verdict dp_path_too_big(struct dp_path *pa, uint8_t *p, uint32_t len,
+                                uint32_t path_mtu, uint32_t hdrs)
+{
+    uint32_t mtu = path_mtu > DP_MTU6_MIN + hdrs ? path_mtu - hdrs : DP_MTU6_MIN;
+
+    if (len <= mtu || len < DP_IP6_HDR || !is_ipv6(p, len)) {
+        dp_path_drop(pa, DP_ST_DROP_SEND_ERROR, p, len);
+        return DP_V_DROP;
+    }
+    dp_path_drop(pa, DP_ST_DROP_TOO_BIG, p, len);
+    p[DP_IP6_HOP_OFF]++;
+    return icmp_error6(pa, p, len, DP_ICMP6_TOO_BIG, mtu);
 }
 
 /* ---- 5. UDP -> TUN ------------------------------------------------------------ */

@@ -227,7 +227,8 @@ DECLARED = (
            "other: not_ipv4 and truncated, whose family is neither or not looked at)."),
     Family(f"{PREFIX}_icmp_sent_total", "counter", ("type",) + _F + _Q,
            "ICMP errors the engine generated, by type and family (net_unreachable: a subnet with "
-           "no lease; time_exceeded: TTL ran out; packet_too_big: an IPv6 route's MTU)."),
+           "no lease; time_exceeded: TTL ran out; packet_too_big: an IPv6 route's MTU or its "
+           "path's)."),
     Family(f"{PREFIX}_icmp_ratelimited_total", "counter", _Q,
            "ICMP errors not sent because of the --icmp-rate/--icmp-burst limit."),
     Family(f"{PREFIX}_syscalls_total", "counter", ("kind",) + _Q,

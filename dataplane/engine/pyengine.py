@@ -1,26 +1,23 @@
 """The pure-Python engine: the oracle of the C engine, and its fallback.
 
-It does what csrc/dataplane.h says, in the order it says it, with the same
-counters (all of them but api.SYSCALL_STATS match the C engine exactly for
-the same input) and the same trace events. What happens to a packet is
-decided in pypath.py, which is csrc/path.c function for function; this
-module is the I/O around it, laid out as the C loop is (loop.c, tx.c,
-rx.c). Python has no recvmmsg/sendmmsg, so every packet costs one syscall
-each way; the rest is kept cheap:
+It does what csrc/dataplane.h says, in the order it says it, with the same counters (all of
+them but api.SYSCALL_STATS match the C engine exactly for the same input) and the same trace
+events. What happens to a packet is decided in pypath.py, which is csrc/path.c function for
+function; this module is the I/O around it, laid out as the C loop is (loop.c, tx.c, rx.c), with
+pysys.py's rarer calls (a refused send, the error queue). Python has no recvmmsg/sendmmsg, so
+every packet costs one syscall each way; the rest is kept cheap:
 
-* all buffers are allocated once (one bytearray per batch slot, and
-  memoryviews over them), reads go straight into them (FileIO.readinto,
-  socket.recv_into/recvfrom_into), nothing is copied on the forwarding path;
-* each batch works on locals bound once at its start (bound methods,
-  buffers, the pypath functions), and the counters of the syscalls and of
-  what was sent or written are kept in locals and added to the shared list
-  once per batch;
+* all buffers are allocated once (one bytearray per batch slot, and memoryviews over them),
+  reads go straight into them (FileIO.readinto, socket.recv_into/recvfrom_into), nothing is
+  copied on the forwarding path;
+* each batch works on locals bound once at its start (bound methods, buffers, the pypath
+  functions), and the counters of the syscalls and of what was sent or written are kept in
+  locals and added to the shared list once per batch;
 * the route table is one dict per prefix length and family (pytable.RouteTable).
 
-Inner IPv6 packets take the same I/O; only pypath tells them apart. The IPv6
-underlay (set_udp6) is a second socket beside the IPv4 one: a route's hop
-in AF_INET6's form (four items) is sent on it, and its datagrams are read
-in batches of their own, as rx.c reads each socket.
+Inner IPv6 packets take the same I/O; only pypath tells them apart. The IPv6 underlay (set_udp6)
+is a second socket beside the IPv4 one: a route's hop in AF_INET6's form (four items) is sent on
+it, and its datagrams are read in batches of their own, as rx.c reads each socket.
 
 Flow, in the order the code appears:
   1. PyEngine          the Engine API, any thread: it only stores what the
@@ -65,7 +62,6 @@ torn).
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import io
 import ipaddress
@@ -76,7 +72,7 @@ import socket
 import threading
 import time
 
-from . import pypath
+from . import pypath, pysys
 from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
 from .contract import (DENSE_WAITS, ICMP_BURST_DEFAULT, LIGHT_PACKETS, ROUNDS, STAT_NAMES,
                        TR_TUN_WRITE, TR_UDP_SEND, TRACE_KINDS, WAKE_MS)
@@ -88,18 +84,6 @@ from .pypath import (COALESCE_WAITS, DROP_SEND_ERROR, DROP_TUN_FULL, POLLS, ROUT
 from .pytable import RouteTable, str_to_int
 
 log = logging.getLogger(__name__)
-
-PR_SET_TIMERSLACK = 29           # <linux/prctl.h>
-
-
-def _precise_timers() -> None:
-    """This thread's timers fire on time, as the C loop's (loop.c): the default slack, 50 us,
-    would stretch every coalescing wait by up to 50 us."""
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
 
 # ---- 1. the Engine API ------------------------------------------------------------------
 
@@ -305,7 +289,7 @@ class PyEngine(Engine):
         end = Ended("error")
         try:
             self._thread_started()
-            _precise_timers()
+            pysys.precise_timers()
             end = _Loop(self).run()
         except BaseException as e:  # the thread must not die silently
             self._error = e
@@ -334,6 +318,8 @@ class _Loop:
         self.receive = (sock.recv_into, sock.recvfrom_into)
         # A route to an IPv6 peer exists only with the socket (publish_all checks it).
         self.sendto6 = sock6.sendto if sock6 is not None else None
+        self.sock, self.sock6, self.socks = sock, sock6, {self.udp_fd: sock, self.udp6_fd: sock6}
+        self.df4 = True               # inner IPv6 to IPv4 peers: "don't fragment" (pysys)
         self.receive6 = (sock6.recv_into, sock6.recvfrom_into) if sock6 is not None else None
         self.poll = engine._ep.poll
         nbatch = self.nbatch
@@ -400,6 +386,7 @@ class _Loop:
             self.icmp_send()
         m = n - tx_hop[:n].count(None)        # queued: one sendto() each
         sendto, sendto6, tx_views = self.sendto, self.sendto6, self.tx_views
+        sendmsg, df4 = self.sock.sendmsg, self.df4
         tx_pk = tx_by = 0
         tx6, tx6_by = pa.fwd6                 # IPv6's queued, less those refused below
         for i in range(n):
@@ -407,15 +394,25 @@ class _Loop:
             if hop is None:
                 continue
             length = tx_len[i]
+            # An IPv6 peer's hop is an AF_INET6 sockaddr: four items. Inner IPv6 to an IPv4
+            # peer goes with "don't fragment" (pysys).
+            df = len(hop) == 2 and df4 and tx_bufs[i][0] >= 0x60
             try:
-                # An IPv6 peer's hop is an AF_INET6 sockaddr: four items.
-                (sendto6 if len(hop) == 4 else sendto)(tx_views[i][:length], hop)
-            except OSError:
-                # by the inner family, which the peer's does not say (IPv4 peers carry either)
-                if pypath.path_drop_of(pa, DROP_SEND_ERROR, tx_bufs[i], length):
+                if df:
+                    sendmsg([tx_views[i][:length]], pysys.dont_fragment(length), 0, hop)
+                else:
+                    (sendto6 if len(hop) == 4 else sendto)(tx_views[i][:length], hop)
+            except OSError as e:
+                if len(hop) != 4 and not df:    # by the inner family: IPv4 peers carry either
+                    if pypath.path_drop_of(pa, DROP_SEND_ERROR, tx_bufs[i], length):
+                        tx6 -= 1
+                        tx6_by -= length
+                    continue
+                # IPv6 alone: the error queue, or a probe, says why (pysys)
+                if not pysys.refused(self, tx_bufs[i], tx_views[i][:length], hop, e.errno or 0):
                     tx6 -= 1
                     tx6_by -= length
-                continue
+                    continue
             tx_pk += 1
             tx_by += length
             if tracing:
@@ -592,6 +589,8 @@ class _Loop:
                     udp6_more = True
                 elif fd == wake_fd:   # stop, or a new route table
                     self.wake_drain()
+                if ev & select.EPOLLERR and fd in self.socks:   # dataplane.h "Path MTU"
+                    pysys.errqueue(self.socks[fd], c)
             work = self.one_pass(tun_more, udp_more, udp6_more, tun_events)
             usecs = engine._coalesce_us
             if not work or not usecs:

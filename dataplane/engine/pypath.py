@@ -18,7 +18,8 @@ Flow, in the order the functions appear:
                            route, TTL, TTL - 1; where to send each packet.
                            IPv6 takes a branch of its own after the version:
                            length, link scope, route, hop limit, the route's
-                           mtu, hop limit - 1, with its ICMPv6 errors
+                           mtu, hop limit - 1, with its ICMPv6 errors;
+     path_too_big          a packet the underlay refused as over its path MTU
   5. path_udp              UDP -> TUN: truncated, source, checks, inner
                            source, TTL, TTL - 1; which datagrams to write.
                            IPv6 branches after the version as in path_tun,
@@ -79,9 +80,9 @@ import struct
 import time
 
 from . import ipv4, ipv6
-from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, STAT_NAMES, TR_DROP, TR_ICMP,
-                       TR_ROUTE_HIT, TR_ROUTE_MISS, TR_TUN_READ, TR_UDP_RECV, TRACE_HEAD,
-                       TRACE_RING, V6_SHARES)
+from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, MTU6_MIN, STAT_NAMES, TR_DROP,
+                       TR_ICMP, TR_ROUTE_HIT, TR_ROUTE_MISS, TR_TUN_READ, TR_UDP_RECV,
+                       TRACE_HEAD, TRACE_RING, V6_SHARES)
 from .pytable import RouteTable, str_to_int
 
 NS_PER_S = 1_000_000_000
@@ -416,6 +417,19 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
         c[V6_TUN_RX_BYTES] += rx6_bytes
         c[TUN_RX_PACKETS] += n
         c[TUN_RX_BYTES] += rx_bytes
+
+
+def path_too_big(pa: Path, p, length: int, path_mtu: int, hdrs: int) -> bool:
+    """dp_path_too_big: the queued packet ``p`` the underlay refused as over its path MTU,
+    ``hdrs`` the outer headers (dataplane.h "Path MTU"): True with the packet too big in
+    pa.icmp, the hop limit put back first (the quote as read); False when dropped without."""
+    mtu = path_mtu - hdrs if path_mtu > MTU6_MIN + hdrs else MTU6_MIN
+    if length <= mtu or length < HEADER6 or p[0] >> 4 != 6:
+        path_drop_of(pa, DROP_SEND_ERROR, p, length)
+        return False
+    path_drop(pa, DROP_TOO_BIG, length)
+    p[7] += 1
+    return icmp_error6(pa, p, length, ipv6.ICMPV6_PACKET_TOO_BIG, mtu)
 
 
 # ---- 5. UDP -> TUN --------------------------------------------------------------------

@@ -29,7 +29,8 @@ import os
 from ..engine import multi
 from . import netconf, sched
 from .tun import TXQUEUELEN
-from .udpsock import SOCKET_BUFFER, one_queue_warning, open_queue_sockets, steering_refusal
+from .udpsock import (SOCKET_BUFFER, one_queue_warning, open_queue_sockets, path_mtu_options,
+                      steering_refusal)
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,10 @@ def make_engine(cls, tun_fds, socks, *, realtime_priority: int = 0, socks6=(), *
     """Step 4: one ``cls`` engine per (TUN fd, socket) pair behind one MultiEngine, configured
     and not started, each with its queue's IPv6 socket when ``socks6`` has them; ``settings``
     are multi.create's (tun_addr, mtu, offloads, accept_any, icmp_rate, icmp_burst,
-    coalesce_us, trace, batch). A ``realtime_priority`` is not probed here: the loop threads
+    coalesce_us, trace, batch); the IPv6 sockets get path_mtu_options. A ``realtime_priority`` is not probed here: the loop threads
     try it as they start (host/sched.py), callers probe it first."""
+    for s in socks6:
+        path_mtu_options(s)
     if socks6:
         settings["udp6_fds"] = [s.fileno() for s in socks6]
     return multi.create(cls, tun_fds, [s.fileno() for s in socks],

@@ -22,7 +22,9 @@ Two things SO_REUSEPORT alone gets wrong here:
 The IPv6 underlay (docs/operating.md#dual-stack) is a second group of the same shape on
 ``[PublicIPv6]:port``, one socket per queue beside each IPv4 one, ``IPV6_V6ONLY`` (an IPv4
 datagram belongs to the IPv4 group) and with the same steering: the program reads the inner
-packet, whichever family carried it. The address's family picks the group's.
+packet, whichever family carried it. The address's family picks the group's. It carries inner
+IPv6 alone, so it can refuse to fragment (:func:`path_mtu_options`), which the IPv4 group, whose
+inner IPv4 the kernel fragments as under flanneld, does not.
 
 Some hosts refuse the steering program: kernels before 4.5, QEMU's user-mode
 emulation (which does not emulate the option), seccomp or LSM sandboxes.
@@ -258,6 +260,19 @@ def open_queue_sockets(ip: str, port: int, queues: int, **kw) -> tuple[list[sock
             raise
         refused = e
     return open_udp_sockets(ip, port, 1, **kw), refused
+
+
+IPV6_RECVERR, IPV6_DONTFRAG = 25, 62      # <linux/in6.h>
+
+
+def path_mtu_options(sock: socket.socket) -> None:
+    """An IPv6 underlay socket as the engines want it (csrc/dataplane.h "Path MTU"): the kernel
+    cuts no outer packet into fragments (IPV6_DONTFRAG) and refuses one over the path MTU it
+    knows with EMSGSIZE, that MTU on the error queue (IPV6_RECVERR), for the engine to answer
+    the inner packet with packet too big. Set on sockets handed over from another daemon
+    too, so it is idempotent."""
+    for name, opt in (("IPV6_RECVERR", IPV6_RECVERR), ("IPV6_DONTFRAG", IPV6_DONTFRAG)):
+        _call(f"setsockopt(IPPROTO_IPV6, {name})", sock.setsockopt, socket.IPPROTO_IPV6, opt, 1)
 
 
 def steering_refusal() -> SocketCallError | None:

@@ -1,0 +1,132 @@
+"""The Python engine's calls into the kernel beyond moving packets: a UDP socket's error queue,
+IPv4's "don't fragment" for an inner IPv6 datagram, and what a refused send becomes
+(csrc/dataplane.h "Path MTU"; io.c's dp_io_errqueue, tx.c's set_peer, refused and probe4), and
+the loop thread's timer slack (loop.c). pyengine.py's loop calls them; only dont_fragment is on
+the path of a packet that goes through (an inner IPv6 one to an IPv4 peer).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import socket
+import struct
+
+from . import pypath
+from .contract import ERRQ_MAX, UNDERLAY4_HDRS, UNDERLAY6_HDRS
+from .pypath import DROP_SEND_ERROR, SYSCALLS, UDP_RECVS, UDP_SENDS
+
+PR_SET_TIMERSLACK = 29           # <linux/prctl.h>
+UDP_SEGMENT = 103                # <linux/udp.h>
+IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2                  # <linux/in.h>
+IP_RECVERR, IPV6_RECVERR = 11, 25                        # <linux/in.h>, <linux/in6.h>
+RECVERR = frozenset({(socket.IPPROTO_IP, IP_RECVERR), (socket.IPPROTO_IPV6, IPV6_RECVERR)})
+# struct sock_extended_err (<linux/errqueue.h>): errno, origin, type, code, pad, info, data
+_EE = struct.Struct("=IBBBBII")
+SO_EE_ORIGIN_LOCAL, SO_EE_ORIGIN_ICMP, SO_EE_ORIGIN_ICMP6 = 1, 2, 3
+# the control message: the error and the offender's address (a sockaddr_in6 at most)
+_CTL = socket.CMSG_SPACE(_EE.size + 28)
+
+
+def precise_timers() -> None:
+    """This thread's timers fire on time, as the C loop's (loop.c): the default slack, 50 us,
+    would stretch every coalescing wait by up to 50 us."""
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def errqueue(sock: socket.socket, c: list) -> tuple[int, bool]:
+    """Empty ``sock``'s error queue (at most ERRQ_MAX reads, counted in ``c``): ``(path MTU of
+    the last local EMSGSIZE or 0, whether an error came from the network)``. An ICMP error
+    pending on the socket fails its next call until the queue is read (io.c says more)."""
+    mtu, network = 0, False
+    for _ in range(ERRQ_MAX):
+        c[SYSCALLS] += 1
+        c[UDP_RECVS] += 1
+        try:
+            _, anc, _, _ = sock.recvmsg(0, _CTL, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except OSError:             # EAGAIN: empty
+            break
+        for level, type_, data in anc:
+            if (level, type_) not in RECVERR or len(data) < _EE.size:
+                continue
+            ee_errno, origin, _, _, _, info, _ = _EE.unpack_from(data)
+            if origin == SO_EE_ORIGIN_LOCAL and ee_errno == errno.EMSGSIZE:
+                mtu = info
+            elif origin in (SO_EE_ORIGIN_ICMP, SO_EE_ORIGIN_ICMP6):
+                network = True
+    return mtu, network
+
+
+def dont_fragment(length: int) -> list:
+    """The ancillary data of an inner IPv6 datagram to an IPv4 peer: UDP_SEGMENT at its own
+    length, which the kernel never fragments and refuses over the path MTU."""
+    return [(socket.IPPROTO_UDP, UDP_SEGMENT, struct.pack("=H", length))]
+
+
+def refused(loop, buf, data, hop, err: int) -> bool:
+    """A datagram (``data``, the packet in ``buf``, to ``hop``) the kernel refused with
+    ``err``, of the IPv6 underlay or an inner IPv6 one to an IPv4 peer: True when it went on a
+    second try, else it is counted where dataplane.h's "Path MTU" puts it (a packet too big
+    written into the TUN, or drop_send_error). ``loop`` is pyengine's _Loop."""
+    if len(hop) != 4:
+        return probe4(loop, buf, data, hop, err)
+    pa, c, length = loop.path, loop.c, len(data)
+    again = True
+    while True:
+        mtu, network = errqueue(loop.sock6, c)
+        if err == errno.EMSGSIZE and mtu:
+            if pypath.path_too_big(pa, buf, length, mtu, UNDERLAY6_HDRS):
+                loop.icmp_send()
+            return False
+        if not network or not again:
+            break
+        again = False
+        c[SYSCALLS] += 1
+        c[UDP_SENDS] += 1
+        try:
+            loop.sendto6(data, hop)
+            return True
+        except OSError as e:
+            err = e.errno or 0
+    pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
+    return False
+
+
+def probe4(loop, buf, data, hop, err: int) -> bool:
+    """An inner IPv6 datagram to an IPv4 peer, refused with ``err`` while it carried
+    dont_fragment: sent again plain, the socket in IP_PMTUDISC_DO with IP_RECVERR for this
+    send alone (tx.c's probe4)."""
+    pa, c, sock, length = loop.path, loop.c, loop.sock, len(data)
+    c[SYSCALLS] += 5
+    old, e, mtu = sock.getsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER), 0, 0
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+        sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+        c[SYSCALLS] += 1
+        c[UDP_SENDS] += 1
+        try:
+            loop.sendto(data, hop)
+        except OSError as x:
+            e = x.errno or errno.EIO
+        if e == errno.EMSGSIZE:
+            mtu, _ = errqueue(sock, c)
+    except OSError as x:
+        e = x.errno or errno.EIO
+    finally:
+        for opt, val in ((IP_MTU_DISCOVER, old), (IP_RECVERR, 0)):
+            try:
+                sock.setsockopt(socket.IPPROTO_IP, opt, val)
+            except OSError:
+                pass
+    if not e:
+        if err != errno.EMSGSIZE:
+            loop.df4 = False        # the kernel refused the cmsg itself
+        return True
+    if e == errno.EMSGSIZE and mtu:
+        if pypath.path_too_big(pa, buf, length, mtu, UNDERLAY4_HDRS):
+            loop.icmp_send()
+        return False
+    pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
+    return False

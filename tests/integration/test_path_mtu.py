@@ -1,0 +1,73 @@
+"""Path MTU (issue 44): TCPv6 between pods over a path narrower than the hosts' interfaces, each
+underlay, each engine, and no outer packet cut into fragments on the way out.
+
+::
+
+      h0 (engine), pod p                                h1 (engine), pod p
+      veth 192.168.77.1 / fd00:99::1, MTU 1500          veth 192.168.79.2 / fd00:79::2, MTU 1500
+           |                                                 |
+      -----+---- bridge (switch netns, etcd) ---- router ----+---- its own link, 1400 on the
+                                                             router's side (testbed/narrow.py)
+
+The router answers a longer packet towards h1 with ICMP fragmentation needed or ICMPv6 packet
+too big, and h0's kernel learns the path MTU, 1400. Before the change the engines went on
+sending datagrams of flannel0's size, which h0's kernel then cut into fragments (many networks
+drop them): now the IPv6 underlay's socket refuses to fragment, and the engine answers the pod's
+packet with packet too big, the path MTU less the outer headers (docs/operating.md#dual-stack).
+"""
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from dataplane.testbed.narrow import frag_creates, narrow_router_link
+from tests.integration.conftest import overlay_of
+from tests.streams import hashed_transfer
+
+pytestmark = [pytest.mark.root, pytest.mark.etcd]
+
+CONFIG = {"Network": "10.66.0.0/16", "EnableIPv6": True, "IPv6Network": "fc00:66::/56",
+          "Backend": {"Type": "udp"}}
+PATH_MTU = 1400
+NBYTES = 4 << 20
+
+
+@pytest.fixture(params=["ipv6", "ipv4"])
+def ov(engine_kind, request):
+    """h0 and h1, h1 behind the router; with an IPv6 underlay address each (so pods' IPv6 goes
+    over IPv6) or none (over IPv4)."""
+    on = {"underlay6": request.param == "ipv6"}
+    yield from overlay_of(engine_kind, [{"engine": engine_kind, **on},
+                                        {"engine": engine_kind, **on, "behind_router": True}],
+                          config=CONFIG, ipv6=True)
+
+
+def pod(ov, h) -> tuple[str, str]:
+    """A pod on ``h`` with the second address of its lease's IPv6 part: (netns, address)."""
+    six = ipaddress.IPv6Interface(ov.subnet_env(h)["FLANNEL_IPV6_SUBNET"]).network
+    addr = str(six.network_address + 2)
+    return ov.tb.add_pod(h, "p", f"{addr}/64", str(six.network_address + 1)), addr
+
+
+def test_tcpv6_over_a_narrower_path_sends_no_fragments(ov, request, figure):
+    h0, h1 = ov.hosts
+    narrow_router_link(ov.tb, PATH_MTU)
+    pod0, _ = pod(ov, h0)
+    pod1, addr1 = pod(ov, h1)
+    v6_underlay = request.node.callspec.params["ov"] == "ipv6"
+    frags, udp = frag_creates(h0), ov.tb.udp_out(h0)
+    hashed_transfer(pod0, pod1, addr1, NBYTES)
+    sent4, sent6 = (b - a for a, b in zip(udp, ov.tb.udp_out(h0)))
+    # the underlay it took: the IPv6 one where both hosts have an address on it
+    assert (sent6 if v6_underlay else sent4) >= 100, (sent4, sent6)
+    assert frag_creates(h0) == frags, "h0's kernel cut outer packets into fragments"
+    # the pod learned the path's MTU from the engine: its route to the peer pod says so
+    route = ov.tb.exec(pod0, ["ip", "-6", "route", "get", addr1]).stdout
+    inner = PATH_MTU - (48 if v6_underlay else 28)
+    assert f"mtu {inner}" in route, route
+    too_big = ov.metrics(h0).get('flannel_udp_drops_total{reason="too_big"}', 0)
+    figure(f"{ov.kind}: {NBYTES >> 20} MiB TCPv6 over a {PATH_MTU}-byte path, "
+           f"{'IPv6' if v6_underlay else 'IPv4'} underlay",
+           f"intact, no fragments; the pod's route says {route.split('mtu')[1].split()[0]}; "
+           f"{too_big:.0f} packets too big")

@@ -1,0 +1,119 @@
+"""The IPv6 underlay's path MTU (csrc/dataplane.h "Path MTU"), both engines, over loopback: the
+engine's IPv6 socket has the daemon's options (host/udpsock.py path_mtu_options) and an
+IPV6_MTU that stands for what the kernel learnt of a narrower path (ICMPv6 packet too big on
+the way). A packet whose datagram the kernel refuses as over that MTU gets packet too big with
+the path's MTU less the outer IPv6 and UDP headers (never under 1280), not a silent drop; an
+ICMPv6 error of the network on the socket costs no packet and no busy loop.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+
+import pytest
+
+from dataplane.engine import ipv4, ipv6
+from dataplane.host.udpsock import path_mtu_options
+from tests.conftest import wait_until
+from tests.engine_harness import Harness, expect_only
+
+IPV6_MTU = 24                       # <linux/in6.h>: the socket's own cap on the path MTU
+MTU = 1472
+OWN6 = "fc00:5:0:1::"               # flannel0's IPv6 address
+POD = "fc00:5:0:1::9"               # a pod of ours, the sender
+FAR = "fc00:5:0:2::1"               # a pod of the peer's
+HDRS = 48
+TOO_BIG = 2
+
+
+def make(engine_kind, path_mtu: int) -> Harness:
+    h = Harness(engine_kind, mtu=MTU, udp6=True, start=False)
+    path_mtu_options(h.udp6)
+    h.udp6.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU, path_mtu)
+    h.engine.start()
+    peer = h.add_peer(family=socket.AF_INET6)
+    h.set_routes([h.route("fc00:5:0:2::/64", peer)])
+    h.engine.set_tun_addr6(OWN6)
+    return h
+
+
+def sized(dst: str, length: int, fill: int) -> bytes:
+    return ipv6.build(POD, dst, bytes([fill]) * (length - 40), hop_limit=64)
+
+
+def expected_error(offender: bytes, mtu: int) -> bytes:
+    """Packet too big about ``offender`` as read, with ``mtu`` (its bytes are pinned down by
+    test_engine_icmp6.py: here, which packet and which MTU)."""
+    return ipv6.icmp_error(offender, TOO_BIG, 0, ipaddress.IPv6Address(OWN6).packed, mtu)
+
+
+def test_packet_too_big_with_the_path_mtu(engine_kind):
+    with make(engine_kind, 1400) as h:
+        fits, over, big = (sized(FAR, n, i) for i, n in enumerate((1400 - HDRS, 1353, MTU)))
+        h.inject_tun(fits, over, big)
+        st = h.settle()
+        assert h.peers[0].received == [fits[:7] + bytes([63]) + fits[8:]]
+        # the quote is each packet as read (hop limit 64), the MTU the path's less 48
+        assert h.tun_received == [expected_error(over, mtu=1352),
+                                  expected_error(big, mtu=1352)]
+        assert [e[44:48] for e in h.tun_received] == [(1352).to_bytes(4, "big")] * 2
+        expect_only(st, tun_rx_packets=3, tun_rx_bytes=1352 + 1353 + MTU, udp_tx_packets=1,
+                    udp_tx_bytes=1352, drop_too_big=2, icmp_too_big_sent=2)
+
+
+def test_a_path_under_1328_bytes(engine_kind):
+    """Packet too big never says less than IPv6's 1280; what fits 1280 but not the path is
+    dropped as a send error (the kernel would have to fragment it)."""
+    with make(engine_kind, 1300) as h:
+        small, mid, over = sized(FAR, 1252, 1), sized(FAR, 1270, 2), sized(FAR, 1281, 3)
+        h.inject_tun(small, mid, over)
+        st = h.settle(outputs=False)
+        wait_until(lambda: len(h.peers[0].received) == 1, 5, what="the packet to the live peer")
+        assert h.tun_received == [expected_error(over, mtu=1280)]
+        expect_only(st, tun_rx_packets=3, tun_rx_bytes=1252 + 1270 + 1281, udp_tx_packets=1,
+                    udp_tx_bytes=1252, drop_send_error=1, drop_too_big=1, icmp_too_big_sent=1)
+
+
+@pytest.mark.parametrize("first", ["network error", "nothing"])
+def test_an_icmp_error_of_the_network_costs_no_packet(engine_kind, first):
+    """A datagram to a closed port comes back as ICMPv6 port unreachable: queued on the
+    socket, and pending for its next call. The loop empties the queue (no busy loop on
+    EPOLLERR) and the next packet, to a live peer, goes through."""
+    with make(engine_kind, 1400) as h:
+        closed = h.add_peer(family=socket.AF_INET6)
+        closed.sock.close()
+        h.set_routes([h.route("fc00:5:0:2::/64", h.peers[0]),
+                      h.route("fc00:5:0:4::/64", closed)])
+        if first == "network error":
+            h.inject_tun(sized("fc00:5:0:4::1", 100, 9))
+            h.settle(outputs=False)
+            time.sleep(0.1)
+        polls = h.engine.stats()["polls"]
+        time.sleep(0.3)
+        assert h.engine.stats()["polls"] - polls <= 3, "the loop spins on EPOLLERR"
+        h.inject_tun(sized(FAR, 100, 7))
+        st = h.settle(outputs=False)
+        wait_until(lambda: len(h.peers[0].received) == 1, 5, what="the packet to the live peer")
+        assert st["udp_tx_packets"] == (2 if first == "network error" else 1)
+        assert st["drop_send_error"] == 0
+
+
+def test_over_the_ipv4_underlay_too(engine_kind):
+    """Inner IPv6 to an IPv4 peer goes with IPv4's per-datagram "don't fragment"; one the
+    kernel refuses is probed once more, and the path MTU it then says (here loopback's, which
+    no IPv4 datagram of 65535 bytes and 28 of headers fits) is the packet too big's, less 28.
+    Inner IPv4 that long stays a send error, as ever."""
+    with open("/sys/class/net/lo/mtu") as f:
+        lo = int(f.read())
+    with Harness(engine_kind, mtu=65535, batch=8) as h:
+        p = h.add_peer()
+        h.set_routes([h.route("10.5.2.0/24", p), h.route("fc00:5:0:2::/64", p)])
+        h.engine.set_tun_addr6(OWN6)
+        small, big = sized(FAR, 1400, 1), sized(FAR, 65535, 2)
+        h.inject_tun(small, big, ipv4.build("10.5.1.2", "10.5.2.3", bytes(65535 - 20)))
+        st = h.settle()
+        assert p.received == [small[:7] + bytes([63]) + small[8:]]
+        assert h.tun_received == [expected_error(big, mtu=min(lo, 65535) - 28)]
+        expect_only(st, tun_rx_packets=3, tun_rx_bytes=1400 + 2 * 65535, udp_tx_packets=1,
+                    udp_tx_bytes=1400, drop_send_error=1, drop_too_big=1, icmp_too_big_sent=1)
