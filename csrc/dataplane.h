@@ -152,10 +152,11 @@
  * offload bits apply to both sockets (the caller sets UDP_GRO on each).
  *
  * Path MTU (the IPv6 underlay). The caller sets IPV6_RECVERR and
- * IPV6_DONTFRAG on udp6_fd: the kernel then never cuts an outer packet into
- * fragments (many networks drop them), and refuses a datagram longer than
- * the path MTU it knows to that peer (learnt from ICMPv6 packet too big,
- * RFC 8201) with EMSGSIZE, that MTU on the socket's error queue. A message
+ * IPV6_MTU_DISCOVER = IPV6_PMTUDISC_DO on udp6_fd: the kernel then never
+ * cuts an outer packet into fragments (many networks drop them), and
+ * refuses a datagram longer than the path MTU it knows to that peer (learnt
+ * from ICMPv6 packet too big, RFC 8201) with EMSGSIZE, that MTU on the
+ * socket's error queue. A message
  * udp6_fd refuses (TUN -> UDP step 5) is judged by that queue, read first
  * (recvmsg(MSG_ERRQUEUE) until it is empty or DP_ERRQ_MAX reads, each
  * counted in udp_recvs):

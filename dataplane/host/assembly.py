@@ -64,8 +64,13 @@ def make_engine(cls, tun_fds, socks, *, realtime_priority: int = 0, socks6=(), *
     are multi.create's (tun_addr, mtu, offloads, accept_any, icmp_rate, icmp_burst,
     coalesce_us, trace, batch); the IPv6 sockets get path_mtu_options. A ``realtime_priority`` is not probed here: the loop threads
     try it as they start (host/sched.py), callers probe it first."""
-    for s in socks6:
-        path_mtu_options(s)
+    try:
+        for s in socks6:
+            path_mtu_options(s)
+    except OSError as e:
+        log.warning("The IPv6 underlay's sockets cannot refuse to fragment (%s): the kernel cuts "
+                    "the pods' IPv6 into fragments where the path to a peer is narrower than "
+                    "this host's interface", e)
     if socks6:
         settings["udp6_fds"] = [s.fileno() for s in socks6]
     return multi.create(cls, tun_fds, [s.fileno() for s in socks],

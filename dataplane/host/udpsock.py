@@ -262,17 +262,19 @@ def open_queue_sockets(ip: str, port: int, queues: int, **kw) -> tuple[list[sock
     return open_udp_sockets(ip, port, 1, **kw), refused
 
 
-IPV6_RECVERR, IPV6_DONTFRAG = 25, 62      # <linux/in6.h>
+IPV6_MTU_DISCOVER, IPV6_RECVERR, IPV6_PMTUDISC_DO = 23, 25, 2      # <linux/in6.h>
 
 
 def path_mtu_options(sock: socket.socket) -> None:
     """An IPv6 underlay socket as the engines want it (csrc/dataplane.h "Path MTU"): the kernel
-    cuts no outer packet into fragments (IPV6_DONTFRAG) and refuses one over the path MTU it
-    knows with EMSGSIZE, that MTU on the error queue (IPV6_RECVERR), for the engine to answer
-    the inner packet with packet too big. Set on sockets handed over from another daemon
-    too, so it is idempotent."""
-    for name, opt in (("IPV6_RECVERR", IPV6_RECVERR), ("IPV6_DONTFRAG", IPV6_DONTFRAG)):
-        _call(f"setsockopt(IPPROTO_IPV6, {name})", sock.setsockopt, socket.IPPROTO_IPV6, opt, 1)
+    cuts no outer packet into fragments and refuses one over the path MTU it knows with
+    EMSGSIZE (IPV6_PMTUDISC_DO), that MTU on the error queue (IPV6_RECVERR), for the engine to
+    answer the inner packet with packet too big. Set on sockets handed over from another
+    daemon too, so it is idempotent. SocketCallError where the host refuses either."""
+    for name, opt, val in (("IPV6_RECVERR", IPV6_RECVERR, 1),
+                           ("IPV6_MTU_DISCOVER", IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)):
+        _call(f"setsockopt(IPPROTO_IPV6, {name}, {val})", sock.setsockopt,
+              socket.IPPROTO_IPV6, opt, val)
 
 
 def steering_refusal() -> SocketCallError | None:
