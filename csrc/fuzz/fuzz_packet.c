@@ -36,6 +36,10 @@
  *     a naive scan of the peers of the datagram's underlay;
  *   - an IPv6 packet longer than its route's mtu is drop_too_big (after
  *     the hop limit), never forwarded, and its ICMPv6 error names the mtu;
+ *     a forwarded one whose datagram the underlay refuses as over a path
+ *     MTU is drop_too_big when longer than that MTU less the outer headers
+ *     (at least 1280), its error naming that and quoting it as read, and
+ *     anything else so refused a send error;
  *   - the inner-source checks (UDP steps 4, 5) agree with naive scans of
  *     the packet's family: a forwarded datagram's inner source is none of
  *     the own sources and, strict, routed to its sender; a
@@ -76,7 +80,8 @@
  *   (bit 7)     own sources: net 4, prefixlen 1 (% 33), count 1 (% 5), then
  *               count addresses of 4 bytes (host bits of net kept as routes')
  *   then packets: ctl 1, len 2 (big-endian, cut to the mtu and to what is
- *   left), bytes. ctl bit 0: 0 TUN, 1 UDP; bit 1 MSG_TRUNC; bits 2-3 the
+ *   left), bytes. ctl bit 0: 0 TUN, 1 UDP; bit 1 MSG_TRUNC (TUN: the send
+ *   refused as over a path MTU of 1200 + the low 10 bits of len); bits 2-3 the
  *   TUN write: 0/1 ok, 2 EAGAIN, 3 EIO; bits 4-7 source (UDP: 0-7 a route's
  *   peer, 7 being 0.0.0.0; 8-14 the IPv6 underlay's 2001:db8::(peer - 8),
  *   15 the IPv4 0.0.0.0) and clock step (2^bits ms).
@@ -354,6 +359,20 @@ static void check_icmp(const struct dp_path *pa, const uint8_t *off, uint32_t le
 static uint32_t peer_addr(uint32_t i)
 {
     return (i & 7) == 7 ? 0 : htonl(PEER_BASE + i);
+}
+
+/* The rate limit as a token bucket written another way (see above): an
+ * error sent (or refused) at `now` is what a credit of ns allows. */
+static void bucket(uint64_t *credit, uint64_t *last, uint64_t now, uint64_t interval,
+                   uint64_t burst, int sent)
+{
+    *credit += now - *last;
+    if (*credit > burst * interval)
+        *credit = burst * interval;
+    *last = now;
+    CHECK(sent == (*credit >= interval));
+    if (sent)
+        *credit -= interval;
 }
 
 static struct dp_path path;     /* static: the trace ring is large */
@@ -679,15 +698,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(after.icmp_ratelimited <= before.icmp_ratelimited + 1);
         if (after.icmp_ratelimited > before.icmp_ratelimited)
             CHECK(rate != 0 && v == DP_V_DROP);
-        if (rate && (v == DP_V_ICMP || after.icmp_ratelimited > before.icmp_ratelimited)) {
-            credit += now - last;
-            if (credit > burst * interval)
-                credit = burst * interval;
-            last = now;
-            CHECK((v == DP_V_ICMP) == (credit >= interval));
-            if (v == DP_V_ICMP)
-                credit -= interval;
-        }
+        if (rate && (v == DP_V_ICMP || after.icmp_ratelimited > before.icmp_ratelimited))
+            bucket(&credit, &last, now, interval, burst, v == DP_V_ICMP);
 
         /* the caller's write, and its accounting */
         if (v == DP_V_ICMP) {
@@ -717,6 +729,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             else
                 CHECK(path.c.s.tun_tx_packets == after.tun_tx_packets + 1 &&
                       path.c.s.tun_tx_bytes == after.tun_tx_bytes + len);
+        }
+        /* The underlay refused a forwarded packet's datagram as over its path
+         * MTU (from the length's bits): packet too big with that MTU less
+         * the outer headers, never under 1280, only about IPv6 longer than
+         * that, quoting the packet as read; else a send error. */
+        if (!udp && v == DP_V_FORWARD && (ctl & 2)) {
+            uint32_t hdrs = hit.v6 ? DP_UNDERLAY6_HDRS : DP_UNDERLAY4_HDRS;
+            uint32_t pmtu = 1200 + (want & 0x3ff);
+            uint32_t m = pmtu > DP_MTU6_MIN + hdrs ? pmtu - hdrs : DP_MTU6_MIN;
+            uint64_t limited = path.c.s.icmp_ratelimited, dropped = drops(&path.c.s);
+            uint64_t big = path.c.s.drop_too_big;
+
+            v = dp_path_too_big(&path, pkt, len, pmtu, hdrs);
+            CHECK(drops(&path.c.s) == dropped + 1);
+            CHECK((path.c.s.drop_too_big == big + 1) == (v6 && len > m));
+            if (path.c.s.drop_too_big == big + 1)
+                CHECK(memcmp(pkt, orig, len) == 0);
+            CHECK(v == DP_V_DROP || path.c.s.drop_too_big == big + 1);
+            if (rate && (v == DP_V_ICMP || path.c.s.icmp_ratelimited > limited))
+                bucket(&credit, &last, now, interval, burst, v == DP_V_ICMP);
+            if (v == DP_V_ICMP) {
+                check_icmp6(&path, orig, len, m);
+                dp_path_icmp_written(&path, 0);
+            }
         }
         free(pkt);
         free(orig);
