@@ -12,15 +12,12 @@
  *   3. dp_io_tun_write    write() to the TUN (with DP_OFF_TUN_VNET behind a
  *                         plain virtio_net_hdr): rx.c's forwarded packets
  *                         and tx.c's ICMP errors
- *   4. dp_io_errqueue     a UDP socket's error queue, emptied: tx.c's refused
- *                         sends, loop.c's EPOLLERR
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <linux/errqueue.h>
 
 #include "io.h"
 
@@ -98,46 +95,3 @@ ssize_t dp_io_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len)
     return w;
 }
 
-/* ---- 4. error queues ---------------------------------------------------------------- */
-
-/* With IP_RECVERR / IPV6_RECVERR the kernel queues every error of the
- * socket, its own refusals (SO_EE_ORIGIN_LOCAL, ee_info the path MTU of an
- * EMSGSIZE) and the network's ICMP errors; an ICMP error also stays pending
- * (sk_err) for the next call, which it fails, until the queue is read. No
- * payload is wanted: the control message says it all. */
-void dp_io_errqueue(struct dp_loop *l, int fd, struct dp_errq *q)
-{
-    union {
-        struct cmsghdr align;
-        uint8_t buf[CMSG_SPACE(sizeof(struct sock_extended_err) + sizeof(struct sockaddr_in6))];
-    } ctl;
-    struct sock_extended_err ee;
-    struct msghdr mh;
-    struct cmsghdr *cm;
-    uint32_t k;
-
-    q->mtu = 0;
-    q->network = 0;
-    for (k = 0; k < DP_ERRQ_MAX; k++) {
-        memset(&mh, 0, sizeof(mh));
-        mh.msg_control = ctl.buf;
-        mh.msg_controllen = sizeof(ctl.buf);
-        sys_count(l, DP_ST_UDP_RECVS);
-        if (recvmsg(fd, &mh, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) {
-            if (errno == EINTR)
-                continue;
-            return;             /* EAGAIN: empty */
-        }
-        for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-            if (!((cm->cmsg_level == IPPROTO_IPV6 && cm->cmsg_type == IPV6_RECVERR) ||
-                  (cm->cmsg_level == IPPROTO_IP && cm->cmsg_type == IP_RECVERR)) ||
-                cm->cmsg_len < CMSG_LEN(sizeof(ee)))
-                continue;
-            memcpy(&ee, CMSG_DATA(cm), sizeof(ee));
-            if (ee.ee_origin == SO_EE_ORIGIN_LOCAL && ee.ee_errno == EMSGSIZE)
-                q->mtu = ee.ee_info;
-            else if (ee.ee_origin == SO_EE_ORIGIN_ICMP || ee.ee_origin == SO_EE_ORIGIN_ICMP6)
-                q->network = 1;
-        }
-    }
-}

@@ -1,8 +1,9 @@
 /*
  * io.h - the state of one packet loop, and what the files that make its
  * syscalls share: loop.c (setup, epoll, the public API) on top, the two
- * directions below it, tx.c (TUN -> UDP) and rx.c (UDP -> TUN), and io.c
- * below both (table hand-over, message slots, TUN writes). A file calls
+ * directions below it, tx.c (TUN -> UDP) and rx.c (UDP -> TUN), pmtu.c
+ * under tx.c (a refused send, the error queues), and io.c below them all
+ * (table hand-over, message slots, TUN writes). A file calls
  * only into files below it: the directions never call each other nor
  * loop.c (tests/unit/test_c_layers.py checks it). The pure files (path.c,
  * gso.c, gro.c, train.c, ...) never see this header: they take buffers,
@@ -154,15 +155,20 @@ void dp_io_msgs_init(struct mmsghdr *msgs, struct iovec *iov, union dp_sockaddr 
 /* io.c: one write into the TUN (forwarded packets, ICMP errors); write()'s result. */
 ssize_t dp_io_tun_write(struct dp_loop *l, const uint8_t *p, uint32_t len);
 
-/* What a socket's error queue held (dataplane.h "Path MTU"): mtu, the path
- * MTU of the last local EMSGSIZE (0: none); network, whether an error came
- * from the network (ICMP or ICMPv6). */
+/* pmtu.c: what a socket's error queue held (dataplane.h "Path MTU"): mtu,
+ * the path MTU of the last local EMSGSIZE (0: none); network, whether an
+ * error came from the network (ICMP or ICMPv6). */
 struct dp_errq {
     uint32_t mtu;
     int network;
 };
-/* io.c: empty fd's error queue (at most DP_ERRQ_MAX reads) into *q. */
-void dp_io_errqueue(struct dp_loop *l, int fd, struct dp_errq *q);
+/* pmtu.c: empty fd's error queue (at most DP_ERRQ_MAX reads) into *q. */
+void dp_pmtu_errqueue(struct dp_loop *l, int fd, struct dp_errq *q);
+/* pmtu.c: what tx.c's refused message i (err: its errno, 0 for none)
+ * became: sent on a second try (to be counted as sent), an ICMP error in
+ * l->path.icmp (to be written), or dropped and counted. */
+enum dp_pmtu { DP_PMTU_DROPPED = 0, DP_PMTU_SENT, DP_PMTU_ICMP };
+enum dp_pmtu dp_pmtu_refused(struct dp_loop *l, uint32_t i, int err);
 
 /* tx.c: TUN -> UDP. */
 int dp_tx_setup(struct dp_loop *l);

@@ -78,7 +78,7 @@ static void errors_seen(struct dp_loop *l, int fd, uint32_t events)
     struct dp_errq q;
 
     if (events & EPOLLERR)
-        dp_io_errqueue(l, fd, &q);
+        dp_pmtu_errqueue(l, fd, &q);
 }
 
 /* Why the loop ended, for dp_loop_state; before `running` drops. */

@@ -15,9 +15,9 @@
  *                          ICMP error
  *   3. udp_sendmmsg,       one sendmmsg() per batch and underlay (the
  *      sent, refused,      IPv4 socket or the IPv6 one), skipping refused
- *      udp_send_plain      messages, each judged by the error queue (a path
- *                          MTU: packet too big); each datagram sent is
- *                          counted once
+ *      udp_send_plain      messages, each judged by pmtu.c (a path MTU:
+ *                          packet too big); each datagram sent is counted
+ *                          once
  *   4. trains_build,       with DP_OFF_UDP_GSO: dp_train_plan groups the
  *      udp_send_gso        batch, each train one message with UDP_SEGMENT;
  *                          a refused train goes again plain
@@ -162,93 +162,20 @@ static void sent(struct dp_loop *l, uint32_t k, uint32_t batch)
           ntohs(v6 ? a->v6.sin6_port : a->v4.sin_port), batch, NULL);
 }
 
-/* A socket option of the probe below; its syscall counted. */
-static int sockopt(struct dp_loop *l, int name, int val)
-{
-    st_add(l, DP_ST_SYSCALLS, 1);
-    return setsockopt(l->udp_fd, IPPROTO_IP, name, &val, sizeof(val));
-}
-
-/* Slot i, an inner IPv6 packet to an IPv4 peer, was refused with err while
- * it carried its "don't fragment": sent again plain, with udp_fd in
- * IP_PMTUDISC_DO and IP_RECVERR for this send only, so that the kernel
- * either sends it or puts the path MTU on the error queue (dataplane.h
- * "Path MTU"). Returns 1 when it went. */
-static int probe4(struct dp_loop *l, uint32_t i, int err)
-{
-    struct msghdr *mh = &l->tx_msgs[i].msg_hdr;
-    uint8_t *p = l->tx_iov[i].iov_base;
-    uint32_t len = (uint32_t)l->tx_iov[i].iov_len;
-    int old = IP_PMTUDISC_WANT, e = 0;
-    socklen_t olen = sizeof(old);
-    struct dp_errq q = { 0, 0 };
-    ssize_t r;
-
-    st_add(l, DP_ST_SYSCALLS, 1);
-    getsockopt(l->udp_fd, IPPROTO_IP, IP_MTU_DISCOVER, &old, &olen);
-    mh->msg_control = NULL;
-    mh->msg_controllen = 0;
-    if (sockopt(l, IP_RECVERR, 1) < 0 || sockopt(l, IP_MTU_DISCOVER, IP_PMTUDISC_DO) < 0) {
-        e = errno;
-    } else {
-        do {
-            sys_count(l, DP_ST_UDP_SENDS);
-            r = sendmsg(l->udp_fd, mh, 0);
-        } while (r < 0 && errno == EINTR);
-        e = r < 0 ? errno : 0;
-        if (e == EMSGSIZE)
-            dp_io_errqueue(l, l->udp_fd, &q);
-    }
-    sockopt(l, IP_MTU_DISCOVER, old);
-    sockopt(l, IP_RECVERR, 0);
-    if (!e) {
-        if (err != EMSGSIZE)
-            l->df4 = 0;
-        sent(l, i, 1);
-        return 1;
-    }
-    if (e == EMSGSIZE && q.mtu) {
-        if (dp_path_too_big(&l->path, p, len, q.mtu, DP_UNDERLAY4_HDRS) == DP_V_ICMP)
-            icmp_send(l);
-        return 0;
-    }
-    drop(l, DP_ST_DROP_SEND_ERROR, p, len);
-    return 0;
-}
-
-/* Slot i was refused with err (0: no errno). On the IPv6 underlay its error
- * queue says why (dataplane.h "Path MTU"): over the path MTU, the packet's
- * sender learns that MTU; an ICMP error of the network that the kernel
- * handed to this send, the message goes once more. An inner IPv6 packet to
- * an IPv4 peer goes to probe4. Else it is dropped. */
+/* Slot i was refused with err (0: no errno): pmtu.c says what it becomes
+ * (dataplane.h "Path MTU"), and the send or the error is counted here. */
 static void refused(struct dp_loop *l, uint32_t i, int err)
 {
-    uint8_t *p = l->tx_iov[i].iov_base;
-    uint32_t len = (uint32_t)l->tx_iov[i].iov_len;
-    struct dp_errq q;
-    int again = 1;
-
-    if (l->tx_msgs[i].msg_hdr.msg_controllen) {
-        probe4(l, i, err);
-        return;
+    switch (dp_pmtu_refused(l, i, err)) {
+    case DP_PMTU_SENT:
+        sent(l, i, 1);
+        break;
+    case DP_PMTU_ICMP:
+        icmp_send(l);
+        break;
+    default:
+        break;
     }
-
-    while (l->tx_addr[i].sa.sa_family == AF_INET6) {
-        dp_io_errqueue(l, l->udp6_fd, &q);
-        if (err == EMSGSIZE && q.mtu) {
-            if (dp_path_too_big(&l->path, p, len, q.mtu, DP_UNDERLAY6_HDRS) == DP_V_ICMP)
-                icmp_send(l);
-            return;
-        }
-        if (!q.network || !again--)
-            break;
-        if (udp_sendmmsg(l, &l->tx_msgs[i], 1) == 1) {
-            sent(l, i, 1);
-            return;
-        }
-        err = errno;
-    }
-    drop(l, DP_ST_DROP_SEND_ERROR, p, len);
 }
 
 /* One sendmmsg() for the queued messages from slot i on, per run of one
@@ -291,10 +218,11 @@ static int same_peer(const union dp_sockaddr *a, const union dp_sockaddr *b)
 
 /* Plans slots 0..m-1 as trains and builds one message per train; returns
  * how many. A train of one is a plain message (its only cmsg the "don't
- * fragment" of set_peer): exactly what udp_send_plain sends. A train only ever joins consecutive slots, so a
- * slot's key is the first slot of its run of one peer: equal exactly when
- * the peer is, for 16-byte addresses as for 4-byte ones, and whatever
- * table routed the slot (a table may be taken between two reads). */
+ * fragment" of set_peer): exactly what udp_send_plain sends. A train only
+ * ever joins consecutive slots, so a slot's key is the first slot of its
+ * run of one peer: equal exactly when the peer is, for 16-byte addresses as
+ * for 4-byte ones, and whatever table routed the slot (a table may be taken
+ * between two reads). */
 static uint32_t trains_build(struct dp_loop *l, uint32_t m)
 {
     uint32_t t, nt, i;

@@ -23,8 +23,9 @@ The IPv6 underlay (docs/operating.md#dual-stack) is a second group of the same s
 ``[PublicIPv6]:port``, one socket per queue beside each IPv4 one, ``IPV6_V6ONLY`` (an IPv4
 datagram belongs to the IPv4 group) and with the same steering: the program reads the inner
 packet, whichever family carried it. The address's family picks the group's. It carries inner
-IPv6 alone, so it can refuse to fragment (:func:`path_mtu_options`), which the IPv4 group, whose
-inner IPv4 the kernel fragments as under flanneld, does not.
+IPv6 alone, so the whole socket can refuse to fragment (:func:`path_mtu_options`); the IPv4
+group's stay as they are, the kernel fragmenting inner IPv4 as under flanneld (the engines ask
+for "don't fragment" per datagram of inner IPv6 there: csrc/dataplane.h "Path MTU").
 
 Some hosts refuse the steering program: kernels before 4.5, QEMU's user-mode
 emulation (which does not emulate the option), seccomp or LSM sandboxes.
