@@ -27,13 +27,20 @@ HDRS = 48
 TOO_BIG = 2
 
 
-def make(engine_kind, path_mtu: int) -> Harness:
+def make(engine_kind, path_mtu: int, start: bool = True, closed: bool = False) -> Harness:
+    """A harness whose IPv6 peer takes FAR's /64; with ``closed``, a second IPv6 peer whose
+    socket is closed takes fc00:5:0:4::/64."""
     h = Harness(engine_kind, mtu=MTU, udp6=True, start=False)
     path_mtu_options(h.udp6)
     h.udp6.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU, path_mtu)
-    h.engine.start()
-    peer = h.add_peer(family=socket.AF_INET6)
-    h.set_routes([h.route("fc00:5:0:2::/64", peer)])
+    if start:
+        h.engine.start()
+    routes = [h.route("fc00:5:0:2::/64", h.add_peer(family=socket.AF_INET6))]
+    if closed:
+        gone = h.add_peer(family=socket.AF_INET6)
+        gone.sock.close()
+        routes.append(h.route("fc00:5:0:4::/64", gone))
+    h.set_routes(routes, wait=start)
     h.engine.set_tun_addr6(OWN6)
     return h
 
@@ -80,11 +87,7 @@ def test_an_icmp_error_of_the_network_costs_no_packet(engine_kind, first):
     """A datagram to a closed port comes back as ICMPv6 port unreachable: queued on the
     socket, and pending for its next call. The loop empties the queue (no busy loop on
     EPOLLERR) and the next packet, to a live peer, goes through."""
-    with make(engine_kind, 1400) as h:
-        closed = h.add_peer(family=socket.AF_INET6)
-        closed.sock.close()
-        h.set_routes([h.route("fc00:5:0:2::/64", h.peers[0]),
-                      h.route("fc00:5:0:4::/64", closed)])
+    with make(engine_kind, 1400, closed=True) as h:
         if first == "network error":
             h.inject_tun(sized("fc00:5:0:4::1", 100, 9))
             h.settle(outputs=False)
@@ -117,3 +120,15 @@ def test_over_the_ipv4_underlay_too(engine_kind):
         assert h.tun_received == [expected_error(big, mtu=min(lo, 65535) - 28)]
         expect_only(st, tun_rx_packets=3, tun_rx_bytes=1400 + 2 * 65535, udp_tx_packets=1,
                     udp_tx_bytes=1400, drop_send_error=1, drop_too_big=1, icmp_too_big_sent=1)
+
+
+def test_a_send_failed_by_the_network_s_error_goes_again(engine_kind):
+    """Two packets of one batch: the first's datagram to a closed port comes back (on loopback,
+    at once) as port unreachable, which the kernel also hands to the next send on the socket;
+    that send, the second packet's to a live peer, is made again and goes."""
+    with make(engine_kind, 1400, start=False, closed=True) as h:
+        h.inject_tun(sized("fc00:5:0:4::1", 100, 9), sized(FAR, 100, 7))
+        h.engine.start()
+        st = h.settle(outputs=False)
+        wait_until(lambda: len(h.peers[0].received) == 1, 5, what="the packet to the live peer")
+        assert (st["udp_tx_packets"], st["drop_send_error"]) == (2, 0), st
