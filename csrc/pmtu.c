@@ -27,7 +27,9 @@
  * socket, its own refusals (SO_EE_ORIGIN_LOCAL, ee_info the path MTU of an
  * EMSGSIZE) and the network's ICMP errors; an ICMP error also stays pending
  * (sk_err) for the next call, which it fails, until the queue is read. No
- * payload is wanted: the control message says it all. */
+ * payload is wanted, the control message says it all; but one byte is
+ * asked for, as QEMU's user mode answers a receive of no iovec with 0 and
+ * no call at all. */
 void dp_pmtu_errqueue(struct dp_loop *l, int fd, struct dp_errq *q)
 {
     union {
@@ -37,12 +39,16 @@ void dp_pmtu_errqueue(struct dp_loop *l, int fd, struct dp_errq *q)
     struct sock_extended_err ee;
     struct msghdr mh;
     struct cmsghdr *cm;
+    uint8_t byte;
+    struct iovec iov = { .iov_base = &byte, .iov_len = sizeof(byte) };
     uint32_t k;
 
     q->mtu = 0;
     q->network = 0;
     for (k = 0; k < DP_ERRQ_MAX; k++) {
         memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
         mh.msg_control = ctl.buf;
         mh.msg_controllen = sizeof(ctl.buf);
         sys_count(l, DP_ST_UDP_RECVS);

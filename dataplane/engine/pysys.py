@@ -45,7 +45,7 @@ def errqueue(sock: socket.socket, c: list) -> tuple[int, bool]:
         c[SYSCALLS] += 1
         c[UDP_RECVS] += 1
         try:
-            _, anc, _, _ = sock.recvmsg(0, _CTL, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+            _, anc, _, _ = sock.recvmsg(1, _CTL, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
         except OSError:             # EAGAIN: empty
             break
         for level, type_, data in anc:
