@@ -180,12 +180,14 @@
  * datagram sent with UDP_SEGMENT at least its length is never fragmented,
  * and is refused (EMSGSIZE) over the path MTU. So each inner IPv6 message
  * to an IPv4 peer carries UDP_SEGMENT = its length (a train of one; in a
- * DP_OFF_UDP_GSO train, the train's own). A refused one is sent again once,
+ * DP_OFF_UDP_GSO train, the train's own). One refused with EMSGSIZE,
+ * EINVAL or EIO (any other refusal is drop_send_error) is sent again once,
  * without it, with udp_fd in IP_PMTUDISC_DO and IP_RECVERR for that send
  * alone (its IP_MTU_DISCOVER read first and put back, IP_RECVERR cleared):
  *   - sent: forwarded; when the first refusal was not EMSGSIZE, the kernel
  *     refused the cmsg itself (EIO: no checksum offload or IPsec on the
- *     path; Linux < 4.18), so no message carries it from then on;
+ *     path; EINVAL: SO_NO_CHECK), so no message carries it from then on
+ *     (a kernel before 4.18 ignores it: such a kernel fragments);
  *   - EMSGSIZE with the path MTU M on the error queue: as on the IPv6
  *     underlay, with m = M - DP_UNDERLAY4_HDRS (at least DP_MTU6_MIN);
  *   - else drop_send_error.

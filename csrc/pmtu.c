@@ -89,10 +89,10 @@ static int sockopt(struct dp_loop *l, int name, int val)
 }
 
 /* Slot i, an inner IPv6 packet to an IPv4 peer, was refused with err while
- * it carried its "don't fragment": sent again plain, with udp_fd in
- * IP_PMTUDISC_DO and IP_RECVERR for this send only, so that the kernel
- * either sends it or puts the path MTU on the error queue (dataplane.h
- * "Path MTU"). */
+ * it carried its "don't fragment": when err may be about its size or the
+ * cmsg, sent again plain, with udp_fd in IP_PMTUDISC_DO and IP_RECVERR for
+ * this send only, so that the kernel either sends it or puts the path MTU
+ * on the error queue (dataplane.h "Path MTU"). */
 static enum dp_pmtu probe4(struct dp_loop *l, uint32_t i, int err)
 {
     struct msghdr *mh = &l->tx_msgs[i].msg_hdr;
@@ -103,6 +103,10 @@ static enum dp_pmtu probe4(struct dp_loop *l, uint32_t i, int err)
     struct dp_errq q = { 0, 0 };
     ssize_t r;
 
+    if (err != EMSGSIZE && err != EINVAL && err != EIO) {     /* not about the size */
+        drop(l, DP_ST_DROP_SEND_ERROR, p, len);
+        return DP_PMTU_DROPPED;
+    }
     st_add(l, DP_ST_SYSCALLS, 1);
     getsockopt(l->udp_fd, IPPROTO_IP, IP_MTU_DISCOVER, &old, &olen);
     mh->msg_control = NULL;

@@ -1,8 +1,8 @@
 """The Python engine's calls into the kernel beyond moving packets: a UDP socket's error queue,
 IPv4's "don't fragment" for an inner IPv6 datagram, and what a refused send becomes
-(csrc/dataplane.h "Path MTU"; io.c's dp_io_errqueue, tx.c's set_peer, refused and probe4), and
-the loop thread's timer slack (loop.c). pyengine.py's loop calls them; only dont_fragment is on
-the path of a packet that goes through (an inner IPv6 one to an IPv4 peer).
+(csrc/dataplane.h "Path MTU"; pmtu.c's dp_pmtu_errqueue, dp_pmtu_refused and probe4, tx.c's
+set_peer), and the loop thread's timer slack (loop.c). pyengine.py's loop calls them; only
+dont_fragment is on the path of a packet that goes through (an inner IPv6 one to an IPv4 peer).
 """
 from __future__ import annotations
 
@@ -96,9 +96,12 @@ def refused(loop, buf, data, hop, err: int) -> bool:
 
 def probe4(loop, buf, data, hop, err: int) -> bool:
     """An inner IPv6 datagram to an IPv4 peer, refused with ``err`` while it carried
-    dont_fragment: sent again plain, the socket in IP_PMTUDISC_DO with IP_RECVERR for this
-    send alone (tx.c's probe4)."""
+    dont_fragment: when ``err`` may be about its size or the cmsg, sent again plain, the
+    socket in IP_PMTUDISC_DO with IP_RECVERR for this send alone (pmtu.c's probe4)."""
     pa, c, sock, length = loop.path, loop.c, loop.sock, len(data)
+    if err not in (errno.EMSGSIZE, errno.EINVAL, errno.EIO):     # not about the size
+        pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
+        return False
     c[SYSCALLS] += 5
     old, e, mtu = sock.getsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER), 0, 0
     try:
