@@ -28,26 +28,24 @@ FAMILY = {4: "ipv4", 6: "ipv6"}
 
 
 class HostForwarding:
-    def __init__(self, read=forwarding.enabled, fix=forwarding.fix):
-        self._read, self._fix = read, fix
+    def __init__(self, read=forwarding.enabled, ra_interfaces=forwarding.ra_interfaces):
+        self._read, self._ra_interfaces = read, ra_interfaces
         self._lock = threading.Lock()
         self._versions: tuple = ()
-        self._iface: str | None = None
         self._state: dict = {}          # {"ipv4": True, "ipv6": False} at the last check
         self.off = Recurring(log, "Host forwarding")
 
-    def want(self, ipv6: bool, iface: str | None) -> None:
-        """The families the daemon forwards from now on (IPv4, and IPv6 with EnableIPv6) and the
-        external interface (named in IPv6's fix); checked at once."""
+    def want(self, ipv6: bool) -> None:
+        """The families the daemon forwards from now on (IPv4, and IPv6 with EnableIPv6);
+        checked at once."""
         with self._lock:
             self._versions = (4, 6) if ipv6 else (4,)
-            self._iface = iface
         self.check()
 
     def check(self) -> None:
         """Read the sysctls (the daemon's tick); log as control/recurring.py paces it."""
         with self._lock:
-            versions, iface = self._versions, self._iface
+            versions = self._versions
         state = {v: self._read(v) for v in versions}
         with self._lock:
             self._state = {FAMILY[v]: on for v, on in state.items() if on is not None}
@@ -57,13 +55,20 @@ class HostForwarding:
             return
         keys = " and ".join(forwarding.SYSCTL[v] for v in off)
         families = " and ".join(f"IPv{v}" for v in off)
+        key = tuple(off)
+        # the fix is said on the first line of a new state only (reminders do not repeat it):
+        # asked of the kernel only then
+        advice = "" if self.off.key == key else self._advice(off)
         self.off.fail(
             f"{keys} {'is' if len(off) == 1 else 'are'} 0: this host does not forward, so its "
             f"pods' {families} packets to and from flannel0 stop here without an error",
-            "fix: " + "; ".join(self._fix(v, iface) for v in off)
-            + ", and in /etc/sysctl.d/ to keep it across reboots (the daemon changes no "
-            "host-wide sysctl; the CNI bridge plugin switches them on with a pod's gateway)",
-            key=tuple(off))
+            advice, key=key)
+
+    def _advice(self, off: list) -> str:
+        ra = self._ra_interfaces() if 6 in off else ()
+        return ("fix: " + "; ".join(forwarding.fix(v, ra) for v in off)
+                + ", and in /etc/sysctl.d/ to keep it across reboots (the daemon changes no "
+                "host-wide sysctl; the CNI bridge plugin switches them on with a pod's gateway)")
 
     def status(self) -> dict:
         """{"ipv4": on, "ipv6": on} for the families checked (empty before the config is read)."""

@@ -247,7 +247,7 @@ class Daemon:
             preflight.udp_port(self.ext, self.config.backend_port)
         startup.check_ipv6(self.config, self.ext)
         preflight.firewall_tools(o, self.config)    # the IPv6 rules' tool is known only now
-        self.forwarding.want(self.config.enable_ipv6, self.ext.name)
+        self.forwarding.want(self.config.enable_ipv6)
         self.underlay6 = startup.ipv6_underlay(o, self.config, self.ext)
         if inh is not None:             # its IPv6 sockets, handed over or opened now
             self.underlay6 = takeover.underlay6(inh, self.underlay6, self.ext,

@@ -6,15 +6,18 @@ flannel0 out to the pod. Both are forwarding, which the kernel does only with
 the kernel drops that family's pod packets without an ICMP error and without a log line. A stock
 Debian host has both off; the CNI ``bridge`` plugin switches them on when it makes a pod's
 gateway, a workload runtime of its own may not. The daemon reads them and never writes them: they
-are the host's, and switching IPv6 forwarding on changes how the host takes router advertisements
-(:func:`fix`). Nothing here logs; daemon/host_forwarding.py says it.
+are the host's, and switching IPv6 forwarding on changes how the host takes router
+advertisements (:func:`fix`). Nothing here logs; daemon/host_forwarding.py says it.
 """
 from __future__ import annotations
 
 import os
+import socket
 
 PROC_SYS = "/proc/sys"
 SYSCTL = {4: "net.ipv4.ip_forward", 6: "net.ipv6.conf.all.forwarding"}
+RTPROT_RA = 9               # <linux/rtnetlink.h>: a route learned from a router advertisement
+IFA_F_PERMANENT = 0x80      # <linux/if_addr.h>: an address without lifetimes (not SLAAC's)
 
 
 def _read(key: str, root: str = PROC_SYS) -> int | None:
@@ -36,17 +39,41 @@ def accept_ra(iface: str, root: str = PROC_SYS) -> int | None:
     return _read(f"net.ipv6.conf.{iface}.accept_ra", root)
 
 
-def fix(version: int, iface: str | None = None, root: str = PROC_SYS) -> str:
-    """The commands that switch the family's forwarding on, as an operator runs them. For IPv6 on
-    an interface that takes router advertisements (``accept_ra`` 1, the default) ``accept_ra=2``
-    comes first: with forwarding on the kernel ignores advertisements on such an interface, and the
-    host loses the address and default route it configured from them when they expire."""
+def ra_interfaces(root: str = PROC_SYS) -> list[str]:
+    """The interfaces that would lose what router advertisements gave them once IPv6 forwarding
+    is on: ``accept_ra`` 1, and a route learned from an advertisement (``proto ra``) or a global
+    address with lifetimes (SLAAC's) on them now. Empty when netlink cannot be asked."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+    found = set()
+    try:
+        with IPRoute() as ipr:
+            names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+            for route in ipr.get_routes(family=socket.AF_INET6):
+                if route["proto"] == RTPROT_RA:
+                    found.add(names.get(route.get_attr("RTA_OIF")))
+            for addr in ipr.get_addr(family=socket.AF_INET6):
+                flags = addr.get_attr("IFA_FLAGS") or addr["flags"]
+                if addr["scope"] == 0 and not flags & IFA_F_PERMANENT:
+                    found.add(names.get(addr["index"]))
+    except (OSError, NetlinkError):
+        return []
+    return sorted(n for n in found if n and accept_ra(n, root) == 1)
+
+
+def fix(version: int, ra_ifaces=()) -> str:
+    """The commands that switch the family's forwarding on, as an operator runs them. For IPv6,
+    ``accept_ra=2`` first on each interface of ``ra_ifaces`` (:func:`ra_interfaces`): with
+    forwarding on the kernel ignores advertisements where ``accept_ra`` is 1, and the host loses
+    the address and default route it took from them when they expire."""
     key = SYSCTL[version]
-    ra = accept_ra(iface, root) if (version == 6 and iface) else None
-    if version == 6 and (ra == 1 or iface is None):
-        name = iface or "<interface>"
-        return (f"sysctl -w net.ipv6.conf.{name}.accept_ra=2 first if this host takes its IPv6 "
-                f"address or default route from router advertisements on {name} (with "
-                f"forwarding on the kernel ignores them where accept_ra is 1), then "
-                f"sysctl -w {key}=1")
-    return f"sysctl -w {key}=1"
+    if version == 4:
+        return f"sysctl -w {key}=1"
+    if not ra_ifaces:
+        return (f"sysctl -w {key}=1 (where an interface takes its IPv6 address or default route "
+                "from router advertisements, set its accept_ra=2 first)")
+    names = ", ".join(ra_ifaces)
+    first = "; ".join(f"sysctl -w net.ipv6.conf.{n}.accept_ra=2" for n in ra_ifaces)
+    return (f"{first} first (this host takes IPv6 addresses or routes from router advertisements "
+            f"on {names}: with forwarding on the kernel ignores them where accept_ra is 1, and "
+            f"what they gave is gone when it expires), then sysctl -w {key}=1")

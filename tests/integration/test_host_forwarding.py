@@ -1,7 +1,7 @@
 """A stock host: the kernel's forwarding off, as a new network namespace has it and as Debian 12
 ships (docs/operating.md#host-forwarding). Real daemons on a dual-stack config, a real etcd, both
 engines. The daemon never switches the sysctls; it says which family is off, what it means and
-the fix (`accept_ra=2` first for IPv6 where the interface takes router advertisements), reminds
+the fix (`accept_ra=2` first for IPv6 on an interface that takes router advertisements), reminds
 while it lasts, says when it is on again, and shows it in /metrics and `flannel-udp status`. A
 pod's IPv6 through a host without IPv6 forwarding goes nowhere, without an error: the reason
 for all of it.
@@ -60,6 +60,10 @@ def test_forwarding_off_is_said_with_its_fix_and_on_is_not(ov):
     # h0 as a new namespace is: both families off; h1 switched on before its daemon starts
     h0 = ov.add_host(start=False)
     assert ov.exec(h0, ["sysctl", "-n", V4, V6]).stdout.split() == ["0", "0"]
+    # h0's interface takes routes from router advertisements (accept_ra 1, a route of theirs)
+    assert ov.exec(h0, ["sysctl", "-n", f"net.ipv6.conf.{h0.iface}.accept_ra"]).stdout == "1\n"
+    ov.exec(h0, ["ip", "-6", "route", "add", "2001:db8:99::/64", "dev", h0.iface, "proto", "ra"],
+            check=True)
     ov.start_daemon(h0, env={"FLANNEL_UDP_REMIND_EVERY_S": "2"})
     h1 = ov.add_host(start=False)
     for key in (V4, V6):
@@ -70,7 +74,7 @@ def test_forwarding_off_is_said_with_its_fix_and_on_is_not(ov):
     assert ov.wait_log(h0, first), ov.daemon(h0).log_text()[-3000:]
     line = said(ov, h0, first)[0]
     assert "WARNING" in line and "IPv4 and IPv6 packets" in line, line
-    # the fix, IPv6's accept_ra first on the interface that takes advertisements (its default 1)
+    # the fix, IPv6's accept_ra=2 first on the interface that takes advertisements
     assert f"sysctl -w {V4}=1" in line and f"sysctl -w {V6}=1" in line, line
     assert line.index(f"net.ipv6.conf.{h0.iface}.accept_ra=2") < line.index(f"{V6}=1"), line
     # the daemon changed nothing, and reminds while it lasts

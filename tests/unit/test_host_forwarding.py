@@ -23,28 +23,30 @@ def test_read_from_proc_sys(tmp_path):
     assert forwarding.enabled(6, str(tmp_path / "none")) is None
 
 
-def test_ipv6_fix_names_accept_ra_first_where_the_interface_takes_advertisements(tmp_path):
-    root = _proc(tmp_path, **{"net.ipv6.conf.eth1.accept_ra": 1,
-                              "net.ipv6.conf.eth2.accept_ra": 2})
-    fix = forwarding.fix(6, "eth1", root)
+def test_ipv6_fix_names_accept_ra_first_on_the_interfaces_that_take_advertisements():
+    fix = forwarding.fix(6, ["eth1", "eth2"])
     assert fix.index("net.ipv6.conf.eth1.accept_ra=2") < fix.index(
-        "net.ipv6.conf.all.forwarding=1"), fix
-    assert "accept_ra" not in forwarding.fix(6, "eth2", root)
-    assert forwarding.fix(4, "eth1", root).startswith("sysctl -w net.ipv4.ip_forward=1")
+        "net.ipv6.conf.eth2.accept_ra=2") < fix.index("net.ipv6.conf.all.forwarding=1"), fix
+    assert fix.startswith("sysctl -w net.ipv6.conf.eth1.accept_ra=2; ") and "on eth1, eth2" in fix
+    plain = forwarding.fix(6)
+    assert plain.startswith("sysctl -w net.ipv6.conf.all.forwarding=1 (") and "eth" not in plain
+    assert forwarding.fix(4, ["eth1"]) == "sysctl -w net.ipv4.ip_forward=1"
 
 
 def test_said_once_with_the_fix_then_when_on(caplog):
     on = {4: True, 6: False}
-    hf = HostForwarding(read=lambda v: on[v], fix=lambda v, iface: f"fix{v} {iface}")
+    asked = []
+    hf = HostForwarding(read=lambda v: on[v], ra_interfaces=lambda: asked.append(1) or ["eth1"])
     with caplog.at_level(logging.INFO, logger="dataplane.daemon.host_forwarding"):
-        hf.want(ipv6=True, iface="eth1")
+        hf.want(ipv6=True)
         for _ in range(5):
             hf.check()
         warned = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warned) == 1, warned
         msg = warned[0].getMessage()
         assert "net.ipv6.conf.all.forwarding is 0" in msg and "IPv6" in msg, msg
-        assert "fix6 eth1" in msg and "ip_forward" not in msg, msg
+        assert "sysctl -w net.ipv6.conf.eth1.accept_ra=2" in msg and "ip_forward" not in msg, msg
+        assert len(asked) == 1          # the interfaces are asked for the first line only
         assert hf.status() == {"ipv4": True, "ipv6": False}
         on[6] = True
         hf.check()
@@ -55,6 +57,6 @@ def test_said_once_with_the_fix_then_when_on(caplog):
 def test_ipv4_only_config_reads_ipv4_alone(caplog):
     read = []
     hf = HostForwarding(read=lambda v: read.append(v) or True)
-    hf.want(ipv6=False, iface="eth1")
+    hf.want(ipv6=False)
     assert read == [4] and hf.status() == {"ipv4": True}
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
