@@ -144,6 +144,12 @@ def render(doc: dict, now: float | None = None) -> str:
     if doc.get("config_mismatch"):
         rows.append(("config", "etcd's network config differs from the one running "
                      "(restart to apply it)"))
+    fwd = doc.get("host_forwarding") or {}
+    if fwd:
+        rows.append(("forwarding", ", ".join(
+            f"{fam.replace('ip', 'IP')} {'on' if on else 'OFF'}" for fam, on in sorted(fwd.items()))
+            + ("" if all(fwd.values()) else
+               " (the pods' packets of a family that is off stop here; the warning has the fix)")))
     packets = doc.get("packets") or {}
     if packets:
         ipv6 = doc.get("packets_ipv6") or {}      # each path's IPv6 share, when there is one

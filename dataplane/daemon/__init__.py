@@ -13,6 +13,7 @@
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
 * ``blackhole_route.py`` the --ip-blackhole-route route, kept with the lease and checked on the tick;
 * ``subnet_env.py``  subnet.env kept equal to the lease, rewritten on the tick while a write fails;
+* ``host_forwarding.py`` the host's forwarding sysctls, read on the tick: warned while off, never set;
 * ``status.py``      the status socket that `flannel-udp status` reads;
 * ``monitor.py``     the serve loop's periodic checks and how often they log;
 * ``liveness.py``    whether the serve loop and every engine loop progress: /healthz, WATCHDOG=1;

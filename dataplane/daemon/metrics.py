@@ -89,6 +89,11 @@ class MetricsSource:
         """(subnet.env does not name the lease now, failed writes since start) or None."""
         return None
 
+    def host_forwarding(self) -> dict:
+        """{"ipv4": on, "ipv6": on}: the host's forwarding sysctls of the families the daemon
+        forwards; empty = not checked yet."""
+        return {}
+
     def trace_enabled(self) -> bool:
         return False
 
@@ -296,6 +301,11 @@ DECLARED = (
     Family(f"{PREFIX}_subnet_file_write_failures_total", "counter", (),
            "Failed writes of subnet.env since start.",
            _value("subnet_file", itemgetter(1))),
+    Family(f"{PREFIX}_host_forwarding", "gauge", ("family",),
+           "1 while the host forwards the family's packets (net.ipv4.ip_forward; with "
+           "EnableIPv6 net.ipv6.conf.all.forwarding), 0 while it does not: the pods' packets of "
+           "that family then stop at this host.",
+           _by_label("host_forwarding", lambda on: 1 if on else 0, sort=True)),
     # etcd
     Family(f"{PREFIX}_etcd_watch_connected", "gauge", ("watch",),
            "1 while the etcd watch has a stream established, by watch (subnets, config, "

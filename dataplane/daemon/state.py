@@ -50,6 +50,7 @@ class DaemonState:
     engine_why: str = ""                # why this engine (engine/choice.py's sentence)
     tun_name: str | None = None         # flannel0
     offloads: object = None             # host/offload.py Offloads
+    forwarding: object = None           # daemon/host_forwarding.py HostForwarding
 
     def current_lease(self):
         """The lease manager's newest lease (renewed, re-acquired), else the one the host is on."""
@@ -167,6 +168,10 @@ class DaemonSource(MetricsSource):
     def subnet_file(self):
         env = self.daemon.subnet_env
         return env.stale() is not None, env.failures.total
+
+    def host_forwarding(self):
+        f = self.daemon.forwarding
+        return f.status() if f is not None else {}
 
     def trace_enabled(self):
         return self.daemon.opts.trace and self.daemon.engine is not None

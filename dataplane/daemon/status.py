@@ -119,6 +119,8 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         # --ip-blackhole-route (daemon/blackhole_route.py); None when it is off
         "blackhole_route": (state.blackhole.status()
                             if state.blackhole is not None else None),
+        # the host's forwarding sysctls, {"ipv4": on, "ipv6": on} (daemon/host_forwarding.py)
+        "host_forwarding": src.host_forwarding(),
         "packets": packets,
         "packets_ipv6": packets_ipv6,
         "drops": drops,

@@ -74,6 +74,9 @@ class FullSource(MetricsSource):
     def subnet_file(self):
         return False, 0
 
+    def host_forwarding(self):
+        return {"ipv4": True, "ipv6": False}
+
     def etcd_watches(self):
         return {w: {"connected": True, "reconnects": 1, "resyncs": 0}
                 for w in ("subnets", "config", "own_lease")}
