@@ -12,11 +12,13 @@ create revision holds a subnet or a part); the stray key is a conflict, logged o
 and neither its put nor its delete moves a route: the engines' route tables are not swapped once
 on either host, and afterwards every ping, A to B and B to A, IPv4 and IPv6, gets through. Before
 the rule the peers' table was kept by subnet: the put replaced B's lease and the delete removed
-B's subnet (case 1: 0 of 4 pings; case 2: the 2 IPv6 pings lost) until B's next renewal.
+B's subnet (case 1: 0 of 4 pings; case 2: the 2 IPv6 pings lost) until B's next renewal. A
+daemon started while the first stray key is there routes to B as well (its first list).
 """
 from __future__ import annotations
 
 import ipaddress
+import os
 import time
 
 import pytest
@@ -102,3 +104,17 @@ def test_a_stray_key_put_and_deleted_moves_no_route(ov):
     assert ov.etcdctl("get", b_key, "--print-value-only").stdout.strip()
     assert before[b.name].get("flannel_udp_lease_reacquisitions_total", 0) == \
         ov.metrics(b).get("flannel_udp_lease_reacquisitions_total", 0)
+
+    # A daemon starting while a stray key is there decides alike from its first list (B's IPv6
+    # part is among the first hundred, so its key sorts before the stray's: a list read in
+    # order would end on the stray)
+    stray = strays["B's IPv4 subnet, another IPv6 part"]
+    ov.put(stray, STRAY_VALUE)
+    engine = ov.daemon(a).engine
+    ov.stop_daemon(a)
+    with open(os.path.join(ov.tb.workdir, a.name, "daemon.log"), errors="replace") as f:
+        said_before = f.read().count(f"Skipping subnet lease {stray}")
+    ov.start_daemon(a, engine=engine)
+    got = pings(ov)
+    assert all(n == 3 for n in got.values()), ("A restarted beside the stray key", got)
+    assert ov.daemon(a).log_text().count(f"Skipping subnet lease {stray}") == said_before + 1
