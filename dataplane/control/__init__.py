@@ -13,6 +13,7 @@
 * ``allocate.py``      free subnets (IPv4 and IPv6 parts) and the random pick among them, no I/O;
 * ``peer_watch.py``    the interface of the peer watch, declared once (PeerWatch);
 * ``peers.py``         the other nodes' leases, kept equal to etcd, reported as snapshots;
+* ``claims.py``        which key holds each subnet and IPv6 part when two keys name one, no I/O;
 * ``peer_process.py``  the same watch in a child process (the Python engine's daemon: its
                        interpreter stays free for forwarding);
 * ``peerset.py``       those snapshots (immutable; the one place our own subnet is left out);

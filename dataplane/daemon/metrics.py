@@ -284,8 +284,8 @@ DECLARED = (
            "engines); each is retried a second later.",
            _value("lease_move_failures")),
     Family(f"{PREFIX}_bad_leases", "gauge", (),
-           "Keys under the subnets prefix skipped now: malformed, or no usable lease (see the "
-           "log).",
+           "Keys under the subnets prefix skipped now: malformed, no usable lease, or in "
+           "conflict with an older key (see the log).",
            _value("bad_leases", itemgetter(0))),
     Family(f"{PREFIX}_bad_leases_seen_total", "counter", (),
            "Distinct (key, problem) pairs skipped under the subnets prefix since start.",
