@@ -49,7 +49,8 @@ class PeerRoutes:
         gets its routes and whenever the lease moves; ``underlay6`` is (our PublicIPv6 or
         None, the inner MTU over it): control/routes.py Ipv6Parts."""
         if self.ipv6.network6 != network6:
-            self.ipv6 = Ipv6Parts(network6, own6)
+            old, self.ipv6 = self.ipv6, Ipv6Parts(network6, own6)
+            self.ipv6.probe_routes, self.ipv6.fallback = old.probe_routes, old.fallback
         self.ipv6.own6 = own6
         self.ipv6.public6, self.ipv6.mtu6 = underlay6
 

@@ -50,7 +50,7 @@ class UnderlayFallback:
         self.state, self.peer_routes, self.sock6 = state, peer_routes, sock6
         self.health = UnderlayHealth(_probe_every())
         self.prober = underlay_probe.Prober()
-        self.answers = underlay_probe.AnswerSocket(state.tun_name)
+        self.answers = underlay_probe.AnswerSocket()
         self._stop = threading.Event()
         self._seen = None               # (peers6, direct6 keys) the probed peers come from
         self._relisted = 0.0
@@ -94,7 +94,8 @@ class UnderlayFallback:
             h = self.health
             now = time.monotonic()
             seen = (peers6, frozenset(direct6))
-            if seen != self._seen or now - self._relisted >= RELIST_EVERY_S:
+            relist = seen != self._seen or now - self._relisted >= RELIST_EVERY_S
+            if relist:
                 self._seen, self._relisted = seen, now
                 h.follow(targets_of(peers6.peers.values(), lambda le: le.subnet not in direct6
                                     and v6.why_not(le) is None
@@ -109,15 +110,12 @@ class UnderlayFallback:
                 underlay_probe.send(self.sock6, self.prober.request(src, part.network_address,
                                                                     number), pub6, port)
             turns = h.judge()
-            failed = frozenset(h.failed()) if turns or self._pruned(v6) else None
-        if failed is not None:
+            # a peer forgotten (gone, or its PublicIPv6 changed) leaves the routes' set too
+            failed = frozenset(h.failed()) if turns or relist else v6.fallback
+        if failed != v6.fallback:
             self.peer_routes.set_fallback(failed)
         for turn in turns:
             self._say(turn, peers6.peers.get(turn.key))
-
-    def _pruned(self, v6) -> bool:
-        """Whether the routes name a peer as failed that the probes no longer follow."""
-        return not v6.fallback <= self.health.failed().keys() if v6.fallback else False
 
     def _say(self, turn, lease) -> None:
         if lease is None:
@@ -153,14 +151,14 @@ class UnderlayFallback:
 def start(state, peer_routes, socks6):
     """The probes, when --ipv6-underlay-fallback is on and this host has an IPv6 underlay
     (``socks6``); None otherwise, or (said) when the answers' socket cannot be opened."""
-    if not state.opts.ipv6_underlay_fallback or not socks6 or state.tun_name is None:
+    if not state.opts.ipv6_underlay_fallback or not socks6:
         return None
     try:
         fallback = UnderlayFallback(state, peer_routes, socks6[0])
     except OSError as e:
-        log.warning("IPv6 underlay fallback is off: cannot open a raw ICMPv6 socket on %s for "
+        log.warning("IPv6 underlay fallback is off: cannot open a raw ICMPv6 socket for "
                     "the probes' answers (%s; it needs CAP_NET_RAW): a peer whose IPv6 underlay "
-                    "carries nothing is not noticed", state.tun_name, e)
+                    "carries nothing is not noticed", e)
         return None
     peer_routes.ipv6.probe_routes = True
     state.underlay_fallback = fallback

@@ -6,7 +6,8 @@ IPv6 address to the peer's. The daemon sends it itself on one of the sockets of 
 underlay (the engines' address and port, so the peer's source check accepts it); the peer's
 engine writes it into the peer's flannel0, the peer's kernel answers, and the answer crosses the
 overlay back like any packet to this host, into our flannel0 and our kernel, where the raw
-ICMPv6 socket of :class:`AnswerSocket` sees it. The engines do nothing more per packet for this.
+ICMPv6 socket of :class:`AnswerSocket` sees it (or on the external interface, from a peer that
+routes our IPv6 part directly). The engines do nothing more per packet for this.
 
 The echo's identifier and a token drawn at the daemon's start tell our answers from those of
 anything else that pings over flannel0 (host to host pings of flannel0's address, another
@@ -21,7 +22,7 @@ import struct
 
 from ..engine import ipv6
 
-ECHO_REQUEST, ECHO_REPLY = 128, 129
+ECHO_REQUEST, ECHO_REPLY = ipv6.ICMPV6_ECHO_REQUEST, ipv6.ICMPV6_ECHO_REPLY
 ICMP6_FILTER = 1                        # linux/icmpv6.h: a socket option of IPPROTO_ICMPV6
 HOP_LIMIT = 64
 _NUMBER = struct.Struct("!Q")
@@ -54,17 +55,17 @@ class Prober:
 
 
 class AnswerSocket:
-    """A raw ICMPv6 socket that takes echo replies arriving on ``device`` (flannel0) only: the
-    kernel's filter passes no other type, so other ICMPv6 costs it nothing."""
+    """A raw ICMPv6 socket that takes the echo replies this host receives: the kernel's filter
+    passes no other type, so other ICMPv6 costs it nothing, and the replies of host-to-host
+    pings are few."""
 
-    def __init__(self, device: str):
+    def __init__(self):
         sock = socket.socket(socket.AF_INET6, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
                              socket.IPPROTO_ICMPV6)
         try:
             words = [0xFFFFFFFF] * 8            # a set bit blocks its type
             words[ECHO_REPLY >> 5] &= ~(1 << (ECHO_REPLY & 31))
             sock.setsockopt(socket.IPPROTO_ICMPV6, ICMP6_FILTER, struct.pack("=8I", *words))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
             sock.setblocking(False)
         except OSError:
             sock.close()
