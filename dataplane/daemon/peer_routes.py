@@ -60,7 +60,6 @@ class PeerRoutes:
         probes of the IPv6 underlay on one of ``socks6`` (before the first listing, whose
         routes they change)."""
         st = self.state
-        self.fallback = underlay_fallback.start(st, self, socks6)
         ifindex = st.ext.index
         st.direct = DirectRouting(st.config.direct_routing,
                                   lambda ip: direct_routes.on_link(ip, ifindex),
@@ -72,6 +71,7 @@ class PeerRoutes:
                      "flannel0", st.ext.name, direct_routes.PROTO)
             self.route_watch = direct_routes.HostRouteWatch(
                 lambda: self.reconsider(table_type)).start()
+        self.fallback = underlay_fallback.start(st, self, socks6)
 
     def close(self) -> None:
         """Stop watching the host's routes (the direct routes stay) and probing."""

@@ -24,6 +24,7 @@ import select
 import threading
 import time
 
+from ..control.recurring import Recurring
 from ..control.underlay_health import PROBE_EVERY_S, UnderlayHealth, targets_of
 from ..host import underlay_probe
 
@@ -52,8 +53,9 @@ class UnderlayFallback:
         self.prober = underlay_probe.Prober()
         self.answers = underlay_probe.AnswerSocket()
         self._stop = threading.Event()
-        self._seen = None               # (peers6, direct6 keys) the probed peers come from
+        self._seen = None               # the peers6 snapshot the probed peers come from
         self._relisted = 0.0
+        self._failing = Recurring(log, "A round of the IPv6 underlay probes", level=logging.ERROR)
         self._lock = threading.Lock()   # the health's counts, read by the reports
         self._thread = threading.Thread(target=self._run, name="underlay-probe", daemon=True)
 
@@ -76,8 +78,9 @@ class UnderlayFallback:
         while not self._stop.is_set():
             try:
                 self._round()
-            except Exception:           # one bad round must not end the probes
-                log.exception("IPv6 underlay probes: a round failed")
+                self._failing.ok()
+            except Exception as e:      # one bad round must not end the probes
+                self._failing.fail(f"{type(e).__name__}: {e}", "tried again every second")
                 self._stop.wait(1)
             try:
                 select.select([self.answers], [], [], TICK_S)
@@ -86,17 +89,18 @@ class UnderlayFallback:
 
     def _round(self) -> None:
         st, v6 = self.state, self.peer_routes.ipv6
+        now = time.monotonic()
         with st.lock:
-            peers6, lease, direct6 = st.peers6, st.lease, set(st.direct.direct6)
+            peers6, lease = st.peers6, st.lease
+            # DirectRouting's decisions change without a peer change too: taken again too
+            relist = peers6 is not self._seen or now - self._relisted >= RELIST_EVERY_S
+            direct6 = set(st.direct.direct6) if relist else ()
         if lease is None or lease.ipv6_subnet is None:
             return
         with self._lock:
             h = self.health
-            now = time.monotonic()
-            seen = (peers6, frozenset(direct6))
-            relist = seen != self._seen or now - self._relisted >= RELIST_EVERY_S
             if relist:
-                self._seen, self._relisted = seen, now
+                self._seen, self._relisted = peers6, now
                 h.follow(targets_of(peers6.peers.values(), lambda le: le.subnet not in direct6
                                     and v6.why_not(le) is None
                                     and v6.probe_route(le.ipv6_subnet, le, 0) is not None))

@@ -201,3 +201,14 @@ def test_status_names_the_peers_on_ipv4():
     assert "3 peer(s) probed every 5 s, 1 on IPv4 (no answer over IPv6), 2 fallback(s)" in text
     assert "10.5.2.0/24: IPv6 over IPv4 to 192.168.77.2 since " in text
     assert "(PublicIPv6 fd00:99::2 answers no probe)" in text
+
+
+def test_the_flag_is_on_by_default_and_off_by_flag_or_environment():
+    from dataplane.cli import build_parser, flanneld_flags
+
+    def resolve(argv, env):
+        return flanneld_flags.resolve(build_parser().parse_args(["run", *argv]), environ=env)
+    assert resolve([], {}).ipv6_underlay_fallback is True
+    assert resolve(["--ipv6-underlay-fallback=false"], {}).ipv6_underlay_fallback is False
+    o = resolve([], {"FLANNELD_IPV6_UNDERLAY_FALLBACK": "false"})
+    assert o.ipv6_underlay_fallback is False and o.sources["ipv6_underlay_fallback"] == "env"
