@@ -19,6 +19,7 @@
 * ``peerset.py``       those snapshots (immutable; the one place our own subnet is left out);
 * ``routes.py``        the route step: a snapshot and the backend port -> the route table, no I/O;
 * ``direct.py``        DirectRouting: which peers get a plain kernel route, no I/O;
+* ``underlay_health.py`` whom to probe when, and whose IPv6 underlay failed or works again, no I/O;
 * ``configwatch.py``   warns when the network config changes under a running daemon;
 * ``subnetfile.py``    subnet.env, the file the workloads' runtime reads;
 * ``recurring.py``     a failure that repeats: said once, reminded slowly, said when over.

@@ -8,6 +8,7 @@
                      (flannel0, the sockets and the engine: the dataplane's assembly,
                      host/assembly.py, in the daemon's words);
 * ``peer_routes.py`` peer changes -> the engine's route table and DirectRouting's kernel routes;
+* ``underlay_fallback.py`` the probes of the peers' IPv6 underlay, a failed one's IPv6 over IPv4;
 * ``preflight.py``   what the host lacks (privileges, TUN, firewall tool, subnet.env, the port),
                      checked before anything is written to etcd;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);

@@ -452,7 +452,7 @@ class Daemon:
         self.stop()
 
     def _start_watches(self):
-        self.peer_routes.start_direct(self.engine_cls.table_type)
+        self.peer_routes.start_direct(self.engine_cls.table_type, self.socks6)
         self.peer_log = PeerLog(self.config.backend_port)
         child, self._peer_child = self._peer_child, None
         self.peer_watcher, self.config_watcher = startup.start_watches(

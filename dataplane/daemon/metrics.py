@@ -61,6 +61,12 @@ class MetricsSource:
         DirectRouting are on, else empty."""
         return {}
 
+    def ipv6_underlay_fallback(self) -> dict | None:
+        """With --ipv6-underlay-fallback probing: {"on_ipv4": [peers whose IPv6 part goes over
+        IPv4 because their IPv6 underlay failed], "fallbacks": n, "probes_sent": n,
+        "probes_answered": n, ...} (daemon/underlay_fallback.py report); else None."""
+        return None
+
     def queues_count(self) -> int:
         """Forwarding queues (engines) running; 0 = none yet (no metric then)."""
         return 0
@@ -264,6 +270,18 @@ DECLARED = (
            "(direct: a plain kernel route via the peer's PublicIPv6; encapsulated: through "
            "flannel0 and the engine).",
            _by_label("peers_ipv6_by_mode", sort=True)),
+    Family(f"{PREFIX}_peers_ipv6_underlay_fallback", "gauge", (),
+           "With --ipv6-underlay-fallback probing: peers whose IPv6 part goes over the IPv4 "
+           "underlay because their IPv6 underlay answers no probe.",
+           _value("ipv6_underlay_fallback", lambda r: len(r["on_ipv4"]))),
+    Family(f"{PREFIX}_ipv6_underlay_fallbacks_total", "counter", (),
+           "Times a peer's IPv6 part went over to the IPv4 underlay because its IPv6 underlay "
+           "answered no probe.",
+           _value("ipv6_underlay_fallback", itemgetter("fallbacks"))),
+    Family(f"{PREFIX}_ipv6_underlay_probes_total", "counter", ("result",),
+           "Probes of the peers' IPv6 underlay: sent, and answered.",
+           lambda ask: [((k,), r[f"probes_{k}"]) for r in [ask("ipv6_underlay_fallback")] if r
+                        for k in ("sent", "answered")]),
     Family(f"{PREFIX}_lease_expiry_timestamp_seconds", "gauge", ("subnet",),
            "When this host's subnet lease expires (Unix time).",
            _lease_expiry),

@@ -51,6 +51,7 @@ class DaemonState:
     tun_name: str | None = None         # flannel0
     offloads: object = None             # host/offload.py Offloads
     forwarding: object = None           # daemon/host_forwarding.py HostForwarding
+    underlay_fallback: object = None    # daemon/underlay_fallback.py, when it probes
 
     def current_lease(self):
         """The lease manager's newest lease (renewed, re-acquired), else the one the host is on."""
@@ -131,6 +132,10 @@ class DaemonSource(MetricsSource):
         # the engines route every part, those that go direct too (daemon/peer_routes.py)
         direct = len(d.direct.direct6)
         return {DIRECT: direct, ENCAPSULATED: max(0, parts - direct)}
+
+    def ipv6_underlay_fallback(self):
+        probes = self.daemon.underlay_fallback
+        return probes.report() if probes is not None else None
 
     def queues_count(self):
         engine = self.daemon.engine

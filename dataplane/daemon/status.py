@@ -112,6 +112,8 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "peers": src.peers_count(),
         # peers whose IPv6 part the engines route (None: IPv6 is off)
         "peers_ipv6": src.peers_ipv6(),
+        # --ipv6-underlay-fallback: the peers on IPv4 because their IPv6 underlay failed
+        "ipv6_underlay_fallback": src.ipv6_underlay_fallback(),
         "etcd": {"endpoints": list(o.etcd_endpoints), "prefix": o.etcd_prefix,
                  "watches": watches,
                  "connected": bool(watches) and all(w.get("connected") for w in watches.values())},

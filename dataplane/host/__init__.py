@@ -15,6 +15,7 @@
 * ``forwarding.py`` whether the kernel forwards each family (read, never written), and the fix;
 * ``sched.py``    the engine loop threads' real-time scheduling (--realtime-priority);
 * ``udpsock.py``  the UDP sockets, one per queue (SO_REUSEPORT, steered by the inner flow);
+* ``underlay_probe.py`` the IPv6 underlay's probe as bytes, and the raw socket of its answers;
 * ``assembly.py`` the dataplane assembled: flannel0's queues, the sockets, the offloads and the
   engine, for the daemon and `flannel-udp forward` alike;
 * ``queues.py``   how many queues;
