@@ -355,7 +355,7 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
 
 
 def _flood_beside_ipv4(topo, tools, path, profile: Profile, out: dict, size: int,
-                       ipv4_first: bool) -> tuple[dict, dict, bool]:
+                       ipv4_first: bool) -> tuple[dict, dict, str]:
     """An inner-IPv6 path's flood, and right beside it the same flood of inner IPv4 through
     the same forwarders, the order alternating between trials (as ``_tcp_beside_ipv4``).
     Keeps the IPv4 flood's rate and the forwarders' cost of it (CPU and syscalls per packet,

@@ -352,6 +352,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("status-socket", _parse_str, "the unix socket (root only) on which the daemon "
          "answers `flannel-udp status` (works with --healthz-port 0), and which `flannel-udp "
          "cleanup` checks; empty: none (default: {default})", metavar="PATH", group="ours"),
+    Flag("ipv6-underlay-fallback", _parse_bool, "with EnableIPv6 and a PublicIPv6: probe "
+         "each peer whose pods' IPv6 goes over the IPv6 underlay (an ICMPv6 echo between the "
+         "flannel0s, every 5 s or more), and send its pods' IPv6 over the IPv4 underlay while "
+         "the probes go unanswered, within 30 s, until they are answered again; false: never "
+         "(default: {default})", kind="bool", group="ours"),
     Flag("trace-remote", _parse_bool, "serve GET /debug/trace to clients that are not on "
          "loopback too (it shows the headers of forwarded packets, with ?payload=1 their "
          "content; default: loopback clients only)", kind="bool", group="ours"),

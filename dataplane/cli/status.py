@@ -134,6 +134,14 @@ def render(doc: dict, now: float | None = None) -> str:
     peers6 = doc.get("peers_ipv6")
     rows.append(("peers", str(doc.get("peers", 0))
                  + (f" ({peers6} with an IPv6 part routed)" if peers6 is not None else "")))
+    fb = doc.get("ipv6_underlay_fallback")
+    if fb:
+        rows.append(("ipv6 underlay", f"{fb.get('probed', 0)} peer(s) probed every "
+                     f"{fb.get('interval_s', 0):.0f} s, {len(fb.get('on_ipv4') or [])} on IPv4 "
+                     f"(no answer over IPv6), {fb.get('fallbacks', 0)} fallback(s) since start"))
+        rows += [("", f"{p['subnet']}: IPv6 over IPv4 to {p['public_ip']} since "
+                      f"{when(p['since'])} (PublicIPv6 {p['public_ipv6']} answers no probe)")
+                 for p in fb.get("on_ipv4") or []]
     etcd = doc.get("etcd") or {}
     watches = etcd.get("watches") or {}
     wtext = ", ".join(f"{n} {'connected' if w.get('connected') else 'NOT CONNECTED'}"
@@ -144,6 +152,12 @@ def render(doc: dict, now: float | None = None) -> str:
     if doc.get("config_mismatch"):
         rows.append(("config", "etcd's network config differs from the one running "
                      "(restart to apply it)"))
+    fwd = doc.get("host_forwarding") or {}
+    if fwd:
+        rows.append(("forwarding", ", ".join(
+            f"{fam.replace('ip', 'IP')} {'on' if on else 'OFF'}" for fam, on in sorted(fwd.items()))
+            + ("" if all(fwd.values()) else
+               " (the pods' packets of a family that is off stop here; the warning has the fix)")))
     packets = doc.get("packets") or {}
     if packets:
         ipv6 = doc.get("packets_ipv6") or {}      # each path's IPv6 share, when there is one

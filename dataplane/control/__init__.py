@@ -13,11 +13,13 @@
 * ``allocate.py``      free subnets (IPv4 and IPv6 parts) and the random pick among them, no I/O;
 * ``peer_watch.py``    the interface of the peer watch, declared once (PeerWatch);
 * ``peers.py``         the other nodes' leases, kept equal to etcd, reported as snapshots;
+* ``claims.py``        which key holds each subnet and IPv6 part when two keys name one, no I/O;
 * ``peer_process.py``  the same watch in a child process (the Python engine's daemon: its
                        interpreter stays free for forwarding);
 * ``peerset.py``       those snapshots (immutable; the one place our own subnet is left out);
 * ``routes.py``        the route step: a snapshot and the backend port -> the route table, no I/O;
 * ``direct.py``        DirectRouting: which peers get a plain kernel route, no I/O;
+* ``underlay_health.py`` whom to probe when, and whose IPv6 underlay failed or works again, no I/O;
 * ``configwatch.py``   warns when the network config changes under a running daemon;
 * ``subnetfile.py``    subnet.env, the file the workloads' runtime reads;
 * ``recurring.py``     a failure that repeats: said once, reminded slowly, said when over.

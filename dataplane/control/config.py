@@ -15,10 +15,12 @@ ignored whatever they hold, and a config with `Networks` but no `Network` fails 
 new; a change of it while the daemon runs needs a restart, as every other key (control/configwatch.py).
 
 This daemon runs only the udp backend, so two extra checks come after flanneld's: a non-udp backend type
-and an IPv6-only config are rejected with a message that says so (in etcd mode a host always takes an
-IPv4 subnet). With `EnableIPv6` the IPv6 half is checked as flanneld checks it, and the lease manager
-takes a dual-stack lease (control/lease_manager.py); the engines still forward IPv4 only, which the
-daemon says at start (docs/flannel-compat.md#network-config).
+and an IPv6-only config are rejected with a message that says so (in etcd mode flannel always takes an
+IPv4 subnet: a lease key names one, so an IPv4 Network is always required). With `EnableIPv6` the IPv6
+half is checked as flanneld checks it, the lease manager takes a dual-stack lease
+(control/lease_manager.py), and the engines forward the pods' IPv6 too, between flannel-udp hosts: over
+the IPv6 underlay where both have a PublicIPv6, else over the IPv4 one
+(docs/flannel-compat.md#network-config, docs/operating.md#dual-stack).
 """
 from __future__ import annotations
 
@@ -310,8 +312,10 @@ def _parse_config(text: "str | bytes") -> NetworkConfig:
     if not enable4 and not enable6:
         raise ConfigError("none defined stack: the config enables neither IPv4 nor IPv6")
     if not enable4:
-        raise ConfigError("IPv6-only network config is not supported: the udp backend forwards IPv4 only "
-                          "(set EnableIPv4 and Network)")
+        raise ConfigError("IPv6-only network config is not supported: in etcd mode flannel always takes "
+                          "an IPv4 subnet (a lease key names one), so an IPv4 Network is required: "
+                          "set EnableIPv4 (true by default) and Network beside EnableIPv6 and "
+                          "IPv6Network, a dual-stack config whose pods' IPv6 this daemon forwards")
     if btype.lower() not in SUPPORTED_BACKENDS:
         raise ConfigError(f"unknown backend type: {btype} (this daemon runs only the "
                           f"{', '.join(SUPPORTED_BACKENDS)} backend)")

@@ -19,9 +19,10 @@ and the net difference, `added` (new peers and peers whose attributes, the Publi
 `removed` (peers that are gone), computed over the touched subnets only. So a burst costs one snapshot
 copy and one route table per batch instead of per event, and one event costs the same whether the
 cluster has ten peers or ten thousand. A renewal (a put of the same value) changes nothing and is not
-reported. The watcher keeps every valid lease, ours included; the snapshot leaves ours out, so
-`set_own_subnet` needs no re-read to stop filtering the old subnet and filter the new one. The first
-list, a re-list and `set_own_subnet` report synchronously, with whatever events were still pending.
+reported. The watcher keeps every valid lease by its etcd key, ours included; the snapshot leaves
+ours out, so `set_own_subnet` needs no re-read to stop filtering the old subnet and filter the new
+one. The first list, a re-list and `set_own_subnet` report synchronously, with whatever events
+were still pending.
 
 Everything in etcd is input. A key that is no lease (its key or value does not parse, or, given the
 `network`, a subnet outside it or a PublicIP that cannot carry the overlay) is skipped, logged once per
@@ -29,13 +30,18 @@ key and problem (not at every re-list), and kept in `bad()` until the key is fix
 key whose value turns malformed keeps the peer's last valid lease, as flanneld does (it ignores an event
 it cannot parse): the owner will write it again, and the route it had is still the best guess.
 
+A subnet and an IPv6 part have one holder: of two keys that name one (a dual-stack key lost in a
+race, a stray put), the key created first holds it and the other is a conflict, skipped, whose put
+and delete move nothing (control/claims.py). The same rule decides the first list, a re-list and
+each event. The peers are the holders' leases, by IPv4 subnet.
+
 One host holds one subnet. A second key that claims a PublicIP already holding a subnet (a copy-paste,
 a broken tool) is a conflict, not a route: the key that has held the address longest (the lowest
 etcd create revision) keeps it, the others are skipped like a bad key (logged once, counted in
 ``bad()``) until one of them goes. A lease that names this host's own PublicIP (``own_ips``) is
 never a route: sent to ourselves, a packet would come back into flannel0 until its TTL ran out.
 
-`_lock` guards `_leases`, `_touched`, `_current` and `_own`, and is held only for the work of a batch;
+`_lock` guards `_claims`, `_touched`, `_current` and `_own`, and is held only for the work of a batch;
 with the Python engine, which would share the interpreter, the daemon runs this watcher in a child
 process (control/peer_process.py) and the report's duration includes the daemon applying it.
 on_change runs in the publisher thread (or in the thread that listed: the watcher's, or the caller of
@@ -49,6 +55,7 @@ import time
 from ipaddress import IPv4Address, IPv4Network
 from typing import Callable, Iterable, Optional
 
+from .claims import Claims, skipped_fields
 from .lease import Lease, LeaseFormatError, lease_from_kv, parse_subnet_key, peer_problem
 from .peerset import PeerChange, PeerSnapshot
 from .etcd_errors import RegistryError
@@ -74,16 +81,17 @@ class PeerWatcher:
         self.registry = registry
         self.network = network
         self._own_ips = frozenset(IPv4Address(ip) for ip in own_ips)
-        self._by_ip: dict[IPv4Address, set[IPv4Network]] = {}    # PublicIP -> subnets of _leases
+        self._by_ip: dict[IPv4Address, set[IPv4Network]] = {}    # PublicIP -> subnets held
         self._touched_ips: set[IPv4Address] = set()
         # subnet -> (its key, PublicIP, why): valid leases that are no route (a PublicIP claimed twice)
         self._conflicts: dict[IPv4Network, tuple[str, IPv4Address, str]] = {}
         self._bad: dict[str, str] = {}         # key -> problem, for keys that are no usable lease
-        self.bad_total = 0                     # distinct (key, problem) seen since start
+        self._bad_seen = 0                     # distinct (key, problem) seen since start
         self.on_change = on_change
         self.retry_interval = retry_interval
         self._lock = threading.Lock()
-        self._leases: dict[IPv4Network, Lease] = {}   # every valid lease, ours included
+        # every valid lease by key, ours included; the held subnets
+        self._claims = Claims(registry.subnets_prefix)
         self._own = own_subnet
         self._current = PeerSnapshot.of((), own_subnet)
         self._touched: set[IPv4Network] = set()      # subnets events changed since the last report
@@ -143,7 +151,13 @@ class PeerWatcher:
         """{key: problem} of the keys under the subnets prefix that are skipped now: keys that
         are no lease, and leases in conflict."""
         with self._lock:
-            return {**self._bad, **{key: why for key, _, why in self._conflicts.values()}}
+            return {**self._bad, **self._claims.conflicts,
+                    **{key: why for key, _, why in self._conflicts.values()}}
+
+    @property
+    def bad_total(self) -> int:
+        """Distinct (key, problem) pairs skipped since start, conflicts included."""
+        return self._bad_seen + self._claims.seen
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
         return self.ready.wait(timeout)
@@ -205,23 +219,22 @@ class PeerWatcher:
                     # races the watch thread): what we hold is fresher than the list.
                     log.debug("peer list at revision %d is older than the watch (%d): kept the "
                               "watch's view", rev, self.revision)
-                    leases, bad, rev = self._leases.values(), (), self.revision
+                    leases, bad, rev = list(self._claims.keys.values()), (), self.revision
                 own = self._own
-                before = self._leases
-                fresh: dict[IPv4Network, Lease] = {}
+                before = self._claims.keys
+                fresh: dict[str, Lease] = {}
                 problems: dict[str, str] = {b.key: b.problem for b in bad}
                 for lease in leases:
                     problem = self._problem(lease)
                     if problem is None:
-                        fresh[lease.subnet] = lease
+                        fresh[self._claims.key_of(lease)] = lease
                     else:
                         problems[lease.key] = problem
                 for key in problems:              # a peer whose value turned bad keeps its last lease
-                    subnet = _subnet_of_key(key)
-                    if subnet is not None and subnet not in fresh and subnet in before:
-                        fresh[subnet] = before[subnet]
-                self._leases = fresh
-                self._by_ip = _index(fresh)
+                    if key not in fresh and key in before:
+                        fresh[key] = before[key]
+                self._claims.replace(fresh.values())
+                self._by_ip = _index(self._claims.held)
                 self.revision = rev
                 change = self._publish(full=True)
                 if not stale:
@@ -247,10 +260,10 @@ class PeerWatcher:
             if self._bad.get(key) == problem:
                 continue
             self._bad[key] = problem
-            self.bad_total += 1
+            self._bad_seen += 1
             subnet = _subnet_of_key(key)
-            kept = self._leases.get(subnet) if subnet is not None else None
-            fields = _skipped(key, subnet, problem)
+            kept = self._claims.keys.get(key)
+            fields = skipped_fields(key, subnet, problem)
             if subnet is not None and subnet == own:
                 log.warning("Our own subnet lease %s holds something else: %s", key, problem,
                             extra={**fields, "event": "own_lease_broken"})
@@ -272,51 +285,44 @@ class PeerWatcher:
         with self._lock:
             own = self._own
             for ev in events:
-                problem = None
-                try:
-                    subnet, _ = parse_subnet_key(ev.key)
-                except LeaseFormatError as exc:
-                    subnet, problem = None, str(exc)
                 if ev.kind == "delete":
                     self._set_bad({}, replace=False, own=own, cleared=[ev.key])
-                    if subnet is not None:
-                        self._forget(self._leases.pop(subnet, None))
+                    self._moved(self._claims.delete(ev.key))
                     continue
-                lease = None
-                if problem is None:
-                    try:
-                        lease = lease_from_kv(ev.key, ev.value, lease_id=ev.lease_id,
-                                              mod_revision=ev.mod_revision,
-                                              create_revision=ev.create_revision)
-                        problem = self._problem(lease)
-                    except LeaseFormatError as exc:
-                        problem = str(exc)
-                    except Exception as exc:      # input from etcd never stops the watch
-                        problem = f"unreadable ({type(exc).__name__})"
+                try:                              # the key first: a bad one raises
+                    lease = lease_from_kv(ev.key, ev.value, lease_id=ev.lease_id,
+                                          mod_revision=ev.mod_revision,
+                                          create_revision=ev.create_revision)
+                    problem = self._problem(lease)
+                except LeaseFormatError as exc:
+                    problem = str(exc)
+                except Exception as exc:          # input from etcd never stops the watch
+                    problem = f"unreadable ({type(exc).__name__})"
                 if problem is not None:           # skipped; a known peer keeps its last lease
                     self._set_bad({ev.key: problem}, replace=False, own=own)
                     continue
                 self._set_bad({}, replace=False, own=own, cleared=[ev.key])
-                self._forget(self._leases.get(subnet))
-                self._leases[subnet] = lease
-                self._by_ip.setdefault(lease.attrs.public_ip, set()).add(subnet)
-                self._touched.add(subnet)
-                self._touched_ips.add(lease.attrs.public_ip)
+                self._moved(self._claims.put(lease))
             self.revision = revision
 
-    def _forget(self, lease: Optional[Lease]) -> None:
-        """``lease`` leaves _leases (deleted or replaced): out of the PublicIP index, its
-        PublicIP's claims looked at again. Caller holds _lock."""
-        if lease is None:
-            return
-        ip = lease.attrs.public_ip
-        held = self._by_ip.get(ip)
-        if held is not None:
-            held.discard(lease.subnet)
-            if not held:
-                del self._by_ip[ip]
-        self._touched.add(lease.subnet)
-        self._touched_ips.add(ip)
+    def _moved(self, changed: dict) -> None:
+        """The held subnets whose lease changed (``{subnet: the lease it had}``): the old lease
+        out of the PublicIP index, the new one in, both PublicIPs' claims looked at again.
+        Caller holds _lock."""
+        for subnet, old in changed.items():
+            if old is not None:
+                ip = old.attrs.public_ip
+                held = self._by_ip.get(ip)
+                if held is not None:
+                    held.discard(subnet)
+                    if not held:
+                        del self._by_ip[ip]
+                self._touched_ips.add(ip)
+            new = self._claims.held.get(subnet)
+            if new is not None:
+                self._by_ip.setdefault(new.attrs.public_ip, set()).add(subnet)
+                self._touched_ips.add(new.attrs.public_ip)
+            self._touched.add(subnet)
 
     def _resolve_claims(self, ips) -> set[IPv4Network]:
         """Decide, for each PublicIP of ``ips``, which of its subnets are conflicts (see the
@@ -332,7 +338,7 @@ class PeerWatcher:
                         now[subnet] = (f"it claims this host's own PublicIP {ip} (our lease is "
                                        f"{self._own}): never a route")
             elif len(subnets) > 1:
-                keep = min(subnets, key=lambda s: _seniority(self._leases[s]))
+                keep = min(subnets, key=lambda s: _seniority(self._claims.held[s]))
                 for subnet in subnets:
                     if subnet != keep:
                         now[subnet] = (f"conflict: PublicIP {ip} already holds {keep}; one host "
@@ -343,14 +349,14 @@ class PeerWatcher:
                 changed.add(subnet)
                 log.info("Subnet lease %s is no longer in conflict", key)
             for subnet, why in now.items():
-                key = self._leases[subnet].key or str(subnet)
+                key = self._claims.held[subnet].key or str(subnet)
                 if self._conflicts.get(subnet, (None, None, None))[2] != why:
                     self._conflicts[subnet] = (key, ip, why)
-                    self.bad_total += 1
+                    self._bad_seen += 1
                     changed.add(subnet)
                     log.warning("Skipping subnet lease %s: %s; delete the key that is wrong "
                                 "(etcdctl del %s)", key, why, key,
-                                extra={**_skipped(key, subnet, why), "public_ip": str(ip)})
+                                extra={**skipped_fields(key, subnet, why), "public_ip": str(ip)})
         return changed
 
     def _publish(self, full: bool = False) -> PeerChange:
@@ -363,7 +369,7 @@ class PeerWatcher:
         if not (touched or full or ips):
             return PeerChange(self._current)
         touched |= self._resolve_claims(ips)
-        after = PeerSnapshot.of(self._leases, self._own, skip=self._conflicts)
+        after = PeerSnapshot.of(self._claims.held, self._own, skip=self._conflicts)
         change = PeerChange.between(self._current, after, None if full else touched)
         self._current = change.snapshot
         if not full:
@@ -407,8 +413,3 @@ def _subnet_of_key(key: str) -> Optional[IPv4Network]:
     except LeaseFormatError:
         return None
 
-
-def _skipped(key: str, subnet: Optional[IPv4Network], reason: str) -> dict:
-    """A skipped key's fields for json log lines (``--log-format json``)."""
-    return {"event": "lease_skipped", "key": key, "subnet": str(subnet) if subnet else None,
-            "reason": reason}

@@ -1,7 +1,7 @@
 """The peer set the watcher hands out: immutable, so a reader never sees it change under it.
 
-A peer is any valid lease but our own: ``PeerSnapshot.of`` is the one place that drops our own
-subnet. ``PeerChange`` is what the watcher reports after each batch of etcd events (all the events
+A peer is any valid lease that holds its subnet and IPv6 part (control/claims.py) but our own:
+``PeerSnapshot.of`` is the one place that drops our own subnet. ``PeerChange`` is what the watcher reports after each batch of etcd events (all the events
 that arrived within a few milliseconds, control/peers.py): the new snapshot and how it differs from
 the previous one.
 """

@@ -35,7 +35,16 @@ class Ipv6Parts:
     sockets are open) and a usable PublicIPv6 in the peer's lease, that address, with
     ``mtu6`` the inner MTU towards it (the interface's MTU - 48, so that the sender learns it
     by an ICMPv6 packet too big while flannel0 keeps the IPv4 underlay's MTU - 28); else the
-    peer's PublicIP, at flannel0's MTU."""
+    peer's PublicIP, at flannel0's MTU. The same goes for a part whose IPv4 subnet is in
+    ``fallback``: its IPv6 underlay was found to carry nothing (daemon/underlay_fallback.py).
+
+    With ``probe_routes`` (--ipv6-underlay-fallback), a part that goes over the IPv6 underlay
+    but for ``fallback`` also gets :meth:`probe_route`: its first address, the peer's
+    flannel0 address, as a /128 over the IPv6 underlay whatever ``fallback`` says. The answers
+    to the peer's probes take it, so a probe proves both ways of the IPv6 underlay and both
+    hosts decide alike; and its peer keeps the peer's PublicIPv6 among the engines' accepted
+    sources while the part goes over IPv4 (dataplane.h: the source check of the IPv6 socket
+    asks the IPv6 routes' peers)."""
 
     def __init__(self, network6: Optional[IPv6Network], own6: Optional[IPv6Network] = None,
                  public6: Optional[IPv6Address] = None, mtu6: int = 0):
@@ -43,6 +52,8 @@ class Ipv6Parts:
         self.own6 = own6
         self.public6 = public6
         self.mtu6 = mtu6
+        self.fallback: frozenset = frozenset()  # IPv4 subnets whose IPv6 underlay fails
+        self.probe_routes = False
         self._said: dict = {}           # IPv4 subnet -> (IPv6 part, why) logged last
         self._said_underlay: dict = {}  # IPv4 subnet -> (PublicIPv6, why) logged last
 
@@ -78,18 +89,25 @@ class Ipv6Parts:
 
     def underlay(self, lease: Lease) -> tuple:
         """``(peer address, inner MTU or 0 for flannel0's)`` of ``lease``'s IPv6 part."""
+        if self.over_ipv6(lease) and lease.subnet not in self.fallback:
+            return lease.attrs.public_ipv6, self.mtu6
+        return lease.public_ip, 0
+
+    def over_ipv6(self, lease: Lease) -> bool:
+        """Whether ``lease``'s IPv6 part goes over the IPv6 underlay unless it failed (a
+        problem with the peer's PublicIPv6 is said once)."""
         pub6 = lease.attrs.public_ipv6
         if self.public6 is None or pub6 is None:
-            return lease.public_ip, 0
+            return False
         why = self.underlay_problem(pub6)
         if why is None:
-            return pub6, self.mtu6
+            return True
         said = (pub6, why)
         if self._said_underlay.get(lease.subnet) != said:
             self._said_underlay[lease.subnet] = said
             log.warning("Subnet %s: its PublicIPv6 %s cannot carry the overlay (%s): its IPv6 "
                         "part goes over IPv4 to %s", lease.subnet, pub6, why, lease.public_ip)
-        return lease.public_ip, 0
+        return False
 
     def underlay_problem(self, pub6: IPv6Address) -> Optional[str]:
         """Why a peer's PublicIPv6 cannot be its IPv6 underlay, or None."""
@@ -107,6 +125,19 @@ class Ipv6Parts:
         peer, mtu = self.underlay(lease)
         return Route.make(part, peer, port, mtu=mtu)
 
+    def probe_route(self, part: IPv6Network, lease: Lease, port: int) -> Optional[Route]:
+        """The /128 of the peer's flannel0 address in ``part`` over its IPv6 underlay, or
+        None (no probes, or the part goes over IPv4 anyway)."""
+        if not self.probe_routes or part.prefixlen == 128 or not self.over_ipv6(lease):
+            return None         # (a /128 part is its own probe route: it cannot fall back)
+        return Route.make(probe_subnet(part), lease.attrs.public_ipv6, port, mtu=self.mtu6)
+
+
+def probe_subnet(part: IPv6Network) -> IPv6Network:
+    """The /128 of a peer's flannel0 IPv6 address: its part's first address
+    (daemon/startup.py tun_addr6)."""
+    return IPv6Network(part.network_address)
+
 
 def route_table(snapshot: PeerSnapshot, port: int,
                 v6: Optional[Ipv6Parts] = None) -> tuple[Route, ...]:
@@ -119,6 +150,9 @@ def route_table(snapshot: PeerSnapshot, port: int,
             part = v6(lease)
             if part is not None:
                 routes.append(v6.route(part, lease, port))
+                probe = v6.probe_route(part, lease, port)
+                if probe is not None:
+                    routes.append(probe)
     return tuple(routes)
 
 
@@ -126,19 +160,27 @@ def route_changes(change: PeerChange, port: int, v6: Optional[Ipv6Parts] = None,
                   before: Optional[PeerSnapshot] = None) -> tuple[tuple, tuple[Route, ...]]:
     """``(removed subnets, added routes)``: applied to the table of ``before`` (the snapshot
     preceding ``change``), they give ``route_table(change.snapshot, port, v6)``; a peer whose
-    PublicIP or IPv6 part changed is added again, and its old IPv6 part removed."""
+    PublicIP or IPv6 part changed is added again, and its old IPv6 part removed (with the
+    probe routes, :meth:`Ipv6Parts.probe_route`, of both)."""
     removed = [lease.subnet for lease in change.removed]
     added = [Route(lease.subnet, lease.public_ip, port) for lease in change.added]
     if v6 is not None:
         # A part that was no route is removed all the same: the table ignores it.
-        removed += [lease.ipv6_subnet for lease in change.removed if lease.ipv6_subnet is not None]
+        for lease in change.removed:
+            if lease.ipv6_subnet is not None:
+                removed += [lease.ipv6_subnet, probe_subnet(lease.ipv6_subnet)]
         old_peers = before.peers if before is not None else {}
         for lease in change.added:
             part = v6(lease)
             old = old_peers.get(lease.subnet)
-            if old is not None and old.ipv6_subnet is not None and old.ipv6_subnet != part:
-                removed.append(old.ipv6_subnet)
+            if old is not None and old.ipv6_subnet is not None:
+                if old.ipv6_subnet != part:
+                    removed.append(old.ipv6_subnet)
+                removed.append(probe_subnet(old.ipv6_subnet))   # added again below if kept
             if part is not None:
                 added.append(v6.route(part, lease, port))
+                probe = v6.probe_route(part, lease, port)
+                if probe is not None:
+                    added.append(probe)
     return tuple(removed), tuple(added)
 

@@ -8,11 +8,13 @@
                      (flannel0, the sockets and the engine: the dataplane's assembly,
                      host/assembly.py, in the daemon's words);
 * ``peer_routes.py`` peer changes -> the engine's route table and DirectRouting's kernel routes;
+* ``underlay_fallback.py`` the probes of the peers' IPv6 underlay, a failed one's IPv6 over IPv4;
 * ``preflight.py``   what the host lacks (privileges, TUN, firewall tool, subnet.env, the port),
                      checked before anything is written to etcd;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
 * ``blackhole_route.py`` the --ip-blackhole-route route, kept with the lease and checked on the tick;
 * ``subnet_env.py``  subnet.env kept equal to the lease, rewritten on the tick while a write fails;
+* ``host_forwarding.py`` the host's forwarding sysctls, read on the tick: warned while off, never set;
 * ``status.py``      the status socket that `flannel-udp status` reads;
 * ``monitor.py``     the serve loop's periodic checks and how often they log;
 * ``liveness.py``    whether the serve loop and every engine loop progress: /healthz, WATCHDOG=1;

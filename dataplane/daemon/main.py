@@ -81,6 +81,7 @@ from ..host.assembly import Dataplane
 from ..host.own_sources import OwnSources
 from . import handover, inherited, lease_move, preflight, startup, status, takeover
 from .blackhole_route import BlackholeRoute
+from .host_forwarding import HostForwarding
 from .liveness import Liveness
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .options import Options
@@ -122,6 +123,7 @@ class Daemon:
             opts, subnet_env=SubnetEnv(opts.subnet_file, opts.ip_masq),
             move_failures=lease_move.Failures(),
             blackhole=BlackholeRoute(opts.ip_blackhole_route, opts.iptables_resync),
+            forwarding=HostForwarding(),      # warned, never set (daemon/host_forwarding.py)
             # /healthz and systemd's watchdog: the main loop's ticks and the engine's heartbeats;
             # an engine stopped for a handover is stopped on purpose (daemon/liveness.py)
             liveness=Liveness.for_daemon(lambda: None if self.handing_over else self.engine))
@@ -245,6 +247,7 @@ class Daemon:
             preflight.udp_port(self.ext, self.config.backend_port)
         startup.check_ipv6(self.config, self.ext)
         preflight.firewall_tools(o, self.config)    # the IPv6 rules' tool is known only now
+        self.forwarding.want(self.config.enable_ipv6)
         self.underlay6 = startup.ipv6_underlay(o, self.config, self.ext)
         if inh is not None:             # its IPv6 sockets, handed over or opened now
             self.underlay6 = takeover.underlay6(inh, self.underlay6, self.ext,
@@ -449,7 +452,7 @@ class Daemon:
         self.stop()
 
     def _start_watches(self):
-        self.peer_routes.start_direct(self.engine_cls.table_type)
+        self.peer_routes.start_direct(self.engine_cls.table_type, self.socks6)
         self.peer_log = PeerLog(self.config.backend_port)
         child, self._peer_child = self._peer_child, None
         self.peer_watcher, self.config_watcher = startup.start_watches(
@@ -522,6 +525,7 @@ class Daemon:
                 self._save_state()
             self.subnet_env.retry()
             self.blackhole.tick()
+            self.forwarding.check()
             self.own_sources.refresh(engine, subnet, subnet6)
             status = monitor.check(engine, self.tun_name)
             if status is not None:

@@ -61,6 +61,12 @@ class MetricsSource:
         DirectRouting are on, else empty."""
         return {}
 
+    def ipv6_underlay_fallback(self) -> dict | None:
+        """With --ipv6-underlay-fallback probing: {"on_ipv4": [peers whose IPv6 part goes over
+        IPv4 because their IPv6 underlay failed], "fallbacks": n, "probes_sent": n,
+        "probes_answered": n, ...} (daemon/underlay_fallback.py report); else None."""
+        return None
+
     def queues_count(self) -> int:
         """Forwarding queues (engines) running; 0 = none yet (no metric then)."""
         return 0
@@ -88,6 +94,11 @@ class MetricsSource:
     def subnet_file(self) -> tuple[bool, int] | None:
         """(subnet.env does not name the lease now, failed writes since start) or None."""
         return None
+
+    def host_forwarding(self) -> dict:
+        """{"ipv4": on, "ipv6": on}: the host's forwarding sysctls of the families the daemon
+        forwards; empty = not checked yet."""
+        return {}
 
     def trace_enabled(self) -> bool:
         return False
@@ -260,6 +271,18 @@ DECLARED = (
            "(direct: a plain kernel route via the peer's PublicIPv6; encapsulated: through "
            "flannel0 and the engine).",
            _by_label("peers_ipv6_by_mode", sort=True)),
+    Family(f"{PREFIX}_peers_ipv6_underlay_fallback", "gauge", (),
+           "With --ipv6-underlay-fallback probing: peers whose IPv6 part goes over the IPv4 "
+           "underlay because their IPv6 underlay answers no probe.",
+           _value("ipv6_underlay_fallback", lambda r: len(r["on_ipv4"]))),
+    Family(f"{PREFIX}_ipv6_underlay_fallbacks_total", "counter", (),
+           "Times a peer's IPv6 part went over to the IPv4 underlay because its IPv6 underlay "
+           "answered no probe.",
+           _value("ipv6_underlay_fallback", itemgetter("fallbacks"))),
+    Family(f"{PREFIX}_ipv6_underlay_probes_total", "counter", ("result",),
+           "Probes of the peers' IPv6 underlay: sent, and answered.",
+           lambda ask: [((k,), r[f"probes_{k}"]) for r in [ask("ipv6_underlay_fallback")] if r
+                        for k in ("sent", "answered")]),
     Family(f"{PREFIX}_lease_expiry_timestamp_seconds", "gauge", ("subnet",),
            "When this host's subnet lease expires (Unix time).",
            _lease_expiry),
@@ -280,8 +303,8 @@ DECLARED = (
            "engines); each is retried a second later.",
            _value("lease_move_failures")),
     Family(f"{PREFIX}_bad_leases", "gauge", (),
-           "Keys under the subnets prefix skipped now: malformed, or no usable lease (see the "
-           "log).",
+           "Keys under the subnets prefix skipped now: malformed, no usable lease, or in "
+           "conflict with an older key (see the log).",
            _value("bad_leases", itemgetter(0))),
     Family(f"{PREFIX}_bad_leases_seen_total", "counter", (),
            "Distinct (key, problem) pairs skipped under the subnets prefix since start.",
@@ -297,6 +320,11 @@ DECLARED = (
     Family(f"{PREFIX}_subnet_file_write_failures_total", "counter", (),
            "Failed writes of subnet.env since start.",
            _value("subnet_file", itemgetter(1))),
+    Family(f"{PREFIX}_host_forwarding", "gauge", ("family",),
+           "1 while the host forwards the family's packets (net.ipv4.ip_forward; with "
+           "EnableIPv6 net.ipv6.conf.all.forwarding), 0 while it does not: the pods' packets of "
+           "that family then stop at this host.",
+           _by_label("host_forwarding", lambda on: 1 if on else 0, sort=True)),
     # etcd
     Family(f"{PREFIX}_etcd_watch_connected", "gauge", ("watch",),
            "1 while the etcd watch has a stream established, by watch (subnets, config, "

@@ -65,6 +65,8 @@ class Options:
     handover_socket: str = "/run/flannel/handover.sock"
     # `flannel-udp status` asks the daemon here (and `cleanup` checks that nobody answers)
     status_socket: str = "/run/flannel/flannel-udp.sock"
+    # probe each peer's IPv6 underlay, its IPv6 part over IPv4 while it carries nothing back
+    ipv6_underlay_fallback: bool = True
     # where each value came from: "flag", "env" or "default"
     sources: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)

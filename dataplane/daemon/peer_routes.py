@@ -9,7 +9,9 @@ or not either family goes direct: control/direct.py says why), so the two famili
 independent. Both are applied to the route table kept here (the work of the change, not of the
 whole table: control/routes.py), which every queue takes whole and at once; a new engine (a lease
 move, a failed handover) gets the whole table the same way. With DirectRouting on, the host's
-address and route changes decide every peer again.
+address and route changes decide every peer again. With --ipv6-underlay-fallback, the probes of
+daemon/underlay_fallback.py start here too and move a peer's IPv6 part between the underlays
+(:meth:`PeerRoutes.set_fallback`).
 
 What the reports read (the engine's peers, the direct ones) is in the daemon's DaemonState
 (daemon/state.py), written under its lock.
@@ -23,6 +25,7 @@ from ..control.direct import DirectRouting
 from ..control.peerset import PeerChange, PeerSnapshot
 from ..control.routes import Ipv6Parts, route_changes, route_table
 from ..host import direct_routes
+from . import underlay_fallback
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ class PeerRoutes:
         # which peers' IPv6 parts are routes (control/routes.py): none until follow_lease
         self.ipv6 = Ipv6Parts(None)
         self.route_watch = None               # host/direct_routes.py HostRouteWatch, when it is on
+        self.fallback = None                  # daemon/underlay_fallback.py, when it is on
         self._lock = threading.RLock()        # one peer change (or re-decision) at a time
         self._changed = False                 # peers changed since take_changed(); state.lock
 
@@ -45,13 +49,16 @@ class PeerRoutes:
         gets its routes and whenever the lease moves; ``underlay6`` is (our PublicIPv6 or
         None, the inner MTU over it): control/routes.py Ipv6Parts."""
         if self.ipv6.network6 != network6:
-            self.ipv6 = Ipv6Parts(network6, own6)
+            old, self.ipv6 = self.ipv6, Ipv6Parts(network6, own6)
+            self.ipv6.probe_routes, self.ipv6.fallback = old.probe_routes, old.fallback
         self.ipv6.own6 = own6
         self.ipv6.public6, self.ipv6.mtu6 = underlay6
 
-    def start_direct(self, table_type) -> None:
+    def start_direct(self, table_type, socks6=()) -> None:
         """Which peers go direct, as the network config says (its DirectRouting), and, when it
-        is on, the watch of this host's addresses and routes that decides them again."""
+        is on, the watch of this host's addresses and routes that decides them again; and the
+        probes of the IPv6 underlay on one of ``socks6`` (before the first listing, whose
+        routes they change)."""
         st = self.state
         ifindex = st.ext.index
         st.direct = DirectRouting(st.config.direct_routing,
@@ -64,11 +71,33 @@ class PeerRoutes:
                      "flannel0", st.ext.name, direct_routes.PROTO)
             self.route_watch = direct_routes.HostRouteWatch(
                 lambda: self.reconsider(table_type)).start()
+        self.fallback = underlay_fallback.start(st, self, socks6)
 
     def close(self) -> None:
-        """Stop watching the host's routes (the direct routes stay)."""
+        """Stop watching the host's routes (the direct routes stay) and probing."""
         if self.route_watch is not None:
             self.route_watch.close()
+        if self.fallback is not None:
+            self.fallback.close()
+
+    def set_fallback(self, subnets: frozenset) -> None:
+        """The peers (IPv4 subnets) whose IPv6 parts go over IPv4 because their IPv6 underlay
+        failed, from now on: the routes of those that changed are made again."""
+        st = self.state
+        with self._lock:
+            changed = self.ipv6.fallback ^ subnets
+            self.ipv6.fallback = frozenset(subnets)
+            port = st.config.backend_port
+            with st.lock:
+                leases = [st.peers6.peers.get(subnet) for subnet in changed]
+                added = tuple(self.ipv6.route(lease.ipv6_subnet, lease, port)
+                              for lease in leases
+                              if lease is not None and self.ipv6.why_not(lease) is None)
+                if self.routes is None or not added:
+                    return
+                self.routes = self.routes.updated((), added)
+                if st.engine is not None:
+                    st.engine.set_table(self.routes)
 
     def on_peers(self, change: PeerChange, table_type, peer_log) -> None:
         """A change the peer watch reported, applied and said in ``peer_log``

@@ -18,6 +18,11 @@ found and how to fix it, having written nothing:
   ``"EnableIPv6": true`` also ``ip6tables`` or ``nft`` for the IPv6 rules (a host can have
   iptables without ip6tables), and CAP_NET_RAW for ip6tables-legacy as for iptables-legacy.
 
+The host's forwarding sysctls (``net.ipv4.ip_forward``, with EnableIPv6 also
+``net.ipv6.conf.all.forwarding``) are not among them: off, they are a warning said at the same
+point of the start and reminded while they stay off (daemon/host_forwarding.py), because the CNI
+bridge plugin switches them on only with the first pod, which waits for this daemon's subnet.env.
+
 What a daemon that takes over already holds (flannel0's queues, the bound sockets:
 daemon/inherited.py) is not checked: opening them again would fail on the holder's own fds.
 """

@@ -50,6 +50,8 @@ class DaemonState:
     engine_why: str = ""                # why this engine (engine/choice.py's sentence)
     tun_name: str | None = None         # flannel0
     offloads: object = None             # host/offload.py Offloads
+    forwarding: object = None           # daemon/host_forwarding.py HostForwarding
+    underlay_fallback: object = None    # daemon/underlay_fallback.py, when it probes
 
     def current_lease(self):
         """The lease manager's newest lease (renewed, re-acquired), else the one the host is on."""
@@ -131,6 +133,10 @@ class DaemonSource(MetricsSource):
         direct = len(d.direct.direct6)
         return {DIRECT: direct, ENCAPSULATED: max(0, parts - direct)}
 
+    def ipv6_underlay_fallback(self):
+        probes = self.daemon.underlay_fallback
+        return probes.report() if probes is not None else None
+
     def queues_count(self):
         engine = self.daemon.engine
         return len(engine) if engine is not None else 0
@@ -167,6 +173,10 @@ class DaemonSource(MetricsSource):
     def subnet_file(self):
         env = self.daemon.subnet_env
         return env.stale() is not None, env.failures.total
+
+    def host_forwarding(self):
+        f = self.daemon.forwarding
+        return f.status() if f is not None else {}
 
     def trace_enabled(self):
         return self.daemon.opts.trace and self.daemon.engine is not None

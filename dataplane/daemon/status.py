@@ -112,6 +112,8 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "peers": src.peers_count(),
         # peers whose IPv6 part the engines route (None: IPv6 is off)
         "peers_ipv6": src.peers_ipv6(),
+        # --ipv6-underlay-fallback: the peers on IPv4 because their IPv6 underlay failed
+        "ipv6_underlay_fallback": src.ipv6_underlay_fallback(),
         "etcd": {"endpoints": list(o.etcd_endpoints), "prefix": o.etcd_prefix,
                  "watches": watches,
                  "connected": bool(watches) and all(w.get("connected") for w in watches.values())},
@@ -119,6 +121,8 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         # --ip-blackhole-route (daemon/blackhole_route.py); None when it is off
         "blackhole_route": (state.blackhole.status()
                             if state.blackhole is not None else None),
+        # the host's forwarding sysctls, {"ipv4": on, "ipv6": on} (daemon/host_forwarding.py)
+        "host_forwarding": src.host_forwarding(),
         "packets": packets,
         "packets_ipv6": packets_ipv6,
         "drops": drops,

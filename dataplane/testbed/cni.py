@@ -2,9 +2,12 @@
 
 flannel's own CNI plugin reads the host's subnet.env and delegates to the ``bridge`` plugin
 with ``host-local`` addresses from the host's lease: one range per family on a dual-stack
-config (FLANNEL_SUBNET, FLANNEL_IPV6_SUBNET), a route to each family's network, the bridge as
-the pods' gateway, flannel0's MTU, and masquerading by the bridge only where flanneld does
-none. :func:`flannel_conf` writes that delegated config; :func:`add` and :func:`delete` run
+config (FLANNEL_SUBNET, FLANNEL_IPV6_SUBNET, each as its network address), a route to each
+family's network, the bridge as the pods' gateway, flannel0's MTU, and masquerading by the
+bridge only where flanneld does none; the netconf flannel's manifests install adds
+``hairpinMode`` and ``isDefaultGateway`` (a default route of each family via the bridge) to
+what it delegates (docs/flannel-compat.md#cni-plugin). :func:`flannel_conf` writes that
+delegated config; :func:`add` and :func:`delete` run
 the plugins by the CNI protocol: the plugin's binary from ``CNI_PATH``, run in the host's
 namespace, ``CNI_COMMAND``, ``CNI_CONTAINERID``, ``CNI_NETNS``, ``CNI_IFNAME`` and
 ``CNI_PATH`` in its environment, the config on stdin, the result (or the error) on stdout.
@@ -45,7 +48,8 @@ def flannel_conf(env: dict, data_dir: str, name: str = "cbr0") -> dict:
         ranges.append([{"subnet": str(ipaddress.ip_interface(env["FLANNEL_IPV6_SUBNET"]).network)}])
         routes.append({"dst": env["FLANNEL_IPV6_NETWORK"]})
     return {"cniVersion": CNI_VERSION, "name": name, "type": "bridge", "bridge": BRIDGE,
-            "isGateway": True, "hairpinMode": True, "mtu": int(env["FLANNEL_MTU"]),
+            "isGateway": True, "isDefaultGateway": True, "hairpinMode": True,
+            "mtu": int(env["FLANNEL_MTU"]),
             "ipMasq": env.get("FLANNEL_IPMASQ") != "true",
             "ipam": {"type": "host-local", "ranges": ranges, "routes": routes,
                      "dataDir": data_dir}}

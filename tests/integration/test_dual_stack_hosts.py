@@ -109,6 +109,13 @@ def test_cni_pods_on_three_hosts_talk_over_both_families(ov, figure):
         for version, key in ((4, "FLANNEL_SUBNET"), (6, "FLANNEL_IPV6_SUBNET")):
             assert ipaddress.ip_address(pod.ip(version)) in \
                 ipaddress.ip_interface(env[key]).network, (pod.result, env)
+            # as under flannel's own netconf (docs/flannel-compat.md#cni-plugin): the bridge,
+            # subnet.env's address, is the pod's gateway to its network and its default route
+            gateway = ipaddress.ip_interface(env[key]).ip
+            routes = ov.tb.exec(pod.netns, ["ip", f"-{version}", "route"]).stdout
+            network = env["FLANNEL_NETWORK" if version == 4 else "FLANNEL_IPV6_NETWORK"]
+            assert f"{network} via {gateway} " in routes and f"default via {gateway} " in routes, \
+                routes
 
     # every pair of pods, both families, and every pair of hosts to each other's flannel0 over
     # IPv6 (from flannel0's address through flannel0, from the veth's on the direct pair's

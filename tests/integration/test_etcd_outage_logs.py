@@ -34,7 +34,10 @@ def ov():
     overlay = Overlay(hosts=0)
     try:
         for _ in range(2):
-            overlay.add_host(start=False)
+            h = overlay.add_host(start=False)
+            # a host that forwards: the daemon's reminders of forwarding off would be said
+            # during the outage too (docs/operating.md#host-forwarding)
+            h.exec(["sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
         yield overlay
     finally:
         overlay.close()

@@ -187,8 +187,9 @@ def test_empty_backend_object_is_unknown_type():
 
 
 def test_ipv6_only_is_a_clear_error():
-    with pytest.raises(ConfigError, match="IPv6-only network config is not supported: the udp backend "
-                                          "forwards IPv4 only"):
+    with pytest.raises(ConfigError, match="IPv6-only network config is not supported: in etcd mode "
+                                          "flannel always takes an IPv4 subnet .* so an IPv4 "
+                                          "Network is required"):
         parse_config('{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48"}')
 
 

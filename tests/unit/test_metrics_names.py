@@ -53,6 +53,10 @@ class FullSource(MetricsSource):
     def peers_ipv6_by_mode(self):
         return {"direct": 1, "encapsulated": 1}
 
+    def ipv6_underlay_fallback(self):
+        return {"on_ipv4": [{"subnet": "10.5.7.0/24"}], "fallbacks": 1, "probes_sent": 9,
+                "probes_answered": 5}
+
     def queues_count(self):
         return len(self.per_queue)
 
@@ -73,6 +77,9 @@ class FullSource(MetricsSource):
 
     def subnet_file(self):
         return False, 0
+
+    def host_forwarding(self):
+        return {"ipv4": True, "ipv6": False}
 
     def etcd_watches(self):
         return {w: {"connected": True, "reconnects": 1, "resyncs": 0}

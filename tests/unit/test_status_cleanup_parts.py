@@ -70,6 +70,15 @@ def test_a_dual_stack_lease_shows_its_ipv6_part_underlay_address_and_route():
     assert "7 (3 with an IPv6 part routed)" in text and "tun_tx 4, udp_rx 9 (IPv6 2)" in text
 
 
+def test_the_host_forwarding_row_says_a_family_that_is_off():
+    assert "forwarding" not in render(NOT_READY)        # not checked yet (an older daemon too)
+    row = [line for line in render(dict(NOT_READY, host_forwarding={"ipv4": True, "ipv6": False}))
+           .splitlines() if line.lstrip().startswith("forwarding")]
+    assert len(row) == 1 and "IPv4 on, IPv6 OFF (the pods' packets" in row[0], row
+    text = render(dict(NOT_READY, host_forwarding={"ipv4": True}))
+    assert "IPv4 on" in text and "OFF" not in text and "the pods' packets" not in text
+
+
 def test_daemon_command_lines():
     assert is_daemon_command(["/usr/bin/python3", "/opt/flannel-udp/bin/flannel-udp", "run",
                               "-iface=eth1"])
