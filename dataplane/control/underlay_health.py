@@ -63,7 +63,10 @@ class UnderlayHealth:
         self.misses_to_fail, self.answers_to_recover = misses, answers
         self._clock, self._wall, self._rng = clock, wall, rng
         self._peers: dict = {}
-        self._due: list = []                    # heap of (when, tie, key)
+        # heap of (when, tie, key, peer): an entry whose peer is no longer self._peers[key]
+        # (forgotten, or its target changed) is stale and dropped when due, so each peer has
+        # exactly one live entry however often it is restarted
+        self._due: list = []
         self._tie = itertools.count()
         self._numbers = itertools.count(1)
         self._waiting: dict = {}                # probe number -> key
@@ -88,8 +91,8 @@ class UnderlayHealth:
                 continue
             if peer is not None:
                 self._forget(key)
-            self._peers[key] = _Peer(target)
-            heapq.heappush(self._due, (now + self._rng() * every, next(self._tie), key))
+            peer = self._peers[key] = _Peer(target)
+            heapq.heappush(self._due, (now + self._rng() * every, next(self._tie), key, peer))
 
     def _forget(self, key) -> None:
         peer = self._peers.pop(key)
@@ -101,19 +104,17 @@ class UnderlayHealth:
         now = self._clock()
         budget = max(1, int((now - self._last_send) * self.max_rate))
         self._last_send = now
-        every, out, taken = self.interval(), [], set()
+        every, out = self.interval(), []
         while self._due and self._due[0][0] <= now and len(out) < budget:
-            _, _, key = heapq.heappop(self._due)
-            peer = self._peers.get(key)
-            if peer is None or key in taken:
+            _, _, key, peer = heapq.heappop(self._due)
+            if self._peers.get(key) is not peer:
                 continue                    # forgotten, or a stale entry of a restarted one
-            taken.add(key)
             self._miss_outstanding(key)     # sent before its answer was due: not waited for
             number = next(self._numbers)
             peer.outstanding = number
             self._waiting[number] = key
             self._sent.append((now + min(self.answer_within_s, every), number))
-            heapq.heappush(self._due, (now + every, next(self._tie), key))
+            heapq.heappush(self._due, (now + every, next(self._tie), key, peer))
             out.append((key, peer.target, number))
         self.sent += len(out)
         return out

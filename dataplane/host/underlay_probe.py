@@ -15,6 +15,7 @@ daemon during a handover); the probe's number follows the token.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import socket
@@ -89,11 +90,23 @@ class AnswerSocket:
         self.sock.close()
 
 
+# What an ICMPv6 error leaves pending on a socket with IPV6_RECVERR (the engines' sockets have
+# it): the next call on the socket fails with it, whatever that call's destination
+PENDING_ERRNOS = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                            errno.EHOSTDOWN, errno.EACCES, errno.EPROTO, errno.EMSGSIZE})
+
+
 def send(sock, datagram: bytes, peer, port: int) -> bool:
     """One probe on ``sock`` (a socket of the IPv6 underlay) to [peer]:port; False when the
-    kernel refused it (it then counts as unanswered)."""
-    try:
-        sock.sendto(datagram, (str(ipaddress.IPv6Address(peer)), port))
-        return True
-    except OSError:
-        return False
+    kernel refused it (it then counts as unanswered). A refusal that may be another peer's
+    error left pending on the shared socket (a dead peer's port unreachable) consumed that
+    error: the probe is tried once more, so a healthy peer does not miss for a dead one."""
+    address = (str(ipaddress.IPv6Address(peer)), port)
+    for attempt in (1, 2):
+        try:
+            sock.sendto(datagram, address)
+            return True
+        except OSError as e:
+            if attempt == 2 or e.errno not in PENDING_ERRNOS:
+                return False
+    return False

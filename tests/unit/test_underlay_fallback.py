@@ -1,11 +1,13 @@
-"""--ipv6-underlay-fallback without I/O: when a peer is probed and found failed or working
+"""--ipv6-underlay-fallback, nearly without I/O: when a peer is probed and found failed or working
 again (control/underlay_health.py), the probe and its answer as bytes (host/underlay_probe.py),
 the routes a failed peer's part and the probes take (control/routes.py), and what
-`flannel-udp status` shows. The whole path between namespaces:
+`flannel-udp status` shows; a probe's send on a loopback socket. The whole path between namespaces:
 tests/integration/test_ipv6_underlay_fallback.py."""
 from __future__ import annotations
 
 import random
+import select
+import socket
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
@@ -17,6 +19,8 @@ from dataplane.control.routes import Ipv6Parts, probe_subnet, route_changes, rou
 from dataplane.control.underlay_health import (ANSWERS_TO_RECOVER, MISSES_TO_FAIL, PROBE_EVERY_S,
                                                UnderlayHealth)
 from dataplane.engine import Route, ipv6
+from dataplane.host import underlay_probe
+from dataplane.host.udpsock import IPV6_RECVERR
 from dataplane.host.underlay_probe import Prober
 
 
@@ -113,6 +117,56 @@ def test_a_peer_gone_or_changed_is_forgotten():
     assert h.failed() == {} and h.probed() == 1
 
 
+def probe_times(h, clock, seconds: float, step: float = 0.25) -> list:
+    """When the probes of ``seconds`` of rounds went out, all answered at once."""
+    times, end = [], clock.t + seconds
+    while clock.t < end:
+        for _key, _target, number in h.due():
+            times.append(clock.t)
+            h.answer(number)
+        h.judge()
+        clock.t += step
+    return times
+
+
+@pytest.mark.parametrize("change", ["target", "forgotten and back"])
+def test_a_restarted_peer_is_probed_once_per_interval(change):
+    h, clock = health()
+    h.follow({"a": "t1"})
+    assert len(h.due()) == 1                # its entry is next due 5 s from now
+    clock.t += 1
+    if change == "target":
+        h.follow({"a": "t2"})               # its PublicIPv6 changed
+    else:
+        h.follow({})                        # DirectRouting flipped, and back
+        clock.t += 1
+        h.follow({"a": "t1"})
+    times = probe_times(h, clock, 59)
+    assert len(times) <= 59 // PROBE_EVERY_S + 1
+    assert all(b - a >= PROBE_EVERY_S for a, b in zip(times, times[1:]))
+
+
+def test_a_restarted_peer_that_failed_recovers_when_answered_within_the_round_trip():
+    """A second entry of one peer 0.25 s after the first, with answers taking 0.5 s, would
+    count each first probe missed just before its answer came: never two answers in a row."""
+    h, clock = health()
+    h.follow({"a": "t1"})
+    assert len(h.due()) == 1                # next due 5 s from now
+    clock.t += 4.75
+    h.follow({"a": "t2"})
+    run(h, clock, 40, answer=lambda key: False)
+    assert set(h.failed()) == {"a"}
+    late, turns = [], []                    # (when answered, number)
+    for _ in range(int(40 / 0.25)):
+        for number in [n for t, n in late if t <= clock.t]:
+            h.answer(number)
+        late = [(t, n) for t, n in late if t > clock.t]
+        late += [(clock.t + 0.5, number) for _k, _t, number in h.due()]
+        turns += h.judge()
+        clock.t += 0.25
+    assert [(t.key, t.failed) for t in turns] == [("a", False)] and h.failed() == {}
+
+
 def test_the_probe_is_an_echo_request_between_the_flannel0s_and_its_answer_is_recognised():
     p = Prober()
     src, dst = IPv6Address("fc00:66:0:1::"), IPv6Address("fc00:66:0:2::")
@@ -134,6 +188,33 @@ def test_the_probe_is_an_echo_request_between_the_flannel0s_and_its_answer_is_re
 # -- the routes ----------------------------------------------------------------------------
 NET6 = IPv6Network("fc00:66::/56")
 OWN = IPv4Network("10.5.1.0/24")
+
+
+def test_a_probe_is_sent_though_another_peers_error_is_pending_on_the_socket():
+    """The engines' IPv6 sockets have IPV6_RECVERR: a dead peer's port unreachable stays
+    pending and fails the next send on the socket, here a probe to a listening peer."""
+    listener = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    closed = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        listener.bind(("::1", 0))
+        listener.settimeout(5)
+        closed.bind(("::1", 0))
+        dead_port = closed.getsockname()[1]
+        closed.close()
+        sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVERR, 1)
+        sock.bind(("::1", 0))
+        sock.sendto(b"to a dead peer", ("::1", dead_port))
+        poller = select.poll()
+        poller.register(sock, select.POLLERR)
+        assert poller.poll(5000), "no port unreachable came back"
+        assert underlay_probe.send(sock, b"probe", "::1", listener.getsockname()[1])
+        assert listener.recv(64) == b"probe"
+        # a refusal about the send itself is still a refusal, after one more try
+        assert not underlay_probe.send(sock, b"x" * 70000, "::1", listener.getsockname()[1])
+    finally:
+        for s in (listener, sock, closed):
+            s.close()
 
 
 def lease6(i: int, pub6: str | None) -> Lease:
