@@ -561,6 +561,8 @@ _Static_assert(offsetof(dp_stats, v6_tun_rx_packets) == DP_ST_V6_TUN_RX_PACKETS 
                "stats index");
 _Static_assert(offsetof(dp_stats, v6_drop_inner_foreign) == DP_ST_V6_DROP_INNER_FOREIGN * 8,
                "stats index");
+_Static_assert(offsetof(dp_stats, udp_tx_fragmented) == DP_ST_UDP_TX_FRAGMENTED * 8,
+               "stats index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");
 _Static_assert(sizeof(dp_state) == 8 * sizeof(uint32_t), "dp_state is 8 words");
 /* dp_route6 is read from Python's ROUTE6_DTYPE array as it is (native.py

@@ -12,13 +12,14 @@ import socket
 import struct
 
 from . import pypath
-from .contract import ERRQ_MAX, UNDERLAY4_HDRS, UNDERLAY6_HDRS
-from .pypath import DROP_SEND_ERROR, SYSCALLS, UDP_RECVS, UDP_SENDS
+from .contract import ERRQ_MAX, MTU6_MIN, UNDERLAY4_HDRS, UNDERLAY6_HDRS
+from .pypath import DROP_SEND_ERROR, SYSCALLS, UDP_RECVS, UDP_SENDS, UDP_TX_FRAGMENTED
 
 PR_SET_TIMERSLACK = 29           # <linux/prctl.h>
 UDP_SEGMENT = 103                # <linux/udp.h>
-IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2                  # <linux/in.h>
+IP_MTU_DISCOVER, IP_PMTUDISC_WANT, IP_PMTUDISC_DO = 10, 1, 2       # <linux/in.h>
 IP_RECVERR, IPV6_RECVERR = 11, 25                        # <linux/in.h>, <linux/in6.h>
+IPV6_MTU_DISCOVER, IPV6_PMTUDISC_WANT, IPV6_PMTUDISC_DO = 23, 1, 2     # <linux/in6.h>
 RECVERR = frozenset({(socket.IPPROTO_IP, IP_RECVERR), (socket.IPPROTO_IPV6, IPV6_RECVERR)})
 # struct sock_extended_err (<linux/errqueue.h>): errno, origin, type, code, pad, info, data
 _EE = struct.Struct("=IBBBBII")
@@ -77,9 +78,7 @@ def refused(loop, buf, data, hop, err: int) -> bool:
     while True:
         mtu, network = errqueue(loop.sock6, c)
         if err == errno.EMSGSIZE and mtu:
-            if pypath.path_too_big(pa, buf, length, mtu, UNDERLAY6_HDRS):
-                loop.icmp_send()
-            return False
+            return too_big(loop, buf, data, hop, mtu, UNDERLAY6_HDRS)
         if not network or not again:
             break
         again = False
@@ -103,7 +102,11 @@ def probe4(loop, buf, data, hop, err: int) -> bool:
         pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
         return False
     c[SYSCALLS] += 5
-    old, e, mtu = sock.getsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER), 0, 0
+    old, e, mtu = IP_PMTUDISC_WANT, 0, 0
+    try:
+        old = sock.getsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER)
+    except OSError:                 # as C, which ignores it: the default put back
+        pass
     try:
         sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
         sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
@@ -128,8 +131,54 @@ def probe4(loop, buf, data, hop, err: int) -> bool:
             loop.df4 = False        # the kernel refused the cmsg itself
         return True
     if e == errno.EMSGSIZE and mtu:
-        if pypath.path_too_big(pa, buf, length, mtu, UNDERLAY4_HDRS):
-            loop.icmp_send()
-        return False
+        return too_big(loop, buf, data, hop, mtu, UNDERLAY4_HDRS)
     pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
     return False
+
+
+def too_big(loop, buf, data, hop, path_mtu: int, hdrs: int) -> bool:
+    """A datagram refused over ``path_mtu`` (``hdrs``: the outer headers), pmtu.c's too_big:
+    an inner IPv6 packet of at most MTU6_MIN, which its sender may always send, goes once more
+    fragmented, as a tunnel entry sends it (True when it went); any other is path_too_big's."""
+    pa, length = loop.path, len(data)
+    if length <= MTU6_MIN and length >= 40 and buf[0] >> 4 == 6:
+        if fragmented(loop, data, hop):
+            return True
+        pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
+        return False
+    if pypath.path_too_big(pa, buf, length, path_mtu, hdrs):
+        loop.icmp_send()
+    return False
+
+
+def fragmented(loop, data, hop) -> bool:
+    """``data`` once more, the kernel allowed to fragment it: the IPv4 socket as it is, the
+    IPv6 one in IPV6_PMTUDISC_WANT for this send alone (pmtu.c's fragmented)."""
+    c, v6 = loop.c, len(hop) == 4
+    sock = loop.sock6 if v6 else loop.sock
+    old, sent = IPV6_PMTUDISC_DO, False
+    if v6:
+        c[SYSCALLS] += 3
+        try:
+            old = sock.getsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER)
+        except OSError:
+            pass
+        try:
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_WANT)
+        except OSError:
+            pass
+    c[SYSCALLS] += 1
+    c[UDP_SENDS] += 1
+    try:
+        (loop.sendto6 if v6 else loop.sendto)(data, hop)
+        sent = True
+    except OSError:
+        pass
+    if v6:
+        try:
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, old)
+        except OSError:
+            pass
+    if sent:
+        c[UDP_TX_FRAGMENTED] += 1
+    return sent

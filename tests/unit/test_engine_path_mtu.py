@@ -19,6 +19,7 @@ from tests.conftest import wait_until
 from tests.engine_harness import Harness, expect_only
 
 IPV6_MTU = 24                       # <linux/in6.h>: the socket's own cap on the path MTU
+IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO = 23, 2
 MTU = 1472
 OWN6 = "fc00:5:0:1::"               # flannel0's IPv6 address
 POD = "fc00:5:0:1::9"               # a pod of ours, the sender
@@ -70,16 +71,20 @@ def test_packet_too_big_with_the_path_mtu(engine_kind):
 
 
 def test_a_path_under_1328_bytes(engine_kind):
-    """Packet too big never says less than IPv6's 1280; what fits 1280 but not the path is
-    dropped as a send error (the kernel would have to fragment it)."""
+    """Packet too big never says less than IPv6's 1280; what fits 1280 but not the path, which a
+    pod may always send, goes in outer fragments, as from a tunnel entry (RFC 2473), and the
+    socket refuses to fragment again after that one send."""
     with make(engine_kind, 1300) as h:
         small, mid, over = sized(FAR, 1252, 1), sized(FAR, 1270, 2), sized(FAR, 1281, 3)
         h.inject_tun(small, mid, over)
         st = h.settle(outputs=False)
-        wait_until(lambda: len(h.peers[0].received) == 1, 5, what="the packet to the live peer")
+        wait_until(lambda: len(h.peers[0].received) == 2, 5, what="the packets to the live peer")
+        assert [len(p) for p in h.peers[0].received] == [1252, 1270]
         assert h.tun_received == [expected_error(over, mtu=1280)]
-        expect_only(st, tun_rx_packets=3, tun_rx_bytes=1252 + 1270 + 1281, udp_tx_packets=1,
-                    udp_tx_bytes=1252, drop_send_error=1, drop_too_big=1, icmp_too_big_sent=1)
+        expect_only(st, tun_rx_packets=3, tun_rx_bytes=1252 + 1270 + 1281, udp_tx_packets=2,
+                    udp_tx_bytes=1252 + 1270, udp_tx_fragmented=1, drop_too_big=1,
+                    icmp_too_big_sent=1)
+        assert h.udp6.getsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER) == IPV6_PMTUDISC_DO
 
 
 @pytest.mark.parametrize("first", ["network error", "nothing"])
