@@ -19,7 +19,8 @@ from tests.conftest import wait_until
 from tests.engine_harness import Harness, expect_only
 
 IPV6_MTU = 24                       # <linux/in6.h>: the socket's own cap on the path MTU
-IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO = 23, 2
+IPV6_MTU_DISCOVER, IPV6_RECVERR, IPV6_PMTUDISC_DO = 23, 25, 2
+IP_MTU_DISCOVER, IP_RECVERR, IP_PMTUDISC_DO = 10, 11, 2
 MTU = 1472
 OWN6 = "fc00:5:0:1::"               # flannel0's IPv6 address
 POD = "fc00:5:0:1::9"               # a pod of ours, the sender
@@ -137,3 +138,25 @@ def test_a_send_failed_by_the_network_s_error_goes_again(engine_kind):
         st = h.settle(outputs=False)
         wait_until(lambda: len(h.peers[0].received) == 1, 5, what="the packet to the live peer")
         assert (st["udp_tx_packets"], st["drop_send_error"]) == (2, 0), st
+
+
+def test_the_engine_takes_its_sockets_with_the_path_mtu_options_it_wants(engine_kind):
+    """make_engine puts an IPv4 socket a probe left switched (a daemon killed inside it, its
+    sockets handed over) back to the kernel's defaults; IPv6 ones get path_mtu_options all, or,
+    when one refuses them, none keeps half of them."""
+    from dataplane.engine import engine_class
+    from dataplane.host.assembly import make_engine
+    tun, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    v4 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    v6, not6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM), socket.socket(socket.AF_INET)
+    with tun, peer, v4, v6, not6:
+        v4.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+        v4.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+        # (no engine comes of it: two IPv6 sockets for one queue; the options come first)
+        with pytest.raises(ValueError, match="2 IPv6 UDP socket"):
+            make_engine(engine_class(engine_kind), [tun.fileno()], [v4], socks6=[v6, not6],
+                        tun_addr="10.5.1.0", mtu=MTU).close()
+        assert [v4.getsockopt(socket.IPPROTO_IP, o) for o in (IP_RECVERR, IP_MTU_DISCOVER)] == \
+            [0, 1]
+        assert [v6.getsockopt(socket.IPPROTO_IPV6, o) for o in (IPV6_RECVERR, IPV6_MTU_DISCOVER)] \
+            == [0, 1]
