@@ -176,7 +176,9 @@
  *     alone; a refusal of that send is judged as above, without a third;
  *   - else drop_send_error.
  * EPOLLERR on either UDP socket empties its error queue the same way
- * (errors from the network: the kernel took the path MTU from them).
+ * (errors from the network: the kernel took the path MTU from them), and so
+ * does POLLERR in dp_loop_set_coalesce's waits, which watch both sockets
+ * for it even while busy.
  * Inner IPv6 over the IPv4 underlay (udp_fd): the socket stays as the
  * caller made it (the kernel fragments inner IPv4's outer packets, as under
  * flanneld), but IPv4 has no per-packet "don't fragment" but one: a

@@ -550,11 +550,7 @@ class _Loop:
         c = self.c
         c[SYSCALLS] += 1
         c[COALESCE_WAITS] += 1
-        watch = [self.wake_fd] + [fd for fd, lit in zip((self.tun_fd, self.udp_fd), lights)
-                                  if lit]
-        if lights[1] and self.udp6_fd is not None:
-            watch.append(self.udp6_fd)
-        if self.wake_fd in select.select(watch, [], [], usecs / 1e6)[0]:
+        if pysys.coalesce_wait(self, lights, usecs):    # the UDP sockets' errors emptied
             self.wake_drain()
         if self.engine._stopping:
             return 0, lights, last_work_ns

@@ -37,6 +37,37 @@ def precise_timers() -> None:
         pass
 
 
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_POLLIN, _POLLERR = 0x1, 0x8
+_ppoll = ctypes.CDLL(None, use_errno=True).ppoll
+_ppoll.argtypes = (ctypes.POINTER(_PollFd), ctypes.c_ulong, ctypes.POINTER(_Timespec),
+                   ctypes.c_void_p)
+
+
+def coalesce_wait(loop, lights: tuple[bool, bool], usecs: int) -> bool:
+    """loop.c's coalescing wait (ppoll: select and Python's poll have no microseconds and
+    POLLERR apart): the wake fd, the fd of each light direction (``lights``: TUN, UDP), and the
+    UDP sockets, busy ones for POLLERR alone, each such socket's error queue then emptied.
+    True when the wake fd is readable. ``loop`` is pyengine's _Loop."""
+    udp_in = _POLLIN if lights[1] else 0
+    fds = [(loop.wake_fd, _POLLIN)] + ([(loop.tun_fd, _POLLIN)] if lights[0] else [])
+    fds += [(fd, udp_in) for fd in (loop.udp_fd, loop.udp6_fd) if fd is not None]
+    pfd = (_PollFd * len(fds))(*(_PollFd(fd, ev, 0) for fd, ev in fds))
+    if _ppoll(pfd, len(fds), _Timespec(0, usecs * 1000), None) <= 0:
+        return False
+    for p in pfd[len(fds) - (1 if loop.udp6_fd is None else 2):]:
+        if p.revents & _POLLERR:
+            errqueue(loop.socks[p.fd], loop.c)
+    return bool(pfd[0].revents & _POLLIN)
+
+
 def errqueue(sock: socket.socket, c: list) -> tuple[int, bool]:
     """Empty ``sock``'s error queue (at most ERRQ_MAX reads, counted in ``c``): ``(path MTU of
     the last local EMSGSIZE or 0, whether an error came from the network)``. An ICMP error

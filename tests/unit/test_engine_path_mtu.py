@@ -8,12 +8,14 @@ ICMPv6 error of the network on the socket costs no packet and no busy loop.
 from __future__ import annotations
 
 import ipaddress
+import select
 import socket
 import time
 
 import pytest
 
 from dataplane.engine import ipv4, ipv6
+from dataplane.engine.api import COALESCE_MAX_US
 from dataplane.host.udpsock import path_mtu_options
 from tests.conftest import wait_until
 from tests.engine_harness import Harness, expect_only
@@ -160,3 +162,31 @@ def test_the_engine_takes_its_sockets_with_the_path_mtu_options_it_wants(engine_
             [0, 1]
         assert [v6.getsockopt(socket.IPPROTO_IPV6, o) for o in (IPV6_RECVERR, IPV6_MTU_DISCOVER)] \
             == [0, 1]
+
+
+def test_the_coalescing_wait_empties_the_error_queue(engine_kind):
+    """Under load the loop stays in its coalescing waits, never in epoll_wait: an ICMPv6 error
+    queued on the IPv6 socket meanwhile is emptied there too, not left to fill the socket's
+    receive buffer until the load stops."""
+    with make(engine_kind, 1400, closed=True) as h:
+        h.engine.set_coalesce(COALESCE_MAX_US)
+        v4 = h.add_peer()
+        h.set_routes([h.route("fc00:5:0:2::/64", h.peers[0]),
+                      h.route("fc00:5:0:4::/64", h.peers[1]), h.route("10.5.2.0/24", v4)])
+        err = select.poll()
+        err.register(h.udp6, 0)             # POLLERR alone: the error queue is not empty
+        flood = ipv4.build("10.5.2.3", "10.5.1.2", bytes(36))     # from the peer: the
+        sent, polls, tx, emptied = 0, None, 1 << 62, False        # socket busy, unwatched
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not emptied and sent < 200_000:
+            h.inject_udp(v4, *[flood] * 20)
+            sent += 20
+            st = h.stats()
+            if polls != st["polls"] and st["coalesce_waits"]:   # (again) while in the waits
+                polls, tx = st["polls"], st["v6_udp_tx_packets"]
+                h.inject_tun(sized("fc00:5:0:4::1", 100, 9))    # to the closed port
+            elif st["v6_udp_tx_packets"] > tx:
+                # the error came back as it went; gone with no epoll_wait since: the waits
+                emptied = not err.poll(0) and h.stats()["polls"] == polls
+            time.sleep(0.0001)              # the Python engine shares our GIL
+        assert emptied, "the ICMPv6 error stays queued while the load lasts"
