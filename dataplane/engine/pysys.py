@@ -1,8 +1,9 @@
 """The Python engine's calls into the kernel beyond moving packets: a UDP socket's error queue,
 IPv4's "don't fragment" for an inner IPv6 datagram, and what a refused send becomes
 (csrc/dataplane.h "Path MTU"; pmtu.c's dp_pmtu_errqueue, dp_pmtu_refused and probe4, tx.c's
-set_peer), and the loop thread's timer slack (loop.c). pyengine.py's loop calls them; only
-dont_fragment is on the path of a packet that goes through (an inner IPv6 one to an IPv4 peer).
+set_peer), and the loop thread's timer slack and coalescing wait (loop.c). pyengine.py's loop
+calls them; only dont_fragment is on the path of a packet that goes through (an inner IPv6 one
+to an IPv4 peer), and coalesce_wait between passes under load.
 """
 from __future__ import annotations
 
@@ -172,7 +173,7 @@ def too_big(loop, buf, data, hop, path_mtu: int, hdrs: int) -> bool:
     an inner IPv6 packet of at most MTU6_MIN, which its sender may always send, goes once more
     fragmented, as a tunnel entry sends it (True when it went); any other is path_too_big's."""
     pa, length = loop.path, len(data)
-    if length <= MTU6_MIN and length >= 40 and buf[0] >> 4 == 6:
+    if pypath.HEADER6 <= length <= MTU6_MIN and buf[0] >> 4 == 6:
         if fragmented(loop, data, hop):
             return True
         pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
