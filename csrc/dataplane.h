@@ -165,15 +165,20 @@
  *     with m = M - DP_UNDERLAY6_HDRS, at least DP_MTU6_MIN, a packet
  *     longer than m is drop_too_big and gets ICMPv6 packet too big m, as a
  *     route's mtu does (the quote as read: the hop limit before step 4's
- *     decrement); one not longer (a path under DP_MTU6_MIN +
- *     DP_UNDERLAY6_HDRS) is drop_send_error;
+ *     decrement); an IPv6 one not longer than DP_MTU6_MIN (a path under
+ *     DP_MTU6_MIN + DP_UNDERLAY6_HDRS) is sent once more, udp6_fd in
+ *     IPV6_PMTUDISC_WANT for that send alone, the kernel cutting it into
+ *     fragments as a tunnel entry must (RFC 2473): udp_tx_fragmented, or
+ *     drop_send_error if refused; another one not longer, drop_send_error;
  *   - else, when the queue held an error from the network (ICMP or ICMPv6
  *     origin: the kernel hands such an error to the next call on the
  *     socket too, whatever it sends), the message is sent once more,
  *     alone; a refusal of that send is judged as above, without a third;
  *   - else drop_send_error.
  * EPOLLERR on either UDP socket empties its error queue the same way
- * (errors from the network: the kernel took the path MTU from them).
+ * (errors from the network: the kernel took the path MTU from them), and so
+ * does POLLERR in dp_loop_set_coalesce's waits, which watch both sockets
+ * for it even while busy.
  * Inner IPv6 over the IPv4 underlay (udp_fd): the socket stays as the
  * caller made it (the kernel fragments inner IPv4's outer packets, as under
  * flanneld), but IPv4 has no per-packet "don't fragment" but one: a
@@ -189,7 +194,9 @@
  *     path; EINVAL: SO_NO_CHECK), so no message carries it from then on
  *     (a kernel before 4.18 ignores it: such a kernel fragments);
  *   - EMSGSIZE with the path MTU M on the error queue: as on the IPv6
- *     underlay, with m = M - DP_UNDERLAY4_HDRS (at least DP_MTU6_MIN);
+ *     underlay, with m = M - DP_UNDERLAY4_HDRS (at least DP_MTU6_MIN); a
+ *     packet of at most DP_MTU6_MIN goes once more plain, udp_fd's own
+ *     setting fragmenting it;
  *   - else drop_send_error.
  * The common case costs a control message on each inner IPv6 datagram to
  * an IPv4 peer; no syscall and nothing for inner IPv4.
@@ -408,7 +415,8 @@ typedef struct dp_stats {
     uint64_t v6_drop_tun_error;
     uint64_t v6_drop_inner_local;
     uint64_t v6_drop_inner_foreign;
-    uint64_t reserved[5];
+    uint64_t udp_tx_fragmented;  /* IPv6 of at most DP_MTU6_MIN sent fragmented ("Path MTU") */
+    uint64_t reserved[4];
 } dp_stats;
 
 /* Trace events, recorded only while tracing is on (for the demo). */

@@ -91,6 +91,7 @@ enum dp_stat {
     DP_ST_V6_DROP_TUN_ERROR,
     DP_ST_V6_DROP_INNER_LOCAL,
     DP_ST_V6_DROP_INNER_FOREIGN,
+    DP_ST_UDP_TX_FRAGMENTED,
     DP_ST_COUNT,
     DP_ST_SLOTS = sizeof(dp_stats) / sizeof(uint64_t)
 };

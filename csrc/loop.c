@@ -152,18 +152,28 @@ static uint64_t coalesce(struct dp_loop *l, uint32_t us, int *lights, uint64_t *
 {
     struct pollfd pfd[4] = { { .fd = l->wake_fd, .events = POLLIN } };
     struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)us * 1000 };
+    short udp_in = (*lights & DP_LIGHT_UDP) ? POLLIN : 0;
     uint64_t tun0, udp0, tun, udp, end;
-    nfds_t n = 1;
+    struct dp_errq q;
+    nfds_t n = 1, k, udp_at;
 
     if (*lights & DP_LIGHT_TUN)
         pfd[n++] = (struct pollfd){ .fd = l->tun_fd, .events = POLLIN };
-    if (*lights & DP_LIGHT_UDP)
-        pfd[n++] = (struct pollfd){ .fd = l->udp_fd, .events = POLLIN };
-    if ((*lights & DP_LIGHT_UDP) && l->udp6_fd >= 0)
-        pfd[n++] = (struct pollfd){ .fd = l->udp6_fd, .events = POLLIN };
+    /* A busy socket is watched too, for POLLERR alone (poll reports it
+     * whatever the events): errors_seen's work, which epoll_wait does not
+     * get to while the passes find work. */
+    udp_at = n;
+    pfd[n++] = (struct pollfd){ .fd = l->udp_fd, .events = udp_in };
+    if (l->udp6_fd >= 0)
+        pfd[n++] = (struct pollfd){ .fd = l->udp6_fd, .events = udp_in };
     sys_count(l, DP_ST_COALESCE_WAITS);
-    if (ppoll(pfd, n, &ts, NULL) > 0 && (pfd[0].revents & POLLIN))
-        wake_drain(l);
+    if (ppoll(pfd, n, &ts, NULL) > 0) {
+        if (pfd[0].revents & POLLIN)
+            wake_drain(l);
+        for (k = udp_at; k < n; k++)
+            if (pfd[k].revents & POLLERR)
+                dp_pmtu_errqueue(l, pfd[k].fd, &q);
+    }
     if (is_stopping(l))
         return 0;
     tun0 = l->path.c.v[DP_ST_TUN_RX_PACKETS];
@@ -560,6 +570,8 @@ _Static_assert(offsetof(dp_stats, icmp_too_big_sent) == DP_ST_ICMP_TOO_BIG_SENT 
 _Static_assert(offsetof(dp_stats, v6_tun_rx_packets) == DP_ST_V6_TUN_RX_PACKETS * 8,
                "stats index");
 _Static_assert(offsetof(dp_stats, v6_drop_inner_foreign) == DP_ST_V6_DROP_INNER_FOREIGN * 8,
+               "stats index");
+_Static_assert(offsetof(dp_stats, udp_tx_fragmented) == DP_ST_UDP_TX_FRAGMENTED * 8,
                "stats index");
 _Static_assert(offsetof(dp_stats, reserved) == DP_ST_COUNT * 8, "stats count");
 _Static_assert(sizeof(dp_state) == 8 * sizeof(uint32_t), "dp_state is 8 words");

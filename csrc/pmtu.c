@@ -73,10 +73,53 @@ void dp_pmtu_errqueue(struct dp_loop *l, int fd, struct dp_errq *q)
 
 /* ---- 2. packet too big, IPv4's probe ----------------------------------------------- */
 
-/* The packet of a refused datagram over a path MTU: path.c judges it. */
-static enum dp_pmtu too_big(struct dp_loop *l, uint8_t *p, uint32_t len, uint32_t path_mtu,
-                            uint32_t hdrs)
+/* Slot i once more, the kernel allowed to fragment it: udp_fd's own
+ * setting (the message has no cmsg left), udp6_fd in IPV6_PMTUDISC_WANT
+ * for this send alone. */
+static int fragmented(struct dp_loop *l, uint32_t i)
 {
+    struct msghdr *mh = &l->tx_msgs[i].msg_hdr;
+    int v6 = l->tx_addr[i].sa.sa_family == AF_INET6, fd = v6 ? l->udp6_fd : l->udp_fd;
+    int want = IPV6_PMTUDISC_WANT, old = IPV6_PMTUDISC_DO;
+    socklen_t olen = sizeof(old);
+    ssize_t r;
+
+    mh->msg_control = NULL;
+    mh->msg_controllen = 0;
+    if (v6) {
+        st_add(l, DP_ST_SYSCALLS, 2);
+        getsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &old, &olen);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &want, sizeof(want));
+    }
+    do {
+        sys_count(l, DP_ST_UDP_SENDS);
+        r = sendmsg(fd, mh, 0);
+    } while (r < 0 && errno == EINTR);
+    if (v6) {
+        st_add(l, DP_ST_SYSCALLS, 1);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &old, sizeof(old));
+    }
+    if (r < 0)
+        return 0;
+    st_add(l, DP_ST_UDP_TX_FRAGMENTED, 1);
+    return 1;
+}
+
+/* Slot i, refused over path MTU path_mtu (hdrs: the outer headers). An
+ * inner IPv6 packet of at most DP_MTU6_MIN, which its sender may always
+ * send, is sent fragmented, as a tunnel entry does (RFC 2473 7.1); any
+ * other path.c judges. */
+static enum dp_pmtu too_big(struct dp_loop *l, uint32_t i, uint32_t path_mtu, uint32_t hdrs)
+{
+    uint8_t *p = l->tx_iov[i].iov_base;
+    uint32_t len = (uint32_t)l->tx_iov[i].iov_len;
+
+    if (len <= DP_MTU6_MIN && len >= DP_IP6_HDR && p[0] >> 4 == 6) {
+        if (fragmented(l, i))
+            return DP_PMTU_SENT;
+        drop(l, DP_ST_DROP_SEND_ERROR, p, len);
+        return DP_PMTU_DROPPED;
+    }
     return dp_path_too_big(&l->path, p, len, path_mtu, hdrs) == DP_V_ICMP ? DP_PMTU_ICMP :
                                                                             DP_PMTU_DROPPED;
 }
@@ -130,7 +173,7 @@ static enum dp_pmtu probe4(struct dp_loop *l, uint32_t i, int err)
         return DP_PMTU_SENT;
     }
     if (e == EMSGSIZE && q.mtu)
-        return too_big(l, p, len, q.mtu, DP_UNDERLAY4_HDRS);
+        return too_big(l, i, q.mtu, DP_UNDERLAY4_HDRS);
     drop(l, DP_ST_DROP_SEND_ERROR, p, len);
     return DP_PMTU_DROPPED;
 }
@@ -156,7 +199,7 @@ enum dp_pmtu dp_pmtu_refused(struct dp_loop *l, uint32_t i, int err)
     while (l->tx_addr[i].sa.sa_family == AF_INET6) {
         dp_pmtu_errqueue(l, l->udp6_fd, &q);
         if (err == EMSGSIZE && q.mtu)
-            return too_big(l, p, len, q.mtu, DP_UNDERLAY6_HDRS);
+            return too_big(l, i, q.mtu, DP_UNDERLAY6_HDRS);
         if (!q.network || !again--)
             break;
         do {

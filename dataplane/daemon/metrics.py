@@ -250,6 +250,9 @@ DECLARED = (
            "UDP, rx = UDP to flannel0."),
     Family(f"{PREFIX}_route_swaps_total", "counter", _Q,
            "Route tables taken into use by the engine loop (one per queue and route change)."),
+    Family(f"{PREFIX}_fragmented_sends_total", "counter", _Q,
+           "Pods' IPv6 packets of at most 1280 bytes sent as outer fragments: the underlay's "
+           "path to the peer is too narrow for them whole."),
     Family(f"{PREFIX}_offload_ops_total", "counter", ("op",) + _Q,
            "Offloaded operations, by op: tun_rx_gso (super-packets read from flannel0 and "
            "segmented), udp_tx_gso (sends of a train of datagrams), udp_rx_gro (receives holding "
@@ -411,6 +414,7 @@ ENGINE_COUNTERS = {
     "udp_rx_gro": (f"{PREFIX}_offload_ops_total", "udp_rx_gro"),
     "tun_tx_gso": (f"{PREFIX}_offload_ops_total", "tun_tx_gso"),
     "udp_gso_fallbacks": (f"{PREFIX}_offload_ops_total", "udp_gso_fallbacks"),
+    "udp_tx_fragmented": (f"{PREFIX}_fragmented_sends_total", None),
 }
 # The families whose engine counters carry the family label. A counter in one of them with an IPv6
 # share (engine/contract.py V6_SHARES, dp_stats' v6_<counter>) is two samples, ipv6 = the share

@@ -393,7 +393,7 @@ class _Loop:
             hop = tx_hop[i]
             if hop is None:
                 continue
-            length = tx_len[i]
+            length, batch = tx_len[i], m        # batch 1: a second try, alone (tx.c's refused)
             # An IPv6 peer's hop is an AF_INET6 sockaddr: four items. Inner IPv6 to an IPv4
             # peer goes with "don't fragment" (pysys).
             df = len(hop) == 2 and df4 and tx_bufs[i][0] >= 0x60
@@ -413,11 +413,11 @@ class _Loop:
                     tx6 -= 1
                     tx6_by -= length
                     continue
-            tx_pk += 1
-            tx_by += length
+                batch = 1
+            tx_pk, tx_by = tx_pk + 1, tx_by + length
             if tracing:
-                pypath.trace_record(pa, TR_UDP_SEND, length, str_to_int(hop[0]), hop[1], m,
-                                    None)
+                pypath.trace_record(pa, TR_UDP_SEND, length, str_to_int(hop[0]), hop[1],
+                                    batch, None)
         c[SYSCALLS] += reads + m
         c[TUN_READS] += reads
         c[UDP_SENDS] += m
@@ -484,8 +484,7 @@ class _Loop:
                     lost6 += 1
                     lost6_by += length
                 continue
-            tx_pk += 1
-            tx_by += length
+            tx_pk, tx_by = tx_pk + 1, tx_by + length
             if tracing:
                 trace_record(pa, TR_TUN_WRITE, length, 0, 0, 0, rx_bufs[i])
         c[SYSCALLS] += writes
@@ -551,11 +550,7 @@ class _Loop:
         c = self.c
         c[SYSCALLS] += 1
         c[COALESCE_WAITS] += 1
-        watch = [self.wake_fd] + [fd for fd, lit in zip((self.tun_fd, self.udp_fd), lights)
-                                  if lit]
-        if lights[1] and self.udp6_fd is not None:
-            watch.append(self.udp6_fd)
-        if self.wake_fd in select.select(watch, [], [], usecs / 1e6)[0]:
+        if pysys.coalesce_wait(self, lights, usecs):    # the UDP sockets' errors emptied
             self.wake_drain()
         if self.engine._stopping:
             return 0, lights, last_work_ns

@@ -1,8 +1,9 @@
 """The Python engine's calls into the kernel beyond moving packets: a UDP socket's error queue,
 IPv4's "don't fragment" for an inner IPv6 datagram, and what a refused send becomes
 (csrc/dataplane.h "Path MTU"; pmtu.c's dp_pmtu_errqueue, dp_pmtu_refused and probe4, tx.c's
-set_peer), and the loop thread's timer slack (loop.c). pyengine.py's loop calls them; only
-dont_fragment is on the path of a packet that goes through (an inner IPv6 one to an IPv4 peer).
+set_peer), and the loop thread's timer slack and coalescing wait (loop.c). pyengine.py's loop
+calls them; only dont_fragment is on the path of a packet that goes through (an inner IPv6 one
+to an IPv4 peer), and coalesce_wait between passes under load.
 """
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import socket
 import struct
 
 from . import pypath
-from .contract import ERRQ_MAX, UNDERLAY4_HDRS, UNDERLAY6_HDRS
-from .pypath import DROP_SEND_ERROR, SYSCALLS, UDP_RECVS, UDP_SENDS
+from .contract import ERRQ_MAX, MTU6_MIN, UNDERLAY4_HDRS, UNDERLAY6_HDRS
+from .pypath import DROP_SEND_ERROR, SYSCALLS, UDP_RECVS, UDP_SENDS, UDP_TX_FRAGMENTED
 
 PR_SET_TIMERSLACK = 29           # <linux/prctl.h>
 UDP_SEGMENT = 103                # <linux/udp.h>
-IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2                  # <linux/in.h>
+IP_MTU_DISCOVER, IP_PMTUDISC_WANT, IP_PMTUDISC_DO = 10, 1, 2       # <linux/in.h>
 IP_RECVERR, IPV6_RECVERR = 11, 25                        # <linux/in.h>, <linux/in6.h>
+IPV6_MTU_DISCOVER, IPV6_PMTUDISC_WANT, IPV6_PMTUDISC_DO = 23, 1, 2     # <linux/in6.h>
 RECVERR = frozenset({(socket.IPPROTO_IP, IP_RECVERR), (socket.IPPROTO_IPV6, IPV6_RECVERR)})
 # struct sock_extended_err (<linux/errqueue.h>): errno, origin, type, code, pad, info, data
 _EE = struct.Struct("=IBBBBII")
@@ -34,6 +36,37 @@ def precise_timers() -> None:
         ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_POLLIN, _POLLERR = 0x1, 0x8
+_ppoll = ctypes.CDLL(None, use_errno=True).ppoll
+_ppoll.argtypes = (ctypes.POINTER(_PollFd), ctypes.c_ulong, ctypes.POINTER(_Timespec),
+                   ctypes.c_void_p)
+
+
+def coalesce_wait(loop, lights: tuple[bool, bool], usecs: int) -> bool:
+    """loop.c's coalescing wait (ppoll: select and Python's poll have no microseconds and
+    POLLERR apart): the wake fd, the fd of each light direction (``lights``: TUN, UDP), and the
+    UDP sockets, busy ones for POLLERR alone, each such socket's error queue then emptied.
+    True when the wake fd is readable. ``loop`` is pyengine's _Loop."""
+    udp_in = _POLLIN if lights[1] else 0
+    fds = [(loop.wake_fd, _POLLIN)] + ([(loop.tun_fd, _POLLIN)] if lights[0] else [])
+    fds += [(fd, udp_in) for fd in (loop.udp_fd, loop.udp6_fd) if fd is not None]
+    pfd = (_PollFd * len(fds))(*(_PollFd(fd, ev, 0) for fd, ev in fds))
+    if _ppoll(pfd, len(fds), _Timespec(0, usecs * 1000), None) <= 0:
+        return False
+    for p in pfd[len(fds) - (1 if loop.udp6_fd is None else 2):]:
+        if p.revents & _POLLERR:
+            errqueue(loop.socks[p.fd], loop.c)
+    return bool(pfd[0].revents & _POLLIN)
 
 
 def errqueue(sock: socket.socket, c: list) -> tuple[int, bool]:
@@ -77,9 +110,7 @@ def refused(loop, buf, data, hop, err: int) -> bool:
     while True:
         mtu, network = errqueue(loop.sock6, c)
         if err == errno.EMSGSIZE and mtu:
-            if pypath.path_too_big(pa, buf, length, mtu, UNDERLAY6_HDRS):
-                loop.icmp_send()
-            return False
+            return too_big(loop, buf, data, hop, mtu, UNDERLAY6_HDRS)
         if not network or not again:
             break
         again = False
@@ -103,7 +134,11 @@ def probe4(loop, buf, data, hop, err: int) -> bool:
         pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
         return False
     c[SYSCALLS] += 5
-    old, e, mtu = sock.getsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER), 0, 0
+    old, e, mtu = IP_PMTUDISC_WANT, 0, 0
+    try:
+        old = sock.getsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER)
+    except OSError:                 # as C, which ignores it: the default put back
+        pass
     try:
         sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
         sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
@@ -128,8 +163,54 @@ def probe4(loop, buf, data, hop, err: int) -> bool:
             loop.df4 = False        # the kernel refused the cmsg itself
         return True
     if e == errno.EMSGSIZE and mtu:
-        if pypath.path_too_big(pa, buf, length, mtu, UNDERLAY4_HDRS):
-            loop.icmp_send()
-        return False
+        return too_big(loop, buf, data, hop, mtu, UNDERLAY4_HDRS)
     pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
     return False
+
+
+def too_big(loop, buf, data, hop, path_mtu: int, hdrs: int) -> bool:
+    """A datagram refused over ``path_mtu`` (``hdrs``: the outer headers), pmtu.c's too_big:
+    an inner IPv6 packet of at most MTU6_MIN, which its sender may always send, goes once more
+    fragmented, as a tunnel entry sends it (True when it went); any other is path_too_big's."""
+    pa, length = loop.path, len(data)
+    if pypath.HEADER6 <= length <= MTU6_MIN and buf[0] >> 4 == 6:
+        if fragmented(loop, data, hop):
+            return True
+        pypath.path_drop_of(pa, DROP_SEND_ERROR, buf, length)
+        return False
+    if pypath.path_too_big(pa, buf, length, path_mtu, hdrs):
+        loop.icmp_send()
+    return False
+
+
+def fragmented(loop, data, hop) -> bool:
+    """``data`` once more, the kernel allowed to fragment it: the IPv4 socket as it is, the
+    IPv6 one in IPV6_PMTUDISC_WANT for this send alone (pmtu.c's fragmented)."""
+    c, v6 = loop.c, len(hop) == 4
+    sock = loop.sock6 if v6 else loop.sock
+    old, sent = IPV6_PMTUDISC_DO, False
+    if v6:
+        c[SYSCALLS] += 3
+        try:
+            old = sock.getsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER)
+        except OSError:
+            pass
+        try:
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_WANT)
+        except OSError:
+            pass
+    c[SYSCALLS] += 1
+    c[UDP_SENDS] += 1
+    try:
+        (loop.sendto6 if v6 else loop.sendto)(data, hop)
+        sent = True
+    except OSError:
+        pass
+    if v6:
+        try:
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, old)
+        except OSError:
+            pass
+    if sent:
+        c[UDP_TX_FRAGMENTED] += 1
+    return sent

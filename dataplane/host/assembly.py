@@ -23,14 +23,15 @@ that each caller says it in its own words (the daemon's advice to an operator, f
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
 from ..engine import multi
 from . import netconf, sched
 from .tun import TXQUEUELEN
-from .udpsock import (SOCKET_BUFFER, one_queue_warning, open_queue_sockets, path_mtu_options,
-                      steering_refusal)
+from .udpsock import (SOCKET_BUFFER, one_queue_warning, open_queue_sockets, path_mtu_defaults,
+                      path_mtu_options, steering_refusal)
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,24 @@ def make_engine(cls, tun_fds, socks, *, realtime_priority: int = 0, socks6=(), *
     """Step 4: one ``cls`` engine per (TUN fd, socket) pair behind one MultiEngine, configured
     and not started, each with its queue's IPv6 socket when ``socks6`` has them; ``settings``
     are multi.create's (tun_addr, mtu, offloads, accept_any, icmp_rate, icmp_burst,
-    coalesce_us, trace, batch); the IPv6 sockets get path_mtu_options. A ``realtime_priority`` is not probed here: the loop threads
-    try it as they start (host/sched.py), callers probe it first."""
+    coalesce_us, trace, batch); the IPv6 sockets get path_mtu_options, all or none, and the
+    IPv4 ones the kernel's defaults (a daemon killed inside a probe may have handed them over
+    switched). A ``realtime_priority`` is not probed here: the loop threads try it as they
+    start (host/sched.py), callers probe it first."""
+    try:
+        for s in socks:
+            path_mtu_defaults(s)
+    except OSError as e:
+        log.warning("The IPv4 underlay's sockets cannot be put back to the kernel's path MTU "
+                    "defaults (%s): the pods' IPv6 to IPv4 peers may be dropped, not fragmented, "
+                    "where the path is narrow", e)
     try:
         for s in socks6:
             path_mtu_options(s)
     except OSError as e:
+        for s in socks6:
+            with contextlib.suppress(OSError):
+                path_mtu_defaults(s)
         log.warning("The IPv6 underlay's sockets cannot refuse to fragment (%s): the kernel cuts "
                     "the pods' IPv6 into fragments where the path to a peer is narrower than "
                     "this host's interface", e)

@@ -264,6 +264,8 @@ def open_queue_sockets(ip: str, port: int, queues: int, **kw) -> tuple[list[sock
 
 
 IPV6_MTU_DISCOVER, IPV6_RECVERR, IPV6_PMTUDISC_DO = 23, 25, 2      # <linux/in6.h>
+IP_MTU_DISCOVER, IP_RECVERR = 10, 11                               # <linux/in.h>
+PMTUDISC_WANT = 1                # IP_ and IPV6_: the default, fragmenting where it must
 
 
 def path_mtu_options(sock: socket.socket) -> None:
@@ -276,6 +278,18 @@ def path_mtu_options(sock: socket.socket) -> None:
                            ("IPV6_MTU_DISCOVER", IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)):
         _call(f"setsockopt(IPPROTO_IPV6, {name}, {val})", sock.setsockopt,
               socket.IPPROTO_IPV6, opt, val)
+
+
+def path_mtu_defaults(sock: socket.socket) -> None:
+    """A UDP socket back to the kernel's defaults on the path MTU (PMTUDISC_WANT, no RECVERR):
+    the IPv4 underlay's, which the engines switch for a probe's send alone (csrc/pmtu.c) and a
+    daemon killed inside that window hands over switched; or IPv6 ones path_mtu_options could
+    not finish. SocketCallError where the host refuses either."""
+    level, recverr, discover = ((socket.IPPROTO_IPV6, IPV6_RECVERR, IPV6_MTU_DISCOVER)
+                                if sock.family == socket.AF_INET6 else
+                                (socket.IPPROTO_IP, IP_RECVERR, IP_MTU_DISCOVER))
+    for name, opt, val in (("RECVERR", recverr, 0), ("MTU_DISCOVER", discover, PMTUDISC_WANT)):
+        _call(f"setsockopt({name}, {val})", sock.setsockopt, level, opt, val)
 
 
 def steering_refusal() -> SocketCallError | None:
