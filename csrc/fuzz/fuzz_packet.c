@@ -1,6 +1,10 @@
 /*
  * fuzz_packet.c - libFuzzer target for both directions of the packet path.
  *
+ * (Over 600 lines as one piece: the input's layout, the oracles and the
+ * model of the rate limit must read the same bytes the same way, so they
+ * live in one file; what the fuzzers share is fuzz.h.)
+ *
  * It links the I/O-free core (path.c, packet.c, packet6.c, routes.c,
  * local.c, trace.c, gro.c; not loop.c, tx.c or rx.c) and plays arbitrary
  * bytes as a small route table followed by a sequence of packets, each

@@ -1,6 +1,6 @@
 """The flannel-udp daemon: flanneld's udp backend, start to finish.
 
-(Over ~500 lines on purpose: this file is the start order below, the serve loop and the shutdown
+(Over 600 lines, on purpose until the per-family state of issue 45 moves out: this file is the start order below, the serve loop and the shutdown
 steps, read in one place. Each part with a job of its own is a module of daemon/ (its
 __init__.py lists them: the state the reports read, peer changes -> routes, the takeover, the
 start steps), or host/assembly.py for the dataplane; what stays here is what ties them, and the

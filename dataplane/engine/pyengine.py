@@ -1,5 +1,9 @@
 """The pure-Python engine: the oracle of the C engine, and its fallback.
 
+(Over 600 lines as one piece: it is loop.c, tx.c and rx.c as one loop, whose order of
+syscalls, counters and trace events the differential tests compare with the C engine's; the
+per-packet decisions are pypath.py's and the kernel calls pysys.py's.)
+
 It does what csrc/dataplane.h says, in the order it says it, with the same counters (all of
 them but api.SYSCALL_STATS match the C engine exactly for the same input) and the same trace
 events. What happens to a packet is decided in pypath.py, which is csrc/path.c function for

@@ -1,5 +1,8 @@
 """flanneld's masquerade and forward rules, through iptables or nftables, with their lifetime.
 
+(Over 600 lines as one piece: the same rules written for both tools, side by side, so that
+one can be checked against the other; what both families hold is firewall_stack.py's.)
+
 The rules are flanneld v0.28.9's (docs/operating.md#firewall, docs/flannel-compat.md#iptables).
 ``--ip-masq`` (nat table, chain FLANNEL-POSTRTG), for overlay network N and this host's lease
 subnet S::

@@ -1,5 +1,8 @@
 """Simulated hosts: network namespaces joined by veth pairs to a bridge.
 
+(Over 600 lines as one piece: the hosts, the router and the bridge share one set of names and
+one teardown, which must remove all of it also when a test fails; narrow.py builds on it.)
+
 ::
 
       host h0 (netns fu-<pid>-<seq>-h0)      host h1 (netns fu-<pid>-<seq>-h1)   ...
