@@ -527,7 +527,8 @@ class Daemon:
             self.blackhole.tick()
             self.forwarding.check()
             self.own_sources.refresh(engine, subnet, subnet6)
-            status = monitor.check(engine, self.tun_name)
+            status = monitor.check(engine, self.tun_name, on_purpose=lambda: (
+                self.handing_over or self._let_go.is_set() or self.engine is not engine))
             if status is not None:
                 return status
 

@@ -39,10 +39,15 @@ class Monitor:
         self._last_drops: Optional[dict] = None
         self._last_drop_log = clock()
 
-    def check(self, engine, tun_name: str) -> Optional[int]:
-        """The exit status when the daemon must stop, else None (after logging what it saw)."""
+    def check(self, engine, tun_name: str, on_purpose=lambda: False) -> Optional[int]:
+        """The exit status when the daemon must stop, else None (after logging what it saw).
+        ``on_purpose()`` says whether the engine was stopped on purpose (a handover, or a
+        replacement): it is asked after the engine said it ended, because whoever stops an
+        engine on purpose says so first, and the serve loop may have looked before that."""
         ended = engine.ended()
         if ended:
+            if on_purpose():
+                return None
             return self._ended(engine, tun_name, ended)
         try:
             stats = engine.stats()

@@ -71,7 +71,7 @@ def test_handover_loses_nothing(ov, figure):
     out = _across(ov, handover)
     new = got["new"]
     figure(f"{ov.kind}: handover (--handover), 2 queues", out.summary())
-    assert got["rc"] == 0 and new.pid != old.pid
+    assert got["rc"] == 0 and new.pid != old.pid, old.log_text()[-3000:]
     assert "Took over from pid" in new.log_text()
     assert out.tcp_problems() == [], out.details()
     assert out.udp_lost() == {"a->b": 0, "b->a": 0}, out.details()

@@ -114,3 +114,22 @@ def test_own_inner_sources_logged_at_most_every_period_apart_from_bad_sources(ca
     m.check(engine, "flannel0")
     forged = [r.getMessage() for r in caplog.records if "this host's own" in r.getMessage()]
     assert len(forged) == 2 and forged[1].startswith("Dropped 5 datagram(s)")
+
+
+def test_an_engine_stopped_on_purpose_meanwhile_is_no_exit(caplog):
+    """The serve loop looked for a handover before its checks; the handover stopped the engine
+    in between: the flag, read after the engine said it ended, keeps the daemon running."""
+    engine = FakeEngine()
+    m = Monitor()
+    flag = {"handing_over": False}
+
+    def ended():
+        flag["handing_over"] = True          # the handover says so, then stops the engine
+        return {0: Ended("stopped"), 1: Ended("stopped")}
+
+    engine.ended = ended
+    assert m.check(engine, "flannel0", on_purpose=lambda: flag["handing_over"]) is None
+    assert "stopped unexpectedly" not in caplog.text
+    # the same ended engine with no one having stopped it on purpose is an exit
+    assert m.check(engine, "flannel0", on_purpose=lambda: False) == 1
+    assert "stopped unexpectedly" in caplog.text
