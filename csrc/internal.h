@@ -7,6 +7,12 @@
  * directly; the loop's state, for the files that do I/O, is in io.h.
  * Constants that Python must know too (DP_ICMP_TTL, DP_VNET_HDR_LEN, ...)
  * are in dataplane.h, not here.
+ *
+ * One piece over 450 lines: every pure file, and every program under
+ * csrc/fuzz/, includes nearly all of it (the counters, the wire constants,
+ * the route table and the path), so headers split per owner would all be
+ * included together anyway, and one file keeps the private contract in
+ * one reading order.
  */
 #ifndef DP_INTERNAL_H
 #define DP_INTERNAL_H
@@ -157,6 +163,14 @@ enum dp_ipv6 {
     DP_ICMP6_INFO_MIN = 128        /* types below are errors (RFC 4443 2.1) */
 };
 
+/* An address family as a value: the index of the per-family parts (route
+ * tables, peer sets), inner packets' and underlays' alike. */
+enum dp_family {
+    DP_FAM4 = 0,
+    DP_FAM6 = 1,
+    DP_FAMILIES = 2
+};
+
 /* routes.c APIs: an immutable table of both families' routes, built once,
  * then only read. */
 struct dp_routes;
@@ -179,15 +193,14 @@ int dp_routes_build(struct dp_routes **out, const dp_route *routes, uint32_t n,
  * (and frees with the last). Thread-safe. */
 void dp_routes_hold(struct dp_routes *t, uint32_t n);
 void dp_routes_free(struct dp_routes *t);
-/* 1 and *hit filled on a match, 0 on a miss. t may be NULL (empty table). */
-int dp_routes_lookup(const struct dp_routes *t, uint32_t dst, struct dp_route_hit *hit);
-/* The same over the IPv6 routes; dst: 16 bytes, network order. */
-int dp_routes_lookup6(const struct dp_routes *t, const uint8_t *dst, struct dp_route_hit *hit);
-/* 1 if ip is the IPv4 peer of some route of either family (dp_route's
- * peer_ip, or a dp_route6 peer_ip IPv4-mapped). */
-int dp_routes_has_peer(const struct dp_routes *t, uint32_t ip);
-/* 1 if ip (16 bytes) is the IPv6 peer_ip of some dp_route6 (not mapped). */
-int dp_routes_has_peer6(const struct dp_routes *t, const uint8_t *ip);
+/* 1 and *hit filled on a match, 0 on a miss. t may be NULL (empty table).
+ * dst: the inner destination, network order, of f's width (4 or 16 bytes). */
+int dp_routes_lookup(const struct dp_routes *t, enum dp_family f, const uint8_t *dst,
+                     struct dp_route_hit *hit);
+/* 1 if ip (network order, 4 or 16 bytes) is a peer of f's underlay: IPv4,
+ * the peer_ip of some route of either family (dp_route's, or a dp_route6
+ * one IPv4-mapped); IPv6, the peer_ip of some dp_route6 (not mapped). */
+int dp_routes_has_peer(const struct dp_routes *t, enum dp_family f, const uint8_t *ip);
 /* How many distinct IPv6 peers the table has (0: the IPv4 underlay only). */
 uint32_t dp_routes_peers6(const struct dp_routes *t);
 

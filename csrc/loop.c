@@ -24,6 +24,11 @@
  * Everything is allocated in dp_loop_new() (the super-packet buffer and the
  * receive slots again in dp_loop_set_offloads(), before the loop runs); the
  * data path never allocates.
+ *
+ * One piece over 450 lines because the run loop and the public API share
+ * one rule, which thread may touch which field and how a change reaches
+ * the loop (one atomic exchange or store, read at the next pass), and
+ * that rule stays checkable only while both sides of it are in one file.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -14,8 +14,8 @@
  *      dp_path_tun_drop  a TUN read refused before those checks (vnet header)
  *      dp_path_too_big   a packet the IPv6 underlay refused as over its path
  *                        MTU: ICMPv6 packet too big
- *   5. inner_source,     UDP -> TUN: the inner source, local or foreign, of
- *      inner_source6     either family, from a sender of either underlay
+ *   5. inner_source      UDP -> TUN: the inner source, local or foreign, of
+ *                        either family, from a sender of either underlay
  *      udp6              UDP -> TUN for IPv6: checks, link scope, inner
  *                        source, hop limit
  *      udp_path,         UDP -> TUN: truncated, source (of the IPv4 or the
@@ -132,7 +132,7 @@ static enum dp_verdict tun6(struct dp_path *pa, uint8_t *p, uint32_t len,
         dp_path_drop(pa, reason, p, len);
         return DP_V_DROP;
     }
-    if (!dp_routes_lookup6(pa->routes, dp_packet6_dst(p), hit)) {
+    if (!dp_routes_lookup(pa->routes, DP_FAM6, dp_packet6_dst(p), hit)) {
         dp_path_trace(pa, DP_TR_ROUTE_MISS, 0, 0, 0, 0, NULL);
         dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, p, len);
         return icmp_error6(pa, p, len, DP_ICMP6_DEST_UNREACH, 0);
@@ -156,6 +156,7 @@ static enum dp_verdict tun6(struct dp_path *pa, uint8_t *p, uint32_t len,
 enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
                             struct dp_route_hit *hit)
 {
+    uint32_t dst;
     int reason;
 
     dp_path_count_packet(pa, DP_ST_TUN_RX_PACKETS, p, len);
@@ -169,8 +170,9 @@ enum dp_verdict dp_path_tun(struct dp_path *pa, uint8_t *p, uint32_t len,
         dp_path_drop(pa, reason, p, len);
         return DP_V_DROP;
     }
-    if (!dp_routes_lookup(pa->routes, dp_packet_dst(p), hit)) {
-        dp_path_trace(pa, DP_TR_ROUTE_MISS, 0, dp_packet_dst(p), 0, 0, NULL);
+    dst = dp_packet_dst(p);
+    if (!dp_routes_lookup(pa->routes, DP_FAM4, (const uint8_t *)&dst, hit)) {
+        dp_path_trace(pa, DP_TR_ROUTE_MISS, 0, dst, 0, 0, NULL);
         dp_path_drop(pa, DP_ST_DROP_NO_ROUTE, p, len);
         if (!dp_packet_may_unreach(p, len))
             return DP_V_DROP;
@@ -218,50 +220,37 @@ enum dp_verdict dp_path_too_big(struct dp_path *pa, uint8_t *p, uint32_t len,
 
 /* ---- 5. UDP -> TUN ------------------------------------------------------------ */
 
-/* A datagram's outer source: an IPv4 address (src6 NULL) or, from the
- * IPv6 underlay's socket, an IPv6 one. */
+/* A datagram's outer source, from the socket of either underlay. */
 struct dp_sender {
-    uint32_t src;
-    const uint8_t *src6;
+    enum dp_family f;       /* the underlay's */
+    const uint8_t *addr;    /* network order, 4 or 16 bytes */
+    uint32_t src;           /* the trace's addr: the IPv4 source; 0 for an IPv6 one */
 };
 
 /* Whether the route's peer is the sender: same underlay, same address. */
 static inline int sent_by_peer(const struct dp_route_hit *hit, const struct dp_sender *s)
 {
-    if (s->src6)
-        return hit->v6 && !memcmp(hit->peer6, s->src6, DP_IP6_ADDR);
-    return !hit->v6 && hit->peer_ip == s->src;
+    if (s->f == DP_FAM6)
+        return hit->v6 && !memcmp(hit->peer6, s->addr, DP_IP6_ADDR);
+    return !hit->v6 && !memcmp(&hit->peer_ip, s->addr, sizeof(hit->peer_ip));
 }
 
-/* Steps 4 and 5 of dataplane.h on a packet that passed the header checks:
- * 0, or the drop reason. The strict rule asks the route table who owns the
- * inner source, as kernel WireGuard asks its allowed IPs: the sender must
- * be that owner. */
-static int inner_source(const struct dp_path *pa, const uint8_t *p, const struct dp_sender *s)
+/* Steps 4 and 5 of dataplane.h on a packet of family f that passed the
+ * header checks: 0, or the drop reason. Both families alike: local
+ * against that family's own sources, and the strict rule asks that
+ * family's route table who owns the inner source, as kernel WireGuard asks
+ * its allowed IPs: the sender, of either underlay, must be that owner. */
+static int inner_source(const struct dp_path *pa, enum dp_family f, const uint8_t *p,
+                        const struct dp_sender *s)
 {
-    uint32_t inner = dp_packet_src(p);
+    uint32_t src4 = f == DP_FAM4 ? dp_packet_src(p) : 0;
+    const uint8_t *inner = f == DP_FAM6 ? dp_packet6_src(p) : (const uint8_t *)&src4;
     struct dp_route_hit hit;
 
-    if (dp_local_has(pa->local, inner))
+    if (f == DP_FAM6 ? dp_local_has6(pa->local, inner) : dp_local_has(pa->local, src4))
         return DP_ST_DROP_INNER_LOCAL;
     if (__atomic_load_n(&pa->strict_sources, __ATOMIC_RELAXED) &&
-        (!dp_routes_lookup(pa->routes, inner, &hit) || !sent_by_peer(&hit, s)))
-        return DP_ST_DROP_INNER_FOREIGN;
-    return 0;
-}
-
-/* The same for IPv6: local against the IPv6 own sources, and the strict
- * rule's owner found in the IPv6 table, whose peers are of either
- * underlay. */
-static int inner_source6(const struct dp_path *pa, const uint8_t *p, const struct dp_sender *s)
-{
-    const uint8_t *inner = dp_packet6_src(p);
-    struct dp_route_hit hit;
-
-    if (dp_local_has6(pa->local, inner))
-        return DP_ST_DROP_INNER_LOCAL;
-    if (__atomic_load_n(&pa->strict_sources, __ATOMIC_RELAXED) &&
-        (!dp_routes_lookup6(pa->routes, inner, &hit) || !sent_by_peer(&hit, s)))
+        (!dp_routes_lookup(pa->routes, f, inner, &hit) || !sent_by_peer(&hit, s)))
         return DP_ST_DROP_INNER_FOREIGN;
     return 0;
 }
@@ -278,7 +267,7 @@ static int udp6(const struct dp_path *pa, const uint8_t *p, uint32_t len,
         return reason;
     if (dp_packet6_link_scope(p))
         return DP_ST_DROP_SCOPE;
-    if ((reason = inner_source6(pa, p, src)))
+    if ((reason = inner_source(pa, DP_FAM6, p, src)))
         return reason;
     return p[DP_IP6_HOP_OFF] <= 1 ? DP_ST_DROP_TTL : 0;
 }
@@ -296,13 +285,12 @@ static enum dp_verdict udp_path(struct dp_path *pa, uint8_t *p, uint32_t len,
 
     if (truncated)
         reason = DP_ST_DROP_TRUNCATED;
-    else if (!pa->accept_any && !(s->src6 ? dp_routes_has_peer6(pa->routes, s->src6) :
-                                            dp_routes_has_peer(pa->routes, s->src)))
+    else if (!pa->accept_any && !dp_routes_has_peer(pa->routes, s->f, s->addr))
         reason = DP_ST_DROP_BAD_SOURCE;
     else if (is_ipv6(p, len))     /* p may be NULL only when truncated, above */
         reason = udp6(pa, p, len, s);
     else if ((reason = dp_packet_check_udp(p, len)) == 0 &&
-             (reason = inner_source(pa, p, s)) == 0 && p[8] <= 1)
+             (reason = inner_source(pa, DP_FAM4, p, s)) == 0 && p[8] <= 1)
         reason = DP_ST_DROP_TTL;
     if (reason) {
         dp_path_drop(pa, reason, p, len);
@@ -318,7 +306,7 @@ static enum dp_verdict udp_path(struct dp_path *pa, uint8_t *p, uint32_t len,
 enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32_t src,
                             uint32_t sport, uint32_t nmsgs, int truncated)
 {
-    struct dp_sender s = { src, NULL };
+    struct dp_sender s = { DP_FAM4, (const uint8_t *)&src, src };
 
     return udp_path(pa, p, len, &s, sport, nmsgs, truncated);
 }
@@ -328,7 +316,7 @@ enum dp_verdict dp_path_udp(struct dp_path *pa, uint8_t *p, uint32_t len, uint32
 enum dp_verdict dp_path_udp6(struct dp_path *pa, uint8_t *p, uint32_t len, const uint8_t *src6,
                              uint32_t sport, uint32_t nmsgs, int truncated)
 {
-    struct dp_sender s = { 0, src6 };
+    struct dp_sender s = { DP_FAM6, src6, 0 };
 
     return udp_path(pa, p, len, &s, sport, nmsgs, truncated);
 }

@@ -1,7 +1,8 @@
 /*
  * fuzz.h - what every libFuzzer target here shares: the invariant check
  * that aborts (so libFuzzer keeps the input), and a reader that hands out
- * the input as fields, zeros once it runs out (short input = zeros).
+ * the input as fields, zeros once it runs out (short input = zeros); and
+ * the line drivers' way of telling their cases apart.
  */
 #ifndef DP_FUZZ_H
 #define DP_FUZZ_H
@@ -10,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CHECK(cond) do { if (!(cond)) { \
     fprintf(stderr, "invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
@@ -33,6 +35,15 @@ static inline uint32_t fuzz_take(struct reader *r, int bytes)
         }
     }
     return v;
+}
+
+/* The line drivers' (table_*.c) cases: the arguments after `word` if the
+ * line is that case, else NULL. */
+static inline char *fuzz_args_of(char *line, const char *word)
+{
+    size_t n = strlen(word);
+
+    return !strncmp(line, word, n) && (line[n] == ' ' || line[n] == '\n') ? line + n : NULL;
 }
 
 #endif

@@ -1,10 +1,6 @@
 /*
  * fuzz_packet.c - libFuzzer target for both directions of the packet path.
  *
- * (Over 600 lines as one piece: the input's layout, the oracles and the
- * model of the rate limit must read the same bytes the same way, so they
- * live in one file; what the fuzzers share is fuzz.h.)
- *
  * It links the I/O-free core (path.c, packet.c, packet6.c, routes.c,
  * local.c, trace.c, gro.c; not loop.c, tx.c or rx.c) and plays arbitrary
  * bytes as a small route table followed by a sequence of packets, each
@@ -62,13 +58,14 @@
  *   - the rate limit allows exactly what a token bucket written another way
  *     allows: a credit of ns, burst * T when full, growing with the clock,
  *     T = ceil(1e9 / rate) per error (path.c writes it as GCRA).
- *
  *   - TUN GRO (gro.c) over the forwarded UDP-side packets, as rx.c runs
- *     it: a run of >= 2 is one flow of segments of gso_size bytes (the
- *     last may be shorter) within 64 KB, the headers built for it carry
- *     its length (and IPv4's a valid IP checksum), the virtio header its
- *     family's, and its writev's iovecs are those headers and every
- *     payload in order; a run never mixes the families.
+ *     it: check_gro.h.
+ *
+ * The oracles live beside this file, one concern each: oracle_packet.h
+ * (forwarded packets, link scope, ICMP and ICMPv6 errors),
+ * oracle_sources.h (peers, own sources, senders), naive_routes.h (the
+ * longest-prefix scan) and check_gro.h; this file owns the input's layout,
+ * the model of the rate limit and the order of the checks.
  *
  * Each packet is copied into a buffer of exactly its length, so ASan sees
  * any read past its end. Input layout (short input = zeros):
@@ -100,67 +97,15 @@
 #include "internal.h"
 #include "fuzz.h"
 #include "naive_routes.h"
+#include "oracle_packet.h"
+#include "oracle_sources.h"
+#include "check_gro.h"
 
-enum { MAX_ROUTES = 8, MAX_LOCAL = 4, PEER_BASE = 0x7f000010 };   /* peers 127.0.0.16 + i */
+enum { MAX_ROUTES = 8, PEER_BASE = 0x7f000010 };   /* peers 127.0.0.16 + i */
 
 static uint8_t rd8(struct reader *r)
 {
     return (uint8_t)fuzz_take(r, 1);
-}
-
-static uint16_t rd16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-/* RFC 1071 the slow, obvious way: the oracle for packet.c's vector sum. */
-static uint16_t ref_csum(const uint8_t *p, size_t len)
-{
-    uint64_t s = 0;
-    size_t i;
-
-    for (i = 0; i + 1 < len; i += 2)
-        s += rd16(p + i);
-    if (len & 1)
-        s += (uint32_t)p[len - 1] << 8;
-    while (s >> 16)
-        s = (s & 0xffff) + (s >> 16);
-    return (uint16_t)(~s & 0xffff);
-}
-
-static uint16_t csum(const uint8_t *p, size_t len)
-{
-    uint16_t c = dp_packet_csum(p, len);
-
-    CHECK(c == ref_csum(p, len));
-    return c;
-}
-
-static int well_formed(const uint8_t *p, uint32_t len, uint32_t mtu)
-{
-    return len >= 20 && len <= mtu && (p[0] >> 4) == 4 && (p[0] & 15) >= 5 &&
-           (uint32_t)(p[0] & 15) * 4 <= len && rd16(p + 2) == len;
-}
-
-static int well_formed6(const uint8_t *p, uint32_t len, uint32_t mtu)
-{
-    return len >= 40 && len <= mtu && (p[0] >> 4) == 6 && (uint32_t)rd16(p + 4) + 40 == len;
-}
-
-/* dataplane.h's link scope, read the long way round. */
-static int naive_scope6(const uint8_t *p)
-{
-    static const uint8_t zero[16];
-    const uint8_t *src = p + 8, *dst = p + 24;
-    unsigned src10 = (unsigned)src[0] << 2 | src[1] >> 6, dst10 = (unsigned)dst[0] << 2 | dst[1] >> 6;
-
-    return src10 == 0x3fa || dst10 == 0x3fa || memcmp(dst, zero, 16) == 0 ||
-           (dst[0] == 0xff && (dst[1] & 15) < 3);
-}
-
-static int later_fragment(const uint8_t *p)
-{
-    return (rd16(p + 6) & 0x1fff) != 0;
 }
 
 static uint64_t drops(const dp_stats *s)
@@ -171,75 +116,10 @@ static uint64_t drops(const dp_stats *s)
            s->drop_too_big;
 }
 
-/* The IPv4 underlay's peers: every dp_route's, and the IPv4-mapped ones. */
-static int naive_has_peer(const dp_route *rt, const dp_route6 *rt6, uint32_t n, uint32_t ip)
-{
-    uint32_t i;
-
-    for (i = 0; i < n; i++)
-        if (rt[i].peer_ip == ip ||
-            (!memcmp(rt6[i].peer_ip, naive_mapped, 12) && !memcmp(rt6[i].peer_ip + 12, &ip, 4)))
-            return 1;
-    return 0;
-}
-
-/* The IPv6 underlay's: the dp_route6 peers that are not IPv4-mapped. */
-static int naive_has_peer6(const dp_route6 *rt6, uint32_t n, const uint8_t *ip6)
-{
-    uint32_t i;
-
-    for (i = 0; i < n; i++)
-        if (memcmp(rt6[i].peer_ip, naive_mapped, 12) && !memcmp(rt6[i].peer_ip, ip6, 16))
-            return 1;
-    return 0;
-}
-
-/* Whether the route's peer sent the datagram: the same underlay and address. */
-static int naive_sent_by(const struct dp_route_hit *h, uint32_t src, const uint8_t *src6)
-{
-    return src6 ? h->v6 && !memcmp(h->peer6, src6, 16) : !h->v6 && h->peer_ip == src;
-}
-
 static int same_hit(const struct dp_route_hit *a, const struct dp_route_hit *b)
 {
     return a->peer_ip == b->peer_ip && a->port == b->port && a->prefixlen == b->prefixlen &&
            a->mtu == b->mtu && a->v6 == b->v6 && !memcmp(a->peer6, b->peer6, 16);
-}
-
-/* The own sources of the input, kept as read: the oracle of local.c. */
-struct own {
-    int on;
-    uint32_t net, prefixlen, n, addrs[MAX_LOCAL];
-    uint8_t net6[16], addrs6[MAX_LOCAL][16];
-    uint32_t prefixlen6;
-};
-
-static int naive_local(const struct own *o, uint32_t ip)
-{
-    uint32_t i, m = o->prefixlen ? htonl(0xffffffffu << (32 - o->prefixlen)) : 0;
-
-    if (!o->on)
-        return 0;
-    if (o->prefixlen && (ip & m) == o->net)
-        return 1;
-    for (i = 0; i < o->n; i++)
-        if (o->addrs[i] == ip)
-            return 1;
-    return 0;
-}
-
-static int naive_local6(const struct own *o, const uint8_t *ip)
-{
-    uint32_t i;
-
-    if (!o->on)
-        return 0;
-    if (o->prefixlen6 && naive_match6(ip, o->net6, o->prefixlen6))
-        return 1;
-    for (i = 0; i < o->n; i++)
-        if (memcmp(o->addrs6[i], ip, 16) == 0)
-            return 1;
-    return 0;
 }
 
 /* ::a.b.c.d (a network-order uint32) into 16 bytes at byte `at` of zeros. */
@@ -247,115 +127,6 @@ static void embed(uint8_t *out, uint32_t v4, int at)
 {
     memset(out, 0, 16);
     memcpy(out + at, &v4, 4);
-}
-
-/* A forwarded IPv6 packet: only the hop limit, by - 1. */
-static void check_forwarded6(const uint8_t *in, const uint8_t *out, uint32_t len, uint32_t mtu)
-{
-    CHECK(well_formed6(out, len, mtu) && !naive_scope6(in));
-    CHECK(in[7] >= 2 && out[7] == in[7] - 1);
-    CHECK(memcmp(in, out, 7) == 0 && memcmp(in + 8, out + 8, len - 8) == 0);
-}
-
-/* A forwarded packet: only TTL - 1 and the checksum changed, and a valid
- * checksum stayed valid. */
-static void check_forwarded(const uint8_t *in, const uint8_t *out, uint32_t len, uint32_t mtu)
-{
-    uint32_t hl = (uint32_t)(in[0] & 15) * 4;
-
-    CHECK(well_formed(out, len, mtu));
-    CHECK(in[8] >= 2 && out[8] == in[8] - 1);
-    CHECK(memcmp(in, out, 8) == 0 && in[9] == out[9]);
-    CHECK(memcmp(in + 12, out + 12, len - 12) == 0);
-    if (csum(in, hl) == 0)
-        CHECK(csum(out, hl) == 0);
-}
-
-/* RFC 4443 2.4 e as dataplane.h words it, walked the long way: may an
- * ICMPv6 error be sent about this well-formed packet? */
-static int naive_may_error6(const uint8_t *p, uint32_t len)
-{
-    static const uint8_t zero[16];
-    uint32_t off = 40, hops = 0;
-    uint8_t nh = p[6];
-
-    if (p[24] == 0xff || p[8] == 0xff || memcmp(p + 8, zero, 16) == 0)
-        return 0;
-    for (;;) {
-        uint32_t size;
-
-        if (nh == 0 || nh == 43 || nh == 60 || nh == 135 || nh == 139 || nh == 140)
-            size = 8u * (1u + (off + 1 < len ? p[off + 1] : 0));
-        else if (nh == 51)
-            size = 4u * (2u + (off + 1 < len ? p[off + 1] : 0));
-        else if (nh == 44)
-            size = 8;
-        else
-            break;
-        if (++hops > 8 || off + 8 > len)
-            return 0;
-        if (nh == 44 && ((p[off + 2] << 5) | (p[off + 3] >> 3)) != 0)
-            return 0;
-        nh = p[off];
-        off += size;
-    }
-    if (off > len || nh == 50)
-        return 0;
-    if (nh == 58)
-        return off < len && p[off] >= 128;
-    return 1;
-}
-
-/* mtu: the route's, for packet too big (type 2); 0 for the others. */
-static void check_icmp6(const struct dp_path *pa, const uint8_t *off, uint32_t len,
-                        uint32_t mtu)
-{
-    const uint8_t *e = pa->icmp;
-    uint32_t q = len < 1232 ? len : 1232, n = pa->icmp_len;
-    uint8_t *sum = malloc(n);
-
-    CHECK(sum);
-    CHECK(n == 48 + q && n <= 1280 && well_formed6(e, n, 1280));
-    CHECK(e[0] == 0x60 && e[1] == 0 && e[2] == 0 && e[3] == 0 && e[6] == 58 && e[7] == 64);
-    CHECK(memcmp(e + 8, pa->tun_addr6, 16) == 0 && memcmp(e + 24, off + 8, 16) == 0);
-    CHECK((e[40] == 1 || e[40] == 2 || e[40] == 3) && e[41] == 0);
-    CHECK(((uint32_t)rd16(e + 44) << 16 | rd16(e + 46)) == (e[40] == 2 ? mtu : 0));
-    CHECK(e[40] != 2 || (mtu && len > mtu));
-    CHECK(memcmp(e + 48, off, q) == 0);
-    /* The pseudo-header (addresses, length, 3 zeros, 58) in the place of
-     * the IPv6 header: the sum over it and the message must be 0. */
-    memcpy(sum, e + 8, 32);
-    sum[32] = sum[33] = 0;
-    sum[34] = (uint8_t)((n - 40) >> 8);
-    sum[35] = (uint8_t)(n - 40);
-    sum[36] = sum[37] = sum[38] = 0;
-    sum[39] = 58;
-    memcpy(sum + 40, e + 40, n - 40);
-    CHECK(ref_csum(sum, n) == 0);
-    free(sum);
-    CHECK(naive_may_error6(off, len));
-}
-
-static void check_icmp(const struct dp_path *pa, const uint8_t *off, uint32_t len)
-{
-    const uint8_t *e = pa->icmp;
-    uint32_t hl = (uint32_t)(off[0] & 15) * 4;
-    uint32_t q = hl + 8 < len ? hl + 8 : len;
-
-    CHECK(pa->icmp_len == 28 + q && pa->icmp_len <= DP_ICMP_ERR_MAX);
-    CHECK(pa->icmp_len <= 576);                        /* RFC 1812 4.3.2.3 */
-    CHECK(well_formed(e, pa->icmp_len, 65535) && e[0] == 0x45);
-    CHECK(csum(e, 20) == 0 && csum(e + 20, pa->icmp_len - 20) == 0);
-    CHECK(e[8] == 64 && e[9] == 1 && !later_fragment(e));
-    CHECK(memcmp(e + 12, &pa->tun_addr, 4) == 0 && memcmp(e + 16, off + 12, 4) == 0);
-    CHECK(e[20] == 3 || e[20] == 11);
-    CHECK(memcmp(e + 28, off, q) == 0);
-    CHECK(!later_fragment(off));
-    if (off[9] == 1) {
-        CHECK(e[20] == 11);                            /* never unreachable about ICMP */
-        CHECK(len <= hl || (off[hl] != 3 && off[hl] != 4 && off[hl] != 5 &&
-                            off[hl] != 11 && off[hl] != 12));
-    }
 }
 
 /* Peer i is 127.0.0.16 + i, but 7 and 15 are 0.0.0.0: the address of
@@ -380,87 +151,7 @@ static void bucket(uint64_t *credit, uint64_t *last, uint64_t now, uint64_t inte
 }
 
 static struct dp_path path;     /* static: the trace ring is large */
-
-/* TUN GRO (gro.c) over the forwarded UDP-side packets, as rx.c drives it:
- * join the run, else flush it and maybe start a new one. The run's packets
- * are copies of exactly their length (ASan sees any read past them), owned
- * here until the flush. A flushed run must describe a GSO packet whose
- * segments are these packets. */
-static struct dp_gro gro;
-static uint8_t *gro_own[DP_GRO_SEGS_MAX];
-
-static void gro_flush(void)
-{
-    uint8_t vnet[DP_VNET_HDR_LEN], hdr[DP_GRO_HDR_MAX];
-    struct iovec iov[DP_GRO_SEGS_MAX + 2];
-    uint32_t i, n, total, ip = gro.iphl;
-    /* Where the addresses are, and the family's TCP GSO type. */
-    uint32_t addr = ip == 40 ? 8 : 12, addr_len = ip == 40 ? 32 : 8;
-    uint16_t v[4];
-
-    for (i = 0; i < gro.n; i++)   /* one family: IPv4 ihl 5, or IPv6 with TCP/UDP next */
-        CHECK(ip == 20 ? gro.seg[i][0] == 0x45 && gro.seg[i][9] == gro.proto
-                       : ip == 40 && gro.seg[i][0] >> 4 == 6 && gro.seg[i][6] == gro.proto);
-    if (gro.n > 1) {
-        CHECK(gro.n <= DP_GRO_SEGS_MAX && gro.hdr_len <= DP_GRO_HDR_MAX);
-        total = gro.hdr_len;
-        for (i = 0; i < gro.n; i++) {
-            uint32_t pl = gro.len[i] - gro.hdr_len;
-
-            CHECK(gro.len[i] > gro.hdr_len && pl <= gro.gso_size);
-            CHECK(pl == gro.gso_size || i == gro.n - 1);
-            CHECK(memcmp(gro.seg[i] + addr, gro.seg[0] + addr, addr_len) == 0);   /* one flow */
-            total += pl;
-        }
-        CHECK(total == gro.total && total <= DP_GRO_BYTES_MAX);
-        dp_gro_headers(&gro, vnet, hdr);
-        /* The writev rx.c makes: the headers, then every payload in order,
-         * the coalesced packet's length in all. */
-        CHECK(dp_gro_iov(&gro, vnet, hdr, iov) == gro.n + 2);
-        CHECK(iov[0].iov_base == vnet && iov[0].iov_len == DP_VNET_HDR_LEN &&
-              iov[1].iov_base == hdr && iov[1].iov_len == gro.hdr_len);
-        for (i = 0, n = gro.hdr_len; i < gro.n; i++) {
-            CHECK(iov[i + 2].iov_base == gro.seg[i] + gro.hdr_len);
-            n += (uint32_t)iov[i + 2].iov_len;
-        }
-        CHECK(n == gro.total);
-        memcpy(v, vnet + 2, sizeof(v));
-        if (gro.proto == 6) {   /* TCPV4 or TCPV6 */
-            CHECK(vnet[0] == 1 && vnet[1] == (ip == 40 ? 4 : 1) && v[0] == gro.hdr_len &&
-                  v[1] == gro.gso_size && v[2] == ip && v[3] == 16);
-        } else {   /* UDP runs: VIRTIO_NET_HDR_GSO_UDP_L4, the run's UDP length */
-            CHECK(gro.udp && gro.proto == 17 && gro.hdr_len == ip + 8);
-            CHECK(vnet[0] == 1 && vnet[1] == 5 && v[0] == ip + 8 && v[1] == gro.gso_size &&
-                  v[2] == ip && v[3] == 6 && rd16(hdr + ip + 4) == total - ip);
-            for (i = 0; i < gro.n; i++)   /* one flow: the same ports */
-                CHECK(memcmp(gro.seg[i] + ip, gro.seg[0] + ip, 4) == 0);
-        }
-        if (ip == 40)
-            CHECK(rd16(hdr + 4) == total - 40);
-        else
-            CHECK(rd16(hdr + 2) == total && csum(hdr, 20) == 0);
-    }
-    for (i = 0; i < gro.n; i++)
-        free(gro_own[i]);
-    dp_gro_reset(&gro);
-}
-
-static void gro_add(const uint8_t *pkt, uint32_t len)
-{
-    uint8_t *c = malloc(len ? len : 1);
-
-    CHECK(c);
-    memcpy(c, pkt, len);
-    if (dp_gro_join(&gro, c, len)) {
-        gro_own[gro.n - 1] = c;
-        return;
-    }
-    gro_flush();
-    if (dp_gro_start(&gro, c, len))
-        gro_own[0] = c;
-    else
-        free(c);
-}
+static struct gro_check gro;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -490,7 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dp_path_init(&path, tun_addr, flags & 1);
     if (!(nbyte & 0x80))
         memcpy(path.tun_addr6, tun_addr6, 16);
-    gro.udp = (flags & 0x20) != 0;
+    gro.gro.udp = (flags & 0x20) != 0;
     CHECK(dp_path_set_icmp_limit(&path, rate, burst) == 0);
     CHECK(dp_path_set_icmp_limit(&path, 5, 0) == -EINVAL);   /* and unchanged */
     if (flags & 2)
@@ -593,6 +284,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else {
             uint32_t s = ctl >> 4, src = 0;            /* 8-14: the IPv6 underlay */
             uint8_t src6_buf[16], *src6 = NULL;
+            int step4;
 
             if (s >= 8 && s < 15) {
                 embed(src6_buf, peer_addr(s - 8), 12);
@@ -604,41 +296,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 v = dp_path_udp(&path, pkt, len, src, 4000, 1, ctl & 2);
             }
             if (v == DP_V_FORWARD) {
-                CHECK(!(ctl & 2));
-                CHECK(path.accept_any || (src6 ? naive_has_peer6(rt6, nroutes, src6) :
-                                                 naive_has_peer(rt, rt6, nroutes, src)));
-            }
-            if (v == DP_V_FORWARD && !v6) {
-                CHECK(!naive_local(&own, dp_packet_src(orig)));
+                CHECK(!(ctl & 2) && !naive_own_source(&own, orig, v6));
+                CHECK(path.accept_any || naive_peer(rt, rt6, nroutes, src, src6));
                 if (path.strict_sources)
-                    CHECK(naive_lookup4(rt, nroutes, dp_packet_src(orig), &naive) &&
-                          naive_sent_by(&naive, src, src6));
+                    CHECK(naive_owner_sent(rt, rt6, nroutes, orig, v6, src, src6));
             }
-            if (v == DP_V_FORWARD && v6) {
-                CHECK(!naive_local6(&own, orig + 8));
-                if (path.strict_sources)
-                    CHECK(naive_lookup6(rt6, nroutes, orig + 8, &naive) &&
-                          naive_sent_by(&naive, src, src6));
-            }
+            /* Steps 4 and 5 see only what passed the header checks. */
+            step4 = v6 ? well_formed6(orig, len, mtu) && !naive_scope6(orig)
+                       : well_formed(orig, len, mtu);
             if (path.c.s.drop_inner_local != before.drop_inner_local)
-                CHECK(v6 ? well_formed6(orig, len, mtu) && !naive_scope6(orig) &&
-                           naive_local6(&own, orig + 8)
-                         : well_formed(orig, len, mtu) && naive_local(&own, dp_packet_src(orig)));
-            if (path.c.s.drop_inner_foreign != before.drop_inner_foreign && !v6)
-                CHECK(path.strict_sources && well_formed(orig, len, mtu) &&
-                      !naive_local(&own, dp_packet_src(orig)) &&
-                      !(naive_lookup4(rt, nroutes, dp_packet_src(orig), &naive) &&
-                        naive_sent_by(&naive, src, src6)));
-            if (path.c.s.drop_inner_foreign != before.drop_inner_foreign && v6)
-                CHECK(path.strict_sources && well_formed6(orig, len, mtu) &&
-                      !naive_scope6(orig) && !naive_local6(&own, orig + 8) &&
-                      !(naive_lookup6(rt6, nroutes, orig + 8, &naive) &&
-                        naive_sent_by(&naive, src, src6)));
+                CHECK(step4 && naive_own_source(&own, orig, v6));
+            if (path.c.s.drop_inner_foreign != before.drop_inner_foreign)
+                CHECK(path.strict_sources && step4 && !naive_own_source(&own, orig, v6) &&
+                      !naive_owner_sent(rt, rt6, nroutes, orig, v6, src, src6));
             if (path.c.s.drop_not_ipv4 != before.drop_not_ipv4)
                 CHECK(len >= 1 && (orig[0] >> 4) != 4 && !v6);
-            if (!(ctl & 2) && !path.accept_any &&
-                !(src6 ? naive_has_peer6(rt6, nroutes, src6) :
-                         naive_has_peer(rt, rt6, nroutes, src)))
+            if (!(ctl & 2) && !path.accept_any && !naive_peer(rt, rt6, nroutes, src, src6))
                 CHECK(path.c.s.drop_bad_source == before.drop_bad_source + 1);
         }
         memcpy(&after, &path.c.s, sizeof(after));
@@ -714,7 +387,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 check_icmp(&path, orig, len);
             dp_path_icmp_written(&path, err);
         } else if (v == DP_V_FORWARD && udp) {
-            gro_add(pkt, len);
+            gro_add(&gro, pkt, len);
             dp_path_tun_written(&path, pkt, len, err);
         }
         if (v == DP_V_ICMP || (v == DP_V_FORWARD && udp)) {
@@ -762,7 +435,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(orig);
     }
 
-    gro_flush();
+    gro_flush(&gro);
     if (flags & 2) {
         static dp_trace_event ev[DP_TRACE_RING];
         int n = dp_trace_read(&path.trace, 0, ev, DP_TRACE_RING);

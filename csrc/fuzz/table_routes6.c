@@ -131,7 +131,7 @@ static int lookup(char *args)
         printf("%d\n", rc);
         return 1;
     }
-    found = dp_routes_lookup6(t, dst, &hit);
+    found = dp_routes_lookup(t, DP_FAM6, dst, &hit);
     CHECK(found == naive_lookup6(rt, n, dst, &naive));
     CHECK(!found || !memcmp(&hit, &naive, sizeof(hit)));
     print_hit(found, &hit);
@@ -158,7 +158,7 @@ static int build(const char *args)
     CHECK((rc == 0) == (t != NULL));
     /* A peer of the IPv6 underlay is one of its peers, and only there. */
     if (!rc && memcmp(r.peer_ip, naive_mapped, sizeof(naive_mapped)))
-        CHECK(dp_routes_peers6(t) == 1 && dp_routes_has_peer6(t, r.peer_ip));
+        CHECK(dp_routes_peers6(t) == 1 && dp_routes_has_peer(t, DP_FAM6, r.peer_ip));
     printf("%d\n", rc);
     dp_routes_free(t);
     return 1;
@@ -232,7 +232,7 @@ static int random_case(const char *args)
     unsigned long long seed;
     unsigned tables, k;
     uint64_t hits = 0, misses = 0;
-    uint32_t i, n6, n4, lens[4];
+    uint32_t i, n6, n4, lens[4], stranger;
 
     if (sscanf(args, "%llu %u", &seed, &tables) != 2)
         return 0;
@@ -279,7 +279,7 @@ static int random_case(const char *args)
             int found;
 
             near((const uint8_t (*)[16])base, 4, dst);
-            found = dp_routes_lookup6(t, dst, &hit);
+            found = dp_routes_lookup(t, DP_FAM6, dst, &hit);
             CHECK(found == naive_lookup6(rt6, n6, dst, &naive));
             CHECK(!found || !memcmp(&hit, &naive, sizeof(hit)));
             if (found)
@@ -294,9 +294,9 @@ static int random_case(const char *args)
             uint32_t d = rt4[i].net | ((uint32_t)next() & ~m);
             struct dp_route_hit h4;
 
-            CHECK(dp_routes_lookup(t, d, &h4) && naive_lookup4(rt4, n4, d, &naive) &&
-                  !memcmp(&h4, &naive, sizeof(h4)));
-            CHECK(dp_routes_has_peer(t, rt4[i].peer_ip));
+            CHECK(dp_routes_lookup(t, DP_FAM4, (const uint8_t *)&d, &h4) &&
+                  naive_lookup4(rt4, n4, d, &naive) && !memcmp(&h4, &naive, sizeof(h4)));
+            CHECK(dp_routes_has_peer(t, DP_FAM4, (const uint8_t *)&rt4[i].peer_ip));
         }
         for (i = 0; i < n6; i++) {
             uint32_t ip;
@@ -304,22 +304,17 @@ static int random_case(const char *args)
 
             memcpy(&ip, rt6[i].peer_ip + 12, 4);
             /* Each underlay's peers in its own set, and no other. */
-            CHECK(v6 ? dp_routes_has_peer6(t, rt6[i].peer_ip) && !dp_routes_has_peer(t, ip) :
-                       dp_routes_has_peer(t, ip) && !dp_routes_has_peer6(t, rt6[i].peer_ip));
+            CHECK(dp_routes_has_peer(t, v6 ? DP_FAM6 : DP_FAM4,
+                                     v6 ? rt6[i].peer_ip : (const uint8_t *)&ip) &&
+                  !dp_routes_has_peer(t, v6 ? DP_FAM4 : DP_FAM6,
+                                      v6 ? (const uint8_t *)&ip : rt6[i].peer_ip));
         }
-        CHECK(!dp_routes_has_peer(t, htonl(0x7f000030u)));
+        stranger = htonl(0x7f000030u);
+        CHECK(!dp_routes_has_peer(t, DP_FAM4, (const uint8_t *)&stranger));
         dp_routes_free(t);
     }
     printf("ok %llu %llu\n", (unsigned long long)hits, (unsigned long long)misses);
     return 1;
-}
-
-/* The arguments after `word` if the line is that case, else NULL. */
-static char *args_of(char *line, const char *word)
-{
-    size_t n = strlen(word);
-
-    return !strncmp(line, word, n) && (line[n] == ' ' || line[n] == '\n') ? line + n : NULL;
 }
 
 int main(void)
@@ -329,13 +324,13 @@ int main(void)
     while (fgets(line, sizeof(line), stdin)) {
         int answered = 0;
 
-        if ((a = args_of(line, "lookup")))
+        if ((a = fuzz_args_of(line, "lookup")))
             answered = lookup(a);
-        else if ((a = args_of(line, "build")))
+        else if ((a = fuzz_args_of(line, "build")))
             answered = build(a);
-        else if ((a = args_of(line, "local")))
+        else if ((a = fuzz_args_of(line, "local")))
             answered = local(a);
-        else if ((a = args_of(line, "random")))
+        else if ((a = fuzz_args_of(line, "random")))
             answered = random_case(a);
         if (!answered)
             printf("?\n");     /* one line per case, whatever it was */

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "fuzz.h"
 
 static void plan(char *args)
 {
@@ -84,26 +85,18 @@ static void read_case(const char *args)
     free(slot);
 }
 
-/* The arguments after `word` if the line is that case, else NULL. */
-static char *args_of(char *line, const char *word)
-{
-    size_t n = strlen(word);
-
-    return !strncmp(line, word, n) && (line[n] == ' ' || line[n] == '\n') ? line + n : NULL;
-}
-
 int main(void)
 {
     char line[8192], *a;
 
     while (fgets(line, sizeof(line), stdin)) {
-        if ((a = args_of(line, "plan")))
+        if ((a = fuzz_args_of(line, "plan")))
             plan(a);
-        else if ((a = args_of(line, "cut")))
+        else if ((a = fuzz_args_of(line, "cut")))
             cut(a);
-        else if ((a = args_of(line, "slot")))
+        else if ((a = fuzz_args_of(line, "slot")))
             slot(a);
-        else if ((a = args_of(line, "read")))
+        else if ((a = fuzz_args_of(line, "read")))
             read_case(a);
         else
             printf("?\n");

@@ -1,7 +1,7 @@
 """The IPv6 part of the C route table and own sources, case by case and at random.
 
 csrc/fuzz/table_routes6.c answers one case per line: a lookup in a table of
-IPv6 routes (routes.c's dp_routes_lookup6, checked there against a naive
+IPv6 routes (routes.c's dp_routes_lookup of DP_FAM6, checked against a naive
 longest-prefix scan too), a table's validation (dp_routes_build), an own
 source (local.c's dp_local_has6), and random tables of both families
 against the naive scans. Each row below is a rule of csrc/dataplane.h

@@ -112,7 +112,6 @@ WITHOUT = {
     "inner_source": "written out in path_udp (pypath.py says why)",
     "is_ipv6": "written out in path_tun and path_udp: their IPv6 branch",
     "tun6": "written out in path_tun's IPv6 branch",
-    "inner_source6": "written out in path_udp's IPv6 branch",
     "udp6": "written out in path_udp's IPv6 branch",
     "path_tun_written": "the caller counts the TUN write it makes (pypath.py says why)",
     "sent_by_peer": "written out in path_udp's strict rule: a name compare",
