@@ -212,5 +212,6 @@ def _ipv6_only(routes) -> tuple:
 
 
 def _engine(routes) -> tuple:
-    """The engine's routes of control's (control/routes.py PeerRoute)."""
-    return tuple(Route.make(*route) for route in routes)
+    """The engine's routes of control's (control/routes.py PeerRoute, typed already: the
+    table checks them as it is built)."""
+    return tuple(Route(*route) for route in routes)

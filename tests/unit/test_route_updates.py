@@ -29,7 +29,7 @@ def route(i: int, peer: int, port: int = 8285, plen: int = 24, v6: bool = False)
 
 def engine_routes(routes) -> list:
     """The engine's routes of control's, as the daemon makes them (daemon/peer_routes.py)."""
-    return [Route.make(*r) for r in routes]
+    return [Route(*r) for r in routes]
 
 
 def same(table, routes) -> None:
