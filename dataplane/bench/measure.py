@@ -1,5 +1,8 @@
 """One measurement at a time: UDP trials, the NDR/PDR searches, TCP, latency, cost.
 
+(Over 450 lines as one piece: every measurement runs the same generator, sink and bounds, and
+the searches are built of the trials, so they change together.)
+
 Every trial runs the C generator on host A (CPU0) towards the C sink on host
 B (CPU1), from 10.5.1.1 to 10.5.2.1 (with ``family=6``, an inner-IPv6 path's,
 from fc00:5:0:1::1 to fc00:5:0:2::1), over whatever path is set up. Every

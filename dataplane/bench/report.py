@@ -1,5 +1,8 @@
 """Results: rows, ratios, the table, the JSON and the plot.
 
+(Over 450 lines as one piece: the table, the JSON and the plot read the same rows and ratios by
+the same keys, defined once at its top.)
+
 ``rows`` has, per path, one row per UDP payload size (64, 1400) and one row
 with ``"size": null`` for what is not a UDP size (TCP, idle latency). Every
 figure is the median over the trials; ``detail`` (written to results.json, not

@@ -1,6 +1,9 @@
 /*
  * udpgen.c - the benchmark's traffic generator, sink and latency probe.
  *
+ * (Over 450 lines as one piece: the four modes share the datagram's layout,
+ * the option parser and the bounds in count and time, and ship as one binary.)
+ *
  * One binary, four modes, each bounded in count and in time:
  *
  *   send  paced (or flood) UDP with sendmmsg() to one destination; every

@@ -1,5 +1,8 @@
 """flanneld-compatible command-line flags for `flannel-udp run`.
 
+(Over 450 lines as one piece: the table of flags is the one source of the parser, the help,
+the environment variables and the checks of every value, which must agree flag by flag.)
+
 An operator's flanneld command line must work unchanged, so this module
 reads argv as Go's ``flag`` package does (flanneld v0.20.2 uses it):
 

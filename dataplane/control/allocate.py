@@ -101,17 +101,20 @@ def ipv6_part(config: NetworkConfig, leases: list[Lease], want: Optional[IPv6Net
     return pick_ipv6(config, leases, also_taken, rng)
 
 
-def pick_pair(config: NetworkConfig, leases: list[Lease], lost: Iterable[IPv4Network],
-              lost6: Iterable[IPv6Network], rng: random.Random
+def pick_pair(config: NetworkConfig, leases: list[Lease],
+              lost: "Iterable[IPv4Network | IPv6Network]", rng: random.Random
               ) -> tuple[IPv4Network, Optional[IPv6Network]]:
-    """A new lease's subnet and (with EnableIPv6) IPv6 part, each picked on its own; `lost` and
-    `lost6` are taken too (creation races lost since `leases` was read)."""
+    """A new lease's subnet and (with EnableIPv6) IPv6 part, each picked on its own; the parts
+    of either family in `lost` are taken too (creation races lost since `leases` was read)."""
     log.info("Picking subnet in range %s ... %s", config.subnet_min, config.subnet_max)
     if config.enable_ipv6:
         log.info("Picking ipv6 subnet in range %s ... %s", config.ipv6_subnet_min,
                  config.ipv6_subnet_max)
-    sn = pick_ipv4(config, leases, lost, rng)
-    return sn, pick_ipv6(config, leases, lost6, rng) if config.enable_ipv6 else None
+    lost = list(lost)
+    sn = pick_ipv4(config, leases, [p for p in lost if p.version == 4], rng)
+    if not config.enable_ipv6:
+        return sn, None
+    return sn, pick_ipv6(config, leases, [p for p in lost if p.version == 6], rng)
 
 
 def other_holder(leases: list[Lease], public_ip: IPv4Address, subnet: IPv4Network,

@@ -112,11 +112,8 @@ class DirectRouting:
         last split gave (what its table holds now)."""
         if not self.enabled:
             return Split(change)
-        route, unroute = _follow(self.direct, self.why_not, change.removed, change.added,
-                                 lambda lease: lease.subnet)
-        route6, unroute6 = _follow(self.direct6, self.why_not6, change.removed, change.added,
-                                   lambda lease: lease.ipv6_subnet)
-        return self._split(change, route, unroute, engine_before, route6, unroute6)
+        moves = [way.follow(change.removed, change.added) for way in self._ways()]
+        return self._split(change, engine_before, moves)
 
     def reconsider(self, snapshot: PeerSnapshot, engine_before: PeerSnapshot) -> Split:
         """Every peer of ``snapshot`` decided again; the split of those whose way changed, each
@@ -124,18 +121,22 @@ class DirectRouting:
         if not self.enabled:
             return Split(PeerChange(engine_before))
         peers = sorted(snapshot.peers.items())
-        flipped = tuple(lease for subnet, lease in peers
-                        if (self.why_not(lease) is None) != (subnet in self.direct))
-        flipped6 = tuple(lease for subnet, lease in peers
-                         if (self.why_not6(lease) is None) != (subnet in self.direct6))
-        route, unroute = _follow(self.direct, self.why_not, (), flipped,
-                                 lambda lease: lease.subnet)
-        route6, unroute6 = _follow(self.direct6, self.why_not6, (), flipped6,
-                                   lambda lease: lease.ipv6_subnet)
-        return self._split(PeerChange(snapshot, added=flipped), route, unroute, engine_before,
-                           route6, unroute6)
+        ways = self._ways()
+        flips = [tuple(lease for subnet, lease in peers
+                       if (way.why_not(lease) is None) != (subnet in way.table)) for way in ways]
+        moves = [way.follow((), flipped) for way, flipped in zip(ways, flips)]
+        # the engine's share is of the IPv4 subnets: its change is their flips alone
+        return self._split(PeerChange(snapshot, added=flips[0]), engine_before, moves)
 
-    def _split(self, change, route, unroute, engine_before, route6, unroute6) -> Split:
+    def _ways(self) -> tuple["_Way", "_Way"]:
+        """Each family's way of deciding, IPv4 first (Split's order)."""
+        return (_Way(self.direct, self.why_not, lambda lease: lease.subnet),
+                _Way(self.direct6, self.why_not6, lambda lease: lease.ipv6_subnet))
+
+    def _split(self, change: PeerChange, engine_before: PeerSnapshot, moves: list) -> Split:
+        """``moves``: per family, IPv4 first, the leases to route directly and those whose
+        route goes (:meth:`_Way.follow`)."""
+        (route, unroute), (route6, unroute6) = moves
         snapshot = change.snapshot
         engine = PeerSnapshot.of(snapshot.peers, snapshot.own, skip=self.direct)
         removed = [lease for lease in change.removed if lease.subnet in engine_before.peers]
@@ -147,22 +148,28 @@ class DirectRouting:
                      tuple(route), tuple(unroute), tuple(route6), tuple(unroute6))
 
 
-def _follow(table: dict, why_not, removed, added, dst) -> tuple[list, list]:
-    """One family's direct routes after a change: ``table`` (IPv4 subnet -> lease routed
-    directly) updated; returns the leases to route and those whose route (to ``dst(lease)``)
-    goes."""
-    route, unroute = [], []
-    for lease in removed:
-        old = table.pop(lease.subnet, None)
-        if old is not None:
-            unroute.append(old)
-    for lease in added:
-        old = table.pop(lease.subnet, None)
-        if why_not(lease) is None:
-            if old is not None and dst(old) != dst(lease):
+@dataclass(frozen=True)
+class _Way:
+    """One family's direct routes: ``table`` (IPv4 subnet -> lease whose route to
+    ``dst(lease)`` is in the kernel), decided by ``why_not``."""
+    table: dict
+    why_not: Callable[[Lease], Optional[str]]
+    dst: Callable[[Lease], object]
+
+    def follow(self, removed, added) -> tuple[list, list]:
+        """``table`` after a change; returns the leases to route and those whose route goes."""
+        table, route, unroute = self.table, [], []
+        for lease in removed:
+            old = table.pop(lease.subnet, None)
+            if old is not None:
                 unroute.append(old)
-            table[lease.subnet] = lease
-            route.append(lease)
-        elif old is not None:
-            unroute.append(old)
-    return route, unroute
+        for lease in added:
+            old = table.pop(lease.subnet, None)
+            if self.why_not(lease) is None:
+                if old is not None and self.dst(old) != self.dst(lease):
+                    unroute.append(old)
+                table[lease.subnet] = lease
+                route.append(lease)
+            elif old is not None:
+                unroute.append(old)
+        return route, unroute

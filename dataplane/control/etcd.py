@@ -1,5 +1,8 @@
 """The etcd transport: endpoints, channels, failover, auth, TLS, and the key-value and lease calls.
 
+(Over 450 lines as one piece: every call goes through the one retry path of failover, token
+renewal and TLS refusal below, so the calls and that path live together.)
+
 The only module that opens gRPC channels to etcd. Above it: the watch (control/etcd_watch.py, on the
 public members of EtcdClient: no private member of this module is used elsewhere) and flannel's keys
 (control/registry.py, whose Registry is an EtcdClient that knows the config and lease keys). The

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from typing import Any, Optional
 
 # flanneld's ParseSubnetKey, with the dots escaped and the match anchored to the whole name.
@@ -126,12 +126,15 @@ class Lease:
         # Pickled as numbers: ipaddress objects pickle as strings and parse again, and the peer
         # watch process (control/peer_process.py) hands the daemon 10,000 leases at once
         # (perf/README.md#lease-pickling).
+        # Each family's part and address as bytes, whose length says the family.
         a = self.attrs
-        return (_lease_of_parts, (int(self.subnet.network_address), self.subnet.prefixlen,
-                                  int(a.public_ip), a.public_ipv6, a.backend_type, a.backend_data,
-                                  a.backend_v6_data, self.ipv6_subnet, self.expiration,
-                                  self.lease_id, self.mod_revision, self.key,
-                                  self.create_revision, a.direct_routing, a.forwards_ipv6))
+        parts = tuple((net.network_address.packed, net.prefixlen)
+                      for net in (self.subnet, self.ipv6_subnet) if net is not None)
+        public = tuple(ip.packed for ip in (a.public_ip, a.public_ipv6) if ip is not None)
+        return (_lease_of_parts, (parts, public, a.backend_type, a.backend_data,
+                                  a.backend_v6_data, self.expiration, self.lease_id,
+                                  self.mod_revision, self.key, self.create_revision,
+                                  a.direct_routing, a.forwards_ipv6))
 
     @property
     def reservation(self) -> bool:
@@ -140,13 +143,39 @@ class Lease:
         return self.lease_id == 0
 
 
-def _lease_of_parts(net, prefixlen, public_ip, public_ipv6, backend_type, backend_data,
-                    backend_v6_data, ipv6_subnet, expiration, lease_id, mod_revision, key,
-                    create_revision=0, direct_routing=False, forwards_ipv6=False) -> Lease:
-    return Lease(IPv4Network((net, prefixlen)),
-                 LeaseAttrs(IPv4Address(public_ip), public_ipv6, backend_type, backend_data,
-                            backend_v6_data, direct_routing, forwards_ipv6),
-                 ipv6_subnet, expiration, lease_id, mod_revision, key, create_revision)
+_NETWORK = {4: IPv4Network, 16: IPv6Network}      # by the length of its packed address
+_ADDRESS = {4: IPv4Address, 16: IPv6Address}
+
+
+def _lease_of_parts(parts, public, backend_type, backend_data, backend_v6_data, expiration,
+                    lease_id, mod_revision, key, create_revision=0, direct_routing=False,
+                    forwards_ipv6=False) -> Lease:
+    """``parts``: (packed network address, prefix length) per family the key names, IPv4
+    first; ``public``: the packed PublicIP and PublicIPv6 the value names, IPv4 first."""
+    nets = [_NETWORK[len(net)]((net, prefixlen)) for net, prefixlen in parts] + [None]
+    ips = [_ADDRESS[len(ip)](ip) for ip in public] + [None]
+    return Lease(nets[0],
+                 LeaseAttrs(ips[0], ips[1], backend_type, backend_data, backend_v6_data,
+                            direct_routing, forwards_ipv6),
+                 nets[1], expiration, lease_id, mod_revision, key, create_revision)
+
+
+def by_version(values) -> dict:
+    """Addresses or networks by their version (4, 6): ``values`` is one, or several of
+    different families (None and "" skipped; a string is parsed). ValueError for two of a
+    family."""
+    if values is None or isinstance(values, (str, IPv4Address, IPv6Address, IPv4Network,
+                                             IPv6Network)):
+        values = (values,)
+    found: dict = {}
+    for value in values:
+        if value is None or value == "":
+            continue
+        if isinstance(value, str):
+            value = ip_network(value) if "/" in value else ip_address(value)
+        if found.setdefault(value.version, value) != value:
+            raise ValueError(f"two of IPv{value.version}: {found[value.version]} and {value}")
+    return found
 
 
 def with_ipv6_of_key(lease: Lease) -> Lease:

@@ -1,5 +1,8 @@
 """The lease manager: acquire this node's subnet lease, keep it renewed, and get it back if it is lost.
 
+(Over 450 lines as one piece: acquisition, renewal and re-acquisition share one lease and
+one lock, and each step below depends on the order of the others; the picks are allocate.py's.)
+
 Acquisition follows flanneld's `tryAcquireLease` order (docs/flannel-compat.md#lease-acquisition):
   1. a lease whose PublicIP is ours, whatever else its value holds (another flannel's backend fields,
      key order, spacing): reused (rewritten with our value) if it fits the config, else deleted;
@@ -48,7 +51,7 @@ import random
 import threading
 import time
 from dataclasses import replace
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from ipaddress import IPv4Network, IPv6Network
 from typing import Callable, Optional
 
 # SubnetError, OutOfSubnetsError, free_subnets and MAX_FREE_CANDIDATES were defined here first:
@@ -56,7 +59,8 @@ from typing import Callable, Optional
 from .allocate import (MAX_FREE_CANDIDATES, OutOfSubnetsError, SubnetError,  # noqa: F401
                        earlier_rival, free_subnets, ipv6_part, other_holder, pick_pair)
 from .config import NetworkConfig
-from .lease import Lease, LeaseAttrs, LeaseFormatError, clip, with_ipv6_of_key
+from .lease import Lease, LeaseAttrs, LeaseFormatError, by_version, clip, with_ipv6_of_key
+from .lease_log import fields, v6
 from .recurring import Recurring
 from .etcd_errors import RegistryError
 from .etcd_watch import WatchLoop
@@ -71,13 +75,6 @@ log = logging.getLogger(__name__)
 MIN_RENEW_GAP_S = 1.0
 
 
-def _fields(event: str, subnet, public_ip, ipv6_subnet=None, **more) -> dict:
-    """A lease event's fields for json log lines (``--log-format json``), as plain strings."""
-    six = {} if ipv6_subnet is None else {"ipv6_subnet": str(ipv6_subnet)}
-    return {"event": f"lease_{event}", "subnet": str(subnet), "public_ip": str(public_ip), **six,
-            **more}
-
-
 def check_renew_margin(minutes: int) -> int:
     if not isinstance(minutes, int) or not 1 <= minutes <= 1439:
         raise ValueError("Invalid subnet-lease-renew-margin option, out of acceptable range "
@@ -90,31 +87,29 @@ def _recreated(lease: Lease) -> bool:
     return lease.create_revision == lease.mod_revision
 
 
-def _v6(subnet: Optional[IPv6Network]) -> str:
-    """An IPv6 part as flanneld's log lines print it: its empty IP6Net is `::/0`."""
-    return "::/0" if subnet is None else str(subnet)
-
-
 class LeaseManager:
-    def __init__(self, registry: Registry, public_ip: "IPv4Address | str",
-                 subnet_file_prev: Optional[IPv4Network] = None, renew_margin_min: int = 60,
+    def __init__(self, registry: Registry, public_ip,
+                 subnet_file_prev=None, renew_margin_min: int = 60,
                  on_lease_change: Optional[Callable[[Lease], None]] = None, *,
                  config: Optional[NetworkConfig] = None, lease_ttl: int = SUBNET_TTL,
                  renew_margin_s: Optional[float] = None, retry_interval: float = 60.0,
                  reacquire_interval: float = 1.0, watch_retry_interval: float = 1.0,
-                 max_attempts: int = 20, rng: Optional[random.Random] = None,
-                 subnet_file_prev_v6: Optional[IPv6Network] = None,
-                 public_ipv6: "IPv6Address | str | None" = None):
+                 max_attempts: int = 20, rng: Optional[random.Random] = None):
+        """``public_ip``: this host's PublicIP, or its public addresses, one per family (the
+        IPv4 PublicIP; the IPv6 underlay's PublicIPv6, if any); ``subnet_file_prev``: the
+        subnet of subnet.env, or its parts, one per family (the IPv4 subnet, the IPv6 part)."""
         self.registry = registry
-        self.public_ip = IPv4Address(public_ip)
+        public = by_version(public_ip)
+        if 4 not in public:
+            raise ValueError(f"public_ip {public_ip!r}: a host's PublicIP is an IPv4 address")
+        self.public_ip = public[4]
         # the IPv6 underlay's address, written only with EnableIPv6 (docs/operating.md#dual-stack)
-        with_v6 = config is not None and config.enable_ipv6 and public_ipv6
+        with_v6 = config is not None and config.enable_ipv6
         self.attrs = LeaseAttrs(public_ip=self.public_ip,
-                                public_ipv6=IPv6Address(public_ipv6) if with_v6 else None,
+                                public_ipv6=public.get(6) if with_v6 else None,
                                 direct_routing=bool(config is not None and config.direct_routing),
                                 forwards_ipv6=bool(config is not None and config.enable_ipv6))
-        self.subnet_file_prev = subnet_file_prev
-        self.subnet_file_prev_v6 = subnet_file_prev_v6
+        self.subnet_file_prev = by_version(subnet_file_prev)    # version -> part
         self.renew_margin = (renew_margin_s if renew_margin_s is not None
                              else 60.0 * check_renew_margin(renew_margin_min))
         self.on_lease_change = on_lease_change
@@ -161,7 +156,7 @@ class LeaseManager:
     # -- acquisition --------------------------------------------------------------------------------
     def acquire(self) -> Lease:
         """Acquire (or reuse) this node's lease; raises SubnetError, ConfigError or RegistryError."""
-        lease = self._acquire(self.subnet_file_prev, self.subnet_file_prev_v6)
+        lease = self._acquire(self.subnet_file_prev)
         self.adopt(lease)
         return lease
 
@@ -182,43 +177,42 @@ class LeaseManager:
             log.info("Lease %s: its value says PublicIPv6 %s, this host's is %s: rewriting it",
                      lease.subnet, lease.attrs.public_ipv6, self.attrs.public_ipv6)
 
-    def _acquire(self, prev: Optional[IPv4Network], prev6: Optional[IPv6Network] = None) -> Lease:
+    def _acquire(self, prev: dict) -> Lease:
+        """``prev``: the parts to prefer by version (4: a subnet, 6: an IPv6 part)."""
         config = self.config or self.registry.get_config()
-        lost: set[IPv4Network] = set()
-        lost6: set[IPv6Network] = set()
+        prev = dict(prev)
+        lost: set = set()       # parts of either family lost to another writer
         for attempt in range(1, self.max_attempts + 1):
             self._ipv6_only_loss = None
             leases, _ = self.registry.list_leases()
-            lease = self._reuse_by_ip(config, leases, prev, prev6)
+            lease = self._reuse_by_ip(config, leases, prev)
             if lease is not None:
                 return lease
             if self._keep_subnet():
-                prev, prev6 = self._ipv6_only_loss, None
+                prev = {4: self._ipv6_only_loss}
                 continue
-            if prev is not None:
-                lease = self._reuse_previous(config, leases, prev, prev6)
+            if 4 in prev:
+                lease = self._reuse_previous(config, leases, prev)
                 if lease is not None:
                     return lease
                 if self._keep_subnet():
-                    prev6 = None
+                    prev.pop(6, None)
                     continue
                 # Tried once; from now on pick at random, and not it: our list predates a writer
                 # that may have just taken it.
-                lost.add(prev)
-                prev = None
-            pick, pick6 = pick_pair(config, leases, lost, lost6, self._rng)
+                lost.add(prev.pop(4))
+            pick, pick6 = pick_pair(config, leases, lost, self._rng)
             lease = self.registry.create_lease(pick, self.attrs, self.lease_ttl, ipv6_subnet=pick6)
             if lease is not None and self._second(lease) is not None:
                 lease = None
             if lease is not None:
-                log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s)", pick, _v6(pick6),
-                         self.public_ip, extra=_fields("allocated", pick, self.public_ip,
+                log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s)", pick, v6(pick6),
+                         self.public_ip, extra=fields("allocated", pick, self.public_ip,
                                                        ipv6_subnet=pick6))
                 return lease
             log.info("subnet %s was taken by another node meanwhile (attempt %d/%d), picking again",
                      pick if pick6 is None else f"{pick} ({pick6})", attempt, self.max_attempts)
-            lost.add(pick)
-            lost6.update([pick6] if pick6 is not None else [])
+            lost.update(part for part in (pick, pick6) if part is not None)
             self.races_lost += 1
         raise SubnetError(f"failed to acquire a subnet lease: lost {self.max_attempts} creation races in a row")
 
@@ -259,12 +253,11 @@ class LeaseManager:
         return rival
 
     def _reuse_by_ip(self, config: NetworkConfig, leases: list[Lease],
-                     prev: Optional[IPv4Network] = None,
-                     prev6: Optional[IPv6Network] = None) -> Optional[Lease]:
+                     prev: dict) -> Optional[Lease]:
         ours = [l for l in leases if l.attrs.public_ip == self.public_ip]
         if len(ours) > 1:
             # flanneld takes the first in key order; the subnet our workloads were given wins here
-            ours.sort(key=lambda l: l.subnet != prev)
+            ours.sort(key=lambda l: l.subnet != prev.get(4))
             log.warning("%d subnet leases name our PublicIP %s (%s): one host holds one subnet; "
                         "trying %s first; delete the others (etcdctl del KEY) once this host "
                         "runs", len(ours), self.public_ip,
@@ -273,14 +266,14 @@ class LeaseManager:
             if not config.subnet_compatible(l.subnet):
                 log.warning("Found lease (ip: %s) for current IP (%s) that does not fit the network "
                             "config, deleting it", l.subnet, self.public_ip,
-                            extra=_fields("deleted", l.subnet, self.public_ip,
+                            extra=fields("deleted", l.subnet, self.public_ip,
                                           reason="does not fit the network config"))
                 self.registry.delete_lease(l.subnet, ipv6_subnet=l.ipv6_subnet)
                 continue
             if config.ipv6_subnet_compatible(l.ipv6_subnet):
                 lease = self._renew_found(l)
             else:
-                lease = self._reshape(config, l, prev6)
+                lease = self._reshape(config, l, prev.get(6))
             if lease is not None:
                 return lease
             # else: rewritten by another node since our list, or our subnet is another's now
@@ -302,8 +295,8 @@ class LeaseManager:
         if renewed is not None:
             log.info("Found %s (ip: %s ipv6: %s) for current IP (%s), reusing",
                      "reservation" if renewed.reservation else "lease", found.subnet,
-                     _v6(found.ipv6_subnet), self.public_ip,
-                     extra=_fields("reused", found.subnet, self.public_ip,
+                     v6(found.ipv6_subnet), self.public_ip,
+                     extra=fields("reused", found.subnet, self.public_ip,
                                    reason="found for current IP", ipv6_subnet=found.ipv6_subnet))
         return renewed
 
@@ -315,9 +308,9 @@ class LeaseManager:
         host's lease overlaps that subnet once our key is gone: flanneld's order goes on."""
         log.warning("Found lease (ip: %s ipv6: %s) for current IP (%s) whose IPv6 part does not fit "
                     "the network config (EnableIPv6 %s): replacing its key, keeping subnet %s",
-                    old.subnet, _v6(old.ipv6_subnet), self.public_ip,
+                    old.subnet, v6(old.ipv6_subnet), self.public_ip,
                     "on" if config.enable_ipv6 else "off", old.subnet,
-                    extra=_fields("deleted", old.subnet, self.public_ip, old.ipv6_subnet,
+                    extra=fields("deleted", old.subnet, self.public_ip, old.ipv6_subnet,
                                   reason="IPv6 part does not fit the network config"))
         self.registry.delete_lease(old.subnet, ipv6_subnet=old.ipv6_subnet)
         leases, _ = self.registry.list_leases()
@@ -332,25 +325,26 @@ class LeaseManager:
             return None
         if lease is not None:
             log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s), the same subnet as "
-                     "before", old.subnet, _v6(sn6), self.public_ip,
-                     extra=_fields("allocated", old.subnet, self.public_ip, ipv6_subnet=sn6,
+                     "before", old.subnet, v6(sn6), self.public_ip,
+                     extra=fields("allocated", old.subnet, self.public_ip, ipv6_subnet=sn6,
                                    reason="new key shape, same subnet"))
         return lease
 
-    def _reuse_previous(self, config: NetworkConfig, leases: list[Lease], prev: IPv4Network,
-                        prev6: Optional[IPv6Network] = None) -> Optional[Lease]:
+    def _reuse_previous(self, config: NetworkConfig, leases: list[Lease],
+                        parts: dict) -> Optional[Lease]:
+        prev = parts[4]
         if not config.subnet_compatible(prev):
             log.info("Previous subnet %s does not fit the network config, not reusing it", prev)
             return None
         if any(l.subnet.overlaps(prev) for l in leases):
             return None
         # the IPv6 part of subnet.env only if it fits too; the IPv4 subnet is kept either way
-        sn6 = ipv6_part(config, leases, prev6, self._rng)
+        sn6 = ipv6_part(config, leases, parts.get(6), self._rng)
         # absent from our list: free, or its key holds garbage (nobody's lease, taken back)
         lease, _ = self._take_back(prev, sn6)
         if lease is not None:
             log.info("Found previously leased subnet (%s), reusing", prev,
-                     extra=_fields("reused", prev, self.public_ip, reason="previous subnet",
+                     extra=fields("reused", prev, self.public_ip, reason="previous subnet",
                                    ipv6_subnet=sn6))
         return lease
 
@@ -425,7 +419,7 @@ class LeaseManager:
             self._renew_failing.ok()
             if renewed is None:
                 log.error("Lease %s is now held by another node, acquiring a new one", lease.subnet,
-                          extra=_fields("lost", lease.subnet, self.public_ip,
+                          extra=fields("lost", lease.subnet, self.public_ip,
                                         reason="held by another node"))
                 with self._cond:
                     self._lost = True
@@ -495,12 +489,12 @@ class LeaseManager:
                           "this host must move to another subnet" if old.ipv6_subnet is None
                           else "this host takes another lease, the same subnet if only the IPv6 "
                           f"part {old.ipv6_subnet} is that host's",
-                          extra=_fields("lost", old.subnet, self.public_ip,
+                          extra=fields("lost", old.subnet, self.public_ip,
                                         reason=f"held by {holder}"))
             if lease is None:
                 # never the IPv4 subnet given up because of IPv6 (above): the same subnet with
                 # another IPv6 part, unless another host holds the subnet itself
-                lease = self._acquire(old.subnet)
+                lease = self._acquire({4: old.subnet})
         except Exception as exc:              # etcd down, out of subnets...: keep trying
             self._reacquire_failing.fail(str(exc), f"retrying every {self.reacquire_interval:g} "
                                          "s; forwarding goes on with the peers known",
@@ -518,16 +512,16 @@ class LeaseManager:
         self.reacquisitions += 1
         if (lease.subnet, lease.ipv6_subnet) == (old.subnet, old.ipv6_subnet):
             log.info("Took our lease %s back", lease.subnet,
-                     extra=_fields("taken_back", lease.subnet, self.public_ip))
+                     extra=fields("taken_back", lease.subnet, self.public_ip))
         else:
             gone = old.subnet if lease.subnet != old.subnet else old.ipv6_subnet
             log.error("Acquired lease %s (ipv6: %s), was %s (ipv6: %s). That is an outage for "
                       "this host's workloads with addresses in %s: they keep them, and they now "
                       "route to another host, until the workloads are restarted", lease.subnet,
-                      _v6(lease.ipv6_subnet), old.subnet, _v6(old.ipv6_subnet), gone,
-                      extra=_fields("moved", lease.subnet, self.public_ip, lease.ipv6_subnet,
+                      v6(lease.ipv6_subnet), old.subnet, v6(old.ipv6_subnet), gone,
+                      extra=fields("moved", lease.subnet, self.public_ip, lease.ipv6_subnet,
                                     previous_subnet=str(old.subnet),
-                                    previous_ipv6_subnet=_v6(old.ipv6_subnet)))
+                                    previous_ipv6_subnet=v6(old.ipv6_subnet)))
         if self.on_lease_change is not None:
             try:
                 self.on_lease_change(lease)

@@ -1,5 +1,8 @@
 """The peer watch in a child process: what the daemon runs with the Python engine.
 
+(Over 450 lines as one piece: both ends of one private link, the daemon's proxy and the
+child's main, whose messages, order and restarts must be read the same way on both sides.)
+
 The Python engine forwards in the daemon's interpreter, so every stretch of Python the control plane
 runs (decoding etcd's watch responses, parsing leases, diffing the peer set) is time the forwarding
 loop may wait for the interpreter lock, at every system call it returns from: a burst of lease

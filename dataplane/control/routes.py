@@ -7,19 +7,30 @@ hosts have one (as flannel's vxlan carries IPv6 over its IPv6 device), else over
 ``route_table`` is the whole table of a snapshot; ``route_changes`` is what one peer change does
 to it, which the daemon applies to the table it keeps (``table.updated(removed, added)``,
 engine/route_array.py and engine/pytable.py) and hands to the engine in one swap: a change costs
-its own size, not the peer set's.
+its own size, not the peer set's. A route here is plain data (:class:`PeerRoute`): the daemon
+makes the engine's routes of it (daemon/peer_routes.py), control knows no engine.
 """
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv6Address, IPv6Network
-from typing import Optional
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from typing import NamedTuple, Optional, Union
 
-from ..engine.api import Route
 from .lease import Lease
 from .peerset import PeerChange, PeerSnapshot
 
 log = logging.getLogger(__name__)
+
+
+class PeerRoute(NamedTuple):
+    """Packets to ``subnet`` (either family) go as UDP to ``peer_ip:port``: an IPv4 peer over
+    the IPv4 underlay, an IPv6 one (an IPv6 subnet's only) over the IPv6 underlay; ``mtu``, for
+    an IPv6 subnet, the largest inner packet it carries (0: flannel0's)."""
+    subnet: Union[IPv4Network, IPv6Network]
+    peer_ip: Union[IPv4Address, IPv6Address]
+    port: int
+    mtu: int = 0
+
 
 class Ipv6Parts:
     """Which peers' IPv6 parts are routes, on a network config with ``network6`` (its
@@ -120,17 +131,17 @@ class Ipv6Parts:
             return f"it lies inside the IPv6Network {self.network6} (it would loop)"
         return None
 
-    def route(self, part: IPv6Network, lease: Lease, port: int) -> Route:
+    def route(self, part: IPv6Network, lease: Lease, port: int) -> PeerRoute:
         """The route of ``lease``'s IPv6 part ``part``."""
         peer, mtu = self.underlay(lease)
-        return Route.make(part, peer, port, mtu=mtu)
+        return PeerRoute(part, peer, port, mtu)
 
-    def probe_route(self, part: IPv6Network, lease: Lease, port: int) -> Optional[Route]:
+    def probe_route(self, part: IPv6Network, lease: Lease, port: int) -> Optional[PeerRoute]:
         """The /128 of the peer's flannel0 address in ``part`` over its IPv6 underlay, or
         None (no probes, or the part goes over IPv4 anyway)."""
         if not self.probe_routes or part.prefixlen == 128 or not self.over_ipv6(lease):
             return None         # (a /128 part is its own probe route: it cannot fall back)
-        return Route.make(probe_subnet(part), lease.attrs.public_ipv6, port, mtu=self.mtu6)
+        return PeerRoute(probe_subnet(part), lease.attrs.public_ipv6, port, self.mtu6)
 
 
 def probe_subnet(part: IPv6Network) -> IPv6Network:
@@ -140,11 +151,11 @@ def probe_subnet(part: IPv6Network) -> IPv6Network:
 
 
 def route_table(snapshot: PeerSnapshot, port: int,
-                v6: Optional[Ipv6Parts] = None) -> tuple[Route, ...]:
+                v6: Optional[Ipv6Parts] = None) -> tuple[PeerRoute, ...]:
     """One route per peer in ``snapshot``, sorted by subnet, then one per peer's IPv6 part that
     ``v6`` makes a route; our own subnet is not a peer."""
     peers = sorted(snapshot.peers.items())
-    routes = [Route.make(subnet, lease.public_ip, port) for subnet, lease in peers]
+    routes = [PeerRoute(subnet, lease.public_ip, port) for subnet, lease in peers]
     if v6 is not None:
         for _, lease in peers:
             part = v6(lease)
@@ -157,13 +168,13 @@ def route_table(snapshot: PeerSnapshot, port: int,
 
 
 def route_changes(change: PeerChange, port: int, v6: Optional[Ipv6Parts] = None,
-                  before: Optional[PeerSnapshot] = None) -> tuple[tuple, tuple[Route, ...]]:
+                  before: Optional[PeerSnapshot] = None) -> tuple[tuple, tuple[PeerRoute, ...]]:
     """``(removed subnets, added routes)``: applied to the table of ``before`` (the snapshot
     preceding ``change``), they give ``route_table(change.snapshot, port, v6)``; a peer whose
     PublicIP or IPv6 part changed is added again, and its old IPv6 part removed (with the
     probe routes, :meth:`Ipv6Parts.probe_route`, of both)."""
     removed = [lease.subnet for lease in change.removed]
-    added = [Route(lease.subnet, lease.public_ip, port) for lease in change.added]
+    added = [PeerRoute(lease.subnet, lease.public_ip, port) for lease in change.added]
     if v6 is not None:
         # A part that was no route is removed all the same: the table ignores it.
         for lease in change.removed:

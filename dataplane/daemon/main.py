@@ -279,7 +279,7 @@ class Daemon:
             self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
                                           self._routed6())
         # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
-        self.blackhole.want(self.lease.subnet, previous=self.lease_manager.subnet_file_prev)
+        self.blackhole.want(self.lease.subnet, previous=self.lease_manager.subnet_file_prev.get(4))
         # 7. iptables
         v6 = self.config.enable_ipv6
         self.rules = startup.install_rules(o, self.config.network, self.lease.subnet,

@@ -24,6 +24,7 @@ import threading
 from ..control.direct import DirectRouting
 from ..control.peerset import PeerChange, PeerSnapshot
 from ..control.routes import Ipv6Parts, route_changes, route_table
+from ..engine.api import Route
 from ..host import direct_routes
 from . import underlay_fallback
 
@@ -151,7 +152,7 @@ class PeerRoutes:
         """The whole table: the IPv4 subnets of ``peers`` (the engine's share), the routed IPv6
         parts of ``peers6`` (every peer)."""
         port = self.state.config.backend_port
-        return route_table(peers, port) + _ipv6_only(route_table(peers6, port, self.ipv6))
+        return _engine(route_table(peers, port) + _ipv6_only(route_table(peers6, port, self.ipv6)))
 
     def _apply(self, split, whole: PeerChange, table_type, reconcile: bool = False) -> None:
         """A change (``whole``; ``split`` its division, control/direct.py) applied: the
@@ -176,7 +177,7 @@ class PeerRoutes:
             if self.routes is None:     # the first listing: whole, so nothing handed over lingers
                 self.routes = table_type.of(self._table(split.engine.snapshot, whole.snapshot))
             else:
-                self.routes = self.routes.updated(removed, added)
+                self.routes = self.routes.updated(removed, _engine(added))
             st.peers, st.peers6 = split.engine.snapshot, whole.snapshot
             if st.engine is not None:
                 st.engine.set_table(self.routes)
@@ -208,3 +209,9 @@ class PeerRoutes:
 
 def _ipv6_only(routes) -> tuple:
     return tuple(route for route in routes if route.subnet.version == 6)
+
+
+def _engine(routes) -> tuple:
+    """The engine's routes of control's (control/routes.py PeerRoute, typed already: the
+    table checks them as it is built)."""
+    return tuple(Route(*route) for route in routes)

@@ -494,9 +494,8 @@ def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None, 
         if prev is not None:
             log.info("Previous subnet from %s: %s%s", opts.subnet_file, prev,
                      "" if prev6 is None else f", IPv6 {prev6}")
-    return LeaseManager(registry, ext.ext_addr, prev, opts.subnet_lease_renew_margin,
-                        on_lease_change, config=config, subnet_file_prev_v6=prev6,
-                        public_ipv6=public6)
+    return LeaseManager(registry, (ext.ext_addr, public6), (prev, prev6),
+                        opts.subnet_lease_renew_margin, on_lease_change, config=config)
 
 
 def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, prepared=None):

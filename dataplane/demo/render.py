@@ -1,5 +1,8 @@
 """Terminal output of the demo: rich where there is a terminal, plain text otherwise.
 
+(Over 450 lines as one piece: ``Renderer.SHOWS`` has one entry per step of the story, which
+all print through the same helpers, so that every step reads alike.)
+
 Each step of :mod:`dataplane.demo.story` arrives as a dict; :class:`Renderer`
 prints it as a header line (step number, title, which host, which side of the
 user/kernel boundary), the measured facts, and a "why" line for the student.

@@ -2,8 +2,11 @@
 
 * ``netns.py``       network namespaces, named with the suite's prefix, and the sweep of a dead
   run's leftovers;
-* ``hosts.py``       simulated hosts joined by veth pairs to a bridge (the ``Testbed``), and a
-  router with a link of its own behind it;
+* ``hosts.py``       simulated hosts joined by veth pairs to a bridge (the ``Testbed``);
+* ``router.py``      the router between the hosts' link and a link of its own behind it;
+* ``processes.py``   the processes started in the namespaces, tracked by PID;
+* ``forwarder.py``   ``flannel-udp forward`` in hosts, with static routes;
+* ``wait.py``        waiting, bounded, for a condition;
 * ``cni.py``         pods made by the real ``bridge`` and ``host-local`` CNI plugins;
 * ``etcd.py``        real etcd servers: one member, or a 3-member cluster;
 * ``overlay.py``     a whole overlay: etcd, the network config and a daemon per host;

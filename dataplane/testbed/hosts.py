@@ -1,7 +1,7 @@
 """Simulated hosts: network namespaces joined by veth pairs to a bridge.
 
-(Over 600 lines as one piece: the hosts, the router and the bridge share one set of names and
-one teardown, which must remove all of it also when a test fails; narrow.py builds on it.)
+(Over 450 lines as one piece: the hosts, their links and their addresses of both families
+share one set of names and one teardown, which must remove all of it also when a test fails.)
 
 ::
 
@@ -28,9 +28,8 @@ caller's namespace, so the range cannot clash with the machine's own
 networks. Each host has a default route through .254 so that a daemon that
 picks "the default-route interface" (flanneld's rule) finds its veth.
 
-Processes started with :meth:`Testbed.popen` run in their own session; they are
-tracked by PID and killed (process group first, then any process left inside
-the namespace) by :meth:`Testbed.remove_host` and :meth:`Testbed.close`.
+Processes started with :meth:`Testbed.popen` (processes.py) are killed by
+:meth:`Testbed.remove_host` and :meth:`Testbed.close`; the router is router.py's.
 ``close()`` deletes every namespace, which takes the veths, the bridge and
 any TUN device with it. It runs on ``with`` exit, and at interpreter exit for
 any testbed still open; a testbed of a killed run is swept (by its dead
@@ -40,35 +39,25 @@ from __future__ import annotations
 
 import atexit
 import ipaddress
-import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import threading
-import time
 import weakref
 from dataclasses import dataclass, field
 
-from ..control.config import DEFAULT_UDP_PORT
-from ..host.child import cli_argv
 from . import netns as ns
+from .processes import Processes
+from .router import (BEHIND_ROUTER, BEHIND_ROUTER6, DEFAULT_UNDERLAY6, ROUTER_HOST, SWITCH_HOST,
+                     Router)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_UNDERLAY = "192.168.77.0/24"
-SWITCH_HOST = 254  # the switch namespace's address: .254
 # where put_behind_router moves a host: the switch routes between it and DEFAULT_UNDERLAY
 ROUTED_UNDERLAY = "192.168.78.0/24"
-# add_underlay6's: a unique local prefix, on the same link as DEFAULT_UNDERLAY, and one on the
-# link behind the router (as BEHIND_ROUTER); the router's addresses end as its IPv4 ones
-DEFAULT_UNDERLAY6 = "fd00:99::/64"
-BEHIND_ROUTER6 = "fd00:79::/64"
-# the router's address on the underlay (.253), and the link behind it (add_host(behind_router=))
-ROUTER_HOST = 253
-BEHIND_ROUTER = "192.168.79.0/24"
 
 
 @dataclass
@@ -127,10 +116,9 @@ class Testbed:
         self.switch = ns.ns_name(self.run_id, "sw")
         self.bridge = f"{ns.PREFIX}{self.tag}br"
         self.switch_ip = str(self.underlay.network_address + SWITCH_HOST)
-        self.router: str | None = None  # its namespace, once a host is behind it
+        self.router: Router | None = None  # once a host is behind it
         self.hosts: list[Host] = []
-        self._procs: dict[int, tuple[subprocess.Popen, str]] = {}  # pid -> (proc, netns)
-        self._lock = threading.Lock()
+        self._procs = Processes()
         self._closed = False
         self._namespaces: list[str] = []
         self._workdir: str | None = None
@@ -163,32 +151,19 @@ class Testbed:
             f"link set {self.bridge} mtu {self.mtu} up\n"
             f"addr add {self.switch_ip}/{self.underlay.prefixlen} dev {self.bridge}\n"))
 
-    def _make_router(self) -> str:
-        """The router namespace: a leg on the underlay's bridge (.253) and a bridge of its own
-        for the link behind it (:data:`BEHIND_ROUTER`), forwarding between the two. The switch,
-        every host's default gateway, routes that link via the router, as a LAN's gateway
-        knows the LAN's other routers; it sends no redirects, so the hosts keep that path."""
-        if self.router is not None:
-            return self.router
-        router = ns.ns_name(self.run_id, "rt")
-        ns.create(router, disable_ipv6=self.disable_ipv6)
-        self._namespaces.append(router)
-        self.router = router
-        behind = ipaddress.IPv4Network(BEHIND_ROUTER)
-        leg = str(self.underlay.network_address + ROUTER_HOST)
-        ns.add_veth(self.switch, f"{ns.PREFIX}{self.tag}sr", router, f"{ns.PREFIX}{self.tag}ru",
-                    mtu=self.mtu, master=self.bridge, peer_cidr=f"{leg}/{self.underlay.prefixlen}",
-                    gateway=self.switch_ip)
-        ns.run_ip(["-batch", "-"], netns=router, input=(
-            f"link add {self._router_bridge} type bridge stp_state 0 forward_delay 0\n"
-            f"link set {self._router_bridge} address {self._fixed_mac(1)}\n"
-            f"link set {self._router_bridge} mtu {self.mtu} up\n"
-            f"addr add {behind.network_address + SWITCH_HOST}/{behind.prefixlen} "
-            f"dev {self._router_bridge}\n"))
-        ns.run_ip(["route", "add", str(behind), "via", leg], netns=self.switch)
-        ns.write_sysctl(router, "net/ipv4/ip_forward", "1")
-        self._switch_routes()
-        return router
+    def make_router(self) -> Router:
+        """The router (router.py), made once. The switch sends no redirects, so the hosts keep
+        their path through it."""
+        if self.router is None:
+            netns = ns.ns_name(self.run_id, "rt")
+            ns.create(netns, disable_ipv6=self.disable_ipv6)
+            self._namespaces.append(netns)
+            self.router = Router(netns, tag=self.tag, switch=self.switch,
+                                 switch_bridge=self.bridge, switch_ip=self.switch_ip,
+                                 underlay=self.underlay, mtu=self.mtu, mac=self._fixed_mac(1))
+            self.router.wire()
+            self._switch_routes()
+        return self.router
 
     def _switch_routes(self) -> None:
         """The switch forwards between subnets of its bridge and sends no redirects (the hosts
@@ -196,10 +171,6 @@ class Testbed:
         for key in ("net/ipv4/ip_forward", "net/ipv4/conf/all/send_redirects",
                     f"net/ipv4/conf/{self.bridge}/send_redirects"):
             ns.write_sysctl(self.switch, key, "0" if "redirects" in key else "1")
-
-    @property
-    def _router_bridge(self) -> str:
-        return f"{ns.PREFIX}{self.tag}rb"
 
     def _fixed_mac(self, bridge: int) -> str:
         """A bridge's MAC address, locally administered and unique per run and bridge: see
@@ -222,8 +193,8 @@ class Testbed:
         netns = ns.ns_name(self.run_id, name)
         lan, bridge, link = self.underlay, self.bridge, self.switch
         if behind_router:
-            lan, bridge, link = ipaddress.IPv4Network(BEHIND_ROUTER), self._router_bridge, \
-                self._make_router()
+            router = self.make_router()
+            lan, bridge, link = ipaddress.IPv4Network(BEHIND_ROUTER), router.bridge, router.netns
         ip = str(lan.network_address + index + 1)
         iface = f"{ns.PREFIX}{self.tag}h{index}"
         port = f"{ns.PREFIX}{self.tag}s{index}"
@@ -296,7 +267,7 @@ class Testbed:
         gateway = ipaddress.IPv6Network(here).network_address + ROUTER_HOST
         if host.behind_router:
             here, there = there, here
-            gateway = self._router6()
+            gateway = self.make_router().ipv6()
         net = ipaddress.IPv6Network(network or here)
         ip = str(net.network_address + host.index + 1)
         # Neighbour solicitations go from the link-local address only: without DAD (IPv6
@@ -311,28 +282,6 @@ class Testbed:
         host.ip6 = ip
         log.debug("testbed host %s: IPv6 underlay %s on %s", host.name, ip, host.iface)
         return host
-
-    def _router6(self) -> ipaddress.IPv6Address:
-        """The router's IPv6 legs (once): DEFAULT_UNDERLAY6's .253 and BEHIND_ROUTER6's .254
-        (its gateway for the hosts behind it, returned), forwarding between the two."""
-        behind = ipaddress.IPv6Network(BEHIND_ROUTER6)
-        gateway = behind.network_address + SWITCH_HOST
-        have = ns.run_ip(["-6", "-o", "addr", "show", "dev", self._router_bridge],
-                         netns=self.router).stdout
-        if f" {gateway}/" in have:
-            return gateway
-        leg = f"{ns.PREFIX}{self.tag}ru"
-        for dev in (leg, self._router_bridge):      # as add_underlay6, without DAD
-            ns.write_sysctl(self.router, f"net/ipv6/conf/{dev}/accept_dad", "0")
-            for off in ("1", "0"):
-                ns.write_sysctl(self.router, f"net/ipv6/conf/{dev}/disable_ipv6", off)
-        ns.write_sysctl(self.router, "net/ipv6/conf/all/forwarding", "1")
-        on_link = ipaddress.IPv6Network(DEFAULT_UNDERLAY6)
-        ns.run_ip(["-batch", "-"], netns=self.router, input=(
-            f"addr add {on_link.network_address + ROUTER_HOST}/{on_link.prefixlen} dev {leg} "
-            "nodad\n"
-            f"addr add {gateway}/{behind.prefixlen} dev {self._router_bridge} nodad\n"))
-        return gateway
 
     def put_behind_router(self, host: Host | str, network: str = ROUTED_UNDERLAY) -> Host:
         """Move ``host`` into another underlay subnet (its address there has the same last
@@ -366,14 +315,13 @@ class Testbed:
         # A deleted namespace is torn down asynchronously by the kernel, so its
         # veth can answer for a moment after `ip netns del`; deleting the
         # switch-side end removes the pair at once.
-        for link in (self.switch, self.router):
-            if link is not None:
-                ns.run_ip(["link", "del", f"{ns.PREFIX}{self.tag}s{host.index}"], netns=link,
-                          check=False)
+        links = [self.switch] + ([self.router.netns] if self.router else [])
+        for link in links:
+            ns.run_ip(["link", "del", f"{ns.PREFIX}{self.tag}s{host.index}"], netns=link,
+                      check=False)
         self._delete_ns(host.netns)
         # Its IP is reused by the next add_host(); a cached MAC of the old veth
         # would black-hole that host for the neighbour timeout (~30 s).
-        links = [self.switch] + ([self.router] if self.router else [])
         for where in links + [h.netns for h in self.hosts]:
             ns.run_ip(["neigh", "flush", "to", host.ip], netns=where, check=False)
 
@@ -422,50 +370,16 @@ class Testbed:
         return subprocess.run(self.argv(where, argv), capture_output=True, text=text,
                               timeout=timeout, check=check, input=input, env=env)
 
-    def popen(self, where, argv, *, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-              env=None, text: bool = True, **kw) -> subprocess.Popen:
-        """Start ``argv`` in a host in its own session; tracked by PID and
+    def popen(self, where, argv, **kw) -> subprocess.Popen:
+        """Start ``argv`` in a host in its own session (processes.py ``Processes.popen``);
         killed by :meth:`kill`, :meth:`remove_host` or :meth:`close`."""
         self._check_open()
-        netns = self._netns(where)
-        proc = subprocess.Popen(ns.exec_argv(netns, list(argv)), stdout=stdout, stderr=stderr,
-                                env=env, text=text, start_new_session=True, **kw)
-        with self._lock:
-            self._procs[proc.pid] = (proc, netns)
-        return proc
+        return self._procs.popen(self._netns(where), argv, **kw)
 
     def kill(self, proc: subprocess.Popen, *, sig: int = signal.SIGTERM,
              timeout: float = 5.0) -> int | None:
-        """Send ``sig`` to a process started by :meth:`popen` (its process
-        group), wait up to ``timeout``, then SIGKILL. Returns its exit code."""
-        if proc.poll() is None:
-            _signal_group(proc.pid, sig)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    log.warning("pid %d did not die after SIGKILL", proc.pid)
-        # A leader that had already exited (and was reaped) is not signalled: its
-        # pid may belong to someone else by now. Strays it left inside the
-        # namespace die with the namespace (remove_host/close kill by netns pids).
-        with self._lock:
-            self._procs.pop(proc.pid, None)
-        for f in (proc.stdout, proc.stderr, proc.stdin):
-            if f is not None:
-                try:
-                    f.close()
-                except OSError:
-                    pass
-        return proc.returncode
-
-    def _kill_in(self, netns: str | None) -> None:
-        with self._lock:
-            procs = [p for p, n in self._procs.values() if netns is None or n == netns]
-        for p in procs:
-            self.kill(p, timeout=3.0)
+        """Stop a process started by :meth:`popen`; its exit code (processes.py)."""
+        return self._procs.kill(proc, sig=sig, timeout=timeout)
 
     def udp_out(self, where) -> tuple[int, int]:
         """(IPv4, IPv6) UDP datagrams sent from a namespace so far: the kernel's own counters
@@ -499,7 +413,7 @@ class Testbed:
     # -- teardown ---------------------------------------------------------
 
     def _delete_ns(self, netns: str) -> None:
-        self._kill_in(netns)
+        self._procs.kill_in(netns)
         ns.delete(netns)
         if netns in self._namespaces:
             self._namespaces.remove(netns)
@@ -510,7 +424,7 @@ class Testbed:
             return
         self._closed = True
         errors = []
-        self._kill_in(None)
+        self._procs.kill_in(None)
         for server in self._etcds:
             try:
                 server.close()
@@ -557,137 +471,3 @@ def _sweep_stale_workdirs() -> None:
         return
     for name in ns.dead_run_names(names, "tb"):
         shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    """Signal the process group led by ``pid`` (popen starts a new session,
-    so pgid == pid), falling back to the PID alone."""
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate()`` until true or ``timeout`` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-
-
-# -- static overlays: `flannel-udp forward` in hosts ---------------------------
-
-def lease_of(host: Host, network: str = "10.5.0.0/16", prefixlen: int = 24) -> ipaddress.IPv4Network:
-    """A deterministic lease for a host: the (index+1)-th /24 of ``network``
-    (h0 -> 10.5.1.0/24, h1 -> 10.5.2.0/24, ...)."""
-    net = ipaddress.IPv4Network(network)
-    return list(net.subnets(new_prefix=prefixlen))[host.index + 1]
-
-
-def _child_env(extra: dict | None = None) -> dict:
-    """The environment for a forwarder child: the caller's, less its engine
-    choice (the child's --engine decides), plus ``extra``."""
-    env = dict(os.environ)
-    env.pop("DATAPLANE_ENGINE", None)
-    env.update(extra or {})
-    return env
-
-
-class Forwarder:
-    """One `flannel-udp forward` process inside a host, with its log, stats
-    and ready files in the testbed's workdir.
-
-    :param routes: ``["10.5.2.0/24=192.168.77.2", ...]`` (SUBNET=PEER_IP[:PORT]).
-    :param extra: more command-line arguments (e.g. ``["--batch", "1"]``).
-    """
-
-    def __init__(self, testbed: Testbed, host: Host | str, *, tun_addr, routes=(),
-                 network: str | None = "10.5.0.0/16", engine: str = "auto", port: int = DEFAULT_UDP_PORT,
-                 accept_from: str = "any", extra=(), env: dict | None = None):
-        self.testbed = testbed
-        self.host = testbed.host(host)
-        self.engine = engine
-        self.tun_addr = ipaddress.IPv4Interface(tun_addr)
-        base = os.path.join(testbed.workdir, f"fwd-{self.host.name}-{id(self):x}")
-        self.log_file, self.stats_file, self.ready_file = (base + ".log", base + ".json",
-                                                           base + ".ready")
-        self.argv = cli_argv("forward", "--tun-addr", self.tun_addr.with_prefixlen,
-                             "--listen", f"{self.host.ip}:{port}", "--engine", engine,
-                             "--accept-from", accept_from,
-                             "--stats-file", self.stats_file, "--ready-file", self.ready_file)
-        if network:
-            self.argv += ["--network", str(network)]
-        for r in routes:
-            self.argv += ["--route", str(r)]
-        self.argv += [str(a) for a in extra]
-        with open(self.log_file, "w") as log_f:
-            self.proc = testbed.popen(self.host, self.argv, stdout=log_f,
-                                      stderr=subprocess.STDOUT, env=_child_env(env))
-        self.returncode: int | None = None
-
-    def log(self) -> str:
-        try:
-            with open(self.log_file, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def wait_ready(self, timeout: float = 15.0) -> "Forwarder":
-        """Wait (bounded) until forwarding has started; raise RuntimeError with
-        the child's output if it exited or did not get there in time."""
-        ok = wait_for(lambda: os.path.exists(self.ready_file) or self.proc.poll() is not None,
-                      timeout)
-        if not ok or not os.path.exists(self.ready_file):
-            state = (f"exited with {self.proc.returncode}" if self.proc.poll() is not None
-                     else f"not ready after {timeout:.0f} s")
-            raise RuntimeError(f"forward in {self.host.name} ({self.engine}) {state}; "
-                               f"argv: {' '.join(self.argv)}\n--- output ---\n{self.log()}")
-        return self
-
-    def info(self) -> dict:
-        """The last stats-file document: engine, tun, pid, time, final, stats."""
-        with open(self.stats_file) as f:
-            return json.load(f)
-
-    def stats(self) -> dict:
-        return self.info()["stats"]
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, wait (then SIGKILL); returns the exit code (0 expected)."""
-        if self.returncode is None:
-            self.returncode = self.testbed.kill(self.proc, timeout=timeout)
-        return self.returncode
-
-
-def start_static_overlay(testbed: Testbed, engines=None, *, network: str = "10.5.0.0/16",
-                         port: int = DEFAULT_UDP_PORT, hosts=None, ready_timeout: float = 15.0,
-                         **kw) -> dict:
-    """Start a forwarder on each host (default: all) with a full mesh of static
-    routes (leases from :func:`lease_of`). ``engines`` is one kind for all or a
-    list, one per host. Returns {host name: Forwarder}, all ready."""
-    hosts = [testbed.host(h) for h in (hosts if hosts is not None else testbed.hosts)]
-    if engines is None or isinstance(engines, str):
-        engines = [engines or "auto"] * len(hosts)
-    fwds = {}
-    try:
-        for h, eng in zip(hosts, engines):
-            lease = lease_of(h, network)
-            routes = [f"{lease_of(p, network)}={p.ip}:{port}" for p in hosts if p is not h]
-            fwds[h.name] = Forwarder(testbed, h, tun_addr=f"{lease.network_address}/32",
-                                     routes=routes, network=network, engine=eng, port=port, **kw)
-        for f in fwds.values():
-            f.wait_ready(ready_timeout)
-    except BaseException:
-        for f in fwds.values():
-            f.stop()
-        raise
-    return fwds

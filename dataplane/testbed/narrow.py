@@ -1,6 +1,6 @@
 """A narrower link on the underlay's path, and the kernel counters that show what crossed it.
 
-The testbed's router (hosts.py, ``add_host(behind_router=True)``) forwards between the hosts'
+The testbed's router (router.py, made by ``add_host(behind_router=True)``) forwards between the hosts'
 link and its own; :func:`narrow_router_link` gives its own side a smaller MTU, so that it
 answers a longer packet towards the hosts behind it as a router before a narrower link does:
 ICMP fragmentation needed for an IPv4 packet with DF, ICMPv6 packet too big for any IPv6 one.
@@ -17,8 +17,8 @@ from .hosts import Host, Testbed
 def narrow_router_link(tb: Testbed, mtu: int) -> None:
     """The router's side of the link behind it (its bridge) at ``mtu``; the hosts' veths on
     that link keep theirs, so what they send back is not cut."""
-    router = tb._make_router()
-    ns.run_ip(["link", "set", tb._router_bridge, "mtu", str(int(mtu))], netns=router)
+    router = tb.make_router()
+    ns.run_ip(["link", "set", router.bridge, "mtu", str(int(mtu))], netns=router.netns)
 
 
 def frag_creates(host: Host) -> tuple[int, int]:

@@ -1,5 +1,8 @@
 """A whole flannel-udp overlay on simulated hosts: etcd, the network config, one daemon per host.
 
+(Over 450 lines as one piece: the daemons, their files and the etcd keys they share are one
+object whose teardown must remove all of it also when a test fails.)
+
 ::
 
       h0 (netns)              h1 (netns)              h2 ...
@@ -48,7 +51,8 @@ from dataclasses import dataclass, field
 from ..control.registry import DEFAULT_PREFIX
 from ..host.child import cli_argv
 from .etcd import EtcdServer
-from .hosts import Host, Testbed, wait_for
+from .hosts import Host, Testbed
+from .wait import wait_for
 from .lease_writer import LeaseWriter
 
 log = logging.getLogger(__name__)
@@ -221,16 +225,17 @@ class Overlay:
     def _dir(self, host) -> str:
         return os.path.join(self.tb.workdir, self.host(host).name)
 
-    def prefer_subnet(self, host, subnet, subnet6=None) -> None:
-        """Write the host's subnet.env as a previous run would leave it, naming ``subnet`` (and
-        the IPv6 part ``subnet6``, else none: a dual-stack daemon then picks one at random): its
-        daemon then takes that subnet when it is free, so peers can be pointed at it beforehand."""
-        net = ipaddress.IPv4Network(subnet)
-        lines = [f"FLANNEL_NETWORK={self.network}",
-                 f"FLANNEL_SUBNET={net.network_address + 1}/{net.prefixlen}"]
-        if subnet6 is not None:
-            net6 = ipaddress.IPv6Network(subnet6)
-            lines.append(f"FLANNEL_IPV6_SUBNET={net6.network_address + 1}/{net6.prefixlen}")
+    def prefer_subnet(self, host, *parts) -> None:
+        """Write the host's subnet.env as a previous run would leave it, naming ``parts``, one
+        per family (an IPv4 subnet, and an IPv6 part, else none: a dual-stack daemon then picks
+        one at random): its daemon then takes that subnet when it is free, so peers can be
+        pointed at it beforehand."""
+        by_version = {part.version: part for part in map(ipaddress.ip_network, parts)}
+        lines = [f"FLANNEL_NETWORK={self.network}"]
+        for version, name in ((4, "FLANNEL_SUBNET"), (6, "FLANNEL_IPV6_SUBNET")):
+            part = by_version.get(version)
+            if part is not None:
+                lines.append(f"{name}={part.network_address + 1}/{part.prefixlen}")
         lines += [f"FLANNEL_MTU={self.tb.mtu - 28}", "FLANNEL_IPMASQ=false"]
         with open(os.path.join(self._dir(host), "subnet.env"), "w") as f:
             f.write("\n".join(lines) + "\n")

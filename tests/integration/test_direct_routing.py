@@ -180,7 +180,7 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
     for h in (h0, h1, h2):
         ov.wait_ready(h)
     ov.put(f"subnets/{FLANNELD_LIKE_SUBNET.replace('/', '-')}", lease_json(h3.ip))
-    from dataplane.testbed.hosts import Forwarder
+    from dataplane.testbed.forwarder import Forwarder
     fl = Forwarder(ov.tb, h3, tun_addr="10.5.200.0/32", engine=engine_kind,
                    routes=[f"{subnet(ov, h)}={h.ip}" for h in (h0, h1, h2)]).wait_ready()
     try:

@@ -39,7 +39,7 @@ import time
 import pytest
 
 from dataplane.testbed import cni
-from dataplane.testbed.hosts import wait_for
+from dataplane.testbed.wait import wait_for
 from dataplane.testbed.overlay import parse_ping
 from tests.conftest import require
 from tests.integration.conftest import other_engine, overlay_of

@@ -18,7 +18,7 @@ import pytest
 
 from dataplane.host.child import cli_argv
 from dataplane.testbed import netns as ns
-from dataplane.testbed.hosts import wait_for
+from dataplane.testbed.wait import wait_for
 from dataplane.testbed.overlay import parse_ping
 from tests.integration.conftest import other_engine, overlay_of
 from tests.streams import NO_TX_OFFLOADS, hashed_transfer, udp_stream

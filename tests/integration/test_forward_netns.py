@@ -57,7 +57,7 @@ def _rtt_avg(out: str) -> float | None:
 
 
 def _run_pair(tb, engines, report):
-    from dataplane.testbed.hosts import start_static_overlay
+    from dataplane.testbed.forwarder import start_static_overlay
     a, b = tb["h0"], tb["h1"]
     fwd = start_static_overlay(tb, engines, network=NETWORK)
     fa, fb = fwd["h0"], fwd["h1"]
@@ -133,7 +133,7 @@ def test_forward_c_host_with_python_host(testbed):
 @pytest.mark.timeout(60)
 def test_forward_bad_route_exits_nonzero_with_message(testbed):
     """A startup error surfaces: forward exits non-zero and says why."""
-    from dataplane.testbed.hosts import Forwarder
+    from dataplane.testbed.forwarder import Forwarder
     f = Forwarder(testbed, "h0", tun_addr="10.5.1.0/32", routes=[],
                   engine="auto", extra=["--mtu", "20"])
     with pytest.raises(RuntimeError, match="exited with"):
@@ -173,7 +173,8 @@ except socket.timeout:
 def test_accept_from(engine_kind, accept_from):
     _require(engine_kind)
     require_root()
-    from dataplane.testbed.hosts import Forwarder, Testbed
+    from dataplane.testbed.forwarder import Forwarder
+    from dataplane.testbed.hosts import Testbed
     with Testbed(3) as tb:
         h0, h1, h2 = tb.hosts
         f = Forwarder(tb, h0, tun_addr=f"{A_TUN}/32", routes=[f"10.5.2.0/24={h1.ip}"],

@@ -16,7 +16,7 @@ import pytest
 
 from dataplane.host.child import cli_argv
 from dataplane.testbed import netns as ns
-from dataplane.testbed.hosts import wait_for
+from dataplane.testbed.wait import wait_for
 from dataplane.testbed.overlay import Overlay
 from tests.conftest import require_overlay
 

@@ -18,7 +18,7 @@ import pytest
 
 from dataplane.daemon.underlay_fallback import PROBE_EVERY_ENV
 from dataplane.host.child import cli_argv
-from dataplane.testbed.hosts import wait_for
+from dataplane.testbed.wait import wait_for
 from dataplane.testbed.overlay import parse_ping
 from tests.conftest import require
 from tests.integration.conftest import other_engine, overlay_of

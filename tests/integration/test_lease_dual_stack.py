@@ -128,7 +128,7 @@ def _subnet_env(tmp_path, subnet, six):
 def test_previous_pair_from_subnet_env_reused(shared_etcd, make_registry, tmp_path):
     reg = make_registry(shared_etcd, config=DUAL)
     prev, prev6 = _subnet_env(tmp_path, IPv4Network("10.5.7.0/24"), v6(0x77))
-    lease = LeaseManager(reg, ME, prev, subnet_file_prev_v6=prev6).acquire()
+    lease = LeaseManager(reg, ME, (prev, prev6)).acquire()
     assert (lease.subnet, lease.ipv6_subnet) == (IPv4Network("10.5.7.0/24"), v6(0x77))
     assert keys(reg) == {name(lease.subnet, v6(0x77)): OURS}
 
@@ -137,7 +137,7 @@ def test_previous_subnet_kept_when_its_ipv6_part_is_anothers(shared_etcd, make_r
     reg = make_registry(shared_etcd, config=DUAL)
     stage(reg, IPv4Network("10.5.1.0/24"), v6(0x70, 60), public_ip=OTHER)
     prev, prev6 = _subnet_env(tmp_path, IPv4Network("10.5.7.0/24"), v6(0x77))
-    lease = LeaseManager(reg, ME, prev, subnet_file_prev_v6=prev6).acquire()
+    lease = LeaseManager(reg, ME, (prev, prev6)).acquire()
     assert lease.subnet == prev and not lease.ipv6_subnet.overlaps(v6(0x70, 60))
 
 
@@ -201,14 +201,14 @@ def test_public_ipv6_is_written_and_an_adopted_value_without_it_rewritten(shared
     manager starts, not at the renewal 23 h later."""
     reg = make_registry(shared_etcd, config=DUAL)
     pub6 = "fd00:99::1"
-    mgr = LeaseManager(reg, ME, public_ipv6=pub6, config=reg.get_config())     # 24 h
+    mgr = LeaseManager(reg, (ME, pub6), config=reg.get_config())     # 24 h
     first = mgr.acquire()
     value = b'{"PublicIP":"192.168.77.1","PublicIPv6":"fd00:99::1","ForwardsIPv6":true}'
     assert keys(reg) == {name(first.subnet, first.ipv6_subnet): value}
     # a daemon of an older version wrote it without; ours takes it over
     first = reg.renew_lease(first.subnet, LeaseAttrs(ME, forwards_ipv6=True), SUBNET_TTL,
                             ipv6_subnet=first.ipv6_subnet)
-    mgr = LeaseManager(reg, ME, public_ipv6=pub6, config=reg.get_config())
+    mgr = LeaseManager(reg, (ME, pub6), config=reg.get_config())
     mgr.adopt(replace(first, attrs=LeaseAttrs(ME)))
     mgr.start()
     try:
@@ -217,7 +217,7 @@ def test_public_ipv6_is_written_and_an_adopted_value_without_it_rewritten(shared
     finally:
         mgr.stop()
     # without EnableIPv6 none is written
-    v4 = LeaseManager(reg, ME, public_ipv6=pub6, config=make_registry(shared_etcd, config=V4)
+    v4 = LeaseManager(reg, (ME, pub6), config=make_registry(shared_etcd, config=V4)
                       .get_config())
     assert v4.attrs.public_ipv6 is None
 
@@ -311,11 +311,11 @@ def test_take_back_of_a_dual_key_gives_it_up_to_an_earlier_overlapping_key(
         if how == "subnet.env":
             _hide_others(reg, 2)        # _acquire's listing and the take-back's
             prev, prev6 = _subnet_env(tmp_path, *mine)
-            lease = LeaseManager(reg, ME, prev, subnet_file_prev_v6=prev6).acquire()
+            lease = LeaseManager(reg, ME, (prev, prev6)).acquire()
         elif how == "new key shape":
             stage(reg, mine[0], None)
             _hide_others(reg, 2)        # _acquire's listing and the reshape's
-            lease = LeaseManager(reg, ME, subnet_file_prev_v6=mine[1]).acquire()
+            lease = LeaseManager(reg, ME, (None, mine[1])).acquire()
         else:
             _hide_others(reg, 1)        # the take-back's
             reg.delete_lease(mine[0], ipv6_subnet=mine[1])

@@ -105,7 +105,7 @@ def _udp_flows(tb, src, dst_host, dst_ip):
 @pytest.mark.timeout(150)
 def test_two_queues_carry_ping_tcp_and_spread_flows(testbed, engine_kind):
     require_engine(engine_kind)
-    from dataplane.testbed.hosts import start_static_overlay
+    from dataplane.testbed.forwarder import start_static_overlay
     tb = testbed
     a, b = tb["h0"], tb["h1"]
     fwd = start_static_overlay(tb, engine_kind, network=NETWORK, extra=["--queues", "2"])
@@ -160,7 +160,7 @@ def test_offload_probe_is_consistent_with_the_kernel(testbed, engine_kind):
     """--offload auto: what forward reports matches the device; no traffic (see the docstring)."""
     require_engine(engine_kind)
     from dataplane.engine.api import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO, OFF_UDP_GSO
-    from dataplane.testbed.hosts import Forwarder
+    from dataplane.testbed.forwarder import Forwarder
     tb = testbed
     results = {}
     for mode in ("auto", "off"):

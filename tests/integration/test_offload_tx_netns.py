@@ -82,7 +82,7 @@ class Fwd:
 
     def __init__(self, tb, host, peer, engine: str, offloads: int, tun_addr: str,
                  peer_lease: str):
-        from dataplane.testbed.hosts import _child_env
+        from dataplane.testbed.forwarder import child_env
         self.tb = tb
         self.stats_file = os.path.join(tb.workdir, f"off-{host.name}.json")
         self.proc = tb.popen(host, [sys.executable, "-m", "tests.integration.offload_fwd",
@@ -90,7 +90,7 @@ class Fwd:
                                     "--tun-addr", f"{tun_addr}/32", "--network", NETWORK,
                                     "--listen", f"{host.ip}:{PORT}",
                                     "--route", f"{peer_lease}={peer.ip}:{PORT}",
-                                    "--stats", self.stats_file], env=_child_env())
+                                    "--stats", self.stats_file], env=child_env())
         line = self.proc.stdout.readline()
         if not line.startswith("ready"):
             tb.kill(self.proc)

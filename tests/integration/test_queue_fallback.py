@@ -94,7 +94,8 @@ def test_daemon_runs_one_queue_where_steering_is_refused(engine_kind):
 def test_forward_runs_one_queue_where_steering_is_refused(engine_kind):
     require_root()
     require_engine(engine_kind)
-    from dataplane.testbed.hosts import Testbed, start_static_overlay
+    from dataplane.testbed.forwarder import start_static_overlay
+    from dataplane.testbed.hosts import Testbed
     from tests.integration.traffic import ping
     with Testbed(2) as tb:
         plain_popen = tb.popen

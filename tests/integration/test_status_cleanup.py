@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from dataplane.host.child import cli_argv
-from dataplane.testbed.hosts import wait_for
+from dataplane.testbed.wait import wait_for
 from tests.conftest import ENGINES, require_overlay
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from dataplane.testbed.hosts import wait_for
+from dataplane.testbed.wait import wait_for
 from dataplane.testbed.overlay import parse_ping
 from tests.integration.conftest import other_engine, overlay_of
 

@@ -184,13 +184,13 @@ def test_pick_pair_picks_each_part_independently_among_the_free():
     leases = [lease("10.5.1.0/24", v6(2)), lease("10.5.2.0/24", v6(1))]
     free4 = free_subnets(c, [IPv4Network(f"10.5.{i}.0/24") for i in (1, 2, 3)])
     free6 = free_ipv6_subnets(c, [v6(1), v6(2), v6(3)])
-    picks = [pick_pair(c, leases, [IPv4Network("10.5.3.0/24")], [v6(3)], random.Random(seed))
+    picks = [pick_pair(c, leases, [IPv4Network("10.5.3.0/24"), v6(3)], random.Random(seed))
              for seed in range(60)]
     assert all(sn in free4 and sn6 in free6 for sn, sn6 in picks)
     assert len({sn for sn, _ in picks}) > 20 and len({sn6 for _, sn6 in picks}) > 20
     assert any(free4.index(sn) != free6.index(sn6) for sn, sn6 in picks)   # not one index for both
     v4only = parse_config('{"Network":"10.5.0.0/16"}')
-    assert pick_pair(v4only, leases, [], [], random.Random(1))[1] is None
+    assert pick_pair(v4only, leases, [], random.Random(1))[1] is None
 
 
 def test_out_of_ipv6_subnets_alone_is_out_of_subnets():
@@ -198,8 +198,8 @@ def test_out_of_ipv6_subnets_alone_is_out_of_subnets():
     leases = [lease("10.5.1.0/24", v6(1)), lease("10.5.2.0/24", v6(2))]    # IPv4 has 250 free
     with pytest.raises(OutOfSubnetsError, match=r"out of subnets: no free IPv6 /64 left in "
                                                 r"fc00:5:0:1:: \.\.\. fc00:5:0:2::"):
-        pick_pair(c, leases, [], [], random.Random(1))
-    assert pick_pair(c, leases[:1], [], [], random.Random(1))[1] == v6(2)
+        pick_pair(c, leases, [], random.Random(1))
+    assert pick_pair(c, leases[:1], [], random.Random(1))[1] == v6(2)
 
 
 def test_ipv6_part_keeps_a_fitting_free_part_else_picks_one():
@@ -251,10 +251,10 @@ def test_make_lease_manager_hands_subnet_envs_ipv6_part_over(tmp_path):
     p = str(tmp_path / "subnet.env")
     write_subnet_env(p, N, S, 1472, False, ipv6_network=N6, ipv6_subnet=S6)
     mgr = make_lease_manager(_Opts(p), object(), _Ext(), parse_config(DUAL), None)
-    assert (mgr.subnet_file_prev, mgr.subnet_file_prev_v6) == (S, S6)
+    assert mgr.subnet_file_prev == {4: S, 6: S6}
     write_subnet_env(p, N, S, 1472, False)
     mgr = make_lease_manager(_Opts(p), object(), _Ext(), parse_config(DUAL), None)
-    assert (mgr.subnet_file_prev, mgr.subnet_file_prev_v6) == (S, None)
+    assert mgr.subnet_file_prev == {4: S}
 
 
 @pytest.mark.parametrize("six", [None, S6], ids=["v4-only", "dual"])

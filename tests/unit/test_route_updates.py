@@ -27,6 +27,11 @@ def route(i: int, peer: int, port: int = 8285, plen: int = 24, v6: bool = False)
     return Route(net, ipaddress.IPv4Address(0x7F000002 + peer), port)
 
 
+def engine_routes(routes) -> list:
+    """The engine's routes of control's, as the daemon makes them (daemon/peer_routes.py)."""
+    return [Route(*r) for r in routes]
+
+
 def same(table, routes) -> None:
     """``table`` holds exactly ``routes`` (a later route of a subnet wins)."""
     want = {r.subnet: r for r in routes}
@@ -140,8 +145,9 @@ def test_route_changes_keep_the_table_equal_to_the_snapshots(cls):
                 leases[route(i, 0).subnet] = lease(i, rnd.randrange(5))
         after = PeerSnapshot.of(leases, own)
         change = PeerChange.between(snap, after)
-        table, snap = table.updated(*route_changes(change, 8285)), after
-        same(table, route_table(snap, 8285))
+        removed, added = route_changes(change, 8285)
+        table, snap = table.updated(removed, engine_routes(added)), after
+        same(table, engine_routes(route_table(snap, 8285)))
 
 
 @pytest.mark.parametrize("kind", ["c", "python"])

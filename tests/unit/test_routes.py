@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 
 import pytest
 
 from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peerset import PeerChange, PeerSnapshot
-from dataplane.control.routes import Ipv6Parts, route_changes, route_table
-from dataplane.engine import Route
+from dataplane.control.routes import Ipv6Parts, PeerRoute, route_changes, route_table
 
 OWN = "10.5.1.0/24"
 
@@ -18,8 +17,8 @@ def lease(subnet: str, ip: str) -> Lease:
     return Lease(IPv4Network(subnet), LeaseAttrs(IPv4Address(ip)))
 
 
-def route(subnet: str, ip: str, port: int) -> Route:
-    return Route.make(subnet, ip, port)
+def route(subnet: str, ip: str, port: int, mtu: int = 0) -> PeerRoute:
+    return PeerRoute(ip_network(subnet), ip_address(ip), port, mtu)
 
 
 CASES = [
@@ -105,7 +104,7 @@ def test_ipv6_parts_are_routes_only_when_marked_and_inside_the_network(caplog):
     v4 = [r for r in routes if r.subnet.version == 4]
     assert len(v4) == 6, "a part that is no route costs that part only"
     assert [r for r in routes if r.subnet.version == 6] == [
-        Route.make("fc00:66:0:2::/64", "192.168.77.2", 8285)]
+        route("fc00:66:0:2::/64", "192.168.77.2", 8285)]
     said = [r.getMessage() for r in caplog.records]
     assert any("10.5.3.0/24" in m and "ForwardsIPv6" in m for m in said)
     assert any("10.5.4.0/24" in m and "outside the IPv6Network" in m for m in said)
@@ -181,9 +180,9 @@ def test_ipv6_parts_go_over_ipv6_when_both_hosts_have_a_public_ipv6(caplog):
     snap = PeerSnapshot.of(leases, IPv4Network(OWN))
     ours = Ipv6Parts(NET6, public6=IPv6Address("fd00:99::1"), mtu6=1452)
     six = {str(r.subnet): r for r in route_table(snap, 8285, ours) if r.subnet.version == 6}
-    assert six["fc00:66:0:2::/64"] == Route.make("fc00:66:0:2::/64", "fd00:99::2", 8285, mtu=1452)
+    assert six["fc00:66:0:2::/64"] == route("fc00:66:0:2::/64", "fd00:99::2", 8285, mtu=1452)
     for i in (3, 4, 5):
-        assert six[f"fc00:66:0:{i}::/64"] == Route.make(f"fc00:66:0:{i}::/64", f"192.168.77.{i}",
+        assert six[f"fc00:66:0:{i}::/64"] == route(f"fc00:66:0:{i}::/64", f"192.168.77.{i}",
                                                         8285)
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("10.5.4.0/24" in m and "inside the IPv6Network" in m for m in said), said
@@ -201,4 +200,4 @@ def test_ipv6_parts_go_over_ipv6_when_both_hosts_have_a_public_ipv6(caplog):
     change = PeerChange.between(snap, after)
     assert [str(l.subnet) for l in change.added] == ["10.5.2.0/24"]
     removed, added = route_changes(change, 8285, ours, before=snap)
-    assert Route.make("fc00:66:0:2::/64", "192.168.77.2", 8285) in added
+    assert route("fc00:66:0:2::/64", "192.168.77.2", 8285) in added

@@ -15,7 +15,7 @@ import pytest
 from dataplane.cli.status import render
 from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peerset import PeerChange, PeerSnapshot
-from dataplane.control.routes import Ipv6Parts, probe_subnet, route_changes, route_table
+from dataplane.control.routes import Ipv6Parts, PeerRoute, probe_subnet, route_changes, route_table
 from dataplane.control.underlay_health import (ANSWERS_TO_RECOVER, MISSES_TO_FAIL, PROBE_EVERY_S,
                                                UnderlayHealth)
 from dataplane.engine import Route, ipv6
@@ -234,9 +234,10 @@ def parts(probe_routes=True, fallback=()) -> Ipv6Parts:
 def test_a_failed_peers_part_goes_over_ipv4_and_its_flannel0_address_stays_on_ipv6():
     snap = PeerSnapshot.of([lease6(2, "fd00:99::2"), lease6(3, None)], OWN)
     table = {str(r.subnet): r for r in route_table(snap, 8285, parts(fallback=["10.5.2.0/24"]))}
-    assert table["fc00:66:0:2::/64"] == Route.make("fc00:66:0:2::/64", "192.168.77.2", 8285)
-    assert table["fc00:66:0:2::/128"] == Route.make("fc00:66:0:2::/128", "fd00:99::2", 8285,
-                                                    mtu=1452)
+    assert table["fc00:66:0:2::/64"] == PeerRoute(IPv6Network("fc00:66:0:2::/64"),
+                                                  IPv4Address("192.168.77.2"), 8285)
+    assert table["fc00:66:0:2::/128"] == PeerRoute(IPv6Network("fc00:66:0:2::/128"),
+                                                   IPv6Address("fd00:99::2"), 8285, mtu=1452)
     # a peer over IPv4 anyway has no probe route; without the probes, none at all
     assert "fc00:66:0:3::/128" not in table
     plain = {str(r.subnet): r for r in route_table(snap, 8285, parts(probe_routes=False))}
