@@ -232,16 +232,17 @@ def trace_record(pa: Path, kind: int, length: int, addr: int, port: int, batch: 
                     bytes(head[:min(length, TRACE_HEAD)]) if head is not None else b""))
 
 
-def count_batch(pa: Path, packets: int, nbytes: int, got: tuple, got6: tuple,
+def count_batch(pa: Path, packets: int, nbytes: int, got: tuple, v6_share: tuple,
                 fwd6: tuple) -> None:
     """A batch's rx counters (``packets`` and ``nbytes`` their indices): ``got`` the
-    (packets, bytes) read, ``got6`` IPv6's share of them, and ``fwd6`` (packets, bytes) the
-    IPv6 ones let through, for the caller's sends or writes (Path.fwd6)."""
+    (packets, bytes) read, ``v6_share`` how many of them were IPv6 (dataplane.h, "Counters by
+    family"), and ``fwd6`` the (packets, bytes) of IPv6 let through, for the caller's sends or
+    writes (Path.fwd6)."""
     c = pa.c
     c[packets] += got[0]
     c[nbytes] += got[1]
-    c[V6_OF[packets]] += got6[0]
-    c[V6_OF[nbytes]] += got6[1]
+    c[V6_OF[packets]] += v6_share[0]
+    c[V6_OF[nbytes]] += v6_share[1]
     pa.fwd6 = fwd6
 
 
