@@ -3,8 +3,8 @@
 * ``api.py``          the interface both engines keep (Engine, Route);
 * ``contract.py``     the facts of csrc/dataplane.h as Python values (counter names, limits, bits);
 * ``native.py``       the C engine: the cffi binding of csrc/dataplane.h;
-* ``pyengine.py``     the pure-Python engine, the oracle of the differential tests: its loop,
-                      the I/O around ``pypath.py``;
+* ``pyengine.py``     the pure-Python engine, the oracle of the differential tests: its API;
+* ``pyloop.py``       its loop thread, the I/O around ``pypath.py``;
 * ``pypath.py``       its per-packet work, no I/O: csrc/path.c in Python, function for function;
 * ``ipv4.py``         the IPv4/ICMP header helpers, csrc/packet.c's rules written for reading
                       (the Python engine's slow paths, the tests and the demo use them);

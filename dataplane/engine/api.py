@@ -90,14 +90,11 @@ class Route:
 
 @dataclass(frozen=True)
 class Local:
-    """Engine.set_local's arguments as checked: per family the lease subnet (network
-    and prefix length, 0 and 0 for none) and the addresses, as host-order ints."""
+    """One family's share of Engine.set_local's arguments as checked: the lease subnet
+    (network and prefix length, 0 and 0 for none) and the addresses, as host-order ints."""
     net: int
     prefixlen: int
     addrs: tuple
-    net6: int
-    prefixlen6: int
-    addrs6: tuple
 
 
 class EngineClosed(OSError):
@@ -264,11 +261,11 @@ class Engine(abc.ABC):
         return usecs
 
     @abc.abstractmethod
-    def set_local(self, own_subnet, addrs, own_subnet6=None) -> None:
+    def set_local(self, own_subnets, addrs) -> None:
         """This host's own sources (dataplane.h, UDP -> TUN step 4): a datagram
-        whose inner source is one of ``addrs`` (of either family) or inside
-        ``own_subnet`` or ``own_subnet6`` (the lease's two parts; None for none)
-        is dropped as drop_inner_local. Replaces the previous set; thread-safe.
+        whose inner source is one of ``addrs`` (of either family) or inside one of
+        ``own_subnets`` (the lease's parts: networks, at most one per family, in any
+        order) is dropped as drop_inner_local. Replaces the previous set; thread-safe.
         Empty (the default) checks nothing."""
 
     @abc.abstractmethod
@@ -297,27 +294,28 @@ class Engine(abc.ABC):
         sent the datagram, else drop_inner_foreign. Thread-safe."""
 
     @staticmethod
-    def _check_local(own_subnet, addrs, own_subnet6=None) -> "Local":
-        """The own sources as host-order ints per family, checked as dp_loop_set_local
-        checks them, so both engines refuse alike."""
-        nets = (ipaddress.IPv4Network(own_subnet) if own_subnet is not None else None,
-                ipaddress.IPv6Network(own_subnet6) if own_subnet6 is not None else None)
+    def _check_local(own_subnets, addrs) -> tuple["Local", "Local"]:
+        """The own sources as host-order ints, IPv4's then IPv6's, checked as
+        dp_loop_set_local checks them, so both engines refuse alike."""
+        nets: dict = {}
+        for net in map(ipaddress.ip_network, own_subnets):
+            if net.version in nets:
+                raise ValueError(f"own subnets {nets[net.version]} and {net}: one per family")
+            if net.prefixlen == 0:
+                raise ValueError(f"own subnet {net} would make every source local")
+            nets[net.version] = net
         by_family: dict[int, list[int]] = {4: [], 6: []}
         for a in addrs:
             a = ipaddress.ip_address(a)
             by_family[a.version].append(int(a))
         out = []
-        for net, version in zip(nets, (4, 6)):
-            ints = tuple(by_family[version])
+        for version, ints in by_family.items():
             if len(ints) > LOCAL_MAX:
                 raise ValueError(f"{len(ints)} local IPv{version} addresses: at most {LOCAL_MAX}")
-            if net is not None and net.prefixlen == 0:
-                raise ValueError(f"own subnet {net} would make every source local")
-            if net is None:
-                out += [0, 0, ints]
-            else:
-                out += [int(net.network_address), net.prefixlen, ints]
-        return Local(*out)
+            net = nets.get(version)
+            out.append(Local(int(net.network_address), net.prefixlen, tuple(ints)) if net
+                       else Local(0, 0, tuple(ints)))
+        return out[0], out[1]
 
     def set_offloads(self, flags: int) -> None:
         """Tell the engine which offloads (OFF_* bits) the caller switched on

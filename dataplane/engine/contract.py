@@ -125,22 +125,16 @@ def v6_shares(names) -> dict[str, str]:
 V6_SHARES = v6_shares(STAT_NAMES)
 
 # enum dp_offload
-OFF_TUN_VNET = _pick(_offload, "DP_OFF_TUN_VNET")
-OFF_UDP_GSO = _pick(_offload, "DP_OFF_UDP_GSO")
-OFF_UDP_GRO = _pick(_offload, "DP_OFF_UDP_GRO")
-OFF_TUN_GRO = _pick(_offload, "DP_OFF_TUN_GRO")
-OFF_TUN_GRO_UDP = _pick(_offload, "DP_OFF_TUN_GRO_UDP")
+OFF_TUN_VNET, OFF_UDP_GSO, OFF_UDP_GRO, OFF_TUN_GRO, OFF_TUN_GRO_UDP = (
+    _pick(_offload, "DP_OFF_" + name)
+    for name in ("TUN_VNET", "UDP_GSO", "UDP_GRO", "TUN_GRO", "TUN_GRO_UDP"))
 
 # enum dp_trace_kind, as DP_TR_<NAME> -> value, lower-cased; and one name per kind
 TRACE_KINDS = {v: k[len("DP_TR_"):].lower() for k, v in _trace.items()}
-TR_TUN_READ = _pick(_trace, "DP_TR_TUN_READ")
-TR_ROUTE_HIT = _pick(_trace, "DP_TR_ROUTE_HIT")
-TR_ROUTE_MISS = _pick(_trace, "DP_TR_ROUTE_MISS")
-TR_UDP_SEND = _pick(_trace, "DP_TR_UDP_SEND")
-TR_UDP_RECV = _pick(_trace, "DP_TR_UDP_RECV")
-TR_TUN_WRITE = _pick(_trace, "DP_TR_TUN_WRITE")
-TR_ICMP = _pick(_trace, "DP_TR_ICMP")
-TR_DROP = _pick(_trace, "DP_TR_DROP")
+TR_TUN_READ, TR_ROUTE_HIT, TR_ROUTE_MISS, TR_UDP_SEND, TR_UDP_RECV, TR_TUN_WRITE, TR_ICMP, \
+    TR_DROP = (_pick(_trace, "DP_TR_" + name)
+               for name in ("TUN_READ", "ROUTE_HIT", "ROUTE_MISS", "UDP_SEND", "UDP_RECV",
+                            "TUN_WRITE", "ICMP", "DROP"))
 
 # enum dp_loop_end, as DP_END_<NAME> -> value, lower-cased: why a loop is no
 # longer running (dp_state.end)

@@ -155,10 +155,10 @@ class MultiEngine(Engine):
         for q, r, b in zip(self.queues, split(rate, n), split(burst, n)):
             q.set_icmp_limit(max(r, 1), max(b, 1))
 
-    def set_local(self, own_subnet, addrs, own_subnet6=None) -> None:
-        addrs = list(addrs)
+    def set_local(self, own_subnets, addrs) -> None:
+        own_subnets, addrs = list(own_subnets), list(addrs)
         for q in self.queues:
-            q.set_local(own_subnet, addrs, own_subnet6)
+            q.set_local(own_subnets, addrs)
 
     def set_tun_addr6(self, addr) -> None:
         for q in self.queues:

@@ -183,20 +183,20 @@ class CEngine(Engine):
             _check(lib.dp_loop_state(self._live(), state))
         return state.beats
 
-    def set_local(self, own_subnet, addrs, own_subnet6=None) -> None:
-        local = self._check_local(own_subnet, addrs, own_subnet6)
-        arr = ffi.new("uint32_t[]", [_addr_u32(ipaddress.IPv4Address(a)) for a in local.addrs]) \
-            if local.addrs else ffi.NULL
+    def set_local(self, own_subnets, addrs) -> None:
+        v4, v6 = self._check_local(own_subnets, addrs)
+        arr = ffi.new("uint32_t[]", [_addr_u32(ipaddress.IPv4Address(a)) for a in v4.addrs]) \
+            if v4.addrs else ffi.NULL
         # dp_loop_set_local's IPv6 arguments are 16 network-order bytes per address.
-        net6 = ffi.from_buffer("uint8_t[]", local.net6.to_bytes(16, "big")) \
-            if local.prefixlen6 else ffi.NULL
-        arr6 = ffi.from_buffer("uint8_t[]", b"".join(a.to_bytes(16, "big") for a in local.addrs6)) \
-            if local.addrs6 else ffi.NULL
+        net6 = ffi.from_buffer("uint8_t[]", v6.net.to_bytes(16, "big")) if v6.prefixlen \
+            else ffi.NULL
+        arr6 = ffi.from_buffer("uint8_t[]", b"".join(a.to_bytes(16, "big") for a in v6.addrs)) \
+            if v6.addrs else ffi.NULL
         with self._lock:
             _check(lib.dp_loop_set_local(self._live(),
-                                         _addr_u32(ipaddress.IPv4Address(local.net)),
-                                         local.prefixlen, arr, len(local.addrs), net6,
-                                         local.prefixlen6, arr6, len(local.addrs6)))
+                                         _addr_u32(ipaddress.IPv4Address(v4.net)),
+                                         v4.prefixlen, arr, len(v4.addrs), net6,
+                                         v6.prefixlen, arr6, len(v6.addrs)))
 
     def set_coalesce(self, usecs: int) -> None:
         usecs = self._check_coalesce(usecs)

@@ -1,31 +1,32 @@
 """The per-packet work of both directions, with no I/O: csrc/path.c in Python.
 
+(Over 450 lines as one piece: it is path.c, function for function and in path.c's order,
+which tests/unit/test_pypath.py holds it to, so that the two read side by side; the I/O
+around it is pyloop.py's.)
+
 Each function is path.c's of the same name without the ``dp_`` prefix
 (``dp_path_udp`` is :func:`path_udp`): the same steps of csrc/dataplane.h, in
 the same order, counting the same counters, so that the two files can be read
-side by side. pyengine.py makes the syscalls around them, as tx.c, rx.c and
+side by side. pyloop.py makes the syscalls around them, as tx.c, rx.c and
 loop.c do around path.c; tests/unit/test_pypath.py calls them directly.
 
-Flow, in the order the functions appear:
-  1. Path,                 the state (struct dp_path, made as dp_path_init makes
-     path_set_icmp_limit   it) and the ICMP rate limit's setter, for any thread
-     trace_record,         the trace ring (trace.c) and a drop counted with its
-     path_drop             trace event (internal.h's dp_path_drop)
+Flow, in the order the code appears:
+     Family, V4, V6        a family's header facts: version, fixed header, TTL or
+                           hop limit offset, its ICMP types and how an error is made
+  1. Path, own_sources,    the state (struct dp_path, made as dp_path_init makes
+     path_set_icmp_limit   it) and its setters, for any thread
+     trace_record,         the trace ring (trace.c), a batch's rx counters, a
+     count_batch,          drop counted with its trace event (internal.h's
+     path_drop*            dp_path_drop)
   2. icmp_allowed          the ICMP rate limit: dataplane.h's GCRA, integer for integer
-  3. icmp_error,           build an ICMP or ICMPv6 error into pa.icmp, if
-     icmp_error6           allowed
-  4. path_tun              TUN -> UDP: the checks of dataplane.h in its order,
-                           route, TTL, TTL - 1; where to send each packet.
-                           IPv6 takes a branch of its own after the version:
-                           length, link scope, route, hop limit, the route's
-                           mtu, hop limit - 1, with its ICMPv6 errors;
+  3. icmp_error            build the ICMP or ICMPv6 error its Family says into pa.icmp
+  4. check6                IPv6's header checks and link scope (packet.c)
+  5. tun6, path_tun        TUN -> UDP, dataplane.h's steps in its order; IPv6's
+                           with its rules (tun6); where to send each packet
      path_too_big          a packet the underlay refused as over its path MTU
-  5. path_udp              UDP -> TUN: truncated, source, checks, inner
-                           source, TTL, TTL - 1; which datagrams to write.
-                           IPv6 branches after the version as in path_tun,
-                           with the inner source checks between scope and
-                           hop limit
-  6. tun_write_drop,       the outcome of the caller's write into the TUN
+  6. inner_source, udp6,   UDP -> TUN: truncated, source, checks, inner source
+     path_udp              (either family's), TTL; which datagrams to write
+  7. tun_write_drop,       the outcome of the caller's write into the TUN
      path_icmp_written
 
 Every packet handed in is counted in its rx counters and then either forwarded
@@ -42,35 +43,27 @@ packet passes here:
   the next packet is looked at (an ICMP error; a datagram to forward), so
   that everything, trace events included, happens in C's order
   (dataplane/demo/trace.py follows a packet by that order).
-* The steps that path.c calls from packet.c and routes.c (header checks,
-  lookup, TTL update), and its inner_source, are written out, each under a
-  comment naming the C function. The TTL update is dataplane.h's formula on
-  the 16-bit word ``ttl << 8 | proto``, which the header calls ``old``, read
-  and written whole; tests/unit/test_pypath.py holds it equal to
-  ipv4.decrement_ttl for every checksum.
+* IPv4's header checks, route lookup and TTL update (packet.c, routes.c)
+  are written out in path_tun and path_udp, under comments naming the
+  steps: IPv4 is most of the traffic, and a call would cost it as much as
+  a step. IPv6 takes a call or two (tun6, udp6, check6) once the version
+  nibble says 6, and pays nothing on the IPv4 path.
 * dp_path_tun_written has no counterpart: the caller counts a datagram's
   write into the TUN where it makes it, as tx.c's sent() counts a send
   (tun_write_drop gives the drop reason of a failed one).
 * IPv6's shares of the counters (dataplane.h, "Counters by family"), which
-  C takes from each packet's first byte where it counts it, are counted in
-  the IPv6 branches (path_drop6); the caller's sends and writes take theirs
-  from what those branches let through (Path.fwd6) less the failures
-  (path_drop_of), so that no IPv4 packet pays for a look at its version.
-* The IPv6 branches (dataplane.h's "IPv6 inner packets"; path.c's is_ipv6,
-  tun6, inner_source6 and udp6, written out) sit where the IPv4 path has
-  already found the version not 4, so that IPv4 pays nothing for them
-  (not even a call per IPv6 packet); they read the header's addresses as
-  two 64-bit halves, on which the link-scope rule is a few int compares
-  (ipv6.is_link_scoped is the reference, tests/unit/test_pypath_ipv6.py
-  holds them equal). Their ICMPv6 errors are ipv6.py's, as IPv4's are
-  ipv4.py's: only a dropped packet pays for them.
-* Addresses are ints in host order (IPv6: 128-bit ints); sources and route
-  hits are ``(ip_str, port)``, as ``socket`` takes and gives them (a peer of
-  the IPv6 underlay: ``(ip6_str, port, 0, 0)``, and a source from its socket
-  has 4 items too). A source of either socket is checked against the one set
-  of peer names (pytable.RouteTable.peers), which no name of the other family
-  can match, and the strict rule compares names, so an IPv4 route's peer is
-  never an IPv6 sender (path.c's sent_by_peer).
+  C takes from each packet's first byte where it counts it, are counted
+  where the version is known (path_drop6); the caller's sends and writes
+  take theirs from what the paths let through (Path.fwd6) less the
+  failures (path_drop_of), so that no IPv4 packet pays for a look at it.
+* Addresses are ints in host order (IPv6: 128-bit ints, read as two 64-bit
+  halves, on which the link-scope rule is a few int compares); sources and
+  route hits are ``(ip_str, port)``, as ``socket`` takes and gives them (a
+  peer of the IPv6 underlay: ``(ip6_str, port, 0, 0)``, and a source from
+  its socket has 4 items too). A source of either socket is checked against
+  the one set of peer names (pytable.RouteTable.peers), which no name of the
+  other family can match, and the strict rule compares names, so an IPv4
+  route's peer is never an IPv6 sender (path.c's sent_by_peer).
 """
 from __future__ import annotations
 
@@ -78,6 +71,8 @@ import collections
 import errno
 import struct
 import time
+from operator import attrgetter
+from typing import Callable, NamedTuple
 
 from . import ipv4, ipv6
 from .contract import (ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT, MTU6_MIN, STAT_NAMES, TR_DROP,
@@ -113,21 +108,24 @@ DROP_TOO_BIG, ICMP_TOO_BIG_SENT = _STAT["drop_too_big"], _STAT["icmp_too_big_sen
 V6_OF = [0] * len(STAT_NAMES)
 for _total, _share in V6_SHARES.items():
     V6_OF[_STAT[_total]] = _STAT[_share]
-V6_TUN_RX_PACKETS, V6_TUN_RX_BYTES = V6_OF[TUN_RX_PACKETS], V6_OF[TUN_RX_BYTES]
 V6_UDP_TX_PACKETS, V6_UDP_TX_BYTES = V6_OF[UDP_TX_PACKETS], V6_OF[UDP_TX_BYTES]
-V6_UDP_RX_PACKETS, V6_UDP_RX_BYTES = V6_OF[UDP_RX_PACKETS], V6_OF[UDP_RX_BYTES]
 V6_TUN_TX_PACKETS, V6_TUN_TX_BYTES = V6_OF[TUN_TX_PACKETS], V6_OF[TUN_TX_BYTES]
 
 HEADER_MIN = ipv4.HEADER_MIN
-# The header fields path_tun needs once the lengths are known to hold them, in
-# one call: tot_len, flags + fragment offset, the 16-bit word of TTL and
-# protocol (what dataplane.h's TTL update calls `old`), checksum, dst.
+HEADER6 = ipv6.HEADER_LEN
+# The IPv4 header fields path_tun needs once the lengths are known to hold them, in one
+# call: tot_len, flags + fragment offset, the 16-bit word of TTL and protocol (what
+# dataplane.h's TTL update calls `old`), checksum, dst.
 _TUN_FIELDS = struct.Struct("!2xH2xHHH4xI").unpack_from
 # The same for path_udp: tot_len, TTL and protocol, checksum, src.
 _UDP_FIELDS = struct.Struct("!2xH4xHHI").unpack_from
-# TTL and protocol, and the checksum, written back after the decrement.
+# TTL and protocol, and the checksum, written back after the decrement: packet.c's
+# dp_packet_ttl_dec, dataplane.h's formula on `old` (the 16-bit word ttl << 8 | proto, read
+# whole) with new = old - 0x100, where (~old & 0xffff) + new is 0xfeff whatever old is, and
+# the second fold never carries (tests/unit/test_pypath.py holds it equal to
+# ipv4.decrement_ttl for every checksum).
 _PUT_TTL = struct.Struct("!HH").pack_into
-HEADER6 = ipv6.HEADER_LEN
+_TTL_DEC_SUM = 0xFEFF
 # An IPv6 header once its 40 bytes are known to be there: payload length, hop limit,
 # then source and destination as their high and low 64-bit halves.
 _FIELDS6 = struct.Struct("!4xHxB4Q").unpack_from
@@ -135,9 +133,40 @@ _FIELDS6 = struct.Struct("!4xHxB4Q").unpack_from
 # a multicast address's top byte is 0xff and its scope the nibble below the flags.
 _LINK_LOCAL_TOP10 = 0x3FA
 _EMPTY_ROUTES = RouteTable()
-_ICMP6_SENT = {ipv6.ICMPV6_DEST_UNREACH: ICMP_UNREACH_SENT,
-               ipv6.ICMPV6_PACKET_TOO_BIG: ICMP_TOO_BIG_SENT}
 _NO_LOCAL = (0, 0, frozenset())
+
+
+class Family(NamedTuple):
+    """What the path needs to know of one family's packets beyond the steps they share
+    (dataplane.h's IPv4 steps and "IPv6 inner packets"): its version nibble, its fixed
+    header's bytes (IPv4's least), the offset of the TTL or hop limit, the ICMP types of
+    the errors the path sends (the families number them apart) with the counter of each,
+    and how an error is allowed, addressed and built."""
+    version: int
+    header: int
+    hop_at: int
+    unreachable: int
+    time_exceeded: int
+    sent: dict            # ICMP type -> its *_sent counter
+    source: Callable      # Path -> the errors' source address (None: send none)
+    may_send: Callable    # (offender, type) -> whether an error about it is allowed
+    error: Callable       # (offender, type, source, word) -> the ICMP error packet
+
+
+def _may_send4(offender, type_: int) -> bool:
+    return (ipv4.may_send_unreachable if type_ == ipv4.ICMP_DEST_UNREACH
+            else ipv4.may_send_time_exceeded)(offender)
+
+
+V4 = Family(4, HEADER_MIN, 8, ipv4.ICMP_DEST_UNREACH, ipv4.ICMP_TIME_EXCEEDED,
+            {ipv4.ICMP_DEST_UNREACH: ICMP_UNREACH_SENT, ipv4.ICMP_TIME_EXCEEDED: ICMP_TTL_SENT},
+            attrgetter("tun_addr"), _may_send4,
+            lambda offender, type_, src, word: ipv4.icmp_error(offender, type_, 0, src))
+V6 = Family(6, HEADER6, 7, ipv6.ICMPV6_DEST_UNREACH, ipv6.ICMPV6_TIME_EXCEEDED,
+            {ipv6.ICMPV6_DEST_UNREACH: ICMP_UNREACH_SENT, ipv6.ICMPV6_TIME_EXCEEDED: ICMP_TTL_SENT,
+             ipv6.ICMPV6_PACKET_TOO_BIG: ICMP_TOO_BIG_SENT},
+            attrgetter("tun_addr6"), lambda offender, type_: ipv6.may_send_error(offender),
+            lambda offender, type_, src, word: ipv6.icmp_error(offender, type_, 0, src, word))
 
 
 # ---- 1. the state -------------------------------------------------------------------
@@ -177,14 +206,13 @@ class Path:
 
 
 def own_sources(local) -> tuple[tuple, tuple]:
-    """api.Local (Engine._check_local's answer) as Path.local and Path.local6 hold it:
-    per family the subnet's net and mask (0 and 0 for none) and the addresses as a
-    frozenset. One pair, so that another thread can store both families in one go."""
-    mask = (0xFFFFFFFF << (32 - local.prefixlen)) & 0xFFFFFFFF if local.prefixlen else 0
-    all6 = (1 << 128) - 1
-    mask6 = all6 ^ (all6 >> local.prefixlen6)
-    return ((local.net, mask, frozenset(local.addrs)),
-            (local.net6, mask6, frozenset(local.addrs6)))
+    """IPv4's and IPv6's api.Local (Engine._check_local's answer) as Path.local and
+    Path.local6 hold them: the subnet's net and mask (0 and 0 for none) and the addresses
+    as a frozenset. One pair, so that another thread can store both families in one go."""
+    def own(width: int, own) -> tuple:
+        full = (1 << width) - 1
+        return (own.net, full ^ (full >> own.prefixlen), frozenset(own.addrs))
+    return own(32, local[0]), own(128, local[1])
 
 
 def path_set_icmp_limit(pa: Path, rate: int, burst: int) -> None:
@@ -202,32 +230,42 @@ def trace_record(pa: Path, kind: int, length: int, addr: int, port: int, batch: 
                     bytes(head[:min(length, TRACE_HEAD)]) if head is not None else b""))
 
 
+def count_batch(pa: Path, packets: int, nbytes: int, got: tuple, v6_share: tuple,
+                fwd6: tuple) -> None:
+    """A batch's rx counters (``packets`` and ``nbytes`` their indices): ``got`` the
+    (packets, bytes) read, ``v6_share`` how many of them were IPv6 (dataplane.h, "Counters by
+    family"), and ``fwd6`` the (packets, bytes) of IPv6 let through, for the caller's sends or
+    writes (Path.fwd6)."""
+    c = pa.c
+    c[packets] += got[0]
+    c[nbytes] += got[1]
+    c[V6_OF[packets]] += v6_share[0]
+    c[V6_OF[nbytes]] += v6_share[1]
+    pa.fwd6 = fwd6
+
+
 def path_drop(pa: Path, reason: int, length: int) -> None:
-    """internal.h's dp_path_drop: the drop counter, and its trace event."""
+    """internal.h's dp_path_drop of an IPv4 packet (or of no family): the drop counter,
+    and its trace event."""
     pa.c[reason] += 1
     if pa.tracing:
         trace_record(pa, TR_DROP, length, 0, 0, reason, None)
 
 
-def path_drop_of(pa: Path, reason: int, p, length: int) -> bool:
-    """dp_path_drop itself: the drop of the packet ``p``, in IPv6's share too when its version
-    nibble says 6 (then True). For the callers that do not know the family."""
-    if length and p[0] >> 4 == 6:
-        path_drop6(pa, reason, length)
-        return True
-    path_drop(pa, reason, length)
-    return False
-
-
 def path_drop6(pa: Path, reason: int, length: int) -> None:
     """path_drop of an IPv6 packet: its share of the reason too, where it has one (the
     callers know the family; dp_path_drop looks at the packet)."""
-    c = pa.c
-    c[reason] += 1
     if V6_OF[reason]:
-        c[V6_OF[reason]] += 1
-    if pa.tracing:
-        trace_record(pa, TR_DROP, length, 0, 0, reason, None)
+        pa.c[V6_OF[reason]] += 1
+    path_drop(pa, reason, length)
+
+
+def path_drop_of(pa: Path, reason: int, p, length: int) -> bool:
+    """dp_path_drop itself: the drop of the packet ``p``, in IPv6's share too when its version
+    nibble says 6 (then True). For the callers that do not know the family."""
+    v6 = bool(length) and p[0] >> 4 == 6
+    (path_drop6 if v6 else path_drop)(pa, reason, length)
+    return v6
 
 
 # ---- 2. the ICMP rate limit ---------------------------------------------------------
@@ -251,30 +289,73 @@ def icmp_allowed(pa: Path) -> bool:
 
 # ---- 3. ICMP errors -----------------------------------------------------------------
 
-def icmp_error(pa: Path, p, length: int, type_: int) -> bool:
-    """True with the error about the offender ``p[:length]`` in pa.icmp (path.c's
-    DP_V_ICMP), False when the rate limit says no (DP_V_DROP)."""
-    if not icmp_allowed(pa):
-        return False
-    pa.icmp = ipv4.icmp_error(p[:length], type_, 0, pa.tun_addr)
-    return True
-
-
-def icmp_error6(pa: Path, p, length: int, type_: int, word: int = 0) -> bool:
-    """The same for an IPv6 offender (path.c's icmp_error6): none without a source
-    address, nor where RFC 4443 forbids one, and neither takes a token of the limit
-    that both families share. ``word``: the 4 bytes after the checksum (packet too
-    big: the MTU)."""
-    if pa.tun_addr6 is None:
-        return False
+def icmp_error(pa: Path, fam: Family, p, length: int, type_: int, word: int = 0) -> bool:
+    """path.c's icmp_error and icmp_error6: True with the error about the offender
+    ``p[:length]`` in pa.icmp (DP_V_ICMP), False for none (DP_V_DROP): none without a
+    source address, nor about an offender its family's rules forbid one about (those take
+    no token of the limit, which both families share). ``word``: the 4 bytes after the
+    checksum (IPv6's packet too big: the MTU)."""
+    src = fam.source(pa)
     offender = bytes(p[:length])
-    if not ipv6.may_send_error(offender) or not icmp_allowed(pa):
+    if src is None or not fam.may_send(offender, type_) or not icmp_allowed(pa):
         return False
-    pa.icmp = ipv6.icmp_error(offender, type_, 0, pa.tun_addr6, word)
+    pa.icmp = fam.error(offender, type_, src, word)
     return True
 
 
-# ---- 4. TUN -> UDP --------------------------------------------------------------------
+# ---- 4. IPv6's header steps of packet.c ---------------------------------------------
+
+_MALFORMED6, _SCOPE6 = (DROP_MALFORMED,) + (0,) * 5, (DROP_SCOPE,) + (0,) * 5
+
+
+def check6(p, length: int) -> tuple:
+    """packet.c's dp_packet6_check and dp_packet6_link_scope: ``(0, hop limit, s0, s1, d0,
+    d1)``, the addresses as their high and low 64-bit halves, for a packet both let through,
+    else ``(reason, 0, ...)``. The link scope rule is ipv6.is_link_scoped as a few int compares on
+    the halves (tests/unit/test_pypath_ipv6.py holds them equal)."""
+    if length < HEADER6:
+        return _MALFORMED6
+    payload_len, hop_limit, s0, s1, d0, d1 = _FIELDS6(p)
+    if payload_len + HEADER6 != length:
+        return _MALFORMED6
+    if (s0 >> 54 == _LINK_LOCAL_TOP10 or d0 >> 54 == _LINK_LOCAL_TOP10 or
+            (d0 >> 56 == 0xFF and d0 >> 48 & 15 <= 2) or not (d0 or d1)):
+        return _SCOPE6
+    return 0, hop_limit, s0, s1, d0, d1
+
+
+# ---- 5. TUN -> UDP --------------------------------------------------------------------
+
+def tun6(pa: Path, p, length: int):
+    """path.c's tun6, TUN -> UDP for an IPv6 packet: the hop to send it to (its hop limit
+    decremented), True with an ICMPv6 error in pa.icmp, or False (dropped)."""
+    reason, hop_limit, _, _, d0, d1 = check6(p, length)
+    if reason:
+        path_drop6(pa, reason, length)
+        return False
+    dst = d0 << 64 | d1
+    for mask, prefixlen, nets in pa.routes.lens6:   # RouteTable.route6 written out
+        hit = nets.get(dst & mask)
+        if hit is not None:
+            break
+    else:
+        if pa.tracing:
+            trace_record(pa, TR_ROUTE_MISS, 0, 0, 0, 0, None)
+        path_drop6(pa, DROP_NO_ROUTE, length)
+        return icmp_error(pa, V6, p, length, V6.unreachable)
+    hop, mtu = hit
+    if pa.tracing:
+        trace_record(pa, TR_ROUTE_HIT, prefixlen, str_to_int(hop[0]), hop[1], 0, None)
+    if hop_limit <= 1:
+        path_drop6(pa, DROP_TTL, length)
+        return icmp_error(pa, V6, p, length, V6.time_exceeded)
+    # the route's mtu: the tunnel towards that peer is a link of that MTU
+    if mtu and length > mtu:
+        path_drop6(pa, DROP_TOO_BIG, length)
+        return icmp_error(pa, V6, p, length, ipv6.ICMPV6_PACKET_TOO_BIG, mtu)
+    p[V6.hop_at] = hop_limit - 1
+    return hop
+
 
 def path_tun(pa: Path, bufs, lens, n: int, hops):
     """The packets of one batch of TUN reads, packet ``j`` being ``lens[j]`` bytes at the
@@ -286,9 +367,8 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
     into the TUN, and reports with path_icmp_written, before the next packet is looked at,
     as C's loop writes an error right after its packet.
     """
-    c = pa.c
     tracing = pa.tracing
-    routes, routes6 = pa.routes.lens, pa.routes.lens6
+    routes = pa.routes.lens
     one_length = len(routes) == 1             # flannel's case: no loop over the lengths
     if one_length:
         mask0, prefixlen0, nets0 = routes[0]
@@ -302,72 +382,25 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
             if tracing:
                 trace_record(pa, TR_TUN_READ, length, 0, 0, 0, p)
 
-            # step 1 (packet.c: dp_packet_check_tun)
-            if length < HEADER_MIN:
-                if length and p[0] >> 4 == 6:      # IPv6's share, as for any IPv6 read
+            # step 1 (packet.c: dp_packet_check_tun): IPv6 takes tun6, whose own length
+            # rule holds one under 20 bytes malformed too
+            version = p[0] >> 4 if length else 0
+            if version != 4:
+                if version == 6:
                     rx6 += 1
                     rx6_bytes += length
-                    path_drop6(pa, DROP_MALFORMED, length)
+                    hop = tun6(pa, p, length)
+                    if hop is True:
+                        yield j
+                    elif hop:
+                        hops[j] = hop
+                        fwd6 += 1
+                        fwd6_bytes += length
                 else:
-                    path_drop(pa, DROP_MALFORMED, length)
+                    path_drop(pa, DROP_MALFORMED if length < HEADER_MIN else DROP_NOT_IPV4,
+                              length)
                 continue
-            version_ihl = p[0]
-            if version_ihl >> 4 != 4:
-                if version_ihl >> 4 != 6:
-                    path_drop(pa, DROP_NOT_IPV4, length)
-                    continue
-                # IPv6, to the end of this branch (dataplane.h, "IPv6 inner packets"),
-                # each drop with its IPv6 share
-                rx6 += 1
-                rx6_bytes += length
-                if length < HEADER6:
-                    path_drop6(pa, DROP_MALFORMED, length)
-                    continue
-                payload_len, hop_limit, s0, s1, d0, d1 = _FIELDS6(p)
-                if payload_len + HEADER6 != length:
-                    path_drop6(pa, DROP_MALFORMED, length)
-                    continue
-                # link scope (ipv6.is_link_scoped written out on the halves)
-                if (s0 >> 54 == _LINK_LOCAL_TOP10 or d0 >> 54 == _LINK_LOCAL_TOP10 or
-                        (d0 >> 56 == 0xFF and d0 >> 48 & 15 <= 2) or not (d0 or d1)):
-                    path_drop(pa, DROP_SCOPE, length)
-                    continue
-                # route (RouteTable.route6 written out)
-                dst = d0 << 64 | d1
-                entry = None
-                for mask, prefixlen, nets in routes6:
-                    entry = nets.get(dst & mask)
-                    if entry is not None:
-                        break
-                if entry is None:
-                    if tracing:
-                        trace_record(pa, TR_ROUTE_MISS, 0, 0, 0, 0, None)
-                    path_drop6(pa, DROP_NO_ROUTE, length)
-                    if icmp_error6(pa, p, length, ipv6.ICMPV6_DEST_UNREACH):
-                        yield j
-                    continue
-                hop, mtu = entry
-                if tracing:
-                    trace_record(pa, TR_ROUTE_HIT, prefixlen, str_to_int(hop[0]), hop[1], 0,
-                                 None)
-                # hop limit; no checksum covers it
-                if hop_limit <= 1:
-                    path_drop6(pa, DROP_TTL, length)
-                    if icmp_error6(pa, p, length, ipv6.ICMPV6_TIME_EXCEEDED):
-                        yield j
-                    continue
-                # the route's mtu: the tunnel towards that peer is a link of that MTU
-                if mtu and length > mtu:
-                    path_drop(pa, DROP_TOO_BIG, length)
-                    if icmp_error6(pa, p, length, ipv6.ICMPV6_PACKET_TOO_BIG, mtu):
-                        yield j
-                    continue
-                p[7] = hop_limit - 1
-                hops[j] = hop
-                fwd6 += 1
-                fwd6_bytes += length
-                continue
-            header_len = (version_ihl & 15) << 2
+            header_len = (p[0] & 15) << 2
             if header_len < HEADER_MIN or header_len > length:
                 path_drop(pa, DROP_MALFORMED, length)
                 continue
@@ -389,8 +422,7 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
                 if tracing:
                     trace_record(pa, TR_ROUTE_MISS, 0, dst, 0, 0, None)
                 path_drop(pa, DROP_NO_ROUTE, length)
-                if ipv4.may_send_unreachable(p[:length]) and icmp_error(
-                        pa, p, length, ipv4.ICMP_DEST_UNREACH):
+                if icmp_error(pa, V4, p, length, V4.unreachable):
                     yield j
                 continue
             if tracing:
@@ -399,25 +431,17 @@ def path_tun(pa: Path, bufs, lens, n: int, hops):
             # step 3: the TTL is the high byte of `old`
             if old >> 8 <= 1:
                 path_drop(pa, DROP_TTL, length)
-                if ipv4.may_send_time_exceeded(p[:length]) and icmp_error(
-                        pa, p, length, ipv4.ICMP_TIME_EXCEEDED):
+                if icmp_error(pa, V4, p, length, V4.time_exceeded):
                     yield j
                 continue
 
-            # step 4 (packet.c: dp_packet_ttl_dec; ipv4.decrement_ttl written out), with
-            # the header's ~x & 0xffff as x ^ 0xffff, the same for 16 bits
-            new = old - 0x100                     # (ttl - 1) << 8 | proto
-            s = (check ^ 0xFFFF) + (old ^ 0xFFFF) + new
-            s = (s & 0xFFFF) + (s >> 16)
-            s = (s & 0xFFFF) + (s >> 16)
-            _PUT_TTL(p, 8, new, s ^ 0xFFFF)
+            # step 4, and step 5 is the caller's
+            s = (check ^ 0xFFFF) + _TTL_DEC_SUM
+            _PUT_TTL(p, 8, old - 0x100, ((s & 0xFFFF) + (s >> 16)) ^ 0xFFFF)
             hops[j] = hop
     finally:
-        pa.fwd6 = (fwd6, fwd6_bytes)
-        c[V6_TUN_RX_PACKETS] += rx6
-        c[V6_TUN_RX_BYTES] += rx6_bytes
-        c[TUN_RX_PACKETS] += n
-        c[TUN_RX_BYTES] += rx_bytes
+        count_batch(pa, TUN_RX_PACKETS, TUN_RX_BYTES, (n, rx_bytes), (rx6, rx6_bytes),
+                    (fwd6, fwd6_bytes))
 
 
 def path_too_big(pa: Path, p, length: int, path_mtu: int, hdrs: int) -> bool:
@@ -429,11 +453,38 @@ def path_too_big(pa: Path, p, length: int, path_mtu: int, hdrs: int) -> bool:
         path_drop_of(pa, DROP_SEND_ERROR, p, length)
         return False
     path_drop(pa, DROP_TOO_BIG, length)
-    p[7] += 1
-    return icmp_error6(pa, p, length, ipv6.ICMPV6_PACKET_TOO_BIG, mtu)
+    p[V6.hop_at] += 1
+    return icmp_error(pa, V6, p, length, ipv6.ICMPV6_PACKET_TOO_BIG, mtu)
 
 
-# ---- 5. UDP -> TUN --------------------------------------------------------------------
+# ---- 6. UDP -> TUN --------------------------------------------------------------------
+
+def inner_source(pa: Path, inner: int, sender, own: tuple, lookup) -> int:
+    """path.c's inner_source and inner_source6 (UDP -> TUN steps 4 and 5) on the family's
+    own sources ``own`` (Path.local or local6) and route lookup (RouteTable.lookup or
+    lookup6): 0, or the drop reason. The inner source is not this host's own, and with the
+    strict rule it is routed to the sender (who owns it, as kernel WireGuard asks its
+    allowed IPs)."""
+    net, mask, addrs = own
+    if inner in addrs or (mask and inner & mask == net):
+        return DROP_INNER_LOCAL
+    if pa.strict_sources:
+        hit = lookup(pa.routes, inner)
+        if hit is None or hit[0][0] != sender[0]:
+            return DROP_INNER_FOREIGN
+    return 0
+
+
+def udp6(pa: Path, p, length: int, sender) -> int:
+    """path.c's udp6, UDP -> TUN steps 3-6 for an IPv6 payload: 0, or the drop reason.
+    Link scope comes before the inner source, as in C."""
+    reason, hop_limit, s0, s1, _, _ = check6(p, length)
+    if not reason:
+        reason = inner_source(pa, s0 << 64 | s1, sender, pa.local6, RouteTable.lookup6)
+    if not reason and hop_limit <= 1:
+        reason = DROP_TTL
+    return reason
+
 
 def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
     """The datagrams of one receive, datagram ``j`` being ``lens[j]`` bytes at the start of
@@ -446,12 +497,9 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
     decremented (``lens[j]`` bytes); the caller writes it, and counts how that went,
     before the next datagram is looked at, as C's loop does.
     """
-    c = pa.c
     tracing = pa.tracing
-    accept_any, routes = pa.accept_any, pa.routes
-    own_net, own_mask, own_addrs = pa.local
-    own_net6, own_mask6, own_addrs6 = pa.local6
-    strict = pa.strict_sources
+    peers = None if pa.accept_any else pa.routes.peers
+    own = pa.local
     rx_bytes = rx6 = rx6_bytes = fwd6 = fwd6_bytes = 0
     try:
         for j in range(k):
@@ -464,104 +512,62 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
                 src = srcs[j]
                 trace_record(pa, TR_UDP_RECV, length, str_to_int(src[0]), src[1], k, p)
 
-            # steps 1 and 2; IPv6's share of udp_rx counted in each branch that sees an
-            # IPv6 packet, so that IPv4 pays nothing for it
-            if truncated:
-                if length and p[0] >> 4 == 6:
+            # steps 1 and 2
+            if truncated or (peers is not None and srcs[j][0] not in peers):
+                if path_drop_of(pa, DROP_TRUNCATED if truncated else DROP_BAD_SOURCE, p,
+                                length):
                     rx6 += 1
                     rx6_bytes += length
-                path_drop(pa, DROP_TRUNCATED, length)
-                continue
-            if not accept_any and srcs[j][0] not in routes.peers:
-                if length and p[0] >> 4 == 6:
-                    rx6 += 1
-                    rx6_bytes += length
-                    path_drop6(pa, DROP_BAD_SOURCE, length)
-                else:
-                    path_drop(pa, DROP_BAD_SOURCE, length)
                 continue
 
             # step 3 (packet.c: dp_packet_check_udp): the version comes first, so that
-            # a short datagram of another version is "not IPv4" (nor IPv6)
+            # a short datagram of another version is "not IPv4" (nor IPv6); IPv6 takes
+            # udp6 for steps 3 to 6
             if length and p[0] >> 4 != 4:
                 if p[0] >> 4 != 6:
                     path_drop(pa, DROP_NOT_IPV4, length)
                     continue
-                # IPv6, to the end of this branch (dataplane.h, "IPv6 inner packets"):
-                # the steps of IPv4 with its rules, link scope between 3 and 4; each drop
-                # with its IPv6 share
                 rx6 += 1
                 rx6_bytes += length
-                if length < HEADER6:
-                    path_drop6(pa, DROP_MALFORMED, length)
+                reason = udp6(pa, p, length, srcs[j])
+                if reason:
+                    path_drop6(pa, reason, length)
                     continue
-                payload_len, hop_limit, s0, s1, d0, d1 = _FIELDS6(p)
-                if payload_len + HEADER6 != length:
-                    path_drop6(pa, DROP_MALFORMED, length)
-                    continue
-                if (s0 >> 54 == _LINK_LOCAL_TOP10 or d0 >> 54 == _LINK_LOCAL_TOP10 or
-                        (d0 >> 56 == 0xFF and d0 >> 48 & 15 <= 2) or not (d0 or d1)):
-                    path_drop(pa, DROP_SCOPE, length)
-                    continue
-                inner = s0 << 64 | s1
-                if inner in own_addrs6 or (own_mask6 and inner & own_mask6 == own_net6):
-                    path_drop6(pa, DROP_INNER_LOCAL, length)
-                    continue
-                if strict:
-                    hit = routes.lookup6(inner)
-                    if hit is None or hit[0][0] != srcs[j][0]:
-                        path_drop6(pa, DROP_INNER_FOREIGN, length)
-                        continue
-                if hop_limit <= 1:
-                    path_drop6(pa, DROP_TTL, length)
-                    continue
-                p[7] = hop_limit - 1
+                p[V6.hop_at] -= 1
                 fwd6 += 1
                 fwd6_bytes += length
                 yield j
                 continue
-            if length < HEADER_MIN:
+            header_len = (p[0] & 15) << 2 if length else 0
+            if header_len < HEADER_MIN or header_len > length:
                 path_drop(pa, DROP_MALFORMED, length)
                 continue
-            header_len = (p[0] & 15) << 2
             tot_len, old, check, inner = _UDP_FIELDS(p)
-            if header_len < HEADER_MIN or header_len > length or tot_len != length:
+            if tot_len != length:
                 path_drop(pa, DROP_MALFORMED, length)
                 continue
 
-            # steps 4 and 5 (path.c: inner_source): the inner source is not this host's
-            # own, and with the strict rule it is routed to the sender (who owns it, as
-            # kernel WireGuard asks its allowed IPs)
-            if inner in own_addrs or (own_mask and inner & own_mask == own_net):
-                path_drop(pa, DROP_INNER_LOCAL, length)
+            # steps 4 and 5
+            reason = inner_source(pa, inner, srcs[j], own, RouteTable.lookup)
+            if reason:
+                path_drop(pa, reason, length)
                 continue
-            if strict:
-                hit = routes.lookup(inner)
-                if hit is None or hit[0][0] != srcs[j][0]:
-                    path_drop(pa, DROP_INNER_FOREIGN, length)
-                    continue
 
             # step 6: the TTL is the high byte of `old`
             if old >> 8 <= 1:
                 path_drop(pa, DROP_TTL, length)
                 continue
 
-            # step 7, TTL - 1 as in path_tun
-            new = old - 0x100                     # (ttl - 1) << 8 | proto
-            s = (check ^ 0xFFFF) + (old ^ 0xFFFF) + new
-            s = (s & 0xFFFF) + (s >> 16)
-            s = (s & 0xFFFF) + (s >> 16)
-            _PUT_TTL(p, 8, new, s ^ 0xFFFF)
+            # step 7 as path_tun's step 4, and the caller writes it
+            s = (check ^ 0xFFFF) + _TTL_DEC_SUM
+            _PUT_TTL(p, 8, old - 0x100, ((s & 0xFFFF) + (s >> 16)) ^ 0xFFFF)
             yield j
     finally:
-        pa.fwd6 = (fwd6, fwd6_bytes)
-        c[V6_UDP_RX_PACKETS] += rx6
-        c[V6_UDP_RX_BYTES] += rx6_bytes
-        c[UDP_RX_PACKETS] += k
-        c[UDP_RX_BYTES] += rx_bytes
+        count_batch(pa, UDP_RX_PACKETS, UDP_RX_BYTES, (k, rx_bytes), (rx6, rx6_bytes),
+                    (fwd6, fwd6_bytes))
 
 
-# ---- 6. outcomes of the caller's writes ---------------------------------------------
+# ---- 7. outcomes of the caller's writes ---------------------------------------------
 
 def tun_write_drop(err: int) -> int:
     """The drop reason of a failed TUN write: full (EAGAIN) or any other error."""
@@ -576,13 +582,11 @@ def path_icmp_written(pa: Path, err: int) -> None:
         return
     # The counters mean unreachable and time exceeded in both families, whose types
     # differ; packet too big is IPv6's alone.
-    if icmp[0] >> 4 == 6:
-        counter = _ICMP6_SENT.get(icmp[HEADER6], ICMP_TTL_SENT)
-        if V6_OF[counter]:
-            pa.c[V6_OF[counter]] += 1
-    else:
-        counter = ICMP_UNREACH_SENT if icmp[HEADER_MIN] == ipv4.ICMP_DEST_UNREACH \
-            else ICMP_TTL_SENT
+    v6 = icmp[0] >> 4 == 6
+    fam = V6 if v6 else V4
+    counter = fam.sent.get(icmp[fam.header], ICMP_TTL_SENT)
     pa.c[counter] += 1
+    if v6 and V6_OF[counter]:
+        pa.c[V6_OF[counter]] += 1
     if pa.tracing:
         trace_record(pa, TR_ICMP, len(icmp), 0, 0, 0, icmp)

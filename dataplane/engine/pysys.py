@@ -1,7 +1,7 @@
 """The Python engine's calls into the kernel beyond moving packets: a UDP socket's error queue,
 IPv4's "don't fragment" for an inner IPv6 datagram, and what a refused send becomes
 (csrc/dataplane.h "Path MTU"; pmtu.c's dp_pmtu_errqueue, dp_pmtu_refused and probe4, tx.c's
-set_peer), and the loop thread's timer slack and coalescing wait (loop.c). pyengine.py's loop
+set_peer), and the loop thread's timer slack and coalescing wait (loop.c). pyloop.py's loop
 calls them; only dont_fragment is on the path of a packet that goes through (an inner IPv6 one
 to an IPv4 peer), and coalesce_wait between passes under load.
 """
@@ -56,7 +56,7 @@ def coalesce_wait(loop, lights: tuple[bool, bool], usecs: int) -> bool:
     """loop.c's coalescing wait (ppoll: select and Python's poll have no microseconds and
     POLLERR apart): the wake fd, the fd of each light direction (``lights``: TUN, UDP), and the
     UDP sockets, busy ones for POLLERR alone, each such socket's error queue then emptied.
-    True when the wake fd is readable. ``loop`` is pyengine's _Loop."""
+    True when the wake fd is readable. ``loop`` is pyloop's Loop."""
     udp_in = _POLLIN if lights[1] else 0
     fds = [(loop.wake_fd, _POLLIN)] + ([(loop.tun_fd, _POLLIN)] if lights[0] else [])
     fds += [(fd, udp_in) for fd in (loop.udp_fd, loop.udp6_fd) if fd is not None]
@@ -102,7 +102,7 @@ def refused(loop, buf, data, hop, err: int) -> bool:
     """A datagram (``data``, the packet in ``buf``, to ``hop``) the kernel refused with
     ``err``, of the IPv6 underlay or an inner IPv6 one to an IPv4 peer: True when it went on a
     second try, else it is counted where dataplane.h's "Path MTU" puts it (a packet too big
-    written into the TUN, or drop_send_error). ``loop`` is pyengine's _Loop."""
+    written into the TUN, or drop_send_error). ``loop`` is pyloop's Loop."""
     if len(hop) != 4:
         return probe4(loop, buf, data, hop, err)
     pa, c, length = loop.path, loop.c, len(data)

@@ -67,24 +67,24 @@ class RouteTable:
     __slots__ = ("lens", "lens6", "peers", "peers6", "size", "_refs")
 
     def __init__(self, routes=()):
-        by_len: dict[int, dict[int, tuple[str, int]]] = {}
-        by_len6: dict[int, dict[int, tuple[str, int]]] = {}
+        by_len: dict[int, dict[int, dict]] = {4: {}, 6: {}}    # version -> prefixlen -> nets
         refs: dict[str, int] = {}
         # As csrc/routes.c: the peer of a duplicate that a later route replaced stays a peer.
-        table, table6 = route_arrays(routes)
-        _fill(table, lambda plen: by_len.setdefault(plen, {}), refs, replace=False)
-        _fill6(table6, lambda plen: by_len6.setdefault(plen, {}), refs, replace=False)
-        self._set(by_len, by_len6, refs, len(table) + len(table6))
+        tables = route_arrays(routes)
+        for fill, table, nets in zip(_FILL, tables, by_len.values()):
+            fill(table, lambda plen, nets=nets: nets.setdefault(plen, {}), refs, replace=False)
+        self._set(by_len, refs, sum(map(len, tables)))
 
     @classmethod
     def of(cls, routes=()) -> "RouteTable":
         return cls(routes)
 
-    def _set(self, by_len: dict, by_len6: dict, refs: dict, size: int) -> None:
-        self.lens = tuple((_mask(plen), plen, by_len[plen])
-                          for plen in sorted(by_len, reverse=True) if by_len[plen])
-        self.lens6 = tuple((_mask6(plen), plen, by_len6[plen])
-                           for plen in sorted(by_len6, reverse=True) if by_len6[plen])
+    def _set(self, by_len: dict, refs: dict, size: int) -> None:
+        """``by_len``: per version, the nets by prefix length."""
+        self.lens, self.lens6 = (
+            tuple((mask(plen), plen, nets[plen]) for plen in sorted(nets, reverse=True)
+                  if nets[plen])
+            for mask, nets in zip((_mask, _mask6), by_len.values()))
         self._refs = refs              # peer -> how many routes go to it (+ replaced duplicates)
         self.peers = frozenset(refs)
         self.peers6 = sum(":" in peer for peer in refs)
@@ -103,9 +103,9 @@ class RouteTable:
         IPv6Networks; one with no route is ignored), then with the Routes ``added``
         (replacing a route of the same subnet); checked as a whole table is, nothing built
         when a route is refused."""
-        add, add6 = route_arrays(added)
-        by_len = {plen: nets for _, plen, nets in self.lens}   # shared until written
-        by_len6 = {plen: nets for _, plen, nets in self.lens6}
+        adds = route_arrays(added)
+        by_len = {version: {plen: nets for _, plen, nets in lens}    # shared until written
+                  for version, lens in ((4, self.lens), (6, self.lens6))}
         routes = sum(len(nets) for _, _, nets in self.lens + self.lens6)
         if sum(self._refs.values()) == routes:
             refs = dict(self._refs)
@@ -113,20 +113,18 @@ class RouteTable:
             refs = {}
             for _, (peer, _) in self._routes():
                 refs[peer] = refs.get(peer, 0) + 1
-        writable = {4: _copy_on_write(by_len), 6: _copy_on_write(by_len6)}
-        family = {4: by_len, 6: by_len6}
+        writable = {version: _copy_on_write(nets) for version, nets in by_len.items()}
         for subnet in removed:
             version, plen = subnet.version, subnet.prefixlen
             net = int(subnet.network_address)
-            if net in family[version].get(plen, ()):
+            if net in by_len[version].get(plen, ()):
                 value = writable[version](plen).pop(net)
                 _unref(refs, (value if version == 4 else value[0])[0])
-        _fill(add, writable[4], refs, replace=True)
-        _fill6(add6, writable[6], refs, replace=True)
+        for fill, add, version in zip(_FILL, adds, (4, 6)):
+            fill(add, writable[version], refs, replace=True)
         table = RouteTable.__new__(RouteTable)
-        table._set(by_len, by_len6, refs,
-                   sum(len(nets) for nets in by_len.values()) +
-                   sum(len(nets) for nets in by_len6.values()))
+        table._set(by_len, refs, sum(len(nets) for lens in by_len.values()
+                                     for nets in lens.values()))
         return table
 
     def lookup(self, dst: int):
@@ -218,6 +216,9 @@ def _fill6(table: np.ndarray, nets_of, refs: dict, replace: bool) -> None:
             _unref(refs, old[0][0])
         nets[net] = ((name, port) if ":" not in name else (name, port, 0, 0), mtu)
         refs[name] = refs.get(name, 0) + 1
+
+
+_FILL = (_fill, _fill6)      # IPv4's, IPv6's
 
 
 def _unref(refs: dict, peer: str) -> None:

@@ -148,35 +148,35 @@ class RouteArray:
     costs per event, not per peer. Rows are in no particular order (no two share a subnet,
     so order cannot matter).
     """
-    __slots__ = ("_v4", "_v6")
+    __slots__ = ("_families",)
 
-    def __init__(self, array: np.ndarray, array6: np.ndarray | None = None):
-        self._v4 = _Rows(array)
-        self._v6 = _Rows(array6 if array6 is not None else np.zeros(0, ROUTE6_DTYPE))
+    def __init__(self, arrays: tuple[np.ndarray, np.ndarray]):
+        """``arrays``: the IPv4 and the IPv6 array, as :func:`route_arrays` gives them."""
+        self._families = tuple(_Rows(a) for a in arrays)    # IPv4's, IPv6's
 
     @property
     def array(self) -> np.ndarray:
-        return self._v4.array
+        return self._families[0].array
 
     @property
     def array6(self) -> np.ndarray:
-        return self._v6.array
+        return self._families[1].array
 
     @classmethod
     def of(cls, routes=()) -> "RouteArray":
-        return cls(*route_arrays(routes))
+        return cls(route_arrays(routes))
 
     def __len__(self) -> int:
-        return len(self._v4.array) + len(self._v6.array)
+        return sum(len(rows.array) for rows in self._families)
 
     def updated(self, removed=(), added=()) -> "RouteArray":
         """The table without the routes of the subnets ``removed`` (IPv4Networks or
         IPv6Networks; one with no route is ignored), then with the Routes ``added`` (replacing
         a route of the same subnet). Checked as :func:`route_arrays` checks a whole table:
         nothing is built when a route is refused."""
-        add4, add6 = route_arrays(added)
         removed = list(removed)
         table = RouteArray.__new__(RouteArray)
-        table._v4 = self._v4.updated([_key(s) for s in removed if s.version == 4], add4)
-        table._v6 = self._v6.updated([_key(s) for s in removed if s.version == 6], add6)
+        table._families = tuple(
+            rows.updated([_key(s) for s in removed if s.version == version], add)
+            for rows, version, add in zip(self._families, (4, 6), route_arrays(added)))
         return table

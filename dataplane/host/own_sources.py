@@ -60,7 +60,7 @@ class OwnSources:
         told = (subnet, self._read(), subnet6)
         if engine is self._engine and told == self._told:
             return False
-        engine.set_local(subnet, told[1], own_subnet6=subnet6)
+        engine.set_local([n for n in (subnet, subnet6) if n is not None], told[1])
         if engine is self._engine:
             log.info("This host's addresses changed: %d count as our own sources now (%s)",
                      len(told[1]), ", ".join(map(str, told[1])))

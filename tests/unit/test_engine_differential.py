@@ -288,7 +288,7 @@ def play(kind, steps, *, accept_any, batch, trace, mtu=MTU, strict=False):
             if step == "routes":
                 h.set_routes([h.route(net, peers[i], mtu) for net, i, mtu in arg])
             elif step == "local":
-                h.engine.set_local(*arg)
+                h.engine.set_local([n for n in arg[::2] if n is not None], arg[1])
             elif step == "tun":
                 h.inject_tun(*arg)
             else:

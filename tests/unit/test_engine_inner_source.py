@@ -38,7 +38,7 @@ def victim(kind, accept_any=False, strict=False, local=True):
     a, b = h.add_peer(), h.add_peer()
     h.set_routes([h.route(A_NET, a), h.route(B_NET, b)])
     if local:
-        h.engine.set_local(OWN_NET, [UNDERLAY, TUN_ADDR, "127.0.0.1"])
+        h.engine.set_local([OWN_NET], [UNDERLAY, TUN_ADDR, "127.0.0.1"])
     h.engine.set_strict_sources(strict)
     return h
 
@@ -103,14 +103,14 @@ def test_set_local_replaces_the_set(engine_kind):
     # The lease moved: the old subnet is no longer ours, the new one is.
     with victim(engine_kind) as h:
         a, _ = h.peers
-        h.engine.set_local("10.5.9.0/24", ["192.168.50.9"])
+        h.engine.set_local(["10.5.9.0/24"], ["192.168.50.9"])
         h.inject_udp(a, from_pod("10.5.1.77"), from_pod(UNDERLAY),
                      from_pod("10.5.9.4"), from_pod("192.168.50.9"))
         st = h.settle()
         assert [p[12:16] for p in h.tun_received] == [
             ipaddress.IPv4Address(x).packed for x in ("10.5.1.77", UNDERLAY)]
         assert st["drop_inner_local"] == 2 and st["tun_tx_packets"] == 2
-        h.engine.set_local(None, [])
+        h.engine.set_local([], [])
         h.inject_udp(a, from_pod("10.5.9.4"))
         assert h.settle()["tun_tx_packets"] == 3
 
@@ -135,14 +135,14 @@ def test_drop_is_traced_with_its_reason(engine_kind):
 def test_bad_sets_are_refused_alike(engine_kind, own, addrs):
     with victim(engine_kind, local=False) as h:
         with pytest.raises(ValueError):
-            h.engine.set_local(own, addrs)
+            h.engine.set_local([] if own is None else [own], addrs)
 
 
 def test_largest_set(engine_kind):
     with victim(engine_kind, local=False) as h:
         a, _ = h.peers
         many = [str(ipaddress.IPv4Address(0xC0A80000 + 2 * i)) for i in range(LOCAL_MAX)]
-        h.engine.set_local(None, many)
+        h.engine.set_local([], many)
         h.inject_udp(a, from_pod(many[0]), from_pod(many[-1]), from_pod("192.168.0.1"))
         st = h.settle()
         assert st["drop_inner_local"] == 2 and st["tun_tx_packets"] == 1
@@ -205,7 +205,7 @@ def test_each_datagram_of_a_train_is_judged_alone(engine_kind):
             h.engine.set_offloads(OFF_UDP_GRO)
         a, b = h.add_peer(), h.add_peer()
         h.set_routes([h.route(A_NET, a), h.route(B_NET, b)], wait=False)
-        h.engine.set_local(OWN_NET, [UNDERLAY])
+        h.engine.set_local([OWN_NET], [UNDERLAY])
         h.engine.set_strict_sources(True)
         a.sock.sendmsg([b"".join(train)], [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", SIZE))], 0,
                        h.udp_addr)

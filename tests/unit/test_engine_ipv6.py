@@ -140,7 +140,7 @@ def test_own_ipv6_sources_and_the_strict_rule(engine_kind, strict):
     with Harness(engine_kind, mtu=MTU, accept_any=False) as h:
         a, b = h.add_peer(), h.add_peer()
         h.set_routes([h.route(A6, a), h.route(B6, b), h.route("10.5.2.0/24", a)])
-        h.engine.set_local("10.5.1.0/24", ["192.168.50.2", "fd77::2"], OWN6)
+        h.engine.set_local([OWN6, "10.5.1.0/24"], ["192.168.50.2", "fd77::2"])
         h.engine.set_strict_sources(strict)
         own_subnet = v6("fc00:5:0:1::9", "fc00:5:0:1::2")       # claims to be one of ours
         own_addr = v6("fd77::2", "fc00:5:0:1::2")               # the host's own address
@@ -157,7 +157,7 @@ def test_own_ipv6_sources_and_the_strict_rule(engine_kind, strict):
             assert len(got) == 3 and st["drop_inner_foreign"] == 0
         assert st["drop_inner_local"] == 2
         # The own sources replaced as a whole, the IPv6 part too.
-        h.engine.set_local("10.5.1.0/24", [], None)
+        h.engine.set_local(["10.5.1.0/24"], [])
         h.inject_udp(a, own_subnet)
         assert h.settle()["drop_inner_local"] == 2
 
@@ -173,14 +173,14 @@ def test_ipv6_routes_peers_are_peers_for_the_source_check(engine_kind):
 
 
 @pytest.mark.parametrize("bad", [
-    dict(own_subnet6="fc00:5:0:1::/0"),
-    dict(own_subnet6="fc00:5:0:1::1/64"),                      # host bits
-    dict(own_subnet6="10.5.1.0/24"),                           # the wrong family
+    "fc00:5:0:1::/0",
+    "fc00:5:0:1::1/64",                                        # host bits
+    "10.5.2.0/24",                                             # a second of one family
 ])
 def test_set_local_refuses_alike(engine_kind, bad):
     with Harness(engine_kind, mtu=MTU) as h:
         with pytest.raises(ValueError):
-            h.engine.set_local("10.5.1.0/24", [], **bad)
+            h.engine.set_local(["10.5.1.0/24", bad], [])
 
 
 def test_trace_of_an_ipv6_packet(engine_kind):

@@ -162,7 +162,7 @@ def test_own_sources_and_strict_reach_every_queue(queues):
     """Forged datagrams spread over every queue (one flow each) are all judged alike."""
     e = queues.engine
     e.set_routes([queues.route()])
-    e.set_local("10.5.1.0/24", ["192.168.50.2"])
+    e.set_local(["10.5.1.0/24"], ["192.168.50.2"])
     e.set_strict_sources(True)
     e.start()
     local = [_udp_packet(src, "10.5.1.2", 30000 + 2 * f)

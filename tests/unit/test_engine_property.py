@@ -255,7 +255,7 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
                      [h.route(net, p, MTU6 if p is peers[PEER6] else 0)
                       for net, p in zip(ROUTED6, peers)])
         if local:
-            h.engine.set_local(OWN_NET, OWN_ADDRS + OWN_ADDRS6, OWN_NET6)
+            h.engine.set_local([OWN_NET, OWN_NET6], OWN_ADDRS + OWN_ADDRS6)
         h.engine.set_strict_sources(strict)
         h.engine.set_tun_addr6(TUN_ADDR6)
         before = h.settle()

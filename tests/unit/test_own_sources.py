@@ -14,7 +14,9 @@ class FakeEngine:
     def __init__(self):
         self.told = []
 
-    def set_local(self, subnet, addrs, own_subnet6=None):
+    def set_local(self, own_subnets, addrs):
+        subnet, own_subnet6 = (next((n for n in own_subnets if n.version == v), None)
+                               for v in (4, 6))
         self.told.append((subnet, list(addrs)) if own_subnet6 is None
                          else (subnet, list(addrs), own_subnet6))
 

@@ -109,15 +109,13 @@ def icmp_packet(type_, src="10.5.1.2", dst="10.5.2.3", **kw):
 WITHOUT = {
     "path_init": "pypath.Path() makes the state",
     "path_tun_drop": "a read refused by the vnet header: the Python engine has no offloads",
-    "inner_source": "written out in path_udp (pypath.py says why)",
-    "is_ipv6": "written out in path_tun and path_udp: their IPv6 branch",
-    "tun6": "written out in path_tun's IPv6 branch",
-    "udp6": "written out in path_udp's IPv6 branch",
+    "icmp_error6": "icmp_error serves both families, told by its Family (V4, V6)",
+    "is_ipv6": "path_tun and path_udp look at the version nibble once, for both families",
     "path_tun_written": "the caller counts the TUN write it makes (pypath.py says why)",
-    "sent_by_peer": "written out in path_udp's strict rule: a name compare",
+    "sent_by_peer": "written out in inner_source's strict rule: a name compare",
     "udp_path": "path_udp serves both sockets: a source's name tells its family",
     "path_udp6": "the same",
-    "icmp_sent_counter": "written out in path_icmp_written (_ICMP6_SENT)",
+    "icmp_sent_counter": "written out in path_icmp_written (Family.sent)",
 }
 
 

@@ -202,7 +202,7 @@ UDP_CASES = [
 def test_udp_checks_in_the_headers_order(what, payload, src, strict, drop):
     pa = new_path(accept_any=False)
     pa.local, pa.local6 = pypath.own_sources(
-        Engine._check_local("10.5.1.0/24", ["192.168.50.2", OWN_ADDR6, "fe80::1"], OWN_NET6))
+        Engine._check_local(["10.5.1.0/24", OWN_NET6], ["192.168.50.2", OWN_ADDR6, "fe80::1"]))
     pa.strict_sources = strict
     out = run_udp_batch(pa, [(payload, src)])[0]
     expect = {"udp_rx_packets": 1, "udp_rx_bytes": len(payload)}
@@ -215,12 +215,12 @@ def test_udp_checks_in_the_headers_order(what, payload, src, strict, drop):
 
 
 def test_own_sources_per_family():
-    v4, v6 = pypath.own_sources(Engine._check_local(None, ["10.0.0.1", "fd00::1"], "fd00:1::/56"))
+    v4, v6 = pypath.own_sources(Engine._check_local(["fd00:1::/56"], ["10.0.0.1", "fd00::1"]))
     assert v4 == (0, 0, frozenset({int(ipaddress.IPv4Address("10.0.0.1"))}))
     net = ipaddress.IPv6Network("fd00:1::/56")
     assert v6 == (int(net.network_address), int(net.netmask),
                   frozenset({int(ipaddress.IPv6Address("fd00::1"))}))
-    assert pypath.own_sources(Engine._check_local(None, [])) == ((0, 0, frozenset()),) * 2
+    assert pypath.own_sources(Engine._check_local([], [])) == ((0, 0, frozenset()),) * 2
 
 
 # ---- the written-out rules against ipv6.py ----------------------------------------------
@@ -262,7 +262,7 @@ DATAGRAM = st.one_of(
 @given(st.lists(DATAGRAM, min_size=1, max_size=12), st.booleans(), st.booleans())
 def test_every_packet_is_counted_once(packets, strict, tracing):
     pa = new_path(accept_any=False, tracing=tracing)
-    pa.local, pa.local6 = pypath.own_sources(Engine._check_local(None, [], "fd00:5:1::/64"))
+    pa.local, pa.local6 = pypath.own_sources(Engine._check_local(["fd00:5:1::/64"], []))
     pa.strict_sources = strict
     _, hops, _ = run_tun(pa, packets)
     out = run_udp_batch(pa, [(p, PEER) for p in packets])
