@@ -11,6 +11,7 @@
 * ``underlay_fallback.py`` the probes of the peers' IPv6 underlay, a failed one's IPv6 over IPv4;
 * ``preflight.py``   what the host lacks (privileges, TUN, firewall tool, subnet.env, the port),
                      checked before anything is written to etcd;
+* ``lease_keeper.py`` our lease while the daemon runs: the lease manager, SIGHUP, when to move;
 * ``lease_move.py``  what moving to another lease does on a running host (SIGHUP, lease lost);
 * ``blackhole_route.py`` the --ip-blackhole-route route, kept with the lease and checked on the tick;
 * ``subnet_env.py``  subnet.env kept equal to the lease, rewritten on the tick while a write fails;
@@ -24,6 +25,8 @@
 * ``takeover.py``    keeping what is handed over (or not), and leaving the fds and the state to
                      the next process in systemd's fd store;
 * ``handover.py``    the handover socket: --handover, systemctl reload (`flannel-udp reload`);
+* ``succession.py``  what the handover is handed of the running daemon, and the state file;
+* ``signals.py``     SIGTERM/SIGINT, SIGHUP, SIGUSR2 to the serve loop;
 * ``http.py``        the /healthz, /readyz, /metrics and /debug/trace server;
 * ``metrics.py``     the Prometheus collector, driven by the table of every series (DECLARED);
 * ``timefmt.py``     a lease's expiry as the log and /readyz write it.

@@ -276,10 +276,11 @@ def connect(path: str) -> FromHandover | None:
 class HandoverServer(UnixListener):
     """Listens on ``path`` and hands ``daemon``'s fds to the first daemon that asks.
 
-    ``daemon`` provides: ``lock``, ``engine``, ``tun_fds``, ``socks``, ``handing_over`` (set
-    while its engine is stopped for a switch), ``handed_over(pid)`` (which stops reconciling
-    first), ``stop_reconciling()`` and ``stop()``, plus what
-    ``inherited.state_of`` reads; ``resume_engine()`` forwards again after a failed switch."""
+    ``daemon`` (daemon/succession.py Succession) provides: ``state`` (its DaemonState: the
+    lock, the engine, the dataplane's fds, what ``inherited.state_of`` reads), ``state_file``,
+    ``handing_over`` (set while its engine is stopped for a switch), ``handed_over(pid)`` (which
+    stops reconciling first), ``stop_reconciling()`` and ``stop()``; ``resume_engine()``
+    forwards again after a failed switch."""
     thread_name = "handover"
 
     def __init__(self, path: str, daemon):
@@ -331,10 +332,11 @@ class HandoverServer(UnixListener):
             raise HandoverError(errno.EPROTO, f"expected 'hello', got {doc.get('op')!r}")
         # the IPv6 sockets only to a daemon that says it takes them (an older one would count
         # them as fds too many)
-        socks6 = list(getattr(d, "socks6", ())) if doc.get("udp6") else []
-        with d.lock:
-            state = inherited.state_of(d)
-            fds = list(d.tun_fds) + [s.fileno() for s in d.socks] + [s.fileno() for s in socks6]
+        dp = d.state.dataplane
+        socks6 = list(dp.socks6) if doc.get("udp6") else []
+        with d.state.lock:
+            state = inherited.state_of(d.state)
+            fds = list(dp.tun_fds) + [s.fileno() for s in dp.socks] + [s.fileno() for s in socks6]
             state_file = d.state_file
         offer = {"op": "offer", "state": state}
         if socks6:
@@ -357,7 +359,7 @@ class HandoverServer(UnixListener):
             raise HandoverError(errno.EPROTO, f"expected 'stop', got {doc.get('op')!r}")
         self._stop_engine()
         try:
-            send_frame(conn, {"op": "stopped", "state": inherited.state_of(d)})
+            send_frame(conn, {"op": "stopped", "state": inherited.state_of(d.state)})
             _expect(conn, "forwarding", SWITCH_TIMEOUT_S)
         except Exception as e:          # whatever went wrong, our engine must not stay stopped
             log.warning("The new daemon (pid %d) did not start forwarding (%s): forwarding "
@@ -422,9 +424,9 @@ class HandoverServer(UnixListener):
 
     def _stop_engine(self) -> None:
         d = self.daemon
-        with d.lock:
+        with d.state.lock:
             d.handing_over = True
-            engine = d.engine
+            engine = d.state.engine
         engine.stop()
         if not engine.join(SWITCH_TIMEOUT_S):
             log.warning("the %s engine did not stop within %.0f s", engine.name, SWITCH_TIMEOUT_S)

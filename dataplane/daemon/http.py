@@ -26,6 +26,9 @@ connection, closes it when its request is not complete within
 REQUEST_TIMEOUT_S or its reply not taken within WRITE_TIMEOUT_S, and sheds
 the oldest waiting connection beyond MAX_CONNECTIONS; a small fixed pool of
 workers only turns complete requests into replies.
+
+(Over 450 lines as one piece: the endpoints and the one thread that guards every connection
+for them are one server, whose limits read together.)
 """
 from __future__ import annotations
 

@@ -84,33 +84,35 @@ def lease_of_json(doc: dict) -> Lease:
         key=doc.get("key", "")))
 
 
-def state_of(daemon) -> dict:
-    """The state document of a running daemon (JSON-ready)."""
-    socks6 = getattr(daemon, "socks6", ())
-    with daemon.lock:
-        peers = [[str(s), str(l.public_ip)] for s, l in sorted(daemon.peers.peers.items())]
+def state_of(state) -> dict:
+    """The state document of a running daemon, whose DaemonState (daemon/state.py) is ``state``
+    (JSON-ready)."""
+    dp = state.dataplane
+    socks6 = dp.socks6
+    with state.lock:
+        peers = [[str(s), str(l.public_ip)] for s, l in sorted(state.peers[4].peers.items())]
         # the peers' IPv6 parts the engines route, apart: a daemon of an older version reads
         # "peers" as pairs and past a key it does not know. The engine routes the parts of
         # peers whose IPv4 goes direct too; "peers6_via" has their PublicIPs (an older version
         # takes only the parts of "peers")
-        with6 = [(s, l) for s, l in sorted(daemon.peers6.peers.items())
+        with6 = [(s, l) for s, l in sorted(state.peers[6].peers.items())
                  if l.ipv6_subnet is not None and l.attrs.forwards_ipv6]
         peers6 = [[str(s), str(l.ipv6_subnet)] for s, l in with6]
-        via6 = [[str(s), str(l.public_ip)] for s, l in with6 if s not in daemon.peers.peers]
+        via6 = [[str(s), str(l.public_ip)] for s, l in with6 if s not in state.peers[4].peers]
         # and their PublicIPv6s, so that the IPv6 underlay's routes are there from the switch
         pub6 = [[str(s), str(l.attrs.public_ipv6)] for s, l in with6
                 if l.attrs.public_ipv6 is not None]
     return {
-        "version": STATE_VERSION, "pid": os.getpid(), "engine": daemon.engine_cls.name,
-        "tun": {"name": daemon.tun_name, "queues": len(daemon.tun_fds),
-                "vnet": bool(daemon.offloads.vnet)},
-        "udp": {"addr": str(daemon.ext.iface_addr), "port": daemon.config.backend_port},
+        "version": STATE_VERSION, "pid": os.getpid(), "engine": state.engine_cls.name,
+        "tun": {"name": dp.tun_name, "queues": len(dp.tun_fds),
+                "vnet": bool(state.offloads.vnet)},
+        "udp": {"addr": str(state.ext.iface_addr), "port": state.config.backend_port},
         # the IPv6 underlay's sockets (none: {}), which an older daemon reads past
         "udp6": ({"addr": socks6[0].getsockname()[0], "sockets": len(socks6)} if socks6
                  else {}),
-        "mtu": daemon.ext.tun_mtu,
-        "config": daemon.config.raw,
-        "lease": lease_json(daemon.current_lease()),
+        "mtu": state.ext.tun_mtu,
+        "config": state.config.raw,
+        "lease": lease_json(state.current_lease()),
         "peers": peers,
         "peers6": peers6,
         "peers_public_ipv6": pub6,

@@ -1,10 +1,10 @@
 """The flannel-udp daemon: flanneld's udp backend, start to finish.
 
-(Over 600 lines, on purpose until the per-family state of issue 45 moves out: this file is the start order below, the serve loop and the shutdown
-steps, read in one place. Each part with a job of its own is a module of daemon/ (its
-__init__.py lists them: the state the reports read, peer changes -> routes, the takeover, the
-start steps), or host/assembly.py for the dataplane; what stays here is what ties them, and the
-callbacks the watchers, the lease manager and the handover make.)
+(Over 450 lines as one piece: the start order below, the serve loop and the shutdown steps,
+read in one place. Each part with a job of its own is a module of daemon/ (its __init__.py
+lists them: the state the reports read, peer changes -> routes, the lease, the takeover, the
+start steps, what a successor needs), or host/assembly.py for the dataplane; what stays here
+is what ties them.)
 
 Startup, in flanneld's order (docs/flannel-compat.md#process, docs/flannel-compat.md#tun-device);
 each step is a function of daemon/startup.py::
@@ -56,9 +56,10 @@ when this host's addresses changed (host/own_sources.py), until a signal:
 SIGTERM/SIGINT stop the watches first and the engine last, close flannel0 (closing the last fd
 removes it: systemd's fd store holds one across a restart), keep the iptables rules and the
 blackhole route (as flanneld) and the lease in etcd and exit 0. SIGHUP, or our lease deleted in
-etcd, re-acquires a lease without touching the peers' routes (daemon/lease_move.py). SIGUSR2
-(`systemctl reload`) starts the installed flannel-udp with --handover: it takes over through the
-handover socket and we exit (daemon/handover.py).
+etcd, re-acquires a lease without touching the peers' routes (daemon/lease_keeper.py,
+daemon/lease_move.py). SIGUSR2 (`systemctl reload`) starts the installed flannel-udp with
+--handover: it takes over through the handover socket and we exit (daemon/handover.py,
+daemon/succession.py).
 
 Beyond flanneld: ``--accept-from leases`` drops datagrams whose source is no lease's PublicIP
 (counted as drop_bad_source, logged at most every 10 s); a datagram whose inner source is this
@@ -69,29 +70,26 @@ from __future__ import annotations
 
 import gc
 import logging
-import signal
 import sys
 import threading
 import time
 
-from ..control.peerset import PeerChange, PeerSnapshot
-from ..control.recurring import Recurring
+from ..control.peerset import PeerSnapshot
 from ..host import queues
-from ..host.assembly import Dataplane
 from ..host.own_sources import OwnSources
-from . import handover, inherited, lease_move, preflight, startup, status, takeover
+from . import handover, inherited, lease_move, preflight, signals, startup, status, takeover
 from .blackhole_route import BlackholeRoute
 from .host_forwarding import HostForwarding
+from .lease_keeper import LeaseKeeper
 from .liveness import Liveness
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .options import Options
-from .peer_log import PeerLog
 from .peer_routes import PeerRoutes
 from .startup import StartupError, Stopped
-from .state import DaemonSource, DaemonState, keeps_state
+from .state import DaemonSource, DaemonState
 from .subnet_env import SubnetEnv
+from .succession import Succession, steps
 from .systemd import sd_notify
-from .timefmt import when
 
 log = logging.getLogger(__name__)
 
@@ -107,61 +105,51 @@ PY_ENGINE_SWITCH_INTERVAL_S = 0.0005
 START_WAIT_MARGIN_S = 60.0
 
 
-@keeps_state
 class Daemon:
-    """One run of `flannel-udp run`. What its reports read (the lease, the engine, the peers,
-    the watchers...) is kept in ``self.state`` (daemon/state.py DaemonState), and each of those
-    fields is an attribute of the daemon too (``self.engine`` is ``self.state.engine``)."""
+    """One run of `flannel-udp run`. What it runs (the lease, the engine, flannel0, the peers,
+    the watchers...) is in ``self.state`` (daemon/state.py DaemonState), which the reports read;
+    what a successor needs of it is ``self.succession`` (daemon/succession.py)."""
 
     def __init__(self, opts: Options):
         self._stop = threading.Event()
         self._wake = threading.Event()        # the serve loop's: a signal, or an engine loop ended
-        self._reacquire = threading.Event()
         self._upgrade = threading.Event()        # SIGUSR2: a successor takes over
-        self._pending_lease = None
-        self.state = DaemonState(
+        self.state = st = DaemonState(
             opts, subnet_env=SubnetEnv(opts.subnet_file, opts.ip_masq),
             move_failures=lease_move.Failures(),
             blackhole=BlackholeRoute(opts.ip_blackhole_route, opts.iptables_resync),
             forwarding=HostForwarding(),      # warned, never set (daemon/host_forwarding.py)
             # /healthz and systemd's watchdog: the main loop's ticks and the engine's heartbeats;
             # an engine stopped for a handover is stopped on purpose (daemon/liveness.py)
-            liveness=Liveness.for_daemon(lambda: None if self.handing_over else self.engine))
+            liveness=Liveness.for_daemon(
+                lambda: None if self.succession.handing_over else self.state.engine))
         self.registry = None
-        self.peer_routes = PeerRoutes(self.state)   # peer changes -> routes (daemon/peer_routes.py)
-        self.peer_log = None                  # daemon/peer_log.py
-        self.dataplane = Dataplane()          # flannel0's queues, the sockets (host/assembly.py)
-        self.queues = 1                       # asked for; then the dataplane's
+        self.peer_routes = PeerRoutes(st)     # peer changes -> routes (daemon/peer_routes.py)
+        self.queues = 1                       # asked for (the dataplane may have fewer)
         self.underlay6 = None                 # (PublicIPv6, bind address, inner MTU) or None
-        self.rules = None
-        self._reacquire_failing = Recurring(log, "Re-acquiring the lease (SIGHUP)",
-                                            level=logging.ERROR)
-        self.engine_cls = None
         self._peer_child = None               # the peer watch's process, started early
         self.own_sources = OwnSources()       # what the engine knows of this host's addresses
         self.servers = []
-        self.state_file = None                # inherited.StateFile in systemd's fd store
         self.handover_server = None
-        self.handing_over = False             # our engine is stopped for a new daemon
-        self._successor = None                # the pid we handed over to
-        self._let_go = threading.Event()      # another daemon holds the host: stop_reconciling
-        self._let_go_lock = threading.Lock()
+        # what the handover is handed, and the state file (daemon/succession.py)
+        self.succession = Succession(st, self.peer_routes, stop=self.stop,
+                                     make_engine=self._make_engine, free_ports=self._free_ports)
+        # the lease manager, SIGHUP, the lease moves (daemon/lease_keeper.py)
+        self.lease_keeper = LeaseKeeper(st, self.peer_routes, move_host=self._move_host,
+                                        routed6=self._routed6, public6=self._public6,
+                                        wait=self.wait, save_state=self.succession.save_state)
         self._ready = False                   # READY=1 sent
         self._old_handlers = {}
-        self.source = DaemonSource(self.state)    # what /metrics, /readyz and /debug/trace read
+        self.source = DaemonSource(st)        # what /metrics, /readyz and /debug/trace read
         # what `flannel-udp status` reads, with the last warnings (daemon/status.py)
         self.status_server = None
         self.warnings = status.WarningRing()
 
-    # What the handover offers and the state file counts (daemon/handover.py, inherited.py).
-    tun_fds = property(lambda self: self.dataplane.tun_fds)
-    socks = property(lambda self: self.dataplane.socks)
-    socks6 = property(lambda self: self.dataplane.socks6)
-
     # ------------------------------------------------------------------ run
     def run(self) -> int:
         self.warnings.install()
-        self._install_signals()
+        self._old_handlers = signals.install(stop=self.stop, reacquire=self.lease_keeper.reacquire,
+                                             upgrade=self._upgrade, wake=self._wake)
         try:
             try:
                 self._startup()
@@ -174,33 +162,7 @@ class Daemon:
             return self._serve()
         finally:
             self._shutdown()
-            self._restore_signals()
-
-    def _install_signals(self):
-        def stop(signum, _frame):
-            log.info("Received %s, shutting down (the lease is kept in etcd)",
-                     signal.Signals(signum).name)
-            self.stop()
-
-        def hup(_signum, _frame):
-            log.info("Received SIGHUP: re-acquiring the lease (peers are kept)")
-            self._reacquire.set()
-            self._wake.set()
-
-        def usr2(_signum, _frame):
-            log.info("Received SIGUSR2: starting the installed flannel-udp to take over")
-            self._upgrade.set()
-            self._wake.set()
-
-        if threading.current_thread() is not threading.main_thread():
-            return  # embedded use (tests): the caller stops us with stop()
-        for sig, fn in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGHUP, hup),
-                        (signal.SIGUSR2, usr2)):
-            self._old_handlers[sig] = signal.signal(sig, fn)
-
-    def _restore_signals(self):
-        for sig, old in self._old_handlers.items():
-            signal.signal(sig, old)
+            signals.restore(self._old_handlers)
 
     def stop(self):
         self._stop.set()
@@ -216,7 +178,7 @@ class Daemon:
                       "STATUS=waiting for etcd and the network config (the journal says what "
                       "is missing)")
         while True:
-            self.liveness.tick(ping=self._successor is None, serving=False)
+            self.state.liveness.tick(ping=self.succession.successor is None, serving=False)
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -225,104 +187,115 @@ class Daemon:
 
     # ------------------------------------------------------------------ startup
     def _startup(self):
-        o = self.opts
+        st = self.state
+        o = st.opts
         # 0. what the previous daemon hands over
         inh = startup.receive_inherited(o)
         # 1. external interface
-        self.ext = startup.select_interface(o)
+        st.ext = startup.select_interface(o)
         # what this host lacks is said now, before etcd holds a lease for a host that cannot
         # forward (what a handed-over daemon holds is not opened again)
         preflight.local(o, inherited=inh is not None)
         # 2. registry, health and metrics (a running old daemon holds the ports until it exits)
-        self.registry = startup.make_registry(o)
+        self.registry = self.lease_keeper.registry = startup.make_registry(o)
         http_later = inh is not None and inh.old_running
         if not http_later:
-            self.servers = startup.start_http_servers(o, self.source)
-            self.status_server = status.listen(o.status_socket, self.state, self.source,
-                                               self.warnings)
+            self._serve_http()
         # 3. config (the old daemon's when etcd does not answer: it forwards meanwhile)
-        self.config = startup.wait_for_config(self.registry, self.wait,
-                                              fallback=inh.config_raw if inh else None)
+        st.config = startup.wait_for_config(self.registry, self.wait,
+                                            fallback=inh.config_raw if inh else None)
         if inh is None:                 # the config names the port: a read, still no write
-            preflight.udp_port(self.ext, self.config.backend_port)
-        startup.check_ipv6(self.config, self.ext)
-        preflight.firewall_tools(o, self.config)    # the IPv6 rules' tool is known only now
-        self.forwarding.want(self.config.enable_ipv6)
-        self.underlay6 = startup.ipv6_underlay(o, self.config, self.ext)
+            preflight.udp_port(st.ext, st.config.backend_port)
+        startup.check_ipv6(st.config, st.ext)
+        preflight.firewall_tools(o, st.config)    # the IPv6 rules' tool is known only now
+        st.forwarding.want(st.config.enable_ipv6)
+        self.underlay6 = startup.ipv6_underlay(o, st.config, st.ext)
         if inh is not None:             # its IPv6 sockets, handed over or opened now
-            self.underlay6 = takeover.underlay6(inh, self.underlay6, self.ext,
-                                                self.config.backend_port)
+            self.underlay6 = takeover.underlay6(inh, self.underlay6, st.ext,
+                                                st.config.backend_port)
         elif self.underlay6 is not None:
-            preflight.udp_port(self.ext, self.config.backend_port, ip=self.underlay6[1])
-        self.lease_manager = startup.make_lease_manager(o, self.registry, self.ext, self.config,
-                                                        self.on_lease_change,
-                                                        public6=self._public6())
+            preflight.udp_port(st.ext, st.config.backend_port, ip=self.underlay6[1])
+        st.lease_manager = self.lease_keeper.new_manager()
         # the engine decides the queues' fds (vnet headers for its offloads)
         self._select_engine()
         if inh is not None:
-            inh, self.lease = takeover.check(
-                inh, ext=self.ext, config=self.config, lease_manager=self.lease_manager,
-                acquire=lambda: startup.acquire_lease(self.lease_manager, self.registry,
+            inh, st.lease = takeover.check(
+                inh, ext=st.ext, config=st.config, lease_manager=st.lease_manager,
+                acquire=lambda: startup.acquire_lease(st.lease_manager, self.registry,
                                                       self.wait),
-                queues=self.queues, vnet=self.offloads.wanted)
+                queues=self.queues, vnet=st.offloads.wanted)
         if inh is not None:
             # 4.-6. kept: the lease, flannel0, the sockets; our engine forwards from here on
             self._take_over(inh)
         else:
             # 4. lease
-            self.lease = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
+            st.lease = startup.acquire_lease(st.lease_manager, self.registry, self.wait)
             # 5.-6. flannel0, the UDP socket(s), the offloads they accept (host/assembly.py)
-            self._use(startup.open_dataplane(self.offloads, self.queues, self.lease.subnet,
-                                             self.config.network, self.ext,
-                                             self.config.backend_port, self.lease.ipv6_subnet,
-                                             self.config.ipv6_network, self._public6(bind=True)))
-            self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
+            # as many queues as they have (fewer than asked where the host refuses the
+            # sockets' steering)
+            st.dataplane = startup.open_dataplane(st.offloads, self.queues, st.lease.subnet,
+                                                  st.config.network, st.ext,
+                                                  st.config.backend_port, st.lease.ipv6_subnet,
+                                                  st.config.ipv6_network,
+                                                  self._public6(bind=True))
+            self.peer_routes.follow_lease(st.config.ipv6_network, st.lease.ipv6_subnet,
                                           self._routed6())
         # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
-        self.blackhole.want(self.lease.subnet, previous=self.lease_manager.subnet_file_prev.get(4))
+        st.blackhole.want(st.lease.subnet, previous=st.lease_manager.subnet_file_prev.get(4))
         # 7. iptables
-        v6 = self.config.enable_ipv6
-        self.rules = startup.install_rules(o, self.config.network, self.lease.subnet,
-                                           enable_nftables=self.config.enable_nftables,
-                                           network6=self.config.ipv6_network if v6 else None,
-                                           subnet6=self.lease.ipv6_subnet if v6 else None)
+        v6 = st.config.enable_ipv6
+        st.rules = startup.install_rules(o, st.config.network, st.lease.subnet,
+                                         enable_nftables=st.config.enable_nftables,
+                                         network6=st.config.ipv6_network if v6 else None,
+                                         subnet6=st.lease.ipv6_subnet if v6 else None)
         # 8. subnet.env (rewritten on the tick while a write fails)
-        self.subnet_env.want(self.config.network, self.lease.subnet, self.ext.tun_mtu,
-                             self.config.ipv6_network, self.lease.ipv6_subnet)
+        st.subnet_env.want(st.config.network, st.lease.subnet, st.ext.tun_mtu,
+                           st.config.ipv6_network, st.lease.ipv6_subnet)
         # 9. engine and watches: the routes to the listed peers are in before the engine
         #    forwards, so that the source check accepts their datagrams from the first one
-        if self.engine is None:
+        if st.engine is None:
             self._make_engine()
             self._start_watches()
-            with self.lock:
-                self.engine.start()
+            with st.lock:
+                st.engine.start()
         else:                           # taken over: it forwards already, with the old routes
             self._start_watches()
         if http_later:
-            self.servers = startup.start_http_servers(o, self.source, retry=True)
-            self.status_server = status.listen(o.status_socket, self.state, self.source,
-                                               self.warnings)
+            self._serve_http(retry=True)
         # 10. what a restart or a new daemon takes over; systemd
-        self.state_file = takeover.keep_for_restart(self.state_file, self.dataplane,
-                                                    lambda: inherited.state_of(self))
+        self.succession.keep_for_restart()
         if o.handover_socket:
-            self.handover_server = startup.listen_for_handover(o.handover_socket, self)
+            self.handover_server = startup.listen_for_handover(o.handover_socket, self.succession)
         # What startup made (modules, the first peer set) lives as long as the daemon: out of
         # the collector's sight, a full collection no longer walks it, and the Python engine's
         # packets no longer wait that out (docs/design.md#fig-gc-freeze).
         gc.freeze()
-        sd_notify(f"READY=1\nSTATUS=forwarding for {self.lease.subnet}")
+        sd_notify(f"READY=1\nSTATUS=forwarding for {st.lease.subnet}")
         self._ready = True
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s, %d queue(s)",
-                 self.tun_name, self.lease.subnet, len(self.peers), self.engine.name,
-                 self.queues)
+                 st.dataplane.tun_name, st.lease.subnet, len(st.peers[4]), st.engine.name,
+                 st.dataplane.queues)
+
+    def _serve_http(self, retry: bool = False):
+        """/healthz, /metrics (and the rest: daemon/http.py) and the status socket."""
+        o = self.state.opts
+        self.servers = startup.start_http_servers(o, self.source, retry=retry)
+        self.status_server = status.listen(o.status_socket, self.state, self.source,
+                                           self.warnings)
+
+    def _free_ports(self):
+        """Our HTTP servers closed, for a successor that binds the same ports."""
+        servers, self.servers = self.servers, []
+        for s in servers:
+            s.close()
 
     def _select_engine(self):
         """The engine class, then what it decides: the queues and the offloads to try."""
         from ..host.offload import Offloads
-        o = self.opts
-        self.engine_cls, self.engine_why = startup.choose_engine(o)
-        if self.engine_cls.forwards_in_python:
+        st = self.state
+        o = st.opts
+        st.engine_cls, st.engine_why = startup.choose_engine(o)
+        if st.engine_cls.forwards_in_python:
             sys.setswitchinterval(PY_ENGINE_SWITCH_INTERVAL_S)
             # The peer watch's process imports while we take the lease and make the devices.
             from ..control import peer_process
@@ -330,12 +303,7 @@ class Daemon:
         self.queues, note = queues.effective(o.queues, o.trace)
         if note:
             log.info("%s", note)
-        self.offloads = Offloads(o.offload, self.engine_cls.name)
-
-    def _use(self, dataplane: Dataplane):
-        """flannel0 and the sockets from here on: as many queues as they have (fewer than asked
-        where the host refuses the sockets' steering)."""
-        self.dataplane, self.tun_name, self.queues = dataplane, dataplane.tun_name, dataplane.queues
+        st.offloads = Offloads(o.offload, st.engine_cls.name)
 
     def _public6(self, bind: bool = False):
         """Our PublicIPv6 (``bind``: the address the IPv6 sockets bind), None without an IPv6
@@ -345,146 +313,86 @@ class Daemon:
     def _routed6(self) -> tuple:
         """(our PublicIPv6, the inner MTU over it) for the routes: (None, 0) without an IPv6
         underlay, whose sockets are open (control/routes.py Ipv6Parts)."""
-        if self.underlay6 is None or not self.dataplane.socks6:
+        if self.underlay6 is None or not self.state.dataplane.socks6:
             return None, 0
         return self.underlay6[0], self.underlay6[2]
 
     def _make_engine(self):
         """A new engine on our fds, with the routes of the peers we know; not started."""
-        o = self.opts
-        engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
-                                    self.lease.subnet, self.ext.tun_mtu,
-                                    self.dataplane.offload_flags, self.own_sources,
-                                    self.lease.ipv6_subnet, self.dataplane.socks6)
-        self.liveness.hold_for_test(engine, self._stop)
-        with self.lock:
+        st = self.state
+        o, dp, lease = st.opts, st.dataplane, st.lease
+        engine = startup.new_engine(st.engine_cls, o, dp.tun_fds, dp.socks,
+                                    lease.subnet, st.ext.tun_mtu,
+                                    dp.offload_flags, self.own_sources,
+                                    lease.ipv6_subnet, dp.socks6)
+        st.liveness.hold_for_test(engine, self._stop)
+        with st.lock:
             self.peer_routes.load(engine)
-            self.engine = engine
+            st.engine = engine
         log.info("Engine: %s (%s), %d queue(s); accepting datagrams from %s", engine.name,
-                 self.engine_why, len(engine),
+                 st.engine_why, len(engine),
                  "known leases only (--accept-from leases)" if o.accept_from == "leases"
                  else "any source (--accept-from any, as flanneld)")
         log.info("Inner sources dropped: this host's own (%s%s and its %d address(es))%s",
-                 self.lease.subnet,
-                 "" if self.lease.ipv6_subnet is None else f", {self.lease.ipv6_subnet}",
+                 lease.subnet, "" if lease.ipv6_subnet is None else f", {lease.ipv6_subnet}",
                  len(self.own_sources.addresses),
                  "; and any not in the sending lease's subnet (--strict-sources)"
                  if o.strict_sources else "")
 
     # ------------------------------------------------------------------ taking over
     def _take_over(self, inh):
-        self.state_file = inh.state_file
-        self._use(startup.adopt_dataplane(self.offloads, inh, self.queues, self.config.network,
-                                          self.lease.ipv6_subnet, self.config.ipv6_network))
-        self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
+        st = self.state
+        self.succession.state_file = inh.state_file
+        st.dataplane = startup.adopt_dataplane(st.offloads, inh, self.queues, st.config.network,
+                                               st.lease.ipv6_subnet, st.config.ipv6_network)
+        self.peer_routes.follow_lease(st.config.ipv6_network, st.lease.ipv6_subnet,
                                       self._routed6())
         self._take_peers(inh.state)
         self._make_engine()
-        state = inh.switch(self.engine.start)
+        state = inh.switch(st.engine.start)
         # what changed on the old daemon since its offer
-        with self.lock:
+        with st.lock:
             self._take_peers(state)
-            self.peer_routes.load(self.engine)
-        lease, _ = inherited.kept_lease(state, self.ext, self.config)
-        if lease is not None and lease != self.lease:
-            self.lease_manager.adopt(lease)
-            if (lease.subnet, lease.ipv6_subnet) == (self.lease.subnet, self.lease.ipv6_subnet):
-                self.lease = lease
+            self.peer_routes.load(st.engine)
+        lease, _ = inherited.kept_lease(state, st.ext, st.config)
+        if lease is not None and lease != st.lease:
+            st.lease_manager.adopt(lease)
+            if (lease.subnet, lease.ipv6_subnet) == (st.lease.subnet, st.lease.ipv6_subnet):
+                st.lease = lease
             else:                       # it moved meanwhile: the serve loop moves us too
-                self.on_lease_change(lease)
+                self.lease_keeper.on_lease_change(lease)
         # IPv6 sockets named in the offer and kept (takeover.underlay6 opens new ones only when
         # none came): an operator sees the IPv6 underlay went on without a gap
-        handed6 = (f", the IPv6 underlay's {len(self.socks6)} socket(s)"
-                   if inh.state.get("udp6") and self.socks6 else "")
+        socks6 = st.dataplane.socks6
+        handed6 = (f", the IPv6 underlay's {len(socks6)} socket(s)"
+                   if inh.state.get("udp6") and socks6 else "")
         log.info("Took over from pid %s through %s: forwarding on %s (%d queue(s)%s) with %d "
-                 "peer route(s) it knew", state.get("pid", "?"), inh.way, self.tun_name,
-                 len(self.tun_fds), handed6, len(self.peers))
+                 "peer route(s) it knew", state.get("pid", "?"), inh.way, st.dataplane.tun_name,
+                 len(st.dataplane.tun_fds), handed6, len(st.peers[4]))
 
     def _take_peers(self, state) -> None:
-        self.peers = PeerSnapshot.of(inherited.peers_of(state), self.lease.subnet)
-        self.peers6 = PeerSnapshot.of(inherited.peers_of(state, ipv6=True), self.lease.subnet)
-
-    def _save_state(self):
-        takeover.save(self.state_file, lambda: inherited.state_of(self))
-
-    # ------------------------------------------------------------------ handing over
-    def resume_engine(self):
-        """A switch failed after our engine stopped: forward again, on the same fds."""
-        with self.lock:
-            old = self.engine
-        old.close()
-        self._make_engine()
-        with self.lock:
-            self.engine.start()
-            self.handing_over = False
-
-    def stop_reconciling(self):
-        """Another daemon holds the host from now on (it took over, or starts afresh once we
-        exit): nothing of ours may put back what it changes, as the firewall's resync would (a
-        start without EnableIPv6 removes the IPv6 rules), nor the direct routes (the host's
-        route watch, the peer watch), the lease (its renewal takes our key back), the blackhole
-        route or subnet.env (the serve loop's tick). The handover runs it before the new daemon
-        goes on; the shutdown runs it first. Once: a second call waits for the first."""
-        with self._let_go_lock:
-            if self._let_go.is_set():
-                return
-            self._let_go.set()
-            _steps([
-                ("stop the peer watch", lambda: self.peer_watcher and self.peer_watcher.stop()),
-                ("stop watching the host's routes (the direct routes stay)",
-                 self.peer_routes.close),
-                ("stop the lease renewal",
-                 lambda: self.lease_manager and self.lease_manager.stop()),
-                ("stop the iptables resync (the rules stay)",
-                 lambda: self.rules and self.rules.stop()),
-            ])
-
-    def handed_over(self, pid: int):
-        """The new daemon forwards: free our HTTP ports for it and exit. Under systemd it is
-        the unit's main process from now on. It may change what we set up from now on: we
-        stop reconciling first (the handover says "released" after this returns)."""
-        self.stop_reconciling()
-        self._successor = pid
-        sd_notify(f"MAINPID={pid}")
-        servers, self.servers = self.servers, []
-        for s in servers:
-            s.close()
-        self.stop()
+        own = self.state.lease.subnet
+        self.state.peers = {version: PeerSnapshot.of(inherited.peers_of(state, ipv6=version == 6),
+                                                     own) for version in (4, 6)}
 
     def _start_watches(self):
-        self.peer_routes.start_direct(self.engine_cls.table_type, self.socks6)
-        self.peer_log = PeerLog(self.config.backend_port)
+        st = self.state
+        self.peer_routes.start_direct(st.dataplane.socks6)
         child, self._peer_child = self._peer_child, None
-        self.peer_watcher, self.config_watcher = startup.start_watches(
-            self.registry, self.lease.subnet, self.config, self.ext, self.on_peers,
-            in_process=self.engine_cls.forwards_in_python, prepared=child)
-        startup.wait_for_peers(self.peer_watcher)
-        self.lease_manager.start()
-
-    # ------------------------------------------------------------------ callbacks
-    def on_peers(self, change: PeerChange):
-        """PeerWatcher callback (its publisher thread, or ours during a lease move): the one way
-        a peer change reaches the engine (daemon/peer_routes.py)."""
-        self.peer_routes.on_peers(change, self.engine_cls.table_type, self.peer_log)
-
-    def on_lease_change(self, lease):
-        """LeaseManager callback (its thread): our lease was lost in etcd (deleted, expired,
-        taken) and it acquired one again. The main thread applies it."""
-        log.warning("Our lease was lost in etcd and re-acquired: %s (PublicIP %s), expires %s",
-                    lease.subnet, lease.public_ip, when(lease.expiration))
-        with self.lock:
-            self._pending_lease = lease
-
-    def current_lease(self):
-        return self.state.current_lease()
+        st.peer_watcher, st.config_watcher = startup.start_watches(
+            self.registry, st.lease.subnet, st.config, st.ext, self.peer_routes.on_peers,
+            in_process=st.engine_cls.forwards_in_python, prepared=child)
+        startup.wait_for_peers(st.peer_watcher)
+        st.lease_manager.start()
 
     # ------------------------------------------------------------------ main loop
     def _serve(self):
-        monitor = Monitor(self.opts.v, offloads=self.dataplane.offload_flags)
+        st, succession = self.state, self.succession
+        monitor = Monitor(st.opts.v, offloads=st.dataplane.offload_flags)
         watched = None
         while True:
-            with self.lock:
-                engine = self.engine
+            with st.lock:
+                engine = st.engine
             if engine is not None and engine is not watched:   # each engine we start
                 engine.on_end(lambda _engine: self._wake.set())
                 watched = engine
@@ -493,155 +401,93 @@ class Daemon:
             if self._stop.is_set():
                 return 0
             # before anything that may take long; not once a successor is the main process
-            self.liveness.tick(ping=self._successor is None)
+            st.liveness.tick(ping=succession.successor is None)
             # our engine is stopped on purpose, lease moves wait; or another daemon holds the host
-            if self.handing_over or self._let_go.is_set():
+            if succession.handing_over or succession.let_go.is_set():
                 continue
             if self._upgrade.is_set():
                 self._upgrade.clear()
                 handover.spawn_successor(self.handover_server)
-            with self.lock:
-                pending, self._pending_lease = self._pending_lease, None
-            if pending is not None:
-                self._move_to(pending)
-            if self._reacquire.is_set():
-                self._reacquire.clear()
-                try:
-                    self._move_to(self._reacquire_lease())
-                    self._reacquire_failing.ok()
-                except Stopped:
-                    return 0
-                except StartupError as e:
-                    self._reacquire_failing.fail(str(e), "retrying every 5 s", key="sighup")
-                    self._reacquire.set()
-                    if self._stop.wait(5):
-                        return 0
-            with self.lock:
-                engine, subnet, subnet6 = self.engine, self.lease.subnet, self.lease.ipv6_subnet
-                save = self.peer_routes.take_changed()
-                if self.peer_log is not None:
-                    self.peer_log.tick()
+            if not self.lease_keeper.tick(self._stop):
+                return 0
+            with st.lock:
+                engine, subnet, subnet6 = st.engine, st.lease.subnet, st.lease.ipv6_subnet
+                save = self.peer_routes.tick()
             if save:
-                self._save_state()
-            self.subnet_env.retry()
-            self.blackhole.tick()
-            self.forwarding.check()
+                succession.save_state()
+            st.subnet_env.retry()
+            st.blackhole.tick()
+            st.forwarding.check()
             self.own_sources.refresh(engine, subnet, subnet6)
-            status = monitor.check(engine, self.tun_name, on_purpose=lambda: (
-                self.handing_over or self._let_go.is_set() or self.engine is not engine))
+            status = monitor.check(engine, st.dataplane.tun_name, on_purpose=lambda: (
+                succession.handing_over or succession.let_go.is_set()
+                or st.engine is not engine))
             if status is not None:
                 return status
 
-    def _reacquire_lease(self):
-        """SIGHUP: a new lease manager acquires again (the same lease if etcd still holds it for
-        our PublicIP); returns the lease to move to."""
-        current = self.current_lease()
-        try:
-            self.lease_manager.stop()
-        except Exception as e:
-            log.debug("stopping the lease manager: %s", e)
-        self.lease_manager = startup.make_lease_manager(self.opts, self.registry, self.ext,
-                                                        self.config, self.on_lease_change,
-                                                        prev=current.subnet,
-                                                        public6=self._public6())
-        new = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
-        self.lease_manager.start()
-        return new
-
-    def _move_to(self, lease) -> None:
-        """Adopt ``lease``, moving the host to its subnet if that is another one
-        (daemon/lease_move.py); a move that failed is tried again on the next tick, unless the
-        lease manager has handed over a newer lease meanwhile."""
-        with self.lock:
-            old = self.lease
-        if not lease_move.move(old, lease, self._move_host(), self.move_failures):
-            with self.lock:
-                if self._pending_lease is None:
-                    self._pending_lease = lease
-            return
-        with self.lock:
-            self.lease = lease
-        self.peer_routes.follow_lease(self.config.ipv6_network, lease.ipv6_subnet,
-                                      self._routed6())
-        if (lease.subnet, lease.ipv6_subnet) != (old.subnet, old.ipv6_subnet):
-            self.subnet_env.want(self.config.network, lease.subnet, self.ext.tun_mtu,
-                                 self.config.ipv6_network, lease.ipv6_subnet)
-        self._save_state()
-
     def _move_host(self) -> lease_move.Host:
         """What a lease move changes, and how its new engine takes the place of ours."""
+        st = self.state
+
         def new_engine(subnet, subnet6=None):
-            return startup.new_engine(self.engine_cls, self.opts, self.tun_fds, self.socks,
-                                      subnet, self.ext.tun_mtu, self.dataplane.offload_flags,
-                                      self.own_sources, subnet6, self.dataplane.socks6)
+            return startup.new_engine(st.engine_cls, st.opts, st.dataplane.tun_fds,
+                                      st.dataplane.socks, subnet, st.ext.tun_mtu,
+                                      st.dataplane.offload_flags, self.own_sources, subnet6,
+                                      st.dataplane.socks6)
 
         def swap_engine(engine):
-            with self.lock:
-                old, self.engine = self.engine, engine
+            with st.lock:
+                old, st.engine = st.engine, engine
             return old
 
         def restore_engine(engine):
-            with self.lock:
-                self.engine = engine
+            with st.lock:
+                st.engine = engine
                 self.peer_routes.load(engine)
-        return lease_move.Host(tun_name=self.tun_name, mtu=self.ext.tun_mtu,
-                               network=self.config.network, subnet_file=self.opts.subnet_file,
-                               network6=self.config.ipv6_network,
-                               rules=self.rules, new_engine=new_engine, swap_engine=swap_engine,
+        return lease_move.Host(tun_name=st.dataplane.tun_name, mtu=st.ext.tun_mtu,
+                               network=st.config.network, subnet_file=st.opts.subnet_file,
+                               network6=st.config.ipv6_network,
+                               rules=st.rules, new_engine=new_engine, swap_engine=swap_engine,
                                restore_engine=restore_engine,
-                               own_subnet=self.peer_watcher.set_own_subnet,
-                               blackhole=self.blackhole.moved)
+                               own_subnet=st.peer_watcher.set_own_subnet,
+                               blackhole=st.blackhole.moved)
 
     # ------------------------------------------------------------------ shutdown
     def _shutdown(self):
         # The engine stops last: until then it forwards, and under systemd's fd store the next
         # process reads the queues from where it stopped.
-        self.stop_reconciling()
-        _steps([
+        st, succession = self.state, self.succession
+        succession.stop_reconciling()
+        steps([
             ("end the peer watch's unused process",
              lambda: self._peer_child and self._peer_child.close()),
-            ("stop the config watch", lambda: self.config_watcher and self.config_watcher.stop()),
+            ("stop the config watch", lambda: st.config_watcher and st.config_watcher.stop()),
             ("stop the HTTP servers", lambda: [s.close() for s in self.servers]),
             ("close the status socket", lambda: self.status_server and self.status_server.close()),
             ("stop keeping the last warnings", self.warnings.remove),
             ("close the etcd client", lambda: self.registry and self.registry.close()),
-            ("leave the state to the next process", self._leave_to_next),
+            ("leave the state to the next process", succession.leave_to_next),
             ("stop the engine", self._close_engine),
             # the last fd of flannel0 closed removes it
-            ("close flannel0 and the UDP sockets", self.dataplane.close),
+            ("close flannel0 and the UDP sockets", st.dataplane.close),
             ("say that the blackhole route stays",
-             lambda: self._successor is None and self.blackhole.leave()),
+             lambda: succession.successor is None and st.blackhole.leave()),
             ("close the address reader", self.own_sources.close),
-            ("close the state", lambda: self.state_file and self.state_file.close()),
+            ("close the state", lambda: succession.state_file and succession.state_file.close()),
             # last: a daemon that asked us to exit reads our exit as the end of this connection
             ("close the handover socket", lambda: self.handover_server
              and self.handover_server.close()),
         ])
-        if self._successor is not None:
-            log.info("Exiting: pid %d forwards on %s now, with the lease %s", self._successor,
-                     self.tun_name, self.lease.subnet)
-        elif self.lease is not None:
-            log.info("Exiting; the lease %s stays in etcd until it expires", self.lease.subnet)
-
-    def _leave_to_next(self):
-        """In systemd's fd store: the newest state (`systemctl stop` closes the store, and
-        flannel0 with it)."""
-        if self.state_file is not None and self._successor is None:
-            self._save_state()
+        if succession.successor is not None:
+            log.info("Exiting: pid %d forwards on %s now, with the lease %s",
+                     succession.successor, st.dataplane.tun_name, st.lease.subnet)
+        elif st.lease is not None:
+            log.info("Exiting; the lease %s stays in etcd until it expires", st.lease.subnet)
 
     def _close_engine(self):
-        with self.lock:
-            if self.engine is not None:
-                self.engine.close()
-
-
-def _steps(steps) -> None:
-    """(what, fn) in order; a step that fails is said and the next one runs."""
-    for what, fn in steps:
-        try:
-            fn()
-        except Exception as e:
-            log.warning("while shutting down, could not %s: %s", what, e)
+        with self.state.lock:
+            if self.state.engine is not None:
+                self.state.engine.close()
 
 
 __all__ = ["Daemon", "StartupError"]

@@ -8,6 +8,9 @@ DECLARED (name, type, labels, help, and which value of the source its samples ar
 docs/metrics.md documents, and the collector serves the rows: a new series is a row here and the
 method that says its value, on MetricsSource (nothing to report) and on the daemon's own source
 (daemon/state.py DaemonSource, which reads the daemon's DaemonState). daemon/http.py serves it.
+
+(Over 450 lines as one piece: DECLARED, the source it reads and the collector that serves it
+are one table and its reader, which docs/metrics.md follows row by row.)
 """
 from __future__ import annotations
 

@@ -22,18 +22,19 @@ import logging
 import threading
 
 from ..control.direct import DirectRouting
-from ..control.peerset import PeerChange, PeerSnapshot
+from ..control.peerset import PeerChange
 from ..control.routes import Ipv6Parts, route_changes, route_table
 from ..engine.api import Route
 from ..host import direct_routes
 from . import underlay_fallback
+from .peer_log import PeerLog
 
 log = logging.getLogger(__name__)
 
 
 class PeerRoutes:
-    """The routes of the daemon whose DaemonState is ``state`` (its engine, its peers, its config
-    and interface). ``table_type`` in the calls is the engine class's (Engine.table_type)."""
+    """The routes of the daemon whose DaemonState is ``state`` (its engine and its class, its
+    peers, its config and interface), and the peer changes in the log."""
 
     def __init__(self, state):
         self.state = state
@@ -42,8 +43,9 @@ class PeerRoutes:
         self.ipv6 = Ipv6Parts(None)
         self.route_watch = None               # host/direct_routes.py HostRouteWatch, when it is on
         self.fallback = None                  # daemon/underlay_fallback.py, when it is on
+        self.peer_log = None                  # daemon/peer_log.py, from start_direct on
         self._lock = threading.RLock()        # one peer change (or re-decision) at a time
-        self._changed = False                 # peers changed since take_changed(); state.lock
+        self._changed = False                 # peers changed since tick(); state.lock
 
     def follow_lease(self, network6, own6, underlay6=(None, 0)) -> None:
         """The network config's IPv6Network and our lease's IPv6 part, before the first engine
@@ -55,12 +57,13 @@ class PeerRoutes:
         self.ipv6.own6 = own6
         self.ipv6.public6, self.ipv6.mtu6 = underlay6
 
-    def start_direct(self, table_type, socks6=()) -> None:
+    def start_direct(self, socks6=()) -> None:
         """Which peers go direct, as the network config says (its DirectRouting), and, when it
         is on, the watch of this host's addresses and routes that decides them again; and the
         probes of the IPv6 underlay on one of ``socks6`` (before the first listing, whose
         routes they change)."""
         st = self.state
+        self.peer_log = PeerLog(st.config.backend_port)
         ifindex = st.ext.index
         st.direct = DirectRouting(st.config.direct_routing,
                                   lambda ip: direct_routes.on_link(ip, ifindex),
@@ -71,7 +74,7 @@ class PeerRoutes:
                      "via their PublicIPv6 when that is on the link; the others go through "
                      "flannel0", st.ext.name, direct_routes.PROTO)
             self.route_watch = direct_routes.HostRouteWatch(
-                lambda: self.reconsider(table_type)).start()
+                self.reconsider).start()
         self.fallback = underlay_fallback.start(st, self, socks6)
 
     def close(self) -> None:
@@ -90,7 +93,7 @@ class PeerRoutes:
             self.ipv6.fallback = frozenset(subnets)
             port = st.config.backend_port
             with st.lock:
-                leases = [st.peers6.peers.get(subnet) for subnet in changed]
+                leases = [st.peers[6].peers.get(subnet) for subnet in changed]
                 added = tuple(self.ipv6.route(lease.ipv6_subnet, lease, port)
                               for lease in leases
                               if lease is not None and self.ipv6.why_not(lease) is None)
@@ -100,25 +103,25 @@ class PeerRoutes:
                 if st.engine is not None:
                     st.engine.set_table(self.routes)
 
-    def on_peers(self, change: PeerChange, table_type, peer_log) -> None:
-        """A change the peer watch reported, applied and said in ``peer_log``
-        (daemon/peer_log.py)."""
+    def on_peers(self, change: PeerChange) -> None:
+        """PeerWatcher's callback (its publisher thread, or the daemon's main thread during a
+        lease move): a change applied, and said in the peer log."""
         st = self.state
         with self._lock:
             first = self.routes is None
-            split = st.direct.apply(change, st.peers)
-            self._apply(split, change, table_type, reconcile=first)
+            split = st.direct.apply(change, st.peers[4])
+            self._apply(split, change, reconcile=first)
             # the peers the engine routes: its table also holds their IPv6 parts
-            peer_log.record(change, len(st.peers), direct=st.direct)
+            self.peer_log.record(change, len(st.peers[4]), direct=st.direct)
 
-    def reconsider(self, table_type) -> None:
+    def reconsider(self) -> None:
         """HostRouteWatch's callback: the host's addresses or routes changed; every peer is
         decided again, and the kernel's direct routes made to match."""
         st = self.state
         with self._lock:
             if self.routes is None:     # before the first listing, which decides every peer
                 return
-            split = st.direct.reconsider(st.peers6, st.peers)
+            split = st.direct.reconsider(st.peers[6], st.peers[4])
             for lease in split.route:
                 log.info("Subnet %s: now a direct route via %s dev %s (its PublicIP is on this "
                          "host's link)", lease.subnet, lease.public_ip, st.ext.name)
@@ -134,27 +137,37 @@ class PeerRoutes:
                 log.info("Subnet %s: its IPv6 part %s now through flannel0 to %s:%d (%s)",
                          lease.subnet, lease.ipv6_subnet, lease.public_ip,
                          st.config.backend_port, st.direct.why_not6(lease) or "its lease changed")
-            self._apply(split, PeerChange(st.peers6), table_type, reconcile=True)
+            self._apply(split, PeerChange(st.peers[6]), reconcile=True)
 
     def load(self, engine) -> None:
         """Give a new engine the routes of the peers known (the caller holds state.lock)."""
         if self.routes is not None:
             engine.set_table(self.routes)
         else:
-            engine.set_routes(self._table(self.state.peers, self.state.peers6))
+            engine.set_routes(self._table(self.state.peers))
 
-    def take_changed(self) -> bool:
-        """Whether the peers changed since the last call (the caller holds state.lock)."""
+    def tick(self) -> bool:
+        """The serve loop's, once a tick: the peer log's summary when due; whether the peers
+        changed since the last tick (the caller holds state.lock)."""
+        if self.peer_log is not None:
+            self.peer_log.tick()
         changed, self._changed = self._changed, False
         return changed
 
-    def _table(self, peers: PeerSnapshot, peers6: PeerSnapshot) -> tuple:
-        """The whole table: the IPv4 subnets of ``peers`` (the engine's share), the routed IPv6
-        parts of ``peers6`` (every peer)."""
+    def _table(self, peers: dict) -> tuple:
+        """The whole table of ``peers`` (DaemonState.peers): each IP version's routes of the
+        snapshot of that version."""
         port = self.state.config.backend_port
-        return _engine(route_table(peers, port) + _ipv6_only(route_table(peers6, port, self.ipv6)))
+        return _engine(sum((
+            _of_version(version, route_table(snapshot, port, self._ipv6_of(version)))
+            for version, snapshot in peers.items()), ()))
 
-    def _apply(self, split, whole: PeerChange, table_type, reconcile: bool = False) -> None:
+    def _ipv6_of(self, version: int):
+        """How route_table and route_changes make the routes of one version's peers: the IPv6
+        parts only with :class:`Ipv6Parts`, whose routes they add to the IPv4 subnets'."""
+        return self.ipv6 if version == 6 else None
+
+    def _apply(self, split, whole: PeerChange, reconcile: bool = False) -> None:
         """A change (``whole``; ``split`` its division, control/direct.py) applied: the
         engine's IPv4 routes from its share, its IPv6 routes from the whole, and the direct
         routes. A peer that goes direct gets its IPv4 route before it leaves the engine's
@@ -169,16 +182,20 @@ class PeerRoutes:
         for lease in split.route6:
             direct_routes.replace(lease.ipv6_subnet, lease.attrs.public_ipv6, st.ext.index)
         port = st.config.backend_port
-        removed, added = route_changes(split.engine, port, before=st.peers)
-        removed6, added6 = route_changes(whole, port, self.ipv6, before=st.peers6)
-        removed += tuple(subnet for subnet in removed6 if subnet.version == 6)
-        added += _ipv6_only(added6)
+        changes = {4: split.engine, 6: whole}
+        removed, added = (), ()
+        for version, change in changes.items():
+            gone, new = route_changes(change, port, self._ipv6_of(version),
+                                      before=st.peers[version])
+            removed += tuple(subnet for subnet in gone if subnet.version == version)
+            added += _of_version(version, new)
+        peers = {version: change.snapshot for version, change in changes.items()}
         with st.lock:
             if self.routes is None:     # the first listing: whole, so nothing handed over lingers
-                self.routes = table_type.of(self._table(split.engine.snapshot, whole.snapshot))
+                self.routes = st.engine_cls.table_type.of(self._table(peers))
             else:
                 self.routes = self.routes.updated(removed, _engine(added))
-            st.peers, st.peers6 = split.engine.snapshot, whole.snapshot
+            st.peers = peers
             if st.engine is not None:
                 st.engine.set_table(self.routes)
             # The state file is for the next process only; the serve loop rewrites it once a
@@ -207,8 +224,8 @@ class PeerRoutes:
                 direct_routes.replace(subnet, via, st.ext.index)
 
 
-def _ipv6_only(routes) -> tuple:
-    return tuple(route for route in routes if route.subnet.version == 6)
+def _of_version(version: int, routes) -> tuple:
+    return tuple(route for route in routes if route.subnet.version == version)
 
 
 def _engine(routes) -> tuple:

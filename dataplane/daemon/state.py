@@ -2,23 +2,29 @@
 status socket.
 
 :class:`DaemonState` is the small object the daemon (daemon/main.py) keeps what it runs in: the
-lease, the engine, flannel0's name, the peers, the watchers, what failed. The daemon writes it
-(under ``lock`` for the engine, the lease and the peers); the reports only read it.
+lease, the engine, flannel0 and the sockets, the peers by IP version, the watchers, what failed;
+each fact has that one name. The daemon writes it (under ``lock`` for the engine, the lease and
+the peers); the reports, and what a successor is handed (daemon/succession.py), only read it.
 :class:`DaemonSource` is the state as daemon/metrics.py's collector, /readyz and the status socket
 (daemon/status.py) ask it, one MetricsSource method per value; a new series is a row of
 metrics.DECLARED plus the method here that reads its value off the state.
 """
 from __future__ import annotations
 
-import operator
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from ..control.direct import DIRECT, ENCAPSULATED, DirectRouting
 from ..control.peerset import PeerSnapshot
+from ..host.assembly import Dataplane
 from .metrics import CarriedCounters, MetricsSource, engine_reason
 from .timefmt import when
+
+
+def no_peers() -> dict:
+    """The peers by IP version before the first listing: none of either."""
+    return {4: PeerSnapshot(), 6: PeerSnapshot()}
 
 
 def _no_direct_routes() -> DirectRouting:
@@ -42,13 +48,17 @@ class DaemonState:
     lease_manager: object = None        # control/lease_manager.py LeaseManager
     peer_watcher: object = None         # control/peers.py PeerWatcher (or its process)
     config_watcher: object = None       # control/configwatch.py ConfigWatcher
-    peers: PeerSnapshot = field(default_factory=PeerSnapshot)   # the engine's (encapsulated)
-    # every peer: the engine routes the IPv6 parts of all (daemon/peer_routes.py)
-    peers6: PeerSnapshot = field(default_factory=PeerSnapshot)
+    # The engine's peers by IP version, replaced whole (never changed in place): those whose
+    # IPv4 subnet it routes (4: the encapsulated ones), those whose IPv6 part it routes (6:
+    # every peer, daemon/peer_routes.py says why)
+    peers: dict = field(default_factory=no_peers)
     direct: DirectRouting = field(default_factory=_no_direct_routes)   # the kernel's (direct)
     engine: object = None               # engine/multi.py MultiEngine
+    engine_cls: object = None           # its class (engine/choice.py)
     engine_why: str = ""                # why this engine (engine/choice.py's sentence)
-    tun_name: str | None = None         # flannel0
+    # flannel0 (its name, its queues) and the UDP sockets: none until made or taken over
+    dataplane: Dataplane = field(default_factory=Dataplane)
+    rules: object = None                # host/firewall_stack.py Stack, the iptables rules
     offloads: object = None             # host/offload.py Offloads
     forwarding: object = None           # daemon/host_forwarding.py HostForwarding
     underlay_fallback: object = None    # daemon/underlay_fallback.py, when it probes
@@ -60,28 +70,11 @@ class DaemonState:
         return lease or self.lease
 
 
-FIELDS = tuple(f.name for f in fields(DaemonState))
-
-
-def keeps_state(cls):
-    """A class decorator: every field of DaemonState becomes an attribute of ``cls`` (the
-    Daemon) that reads and writes ``self.state``'s. The orchestrator's code, and what is handed
-    a daemon (the handover, the state file), write ``daemon.engine`` as before; the reports are
-    handed the state alone."""
-    def setter(name):
-        return lambda self, value: setattr(self.state, name, value)
-    for name in FIELDS:
-        setattr(cls, name, property(operator.attrgetter(f"state.{name}"), setter(name),
-                                    doc=f"self.state.{name} (daemon/state.py)"))
-    return cls
-
-
 class DaemonSource(MetricsSource):
     """The running daemon as the collector, /readyz, /debug/trace and the status read it."""
 
     def __init__(self, state):
-        # named so for the readers' sake (``self.daemon.engine``): the daemon's DaemonState, or
-        # anything with its fields (a Daemon has them all)
+        # named so for the readers' sake (``self.daemon.engine``): the daemon's DaemonState
         self.daemon = state
         self._carried = CarriedCounters()     # etcd health counts across replaced watches
 
@@ -108,20 +101,20 @@ class DaemonSource(MetricsSource):
 
     def peers_count(self):
         d = self.daemon
-        return len(d.peers) + (len(d.direct.direct) if d.direct is not None else 0)
+        return len(d.peers[4]) + (len(d.direct.direct) if d.direct is not None else 0)
 
     def peers_by_mode(self):
         d = self.daemon
         if d.direct is None or not d.direct.enabled:
             return {}
-        return {DIRECT: len(d.direct.direct), ENCAPSULATED: len(d.peers)}
+        return {DIRECT: len(d.direct.direct), ENCAPSULATED: len(d.peers[4])}
 
     def peers_ipv6(self):
         d = self.daemon
         if d.config is None or d.config.ipv6_network is None or d.direct is None:
             return None
         # the rule the engines' IPv6 table is made by (control/routes.py Ipv6Parts)
-        return sum(1 for lease in list(d.peers6.peers.values())
+        return sum(1 for lease in list(d.peers[6].peers.values())
                    if d.direct.ipv6_part(lease) is None)
 
     def peers_ipv6_by_mode(self):
@@ -209,7 +202,7 @@ class DaemonSource(MetricsSource):
         if engine is None:
             checks["engine"] = "not started yet"
         elif any(why.tun_gone for why in ended.values()):
-            checks["engine"] = f"{d.tun_name} was deleted"
+            checks["engine"] = f"{d.dataplane.tun_name} was deleted"
         elif ended:
             checks["engine"] = f"queue(s) {', '.join(map(str, ended))} stopped"
         if watch is None:
@@ -237,4 +230,4 @@ class DaemonSource(MetricsSource):
                                   ("renewals", "renew_failures", "reacquisitions", "races_lost"))
 
 
-__all__ = ["DaemonSource", "DaemonState", "FIELDS", "keeps_state"]
+__all__ = ["DaemonSource", "DaemonState", "no_peers"]

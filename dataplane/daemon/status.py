@@ -102,7 +102,7 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "network": str(state.config.network) if state.config is not None else None,
         "interface": None if ext is None else {
             "name": ext.name, "address": str(ext.iface_addr), "public_ip": str(ext.ext_addr)},
-        "tun": state.tun_name,
+        "tun": state.dataplane.tun_name,
         "subnet_file": {"path": o.subnet_file, "current": stale is None, "problem": stale,
                         "write_failures": state.subnet_env.failures.total},
         "engine": (dict(src.engine_info(), why=state.engine_why)

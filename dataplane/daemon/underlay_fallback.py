@@ -91,7 +91,7 @@ class UnderlayFallback:
         st, v6 = self.state, self.peer_routes.ipv6
         now = time.monotonic()
         with st.lock:
-            peers6, lease = st.peers6, st.lease
+            peers6, lease = st.peers[6], st.lease
             # DirectRouting's decisions change without a peer change too: taken again too
             relist = peers6 is not self._seen or now - self._relisted >= RELIST_EVERY_S
             direct6 = set(st.direct.direct6) if relist else ()
@@ -142,7 +142,7 @@ class UnderlayFallback:
             h = self.health
             counts = {"probed": h.probed(), "interval_s": h.interval(), "probes_sent": h.sent,
                       "probes_answered": h.answered, "fallbacks": h.fallbacks}
-        peers = self.state.peers6.peers
+        peers = self.state.peers[6].peers
         on_ipv4 = []
         for subnet, since in sorted(failed.items()):
             lease = peers.get(subnet)

@@ -410,8 +410,8 @@ def test_a_start_without_ipv6_removes_the_ipv6_rules_a_run_with_it_left(ns, enab
         "from dataplane.daemon.options import Options\n"
         "r.start_resync(0.05)\n"
         "old = Daemon(Options())\n"
-        "old.rules = r\n"
-        "old.handed_over(4242)\n"
+        "old.state.rules = r\n"
+        "old.succession.handed_over(4242)\n"
         + _stack(ipv6=False).replace("r = Stack", "new = Stack")
         .replace("r.install()", "new.install()") +
         "time.sleep(0.3)\n"

@@ -34,11 +34,11 @@ def lease_manager(expiration, own_watch=None, **counts):
 @pytest.fixture
 def daemon(tmp_path):
     d = Daemon(Options(subnet_file=str(tmp_path / "subnet.env")))
-    d.subnet_env.want(IPv4Network("10.5.0.0/16"), IPv4Network("10.5.3.0/24"), 1472)
-    d.lease_manager = lease_manager(time.time() + 3600, watch())
-    d.engine = SimpleNamespace(ended=lambda: {})
-    d.peer_watcher = SimpleNamespace(watch_loop=watch(reconnects=2, resyncs=1))
-    d.config_watcher = SimpleNamespace(watch_loop=watch())
+    d.state.subnet_env.want(IPv4Network("10.5.0.0/16"), IPv4Network("10.5.3.0/24"), 1472)
+    d.state.lease_manager = lease_manager(time.time() + 3600, watch())
+    d.state.engine = SimpleNamespace(ended=lambda: {})
+    d.state.peer_watcher = SimpleNamespace(watch_loop=watch(reconnects=2, resyncs=1))
+    d.state.config_watcher = SimpleNamespace(watch_loop=watch())
     return d
 
 
@@ -48,31 +48,31 @@ def test_ready_when_lease_engine_and_watch_are_fine(daemon):
 
 
 def test_each_failing_check_says_why(daemon):
-    daemon.peer_watcher.watch_loop.connected.clear()
-    daemon.engine = SimpleNamespace(ended=lambda: {1: Ended("stopped")})
-    daemon.lease_manager.lease.expiration = time.time() - 1
+    daemon.state.peer_watcher.watch_loop.connected.clear()
+    daemon.state.engine = SimpleNamespace(ended=lambda: {1: Ended("stopped")})
+    daemon.state.lease_manager.lease.expiration = time.time() - 1
     r = daemon.source.readiness()
     assert "not connected to etcd" in r["etcd_watch"] and "2 reconnect" in r["etcd_watch"]
     assert r["engine"] == "queue(s) 1 stopped"
     assert r["lease"].startswith("lease 10.5.3.0/24 expired")
-    daemon.tun_name = "flannel0"
-    daemon.engine = SimpleNamespace(ended=lambda: {0: Ended("tun_gone", 77)})
+    daemon.state.dataplane.tun_name = "flannel0"
+    daemon.state.engine = SimpleNamespace(ended=lambda: {0: Ended("tun_gone", 77)})
     assert daemon.source.readiness()["engine"] == "flannel0 was deleted"
 
 
 def test_metrics_show_the_offloads_the_engine_runs_now(daemon):
     """/metrics' flannel_udp_offload_enabled follows the engine: UDP GSO it turned off (the
     kernel answered EIO) is 0 there, not what was decided at start."""
-    daemon.offloads = Offloads("auto", "c")
-    daemon.offloads.udp_gso = daemon.offloads.udp_gro = True
+    daemon.state.offloads = Offloads("auto", "c")
+    daemon.state.offloads.udp_gso = daemon.state.offloads.udp_gro = True
     in_use = [OFF_UDP_GSO | OFF_UDP_GRO]
-    daemon.engine = SimpleNamespace(ended=lambda: {}, offloads_in_use=lambda: in_use[0])
+    daemon.state.engine = SimpleNamespace(ended=lambda: {}, offloads_in_use=lambda: in_use[0])
     on = daemon.source.offloads_enabled()
     assert on["udp_gso"] and on["udp_gro"]
     in_use[0] = OFF_UDP_GRO
     on = daemon.source.offloads_enabled()
     assert not on["udp_gso"] and on["udp_gro"]
-    assert daemon.offloads.enabled()["udp_gso"]           # as decided at start
+    assert daemon.state.offloads.enabled()["udp_gso"]           # as decided at start
 
 
 def test_before_startup_nothing_is_ready():
@@ -88,12 +88,12 @@ def test_a_subnet_file_that_cannot_be_written_is_not_ready_until_it_is(tmp_path,
     d = Daemon(Options(subnet_file=str(tmp_path / "run" / "subnet.env")))
     old, new = IPv4Network("10.5.3.0/24"), IPv4Network("10.5.9.0/24")
     net = IPv4Network("10.5.0.0/16")
-    assert d.subnet_env.want(net, old, 1472)
+    assert d.state.subnet_env.want(net, old, 1472)
     (tmp_path / "run").rename(tmp_path / "run.away")
     (tmp_path / "run").write_text("a file where the directory was\n")   # writes fail: ENOTDIR
-    assert not d.subnet_env.want(net, new, 1472)
+    assert not d.state.subnet_env.want(net, new, 1472)
     for _ in range(5):
-        assert not d.subnet_env.retry()
+        assert not d.state.subnet_env.retry()
     why = d.source.readiness()["subnet_file"]
     assert "does not name the lease 10.5.9.0/24" in why and "retried" in why
     assert d.source.subnet_file() == (True, 6)
@@ -102,22 +102,22 @@ def test_a_subnet_file_that_cannot_be_written_is_not_ready_until_it_is(tmp_path,
     (tmp_path / "run").unlink()
     (tmp_path / "run.away").rename(tmp_path / "run")
     # the old file is back in place: now the message would be about its subnet
-    assert "still names 10.5.3.0/24" in d.subnet_env._consequence(new)
-    assert d.subnet_env.retry()
+    assert "still names 10.5.3.0/24" in d.state.subnet_env._consequence(new)
+    assert d.state.subnet_env.retry()
     assert "FLANNEL_SUBNET=10.5.9.1/24" in (tmp_path / "run" / "subnet.env").read_text()
     assert d.source.readiness()["subnet_file"] is None and d.source.subnet_file() == (False, 6)
     assert any("recovered" in r.getMessage() for r in caplog.records)
 
 
 def test_etcd_watches_and_lease_counts_survive_replacements(daemon):
-    daemon.lease_manager.watch_loop.reconnects = 4
+    daemon.state.lease_manager.watch_loop.reconnects = 4
     w = daemon.source.etcd_watches()
     assert w["subnets"] == {"connected": True, "reconnects": 2, "resyncs": 1}
     assert w["own_lease"]["reconnects"] == 4
-    daemon.lease_manager.renewals = 5
+    daemon.state.lease_manager.renewals = 5
     assert daemon.source.lease_counts() == {"renewals": 5, "renew_failures": 0, "reacquisitions": 0,
                                             "races_lost": 0}
     # SIGHUP: a new lease manager, with a new own-lease watch, counting from 0 again
-    daemon.lease_manager = lease_manager(time.time() + 3600, watch(reconnects=1), renewals=1)
+    daemon.state.lease_manager = lease_manager(time.time() + 3600, watch(reconnects=1), renewals=1)
     assert daemon.source.etcd_watches()["own_lease"]["reconnects"] == 5
     assert daemon.source.lease_counts()["renewals"] == 6

@@ -6,6 +6,7 @@ status document says what /readyz says.
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
 from types import SimpleNamespace
 
@@ -19,7 +20,7 @@ from dataplane.daemon import status
 from dataplane.daemon.main import Daemon
 from dataplane.daemon.metrics import DECLARED, ENGINE_COUNTERS, MetricsSource, make_registry
 from dataplane.daemon.options import Options
-from dataplane.daemon.state import FIELDS, DaemonSource, DaemonState
+from dataplane.daemon.state import DaemonSource, DaemonState
 
 
 def test_every_declared_series_has_one_source_of_samples():
@@ -65,17 +66,16 @@ def test_a_scrape_asks_the_source_once_per_value():
     assert all(n == 2 for n in src.asked.values()), src.asked
 
 
-def test_the_daemons_fields_are_its_states():
+def test_each_fact_of_the_daemons_state_has_one_name():
+    """The daemon holds its state: none of the state's fields is a daemon attribute too."""
     d = Daemon(Options())
-    engine = SimpleNamespace(ended=lambda: {})
-    d.engine, d.tun_name = engine, "flannel0"
-    assert d.state.engine is engine and d.state.tun_name == "flannel0"
+    assert not {f.name for f in fields(DaemonState)} & set(dir(d))
+    d.state.engine = SimpleNamespace(ended=lambda: {})
     d.state.lease = SimpleNamespace(subnet=IPv4Network("10.5.3.0/24"), expiration=None)
-    assert d.lease is d.state.lease and d.current_lease() is d.state.lease
-    assert set(FIELDS) <= set(dir(d))
-    # the reports are handed the state alone, and read the same from the daemon
-    assert DaemonSource(d.state).readiness() == DaemonSource(d).readiness() == \
-        d.source.readiness()
+    assert d.state.current_lease() is d.state.lease
+    # the reports are handed the state alone
+    assert DaemonSource(d.state).readiness() == d.source.readiness()
+    assert d.source.readiness()["lease"] is None and d.source.readiness()["engine"] is None
 
 
 def test_the_status_document_says_what_readyz_says(tmp_path):
@@ -84,8 +84,8 @@ def test_the_status_document_says_what_readyz_says(tmp_path):
     doc = status.document(d.state, d.source)
     assert doc["checks"] == d.source.readiness() and doc["ready"] is False
     assert doc["lease"] is None and doc["engine"] is None and doc["tun"] is None
-    d.tun_name = "flannel0"
-    d.lease = SimpleNamespace(subnet=IPv4Network("10.5.3.0/24"),
+    d.state.dataplane.tun_name = "flannel0"
+    d.state.lease = SimpleNamespace(subnet=IPv4Network("10.5.3.0/24"),
                               public_ip="192.168.77.1", expiration=time.time() + 60,
                               reservation=False, ipv6_subnet=None,
                               attrs=SimpleNamespace(public_ipv6=None))
@@ -120,7 +120,7 @@ def test_peers_ipv6_counts_the_parts_the_engines_route_by_their_mode():
     st = DaemonState(Options(), subnet_env=SimpleNamespace(stale=lambda: None),
                      move_failures=SimpleNamespace(total=0), blackhole=None,
                      config=SimpleNamespace(ipv6_network=net6),
-                     peers6=PeerSnapshot.of(leases, own))
+                     peers={4: PeerSnapshot(), 6: PeerSnapshot.of(leases, own)})
     st.direct = DirectRouting(False, lambda ip: True,
                               ipv6_part=Ipv6Parts(net6, IPv6Network("fc00:5:0:1::/64")).why_not)
     src = DaemonSource(st)

@@ -37,39 +37,37 @@ class FakeEngine:
 
 
 class FakeDaemon:
-    """What HandoverServer and inherited.state_of use of a daemon."""
+    """What HandoverServer and inherited.state_of use of a daemon (daemon/succession.py
+    Succession, and its state)."""
 
     def __init__(self, queues: int = 2):
-        self.lock = threading.RLock()
-        self.engine = FakeEngine()
-        self.engine_cls = SimpleNamespace(name="c")
         self.pipes = [os.pipe() for _ in range(queues)]
-        self.tun_fds = [r for r, _ in self.pipes]
-        self.tun_name = f"fu{os.getpid()}t"     # no such device: release() finds it gone
-        self.socks = []
+        socks = []
         for _ in range(queues):
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             s.bind(("127.0.0.1", 0))
-            self.socks.append(s)
-        self.offloads = SimpleNamespace(vnet=True)
-        self.ext = SimpleNamespace(iface_addr=IPv4Address("127.0.0.1"), tun_mtu=1472)
-        self.config = SimpleNamespace(backend_port=8285, raw={"Network": "10.5.0.0/16"})
-        self.lease = Lease(subnet=IPv4Network("10.5.7.0/24"),
-                           attrs=LeaseAttrs(public_ip=IPv4Address("127.0.0.1")),
-                           expiration=time.time() + 3600, lease_id=5, mod_revision=9)
-        self.peers = PeerSnapshot.of([Lease(subnet=IPv4Network("10.5.9.0/24"),
-                                            attrs=LeaseAttrs(public_ip=IPv4Address("127.0.0.9")))],
-                                     self.lease.subnet)
-        self.peers6 = self.peers
+            socks.append(s)
+        lease = Lease(subnet=IPv4Network("10.5.7.0/24"),
+                      attrs=LeaseAttrs(public_ip=IPv4Address("127.0.0.1")),
+                      expiration=time.time() + 3600, lease_id=5, mod_revision=9)
+        peers = PeerSnapshot.of([Lease(subnet=IPv4Network("10.5.9.0/24"),
+                                       attrs=LeaseAttrs(public_ip=IPv4Address("127.0.0.9")))],
+                                lease.subnet)
+        self.state = SimpleNamespace(
+            lock=threading.RLock(), engine=FakeEngine(), engine_cls=SimpleNamespace(name="c"),
+            # no such device: release() finds it gone
+            dataplane=SimpleNamespace(tun_fds=[r for r, _ in self.pipes], socks=socks, socks6=[],
+                                      tun_name=f"fu{os.getpid()}t"),
+            offloads=SimpleNamespace(vnet=True),
+            ext=SimpleNamespace(iface_addr=IPv4Address("127.0.0.1"), tun_mtu=1472),
+            config=SimpleNamespace(backend_port=8285, raw={"Network": "10.5.0.0/16"}),
+            lease=lease, peers={4: peers, 6: peers}, current_lease=lambda: lease)
         self.state_file = None
         self.handing_over = False
         self.stopped = threading.Event()
         self.successor = None
         self.resumed = 0
         self.let_go = False                 # stop_reconciling() called: it may only exit now
-
-    def current_lease(self):
-        return self.lease
 
     def stop(self):
         self.stopped.set()
@@ -82,7 +80,7 @@ class FakeDaemon:
         self.stop()
 
     def resume_engine(self):
-        self.engine = FakeEngine()
+        self.state.engine = FakeEngine()
         self.handing_over = False
         self.resumed += 1
 
@@ -90,7 +88,7 @@ class FakeDaemon:
         for r, w in self.pipes:
             os.close(r)
             os.close(w)
-        for s in self.socks:
+        for s in self.state.dataplane.socks:
             s.close()
 
 
@@ -121,13 +119,13 @@ def test_a_handover_moves_the_fds_and_the_state(old):
     assert new.state["pid"] == os.getpid() and new.state["tun"]["queues"] == 2
     assert new.state["lease"]["subnet"] == "10.5.7.0/24"
     assert new.state["peers"] == [["10.5.9.0/24", "127.0.0.9"]]
-    assert all(_same_file(a, b) for a, b in zip(new.tun_fds, old.tun_fds))
-    assert [s.getsockname() for s in new.socks] == [s.getsockname() for s in old.socks]
-    assert old.engine.running                      # forwarding until the new one is ready
+    assert all(_same_file(a, b) for a, b in zip(new.tun_fds, old.state.dataplane.tun_fds))
+    assert [s.getsockname() for s in new.socks] == [s.getsockname() for s in old.state.dataplane.socks]
+    assert old.state.engine.running                      # forwarding until the new one is ready
     started = []
 
     def start():
-        assert not old.engine.running and old.handing_over   # never both engines at once
+        assert not old.state.engine.running and old.handing_over   # never both engines at once
         started.append(True)
 
     state = new.switch(start)
@@ -143,10 +141,10 @@ def test_a_new_daemon_that_goes_away_after_stop_leaves_the_old_forwarding(old):
     new = connect(old.server.path)
     send_frame(new.conn, {"op": "stop"})
     doc, _ = recv_frame(new.conn)
-    assert doc["op"] == "stopped" and not old.engine.running
+    assert doc["op"] == "stopped" and not old.state.engine.running
     new.conn.close()                               # it died before it forwarded
     wait_until(lambda: old.resumed, 5, 0.01, "the old daemon to resume")
-    assert old.resumed == 1 and old.engine.running and not old.stopped.is_set()
+    assert old.resumed == 1 and old.state.engine.running and not old.stopped.is_set()
     assert not old.let_go                          # it serves on: its resync too
     new.release()
     # and the next one can still take over
@@ -167,7 +165,7 @@ def test_a_new_daemon_that_starts_afresh_makes_the_old_one_exit(old):
     t.start()
     new.release()                                  # returns once the old one is gone
     t.join(5)
-    assert old.stopped.is_set() and old.successor is None and old.engine.running
+    assert old.stopped.is_set() and old.successor is None and old.state.engine.running
     assert old.let_go            # from "exit" on, the new one's rules are not put back
 
 
@@ -216,16 +214,17 @@ def test_a_frame_that_is_no_json_object_is_refused():
 def test_the_ipv6_underlay_sockets_go_only_to_a_daemon_that_takes_them(old):
     """A new daemon says "udp6" in its hello and gets the IPv6 sockets after the IPv4 ones
     (the state counts them); an older one's hello gets the offer it knows."""
-    old.socks6 = []
-    for _ in old.socks:
+    dp = old.state.dataplane
+    dp.socks6 = []
+    for _ in dp.socks:
         s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         s.bind(("::1", 0))
-        old.socks6.append(s)
+        dp.socks6.append(s)
     try:
         new = connect(old.server.path)
         assert new.state["udp6"] == {"addr": "::1", "sockets": 2}
-        assert [s.getsockname() for s in new.socks6] == [s.getsockname() for s in old.socks6]
-        assert [s.getsockname() for s in new.socks] == [s.getsockname() for s in old.socks]
+        assert [s.getsockname() for s in new.socks6] == [s.getsockname() for s in dp.socks6]
+        assert [s.getsockname() for s in new.socks] == [s.getsockname() for s in dp.socks]
         new._close()                               # it goes away before "stop"
         new.conn.close()
         # an older daemon's hello: no IPv6 fds, the TUN queues and sockets as ever
@@ -238,7 +237,7 @@ def test_the_ipv6_underlay_sockets_go_only_to_a_daemon_that_takes_them(old):
             os.close(fd)
         conn.close()
     finally:
-        for s in old.socks6:
+        for s in dp.socks6:
             s.close()
 
 

@@ -89,7 +89,7 @@ class FakeWatcher:
 
     def set_own_subnet(self, subnet):
         leases = [lease(PEER, ipaddress.IPv4Address("192.168.77.2")), lease(subnet)]
-        self.daemon.on_peers(PeerChange(PeerSnapshot.of(leases, subnet)))
+        self.daemon.peer_routes.on_peers(PeerChange(PeerSnapshot.of(leases, subnet)))
 
 
 class Host:
@@ -150,39 +150,39 @@ class Factory:
 @pytest.fixture
 def daemon(tmp_path, monkeypatch):
     d = Daemon(Options(subnet_file=str(tmp_path / "subnet.env")))
-    d.lease = lease(OLD)
-    d.ext = SimpleNamespace(tun_mtu=1472)
-    d.config = SimpleNamespace(network=ipaddress.IPv4Network("10.5.0.0/16"), backend_port=8285,
-                               ipv6_network=None)
-    d.tun_name = "flannel0"
-    d.engine = FakeEngine()
-    d.engine.start()
-    d.engine_cls = FakeEngine
-    d.peer_log = PeerLog(8285)
-    d.peer_watcher = FakeWatcher(d)
+    d.state.lease = lease(OLD)
+    d.state.ext = SimpleNamespace(tun_mtu=1472)
+    d.state.config = SimpleNamespace(network=ipaddress.IPv4Network("10.5.0.0/16"),
+                                     backend_port=8285, ipv6_network=None)
+    d.state.dataplane.tun_name = "flannel0"
+    d.state.engine = FakeEngine()
+    d.state.engine.start()
+    d.state.engine_cls = FakeEngine
+    d.peer_routes.peer_log = PeerLog(8285)
+    d.state.peer_watcher = FakeWatcher(d)
     return d
 
 
 def failures_metric(d) -> float:
-    reg = make_registry(DaemonSource(d))
+    reg = make_registry(DaemonSource(d.state))
     return reg.get_sample_value("flannel_udp_lease_move_failures_total")
 
 
 def _tick(d):
     """What the serve loop does with a pending lease on each monitor tick."""
-    with d.lock:
-        pending, d._pending_lease = d._pending_lease, None
+    with d.state.lock:
+        pending, d.lease_keeper.pending = d.lease_keeper.pending, None
     if pending is not None:
-        d._move_to(pending)
+        d.lease_keeper.move_to(pending)
 
 
 def adopt(d, new) -> bool:
     """One attempt of the daemon to take ``new``: True when it did (the host is on its subnet),
     False when the move failed (it is pending again, for the next tick)."""
-    with d.lock:
-        d._pending_lease = None
-    d._move_to(new)
-    return d._pending_lease is None and d.lease is new
+    with d.state.lock:
+        d.lease_keeper.pending = None
+    d.lease_keeper.move_to(new)
+    return d.lease_keeper.pending is None and d.state.lease is new
 
 
 def test_engine_factory_failing_once_keeps_the_old_engine_running_then_moves(daemon, monkeypatch,
@@ -190,22 +190,23 @@ def test_engine_factory_failing_once_keeps_the_old_engine_running_then_moves(dae
     caplog.set_level(logging.INFO)
     host = Host(monkeypatch)
     Factory(monkeypatch, startup.StartupError("failed to create the python engine: EMFILE"))
-    old_engine = daemon.engine
-    daemon._move_to(lease(NEW))
-    assert daemon.engine is old_engine and old_engine.started and not old_engine.closed
-    assert daemon.lease.subnet == OLD and daemon._pending_lease.subnet == NEW
+    old_engine = daemon.state.engine
+    daemon.lease_keeper.move_to(lease(NEW))
+    assert daemon.state.engine is old_engine and old_engine.started and not old_engine.closed
+    assert daemon.state.lease.subnet == OLD and daemon.lease_keeper.pending.subnet == NEW
     assert failures_metric(daemon) == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "EMFILE" in errors[0] and "old engine keeps forwarding" in errors[0]
-    assert not os.path.exists(daemon.opts.subnet_file)
+    assert not os.path.exists(daemon.state.opts.subnet_file)
 
     _tick(daemon)                                 # the next monitor tick: the move completes
-    assert daemon.lease.subnet == NEW and daemon._pending_lease is None
-    assert daemon.engine is not old_engine and daemon.engine.started and old_engine.closed
-    assert daemon.engine.subnet == NEW
-    assert [str(r.subnet) for r in daemon.engine.routes] == [str(PEER)]
+    assert daemon.state.lease.subnet == NEW and daemon.lease_keeper.pending is None
+    engine = daemon.state.engine
+    assert engine is not old_engine and engine.started and old_engine.closed
+    assert daemon.state.engine.subnet == NEW
+    assert [str(r.subnet) for r in daemon.state.engine.routes] == [str(PEER)]
     assert host.addrs == {f"{NEW.network_address}/32"} and host.routes == {"10.5.0.0/16"}
-    assert "FLANNEL_SUBNET=10.5.9.1/24" in open(daemon.opts.subnet_file).read()
+    assert "FLANNEL_SUBNET=10.5.9.1/24" in open(daemon.state.opts.subnet_file).read()
     assert "recovered after" in caplog.text and "the host is on 10.5.9.0/24" in caplog.text
     assert failures_metric(daemon) == 1
 
@@ -214,37 +215,38 @@ def test_engine_that_does_not_start_is_closed_and_the_old_one_kept_with_the_new_
         daemon, monkeypatch, caplog):
     Host(monkeypatch)
     factory = Factory(monkeypatch, OSError(errno.ENOMEM, "Cannot allocate memory"))
-    old_engine = daemon.engine
+    old_engine = daemon.state.engine
     assert not adopt(daemon, lease(NEW))
     failed = factory.made[0]
     assert failed.closed and not failed.started
-    assert daemon.engine is old_engine and not old_engine.closed
+    assert daemon.state.engine is old_engine and not old_engine.closed
     # the old engine forwards with the table for the new subnet (the watcher's last report)
     assert [str(r.subnet) for r in old_engine.routes] == [str(PEER)]
     assert "did not start" in caplog.text and "restart the daemon" in caplog.text
     assert adopt(daemon, lease(NEW))
-    assert daemon.engine is factory.made[1] and daemon.engine.started and old_engine.closed
+    engine = daemon.state.engine
+    assert engine is factory.made[1] and engine.started and old_engine.closed
 
 
 def test_netlink_failure_moves_nothing_and_is_retried(daemon, monkeypatch, caplog):
     host = Host(monkeypatch)
     factory = Factory(monkeypatch)
     moved_rules = []
-    daemon.rules = SimpleNamespace(update_subnet=lambda subnet, subnet6=None:
+    daemon.state.rules = SimpleNamespace(update_subnet=lambda subnet, subnet6=None:
                                    moved_rules.append(subnet))
     host.fail["configure_tun"] = [OSError(errno.EPERM, "Operation not permitted")] * 3
-    old_engine = daemon.engine
-    daemon._move_to(lease(NEW))
+    old_engine = daemon.state.engine
+    daemon.lease_keeper.move_to(lease(NEW))
     _tick(daemon)
     _tick(daemon)
-    assert failures_metric(daemon) == 3 and daemon._pending_lease.subnet == NEW
+    assert failures_metric(daemon) == 3 and daemon.lease_keeper.pending.subnet == NEW
     assert host.addrs == {f"{OLD.network_address}/32"} and moved_rules == [] and factory.made == []
-    assert daemon.engine is old_engine and not old_engine.closed
+    assert daemon.state.engine is old_engine and not old_engine.closed
     # one error line for three attempts with the same reason, saying what to check
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "CAP_NET_ADMIN" in errors[0] and "ip addr show flannel0" in errors[0]
     _tick(daemon)
-    assert daemon.lease.subnet == NEW and moved_rules == [NEW] and old_engine.closed
+    assert daemon.state.lease.subnet == NEW and moved_rules == [NEW] and old_engine.closed
     assert host.addrs == {f"{NEW.network_address}/32"}
 
 
@@ -253,9 +255,9 @@ def test_route_failure_after_the_address_moved_is_finished_by_the_retry(daemon, 
     Factory(monkeypatch)
     host.fail["add_network_route"] = [OSError(errno.ENOBUFS, "No buffer space available")]
     assert not adopt(daemon, lease(NEW))
-    assert host.addrs == {f"{NEW.network_address}/32"} and daemon.lease.subnet == OLD
+    assert host.addrs == {f"{NEW.network_address}/32"} and daemon.state.lease.subnet == OLD
     assert adopt(daemon, lease(NEW))       # the old address is gone already: fine
-    assert host.routes == {"10.5.0.0/16"} and daemon.lease.subnet == NEW
+    assert host.routes == {"10.5.0.0/16"} and daemon.state.lease.subnet == NEW
 
 
 def test_a_newer_lease_wins_over_the_retry(daemon, monkeypatch):
@@ -265,11 +267,11 @@ def test_a_newer_lease_wins_over_the_retry(daemon, monkeypatch):
     lease_move_move = lease_move.move
 
     def move_while_the_manager_hands_over_another(*args):
-        daemon.on_lease_change(newest)            # the lease manager's thread, meanwhile
+        daemon.lease_keeper.on_lease_change(newest)            # the lease manager's thread, meanwhile
         return lease_move_move(*args)
     monkeypatch.setattr(lease_move, "move", move_while_the_manager_hands_over_another)
-    daemon._move_to(lease(NEW))
-    assert daemon._pending_lease is newest
+    daemon.lease_keeper.move_to(lease(NEW))
+    assert daemon.lease_keeper.pending is newest
 
 
 def test_unexpected_error_is_logged_and_counted_not_raised(daemon, monkeypatch, caplog):
@@ -278,10 +280,10 @@ def test_unexpected_error_is_logged_and_counted_not_raised(daemon, monkeypatch, 
 
     def broken(subnet):
         raise KeyError("bug")
-    daemon.peer_watcher.set_own_subnet = broken
-    old_engine = daemon.engine
+    daemon.state.peer_watcher.set_own_subnet = broken
+    old_engine = daemon.state.engine
     assert not adopt(daemon, lease(NEW))
-    assert daemon.engine is old_engine and not old_engine.closed
+    assert daemon.state.engine is old_engine and not old_engine.closed
     assert failures_metric(daemon) == 1 and "did not start" in caplog.text
 
 
@@ -290,4 +292,4 @@ def test_same_subnet_changes_nothing(daemon, monkeypatch):
     factory = Factory(monkeypatch)
     renewed = Lease(OLD, LeaseAttrs(ME), expiration=1e9, lease_id=7)
     assert adopt(daemon, renewed)
-    assert daemon.lease is renewed and factory.made == [] and failures_metric(daemon) == 0
+    assert daemon.state.lease is renewed and factory.made == [] and failures_metric(daemon) == 0
