@@ -272,20 +272,16 @@ class Daemon:
             # 4. lease
             self.lease = startup.acquire_lease(self.lease_manager, self.registry, self.wait)
             # 5.-6. flannel0, the UDP socket(s), the offloads they accept (host/assembly.py)
-            self._use(startup.open_dataplane(self.offloads, self.queues, self.lease.subnet,
-                                             self.config.network, self.ext,
-                                             self.config.backend_port, self.lease.ipv6_subnet,
-                                             self.config.ipv6_network, self._public6(bind=True)))
+            self._use(startup.open_dataplane(self.offloads, self.queues,
+                                             startup.parts(self.config, self.lease), self.ext,
+                                             self.config.backend_port, self._public6(bind=True)))
             self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
                                           self._routed6())
         # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
         self.blackhole.want(self.lease.subnet, previous=self.lease_manager.subnet_file_prev)
         # 7. iptables
-        v6 = self.config.enable_ipv6
-        self.rules = startup.install_rules(o, self.config.network, self.lease.subnet,
-                                           enable_nftables=self.config.enable_nftables,
-                                           network6=self.config.ipv6_network if v6 else None,
-                                           subnet6=self.lease.ipv6_subnet if v6 else None)
+        self.rules = startup.install_rules(o, startup.parts(self.config, self.lease),
+                                           enable_nftables=self.config.enable_nftables)
         # 8. subnet.env (rewritten on the tick while a write fails)
         self.subnet_env.want(self.config.network, self.lease.subnet, self.ext.tun_mtu,
                              self.config.ipv6_network, self.lease.ipv6_subnet)
@@ -352,10 +348,9 @@ class Daemon:
     def _make_engine(self):
         """A new engine on our fds, with the routes of the peers we know; not started."""
         o = self.opts
-        engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.socks,
-                                    self.lease.subnet, self.ext.tun_mtu,
-                                    self.dataplane.offload_flags, self.own_sources,
-                                    self.lease.ipv6_subnet, self.dataplane.socks6)
+        engine = startup.new_engine(self.engine_cls, o, self.tun_fds, self.dataplane.sockets,
+                                    startup.subnets(self.lease), self.ext.tun_mtu,
+                                    self.dataplane.offload_flags, self.own_sources)
         self.liveness.hold_for_test(engine, self._stop)
         with self.lock:
             self.peer_routes.load(engine)
@@ -374,8 +369,8 @@ class Daemon:
     # ------------------------------------------------------------------ taking over
     def _take_over(self, inh):
         self.state_file = inh.state_file
-        self._use(startup.adopt_dataplane(self.offloads, inh, self.queues, self.config.network,
-                                          self.lease.ipv6_subnet, self.config.ipv6_network))
+        self._use(startup.adopt_dataplane(self.offloads, inh, self.queues,
+                                          startup.parts(self.config, self.lease)))
         self.peer_routes.follow_lease(self.config.ipv6_network, self.lease.ipv6_subnet,
                                       self._routed6())
         self._take_peers(inh.state)
@@ -517,7 +512,7 @@ class Daemon:
                     if self._stop.wait(5):
                         return 0
             with self.lock:
-                engine, subnet, subnet6 = self.engine, self.lease.subnet, self.lease.ipv6_subnet
+                engine, subnets = self.engine, startup.subnets(self.lease)
                 save = self.peer_routes.take_changed()
                 if self.peer_log is not None:
                     self.peer_log.tick()
@@ -526,7 +521,7 @@ class Daemon:
             self.subnet_env.retry()
             self.blackhole.tick()
             self.forwarding.check()
-            self.own_sources.refresh(engine, subnet, subnet6)
+            self.own_sources.refresh(engine, subnets)
             status = monitor.check(engine, self.tun_name, on_purpose=lambda: (
                 self.handing_over or self._let_go.is_set() or self.engine is not engine))
             if status is not None:
@@ -570,10 +565,10 @@ class Daemon:
 
     def _move_host(self) -> lease_move.Host:
         """What a lease move changes, and how its new engine takes the place of ours."""
-        def new_engine(subnet, subnet6=None):
-            return startup.new_engine(self.engine_cls, self.opts, self.tun_fds, self.socks,
-                                      subnet, self.ext.tun_mtu, self.dataplane.offload_flags,
-                                      self.own_sources, subnet6, self.dataplane.socks6)
+        def new_engine(subnets):
+            return startup.new_engine(self.engine_cls, self.opts, self.tun_fds,
+                                      self.dataplane.sockets, subnets, self.ext.tun_mtu,
+                                      self.dataplane.offload_flags, self.own_sources)
 
         def swap_engine(engine):
             with self.lock:
@@ -586,7 +581,8 @@ class Daemon:
                 self.peer_routes.load(engine)
         return lease_move.Host(tun_name=self.tun_name, mtu=self.ext.tun_mtu,
                                network=self.config.network, subnet_file=self.opts.subnet_file,
-                               network6=self.config.ipv6_network,
+                               more_networks=tuple(
+                                   p.network for p in startup.parts(self.config, self.lease)[1:]),
                                rules=self.rules, new_engine=new_engine, swap_engine=swap_engine,
                                restore_engine=restore_engine,
                                own_subnet=self.peer_watcher.set_own_subnet,

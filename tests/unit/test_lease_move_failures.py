@@ -136,13 +136,12 @@ class Factory:
         self.made = []
         monkeypatch.setattr(startup, "new_engine", self)
 
-    def __call__(self, cls, opts, tun_fds, socks, subnet, mtu, offload_flags, own_sources,
-                 subnet6=None, socks6=()):
+    def __call__(self, cls, opts, tun_fds, sockets, subnets, mtu, offload_flags, own_sources):
         step = self.script.pop(0) if self.script else None
         if isinstance(step, startup.StartupError):
             raise step
         engine = FakeEngine(fail_start=step)
-        engine.subnet = subnet
+        engine.subnet = subnets[0]
         self.made.append(engine)
         return engine
 
@@ -153,7 +152,7 @@ def daemon(tmp_path, monkeypatch):
     d.lease = lease(OLD)
     d.ext = SimpleNamespace(tun_mtu=1472)
     d.config = SimpleNamespace(network=ipaddress.IPv4Network("10.5.0.0/16"), backend_port=8285,
-                               ipv6_network=None)
+                               ipv6_network=None, enable_ipv6=False)
     d.tun_name = "flannel0"
     d.engine = FakeEngine()
     d.engine.start()
@@ -230,8 +229,7 @@ def test_netlink_failure_moves_nothing_and_is_retried(daemon, monkeypatch, caplo
     host = Host(monkeypatch)
     factory = Factory(monkeypatch)
     moved_rules = []
-    daemon.rules = SimpleNamespace(update_subnet=lambda subnet, subnet6=None:
-                                   moved_rules.append(subnet))
+    daemon.rules = SimpleNamespace(update_subnet=lambda subnets: moved_rules.append(subnets[0]))
     host.fail["configure_tun"] = [OSError(errno.EPERM, "Operation not permitted")] * 3
     old_engine = daemon.engine
     daemon._move_to(lease(NEW))
