@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 
 from dataplane.daemon import preflight
-from dataplane.host import firewall
 
 
 def config(ipv6=False, nftables=False):
