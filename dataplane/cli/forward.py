@@ -238,6 +238,7 @@ def main(args: argparse.Namespace) -> int:
     from dataplane.host import netconf
     from dataplane.engine import DEFAULT_BATCH, Route, choose_engine, multi
     from dataplane.host.assembly import AssemblyError, Dataplane, open_sockets
+    from dataplane.host.family import V4, Part
     from dataplane.host.offload import DEFAULT_MODE, Offloads
     from dataplane.host.queues import default_queues
 
@@ -289,12 +290,13 @@ def main(args: argparse.Namespace) -> int:
     offloads = Offloads(args.offload or DEFAULT_MODE, cls.name)
     try:
         # The daemon's assembly, so that the bench measures the daemon's data path.
+        parts = [Part(args.network, address=tun_addr.with_prefixlen)]
+        if args.tun_addr6:
+            parts.append(Part(args.network6, address=args.tun_addr6.with_prefixlen))
         dataplane = Dataplane.open(
-            offloads, tun_name=args.tun_name, tun_addr=tun_addr.with_prefixlen, mtu=mtu,
-            network=args.network, queues=args.queues or default_queues(),
-            tun_addr6=args.tun_addr6.with_prefixlen if args.tun_addr6 else None,
-            network6=args.network6,
-            sockets=lambda n: open_sockets(listen_ip, port, n, bufsize=args.sockbuf))
+            offloads, tun_name=args.tun_name, mtu=mtu, queues=args.queues or default_queues(),
+            parts=parts,
+            sockets={V4: lambda n: open_sockets(listen_ip, port, n, bufsize=args.sockbuf)})
         tun_name, queues = dataplane.tun_name, dataplane.queues
         routes = [Route.make(net, ip, p or port) for net, ip, p in args.route + extra_routes]
         engine = dataplane.engine(cls, tun_addr=tun_addr.ip, mtu=mtu,

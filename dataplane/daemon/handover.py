@@ -64,6 +64,7 @@ import sys
 import threading
 import time
 
+from ..host.family import V4, V6
 from ..host.unix_listener import UnixListener, peer_allowed, peer_credentials
 from . import inherited
 from .inherited import Inherited, StateFile
@@ -180,9 +181,9 @@ def _expect(sock, op: str, timeout: float) -> dict:
 class FromHandover(Inherited):
     way = "the handover socket"
 
-    def __init__(self, conn: socket.socket, state: dict, tun_fds: list, socks: list,
-                 state_file: StateFile | None = None, socks6=()):
-        super().__init__(state, tun_fds, socks, socks6)
+    def __init__(self, conn: socket.socket, state: dict, tun_fds: list, sockets: dict,
+                 state_file: StateFile | None = None):
+        super().__init__(state, tun_fds, sockets)
         self.conn = conn
         self.old_pid = state.get("pid")
         self.state_file = state_file
@@ -267,8 +268,8 @@ def connect(path: str) -> FromHandover | None:
     log.info("--handover: the daemon with pid %s offers %s (%d queue(s)), its UDP sockets and its "
              "lease %s", state.get("pid"), state["tun"].get("name"), n,
              state.get("lease", {}).get("subnet"))
-    return FromHandover(conn, state, fds[:n], socks, StateFile(fds[-1]) if extra else None,
-                        socks6)
+    return FromHandover(conn, state, fds[:n], {V4: socks, V6: socks6},
+                        StateFile(fds[-1]) if extra else None)
 
 
 # ------------------------------------------------------------------ the running daemon's end

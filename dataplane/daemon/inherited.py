@@ -35,6 +35,7 @@ from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address, IPv6
 
 from ..control.config import ConfigError, parse_config
 from ..control.lease import Lease, LeaseAttrs, with_ipv6_of_key
+from ..host.family import V4, V6
 from ..host.tun import IFF_MULTI_QUEUE, IFF_VNET_HDR, TXQUEUELEN as FLANNEL0_TXQUEUELEN  # noqa: F401
 from . import fdstore
 
@@ -280,12 +281,18 @@ class Inherited:
     way = "?"
     state_file: StateFile | None = None    # the memfd systemd keeps, when the state is in one
 
-    def __init__(self, state: dict, tun_fds: list, socks: list, socks6=()):
+    def __init__(self, state: dict, tun_fds: list, sockets: dict):
+        """``sockets``: the underlay's family (host/family.py) -> its sockets, one per queue."""
         self.state = state
         self.tun_fds = tun_fds
-        self.socks = socks
+        self.socks = list(sockets.get(V4, ()))
         # the IPv6 underlay's, one per queue, or none (daemon/takeover.py underlay6)
-        self.socks6 = list(socks6)
+        self.socks6 = list(sockets.get(V6, ()))
+
+    @property
+    def sockets(self) -> dict:
+        """The sockets per underlay family, as host/assembly.py Dataplane holds them."""
+        return {f: s for f, s in ((V4, self.socks), (V6, self.socks6)) if s}
 
     @property
     def tun_name(self) -> str:
@@ -323,9 +330,9 @@ class Inherited:
 class FromFdStore(Inherited):
     way = "systemd's fd store"
 
-    def __init__(self, state: dict, tun_fds: list, socks: list, state_file: StateFile | None,
-                 names: list, socks6=()):
-        super().__init__(state, tun_fds, socks, socks6)
+    def __init__(self, state: dict, tun_fds: list, sockets: dict,
+                 state_file: StateFile | None, names: list):
+        super().__init__(state, tun_fds, sockets)
         self.state_file = state_file
         self.names = names
 
@@ -369,7 +376,7 @@ def from_fd_store() -> FromFdStore | None:
              "process (pid %s)", len(tun_fds), len(socks),
              f", {len(socks6)} IPv6 one(s)" if socks6 else "", " and its state" if state else "",
              state.get("pid", "?"))
-    return FromFdStore(state, tun_fds, socks, state_file, names, socks6)
+    return FromFdStore(state, tun_fds, {V4: socks, V6: socks6}, state_file, names)
 
 
 def wait_gone(name: str, timeout: float = RELEASE_TIMEOUT_S) -> bool:

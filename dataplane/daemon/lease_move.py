@@ -32,11 +32,12 @@ from __future__ import annotations
 import errno
 import logging
 from dataclasses import dataclass
-from ipaddress import IPv4Network, IPv6Network
+from ipaddress import IPv4Network
 from typing import Callable, Optional
 
 from ..control.recurring import Recurring
-from .startup import StartupError
+from ..host.family import Part
+from .startup import StartupError, subnets
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class Host:
     network: IPv4Network                # the overlay's Network: its route goes via flannel0
     subnet_file: str                    # named in the log: where workloads read their subnet
     rules: object                       # host/firewall_stack.py Stack, or None
-    # (subnet, IPv6 subnet or None) -> engines for it on the same fds, not started
+    # the lease's subnets (one per family) -> engines for them on the same fds, not started
     new_engine: Callable
     # engine -> the one it replaced: from then on peer changes (on_peers) reach ``engine``
     swap_engine: Callable
@@ -57,7 +58,15 @@ class Host:
     own_subnet: Callable                # subnet -> None: the peer watch reports its snapshot
     # (old, new) -> None: the blackhole route follows the host (daemon/blackhole_route.py)
     blackhole: Optional[Callable] = None
-    network6: Optional[IPv6Network] = None  # IPv6Network (EnableIPv6): its route goes via flannel0
+    # the overlay's networks of the other families the config enables (IPv6Network with
+    # EnableIPv6): their routes go via flannel0 too
+    more_networks: tuple = ()
+
+    def more_parts(self, lease) -> list:
+        """The lease's parts beyond IPv4, with the network of each (host/family.py Part)."""
+        parts = [Part(n) for n in self.more_networks]
+        return [Part(p.network, s) for p in parts for s in subnets(lease)[1:]
+                if Part(s).family is p.family]
 
 
 class MoveFailed(RuntimeError):
@@ -97,7 +106,7 @@ def move(old, new, host: Host, failures: Failures) -> bool:
         if new_subnet == old_subnet:
             _move_ipv6(host, old, new)
         else:
-            _move(host, old_subnet, new_subnet, failures.retrying, new.ipv6_subnet)
+            _move(host, old_subnet, new, failures.retrying)
     except MoveFailed as e:
         failures.record(new_subnet, str(e))
         return False
@@ -119,36 +128,38 @@ def _move_ipv6(host: Host, old, new) -> None:
                 "Workloads that hold IPv6 addresses in %s are cut off until they are "
                 "restarted", new.ipv6_subnet or "none",
                 old.ipv6_subnet or "none", new.subnet, host.subnet_file, old.ipv6_subnet or "none")
-    _move_flannel0_ipv6(host, new.ipv6_subnet)
+    _move_flannel0_more(host, new)
     if host.rules is not None:
-        host.rules.update_subnet(new.subnet, new.ipv6_subnet)   # failures: the resync retries
-    _replace_engine(host, new.subnet, new.ipv6_subnet)
+        host.rules.update_subnet(subnets(new))   # failures: the resync retries
+    _replace_engine(host, subnets(new))
 
 
-def _move_flannel0_ipv6(host: Host, subnet6) -> None:
-    from .startup import ensure_ipv6, tun_addr6
-    if subnet6 is None or host.network6 is None:
-        return
-    try:
-        ensure_ipv6(host.tun_name, subnet6, host.network6)
-    except Exception as e:
-        raise MoveFailed(f"netlink could not give {host.tun_name} the IPv6 address "
-                         f"{tun_addr6(subnet6)} or the route {host.network6} ({e}); IPv6 "
-                         f"forwarding goes on as before; check that {host.tun_name} exists and "
-                         "that the daemon has CAP_NET_ADMIN") from None
+def _move_flannel0_more(host: Host, lease) -> None:
+    """flannel0's addresses and routes in the lease's families beyond IPv4."""
+    from .startup import ensure_ipv6
+    for part in host.more_parts(lease):
+        try:
+            ensure_ipv6(host.tun_name, part)
+        except Exception as e:
+            raise MoveFailed(f"netlink could not give {host.tun_name} the {part.family.name} "
+                             f"address {part.tun_addr} or the route {part.network} ({e}); "
+                             f"{part.family.name} forwarding goes on as before; check that "
+                             f"{host.tun_name} exists and that the daemon has CAP_NET_ADMIN") \
+                from None
 
 
-def _move(host: Host, old_subnet, new_subnet, retrying: bool, subnet6=None) -> None:
+def _move(host: Host, old_subnet, new, retrying: bool) -> None:
+    new_subnet = new.subnet
     if not retrying:
         log.warning("The new lease has another subnet (%s, was %s): moving flannel0, the "
                     "iptables rules and %s. Workloads that hold addresses in %s are cut off "
                     "until they are restarted (they then get addresses of %s)",
                     new_subnet, old_subnet, host.subnet_file, old_subnet, new_subnet)
     _move_flannel0(host, old_subnet, new_subnet)
-    _move_flannel0_ipv6(host, subnet6)
+    _move_flannel0_more(host, new)
     if host.rules is not None:
-        host.rules.update_subnet(new_subnet, subnet6)   # its own failures: the resync retries
-    _replace_engine(host, new_subnet, subnet6)
+        host.rules.update_subnet(subnets(new))     # its own failures: the resync retries
+    _replace_engine(host, subnets(new))
     if host.blackhole is not None:
         try:
             host.blackhole(old_subnet, new_subnet)
@@ -183,11 +194,12 @@ def _move_flannel0(host: Host, old_subnet, new_subnet) -> None:
             from None
 
 
-def _replace_engine(host: Host, subnet, subnet6=None) -> None:
-    """New engines for ``subnet`` (and the IPv6 part ``subnet6``) on the same fds; the old ones
-    stop only once these run."""
+def _replace_engine(host: Host, subnets) -> None:
+    """New engines for the lease's ``subnets`` (one per family, IPv4 first) on the same fds;
+    the old ones stop only once these run."""
+    subnet = subnets[0]
     try:
-        engine = host.new_engine(subnet, subnet6)
+        engine = host.new_engine(subnets)
     except StartupError as e:
         raise MoveFailed(f"{e}; the old engine keeps forwarding (its ICMP errors still come "
                          "from the old address)") from None

@@ -233,21 +233,16 @@ class Daemon:
             # 5.-6. flannel0, the UDP socket(s), the offloads they accept (host/assembly.py)
             # as many queues as they have (fewer than asked where the host refuses the
             # sockets' steering)
-            st.dataplane = startup.open_dataplane(st.offloads, self.queues, st.lease.subnet,
-                                                  st.config.network, st.ext,
-                                                  st.config.backend_port, st.lease.ipv6_subnet,
-                                                  st.config.ipv6_network,
-                                                  self._public6(bind=True))
+            st.dataplane = startup.open_dataplane(st.offloads, self.queues,
+                                                  startup.parts(st.config, st.lease), st.ext,
+                                                  st.config.backend_port, self._public6(bind=True))
             self.peer_routes.follow_lease(st.config.ipv6_network, st.lease.ipv6_subnet,
                                           self._routed6())
         # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
         st.blackhole.want(st.lease.subnet, previous=st.lease_manager.subnet_file_prev.get(4))
         # 7. iptables
-        v6 = st.config.enable_ipv6
-        st.rules = startup.install_rules(o, st.config.network, st.lease.subnet,
-                                         enable_nftables=st.config.enable_nftables,
-                                         network6=st.config.ipv6_network if v6 else None,
-                                         subnet6=st.lease.ipv6_subnet if v6 else None)
+        st.rules = startup.install_rules(o, startup.parts(st.config, st.lease),
+                                         enable_nftables=st.config.enable_nftables)
         # 8. subnet.env (rewritten on the tick while a write fails)
         st.subnet_env.want(st.config.network, st.lease.subnet, st.ext.tun_mtu,
                            st.config.ipv6_network, st.lease.ipv6_subnet)
@@ -321,10 +316,9 @@ class Daemon:
         """A new engine on our fds, with the routes of the peers we know; not started."""
         st = self.state
         o, dp, lease = st.opts, st.dataplane, st.lease
-        engine = startup.new_engine(st.engine_cls, o, dp.tun_fds, dp.socks,
-                                    lease.subnet, st.ext.tun_mtu,
-                                    dp.offload_flags, self.own_sources,
-                                    lease.ipv6_subnet, dp.socks6)
+        engine = startup.new_engine(st.engine_cls, o, dp.tun_fds, dp.sockets,
+                                    startup.subnets(lease), st.ext.tun_mtu,
+                                    dp.offload_flags, self.own_sources)
         st.liveness.hold_for_test(engine, self._stop)
         with st.lock:
             self.peer_routes.load(engine)
@@ -343,8 +337,8 @@ class Daemon:
     def _take_over(self, inh):
         st = self.state
         self.succession.state_file = inh.state_file
-        st.dataplane = startup.adopt_dataplane(st.offloads, inh, self.queues, st.config.network,
-                                               st.lease.ipv6_subnet, st.config.ipv6_network)
+        st.dataplane = startup.adopt_dataplane(st.offloads, inh, self.queues,
+                                               startup.parts(st.config, st.lease))
         self.peer_routes.follow_lease(st.config.ipv6_network, st.lease.ipv6_subnet,
                                       self._routed6())
         self._take_peers(inh.state)
@@ -411,14 +405,14 @@ class Daemon:
             if not self.lease_keeper.tick(self._stop):
                 return 0
             with st.lock:
-                engine, subnet, subnet6 = st.engine, st.lease.subnet, st.lease.ipv6_subnet
+                engine, subnets = st.engine, startup.subnets(st.lease)
                 save = self.peer_routes.tick()
             if save:
                 succession.save_state()
             st.subnet_env.retry()
             st.blackhole.tick()
             st.forwarding.check()
-            self.own_sources.refresh(engine, subnet, subnet6)
+            self.own_sources.refresh(engine, subnets)
             status = monitor.check(engine, st.dataplane.tun_name, on_purpose=lambda: (
                 succession.handing_over or succession.let_go.is_set()
                 or st.engine is not engine))
@@ -429,11 +423,10 @@ class Daemon:
         """What a lease move changes, and how its new engine takes the place of ours."""
         st = self.state
 
-        def new_engine(subnet, subnet6=None):
+        def new_engine(subnets):
             return startup.new_engine(st.engine_cls, st.opts, st.dataplane.tun_fds,
-                                      st.dataplane.socks, subnet, st.ext.tun_mtu,
-                                      st.dataplane.offload_flags, self.own_sources, subnet6,
-                                      st.dataplane.socks6)
+                                      st.dataplane.sockets, subnets, st.ext.tun_mtu,
+                                      st.dataplane.offload_flags, self.own_sources)
 
         def swap_engine(engine):
             with st.lock:
@@ -446,7 +439,8 @@ class Daemon:
                 self.peer_routes.load(engine)
         return lease_move.Host(tun_name=st.dataplane.tun_name, mtu=st.ext.tun_mtu,
                                network=st.config.network, subnet_file=st.opts.subnet_file,
-                               network6=st.config.ipv6_network,
+                               more_networks=tuple(
+                                   p.network for p in startup.parts(st.config, st.lease)[1:]),
                                rules=st.rules, new_engine=new_engine, swap_engine=swap_engine,
                                restore_engine=restore_engine,
                                own_subnet=st.peer_watcher.set_own_subnet,

@@ -1,5 +1,9 @@
 """The daemon's start steps, one function each: what it opens, and what the operator reads when it
-fails (StartupError, exit status 1). The order is the daemon's (daemon/main.py)."""
+fails (StartupError, exit status 1). The order is the daemon's (daemon/main.py).
+
+(Over 450 lines as one piece: each step is a short function that calls down into control/ or
+host/ and turns what fails there into the operator's sentence; the steps share those sentences'
+words and StartupError, and split across files they would only be read side by side.)"""
 from __future__ import annotations
 
 import errno
@@ -262,35 +266,50 @@ def choose_engine(opts):
         raise StartupError(str(e)) from None
 
 
-def open_dataplane(offloads, queues: int, subnet, network, ext, port: int, subnet6=None,
-                   network6=None, bind6=None):
+def parts(config, lease) -> list:
+    """The families the config enables, each with the lease's subnet in it (host/family.py
+    Part): IPv4, and with EnableIPv6 IPv6 (its subnet None while the lease has no IPv6 part)."""
+    from ..host.family import Part
+    out = [Part(config.network, lease.subnet)]
+    if config.enable_ipv6:
+        out.append(Part(config.ipv6_network, lease.ipv6_subnet))
+    return out
+
+
+def subnets(lease) -> list:
+    """The lease's subnets, one per family it has, IPv4 first."""
+    return [s for s in (lease.subnet, lease.ipv6_subnet) if s is not None]
+
+
+def open_dataplane(offloads, queues: int, parts, ext, port: int, bind6=None):
     """5.-6. The dataplane's assembly (host/assembly.py) in the daemon's words: flannel0 with one
-    fd per queue, <lease net>/32 (and with a dual-stack lease <IPv6 lease net>/128), MTU, queues
-    long enough for a restart (inherited.FLANNEL0_TXQUEUELEN), up, route <Network> dev flannel0
-    (and <IPv6Network>); the UDP socket(s) (:func:`open_sockets`), fewer queues where the host
-    refuses their steering, and with ``bind6`` (the IPv6 underlay's address) as many on it;
-    the offloads."""
+    fd per queue, for each of ``parts`` the lease has a subnet of its address (<lease net>/32,
+    <IPv6 lease net>/128) and the route of its network, MTU, queues long enough for a restart
+    (inherited.FLANNEL0_TXQUEUELEN), up; the UDP socket(s) (:func:`open_sockets`), fewer queues
+    where the host refuses their steering, and with ``bind6`` (the IPv6 underlay's address) as
+    many on it; the offloads."""
     from ..host.assembly import AssemblyError, Dataplane
+    from ..host.family import V4, V6
     from .inherited import FLANNEL0_TXQUEUELEN
-    addr = f"{subnet.network_address}/32"
-    addr6 = tun_addr6(subnet6)
-    v6 = "" if addr6 is None else f", IPv6 address {addr6}, route {network6}"
+    carried = [p for p in parts if p.subnet is not None]
+    v4, *more = carried
+    sockets = {V4: lambda n: open_sockets(ext, port, n)}
+    if bind6 is not None:
+        sockets[V6] = lambda n: open_sockets(ext, port, n, ip=bind6)
     try:
-        dp = Dataplane.open(offloads, tun_name="flannel%d", tun_addr=addr, mtu=ext.tun_mtu,
-                            network=network, queues=queues,
-                            sockets=lambda n: open_sockets(ext, port, n),
-                            tun_addr6=addr6, network6=network6 if addr6 else None,
-                            sockets6=None if bind6 is None else
-                            lambda n: open_sockets(ext, port, n, ip=bind6))
+        dp = Dataplane.open(offloads, tun_name="flannel%d", mtu=ext.tun_mtu, queues=queues,
+                            parts=carried, sockets=sockets)
     except AssemblyError as e:
-        raise _assembly_failed(e, f"{addr}, MTU {ext.tun_mtu}, route {network}{v6}") from None
+        v6 = "".join(f", {p.family.name} address {p.tun_addr}, route {p.network}" for p in more)
+        raise _assembly_failed(e, f"{v4.tun_addr}, MTU {ext.tun_mtu}, route {v4.network}{v6}") \
+            from None
     _accept_local(dp.tun_name)
     log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s) of "
-             "%d packets", dp.tun_name, addr, ext.tun_mtu, ext.name, ext.mtu, network,
+             "%d packets", dp.tun_name, v4.tun_addr, ext.tun_mtu, ext.name, ext.mtu, v4.network,
              dp.tun_name, len(dp.tun_fds), FLANNEL0_TXQUEUELEN)
-    if addr6 is not None:
-        log.info("%s carries IPv6: address %s, route %s dev %s", dp.tun_name, addr6, network6,
-                 dp.tun_name)
+    for p in more:
+        log.info("%s carries %s: address %s, route %s dev %s", dp.tun_name, p.family.name,
+                 p.tun_addr, p.network, dp.tun_name)
     return dp
 
 
@@ -300,10 +319,11 @@ def tun_addr6(subnet6) -> str | None:
     lease's network address as a /32 (docs/flannel-compat.md#tun-device). A /128 rather than
     the prefix: the kernel then routes nothing of the lease's subnet to flannel0 (the subnet
     is the pods', behind their bridge), and the route of IPv6Network does the rest."""
-    return None if subnet6 is None else f"{subnet6.network_address}/128"
+    from ..host.family import V6
+    return None if subnet6 is None else V6.host(subnet6.network_address)
 
 
-def adopt_dataplane(offloads, inh, queues: int, network, subnet6=None, network6=None):
+def adopt_dataplane(offloads, inh, queues: int, parts):
     """flannel0 and the sockets handed over (``inh``, checked by daemon/inherited.py): as
     :func:`open_dataplane` would leave them, their route and accept_local put back if someone
     removed them, and with a dual-stack lease IPv6 as open_dataplane gives it (a daemon of a
@@ -311,31 +331,32 @@ def adopt_dataplane(offloads, inh, queues: int, network, subnet6=None, network6=
     them (host/assembly.py)."""
     from ..host.assembly import AssemblyError, Dataplane
     from ..host.netconf import add_network_route, set_accept_local
+    v4, *more = [p for p in parts if p.subnet is not None]
     try:
-        dp = Dataplane.adopt(offloads, inh.tun_fds, inh.tun_name, inh.socks, queues, inh.socks6)
+        dp = Dataplane.adopt(offloads, inh.tun_fds, inh.tun_name, inh.sockets, queues)
     except AssemblyError as e:
-        raise _assembly_failed(e, f"handed over, route {network}") from None
+        raise _assembly_failed(e, f"handed over, route {v4.network}") from None
     try:
-        if add_network_route(network, dp.tun_name):
-            log.warning("the route %s dev %s was missing: added again", network, dp.tun_name)
+        if add_network_route(v4.network, dp.tun_name):
+            log.warning("the route %s dev %s was missing: added again", v4.network, dp.tun_name)
         set_accept_local(dp.tun_name)
-        if subnet6 is not None:
-            ensure_ipv6(dp.tun_name, subnet6, network6)
+        for p in more:
+            ensure_ipv6(dp.tun_name, p)
     except Exception as e:
         dp.close()
         raise StartupError(f"failed to configure the {dp.tun_name} handed over (route "
-                           f"{network}, accept_local"
-                           f"{'' if subnet6 is None else ', IPv6 ' + tun_addr6(subnet6)}): "
+                           f"{v4.network}, accept_local"
+                           f"{''.join(f', {p.family.name} {p.tun_addr}' for p in more)}): "
                            f"{e}") from None
     return dp
 
 
-def ensure_ipv6(tun_name: str, subnet6, network6) -> None:
+def ensure_ipv6(tun_name: str, part) -> None:
     """A flannel0 that is up already (handed over, or a lease whose IPv6 part moved) gets
-    the IPv6 address of ``subnet6`` (any other global one goes) and the route of
-    ``network6``; what had to change is logged. Raises what netconf raises."""
+    the IPv6 address of ``part``'s subnet (any other global one goes) and the route of its
+    network; what had to change is logged. Raises what netconf raises."""
     from ..host.netconf import add_network_route, ipv6_addresses, prepare_ipv6, set_ipv6_address
-    addr6 = tun_addr6(subnet6)
+    addr6, network6 = part.tun_addr, part.network
     before = ipv6_addresses(tun_name)
     if not any(str(a) == addr6 for a in before):
         prepare_ipv6(tun_name)      # idempotent; on an up link they hold from now on
@@ -415,25 +436,25 @@ def open_sockets(ext, port: int, queues: int, ip=None) -> list:
     return socks
 
 
-def install_rules(opts, network, subnet, enable_nftables: bool = False, network6=None,
-                  subnet6=None):
-    """--ip-masq and --iptables-forward-rules (host/firewall_stack.py); None when neither is
-    asked for (or, for the forward rules alone, when no tool can install them: flanneld only
-    warns then). `enable_nftables` is the network config's EnableNFTables: nftables even where
-    iptables exists; `network6` and `subnet6` (EnableIPv6: IPv6Network and the lease's IPv6
-    part) add the IPv6 rules."""
+def install_rules(opts, parts, enable_nftables: bool = False):
+    """--ip-masq and --iptables-forward-rules (host/firewall_stack.py) for each of ``parts``
+    (:func:`parts`: with EnableIPv6 the IPv6 rules too); None when neither is asked for (or,
+    for the forward rules alone, when no tool can install them: flanneld only warns then).
+    `enable_nftables` is the network config's EnableNFTables: nftables even where iptables
+    exists."""
     from ..control.subnetfile import read_previous_rules, read_previous_rules6
-    from ..host.firewall import MasqError, Previous
+    from ..host.family import V4, V6
+    from ..host.firewall_rules import Previous
     from ..host.firewall_stack import Stack
+    from ..host.firewall_tools import MasqError
     if not (opts.ip_masq or opts.iptables_forward_rules):
         return None
     rules = None
     try:
-        rules = Stack(network, subnet, masq=opts.ip_masq, forward=opts.iptables_forward_rules,
-                      network6=network6, subnet6=subnet6,
-                      previous=Previous(*read_previous_rules(opts.subnet_file)),
-                      previous6=Previous(*read_previous_rules6(opts.subnet_file)),
-                      random_fully=not opts.ip_masq_fully_random_disable,
+        previous = {V4: Previous(*read_previous_rules(opts.subnet_file)),
+                    V6: Previous(*read_previous_rules6(opts.subnet_file))}
+        rules = Stack(parts, masq=opts.ip_masq, forward=opts.iptables_forward_rules,
+                      previous=previous, random_fully=not opts.ip_masq_fully_random_disable,
                       enable_nftables=enable_nftables)
         rules.install()
     except MasqError as e:
@@ -450,13 +471,15 @@ def install_rules(opts, network, subnet, enable_nftables: bool = False, network6
     return rules
 
 
-def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, own_sources,
-               subnet6=None, socks6=()):
+def new_engine(cls, opts, tun_fds, sockets, subnets, mtu: int, offload_flags: int,
+               own_sources):
     """One engine per queue behind one MultiEngine (host/assembly.py make_engine), configured,
-    not started; its ICMP errors come from <lease net>, flannel0's address, and with a
-    dual-stack lease its ICMPv6 errors from flannel0's IPv6 address (:func:`tun_addr6`). It
-    knows this host's own sources (own_sources: host/own_sources.py; ``subnet6`` the lease's IPv6
-    part) before it forwards a packet. ``socks6``: the IPv6 underlay's sockets, one per queue."""
+    not started, on ``sockets`` (host/family.py Family -> that underlay's sockets, one per
+    queue); its ICMP errors come from <lease net>, flannel0's address, and with a dual-stack
+    lease its ICMPv6 errors from flannel0's IPv6 address (:func:`tun_addr6`). It knows this
+    host's own sources (own_sources: host/own_sources.py; ``subnets`` the lease's, one per
+    family) before it forwards a packet."""
+    from ..host.family import V6, family_of
     from ..host import sched
     from ..host.assembly import make_engine
     if opts.realtime_priority:
@@ -466,18 +489,19 @@ def new_engine(cls, opts, tun_fds, socks, subnet, mtu: int, offload_flags: int, 
             raise StartupError(f"--realtime-priority {opts.realtime_priority}: "
                                f"{e.strerror or e}") from None
     try:
-        engine = make_engine(cls, tun_fds, socks, tun_addr=subnet.network_address, mtu=mtu,
+        engine = make_engine(cls, tun_fds, sockets, tun_addr=subnets[0].network_address, mtu=mtu,
                              accept_any=opts.accept_from == "any", icmp_rate=opts.icmp_rate,
                              icmp_burst=opts.icmp_burst, offloads=offload_flags,
                              coalesce_us=opts.coalesce_usecs, trace=opts.trace,
-                             realtime_priority=opts.realtime_priority, socks6=socks6)
+                             realtime_priority=opts.realtime_priority)
     except (OSError, ValueError) as e:
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
     engine.set_strict_sources(opts.strict_sources)
-    if subnet6 is not None:
-        engine.set_tun_addr6(subnet6.network_address)
-    own_sources.refresh(engine, subnet, subnet6)
+    for subnet in subnets:
+        if family_of(subnet) is V6:
+            engine.set_tun_addr6(subnet.network_address)
+    own_sources.refresh(engine, subnets)
     return engine
 
 

@@ -5,9 +5,14 @@
 * ``own_sources.py`` telling the engine this host's own sources (the inner sources no datagram
   may claim), again whenever its addresses change;
 * ``iface.py``    choosing the external interface by flanneld's rules;
+* ``family.py``   an address family as one value (IPv4, IPv6), and one family of the overlay
+  on this host (network, lease subnet, flannel0's address) as the daemon hands it down;
 * ``firewall.py`` the iptables/nftables rules of --ip-masq and --iptables-forward-rules, one
-  family's (ip6tables and ``ip6 flannel-ipv6`` for IPv6);
-* ``firewall_stack.py`` both families' rules as the daemon holds them (EnableIPv6);
+  family's (ip6tables and ``ip6 flannel-ipv6`` for IPv6), installed, resynced, kept;
+* ``firewall_rules.py`` those rules as iptables arguments and iptables-restore text (pure);
+* ``firewall_nft.py`` the same rules as an nftables table (pure);
+* ``firewall_tools.py`` which tool, running it, and removing every flannel rule (cleanup);
+* ``firewall_stack.py`` every enabled family's rules as the daemon holds them (EnableIPv6);
 * ``blackhole.py`` the route ``blackhole <lease subnet>`` of --ip-blackhole-route (its metric
   lets a bridge's route of the subnet win);
 * ``direct_routes.py`` DirectRouting's kernel routes to peers on this link (proto 153), and the

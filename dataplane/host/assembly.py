@@ -5,8 +5,8 @@ engines on them, put together here once for `flannel-udp run` (daemon/startup.py
 The steps, in flanneld's order (the TUN before the socket):
 
 1. the TUN, one fd per queue, with vnet headers when offloads are wanted (host/offload.py); its
-   address (and, with a dual-stack lease, its IPv6 address), MTU and queue length, up, and the
-   route of the overlay's network (and of its IPv6 network) through it;
+   address in each family the lease has a subnet of (host/family.py Part), MTU and queue length,
+   up, and the route of the overlay's network of each through it;
 2. the UDP sockets, one per queue (host/udpsock.py), or ONE where the host refuses their
    steering: then the TUN queues beyond the sockets are closed, because the kernel spreads
    flannel0's packets over every attached queue and a queue that no engine reads would strand
@@ -29,6 +29,7 @@ import os
 
 from ..engine import multi
 from . import netconf, sched
+from .family import V4, V6
 from .tun import TXQUEUELEN
 from .udpsock import (SOCKET_BUFFER, one_queue_warning, open_queue_sockets, path_mtu_defaults,
                       path_mtu_options, steering_refusal)
@@ -59,14 +60,16 @@ def open_sockets(ip: str, port: int, queues: int, *, bufsize: int = SOCKET_BUFFE
     return socks
 
 
-def make_engine(cls, tun_fds, socks, *, realtime_priority: int = 0, socks6=(), **settings):
+def make_engine(cls, tun_fds, sockets, *, realtime_priority: int = 0, **settings):
     """Step 4: one ``cls`` engine per (TUN fd, socket) pair behind one MultiEngine, configured
-    and not started, each with its queue's IPv6 socket when ``socks6`` has them; ``settings``
+    and not started; ``sockets`` maps each underlay's family (host/family.py) to its sockets,
+    one per queue: the IPv4 ones always, the IPv6 ones with an IPv6 underlay; ``settings``
     are multi.create's (tun_addr, mtu, offloads, accept_any, icmp_rate, icmp_burst,
     coalesce_us, trace, batch); the IPv6 sockets get path_mtu_options, all or none, and the
     IPv4 ones the kernel's defaults (a daemon killed inside a probe may have handed them over
     switched). A ``realtime_priority`` is not probed here: the loop threads try it as they
     start (host/sched.py), callers probe it first."""
+    socks, socks6 = sockets.get(V4, ()), sockets.get(V6, ())
     try:
         for s in socks:
             path_mtu_defaults(s)
@@ -84,7 +87,7 @@ def make_engine(cls, tun_fds, socks, *, realtime_priority: int = 0, socks6=(), *
         log.warning("The IPv6 underlay's sockets cannot refuse to fragment (%s): the kernel cuts "
                     "the pods' IPv6 into fragments where the path to a peer is narrower than "
                     "this host's interface", e)
-    if socks6:
+    if socks6:              # the engine API takes the IPv6 underlay's fds apart
         settings["udp6_fds"] = [s.fileno() for s in socks6]
     return multi.create(cls, tun_fds, [s.fileno() for s in socks],
                         thread_init=sched.thread_init(realtime_priority), **settings)
@@ -95,29 +98,35 @@ class Dataplane:
     they took. It owns the fds (:meth:`close`; the last TUN fd closed removes the device) and
     makes engines on them (:meth:`engine`). ``Dataplane()`` is none yet: no fds."""
 
-    def __init__(self, offloads=None, tun_fds=(), tun_name: str | None = None, socks=(),
-                 socks6=()):
+    def __init__(self, offloads=None, tun_fds=(), tun_name: str | None = None, sockets=None):
         self.offloads = offloads            # host/offload.py Offloads
         self.tun_fds: list = list(tun_fds)
         self.tun_name = tun_name
-        self.socks: list = list(socks)
-        self.socks6: list = list(socks6)    # the IPv6 underlay's, one per queue, or none
+        # the underlay's family -> its sockets, one per queue: IPv4's, and IPv6's or none
+        self.sockets: dict = {f: list(s) for f, s in (sockets or {}).items() if s}
         self.offload_flags = 0              # the OFF_* bits the probe left on
+
+    # What the daemon's handover and state file name per underlay (daemon/inherited.py).
+    socks = property(lambda self: self.sockets.get(V4, []))
+    socks6 = property(lambda self: self.sockets.get(V6, []))
+
+    @property
+    def all_sockets(self) -> list:
+        return [s for group in self.sockets.values() for s in group]
 
     @property
     def queues(self) -> int:
         return len(self.socks)
 
     @classmethod
-    def open(cls, offloads, *, tun_name: str, tun_addr: str, mtu: int, network, queues: int,
-             sockets, tun_addr6: str | None = None, network6=None,
-             sockets6=None) -> "Dataplane":
-        """Steps 1-3: a TUN named after ``tun_name`` (a template such as flannel%d) with
-        ``tun_addr`` (an address with its prefix), ``mtu``, up, and the route ``network`` (none
-        when None); with ``tun_addr6`` its IPv6 address too, and the route ``network6``;
-        ``sockets(n)`` opens the UDP sockets for n queues (:func:`open_sockets`, which the
-        daemon wraps in its own messages) and may return fewer; ``sockets6(n)`` then opens
-        the IPv6 underlay's, exactly n."""
+    def open(cls, offloads, *, tun_name: str, mtu: int, queues: int, parts,
+             sockets) -> "Dataplane":
+        """Steps 1-3: a TUN named after ``tun_name`` (a template such as flannel%d), ``mtu``,
+        up, with for each of ``parts`` (host/family.py Part, IPv4 first) its address and the
+        route of its network (none when the network is None); ``sockets`` maps an underlay's
+        family to what opens its UDP sockets: ``sockets[V4](n)`` for n queues
+        (:func:`open_sockets`, which the daemon wraps in its own messages) may return fewer,
+        then ``sockets[V6](n)``, when there, opens the IPv6 underlay's, exactly n."""
         try:
             tun_fds, name = offloads.open_tun(tun_name, queues)
         except OSError as e:
@@ -125,17 +134,17 @@ class Dataplane:
         dp = cls(offloads, tun_fds, name)
         try:
             try:
-                netconf.configure_tun(name, tun_addr, mtu, txqueuelen=TXQUEUELEN,
-                                      addr6=tun_addr6)
-                for net in (network, network6):
-                    if net is not None:
-                        netconf.add_network_route(net, name)
+                netconf.configure_tun(name, [p.tun_addr for p in parts], mtu,
+                                      txqueuelen=TXQUEUELEN)
+                for p in parts:
+                    if p.network is not None:
+                        netconf.add_network_route(p.network, name)
             except Exception as e:          # NetlinkError is no OSError
                 raise AssemblyError("configure", e, name) from None
             try:
-                dp.socks = list(sockets(queues))
-                if sockets6 is not None:
-                    dp.socks6 = list(sockets6(dp.queues))
+                for family, opener in sockets.items():
+                    # the first group decides the queues, the others follow it
+                    dp.sockets[family] = list(opener(dp.queues or queues))
             except OSError as e:
                 raise AssemblyError("sockets", e, name) from None
             for fd in dp.tun_fds[dp.queues:]:
@@ -148,14 +157,13 @@ class Dataplane:
         return dp
 
     @classmethod
-    def adopt(cls, offloads, tun_fds, tun_name: str, socks, queues: int,
-              socks6=()) -> "Dataplane":
+    def adopt(cls, offloads, tun_fds, tun_name: str, sockets, queues: int) -> "Dataplane":
         """Step 3 on fds handed over, which the daemon found to be what it would open
         (daemon/inherited.py): the TUN has vnet headers exactly when offloads are wanted. Fewer
         sockets than ``queues`` are a daemon that ran one queue where the host refuses the
         steering, as it refuses ours: said as step 2 says it."""
         offloads.adopt_tun()
-        dp = cls(offloads, tun_fds, tun_name, socks, socks6)
+        dp = cls(offloads, tun_fds, tun_name, sockets)
         if dp.queues < queues:
             refused = steering_refusal()
             if refused is not None:
@@ -169,20 +177,19 @@ class Dataplane:
 
     def _probe(self) -> None:
         try:
-            self.offload_flags = self.offloads.probe(self.tun_fds, self.socks + self.socks6)
+            self.offload_flags = self.offloads.probe(self.tun_fds, self.all_sockets)
         except OSError as e:
             raise AssemblyError("offloads", e, self.tun_name) from None
         log.info("%s", self.offloads.summary())
 
     def engine(self, cls, **settings):
         """Step 4 on these fds, with the offloads they took: :func:`make_engine`."""
-        return make_engine(cls, self.tun_fds, self.socks, offloads=self.offload_flags,
-                           socks6=self.socks6, **settings)
+        return make_engine(cls, self.tun_fds, self.sockets, offloads=self.offload_flags,
+                           **settings)
 
     def close(self) -> None:
         """The sockets, then the TUN queues; again, nothing."""
-        socks, self.socks = self.socks + self.socks6, []
-        self.socks6 = []
+        socks, self.sockets = self.all_sockets, {}
         fds, self.tun_fds = self.tun_fds, []
         for s in socks:
             s.close()

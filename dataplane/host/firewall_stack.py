@@ -1,5 +1,6 @@
-"""The firewall rules of both families as the daemon holds them: the IPv4 Network's, and with
-``"EnableIPv6": true`` the IPv6Network's (host/firewall.py has the rules and their lifetime).
+"""The firewall rules of every family the config enables, as the daemon holds them: the IPv4
+Network's, and with ``"EnableIPv6": true`` the IPv6Network's (host/firewall.py has the rules of
+one family and their lifetime).
 
 The IPv6 rules go in first: in iptables mode the IPv4 rules' first install deletes every
 flannel nftables table, ``ip6 flannel-ipv6`` included, and by then the ip6tables rules that
@@ -18,33 +19,38 @@ stale as our own. Nothing else of ip6tables is touched, and a daemon asked for n
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Mapping
 
-from . import firewall
-from .firewall import MasqError, Previous
+from . import firewall, firewall_tools
+from .family import V4, V6, Part, family_of
+from .firewall_rules import Previous
+from .firewall_tools import MasqError
 
 log = logging.getLogger(__name__)
 
 
 class Stack:
     """One :class:`~dataplane.host.firewall.Rules` per family, installed, resynced, moved and
-    stopped together."""
+    stopped together. ``parts``: the families the config enables (host/family.py Part), a part
+    whose lease subnet is None gets no rules; ``previous``: what subnet.env said, per family."""
 
-    def __init__(self, network, subnet, masq: bool, forward: bool, *,
-                 network6=None, subnet6=None, previous: Previous = Previous(),
-                 previous6: Previous = Previous(), random_fully: bool = True,
+    def __init__(self, parts: list[Part], masq: bool, forward: bool, *,
+                 previous: Mapping = {}, random_fully: bool = True,
                  enable_nftables: bool = False):
         kw = dict(masq=masq, forward=forward, random_fully=random_fully,
                   enable_nftables=enable_nftables)
-        self.v6: Optional[firewall.Rules] = None
-        if network6 is not None and subnet6 is not None:
-            self.v6 = firewall.Rules(network6, subnet6, previous=previous6, **kw)
-        self.v4 = firewall.Rules(network, subnet, previous=previous, **kw)
-        self._clear6 = network6 is None     # EnableIPv6 off: a run with it may have left rules
+        # IPv6 first (the module docstring)
+        ordered = sorted((p for p in parts if p.subnet is not None),
+                         key=lambda p: -p.family.version)
+        self.members: list = [firewall.Rules(p.network, p.subnet,
+                                             previous=previous.get(p.family, Previous()), **kw)
+                              for p in ordered]
+        # EnableIPv6 off: a run with it may have left rules
+        self._clear6 = V6 not in {p.family for p in parts}
 
     def _remove_ipv6_leftovers(self) -> None:
         try:
-            done = firewall.remove_family(firewall.V6)
+            done = firewall_tools.remove_family(V6)
         except MasqError as e:      # ours are unaffected; `flannel-udp cleanup` removes them
             log.warning("EnableIPv6 is off, but the IPv6 firewall rules a run with it left could "
                         "not be removed (flannel-udp cleanup removes them): %s", e)
@@ -53,9 +59,9 @@ class Stack:
             log.info("EnableIPv6 is off: removed the IPv6 firewall rules a run with it left: %s",
                      "; ".join(done))
 
-    @property
-    def members(self) -> list:
-        return [r for r in (self.v6, self.v4) if r is not None]
+    def of(self, family):
+        """The rules of ``family`` (host/family.py), None when it has none."""
+        return next((r for r in self.members if family_of(r.network) is family), None)
 
     def install(self) -> None:
         if self._clear6:
@@ -68,21 +74,22 @@ class Stack:
                 if rules.masq:
                     raise
                 log.warning("forward rules for %s not installed: %s", rules.network, e)
-                if rules is self.v6:
-                    self.v6 = None
-                else:
+                if family_of(rules.network) is V4:
                     raise           # the IPv4 ones: the caller decides (daemon/startup.py)
+                self.members.remove(rules)
 
     def start_resync(self, period_s: float) -> None:
         for rules in self.members:
             rules.start_resync(period_s)
 
-    def update_subnet(self, subnet, subnet6=None) -> None:
-        """The lease moved: each family's rules follow its part (an IPv6 part gone leaves the
-        IPv6 rules as they are: with EnableIPv6 every lease has one)."""
-        self.v4.update_subnet(subnet)
-        if self.v6 is not None and subnet6 is not None:
-            self.v6.update_subnet(subnet6)
+    def update_subnet(self, subnets) -> None:
+        """The lease moved: each family's rules follow its part of ``subnets`` (a part gone
+        leaves that family's rules as they are: with EnableIPv6 every lease has one)."""
+        by_family = {family_of(s): s for s in subnets if s is not None}
+        for rules in self.members:
+            subnet = by_family.get(family_of(rules.network))
+            if subnet is not None:
+                rules.update_subnet(subnet)
 
     def remove(self) -> None:
         for rules in self.members:

@@ -61,23 +61,21 @@ def _index(ipr: IPRoute, name: str) -> int:
     return idx[0]
 
 
-def configure_tun(name: str, addr, mtu: int, txqueuelen: int | None = None,
-                  addr6=None) -> None:
-    """Give ``name`` the address ``addr`` (``"10.5.84.0/32"``, an
-    IPv4Interface, or a bare address meaning /32), set its MTU (and ``txqueuelen``, the packets
-    each queue holds while nobody reads it) and bring it up; with ``addr6`` (``"fc00:5:0:54::/128"``)
-    IPv6 too, set up before the link is up (:func:`prepare_ipv6`).
-    An address that is already there is not an error (idempotent). The queue length is set
-    before the link goes up only: the kernel drops what is sent to an up device while it
-    resizes its queues."""
-    iface = ipaddress.IPv4Interface(addr)
-    if addr6 is not None:
+def configure_tun(name: str, addrs, mtu: int, txqueuelen: int | None = None) -> None:
+    """Give ``name`` the addresses ``addrs`` (one per family: ``"10.5.84.0/32"``,
+    ``"fc00:5:0:54::/128"``, interfaces, or bare addresses meaning a host prefix; one alone
+    needs no list), set its MTU (and ``txqueuelen``, the packets each queue holds while nobody
+    reads it) and bring it up; an IPv6 address is set up before the link is up
+    (:func:`prepare_ipv6`). An address that is already there is not an error (idempotent). The
+    queue length is set before the link goes up only: the kernel drops what is sent to an up
+    device while it resizes its queues."""
+    ifaces = [ipaddress.ip_interface(a) for a in ([addrs] if isinstance(addrs, str) else addrs)]
+    if any(i.version == 6 for i in ifaces):
         prepare_ipv6(name)
     with _ipr() as ipr:
         idx = _index(ipr, name)
-        _add_address(ipr, idx, iface)
-        if addr6 is not None:
-            _add_address(ipr, idx, ipaddress.IPv6Interface(addr6))
+        for iface in ifaces:
+            _add_address(ipr, idx, iface)
         ipr.link("set", index=idx, mtu=int(mtu))
         if txqueuelen is not None:
             ipr.link("set", index=idx, txqlen=int(txqueuelen))

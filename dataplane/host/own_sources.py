@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 
+from .family import V6, family_of
+
 log = logging.getLogger(__name__)
 
 
@@ -25,7 +27,7 @@ class OwnSources:
             collect = AddressReader()
         self._collect = collect
         self._engine = None
-        self._told = None             # (subnet, addresses, IPv6 subnet) the engine has
+        self._told = None             # (subnets, addresses) the engine has
         self._addrs: list = []        # the last list netlink gave
         self._failing = False
 
@@ -54,13 +56,13 @@ class OwnSources:
         """The addresses the engine was last told."""
         return list(self._told[1]) if self._told else []
 
-    def refresh(self, engine, subnet, subnet6=None) -> bool:
-        """Tell ``engine`` the lease subnet (and its IPv6 part, ``subnet6``) and the host's
+    def refresh(self, engine, subnets) -> bool:
+        """Tell ``engine`` the lease's subnets (one per family, IPv4 first) and the host's
         addresses unless it has them already; True if it was told."""
-        told = (subnet, self._read(), subnet6)
+        told = (tuple(subnets), self._read())
         if engine is self._engine and told == self._told:
             return False
-        engine.set_local([n for n in (subnet, subnet6) if n is not None], told[1])
+        engine.set_local(list(told[0]), told[1])
         if engine is self._engine:
             log.info("This host's addresses changed: %d count as our own sources now (%s)",
                      len(told[1]), ", ".join(map(str, told[1])))

@@ -257,7 +257,7 @@ def test_nftables_resync_puts_a_deleted_rule_back(ns):
         f"line = next(l for l in listing.splitlines() if 'ip saddr != {NET} ip daddr {SUB}' in l)\n"
         "subprocess.run(['nft', 'delete', 'rule', 'ip', 'flannel-ipv4', 'postrtg', 'handle', "
         "line.rsplit('# handle ', 1)[1]], check=True)\n"
-        "gone = line.split(' comment')[0].strip() not in fw._run(['nft', 'list', 'table', 'ip', "
+        "gone = line.split(' comment')[0].strip() not in fw.run(['nft', 'list', 'table', 'ip', "
         "'flannel-ipv4']).stdout\n"
         "result = [gone, r.resync(), r.resync()]")
     assert got == [True, True, False]            # deleted; rebuilt; nothing missing after
@@ -302,9 +302,10 @@ def test_remove_all_removes_the_iptables_chains_and_every_flannel_table(ns):
 def _stack(enable_nftables=False, masq=True, ipv6=True) -> str:
     """Code that makes both families' rules in the namespace as the daemon does, as `r` (with
     `ipv6` False: as a daemon without EnableIPv6 does)."""
-    six = f"network6={NET6!r}, subnet6={SUB6!r}, " if ipv6 else ""
-    return ("from dataplane.host.firewall_stack import Stack\n"
-            f"r = Stack({NET!r}, {SUB!r}, masq={masq}, forward=True, {six}"
+    six = f", Part({NET6!r}, {SUB6!r})" if ipv6 else ""
+    return ("from dataplane.host.family import V4, V6, Part\n"
+            "from dataplane.host.firewall_stack import Stack\n"
+            f"r = Stack([Part({NET!r}, {SUB!r}){six}], masq={masq}, forward=True, "
             f"enable_nftables={enable_nftables})\n"
             "r.install()\n")
 
@@ -312,13 +313,13 @@ def _stack(enable_nftables=False, masq=True, ipv6=True) -> str:
 def test_dual_stack_ip6tables_rules_are_restored_moved_and_cleaned_up(ns):
     got, log = ns.firewall(
         _stack() + "import subprocess\n"
-        "before = r.v6.resync()\n"
+        "before = r.of(V6).resync()\n"
         f"subprocess.run(['ip6tables', '-t', 'nat', '-D', 'FLANNEL-POSTRTG', '-s', {NET6!r}, "
         f"'!', '-d', 'ff00::/8', '-m', 'comment', '--comment', 'flanneld masq', '-j', "
         "'MASQUERADE', '--random-fully'], check=True)\n"
         "subprocess.run(['ip6tables', '-t', 'filter', '-D', 'FORWARD', '-m', 'comment', "
         "'--comment', 'flanneld forward', '-j', 'FLANNEL-FWD'], check=True)\n"
-        "result = [before, r.v6.resync(), r.v6.resync(), r.v4.resync()]")
+        "result = [before, r.of(V6).resync(), r.of(V6).resync(), r.of(V4).resync()]")
     assert got == [False, True, False, False], log    # rebuilt once; IPv4's untouched
     assert "ip6tables rule(s) missing" in log
     assert ns.chain("nat", "FLANNEL-POSTRTG", "ip6tables") == v028_postrtg6()
@@ -328,8 +329,8 @@ def test_dual_stack_ip6tables_rules_are_restored_moved_and_cleaned_up(ns):
     assert ns.chain("nat", "FLANNEL-POSTRTG") == v028_postrtg()      # IPv4's beside them
 
     # an IPv6-only reshape of the lease: the masquerade follows the new part
-    moved, _ = ns.firewall(_stack() + "r.update_subnet(r.v4.subnet, 'fc00:5:0:9::/64')\n"
-                           "result = str(r.v6.subnet)")
+    moved, _ = ns.firewall(_stack() + "r.update_subnet([r.of(V4).subnet, 'fc00:5:0:9::/64'])\n"
+                           "result = str(r.of(V6).subnet)")
     assert moved == "fc00:5:0:9::/64"
     assert ns.chain("nat", "FLANNEL-POSTRTG", "ip6tables") == [
         l.replace(SUB6, "fc00:5:0:9::/64") for l in v028_postrtg6()]
@@ -353,7 +354,7 @@ def test_dual_stack_nftables_table_ip6_is_restored_and_cleaned_up(ns):
         "line = next(l for l in listing.splitlines() if 'ip6 daddr' in l)\n"
         "subprocess.run(['nft', 'delete', 'rule', 'ip6', 'flannel-ipv6', 'forward', 'handle', "
         "line.rsplit('# handle ', 1)[1]], check=True)\n"
-        "result = [r.v6.resync(), r.v6.resync(), r.v4.resync()]")
+        "result = [r.of(V6).resync(), r.of(V6).resync(), r.of(V4).resync()]")
     assert got == [True, False, False], log
     assert "nftables rules in table ip6 flannel-ipv6" in log
     assert ns.nft_chain("postrtg", "ip6 flannel-ipv6") == [
@@ -415,7 +416,7 @@ def test_a_start_without_ipv6_removes_the_ipv6_rules_a_run_with_it_left(ns, enab
         + _stack(ipv6=False).replace("r = Stack", "new = Stack")
         .replace("r.install()", "new.install()") +
         "time.sleep(0.3)\n"
-        "result = r.v6._thread.is_alive()")
+        "result = r.of(V6)._thread.is_alive()")
     assert not alive and "rebuilding them all" not in log, log
     assert "FLANNEL" not in "\n".join(ns.save("nat", "ip6tables") + ns.save("filter", "ip6tables"))
     assert "table ip6 flannel-ipv6" not in ns.nft_tables()

@@ -7,6 +7,7 @@ engines are made on the queues that are left.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -16,6 +17,7 @@ import pytest
 from dataplane.engine import engine_class
 from dataplane.host import assembly, netconf, udpsock
 from dataplane.host.assembly import AssemblyError, Dataplane, open_sockets
+from dataplane.host.family import V4, Part
 from dataplane.host.offload import Offloads
 
 UNKNOWN_OPTION = 0x7FFF          # no SOL_SOCKET option has this number: the host "refuses"
@@ -72,9 +74,8 @@ def netlink(monkeypatch):
     """flannel0's address and route as netlink would have been asked for them."""
     asked = []
     monkeypatch.setattr(netconf, "configure_tun",
-                        lambda name, addr, mtu, txqueuelen=None, addr6=None: asked.append(
-                            ("addr", name, addr, mtu, txqueuelen) if addr6 is None
-                            else ("addr", name, addr, mtu, txqueuelen, addr6)))
+                        lambda name, addrs, mtu, txqueuelen=None: asked.append(
+                            ("addr", name, list(addrs), mtu, txqueuelen)))
     monkeypatch.setattr(netconf, "add_network_route",
                         lambda network, name: asked.append(("route", network, name)) or True)
     return asked
@@ -85,19 +86,20 @@ def refusing(monkeypatch):
     monkeypatch.setattr(udpsock, "SO_ATTACH_REUSEPORT_CBPF", UNKNOWN_OPTION)
 
 
-def _open(tun, queues: int, sockets=None, network="10.5.0.0/16", **v6):
-    return Dataplane.open(tun, tun_name="flannel%d", tun_addr="10.5.1.0/32", mtu=1472,
-                          network=network, queues=queues,
-                          sockets=sockets or (lambda n: open_sockets("127.0.0.1", 0, n)), **v6)
+def _open(tun, queues: int, sockets=None, network="10.5.0.0/16", more=()):
+    return Dataplane.open(tun, tun_name="flannel%d", mtu=1472, queues=queues,
+                          parts=[Part(network, address="10.5.1.0/32"), *more],
+                          sockets={V4: sockets or (lambda n: open_sockets("127.0.0.1", 0, n))})
 
 
 def test_a_dual_stack_lease_gives_flannel0_ipv6_and_its_route(tun, netlink):
-    dp = _open(tun, 1, tun_addr6="fc00:66:0:62::/128", network6="fc00:66::/56")
+    dp = _open(tun, 1, more=[Part(ipaddress.ip_network("fc00:66::/56"),
+                                  ipaddress.ip_network("fc00:66:0:62::/64"))])
     try:
-        assert netlink == [("addr", "flannel0", "10.5.1.0/32", 1472, assembly.TXQUEUELEN,
-                            "fc00:66:0:62::/128"),
+        assert netlink == [("addr", "flannel0", ["10.5.1.0/32", "fc00:66:0:62::/128"], 1472,
+                            assembly.TXQUEUELEN),
                            ("route", "10.5.0.0/16", "flannel0"),
-                           ("route", "fc00:66::/56", "flannel0")]
+                           ("route", ipaddress.ip_network("fc00:66::/56"), "flannel0")]
     finally:
         dp.close()
 
@@ -106,7 +108,7 @@ def test_every_queue_pairs_a_tun_fd_with_a_socket(tun, netlink):
     dp = _open(tun, 3)
     try:
         assert dp.tun_name == "flannel0" and dp.queues == 3 and len(dp.tun_fds) == 3
-        assert netlink == [("addr", "flannel0", "10.5.1.0/32", 1472, assembly.TXQUEUELEN),
+        assert netlink == [("addr", "flannel0", ["10.5.1.0/32"], 1472, assembly.TXQUEUELEN),
                            ("route", "10.5.0.0/16", "flannel0")]
         assert tun.probed == (dp.tun_fds, dp.socks)
         assert all(s.getblocking() is False for s in dp.socks)
@@ -180,7 +182,7 @@ def test_a_daemon_handed_one_queue_says_the_fallback_only_where_it_is_one(
         monkeypatch.setattr(udpsock, "SO_ATTACH_REUSEPORT_CBPF", UNKNOWN_OPTION)
     fds, _ = tun.open_tun("flannel%d", 1)
     socks = udpsock.open_udp_sockets("127.0.0.1", 0, 1)
-    dp = Dataplane.adopt(tun, fds, "flannel0", socks, queues=2)
+    dp = Dataplane.adopt(tun, fds, "flannel0", {V4: socks}, queues=2)
     try:
         assert dp.queues == 1 and dp.tun_fds == fds and tun.probed == (fds, socks)
     finally:

@@ -161,7 +161,7 @@ def test_ip_masq_without_any_tool_is_a_clear_error(monkeypatch, caplog):
         firewall.Rules("10.5.0.0/16", "10.5.3.0/24", masq=True, forward=True)
     # forward rules alone only warn (as flanneld), and install/remove then run nothing
     ran = []
-    monkeypatch.setattr(firewall, "_run", lambda argv, check=True: ran.append(argv))
+    monkeypatch.setattr(firewall, "run", lambda argv, check=True: ran.append(argv))
     with caplog.at_level(logging.WARNING, logger=firewall.log.name):
         r = firewall.Rules("10.5.0.0/16", "10.5.3.0/24", masq=False, forward=True)
     assert r.tool is None

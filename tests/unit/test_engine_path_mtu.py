@@ -148,6 +148,7 @@ def test_the_engine_takes_its_sockets_with_the_path_mtu_options_it_wants(engine_
     when one refuses them, none keeps half of them."""
     from dataplane.engine import engine_class
     from dataplane.host.assembly import make_engine
+    from dataplane.host.family import V4, V6
     tun, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     v4 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     v6, not6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM), socket.socket(socket.AF_INET)
@@ -156,7 +157,7 @@ def test_the_engine_takes_its_sockets_with_the_path_mtu_options_it_wants(engine_
         v4.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
         # (no engine comes of it: two IPv6 sockets for one queue; the options come first)
         with pytest.raises(ValueError, match="2 IPv6 UDP socket"):
-            make_engine(engine_class(engine_kind), [tun.fileno()], [v4], socks6=[v6, not6],
+            make_engine(engine_class(engine_kind), [tun.fileno()], {V4: [v4], V6: [v6, not6]},
                         tun_addr="10.5.1.0", mtu=MTU).close()
         assert [v4.getsockopt(socket.IPPROTO_IP, o) for o in (IP_RECVERR, IP_MTU_DISCOVER)] == \
             [0, 1]

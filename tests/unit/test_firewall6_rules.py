@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import shutil
 from types import SimpleNamespace
 
 import pytest
 
 from dataplane.host import firewall, firewall_stack
-from dataplane.host.firewall import (NAT, V4, V6, MasqError, forward_rules, in_chain, masq_rules,
-                                     nft_ruleset, removal_commands, restore_text)
+from dataplane.host.family import V4, V6, Part
+from dataplane.host.firewall_nft import nft_ruleset
+from dataplane.host.firewall_rules import (NAT, forward_rules, in_chain, masq_rules,
+                                           removal_commands, restore_text)
+from dataplane.host.firewall_tools import MasqError
 
 NET, SUB = "10.5.0.0/16", "10.5.3.0/24"
 NET6, SUB6 = "fc00:5::/56", "fc00:5:0:3::/64"
+DUAL = [Part(NET, SUB), Part(NET6, SUB6)]
 C = ["-m", "comment", "--comment", "flanneld masq"]
 
 
@@ -69,13 +74,13 @@ def test_removal_commands_name_the_family_s_tool_and_table():
     ({"iptables"}, False, None, "neither `ip6tables` nor `nft`"),
 ], ids=["ip6tables", "EnableNFTables", "no ip6tables: nft", "none"])
 def test_ipv6_tool_choice(monkeypatch, found, enable, tool, why):
-    monkeypatch.setattr(firewall.shutil, "which", lambda n: f"/x/{n}" if n in found else None)
+    monkeypatch.setattr(shutil, "which", lambda n: f"/x/{n}" if n in found else None)
     got, reason = firewall.choose_tool(enable_nftables=enable, fam=V6)
     assert got == tool and why in reason, reason
 
 
 def test_no_ip6tables_and_no_nft_says_what_to_install(monkeypatch, caplog):
-    monkeypatch.setattr(firewall.shutil, "which", lambda n: "/x/iptables" if n == "iptables" else None)
+    monkeypatch.setattr(shutil, "which", lambda n: "/x/iptables" if n == "iptables" else None)
     with pytest.raises(MasqError) as e:
         firewall.Rules(NET6, SUB6, masq=True, forward=True)
     msg = str(e.value)
@@ -107,30 +112,30 @@ class Member:
 
 def test_the_stack_moves_each_family_with_its_part(monkeypatch):
     monkeypatch.setattr(firewall, "Rules", Member)
-    s = firewall_stack.Stack(NET, SUB, masq=True, forward=True, network6=NET6, subnet6=SUB6)
+    s = firewall_stack.Stack(DUAL, masq=True, forward=True)
     s.install()
     assert [m.network for m in s.members] == [NET6, NET]
-    s.update_subnet(ipaddress.ip_network(SUB), ipaddress.ip_network("fc00:5:0:9::/64"))
-    s.update_subnet(ipaddress.ip_network("10.5.4.0/24"), None)     # a part gone: kept
-    assert s.v6.moves == ["fc00:5:0:9::/64"] and s.v4.moves == [SUB, "10.5.4.0/24"]
+    s.update_subnet([ipaddress.ip_network(SUB), ipaddress.ip_network("fc00:5:0:9::/64")])
+    s.update_subnet([ipaddress.ip_network("10.5.4.0/24")])     # a part gone: kept
+    assert s.of(V6).moves == ["fc00:5:0:9::/64"] and s.of(V4).moves == [SUB, "10.5.4.0/24"]
     s.stop()
-    assert s.v6.calls == s.v4.calls == ["install", "stop"]
+    assert s.of(V6).calls == s.of(V4).calls == ["install", "stop"]
 
 
 def test_ipv4_only_has_no_ipv6_member(monkeypatch):
     monkeypatch.setattr(firewall, "Rules", Member)
-    s = firewall_stack.Stack(NET, SUB, masq=True, forward=True)
-    assert s.v6 is None and [m.network for m in s.members] == [NET]
+    s = firewall_stack.Stack([Part(NET, SUB)], masq=True, forward=True)
+    assert s.of(V6) is None and [m.network for m in s.members] == [NET]
 
 
 def test_forward_rules_alone_that_fail_for_ipv6_leave_ipv4_s_in(monkeypatch, caplog):
     monkeypatch.setattr(firewall, "Rules",
                         lambda n, s, masq, **kw: Member(n, s, masq=masq, fail=n == NET6))
-    s = firewall_stack.Stack(NET, SUB, masq=False, forward=True, network6=NET6, subnet6=SUB6)
+    s = firewall_stack.Stack(DUAL, masq=False, forward=True)
     with caplog.at_level(logging.WARNING, logger=firewall_stack.log.name):
         s.install()
-    assert s.v6 is None and s.v4.calls == ["install"] and "fc00:5::/56" in caplog.text
-    masq = firewall_stack.Stack(NET, SUB, masq=True, forward=True, network6=NET6, subnet6=SUB6)
+    assert s.of(V6) is None and s.of(V4).calls == ["install"] and "fc00:5::/56" in caplog.text
+    masq = firewall_stack.Stack(DUAL, masq=True, forward=True)
     with pytest.raises(MasqError):
         masq.install()
 
@@ -139,8 +144,8 @@ def test_an_ipv6_only_reshape_moves_the_ipv6_rules(monkeypatch):
     from dataplane.control.lease import Lease, LeaseAttrs
     from dataplane.daemon import lease_move
     moved = []
-    monkeypatch.setattr(lease_move, "_move_flannel0_ipv6", lambda host, subnet6: None)
-    monkeypatch.setattr(lease_move, "_replace_engine", lambda host, subnet, subnet6=None: None)
+    monkeypatch.setattr(lease_move, "_move_flannel0_more", lambda host, lease: None)
+    monkeypatch.setattr(lease_move, "_replace_engine", lambda host, subnets: None)
     host = SimpleNamespace(rules=SimpleNamespace(update_subnet=lambda *a: moved.append(a)),
                            subnet_file="/run/flannel/subnet.env")
     sub, old6, new6 = (ipaddress.ip_network(x) for x in (SUB, SUB6, "fc00:5:0:9::/64"))
@@ -148,4 +153,4 @@ def test_an_ipv6_only_reshape_moves_the_ipv6_rules(monkeypatch):
     old = Lease(sub, attrs, expiration=None, ipv6_subnet=old6)
     new = Lease(sub, attrs, expiration=None, ipv6_subnet=new6)
     assert lease_move.move(old, new, host, lease_move.Failures())
-    assert moved == [(sub, new6)]
+    assert moved == [([sub, new6],)]

@@ -244,6 +244,7 @@ def test_the_ipv6_underlay_sockets_go_only_to_a_daemon_that_takes_them(old):
 def test_a_daemon_taking_over_keeps_matching_ipv6_sockets_else_opens_or_goes_without():
     from dataplane.daemon import takeover
     from dataplane.daemon.inherited import Inherited
+    from dataplane.host.family import V4, V6
     from dataplane.host.udpsock import open_udp_sockets
     ext = SimpleNamespace(iface_addr=IPv4Address("127.0.0.1"))
     v4 = open_udp_sockets("127.0.0.1", 0, 2)
@@ -251,13 +252,13 @@ def test_a_daemon_taking_over_keeps_matching_ipv6_sockets_else_opens_or_goes_wit
     port = handed[0].getsockname()[1]
     wanted = ("2001:db8::1", "::1", 1452)
     try:
-        inh = Inherited({}, [], v4, handed)
+        inh = Inherited({}, [], {V4: v4, V6: handed})
         assert takeover.underlay6(inh, wanted, ext, port) == wanted and inh.socks6 == handed
         # another port: let go, no IPv6 underlay this run
         assert takeover.underlay6(inh, wanted, ext, port + 1) is None and not inh.socks6
         assert all(s.fileno() == -1 for s in handed)
         # none handed (the previous daemon had none): opened now
-        inh = Inherited({}, [], v4)
+        inh = Inherited({}, [], {V4: v4})
         assert takeover.underlay6(inh, wanted, ext, port) == wanted
         assert [s.getsockname()[:2] for s in inh.socks6] == [("::1", port)] * 2
         # not wanted: what came is let go

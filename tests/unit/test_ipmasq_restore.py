@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import ipaddress
+import shutil
 
 import pytest
 
-from dataplane.host.firewall import (FILTER, NAT, MasqError, Previous, chain_rules, in_chain, missing_rules,
-                              nft_rule, nft_ruleset, restore_text)
-from dataplane.host.firewall import forward_rules as _forward_rules
-from dataplane.host.firewall import masq_rules as _masq_rules
+from dataplane.host import firewall_tools
+from dataplane.host.family import Part
+from dataplane.host.firewall_nft import nft_rule, nft_ruleset
+from dataplane.host.firewall_rules import (FILTER, NAT, Previous, chain_rules, in_chain,
+                                           missing_rules, restore_text)
+from dataplane.host.firewall_rules import forward_rules as _forward_rules
+from dataplane.host.firewall_rules import masq_rules as _masq_rules
+from dataplane.host.firewall_tools import MasqError
 from dataplane.control.subnetfile import read_previous_rules
 from tests.conftest import wait_until
 
@@ -271,7 +276,7 @@ def fake(monkeypatch):
     host = FakeHost()
     monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False, fam=None:
                         ("iptables", "a fake host"))
-    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda *binary: True)
+    monkeypatch.setattr(firewall, "iptables_random_fully", lambda *binary: True)
     monkeypatch.setattr(firewall.Rules, "_ipt_install", lambda self: host.install(self))
     monkeypatch.setattr(firewall.Rules, "_ipt_missing", lambda self: list(host.missing))
     return host
@@ -315,7 +320,7 @@ TOOL_CASES = [
 @pytest.mark.parametrize("found, enable, tool, why", TOOL_CASES)
 def test_tool_choice_follows_enable_nftables(monkeypatch, found, enable, tool, why):
     from dataplane.host import firewall
-    monkeypatch.setattr(firewall.shutil, "which",
+    monkeypatch.setattr(shutil, "which",
                         lambda name: f"/x/{name}" if name in found else None)
     got, reason = firewall.choose_tool(enable_nftables=enable)
     assert got == tool and why in reason, reason
@@ -325,7 +330,7 @@ def test_enable_nftables_without_nft_names_the_config_key(monkeypatch, caplog):
     import logging
 
     from dataplane.host import firewall
-    monkeypatch.setattr(firewall.shutil, "which",
+    monkeypatch.setattr(shutil, "which",
                         lambda name: "/x/iptables" if name == "iptables" else None)
     with pytest.raises(MasqError, match="EnableNFTables.*nft.*nftables"):
         firewall.Rules(NET, SUB, masq=True, forward=True, enable_nftables=True)
@@ -344,8 +349,8 @@ def test_random_fully_needs_the_switch_and_the_tool(monkeypatch, caplog, tool, a
     from dataplane.host import firewall
     monkeypatch.setattr(firewall, "choose_tool", lambda prefer=None, enable_nftables=False, fam=None:
                         (tool, "a fake host"))
-    monkeypatch.setattr(firewall, "_iptables_random_fully", lambda *binary: supported)
-    monkeypatch.setattr(firewall, "_nft_random_fully", lambda *fam: supported)
+    monkeypatch.setattr(firewall, "iptables_random_fully", lambda *binary: supported)
+    monkeypatch.setattr(firewall, "nft_random_fully", lambda *fam: supported)
     with caplog.at_level(logging.INFO, logger=firewall.log.name):
         r = firewall.Rules(NET, SUB, masq=True, forward=False, random_fully=asked)
     masq = [a for a in r._want()[NAT] if "MASQUERADE" in a]
@@ -377,14 +382,14 @@ def test_the_daemon_passes_the_flag_and_the_config_key_to_the_rules(monkeypatch,
 
     monkeypatch.setattr(firewall, "Rules", Recorder)
     cleared = []        # without EnableIPv6 the IPv6 leftovers go (the netns tests: the rules)
-    monkeypatch.setattr(firewall, "remove_family", lambda fam: cleared.append(fam) or [])
+    monkeypatch.setattr(firewall_tools, "remove_family", lambda fam: cleared.append(fam) or [])
     path = tmp_path / "subnet.env"
     path.write_text("FLANNEL_NETWORK=10.4.0.0/16\nFLANNEL_SUBNET=10.4.7.1/24\nFLANNEL_MTU=1472\n"
                     "FLANNEL_IPMASQ=true\nFLANNEL_IPV6_NETWORK=fc00:4::/56\n"
                     "FLANNEL_IPV6_SUBNET=fc00:4:0:7::1/64\n")
     opts = Options(ip_masq=True, ip_masq_fully_random_disable=disable, subnet_file=str(path))
-    v6 = dict(network6=NET6, subnet6=SUB6) if dual else {}
-    stack = startup.install_rules(opts, NET, SUB, enable_nftables=enable, **v6)
+    parts = [Part(NET, SUB)] + ([Part(NET6, SUB6)] if dual else [])
+    stack = startup.install_rules(opts, parts, enable_nftables=enable)
     # the IPv6 rules first: the IPv4 ones' cross-over may delete ip6 flannel-ipv6
     assert [m.seen["network"] for m in made] == ([NET6] if dual else []) + [NET]
     assert stack.members == made

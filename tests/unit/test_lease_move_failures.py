@@ -136,13 +136,12 @@ class Factory:
         self.made = []
         monkeypatch.setattr(startup, "new_engine", self)
 
-    def __call__(self, cls, opts, tun_fds, socks, subnet, mtu, offload_flags, own_sources,
-                 subnet6=None, socks6=()):
+    def __call__(self, cls, opts, tun_fds, sockets, subnets, mtu, offload_flags, own_sources):
         step = self.script.pop(0) if self.script else None
         if isinstance(step, startup.StartupError):
             raise step
         engine = FakeEngine(fail_start=step)
-        engine.subnet = subnet
+        engine.subnet = subnets[0]
         self.made.append(engine)
         return engine
 
@@ -153,7 +152,8 @@ def daemon(tmp_path, monkeypatch):
     d.state.lease = lease(OLD)
     d.state.ext = SimpleNamespace(tun_mtu=1472)
     d.state.config = SimpleNamespace(network=ipaddress.IPv4Network("10.5.0.0/16"),
-                                     backend_port=8285, ipv6_network=None)
+                                     backend_port=8285, ipv6_network=None,
+                                     enable_ipv6=False)
     d.state.dataplane.tun_name = "flannel0"
     d.state.engine = FakeEngine()
     d.state.engine.start()
@@ -232,8 +232,7 @@ def test_netlink_failure_moves_nothing_and_is_retried(daemon, monkeypatch, caplo
     host = Host(monkeypatch)
     factory = Factory(monkeypatch)
     moved_rules = []
-    daemon.state.rules = SimpleNamespace(update_subnet=lambda subnet, subnet6=None:
-                                   moved_rules.append(subnet))
+    daemon.state.rules = SimpleNamespace(update_subnet=lambda subnets: moved_rules.append(subnets[0]))
     host.fail["configure_tun"] = [OSError(errno.EPERM, "Operation not permitted")] * 3
     old_engine = daemon.state.engine
     daemon.lease_keeper.move_to(lease(NEW))

@@ -39,34 +39,34 @@ def ips(*a):
 def test_a_new_engine_is_told_then_only_changes():
     nl = FakeNetlink("192.168.50.2", "10.5.1.0", "192.168.50.2")
     own, e = OwnSources(nl), FakeEngine()
-    assert own.refresh(e, NET) is True
+    assert own.refresh(e, [NET]) is True
     assert e.told == [(NET, ips("10.5.1.0", "192.168.50.2"))]      # sorted, once each
-    assert own.refresh(e, NET) is False
+    assert own.refresh(e, [NET]) is False
     nl.addrs.append(ipaddress.IPv4Address("172.17.0.1"))           # a bridge came up
-    assert own.refresh(e, NET) is True
+    assert own.refresh(e, [NET]) is True
     assert e.told[-1] == (NET, ips("10.5.1.0", "172.17.0.1", "192.168.50.2"))
-    assert own.refresh(e, OTHER) is True                            # the lease moved
+    assert own.refresh(e, [OTHER]) is True                          # the lease moved
     assert e.told[-1][0] == OTHER and len(e.told) == 3
 
 
 def test_a_replaced_engine_is_told_again():
     nl = FakeNetlink("192.168.50.2")
     own, first, second = OwnSources(nl), FakeEngine(), FakeEngine()
-    own.refresh(first, NET)
-    assert own.refresh(second, NET) is True
+    own.refresh(first, [NET])
+    assert own.refresh(second, [NET]) is True
     assert second.told == first.told
 
 
 def test_netlink_failing_keeps_the_last_addresses(caplog):
     nl = FakeNetlink("192.168.50.2")
     own, e = OwnSources(nl), FakeEngine()
-    own.refresh(e, NET)
+    own.refresh(e, [NET])
     nl.error = OSError(105, "No buffer space available")
-    assert own.refresh(e, NET) is False and own.refresh(e, NET) is False
+    assert own.refresh(e, [NET]) is False and own.refresh(e, [NET]) is False
     assert e.told == [(NET, ips("192.168.50.2"))]
     assert sum("cannot list this host's addresses" in r.message for r in caplog.records) == 1
     fresh = FakeEngine()
-    own.refresh(fresh, NET)
+    own.refresh(fresh, [NET])
     assert fresh.told == [(NET, ips("192.168.50.2"))]
 
 
@@ -74,7 +74,7 @@ def test_netlink_failing_from_the_start_leaves_the_subnet():
     nl = FakeNetlink()
     nl.error = OSError(1, "Operation not permitted")
     own, e = OwnSources(nl), FakeEngine()
-    assert own.refresh(e, NET) is True
+    assert own.refresh(e, [NET]) is True
     assert e.told == [(NET, [])]
 
 
@@ -84,9 +84,9 @@ def test_dual_stack_addresses_and_the_ipv6_part_are_told():
     net6 = ipaddress.IPv6Network("fc00:66:0:62::/64")
     nl = FakeNetlink("fc00:66:0:62::", "192.168.50.2", "2001:db8::7", "10.5.1.0")
     own, e = OwnSources(nl), FakeEngine()
-    assert own.refresh(e, NET, net6) is True
+    assert own.refresh(e, [NET, net6]) is True
     assert e.told == [(NET, [ipaddress.ip_address(a) for a in
                              ("10.5.1.0", "192.168.50.2", "2001:db8::7", "fc00:66:0:62::")], net6)]
-    assert own.refresh(e, NET, net6) is False
-    assert own.refresh(e, NET, ipaddress.IPv6Network("fc00:66:0:63::/64")) is True
+    assert own.refresh(e, [NET, net6]) is False
+    assert own.refresh(e, [NET, ipaddress.IPv6Network("fc00:66:0:63::/64")]) is True
     assert e.told[-1][2] == ipaddress.IPv6Network("fc00:66:0:63::/64")

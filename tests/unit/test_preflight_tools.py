@@ -4,13 +4,13 @@ with the package that has it; the binaries' presence is faked (the netns test
 test_preflight.py runs the daemon against a real PATH without ip6tables)."""
 from __future__ import annotations
 
+import shutil
 from ipaddress import IPv4Network, IPv6Network
 from types import SimpleNamespace
 
 import pytest
 
 from dataplane.daemon import preflight
-from dataplane.host import firewall
 
 
 def config(ipv6=False, nftables=False):
@@ -30,7 +30,7 @@ def config(ipv6=False, nftables=False):
 ], ids=["both", "ipv4 only", "no ip6tables", "nft for ipv6", "EnableNFTables without nft",
         "ip6tables-legacy without CAP_NET_RAW"])
 def test_each_family_s_tool(monkeypatch, found, cfg, legacy, said):
-    monkeypatch.setattr(firewall.shutil, "which", lambda n: f"/x/{n}" if n in found else None)
+    monkeypatch.setattr(shutil, "which", lambda n: f"/x/{n}" if n in found else None)
     monkeypatch.setattr(preflight, "effective_caps", lambda: 0)
     monkeypatch.setattr(preflight, "_iptables_legacy", lambda binary="iptables": legacy)
     opts = SimpleNamespace(ip_masq=True)
