@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 
-from .family import V6, family_of
-
 log = logging.getLogger(__name__)
 
 
