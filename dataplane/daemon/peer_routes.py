@@ -99,7 +99,7 @@ class PeerRoutes:
                               if lease is not None and self.ipv6.why_not(lease) is None)
                 if self.routes is None or not added:
                     return
-                self.routes = self.routes.updated((), added)
+                self.routes = self.routes.updated((), _engine(added))
                 if st.engine is not None:
                     st.engine.set_table(self.routes)
 
