@@ -285,11 +285,15 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         # h1's lease moves to another subnet
         ov.stop_daemon(h1)
         delete_lease(ov, s1)
-        # a subnet other than the one h1 held (its first lease was random: it may be 10.5.77.0)
-        new = "10.5.77.0/24" if str(s1) != "10.5.77.0/24" else "10.5.78.0/24"
+        # a subnet neither h1 nor h0 holds (their leases were random: either may be 10.5.77.0,
+        # and h0's would make h1 take a random one again)
+        held = {str(s1), str(subnet(ov, h0))}
+        new = next(n for n in ("10.5.77.0/24", "10.5.78.0/24", "10.5.79.0/24") if n not in held)
         # and another IPv6 part: a random pick could be the old one again (1 in 100), whose
         # direct route would then rightly stay
-        new6 = "fc00:5:0:fe::/64" if s6_1 != "fc00:5:0:fe::/64" else "fc00:5:0:fd::/64"
+        held6 = {str(s6_1), str(subnet6(ov, h0))}
+        new6 = next(n for n in ("fc00:5:0:fe::/64", "fc00:5:0:fd::/64", "fc00:5:0:fc::/64")
+                    if n not in held6)
         ov.prefer_subnet(h1, new, new6)
         ov.start_daemon(h1, wait=False)
         wait_until(lambda: direct_routes(ov, h0).get(new) == h1.ip, 15, 0.02,
