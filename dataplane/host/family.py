@@ -53,7 +53,6 @@ def family_of(value) -> Family:
     return V6 if version == 6 else V4
 
 
-
 @dataclass(frozen=True)
 class Part:
     """One family of the overlay as this host carries it: the overlay's network of that family
@@ -83,4 +82,6 @@ class Part:
 def subnets(parts) -> list:
     """The lease's subnets of ``parts`` (those it has)."""
     return [p.subnet for p in parts if p.subnet is not None]
+
+
 __all__ = ["FAMILIES", "Family", "Part", "V4", "V6", "family_of", "subnets"]
