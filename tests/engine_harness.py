@@ -129,7 +129,7 @@ class Harness:
                                     udp_fd=self.udp.fileno(), tun_addr=tun_addr, mtu=mtu,
                                     batch=batch, accept_any=accept_any)
         if udp6:
-            self.engine.set_udp6(self.udp6.fileno())
+            self.engine.set_udp(6, self.udp6.fileno())
         # Tests see every ICMP error unless they ask for a limit (None: the
         # engine's default, 100/s with a burst of 50).
         if icmp_rate is not None:

@@ -308,9 +308,9 @@ def main(args: argparse.Namespace) -> int:
         engine.start()
         log.info("engine %s (%s), %d queue(s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",
                  engine.name, why, queues, tun_name, tun_addr, mtu,
-                 (f", route {args.network} dev {tun_name}" if args.network else "")
-                 + (f", IPv6 {args.tun_addr6}" if args.tun_addr6 else "")
-                 + (f", route {args.network6} dev {tun_name}" if args.network6 else ""),
+                 "".join((f", {p.family.name} {p.tun_addr}" if p.family is not V4 else "")
+                         + (f", route {p.network} dev {tun_name}" if p.network else "")
+                         for p in parts),
                  listen_ip, port, len(routes),
                  "".join(f"\n  {r.subnet} -> {r.peer_ip}:{r.port}" for r in routes))
 

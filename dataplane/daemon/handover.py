@@ -263,12 +263,13 @@ def connect(path: str) -> FromHandover | None:
         _close_fds(fds)
         conn.close()
         raise HandoverError(errno.EPROTO, f"{len(fds)} fds for {n} queue(s)")
-    socks = [socket.socket(fileno=fd) for fd in fds[n:2 * n]]
-    socks6 = [socket.socket(fileno=fd) for fd in fds[2 * n:2 * n + n6]]
+    # the fds in the offer's order: the TUN queues, then each underlay's sockets, IPv4's first
+    sockets = {V4: [socket.socket(fileno=fd) for fd in fds[n:2 * n]],
+               V6: [socket.socket(fileno=fd) for fd in fds[2 * n:2 * n + n6]]}
     log.info("--handover: the daemon with pid %s offers %s (%d queue(s)), its UDP sockets and its "
              "lease %s", state.get("pid"), state["tun"].get("name"), n,
              state.get("lease", {}).get("subnet"))
-    return FromHandover(conn, state, fds[:n], {V4: socks, V6: socks6},
+    return FromHandover(conn, state, fds[:n], sockets,
                         StateFile(fds[-1]) if extra else None)
 
 
@@ -334,14 +335,14 @@ class HandoverServer(UnixListener):
         # the IPv6 sockets only to a daemon that says it takes them (an older one would count
         # them as fds too many)
         dp = d.state.dataplane
-        socks6 = list(dp.socks6) if doc.get("udp6") else []
+        sockets = {f: socks for f, socks in dp.sockets.items() if f is V4 or doc.get("udp6")}
         with d.state.lock:
             state = inherited.state_of(d.state)
-            fds = list(dp.tun_fds) + [s.fileno() for s in dp.socks] + [s.fileno() for s in socks6]
+            fds = list(dp.tun_fds) + [s.fileno() for f in (V4, V6) for s in sockets.get(f, ())]
             state_file = d.state_file
         offer = {"op": "offer", "state": state}
-        if socks6:
-            offer["udp6"] = len(socks6)
+        if sockets.get(V6):
+            offer["udp6"] = len(sockets[V6])
         if state_file is not None:
             offer["state_fd"] = True
             fds.append(state_file.fd)

@@ -51,13 +51,10 @@ def tun_fd_name(i: int) -> str:
     return f"tun{i}"
 
 
-def udp_fd_name(i: int) -> str:
-    return f"udp{i}"
-
-
-def udp6_fd_name(i: int) -> str:
-    """The IPv6 underlay's socket of queue ``i`` (a daemon of an older version closes it)."""
-    return f"udp6-{i}"
+def udp_fd_name(family, i: int) -> str:
+    """The underlay socket of ``family`` (host/family.py) of queue ``i``; the IPv6 one's name
+    is one that a daemon of an older version does not know, and closes."""
+    return f"udp{i}" if family is V4 else f"udp6-{i}"
 
 
 # ------------------------------------------------------------------ the state document
@@ -89,7 +86,7 @@ def state_of(state) -> dict:
     """The state document of a running daemon, whose DaemonState (daemon/state.py) is ``state``
     (JSON-ready)."""
     dp = state.dataplane
-    socks6 = dp.socks6
+    six = dp.sockets.get(V6)
     with state.lock:
         peers = [[str(s), str(l.public_ip)] for s, l in sorted(state.peers[4].peers.items())]
         # the peers' IPv6 parts the engines route, apart: a daemon of an older version reads
@@ -109,8 +106,7 @@ def state_of(state) -> dict:
                 "vnet": bool(state.offloads.vnet)},
         "udp": {"addr": str(state.ext.iface_addr), "port": state.config.backend_port},
         # the IPv6 underlay's sockets (none: {}), which an older daemon reads past
-        "udp6": ({"addr": socks6[0].getsockname()[0], "sockets": len(socks6)} if socks6
-                 else {}),
+        "udp6": {"addr": six[0].getsockname()[0], "sockets": len(six)} if six else {},
         "mtu": state.ext.tun_mtu,
         "config": state.config.raw,
         "lease": lease_json(state.current_lease()),
@@ -285,14 +281,14 @@ class Inherited:
         """``sockets``: the underlay's family (host/family.py) -> its sockets, one per queue."""
         self.state = state
         self.tun_fds = tun_fds
-        self.socks = list(sockets.get(V4, ()))
-        # the IPv6 underlay's, one per queue, or none (daemon/takeover.py underlay6)
-        self.socks6 = list(sockets.get(V6, ()))
+        # as host/assembly.py Dataplane holds them, IPv4's first; the IPv6 underlay's, one per
+        # queue, or none (daemon/takeover.py underlay6)
+        self.sockets = {f: list(s) for f, s in sockets.items() if s}
 
     @property
-    def sockets(self) -> dict:
-        """The sockets per underlay family, as host/assembly.py Dataplane holds them."""
-        return {f: s for f, s in ((V4, self.socks), (V6, self.socks6)) if s}
+    def queues(self) -> int:
+        """How many queues the sockets handed serve: one IPv4 socket each."""
+        return len(self.sockets.get(V4, ()))
 
     @property
     def tun_name(self) -> str:
@@ -322,9 +318,10 @@ class Inherited:
                 os.close(fd)
             except OSError:
                 pass
-        for s in self.socks + self.socks6:
-            s.close()
-        self.tun_fds, self.socks, self.socks6 = [], [], []
+        for socks in self.sockets.values():
+            for s in socks:
+                s.close()
+        self.tun_fds, self.sockets = [], {}
 
 
 class FromFdStore(Inherited):
@@ -353,15 +350,12 @@ def from_fd_store() -> FromFdStore | None:
     if not named:
         return None
     by_name = dict(named)
-    tun_fds, socks, state_file, state = [], [], None, {}
-    i = 0
-    while tun_fd_name(i) in by_name and udp_fd_name(i) in by_name:
-        tun_fds.append(by_name.pop(tun_fd_name(i)))
-        socks.append(socket.socket(fileno=by_name.pop(udp_fd_name(i))))
-        i += 1
-    socks6 = []
-    while udp6_fd_name(len(socks6)) in by_name:
-        socks6.append(socket.socket(fileno=by_name.pop(udp6_fd_name(len(socks6)))))
+    tun_fds, sockets, state_file, state = [], {V4: [], V6: []}, None, {}
+    while tun_fd_name(len(tun_fds)) in by_name and udp_fd_name(V4, len(tun_fds)) in by_name:
+        sockets[V4].append(socket.socket(fileno=by_name.pop(udp_fd_name(V4, len(tun_fds)))))
+        tun_fds.append(by_name.pop(tun_fd_name(len(tun_fds))))
+    while udp_fd_name(V6, len(sockets[V6])) in by_name:
+        sockets[V6].append(socket.socket(fileno=by_name.pop(udp_fd_name(V6, len(sockets[V6])))))
     if STATE_NAME in by_name:
         state_file = StateFile(by_name.pop(STATE_NAME))
         try:
@@ -373,10 +367,10 @@ def from_fd_store() -> FromFdStore | None:
         os.close(fd)
     names = [n for n, _ in named if n not in by_name]
     log.info("systemd passed %d flannel0 queue(s), %d UDP socket(s)%s%s from the previous "
-             "process (pid %s)", len(tun_fds), len(socks),
-             f", {len(socks6)} IPv6 one(s)" if socks6 else "", " and its state" if state else "",
-             state.get("pid", "?"))
-    return FromFdStore(state, tun_fds, {V4: socks, V6: socks6}, state_file, names)
+             "process (pid %s)", len(tun_fds), len(sockets[V4]),
+             f", {len(sockets[V6])} IPv6 one(s)" if sockets[V6] else "",
+             " and its state" if state else "", state.get("pid", "?"))
+    return FromFdStore(state, tun_fds, sockets, state_file, names)
 
 
 def wait_gone(name: str, timeout: float = RELEASE_TIMEOUT_S) -> bool:

@@ -76,6 +76,7 @@ import time
 
 from ..control.peerset import PeerSnapshot
 from ..host import queues
+from ..host.family import V6
 from ..host.own_sources import OwnSources
 from . import handover, inherited, lease_move, preflight, signals, startup, status, takeover
 from .blackhole_route import BlackholeRoute
@@ -308,7 +309,7 @@ class Daemon:
     def _routed6(self) -> tuple:
         """(our PublicIPv6, the inner MTU over it) for the routes: (None, 0) without an IPv6
         underlay, whose sockets are open (control/routes.py Ipv6Parts)."""
-        if self.underlay6 is None or not self.state.dataplane.socks6:
+        if self.underlay6 is None or not self.state.dataplane.sockets.get(V6):
             return None, 0
         return self.underlay6[0], self.underlay6[2]
 
@@ -357,9 +358,9 @@ class Daemon:
                 self.lease_keeper.on_lease_change(lease)
         # IPv6 sockets named in the offer and kept (takeover.underlay6 opens new ones only when
         # none came): an operator sees the IPv6 underlay went on without a gap
-        socks6 = st.dataplane.socks6
-        handed6 = (f", the IPv6 underlay's {len(socks6)} socket(s)"
-                   if inh.state.get("udp6") and socks6 else "")
+        six = st.dataplane.sockets.get(V6, [])
+        handed6 = (f", the IPv6 underlay's {len(six)} socket(s)"
+                   if inh.state.get("udp6") and six else "")
         log.info("Took over from pid %s through %s: forwarding on %s (%d queue(s)%s) with %d "
                  "peer route(s) it knew", state.get("pid", "?"), inh.way, st.dataplane.tun_name,
                  len(st.dataplane.tun_fds), handed6, len(st.peers[4]))
@@ -371,7 +372,7 @@ class Daemon:
 
     def _start_watches(self):
         st = self.state
-        self.peer_routes.start_direct(st.dataplane.socks6)
+        self.peer_routes.start_direct(st.dataplane.sockets.get(V6, []))
         child, self._peer_child = self._peer_child, None
         st.peer_watcher, st.config_watcher = startup.start_watches(
             self.registry, st.lease.subnet, st.config, st.ext, self.peer_routes.on_peers,

@@ -476,10 +476,10 @@ def new_engine(cls, opts, tun_fds, sockets, subnets, mtu: int, offload_flags: in
     """One engine per queue behind one MultiEngine (host/assembly.py make_engine), configured,
     not started, on ``sockets`` (host/family.py Family -> that underlay's sockets, one per
     queue); its ICMP errors come from <lease net>, flannel0's address, and with a dual-stack
-    lease its ICMPv6 errors from flannel0's IPv6 address (:func:`tun_addr6`). It knows this
+    lease its ICMPv6 errors from flannel0's IPv6 address (:func:`tun_addr6`), each subnet's
+    network address (Engine.set_tun_addr; IPv4's is the constructor's). It knows this
     host's own sources (own_sources: host/own_sources.py; ``subnets`` the lease's, one per
     family) before it forwards a packet."""
-    from ..host.family import V6, family_of
     from ..host import sched
     from ..host.assembly import make_engine
     if opts.realtime_priority:
@@ -499,8 +499,7 @@ def new_engine(cls, opts, tun_fds, sockets, subnets, mtu: int, offload_flags: in
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
     engine.set_strict_sources(opts.strict_sources)
     for subnet in subnets:
-        if family_of(subnet) is V6:
-            engine.set_tun_addr6(subnet.network_address)
+        engine.set_tun_addr(subnet.network_address)
     own_sources.refresh(engine, subnets)
     return engine
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from ..host.family import V4, V6
 from . import fdstore, inherited
 from .timefmt import when
 
@@ -23,7 +24,7 @@ def check(inh, *, ext, config, lease_manager, acquire, queues: int, vnet: bool):
     state = inh.state
     lease, why = (inherited.kept_lease(state, ext, config) if state
                   else (None, "no state came with them"))
-    obs = inherited.observe(inh.tun_fds, inh.socks)
+    obs = inherited.observe(inh.tun_fds, inh.sockets.get(V4, []))
 
     def mismatch(lease):
         return inherited.mismatch(state, obs, ext=ext, config=config, lease=lease,
@@ -63,7 +64,7 @@ def underlay6(inh, wanted, ext, port: int):
     it wants none."""
     from ..host.udpsock import endpoint
     from .startup import StartupError, open_sockets
-    handed, inh.socks6 = inh.socks6, []
+    handed = inh.sockets.pop(V6, [])
     if wanted is None:
         for s in handed:
             s.close()
@@ -71,18 +72,18 @@ def underlay6(inh, wanted, ext, port: int):
     bind6 = str(wanted[1])
     if handed:
         got = {s.getsockname()[:2] for s in handed}
-        if len(handed) == len(inh.socks) and got == {(bind6, port)}:
-            inh.socks6 = handed
+        if len(handed) == inh.queues and got == {(bind6, port)}:
+            inh.sockets[V6] = handed
             return wanted
         for s in handed:
             s.close()
         log.warning("No IPv6 underlay until the next fresh start: the %d IPv6 socket(s) handed "
                     "over (%s) are not this daemon's %d on %s", len(handed),
-                    ", ".join(endpoint(*g) for g in sorted(got)), len(inh.socks),
+                    ", ".join(endpoint(*g) for g in sorted(got)), inh.queues,
                     endpoint(bind6, port))
         return None
     try:
-        inh.socks6 = open_sockets(ext, port, len(inh.socks), ip=bind6)
+        inh.sockets[V6] = open_sockets(ext, port, inh.queues, ip=bind6)
     except StartupError as e:
         log.warning("No IPv6 underlay until the next fresh start: %s", e)
         return None
@@ -111,8 +112,8 @@ def keep_for_restart(state_file, dataplane, state_of):
         save(state_file, state_of)
         return state_file
     named = ([(inherited.tun_fd_name(i), fd) for i, fd in enumerate(dataplane.tun_fds)]
-             + [(inherited.udp_fd_name(i), s.fileno()) for i, s in enumerate(dataplane.socks)]
-             + [(inherited.udp6_fd_name(i), s.fileno()) for i, s in enumerate(dataplane.socks6)])
+             + [(inherited.udp_fd_name(family, i), s.fileno())
+                for family, socks in dataplane.sockets.items() for i, s in enumerate(socks)])
     if capacity < len(named) + 1:
         log.warning("systemd keeps %d fds (FileDescriptorStoreMax=, $FDSTORE), %d are needed: "
                     "a restart will make flannel0 again", capacity, len(named) + 1)

@@ -63,7 +63,7 @@ class Route:
     """Packets to ``subnet`` go as UDP payload to ``peer_ip:port``. The subnet is of
     either family (an IPv6 one holds inner IPv6 packets). The peer says the underlay: an
     IPv4Address goes over the IPv4 socket, an IPv6Address over the IPv6 one
-    (:meth:`Engine.set_udp6`), for an IPv6 subnet only (dataplane.h, "The IPv6 underlay").
+    (:meth:`Engine.set_udp`), for an IPv6 subnet only (dataplane.h, "The IPv6 underlay").
     ``mtu``: the largest inner packet the route carries, for an IPv6 subnet (0: the
     engine's mtu); a longer one gets ICMPv6 packet too big."""
     subnet: ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -118,8 +118,8 @@ class Engine(abc.ABC):
         if not 1 <= int(batch) <= BATCH_MAX:
             raise ValueError(f"batch {batch} out of range 1..{BATCH_MAX}")
         self.tun_fd = tun_fd
-        self.udp_fd = udp_fd
-        self.udp6_fd = None           # the IPv6 underlay's socket, once set_udp6() has it
+        # The underlay's socket per version: IPv4's from here, IPv6's once set_udp() has it.
+        self.udp_fds = {4: udp_fd}
         self.tun_addr = ipaddress.IPv4Address(tun_addr)
         self.mtu = int(mtu)
         self.batch = int(batch)
@@ -269,24 +269,40 @@ class Engine(abc.ABC):
         Empty (the default) checks nothing."""
 
     @abc.abstractmethod
-    def set_tun_addr6(self, addr) -> None:
-        """The source of the ICMPv6 errors the engine generates (dataplane.h,
-        dp_loop_set_addr6): flannel0's IPv6 address. Until it is set, or once it is
-        set to ``::``, the engine generates none. Thread-safe."""
+    def set_tun_addr(self, addr) -> None:
+        """flannel0's address of ``addr``'s family: the source of the ICMP errors the engine
+        generates about that family's packets. IPv4's is the constructor's ``tun_addr``
+        (dp_loop_new takes it, and dataplane.h has no setter for it): any other IPv4
+        address is ValueError. IPv6's (dp_loop_set_addr6): until it is set, or once it is
+        set to ``::``, the engine generates no ICMPv6 error. Thread-safe."""
 
-    @staticmethod
-    def _check_addr6(addr) -> bytes:
-        return ipaddress.IPv6Address(addr).packed
+    def _check_tun_addr(self, addr) -> bytes | None:
+        """``addr`` checked for set_tun_addr: IPv6's packed, None for IPv4's (kept as is)."""
+        addr = ipaddress.ip_address(addr)
+        if addr.version == 6:
+            return addr.packed
+        if addr != self.tun_addr:
+            raise ValueError(f"tun address {addr}: the IPv4 one is the constructor's "
+                             f"({self.tun_addr})")
+        return None
 
     @abc.abstractmethod
-    def set_udp6(self, fd) -> None:
-        """The IPv6 underlay (dataplane.h, dp_loop_set_udp6): ``fd`` (an int or anything
-        with fileno()) is an AF_INET6 UDP socket with IPV6_V6ONLY, bound by the caller to
-        the host's [address]:port, that the engine reads and sends from beside its IPv4
-        socket; the caller keeps owning it. Before start() and once: OSError EBUSY after
-        start() or a second time, EBADF for a bad fd or one the engine has already.
-        Routes with an IPv6 peer (Route.peer_ip an IPv6Address) are refused (OSError
-        EINVAL) by an engine without it, so call it before the first such table."""
+    def set_udp(self, version: int, fd) -> None:
+        """The underlay's socket of IP ``version`` (4 or 6). IPv4's is the constructor's
+        ``udp_fd``: version 4 is OSError EBUSY (already set). IPv6's (dataplane.h,
+        dp_loop_set_udp6): ``fd`` (an int or anything with fileno()) is an AF_INET6 UDP
+        socket with IPV6_V6ONLY, bound by the caller to the host's [address]:port, that the
+        engine reads and sends from beside its IPv4 socket; the caller keeps owning it.
+        Before start() and once: OSError EBUSY after start() or a second time, EBADF for a
+        bad fd or one the engine has already. Routes with an IPv6 peer (Route.peer_ip an
+        IPv6Address) are refused (OSError EINVAL) by an engine without it, so call it
+        before the first such table."""
+
+    def _check_udp_version(self, version: int) -> None:
+        if version == 4:
+            raise OSError(errno.EBUSY, "the IPv4 socket is the constructor's udp_fd")
+        if version != 6:
+            raise ValueError(f"IP version {version}: 4 or 6")
 
     @abc.abstractmethod
     def set_strict_sources(self, enable: bool) -> None:

@@ -33,6 +33,7 @@ What the wrapper decides, for callers that see one engine:
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from .api import ICMP_BURST_DEFAULT, STAT_NAMES, Engine
 
@@ -51,7 +52,7 @@ class MultiEngine(Engine):
         if not queues:
             raise ValueError("a MultiEngine needs at least one queue")
         q0 = queues[0]
-        super().__init__(q0.tun_fd, q0.udp_fd, q0.tun_addr, q0.mtu, q0.batch, q0.accept_any)
+        super().__init__(q0.tun_fd, q0.udp_fds[4], q0.tun_addr, q0.mtu, q0.batch, q0.accept_any)
         self.queues = queues
         self.name = q0.name
         self.table_type = q0.table_type
@@ -160,17 +161,18 @@ class MultiEngine(Engine):
         for q in self.queues:
             q.set_local(own_subnets, addrs)
 
-    def set_tun_addr6(self, addr) -> None:
+    def set_tun_addr(self, addr) -> None:
         for q in self.queues:
-            q.set_tun_addr6(addr)
+            q.set_tun_addr(addr)
 
     def set_coalesce(self, usecs: int) -> None:
         for q in self.queues:
             q.set_coalesce(usecs)
 
-    def set_udp6(self, fd) -> None:
-        """Each queue has its own IPv6 socket: create(udp6_fds=) hands them out."""
-        raise TypeError("a MultiEngine takes one IPv6 socket per queue: create(udp6_fds=...)")
+    def set_udp(self, version: int, fd) -> None:
+        """Each queue has its own socket of each family: create(udp_fds=) hands them out."""
+        raise TypeError("a MultiEngine takes one socket per queue and family: "
+                        "create(udp_fds={version: [...]})")
 
     def set_strict_sources(self, enable: bool) -> None:
         for q in self.queues:
@@ -189,27 +191,29 @@ class MultiEngine(Engine):
 
 def create(cls, tun_fds, udp_fds, *, icmp_rate=None, icmp_burst=ICMP_BURST_DEFAULT,
            offloads: int = 0, coalesce_us: int = 0, trace: bool = False,
-           thread_init=None, udp6_fds=None, **engine_kw) -> MultiEngine:
-    """One ``cls`` engine per (tun fd, udp fd) pair, configured alike, not started.
+           thread_init=None, **engine_kw) -> MultiEngine:
+    """One ``cls`` engine per TUN fd, configured alike, not started.
 
-    ``udp6_fds``: None (no IPv6 underlay), or one IPv6 socket per queue, in the queues'
-    order, each handed to its engine's set_udp6 (the IPv6 sockets form a reuseport group
-    of their own, steered as the IPv4 ones). ``engine_kw`` are Engine's other constructor
-    arguments (tun_addr, mtu, batch, accept_any). On failure the engines made so far are
-    closed."""
-    tun_fds, udp_fds = list(tun_fds), list(udp_fds)
-    if len(tun_fds) != len(udp_fds) or not tun_fds:
-        raise ValueError(f"{len(tun_fds)} TUN queue(s) for {len(udp_fds)} UDP socket(s)")
-    udp6_fds = [None] * len(tun_fds) if udp6_fds is None else list(udp6_fds)
-    if len(udp6_fds) != len(tun_fds):
-        raise ValueError(f"{len(tun_fds)} TUN queue(s) for {len(udp6_fds)} IPv6 UDP socket(s)")
+    ``udp_fds``: one underlay socket per queue, in the queues' order, per IP version
+    (``{4: [...], 6: [...]}``; a plain list is IPv4's alone). IPv4's go to the constructors,
+    the others to set_udp (each family's sockets form a reuseport group of their own,
+    steered alike). ``engine_kw`` are Engine's other constructor arguments (tun_addr, mtu,
+    batch, accept_any). On failure the engines made so far are closed."""
+    tun_fds = list(tun_fds)
+    by_version = {v: list(fds) for v, fds in (
+        udp_fds.items() if isinstance(udp_fds, Mapping) else [(4, udp_fds)])}
+    for version, fds in sorted(by_version.items()):
+        if len(fds) != len(tun_fds) or not tun_fds:
+            raise ValueError(f"{len(tun_fds)} TUN queue(s) for {len(fds)} IPv{version} UDP "
+                             "socket(s)")
     made = []
     try:
-        for t, u, u6 in zip(tun_fds, udp_fds, udp6_fds):
-            made.append(cls(tun_fd=t, udp_fd=u, **engine_kw))
+        for i, t in enumerate(tun_fds):
+            made.append(cls(tun_fd=t, udp_fd=by_version[4][i], **engine_kw))
             made[-1].thread_init = thread_init
-            if u6 is not None:
-                made[-1].set_udp6(u6)
+            for version, fds in by_version.items():
+                if version != 4:
+                    made[-1].set_udp(version, fds[i])
         multi = MultiEngine(made)
         if icmp_rate is not None:
             multi.set_icmp_limit(icmp_rate, icmp_burst)

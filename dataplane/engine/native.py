@@ -203,18 +203,21 @@ class CEngine(Engine):
         with self._lock:
             _check(lib.dp_loop_set_coalesce(self._live(), usecs))
 
-    def set_tun_addr6(self, addr) -> None:
-        packed = ffi.from_buffer("uint8_t[]", self._check_addr6(addr))
+    def set_tun_addr(self, addr) -> None:
+        packed = self._check_tun_addr(addr)
         with self._lock:
-            _check(lib.dp_loop_set_addr6(self._live(), packed))
+            loop = self._live()
+            if packed is not None:
+                _check(lib.dp_loop_set_addr6(loop, ffi.from_buffer("uint8_t[]", packed)))
 
-    def set_udp6(self, fd) -> None:
+    def set_udp(self, version: int, fd) -> None:
         with self._lock:
             loop = self._live()
             if self._thread is not None:
-                raise OSError(errno.EBUSY, "set_udp6() after start()")
+                raise OSError(errno.EBUSY, "set_udp() after start()")
+            self._check_udp_version(version)
             _check(lib.dp_loop_set_udp6(loop, _fd(fd)))
-            self.udp6_fd = _fd(fd)
+            self.udp_fds[6] = _fd(fd)
 
     def set_strict_sources(self, enable: bool) -> None:
         with self._lock:

@@ -8,12 +8,12 @@ pyloop.py's, with pysys.py's rarer calls (a refused send, the error queue). This
 Engine API (api.py) over them, for any thread: it only stores what the loop reads (the
 published table, own sources, flags) and wakes the loop, as dataplane.h's dp_loop_set_* do.
 
-Inner IPv6 packets take the same I/O; only pypath tells them apart. The IPv6 underlay (set_udp6)
+Inner IPv6 packets take the same I/O; only pypath tells them apart. The IPv6 underlay (set_udp)
 is a second socket beside the IPv4 one: a route's hop in AF_INET6's form (four items) is sent on
 it, and its datagrams are read in batches of their own, as rx.c reads each socket.
 
 Threads: the loop thread owns the pyloop.Loop and the pypath.Path. Other threads
-only set the engine's ``_stopping`` / ``_published`` / ``_local`` /
+only set the engine's ``_stopping`` / ``_published`` / ``_local`` / ``_tun_addr`` /
 ``_strict`` / ``_tracing`` / ``_coalesce_us`` and the Path's ICMP limit
 (plain attribute stores, atomic under the GIL), write the eventfd, and read
 the counter list and the trace deque (copied in one C-level call, so never
@@ -47,15 +47,16 @@ class PyEngine(Engine):
         super().__init__(tun_fd, udp_fd, tun_addr, mtu, batch, accept_any)
         # Like the C binding, accept anything with a fileno() as well as ints.
         tun_fd = self.tun_fd = tun_fd if isinstance(tun_fd, int) else tun_fd.fileno()
-        udp_fd = self.udp_fd = udp_fd if isinstance(udp_fd, int) else udp_fd.fileno()
+        udp_fd = udp_fd if isinstance(udp_fd, int) else udp_fd.fileno()
+        self.udp_fds[4] = udp_fd
         if tun_fd < 0 or udp_fd < 0 or tun_fd == udp_fd:
             raise OSError(errno.EBADF, "tun_fd and udp_fd must be two distinct open fds")
         # Everything the loop needs is made here, once (like dp_loop_new).
         self._path = pypath.Path(self.tun_addr.packed, self.accept_any)
         self._published = self._path.routes   # the newest table; the loop adopts it
-        self._local = (self._path.local, self._path.local6)   # own sources: pypath.own_sources
+        self._local = self._path.local        # own sources: pypath.own_sources
         self._strict = False
-        self._tun_addr6 = None                # pypath.Path.tun_addr6, taken per TUN batch
+        self._tun_addr = self._path.tun_addr  # pypath.Path.tun_addr, taken per TUN batch
         self._tracing = False
         self._coalesce_us = 0                 # the coalescing wait (0: off)
         self._stopping = False
@@ -64,7 +65,6 @@ class PyEngine(Engine):
         self._error: BaseException | None = None
         self._lock = threading.Lock()         # start/close only; never taken by the loop
         self._wake_fd = None
-        self._sock6 = None                    # the IPv6 underlay's socket (set_udp6)
 
         # TUN reads get exactly mtu bytes; UDP receives get mtu + 1, so a
         # datagram that fills the extra byte is known to be longer than mtu.
@@ -73,7 +73,7 @@ class PyEngine(Engine):
         self._rx_bufs = [bytearray(mtu + 1) for _ in range(batch)]
         dup = os.dup(udp_fd)              # our own fd: closing it leaves the caller's
         try:
-            self._sock = socket.socket(fileno=dup)
+            self._socks = {4: socket.socket(fileno=dup)}   # per version, as udp_fds (set_udp)
         except BaseException:
             os.close(dup)
             raise
@@ -118,8 +118,8 @@ class PyEngine(Engine):
         engines = list(engines)
         for e in engines:
             e._check_open()
-            if table.peers6 and e._sock6 is None:
-                raise OSError(errno.EINVAL, "a route with an IPv6 peer needs set_udp6() first")
+            if table.peers6 and 6 not in e._socks:
+                raise OSError(errno.EINVAL, "a route with an IPv6 peer needs set_udp(6, fd) first")
         for e in engines:
             e._published = table
         for e in engines:
@@ -159,9 +159,8 @@ class PyEngine(Engine):
         if getattr(self, "_wake_fd", None) is not None:
             os.close(self._wake_fd)
             self._wake_fd = None
-        self._sock.close()            # closes our dup only
-        if self._sock6 is not None:
-            self._sock6.close()
+        for sock in self._socks.values():
+            sock.close()              # closes our dup only
 
     def stats(self) -> dict:
         self._check_open()
@@ -187,18 +186,20 @@ class PyEngine(Engine):
         self._check_open()
         self._coalesce_us = self._check_coalesce(usecs)
 
-    def set_tun_addr6(self, addr) -> None:
+    def set_tun_addr(self, addr) -> None:
         self._check_open()
-        packed = self._check_addr6(addr)
-        self._tun_addr6 = packed if any(packed) else None     # :: is none, as in C
+        packed = self._check_tun_addr(addr)
+        if packed is not None:        # :: is none, as in C; one store, read per TUN batch
+            self._tun_addr = {**self._tun_addr, 6: packed if any(packed) else None}
 
-    def set_udp6(self, fd) -> None:
+    def set_udp(self, version: int, fd) -> None:
         with self._lock:
             self._check_open()
-            if self._thread is not None or self._sock6 is not None:
-                raise OSError(errno.EBUSY, "set_udp6() after start() or a second time")
+            self._check_udp_version(version)
+            if self._thread is not None or 6 in self._socks:
+                raise OSError(errno.EBUSY, "set_udp() after start() or a second time")
             fd = fd if isinstance(fd, int) else fd.fileno()
-            if fd < 0 or fd in (self.tun_fd, self.udp_fd):
+            if fd < 0 or fd in (self.tun_fd, self.udp_fds[4]):
                 raise OSError(errno.EBADF, "the IPv6 socket must be an fd of its own")
             dup = os.dup(fd)          # ours, as the IPv4 socket's
             try:
@@ -211,7 +212,7 @@ class PyEngine(Engine):
             except BaseException:
                 sock.close()
                 raise
-            self.udp6_fd, self._sock6 = fd, sock
+            self.udp_fds[6], self._socks[6] = fd, sock
 
     def set_strict_sources(self, enable: bool) -> None:
         self._check_open()

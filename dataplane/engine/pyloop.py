@@ -69,10 +69,11 @@ class Loop:
         self.path = engine._path
         self.c = engine._path.c
         self.mtu, self.nbatch = engine.mtu, engine.batch
-        self.tun_fd, self.udp_fd, self.wake_fd = engine.tun_fd, engine.udp_fd, engine._wake_fd
-        self.udp6_fd = engine.udp6_fd     # None: no IPv6 underlay
+        self.tun_fd, self.wake_fd = engine.tun_fd, engine._wake_fd
+        # The loop keeps its sockets apart, as loop.c does: IPv4's and the IPv6 underlay's.
+        self.udp_fd, self.udp6_fd = engine.udp_fds[4], engine.udp_fds.get(6)  # None: no IPv6
         self.readinto, self.write = engine._tun.readinto, engine._tun.write
-        sock, sock6 = engine._sock, engine._sock6
+        sock, sock6 = engine._socks[4], engine._socks.get(6)
         self.sendto = sock.sendto
         # Per socket: what udp_batch reads it with.
         self.receive = (sock.recv_into, sock.recvfrom_into)
@@ -123,7 +124,7 @@ class Loop:
         pa, c = self.path, self.c
         self.take_tables()
         tracing = pa.tracing = self.engine._tracing
-        pa.tun_addr6 = self.engine._tun_addr6
+        pa.tun_addr = self.engine._tun_addr
         # For the ICMP rate limit: one clock read per batch, not per packet.
         pa.now_ns = time.monotonic_ns()
         readinto, nbatch, tx_bufs, tx_len, tx_hop = (self.readinto, self.nbatch, self.tx_bufs,
@@ -221,7 +222,7 @@ class Loop:
         # was sent is the one that judges it (as in C, which looks before each
         # packet). Strict needs the sources, so it starts with a batch that
         # asked for them.
-        pa.local, pa.local6 = engine._local
+        pa.local = engine._local
         pa.strict_sources = engine._strict and need_src
         drop_of, trace_record = pypath.path_drop_of, pypath.trace_record
         write, rx_views = self.write, self.rx_views

@@ -71,7 +71,6 @@ import collections
 import errno
 import struct
 import time
-from operator import attrgetter
 from typing import Callable, NamedTuple
 
 from . import ipv4, ipv6
@@ -141,14 +140,13 @@ class Family(NamedTuple):
     (dataplane.h's IPv4 steps and "IPv6 inner packets"): its version nibble, its fixed
     header's bytes (IPv4's least), the offset of the TTL or hop limit, the ICMP types of
     the errors the path sends (the families number them apart) with the counter of each,
-    and how an error is allowed, addressed and built."""
+    and how an error is allowed and built (its source is Path.tun_addr[version])."""
     version: int
     header: int
     hop_at: int
     unreachable: int
     time_exceeded: int
     sent: dict            # ICMP type -> its *_sent counter
-    source: Callable      # Path -> the errors' source address (None: send none)
     may_send: Callable    # (offender, type) -> whether an error about it is allowed
     error: Callable       # (offender, type, source, word) -> the ICMP error packet
 
@@ -160,12 +158,12 @@ def _may_send4(offender, type_: int) -> bool:
 
 V4 = Family(4, HEADER_MIN, 8, ipv4.ICMP_DEST_UNREACH, ipv4.ICMP_TIME_EXCEEDED,
             {ipv4.ICMP_DEST_UNREACH: ICMP_UNREACH_SENT, ipv4.ICMP_TIME_EXCEEDED: ICMP_TTL_SENT},
-            attrgetter("tun_addr"), _may_send4,
+            _may_send4,
             lambda offender, type_, src, word: ipv4.icmp_error(offender, type_, 0, src))
 V6 = Family(6, HEADER6, 7, ipv6.ICMPV6_DEST_UNREACH, ipv6.ICMPV6_TIME_EXCEEDED,
             {ipv6.ICMPV6_DEST_UNREACH: ICMP_UNREACH_SENT, ipv6.ICMPV6_TIME_EXCEEDED: ICMP_TTL_SENT,
              ipv6.ICMPV6_PACKET_TOO_BIG: ICMP_TOO_BIG_SENT},
-            attrgetter("tun_addr6"), lambda offender, type_: ipv6.may_send_error(offender),
+            lambda offender, type_: ipv6.may_send_error(offender),
             lambda offender, type_, src, word: ipv6.icmp_error(offender, type_, 0, src, word))
 
 
@@ -180,17 +178,17 @@ class Path:
     copied in one C-level call, so never torn); what else they change (routes,
     own sources, strict, tracing) the loop copies in at the start of a batch.
     """
-    __slots__ = ("c", "routes", "local", "local6", "tun_addr", "tun_addr6", "accept_any",
+    __slots__ = ("c", "routes", "local", "tun_addr", "accept_any",
                  "strict_sources", "icmp_limit", "icmp_tat", "now_ns", "icmp", "tracing",
                  "trace_seq", "ring", "fwd6")
 
     def __init__(self, tun_addr: bytes, accept_any: bool):
         self.c = [0] * len(STAT_NAMES)        # the counters, dp_stats field order
         self.routes = _EMPTY_ROUTES           # the table in use (pytable.RouteTable)
-        self.local = _NO_LOCAL                # own sources: subnet net, mask; addresses (ints)
-        self.local6 = _NO_LOCAL               # the same for IPv6 (128-bit ints)
-        self.tun_addr = tun_addr              # 4 bytes, network order: source of ICMP errors
-        self.tun_addr6 = None                 # 16 bytes: source of ICMPv6 errors; None: none
+        # Per version (4, 6): own sources, as own_sources gives them; the source address of
+        # the ICMP errors, packed (IPv6's None: none). Each is replaced whole, never changed.
+        self.local = {4: _NO_LOCAL, 6: _NO_LOCAL}
+        self.tun_addr = {4: tun_addr, 6: None}
         self.accept_any = accept_any
         self.strict_sources = False           # UDP -> TUN step 5
         self.icmp_limit = (ICMP_RATE_DEFAULT, ICMP_BURST_DEFAULT)
@@ -205,14 +203,14 @@ class Path:
         self.fwd6 = (0, 0)
 
 
-def own_sources(local) -> tuple[tuple, tuple]:
-    """IPv4's and IPv6's api.Local (Engine._check_local's answer) as Path.local and
-    Path.local6 hold them: the subnet's net and mask (0 and 0 for none) and the addresses
-    as a frozenset. One pair, so that another thread can store both families in one go."""
+def own_sources(local) -> dict[int, tuple]:
+    """IPv4's and IPv6's api.Local (Engine._check_local's answer) as Path.local holds them,
+    per version: the subnet's net and mask (0 and 0 for none) and the addresses as a
+    frozenset. One dict, so that another thread can store both families in one go."""
     def own(width: int, own) -> tuple:
         full = (1 << width) - 1
         return (own.net, full ^ (full >> own.prefixlen), frozenset(own.addrs))
-    return own(32, local[0]), own(128, local[1])
+    return {4: own(32, local[0]), 6: own(128, local[1])}
 
 
 def path_set_icmp_limit(pa: Path, rate: int, burst: int) -> None:
@@ -295,7 +293,7 @@ def icmp_error(pa: Path, fam: Family, p, length: int, type_: int, word: int = 0)
     source address, nor about an offender its family's rules forbid one about (those take
     no token of the limit, which both families share). ``word``: the 4 bytes after the
     checksum (IPv6's packet too big: the MTU)."""
-    src = fam.source(pa)
+    src = pa.tun_addr[fam.version]
     offender = bytes(p[:length])
     if src is None or not fam.may_send(offender, type_) or not icmp_allowed(pa):
         return False
@@ -305,23 +303,22 @@ def icmp_error(pa: Path, fam: Family, p, length: int, type_: int, word: int = 0)
 
 # ---- 4. IPv6's header steps of packet.c ---------------------------------------------
 
-_MALFORMED6, _SCOPE6 = (DROP_MALFORMED,) + (0,) * 5, (DROP_SCOPE,) + (0,) * 5
-
-
-def check6(p, length: int) -> tuple:
-    """packet.c's dp_packet6_check and dp_packet6_link_scope: ``(0, hop limit, s0, s1, d0,
-    d1)``, the addresses as their high and low 64-bit halves, for a packet both let through,
-    else ``(reason, 0, ...)``. The link scope rule is ipv6.is_link_scoped as a few int compares on
-    the halves (tests/unit/test_pypath_ipv6.py holds them equal)."""
+def check6(p, length: int):
+    """packet.c's dp_packet6_check and dp_packet6_link_scope: for a packet both let through,
+    its header's fields as _FIELDS6 unpacks them, ``(payload length, hop limit, s0, s1, d0,
+    d1)``, the addresses as their high and low 64-bit halves (that tuple itself: IPv6 pays for
+    no second one); else the drop reason, an int. The link scope rule is ipv6.is_link_scoped as
+    a few int compares on the halves (tests/unit/test_pypath_ipv6.py holds them equal)."""
     if length < HEADER6:
-        return _MALFORMED6
-    payload_len, hop_limit, s0, s1, d0, d1 = _FIELDS6(p)
+        return DROP_MALFORMED
+    fields = _FIELDS6(p)
+    payload_len, _, s0, _, d0, d1 = fields
     if payload_len + HEADER6 != length:
-        return _MALFORMED6
+        return DROP_MALFORMED
     if (s0 >> 54 == _LINK_LOCAL_TOP10 or d0 >> 54 == _LINK_LOCAL_TOP10 or
             (d0 >> 56 == 0xFF and d0 >> 48 & 15 <= 2) or not (d0 or d1)):
-        return _SCOPE6
-    return 0, hop_limit, s0, s1, d0, d1
+        return DROP_SCOPE
+    return fields
 
 
 # ---- 5. TUN -> UDP --------------------------------------------------------------------
@@ -329,10 +326,11 @@ def check6(p, length: int) -> tuple:
 def tun6(pa: Path, p, length: int):
     """path.c's tun6, TUN -> UDP for an IPv6 packet: the hop to send it to (its hop limit
     decremented), True with an ICMPv6 error in pa.icmp, or False (dropped)."""
-    reason, hop_limit, _, _, d0, d1 = check6(p, length)
-    if reason:
-        path_drop6(pa, reason, length)
+    fields = check6(p, length)
+    if fields.__class__ is int:
+        path_drop6(pa, fields, length)
         return False
+    _, hop_limit, _, _, d0, d1 = fields
     dst = d0 << 64 | d1
     for mask, prefixlen, nets in pa.routes.lens6:   # RouteTable.route6 written out
         hit = nets.get(dst & mask)
@@ -461,7 +459,7 @@ def path_too_big(pa: Path, p, length: int, path_mtu: int, hdrs: int) -> bool:
 
 def inner_source(pa: Path, inner: int, sender, own: tuple, lookup) -> int:
     """path.c's inner_source and inner_source6 (UDP -> TUN steps 4 and 5) on the family's
-    own sources ``own`` (Path.local or local6) and route lookup (RouteTable.lookup or
+    own sources ``own`` (Path.local[4] or [6]) and route lookup (RouteTable.lookup or
     lookup6): 0, or the drop reason. The inner source is not this host's own, and with the
     strict rule it is routed to the sender (who owns it, as kernel WireGuard asks its
     allowed IPs)."""
@@ -478,12 +476,12 @@ def inner_source(pa: Path, inner: int, sender, own: tuple, lookup) -> int:
 def udp6(pa: Path, p, length: int, sender) -> int:
     """path.c's udp6, UDP -> TUN steps 3-6 for an IPv6 payload: 0, or the drop reason.
     Link scope comes before the inner source, as in C."""
-    reason, hop_limit, s0, s1, _, _ = check6(p, length)
-    if not reason:
-        reason = inner_source(pa, s0 << 64 | s1, sender, pa.local6, RouteTable.lookup6)
-    if not reason and hop_limit <= 1:
-        reason = DROP_TTL
-    return reason
+    fields = check6(p, length)
+    if fields.__class__ is int:
+        return fields
+    _, hop_limit, s0, s1, _, _ = fields
+    return (inner_source(pa, s0 << 64 | s1, sender, pa.local[6], RouteTable.lookup6)
+            or (DROP_TTL if hop_limit <= 1 else 0))
 
 
 def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
@@ -499,7 +497,7 @@ def path_udp(pa: Path, bufs, lens, srcs, k: int, mtu: int):
     """
     tracing = pa.tracing
     peers = None if pa.accept_any else pa.routes.peers
-    own = pa.local
+    own = pa.local[4]
     rx_bytes = rx6 = rx6_bytes = fwd6 = fwd6_bytes = 0
     try:
         for j in range(k):

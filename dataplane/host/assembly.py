@@ -69,28 +69,27 @@ def make_engine(cls, tun_fds, sockets, *, realtime_priority: int = 0, **settings
     IPv4 ones the kernel's defaults (a daemon killed inside a probe may have handed them over
     switched). A ``realtime_priority`` is not probed here: the loop threads try it as they
     start (host/sched.py), callers probe it first."""
-    socks, socks6 = sockets.get(V4, ()), sockets.get(V6, ())
     try:
-        for s in socks:
+        for s in sockets.get(V4, ()):
             path_mtu_defaults(s)
     except OSError as e:
         log.warning("The IPv4 underlay's sockets cannot be put back to the kernel's path MTU "
                     "defaults (%s): the pods' IPv6 to IPv4 peers may be dropped, not fragmented, "
                     "where the path is narrow", e)
     try:
-        for s in socks6:
+        for s in sockets.get(V6, ()):
             path_mtu_options(s)
     except OSError as e:
-        for s in socks6:
+        for s in sockets.get(V6, ()):
             with contextlib.suppress(OSError):
                 path_mtu_defaults(s)
         log.warning("The IPv6 underlay's sockets cannot refuse to fragment (%s): the kernel cuts "
                     "the pods' IPv6 into fragments where the path to a peer is narrower than "
                     "this host's interface", e)
-    if socks6:              # the engine API takes the IPv6 underlay's fds apart
-        settings["udp6_fds"] = [s.fileno() for s in socks6]
-    return multi.create(cls, tun_fds, [s.fileno() for s in socks],
-                        thread_init=sched.thread_init(realtime_priority), **settings)
+    fds = {family.version: [s.fileno() for s in socks] for family, socks in sockets.items()
+           if socks}
+    return multi.create(cls, tun_fds, fds, thread_init=sched.thread_init(realtime_priority),
+                        **settings)
 
 
 class Dataplane:
@@ -106,17 +105,13 @@ class Dataplane:
         self.sockets: dict = {f: list(s) for f, s in (sockets or {}).items() if s}
         self.offload_flags = 0              # the OFF_* bits the probe left on
 
-    # What the daemon's handover and state file name per underlay (daemon/inherited.py).
-    socks = property(lambda self: self.sockets.get(V4, []))
-    socks6 = property(lambda self: self.sockets.get(V6, []))
-
     @property
     def all_sockets(self) -> list:
         return [s for group in self.sockets.values() for s in group]
 
     @property
     def queues(self) -> int:
-        return len(self.socks)
+        return len(self.sockets.get(V4, ()))
 
     @classmethod
     def open(cls, offloads, *, tun_name: str, mtu: int, queues: int, parts,

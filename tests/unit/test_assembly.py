@@ -110,9 +110,9 @@ def test_every_queue_pairs_a_tun_fd_with_a_socket(tun, netlink):
         assert dp.tun_name == "flannel0" and dp.queues == 3 and len(dp.tun_fds) == 3
         assert netlink == [("addr", "flannel0", ["10.5.1.0/32"], 1472, assembly.TXQUEUELEN),
                            ("route", "10.5.0.0/16", "flannel0")]
-        assert tun.probed == (dp.tun_fds, dp.socks)
-        assert all(s.getblocking() is False for s in dp.socks)
-        assert len({s.getsockname() for s in dp.socks}) == 1
+        assert tun.probed == (dp.tun_fds, dp.sockets[V4])
+        assert all(s.getblocking() is False for s in dp.sockets[V4])
+        assert len({s.getsockname() for s in dp.sockets[V4]}) == 1
     finally:
         dp.close()
 
@@ -128,7 +128,7 @@ def test_refused_steering_leaves_one_queue_and_closes_the_others(tun, netlink, r
     dp = _open(tun, 3)
     try:
         assert dp.queues == 1 and len(dp.tun_fds) == 1
-        assert tun.probed == (dp.tun_fds, dp.socks)
+        assert tun.probed == (dp.tun_fds, dp.sockets[V4])
         # the other two queues' socketpair ends see their peers gone
         for b in tun.ends[1:]:
             with pytest.raises(OSError):
@@ -200,10 +200,10 @@ def test_engines_are_made_on_the_queues(tun, netlink, engine_kind):
         try:
             assert len(engine) == 2 and engine.name == engine_kind
             assert [q.tun_fd for q in engine.queues] == dp.tun_fds
-            assert [q.udp_fd for q in engine.queues] == [s.fileno() for s in dp.socks]
+            assert [q.udp_fds[4] for q in engine.queues] == [s.fileno() for s in dp.sockets[V4]]
         finally:
             engine.close()
     finally:
         dp.close()
-    assert dp.tun_fds == [] and dp.socks == []
+    assert dp.tun_fds == [] and dp.sockets == {}
     dp.close()                          # again: nothing left to close

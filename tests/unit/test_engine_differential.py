@@ -274,7 +274,7 @@ def make_script(seed, npackets, mtu=MTU, sources=False):
 def play(kind, steps, *, accept_any, batch, trace, mtu=MTU, strict=False):
     with Harness(kind, mtu=mtu, accept_any=accept_any, batch=batch, udp6=True) as h:
         h.engine.set_strict_sources(strict)
-        h.engine.set_tun_addr6(TUN_ADDR6)            # so that ICMPv6 errors are compared
+        h.engine.set_tun_addr(TUN_ADDR6)            # so that ICMPv6 errors are compared
         peers = [h.add_peer() for _ in range(NPEERS)] + \
             [h.add_peer(family=socket.AF_INET6) for _ in range(NPEERS6)]
         # By address and port: sockets bound to different addresses (and the two families)

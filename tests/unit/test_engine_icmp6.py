@@ -2,10 +2,10 @@
 
 A route miss gets destination unreachable 1/0, an expired hop limit time exceeded 3/0 and a
 packet longer than its route's mtu packet too big 2/0 (the mtu in its second word), from
-flannel0's IPv6 address (set_tun_addr6) back to the offender's source, quoting as much of the
+flannel0's IPv6 address (set_tun_addr) back to the offender's source, quoting as much of the
 offender as keeps the error within 1280 bytes; never about an ICMPv6 error, a later fragment,
 a packet whose upper layer cannot be told, to a multicast group or from a multicast or ::
-source; none at all before set_tun_addr6. The bytes are checked against a checksum computed
+source; none at all before set_tun_addr. The bytes are checked against a checksum computed
 here, not by the engines' modules, and the rate limit is one bucket for both families.
 """
 import ipaddress
@@ -83,7 +83,7 @@ def make(engine_kind, more=(), **kw):
     h.set_routes([h.route("fc00:5:0:2::/64", a), h.route("10.5.2.0/24", a),
                   h.route("fc00:5:0:3::/64", a, mtu=1280)] +
                  [h.route(net, a, mtu=1280) for net in more])
-    h.engine.set_tun_addr6(OWN6)
+    h.engine.set_tun_addr(OWN6)
     return h
 
 
@@ -173,11 +173,11 @@ def test_no_address_no_error_and_nothing_else_counted(engine_kind):
         st = h.settle()
         expect_only(st, tun_rx_packets=2, tun_rx_bytes=2 * len(echo()), drop_no_route=1,
                     drop_ttl=1)
-        h.engine.set_tun_addr6("fc00:5:0:1::1")
+        h.engine.set_tun_addr("fc00:5:0:1::1")
         h.inject_tun(echo())
         h.settle()
         assert h.tun_received == [expected_error(UNREACH, echo(), src="fc00:5:0:1::1")]
-        h.engine.set_tun_addr6("::")                   # unset again
+        h.engine.set_tun_addr("::")                   # unset again
         h.inject_tun(echo())
         st = h.settle()
         assert len(h.tun_received) == 1 and st["icmp_ratelimited"] == 0
@@ -193,9 +193,10 @@ def test_one_rate_limit_for_both_families(engine_kind):
 
 
 def test_refused_args(h):
-    for bad in ("10.5.1.0", "fc00::/64", b"\0" * 4):
+    for bad in ("10.5.1.9", "fc00::/64", b"\0" * 4):     # IPv4's is the constructor's
         with pytest.raises(ValueError):
-            h.engine.set_tun_addr6(bad)
+            h.engine.set_tun_addr(bad)
+    h.engine.set_tun_addr(h.tun_addr)                    # which it keeps
 
 
 def test_trace_shows_the_error(h):

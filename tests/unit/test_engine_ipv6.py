@@ -4,7 +4,7 @@ A packet to an IPv6 subnet goes to the route's IPv4 peer with the hop limit - 1 
 byte as read; a datagram carrying IPv6 is written to the TUN the same way. Longest prefix wins
 in the IPv6 table as in the IPv4 one, the two tables are published together, the source checks
 (own sources, --strict-sources) hold for IPv6, and a miss or an expired hop limit is dropped
-without an ICMPv6 error while the engine has no IPv6 source address (set_tun_addr6; the errors
+without an ICMPv6 error while the engine has no IPv6 source address (set_tun_addr; the errors
 themselves are test_engine_icmp6.py's).
 """
 import ipaddress
@@ -92,7 +92,7 @@ def test_longest_prefix_wins_and_tables_are_published_together(engine_kind):
         st = h.settle()
         assert [len(p.received) for p in (a, b, c)] == [1, 1, 1]
         assert st["drop_no_route"] == 1 and st["icmp_unreach_sent"] == 0
-        assert h.tun_received == [], "no ICMPv6 error without set_tun_addr6"
+        assert h.tun_received == [], "no ICMPv6 error without set_tun_addr"
         # One swap replaces both families: the IPv6 routes go with an IPv4-only table.
         h.set_routes([h.route("10.5.2.0/24", a)])
         h.inject_tun(v6("fc00:5:0:1::9", "fc00:5:0:2::1"), ipv4.build("10.5.1.2", "10.5.2.3", b"x"))
@@ -100,7 +100,7 @@ def test_longest_prefix_wins_and_tables_are_published_together(engine_kind):
         assert st["drop_no_route"] == 2 and len(a.received) == 2 and st["route_swaps"] == 2
 
 
-def test_expired_hop_limit_is_dropped_without_an_error_before_set_tun_addr6(h):
+def test_expired_hop_limit_is_dropped_without_an_error_before_set_tun_addr(h):
     a, _ = h.peers
     h.inject_tun(v6("fc00:5:0:1::9", "fc00:5:0:2::1", hop=1),
                  v6("fc00:5:0:1::9", "fc00:5:0:2::1", nh=58, payload=bytes([128, 0]) + bytes(6),
@@ -108,7 +108,7 @@ def test_expired_hop_limit_is_dropped_without_an_error_before_set_tun_addr6(h):
     st = h.settle()
     expect_only(st, tun_rx_packets=2, tun_rx_bytes=st["tun_rx_bytes"], drop_ttl=2)
     assert a.received == [] and h.tun_received == []
-    h.engine.set_tun_addr6("fc00:5:0:1::")
+    h.engine.set_tun_addr("fc00:5:0:1::")
     h.inject_tun(v6("fc00:5:0:1::9", "fc00:5:0:2::1", hop=1))
     st = h.settle()
     assert st["icmp_ttl_sent"] == 1 and h.tun_received[0][40] == 3 and a.received == []
@@ -214,7 +214,7 @@ def test_each_family_counts_in_its_share_and_metrics_split_by_it(h):
     """dataplane.h "Counters by family": IPv6's packets count in the v6_ shares of the counters
     they count in, IPv4's in none; /metrics serves ipv6 = the share, ipv4 = the rest."""
     a, _ = h.peers
-    h.engine.set_tun_addr6("fc00:5:0:1::")
+    h.engine.set_tun_addr("fc00:5:0:1::")
     four = ipv4.build("10.5.1.2", "10.5.2.3", b"four")
     six = v6("fc00:5:0:1::9", "fc00:5:0:2::1")
     h.inject_tun(four, four, six,

@@ -27,7 +27,7 @@ FLOWS = 24
 class Queues:
     """N socketpair TUN queues + N reuseport sockets + one MultiEngine."""
 
-    def __init__(self, kind: str, n: int = QUEUES, **kw):
+    def __init__(self, kind: str, n: int = QUEUES, six=None, **kw):
         self.pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(n)]
         for eng_end, test_end in self.pairs:
             test_end.setblocking(False)
@@ -39,7 +39,8 @@ class Queues:
         self.peer.bind((PEER_IP, 0))
         self.peer.settimeout(5)
         self.engine = multi.create(engine_class(kind), [p[0].fileno() for p in self.pairs],
-                                   [s.fileno() for s in self.socks], tun_addr="10.5.1.0",
+                                   {4: [s.fileno() for s in self.socks], 6: six} if six
+                                   else [s.fileno() for s in self.socks], tun_addr="10.5.1.0",
                                    mtu=1472, icmp_rate=0, **kw)
 
     def route(self):
@@ -242,17 +243,17 @@ def test_create_rejects_mismatched_fds(engine_kind):
 
 
 def test_each_queue_sends_on_its_own_ipv6_socket(engine_kind):
-    """create(udp6_fds=): one IPv6 socket per queue, in the queues' order; a table with an
+    """create(udp_fds={6: ...}): one IPv6 socket per queue, in the queues' order; a table with an
     IPv6 peer reaches every queue, and each sends on its own socket."""
     six = [udp6_socket() for _ in range(QUEUES)]
     peer = udp6_socket()
     peer.settimeout(5)
-    q = Queues(engine_kind, udp6_fds=[s.fileno() for s in six])
+    q = Queues(engine_kind, six=[s.fileno() for s in six])
     try:
         e = q.engine
-        assert [x.udp6_fd for x in e.queues] == [s.fileno() for s in six]
-        with pytest.raises(TypeError, match="one IPv6 socket per queue"):
-            e.set_udp6(six[0])
+        assert [x.udp_fds[6] for x in e.queues] == [s.fileno() for s in six]
+        with pytest.raises(TypeError, match="one socket per queue and family"):
+            e.set_udp(6, six[0])
         e.set_routes([Route.make("fd00:5:2::/64", "::1", peer.getsockname()[1])])
         e.start()
         sent = [ipv6.build("fd00:5:1::2", "fd00:5:2::2", ipv6.udp_payload(
@@ -267,7 +268,7 @@ def test_each_queue_sends_on_its_own_ipv6_socket(engine_kind):
         for s in six + [peer]:
             s.close()
     with pytest.raises(ValueError, match="3 TUN queue.*2 IPv6"):
-        multi.create(engine_class(engine_kind), [1, 2, 3], [4, 5, 6], udp6_fds=[7, 8],
+        multi.create(engine_class(engine_kind), [1, 2, 3], {4: [4, 5, 6], 6: [7, 8]},
                      tun_addr="10.5.1.0", mtu=1472)
 
 

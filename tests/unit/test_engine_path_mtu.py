@@ -45,7 +45,7 @@ def make(engine_kind, path_mtu: int, start: bool = True, closed: bool = False) -
         gone.sock.close()
         routes.append(h.route("fc00:5:0:4::/64", gone))
     h.set_routes(routes, wait=start)
-    h.engine.set_tun_addr6(OWN6)
+    h.engine.set_tun_addr(OWN6)
     return h
 
 
@@ -120,7 +120,7 @@ def test_over_the_ipv4_underlay_too(engine_kind):
     with Harness(engine_kind, mtu=65535, batch=8) as h:
         p = h.add_peer()
         h.set_routes([h.route("10.5.2.0/24", p), h.route("fc00:5:0:2::/64", p)])
-        h.engine.set_tun_addr6(OWN6)
+        h.engine.set_tun_addr(OWN6)
         small, big = sized(FAR, 1400, 1), sized(FAR, 65535, 2)
         h.inject_tun(small, big, ipv4.build("10.5.1.2", "10.5.2.3", bytes(65535 - 20)))
         st = h.settle()

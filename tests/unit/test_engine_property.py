@@ -257,7 +257,7 @@ def play(kind, script, accept_any, mtu, limited, local=False, strict=False):
         if local:
             h.engine.set_local([OWN_NET, OWN_NET6], OWN_ADDRS + OWN_ADDRS6)
         h.engine.set_strict_sources(strict)
-        h.engine.set_tun_addr6(TUN_ADDR6)
+        h.engine.set_tun_addr(TUN_ADDR6)
         before = h.settle()
         for side, items in script:
             n_peer = [len(p.received) for p in peers]

@@ -1,5 +1,5 @@
 """The IPv6 underlay, both engines (dataplane.h, "The IPv6 underlay"): a route whose peer is an
-IPv6 address sends over the engine's second socket (set_udp6), datagrams on that socket are
+IPv6 address sends over the engine's second socket (set_udp), datagrams on that socket are
 accepted only from such peers, and one table mixes peers of both underlays.
 
 Loopback has one IPv6 address: every IPv6 peer here is ::1 on a port of its own, and a test of
@@ -126,17 +126,20 @@ def test_an_ipv6_peer_needs_the_socket_and_the_socket_comes_first(engine_kind):
         assert e.value.errno == errno.EINVAL
         assert h.stats()["route_swaps"] == 1              # nothing published
         with pytest.raises(OSError) as e:
-            h.engine.set_udp6(six)
+            h.engine.set_udp(6, six)
         assert e.value.errno == errno.EBUSY               # after start()
     with Harness(engine_kind, start=False) as h, \
             socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as six:
         for bad in (h.udp.fileno(), h.tun_engine.fileno(), -1):
             with pytest.raises(OSError) as e:
-                h.engine.set_udp6(bad)
+                h.engine.set_udp(6, bad)
             assert e.value.errno == errno.EBADF
-        h.engine.set_udp6(six)
         with pytest.raises(OSError) as e:
-            h.engine.set_udp6(six)
+            h.engine.set_udp(4, six)
+        assert e.value.errno == errno.EBUSY               # IPv4's is the constructor's
+        h.engine.set_udp(6, six)
+        with pytest.raises(OSError) as e:
+            h.engine.set_udp(6, six)
         assert e.value.errno == errno.EBUSY               # a second time
         h.engine.set_routes([route])
 

@@ -16,6 +16,7 @@ from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peerset import PeerSnapshot
 from dataplane.daemon import handover
 from dataplane.daemon.handover import HandoverServer, connect, recv_frame, send_frame
+from dataplane.host.family import V4, V6
 from tests.conftest import wait_until
 
 
@@ -56,7 +57,7 @@ class FakeDaemon:
         self.state = SimpleNamespace(
             lock=threading.RLock(), engine=FakeEngine(), engine_cls=SimpleNamespace(name="c"),
             # no such device: release() finds it gone
-            dataplane=SimpleNamespace(tun_fds=[r for r, _ in self.pipes], socks=socks, socks6=[],
+            dataplane=SimpleNamespace(tun_fds=[r for r, _ in self.pipes], sockets={V4: socks},
                                       tun_name=f"fu{os.getpid()}t"),
             offloads=SimpleNamespace(vnet=True),
             ext=SimpleNamespace(iface_addr=IPv4Address("127.0.0.1"), tun_mtu=1472),
@@ -88,7 +89,7 @@ class FakeDaemon:
         for r, w in self.pipes:
             os.close(r)
             os.close(w)
-        for s in self.state.dataplane.socks:
+        for s in self.state.dataplane.sockets[V4]:
             s.close()
 
 
@@ -120,7 +121,8 @@ def test_a_handover_moves_the_fds_and_the_state(old):
     assert new.state["lease"]["subnet"] == "10.5.7.0/24"
     assert new.state["peers"] == [["10.5.9.0/24", "127.0.0.9"]]
     assert all(_same_file(a, b) for a, b in zip(new.tun_fds, old.state.dataplane.tun_fds))
-    assert [s.getsockname() for s in new.socks] == [s.getsockname() for s in old.state.dataplane.socks]
+    assert ([s.getsockname() for s in new.sockets[V4]]
+            == [s.getsockname() for s in old.state.dataplane.sockets[V4]])
     assert old.state.engine.running                      # forwarding until the new one is ready
     started = []
 
@@ -133,7 +135,7 @@ def test_a_handover_moves_the_fds_and_the_state(old):
     assert old.stopped.wait(5) and old.successor == os.getpid()
     for fd in new.tun_fds:
         os.close(fd)
-    for s in new.socks:
+    for s in new.sockets[V4]:
         s.close()
 
 
@@ -215,16 +217,17 @@ def test_the_ipv6_underlay_sockets_go_only_to_a_daemon_that_takes_them(old):
     """A new daemon says "udp6" in its hello and gets the IPv6 sockets after the IPv4 ones
     (the state counts them); an older one's hello gets the offer it knows."""
     dp = old.state.dataplane
-    dp.socks6 = []
-    for _ in dp.socks:
+    six = dp.sockets[V6] = []
+    for _ in dp.sockets[V4]:
         s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         s.bind(("::1", 0))
-        dp.socks6.append(s)
+        six.append(s)
     try:
         new = connect(old.server.path)
         assert new.state["udp6"] == {"addr": "::1", "sockets": 2}
-        assert [s.getsockname() for s in new.socks6] == [s.getsockname() for s in dp.socks6]
-        assert [s.getsockname() for s in new.socks] == [s.getsockname() for s in dp.socks]
+        assert [s.getsockname() for s in new.sockets[V6]] == [s.getsockname() for s in six]
+        assert ([s.getsockname() for s in new.sockets[V4]]
+                == [s.getsockname() for s in dp.sockets[V4]])
         new._close()                               # it goes away before "stop"
         new.conn.close()
         # an older daemon's hello: no IPv6 fds, the TUN queues and sockets as ever
@@ -237,14 +240,13 @@ def test_the_ipv6_underlay_sockets_go_only_to_a_daemon_that_takes_them(old):
             os.close(fd)
         conn.close()
     finally:
-        for s in dp.socks6:
+        for s in six:
             s.close()
 
 
 def test_a_daemon_taking_over_keeps_matching_ipv6_sockets_else_opens_or_goes_without():
     from dataplane.daemon import takeover
     from dataplane.daemon.inherited import Inherited
-    from dataplane.host.family import V4, V6
     from dataplane.host.udpsock import open_udp_sockets
     ext = SimpleNamespace(iface_addr=IPv4Address("127.0.0.1"))
     v4 = open_udp_sockets("127.0.0.1", 0, 2)
@@ -253,16 +255,16 @@ def test_a_daemon_taking_over_keeps_matching_ipv6_sockets_else_opens_or_goes_wit
     wanted = ("2001:db8::1", "::1", 1452)
     try:
         inh = Inherited({}, [], {V4: v4, V6: handed})
-        assert takeover.underlay6(inh, wanted, ext, port) == wanted and inh.socks6 == handed
+        assert takeover.underlay6(inh, wanted, ext, port) == wanted and inh.sockets[V6] == handed
         # another port: let go, no IPv6 underlay this run
-        assert takeover.underlay6(inh, wanted, ext, port + 1) is None and not inh.socks6
+        assert takeover.underlay6(inh, wanted, ext, port + 1) is None and V6 not in inh.sockets
         assert all(s.fileno() == -1 for s in handed)
         # none handed (the previous daemon had none): opened now
         inh = Inherited({}, [], {V4: v4})
         assert takeover.underlay6(inh, wanted, ext, port) == wanted
-        assert [s.getsockname()[:2] for s in inh.socks6] == [("::1", port)] * 2
+        assert [s.getsockname()[:2] for s in inh.sockets[V6]] == [("::1", port)] * 2
         # not wanted: what came is let go
-        mine = inh.socks6
+        mine = inh.sockets[V6]
         assert takeover.underlay6(inh, None, ext, port) is None
         assert all(s.fileno() == -1 for s in mine)
     finally:

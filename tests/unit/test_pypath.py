@@ -285,8 +285,8 @@ UDP_CASES = [
 @pytest.mark.parametrize("what,payload,src,strict,drop", UDP_CASES, ids=[c[0] for c in UDP_CASES])
 def test_udp_checks_in_the_headers_order(what, payload, src, strict, drop):
     pa = new_path(accept_any=False)
-    pa.local = (int(OWN_NET.network_address), int(OWN_NET.netmask),
-                frozenset({int(ipaddress.IPv4Address(OWN_ADDR))}))
+    pa.local = {**pa.local, 4: (int(OWN_NET.network_address), int(OWN_NET.netmask),
+                                frozenset({int(ipaddress.IPv4Address(OWN_ADDR))}))}
     pa.strict_sources = strict
     out = run_udp(pa, payload, src)
     length = min(len(payload), MTU)
@@ -366,7 +366,7 @@ def test_every_tun_packet_is_counted_once(packets, limit, tracing):
        accept_any=st.booleans(), strict=st.booleans(), tracing=st.booleans())
 def test_every_udp_datagram_is_counted_once(datagrams, accept_any, strict, tracing):
     pa = new_path(accept_any=accept_any, tracing=tracing)
-    pa.local = (int(OWN_NET.network_address), int(OWN_NET.netmask), frozenset())
+    pa.local = {**pa.local, 4: (int(OWN_NET.network_address), int(OWN_NET.netmask), frozenset())}
     pa.strict_sources = strict
     out = run_udp_batch(pa, datagrams)
     forwarded = 0

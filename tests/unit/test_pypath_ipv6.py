@@ -2,7 +2,7 @@
 
 csrc/dataplane.h's "IPv6 inner packets" played packet by packet, as
 test_pypath.py plays IPv4's: each drop reason in the header's order, no ICMPv6
-error for a miss or an expired hop limit until Path.tun_addr6 is set and then
+error for a miss or an expired hop limit until Path.tun_addr[6] is set and then
 exactly where ipv6.may_send_error allows one, the hop limit - 1 touching byte 7
 only, the link-scope rule written out on 64-bit halves equal to
 ipv6.is_link_scoped for any addresses, the own sources and the strict rule per
@@ -140,7 +140,7 @@ def test_the_families_have_tables_of_their_own():
     for pa, expect in ((v4_only, [PEER, None]), (v6_only, [None, PEER])):
         _, hops, errors = run_tun(pa, [v4, pkt6()])
         assert hops == expect
-        # an IPv4 miss is answered with ICMP, an IPv6 one is silent without tun_addr6
+        # an IPv4 miss is answered with ICMP, an IPv6 one is silent without tun_addr[6]
         assert [j for j in errors] == ([] if expect[0] else [0])
 
 
@@ -201,7 +201,7 @@ UDP_CASES = [
 @pytest.mark.parametrize("what,payload,src,strict,drop", UDP_CASES, ids=[c[0] for c in UDP_CASES])
 def test_udp_checks_in_the_headers_order(what, payload, src, strict, drop):
     pa = new_path(accept_any=False)
-    pa.local, pa.local6 = pypath.own_sources(
+    pa.local = pypath.own_sources(
         Engine._check_local(["10.5.1.0/24", OWN_NET6], ["192.168.50.2", OWN_ADDR6, "fe80::1"]))
     pa.strict_sources = strict
     out = run_udp_batch(pa, [(payload, src)])[0]
@@ -215,12 +215,14 @@ def test_udp_checks_in_the_headers_order(what, payload, src, strict, drop):
 
 
 def test_own_sources_per_family():
-    v4, v6 = pypath.own_sources(Engine._check_local(["fd00:1::/56"], ["10.0.0.1", "fd00::1"]))
+    own = pypath.own_sources(Engine._check_local(["fd00:1::/56"], ["10.0.0.1", "fd00::1"]))
+    v4, v6 = own[4], own[6]
     assert v4 == (0, 0, frozenset({int(ipaddress.IPv4Address("10.0.0.1"))}))
     net = ipaddress.IPv6Network("fd00:1::/56")
     assert v6 == (int(net.network_address), int(net.netmask),
                   frozenset({int(ipaddress.IPv6Address("fd00::1"))}))
-    assert pypath.own_sources(Engine._check_local([], [])) == ((0, 0, frozenset()),) * 2
+    assert pypath.own_sources(Engine._check_local([], [])) == {4: (0, 0, frozenset()),
+                                                               6: (0, 0, frozenset())}
 
 
 # ---- the written-out rules against ipv6.py ----------------------------------------------
@@ -262,7 +264,7 @@ DATAGRAM = st.one_of(
 @given(st.lists(DATAGRAM, min_size=1, max_size=12), st.booleans(), st.booleans())
 def test_every_packet_is_counted_once(packets, strict, tracing):
     pa = new_path(accept_any=False, tracing=tracing)
-    pa.local, pa.local6 = pypath.own_sources(Engine._check_local(["fd00:5:1::/64"], []))
+    pa.local = pypath.own_sources(Engine._check_local(["fd00:5:1::/64"], []))
     pa.strict_sources = strict
     _, hops, _ = run_tun(pa, packets)
     out = run_udp_batch(pa, [(p, PEER) for p in packets])
@@ -279,7 +281,7 @@ OWN6 = ipaddress.IPv6Address("fd00:5:1::").packed
 @pytest.mark.parametrize("what,pkt,outcome", TUN_CASES, ids=[c[0] for c in TUN_CASES])
 def test_icmpv6_errors_where_the_header_allows(what, pkt, outcome):
     pa = new_path()
-    pa.tun_addr6 = OWN6
+    pa.tun_addr = {**pa.tun_addr, 6: OWN6}
     _, _, errors = run_tun(pa, [pkt])
     counted = nonzero(pa)
     if outcome in ("drop_no_route", "drop_ttl") and ipv6.may_send_error(pkt):
@@ -295,7 +297,7 @@ def test_icmpv6_errors_where_the_header_allows(what, pkt, outcome):
 
 def test_icmpv6_and_icmp_share_the_rate_limit():
     pa = new_path(routes=[])
-    pa.tun_addr6 = OWN6
+    pa.tun_addr = {**pa.tun_addr, 6: OWN6}
     pypath.path_set_icmp_limit(pa, 1, 2)
     v4 = ipv4.build("10.5.1.2", "10.5.2.3", ipv4.udp_payload(1, 2))
     _, _, errors = run_tun(pa, [pkt6(), v4, pkt6(), v4])
