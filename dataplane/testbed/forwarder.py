@@ -11,6 +11,7 @@ import subprocess
 from ..control.config import DEFAULT_UDP_PORT
 from ..host.child import cli_argv
 from .hosts import Host, Testbed
+from .processes import read_log
 from .wait import wait_for
 
 
@@ -63,11 +64,7 @@ class Forwarder:
         self.returncode: int | None = None
 
     def log(self) -> str:
-        try:
-            with open(self.log_file, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return read_log(self.log_file)
 
     def wait_ready(self, timeout: float = 15.0) -> "Forwarder":
         """Wait (bounded) until forwarding has started; raise RuntimeError with

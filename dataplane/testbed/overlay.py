@@ -52,6 +52,7 @@ from ..control.registry import DEFAULT_PREFIX
 from ..host.child import cli_argv
 from .etcd import EtcdServer
 from .hosts import Host, Testbed
+from .processes import read_log
 from .wait import wait_for
 from .lease_writer import LeaseWriter
 
@@ -94,11 +95,7 @@ class DaemonProc:
         return self.proc.poll() is None
 
     def log_text(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return read_log(self.log_path)
 
 
 class Overlay:

@@ -66,6 +66,16 @@ class Processes:
             self.kill(p, timeout=3.0)
 
 
+def read_log(path: str) -> str:
+    """The log a process writes to ``path`` so far; "" while there is none (not started, or
+    its directory gone): a test's message about the process shows what there is."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def _signal_group(pid: int, sig: int) -> None:
     """Signal the process group led by ``pid`` (popen starts a new session,
     so pgid == pid), falling back to the PID alone."""

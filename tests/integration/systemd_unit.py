@@ -14,6 +14,7 @@ import shlex
 import sys
 
 from dataplane.host.child import cli_argv
+from dataplane.testbed.processes import read_log
 from tests.conftest import require
 from tests.integration import restart_traffic, systemd_box
 from tests.integration.conftest import overlay_of
@@ -82,11 +83,7 @@ class Unit:
         self.box.systemctl("daemon-reload")
 
     def log(self) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return read_log(self.log_path)
 
     def systemctl(self, *args, check: bool = True):
         """``systemctl ARGS flannel-udp.service``; a failure carries the unit's status and log."""
