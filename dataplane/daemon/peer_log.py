@@ -79,8 +79,9 @@ class PeerLog:
                          f", encapsulated: {why}" if why else "", six, table_size, extra=fields)
             self._lines += n
             return
+        debug = log.isEnabledFor(logging.DEBUG)     # a listing folds thousands of leases
         for kind, leases in (("removed", change.removed), ("added", change.added)):
-            for lease in leases:
+            for lease in leases if debug else ():
                 log.debug("Subnet %s: %s via %s", kind, lease.subnet, lease.public_ip,
                           extra=self._fields(lease, kind))
             self._counts[kind] += len(leases)

@@ -26,6 +26,7 @@ from ..control.peerset import PeerChange
 from ..control.routes import Ipv6Parts, route_changes, route_table
 from ..engine.api import Route
 from ..host import direct_routes
+from ..host.family import FAMILIES, V4, V6
 from . import underlay_fallback
 from .peer_log import PeerLog
 
@@ -155,17 +156,17 @@ class PeerRoutes:
         return changed
 
     def _table(self, peers: dict) -> tuple:
-        """The whole table of ``peers`` (DaemonState.peers): each IP version's routes of the
-        snapshot of that version."""
+        """The whole table of ``peers`` (DaemonState.peers): each family's routes of the
+        snapshot of that family's version."""
         port = self.state.config.backend_port
         return _engine(sum((
-            _of_version(version, route_table(snapshot, port, self._ipv6_of(version)))
-            for version, snapshot in peers.items()), ()))
+            route_table(peers[family.version], port, self._ipv6_of(family), family)
+            for family in FAMILIES), ()))
 
-    def _ipv6_of(self, version: int):
-        """How route_table and route_changes make the routes of one version's peers: the IPv6
-        parts only with :class:`Ipv6Parts`, whose routes they add to the IPv4 subnets'."""
-        return self.ipv6 if version == 6 else None
+    def _ipv6_of(self, family):
+        """How route_table and route_changes make one family's routes: the IPv6 parts' need
+        :class:`Ipv6Parts`."""
+        return self.ipv6 if family is V6 else None
 
     def _apply(self, split, whole: PeerChange, reconcile: bool = False) -> None:
         """A change (``whole``; ``split`` its division, control/direct.py) applied: the
@@ -181,20 +182,23 @@ class PeerRoutes:
             direct_routes.delete(lease.ipv6_subnet)
         for lease in split.route6:
             direct_routes.replace(lease.ipv6_subnet, lease.attrs.public_ipv6, st.ext.index)
-        port = st.config.backend_port
-        changes = {4: split.engine, 6: whole}
-        removed, added = (), ()
-        for version, change in changes.items():
-            gone, new = route_changes(change, port, self._ipv6_of(version),
-                                      before=st.peers[version])
-            removed += tuple(subnet for subnet in gone if subnet.version == version)
-            added += _of_version(version, new)
-        peers = {version: change.snapshot for version, change in changes.items()}
+        changes = {V4: split.engine, V6: whole}
+        peers = {family.version: change.snapshot for family, change in changes.items()}
+        if self.routes is None:
+            # the first listing: the whole table (nothing handed over lingers), made outside
+            # state.lock so that /metrics and status answer meanwhile
+            routes = st.engine_cls.table_type.of(self._table(peers))
+        else:
+            port = st.config.backend_port
+            removed, added = (), ()
+            for family, change in changes.items():
+                gone, new = route_changes(change, port, self._ipv6_of(family),
+                                          before=st.peers[family.version], family=family)
+                removed += gone
+                added += new
+            routes = self.routes.updated(removed, _engine(added))
         with st.lock:
-            if self.routes is None:     # the first listing: whole, so nothing handed over lingers
-                self.routes = st.engine_cls.table_type.of(self._table(peers))
-            else:
-                self.routes = self.routes.updated(removed, _engine(added))
+            self.routes = routes
             st.peers = peers
             if st.engine is not None:
                 st.engine.set_table(self.routes)
@@ -222,10 +226,6 @@ class PeerRoutes:
         for subnet, via in want.items():
             if have.get(subnet) != via:
                 direct_routes.replace(subnet, via, st.ext.index)
-
-
-def _of_version(version: int, routes) -> tuple:
-    return tuple(route for route in routes if route.subnet.version == version)
 
 
 def _engine(routes) -> tuple:
