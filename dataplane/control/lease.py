@@ -39,7 +39,7 @@ def clip(raw: "bytes | str", limit: int = 80) -> str:
     return f"{text[:limit]}... ({len(raw)} {'bytes' if isinstance(raw, bytes) else 'characters'})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeaseAttrs:
     public_ip: IPv4Address
     public_ipv6: Optional[IPv6Address] = None
@@ -118,7 +118,7 @@ class LeaseAttrs:
                    forwards_ipv6=fields.get("forwardsipv6") is True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Lease:
     subnet: IPv4Network
     attrs: LeaseAttrs

@@ -63,17 +63,43 @@ def replace(subnet: "IPv4Network | IPv6Network", via: "IPv4Address | IPv6Address
                   oif=ifindex, proto=PROTO, table=MAIN_TABLE, type=RTN_UNICAST)
 
 
+def replace_all(routes, ifindex: int) -> None:
+    """:func:`replace` for each ``(subnet, via)`` of ``routes``, over one netlink socket: a
+    start with thousands of peers on the link pays one socket, not one per route."""
+    routes = list(routes)
+    if not routes:
+        return
+    with IPRoute() as ipr:
+        for subnet, via in routes:
+            ipr.route("replace", family=_family(subnet), dst=str(subnet), gateway=str(via),
+                      oif=ifindex, proto=PROTO, table=MAIN_TABLE, type=RTN_UNICAST)
+
+
+def delete_all(subnets) -> None:
+    """:func:`delete` for each of ``subnets``, over one netlink socket."""
+    subnets = list(subnets)
+    if not subnets:
+        return
+    with IPRoute() as ipr:
+        for subnet in subnets:
+            _delete(ipr, subnet)
+
+
 def delete(subnet: "IPv4Network | IPv6Network") -> None:
     """Our route of ``subnet``, if it is there. The type is named: --ip-blackhole-route's
     blackhole carries PROTO too (host/blackhole.py), and a delete that leaves the type open takes
     whichever of the two the kernel finds first (a lease moved into a former peer's subnet)."""
     with IPRoute() as ipr:
-        try:
-            ipr.route("del", family=_family(subnet), dst=str(subnet), proto=PROTO,
-                      table=MAIN_TABLE, type=RTN_UNICAST)
-        except NetlinkError as e:
-            if e.code not in (errno.ESRCH, errno.ENOENT):
-                raise
+        _delete(ipr, subnet)
+
+
+def _delete(ipr, subnet) -> None:
+    try:
+        ipr.route("del", family=_family(subnet), dst=str(subnet), proto=PROTO,
+                  table=MAIN_TABLE, type=RTN_UNICAST)
+    except NetlinkError as e:
+        if e.code not in (errno.ESRCH, errno.ENOENT):
+            raise
 
 
 def installed() -> dict:
