@@ -81,11 +81,16 @@ def _no_ipv6(_lease: Lease) -> Optional[str]:
 class DirectRouting:
     def __init__(self, enabled: bool,
                  on_link: Callable[[Union[IPv4Address, IPv6Address]], bool],
-                 ipv6_part: Callable[[Lease], Optional[str]] = _no_ipv6):
+                 ipv6_part: Callable[[Lease], Optional[str]] = _no_ipv6,
+                 on_link_all: Optional[Callable[[list], set]] = None):
         """``on_link``: the kernel's answer for an address of either family; ``ipv6_part``:
-        why a lease's IPv6 part is no route of the engines (None: it is one)."""
+        why a lease's IPv6 part is no route of the engines (None: it is one);
+        ``on_link_all``: the same answer for many addresses at once (those on the link), asked
+        once per change for the peers that route directly (a listing of thousands)."""
         self.enabled = enabled
         self.on_link = on_link
+        self.on_link_all = on_link_all
+        self._known: dict = {}         # address -> on_link's answer, during one change
         self.ipv6_part = ipv6_part
         # per family: IPv4 subnet -> the lease whose subnet of that family is routed directly
         self.direct: dict[Family, dict[IPv4Network, Lease]] = {family: {} for family in FAMILIES}
@@ -103,7 +108,7 @@ class DirectRouting:
         routed directly (None: it is)."""
         why = self._why_not_peer(lease)
         if family is V4:
-            if why is None and not self.on_link(lease.public_ip):
+            if why is None and not self._on_link(lease.public_ip):
                 why = f"its PublicIP {lease.public_ip} is reached through a gateway, not on " \
                       "this host's link"
             return why
@@ -113,7 +118,7 @@ class DirectRouting:
         pub6 = lease.attrs.public_ipv6
         if pub6 is None:
             return "its lease has no PublicIPv6"
-        if not self.on_link(pub6):
+        if not self._on_link(pub6):
             return f"its PublicIPv6 {pub6} is reached through a gateway, not on this host's link"
         return None
 
@@ -121,12 +126,30 @@ class DirectRouting:
         """The way of the subnet of ``family`` of the lease of ``subnet`` (its IPv4 subnet)."""
         return DIRECT if subnet in self.direct[family] else ENCAPSULATED
 
+    def _on_link(self, ip) -> bool:
+        known = self._known.get(ip)
+        return self.on_link(ip) if known is None else known
+
+    def _ask(self, leases) -> None:
+        """on_link_all's answers for the addresses of ``leases`` that route directly."""
+        if self.on_link_all is None:
+            return
+        ips = [ip for lease in leases if self._why_not_peer(lease) is None
+               for ip in (lease.public_ip, lease.attrs.public_ipv6) if ip is not None]
+        if len(ips) > 1:
+            on = self.on_link_all(ips)
+            self._known = {ip: ip in on for ip in ips}
+
     def apply(self, change: PeerChange, engine_before: PeerSnapshot) -> Split:
         """``change`` as the watcher reported it; ``engine_before``: the engine's snapshot the
         last split gave (what its table holds now)."""
         if not self.enabled:
             return Split(change)
-        moves = [way.follow(change.removed, change.added) for way in self._ways()]
+        try:
+            self._ask(change.added)
+            moves = [way.follow(change.removed, change.added) for way in self._ways()]
+        finally:
+            self._known = {}
         return self._split(change, engine_before, moves)
 
     def reconsider(self, snapshot: PeerSnapshot, engine_before: PeerSnapshot) -> Split:
@@ -137,8 +160,13 @@ class DirectRouting:
         peers = sorted(snapshot.peers.items(), key=lambda item: (int(item[0].network_address),
                                                                   item[0].prefixlen))
         ways = self._ways()
-        flips = [tuple(lease for subnet, lease in peers
-                       if (way.why_not(lease) is None) != (subnet in way.table)) for way in ways]
+        try:
+            self._ask(lease for _, lease in peers)
+            flips = [tuple(lease for subnet, lease in peers
+                           if (way.why_not(lease) is None) != (subnet in way.table))
+                     for way in ways]
+        finally:
+            self._known = {}
         moves = [way.follow((), flipped) for way, flipped in zip(ways, flips)]
         # the engine's share is of the IPv4 subnets: its change is their flips alone
         return self._split(PeerChange(snapshot, added=flips[0]), engine_before, moves)

@@ -69,7 +69,8 @@ class PeerRoutes:
         ifindex = st.ext.index
         st.direct = DirectRouting(st.config.direct_routing,
                                   lambda ip: direct_routes.on_link(ip, ifindex),
-                                  ipv6_part=lambda lease: self.ipv6.why_not(lease))
+                                  ipv6_part=lambda lease: self.ipv6.why_not(lease),
+                                  on_link_all=lambda ips: direct_routes.on_link_all(ips, ifindex))
         if st.config.direct_routing:
             log.info("DirectRouting is on: peers that have it too and whose PublicIP is on %s's "
                      "link get a plain route via their PublicIP (proto %d), their IPv6 parts one "

@@ -215,3 +215,24 @@ def test_a_moved_ipv6_part_loses_its_old_route_and_a_gone_peer_both():
     bare = lease6(2, "192.168.77.2", None)
     split = dr.apply(PeerChange.between(before, PeerSnapshot.of([bare], OWN)), PeerSnapshot(OWN))
     assert split.unroute[V6] == (a,) and split.route[V6] == () and split.route[V4] == (bare,)
+
+
+def test_a_change_asks_the_kernel_once_for_all_its_peers_addresses():
+    """With on_link_all, a listing of thousands asks in one batch, not per peer."""
+    asked = []
+
+    def on_link_all(ips):
+        asked.append(list(ips))
+        return {ip for ip in ips if ip in ON_LINK}
+
+    parts = Ipv6Parts(NET6, IPv6Network("fc00:5:0:1::/64"))
+    dr = DirectRouting(True, lambda ip: pytest.fail(f"{ip} asked on its own"),
+                       ipv6_part=parts.why_not, on_link_all=on_link_all)
+    both, far, flat = lease6(2, "192.168.77.2", "fd77::2"), lease(4, "192.168.78.4"), \
+        lease(5, "192.168.77.3", direct=False)
+    split = first(dr, [both, far, flat])
+    assert len(asked) == 1 and set(asked[0]) == {both.public_ip, IPv6Address("fd77::2"),
+                                                 far.public_ip}
+    assert split.route[V4] == (both,) and split.route[V6] == (both,)
+    assert dr.reconsider(PeerSnapshot.of([both, far, flat], OWN), split.engine.snapshot) \
+        .route[V4] == () and len(asked) == 2
