@@ -77,8 +77,13 @@ class PeerWatcher:
 
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network], on_change: Optional[OnChange],
                  *, retry_interval: float = 1.0, network: Optional[IPv4Network] = None,
-                 coalesce: float = COALESCE_S, own_ips: Iterable[IPv4Address] = ()):
+                 coalesce: float = COALESCE_S, own_ips: Iterable[IPv4Address] = (),
+                 listing: Optional[tuple] = None):
+        """``listing``: a listing of the subnets prefix made already, in Registry.scan_leases'
+        shape (leases, bad keys, revision), e.g. the lease allocation's: the first report is
+        made of it, and the watch starts after its revision (one listing for both)."""
         self.registry = registry
+        self._listing = listing
         self.network = network
         self._own_ips = frozenset(IPv4Address(ip) for ip in own_ips)
         # PublicIP -> the subnet it holds, or a set of them (a conflict, rare: no set for each)
@@ -211,7 +216,8 @@ class PeerWatcher:
     def _snapshot(self, always: bool = False, relist: bool = False) -> int:
         """List the leases and report the difference. ``relist``: the watch asks, after a
         compaction or a rewound etcd, so the list is the truth even at a lower revision."""
-        leases, bad, rev = self.registry.scan_leases()
+        listing, self._listing = self._listing, None
+        leases, bad, rev = listing if listing is not None else self.registry.scan_leases()
         with self._emit_lock:
             with self._lock:
                 stale = rev < self.revision and not relist

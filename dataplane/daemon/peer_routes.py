@@ -223,6 +223,8 @@ class PeerRoutes:
     def _direct(self, leases, family, delete: bool = False) -> None:
         """The kernel's direct routes of ``family`` to ``leases``' subnets of it made (or,
         with ``delete``, removed), over one netlink socket."""
+        if not leases:
+            return
         if delete:
             direct_routes.delete_all(dst(lease, family) for lease in leases)
         else:
