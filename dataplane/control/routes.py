@@ -156,6 +156,8 @@ def route_table(snapshot: PeerSnapshot, port: int, v6: Optional[Ipv6Parts] = Non
     """One route per peer in ``snapshot``, sorted by subnet, then one per peer's IPv6 part that
     ``v6`` makes a route; our own subnet is not a peer. ``family``: that family's routes alone
     (V4: the subnets, V6: the IPv6 parts), so a caller that wants one builds none of the other."""
+    if family is V6 and (v6 is None or v6.network6 is None):     # IPv6 off: no part routed
+        return ()
     peers = sorted(snapshot.peers.items(), key=_by_subnet)
     routes = [PeerRoute(subnet, lease.public_ip, port) for subnet, lease in peers] \
         if family is not V6 else []
