@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+from socket import AF_INET, inet_pton
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from typing import Any, Optional
 
 # flanneld's ParseSubnetKey, with the dots escaped and the match anchored to the whole name.
 _KEY_RE = re.compile(r"^(\d+\.\d+\.\d+\.\d+)-(\d+)(?:&([a-fA-F\d:]+)-(\d+))?$")
+# The value flanneld's udp backend writes, byte for byte (LeaseAttrs.to_json): read without
+# json or a dict; any other value takes the general way.
+_UDP_VALUE_RE = re.compile(rb'\{"PublicIP":"([\d.]{7,15})","PublicIPv6":null\}\Z')
 
 
 # flanneld's udp backend writes ~40 bytes, other backends' values (BackendData) a few hundred: a
@@ -35,7 +39,7 @@ def clip(raw: "bytes | str", limit: int = 80) -> str:
     return f"{text[:limit]}... ({len(raw)} {'bytes' if isinstance(raw, bytes) else 'characters'})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeaseAttrs:
     public_ip: IPv4Address
     public_ipv6: Optional[IPv6Address] = None
@@ -70,6 +74,13 @@ class LeaseAttrs:
 
     @classmethod
     def from_json(cls, raw: "bytes | str") -> "LeaseAttrs":
+        # A listing reads thousands of these at a start: the udp backend's own value without
+        # json, ipaddress's text parser or a dict (perf/README.md#listing-parse).
+        m = _UDP_VALUE_RE.match(raw) if isinstance(raw, bytes) else None
+        if m is not None:
+            packed = _packed4(m.group(1).decode())
+            if packed is not None:
+                return cls(IPv4Address(packed))
         if len(raw) > MAX_VALUE_BYTES:
             raise LeaseFormatError(f"lease value is oversized ({len(raw)} bytes, at most "
                                    f"{MAX_VALUE_BYTES}): {clip(raw)}")
@@ -107,7 +118,7 @@ class LeaseAttrs:
                    forwards_ipv6=fields.get("forwardsipv6") is True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Lease:
     subnet: IPv4Network
     attrs: LeaseAttrs
@@ -202,6 +213,12 @@ def parse_subnet_key(name: str) -> tuple[IPv4Network, Optional[IPv6Network]]:
     m = _KEY_RE.match(base)
     if not m:
         raise LeaseFormatError(f"not a subnet key: {clip(name)}")
+    if m.group(3) is None:              # the common key, read without ipaddress's text parser
+        packed, prefixlen = _packed4(m.group(1)), int(m.group(2))
+        if packed is not None and prefixlen <= 32:
+            net = int.from_bytes(packed, "big")
+            if not net & (0xFFFFFFFF >> prefixlen):
+                return IPv4Network((net, prefixlen)), None
     try:
         subnet = IPv4Network(f"{m.group(1)}/{int(m.group(2))}", strict=False)
         v6 = None
@@ -214,6 +231,15 @@ def parse_subnet_key(name: str) -> tuple[IPv4Network, Optional[IPv6Network]]:
     if str(subnet.network_address) != m.group(1):
         raise LeaseFormatError(f"not a subnet key: {clip(name)}: host bits set (the subnet is {subnet})")
     return subnet, v6
+
+
+def _packed4(text: str) -> Optional[bytes]:
+    """The 4 bytes of a dotted quad in the one form ipaddress reads and writes (inet_pton
+    refuses leading zeros and short forms), or None: the caller's general way then says why."""
+    try:
+        return inet_pton(AF_INET, text)
+    except OSError:
+        return None
 
 
 def peer_problem(lease: Lease, network: Optional[IPv4Network]) -> Optional[str]:

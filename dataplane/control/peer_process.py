@@ -151,7 +151,9 @@ class PeerWatchProcess:
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network],
                  on_change: Optional[OnChange], *, retry_interval: float = 1.0,
                  network: Optional[IPv4Network] = None, coalesce: float = COALESCE_S,
-                 prepared: Optional["Prepared"] = None, own_ips=()):
+                 prepared: Optional["Prepared"] = None, own_ips=(), listing=None):
+        # ``listing`` (control/peers.py) is not used: the child lists on its own, as handing
+        # it thousands of leases would cost their pickling twice
         self._spec = registry.spec
         self._own_ips = tuple(own_ips)
         self._prepared = prepared                # a child started early (prepare()), if any

@@ -3,7 +3,8 @@
 the Python engine) both offer, declared once.
 
 The daemon builds either with the same arguments (registry, own subnet, ``on_change``; by keyword
-``retry_interval``, ``network``, ``coalesce``, ``own_ips``) and then uses only what is below; the
+``retry_interval``, ``network``, ``coalesce``, ``own_ips``, ``listing``: a listing made already,
+which the thread's watch reports first and the child process ignores) and then uses only what is below; the
 integration tests run each of their cases on both. ``on_change`` gets the same ``PeerChange``
 reports (control/peerset.py) in the same order from either. tests/unit/test_peer_watch_contract.py
 holds both classes to it.

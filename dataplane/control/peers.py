@@ -53,7 +53,7 @@ import logging
 import threading
 import time
 from ipaddress import IPv4Address, IPv4Network
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Union
 
 from .claims import Claims, skipped_fields
 from .lease import Lease, LeaseFormatError, lease_from_kv, parse_subnet_key, peer_problem
@@ -77,11 +77,17 @@ class PeerWatcher:
 
     def __init__(self, registry: Registry, own_subnet: Optional[IPv4Network], on_change: Optional[OnChange],
                  *, retry_interval: float = 1.0, network: Optional[IPv4Network] = None,
-                 coalesce: float = COALESCE_S, own_ips: Iterable[IPv4Address] = ()):
+                 coalesce: float = COALESCE_S, own_ips: Iterable[IPv4Address] = (),
+                 listing: Optional[tuple] = None):
+        """``listing``: a listing of the subnets prefix made already, in Registry.scan_leases'
+        shape (leases, bad keys, revision), e.g. the lease allocation's: the first report is
+        made of it, and the watch starts after its revision (one listing for both)."""
         self.registry = registry
+        self._listing = listing
         self.network = network
         self._own_ips = frozenset(IPv4Address(ip) for ip in own_ips)
-        self._by_ip: dict[IPv4Address, set[IPv4Network]] = {}    # PublicIP -> subnets held
+        # PublicIP -> the subnet it holds, or a set of them (a conflict, rare: no set for each)
+        self._by_ip: dict[IPv4Address, Union[IPv4Network, set[IPv4Network]]] = {}
         self._touched_ips: set[IPv4Address] = set()
         # subnet -> (its key, PublicIP, why): valid leases that are no route (a PublicIP claimed twice)
         self._conflicts: dict[IPv4Network, tuple[str, IPv4Address, str]] = {}
@@ -210,7 +216,8 @@ class PeerWatcher:
     def _snapshot(self, always: bool = False, relist: bool = False) -> int:
         """List the leases and report the difference. ``relist``: the watch asks, after a
         compaction or a rewound etcd, so the list is the truth even at a lower revision."""
-        leases, bad, rev = self.registry.scan_leases()
+        listing, self._listing = self._listing, None
+        leases, bad, rev = listing if listing is not None else self.registry.scan_leases()
         with self._emit_lock:
             with self._lock:
                 stale = rev < self.revision and not relist
@@ -313,14 +320,16 @@ class PeerWatcher:
             if old is not None:
                 ip = old.attrs.public_ip
                 held = self._by_ip.get(ip)
-                if held is not None:
+                if isinstance(held, set):
                     held.discard(subnet)
-                    if not held:
-                        del self._by_ip[ip]
+                    if len(held) == 1:
+                        self._by_ip[ip] = held.pop()
+                elif held == subnet:
+                    del self._by_ip[ip]
                 self._touched_ips.add(ip)
             new = self._claims.held.get(subnet)
             if new is not None:
-                self._by_ip.setdefault(new.attrs.public_ip, set()).add(subnet)
+                _hold(self._by_ip, new.attrs.public_ip, subnet)
                 self._touched_ips.add(new.attrs.public_ip)
             self._touched.add(subnet)
 
@@ -330,7 +339,7 @@ class PeerWatcher:
         whose standing changed. Caller holds _lock."""
         changed: set[IPv4Network] = set()
         for ip in ips:
-            subnets = self._by_ip.get(ip, ())
+            subnets = _held(self._by_ip, ip)
             now: dict[IPv4Network, str] = {}
             if ip in self._own_ips:
                 for subnet in subnets:
@@ -365,7 +374,10 @@ class PeerWatcher:
         touched, self._touched = self._touched, set()
         ips, self._touched_ips = self._touched_ips, set()
         if full:
-            ips = set(self._by_ip) | {ip for _, ip, _ in self._conflicts.values()}
+            # the PublicIPs whose claims can be in question: held twice, ours, in conflict
+            ips = {ip for ip, held in self._by_ip.items() if isinstance(held, set)}
+            ips |= {ip for ip in self._own_ips if ip in self._by_ip}
+            ips |= {ip for _, ip, _ in self._conflicts.values()}
         if not (touched or full or ips):
             return PeerChange(self._current)
         touched |= self._resolve_claims(ips)
@@ -393,11 +405,25 @@ def hand_on(on_change: Optional[OnChange], change: PeerChange, always: bool = Fa
         log.exception("peer on_change callback failed")
 
 
-def _index(leases: dict) -> dict[IPv4Address, set[IPv4Network]]:
-    by_ip: dict[IPv4Address, set[IPv4Network]] = {}
+def _index(leases: dict) -> dict:
+    by_ip: dict = {}
     for subnet, lease in leases.items():
-        by_ip.setdefault(lease.attrs.public_ip, set()).add(subnet)
+        _hold(by_ip, lease.attrs.public_ip, subnet)
     return by_ip
+
+
+def _hold(by_ip: dict, ip: IPv4Address, subnet: IPv4Network) -> None:
+    """``ip`` holds ``subnet`` too (PeerWatcher._by_ip)."""
+    had = by_ip.setdefault(ip, subnet)
+    if isinstance(had, set):
+        had.add(subnet)
+    elif had != subnet:
+        by_ip[ip] = {had, subnet}
+
+
+def _held(by_ip: dict, ip: IPv4Address) -> tuple | set:
+    held = by_ip.get(ip)
+    return () if held is None else held if isinstance(held, set) else (held,)
 
 
 def _seniority(lease: Lease) -> tuple:

@@ -57,6 +57,8 @@ class PeerChange:
         """The difference, looked for in ``subnets`` only when the caller knows which subnets
         a batch of events touched (the cost is then the batch's, not the peer set's)."""
         if subnets is None:
+            if not before.peers:        # a first listing: all of it is new
+                return cls(after, tuple(sorted(after.peers.values(), key=_lease_order)))
             subnets = set(before.peers) | set(after.peers)
         added, removed = [], []
         for subnet in sorted(subnets, key=_subnet_order):
@@ -70,6 +72,10 @@ class PeerChange:
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed)
+
+
+def _lease_order(lease: Lease) -> tuple:
+    return _subnet_order(lease.subnet)
 
 
 def _subnet_order(subnet: IPv4Network) -> tuple:

@@ -16,6 +16,7 @@ import logging
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import NamedTuple, Optional, Union
 
+from ..host.family import V4, V6, Family
 from .lease import Lease
 from .peerset import PeerChange, PeerSnapshot
 
@@ -150,13 +151,17 @@ def probe_subnet(part: IPv6Network) -> IPv6Network:
     return IPv6Network(part.network_address)
 
 
-def route_table(snapshot: PeerSnapshot, port: int,
-                v6: Optional[Ipv6Parts] = None) -> tuple[PeerRoute, ...]:
+def route_table(snapshot: PeerSnapshot, port: int, v6: Optional[Ipv6Parts] = None,
+                family: Optional[Family] = None) -> tuple[PeerRoute, ...]:
     """One route per peer in ``snapshot``, sorted by subnet, then one per peer's IPv6 part that
-    ``v6`` makes a route; our own subnet is not a peer."""
-    peers = sorted(snapshot.peers.items())
-    routes = [PeerRoute(subnet, lease.public_ip, port) for subnet, lease in peers]
-    if v6 is not None:
+    ``v6`` makes a route; our own subnet is not a peer. ``family``: that family's routes alone
+    (V4: the subnets, V6: the IPv6 parts), so a caller that wants one builds none of the other."""
+    if family is V6 and (v6 is None or v6.network6 is None):     # IPv6 off: no part routed
+        return ()
+    peers = sorted(snapshot.peers.items(), key=_by_subnet)
+    routes = [PeerRoute(subnet, lease.public_ip, port) for subnet, lease in peers] \
+        if family is not V6 else []
+    if v6 is not None and family is not V4:
         for _, lease in peers:
             part = v6(lease)
             if part is not None:
@@ -167,15 +172,24 @@ def route_table(snapshot: PeerSnapshot, port: int,
     return tuple(routes)
 
 
+def _by_subnet(item) -> tuple:
+    """IPv4Network's own order, without its Python-level compare (thousands of peers)."""
+    subnet = item[0]
+    return int(subnet.network_address), subnet.prefixlen
+
+
 def route_changes(change: PeerChange, port: int, v6: Optional[Ipv6Parts] = None,
-                  before: Optional[PeerSnapshot] = None) -> tuple[tuple, tuple[PeerRoute, ...]]:
+                  before: Optional[PeerSnapshot] = None,
+                  family: Optional[Family] = None) -> tuple[tuple, tuple[PeerRoute, ...]]:
     """``(removed subnets, added routes)``: applied to the table of ``before`` (the snapshot
-    preceding ``change``), they give ``route_table(change.snapshot, port, v6)``; a peer whose
-    PublicIP or IPv6 part changed is added again, and its old IPv6 part removed (with the
+    preceding ``change``), they give ``route_table(change.snapshot, port, v6, family)``; a peer
+    whose PublicIP or IPv6 part changed is added again, and its old IPv6 part removed (with the
     probe routes, :meth:`Ipv6Parts.probe_route`, of both)."""
-    removed = [lease.subnet for lease in change.removed]
-    added = [PeerRoute(lease.subnet, lease.public_ip, port) for lease in change.added]
-    if v6 is not None:
+    removed, added = [], []
+    if family is not V6:
+        removed = [lease.subnet for lease in change.removed]
+        added = [PeerRoute(lease.subnet, lease.public_ip, port) for lease in change.added]
+    if v6 is not None and family is not V4:
         # A part that was no route is removed all the same: the table ignores it.
         for lease in change.removed:
             if lease.ipv6_subnet is not None:

@@ -19,6 +19,7 @@ import logging
 import time
 
 from ..control.direct import DIRECT, ENCAPSULATED
+from ..host.family import V4, V6
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,13 @@ class PeerLog:
                 fields = self._fields(lease, "added", table_size)
                 on = direct is not None and direct.enabled
                 six = _ipv6_way(direct, lease) if on else ""
-                if on and direct.mode(lease.subnet) == DIRECT:
+                if on and direct.mode(lease.subnet, V4) == DIRECT:
                     fields["mode"] = DIRECT
                     log.info("Subnet added: %s via %s, a direct route (DirectRouting: on this "
                              "host's link)%s; %d peer(s) through flannel0", lease.subnet,
                              lease.public_ip, six, table_size, extra=fields)
                     continue
-                why = (direct.why_not(lease) or "its lease changed meanwhile") if on else ""
+                why = (direct.why_not(lease, V4) or "its lease changed meanwhile") if on else ""
                 if why:
                     fields["mode"] = ENCAPSULATED
                 log.info("Subnet added: %s via %s:%d%s%s; %d peer(s) in the route table",
@@ -79,8 +80,9 @@ class PeerLog:
                          f", encapsulated: {why}" if why else "", six, table_size, extra=fields)
             self._lines += n
             return
+        debug = log.isEnabledFor(logging.DEBUG)     # a listing folds thousands of leases
         for kind, leases in (("removed", change.removed), ("added", change.added)):
-            for lease in leases:
+            for lease in leases if debug else ():
                 log.debug("Subnet %s: %s via %s", kind, lease.subnet, lease.public_ip,
                           extra=self._fields(lease, kind))
             self._counts[kind] += len(leases)
@@ -142,9 +144,9 @@ class PeerLog:
 def _ipv6_way(direct, lease) -> str:
     """The way of the lease's IPv6 part with DirectRouting on, when it has a part to route."""
     part = lease.ipv6_subnet
-    if direct.mode6(lease.subnet) == DIRECT:
+    if direct.mode(lease.subnet, V6) == DIRECT:
         return f"; its IPv6 part {part} via {lease.attrs.public_ipv6}, a direct route"
     if part is None or direct.ipv6_part(lease) is not None:
         return ""
-    why = direct.why_not6(lease) or "its lease changed meanwhile"
+    why = direct.why_not(lease, V6) or "its lease changed meanwhile"
     return f"; its IPv6 part {part} through flannel0: {why}"

@@ -18,14 +18,16 @@ What the reports read (the engine's peers, the direct ones) is in the daemon's D
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 
-from ..control.direct import DirectRouting
+from ..control.direct import DirectRouting, dst, via
 from ..control.peerset import PeerChange
 from ..control.routes import Ipv6Parts, route_changes, route_table
 from ..engine.api import Route
 from ..host import direct_routes
+from ..host.family import FAMILIES, V4, V6
 from . import underlay_fallback
 from .peer_log import PeerLog
 
@@ -67,7 +69,8 @@ class PeerRoutes:
         ifindex = st.ext.index
         st.direct = DirectRouting(st.config.direct_routing,
                                   lambda ip: direct_routes.on_link(ip, ifindex),
-                                  ipv6_part=lambda lease: self.ipv6.why_not(lease))
+                                  ipv6_part=lambda lease: self.ipv6.why_not(lease),
+                                  on_link_all=lambda ips: direct_routes.on_link_all(ips, ifindex))
         if st.config.direct_routing:
             log.info("DirectRouting is on: peers that have it too and whose PublicIP is on %s's "
                      "link get a plain route via their PublicIP (proto %d), their IPv6 parts one "
@@ -113,6 +116,8 @@ class PeerRoutes:
             self._apply(split, change, reconcile=first)
             # the peers the engine routes: its table also holds their IPv6 parts
             self.peer_log.record(change, len(st.peers[4]), direct=st.direct)
+        if first:
+            _give_back_memory()
 
     def reconsider(self) -> None:
         """HostRouteWatch's callback: the host's addresses or routes changed; every peer is
@@ -122,21 +127,16 @@ class PeerRoutes:
             if self.routes is None:     # before the first listing, which decides every peer
                 return
             split = st.direct.reconsider(st.peers[6], st.peers[4])
-            for lease in split.route:
-                log.info("Subnet %s: now a direct route via %s dev %s (its PublicIP is on this "
-                         "host's link)", lease.subnet, lease.public_ip, st.ext.name)
-            for lease in split.unroute:
-                log.info("Subnet %s: now through flannel0 to %s:%d (%s)", lease.subnet,
-                         lease.public_ip, st.config.backend_port,
-                         st.direct.why_not(lease) or "its lease changed")
-            for lease in split.route6:
-                log.info("Subnet %s: its IPv6 part %s now a direct route via %s dev %s (its "
-                         "PublicIPv6 is on this host's link)", lease.subnet, lease.ipv6_subnet,
-                         lease.attrs.public_ipv6, st.ext.name)
-            for lease in split.unroute6:
-                log.info("Subnet %s: its IPv6 part %s now through flannel0 to %s:%d (%s)",
-                         lease.subnet, lease.ipv6_subnet, lease.public_ip,
-                         st.config.backend_port, st.direct.why_not6(lease) or "its lease changed")
+            for family in FAMILIES:
+                address = "PublicIP" if family is V4 else "PublicIPv6"
+                for lease in split.route[family]:
+                    log.info("Subnet %s:%s now a direct route via %s dev %s (its %s is on this "
+                             "host's link)", lease.subnet, _part(lease, family),
+                             via(lease, family), st.ext.name, address)
+                for lease in split.unroute[family]:
+                    log.info("Subnet %s:%s now through flannel0 to %s:%d (%s)", lease.subnet,
+                             _part(lease, family), lease.public_ip, st.config.backend_port,
+                             st.direct.why_not(lease, family) or "its lease changed")
             self._apply(split, PeerChange(st.peers[6]), reconcile=True)
 
     def load(self, engine) -> None:
@@ -155,17 +155,17 @@ class PeerRoutes:
         return changed
 
     def _table(self, peers: dict) -> tuple:
-        """The whole table of ``peers`` (DaemonState.peers): each IP version's routes of the
-        snapshot of that version."""
+        """The whole table of ``peers`` (DaemonState.peers): each family's routes of the
+        snapshot of that family's version."""
         port = self.state.config.backend_port
         return _engine(sum((
-            _of_version(version, route_table(snapshot, port, self._ipv6_of(version)))
-            for version, snapshot in peers.items()), ()))
+            route_table(peers[family.version], port, self._ipv6_of(family), family)
+            for family in FAMILIES), ()))
 
-    def _ipv6_of(self, version: int):
-        """How route_table and route_changes make the routes of one version's peers: the IPv6
-        parts only with :class:`Ipv6Parts`, whose routes they add to the IPv4 subnets'."""
-        return self.ipv6 if version == 6 else None
+    def _ipv6_of(self, family):
+        """How route_table and route_changes make one family's routes: the IPv6 parts' need
+        :class:`Ipv6Parts`."""
+        return self.ipv6 if family is V6 else None
 
     def _apply(self, split, whole: PeerChange, reconcile: bool = False) -> None:
         """A change (``whole``; ``split`` its division, control/direct.py) applied: the
@@ -175,34 +175,33 @@ class PeerRoutes:
         finds neither; the engine routes every IPv6 part, so a part's direct route may go
         first (a part that moved to another peer is routed after its old route went)."""
         st = self.state
-        for lease in split.route:
-            direct_routes.replace(lease.subnet, lease.public_ip, st.ext.index)
-        for lease in split.unroute6:
-            direct_routes.delete(lease.ipv6_subnet)
-        for lease in split.route6:
-            direct_routes.replace(lease.ipv6_subnet, lease.attrs.public_ipv6, st.ext.index)
-        port = st.config.backend_port
-        changes = {4: split.engine, 6: whole}
-        removed, added = (), ()
-        for version, change in changes.items():
-            gone, new = route_changes(change, port, self._ipv6_of(version),
-                                      before=st.peers[version])
-            removed += tuple(subnet for subnet in gone if subnet.version == version)
-            added += _of_version(version, new)
-        peers = {version: change.snapshot for version, change in changes.items()}
+        self._direct(split.route[V4], V4)
+        self._direct(split.unroute[V6], V6, delete=True)
+        self._direct(split.route[V6], V6)
+        changes = {V4: split.engine, V6: whole}
+        peers = {family.version: change.snapshot for family, change in changes.items()}
+        if self.routes is None:
+            # the first listing: the whole table (nothing handed over lingers), made outside
+            # state.lock so that /metrics and status answer meanwhile
+            routes = st.engine_cls.table_type.of(self._table(peers))
+        else:
+            port = st.config.backend_port
+            removed, added = (), ()
+            for family, change in changes.items():
+                gone, new = route_changes(change, port, self._ipv6_of(family),
+                                          before=st.peers[family.version], family=family)
+                removed += gone
+                added += new
+            routes = self.routes.updated(removed, _engine(added))
         with st.lock:
-            if self.routes is None:     # the first listing: whole, so nothing handed over lingers
-                self.routes = st.engine_cls.table_type.of(self._table(peers))
-            else:
-                self.routes = self.routes.updated(removed, _engine(added))
+            self.routes = routes
             st.peers = peers
             if st.engine is not None:
                 st.engine.set_table(self.routes)
             # The state file is for the next process only; the serve loop rewrites it once a
             # tick (all peers: docs/design.md#fig-state-file), not once per batch of a burst.
             self._changed = True
-        for lease in split.unroute:
-            direct_routes.delete(lease.subnet)
+        self._direct(split.unroute[V4], V4, delete=True)
         if reconcile and st.direct.enabled:
             self._reconcile_direct_routes()
 
@@ -210,22 +209,42 @@ class PeerRoutes:
         """Our routes in the kernel as decided, both families: a previous daemon's that no peer
         wants go, a missing one (deleted by hand) comes back."""
         st = self.state
-        want = {subnet: lease.public_ip for subnet, lease in st.direct.direct.items()}
-        want.update((lease.ipv6_subnet, lease.attrs.public_ipv6)
-                    for lease in st.direct.direct6.values())
+        want = {dst(lease, family): via(lease, family)
+                for family in FAMILIES for lease in st.direct.direct[family].values()}
         have = direct_routes.installed()
-        for subnet, via in have.items():
+        for subnet, gateway in have.items():
             if subnet not in want:
                 log.info("Removing the direct route to %s via %s: no peer routed directly has "
-                         "it now", subnet, via)
-                direct_routes.delete(subnet)
-        for subnet, via in want.items():
-            if have.get(subnet) != via:
-                direct_routes.replace(subnet, via, st.ext.index)
+                         "it now", subnet, gateway)
+        direct_routes.delete_all(subnet for subnet in have if subnet not in want)
+        direct_routes.replace_all(((subnet, gateway) for subnet, gateway in want.items()
+                                   if have.get(subnet) != gateway), st.ext.index)
+
+    def _direct(self, leases, family, delete: bool = False) -> None:
+        """The kernel's direct routes of ``family`` to ``leases``' subnets of it made (or,
+        with ``delete``, removed), over one netlink socket."""
+        if not leases:
+            return
+        if delete:
+            direct_routes.delete_all(dst(lease, family) for lease in leases)
+        else:
+            direct_routes.replace_all(((dst(lease, family), via(lease, family))
+                                       for lease in leases), self.state.ext.index)
 
 
-def _of_version(version: int, routes) -> tuple:
-    return tuple(route for route in routes if route.subnet.version == version)
+def _part(lease, family) -> str:
+    """How the log names the subnet of ``family`` of ``lease`` after its IPv4 subnet."""
+    return "" if family is V4 else f" its IPv6 part {lease.ipv6_subnet}"
+
+
+def _give_back_memory() -> None:
+    """The first listing's temporaries (etcd's response, the parse, the lists the table was
+    built from) are freed by now, but the C allocator keeps their pages in the middle of its
+    heap: malloc_trim returns them (1.5-4 MB of the idle RSS at 16,000 peers, perf/README.md)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):       # not glibc: nothing to trim
+        pass
 
 
 def _engine(routes) -> tuple:

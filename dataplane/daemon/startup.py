@@ -521,7 +521,8 @@ def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None, 
                         opts.subnet_lease_renew_margin, on_lease_change, config=config)
 
 
-def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, prepared=None):
+def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, prepared=None,
+                  listing=None):
     """9. The peer watch, reporting to ``on_peers``, and the config watch, started: (peer
     watcher, config watcher). With the Python engine (``in_process``) the peer watch runs in a
     process of its own (``prepared`` early, control/peer_process.py), so that a burst of lease
@@ -535,7 +536,8 @@ def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, pre
         peers = PeerWatchProcess(registry, subnet, on_peers, network=config.network,
                                  prepared=prepared, own_ips=own_ips)
     else:
-        peers = PeerWatcher(registry, subnet, on_peers, network=config.network, own_ips=own_ips)
+        peers = PeerWatcher(registry, subnet, on_peers, network=config.network, own_ips=own_ips,
+                            listing=listing)
     peers.start()
     try:
         return peers, ConfigWatcher(registry, config).start()

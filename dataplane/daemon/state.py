@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..control.direct import DIRECT, ENCAPSULATED, DirectRouting
 from ..control.peerset import PeerSnapshot
 from ..host.assembly import Dataplane
+from ..host.family import V4, V6
 from .metrics import CarriedCounters, MetricsSource, engine_reason
 from .timefmt import when
 
@@ -101,13 +102,13 @@ class DaemonSource(MetricsSource):
 
     def peers_count(self):
         d = self.daemon
-        return len(d.peers[4]) + (len(d.direct.direct) if d.direct is not None else 0)
+        return len(d.peers[4]) + (len(d.direct.direct[V4]) if d.direct is not None else 0)
 
     def peers_by_mode(self):
         d = self.daemon
         if d.direct is None or not d.direct.enabled:
             return {}
-        return {DIRECT: len(d.direct.direct), ENCAPSULATED: len(d.peers[4])}
+        return {DIRECT: len(d.direct.direct[V4]), ENCAPSULATED: len(d.peers[4])}
 
     def peers_ipv6(self):
         d = self.daemon
@@ -123,7 +124,7 @@ class DaemonSource(MetricsSource):
         if parts is None or not d.direct.enabled:
             return {}
         # the engines route every part, those that go direct too (daemon/peer_routes.py)
-        direct = len(d.direct.direct6)
+        direct = len(d.direct.direct[V6])
         return {DIRECT: direct, ENCAPSULATED: max(0, parts - direct)}
 
     def ipv6_underlay_fallback(self):

@@ -26,6 +26,7 @@ import time
 
 from ..control.recurring import Recurring
 from ..control.underlay_health import PROBE_EVERY_S, UnderlayHealth, targets_of
+from ..host.family import V6
 from ..host import underlay_probe
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class UnderlayFallback:
             peers6, lease = st.peers[6], st.lease
             # DirectRouting's decisions change without a peer change too: taken again too
             relist = peers6 is not self._seen or now - self._relisted >= RELIST_EVERY_S
-            direct6 = set(st.direct.direct6) if relist else ()
+            direct6 = set(st.direct.direct[V6]) if relist else ()
         if lease is None or lease.ipv6_subnet is None:
             return
         with self._lock:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from prometheus_client import generate_latest
 
 from dataplane.control.direct import DirectRouting
+from dataplane.host.family import V6
 from dataplane.control.lease import Lease, LeaseAttrs
 from dataplane.control.peerset import PeerSnapshot
 from dataplane.control.routes import Ipv6Parts
@@ -126,7 +127,7 @@ def test_peers_ipv6_counts_the_parts_the_engines_route_by_their_mode():
     src = DaemonSource(st)
     assert src.peers_ipv6() == 2 and src.peers_ipv6_by_mode() == {}
     st.direct.enabled = True
-    st.direct.direct6 = {leases[0].subnet: leases[0]}
+    st.direct.direct[V6] = {leases[0].subnet: leases[0]}
     assert src.peers_ipv6_by_mode() == {"direct": 1, "encapsulated": 1}
     st.config = SimpleNamespace(ipv6_network=None)                 # IPv6 off: no series
     assert src.peers_ipv6() is None and src.peers_ipv6_by_mode() == {}

@@ -57,6 +57,7 @@ class FakeRegistry:
 
     def watch_loop(self, key, *, prefix, start_revision, on_events, on_compacted, retry_interval, name):
         self.on_events = on_events
+        self.start_revision = start_revision
         self.watching.set()
         return _Loop()
 
@@ -242,3 +243,18 @@ def test_a_slow_report_makes_the_next_batch_wait_longer(watch):
     reports.wait(n + 2)
     waited = time.monotonic() - t0
     assert waited >= COALESCE_MAX_S, waited
+
+
+def test_a_listing_handed_over_is_the_first_report_and_the_watch_starts_after_it():
+    """One listing for both: the lease allocation's, handed to the watch, is not made again."""
+    reg, reports = FakeRegistry(), Reports()
+    reg.scan_leases = lambda: pytest.fail("listed again")
+    lease = Lease(subnet(2), LeaseAttrs(IPv4Address("192.168.1.2")), key=f"{PREFIX}10.5.2.0-24")
+    w = PeerWatcher(reg, OWN, reports, coalesce=60.0, listing=([lease], [], 7))
+    w.start()
+    try:
+        assert w.wait_ready(5) and reg.watching.wait(5)
+        assert names(reports.wait(1).added) == [("10.5.2.0/24", "192.168.1.2")]
+        assert w.revision == 7 and reg.start_revision == 8
+    finally:
+        w.stop()
