@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import sys
@@ -51,10 +50,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, cpu_s, children, first_replies,  # noqa: E402
-                         ping, pss_kb, rss_kb)
+                         pss_kb, rss_kb)
 from dataplane.testbed.answer_times import AnswerTimes, merged  # noqa: E402
 from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
+from dataplane.testbed.ping_stream import PingStream  # noqa: E402
 from dataplane.testbed.route_sweep import sweep  # noqa: E402
 
 PRELOAD_BASE, BURST_BASE = "10.1.0.0", "10.128.0.0"
@@ -64,7 +64,6 @@ STREAM_INTERVAL = 0.005
 ON_LINK = "172.31.255.254/12"       # covers every fake PublicIP (lease_writer.fake_leases)
 DIRECT_CONFIG = dict(CONFIG, Backend={"Type": "udp", "DirectRouting": True})
 IDLE_SETTLE_S, IDLE_S = 2.0, 5.0
-_SEQ = re.compile(r"icmp_seq=(\d+)")
 
 # figure: (its name, target, unit); a target None is given for information
 # figure | target (- : for information) | unit | its name in the table
@@ -108,13 +107,6 @@ def new_file(path: str, old_ino, timeout: float):
     return None
 
 
-def stream_lost(lines) -> int:
-    """Replies missing from a ping's output: gaps in icmp_seq up to the last reply (one still in
-    flight at the end is not counted)."""
-    seqs = {int(m.group(1)) for _, line in list(lines.lines) for m in [_SEQ.search(line)] if m}
-    return (max(seqs) - min(seqs) + 1 - len(seqs)) if seqs else -1
-
-
 def later(ts, t0):
     """Seconds from ``t0`` to the latest of ``ts``; None if any is missing."""
     if t0 is None or any(t is None for t in ts):
@@ -135,7 +127,7 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         h2 = ov.add_host(start=False)
         ov.prefer_subnet(h2, NEW_HOST_SUBNET)
         asks = {h.name: AnswerTimes(ov, h) for h in (h0, h1, h2)}
-        stream = ping(ov, h0, ov.flannel_ip(h1), STREAM_INTERVAL, 4 * timeout + 120)
+        stream = PingStream(ov, h0, ov.flannel_ip(h1), STREAM_INTERVAL, 4 * timeout + 120)
         time.sleep(1.0)
 
         # the burst: N - burst -> N
@@ -184,8 +176,8 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         out["idle_rss_mb"] = round(rss_kb(pid) / 1024, 1)
         out["idle_pss_children_mb"] = round(sum(pss_kb(c) for c in children(pid)) / 1024, 1)
 
-        ov.tb.kill(stream.proc, sig=signal.SIGINT)
-        out["stream_lost"] = stream_lost(stream)
+        out["stream"] = stream.stop()
+        out["stream_lost"] = out["stream"]["lost"]
         for kind in ("metrics", "status"):
             out[f"{kind}_max_ms"] = answers[kind]["max_ms"]
             out[f"{kind}_p99_ms"] = answers[kind]["p99_ms"]
