@@ -114,7 +114,7 @@ def later(ts, t0):
     return round(max(ts) - t0, 3)
 
 
-def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int) -> dict:
+def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask: bool = True) -> dict:
     args = (f"-v={verbose}",) if verbose else ()
     out: dict = {}
     with Overlay(hosts=0, engine=engine, config=CONFIG, daemon_args=args) as ov:
@@ -126,7 +126,7 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         daemons = [ov.daemon(h0), ov.daemon(h1)]
         h2 = ov.add_host(start=False)
         ov.prefer_subnet(h2, NEW_HOST_SUBNET)
-        asks = {h.name: AnswerTimes(ov, h) for h in (h0, h1, h2)}
+        asks = {h.name: AnswerTimes(ov, h) for h in (h0, h1, h2)} if ask else {}
         stream = PingStream(ov, h0, ov.flannel_ip(h1), STREAM_INTERVAL, 4 * timeout + 120)
         time.sleep(1.0)
 
@@ -161,7 +161,7 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
         start_window = (t_wall, max(ready_wall, *(t for t in reach.values() if t)) + 1.0)
 
         time.sleep(max(0.0, start_window[1] - time.time()))
-        windows = {"burst": merged([asks[h.name].summary(*burst_window) for h in (h0, h1)]),
+        windows = {"burst": merged([asks[h.name].summary(*burst_window) for h in (h0, h1) if ask]),
                    "start": merged([a.summary(*start_window) for a in asks.values()])}
         for a in asks.values():             # the questions cost the daemons CPU: not when idle
             a.close()
@@ -178,10 +178,10 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int) -> d
 
         out["stream"] = stream.stop()
         out["stream_lost"] = out["stream"]["lost"]
-        for kind in ("metrics", "status"):
+        for kind in answers:                # none with --no-ask
             out[f"{kind}_max_ms"] = answers[kind]["max_ms"]
             out[f"{kind}_p99_ms"] = answers[kind]["p99_ms"]
-        out["answers_failed"] = sum(v["failed"] for v in answers.values())
+            out["answers_failed"] = out.get("answers_failed", 0) + answers[kind]["failed"]
 
         out["peers_metric"] = int(ov.metrics(h2).get("flannel_udp_peers", -1))
         swept = sweep(ov, h2, fake_leases(PRELOAD_BASE, n - burst)
@@ -293,6 +293,8 @@ def main() -> int:
     how.add_argument("--runs", type=int, default=3)
     how.add_argument("--timeout", type=float, default=120.0, help="bound of every wait, seconds")
     how.add_argument("--no-direct", action="store_true", help="skip the DirectRouting start")
+    how.add_argument("--no-ask", action="store_true",
+                     help="ask no /metrics nor status (what the questions cost the start: A/B)")
     how.add_argument("--direct-wait", type=float, default=20.0,
                      help="how long after READY to wait for every direct route (default 20 s)")
     ap.add_argument("--json", default=None, help="write the runs and the table's figures here")
@@ -316,7 +318,7 @@ def main() -> int:
     for i in range(a.runs):
         for engine in a.engines.split(","):
             t = time.monotonic()
-            r = run_main(engine, a.peers, a.burst, a.timeout, a.v)
+            r = run_main(engine, a.peers, a.burst, a.timeout, a.v, ask=not a.no_ask)
             if not a.no_direct:
                 r.update(run_direct(engine, a.peers, a.timeout, a.direct_wait, a.v))
             r["run_s"] = round(time.monotonic() - t, 1)
