@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, cpu_s, children, first_replies,  # noqa: E402
                          pss_kb, rss_kb)
-from dataplane.testbed.answer_times import AnswerTimes, merged  # noqa: E402
+from dataplane.testbed.answer_times import AnswerTimes, summary  # noqa: E402
 from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
 from dataplane.testbed.ping_stream import PingStream  # noqa: E402
@@ -161,12 +161,13 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         start_window = (t_wall, max(ready_wall, *(t for t in reach.values() if t)) + 1.0)
 
         time.sleep(max(0.0, start_window[1] - time.time()))
-        windows = {"burst": merged([asks[h.name].summary(*burst_window) for h in (h0, h1) if ask]),
-                   "start": merged([a.summary(*start_window) for a in asks.values()])}
+        asked = {"burst": [q for h in (h0, h1) if ask for q in asks[h.name].asked(*burst_window)],
+                 "start": [q for a in asks.values() for q in a.asked(*start_window)]}
+        windows = {k: summary(v) for k, v in asked.items()}
         for a in asks.values():             # the questions cost the daemons CPU: not when idle
             a.close()
         out["answers"] = windows
-        answers = merged(list(windows.values()))
+        answers = summary(asked["burst"] + asked["start"]) if ask else {}
 
         time.sleep(IDLE_SETTLE_S)
         pid = d2.pid

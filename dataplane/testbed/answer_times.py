@@ -73,35 +73,30 @@ class AnswerTimes:
             with self._lock:
                 self.seen.append((float(t), kind, float(ms)))
 
-    def summary(self, start: float, end: float) -> dict:
-        """{kind: {"asked", "failed", "max_ms", "p99_ms"}} over the questions sent within
-        [start, end] (wall-clock); a failed question (no answer within ASK_TIMEOUT_S, an
-        error) counts apart, not in the times."""
+    def asked(self, start: float, end: float) -> list[tuple[str, float]]:
+        """(kind, ms; -1: failed) of the questions sent within [start, end] (wall-clock)."""
         with self._lock:
-            window = [(kind, ms) for t, kind, ms in self.seen if start <= t <= end]
-        out = {}
-        for kind in ("metrics", "status"):
-            times = sorted(ms for k, ms in window if k == kind and ms >= 0)
-            failed = sum(1 for k, ms in window if k == kind and ms < 0)
-            out[kind] = {"asked": len(times) + failed, "failed": failed,
-                         "max_ms": times[-1] if times else None,
-                         "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] if times else None}
-        return out
+            return [(kind, ms) for t, kind, ms in self.seen if start <= t <= end]
+
+    def summary(self, start: float, end: float) -> dict:
+        """:func:`summary` of the questions sent within [start, end]."""
+        return summary(self.asked(start, end))
 
     def close(self) -> None:
         """Stop asking (the child is killed by PID)."""
         self._tb.kill(self.proc)
 
 
-def merged(summaries: list[dict]) -> dict:
-    """The summaries of several daemons (or windows) as one: counts added, the worst times."""
-    out: dict = {}
-    for s in summaries:
-        for kind, v in s.items():
-            o = out.setdefault(kind, {"asked": 0, "failed": 0, "max_ms": None, "p99_ms": None})
-            o["asked"] += v["asked"]
-            o["failed"] += v["failed"]
-            for k in ("max_ms", "p99_ms"):
-                if v[k] is not None:
-                    o[k] = v[k] if o[k] is None else max(o[k], v[k])
+def summary(asked) -> dict:
+    """{kind: {"asked", "failed", "median_ms", "p99_ms", "max_ms"}} of questions (kind, ms), of one daemon or
+    several; a failed question (no answer within ASK_TIMEOUT_S, an error) counts apart, not in
+    the times."""
+    out = {}
+    for kind in ("metrics", "status"):
+        times = sorted(ms for k, ms in asked if k == kind and ms >= 0)
+        failed = sum(1 for k, ms in asked if k == kind and ms < 0)
+        out[kind] = {"asked": len(times) + failed, "failed": failed,
+                     "median_ms": times[len(times) // 2] if times else None,
+                     "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] if times else None,
+                     "max_ms": times[-1] if times else None}
     return out
