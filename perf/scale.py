@@ -342,4 +342,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:      # the overlays were closed on the way out
+        print(f"interrupted ({str(e) or 'Ctrl-C'}): what was started is removed", file=sys.stderr)
+        sys.exit(130)
