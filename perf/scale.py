@@ -31,7 +31,9 @@ As root, on the project's testbed (dataplane/testbed). Each run, per engine:
    the kernel's direct routes (``proto 153``) then, which must be N, and until they all are
    (counted every 0.1 s for at most ``--direct-wait`` s after READY; the rate they came at).
 
-Every wait is bounded by --timeout (a figure that did not finish is None, printed as "> T s");
+Every wait is bounded by --timeout (a figure that did not finish is None, and over its target; a
+run whose scene broke, a daemon that exited or was not READY in time, is noted as its "error" and
+every figure it lacks is over);
 everything is started through the testbed, tracked by PID and removed with it, also on a failure,
 Ctrl-C or SIGTERM. The issue's targets hold for the C engine; the Python engine's figures are
 given without one.
@@ -43,6 +45,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -53,7 +56,7 @@ from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, cpu_s, children, 
                          pss_kb, rss_kb)
 from dataplane.testbed.answer_times import AnswerTimes, summary  # noqa: E402
 from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
-from dataplane.testbed.overlay import Overlay  # noqa: E402
+from dataplane.testbed.overlay import Overlay, OverlayError  # noqa: E402
 from dataplane.testbed.ping_stream import PingStream  # noqa: E402
 from dataplane.testbed.route_sweep import sweep  # noqa: E402
 
@@ -228,6 +231,20 @@ def direct_routes(ov, host) -> int:
     return sum(1 for line in routes.splitlines() if " via " in line)
 
 
+def one_run(engine: str, a) -> dict:
+    """One run's figures; a scene that broke (a daemon that exited, or not READY within
+    --timeout) is noted as the run's "error" and counts as over in every figure it lacks."""
+    r: dict = {}
+    try:
+        r.update(run_main(engine, a.peers, a.burst, a.timeout, a.v, ask=not a.no_ask))
+        if not a.no_direct:
+            r.update(run_direct(engine, a.peers, a.timeout, a.direct_wait, a.v))
+    except (OverlayError, RuntimeError, OSError, subprocess.SubprocessError) as e:
+        r["error"] = f"{type(e).__name__}: {e}"[-3000:]
+        print(f"{engine}: the run broke: {r['error']}", file=sys.stderr, flush=True)
+    return r
+
+
 def spread(values) -> dict | None:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -239,9 +256,9 @@ def spread(values) -> dict | None:
 def summarise(engine: str, runs: list[dict]) -> dict:
     out = {}
     for key, (_, target, _) in TARGETS.items():
-        values = [r.get(key) for r in runs if key in r]
-        if not values:
-            continue
+        if not any(key in r for r in runs if "error" not in r) and any("error" not in r for r in runs):
+            continue                        # not measured (--no-direct, --no-ask)
+        values = [r.get(key) for r in runs if key in r or "error" in r]
         s = spread(values)
         if engine != "c" or target is None:
             verdict = "-"
@@ -319,9 +336,7 @@ def main() -> int:
     for i in range(a.runs):
         for engine in a.engines.split(","):
             t = time.monotonic()
-            r = run_main(engine, a.peers, a.burst, a.timeout, a.v, ask=not a.no_ask)
-            if not a.no_direct:
-                r.update(run_direct(engine, a.peers, a.timeout, a.direct_wait, a.v))
+            r = one_run(engine, a)
             r["run_s"] = round(time.monotonic() - t, 1)
             print(json.dumps(dict(r, engine=engine, run=i + 1)), flush=True)
             runs.setdefault(engine, []).append(r)
