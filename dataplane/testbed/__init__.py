@@ -11,7 +11,10 @@
 * ``etcd.py``        real etcd servers: one member, or a 3-member cluster;
 * ``overlay.py``     a whole overlay: etcd, the network config and a daemon per host;
 * ``lease_writer.py`` many peer leases written at once;
-* ``peer_count.py``  waiting for a daemon's route table to reach a size.
+* ``peer_count.py``  waiting for a daemon's route table to reach a size;
+* ``answer_times.py`` how long a daemon takes to answer /metrics and its status socket;
+* ``route_sweep.py`` whether a daemon's engine routes every peer, asked by traffic;
+* ``ping_stream.py`` a ping stream between two hosts, and what it lost.
 
 Everything here starts real processes and cleans them up by PID; nothing is mocked.
 """

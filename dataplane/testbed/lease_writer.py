@@ -32,6 +32,7 @@ from ..host.child import python_argv
 WINDOW = 32                 # requests in flight during a burst
 TXN_MAX_OPS = 128           # etcd's default --max-txn-ops
 CALL_TIMEOUT_S = 30.0
+FAKE_PUBLIC_IPS = "172.16.0.1"      # fake_leases' PublicIPs upwards
 
 
 class LeaseWriter:
@@ -58,12 +59,14 @@ class LeaseWriter:
         return answer
 
     def put(self, leases, *, txn: int = 0, window: int = WINDOW, prefix: str | None = None,
-            timeout: float = 300.0) -> dict:
+            timeout: float = 300.0, direct_routing: bool = False) -> dict:
         """``leases``: {subnet: PublicIP} (or pairs). One revision per key unless ``txn``.
-        ``prefix``: another etcd prefix than the overlay's (the same load, nobody watching)."""
+        ``prefix``: another etcd prefix than the overlay's (the same load, nobody watching).
+        ``direct_routing``: the values say ``"DirectRouting": true`` (control/direct.py)."""
         pairs = leases.items() if hasattr(leases, "items") else leases
         return self._ask({"op": "put", "leases": [[str(s), str(ip)] for s, ip in pairs],
-                          "txn": int(txn), "window": int(window), "prefix": prefix}, timeout)
+                          "txn": int(txn), "window": int(window), "prefix": prefix,
+                          "direct_routing": bool(direct_routing)}, timeout)
 
     def delete(self, subnets, *, window: int = WINDOW, prefix: str | None = None,
                timeout: float = 300.0) -> dict:
@@ -79,6 +82,14 @@ class LeaseWriter:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self._tb.kill(self.proc)
+
+
+def fake_leases(base: str, count: int, first_ip: int = 0) -> dict:
+    """{subnet: PublicIP} for ``count`` /24s upwards from ``base``, as a large cluster's other
+    hosts: each its own PublicIP, in 172.16/12 from its ``first_ip``-th address on (addresses that
+    never answer: nothing on the testbed holds them)."""
+    start, ip0 = int(IPv4Address(base)), int(IPv4Address(FAKE_PUBLIC_IPS)) + first_ip
+    return {IPv4Network((start + (i << 8), 24)): str(IPv4Address(ip0 + i)) for i in range(count)}
 
 
 def _readline(stream, timeout: float) -> str:
@@ -116,7 +127,9 @@ def _perform(reg, order: dict) -> dict:
     def key(subnet: str) -> str:
         return under + subnet_key_name(IPv4Network(subnet))
     if op == "put":
-        items = [(key(s), LeaseAttrs(IPv4Address(ip)).to_json()) for s, ip in order["leases"]]
+        direct = bool(order.get("direct_routing"))
+        items = [(key(s), LeaseAttrs(IPv4Address(ip), direct_routing=direct).to_json())
+                 for s, ip in order["leases"]]
         chunk = min(int(order.get("txn") or 0), TXN_MAX_OPS)
         if chunk:
             batches = [dict(items[i:i + chunk]) for i in range(0, len(items), chunk)]
