@@ -83,6 +83,18 @@ static __always_inline void ttl_dec4(struct iphdr *ip)
     ip->check = bpf_htons(((s & 0xffff) + (s >> 16)) ^ 0xffff);
 }
 
+/* The inner packet at in: its TTL (IPv6: hop limit) - 1; -1 if its header is not there. */
+static __always_inline int hop_dec(void *in, const void *end, int v6)
+{
+    if (in + (v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)) > end)
+        return -1;
+    if (v6)
+        ((struct ipv6hdr *)in)->hop_limit--;
+    else
+        ttl_dec4(in);
+    return 0;
+}
+
 /* dataplane.h's link scope: fe80::/10 either side, a destination of ::, or
  * multicast of scope 0, 1 or 2. */
 static __always_inline int link_scoped(const struct ipv6hdr *ip6)
@@ -94,6 +106,25 @@ static __always_inline int link_scoped(const struct ipv6hdr *ip6)
     if (d[0] == 0xff && (d[1] & 0x0f) <= 2)
         return 1;
     return !(d32[0] | d32[1] | d32[2] | d32[3]);
+}
+
+/* The header checks both directions make (csrc/packet.c's): 0, BAD_SHAPE (the lengths, the
+ * engine drops it as malformed) or BAD_RARE (what the programs leave to the engine: IPv4
+ * options; IPv6 link scope, which the engine drops). len: the packet's length. */
+enum { BAD_SHAPE = 1, BAD_RARE = 2 };
+
+static __always_inline int check4(const struct iphdr *ip, __u32 len)
+{
+    if (ip->ihl < 5 || ip->ihl * 4 > len || bpf_ntohs(ip->tot_len) != len)
+        return BAD_SHAPE;
+    return ip->ihl != 5 ? BAD_RARE : 0;
+}
+
+static __always_inline int check6(const struct ipv6hdr *ip6, const void *end, __u32 len)
+{
+    if ((void *)(ip6 + 1) > end || bpf_ntohs(ip6->payload_len) + sizeof(*ip6) != len)
+        return BAD_SHAPE;
+    return link_scoped(ip6) ? BAD_RARE : 0;
 }
 
 static __always_inline void pull(struct __sk_buff *skb, __u32 want)
@@ -119,12 +150,8 @@ static __always_inline int encap(struct __sk_buff *skb, const fu_config *c, __u3
     struct iphdr *o = data + l2;
     struct udphdr *u = (void *)(o + 1);
     void *in = u + 1;
-    if (in + (v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)) > end)
+    if (hop_dec(in, end, v6))
         return drop(FU_TX_DROP_HELPER);
-    if (v6)
-        ((struct ipv6hdr *)in)->hop_limit--;
-    else
-        ttl_dec4(in);
     o->version = 4;
     o->ihl = 5;
     o->tos = 0;
@@ -176,52 +203,47 @@ static __always_inline int too_big(struct __sk_buff *skb, const fu_config *c, co
     return skb->gso_size ? skb->gso_size + hdrs > mtu : len > mtu;
 }
 
+/* Steps 2 to 5 of either family, once its header checks passed: the route (hop), the TTL
+ * or hop limit, the size, then out. */
+static __always_inline int forward(struct __sk_buff *skb, const fu_config *c, __u32 l2,
+                                   __u32 len, const fu_hop *hop, __u8 ttl, int v6)
+{
+    if (!hop)
+        return pass(FU_TX_PASS_NO_ROUTE);
+    if (ttl <= 1)
+        return pass(FU_TX_PASS_TTL);
+    /* a GSO packet's segments: the inner header and at least a TCP header's 20 bytes */
+    if (too_big(skb, c, hop, len, (v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)) + 20))
+        return pass(FU_TX_PASS_TOO_BIG);
+    return encap(skb, c, l2, hop->peer_ip, len, v6);
+}
+
 static __always_inline int egress4(struct __sk_buff *skb, const fu_config *c, __u32 l2, __u32 len)
 {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
     struct iphdr *ip = data + l2;
     if ((void *)(ip + 1) > end)
         return pass(FU_TX_PASS_MALFORMED);
-    /* step 1 */
-    if (ip->ihl < 5 || ip->ihl * 4 > len || bpf_ntohs(ip->tot_len) != len)
-        return pass(FU_TX_PASS_MALFORMED);
-    if (ip->ihl != 5)
-        return pass(FU_TX_PASS_OPTIONS);
+    int bad = check4(ip, len);      /* step 1 */
+    if (bad)
+        return pass(bad == BAD_SHAPE ? FU_TX_PASS_MALFORMED : FU_TX_PASS_OPTIONS);
     if (ip->frag_off & bpf_htons(IP_FRAG_BITS))
         return pass(FU_TX_PASS_FRAGMENT);
-    /* step 2 */
     fu_key4 k = { .prefixlen = 32 };
     __builtin_memcpy(k.addr, &ip->daddr, 4);
-    fu_hop *hop = bpf_map_lookup_elem(&fu_routes4, &k);
-    if (!hop)
-        return pass(FU_TX_PASS_NO_ROUTE);
-    /* step 3 */
-    if (ip->ttl <= 1)
-        return pass(FU_TX_PASS_TTL);
-    if (too_big(skb, c, hop, len, sizeof(struct iphdr) + 20))
-        return pass(FU_TX_PASS_TOO_BIG);
-    /* steps 4 and 5 */
-    return encap(skb, c, l2, hop->peer_ip, len, 0);
+    return forward(skb, c, l2, len, bpf_map_lookup_elem(&fu_routes4, &k), ip->ttl, 0);
 }
 
 static __always_inline int egress6(struct __sk_buff *skb, const fu_config *c, __u32 l2, __u32 len)
 {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
     struct ipv6hdr *ip6 = data + l2;
-    if ((void *)(ip6 + 1) > end || bpf_ntohs(ip6->payload_len) + sizeof(*ip6) != len)
-        return pass(FU_TX_PASS_MALFORMED);
-    if (link_scoped(ip6))
-        return pass(FU_TX_PASS_SCOPE);
+    int bad = check6(ip6, end, len);
+    if (bad)
+        return pass(bad == BAD_SHAPE ? FU_TX_PASS_MALFORMED : FU_TX_PASS_SCOPE);
     fu_key6 k = { .prefixlen = 128 };
     __builtin_memcpy(k.addr, &ip6->daddr, 16);
-    fu_hop *hop = bpf_map_lookup_elem(&fu_routes6, &k);
-    if (!hop)
-        return pass(FU_TX_PASS_NO_ROUTE);
-    if (ip6->hop_limit <= 1)
-        return pass(FU_TX_PASS_TTL);
-    if (too_big(skb, c, hop, len, sizeof(struct ipv6hdr) + 20))
-        return pass(FU_TX_PASS_TOO_BIG);
-    return encap(skb, c, l2, hop->peer_ip, len, 1);
+    return forward(skb, c, l2, len, bpf_map_lookup_elem(&fu_routes6, &k), ip6->hop_limit, 1);
 }
 
 SEC("tc")
@@ -283,12 +305,8 @@ static __always_inline int decap(struct __sk_buff *skb, const fu_config *c, __u3
         return pass(FU_RX_PASS_HELPER);
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
     void *in = data + l2;
-    if (in + (v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)) > end)
+    if (hop_dec(in, end, v6))
         return drop(FU_RX_DROP_HELPER);
-    if (v6)
-        ((struct ipv6hdr *)in)->hop_limit--;
-    else
-        ttl_dec4(in);
     if (l2) {
         struct ethhdr *eth = data;
         if ((void *)(eth + 1) > end)
@@ -300,6 +318,20 @@ static __always_inline int decap(struct __sk_buff *skb, const fu_config *c, __u3
     return bpf_redirect(c->tun_ifindex, BPF_F_INGRESS);
 }
 
+/* Steps 4 to 7 of either family, once its header checks passed: the inner source not our
+ * own (own), routed to the sender under the strict rule (key in routes), the TTL, then in. */
+static __always_inline int accept(struct __sk_buff *skb, const fu_config *c, __u32 l2, __u32 len,
+                                  int own, void *routes, void *key, __u32 sender, __u8 ttl, int v6)
+{
+    if (own)
+        return drop(FU_DROP_INNER_LOCAL);
+    if ((c->flags & FU_F_STRICT) && foreign(routes, key, sender))
+        return drop(FU_DROP_INNER_FOREIGN);
+    if (ttl <= 1)
+        return pass(FU_RX_PASS_TTL);
+    return decap(skb, c, l2, len, v6);
+}
+
 static __always_inline int ingress4(struct __sk_buff *skb, const fu_config *c, __u32 l2,
                                     __u32 len, __u32 sender)
 {
@@ -307,25 +339,12 @@ static __always_inline int ingress4(struct __sk_buff *skb, const fu_config *c, _
     struct iphdr *ip = data + l2 + FU_OUTER4;
     if ((void *)(ip + 1) > end)
         return pass(FU_RX_PASS_MALFORMED);
-    /* step 3 */
-    if (ip->ihl < 5 || ip->ihl * 4 > len || bpf_ntohs(ip->tot_len) != len)
-        return pass(FU_RX_PASS_MALFORMED);
-    if (ip->ihl != 5)
-        return pass(FU_RX_PASS_OPTIONS);
-    /* step 4 */
-    if (own4(c, ip->saddr))
-        return drop(FU_DROP_INNER_LOCAL);
-    /* step 5 */
-    if (c->flags & FU_F_STRICT) {
-        fu_key4 k = { .prefixlen = 32 };
-        __builtin_memcpy(k.addr, &ip->saddr, 4);
-        if (foreign(&fu_routes4, &k, sender))
-            return drop(FU_DROP_INNER_FOREIGN);
-    }
-    /* step 6 */
-    if (ip->ttl <= 1)
-        return pass(FU_RX_PASS_TTL);
-    return decap(skb, c, l2, len, 0);
+    int bad = check4(ip, len);      /* step 3 */
+    if (bad)
+        return pass(bad == BAD_SHAPE ? FU_RX_PASS_MALFORMED : FU_RX_PASS_OPTIONS);
+    fu_key4 k = { .prefixlen = 32 };
+    __builtin_memcpy(k.addr, &ip->saddr, 4);
+    return accept(skb, c, l2, len, own4(c, ip->saddr), &fu_routes4, &k, sender, ip->ttl, 0);
 }
 
 static __always_inline int ingress6(struct __sk_buff *skb, const fu_config *c, __u32 l2,
@@ -333,21 +352,12 @@ static __always_inline int ingress6(struct __sk_buff *skb, const fu_config *c, _
 {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
     struct ipv6hdr *ip6 = data + l2 + FU_OUTER4;
-    if ((void *)(ip6 + 1) > end || bpf_ntohs(ip6->payload_len) + sizeof(*ip6) != len)
-        return pass(FU_RX_PASS_MALFORMED);
-    if (link_scoped(ip6))
-        return pass(FU_RX_PASS_SCOPE);
-    if (own6(c, ip6))
-        return drop(FU_DROP_INNER_LOCAL);
-    if (c->flags & FU_F_STRICT) {
-        fu_key6 k = { .prefixlen = 128 };
-        __builtin_memcpy(k.addr, &ip6->saddr, 16);
-        if (foreign(&fu_routes6, &k, sender))
-            return drop(FU_DROP_INNER_FOREIGN);
-    }
-    if (ip6->hop_limit <= 1)
-        return pass(FU_RX_PASS_TTL);
-    return decap(skb, c, l2, len, 1);
+    int bad = check6(ip6, end, len);
+    if (bad)
+        return pass(bad == BAD_SHAPE ? FU_RX_PASS_MALFORMED : FU_RX_PASS_SCOPE);
+    fu_key6 k = { .prefixlen = 128 };
+    __builtin_memcpy(k.addr, &ip6->saddr, 16);
+    return accept(skb, c, l2, len, own6(c, ip6), &fu_routes6, &k, sender, ip6->hop_limit, 1);
 }
 
 SEC("tc")

@@ -17,7 +17,7 @@ import ipaddress
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dataplane.engine import bpf_contract as bc
@@ -246,6 +246,9 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 @SETTINGS
 @given(pkt=inner_packets())
 def test_egress_decides_as_the_engine(kp, pkt):
+    # the kernel refuses a test run of an IPv6 frame shorter than an IPv6 header (on flannel0
+    # the stack makes no such packet; the ingress test has these inside IPv4)
+    assume(not (pkt[0] >> 4 == 6 and len(pkt) < 40))
     hop, inner, _ = engine_tun(pkt)
     verdict, out, moved = run(kp, bc.PROG_EGRESS, frame(pkt))
     if verdict == REDIRECT:
