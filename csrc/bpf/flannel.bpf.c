@@ -35,7 +35,6 @@
 #define BPF_F_ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
 #define BPF_F_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
 #endif
-#define AF_INET 2
 #define IP_DF 0x4000
 #define IP_FRAG_BITS 0x3fff
 /* dataplane.h's TTL update: (~old & 0xffff) + new is this whatever old is */
@@ -191,8 +190,11 @@ static __always_inline int encap(struct __sk_buff *skb, const fu_config *c, __u3
             return drop(FU_TX_DROP_HELPER);
         eth->h_proto = bpf_htons(ETH_P_IP);
     }
-    struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = peer };
-    return bpf_redirect_neigh(c->ext_ifindex, &nh, sizeof(nh), 0);
+    /* No next hop given: the kernel looks the outer destination up (a peer behind a router
+     * goes to the router) and sets the packet's route to it. With the peer as next hop the
+     * packet kept flannel0's route, and one queued while its neighbour was resolved went
+     * out through flannel0's neighbour, without a MAC header. */
+    return bpf_redirect_neigh(c->ext_ifindex, NULL, 0, 0);
 }
 
 /* Over the route's MTU (or the loop's): a GSO packet by its segments. */
