@@ -95,3 +95,19 @@ def test_a_verifier_refusal_carries_its_log(tmp_path):
     text = str(e.value)
     assert "the verifier said" in text and "--- fu_egress ---" in text
     assert "invalid access to packet" in text, text
+
+
+def test_not_root_says_so(monkeypatch):
+    from dataplane.engine import bpf_path
+    monkeypatch.setattr(bpf_path.os, "geteuid", lambda: 1000)
+    with pytest.raises(bpf_path.KernelPathError, match="needs root"):
+        bpf_path.KernelPath()
+
+
+def test_no_libbpf_says_what_to_install(monkeypatch):
+    from dataplane.engine import bpf_lib, bpf_path
+    monkeypatch.setattr(bpf_lib, "LIBRARY", "libbpf-not-here.so.1")
+    monkeypatch.setattr(bpf_lib, "_lib", None)
+    monkeypatch.setattr(bpf_path.os, "geteuid", lambda: 0)
+    with pytest.raises(bpf_path.KernelPathError, match="apt-get install libbpf1"):
+        bpf_path.KernelPath()
