@@ -149,7 +149,7 @@ class KernelPath:
     def _route_key(subnet):
         key = ffi.new("fu_key4 *" if subnet.version == 4 else "fu_key6 *")
         key.prefixlen = subnet.prefixlen
-        ffi.memmove(key.addr, subnet.network_address.packed, subnet.version == 4 and 4 or 16)
+        ffi.memmove(key.addr, subnet.network_address.packed, len(subnet.network_address.packed))
         return (bc.MAP_ROUTES4 if subnet.version == 4 else bc.MAP_ROUTES6), key
 
     def set_routes(self, routes) -> None:
