@@ -14,7 +14,7 @@ PY = $(VENV)/bin/python
 # containernetworking-plugins: the real `bridge` and `host-local` CNI plugins (/usr/lib/cni), with
 # which the dual-stack tests make pods from subnet.env as flannel's CNI plugin has them made.
 APT_PACKAGES = python3-venv python3-dev etcd-server etcd-client iproute2 iputils-ping iperf3 \
-  iptables nftables gcc clang libclang-rt-14-dev systemd containernetworking-plugins \
+  iptables nftables gcc clang libclang-rt-14-dev libbpf-dev systemd containernetworking-plugins \
   $(DEB_BUILD_PACKAGES)
 APT_STAMP = $(VENV)/.apt-installed
 PIP_STAMP = $(VENV)/.pip-installed

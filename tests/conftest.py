@@ -39,6 +39,19 @@ def require_engine(kind: str) -> None:
         require(c_available(), f"C engine not built: {c_import_error()}")
 
 
+def require_bpf() -> None:
+    """The kernel path (csrc/bpf/): root to load programs, clang to compile them, libbpf's
+    headers and library (apt-get install clang libbpf-dev)."""
+    require(os.geteuid() == 0, "needs root (loading BPF programs)")
+    require(shutil.which("clang") is not None, "needs clang (apt-get install clang)")
+    require(os.path.isfile("/usr/include/bpf/bpf_helpers.h"), "needs libbpf-dev's headers")
+    from dataplane.engine.bpf_lib import BpfLibError, lib
+    try:
+        lib()
+    except BpfLibError as e:
+        require(False, str(e))
+
+
 def require_overlay() -> None:
     """What an overlay of simulated hosts running both engines needs: root, etcd, every engine."""
     require_root()

@@ -1,0 +1,269 @@
+"""The kernel path: the tc programs of csrc/bpf/ loaded, configured and attached.
+
+A KernelPath holds one loaded object (both programs and their maps) for one
+host: ``configure`` writes what the engines are given at start (own PublicIP,
+port, mtu, lease subnets, own addresses, the source rules), ``set_routes``
+the same routes as the engines' tables (api.Route, IPv4 underlay), and
+``attach`` puts fu_egress on flannel0's egress and fu_ingress on the
+external interface's ingress (clsact, through libbpf's netlink, in the
+caller's network namespace). ``counters`` sums the per-CPU counters by
+maps.h's names; ``test_run`` hands one packet to a program
+(BPF_PROG_TEST_RUN) for the tests. Until ``configure`` has run, the programs
+pass every packet on unchanged.
+
+Nothing here runs tc or bpftool; the daemon's wiring (which path, pinning
+across restarts) is not here yet (docs/kernel-path.md).
+"""
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import socket
+import struct
+
+from . import bpf_contract as bc
+from .bpf_build import build
+from .bpf_lib import BpfLibError, check, check_ptr, ffi, lib, sized
+
+# linux/pkt_cls.h: a tc program's verdicts
+TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
+VERDICTS = {TC_ACT_OK: "pass", TC_ACT_SHOT: "drop", TC_ACT_REDIRECT: "redirect"}
+BPF_TC_F_REPLACE = 1
+# Our filters' place on the clsact hooks: one handle and priority of our own, replaced in place.
+TC_HANDLE, TC_PRIORITY = 0x4655, 1
+ARPHRD_ETHER = 1
+_SIOCGIFHWADDR = 0x8927
+_LOG_SIZE = 4 << 20
+
+
+class KernelPathError(RuntimeError):
+    """The kernel path cannot run here, and why (the verifier's log when it refused)."""
+
+
+def link_is_ethernet(ifindex: int) -> bool:
+    """Whether the device (in the caller's network namespace) has an Ethernet header: asked of
+    the kernel, not sysfs, which shows the namespace it was mounted in."""
+    name = socket.if_indextoname(ifindex)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = fcntl.ioctl(s, _SIOCGIFHWADDR, struct.pack("16s16x", name.encode()))
+    return struct.unpack_from("H", ifr, 16)[0] == ARPHRD_ETHER
+
+
+def _v4(addr) -> bytes:
+    return ipaddress.IPv4Address(addr).packed
+
+
+class KernelPath:
+    def __init__(self, obj_path: str | None = None):
+        if os.geteuid() != 0:
+            raise KernelPathError("loading BPF programs needs root (CAP_BPF and CAP_NET_ADMIN)")
+        try:
+            self._lib = lib()
+        except BpfLibError as e:
+            raise KernelPathError(str(e)) from None
+        path = str(obj_path or build())
+        self._obj = check_ptr(self._lib.bpf_object__open_file(path.encode(), ffi.NULL),
+                              f"opening {path}")
+        self._logs = {}
+        progs = {}
+        for name in (bc.PROG_EGRESS, bc.PROG_INGRESS):
+            prog = check_ptr(self._lib.bpf_object__find_program_by_name(self._obj, name.encode()),
+                             f"program {name} in {path}")
+            # libbpf fills it only when the load fails (retrying with log level 1)
+            buf = self._logs[name] = ffi.new("char[]", _LOG_SIZE)
+            self._lib.bpf_program__set_log_buf(prog, buf, _LOG_SIZE)
+            progs[name] = prog
+        rc = self._lib.bpf_object__load(self._obj)
+        if rc < 0:
+            logs = "\n".join(f"--- {n} ---\n{ffi.string(b).decode(errors='replace')[-8000:]}"
+                             for n, b in self._logs.items() if b[0] != b"\0")
+            self._lib.bpf_object__close(self._obj)
+            self._obj = None
+            raise KernelPathError(f"the kernel refused the programs of {path} "
+                                  f"({os.strerror(-rc)}); the verifier said:\n{logs}")
+        self._logs.clear()
+        self.prog_fd = {n: self._lib.bpf_program__fd(p) for n, p in progs.items()}
+        self.map_fd = {}
+        for name in (bc.MAP_CONFIG, bc.MAP_ROUTES4, bc.MAP_ROUTES6, bc.MAP_PEERS4, bc.MAP_LOCAL4,
+                     bc.MAP_LOCAL6, bc.MAP_COUNTERS):
+            m = check_ptr(self._lib.bpf_object__find_map_by_name(self._obj, name.encode()),
+                          f"map {name} in {path}")
+            self.map_fd[name] = self._lib.bpf_map__fd(m)
+        self._ncpus = check(self._lib.libbpf_num_possible_cpus(), "counting the CPUs")
+        self._cfg = ffi.new("fu_config *")
+        self._routes: dict = {}          # subnet -> (peer_ip, mtu) as written
+        self._peers: dict = {}           # IPv4 peer -> how many routes name it
+        self._local: set = set()
+        self._hooks: list = []           # (hook, opts, created) to undo
+
+    # ---- maps ----------------------------------------------------------------------------
+
+    def _update(self, m: str, key, value) -> None:
+        check(self._lib.bpf_map_update_elem(self.map_fd[m], key, value, 0), f"writing {m}")
+
+    def _delete(self, m: str, key) -> None:
+        rc = self._lib.bpf_map_delete_elem(self.map_fd[m], key)
+        if rc < 0 and rc != -2:          # ENOENT: gone already
+            check(rc, f"deleting from {m}")
+
+    def _write_config(self) -> None:
+        self._update(bc.MAP_CONFIG, ffi.new("__u32 *", 0), self._cfg)
+
+    def configure(self, *, own_ip, port: int, mtu: int, own_subnet=None, own_subnet6=None,
+                  strict: bool = False, accept_any: bool = False) -> None:
+        """What the engines are given at start: own PublicIP (the outer source and the address
+        datagrams come to), the UDP port, the largest inner packet (flannel0's MTU), the
+        lease subnets (UDP -> TUN step 4), step 5 on or off, step 2 off (accept_any)."""
+        c = self._cfg
+        c.own_ip = struct.unpack("=I", _v4(own_ip))[0]
+        c.port, c.mtu = int(port), int(mtu)
+        flags = c.flags & (bc.F_TUN_L2 | bc.F_EXT_L2)
+        c.flags = flags | (bc.F_STRICT if strict else 0) | (bc.F_ACCEPT_ANY if accept_any else 0)
+        net = ipaddress.IPv4Network(own_subnet) if own_subnet else None
+        c.own_net = struct.unpack("=I", net.network_address.packed)[0] if net else 0
+        c.own_mask = struct.unpack("=I", net.netmask.packed)[0] if net else 0
+        net6 = ipaddress.IPv6Network(own_subnet6) if own_subnet6 else None
+        ffi.memmove(c.own_net6, net6.network_address.packed if net6 else bytes(16), 16)
+        ffi.memmove(c.own_mask6, net6.netmask.packed if net6 else bytes(16), 16)
+        self._write_config()
+
+    def set_local(self, addrs) -> None:
+        """This host's own addresses (both families), replacing the last set (step 4)."""
+        new = {ipaddress.ip_address(a) for a in addrs}
+        for a in self._local - new:
+            self._delete(*self._local_key(a))
+        for a in new - self._local:
+            self._update(*self._local_key(a), ffi.new("__u32 *", 1))
+        self._local = new
+
+    @staticmethod
+    def _local_key(a):
+        if a.version == 4:
+            return bc.MAP_LOCAL4, ffi.new("__u32 *", struct.unpack("=I", a.packed)[0])
+        key = ffi.new("fu_addr6 *")
+        ffi.memmove(key.addr, a.packed, 16)
+        return bc.MAP_LOCAL6, key
+
+    @staticmethod
+    def _route_key(subnet):
+        key = ffi.new("fu_key4 *" if subnet.version == 4 else "fu_key6 *")
+        key.prefixlen = subnet.prefixlen
+        ffi.memmove(key.addr, subnet.network_address.packed, len(subnet.network_address.packed))
+        return (bc.MAP_ROUTES4 if subnet.version == 4 else bc.MAP_ROUTES6), key
+
+    def set_routes(self, routes) -> None:
+        """The engines' routes (api.Route), replacing the last set: new and changed routes
+        written first, then the gone ones deleted, so a peer that stays never misses."""
+        want = {}
+        for r in routes:
+            if r.peer_ip.version != 4:
+                raise KernelPathError(f"route {r.subnet} via {r.peer_ip}: the IPv6 underlay is not "
+                                      "in the kernel path yet")
+            want[r.subnet] = (r.peer_ip, r.mtu)
+        if len(want) > bc.ROUTES_MAX:
+            raise KernelPathError(f"{len(want)} routes: the kernel path holds {bc.ROUTES_MAX}")
+        peers: dict = {}
+        for peer, _ in want.values():
+            peers[peer] = peers.get(peer, 0) + 1
+        for p in peers.keys() - self._peers.keys():
+            self._update(bc.MAP_PEERS4, self._peer_key(p), ffi.new("__u32 *", peers[p]))
+        for subnet, (peer, mtu) in want.items():
+            if self._routes.get(subnet) != (peer, mtu):
+                hop = ffi.new("fu_hop *")
+                hop.peer_ip = struct.unpack("=I", peer.packed)[0]
+                hop.mtu = mtu
+                self._update(*self._route_key(subnet), hop)
+        for subnet in self._routes.keys() - want.keys():
+            self._delete(*self._route_key(subnet))
+        for p in self._peers.keys() - peers.keys():
+            self._delete(bc.MAP_PEERS4, self._peer_key(p))
+        self._routes, self._peers = want, peers
+
+    @staticmethod
+    def _peer_key(peer):
+        return ffi.new("__u32 *", struct.unpack("=I", peer.packed)[0])
+
+    def counters(self) -> dict:
+        """maps.h's counters by name, summed over the CPUs."""
+        vals = ffi.new("__u64[]", self._ncpus)
+        key = ffi.new("__u32 *")
+        out = {}
+        for i, name in enumerate(bc.COUNTER_NAMES):
+            key[0] = i
+            check(self._lib.bpf_map_lookup_elem(self.map_fd[bc.MAP_COUNTERS], key, vals),
+                  "reading the counters")
+            out[name] = sum(vals)
+        return out
+
+    # ---- hooks ---------------------------------------------------------------------------
+
+    def set_devices(self, tun_ifindex: int, ext_ifindex: int, tun_l2: bool, ext_l2: bool) -> None:
+        """Where the programs redirect to, and whether each device's packets start with an
+        Ethernet header (attach asks the kernel; a test run always hands one in)."""
+        if tun_l2 and not ext_l2:
+            raise KernelPathError("an Ethernet flannel device with an external interface that has "
+                                  "no Ethernet header is not supported")
+        c = self._cfg
+        c.tun_ifindex, c.ext_ifindex = tun_ifindex, ext_ifindex
+        c.flags = (c.flags & ~(bc.F_TUN_L2 | bc.F_EXT_L2)) | (bc.F_TUN_L2 if tun_l2 else 0) | \
+            (bc.F_EXT_L2 if ext_l2 else 0)
+        self._write_config()
+
+    def attach(self, tun_ifindex: int, ext_ifindex: int) -> None:
+        """fu_egress on flannel0's (tun_ifindex) egress, fu_ingress on the external
+        interface's ingress, in the caller's network namespace; the clsact qdisc made where
+        there is none (and removed again by detach)."""
+        self.set_devices(tun_ifindex, ext_ifindex, link_is_ethernet(tun_ifindex),
+                         link_is_ethernet(ext_ifindex))
+        for ifindex, point, prog in ((tun_ifindex, "BPF_TC_EGRESS", bc.PROG_EGRESS),
+                                     (ext_ifindex, "BPF_TC_INGRESS", bc.PROG_INGRESS)):
+            hook = sized("struct bpf_tc_hook")
+            hook.ifindex = ifindex
+            hook.attach_point = getattr(self._lib, point)
+            rc = self._lib.bpf_tc_hook_create(hook)
+            if rc < 0 and rc != -17:    # EEXIST: a clsact qdisc is there already
+                check(rc, f"adding the clsact qdisc to ifindex {ifindex}")
+            opts = sized("struct bpf_tc_opts")
+            opts.prog_fd = self.prog_fd[prog]
+            opts.handle, opts.priority, opts.flags = TC_HANDLE, TC_PRIORITY, BPF_TC_F_REPLACE
+            check(self._lib.bpf_tc_attach(hook, opts), f"attaching {prog} to ifindex {ifindex}")
+            self._hooks.append((hook, rc == 0))
+
+    def detach(self) -> None:
+        """Our filters off their hooks, and the clsact qdiscs we made removed. A device gone
+        already took them with it."""
+        while self._hooks:
+            hook, created = self._hooks.pop()
+            opts = sized("struct bpf_tc_opts")
+            opts.handle, opts.priority = TC_HANDLE, TC_PRIORITY
+            self._lib.bpf_tc_detach(hook, opts)
+            if created:
+                hook.attach_point = self._lib.BPF_TC_INGRESS | self._lib.BPF_TC_EGRESS
+                self._lib.bpf_tc_hook_destroy(hook)
+
+    # ---- tests ---------------------------------------------------------------------------
+
+    def test_run(self, prog: str, data: bytes) -> tuple[int, bytes]:
+        """BPF_PROG_TEST_RUN: ``data`` (an Ethernet frame: the kernel hands the program one
+        in a test run) through program ``prog``; its verdict and the frame it left."""
+        opts = sized("struct bpf_test_run_opts")
+        inp = ffi.from_buffer(data)
+        out = ffi.new("char[]", len(data) + 4096)
+        opts.data_in, opts.data_size_in = inp, len(data)
+        opts.data_out, opts.data_size_out = out, len(out)
+        opts.repeat = 1
+        check(self._lib.bpf_prog_test_run_opts(self.prog_fd[prog], opts), f"test run of {prog}")
+        return opts.retval, ffi.buffer(out, opts.data_size_out)[:]
+
+    def close(self) -> None:
+        self.detach()
+        if self._obj is not None:
+            self._lib.bpf_object__close(self._obj)
+            self._obj = None
+
+    def __enter__(self) -> "KernelPath":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,204 @@
+"""The kernel path (csrc/bpf/) on real namespaces: host A's programs against a userspace
+engine on host B, each engine, both inner families over the IPv4 underlay.
+
+::
+
+    h0 = A: `flannel-udp forward` (the slow path) + fu_egress on flannel0, fu_ingress on its veth
+    h1 = B: `flannel-udp forward` only
+    flannel0 10.5.1.0/32, fd00:5:1::/128       flannel0 10.5.2.0/32, fd00:5:2::/128
+    veth 192.168.77.1 ------- bridge ------- veth 192.168.77.2 (and .50: no lease)
+
+Pings cross both ways and both families while A's engine forwards nothing (the programs carry
+every packet: the counters say so); what the programs leave to the engine is answered by it
+(no route: net unreachable; TTL 1: time exceeded); forged datagrams to A (an outer source that
+holds no lease, an inner source outside the sender's lease or inside A's own) are dropped in
+A's kernel and counted by reason, and never reach A's engine. The loader's maps are filled as
+the engine's routes are, from the same list.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import socket
+import sys
+
+import pytest
+
+from dataplane.engine import ipv4
+from dataplane.engine.api import Route
+from tests.conftest import require_bpf, require_root
+from tests.integration.traffic import HASHED_BYTES, hashed_transfer, ping
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+PORT, MTU = 8285, 1472
+A_TUN, B_TUN, A_TUN6, B_TUN6 = "10.5.1.0", "10.5.2.0", "fd00:5:1::", "fd00:5:2::"
+NOBODY = "192.168.77.50"       # an address on B's veth that holds no lease
+CLONE_NEWNET = 0x40000000
+
+# In B: send each hex payload as a UDP datagram from (source address) to A:PORT.
+SEND = r"""
+import socket, sys
+dst = sys.argv[1]
+for arg in sys.argv[2:]:
+    src, payload = arg.split("=")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((src, 0))
+        s.sendto(bytes.fromhex(payload), (dst, 8285))
+"""
+
+
+@contextlib.contextmanager
+def in_netns(name: str):
+    """This thread in network namespace ``name`` (netlink, ifindexes), then back."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(target, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {name}")
+        try:
+            yield
+        finally:
+            if libc.setns(home, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+    finally:
+        os.close(home)
+        os.close(target)
+
+
+def forwarder(tb, host, tun, tun6, peer, peer_tun, peer_tun6, kind):
+    from dataplane.testbed.forwarder import Forwarder
+    return Forwarder(tb, host, tun_addr=f"{tun}/32", engine=kind, accept_from="leases",
+                     routes=[f"{peer_tun}/24={peer.ip}", f"{peer_tun6}/64={peer.ip}"],
+                     extra=["--tun-addr6", f"{tun6}/128", "--network6", "fd00:5::/48"])
+
+
+def kernel_path(a, b):
+    """The programs on A's flannel0 and veth, their maps filled as A's engine's routes are."""
+    from dataplane.engine.bpf_path import KernelPath
+    with in_netns(a.netns):
+        kp = KernelPath()
+        try:
+            kp.configure(own_ip=a.ip, port=PORT, mtu=MTU, own_subnet="10.5.1.0/24",
+                         own_subnet6="fd00:5:1::/64", strict=True)
+            kp.set_routes([Route.make("10.5.2.0/24", b.ip, PORT),
+                           Route.make("fd00:5:2::/64", b.ip, PORT)])
+            kp.set_local([a.ip, A_TUN, A_TUN6])
+            kp.attach(socket.if_nametoindex("flannel0"), socket.if_nametoindex(a.iface))
+        except BaseException:
+            kp.close()
+            raise
+    return kp
+
+
+@contextlib.contextmanager
+def two_hosts(kind: str, *, ipv6: bool = False, behind_router: bool = False):
+    """A and B each running `flannel-udp forward` (engine ``kind``), the programs on A; yields
+    (testbed, a, b, A's forwarder, B's forwarder, A's KernelPath). All of it removed after."""
+    require_root()
+    require_bpf()
+    from dataplane.testbed.hosts import Testbed
+    tb = Testbed(2, disable_ipv6=not ipv6)
+    fwds, kp = [], None
+    try:
+        a, b = tb["h0"], (tb.put_behind_router("h1") if behind_router else tb["h1"])
+        fwds = [forwarder(tb, a, A_TUN, A_TUN6, b, B_TUN, B_TUN6, kind),
+                forwarder(tb, b, B_TUN, B_TUN6, a, A_TUN, A_TUN6, kind)]
+        for f in fwds:
+            f.wait_ready()
+        if ipv6:
+            # On this kernel (6.18) a route lookup through the /48 of --network6 on flannel0
+            # says "Network is unreachable" (so did the lead's spike, without the programs);
+            # the peer's /64 beside it works, as a host route would
+            for host, peer6 in ((a, B_TUN6), (b, A_TUN6)):
+                tb.exec(host, ["ip", "-6", "route", "add", f"{peer6}/64", "dev", "flannel0"],
+                        check=True)
+        kp = kernel_path(a, b)
+        yield tb, a, b, fwds[0], fwds[1], kp
+    finally:
+        if kp is not None:
+            kp.close()
+        for f in fwds:
+            f.stop()
+        tb.close()
+
+
+def test_kernel_path_against_an_engine(engine_kind):
+    with two_hosts(engine_kind, ipv6=True) as (tb, a, b, fa, fb, kp):
+        tb.exec(b, ["ip", "addr", "add", f"{NOBODY}/24", "dev", b.iface], check=True)
+        shown = tb.exec(a, ["tc", "filter", "show", "dev", "flannel0", "egress"]).stdout + \
+            tb.exec(a, ["tc", "filter", "show", "dev", a.iface, "ingress"]).stdout
+        assert "fu_egress" in shown and "fu_ingress" in shown, shown
+
+        def why():
+            return f"counters {kp.counters()}\nA:\n{fa.log()}\nB:\n{fb.log()}"
+
+        # both ways, both families; TTL 64 - 1 on each side. The first packet finds B's MAC
+        # address unresolved and waits for it in the neighbour's queue (it was lost when the
+        # program named the next hop itself: docs/kernel-path.md).
+        for host, dst in ((a, B_TUN), (b, A_TUN), (a, B_TUN6), (b, A_TUN6)):
+            r = ping(tb, host, dst, count=3)
+            assert r.returncode == 0 and " 0% packet loss" in r.stdout, \
+                f"ping {host.name} -> {dst}: {r.stdout}{r.stderr}\n{why()}"
+            assert "ttl=62" in r.stdout or "hlim=62" in r.stdout, r.stdout
+        moved = kp.counters()
+        # A sent 3 requests and 3 replies of each family, and took in as many
+        assert moved["udp_tx_packets"] >= 12 and moved["tun_tx_packets"] >= 12, why()
+
+        # what the programs leave alone goes to A's engine, which answers it as today: a UDP
+        # datagram to no lease (no unreachable answers ICMP), a ping with TTL 1. Its errors are
+        # counted below: they come from flannel0's own address, back to the ping's, which the
+        # kernel here does not deliver to it (a workload off a bridge gets them)
+        tb.exec(a, [sys.executable, "-c", "import socket; socket.socket(socket.AF_INET, "
+                    "socket.SOCK_DGRAM).sendto(b'x', ('10.5.9.1', 9))"], check=True)
+        tb.exec(a, ["ping", "-n", "-c", "1", "-W", "1", "-t", "1", B_TUN], timeout=10)
+        assert kp.counters()["tx_pass_no_route"] >= 1 and kp.counters()["tx_pass_ttl"] >= 1
+
+        # forged datagrams to A, refused in A's kernel by reason
+        forged = {"drop_bad_source": (NOBODY, ipv4.build("10.5.2.3", A_TUN, b"x" * 8)),
+                  "drop_inner_foreign": (b.ip, ipv4.build("10.5.3.3", A_TUN, b"x" * 8)),
+                  "drop_inner_local": (b.ip, ipv4.build("10.5.1.9", A_TUN, b"x" * 8))}
+        before = kp.counters()
+        r = tb.exec(b, [sys.executable, "-c", SEND, a.ip,
+                        *(f"{src}={pkt.hex()}" for src, pkt in forged.values())])
+        assert r.returncode == 0, r.stderr
+        after = kp.counters()
+        assert {n: after[n] - before[n] for n in forged} == dict.fromkeys(forged, 1), why()
+
+        for f in (fa, fb):
+            assert f.stop() == 0, f.log()
+        sa = fa.stats()
+        # A's engine carried none of it: every ping crossed through the programs
+        assert sa["udp_tx_packets"] == 0 and sa["tun_tx_packets"] == 0, sa
+        assert sa["udp_rx_packets"] == 0, sa        # the forged ones never reached its socket
+        assert sa["drop_no_route"] >= 1 and sa["icmp_unreach_sent"] >= 1, sa
+        assert sa["drop_ttl"] >= 1 and sa["icmp_ttl_sent"] >= 1, sa
+
+        with in_netns(a.netns):
+            kp.detach()
+        shown = tb.exec(a, ["tc", "filter", "show", "dev", a.iface, "ingress"]).stdout
+        assert "fu_ingress" not in shown, shown
+
+
+def test_kernel_path_tcp_through_a_router(engine_kind):
+    """B behind a router (the underlay's next hop is not the peer): a TCP stream each way
+    arrives whole, A's sent through its egress program alone (the host's TCP super-packets
+    encapsulated whole and cut into datagrams on the way)."""
+    with two_hosts(engine_kind, behind_router=True) as (tb, a, b, fa, _, kp):
+        hashed_transfer(tb, a, b, B_TUN)
+        hashed_transfer(tb, b, a, A_TUN)
+        moved = kp.counters()
+        assert fa.stop() == 0, fa.log()
+        sa = fa.stats()
+        # A -> B: all of it through the egress program
+        assert moved["udp_tx_bytes"] > HASHED_BYTES and sa["udp_tx_packets"] == 0, (moved, sa)
+        # B -> A: what B's engine sent one datagram at a time came through the ingress
+        # program; the C engine's UDP GSO trains come uncut over veths and routers, and the
+        # program hands a train to A's engine (docs/kernel-path.md), which writes it
+        assert moved["tun_tx_bytes"] + sa["tun_tx_bytes"] > HASHED_BYTES, (moved, sa)
+        if engine_kind == "python":
+            assert moved["tun_tx_bytes"] > HASHED_BYTES and sa["tun_tx_packets"] == 0, (moved, sa)
+        else:
+            assert moved["rx_pass_gso"] > 0, moved

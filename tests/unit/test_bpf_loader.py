@@ -1,0 +1,113 @@
+"""The kernel path's loader (dataplane/engine/bpf_*.py): route and peer updates reach the
+programs, and what cannot work says why (no clang, the verifier's refusal with its log, an
+IPv6 underlay route)."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from dataplane.engine import bpf_contract as bc
+from dataplane.engine import ipv4
+from dataplane.engine.api import Route
+from tests.conftest import require_bpf
+from tests.unit.test_bpf_programs import (MTU, OK, OTHER_PEER, OWN_IP, PEER, PORT, REDIRECT, SHOT,
+                                          datagram, frame, udp4)
+
+
+@pytest.fixture
+def kp():
+    require_bpf()
+    from dataplane.engine.bpf_path import KernelPath
+    with KernelPath() as k:
+        k.set_devices(1, 1, tun_l2=True, ext_l2=True)
+        yield k
+
+
+def test_unconfigured_programs_pass_everything(kp):
+    data = frame(udp4())
+    assert kp.test_run(bc.PROG_EGRESS, data) == (OK, data)
+    assert kp.test_run(bc.PROG_INGRESS, datagram(udp4())) == (OK, datagram(udp4()))
+    assert set(kp.counters().values()) == {0}
+
+
+def test_route_changes_reach_the_programs(kp):
+    kp.configure(own_ip=OWN_IP, port=PORT, mtu=MTU)
+    to_b, from_b = frame(udp4(dst="10.5.2.3")), datagram(udp4(src="10.5.2.3", dst="10.5.1.2"))
+    kp.set_routes([Route.make("10.5.2.0/24", PEER, PORT), Route.make("10.5.4.0/24", PEER, PORT)])
+    assert kp.test_run(bc.PROG_EGRESS, to_b)[0] == REDIRECT
+    assert kp.test_run(bc.PROG_INGRESS, from_b)[0] == REDIRECT
+    # one of PEER's two routes gone: PEER still holds a lease
+    kp.set_routes([Route.make("10.5.2.0/24", PEER, PORT)])
+    assert kp.test_run(bc.PROG_INGRESS, from_b)[0] == REDIRECT
+    # the subnet moves to another peer: sent there, and PEER holds no lease any more
+    kp.set_routes([Route.make("10.5.2.0/24", OTHER_PEER, PORT)])
+    verdict, out = kp.test_run(bc.PROG_EGRESS, to_b)
+    assert verdict == REDIRECT and str(ipv4.parse(out[14:]).dst) == OTHER_PEER
+    assert kp.test_run(bc.PROG_INGRESS, from_b)[0] == SHOT
+    kp.set_routes([])
+    assert kp.test_run(bc.PROG_EGRESS, to_b) == (OK, to_b)
+    assert kp.counters()["tx_pass_no_route"] == 1
+    assert kp.counters()["drop_bad_source"] == 1
+
+
+def test_accept_any_skips_the_source_check(kp):
+    kp.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, accept_any=True)
+    assert kp.test_run(bc.PROG_INGRESS, datagram(udp4(src="10.5.2.3", dst="10.5.1.2")))[0] == REDIRECT
+
+
+def test_an_ipv6_underlay_route_is_refused_with_the_reason(kp):
+    from dataplane.engine.bpf_path import KernelPathError
+    with pytest.raises(KernelPathError, match="IPv6 underlay is not in the kernel path yet"):
+        kp.set_routes([Route.make("fd00:5:2::/64", "2001:db8::2", PORT)])
+
+
+def test_no_clang_says_what_to_install(monkeypatch, tmp_path):
+    from dataplane.engine import bpf_build
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("BPF_CLANG", raising=False)
+    if not bpf_build.os.path.isfile("/usr/include/bpf/bpf_helpers.h"):
+        pytest.skip("no libbpf headers: that error comes first")
+    with pytest.raises(bpf_build.BpfBuildError, match="apt-get install clang"):
+        bpf_build.build(force=True)
+
+
+REFUSED = r"""
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+SEC("tc") int fu_egress(struct __sk_buff *skb)
+{ return *(unsigned char *)(long)skb->data; }   /* no bounds check: the verifier says no */
+SEC("tc") int fu_ingress(struct __sk_buff *skb) { return 0; }
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+def test_a_verifier_refusal_carries_its_log(tmp_path):
+    require_bpf()
+    from dataplane.engine import bpf_build
+    from dataplane.engine.bpf_path import KernelPath, KernelPathError
+    src, obj = tmp_path / "bad.bpf.c", tmp_path / "bad.bpf.o"
+    src.write_text(REFUSED)
+    subprocess.run([bpf_build.clang(), *bpf_build._flags(), "-c", str(src), "-o", str(obj)],
+                   check=True, capture_output=True)
+    with pytest.raises(KernelPathError) as e:
+        KernelPath(obj)
+    text = str(e.value)
+    assert "the verifier said" in text and "--- fu_egress ---" in text
+    assert "invalid access to packet" in text, text
+
+
+def test_not_root_says_so(monkeypatch):
+    from dataplane.engine import bpf_path
+    monkeypatch.setattr(bpf_path.os, "geteuid", lambda: 1000)
+    with pytest.raises(bpf_path.KernelPathError, match="needs root"):
+        bpf_path.KernelPath()
+
+
+def test_no_libbpf_says_what_to_install(monkeypatch):
+    from dataplane.engine import bpf_lib, bpf_path
+    monkeypatch.setattr(bpf_lib, "LIBRARY", "libbpf-not-here.so.1")
+    monkeypatch.setattr(bpf_lib, "_lib", None)
+    monkeypatch.setattr(bpf_path.os, "geteuid", lambda: 0)
+    with pytest.raises(bpf_path.KernelPathError, match="apt-get install libbpf1"):
+        bpf_path.KernelPath()
