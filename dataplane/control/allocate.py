@@ -17,7 +17,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Network
 from typing import Iterable, Optional
 
 from .config import NetworkConfig
-from .lease import Lease
+from .lease import Lease, split_parts
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,10 @@ def pick_pair(config: NetworkConfig, leases: list[Lease],
     return sn, pick_ipv6(config, leases, [p for p in lost if p.version == 6], rng)
 
 
-def other_holder(leases: list[Lease], public_ip: IPv4Address, subnet: IPv4Network,
-                 ipv6_subnet: Optional[IPv6Network]) -> str:
-    """Who else holds a lease overlapping `subnet` or `ipv6_subnet`, for a message; "" if nobody."""
+def other_holder(leases: list[Lease], public_ip: IPv4Address, subnets) -> str:
+    """Who else holds a lease overlapping a part of ``subnets`` (the subnet, or a lease's
+    parts), for a message; "" if nobody."""
+    subnet, ipv6_subnet = split_parts(subnets)
     for l in leases:
         if l.attrs.public_ip == public_ip:
             continue

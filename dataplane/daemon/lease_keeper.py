@@ -102,6 +102,5 @@ class LeaseKeeper:
         self._peer_routes.follow_lease(st.config.ipv6_network, lease.ipv6_subnet,
                                        self._routed6())
         if (lease.subnet, lease.ipv6_subnet) != (old.subnet, old.ipv6_subnet):
-            st.subnet_env.want(st.config.network, lease.subnet, st.ext.tun_mtu,
-                               st.config.ipv6_network, lease.ipv6_subnet)
+            st.subnet_env.want(startup.parts(st.config, lease), st.ext.tun_mtu)
         self._save_state()

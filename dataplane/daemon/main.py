@@ -244,8 +244,7 @@ class Daemon:
         st.rules = startup.install_rules(o, startup.parts(st.config, st.lease),
                                          enable_nftables=st.config.enable_nftables)
         # 8. subnet.env (rewritten on the tick while a write fails)
-        st.subnet_env.want(st.config.network, st.lease.subnet, st.ext.tun_mtu,
-                           st.config.ipv6_network, st.lease.ipv6_subnet)
+        st.subnet_env.want(startup.parts(st.config, st.lease), st.ext.tun_mtu)
         # 9. engine and watches: the routes to the listed peers are in before the engine
         #    forwards, so that the source check accepts their datagrams from the first one
         if st.engine is None:
