@@ -135,6 +135,7 @@ class LeaseManager:
         # The subnet of the last dual key given up (_second) to a key that overlaps its IPv6 part
         # alone: the subnet is still ours to take, with another IPv6 part (_acquire).
         self._ipv6_only_loss: Optional[IPv4Network] = None
+        self._listing: Optional[tuple] = None     # acquire()'s, until taken (take_listing)
         self._reacquire_failing = Recurring(log, "Re-acquiring our lease", level=logging.ERROR)
         self._renew_failing = Recurring(log, "Renewing our lease", level=logging.ERROR)
 
@@ -155,10 +156,17 @@ class LeaseManager:
 
     # -- acquisition --------------------------------------------------------------------------------
     def acquire(self) -> Lease:
-        """Acquire (or reuse) this node's lease; raises SubnetError, ConfigError or RegistryError."""
-        lease = self._acquire(self.subnet_file_prev)
+        """Acquire (or reuse) this node's lease; raises SubnetError, ConfigError or RegistryError.
+        The leases it listed are kept for :meth:`take_listing`."""
+        lease = self._acquire(self.subnet_file_prev, keep=True)
         self.adopt(lease)
         return lease
+
+    def take_listing(self) -> Optional[tuple]:
+        """(leases, malformed keys, revision) acquire() listed last, once: a peer watch starts
+        from it (PeerWatcher.start_from) and watches from its revision on."""
+        listing, self._listing = self._listing, None
+        return listing
 
     def adopt(self, lease: Lease) -> None:
         """Take ``lease`` as ours without asking etcd: a daemon that took over from the previous
@@ -177,14 +185,17 @@ class LeaseManager:
             log.info("Lease %s: its value says PublicIPv6 %s, this host's is %s: rewriting it",
                      lease.subnet, lease.attrs.public_ipv6, self.attrs.public_ipv6)
 
-    def _acquire(self, prev: dict) -> Lease:
-        """``prev``: the parts to prefer by version (4: a subnet, 6: an IPv6 part)."""
+    def _acquire(self, prev: dict, keep: bool = False) -> Lease:
+        """``prev``: the parts to prefer by version (4: a subnet, 6: an IPv6 part); ``keep``:
+        the last listing kept (take_listing)."""
         config = self.config or self.registry.get_config()
         prev = dict(prev)
         lost: set = set()       # parts of either family lost to another writer
         for attempt in range(1, self.max_attempts + 1):
             self._ipv6_only_loss = None
-            leases, _ = self.registry.list_leases()
+            bad: list = []
+            leases, rev = self.registry.list_leases(malformed=bad)
+            self._listing = (leases, bad, rev) if keep else None
             lease = self._reuse_by_ip(config, leases, prev)
             if lease is not None:
                 return lease

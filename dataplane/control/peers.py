@@ -79,6 +79,7 @@ class PeerWatcher:
                  *, retry_interval: float = 1.0, network: Optional[IPv4Network] = None,
                  coalesce: float = COALESCE_S, own_ips: Iterable[IPv4Address] = ()):
         self.registry = registry
+        self._listing: Optional[tuple] = None          # start_from's
         self.network = network
         self._own_ips = frozenset(IPv4Address(ip) for ip in own_ips)
         self._by_ip: dict[IPv4Address, set[IPv4Network]] = {}    # PublicIP -> subnets held
@@ -116,6 +117,12 @@ class PeerWatcher:
     def snapshot(self) -> PeerSnapshot:
         with self._lock:
             return self._current
+
+    def start_from(self, listing: tuple) -> None:
+        """Before start(): the first snapshot is ``listing`` (leases, malformed keys, revision,
+        as Registry.scan_leases gives them), which the caller made already (the daemon's allocation,
+        LeaseManager.take_listing), and the watch goes on from its revision; later ones list."""
+        self._listing = listing
 
     def start(self) -> None:
         self._stop.clear()
@@ -210,7 +217,8 @@ class PeerWatcher:
     def _snapshot(self, always: bool = False, relist: bool = False) -> int:
         """List the leases and report the difference. ``relist``: the watch asks, after a
         compaction or a rewound etcd, so the list is the truth even at a lower revision."""
-        leases, bad, rev = self.registry.scan_leases()
+        listing, self._listing = self._listing, None
+        leases, bad, rev = listing if listing is not None else self.registry.scan_leases()
         with self._emit_lock:
             with self._lock:
                 stale = rev < self.revision and not relist

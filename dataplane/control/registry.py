@@ -95,11 +95,16 @@ class Registry(EtcdClient):
         return ([x for x in out if isinstance(x, Lease)], [x for x in out if isinstance(x, BadLease)],
                 rev)
 
-    def list_leases(self, with_ttl: bool = False) -> tuple[list[Lease], int]:
-        """All parsable leases under `<prefix>/subnets/` and the revision of that snapshot."""
+    def list_leases(self, with_ttl: bool = False,
+                    malformed: Optional[list] = None) -> tuple[list[Lease], int]:
+        """All parsable leases under `<prefix>/subnets/` and the revision of that snapshot;
+        the keys that are no lease (BadLease) are appended to ``malformed`` when given (the
+        listing is then whole: a peer watch can start from it, as scan_leases')."""
         kvs, rev = self.get(self.subnets_prefix, prefix=True)
-        leases = [x for x in (self._lease(kv, with_ttl) for kv in kvs) if isinstance(x, Lease)]
-        return leases, rev
+        out = [self._lease(kv, with_ttl) for kv in kvs]
+        if malformed is not None:
+            malformed.extend(x for x in out if isinstance(x, BadLease))
+        return [x for x in out if isinstance(x, Lease)], rev
 
     def create_lease(self, subnets, attrs: LeaseAttrs, ttl: int = SUBNET_TTL) -> Optional[Lease]:
         """flanneld's createSubnet: grant `ttl`, then put only if the key is absent (one txn).

@@ -82,6 +82,7 @@ class LeaseKeeper:
             log.debug("stopping the lease manager: %s", e)
         st.lease_manager = self.new_manager(prev=current.subnet)
         new = startup.acquire_lease(st.lease_manager, self.registry, self._wait)
+        st.lease_manager.take_listing()       # the peer watch runs already: not held on to
         st.lease_manager.start()
         return new
 

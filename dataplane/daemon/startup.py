@@ -522,11 +522,14 @@ def make_lease_manager(opts, registry, ext, config, on_lease_change, prev=None, 
                         opts.subnet_lease_renew_margin, on_lease_change, config=config)
 
 
-def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, prepared=None):
+def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, prepared=None,
+                  listing=None):
     """9. The peer watch, reporting to ``on_peers``, and the config watch, started: (peer
     watcher, config watcher). With the Python engine (``in_process``) the peer watch runs in a
     process of its own (``prepared`` early, control/peer_process.py), so that a burst of lease
-    events does not hold the interpreter the engine forwards in."""
+    events does not hold the interpreter the engine forwards in. ``listing``: the leases the
+    lease's acquisition listed (LeaseManager.take_listing), the in-process watch's first table,
+    so that a start lists and parses them once."""
     from ..control.configwatch import ConfigWatcher
     from ..control.peer_process import PeerWatchProcess
     from ..control.peers import PeerWatcher
@@ -537,6 +540,8 @@ def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, pre
                                  prepared=prepared, own_ips=own_ips)
     else:
         peers = PeerWatcher(registry, subnet, on_peers, network=config.network, own_ips=own_ips)
+        if listing is not None:
+            peers.start_from(listing)
     peers.start()
     try:
         return peers, ConfigWatcher(registry, config).start()
