@@ -61,10 +61,11 @@ def profiled_argv(out: str):
     return argv
 
 
-def etcd_counts(url: str) -> tuple[int, int]:
+def etcd_counts(etcd) -> tuple[int, int]:
     """(Range requests etcd has answered, bytes it has sent to clients) so far."""
-    import urllib.request
-    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    import subprocess
+    text = subprocess.run(etcd._wrap(["curl", "-s", etcd.client_url + "/metrics"]),
+                          capture_output=True, text=True, timeout=10, check=True).stdout
     ranges = sent = 0
     for line in text.splitlines():
         if line.startswith("grpc_server_handled_total") and 'grpc_method="Range"' in line:
@@ -93,11 +94,11 @@ def main() -> int:
             h = ov.add_host(start=False)
             with contextlib.suppress(FileNotFoundError):     # a fresh host: no previous subnet
                 os.unlink(ov.subnet_file(h))
-            before = etcd_counts(ov.etcd_url)
+            before = etcd_counts(ov.etcd)
             d = ov.start_daemon(h, wait=False)
             t_env = wait_file(d.subnet_file, 60)
             ov.wait_ready(h, timeout=120)
-            after = etcd_counts(ov.etcd_url)
+            after = etcd_counts(ov.etcd)
             env_s.append(round(t_env - d.started, 3))
             ready_s.append(round(d.ready_at - d.started, 3))
             print(f"start to subnet.env {env_s[-1]:.3f} s, to READY {ready_s[-1]:.3f} s; etcd "
