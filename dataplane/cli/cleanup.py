@@ -163,14 +163,14 @@ def _lease_steps(opts) -> list:
     for lease in leases:
         if lease.public_ip != ext.ext_addr:
             continue
-        key = registry.lease_key(lease.subnet, ipv6_subnet=lease.ipv6_subnet)
+        key = registry.lease_key(lease.subnets)
         if lease.reservation:
             print(f"kept: {key} (PublicIP {lease.public_ip}) is a reservation (no TTL), the "
                   f"operator's; delete it with: etcdctl del {key}")
             continue
 
         def release(lease=lease):
-            registry.delete_lease(lease.subnet, ipv6_subnet=lease.ipv6_subnet)
+            registry.delete_lease(lease.subnets)
             try:                    # the key is gone already; its TTL would end it anyway
                 registry.revoke(lease.lease_id)
             except Exception:

@@ -101,7 +101,7 @@ class Claims:
 
     def key_of(self, lease: Lease) -> str:
         """The lease's etcd key (the one its parts make when it carries none)."""
-        return lease.key or self.prefix + subnet_key_name(lease.subnet, lease.ipv6_subnet)
+        return lease.key or self.prefix + subnet_key_name(lease.subnets)
 
     # -- internals ------------------------------------------------------------------------------
     def _name(self, part: Part, named: Union[str, set], key: str) -> None:

@@ -133,6 +133,11 @@ class Lease:
     def public_ip(self) -> IPv4Address:
         return self.attrs.public_ip
 
+    @property
+    def subnets(self) -> tuple:
+        """The parts the key names, IPv4 first: what the key and log functions take."""
+        return (self.subnet,) if self.ipv6_subnet is None else (self.subnet, self.ipv6_subnet)
+
     def __reduce__(self):
         # Pickled as numbers: ipaddress objects pickle as strings and parse again, and the peer
         # watch process (control/peer_process.py) hands the daemon 10,000 leases at once
@@ -199,8 +204,17 @@ def with_ipv6_of_key(lease: Lease) -> Lease:
         return lease
 
 
-def subnet_key_name(subnet: IPv4Network, ipv6_subnet: Optional[IPv6Network] = None) -> str:
-    """`MakeSubnetKey`: the last component of the lease key, e.g. `10.5.84.0-24`."""
+def split_parts(subnets) -> tuple:
+    """``subnets`` (a subnet, or a lease's parts: at most one per family, None skipped) as
+    (IPv4 subnet, IPv6 part or None)."""
+    found = by_version(subnets)
+    return found.get(4), found.get(6)
+
+
+def subnet_key_name(subnets) -> str:
+    """`MakeSubnetKey`: the last component of the lease key of ``subnets`` (a subnet, or the
+    lease's parts, IPv4 first), e.g. `10.5.84.0-24`, `10.5.84.0-24&fc00::-64`."""
+    subnet, ipv6_subnet = split_parts(subnets)
     name = f"{subnet.network_address}-{subnet.prefixlen}"
     if ipv6_subnet is not None:
         name += f"&{ipv6_subnet.network_address}-{ipv6_subnet.prefixlen}"

@@ -135,6 +135,7 @@ class LeaseManager:
         # The subnet of the last dual key given up (_second) to a key that overlaps its IPv6 part
         # alone: the subnet is still ours to take, with another IPv6 part (_acquire).
         self._ipv6_only_loss: Optional[IPv4Network] = None
+        self._listing: Optional[tuple] = None     # acquire()'s, until taken (take_listing)
         self._reacquire_failing = Recurring(log, "Re-acquiring our lease", level=logging.ERROR)
         self._renew_failing = Recurring(log, "Renewing our lease", level=logging.ERROR)
 
@@ -155,10 +156,17 @@ class LeaseManager:
 
     # -- acquisition --------------------------------------------------------------------------------
     def acquire(self) -> Lease:
-        """Acquire (or reuse) this node's lease; raises SubnetError, ConfigError or RegistryError."""
-        lease = self._acquire(self.subnet_file_prev)
+        """Acquire (or reuse) this node's lease; raises SubnetError, ConfigError or RegistryError.
+        The leases it listed are kept for :meth:`take_listing`."""
+        lease = self._acquire(self.subnet_file_prev, keep=True)
         self.adopt(lease)
         return lease
+
+    def take_listing(self) -> Optional[tuple]:
+        """(leases, malformed keys, revision) acquire() listed last, once: a peer watch starts
+        from it (PeerWatcher.start_from) and watches from its revision on."""
+        listing, self._listing = self._listing, None
+        return listing
 
     def adopt(self, lease: Lease) -> None:
         """Take ``lease`` as ours without asking etcd: a daemon that took over from the previous
@@ -177,14 +185,17 @@ class LeaseManager:
             log.info("Lease %s: its value says PublicIPv6 %s, this host's is %s: rewriting it",
                      lease.subnet, lease.attrs.public_ipv6, self.attrs.public_ipv6)
 
-    def _acquire(self, prev: dict) -> Lease:
-        """``prev``: the parts to prefer by version (4: a subnet, 6: an IPv6 part)."""
+    def _acquire(self, prev: dict, keep: bool = False) -> Lease:
+        """``prev``: the parts to prefer by version (4: a subnet, 6: an IPv6 part); ``keep``:
+        the last listing kept (take_listing)."""
         config = self.config or self.registry.get_config()
         prev = dict(prev)
         lost: set = set()       # parts of either family lost to another writer
         for attempt in range(1, self.max_attempts + 1):
             self._ipv6_only_loss = None
-            leases, _ = self.registry.list_leases()
+            bad: list = []
+            leases, rev = self.registry.list_leases(malformed=bad)
+            self._listing = (leases, bad, rev) if keep else None
             lease = self._reuse_by_ip(config, leases, prev)
             if lease is not None:
                 return lease
@@ -202,13 +213,12 @@ class LeaseManager:
                 # that may have just taken it.
                 lost.add(prev.pop(4))
             pick, pick6 = pick_pair(config, leases, lost, self._rng)
-            lease = self.registry.create_lease(pick, self.attrs, self.lease_ttl, ipv6_subnet=pick6)
+            lease = self.registry.create_lease((pick, pick6), self.attrs, self.lease_ttl)
             if lease is not None and self._second(lease) is not None:
                 lease = None
             if lease is not None:
                 log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s)", pick, v6(pick6),
-                         self.public_ip, extra=fields("allocated", pick, self.public_ip,
-                                                       ipv6_subnet=pick6))
+                         self.public_ip, extra=fields("allocated", (pick, pick6), self.public_ip))
                 return lease
             log.info("subnet %s was taken by another node meanwhile (attempt %d/%d), picking again",
                      pick if pick6 is None else f"{pick} ({pick6})", attempt, self.max_attempts)
@@ -245,7 +255,7 @@ class LeaseManager:
             return None
         log.info("subnet %s (%s) overlaps %s, created just before ours: giving it up",
                  lease.subnet, lease.ipv6_subnet, rival.key)
-        self.registry.delete_lease(lease.subnet, ipv6_subnet=lease.ipv6_subnet)
+        self.registry.delete_lease(lease.subnets)
         if lease.lease_id:
             self.registry.revoke(lease.lease_id)
         if not rival.subnet.overlaps(lease.subnet):
@@ -268,7 +278,7 @@ class LeaseManager:
                             "config, deleting it", l.subnet, self.public_ip,
                             extra=fields("deleted", l.subnet, self.public_ip,
                                           reason="does not fit the network config"))
-                self.registry.delete_lease(l.subnet, ipv6_subnet=l.ipv6_subnet)
+                self.registry.delete_lease(l.subnets)
                 continue
             if config.ipv6_subnet_compatible(l.ipv6_subnet):
                 lease = self._renew_found(l)
@@ -279,25 +289,24 @@ class LeaseManager:
             # else: rewritten by another node since our list, or our subnet is another's now
         return None
 
-    def _renew(self, subnet: IPv4Network, ipv6_subnet: Optional[IPv6Network]) -> Optional[Lease]:
-        """Our key put again (registry.renew_lease). A key gone since we read it is created
+    def _renew(self, subnets) -> Optional[Lease]:
+        """Our key of ``subnets`` (the lease's parts) put again (registry.renew_lease). A key gone since we read it is created
         again by that put: a dual key so made is a take-back and yields as one (``_second``),
         None then, as when the key names another host."""
-        lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl,
-                                          ipv6_subnet=ipv6_subnet)
+        lease = self.registry.renew_lease(subnets, self.attrs, self.lease_ttl)
         if (lease is not None and _recreated(lease)
                 and self._second(lease, others_only=True) is not None):
             return None
         return lease
 
     def _renew_found(self, found: Lease) -> Optional[Lease]:
-        renewed = self._renew(found.subnet, found.ipv6_subnet)
+        renewed = self._renew(found.subnets)
         if renewed is not None:
             log.info("Found %s (ip: %s ipv6: %s) for current IP (%s), reusing",
                      "reservation" if renewed.reservation else "lease", found.subnet,
                      v6(found.ipv6_subnet), self.public_ip,
-                     extra=fields("reused", found.subnet, self.public_ip,
-                                   reason="found for current IP", ipv6_subnet=found.ipv6_subnet))
+                     extra=fields("reused", found.subnets, self.public_ip,
+                                   reason="found for current IP"))
         return renewed
 
     def _reshape(self, config: NetworkConfig, old: Lease,
@@ -310,23 +319,23 @@ class LeaseManager:
                     "the network config (EnableIPv6 %s): replacing its key, keeping subnet %s",
                     old.subnet, v6(old.ipv6_subnet), self.public_ip,
                     "on" if config.enable_ipv6 else "off", old.subnet,
-                    extra=fields("deleted", old.subnet, self.public_ip, old.ipv6_subnet,
+                    extra=fields("deleted", old.subnets, self.public_ip,
                                   reason="IPv6 part does not fit the network config"))
-        self.registry.delete_lease(old.subnet, ipv6_subnet=old.ipv6_subnet)
+        self.registry.delete_lease(old.subnets)
         leases, _ = self.registry.list_leases()
         others = [l for l in leases if l.attrs.public_ip != self.public_ip]
         if any(l.subnet.overlaps(old.subnet) for l in others):
             return None
         want = old.ipv6_subnet if old.ipv6_subnet is not None else prev6
         sn6 = ipv6_part(config, others, want, self._rng)
-        lease = self.registry.create_lease(old.subnet, self.attrs,
-                                           0 if old.reservation else self.lease_ttl, ipv6_subnet=sn6)
+        lease = self.registry.create_lease((old.subnet, sn6), self.attrs,
+                                           0 if old.reservation else self.lease_ttl)
         if lease is not None and self._second(lease, others_only=True) is not None:
             return None
         if lease is not None:
             log.info("Allocated lease (ip: %s ipv6: %s) to current node (%s), the same subnet as "
                      "before", old.subnet, v6(sn6), self.public_ip,
-                     extra=fields("allocated", old.subnet, self.public_ip, ipv6_subnet=sn6,
+                     extra=fields("allocated", (old.subnet, sn6), self.public_ip,
                                    reason="new key shape, same subnet"))
         return lease
 
@@ -341,11 +350,10 @@ class LeaseManager:
         # the IPv6 part of subnet.env only if it fits too; the IPv4 subnet is kept either way
         sn6 = ipv6_part(config, leases, parts.get(6), self._rng)
         # absent from our list: free, or its key holds garbage (nobody's lease, taken back)
-        lease, _ = self._take_back(prev, sn6)
+        lease, _ = self._take_back((prev, sn6))
         if lease is not None:
             log.info("Found previously leased subnet (%s), reusing", prev,
-                     extra=fields("reused", prev, self.public_ip, reason="previous subnet",
-                                   ipv6_subnet=sn6))
+                     extra=fields("reused", (prev, sn6), self.public_ip, reason="previous subnet"))
         return lease
 
     # -- renewal and own-lease monitoring ----------------------------------------------------------
@@ -408,7 +416,7 @@ class LeaseManager:
                 continue
             retry_lost = False
             try:
-                renewed = self._renew(lease.subnet, lease.ipv6_subnet)
+                renewed = self._renew(lease.subnets)
             except RegistryError as exc:
                 left = (lease.expiration or time.time()) - time.time()
                 self._renew_failing.fail(
@@ -435,29 +443,26 @@ class LeaseManager:
             log.info("Lease renewed, new expiration: %s", time.strftime(
                 "%Y-%m-%d %H:%M:%S", time.gmtime(renewed.expiration)))
 
-    def _take_back(self, subnet: IPv4Network,
-                   ipv6_subnet: Optional[IPv6Network] = None) -> tuple[Optional[Lease], str]:
-        """Our key again, for our subnet (and IPv6 part): created if it is gone, reclaimed if it
+    def _take_back(self, subnets) -> tuple[Optional[Lease], str]:
+        """Our key again, for ``subnets`` (our subnet, or with its IPv6 part): created if it is gone, reclaimed if it
         holds garbage, renewed if it still names us. (None, who holds it) when another host's valid
         lease is there; raises RegistryError."""
-        key = self.registry.lease_key(subnet, ipv6_subnet=ipv6_subnet)
+        key = self.registry.lease_key(subnets)
         for _ in range(3):                    # each write is guarded: a writer in between wins
             kv = self.registry.get_raw(key)
             if kv is None:
                 # keys name both parts: the create-if-absent of ours no longer guards the subnet;
                 # the listing saves a write, the look after the create (_second) decides
-                holder = other_holder(self.registry.list_leases()[0], self.public_ip, subnet,
-                                      ipv6_subnet)
+                holder = other_holder(self.registry.list_leases()[0], self.public_ip, subnets)
                 if holder:
                     return None, holder
-                lease = self.registry.create_lease(subnet, self.attrs, self.lease_ttl,
-                                                   ipv6_subnet=ipv6_subnet)
+                lease = self.registry.create_lease(subnets, self.attrs, self.lease_ttl)
             else:
                 try:
                     held = LeaseAttrs.from_json(kv.value)
                 except LeaseFormatError as exc:
-                    lease = self.registry.reclaim_lease(subnet, self.attrs, kv.mod_revision,
-                                                        self.lease_ttl, ipv6_subnet=ipv6_subnet)
+                    lease = self.registry.reclaim_lease(subnets, self.attrs, kv.mod_revision,
+                                                        self.lease_ttl)
                     if lease is not None:
                         log.warning("Lease key %s held a malformed value (%s): took it back",
                                     key, exc)
@@ -465,8 +470,7 @@ class LeaseManager:
                 if held is not None and held.public_ip != self.public_ip:
                     return None, f"PublicIP {held.public_ip}"
                 if held is not None:
-                    lease = self.registry.renew_lease(subnet, self.attrs, self.lease_ttl,
-                                                      ipv6_subnet=ipv6_subnet)
+                    lease = self.registry.renew_lease(subnets, self.attrs, self.lease_ttl)
                     if lease is not None and not _recreated(lease):
                         return lease, ""        # the key named us: nothing was taken back
             if lease is not None:
@@ -483,7 +487,7 @@ class LeaseManager:
             log.warning("Lease %s has been revoked, has expired or holds something else: taking "
                         "the key back", old.subnet)
         try:
-            lease, holder = self._take_back(old.subnet, old.ipv6_subnet)
+            lease, holder = self._take_back(old.subnets)
             if lease is None and first:
                 log.error("Lease %s is now held by another host (%s): %s", old.subnet, holder,
                           "this host must move to another subnet" if old.ipv6_subnet is None
@@ -519,7 +523,7 @@ class LeaseManager:
                       "this host's workloads with addresses in %s: they keep them, and they now "
                       "route to another host, until the workloads are restarted", lease.subnet,
                       v6(lease.ipv6_subnet), old.subnet, v6(old.ipv6_subnet), gone,
-                      extra=fields("moved", lease.subnet, self.public_ip, lease.ipv6_subnet,
+                      extra=fields("moved", lease.subnets, self.public_ip,
                                     previous_subnet=str(old.subnet),
                                     previous_ipv6_subnet=v6(old.ipv6_subnet)))
         if self.on_lease_change is not None:

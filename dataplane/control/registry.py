@@ -2,7 +2,7 @@
 
 Keys: `<prefix>/config` (the network config JSON) and `<prefix>/subnets/<a.b.c.d>-<len>` (one lease per
 node, attached to a 24 h etcd lease, or to none: a reservation), `...-<len>&<v6>-<len6>` for a dual-stack
-lease: the lease calls take the IPv6 part as `ipv6_subnet`, since it is part of the key's name. A lease key's name and value are
+lease: the lease calls take the lease's parts (IPv4 first) as one value, since both make the key's name. A lease key's name and value are
 control/lease.py's; this module reads, creates, renews, reclaims and deletes them with flanneld's
 transactions. Registry is the client the daemon holds: an etcd client (control/etcd.py: endpoints,
 failover, auth, TLS, what the log says of failures) that knows these keys, and hands out watches on
@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from ipaddress import IPv4Network, IPv6Network
 from typing import Callable, Optional
 
 from .config import NetworkConfig, parse_config
 from .etcd import DEFAULT_ENDPOINTS, EtcdClient
 from .etcd_errors import RegistryError
 from .etcd_watch import WatchLoop
-from .lease import Lease, LeaseAttrs, LeaseFormatError, lease_from_kv, subnet_key_name
+from .lease import (Lease, LeaseAttrs, LeaseFormatError, lease_from_kv, split_parts,
+                    subnet_key_name)
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,9 @@ class Registry(EtcdClient):
         self.put(self.config_key, text)
 
     # -- leases -------------------------------------------------------------------------------------
-    def lease_key(self, subnet: IPv4Network, *, ipv6_subnet: Optional[IPv6Network] = None) -> str:
-        return self.subnets_prefix + subnet_key_name(subnet, ipv6_subnet)
+    def lease_key(self, subnets) -> str:
+        """The key of ``subnets``: a subnet, or a lease's parts (IPv4 first)."""
+        return self.subnets_prefix + subnet_key_name(subnets)
 
     def _lease(self, kv, with_ttl: bool, quiet: bool = False) -> "Lease | BadLease":
         key = kv.key.decode("utf-8", errors="replace")
@@ -94,30 +95,31 @@ class Registry(EtcdClient):
         return ([x for x in out if isinstance(x, Lease)], [x for x in out if isinstance(x, BadLease)],
                 rev)
 
-    def list_leases(self, with_ttl: bool = False) -> tuple[list[Lease], int]:
-        """All parsable leases under `<prefix>/subnets/` and the revision of that snapshot."""
+    def list_leases(self, with_ttl: bool = False,
+                    malformed: Optional[list] = None) -> tuple[list[Lease], int]:
+        """All parsable leases under `<prefix>/subnets/` and the revision of that snapshot;
+        the keys that are no lease (BadLease) are appended to ``malformed`` when given (the
+        listing is then whole: a peer watch can start from it, as scan_leases')."""
         kvs, rev = self.get(self.subnets_prefix, prefix=True)
-        leases = [x for x in (self._lease(kv, with_ttl) for kv in kvs) if isinstance(x, Lease)]
-        return leases, rev
+        out = [self._lease(kv, with_ttl) for kv in kvs]
+        if malformed is not None:
+            malformed.extend(x for x in out if isinstance(x, BadLease))
+        return [x for x in out if isinstance(x, Lease)], rev
 
-    def create_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int = SUBNET_TTL, *,
-                     ipv6_subnet: Optional[IPv6Network] = None) -> Optional[Lease]:
+    def create_lease(self, subnets, attrs: LeaseAttrs, ttl: int = SUBNET_TTL) -> Optional[Lease]:
         """flanneld's createSubnet: grant `ttl`, then put only if the key is absent (one txn).
 
         Returns the lease, or None when the key already exists (the granted etcd lease is revoked)."""
-        return self._put_lease_if(subnet, attrs, ttl, 0, "create lease", ipv6_subnet=ipv6_subnet)
+        return self._put_lease_if(subnets, attrs, ttl, 0, "create lease")
 
-    def reclaim_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, mod_revision: int,
-                      ttl: int = SUBNET_TTL, *,
-                      ipv6_subnet: Optional[IPv6Network] = None) -> Optional[Lease]:
+    def reclaim_lease(self, subnets, attrs: LeaseAttrs, mod_revision: int,
+                      ttl: int = SUBNET_TTL) -> Optional[Lease]:
         """Take over a lease key that holds a malformed value (nobody's lease): grant `ttl` and put
         ours only if the key is still the one we read (its mod revision). None if it changed."""
-        return self._put_lease_if(subnet, attrs, ttl, mod_revision, "reclaim lease",
-                                  ipv6_subnet=ipv6_subnet)
+        return self._put_lease_if(subnets, attrs, ttl, mod_revision, "reclaim lease")
 
-    def renew_lease(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int = SUBNET_TTL,
-                    attempts: int = 3, *,
-                    ipv6_subnet: Optional[IPv6Network] = None) -> Optional[Lease]:
+    def renew_lease(self, subnets, attrs: LeaseAttrs, ttl: int = SUBNET_TTL,
+                    attempts: int = 3) -> Optional[Lease]:
         """flanneld's updateSubnet: our value put again under the subnet's key, with a new grant of `ttl`.
 
         The key is ours when its PublicIP is ours, whatever else its value holds (other fields, order,
@@ -128,12 +130,11 @@ class Registry(EtcdClient):
         `attempts` times. Returns None if the key holds another PublicIP or a value that is no lease.
         A key put where there was none comes back with ``create_revision == mod_revision``
         (``created``): for a dual key, only the caller's look after it can see an overlap."""
-        key = self.lease_key(subnet, ipv6_subnet=ipv6_subnet)
+        key = self.lease_key(subnets)
         for _ in range(attempts):
             kv = self.get_raw(key)
             if kv is None:
-                lease = self._put_lease_if(subnet, attrs, ttl, 0, "renew lease",
-                                           ipv6_subnet=ipv6_subnet)
+                lease = self._put_lease_if(subnets, attrs, ttl, 0, "renew lease")
             else:
                 try:
                     held = LeaseAttrs.from_json(kv.value)
@@ -141,18 +142,19 @@ class Registry(EtcdClient):
                     return None
                 if held.public_ip != attrs.public_ip:
                     return None
-                lease = self._put_lease_if(subnet, attrs, ttl if kv.lease else 0, kv.mod_revision,
-                                           "renew lease", ipv6_subnet=ipv6_subnet)
+                lease = self._put_lease_if(subnets, attrs, ttl if kv.lease else 0, kv.mod_revision,
+                                           "renew lease")
             if lease is not None:
                 return lease
         return None
 
-    def _put_lease_if(self, subnet: IPv4Network, attrs: LeaseAttrs, ttl: int, mod_revision: int,
-                      what: str, *, ipv6_subnet: Optional[IPv6Network] = None) -> Optional[Lease]:
+    def _put_lease_if(self, subnets, attrs: LeaseAttrs, ttl: int, mod_revision: int,
+                      what: str) -> Optional[Lease]:
         """Grant `ttl` and put our lease under the subnet's key in one txn if the key is still at
         `mod_revision` (absent when 0); None (and the grant revoked) if it is not. A `ttl` of 0
         puts the key with no etcd lease (a reservation stays one)."""
-        key = self.lease_key(subnet, ipv6_subnet=ipv6_subnet)
+        subnet, ipv6_subnet = split_parts(subnets)
+        key = self.lease_key(subnets)
         lease_id = self.grant(ttl) if ttl > 0 else 0
         revision = self.put_if(key, attrs.to_json(), mod_revision=mod_revision, lease_id=lease_id,
                                what=what)
@@ -167,8 +169,8 @@ class Registry(EtcdClient):
                      lease_id=lease_id, mod_revision=revision, key=key,
                      create_revision=revision if mod_revision == 0 else 0)
 
-    def delete_lease(self, subnet: IPv4Network, *, ipv6_subnet: Optional[IPv6Network] = None) -> bool:
-        return self.delete(self.lease_key(subnet, ipv6_subnet=ipv6_subnet)) > 0
+    def delete_lease(self, subnets) -> bool:
+        return self.delete(self.lease_key(subnets)) > 0
 
     # -- watches ------------------------------------------------------------------------------------
     def watch_loop(self, key: str, *, prefix: bool, start_revision: int,

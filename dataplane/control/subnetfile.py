@@ -31,29 +31,30 @@ def _first_address(subnet) -> str:
     return f"{subnet.network_address + 1}/{subnet.prefixlen}"
 
 
-def format_subnet_env(network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool, *,
-                      ipv6_network: Optional[IPv6Network] = None,
-                      ipv6_subnet: Optional[IPv6Network] = None) -> str:
-    """The file's text; the IPv6 lines only when both IPv6 values are given (EnableIPv6)."""
-    if (ipv6_network is None) != (ipv6_subnet is None):
-        raise ValueError("the IPv6 lines need both the IPv6 network and the IPv6 subnet")
-    v6 = "" if ipv6_subnet is None else (f"FLANNEL_IPV6_NETWORK={ipv6_network}\n"
-                                         f"FLANNEL_IPV6_SUBNET={_first_address(ipv6_subnet)}\n")
-    return (f"FLANNEL_NETWORK={network}\n"
-            f"FLANNEL_SUBNET={IPv4Interface(_first_address(subnet))}\n"
+def format_subnet_env(parts, mtu: int, ipmasq: bool) -> str:
+    """The file's text for ``parts`` (host/family.py Part: the overlay's network and the
+    lease's subnet in it, per family, IPv4 first); the IPv6 lines only when the IPv6 part has
+    a subnet (EnableIPv6 and a lease with an IPv6 part)."""
+    by = {p.family.version: p for p in parts}
+    v4, six = by[4], by.get(6)
+    v6 = ""
+    if six is not None and six.subnet is not None:
+        if six.network is None:
+            raise ValueError("the IPv6 lines need both the IPv6 network and the IPv6 subnet")
+        v6 = (f"FLANNEL_IPV6_NETWORK={six.network}\n"
+              f"FLANNEL_IPV6_SUBNET={_first_address(six.subnet)}\n")
+    return (f"FLANNEL_NETWORK={v4.network}\n"
+            f"FLANNEL_SUBNET={IPv4Interface(_first_address(v4.subnet))}\n"
             f"{v6}"
             f"FLANNEL_MTU={int(mtu)}\n"
             f"FLANNEL_IPMASQ={'true' if ipmasq else 'false'}\n")
 
 
-def write_subnet_env(path: str, network: IPv4Network, subnet: IPv4Network, mtu: int, ipmasq: bool, *,
-                     ipv6_network: Optional[IPv6Network] = None,
-                     ipv6_subnet: Optional[IPv6Network] = None) -> None:
-    """Atomically replace `path`, mode 0644; raises OSError (flanneld only warns: the caller decides)."""
+def write_subnet_env(path: str, parts, mtu: int, ipmasq: bool) -> None:
+    """Atomically replace `path` (``parts`` as format_subnet_env's), mode 0644; raises OSError
+    (flanneld only warns: the caller decides)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
-    text = format_subnet_env(network, subnet, mtu, ipmasq, ipv6_network=ipv6_network,
-                             ipv6_subnet=ipv6_subnet)
-    write_atomic(path, text, mode=0o644)
+    write_atomic(path, format_subnet_env(parts, mtu, ipmasq), mode=0o644)
 
 
 def _parse_lines(text: str) -> dict:

@@ -82,6 +82,7 @@ class LeaseKeeper:
             log.debug("stopping the lease manager: %s", e)
         st.lease_manager = self.new_manager(prev=current.subnet)
         new = startup.acquire_lease(st.lease_manager, self.registry, self._wait)
+        st.lease_manager.take_listing()       # the peer watch runs already: not held on to
         st.lease_manager.start()
         return new
 
@@ -102,6 +103,5 @@ class LeaseKeeper:
         self._peer_routes.follow_lease(st.config.ipv6_network, lease.ipv6_subnet,
                                        self._routed6())
         if (lease.subnet, lease.ipv6_subnet) != (old.subnet, old.ipv6_subnet):
-            st.subnet_env.want(st.config.network, lease.subnet, st.ext.tun_mtu,
-                               st.config.ipv6_network, lease.ipv6_subnet)
+            st.subnet_env.want(startup.parts(st.config, lease), st.ext.tun_mtu)
         self._save_state()

@@ -37,7 +37,8 @@ each step is a function of daemon/startup.py::
     8. subnet.env                FLANNEL_NETWORK / SUBNET / (IPV6_NETWORK / IPV6_SUBNET) /
                                  MTU / IPMASQ
     9. engine + watches          one engine per queue (host/assembly.py), made first; the
-                                 peer watch lists the leases and their routes go in; then the
+                                 peer watch takes the leases step 4 listed (the thread's; the
+                                 child process lists them) and their routes go in; then the
                                  engine starts (so the source check knows the peers from the
                                  first datagram); each batch of peer changes -> the kept route
                                  table updated (daemon/peer_routes.py) -> every queue at once;
@@ -245,8 +246,7 @@ class Daemon:
         st.rules = startup.install_rules(o, startup.parts(st.config, st.lease),
                                          enable_nftables=st.config.enable_nftables)
         # 8. subnet.env (rewritten on the tick while a write fails)
-        st.subnet_env.want(st.config.network, st.lease.subnet, st.ext.tun_mtu,
-                           st.config.ipv6_network, st.lease.ipv6_subnet)
+        st.subnet_env.want(startup.parts(st.config, st.lease), st.ext.tun_mtu)
         # 9. engine and watches: the routes to the listed peers are in before the engine
         #    forwards, so that the source check accepts their datagrams from the first one
         if st.engine is None:
@@ -376,7 +376,8 @@ class Daemon:
         child, self._peer_child = self._peer_child, None
         st.peer_watcher, st.config_watcher = startup.start_watches(
             self.registry, st.lease.subnet, st.config, st.ext, self.peer_routes.on_peers,
-            in_process=st.engine_cls.forwards_in_python, prepared=child)
+            in_process=st.engine_cls.forwards_in_python, prepared=child,
+            listing=st.lease_manager.take_listing())
         startup.wait_for_peers(st.peer_watcher)
         st.lease_manager.start()
 

@@ -526,7 +526,9 @@ def start_watches(registry, subnet, config, ext, on_peers, in_process: bool, pre
     """9. The peer watch, reporting to ``on_peers``, and the config watch, started: (peer
     watcher, config watcher). With the Python engine (``in_process``) the peer watch runs in a
     process of its own (``prepared`` early, control/peer_process.py), so that a burst of lease
-    events does not hold the interpreter the engine forwards in."""
+    events does not hold the interpreter the engine forwards in. ``listing``: the leases the
+    lease's acquisition listed (LeaseManager.take_listing), the in-process watch's first table,
+    so that a start lists and parses them once."""
     from ..control.configwatch import ConfigWatcher
     from ..control.peer_process import PeerWatchProcess
     from ..control.peers import PeerWatcher

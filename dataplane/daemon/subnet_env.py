@@ -27,18 +27,16 @@ class SubnetEnv:
         self.path = path
         self.ipmasq = ipmasq
         self._lock = threading.Lock()     # guards _want and _written
-        # (network, subnet, mtu, IPv6 network, IPv6 subnet) the file must hold
+        # (parts, mtu) the file must hold
         self._want: Optional[tuple] = None
         self._written = False
         self.failures = Recurring(log, f"Writing the subnet file {path}", level=logging.ERROR)
 
-    def want(self, network, subnet, mtu: int, ipv6_network=None, ipv6_subnet=None) -> bool:
-        """The file must name ``subnet`` (and ``ipv6_subnet`` of ``ipv6_network``, the lease's
-        IPv6 part, when it has one) from now on: written now; True when it was."""
-        if ipv6_subnet is None:
-            ipv6_network = None
+    def want(self, parts, mtu: int) -> bool:
+        """The file must name the lease's subnets of ``parts`` (host/family.py Part per family,
+        IPv4 first: daemon/startup.py parts) from now on: written now; True when it was."""
         with self._lock:
-            self._want = (network, subnet, int(mtu), ipv6_network, ipv6_subnet)
+            self._want = (tuple(parts), int(mtu))
             self._written = False
         return self.retry()
 
@@ -48,10 +46,10 @@ class SubnetEnv:
             want, written = self._want, self._written
         if want is None or written:
             return True
-        network, subnet, mtu, ipv6_network, ipv6_subnet = want
+        parts, mtu = want
+        subnet = parts[0].subnet
         try:
-            write_subnet_env(self.path, network, subnet, mtu, self.ipmasq,
-                             ipv6_network=ipv6_network, ipv6_subnet=ipv6_subnet)
+            write_subnet_env(self.path, parts, mtu, self.ipmasq)
         except OSError as e:
             self.failures.fail(f"{e.strerror or e} ({type(e).__name__})", self._consequence(subnet))
             return False
@@ -71,7 +69,7 @@ class SubnetEnv:
         if written:
             return None
         cause = self.failures.cause or "not written yet"
-        return (f"{self.path} does not name the lease {want[1]}: writing it failed ({cause}); "
+        return (f"{self.path} does not name the lease {want[0][0].subnet}: writing it failed ({cause}); "
                 "retried every second")
 
     def _consequence(self, subnet) -> str:

@@ -22,6 +22,7 @@ from dataplane.control.lease_manager import LeaseManager, OutOfSubnetsError
 from dataplane.control.registry import SUBNET_TTL
 from dataplane.control.subnetfile import (previous_ipv6_subnet, previous_subnet, read_subnet_env,
                                           write_subnet_env)
+from dataplane.host.family import Part
 from tests.conftest import wait_until
 from tests.integration.test_subnets import _watched, ip
 
@@ -52,7 +53,7 @@ def keys(reg) -> dict:
 def stage(reg, subnet, six, public_ip=ME, reserved=False):
     """A key of ours or another host's, as another flannel would have left it."""
     lease_id = 0 if reserved else reg.grant(600)
-    reg.put(reg.lease_key(subnet, ipv6_subnet=six), LeaseAttrs(public_ip).to_json(), lease_id=lease_id)
+    reg.put(reg.lease_key((subnet, six)), LeaseAttrs(public_ip).to_json(), lease_id=lease_id)
 
 
 def name(subnet, six=None) -> str:
@@ -77,7 +78,7 @@ def test_allocation_is_one_dual_key_with_flanneld_value_and_ttl(shared_etcd, mak
 def test_own_dual_key_reused_by_public_ip(shared_etcd, make_registry):
     reg = make_registry(shared_etcd, config=DUAL)
     stage(reg, MINE, v6(0x77))
-    old_id = reg.get(reg.lease_key(MINE, ipv6_subnet=v6(0x77)))[0][0].lease
+    old_id = reg.get(reg.lease_key((MINE, v6(0x77))))[0][0].lease
     lease = LeaseManager(reg, ME, subnet_file_prev=IPv4Network("10.5.7.0/24")).acquire()
     assert (lease.subnet, lease.ipv6_subnet) == (MINE, v6(0x77)) and lease.lease_id != old_id
     assert keys(reg) == {name(MINE, v6(0x77)): OURS}
@@ -119,8 +120,7 @@ def test_ipv6_part_that_does_not_fit_is_replaced_and_the_subnet_kept(shared_etcd
 
 def _subnet_env(tmp_path, subnet, six):
     p = str(tmp_path / "subnet.env")
-    write_subnet_env(p, IPv4Network("10.5.0.0/16"), subnet, 1472, False, ipv6_network=N6,
-                     ipv6_subnet=six)
+    write_subnet_env(p, [Part(IPv4Network("10.5.0.0/16"), subnet), Part(N6, six)], 1472, False)
     env = read_subnet_env(p)
     return previous_subnet(env), previous_ipv6_subnet(env)
 
@@ -156,7 +156,7 @@ def test_ipv6_pick_avoids_every_other_leases_ipv6_part(shared_etcd, make_registr
 def test_deleted_dual_key_taken_back_as_the_same_key(shared_etcd, make_registry):
     reg = make_registry(shared_etcd, config=DUAL)
     with _watched(reg) as (mgr, first, changes):
-        reg.delete_lease(first.subnet, ipv6_subnet=first.ipv6_subnet)
+        reg.delete_lease(first.subnets)
         wait_until(lambda: changes, what="on_lease_change after delete")
         assert (changes[0].subnet, changes[0].ipv6_subnet) == (first.subnet, first.ipv6_subnet)
         assert changes[0].key == first.key and changes[0].lease_id != first.lease_id
@@ -170,7 +170,7 @@ def test_subnet_taken_under_another_key_meanwhile_is_not_taken_back(shared_etcd,
         # ours again would succeed (another key) and give the subnet to two hosts
         rival = v6(0xfff0)
         stage(reg, first.subnet, rival, public_ip=OTHER)
-        reg.delete_lease(first.subnet, ipv6_subnet=first.ipv6_subnet)
+        reg.delete_lease(first.subnets)
         wait_until(lambda: changes, what="on_lease_change after delete")
         assert changes[0].subnet != first.subnet and changes[0].ipv6_subnet not in (None, rival)
         assert set(keys(reg)) == {name(first.subnet, rival),
@@ -206,8 +206,7 @@ def test_public_ipv6_is_written_and_an_adopted_value_without_it_rewritten(shared
     value = b'{"PublicIP":"192.168.77.1","PublicIPv6":"fd00:99::1","ForwardsIPv6":true}'
     assert keys(reg) == {name(first.subnet, first.ipv6_subnet): value}
     # a daemon of an older version wrote it without; ours takes it over
-    first = reg.renew_lease(first.subnet, LeaseAttrs(ME, forwards_ipv6=True), SUBNET_TTL,
-                            ipv6_subnet=first.ipv6_subnet)
+    first = reg.renew_lease(first.subnets, LeaseAttrs(ME, forwards_ipv6=True), SUBNET_TTL)
     mgr = LeaseManager(reg, (ME, pub6), config=reg.get_config())
     mgr.adopt(replace(first, attrs=LeaseAttrs(ME)))
     mgr.start()
@@ -318,7 +317,7 @@ def test_take_back_of_a_dual_key_gives_it_up_to_an_earlier_overlapping_key(
             lease = LeaseManager(reg, ME, (None, mine[1])).acquire()
         else:
             _hide_others(reg, 1)        # the take-back's
-            reg.delete_lease(mine[0], ipv6_subnet=mine[1])
+            reg.delete_lease(mine)
             wait_until(lambda: changes, what="on_lease_change after delete")
             lease = changes[0]
         assert not lease.subnet.overlaps(rival[0]) and not lease.ipv6_subnet.overlaps(rival[1])
@@ -340,7 +339,7 @@ def test_renewal_that_recreates_a_vanished_dual_key_yields_to_an_earlier_overlap
     mgr = LeaseManager(reg, ME, on_lease_change=changes.append, reacquire_interval=0.1,
                        watch_retry_interval=0.2)
     first = mgr.acquire()
-    reg.delete_lease(first.subnet, ipv6_subnet=first.ipv6_subnet)
+    reg.delete_lease(first.subnets)
     other4 = IPv4Network("10.5.202.0/24" if first.subnet == IPv4Network("10.5.201.0/24")
                          else "10.5.201.0/24")
     rival = ((first.subnet, v6(0x7f)) if rival_parts == "same-ipv4"
@@ -361,7 +360,7 @@ def test_renewal_that_recreates_a_vanished_dual_key_yields_to_an_earlier_overlap
         finally:
             mgr.stop()
     said = caplog.text
-    assert f"overlaps {reg.lease_key(*rival[:1], ipv6_subnet=rival[1])}, created just before ours" \
+    assert f"overlaps {reg.lease_key(rival)}, created just before ours" \
         in said
     assert f"Lease {first.subnet} is now held by another host (PublicIP {OTHER}, key " in said
     gone = first.subnet if rival_parts == "same-ipv4" else first.ipv6_subnet

@@ -8,7 +8,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from dataplane.control.lease import LeaseAttrs
+from dataplane.control.lease import LeaseAttrs, split_parts
 from dataplane.control.registry import Registry
 from dataplane.control.lease_manager import LeaseManager, OutOfSubnetsError, check_renew_margin, free_subnets
 from tests.conftest import wait_until
@@ -110,12 +110,12 @@ class RacingRegistry(Registry):
         self.races = races
         self.lost = []
 
-    def create_lease(self, subnet, attrs, ttl=86400, **kw):
+    def create_lease(self, subnets, attrs, ttl=86400):
         if len(self.lost) < self.races:
-            self.lost.append(subnet)
-            assert self.rival.create_lease(subnet, LeaseAttrs(IPv4Address("10.99.0.1")), ttl,
-                                           **kw) is not None
-        return super().create_lease(subnet, attrs, ttl, **kw)
+            self.lost.append(split_parts(subnets)[0])
+            assert self.rival.create_lease(subnets, LeaseAttrs(IPv4Address("10.99.0.1")),
+                                           ttl) is not None
+        return super().create_lease(subnets, attrs, ttl)
 
 
 class PrefersSubnet(random.Random):

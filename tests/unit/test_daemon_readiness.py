@@ -14,6 +14,7 @@ from dataplane.daemon.main import Daemon
 from dataplane.daemon.options import Options
 from dataplane.engine import OFF_UDP_GRO, OFF_UDP_GSO
 from dataplane.engine.api import Ended
+from dataplane.host.family import Part
 from dataplane.host.offload import Offloads
 
 
@@ -34,7 +35,7 @@ def lease_manager(expiration, own_watch=None, **counts):
 @pytest.fixture
 def daemon(tmp_path):
     d = Daemon(Options(subnet_file=str(tmp_path / "subnet.env")))
-    d.state.subnet_env.want(IPv4Network("10.5.0.0/16"), IPv4Network("10.5.3.0/24"), 1472)
+    d.state.subnet_env.want([Part(IPv4Network("10.5.0.0/16"), IPv4Network("10.5.3.0/24"))], 1472)
     d.state.lease_manager = lease_manager(time.time() + 3600, watch())
     d.state.engine = SimpleNamespace(ended=lambda: {})
     d.state.peer_watcher = SimpleNamespace(watch_loop=watch(reconnects=2, resyncs=1))
@@ -88,10 +89,10 @@ def test_a_subnet_file_that_cannot_be_written_is_not_ready_until_it_is(tmp_path,
     d = Daemon(Options(subnet_file=str(tmp_path / "run" / "subnet.env")))
     old, new = IPv4Network("10.5.3.0/24"), IPv4Network("10.5.9.0/24")
     net = IPv4Network("10.5.0.0/16")
-    assert d.state.subnet_env.want(net, old, 1472)
+    assert d.state.subnet_env.want([Part(net, old)], 1472)
     (tmp_path / "run").rename(tmp_path / "run.away")
     (tmp_path / "run").write_text("a file where the directory was\n")   # writes fail: ENOTDIR
-    assert not d.state.subnet_env.want(net, new, 1472)
+    assert not d.state.subnet_env.want([Part(net, new)], 1472)
     for _ in range(5):
         assert not d.state.subnet_env.retry()
     why = d.source.readiness()["subnet_file"]

@@ -21,6 +21,7 @@ from dataplane.control.config import ConfigError, parse_config
 from dataplane.control.lease import Lease, LeaseAttrs, with_ipv6_of_key
 from dataplane.control.subnetfile import (format_subnet_env, previous_ipv6_subnet, previous_subnet,
                                           read_subnet_env, write_subnet_env)
+from dataplane.host.family import Part
 
 DUAL = '{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00:5::/48"}'
 N, S = IPv4Network("10.5.0.0/16"), IPv4Network("10.5.84.0/24")
@@ -69,18 +70,19 @@ def test_ipv6_only_still_refused_and_dual_checks_the_ipv6_half():
 # -- subnet.env ----------------------------------------------------------------------------------------
 
 def test_format_writes_the_ipv6_lines_after_flannel_subnet_in_flanneld_order():
-    text = format_subnet_env(N, S, 1472, True, ipv6_network=N6, ipv6_subnet=S6)
+    text = format_subnet_env([Part(N, S), Part(N6, S6)], 1472, True)
     assert text == ("FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.84.1/24\n"
                     "FLANNEL_IPV6_NETWORK=fc00:5::/48\nFLANNEL_IPV6_SUBNET=fc00:5:0:54::1/64\n"
                     "FLANNEL_MTU=1472\nFLANNEL_IPMASQ=true\n")
-    assert "IPV6" not in format_subnet_env(N, S, 1472, True)       # v4 only: as before
+    assert "IPV6" not in format_subnet_env([Part(N, S)], 1472, True)       # v4 only: as before
+    assert "IPV6" not in format_subnet_env([Part(N, S), Part(N6, None)], 1472, True)  # no part
     with pytest.raises(ValueError, match="both"):
-        format_subnet_env(N, S, 1472, True, ipv6_subnet=S6)
+        format_subnet_env([Part(N, S), Part(None, S6)], 1472, True)
 
 
 def test_ipv6_lines_written_and_read_back_as_the_previous_pair(tmp_path):
     p = str(tmp_path / "subnet.env")
-    write_subnet_env(p, N, S, 1472, False, ipv6_network=N6, ipv6_subnet=S6)
+    write_subnet_env(p, [Part(N, S), Part(N6, S6)], 1472, False)
     env = read_subnet_env(p)
     assert env["FLANNEL_IPV6_NETWORK"] == "fc00:5::/48"
     assert previous_subnet(env) == S and previous_ipv6_subnet(env) == S6
@@ -88,7 +90,7 @@ def test_ipv6_lines_written_and_read_back_as_the_previous_pair(tmp_path):
 
 def test_no_ipv6_line_no_previous_ipv6_subnet(tmp_path):
     p = str(tmp_path / "subnet.env")
-    write_subnet_env(p, N, S, 1472, False)
+    write_subnet_env(p, [Part(N, S)], 1472, False)
     assert previous_ipv6_subnet(read_subnet_env(p)) is None
     assert previous_ipv6_subnet(None) is None
 
@@ -218,10 +220,10 @@ def test_ipv6_part_keeps_a_fitting_free_part_else_picks_one():
 def test_other_holder_names_overlaps_of_either_part_by_another_host():
     mine = IPv4Network("10.5.9.0/24")
     leases = [lease("10.5.9.0/24", v6(1), ip=ME), lease("10.5.10.0/24", v6(9))]
-    assert other_holder(leases, ME, mine, v6(5)) == ""
-    assert "192.168.77.9" in other_holder(leases, ME, mine, v6(9))
+    assert other_holder(leases, ME, (mine, v6(5))) == ""
+    assert "192.168.77.9" in other_holder(leases, ME, (mine, v6(9)))
     leases.append(lease("10.5.0.0/20", None))
-    assert "192.168.77.9" in other_holder(leases, ME, mine, None)
+    assert "192.168.77.9" in other_holder(leases, ME, mine)
 
 
 def test_a_handed_over_lease_gets_the_ipv6_part_its_key_names():
@@ -249,10 +251,10 @@ class _Ext:
 def test_make_lease_manager_hands_subnet_envs_ipv6_part_over(tmp_path):
     from dataplane.daemon.startup import make_lease_manager
     p = str(tmp_path / "subnet.env")
-    write_subnet_env(p, N, S, 1472, False, ipv6_network=N6, ipv6_subnet=S6)
+    write_subnet_env(p, [Part(N, S), Part(N6, S6)], 1472, False)
     mgr = make_lease_manager(_Opts(p), object(), _Ext(), parse_config(DUAL), None)
     assert mgr.subnet_file_prev == {4: S, 6: S6}
-    write_subnet_env(p, N, S, 1472, False)
+    write_subnet_env(p, [Part(N, S)], 1472, False)
     mgr = make_lease_manager(_Opts(p), object(), _Ext(), parse_config(DUAL), None)
     assert mgr.subnet_file_prev == {4: S}
 

@@ -27,7 +27,7 @@ def test_key_name_and_parse():
 
 def test_dual_stack_key():
     s, v6 = IPv4Network("10.5.84.0/24"), IPv6Network("fc00::/64")
-    assert subnet_key_name(s, v6) == "10.5.84.0-24&fc00::-64"
+    assert subnet_key_name((s, v6)) == "10.5.84.0-24&fc00::-64"
     assert parse_subnet_key("/x/subnets/10.5.84.0-24&fc00::-64") == (s, v6)
 
 

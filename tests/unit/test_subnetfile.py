@@ -6,13 +6,14 @@ from ipaddress import IPv4Network
 import pytest
 
 from dataplane.control.subnetfile import read_previous_subnet, read_subnet_env, write_subnet_env
+from dataplane.host.family import Part
 
 N, S = IPv4Network("10.5.0.0/16"), IPv4Network("10.5.84.0/24")
 
 
 def test_exact_format(tmp_path):
     p = tmp_path / "run" / "flannel" / "subnet.env"          # directories are created
-    write_subnet_env(str(p), N, S, 1472, False)
+    write_subnet_env(str(p), [Part(N, S)], 1472, False)
     assert p.read_text() == ("FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.84.1/24\n"
                              "FLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n")
     assert oct(p.stat().st_mode & 0o777) == oct(0o644 & ~_umask())
@@ -27,8 +28,8 @@ def _umask():
 
 def test_ipmasq_true_and_overwrite(tmp_path):
     p = str(tmp_path / "subnet.env")
-    write_subnet_env(p, N, S, 1472, False)
-    write_subnet_env(p, N, IPv4Network("10.5.9.0/24"), 1400, True)
+    write_subnet_env(p, [Part(N, S)], 1472, False)
+    write_subnet_env(p, [Part(N, IPv4Network("10.5.9.0/24"))], 1400, True)
     env = read_subnet_env(p)
     assert env == {"FLANNEL_NETWORK": "10.5.0.0/16", "FLANNEL_SUBNET": "10.5.9.1/24",
                    "FLANNEL_MTU": "1400", "FLANNEL_IPMASQ": "true"}
@@ -37,9 +38,9 @@ def test_ipmasq_true_and_overwrite(tmp_path):
 
 def test_atomic_rename_keeps_old_inode_readers(tmp_path):
     p = str(tmp_path / "subnet.env")
-    write_subnet_env(p, N, S, 1472, False)
+    write_subnet_env(p, [Part(N, S)], 1472, False)
     with open(p) as reader:
-        write_subnet_env(p, N, IPv4Network("10.5.1.0/24"), 1472, False)
+        write_subnet_env(p, [Part(N, IPv4Network("10.5.1.0/24"))], 1472, False)
         assert "10.5.84.1/24" in reader.read()        # the old file, complete
     assert "10.5.1.1/24" in open(p).read()
 

@@ -5,6 +5,7 @@ from ipaddress import IPv4Network
 import pytest
 
 from dataplane.control.subnetfile import read_subnet_env, write_subnet_env
+from dataplane.host.family import Part
 
 N, S = IPv4Network("10.5.0.0/16"), IPv4Network("10.5.84.0/24")
 VICTIM = b"root:x:0:0:root:/root:/bin/bash\n"
@@ -18,7 +19,7 @@ def test_planted_link_at_the_old_temporary_name_is_not_followed(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / ".subnet.env").symlink_to(victim)
-    write_subnet_env(str(run / "subnet.env"), N, S, 1472, False)
+    write_subnet_env(str(run / "subnet.env"), [Part(N, S)], 1472, False)
     assert victim.read_bytes() == VICTIM
     assert read_subnet_env(str(run / "subnet.env"))["FLANNEL_SUBNET"] == "10.5.84.1/24"
     assert not (run / "subnet.env").is_symlink()
@@ -26,7 +27,7 @@ def test_planted_link_at_the_old_temporary_name_is_not_followed(tmp_path):
 
 def test_a_write_that_fails_midway_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch):
     path = tmp_path / "subnet.env"
-    write_subnet_env(str(path), N, S, 1472, False)
+    write_subnet_env(str(path), [Part(N, S)], 1472, False)
     before = path.read_bytes()
     real_write = os.write
 
@@ -36,7 +37,7 @@ def test_a_write_that_fails_midway_keeps_the_old_file_and_leaves_no_temporary(tm
 
     monkeypatch.setattr(os, "write", half_then_fail)
     with pytest.raises(OSError, match="No space"):
-        write_subnet_env(str(path), N, IPv4Network("10.5.9.0/24"), 1400, True)
+        write_subnet_env(str(path), [Part(N, IPv4Network("10.5.9.0/24"))], 1400, True)
     monkeypatch.undo()
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["subnet.env"]

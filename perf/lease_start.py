@@ -1,0 +1,126 @@
+"""A fresh daemon's start beside many leases: from its exec to subnet.env, and to READY=1.
+
+    python perf/lease_start.py --peers 16000 --runs 3 --engine c
+    python perf/lease_start.py --peers 16000 --runs 1 --profile /tmp/start.prof
+    /work/main/.venv/bin/python perf/lease_start.py --tree /work/main     # another checkout
+    python -c "import pstats; pstats.Stats('/tmp/start.prof').sort_stats('cumulative').print_stats(40)"
+
+A real etcd holds ``--peers`` leases (each its own PublicIP, as perf/lease_burst.py writes them);
+then one daemon at a time starts on a new host (a new process, no handover), is timed to its
+subnet.env and to READY=1 (sent once the routes to every listed peer are in), and goes again
+with its host and its lease, so that every run sees the same leases. ``--profile FILE`` runs
+the daemon under cProfile from its first line to READY=1 and writes the stats there (the
+start's work, not its wall time: the profiler slows it down; the main thread only), and prints
+the etcd client's calls it saw. Each run says how many Range requests etcd answered until READY and how many
+bytes it sent (its /metrics): the listings a start makes. As root; the testbed is removed on exit.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+# --tree DIR: measure the code of another checkout (e.g. main's, for a before/after in turns)
+_TREE = (sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv
+         else os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(_TREE))
+
+from dataplane.host.child import cli_argv  # noqa: E402
+from dataplane.testbed.overlay import Overlay  # noqa: E402
+from perf.lease_burst import CONFIG, PRELOAD_BASE, leases, wait_file  # noqa: E402
+
+# Run in the daemon's process: cProfile from the start, dumped when READY=1 goes out.
+_PROFILED = """
+import cProfile, sys
+sys.argv[0] = 'flannel-udp'
+_prof = cProfile.Profile()
+_prof.enable()
+from dataplane.daemon import systemd as _sd, main as _main
+_notify = _sd.sd_notify
+def _at_ready(text, *a, **kw):
+    if text.startswith('READY=1'):
+        _prof.disable()
+        _prof.dump_stats({out!r})
+    return _notify(text, *a, **kw)
+_main.sd_notify = _at_ready
+"""
+
+
+def profiled_argv(out: str):
+    """Overlay.daemon_argv's command, the daemon under cProfile (imports included)."""
+    def argv(host, engine, args=()):
+        plain = cli_argv("x")
+        code = plain[2]
+        prologue, _, _ = code.partition("sys.argv[0] = 'flannel-udp'")
+        body = (_PROFILED.format(out=out) + "import dataplane.cli as _cli\n"
+                "sys.exit(_cli.main())\n")
+        return [plain[0], "-c", prologue + body] + [str(a) for a in host_cmd(host, engine, args)]
+    return argv
+
+
+def etcd_counts(etcd) -> tuple[int, int]:
+    """(Range requests etcd has answered, bytes it has sent to clients) so far."""
+    import subprocess
+    text = subprocess.run(etcd._wrap(["curl", "-s", etcd.client_url + "/metrics"]),
+                          capture_output=True, text=True, timeout=10, check=True).stdout
+    ranges = sent = 0
+    for line in text.splitlines():
+        if line.startswith("grpc_server_handled_total") and 'grpc_method="Range"' in line:
+            ranges += int(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("etcd_network_client_grpc_sent_bytes_total"):
+            sent += int(float(line.rsplit(" ", 1)[1]))
+    return ranges, sent
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--peers", type=int, default=16000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--engine", default="c", choices=("c", "python"))
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the daemon until READY=1")
+    ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
+    a = ap.parse_args()
+    env_s, ready_s = [], []
+    with Overlay(hosts=0, engine=a.engine, config=CONFIG) as ov:
+        ov.lease_writer().put(leases(PRELOAD_BASE, 0, a.peers), txn=100)
+        if a.profile:
+            global host_cmd
+            host_cmd = ov.daemon_command
+            ov.daemon_argv = profiled_argv(a.profile)
+        for _ in range(a.runs):
+            h = ov.add_host(start=False)
+            with contextlib.suppress(FileNotFoundError):     # a fresh host: no previous subnet
+                os.unlink(ov.subnet_file(h))
+            before = etcd_counts(ov.etcd)
+            d = ov.start_daemon(h, wait=False)
+            t_env = wait_file(d.subnet_file, 60)
+            ov.wait_ready(h, timeout=120)
+            after = etcd_counts(ov.etcd)
+            env_s.append(round(t_env - d.started, 3))
+            ready_s.append(round(d.ready_at - d.started, 3))
+            print(f"start to subnet.env {env_s[-1]:.3f} s, to READY {ready_s[-1]:.3f} s; etcd "
+                  f"until READY: {after[0] - before[0]} Range requests, "
+                  f"{(after[1] - before[1]) / 1e6:.2f} MB sent", flush=True)
+            ov.remove_host(h)
+            time.sleep(0.5)
+    if len(env_s) > 1:
+        print(f"median of {len(env_s)}: subnet.env {statistics.median(env_s):.3f} s, "
+              f"READY {statistics.median(ready_s):.3f} s")
+    if a.profile:
+        import pstats
+        st = pstats.Stats(a.profile)
+        calls = {f[2]: v[1] for f, v in st.stats.items()
+                 if f[0].endswith("control/etcd.py") and f[2] in ("get", "get_raw", "put", "put_if",
+                                                                   "grant", "revoke", "txn",
+                                                                   "_call", "time_to_live")}
+        print("etcd calls until READY:", calls)
+    return 0
+
+
+host_cmd = None
+
+if __name__ == "__main__":
+    sys.exit(main())
