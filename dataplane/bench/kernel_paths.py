@@ -51,8 +51,8 @@ def in_netns(name: str):
 
 
 class KernelBenchPath(EnginePath):
-    """The C engine's path plus the programs on each host."""
-    kernel = True
+    """The C engine's path plus the programs on each host. Its forwarders' cost is counted as
+    the engines' (what they still carry, nothing if the programs take it all)."""
 
     def __init__(self, topo: BenchTopo, family: int = 4, **kw):
         super().__init__(topo, "c", name="kernel6" if family == 6 else "kernel", family=family,
