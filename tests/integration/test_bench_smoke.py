@@ -330,3 +330,25 @@ def test_kernel_paths_carry_traffic_in_the_kernel():
             for h in (a, b):
                 assert moved[h]["udp_tx_packets"] == 0 and moved[h]["tun_tx_packets"] == 0, moved
         assert {s.name: state(s) for s in topo.sides} == before
+
+
+@pytest.mark.timeout(60)
+def test_kernel_path_is_skipped_with_the_reason_where_it_cannot_load(monkeypatch, tmp_path):
+    """No clang to build the programs (BPF_CLANG names none, an empty cache): the `kernel`
+    path says PathSkipped with what to install, and leaves the hosts as it found them (its
+    engines stopped), so the bench goes on with the other paths."""
+    require_root()
+    require_engine("c")
+    from dataplane.bench.path_choice import make_path
+    from dataplane.bench.paths import PathSkipped
+    from dataplane.bench.topo import BenchTopo
+
+    monkeypatch.setenv("BPF_CLANG", str(tmp_path / "no-clang"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with BenchTopo() as topo:
+        before = {s.name: _host_state(s) for s in topo.sides}
+        path = make_path(topo, "kernel")
+        with pytest.raises(PathSkipped, match="apt-get install clang"):
+            path.setup()
+        assert path.forwarder_pids() == {}
+        assert {s.name: _host_state(s) for s in topo.sides} == before

@@ -18,13 +18,12 @@ the engine's routes are, from the same list.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 import socket
 import sys
 
 import pytest
 
+from dataplane.bench.kernel_paths import in_netns
 from dataplane.engine import ipv4
 from dataplane.engine.api import Route
 from tests.conftest import require_bpf, require_root
@@ -36,7 +35,6 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 PORT, MTU = 8285, 1472
 A_TUN, B_TUN, A_TUN6, B_TUN6 = "10.5.1.0", "10.5.2.0", "fd00:5:1::", "fd00:5:2::"
 NOBODY = "192.168.77.50"       # an address on B's veth that holds no lease
-CLONE_NEWNET = 0x40000000
 
 # In B: send each hex payload as a UDP datagram from (source address) to A:PORT.
 SEND = r"""
@@ -48,25 +46,6 @@ for arg in sys.argv[2:]:
         s.bind((src, 0))
         s.sendto(bytes.fromhex(payload), (dst, 8285))
 """
-
-
-@contextlib.contextmanager
-def in_netns(name: str):
-    """This thread in network namespace ``name`` (netlink, ifindexes), then back."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    home = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(target, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {name}")
-        try:
-            yield
-        finally:
-            if libc.setns(home, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back")
-    finally:
-        os.close(home)
-        os.close(target)
 
 
 def forwarder(tb, host, tun, tun6, peer, peer_tun, peer_tun6, kind):
