@@ -35,6 +35,10 @@
 #define BPF_F_ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
 #define BPF_F_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
 #endif
+/* Linux 6.19's (not in 6.18): the decapsulation also clears the UDP tunnel GSO bits. */
+#ifndef BPF_F_ADJ_ROOM_DECAP_L4_UDP
+#define BPF_F_ADJ_ROOM_DECAP_L4_UDP (1ULL << 10)
+#endif
 #define IP_DF 0x4000
 #define IP_FRAG_BITS 0x3fff
 /* dataplane.h's TTL update: (~old & 0xffff) + new is this whatever old is */
@@ -302,8 +306,13 @@ static __always_inline int foreign(void *routes, void *key, __u32 sender)
 static __always_inline int decap(struct __sk_buff *skb, const fu_config *c, __u32 l2,
                                  __u32 len, int v6)
 {
-    if (bpf_skb_adjust_room(skb, -FU_OUTER4, BPF_ADJ_ROOM_MAC,
-                            v6 ? BPF_F_ADJ_ROOM_DECAP_L3_IPV6 : BPF_F_ADJ_ROOM_DECAP_L3_IPV4))
+    __u64 flags = v6 ? BPF_F_ADJ_ROOM_DECAP_L3_IPV6 : BPF_F_ADJ_ROOM_DECAP_L3_IPV4;
+    /* A super-packet keeps its segment size (the inner MSS, not the outer headers'), and
+     * loses the tunnel's GSO bits: left set, the kernel would cut the inner packet as if it
+     * were still encapsulated wherever it is segmented next. */
+    if (skb->gso_size)
+        flags |= BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L4_UDP;
+    if (bpf_skb_adjust_room(skb, -FU_OUTER4, BPF_ADJ_ROOM_MAC, flags))
         return pass(FU_RX_PASS_HELPER);
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
     void *in = data + l2;
@@ -362,6 +371,20 @@ static __always_inline int ingress6(struct __sk_buff *skb, const fu_config *c, _
     return accept(skb, c, l2, len, own6(c, ip6), &fu_routes6, &k, sender, ip6->hop_limit, 1);
 }
 
+/* A super-packet's inner packet at p spans the datagram's len bytes (it is not a train's
+ * first datagram), and its segments (a TCP header at least) fit the mtu. */
+static __always_inline int whole(const __u8 *p, const void *end, __u32 len, __u32 seg, __u32 mtu)
+{
+    if (p[0] >> 4 == 4) {
+        const struct iphdr *ip = (const void *)p;
+        return (void *)(ip + 1) <= end && bpf_ntohs(ip->tot_len) == len &&
+               seg + sizeof(*ip) + 20 <= mtu;
+    }
+    const struct ipv6hdr *ip6 = (const void *)p;
+    return (void *)(ip6 + 1) <= end && bpf_ntohs(ip6->payload_len) + sizeof(*ip6) == len &&
+           seg + sizeof(*ip6) + 20 <= mtu;
+}
+
 SEC("tc")
 int fu_ingress(struct __sk_buff *skb)
 {
@@ -382,14 +405,18 @@ int fu_ingress(struct __sk_buff *skb)
         (o->frag_off & bpf_htons(IP_FRAG_BITS)) || u->dest != bpf_htons(c->port))
         return TC_ACT_OK;
     __u32 ulen = bpf_ntohs(u->len);
-    if (skb->gso_size)
+    /* A GSO packet is either a peer program's TCP super-packet, encapsulated whole (one
+     * datagram's headers over one inner packet), or a train of the engine's datagrams
+     * (UDP_SEGMENT, or GRO), which cannot be taken apart here: the inner packet's length
+     * below tells them apart. Without the kernel's help (FU_F_DECAP_GSO) neither. */
+    if (skb->gso_size && !(c->flags & FU_F_DECAP_GSO))
         return pass(FU_RX_PASS_GSO);
     if (ulen < sizeof(struct udphdr) || bpf_ntohs(o->tot_len) != ulen + sizeof(struct iphdr) ||
         l2 + bpf_ntohs(o->tot_len) != skb->len)
         return pass(FU_RX_PASS_MALFORMED);
     __u32 len = ulen - sizeof(struct udphdr);
-    /* step 1 */
-    if (len > c->mtu)
+    /* step 1 (a super-packet's segments: whole() below) */
+    if (!skb->gso_size && len > c->mtu)
         return pass(FU_RX_PASS_TRUNCATED);
     /* step 2 */
     __u32 sender = o->saddr;
@@ -399,6 +426,8 @@ int fu_ingress(struct __sk_buff *skb)
     __u8 *p = (void *)(u + 1);
     if ((void *)(p + 1) > end)
         return pass(FU_RX_PASS_MALFORMED);
+    if (skb->gso_size && !whole(p, end, len, skb->gso_size, c->mtu))
+        return pass(FU_RX_PASS_GSO);
     if (p[0] >> 4 == 4)
         return ingress4(skb, c, l2, len, sender);
     if (p[0] >> 4 == 6)

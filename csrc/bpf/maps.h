@@ -27,7 +27,10 @@ enum fu_flags {
     FU_F_ACCEPT_ANY = 2,     /* no step 2: any outer source (the engines' accept_any) */
     FU_F_TUN_L2 = 4,         /* flannel0's packets start with an Ethernet header (the
                                 test runs: BPF_PROG_TEST_RUN always hands one in) */
-    FU_F_EXT_L2 = 8          /* the external interface's do (Ethernet: the usual case) */
+    FU_F_EXT_L2 = 8,         /* the external interface's do (Ethernet: the usual case) */
+    FU_F_DECAP_GSO = 16      /* ingress takes a GSO super-packet (a peer program's TCP, encapsulated
+                                whole) apart from its outer headers itself: the kernel clears the
+                                tunnel's GSO bits on decapsulation (BPF_F_ADJ_ROOM_DECAP_L4_UDP) */
 };
 
 /* Counters: one per-CPU array (fu_counters) of __u64, indexed by these. The
@@ -51,7 +54,7 @@ enum fu_counter {
     FU_TX_PASS_TOO_BIG,      /* over the route's MTU: packet too big */
     FU_TX_PASS_HELPER,       /* a helper refused before the packet changed */
     FU_TX_DROP_HELPER,       /* a helper refused after: a half-made packet, dropped */
-    FU_RX_PASS_GSO,          /* ingress: a GRO train (the socket splits it) */
+    FU_RX_PASS_GSO,          /* ingress: a GSO packet not taken apart here (the socket splits it) */
     FU_RX_PASS_TRUNCATED,    /* ingress: inner packet over the mtu */
     FU_RX_PASS_MALFORMED,
     FU_RX_PASS_OPTIONS,

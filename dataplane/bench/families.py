@@ -8,7 +8,7 @@ issue's measure (IPv6 at >= 0.9x the same engine's IPv4), and the engines' by ``
 from __future__ import annotations
 
 # inner-IPv6 path -> its IPv4 twin
-IPV6_TWINS = {"c6": "c", "python6": "python", "vxlan6": "vxlan"}
+IPV6_TWINS = {"c6": "c", "python6": "python", "vxlan6": "vxlan", "kernel6": "kernel"}
 # the kernel's inner-IPv6 path, the engines' IPv6 reference
 KERNEL6 = "vxlan6"
 

@@ -160,6 +160,10 @@ def udp_trial(topo: BenchTopo, tools: Tools, *, size: int, rate: float, duration
     }
 
 
+# The engines' packet counters shown beside the kernel path's programs' (path_counters).
+ENGINE_PACKETS = ("udp_tx_packets", "udp_rx_packets", "tun_tx_packets", "tun_rx_packets")
+
+
 @dataclass
 class CostWindow:
     """CPU time and engine counters of the forwarders around one trial."""
@@ -214,6 +218,15 @@ class CostWindow:
             moved = {k: v for k, v in sorted(moved.items()) if v > 0}
             if moved:
                 out.setdefault("offload_ops", {})[side] = moved
+        # The kernel path's (kernel_paths.py): its programs' counters and the engines' packets
+        # beside them, per host, that moved: who carried the trial.
+        for side in (a, b):
+            moved = {k: cnt1[side].get(k, 0) - self.cnt0[side].get(k, 0) for k in cnt1[side]
+                     if k.startswith("bpf_") or (any(n.startswith("bpf_") for n in cnt1[side])
+                                                 and k in ENGINE_PACKETS)}
+            moved = {k: v for k, v in sorted(moved.items()) if v > 0}
+            if moved:
+                out.setdefault("path_counters", {})[side] = moved
         out["syscalls_per_packet"] = _sum(out["send_syscalls_per_packet"],
                                           out["recv_syscalls_per_packet"])
         out["cpu_ns_per_packet"] = _sum(out["send_cpu_ns_per_packet"],

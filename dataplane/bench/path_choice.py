@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .daemon_paths import make_daemon_path
 from .families import IPV6_TWINS
-from .paths import (ALL_PATHS, DAEMON_PATHS, ENGINE_VARIANTS, DirectPath, EnginePath, Path,
+from .kernel_paths import KernelBenchPath
+from .paths import (ALL_PATHS, DAEMON_PATHS, ENGINE_VARIANTS, KERNEL_PATHS, DirectPath, EnginePath, Path,
                     VxlanPath)
 from .topo import BenchTopo
 
@@ -13,6 +14,8 @@ def make_path(topo: BenchTopo, name: str, batch: int | None = None, routes: int 
               flanneld: str | None = None) -> Path:
     """``flanneld``: the binary the ``flanneld`` path runs; without it that path raises
     PathSkipped."""
+    if name in KERNEL_PATHS:
+        return KernelBenchPath(topo, family=KERNEL_PATHS[name], batch=batch, routes=routes)
     if name == "direct":
         return DirectPath(topo)
     if name == "vxlan":

@@ -63,7 +63,10 @@ ENGINE_VARIANTS = {
 # with DirectRouting on; `flanneld`, the real flanneld's udp backend (a binary the caller names,
 # `bench --flanneld PATH`: the project does not ship it, and without it the path is skipped).
 DAEMON_PATHS = ("c-direct", "flanneld")
-ALL_PATHS = PATHS + tuple(IPV6_TWINS) + tuple(ENGINE_VARIANTS) + DAEMON_PATHS
+# The kernel path (kernel_paths.py): the C engine as the slow path plus the tc programs of
+# csrc/bpf/ on each host; the value is the inner family measured.
+KERNEL_PATHS = {"kernel": 4, "kernel6": 6}
+ALL_PATHS = PATHS + tuple(IPV6_TWINS) + tuple(ENGINE_VARIANTS) + DAEMON_PATHS + ("kernel",)
 VXLAN_DEV = "flannel.1"
 VXLAN_PORT = 8472
 TUN_DEV = "flannel0"

@@ -351,6 +351,11 @@ def _flood(topo, tools, path, profile: Profile, out: dict, size: int, tag: str, 
         progress("  offloads: " + "; ".join(
             f"{h} " + ", ".join(f"{k} {v}" for k, v in ops.items())
             for h, ops in cost["offload_ops"].items()))
+    if cost.get("path_counters"):
+        _add(out, size, "flood_path_counters", cost["path_counters"])
+        progress("  counters: " + "; ".join(
+            f"{h} " + ", ".join(f"{k} {v}" for k, v in c.items())
+            for h, c in cost["path_counters"].items()))
     return fl
 
 

@@ -64,8 +64,8 @@ if len(COUNTER_NAMES) != N_COUNTERS or \
 TX_PASS = tuple(n for n in COUNTER_NAMES if n.startswith("tx_pass_"))
 RX_PASS = tuple(n for n in COUNTER_NAMES if n.startswith("rx_pass_"))
 
-F_STRICT, F_ACCEPT_ANY, F_TUN_L2, F_EXT_L2 = (
-    _pick(_flags, "FU_F_" + n) for n in ("STRICT", "ACCEPT_ANY", "TUN_L2", "EXT_L2"))
+F_STRICT, F_ACCEPT_ANY, F_TUN_L2, F_EXT_L2, F_DECAP_GSO = (
+    _pick(_flags, "FU_F_" + n) for n in ("STRICT", "ACCEPT_ANY", "TUN_L2", "EXT_L2", "DECAP_GSO"))
 ROUTES_MAX = _pick(_limits, "FU_ROUTES_MAX")
 PEERS_MAX = _pick(_limits, "FU_PEERS_MAX")
 LOCAL_MAX = _pick(_limits, "FU_LOCAL_MAX")

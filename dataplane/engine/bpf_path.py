@@ -50,6 +50,18 @@ def link_is_ethernet(ifindex: int) -> bool:
     return struct.unpack_from("H", ifr, 16)[0] == ARPHRD_ETHER
 
 
+def kernel_decaps_gso(btf: str = "/sys/kernel/btf/vmlinux") -> bool:
+    """Whether this kernel's bpf_skb_adjust_room clears the UDP tunnel GSO bits when it
+    decapsulates (BPF_F_ADJ_ROOM_DECAP_L4_UDP, after Linux 6.18): its name is in the kernel's
+    BTF. Without it a super-packet decapsulated whole would still say it is encapsulated, so
+    the ingress program hands those on to the engine (FU_F_DECAP_GSO off)."""
+    try:
+        with open(btf, "rb") as f:
+            return b"BPF_F_ADJ_ROOM_DECAP_L4_UDP\0" in f.read()
+    except OSError:
+        return False
+
+
 def _v4(addr) -> bytes:
     return ipaddress.IPv4Address(addr).packed
 
@@ -111,15 +123,21 @@ class KernelPath:
         self._update(bc.MAP_CONFIG, ffi.new("__u32 *", 0), self._cfg)
 
     def configure(self, *, own_ip, port: int, mtu: int, own_subnet=None, own_subnet6=None,
-                  strict: bool = False, accept_any: bool = False) -> None:
+                  strict: bool = False, accept_any: bool = False,
+                  decap_gso: bool | None = None) -> None:
         """What the engines are given at start: own PublicIP (the outer source and the address
         datagrams come to), the UDP port, the largest inner packet (flannel0's MTU), the
-        lease subnets (UDP -> TUN step 4), step 5 on or off, step 2 off (accept_any)."""
+        lease subnets (UDP -> TUN step 4), step 5 on or off, step 2 off (accept_any).
+        ``decap_gso``: whether the ingress program decapsulates a peer program's TCP
+        super-packets itself; by default where the kernel allows it (kernel_decaps_gso)."""
+        if decap_gso is None:
+            decap_gso = kernel_decaps_gso()
         c = self._cfg
         c.own_ip = struct.unpack("=I", _v4(own_ip))[0]
         c.port, c.mtu = int(port), int(mtu)
         flags = c.flags & (bc.F_TUN_L2 | bc.F_EXT_L2)
-        c.flags = flags | (bc.F_STRICT if strict else 0) | (bc.F_ACCEPT_ANY if accept_any else 0)
+        c.flags = flags | (bc.F_STRICT if strict else 0) | (bc.F_ACCEPT_ANY if accept_any else 0) | \
+            (bc.F_DECAP_GSO if decap_gso else 0)
         net = ipaddress.IPv4Network(own_subnet) if own_subnet else None
         c.own_net = struct.unpack("=I", net.network_address.packed)[0] if net else 0
         c.own_mask = struct.unpack("=I", net.netmask.packed)[0] if net else 0

@@ -16,10 +16,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.conftest import require, require_engine, require_etcd, require_root
+from tests.conftest import require, require_bpf, require_engine, require_etcd, require_root
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PCT = ("p50", "p90", "p99", "p999", "max")
@@ -279,3 +280,75 @@ def _zombie_free(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.timeout(90)
+def test_kernel_paths_carry_traffic_in_the_kernel():
+    """`bench --paths kernel,kernel6` in little (issue 46): the C engine's `forward` on each
+    host with the tc programs of csrc/bpf/ on its flannel0 and veth. A UDP trial and round
+    trips of each family cross, the programs' counters (in the path's counters as bpf_*)
+    carry them and the engines none; a TCP stream crosses; the teardown leaves no filter,
+    link or route behind. Where the programs cannot load the path says so (PathSkipped)."""
+    require_root()
+    require_engine("c")
+    require_bpf()
+    require(shutil.which("gcc") is not None, "needs gcc (the bench compiles its traffic generator)")
+    require(shutil.which("iperf3") is not None, "needs iperf3 (apt-get install iperf3)")
+    from dataplane.bench import build, measure
+    from dataplane.bench.path_choice import make_path
+    from dataplane.bench.topo import BenchTopo
+
+    tools = measure.Tools(udpgen=str(build.build_udpgen()), iperf3=shutil.which("iperf3"))
+    with BenchTopo(ipv6=True) as topo:
+        def state(side):
+            return dict(_host_state(side),
+                        tc=side.run(["tc", "filter", "show", "dev", side.iface, "ingress"]).stdout,
+                        offloads=side.run(["ethtool", "-k", side.iface]).stdout)
+        before = {s.name: state(s) for s in topo.sides}
+        for name in ("kernel", "kernel6"):
+            path = make_path(topo, name)
+            path.setup()
+            try:
+                a, b = topo.a.name, topo.b.name
+                c0 = path.counters(after=None)
+                udp = measure.udp_trial(topo, tools, size=64, rate=20000, duration=0.3,
+                                        family=path.family)
+                rr = measure.latency(topo, tools, count=100, interval_us=500, family=path.family)
+                tcp = [measure.tcp(topo, tools, seconds=1, reverse=r, family=path.family)
+                       for r in (False, True)]
+                c1 = path.counters(after=time.time())
+            finally:
+                path.teardown()
+            moved = {h: {k: c1[h].get(k, 0) - c0[h].get(k, 0) for k in c1[h]} for h in (a, b)}
+            assert udp["received"] > 0.9 * udp["sent"] > 0, (name, udp)
+            assert rr["lost"] < 10 and rr["p50_us"] > 0, (name, rr)
+            assert all(t["gbps"] > 0 for t in tcp), (name, tcp)
+            # A's egress program sent the trial, B's ingress program took it in
+            assert moved[a]["bpf_udp_tx_packets"] >= udp["received"] + rr["received"], moved
+            assert moved[b]["bpf_tun_tx_packets"] >= udp["received"] + rr["received"], moved
+            # the engines carried none of it (the stats file, written after the trials)
+            for h in (a, b):
+                assert moved[h]["udp_tx_packets"] == 0 and moved[h]["tun_tx_packets"] == 0, moved
+        assert {s.name: state(s) for s in topo.sides} == before
+
+
+@pytest.mark.timeout(60)
+def test_kernel_path_is_skipped_with_the_reason_where_it_cannot_load(monkeypatch, tmp_path):
+    """No clang to build the programs (BPF_CLANG names none, an empty cache): the `kernel`
+    path says PathSkipped with what to install, and leaves the hosts as it found them (its
+    engines stopped), so the bench goes on with the other paths."""
+    require_root()
+    require_engine("c")
+    from dataplane.bench.path_choice import make_path
+    from dataplane.bench.paths import PathSkipped
+    from dataplane.bench.topo import BenchTopo
+
+    monkeypatch.setenv("BPF_CLANG", str(tmp_path / "no-clang"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with BenchTopo() as topo:
+        before = {s.name: _host_state(s) for s in topo.sides}
+        path = make_path(topo, "kernel")
+        with pytest.raises(PathSkipped, match="apt-get install clang"):
+            path.setup()
+        assert path.forwarder_pids() == {}
+        assert {s.name: _host_state(s) for s in topo.sides} == before
