@@ -70,8 +70,7 @@ class KernelBenchPath(EnginePath):
             kp = KernelPath()
             try:
                 kp.configure(own_ip=side.ip, port=FLANNEL_PORT, mtu=self.mtu(),
-                             own_subnet=str(side.subnet),
-                             own_subnet6=str(side.subnet6) if self.family == 6 else None)
+                             own_subnets=[side.subnet] + ([side.subnet6] if self.family == 6 else []))
                 kp.set_routes(routes)
                 kp.set_local([side.ip, side.tun_ip, side.app_ip] +
                              ([side.tun_ip6, side.app_ip6] if self.family == 6 else []))

@@ -122,12 +122,12 @@ class KernelPath:
     def _write_config(self) -> None:
         self._update(bc.MAP_CONFIG, ffi.new("__u32 *", 0), self._cfg)
 
-    def configure(self, *, own_ip, port: int, mtu: int, own_subnet=None, own_subnet6=None,
+    def configure(self, *, own_ip, port: int, mtu: int, own_subnets=(),
                   strict: bool = False, accept_any: bool = False,
                   decap_gso: bool | None = None) -> None:
         """What the engines are given at start: own PublicIP (the outer source and the address
         datagrams come to), the UDP port, the largest inner packet (flannel0's MTU), the
-        lease subnets (UDP -> TUN step 4), step 5 on or off, step 2 off (accept_any).
+        lease's subnets, of either family (UDP -> TUN step 4), step 5 on or off, step 2 off (accept_any).
         ``decap_gso``: whether the ingress program decapsulates a peer program's TCP
         super-packets itself; by default where the kernel allows it (kernel_decaps_gso)."""
         if decap_gso is None:
@@ -138,10 +138,10 @@ class KernelPath:
         flags = c.flags & (bc.F_TUN_L2 | bc.F_EXT_L2)
         c.flags = flags | (bc.F_STRICT if strict else 0) | (bc.F_ACCEPT_ANY if accept_any else 0) | \
             (bc.F_DECAP_GSO if decap_gso else 0)
-        net = ipaddress.IPv4Network(own_subnet) if own_subnet else None
+        nets = {n.version: n for n in map(ipaddress.ip_network, own_subnets)}
+        net, net6 = nets.get(4), nets.get(6)
         c.own_net = struct.unpack("=I", net.network_address.packed)[0] if net else 0
         c.own_mask = struct.unpack("=I", net.netmask.packed)[0] if net else 0
-        net6 = ipaddress.IPv6Network(own_subnet6) if own_subnet6 else None
         ffi.memmove(c.own_net6, net6.network_address.packed if net6 else bytes(16), 16)
         ffi.memmove(c.own_mask6, net6.netmask.packed if net6 else bytes(16), 16)
         self._write_config()

@@ -62,8 +62,8 @@ def kernel_path(a, b, tun=A_TUN, tun6=A_TUN6, peer_tun=B_TUN, peer_tun6=B_TUN6, 
     with in_netns(a.netns):
         kp = KernelPath()
         try:
-            kp.configure(own_ip=a.ip, port=PORT, mtu=MTU, own_subnet=f"{tun}/24",
-                         own_subnet6=f"{tun6}/64", strict=True, **config)
+            kp.configure(own_ip=a.ip, port=PORT, mtu=MTU, strict=True,
+                         own_subnets=[f"{tun}/24", f"{tun6}/64"], **config)
             kp.set_routes([Route.make(f"{peer_tun}/24", b.ip, PORT),
                            Route.make(f"{peer_tun6}/64", b.ip, PORT)])
             kp.set_local([a.ip, tun, tun6])

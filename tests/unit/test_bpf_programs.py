@@ -44,7 +44,7 @@ def kp():
     from dataplane.engine.bpf_path import KernelPath
     with KernelPath() as k:
         k.set_devices(TUN_IF, EXT_IF, tun_l2=True, ext_l2=True)
-        k.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_subnet=OWN_NET, own_subnet6=OWN_NET6,
+        k.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_subnets=[OWN_NET, OWN_NET6],
                     strict=True)
         k.set_routes(ROUTES)
         k.set_local([OWN_ADDR, "fd00:5:1::7"])
@@ -56,7 +56,7 @@ def oracle() -> pypath.Path:
     source check (no accept_any) and the strict rule."""
     pa = pypath.Path(ipaddress.IPv4Address("10.5.1.0").packed, accept_any=False)
     pa.routes = RouteTable(ROUTES)
-    pa.local, pa.local6 = pypath.own_sources((
+    pa.local = pypath.own_sources((
         Local(int(ipaddress.IPv4Network(OWN_NET).network_address), 24,
               (int(ipaddress.IPv4Address(OWN_ADDR)),)),
         Local(int(ipaddress.IPv6Network(OWN_NET6).network_address), 64,
