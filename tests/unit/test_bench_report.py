@@ -230,7 +230,7 @@ def test_the_table_says_what_the_ipv6_rows_are(capsys):
 
 def test_ipv6_paths_are_chosen_by_name():
     from dataplane.bench.families import IPV6_TWINS, family
-    from dataplane.bench.paths import ALL_PATHS, PATHS
+    from dataplane.bench.paths import ALL_PATHS
     from dataplane.cli.bench import choose_paths
     assert choose_paths("c,c6,python,python6,vxlan,vxlan6", None)[1::2] == \
         ["c6", "python6", "vxlan6"]
