@@ -130,6 +130,9 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         h2 = ov.add_host(start=False)
         ov.prefer_subnet(h2, NEW_HOST_SUBNET)
         asks = {h.name: AnswerTimes(ov, h) for h in (h0, h1, h2)} if ask else {}
+        # the stream counts from its first reply: both hosts route each other first
+        for src, dst in ((h0, h1), (h1, h0)):
+            assert ov.first_reply(src, ov.flannel_ip(dst), timeout) is not None, (src.name, dst.name)
         stream = PingStream(ov, h0, ov.flannel_ip(h1), STREAM_INTERVAL, 4 * timeout + 120)
         time.sleep(1.0)
 

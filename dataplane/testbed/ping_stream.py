@@ -2,8 +2,9 @@
 
 :class:`PingStream` runs ``ping -D`` in a host (through the testbed: tracked by PID, removed with
 it), reads its replies as they come and, once stopped, says how many are missing: the gaps in
-``icmp_seq`` from the first echo (1) up to the last reply (an echo still in flight when the stream stops is not counted
-lost). A late reply is not a lost one: ping waits for it (``-W``) and prints it.
+``icmp_seq`` from the first reply up to the last one. Echoes before the first reply are not
+counted: the route may still be coming (a caller waits for a first reply, Overlay.first_reply,
+before it starts the stream); nor is an echo still in flight when the stream stops. A late reply is not a lost one: ping waits for it (``-W``) and prints it.
 """
 from __future__ import annotations
 
@@ -38,5 +39,6 @@ class PingStream:
         self._reader.join(5)
         seqs = {seq for _, seq, _ in self.replies}
         return {"replies": len(seqs),
-                "lost": (max(seqs) - len(seqs)) if seqs else -1,
+                "lost": (max(seqs) - min(seqs) + 1 - len(seqs)) if seqs else -1,
+                "first_seq": min(seqs, default=None),
                 "max_rtt_ms": max((rtt for *_, rtt in self.replies), default=None)}

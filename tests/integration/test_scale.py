@@ -54,6 +54,9 @@ def test_a_fresh_start_a_new_host_and_a_burst_at_1000_peers(engine_kind, figure)
         h2 = ov.add_host(start=False)
         ov.prefer_subnet(h2, NEW_HOST_SUBNET)
         asks = {h.name: AnswerTimes(ov, h) for h in (h0, h1, h2)}
+        # the stream counts from its first reply: both hosts route each other first
+        for src, dst in ((h0, h1), (h1, h0)):
+            assert ov.first_reply(src, ov.flannel_ip(dst), BOUND_S) is not None, (src.name, dst.name)
         stream = PingStream(ov, h0, ov.flannel_ip(h1), 0.005, 4 * BOUND_S)
 
         counts = [PeerCount(ov, h, "ge", PEERS + 1, timeout=BOUND_S) for h in (h0, h1)]
