@@ -12,9 +12,11 @@ PY = $(VENV)/bin/python
 # generator; clang and its sanitizer runtime: the fuzz tests; systemd: the unit file is verified;
 # the Debian packaging tools: the package is built and installed by the tests;
 # containernetworking-plugins: the real `bridge` and `host-local` CNI plugins (/usr/lib/cni), with
-# which the dual-stack tests make pods from subnet.env as flannel's CNI plugin has them made.
+# which the dual-stack tests make pods from subnet.env as flannel's CNI plugin has them made;
+# libbpf-dev: the kernel path's loader (libbpf) and its programs' headers; ethtool: the kernel
+# path's bench and tests switch the sender's UDP tunnel segmentation off (docs/kernel-path.md).
 APT_PACKAGES = python3-venv python3-dev etcd-server etcd-client iproute2 iputils-ping iperf3 \
-  iptables nftables gcc clang libclang-rt-14-dev libbpf-dev systemd containernetworking-plugins \
+  iptables nftables gcc clang libclang-rt-14-dev libbpf-dev ethtool systemd containernetworking-plugins \
   $(DEB_BUILD_PACKAGES)
 APT_STAMP = $(VENV)/.apt-installed
 PIP_STAMP = $(VENV)/.pip-installed

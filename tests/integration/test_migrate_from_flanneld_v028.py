@@ -180,7 +180,9 @@ def test_host_moves_from_a_flanneld_v028_unit_file(ov):
         for src, dst in ((wf, wp), (wp, wf)):
             wait_until(lambda: src.run(["ping", "-c", "1", "-W", "1", dst.ip]).returncode == 0,
                        15, 0.2, f"{src.name} to ping {dst.name}")
-        assert ov.healthz(hf, "/readyz")[0] == 200
+        # ready once its peer watch says it is connected too (with the Python engine a child
+        # process reports that every 0.1 s, so the first pings may come before it)
+        wait_until(lambda: ov.healthz(hf, "/readyz")[0] == 200, 10, 0.2, "/readyz to say ready")
     finally:
         for w in (wf, wp):
             if w is not None:
