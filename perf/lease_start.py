@@ -2,7 +2,7 @@
 
     python perf/lease_start.py --peers 16000 --runs 3 --engine c
     python perf/lease_start.py --peers 16000 --runs 1 --profile /tmp/start.prof
-    /work/main/.venv/bin/python perf/lease_start.py --tree /work/main     # another checkout
+    OTHER/.venv/bin/python perf/lease_start.py --tree OTHER     # another checkout OTHER of the code
     python -c "import pstats; pstats.Stats('/tmp/start.prof').sort_stats('cumulative').print_stats(40)"
 
 A real etcd holds ``--peers`` leases (each its own PublicIP, as perf/lease_burst.py writes them);
