@@ -4,10 +4,12 @@
  * fu_egress, on flannel0's egress: a packet the kernel routed into flannel0
  * is checked as csrc/dataplane.h's "TUN -> UDP" steps check it, its TTL (hop
  * limit) decremented, and sent to its route's peer as the payload of a UDP
- * datagram own_ip:port -> peer:port, redirected out of the external
- * interface. fu_ingress, on the external interface's ingress: a UDP datagram
- * to own_ip:port is checked as "UDP -> TUN" checks it, decapsulated, and
- * delivered into flannel0's ingress, as the engine's write() delivers it.
+ * datagram own_ip:port -> peer:port (the IPv6 underlay: own_ip6 -> the peer's
+ * IPv6), redirected out of the external interface. fu_ingress, on the
+ * external interface's ingress: a UDP datagram to own_ip:port (own_ip6:port)
+ * whose UDP checksum holds is checked as "UDP -> TUN" checks it,
+ * decapsulated, and delivered into flannel0's ingress, as the engine's
+ * write() delivers it.
  *
  * Where the engine would answer (no route: ICMP unreachable, TTL: time
  * exceeded, too big) or drop for a malformed packet, and for what these
@@ -27,6 +29,7 @@
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 
 #include "maps.h"
 
@@ -39,6 +42,13 @@
 #ifndef BPF_F_ADJ_ROOM_DECAP_L4_UDP
 #define BPF_F_ADJ_ROOM_DECAP_L4_UDP (1ULL << 10)
 #endif
+/* The kernel's own sk_buff, for the one field tc's __sk_buff does not show: how far its
+ * checksum is done (linux/skbuff.h); CO-RE finds the field where this kernel has it. */
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+struct sk_buff___fu {
+    __u8 ip_summed:2;
+} __attribute__((preserve_access_index));
+#define CHECKSUM_PARTIAL 3
 #define IP_DF 0x4000
 #define IP_FRAG_BITS 0x3fff
 /* dataplane.h's TTL update: (~old & 0xffff) + new is this whatever old is */
@@ -52,6 +62,8 @@ struct { __uint(type, BPF_MAP_TYPE_LPM_TRIE); __type(key, fu_key6); __type(value
          __uint(max_entries, FU_ROUTES_MAX); __uint(map_flags, BPF_F_NO_PREALLOC); } fu_routes6 SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_HASH); __type(key, __u32); __type(value, __u32);
          __uint(max_entries, FU_PEERS_MAX); } fu_peers4 SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_HASH); __type(key, fu_addr6); __type(value, __u32);
+         __uint(max_entries, FU_PEERS_MAX); } fu_peers6 SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_HASH); __type(key, __u32); __type(value, __u32);
          __uint(max_entries, FU_LOCAL_MAX); } fu_local4 SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_HASH); __type(key, fu_addr6); __type(value, __u32);
@@ -137,47 +149,189 @@ static __always_inline void pull(struct __sk_buff *skb, __u32 want)
     bpf_skb_pull_data(skb, want < skb->len ? want : skb->len);
 }
 
+/* ---- the outer UDP checksum ------------------------------------------------------- */
+
+static __always_inline __u32 fold(__u64 s)
+{
+    s = (s & 0xffffffff) + (s >> 32);
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    return (s & 0xffff) + (s >> 16);
+}
+
+/* The ones' complement sum of the skb's len bytes from off, read FU_CSUM_CHUNK at a time (an
+ * odd last byte padded with a zero, as the checksum wants); global, so verified once. */
+__attribute__((noinline)) int fu_bytes_sum(struct __sk_buff *skb, __u32 off, __u32 len)
+{
+    __u8 buf[FU_CSUM_CHUNK];
+    __u32 s = 0;
+    for (int i = 0; i < FU_CSUM_CHUNKS; i++) {
+        __u32 at = i * FU_CSUM_CHUNK;
+        if (at >= len)
+            break;
+        if (len - at >= FU_CSUM_CHUNK) {
+            if (bpf_skb_load_bytes(skb, off + at, buf, FU_CSUM_CHUNK))
+                return -1;
+        } else {
+            __u64 n = len - at - 1;
+            __builtin_memset(buf, 0, sizeof(buf));
+            /* n + 1 bytes, 1 to 128: written so that the verifier sees the bounds (clang
+             * would test another register than the one it passes) */
+            asm volatile("%0 &= 127\n\t%0 += 1" : "+r"(n));
+            if (bpf_skb_load_bytes(skb, off + at, buf, n))
+                return -1;
+        }
+        s = bpf_csum_diff(0, 0, (__be32 *)buf, FU_CSUM_CHUNK, s);
+    }
+    return fold(s);
+}
+
+/* The sum of an upper-layer pseudo-header's protocol and length, and of the addresses. */
+static __always_inline __u64 pseudo(__u8 proto, __u32 len)
+{
+    return bpf_htons(proto) + bpf_htons(len & 0xffff) + bpf_htons(len >> 16);
+}
+
+static __always_inline __u64 sum_words(const __u32 *w, int n)
+{
+    __u64 s = 0;
+#pragma unroll
+    for (int i = 0; i < 10; i++)
+        if (i < n)
+            s += w[i];
+    return s;
+}
+
+/* Whether the skb's checksum is done or never needed a wire: the device verified it
+ * (CHECKSUM_UNNECESSARY), or a sender on this host left it for the device to fill
+ * (CHECKSUM_PARTIAL). Asked before bpf_skb_adjust_room, which resets the first. */
+static __always_inline int csum_trusted(struct __sk_buff *skb)
+{
+    if (bpf_csum_level(skb, BPF_CSUM_LEVEL_QUERY) >= 0)
+        return 1;
+    struct sk_buff___fu *k = bpf_cast_to_kern_ctx(skb);
+    return BPF_CORE_READ_BITFIELD(k, ip_summed) == CHECKSUM_PARTIAL;
+}
+
+/* The ones' complement sum of the inner packet (len bytes at off) as the outer UDP checksum
+ * covers it. Every byte, as the engines' kernel sums them; but where its checksum is
+ * trusted (csum_trusted), the kernel's own UDP tunnels' way (local checksum offload): a TCP
+ * segment or a checksummed UDP datagram right after the IP header (not a fragment) sums, once
+ * its own checksum holds or is filled in, to the complement of its pseudo-header, so only the
+ * IP header is read (and a CHECKSUM_PARTIAL packet's bytes are not final: they could not be
+ * summed). -1: a read failed. */
+static __always_inline int inner_sum(struct __sk_buff *skb, __u32 off, __u32 len, int trusted)
+{
+    void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+    __u8 *p = data + off;
+    if (trusted && (void *)(p + 48) <= end && p[0] >> 4 == 6) {
+        struct ipv6hdr *ip6 = (void *)p;
+        __u8 nh = ip6->nexthdr;
+        __u32 ul = len - sizeof(*ip6);
+        if (bpf_ntohs(ip6->payload_len) == ul &&
+            ((nh == IPPROTO_TCP && ul >= 20) ||
+             (nh == IPPROTO_UDP && ul >= 8 && ((struct udphdr *)(ip6 + 1))->check))) {
+            __u64 ps = sum_words((const __u32 *)&ip6->saddr, 8) + pseudo(nh, ul);
+            return fold(sum_words((const __u32 *)ip6, 10) + (~fold(ps) & 0xffff));
+        }
+    } else if (trusted && (void *)(p + 28) <= end && p[0] == 0x45) {
+        struct iphdr *ip = (void *)p;
+        __u8 pr = ip->protocol;
+        __u32 ul = len - sizeof(*ip);
+        if (bpf_ntohs(ip->tot_len) == len && !(ip->frag_off & bpf_htons(IP_FRAG_BITS)) &&
+            ((pr == IPPROTO_TCP && ul >= 20) ||
+             (pr == IPPROTO_UDP && ul >= 8 && ((struct udphdr *)(ip + 1))->check))) {
+            __u64 ps = (__u64)ip->saddr + ip->daddr + pseudo(pr, ul);
+            return fold(sum_words((const __u32 *)ip, 5) + (~fold(ps) & 0xffff));
+        }
+    }
+    return fu_bytes_sum(skb, off, len);
+}
+
+/* The sum of the outer UDP header and its pseudo-header but the addresses (len: the UDP length). */
+static __always_inline __u64 udp_sum(const struct udphdr *u, __u32 len)
+{
+    return pseudo(IPPROTO_UDP, len) + u->source + u->dest + u->len + u->check;
+}
+
 /* ---- TUN -> UDP -------------------------------------------------------------------- */
 
 /* The outer headers in front of the inner packet (len bytes), its TTL or
  * hop limit decremented after them, then out to the peer. The room is made
  * first: a refusal leaves the packet as it was, for the engine. */
 static __always_inline int encap(struct __sk_buff *skb, const fu_config *c, __u32 l2,
-                                 __u32 peer, __u32 len, int v6)
+                                 const fu_hop *hop, __u32 len, int v6)
 {
-    if (bpf_skb_adjust_room(skb, FU_OUTER4, BPF_ADJ_ROOM_MAC,
-                            BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP |
-                            BPF_F_ADJ_ROOM_FIXED_GSO))
+    int u6 = !hop->peer_ip;
+    __u32 outer = u6 ? FU_OUTER6 : FU_OUTER4;
+    /* A super-packet's segments copy its outer UDP checksum, which tc cannot have the kernel
+     * fill per segment (bpf_skb_adjust_room marks SKB_GSO_UDP_TUNNEL, never _CSUM): over
+     * IPv4 it is 0, which IPv4 allows; IPv6 does not, so the engine sends those. */
+    if (u6 && skb->gso_size)
+        return pass(FU_TX_PASS_GSO6);
+    int trusted = csum_trusted(skb);
+    /* the flow label: the inner flow's hash, as the kernel's own IPv6 tunnels take it */
+    __u32 label = u6 ? bpf_get_hash_recalc(skb) : 0;
+    label = ((label << 16) | (label >> 16)) & 0xfffff;
+    if (bpf_skb_adjust_room(skb, outer, BPF_ADJ_ROOM_MAC,
+                            (u6 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 : BPF_F_ADJ_ROOM_ENCAP_L3_IPV4) |
+                            BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_FIXED_GSO))
         return pass(FU_TX_PASS_HELPER);
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-    struct iphdr *o = data + l2;
-    struct udphdr *u = (void *)(o + 1);
-    void *in = u + 1;
-    if (hop_dec(in, end, v6))
+    if (hop_dec(data + l2 + outer, end, v6))
         return drop(FU_TX_DROP_HELPER);
-    o->version = 4;
-    o->ihl = 5;
-    o->tos = 0;
-    o->tot_len = bpf_htons(len + FU_OUTER4);
-    o->id = 0;              /* DF: an atomic datagram (RFC 6864), as the kernel writes the engines' */
-    o->frag_off = bpf_htons(IP_DF);
-    o->ttl = FU_OUTER_TTL;
-    o->protocol = IPPROTO_UDP;
-    o->check = 0;
-    o->saddr = c->own_ip;
-    o->daddr = peer;
-    __u32 s = 0;
-    __u16 *w = (void *)o;
-#pragma unroll
-    for (int i = 0; i < 10; i++)
-        s += w[i];
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    o->check = ~s & 0xffff;
+    __u64 sum;
+    struct udphdr *u;
+    if (u6) {
+        struct ipv6hdr *o = data + l2;
+        u = (void *)(o + 1);
+        if ((void *)(u + 1) > end)
+            return drop(FU_TX_DROP_HELPER);
+        *(__be32 *)o = bpf_htonl(0x60000000 | label);
+        o->payload_len = bpf_htons(len + sizeof(struct udphdr));
+        o->nexthdr = IPPROTO_UDP;
+        o->hop_limit = FU_OUTER_TTL;
+        __builtin_memcpy(&o->saddr, c->own_ip6, 16);
+        __builtin_memcpy(&o->daddr, hop->peer_ip6, 16);
+        sum = sum_words((const __u32 *)&o->saddr, 8);
+    } else {
+        struct iphdr *o = data + l2;
+        u = (void *)(o + 1);
+        if ((void *)(u + 1) > end)
+            return drop(FU_TX_DROP_HELPER);
+        o->version = 4;
+        o->ihl = 5;
+        o->tos = 0;
+        o->tot_len = bpf_htons(len + FU_OUTER4);
+        o->id = 0;          /* DF: an atomic datagram (RFC 6864), as the kernel writes the engines' */
+        o->frag_off = bpf_htons(IP_DF);
+        o->ttl = FU_OUTER_TTL;
+        o->protocol = IPPROTO_UDP;
+        o->check = 0;
+        o->saddr = c->own_ip;
+        o->daddr = hop->peer_ip;
+        o->check = ~fold(sum_words((const __u32 *)o, 5)) & 0xffff;
+        sum = (__u64)o->saddr + o->daddr;
+    }
     u->source = bpf_htons(c->port);
     u->dest = bpf_htons(c->port);
     u->len = bpf_htons(len + sizeof(struct udphdr));
-    u->check = 0;           /* optional over IPv4; the inner packet keeps its own */
+    u->check = 0;
+    if (!skb->gso_size) {
+        /* the engines' kernel checksums their datagrams: so does this, the same sum. (A
+         * super-packet's stays 0 over IPv4, above.) */
+        sum += udp_sum(u, len + sizeof(struct udphdr));
+        int in = inner_sum(skb, l2 + outer, len, trusted);
+        if (in < 0)
+            return drop(FU_TX_DROP_HELPER);
+        __u16 check = ~fold(sum + in) & 0xffff;
+        data = (void *)(long)skb->data;
+        end = (void *)(long)skb->data_end;
+        u = data + l2 + outer - sizeof(struct udphdr);
+        if ((void *)(u + 1) > end)
+            return drop(FU_TX_DROP_HELPER);
+        u->check = check ? check : 0xffff;
+    }
     count(FU_UDP_TX_PACKETS, 1);
     count(FU_UDP_TX_BYTES, len);
     if ((c->flags & FU_F_EXT_L2) && !l2) {
@@ -192,7 +346,7 @@ static __always_inline int encap(struct __sk_buff *skb, const fu_config *c, __u3
         struct ethhdr *eth = data;
         if ((void *)(eth + 1) > end)
             return drop(FU_TX_DROP_HELPER);
-        eth->h_proto = bpf_htons(ETH_P_IP);
+        eth->h_proto = bpf_htons(u6 ? ETH_P_IPV6 : ETH_P_IP);
     }
     /* No next hop given: the kernel looks the outer destination up (a peer behind a router
      * goes to the router) and sets the packet's route to it. With the peer as next hop the
@@ -221,7 +375,7 @@ static __always_inline int forward(struct __sk_buff *skb, const fu_config *c, __
     /* a GSO packet's segments: the inner header and at least a TCP header's 20 bytes */
     if (too_big(skb, c, hop, len, (v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)) + 20))
         return pass(FU_TX_PASS_TOO_BIG);
-    return encap(skb, c, l2, hop->peer_ip, len, v6);
+    return encap(skb, c, l2, hop, len, v6);
 }
 
 static __always_inline int egress4(struct __sk_buff *skb, const fu_config *c, __u32 l2, __u32 len)
@@ -263,7 +417,7 @@ int fu_egress(struct __sk_buff *skb)
     if (skb->len <= l2)
         return pass(FU_TX_PASS_MALFORMED);
     __u32 len = skb->len - l2;
-    pull(skb, l2 + sizeof(struct ipv6hdr));
+    pull(skb, l2 + sizeof(struct ipv6hdr) + sizeof(struct udphdr));
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
     __u8 *p = data + l2;
     if ((void *)(p + 1) > end)
@@ -295,16 +449,26 @@ static __always_inline int own6(const fu_config *c, const struct ipv6hdr *ip6)
     return bpf_map_lookup_elem(&fu_local6, &a) != 0;
 }
 
-/* Step 5: the inner source's route names the sender. */
-static __always_inline int foreign(void *routes, void *key, __u32 sender)
+/* Who sent a datagram: the outer source of either underlay (v6: 0 for IPv4's). */
+typedef struct sender {
+    __u32 v4;
+    fu_addr6 v6;
+} sender_t;
+
+/* Step 5: the inner source's route names the sender, address and underlay. */
+static __always_inline int foreign(void *routes, void *key, const sender_t *from)
 {
     fu_hop *hop = bpf_map_lookup_elem(routes, key);
-    return !hop || hop->peer_ip != sender;
+    if (!hop || hop->peer_ip != from->v4)
+        return 1;
+    const __u32 *a = (const __u32 *)hop->peer_ip6, *b = (const __u32 *)from->v6.addr;
+    return hop->peer_ip == 0 && ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]));
 }
 
-/* Decapsulated, then the TTL (hop limit) decremented and into flannel0's ingress. */
+/* Decapsulated (outer: the outer headers' length), then the TTL (hop limit) decremented and
+ * into flannel0's ingress. */
 static __always_inline int decap(struct __sk_buff *skb, const fu_config *c, __u32 l2,
-                                 __u32 len, int v6)
+                                 __u32 outer, __u32 len, int v6)
 {
     __u64 flags = v6 ? BPF_F_ADJ_ROOM_DECAP_L3_IPV6 : BPF_F_ADJ_ROOM_DECAP_L3_IPV4;
     /* A super-packet keeps its segment size (the inner MSS, not the outer headers'), and
@@ -312,7 +476,7 @@ static __always_inline int decap(struct __sk_buff *skb, const fu_config *c, __u3
      * were still encapsulated wherever it is segmented next. */
     if (skb->gso_size)
         flags |= BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L4_UDP;
-    if (bpf_skb_adjust_room(skb, -FU_OUTER4, BPF_ADJ_ROOM_MAC, flags))
+    if (bpf_skb_adjust_room(skb, -(int)outer, BPF_ADJ_ROOM_MAC, flags))
         return pass(FU_RX_PASS_HELPER);
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
     void *in = data + l2;
@@ -331,23 +495,24 @@ static __always_inline int decap(struct __sk_buff *skb, const fu_config *c, __u3
 
 /* Steps 4 to 7 of either family, once its header checks passed: the inner source not our
  * own (own), routed to the sender under the strict rule (key in routes), the TTL, then in. */
-static __always_inline int accept(struct __sk_buff *skb, const fu_config *c, __u32 l2, __u32 len,
-                                  int own, void *routes, void *key, __u32 sender, __u8 ttl, int v6)
+static __always_inline int accept(struct __sk_buff *skb, const fu_config *c, __u32 l2,
+                                  __u32 outer, __u32 len, int own, void *routes, void *key,
+                                  const sender_t *from, __u8 ttl, int v6)
 {
     if (own)
         return drop(FU_DROP_INNER_LOCAL);
-    if ((c->flags & FU_F_STRICT) && foreign(routes, key, sender))
+    if ((c->flags & FU_F_STRICT) && foreign(routes, key, from))
         return drop(FU_DROP_INNER_FOREIGN);
     if (ttl <= 1)
         return pass(FU_RX_PASS_TTL);
-    return decap(skb, c, l2, len, v6);
+    return decap(skb, c, l2, outer, len, v6);
 }
 
 static __always_inline int ingress4(struct __sk_buff *skb, const fu_config *c, __u32 l2,
-                                    __u32 len, __u32 sender)
+                                    __u32 outer, __u32 len, const sender_t *from)
 {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-    struct iphdr *ip = data + l2 + FU_OUTER4;
+    struct iphdr *ip = data + l2 + outer;
     if ((void *)(ip + 1) > end)
         return pass(FU_RX_PASS_MALFORMED);
     int bad = check4(ip, len);      /* step 3 */
@@ -355,20 +520,20 @@ static __always_inline int ingress4(struct __sk_buff *skb, const fu_config *c, _
         return pass(bad == BAD_SHAPE ? FU_RX_PASS_MALFORMED : FU_RX_PASS_OPTIONS);
     fu_key4 k = { .prefixlen = 32 };
     __builtin_memcpy(k.addr, &ip->saddr, 4);
-    return accept(skb, c, l2, len, own4(c, ip->saddr), &fu_routes4, &k, sender, ip->ttl, 0);
+    return accept(skb, c, l2, outer, len, own4(c, ip->saddr), &fu_routes4, &k, from, ip->ttl, 0);
 }
 
 static __always_inline int ingress6(struct __sk_buff *skb, const fu_config *c, __u32 l2,
-                                    __u32 len, __u32 sender)
+                                    __u32 outer, __u32 len, const sender_t *from)
 {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-    struct ipv6hdr *ip6 = data + l2 + FU_OUTER4;
+    struct ipv6hdr *ip6 = data + l2 + outer;
     int bad = check6(ip6, end, len);
     if (bad)
         return pass(bad == BAD_SHAPE ? FU_RX_PASS_MALFORMED : FU_RX_PASS_SCOPE);
     fu_key6 k = { .prefixlen = 128 };
     __builtin_memcpy(k.addr, &ip6->saddr, 16);
-    return accept(skb, c, l2, len, own6(c, ip6), &fu_routes6, &k, sender, ip6->hop_limit, 1);
+    return accept(skb, c, l2, outer, len, own6(c, ip6), &fu_routes6, &k, from, ip6->hop_limit, 1);
 }
 
 /* A super-packet's inner packet at p spans the datagram's len bytes (it is not a train's
@@ -385,6 +550,69 @@ static __always_inline int whole(const __u8 *p, const void *end, __u32 len, __u3
            seg + sizeof(*ip6) + 20 <= mtu;
 }
 
+/* The datagram's UDP checksum, as the kernel's UDP checks it before the engine's socket
+ * sees it: trusted where the device verified it (CHECKSUM_UNNECESSARY) or where it was never
+ * on a wire (CHECKSUM_PARTIAL: a sender on this host, over a veth, its inner checksum still
+ * to fill), else every byte summed. 0 is no checksum, which only IPv4 allows. addrs: the
+ * sum of the pseudo-header's addresses. */
+static __always_inline int checksum_ok(struct __sk_buff *skb, __u32 l2, __u32 outer,
+                                       __u64 addrs, int u6)
+{
+    void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+    struct udphdr *u = data + l2 + outer - sizeof(struct udphdr);
+    if ((void *)(u + 1) > end)
+        return 0;
+    if (!u->check)
+        return !u6;
+    if (csum_trusted(skb))
+        return 1;
+    __u32 ulen = bpf_ntohs(u->len);
+    __u64 sum = addrs + udp_sum(u, ulen);
+    int in = fu_bytes_sum(skb, l2 + outer, ulen - sizeof(*u));
+    return in >= 0 && fold(sum + in) == 0xffff;
+}
+
+/* Steps 1 to 3 of a datagram of either underlay that is ours (UDP to own address and port,
+ * ulen its UDP length, olen the outer IP header's), its sender in from. */
+static __always_inline int datagram(struct __sk_buff *skb, const fu_config *c, __u32 l2,
+                                    __u32 outer, __u32 ulen, __u32 olen, const sender_t *from,
+                                    __u64 addrs, int u6)
+{
+    /* A GSO packet is either a peer program's TCP super-packet, encapsulated whole (one
+     * datagram's headers over one inner packet), or a train of the engine's datagrams
+     * (UDP_SEGMENT, or GRO), which cannot be taken apart here: the inner packet's length
+     * below tells them apart. Without the kernel's help (FU_F_DECAP_GSO) neither, and over
+     * IPv6 no program sends super-packets (FU_TX_PASS_GSO6). */
+    if (skb->gso_size && (u6 || !(c->flags & FU_F_DECAP_GSO)))
+        return pass(FU_RX_PASS_GSO);
+    if (ulen < sizeof(struct udphdr) || olen != ulen ||
+        l2 + outer - sizeof(struct udphdr) + ulen != skb->len)
+        return pass(FU_RX_PASS_MALFORMED);
+    /* a super-packet's outer checksum is 0 (IPv4), its segments' each their own */
+    if (!skb->gso_size && !checksum_ok(skb, l2, outer, addrs, u6))
+        return drop(FU_RX_DROP_CHECKSUM);
+    __u32 len = ulen - sizeof(struct udphdr);
+    /* step 1 (a super-packet's segments: whole() below) */
+    if (!skb->gso_size && len > c->mtu)
+        return pass(FU_RX_PASS_TRUNCATED);
+    /* step 2 */
+    if (!(c->flags & FU_F_ACCEPT_ANY) &&
+        !(u6 ? bpf_map_lookup_elem(&fu_peers6, &from->v6) : bpf_map_lookup_elem(&fu_peers4, &from->v4)))
+        return drop(FU_DROP_BAD_SOURCE);
+    /* step 3: the version first, as the engines take it */
+    void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+    __u8 *p = data + l2 + outer;
+    if ((void *)(p + 1) > end)
+        return pass(FU_RX_PASS_MALFORMED);
+    if (skb->gso_size && !whole(p, end, len, skb->gso_size, c->mtu))
+        return pass(FU_RX_PASS_GSO);
+    if (p[0] >> 4 == 4)
+        return ingress4(skb, c, l2, outer, len, from);
+    if (p[0] >> 4 == 6)
+        return ingress6(skb, c, l2, outer, len, from);
+    return pass(FU_RX_PASS_MALFORMED);
+}
+
 SEC("tc")
 int fu_ingress(struct __sk_buff *skb)
 {
@@ -392,47 +620,39 @@ int fu_ingress(struct __sk_buff *skb)
     fu_config *c = bpf_map_lookup_elem(&fu_config_map, &z);
     if (!c || !c->own_ip)
         return TC_ACT_OK;
-    if (skb->protocol != bpf_htons(ETH_P_IP))
-        return TC_ACT_OK;
     __u32 l2 = (c->flags & FU_F_EXT_L2) ? FU_ETH_HLEN : 0;
-    pull(skb, l2 + FU_OUTER4 + sizeof(struct ipv6hdr));
-    void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-    struct iphdr *o = data + l2;
-    struct udphdr *u = (void *)(o + 1);
-    /* ours: UDP to own_ip:port, in one piece, no options; the rest is the stack's */
-    if ((void *)(u + 1) > end || o->version != 4 || o->ihl != 5 ||
-        o->protocol != IPPROTO_UDP || o->daddr != c->own_ip ||
-        (o->frag_off & bpf_htons(IP_FRAG_BITS)) || u->dest != bpf_htons(c->port))
+    sender_t from = {};
+    if (skb->protocol == bpf_htons(ETH_P_IP)) {
+        pull(skb, l2 + FU_OUTER4 + sizeof(struct ipv6hdr) + sizeof(struct udphdr));
+        void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+        struct iphdr *o = data + l2;
+        struct udphdr *u = (void *)(o + 1);
+        /* ours: UDP to own_ip:port, in one piece, no options; the rest is the stack's */
+        if ((void *)(u + 1) > end || o->version != 4 || o->ihl != 5 ||
+            o->protocol != IPPROTO_UDP || o->daddr != c->own_ip ||
+            (o->frag_off & bpf_htons(IP_FRAG_BITS)) || u->dest != bpf_htons(c->port))
+            return TC_ACT_OK;
+        from.v4 = o->saddr;
+        return datagram(skb, c, l2, FU_OUTER4, bpf_ntohs(u->len),
+                        bpf_ntohs(o->tot_len) - sizeof(struct iphdr), &from,
+                        (__u64)o->saddr + o->daddr, 0);
+    }
+    const __u32 *own6 = (const __u32 *)c->own_ip6;
+    if (skb->protocol != bpf_htons(ETH_P_IPV6) || !(own6[0] | own6[1] | own6[2] | own6[3]))
         return TC_ACT_OK;
-    __u32 ulen = bpf_ntohs(u->len);
-    /* A GSO packet is either a peer program's TCP super-packet, encapsulated whole (one
-     * datagram's headers over one inner packet), or a train of the engine's datagrams
-     * (UDP_SEGMENT, or GRO), which cannot be taken apart here: the inner packet's length
-     * below tells them apart. Without the kernel's help (FU_F_DECAP_GSO) neither. */
-    if (skb->gso_size && !(c->flags & FU_F_DECAP_GSO))
-        return pass(FU_RX_PASS_GSO);
-    if (ulen < sizeof(struct udphdr) || bpf_ntohs(o->tot_len) != ulen + sizeof(struct iphdr) ||
-        l2 + bpf_ntohs(o->tot_len) != skb->len)
-        return pass(FU_RX_PASS_MALFORMED);
-    __u32 len = ulen - sizeof(struct udphdr);
-    /* step 1 (a super-packet's segments: whole() below) */
-    if (!skb->gso_size && len > c->mtu)
-        return pass(FU_RX_PASS_TRUNCATED);
-    /* step 2 */
-    __u32 sender = o->saddr;
-    if (!(c->flags & FU_F_ACCEPT_ANY) && !bpf_map_lookup_elem(&fu_peers4, &sender))
-        return drop(FU_DROP_BAD_SOURCE);
-    /* step 3: the version first, as the engines take it */
-    __u8 *p = (void *)(u + 1);
-    if ((void *)(p + 1) > end)
-        return pass(FU_RX_PASS_MALFORMED);
-    if (skb->gso_size && !whole(p, end, len, skb->gso_size, c->mtu))
-        return pass(FU_RX_PASS_GSO);
-    if (p[0] >> 4 == 4)
-        return ingress4(skb, c, l2, len, sender);
-    if (p[0] >> 4 == 6)
-        return ingress6(skb, c, l2, len, sender);
-    return pass(FU_RX_PASS_MALFORMED);
+    pull(skb, l2 + FU_OUTER6 + sizeof(struct ipv6hdr) + sizeof(struct udphdr));
+    void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+    struct ipv6hdr *o = data + l2;
+    struct udphdr *u = (void *)(o + 1);
+    /* ours: UDP right after the header (no extension headers) to own_ip6:port */
+    const __u32 *d = o->daddr.in6_u.u6_addr32;
+    if ((void *)(u + 1) > end || o->version != 6 || o->nexthdr != IPPROTO_UDP ||
+        ((d[0] ^ own6[0]) | (d[1] ^ own6[1]) | (d[2] ^ own6[2]) | (d[3] ^ own6[3])) ||
+        u->dest != bpf_htons(c->port))
+        return TC_ACT_OK;
+    __builtin_memcpy(from.v6.addr, &o->saddr, 16);
+    return datagram(skb, c, l2, FU_OUTER6, bpf_ntohs(u->len), bpf_ntohs(o->payload_len), &from,
+                    sum_words((const __u32 *)&o->saddr, 8), 1);
 }
 
 char LICENSE[] SEC("license") = "GPL";

@@ -14,11 +14,15 @@
 
 enum fu_limits {
     FU_ROUTES_MAX = 65536,   /* entries of each LPM map (fu_routes4, fu_routes6) */
-    FU_PEERS_MAX = 65536,    /* distinct peer addresses (fu_peers4) */
+    FU_PEERS_MAX = 65536,    /* distinct peer addresses per underlay (fu_peers4, fu_peers6) */
     FU_LOCAL_MAX = 65536,    /* this host's own addresses per family (fu_local4, fu_local6) */
     FU_ETH_HLEN = 14,        /* an Ethernet header, where a device has one */
     FU_OUTER4 = 28,          /* the IPv4 underlay's outer IPv4 + UDP headers */
-    FU_OUTER_TTL = 64        /* the outer TTL, as the kernel gives the engines' datagrams */
+    FU_OUTER6 = 48,          /* the IPv6 underlay's outer IPv6 + UDP headers */
+    FU_OUTER_TTL = 64,       /* the outer TTL (IPv6: hop limit), as the kernel gives the engines'
+                                datagrams */
+    FU_CSUM_CHUNK = 128,     /* the bytes a checksum over a whole packet reads at a time */
+    FU_CSUM_CHUNKS = 512     /* ... and how many at most: 128 * 512 bytes > an IPv4 packet's 65535 */
 };
 
 /* fu_config.flags */
@@ -62,6 +66,10 @@ enum fu_counter {
     FU_RX_PASS_TTL,
     FU_RX_PASS_HELPER,
     FU_RX_DROP_HELPER,
+    FU_TX_PASS_GSO6,         /* egress: a GSO packet for the IPv6 underlay (its segments would all
+                                carry one UDP checksum: tc cannot ask the kernel for theirs) */
+    FU_RX_DROP_CHECKSUM,     /* ingress: the outer UDP checksum is wrong (or 0 over IPv6): what the
+                                engines' socket never sees, the kernel dropping it first */
     FU_COUNTERS              /* how many: the array's size */
 };
 
@@ -77,7 +85,8 @@ typedef struct fu_config {
     __u32 own_mask;
     __u8 own_net6[16];       /* the IPv6 lease subnet; own_mask6 all 0: none */
     __u8 own_mask6[16];
-    __u32 reserved[4];
+    __u8 own_ip6[16];        /* this host's PublicIPv6 (the IPv6 underlay's outer source and the
+                                address its datagrams come to); all 0: no IPv6 underlay */
 } fu_config;
 
 /* LPM keys: prefixlen first, as BPF_MAP_TYPE_LPM_TRIE wants. */
@@ -91,13 +100,15 @@ typedef struct fu_key6 {
     __u8 addr[16];
 } fu_key6;
 
-/* A route's value, of either inner family (the IPv4 underlay). */
+/* A route's value, of either inner family and either underlay. */
 typedef struct fu_hop {
-    __u32 peer_ip;           /* the peer's PublicIP */
+    __u32 peer_ip;           /* the peer's PublicIP; 0: the IPv6 underlay, to peer_ip6 */
     __u32 mtu;               /* the largest inner packet towards it; 0: fu_config.mtu */
+    __u8 peer_ip6[16];       /* the peer's PublicIPv6, where peer_ip is 0 */
 } fu_hop;
 
-/* fu_local6's key; fu_local4's is a __u32, fu_peers4's too (value: routes naming it). */
+/* fu_local6's and fu_peers6's key; fu_local4's is a __u32, fu_peers4's too (the peers' value:
+ * how many routes name it). */
 typedef struct fu_addr6 {
     __u8 addr[16];
 } fu_addr6;

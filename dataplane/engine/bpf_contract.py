@@ -71,11 +71,13 @@ PEERS_MAX = _pick(_limits, "FU_PEERS_MAX")
 LOCAL_MAX = _pick(_limits, "FU_LOCAL_MAX")
 ETH_HLEN = _pick(_limits, "FU_ETH_HLEN")
 OUTER4 = _pick(_limits, "FU_OUTER4")
+OUTER6 = _pick(_limits, "FU_OUTER6")
 OUTER_TTL = _pick(_limits, "FU_OUTER_TTL")
 
 # The programs and maps by the names the object file gives them.
 PROG_EGRESS, PROG_INGRESS = "fu_egress", "fu_ingress"
 MAP_CONFIG, MAP_ROUTES4, MAP_ROUTES6 = "fu_config_map", "fu_routes4", "fu_routes6"
 MAP_PEERS4, MAP_LOCAL4, MAP_LOCAL6, MAP_COUNTERS = "fu_peers4", "fu_local4", "fu_local6", "fu_counters"
+MAP_PEERS6 = "fu_peers6"
 
 del _text

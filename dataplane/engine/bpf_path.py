@@ -1,9 +1,9 @@
 """The kernel path: the tc programs of csrc/bpf/ loaded, configured and attached.
 
 A KernelPath holds one loaded object (both programs and their maps) for one
-host: ``configure`` writes what the engines are given at start (own PublicIP,
-port, mtu, lease subnets, own addresses, the source rules), ``set_routes``
-the same routes as the engines' tables (api.Route, IPv4 underlay), and
+host: ``configure`` writes what the engines are given at start (own PublicIP and
+PublicIPv6, port, mtu, lease subnets, the source rules), ``set_routes``
+the same routes as the engines' tables (api.Route, either underlay), and
 ``attach`` puts fu_egress on flannel0's egress and fu_ingress on the
 external interface's ingress (clsact, through libbpf's netlink, in the
 caller's network namespace). ``counters`` sums the per-CPU counters by
@@ -66,6 +66,15 @@ def _v4(addr) -> bytes:
     return ipaddress.IPv4Address(addr).packed
 
 
+def _addr_key(a, map4: str, map6: str):
+    """(map, key) of an address in a pair of per-family maps keyed by it (fu_local*, fu_peers*)."""
+    if a.version == 4:
+        return map4, ffi.new("__u32 *", struct.unpack("=I", a.packed)[0])
+    key = ffi.new("fu_addr6 *")
+    ffi.memmove(key.addr, a.packed, 16)
+    return map6, key
+
+
 class KernelPath:
     def __init__(self, obj_path: str | None = None):
         if os.geteuid() != 0:
@@ -97,15 +106,15 @@ class KernelPath:
         self._logs.clear()
         self.prog_fd = {n: self._lib.bpf_program__fd(p) for n, p in progs.items()}
         self.map_fd = {}
-        for name in (bc.MAP_CONFIG, bc.MAP_ROUTES4, bc.MAP_ROUTES6, bc.MAP_PEERS4, bc.MAP_LOCAL4,
-                     bc.MAP_LOCAL6, bc.MAP_COUNTERS):
+        for name in (bc.MAP_CONFIG, bc.MAP_ROUTES4, bc.MAP_ROUTES6, bc.MAP_PEERS4, bc.MAP_PEERS6,
+                     bc.MAP_LOCAL4, bc.MAP_LOCAL6, bc.MAP_COUNTERS):
             m = check_ptr(self._lib.bpf_object__find_map_by_name(self._obj, name.encode()),
                           f"map {name} in {path}")
             self.map_fd[name] = self._lib.bpf_map__fd(m)
         self._ncpus = check(self._lib.libbpf_num_possible_cpus(), "counting the CPUs")
         self._cfg = ffi.new("fu_config *")
         self._routes: dict = {}          # subnet -> (peer_ip, mtu) as written
-        self._peers: dict = {}           # IPv4 peer -> how many routes name it
+        self._peers: dict = {}           # peer (either underlay) -> how many routes name it
         self._local: set = set()
         self._hooks: list = []           # (hook, opts, created) to undo
 
@@ -124,10 +133,12 @@ class KernelPath:
 
     def configure(self, *, own_ip, port: int, mtu: int, own_subnets=(),
                   strict: bool = False, accept_any: bool = False,
-                  decap_gso: bool | None = None) -> None:
+                  decap_gso: bool | None = None, own_ip6=None) -> None:
         """What the engines are given at start: own PublicIP (the outer source and the address
         datagrams come to), the UDP port, the largest inner packet (flannel0's MTU), the
         lease's subnets, of either family (UDP -> TUN step 4), step 5 on or off, step 2 off (accept_any).
+        ``own_ip6``: own PublicIPv6, the IPv6 underlay's (None: no IPv6 underlay; routes to
+        IPv6 peers are then refused).
         ``decap_gso``: whether the ingress program decapsulates a peer program's TCP
         super-packets itself; by default where the kernel allows it (kernel_decaps_gso)."""
         if decap_gso is None:
@@ -144,6 +155,7 @@ class KernelPath:
         c.own_mask = struct.unpack("=I", net.netmask.packed)[0] if net else 0
         ffi.memmove(c.own_net6, net6.network_address.packed if net6 else bytes(16), 16)
         ffi.memmove(c.own_mask6, net6.netmask.packed if net6 else bytes(16), 16)
+        ffi.memmove(c.own_ip6, ipaddress.IPv6Address(own_ip6).packed if own_ip6 else bytes(16), 16)
         self._write_config()
 
     def set_local(self, addrs) -> None:
@@ -157,11 +169,7 @@ class KernelPath:
 
     @staticmethod
     def _local_key(a):
-        if a.version == 4:
-            return bc.MAP_LOCAL4, ffi.new("__u32 *", struct.unpack("=I", a.packed)[0])
-        key = ffi.new("fu_addr6 *")
-        ffi.memmove(key.addr, a.packed, 16)
-        return bc.MAP_LOCAL6, key
+        return _addr_key(a, bc.MAP_LOCAL4, bc.MAP_LOCAL6)
 
     @staticmethod
     def _route_key(subnet):
@@ -175,9 +183,9 @@ class KernelPath:
         written first, then the gone ones deleted, so a peer that stays never misses."""
         want = {}
         for r in routes:
-            if r.peer_ip.version != 4:
-                raise KernelPathError(f"route {r.subnet} via {r.peer_ip}: the IPv6 underlay is not "
-                                      "in the kernel path yet")
+            if r.peer_ip.version == 6 and not any(self._cfg.own_ip6):
+                raise KernelPathError(f"route {r.subnet} via {r.peer_ip}: the IPv6 underlay needs "
+                                      "own PublicIPv6 (configure(own_ip6=...))")
             want[r.subnet] = (r.peer_ip, r.mtu)
         if len(want) > bc.ROUTES_MAX:
             raise KernelPathError(f"{len(want)} routes: the kernel path holds {bc.ROUTES_MAX}")
@@ -185,22 +193,25 @@ class KernelPath:
         for peer, _ in want.values():
             peers[peer] = peers.get(peer, 0) + 1
         for p in peers.keys() - self._peers.keys():
-            self._update(bc.MAP_PEERS4, self._peer_key(p), ffi.new("__u32 *", peers[p]))
+            self._update(*self._peer_key(p), ffi.new("__u32 *", peers[p]))
         for subnet, (peer, mtu) in want.items():
             if self._routes.get(subnet) != (peer, mtu):
                 hop = ffi.new("fu_hop *")
-                hop.peer_ip = struct.unpack("=I", peer.packed)[0]
+                if peer.version == 4:       # peer_ip 0: the IPv6 underlay, to peer_ip6
+                    hop.peer_ip = struct.unpack("=I", peer.packed)[0]
+                else:
+                    ffi.memmove(hop.peer_ip6, peer.packed, 16)
                 hop.mtu = mtu
                 self._update(*self._route_key(subnet), hop)
         for subnet in self._routes.keys() - want.keys():
             self._delete(*self._route_key(subnet))
         for p in self._peers.keys() - peers.keys():
-            self._delete(bc.MAP_PEERS4, self._peer_key(p))
+            self._delete(*self._peer_key(p))
         self._routes, self._peers = want, peers
 
     @staticmethod
     def _peer_key(peer):
-        return ffi.new("__u32 *", struct.unpack("=I", peer.packed)[0])
+        return _addr_key(peer, bc.MAP_PEERS4, bc.MAP_PEERS6)
 
     def counters(self) -> dict:
         """maps.h's counters by name, summed over the CPUs."""

@@ -1,8 +1,9 @@
-"""The kernel path's loader (dataplane/engine/bpf_*.py): route and peer updates reach the
-programs, and what cannot work says why (no clang, the verifier's refusal with its log, an
-IPv6 underlay route)."""
+"""The kernel path's loader (dataplane/engine/bpf_*.py): route and peer updates of both
+underlays reach the programs, and what cannot work says why (no clang, the verifier's refusal
+with its log, an IPv6 underlay route without own PublicIPv6)."""
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 
 import pytest
@@ -11,8 +12,8 @@ from dataplane.engine import bpf_contract as bc
 from dataplane.engine import ipv4
 from dataplane.engine.api import Route
 from tests.conftest import require_bpf
-from tests.unit.test_bpf_programs import (MTU, OK, OTHER_PEER, OWN_IP, PEER, PORT, REDIRECT, SHOT,
-                                          datagram, frame, udp4)
+from tests.unit.test_bpf_programs import (MTU, OK, OTHER_PEER, OWN_IP, OWN_IP6, PEER, PEER6, PORT,
+                                          REDIRECT, SHOT, datagram, frame, udp4, udp6)
 
 
 @pytest.fixture
@@ -56,10 +57,41 @@ def test_accept_any_skips_the_source_check(kp):
     assert kp.test_run(bc.PROG_INGRESS, datagram(udp4(src="10.5.2.3", dst="10.5.1.2")))[0] == REDIRECT
 
 
-def test_an_ipv6_underlay_route_is_refused_with_the_reason(kp):
+def test_an_ipv6_underlay_route_needs_own_publicipv6(kp):
     from dataplane.engine.bpf_path import KernelPathError
-    with pytest.raises(KernelPathError, match="IPv6 underlay is not in the kernel path yet"):
+    kp.configure(own_ip=OWN_IP, port=PORT, mtu=MTU)
+    with pytest.raises(KernelPathError, match=r"needs own PublicIPv6 \(configure\(own_ip6="):
         kp.set_routes([Route.make("fd00:5:2::/64", "2001:db8::2", PORT)])
+
+
+def test_route_changes_of_both_underlays_reach_the_programs(kp):
+    kp.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_ip6=OWN_IP6)
+    to_b = frame(udp6(dst="fd00:5:2::3"))
+    from_b6 = datagram(udp6(src="fd00:5:2::3", dst="fd00:5:1::2"), src=PEER6)
+    from_b4 = datagram(udp4(src="10.5.2.3", dst="10.5.1.2"))
+    # PEER's host in both: its IPv4 subnet over IPv4, its IPv6 one over IPv6
+    kp.set_routes([Route.make("10.5.2.0/24", PEER, PORT),
+                   Route.make("fd00:5:2::/64", PEER6, PORT, mtu=MTU - 20)])
+    verdict, out = kp.test_run(bc.PROG_EGRESS, to_b)
+    assert verdict == REDIRECT and ipaddress.IPv6Address(out[14 + 24:14 + 40]) == \
+        ipaddress.IPv6Address(PEER6)
+    assert kp.test_run(bc.PROG_INGRESS, from_b6)[0] == REDIRECT
+    assert kp.test_run(bc.PROG_INGRESS, from_b4)[0] == REDIRECT
+    # its IPv6 subnet moves to the IPv4 underlay: sent there, PEER6 holds no lease any more
+    kp.set_routes([Route.make("10.5.2.0/24", PEER, PORT), Route.make("fd00:5:2::/64", PEER, PORT)])
+    verdict, out = kp.test_run(bc.PROG_EGRESS, to_b)
+    assert verdict == REDIRECT and str(ipv4.parse(out[14:]).dst) == PEER
+    assert kp.test_run(bc.PROG_INGRESS, from_b6)[0] == SHOT
+    assert kp.test_run(bc.PROG_INGRESS, from_b4)[0] == REDIRECT
+    assert kp.counters()["drop_bad_source"] == 1
+    # and back, then all gone
+    kp.set_routes([Route.make("fd00:5:2::/64", PEER6, PORT, mtu=MTU - 20)])
+    assert kp.test_run(bc.PROG_INGRESS, from_b6)[0] == REDIRECT
+    assert kp.test_run(bc.PROG_INGRESS, from_b4)[0] == SHOT
+    kp.set_routes([])
+    assert kp.test_run(bc.PROG_EGRESS, to_b) == (OK, to_b)
+    assert kp.test_run(bc.PROG_INGRESS, from_b6)[0] == SHOT
+    assert kp.counters()["drop_bad_source"] == 3
 
 
 def test_no_clang_says_what_to_install(monkeypatch, tmp_path):

@@ -6,7 +6,9 @@ differential tests too) with the same routes, own sources and rules. What the pr
 redirects, the engine forwards, and the bytes agree: the program's inner packet is the
 engine's (TTL and checksum included) and its outer IPv4 + UDP headers carry what the
 engine's socket sends (own PublicIP and port to the peer and port; id 0 and DF, TTL 64,
-UDP checksum 0: the kernel's choices for the engine, and the optional one for us). What
+the UDP checksum: the kernel's choices for the engine), or over the IPv6 underlay its outer
+IPv6 + UDP headers (own PublicIPv6 to the peer's, hop limit 64, the UDP checksum IPv6
+requires, a flow label of the inner flow's). What
 the program drops, the engine drops for the same reason; what it passes on is unchanged,
 and the engine drops it, answers it, or forwards one of the rarities the program leaves
 alone (IPv4 options, fragments). The counters move by maps.h's names.
@@ -27,12 +29,15 @@ from dataplane.engine.pytable import RouteTable
 from tests.conftest import require_bpf
 
 OWN_IP, PEER, OTHER_PEER, STRANGER = "192.168.77.1", "192.168.77.2", "192.168.77.3", "192.168.77.9"
+OWN_IP6, PEER6, STRANGER6 = "fd00:99::1", "fd00:99::2", "fd00:99::9"     # the IPv6 underlay
 PORT, MTU = 8285, 1472
 OWN_NET, OWN_NET6 = "10.5.1.0/24", "fd00:5:1::/64"
 OWN_ADDR = "10.5.1.7"          # one of the host's own addresses (a bridge's, say)
 ROUTES = [Route.make("10.5.2.0/24", PEER, PORT), Route.make("10.5.3.0/24", OTHER_PEER, PORT),
           Route.make("fd00:5:2::/64", PEER, PORT),
-          Route.make("fd00:5:3::/64", OTHER_PEER, PORT, mtu=1300)]
+          Route.make("fd00:5:3::/64", OTHER_PEER, PORT, mtu=1300),
+          # over the IPv6 underlay, whose headers cost 48 bytes (control/routes.py's mtu)
+          Route.make("fd00:5:4::/64", PEER6, PORT, mtu=MTU + 28 - 48)]
 TUN_IF, EXT_IF = 41, 42        # only stored: a test run redirects nowhere
 ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
 OK, SHOT, REDIRECT = 0, 2, 7
@@ -45,7 +50,7 @@ def kp():
     with KernelPath() as k:
         k.set_devices(TUN_IF, EXT_IF, tun_l2=True, ext_l2=True)
         k.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_subnets=[OWN_NET, OWN_NET6],
-                    strict=True)
+                    strict=True, own_ip6=OWN_IP6)
         k.set_routes(ROUTES)
         k.set_local([OWN_ADDR, "fd00:5:1::7"])
         yield k
@@ -72,11 +77,35 @@ def frame(pkt: bytes, proto: int | None = None) -> bytes:
     return bytes(range(1, 13)) + struct.pack("!H", proto) + pkt
 
 
-def outer(inner: bytes, src=OWN_IP, dst=PEER, port=PORT) -> bytes:
+def _sum(data: bytes) -> int:
+    """The ones' complement sum of ``data``'s 16-bit words."""
+    return ~ipv4.checksum(data) & 0xFFFF
+
+
+def _pseudo(src, dst, proto: int, length: int) -> bytes:
+    a, b = ipaddress.ip_address(src).packed, ipaddress.ip_address(dst).packed
+    return a + b + (struct.pack("!BBH", 0, proto, length) if len(a) == 4 else
+                    struct.pack("!IxxxB", length, proto))
+
+
+def udp_checksum(src, dst, segment: bytes) -> int:
+    """The UDP checksum of ``segment`` (its field 0) from src to dst, as the kernel computes
+    it for the engines' socket (a computed 0 sent as 0xffff)."""
+    return ipv4.checksum(_pseudo(src, dst, 17, len(segment)) + segment) or 0xFFFF
+
+
+def outer(inner: bytes, src=OWN_IP, dst=PEER, port=PORT, *, check: int | None = None,
+          label: int = 0) -> bytes:
     """The outer headers the engines' datagram gets from the kernel, as the program writes
-    them: IPv4 id 0 + DF (an unconnected UDP socket's datagram that fits), TTL 64, UDP
-    checksum 0 (optional over IPv4; the engines' kernel computes one)."""
-    udp = struct.pack("!HHHH", port, port, 8 + len(inner), 0)
+    them: over IPv4 id 0 + DF (an unconnected UDP socket's datagram that fits), TTL 64; over
+    IPv6 (src an IPv6 address) hop limit 64 and the flow label given; the UDP checksum (or
+    ``check``)."""
+    if check is None:
+        seg = struct.pack("!HHHH", port, port, 8 + len(inner), 0) + inner
+        check = udp_checksum(src, dst, seg)
+    udp = struct.pack("!HHHH", port, port, 8 + len(inner), check)
+    if ":" in str(src):
+        return ipv6.build(src, dst, udp + inner, next_header=17, hop_limit=64, flow_label=label)
     return ipv4.build(src, dst, udp + inner, flags=2)
 
 
@@ -121,17 +150,50 @@ def udp6(src="fd00:5:1::2", dst="fd00:5:2::3", **kw):
 
 # ---- TUN -> UDP ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("pkt", [udp4(), udp6(), ipv4.build("10.5.1.2", "10.5.2.3",
-                                 ipv4.echo_request(), proto=ipv4.PROTO_ICMP, ttl=2)],
-                         ids=["udp4", "udp6", "icmp4-ttl2"])
+def tcp4(src="10.5.1.2", dst="10.5.2.3", check=None, data=b"segment"):
+    """A TCP segment (ACK) with its checksum right, or ``check`` in its field: a
+    CHECKSUM_PARTIAL packet's carries its pseudo-header's sum, the device to fill it."""
+    seg = struct.pack("!HHIIHHHH", 4000, 5000, 1, 1, 0x5010, 1024, 0, 0) + data
+    if check is None:
+        check = ipv4.checksum(_pseudo(src, dst, 6, len(seg)) + seg)
+    return ipv4.build(src, dst, seg[:16] + struct.pack("!H", check) + seg[18:], proto=6)
+
+
+def tcp6(src="fd00:5:1::2", dst="fd00:5:4::3", check=None, data=b"segment"):
+    seg = struct.pack("!HHIIHHHH", 4000, 5000, 1, 1, 0x5010, 1024, 0, 0) + data
+    if check is None:
+        check = ipv6.upper_checksum(src, dst, 6, seg)
+    return ipv6.build(src, dst, seg[:16] + struct.pack("!H", check) + seg[18:], next_header=6)
+
+
+def egress_label(out: bytes) -> int:
+    return struct.unpack_from("!I", out, 14)[0] & 0xFFFFF
+
+
+@pytest.mark.parametrize("pkt", [
+    udp4(), udp6(), ipv4.build("10.5.1.2", "10.5.2.3", ipv4.echo_request(), proto=ipv4.PROTO_ICMP,
+                               ttl=2), tcp4(),
+    udp6(dst="fd00:5:4::3"), tcp6(), ipv6.build("fd00:5:1::2", "fd00:5:4::3", ipv6.echo_request(
+        "fd00:5:1::2", "fd00:5:4::3"), next_header=58, hop_limit=2)],
+    ids=["udp4", "udp6", "icmp4-ttl2", "tcp4", "udp6-underlay6", "tcp6-underlay6",
+         "icmp6-underlay6"])
 def test_egress_encapsulates_as_the_engine_sends(kp, pkt):
     hop, inner, _ = engine_tun(pkt)
     verdict, out, moved = run(kp, bc.PROG_EGRESS, frame(pkt))
-    assert hop == (PEER, PORT)
     assert verdict == REDIRECT
-    assert out[12:14] == struct.pack("!H", ETH_P_IP)
-    assert out[14:] == outer(inner), (out[14:42].hex(), outer(inner)[:28].hex())
     assert moved == {"udp_tx_packets": 1, "udp_tx_bytes": len(pkt)}
+    label = 0
+    if hop[0] == PEER6:
+        # the flow label: the inner flow's, the same for each of its packets
+        label = egress_label(out)
+        assert egress_label(kp.test_run(bc.PROG_EGRESS, frame(pkt))[1]) == label
+        src, proto = OWN_IP6, ETH_P_IPV6
+    else:
+        assert hop == (PEER, PORT)
+        src, proto = OWN_IP, ETH_P_IP
+    assert out[12:14] == struct.pack("!H", proto)
+    want = outer(inner, src=src, dst=hop[0], label=label)
+    assert out[14:] == want, (out[14:70].hex(), want[:56].hex())
 
 
 @pytest.mark.parametrize("pkt,reason", [
@@ -147,8 +209,11 @@ def test_egress_encapsulates_as_the_engine_sends(kp, pkt):
     (udp6(src="fe80::1"), "tx_pass_scope"),
     (ipv6.build("fd00:5:1::2", "fd00:5:3::3", bytes(1300)), "tx_pass_too_big"),
     (bytes([0x55]) + bytes(39), "tx_pass_malformed"),
+    (ipv6.build("fd00:5:1::2", "fd00:5:4::3", bytes(MTU - 20 - 40 + 1)), "tx_pass_too_big"),
+    (udp6(dst="fd00:5:4::3", hop_limit=1), "tx_pass_ttl"),
 ], ids=["no-route", "no-route6", "ttl", "hop-limit", "options", "more-fragments", "offset",
-        "tot-len", "payload-len", "link-scope", "too-big6", "version-5"])
+        "tot-len", "payload-len", "link-scope", "too-big6", "version-5", "too-big-underlay6",
+        "hop-limit-underlay6"])
 def test_egress_passes_the_rest_to_the_engine_unchanged(kp, pkt, reason):
     data = frame(pkt)
     verdict, out, moved = run(kp, bc.PROG_EGRESS, data)
@@ -157,15 +222,22 @@ def test_egress_passes_the_rest_to_the_engine_unchanged(kp, pkt, reason):
 
 # ---- UDP -> TUN ----------------------------------------------------------------------
 
-def datagram(inner: bytes, src=PEER, dst=OWN_IP, port=PORT) -> bytes:
-    return frame(outer(inner, src=src, dst=dst, port=port))
+def datagram(inner: bytes, src=PEER, dst=None, port=PORT, **kw) -> bytes:
+    """A datagram from ``src`` (of either underlay) to own address, as a frame."""
+    if dst is None:
+        dst = OWN_IP6 if ":" in src else OWN_IP
+    return frame(outer(inner, src=src, dst=dst, port=port, **kw))
 
 
-@pytest.mark.parametrize("pkt", [udp4(src="10.5.2.3", dst="10.5.1.2"),
-                                 udp6(src="fd00:5:2::3", dst="fd00:5:1::2")], ids=["v4", "v6"])
-def test_ingress_decapsulates_as_the_engine_writes(kp, pkt):
-    want, reason = engine_udp(pkt, PEER)
-    verdict, out, moved = run(kp, bc.PROG_INGRESS, datagram(pkt))
+@pytest.mark.parametrize("pkt,sender", [
+    (udp4(src="10.5.2.3", dst="10.5.1.2"), PEER),
+    (udp6(src="fd00:5:2::3", dst="fd00:5:1::2"), PEER),
+    (udp6(src="fd00:5:4::3", dst="fd00:5:1::2"), PEER6),
+    (tcp6(src="fd00:5:4::3", dst="fd00:5:1::2"), PEER6),
+], ids=["v4", "v6", "v6-underlay6", "tcp6-underlay6"])
+def test_ingress_decapsulates_as_the_engine_writes(kp, pkt, sender):
+    want, reason = engine_udp(pkt, sender)
+    verdict, out, moved = run(kp, bc.PROG_INGRESS, datagram(pkt, src=sender))
     assert reason is None and want is not None
     assert verdict == REDIRECT
     assert out[14:] == want
@@ -181,8 +253,15 @@ def test_ingress_decapsulates_as_the_engine_writes(kp, pkt):
     (udp4(src="10.9.0.1", dst="10.5.1.2"), PEER, "drop_inner_foreign"),
     (udp6(src="fd00:5:1::9", dst="fd00:5:1::2"), PEER, "drop_inner_local"),
     (udp6(src="fd00:5:3::3", dst="fd00:5:1::2"), PEER, "drop_inner_foreign"),
+    (udp6(src="fd00:5:4::3", dst="fd00:5:1::2"), STRANGER6, "drop_bad_source"),
+    (udp6(src="fd00:5:1::9", dst="fd00:5:1::2"), PEER6, "drop_inner_local"),
+    (udp6(src="fd00:5:2::3", dst="fd00:5:1::2"), PEER6, "drop_inner_foreign"),
+    (udp4(src="10.5.2.3", dst="10.5.1.2"), PEER6, "drop_inner_foreign"),
+    (udp6(src="fd00:5:4::3", dst="fd00:5:1::2"), PEER, "drop_inner_foreign"),
 ], ids=["stranger", "own-subnet", "own-address", "other-peers-subnet", "no-lease", "own-subnet6",
-        "other-peers-subnet6"])
+        "other-peers-subnet6", "stranger-underlay6", "own-subnet-underlay6",
+        "underlay6-peer-ipv4-routes-subnet", "underlay6-peer-ipv4-inner",
+        "underlay4-peer-underlay6-subnet"])
 def test_ingress_drops_what_the_source_rules_refuse(kp, pkt, src, reason):
     assert engine_udp(pkt, src) == (None, reason)
     verdict, _, moved = run(kp, bc.PROG_INGRESS, datagram(pkt, src=src))
@@ -197,10 +276,55 @@ def test_ingress_drops_what_the_source_rules_refuse(kp, pkt, src, reason):
     (datagram(ipv4.build("10.5.2.3", "10.5.1.2", bytes(MTU))), "rx_pass_truncated"),
     (datagram(udp4(src="10.5.2.3", dst="10.5.1.2"), port=PORT + 1), None),
     (datagram(udp4(src="10.5.2.3", dst="10.5.1.2"), dst=PEER), None),
-], ids=["ttl", "tot-len", "options", "link-scope", "over-mtu", "other-port", "not-to-us"])
+    (datagram(udp6(src="fd00:5:4::3", dst="fd00:5:1::2", hop_limit=1), src=PEER6), "rx_pass_ttl"),
+    (datagram(ipv6.build("fd00:5:4::3", "fd00:5:1::2", bytes(MTU - 39)), src=PEER6),
+     "rx_pass_truncated"),
+    (datagram(udp6(src="fd00:5:4::3", dst="fd00:5:1::2"), src=PEER6, port=PORT + 1), None),
+    (datagram(udp6(src="fd00:5:4::3", dst="fd00:5:1::2"), src=PEER6, dst=PEER6), None),
+    (datagram(udp6(src="fd00:5:4::3", dst="fd00:5:1::2"), src=PEER6)[:18] + b"\0\x99" +
+     datagram(udp6(src="fd00:5:4::3", dst="fd00:5:1::2"), src=PEER6)[20:], "rx_pass_malformed"),
+], ids=["ttl", "tot-len", "options", "link-scope", "over-mtu", "other-port", "not-to-us",
+        "ttl-underlay6", "over-mtu-underlay6", "other-port-underlay6", "not-to-us-underlay6",
+        "payload-len-underlay6"])
 def test_ingress_passes_the_rest_up_unchanged(kp, data, reason):
     verdict, out, moved = run(kp, bc.PROG_INGRESS, data)
     assert (verdict, out, moved) == (OK, data, {reason: 1} if reason else {})
+
+
+BACK4 = udp4(src="10.5.2.3", dst="10.5.1.2")
+BACK6 = udp6(src="fd00:5:4::3", dst="fd00:5:1::2")
+
+
+@pytest.mark.parametrize("data", [
+    datagram(BACK4, check=0x1234), datagram(BACK6, src=PEER6, check=0x1234),
+    datagram(BACK6, src=PEER6, check=0),
+    # a bit flipped on the way, the checksum as sent
+    datagram(BACK4)[:-1] + b"?", datagram(BACK6, src=PEER6)[:-1] + b"?",
+    datagram(tcp4(src="10.5.2.3", dst="10.5.1.2"))[:-1] + b"?",
+], ids=["wrong4", "wrong6", "none6", "flipped4", "flipped6", "flipped-tcp4"])
+def test_ingress_drops_a_wrong_udp_checksum(kp, data):
+    """The engines' kernel drops these before their socket sees them (IPv6 requires a
+    checksum); the program drops them too, counted."""
+    verdict, _, moved = run(kp, bc.PROG_INGRESS, data)
+    assert (verdict, moved) == (SHOT, {"rx_drop_checksum": 1})
+
+
+@pytest.mark.parametrize("data,pkt,sender", [
+    (datagram(BACK4, check=0), BACK4, PEER),      # none: IPv4 allows it, as flanneld's kernel
+    (datagram(BACK4), BACK4, PEER),
+    (datagram(BACK6, src=PEER6), BACK6, PEER6),
+    # an inner checksum that does not hold, the outer one (the engine's kernel's) right: the
+    # inner packet's receiver judges it, as behind the engine
+    (datagram(tcp4(src="10.5.2.3", dst="10.5.1.2", check=0x4242)),
+     tcp4(src="10.5.2.3", dst="10.5.1.2", check=0x4242), PEER),
+    (datagram(tcp6(src="fd00:5:4::3", dst="fd00:5:1::2", check=0x4242), src=PEER6),
+     tcp6(src="fd00:5:4::3", dst="fd00:5:1::2", check=0x4242), PEER6),
+], ids=["none4", "right4", "right6", "inner-wrong4", "inner-wrong6"])
+def test_ingress_takes_every_right_udp_checksum(kp, data, pkt, sender):
+    want, reason = engine_udp(pkt, sender)
+    verdict, out, moved = run(kp, bc.PROG_INGRESS, data)
+    assert (verdict, out[14:], moved) == (REDIRECT, want, {"tun_tx_packets": 1,
+                                                           "tun_tx_bytes": len(pkt)})
 
 
 def test_counter_names_come_from_maps_h():
@@ -213,8 +337,8 @@ def test_counter_names_come_from_maps_h():
 # ---- differential: generated packets, the program against the engine --------------------
 
 V4_ADDRS = ["10.5.1.2", "10.5.1.9", OWN_ADDR, "10.5.2.3", "10.5.3.3", "10.6.0.1"]
-V6_ADDRS = ["fd00:5:1::2", "fd00:5:2::3", "fd00:5:3::3", "fd00:6::1", "fe80::1", "ff02::1",
-            "ff0e::1", "::"]
+V6_ADDRS = ["fd00:5:1::2", "fd00:5:2::3", "fd00:5:3::3", "fd00:5:4::3", "fd00:6::1", "fe80::1",
+            "ff02::1", "ff0e::1", "::"]
 
 
 @st.composite
@@ -253,7 +377,10 @@ def test_egress_decides_as_the_engine(kp, pkt):
     verdict, out, moved = run(kp, bc.PROG_EGRESS, frame(pkt))
     if verdict == REDIRECT:
         assert hop is not None
-        assert out[14:] == outer(inner, dst=hop[0], port=hop[1])
+        if hop[0] == PEER6:
+            assert out[14:] == outer(inner, src=OWN_IP6, dst=PEER6, label=egress_label(out))
+        else:
+            assert out[14:] == outer(inner, dst=hop[0], port=hop[1])
     else:
         assert verdict == OK and out == frame(pkt), "the program drops nothing on egress"
         (reason,) = moved
@@ -262,7 +389,7 @@ def test_egress_decides_as_the_engine(kp, pkt):
 
 
 @SETTINGS
-@given(pkt=inner_packets(), sender=st.sampled_from([PEER, OTHER_PEER, STRANGER]))
+@given(pkt=inner_packets(), sender=st.sampled_from([PEER, OTHER_PEER, STRANGER, PEER6, STRANGER6]))
 def test_ingress_decides_as_the_engine(kp, pkt, sender):
     want, reason = engine_udp(pkt, sender)
     data = datagram(pkt, src=sender)
