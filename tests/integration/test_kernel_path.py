@@ -1,5 +1,6 @@
 """The kernel path (csrc/bpf/) on real namespaces: host A's programs against a userspace
-engine on host B, each engine, both inner families over the IPv4 underlay.
+engine on host B, each engine, both inner families over the IPv4 underlay, and inner IPv6 over
+the IPv6 underlay against daemons (test_kernel_path_over_the_ipv6_underlay).
 
 ::
 
@@ -18,6 +19,7 @@ the engine's routes are, from the same list.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 import sys
 
@@ -256,3 +258,91 @@ def test_kernel_to_kernel_tcp(engine_kind):
             assert eng[h] == {"udp_tx_packets": 0, "tun_tx_packets": 0}, why
             assert not any(moved[h][k] for k in ("rx_pass_gso", "rx_pass_helper",
                                                  "rx_drop_helper", "tx_drop_helper")), why
+
+
+# ---- the IPv6 underlay ------------------------------------------------------------------
+
+CONFIG6 = {"Network": "10.5.0.0/16", "EnableIPv6": True, "IPv6Network": "fc00:5::/56",
+           "Backend": {"Type": "udp"}}
+
+# In the forger: one datagram per job "outer_src,inner_src,inner_dst,check" to argv[1]:8285
+# over the IPv6 underlay, from a raw socket (the outer source is ours to forge); check "ok":
+# the UDP checksum right, else that value in its field.
+FORGE6 = r"""
+import socket, struct, sys
+from dataplane.engine import ipv6
+dst = sys.argv[1]
+raw = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for job in sys.argv[2:]:
+    src, isrc, idst, check = job.split(",")
+    inner = ipv6.build(isrc, idst, ipv6.udp_payload(isrc, idst, 5555, 7788, b"forged"))
+    udp = ipv6.udp_payload(src, dst, 8285, 8285, inner)
+    if check != "ok":
+        udp = udp[:6] + struct.pack("!H", int(check, 0)) + udp[8:]
+    raw.sendto(ipv6.build(src, dst, udp), (dst, 0))
+"""
+
+
+def engine_packets(ov, host, path: str) -> int:
+    """The host's daemon's engine packets on one path (udp_tx, udp_rx, tun_tx, ...)."""
+    got = [v for k, v in ov.metrics(host).items()
+           if k.startswith("flannel_udp_packets_total{") and f'"{path}"' in k]
+    assert got, f"no {path} packets in {host.name}'s /metrics"
+    return int(sum(got))
+
+
+def test_kernel_path_over_the_ipv6_underlay(engine_kind, monkeypatch):
+    """Two daemons (each engine) that both have a PublicIPv6, the programs on A's flannel0 and
+    veth, their maps filled as A's daemon's routes are: B's IPv6 subnet over the IPv6 underlay
+    (outer IPv6 + UDP with its checksum, 48 bytes), its IPv4 subnet over IPv4. Pings of both
+    families cross both ways with A's engine forwarding none of them; datagrams forged over
+    the IPv6 underlay to A (an outer source holding no lease, a wrong UDP checksum, an inner
+    source of A's own) are dropped in A's kernel by reason, and never reach A's socket."""
+    require_bpf()
+    from tests.integration.conftest import overlay_of
+    from dataplane.engine.bpf_path import KernelPath
+    # no probes of the IPv6 underlay beside the pings (docs/operating.md#ipv6-underlay-fallback)
+    monkeypatch.setenv("FLANNELD_IPV6_UNDERLAY_FALLBACK", "false")
+    with contextlib.contextmanager(overlay_of)(engine_kind, [(engine_kind, {"underlay6": True})] * 2,
+                                               config=CONFIG6, ipv6=True) as ov:
+        a, b = ov.hosts
+        sub6 = {h.name: ipaddress.IPv6Interface(ov.subnet_env(h)["FLANNEL_IPV6_SUBNET"]).network
+                for h in (a, b)}
+        mtu = int(ov.subnet_env(a)["FLANNEL_MTU"])
+        with in_netns(a.netns):
+            kp = KernelPath()
+        try:
+            with in_netns(a.netns):
+                kp.configure(own_ip=a.ip, own_ip6=a.ip6, port=PORT, mtu=mtu,
+                             own_subnets=[ov.subnet(a), sub6[a.name]])
+                kp.set_routes([Route.make(ov.subnet(b), b.ip, PORT),
+                               Route.make(sub6[b.name], b.ip6, PORT, mtu=mtu + 28 - 48)])
+                kp.set_local([a.ip, a.ip6, ov.flannel_ip(a), sub6[a.name].network_address])
+                kp.attach(socket.if_nametoindex("flannel0"), socket.if_nametoindex(a.iface))
+            sent0 = engine_packets(ov, a, "udp_tx"), engine_packets(ov, a, "tun_tx")
+            # IPv6 over the IPv6 underlay, then IPv4 over IPv4's
+            for pairs in (((a, sub6[b.name].network_address), (b, sub6[a.name].network_address)),
+                          ((a, ov.flannel_ip(b)), (b, ov.flannel_ip(a)))):
+                for src, dst in pairs:
+                    r = ov.ping(src, str(dst), count=3)
+                    assert r["received"] == 3, (src.name, dst, r, kp.counters())
+                moved = kp.counters()
+                # 3 requests and 3 replies each way so far
+                assert moved["udp_tx_packets"] >= 6 and moved["tun_tx_packets"] >= 6, moved
+            assert moved["udp_tx_packets"] >= 12 and moved["tun_tx_packets"] >= 12, moved
+            assert (engine_packets(ov, a, "udp_tx"), engine_packets(ov, a, "tun_tx")) == sent0
+
+            forger = ov.tb.add_underlay6(ov.tb.add_host("forger"))
+            b_pod, a_pod = sub6[b.name].network_address + 5, sub6[a.name].network_address + 5
+            forged = {"drop_bad_source": f"{forger.ip6},{b_pod},{a_pod},ok",
+                      "rx_drop_checksum": f"{b.ip6},{b_pod},{a_pod},0x1234",
+                      "drop_inner_local": f"{b.ip6},{a_pod + 1},{a_pod},ok"}
+            rx0, before = engine_packets(ov, a, "udp_rx"), kp.counters()
+            r = ov.exec(forger, [sys.executable, "-c", FORGE6, a.ip6, *forged.values()])
+            assert r.returncode == 0, r.stderr
+            after = kp.counters()
+            assert {n: after[n] - before[n] for n in forged} == dict.fromkeys(forged, 1), after
+            assert engine_packets(ov, a, "udp_rx") == rx0
+        finally:
+            with in_netns(a.netns):
+                kp.close()
