@@ -291,11 +291,18 @@ def engine_packets(ov, host, path: str) -> int:
     return int(sum(got))
 
 
+def csum_errors(ov, host) -> int:
+    """The UDP datagrams of both families the host's kernel dropped for a wrong checksum."""
+    out = ov.exec(host, ["nstat", "-asz", "UdpInCsumErrors", "Udp6InCsumErrors"]).stdout.split()
+    return sum(int(out[i + 1]) for i, w in enumerate(out) if w.endswith("InCsumErrors"))
+
+
 def test_kernel_path_over_the_ipv6_underlay(engine_kind, monkeypatch):
     """Two daemons (each engine) that both have a PublicIPv6, the programs on A's flannel0 and
     veth, their maps filled as A's daemon's routes are: B's IPv6 subnet over the IPv6 underlay
     (outer IPv6 + UDP with its checksum, 48 bytes), its IPv4 subnet over IPv4. Pings of both
-    families cross both ways with A's engine forwarding none of them; datagrams forged over
+    families cross both ways with A's engine forwarding none of them, and TCP streams whose
+outer checksums B's kernel checks by their bytes; datagrams forged over
     the IPv6 underlay to A (an outer source holding no lease, a wrong UDP checksum, an inner
     source of A's own) are dropped in A's kernel by reason, and never reach A's socket."""
     require_bpf()
@@ -331,6 +338,19 @@ def test_kernel_path_over_the_ipv6_underlay(engine_kind, monkeypatch):
                 assert moved["udp_tx_packets"] >= 6 and moved["tun_tx_packets"] >= 6, moved
             assert moved["udp_tx_packets"] >= 12 and moved["tun_tx_packets"] >= 12, moved
             assert (engine_packets(ov, a, "udp_tx"), engine_packets(ov, a, "tun_tx")) == sent0
+
+            # A's own TCP, its checksums left to the device (CHECKSUM_PARTIAL), over both
+            # underlays, with A's veth checksumming nothing itself: the kernel fills each inner
+            # checksum as A sends, and B's kernel checks each outer one by its bytes, the
+            # programs' sum included (A's acks). A's super-packets of the IPv6 underlay go to
+            # its engine (tx_pass_gso6); over IPv4 the program sends them (outer checksum 0).
+            ov.exec(a, ["ethtool", "-K", a.iface, "tx", "off"], check=True)
+            errors0 = csum_errors(ov, b)
+            for src, dst, to in ((a, b, sub6[b.name].network_address),
+                                 (b, a, sub6[a.name].network_address), (b, a, ov.flannel_ip(a))):
+                hashed_transfer(ov.tb, src, dst, str(to), 1 << 20)
+            assert csum_errors(ov, b) == errors0
+            assert kp.counters()["tx_pass_gso6"] > 0, kp.counters()
 
             forger = ov.tb.add_underlay6(ov.tb.add_host("forger"))
             b_pod, a_pod = sub6[b.name].network_address + 5, sub6[a.name].network_address + 5
