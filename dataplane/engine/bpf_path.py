@@ -180,7 +180,9 @@ class KernelPath:
 
     def set_routes(self, routes) -> None:
         """The engines' routes (api.Route), replacing the last set: new and changed routes
-        written first, then the gone ones deleted, so a peer that stays never misses."""
+        written first, then the gone ones deleted, so a peer that stays never misses. A
+        route's peer says its underlay, as for the engines: an IPv6 peer takes the IPv6 one
+        (which needs configure's own_ip6), its mtu the route's (the link's less 48)."""
         want = {}
         for r in routes:
             if r.peer_ip.version == 6 and not any(self._cfg.own_ip6):
