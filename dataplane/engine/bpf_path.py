@@ -35,6 +35,9 @@ TC_HANDLE, TC_PRIORITY = 0x4655, 1
 ARPHRD_ETHER = 1
 _SIOCGIFHWADDR = 0x8927
 _LOG_SIZE = 4 << 20
+# linux/bpf.h's struct __sk_buff (uapi: fields are only ever appended), for a test run's
+# context: its size as of Linux 5.16, and where its gso_size is.
+_SKB_CTX_SIZE, _SKB_GSO_SIZE_AT = 192, 176
 
 
 class KernelPathError(RuntimeError):
@@ -275,10 +278,15 @@ class KernelPath:
 
     # ---- tests ---------------------------------------------------------------------------
 
-    def test_run(self, prog: str, data: bytes) -> tuple[int, bytes]:
+    def test_run(self, prog: str, data: bytes, gso_size: int = 0) -> tuple[int, bytes]:
         """BPF_PROG_TEST_RUN: ``data`` (an Ethernet frame: the kernel hands the program one
-        in a test run) through program ``prog``; its verdict and the frame it left."""
+        in a test run) through program ``prog``; its verdict and the frame it left.
+        ``gso_size``: the packet as a GSO one of that segment size."""
         opts = sized("struct bpf_test_run_opts")
+        if gso_size:
+            ctx = bytearray(_SKB_CTX_SIZE)
+            struct.pack_into("=I", ctx, _SKB_GSO_SIZE_AT, gso_size)
+            opts.ctx_in, opts.ctx_size_in = ffi.from_buffer(ctx), len(ctx)
         inp = ffi.from_buffer(data)
         out = ffi.new("char[]", len(data) + 4096)
         opts.data_in, opts.data_size_in = inp, len(data)
