@@ -50,8 +50,9 @@ def _flags() -> list[str]:
 def object_path(cc: str, src: str) -> Path:
     """Where the object built from these sources with ``cc`` and its flags lives."""
     h = hashlib.sha256()
-    for name in (PROGRAM_SOURCE, MAPS_HEADER):
-        h.update(Path(src, name).read_bytes())
+    # the program and every header beside it that it includes (maps.h, csum.h)
+    for name in sorted({PROGRAM_SOURCE, MAPS_HEADER} | {p.name for p in Path(src).glob("*.h")}):
+        h.update(name.encode() + b"\0" + Path(src, name).read_bytes())
     h.update("\0".join([cc, *_flags()]).encode())
     return cache_dir() / f"flannel-{h.hexdigest()[:16]}.bpf.o"
 
