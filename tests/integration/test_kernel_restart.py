@@ -78,12 +78,14 @@ while True:
 def holder(tb, a, b, pins, out, routes, setup):
     cfg = {"setup": setup, "pins": pins, "out": out, "own_ip": a.ip, "port": PORT, "mtu": MTU,
            "tun": A_TUN, "tun6": A_TUN6, "ext": a.iface, "routes": routes}
-    proc = tb.popen(a, python_argv(HOLDER) + [json.dumps(cfg)], stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT)
+    with open(out + ".log", "w") as log:
+        proc = tb.popen(a, python_argv(HOLDER) + [json.dumps(cfg)], stdout=log,
+                        stderr=subprocess.STDOUT)
     if not wait_for(lambda: os.path.exists(out) or proc.poll() is not None, 20) \
             or not os.path.exists(out):
         tb.kill(proc, sig=signal.SIGKILL)
-        raise AssertionError(f"the kernel path's child did not start:\n{proc.stdout.read()}")
+        with open(out + ".log") as log:
+            raise AssertionError(f"the kernel path's child did not start:\n{log.read()}")
     with open(out) as f:
         return proc, json.load(f)
 

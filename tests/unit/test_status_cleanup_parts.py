@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 
-from dataplane.cli.cleanup import is_daemon_command, listening, tun_devices
+from dataplane.cli.cleanup import attached, is_daemon_command, listening, tun_devices
 from dataplane.cli.status import render
 from dataplane.daemon.status import WARNINGS_KEPT, WarningRing
 
@@ -112,6 +112,15 @@ def test_only_tun_devices_named_flannel_are_ours(tmp_path):
         (tmp_path / name / "tun_flags").write_text(flags + "\n")
     (tmp_path / "flannel2").mkdir()                 # not a TUN device (no tun_flags)
     assert tun_devices(str(tmp_path)) == {"flannel0": True, "flannel1": False}
+
+
+def test_a_tun_with_carrier_is_held_by_a_process(tmp_path):
+    for name, carrier in (("flannel0", "1"), ("flannel1", "0")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "carrier").write_text(carrier + "\n")
+    (tmp_path / "flannel2").mkdir()                 # down: no carrier to read
+    assert [attached(n, str(tmp_path)) for n in ("flannel0", "flannel1", "flannel2")] == \
+        [True, False, False]
 
 
 def test_the_warning_ring_keeps_the_last_warnings_only():
