@@ -37,6 +37,9 @@ It takes `run`'s flags (and FLANNELD_* variables), so the daemon's own command l
 environment file works: it reads the etcd flags, the interface flags, --subnet-file,
 --status-socket and --handover-socket; the others are accepted and ignored.
 
+--kernel-path removes the kernel path alone (its filters, pins and a persistent flannel0) and
+leaves the rest: the package's removal runs it, as nothing could adopt the path any more.
+
 It refuses while a daemon runs on this host: its status or handover socket listens, a
 `flannel-udp run` process runs in this network namespace, or a flannel0 is held open (by a
 daemon, or by systemd's fd store: systemctl stop flannel-udp first). --dry-run prints what it
@@ -61,12 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--release-lease", action="store_true",
                    help="also delete this host's lease in etcd (its subnet goes back to the "
                         "pool; needs the etcd flags)")
+    g.add_argument("--kernel-path", action="store_true",
+                   help="remove the kernel path only (its filters, pins and a persistent "
+                        "flannel0), nothing else: what the package's removal does")
     g.add_argument("--bpf-pins", metavar="DIR", default=None,
                    help="where the kernel path is pinned, one directory per flannel device "
                         "(default: /sys/fs/bpf/flannel-udp; written --bpf-pins=DIR, as run's "
                         "flags end at the first word that is no flag)")
     flanneld_flags.add_arguments(parser)
-    parser.usage = "%(prog)s [--dry-run] [--release-lease] [--bpf-pins=DIR] [run's flags ...]"
+    parser.usage = ("%(prog)s [--dry-run] [--release-lease] [--kernel-path] [--bpf-pins=DIR] "
+                    "[run's flags ...]")
     parser.set_defaults(_parser=parser)
 
 
@@ -248,9 +255,26 @@ def _kernel_path_steps(root: str) -> list:
     return steps
 
 
+def _host_steps(opts) -> list:
+    """[(what, action)] for the routes and files the daemon leaves."""
+    from ..host import direct_routes
+    steps = []
+    for subnet, via in sorted(direct_routes.installed().items(),     # IPv4's, then IPv6's
+                              key=lambda item: (item[0].version, item[0])):
+        steps.append((f"ip route del {subnet} via {via} proto {direct_routes.PROTO}    "
+                      "# DirectRouting", lambda subnet=subnet: direct_routes.delete(subnet)))
+    steps += _blackhole_steps(opts.subnet_file)
+    if os.path.exists(opts.subnet_file):
+        steps.append((f"rm {opts.subnet_file}", _unlink(opts.subnet_file)))
+    for path in (opts.status_socket, opts.handover_socket):
+        if path and os.path.exists(path) and not listening(path):
+            steps.append((f"rm {path}    # nobody listens on it", _unlink(path)))
+    return steps
+
+
 def main(args) -> int:
     from ..daemon.startup import StartupError
-    from ..host import direct_routes, firewall
+    from ..host import firewall
     try:
         opts = flanneld_flags.resolve(args)
     except flanneld_flags.FlagError as e:
@@ -262,23 +286,16 @@ def main(args) -> int:
               + ". Stop it first (systemctl stop flannel-udp).", file=sys.stderr)
         return 1
     steps = []
-    for line in firewall.remove_all(dry_run=True):
+    for line in ([] if args.kernel_path else firewall.remove_all(dry_run=True)):
         steps.append((line, None))
     if any(a is None for _, a in steps):
         steps.append(("", lambda: firewall.remove_all()))   # one transaction for all of them
     steps += _kernel_path_steps(args.bpf_pins or DEFAULT_BPF_PINS)
-    for name in sorted(tun_devices()):
-        steps.append((f"ip link del {name}", _del_link(name)))
-    for subnet, via in sorted(direct_routes.installed().items(),     # IPv4's, then IPv6's
-                              key=lambda item: (item[0].version, item[0])):
-        steps.append((f"ip route del {subnet} via {via} proto {direct_routes.PROTO}    "
-                      "# DirectRouting", lambda subnet=subnet: direct_routes.delete(subnet)))
-    steps += _blackhole_steps(opts.subnet_file)
-    if os.path.exists(opts.subnet_file):
-        steps.append((f"rm {opts.subnet_file}", _unlink(opts.subnet_file)))
-    for path in (opts.status_socket, opts.handover_socket):
-        if path and os.path.exists(path) and not listening(path):
-            steps.append((f"rm {path}    # nobody listens on it", _unlink(path)))
+    for name, persistent in sorted(tun_devices().items()):
+        if persistent or not args.kernel_path:
+            steps.append((f"ip link del {name}", _del_link(name)))
+    if not args.kernel_path:
+        steps += _host_steps(opts)
     registry = None
     try:
         if args.release_lease:
@@ -318,7 +335,7 @@ def main(args) -> int:
                 print(f"done: {line}", flush=True)
         if not shown:
             print("nothing to clean up")
-        if not args.release_lease:
+        if not args.release_lease and not args.kernel_path:
             print("this host's lease stays in etcd until it expires (24 h); --release-lease "
                   "frees it now")
         return 0

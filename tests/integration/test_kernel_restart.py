@@ -141,6 +141,10 @@ def test_the_kernel_path_outlives_its_process(engine_kind):
         between = counters(pins)
         assert between["udp_tx_packets"] > before["udp_tx_packets"] + 50, (before, between)
         assert between["tun_tx_packets"] > before["tun_tx_packets"] + 50, (before, between)
+        r = tb.exec(a, cli_argv("status", "--bpf-pins", root, "--status-socket",
+                                os.path.join(tb.workdir, "nobody.sock")))
+        assert r.returncode == 2 and "RUNNING WITHOUT A DAEMON" in r.stdout, r.stdout + r.stderr
+        assert "fu_egress   on flannel0" in r.stdout and f"fu_ingress  on {a.iface}" in r.stdout
 
         # a new process adopts the path and adds a route; its programs are the same code
         p2, found2 = holder(tb, a, b, pins, os.path.join(tb.workdir, "h2.json"),
