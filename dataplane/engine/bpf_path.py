@@ -258,6 +258,7 @@ class KernelPath:
             if self._runs_already(ifindex, point, prog):
                 self._hooks.append((hook, False))
                 continue
+            self._fresh.add(prog)
             opts = sized("struct bpf_tc_opts")
             opts.prog_fd = self.prog_fd[prog]
             opts.handle, opts.priority, opts.flags = TC_HANDLE, TC_PRIORITY, BPF_TC_F_REPLACE
@@ -293,6 +294,7 @@ class KernelPath:
         configure / set_routes / set_local write only what changed (a peer that stays is never
         missing); and whether the programs running are this object's (the kernel's tags)."""
         self.adopted = self.maps_state == "reused"
+        self._fresh = set()              # programs of this object put on a hook here
         self._running = bpf_pins.pinned_programs(self.pin_dir, self.prog_fd) if self.adopted \
             else {}
         self.same_programs = bool(self._running) and all(
@@ -335,13 +337,14 @@ class KernelPath:
 
     def _pin(self) -> None:
         """Once the programs are on the hooks: the maps pinned (unless they are the pinned ones
-        already), and the programs running (unless the pinned ones still run)."""
+        already), and the programs that run (those this object put on a hook: where the pinned
+        code ran on one hook only, a device made again, say, the other keeps its pin)."""
         os.makedirs(self.pin_dir, exist_ok=True)
         if not self.adopted:
             for name, m in self._object_maps().items():
                 bpf_pins.pin(self._lib.bpf_map__fd(m), os.path.join(self.pin_dir, name))
-        if not self.same_programs:
-            for name, fd in self.prog_fd.items():
+        for name, fd in self.prog_fd.items():
+            if name in self._fresh or not self.same_programs:
                 bpf_pins.pin(fd, os.path.join(self.pin_dir, name))
 
     def leave(self) -> None:

@@ -136,6 +136,12 @@ def tun_info(fd: int) -> tuple[str, int]:
 
 
 
+def set_persist(fd: int, on: bool) -> None:
+    """The device behind ``fd`` outlives its last fd (``on``) or goes with it again: for a
+    process that leaves the kernel path for an engine alone, or takes it up."""
+    fcntl.ioctl(fd, TUNSETPERSIST, 1 if on else 0)
+
+
 def remove_persistent(name: str) -> bool:
     """Take a persistent TUN device away: attached to, made non-persistent, let go (the kernel
     removes it with the last fd). False when there is no such device; OSError EBUSY while a

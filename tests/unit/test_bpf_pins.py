@@ -116,6 +116,27 @@ def test_a_new_process_adopts_what_the_pins_hold(host):
     assert any("clsact" in line for line in done)
 
 
+def test_a_device_made_again_gets_the_programs_and_their_pins(host):
+    pins, tun, ext = host
+    started(pins, tun, ext).leave()
+    ip("link", "del", "ext0")                       # takes its peer, the TUN stand-in, along
+    ip("link", "add", "ext0", "type", "veth", "peer", "name", "tunx")
+    ip("link", "set", "ext0", "up")
+    ip("link", "set", "tunx", "up")
+    tun, ext = socket.if_nametoindex("tunx"), socket.if_nametoindex("ext0")
+    assert on_hooks(tun, ext) == (None, None)
+    from dataplane.engine.bpf_path import KernelPath
+    with contextlib.closing(KernelPath(pin_dir=pins)) as again:
+        assert again.same_programs
+        again.attach(tun, ext)
+        again.leave()
+    from dataplane.engine import bpf_pinned
+    seen = bpf_pinned.describe(pins)["programs"]
+    assert {p: v["attached"] for p, v in seen.items()} == {
+        bc.PROG_EGRESS: "tunx", bc.PROG_INGRESS: "ext0"}, seen
+    bpf_pinned.remove(pins)
+
+
 def test_other_code_replaces_the_programs_in_place_and_keeps_the_maps(host, tmp_path):
     pins, tun, ext = host
     started(pins, tun, ext).leave()
@@ -172,6 +193,9 @@ def test_a_persistent_tun_keeps_its_address_routes_and_filters(host):
     assert on_hooks(ifindex, ext)[0] is not None
     fd, again = tun.open_tun(name, persist=True)     # attached again, as it is
     try:
+        tun.set_persist(fd, False)                   # and back: it would go with this fd
+        assert not tun.tun_info(fd)[1] & tun.IFF_PERSIST
+        tun.set_persist(fd, True)
         assert again == name and socket.if_nametoindex(name) == ifindex
         assert tun.tun_info(fd)[1] & tun.IFF_PERSIST
         shown = subprocess.run(["ip", "-n", NS, "addr", "show", name], capture_output=True,
