@@ -3,13 +3,15 @@
 ::
 
     h0 = A: a child process that makes a persistent flannel0 and puts the programs on it and
-            on A's veth, pinned (engine/bpf_pins.py), then waits; no engine on A at all
-    h1 = B: `flannel-udp forward` (each engine)
+            on A's veth, pinned (engine/bpf_pins.py), then waits; `flannel-udp forward` on
+            that flannel0 as the slow path (each engine)
+    h1 = B: `flannel-udp forward` (the same engine)
 
-Ping streams run A -> B (both inner families) and B -> A. The child is SIGKILLed: nothing is
-lost, since no process was in the path. A second child adopts the pins (it finds the same
+Ping streams run A -> B (both inner families) and B -> A. The child and A's engine are
+SIGKILLed: nothing is lost, since no process was in the path. A second child adopts the pins (it finds the same
 programs running, leaves them on their hooks, reads the routes back) and adds a route: a
-subnet reached only through it answers, and the streams still lose nothing. The counters
+subnet reached only through it answers, and the streams still lose nothing; a new engine
+answers what the programs hand on (TTL 1). The counters
 count on across both. Then `flannel-udp cleanup` leaves nothing attached, pinned or
 persistent.
 
@@ -45,12 +47,13 @@ ONLY_NEW = "10.5.3.1"        # on B, routed by A's programs only once the second
 # The child on A: argv[1] is its JSON config. It writes what it found into cfg["out"], then
 # holds on until it is killed.
 HOLDER = r"""
-import json, signal, socket, subprocess, sys
+import json, os, signal, socket, subprocess, sys
 from dataplane.engine.api import Route
 from dataplane.engine.bpf_path import KernelPath
 from dataplane.host import tun
 cfg = json.loads(sys.argv[1])
-fd, name = tun.open_tun("flannel0", persist=True)
+fd, name = tun.open_tun("flannel0", persist=True)   # made, or found as the last child left it
+os.close(fd)                                         # the engine attaches to it; it stays
 def ip(*args):
     subprocess.run(["ip", *args], check=True, capture_output=True)
 if cfg["setup"]:
@@ -69,7 +72,7 @@ kp.set_local([cfg["own_ip"], cfg["tun"], cfg["tun6"]])
 kp.attach(socket.if_nametoindex("flannel0"), socket.if_nametoindex(cfg["ext"]))
 with open(cfg["out"] + ".tmp", "w") as f:
     json.dump(found, f)
-import os; os.replace(cfg["out"] + ".tmp", cfg["out"])
+os.replace(cfg["out"] + ".tmp", cfg["out"])
 while True:
     signal.pause()
 """
@@ -88,6 +91,14 @@ def holder(tb, a, b, pins, out, routes, setup):
             raise AssertionError(f"the kernel path's child did not start:\n{log.read()}")
     with open(out) as f:
         return proc, json.load(f)
+
+
+def slow_path(tb, a, b, kind):
+    """A's engine, on the persistent flannel0 the kernel path's child made: what the programs
+    hand on (here: TTL 1) it answers, as the daemon's slow path does."""
+    return Forwarder(tb, a, tun_addr=f"{A_TUN}/32", engine=kind, accept_from="leases",
+                     routes=[f"{B_TUN}/24={b.ip}", f"{B_TUN6}/64={b.ip}"],
+                     extra=["--tun-name", "flannel0", "--queues", "1"]).wait_ready()
 
 
 def counters(pins):
@@ -127,6 +138,8 @@ def test_the_kernel_path_outlives_its_process(engine_kind):
         p1, found1 = holder(tb, a, b, pins, os.path.join(tb.workdir, "h1.json"), routes, True)
         procs.append(p1)
         assert found1["state"] == "new", found1
+        fa = slow_path(tb, a, b, engine_kind)
+        procs.append(fa.proc)
         ping = tb.exec(a, ["ping", "-n", "-c", "1", "-W", "2", B_TUN])
         assert ping.returncode == 0, f"{ping.stdout}\n{fwd.log()}"
         assert tb.exec(a, ["ping", "-n", "-c", "1", "-W", "1", ONLY_NEW]).returncode != 0
@@ -136,6 +149,7 @@ def test_the_kernel_path_outlives_its_process(engine_kind):
                    PingStream(overlay, b, A_TUN, 0.02, 20)]
         assert wait_for(lambda: all(s.replies for s in streams), 10), "no replies"
         before = counters(pins)
+        tb.kill(fa.proc, sig=signal.SIGKILL)                # the whole "daemon" crashes
         tb.kill(p1, sig=signal.SIGKILL)
         time.sleep(2)                                       # no process anywhere on A's path
         between = counters(pins)
@@ -150,6 +164,8 @@ def test_the_kernel_path_outlives_its_process(engine_kind):
         p2, found2 = holder(tb, a, b, pins, os.path.join(tb.workdir, "h2.json"),
                             routes + [["10.5.3.0/24", b.ip]], False)
         procs.append(p2)
+        fa = slow_path(tb, a, b, engine_kind)
+        procs.append(fa.proc)
         assert found2 == {"state": "reused", "same_programs": True,
                           "routes": sorted([f"{B_TUN}/24", f"{B_TUN6}/64"])}, found2
         ping = tb.exec(a, ["ping", "-n", "-c", "3", "-i", "0.2", "-W", "2", ONLY_NEW])
@@ -161,20 +177,27 @@ def test_the_kernel_path_outlives_its_process(engine_kind):
             assert r["replies"] > 100 and r["lost"] == 0, results
         after = counters(pins)
         assert after["udp_tx_packets"] > between["udp_tx_packets"], (between, after)
-        assert fwd.stop() == 0, fwd.log()
+        tb.exec(a, ["ping", "-n", "-c", "1", "-W", "1", "-t", "1", B_TUN], timeout=10)
+
+        # cleanup refuses while a process holds flannel0
+        env = dict(os.environ, FLANNELD_IFACE=a.iface)
+        argv = cli_argv("cleanup", f"--bpf-pins={root}",
+                        f"--subnet-file={os.path.join(tb.workdir, 'subnet.env')}")
+        r = tb.exec(a, argv, env=env)
+        assert r.returncode == 1 and "flannel0 is held open" in r.stderr, r.stdout + r.stderr
+        assert fwd.stop() == 0 and fa.stop() == 0, fwd.log() + fa.log()
         fwd = None
+        # the new slow path answers what the programs hand on (an ICMP error to flannel0's own
+        # address reaches no local sender: docs/kernel-path.md), and carried nothing else
+        sa = fa.stats()
+        assert sa["icmp_ttl_sent"] >= 1 and sa["udp_tx_packets"] == 0, sa
 
         # the device kept what the first process gave it, the programs still on their hooks
         shown = tb.exec(a, ["ip", "-d", "addr", "show", "flannel0"]).stdout
         assert "persist on" in shown or "persist" in shown, shown
         assert f"{A_TUN}/32" in shown and f"{A_TUN6}/128" in shown, shown
 
-        # cleanup refuses while a process holds flannel0, then removes everything
-        env = dict(os.environ, FLANNELD_IFACE=a.iface)
-        argv = cli_argv("cleanup", f"--bpf-pins={root}",
-                        f"--subnet-file={os.path.join(tb.workdir, 'subnet.env')}")
-        r = tb.exec(a, argv, env=env)
-        assert r.returncode == 1 and "flannel0 is held open" in r.stderr, r.stdout + r.stderr
+        # with no process left, cleanup removes everything
         tb.kill(p2, sig=signal.SIGKILL)
         r = tb.exec(a, argv, env=env)
         assert r.returncode == 0, r.stdout + r.stderr
