@@ -173,6 +173,8 @@ def test_the_kernel_path_outlives_its_process(engine_kind):
         time.sleep(1)
         results = [s.stop() for s in streams]
         streams = []
+        print(f"ping streams across the kill and the adoption ({engine_kind}): "
+              + ", ".join(f"{r['replies']} replies, {r['lost']} lost" for r in results))
         for r in results:
             assert r["replies"] > 100 and r["lost"] == 0, results
         after = counters(pins)
