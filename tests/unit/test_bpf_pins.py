@@ -40,6 +40,9 @@ def host(tmp_path):
     assert libc.mount(b"bpffs", str(fs).encode(), b"bpf", 0, None) == 0
     subprocess.run(["ip", "netns", "add", NS], check=True)
     try:
+        # no IPv6 chatter (router solicitations, MLD) through the programs: the counters stay
+        subprocess.run(["ip", "netns", "exec", NS, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+                        "net.ipv6.conf.default.disable_ipv6=1"], check=True)
         ip("link", "add", "ext0", "type", "veth", "peer", "name", "tunx")
         ip("link", "set", "ext0", "up")
         ip("link", "set", "tunx", "up")
@@ -223,3 +226,28 @@ def test_a_tun_is_not_persistent_by_default(host):
     os.close(fd)
     with pytest.raises(OSError):
         socket.if_nametoindex(name)
+
+
+def test_the_mount_that_holds_a_path(tmp_path):
+    from dataplane.engine.bpf_pins import mount_of
+    info = tmp_path / "mountinfo"
+    info.write_text("22 1 0:21 / / rw - ext4 /dev/sda1 rw\n"
+                    "25 22 0:22 / /sys rw - sysfs sysfs rw\n"
+                    "31 25 0:27 / /sys/fs/bpf rw - bpf bpf rw\n"
+                    "40 22 0:30 / /sys/fs/bpfx rw - tmpfs tmpfs rw\n")
+    assert mount_of("/sys/fs/bpf/flannel-udp/flannel0", str(info)) == ("/sys/fs/bpf", "bpf")
+    assert mount_of("/sys/fs/bpfx/a", str(info)) == ("/sys/fs/bpfx", "tmpfs")
+    assert mount_of("/sys/class/net", str(info)) == ("/sys", "sysfs")
+
+
+def test_ensure_bpffs_mounts_only_where_none_holds_the_root(host, tmp_path):
+    from dataplane.engine.bpf_pins import ensure_bpffs, mount_of
+    pins = host[0]
+    root = os.path.dirname(pins)
+    assert ensure_bpffs(root, mountpoint="/nonexistent-never-used") is False and os.path.isdir(root)
+    fresh = tmp_path / "fresh"
+    assert ensure_bpffs(str(fresh / "flannel-udp"), mountpoint=str(fresh)) is True
+    try:
+        assert mount_of(str(fresh / "flannel-udp")) == (str(fresh), "bpf")
+    finally:
+        ctypes.CDLL(None).umount2(str(fresh).encode(), 2)
