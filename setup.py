@@ -4,6 +4,7 @@ everything else is in pyproject.toml.
 The extension is marked optional: without a compiler the install still
 succeeds and dataplane.engine logs once that it runs the Python engine.
 """
+import glob
 import hashlib
 import os
 import platform
@@ -18,7 +19,8 @@ HEADER_IN_PACKAGE = os.path.join("dataplane", "engine", "dataplane.h")
 # The kernel path's programs (docs/kernel-path.md): their sources go into the package
 # (dataplane/engine/bpf_contract.py reads maps.h there, bpf_build.py compiles them on a host that
 # has clang), and the object compiled here where clang is, so a host without clang loads it.
-BPF_SOURCES = [os.path.join("csrc", "bpf", n) for n in ("flannel.bpf.c", "maps.h")]
+BPF_SOURCES = [os.path.join("csrc", "bpf", "flannel.bpf.c")] + sorted(
+    glob.glob(os.path.join("csrc", "bpf", "*.h")))
 BPF_IN_PACKAGE = os.path.join("dataplane", "engine", "bpf")
 BPF_OBJECT = "flannel.bpf.o"           # with BPF_OBJECT + ".sha256": the sources' hash
 
@@ -69,10 +71,10 @@ def compile_bpf(directory):
         print(f"flannel-udp: compiling the kernel path's programs failed (shipped as source):\n"
               f"{r.stderr}")
         return
-    h = hashlib.sha256()
-    for src in BPF_SOURCES:
-        with open(os.path.join(directory, os.path.basename(src)), "rb") as f:
-            h.update(f.read())
+    h = hashlib.sha256()        # bpf_build.sources_hash: each file's name and bytes, by name
+    for name in sorted(os.path.basename(p) for p in BPF_SOURCES):
+        with open(os.path.join(directory, name), "rb") as f:
+            h.update(name.encode() + b"\0" + f.read())
     with open(out + ".sha256", "w") as f:
         f.write(h.hexdigest() + "\n")
 

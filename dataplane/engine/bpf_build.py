@@ -62,11 +62,11 @@ def object_path(cc: str, src: str) -> Path:
 
 
 def sources_hash(src: str) -> str:
-    """The hash of the programs' sources in ``src``, as setup.py records it beside the object
-    it compiles."""
+    """The hash of the programs' sources in ``src`` (the program and every header beside it,
+    each by its name), as setup.py records it beside the object it compiles."""
     h = hashlib.sha256()
-    for name in (PROGRAM_SOURCE, MAPS_HEADER):
-        h.update(Path(src, name).read_bytes())
+    for name in sorted({PROGRAM_SOURCE, MAPS_HEADER} | {p.name for p in Path(src).glob("*.h")}):
+        h.update(name.encode() + b"\0" + Path(src, name).read_bytes())
     return h.hexdigest()
 
 

@@ -310,8 +310,7 @@ class KernelPath:
                 if self._lib.bpf_map_lookup_elem(self.map_fd[m], key, hop) == 0:
                     addr = bytes(ffi.buffer(key.addr))
                     subnet = ipaddress.ip_network((addr, key.prefixlen))
-                    self._routes[subnet] = (ipaddress.IPv4Address(struct.pack("=I", hop.peer_ip)),
-                                            hop.mtu)
+                    self._routes[subnet] = (self._hop_peer(hop), hop.mtu)
         for key in self._keys(bc.MAP_PEERS4, "__u32"):
             self._peers[ipaddress.IPv4Address(struct.pack("=I", key[0]))] = 0
         for p in self._routes.values():
@@ -320,6 +319,14 @@ class KernelPath:
                        for k in self._keys(bc.MAP_LOCAL4, "__u32")}
         self._local |= {ipaddress.IPv6Address(bytes(ffi.buffer(k.addr)))
                         for k in self._keys(bc.MAP_LOCAL6, "fu_addr6")}
+
+    @staticmethod
+    def _hop_peer(hop):
+        """A route value's peer: its PublicIP, or (peer_ip 0) its PublicIPv6 (the IPv6
+        underlay's routes, maps.h's fu_hop)."""
+        if hop.peer_ip:
+            return ipaddress.IPv4Address(struct.pack("=I", hop.peer_ip))
+        return ipaddress.IPv6Address(bytes(ffi.buffer(hop.peer_ip6)))
 
     def _keys(self, m: str, ctype: str) -> list:
         out, prev = [], ffi.NULL
