@@ -21,7 +21,11 @@ overlay for good:
     tables ip flannel-ipv4,
     ip6 flannel-ipv6 (flanneld's, and ours with EnableNFTables) and ip flannel-udp (older
     flannel-udp versions);
-  * a flannel0 that outlived its daemon (a persistent TUN device named flannel<N>);
+  * the kernel path (docs/kernel-path.md): its tc programs off flannel0 and the external
+    interface (and a clsact qdisc left holding no filter), its maps' and programs' pins
+    under --bpf-pins;
+  * a flannel0 that outlived its daemon (a persistent TUN device named flannel<N>: the
+    kernel path keeps one on purpose);
   * the routes DirectRouting made to peers on this host's link (proto 153);
   * the blackhole route of --ip-blackhole-route, for the subnet subnet.env names;
   * subnet.env (--subnet-file) and socket files nobody listens on any more;
@@ -32,6 +36,9 @@ overlay for good:
 It takes `run`'s flags (and FLANNELD_* variables), so the daemon's own command line or
 environment file works: it reads the etcd flags, the interface flags, --subnet-file,
 --status-socket and --handover-socket; the others are accepted and ignored.
+
+--kernel-path removes the kernel path alone (its filters, pins and a persistent flannel0) and
+leaves the rest: the package's removal runs it, as nothing could adopt the path any more.
 
 It refuses while a daemon runs on this host: its status or handover socket listens, a
 `flannel-udp run` process runs in this network namespace, or a flannel0 is held open (by a
@@ -47,6 +54,7 @@ Example:
 TUN_NAME = re.compile(r"flannel\d+$")
 IFF_PERSIST = 0x800
 UNIX_LISTENING = 0x10000        # __SO_ACCEPTCON in /proc/net/unix's Flags
+DEFAULT_BPF_PINS = "/sys/fs/bpf/flannel-udp"    # engine/bpf_pins.py's DEFAULT_ROOT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--release-lease", action="store_true",
                    help="also delete this host's lease in etcd (its subnet goes back to the "
                         "pool; needs the etcd flags)")
+    g.add_argument("--kernel-path", action="store_true",
+                   help="remove the kernel path only (its filters, pins and a persistent "
+                        "flannel0), nothing else: what the package's removal does")
+    g.add_argument("--bpf-pins", metavar="DIR", default=None,
+                   help="where the kernel path is pinned, one directory per flannel device "
+                        "(default: /sys/fs/bpf/flannel-udp; written --bpf-pins=DIR, as run's "
+                        "flags end at the first word that is no flag)")
     flanneld_flags.add_arguments(parser)
-    parser.usage = "%(prog)s [--dry-run] [--release-lease] [run's flags ...]"
+    parser.usage = ("%(prog)s [--dry-run] [--release-lease] [--kernel-path] [--bpf-pins=DIR] "
+                    "[run's flags ...]")
     parser.set_defaults(_parser=parser)
 
 
@@ -112,6 +128,16 @@ def listening(path: str) -> bool:
     return False
 
 
+def attached(name: str, sys_net: str = "/sys/class/net") -> bool:
+    """Whether a process holds a queue of TUN device ``name``: the kernel turns its carrier on
+    while one does (a device that is down has no carrier to read: taken as held by nobody)."""
+    try:
+        with open(os.path.join(sys_net, name, "carrier")) as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
 def tun_devices(sys_net: str = "/sys/class/net") -> dict:
     """{name: persistent} of the TUN devices named flannel<N>."""
     out = {}
@@ -141,7 +167,7 @@ def running(opts) -> list[str]:
     pids = daemon_pids()
     if pids:
         why.append(f"`flannel-udp run` runs here (pid {', '.join(map(str, pids))})")
-    held = [n for n, persistent in tun_devices().items() if not persistent]
+    held = [n for n, persistent in tun_devices().items() if not persistent or attached(n)]
     if held:
         why.append(f"{', '.join(held)} is held open (by a daemon, or systemd's fd store)")
     return why
@@ -209,9 +235,46 @@ def _blackhole_steps(subnet_file: str) -> list:
              lambda: blackhole.remove(subnet))]
 
 
+def _kernel_path_steps(root: str) -> list:
+    """[(what, action)] for each kernel path pinned under ``root``: its filters and pins."""
+    from ..engine import bpf_pins
+    dirs = bpf_pins.directories(root)
+    if not dirs:
+        return []
+    from ..engine import bpf_pinned
+    steps = []
+    for d in dirs:
+        try:
+            seen = bpf_pinned.describe(d)
+            on = [f"{p} on {v['attached']}" for p, v in seen["programs"].items() if v["attached"]]
+            what = f"{', '.join(on) or 'no program attached'}; {len(seen['pins'])} pin(s)"
+        except OSError as e:
+            what = f"not readable: {e}"
+        steps.append((f"remove the kernel path pinned at {d} ({what})",
+                      lambda d=d: bpf_pinned.remove(d)))
+    return steps
+
+
+def _host_steps(opts) -> list:
+    """[(what, action)] for the routes and files the daemon leaves."""
+    from ..host import direct_routes
+    steps = []
+    for subnet, via in sorted(direct_routes.installed().items(),     # IPv4's, then IPv6's
+                              key=lambda item: (item[0].version, item[0])):
+        steps.append((f"ip route del {subnet} via {via} proto {direct_routes.PROTO}    "
+                      "# DirectRouting", lambda subnet=subnet: direct_routes.delete(subnet)))
+    steps += _blackhole_steps(opts.subnet_file)
+    if os.path.exists(opts.subnet_file):
+        steps.append((f"rm {opts.subnet_file}", _unlink(opts.subnet_file)))
+    for path in (opts.status_socket, opts.handover_socket):
+        if path and os.path.exists(path) and not listening(path):
+            steps.append((f"rm {path}    # nobody listens on it", _unlink(path)))
+    return steps
+
+
 def main(args) -> int:
     from ..daemon.startup import StartupError
-    from ..host import direct_routes, firewall
+    from ..host import firewall
     try:
         opts = flanneld_flags.resolve(args)
     except flanneld_flags.FlagError as e:
@@ -223,22 +286,16 @@ def main(args) -> int:
               + ". Stop it first (systemctl stop flannel-udp).", file=sys.stderr)
         return 1
     steps = []
-    for line in firewall.remove_all(dry_run=True):
+    for line in ([] if args.kernel_path else firewall.remove_all(dry_run=True)):
         steps.append((line, None))
     if any(a is None for _, a in steps):
         steps.append(("", lambda: firewall.remove_all()))   # one transaction for all of them
-    for name in sorted(tun_devices()):
-        steps.append((f"ip link del {name}", _del_link(name)))
-    for subnet, via in sorted(direct_routes.installed().items(),     # IPv4's, then IPv6's
-                              key=lambda item: (item[0].version, item[0])):
-        steps.append((f"ip route del {subnet} via {via} proto {direct_routes.PROTO}    "
-                      "# DirectRouting", lambda subnet=subnet: direct_routes.delete(subnet)))
-    steps += _blackhole_steps(opts.subnet_file)
-    if os.path.exists(opts.subnet_file):
-        steps.append((f"rm {opts.subnet_file}", _unlink(opts.subnet_file)))
-    for path in (opts.status_socket, opts.handover_socket):
-        if path and os.path.exists(path) and not listening(path):
-            steps.append((f"rm {path}    # nobody listens on it", _unlink(path)))
+    steps += _kernel_path_steps(args.bpf_pins or DEFAULT_BPF_PINS)
+    for name, persistent in sorted(tun_devices().items()):
+        if persistent or not args.kernel_path:
+            steps.append((f"ip link del {name}", _del_link(name)))
+    if not args.kernel_path:
+        steps += _host_steps(opts)
     registry = None
     try:
         if args.release_lease:
@@ -278,7 +335,7 @@ def main(args) -> int:
                 print(f"done: {line}", flush=True)
         if not shown:
             print("nothing to clean up")
-        if not args.release_lease:
+        if not args.release_lease and not args.kernel_path:
             print("this host's lease stays in etcd until it expires (24 h); --release-lease "
                   "frees it now")
         return 0

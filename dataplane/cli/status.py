@@ -17,7 +17,9 @@ watches connected), packets and drops by reason, and its last warnings.
 Exit status, for scripts and probes:
   0  the daemon is ready (the same checks as GET /readyz: lease, engine, etcd watch, subnet.env)
   1  it answers but is not ready: the failing checks are printed
-  2  no daemon answers on the socket
+  2  no daemon answers on the socket; where the kernel path runs without one (its programs
+     pinned under --bpf-pins and on their hooks), it says so: which programs, since when, and
+     their counters
 
 --json prints the daemon's whole document instead (the same exit status).
 """
@@ -39,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the daemon's status document as JSON")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="how long to wait for the answer (default: 5)")
+    parser.add_argument("--bpf-pins", metavar="DIR", default="/sys/fs/bpf/flannel-udp",
+                        help="where the kernel path is pinned, read when no daemon answers "
+                             "(default: /sys/fs/bpf/flannel-udp)")
 
 
 def main(args) -> int:
@@ -53,12 +58,60 @@ def main(args) -> int:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         print(f"flannel-udp status: no daemon answers on {path} ({why}); is `flannel-udp run` "
               "running, with this --status-socket?", file=sys.stderr)
+        paths = kernel_paths(args.bpf_pins)
+        if paths:
+            print(json.dumps({"kernel_paths": paths}, indent=2, sort_keys=True) if args.json
+                  else render_kernel_paths(paths))
         return EXIT_NO_DAEMON
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(render(doc))
     return EXIT_READY if doc.get("ready") else EXIT_NOT_READY
+
+
+def kernel_paths(root: str) -> list:
+    """What each kernel path pinned under ``root`` is (engine/bpf_pinned.py), [] when none is
+    or it cannot be read here."""
+    if not os.path.isdir(root):
+        return []
+    try:
+        from ..engine import bpf_pinned, bpf_pins
+        return [bpf_pinned.describe(d) for d in bpf_pins.directories(root)]
+    except Exception as e:          # no libbpf, no sources for the contract, not root
+        return [{"dir": root, "error": str(e)}]
+
+
+def render_kernel_paths(paths: list, now: float | None = None) -> str:
+    """The kernel paths that run with no daemon, as an operator reads them (no I/O)."""
+    from ..daemon.timefmt import when
+    now = time.time() if now is None else now
+    out = []
+    for p in paths:
+        if p.get("error"):
+            out.append(f"kernel path under {p['dir']}: cannot read it ({p['error']})")
+            continue
+        progs = p.get("programs") or {}
+        running = any(v.get("attached") for v in progs.values())
+        out.append(f"kernel path pinned at {p['dir']}: " + (
+            "RUNNING WITHOUT A DAEMON (packets cross it; routes and peers stay as the last "
+            "daemon left them until one adopts it; `flannel-udp cleanup` removes it)"
+            if running else "pinned, on no hook (`flannel-udp cleanup` removes the pins)"))
+        for name, v in sorted(progs.items()):
+            out.append(f"  {name:<10}  {'on ' + v['attached'] if v.get('attached') else 'on no hook'}"
+                       f", loaded {when(v['loaded_at'])} ({_ago(now - v['loaded_at'])} ago), "
+                       f"id {v['id']}, tag {v['tag']}")
+        if p.get("own_ip"):
+            out.append(f"  {'address':<10}  {p['own_ip']}:{p.get('port')}")
+        c = p.get("counters") or {}
+        moved = [f"{k} {c[k]}" for k in ("udp_tx_packets", "tun_tx_packets") if k in c]
+        dropped = [f"{k} {v}" for k, v in sorted(c.items()) if v and "drop" in k]
+        passed = [f"{k} {v}" for k, v in sorted(c.items()) if v and "_pass_" in k]
+        out.append(f"  {'packets':<10}  {', '.join(moved) or '-'}")
+        out.append(f"  {'drops':<10}  {', '.join(dropped) or 'none'}")
+        out.append(f"  {'to engine':<10}  {', '.join(passed) or 'none'}"
+                   + (" (no engine reads them now)" if passed and running else ""))
+    return "\n".join(out)
 
 
 def _ago(seconds: float) -> str:

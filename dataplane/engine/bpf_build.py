@@ -5,6 +5,12 @@ cache directory, under a name keyed by a hash of the sources (the program and
 maps.h), the compiler and its flags, so an edited source gets a new object
 and a stale one is never loaded. The object is written in a private file and
 renamed into place, so a concurrent build never loads half of one.
+
+An installed package (a wheel, the Debian package) has the sources in
+dataplane/engine/bpf/ and, where clang was there when it was built, the object
+compiled from them beside them with the sources' hash (setup.py): that one is
+loaded as it is, so a host needs clang only for sources the package did not
+compile.
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ from .bpf_contract import MAPS_HEADER, PROGRAM_SOURCE, source_dir
 
 # Debian keeps asm/types.h under the multiarch directory, which clang's BPF target does not search.
 MULTIARCH = f"/usr/include/{platform.machine()}-linux-gnu"
-CFLAGS = ["-O2", "-g", "-Wall", "-target", "bpf"]
+CFLAGS = ["-O2", "-g", "-Wall", "-target", "bpf"]      # setup.py's compile_bpf uses the same
+SHIPPED_OBJECT = "flannel.bpf.o"     # beside the sources in an installed package (setup.py)
 
 
 class BpfBuildError(RuntimeError):
@@ -49,17 +56,38 @@ def _flags() -> list[str]:
 
 def object_path(cc: str, src: str) -> Path:
     """Where the object built from these sources with ``cc`` and its flags lives."""
-    h = hashlib.sha256()
-    # the program and every header beside it that it includes (maps.h, csum.h)
-    for name in sorted({PROGRAM_SOURCE, MAPS_HEADER} | {p.name for p in Path(src).glob("*.h")}):
-        h.update(name.encode() + b"\0" + Path(src, name).read_bytes())
+    h = hashlib.sha256(sources_hash(src).encode())
     h.update("\0".join([cc, *_flags()]).encode())
     return cache_dir() / f"flannel-{h.hexdigest()[:16]}.bpf.o"
 
 
+def sources_hash(src: str) -> str:
+    """The hash of the programs' sources in ``src`` (the program and every header beside it,
+    each by its name), as setup.py records it beside the object it compiles."""
+    h = hashlib.sha256()
+    for name in sorted({PROGRAM_SOURCE, MAPS_HEADER} | {p.name for p in Path(src).glob("*.h")}):
+        h.update(name.encode() + b"\0" + Path(src, name).read_bytes())
+    return h.hexdigest()
+
+
+def shipped_object(src: str) -> Path | None:
+    """The object an installed package brought, compiled from these very sources when the
+    package was built (setup.py), else None. It needs no clang on the host."""
+    obj = Path(src, SHIPPED_OBJECT)
+    try:
+        recorded = Path(src, SHIPPED_OBJECT + ".sha256").read_text().strip()
+    except OSError:
+        return None
+    return obj if obj.is_file() and recorded == sources_hash(src) else None
+
+
 def build(force: bool = False) -> Path:
-    """The compiled object, built unless already in the cache."""
+    """The compiled object: the package's own when it has one for these sources, else built
+    unless already in the cache."""
     src = source_dir()
+    shipped = None if force else shipped_object(src)
+    if shipped is not None:
+        return shipped
     if not os.path.isfile("/usr/include/bpf/bpf_helpers.h"):
         raise BpfBuildError("libbpf's headers are missing (apt-get install libbpf-dev)")
     cc = clang()

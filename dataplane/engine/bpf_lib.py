@@ -52,6 +52,22 @@ struct bpf_test_run_opts { size_t sz; const void *data_in; void *data_out; uint3
                            int repeat; uint32_t duration; uint32_t flags; uint32_t cpu;
                            uint32_t batch_size; };
 int bpf_prog_test_run_opts(int prog_fd, struct bpf_test_run_opts *opts);
+
+/* pinning (bpf_pins.py): pins on bpffs, what an fd is, a pinned map reused by a new object */
+int bpf_obj_pin(int fd, const char *pathname);
+int bpf_obj_get(const char *pathname);
+int bpf_obj_get_info_by_fd(int bpf_fd, void *info, uint32_t *info_len);
+int bpf_prog_get_fd_by_id(uint32_t id);
+int bpf_map_get_next_key(int fd, const void *key, void *next_key);
+int bpf_map__reuse_fd(struct bpf_map *map, int fd);
+struct bpf_map *bpf_object__next_map(const struct bpf_object *obj, const struct bpf_map *map);
+const char *bpf_map__name(const struct bpf_map *map);
+int bpf_map__type(const struct bpf_map *map);
+uint32_t bpf_map__key_size(const struct bpf_map *map);
+uint32_t bpf_map__value_size(const struct bpf_map *map);
+uint32_t bpf_map__max_entries(const struct bpf_map *map);
+uint32_t bpf_map__map_flags(const struct bpf_map *map);
+int bpf_tc_query(const struct bpf_tc_hook *hook, struct bpf_tc_opts *opts);
 """)
 
 _lib = None

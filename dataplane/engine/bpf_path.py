@@ -11,8 +11,15 @@ maps.h's names; ``test_run`` hands one packet to a program
 (BPF_PROG_TEST_RUN) for the tests. Until ``configure`` has run, the programs
 pass every packet on unchanged.
 
-Nothing here runs tc or bpftool; the daemon's wiring (which path, pinning
-across restarts) is not here yet (docs/kernel-path.md).
+With ``pin_dir`` the path outlives the process: its maps and programs are
+pinned there once attached, and a new KernelPath on the same directory takes
+the pinned maps over, reads back what they hold (its next configure,
+set_routes and set_local write only the difference) and leaves the running
+programs on their hooks when they are the same code (bpf_pins.py says how an
+upgrade goes); ``leave`` ends the process's part and leaves the path running.
+
+Nothing here runs tc or bpftool; the daemon's wiring (which path) is not here
+yet (docs/kernel-path.md).
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import struct
 
 from . import bpf_contract as bc
 from .bpf_build import build
+from . import bpf_pins
 from .bpf_lib import BpfLibError, check, check_ptr, ffi, lib, sized
 
 # linux/pkt_cls.h: a tc program's verdicts
@@ -79,7 +87,9 @@ def _addr_key(a, map4: str, map6: str):
 
 
 class KernelPath:
-    def __init__(self, obj_path: str | None = None):
+    def __init__(self, obj_path: str | None = None, pin_dir: str | None = None):
+        """``pin_dir``: keep the path on bpffs there and adopt what a process before left
+        there (bpf_pins.py; the Pins section below)."""
         if os.geteuid() != 0:
             raise KernelPathError("loading BPF programs needs root (CAP_BPF and CAP_NET_ADMIN)")
         try:
@@ -98,6 +108,8 @@ class KernelPath:
             buf = self._logs[name] = ffi.new("char[]", _LOG_SIZE)
             self._lib.bpf_program__set_log_buf(prog, buf, _LOG_SIZE)
             progs[name] = prog
+        self.pin_dir = pin_dir
+        self.maps_state = bpf_pins.reuse_maps(self._object_maps(), pin_dir)
         rc = self._lib.bpf_object__load(self._obj)
         if rc < 0:
             logs = "\n".join(f"--- {n} ---\n{ffi.string(b).decode(errors='replace')[-8000:]}"
@@ -120,6 +132,7 @@ class KernelPath:
         self._peers: dict = {}           # peer (either underlay) -> how many routes name it
         self._local: set = set()
         self._hooks: list = []           # (hook, opts, created) to undo
+        self._adopt()
 
     # ---- maps ----------------------------------------------------------------------------
 
@@ -258,11 +271,17 @@ class KernelPath:
             rc = self._lib.bpf_tc_hook_create(hook)
             if rc < 0 and rc != -17:    # EEXIST: a clsact qdisc is there already
                 check(rc, f"adding the clsact qdisc to ifindex {ifindex}")
+            if self._runs_already(ifindex, point, prog):
+                self._hooks.append((hook, False))
+                continue
+            self._fresh.add(prog)
             opts = sized("struct bpf_tc_opts")
             opts.prog_fd = self.prog_fd[prog]
             opts.handle, opts.priority, opts.flags = TC_HANDLE, TC_PRIORITY, BPF_TC_F_REPLACE
             check(self._lib.bpf_tc_attach(hook, opts), f"attaching {prog} to ifindex {ifindex}")
             self._hooks.append((hook, rc == 0))
+        if self.pin_dir:
+            self._pin()
 
     def detach(self) -> None:
         """Our filters off their hooks, and the clsact qdiscs we made removed. A device gone
@@ -275,6 +294,88 @@ class KernelPath:
             if created:
                 hook.attach_point = self._lib.BPF_TC_INGRESS | self._lib.BPF_TC_EGRESS
                 self._lib.bpf_tc_hook_destroy(hook)
+
+    # ---- pins: the path outlives the process (bpf_pins.py) -------------------------------
+
+    def _object_maps(self) -> dict:
+        out, m = {}, ffi.NULL
+        while True:
+            m = self._lib.bpf_object__next_map(self._obj, m)
+            if m == ffi.NULL:
+                return out
+            out[ffi.string(self._lib.bpf_map__name(m)).decode()] = m
+
+    def _adopt(self) -> None:
+        """With pinned maps taken over: what they hold read back, so the caller's next
+        configure / set_routes / set_local write only what changed (a peer that stays is never
+        missing); and whether the programs running are this object's (the kernel's tags)."""
+        self.adopted = self.maps_state == "reused"
+        self._fresh = set()              # programs of this object put on a hook here
+        self._running = bpf_pins.pinned_programs(self.pin_dir, self.prog_fd) if self.adopted \
+            else {}
+        self.same_programs = bool(self._running) and all(
+            self._running.get(n) and self._running[n].tag == bpf_pins.prog_info(fd).tag
+            for n, fd in self.prog_fd.items())
+        if not self.adopted:
+            return
+        check(self._lib.bpf_map_lookup_elem(self.map_fd[bc.MAP_CONFIG], ffi.new("__u32 *", 0),
+                                            self._cfg), "reading the pinned config")
+        for m, ctype in ((bc.MAP_ROUTES4, "fu_key4"), (bc.MAP_ROUTES6, "fu_key6")):
+            hop = ffi.new("fu_hop *")
+            for key in self._keys(m, ctype):
+                if self._lib.bpf_map_lookup_elem(self.map_fd[m], key, hop) == 0:
+                    addr = bytes(ffi.buffer(key.addr))
+                    subnet = ipaddress.ip_network((addr, key.prefixlen))
+                    self._routes[subnet] = (self._hop_peer(hop), hop.mtu)
+        for key in self._keys(bc.MAP_PEERS4, "__u32"):
+            self._peers[ipaddress.IPv4Address(struct.pack("=I", key[0]))] = 0
+        for p in self._routes.values():
+            self._peers[p[0]] = self._peers.get(p[0], 0) + 1
+        self._local = {ipaddress.IPv4Address(struct.pack("=I", k[0]))
+                       for k in self._keys(bc.MAP_LOCAL4, "__u32")}
+        self._local |= {ipaddress.IPv6Address(bytes(ffi.buffer(k.addr)))
+                        for k in self._keys(bc.MAP_LOCAL6, "fu_addr6")}
+
+    @staticmethod
+    def _hop_peer(hop):
+        """A route value's peer: its PublicIP, or (peer_ip 0) its PublicIPv6 (the IPv6
+        underlay's routes, maps.h's fu_hop)."""
+        if hop.peer_ip:
+            return ipaddress.IPv4Address(struct.pack("=I", hop.peer_ip))
+        return ipaddress.IPv6Address(bytes(ffi.buffer(hop.peer_ip6)))
+
+    def _keys(self, m: str, ctype: str) -> list:
+        out, prev = [], ffi.NULL
+        while True:
+            key = ffi.new(ctype + " *")
+            if self._lib.bpf_map_get_next_key(self.map_fd[m], prev, key) != 0:
+                return out
+            out.append(key)
+            prev = key
+
+    def _runs_already(self, ifindex: int, point: str, prog: str) -> bool:
+        """The same code, pinned, is on this hook already: left as it is."""
+        return self.same_programs and bpf_pins.filter_prog_id(
+            ifindex, point, TC_HANDLE, TC_PRIORITY) == self._running[prog].id
+
+    def _pin(self) -> None:
+        """Once the programs are on the hooks: the maps pinned (unless they are the pinned ones
+        already), and the programs that run (those this object put on a hook: where the pinned
+        code ran on one hook only, a device made again, say, the other keeps its pin)."""
+        os.makedirs(self.pin_dir, exist_ok=True)
+        if not self.adopted:
+            for name, m in self._object_maps().items():
+                bpf_pins.pin(self._lib.bpf_map__fd(m), os.path.join(self.pin_dir, name))
+        for name, fd in self.prog_fd.items():
+            if name in self._fresh or not self.same_programs:
+                bpf_pins.pin(fd, os.path.join(self.pin_dir, name))
+
+    def leave(self) -> None:
+        """The process goes, the path stays: the object closed without detaching (the filters
+        hold the programs, the programs and the pins the maps). For a restart or an upgrade;
+        ``close`` takes the programs off their hooks."""
+        self._hooks.clear()
+        self.close()
 
     # ---- tests ---------------------------------------------------------------------------
 

@@ -6,14 +6,22 @@ it) is open, so closing the fd - or the process exiting - removes it. That is
 why we do not use pyroute2's ``tuntap`` (it makes a persistent device that
 outlives the daemon).
 
+The kernel path (docs/kernel-path.md, "Restarts") is the exception: its packets
+cross flannel0 with no process in the way, so there ``persist`` makes the device
+outlive the process (TUNSETPERSIST), with its address, routes and tc filters,
+and a new process attaches to it again by its name (the same TUNSETIFF).
+:func:`remove_persistent` takes such a device away.
+
 The device is created in the network namespace of the calling thread; to get
 it inside a test namespace, run the opener inside it (``ip netns exec``).
 Address, MTU, link state and routes are set by :mod:`dataplane.host.netconf`.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import socket
 import struct
 
 TUN_PATH = "/dev/net/tun"
@@ -27,6 +35,8 @@ TXQUEUELEN = 4096
 TUNSETIFF = 0x400454CA          # _IOW('T', 202, int)
 TUNSETOFFLOAD = 0x400454D0      # _IOW('T', 208, unsigned int)
 TUNGETIFF = 0x800454D2          # _IOR('T', 210, unsigned int)
+TUNSETPERSIST = 0x400454CB      # _IOW('T', 203, int)
+IFF_PERSIST = 0x0800            # in TUNGETIFF's flags
 IFF_TUN = 0x0001
 IFF_NO_PI = 0x1000
 IFF_MULTI_QUEUE = 0x0100        # one fd per queue, all attached to one device
@@ -46,7 +56,8 @@ _IFREQ = struct.Struct("16sH22x")
 
 
 def open_tun(name_template: str = "flannel%d", *, nonblock: bool = True,
-             multi_queue: bool = False, vnet_hdr: bool = False) -> tuple[int, str]:
+             multi_queue: bool = False, vnet_hdr: bool = False,
+             persist: bool = False) -> tuple[int, str]:
     """Create a TUN device and return ``(fd, name)``.
 
     ``name_template`` may contain ``%d`` for the kernel to pick the first free
@@ -59,7 +70,9 @@ def open_tun(name_template: str = "flannel%d", *, nonblock: bool = True,
     again with the returned (exact) name for each further queue; every queue
     must be opened with the same flags. ``vnet_hdr`` puts a 10-byte
     ``struct virtio_net_hdr`` before every packet read and written (needed
-    for :func:`set_offload`).
+    for :func:`set_offload`). ``persist``: the device stays when the last fd
+    closes (the kernel path); a persistent device of that name is attached to
+    again, as it is (EINVAL when its multi-queue flag differs).
     """
     raw = name_template.encode()
     if not raw or len(raw) >= IFNAMSIZ:
@@ -70,6 +83,8 @@ def open_tun(name_template: str = "flannel%d", *, nonblock: bool = True,
         flags = IFF_TUN | IFF_NO_PI | (IFF_MULTI_QUEUE if multi_queue else 0) | \
             (IFF_VNET_HDR if vnet_hdr else 0)
         ifr = fcntl.ioctl(fd, TUNSETIFF, _IFREQ.pack(raw, flags))
+        if persist:
+            fcntl.ioctl(fd, TUNSETPERSIST, 1)
     except BaseException:
         os.close(fd)
         raise
@@ -85,7 +100,7 @@ def set_offload(fd: int, flags: int) -> None:
 
 
 def open_tun_queues(name_template: str = "flannel%d", queues: int = 1, *,
-                    vnet_hdr: bool = False) -> tuple[list[int], str]:
+                    vnet_hdr: bool = False, persist: bool = False) -> tuple[list[int], str]:
     """Open ``queues`` fds of one TUN device and return ``(fds, name)``.
 
     One queue is exactly :func:`open_tun` (no ``IFF_MULTI_QUEUE``: a single
@@ -100,7 +115,7 @@ def open_tun_queues(name_template: str = "flannel%d", queues: int = 1, *,
     multi = queues > 1
     fds: list[int] = []
     try:
-        fd, name = open_tun(name_template, multi_queue=multi, vnet_hdr=vnet_hdr)
+        fd, name = open_tun(name_template, multi_queue=multi, vnet_hdr=vnet_hdr, persist=persist)
         fds.append(fd)
         for _ in range(queues - 1):
             fds.append(open_tun(name, multi_queue=True, vnet_hdr=vnet_hdr)[0])
@@ -119,3 +134,33 @@ def tun_info(fd: int) -> tuple[str, int]:
     name, flags = _IFREQ.unpack(ifr)
     return name.split(b"\0", 1)[0].decode(), flags
 
+
+
+def set_persist(fd: int, on: bool) -> None:
+    """The device behind ``fd`` outlives its last fd (``on``) or goes with it again: for a
+    process that leaves the kernel path for an engine alone, or takes it up."""
+    fcntl.ioctl(fd, TUNSETPERSIST, 1 if on else 0)
+
+
+def remove_persistent(name: str) -> bool:
+    """Take a persistent TUN device away: attached to, made non-persistent, let go (the kernel
+    removes it with the last fd). False when there is no such device; OSError EBUSY while a
+    process holds its only queue."""
+    try:
+        socket.if_nametoindex(name)     # attaching to a name that is free would make a device
+    except OSError:
+        return False
+    fd = os.open(TUN_PATH, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.ioctl(fd, TUNSETIFF, _IFREQ.pack(name.encode(), IFF_TUN | IFF_NO_PI))
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            # a multi-queue device takes only a multi-queue attach (EINVAL again: no TUN)
+            fcntl.ioctl(fd, TUNSETIFF, _IFREQ.pack(name.encode(),
+                                                   IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE))
+        fcntl.ioctl(fd, TUNSETPERSIST, 0)
+        return True
+    finally:
+        os.close(fd)

@@ -82,6 +82,27 @@ def test_the_wheel_carries_the_c_engine_and_the_generator_source(installed):
     assert not [n for n in names if n.startswith(("tests/", "perf/", "csrc/"))]
 
 
+def test_the_package_ships_the_kernel_paths_programs(installed):
+    """The programs' sources go into the wheel, with the object compiled from them where
+    clang was there; the installed bpf_build.py takes that object, and compiles the installed
+    sources themselves when asked to (as for sources the package did not compile)."""
+    with tarfile.open(installed["sdist"]) as tar:
+        assert {"csrc/bpf/flannel.bpf.c", "csrc/bpf/maps.h"} <= {
+            n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    assert {"dataplane/engine/bpf/flannel.bpf.c", "dataplane/engine/bpf/maps.h"} <= names
+    require(shutil.which("clang") is not None and os.path.isfile("/usr/include/bpf/bpf_helpers.h"),
+            "needs clang and libbpf-dev (the wheel compiles the kernel path's programs)")
+    assert {"dataplane/engine/bpf/flannel.bpf.o", "dataplane/engine/bpf/flannel.bpf.o.sha256"} <= names
+    py, env = str(installed["bin"] / "python"), dict(os.environ, XDG_CACHE_HOME=installed["cache"])
+    build = "import sys; from dataplane.engine import bpf_build as b; print(b.build(force=sys.argv[1] == 'force'))"
+    r = _run([py, "-c", build, "shipped"], installed["outside"], env=env)
+    assert r.returncode == 0 and r.stdout.strip().startswith(installed["site"]), r.stdout + r.stderr
+    assert r.stdout.strip().endswith("dataplane/engine/bpf/flannel.bpf.o"), r.stdout
+    r = _run([py, "-c", build, "force"], installed["outside"], env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().startswith(installed["cache"]), r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("where", ["outside", "checkout"])
 def test_commands_work_from_any_directory(installed, where):
     cwd = installed["outside"] if where == "outside" else ROOT

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 
-from dataplane.cli.cleanup import is_daemon_command, listening, tun_devices
+from dataplane.cli.cleanup import attached, is_daemon_command, listening, tun_devices
 from dataplane.cli.status import render
 from dataplane.daemon.status import WARNINGS_KEPT, WarningRing
 
@@ -114,6 +114,15 @@ def test_only_tun_devices_named_flannel_are_ours(tmp_path):
     assert tun_devices(str(tmp_path)) == {"flannel0": True, "flannel1": False}
 
 
+def test_a_tun_with_carrier_is_held_by_a_process(tmp_path):
+    for name, carrier in (("flannel0", "1"), ("flannel1", "0")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "carrier").write_text(carrier + "\n")
+    (tmp_path / "flannel2").mkdir()                 # down: no carrier to read
+    assert [attached(n, str(tmp_path)) for n in ("flannel0", "flannel1", "flannel2")] == \
+        [True, False, False]
+
+
 def test_the_warning_ring_keeps_the_last_warnings_only():
     ring = WarningRing()
     log = logging.getLogger("fu-test-ring")
@@ -131,3 +140,23 @@ def test_the_warning_ring_keeps_the_last_warnings_only():
     assert got[-1]["message"] == "the last" and got[-1]["level"] == "ERROR"
     assert got[0]["message"] == f"warning {4}"
     assert all("not kept" != r["message"] for r in got)
+
+
+def test_status_says_when_the_kernel_path_runs_without_a_daemon():
+    from dataplane.cli.status import render_kernel_paths
+    desc = {"dir": "/sys/fs/bpf/flannel-udp/flannel0", "own_ip": "192.168.77.1", "port": 8285,
+            "programs": {"fu_egress": {"id": 7, "tag": "1fa8", "loaded_at": 1000.0,
+                                       "attached": "flannel0"},
+                         "fu_ingress": {"id": 8, "tag": "669d", "loaded_at": 1000.0,
+                                        "attached": "eth1"}},
+            "counters": {"udp_tx_packets": 5, "tun_tx_packets": 4, "drop_bad_source": 2,
+                         "tx_pass_no_route": 1, "rx_pass_gso": 0}}
+    text = render_kernel_paths([desc], now=1130.0)
+    assert "RUNNING WITHOUT A DAEMON" in text
+    assert "fu_egress   on flannel0" in text and "(2m10s ago)" in text and "tag 1fa8" in text
+    assert "udp_tx_packets 5, tun_tx_packets 4" in text and "drop_bad_source 2" in text
+    assert "tx_pass_no_route 1 (no engine reads them now)" in text and "rx_pass_gso" not in text
+    for p in desc["programs"].values():
+        p["attached"] = None
+    assert "on no hook" in render_kernel_paths([desc], now=1130.0)
+    assert "cannot read it (no libbpf)" in render_kernel_paths([{"dir": "/x", "error": "no libbpf"}])
