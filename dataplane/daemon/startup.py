@@ -257,11 +257,12 @@ def acquire_lease(subnets, registry, wait):
 
 
 def choose_engine(opts):
-    """The engine class and why: --engine (or FLANNELD_ENGINE), else $DATAPLANE_ENGINE, else auto."""
+    """The engine (engine/choice.py EngineChoice: the class, why, the kernel path's programs
+    loaded or why not): --engine (or FLANNELD_ENGINE), else $DATAPLANE_ENGINE, else auto."""
     from ..engine.choice import EngineChoiceError, EngineUnavailable, choose_engine as choose
     flag = None if opts.sources.get("engine") == "default" else opts.engine
     try:
-        return choose(flag)
+        return choose(flag, kernel=True)
     except (EngineChoiceError, EngineUnavailable) as e:
         raise StartupError(str(e)) from None
 
@@ -472,14 +473,15 @@ def install_rules(opts, parts, enable_nftables: bool = False):
 
 
 def new_engine(cls, opts, tun_fds, sockets, subnets, mtu: int, offload_flags: int,
-               own_sources):
+               own_sources, wrap=None):
     """One engine per queue behind one MultiEngine (host/assembly.py make_engine), configured,
     not started, on ``sockets`` (host/family.py Family -> that underlay's sockets, one per
     queue); its ICMP errors come from <lease net>, flannel0's address, and with a dual-stack
     lease its ICMPv6 errors from flannel0's IPv6 address (:func:`tun_addr6`), each subnet's
     network address (Engine.set_tun_addr; IPv4's is the constructor's). It knows this
     host's own sources (own_sources: host/own_sources.py; ``subnets`` the lease's, one per
-    family) before it forwards a packet."""
+    family) before it forwards a packet. ``wrap``: engine -> the engine behind the kernel
+    path's programs (daemon/kernel_path.py), before it is told anything."""
     from ..host import sched
     from ..host.assembly import make_engine
     if opts.realtime_priority:
@@ -497,6 +499,12 @@ def new_engine(cls, opts, tun_fds, sockets, subnets, mtu: int, offload_flags: in
     except (OSError, ValueError) as e:
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
+    if wrap is not None:
+        try:
+            engine = wrap(engine)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise StartupError(f"failed to put the kernel path in front of the {cls.name} "
+                               f"engine: {e}") from None
     engine.set_strict_sources(opts.strict_sources)
     for subnet in subnets:
         engine.set_tun_addr(subnet.network_address)

@@ -260,6 +260,11 @@ class KernelPath:
                 hook.attach_point = self._lib.BPF_TC_INGRESS | self._lib.BPF_TC_EGRESS
                 self._lib.bpf_tc_hook_destroy(hook)
 
+    def leave_attached(self) -> None:
+        """Forget our filters without removing them: after close they stay on their hooks,
+        holding the programs and maps (a successor's attach replaces them in place)."""
+        self._hooks.clear()
+
     # ---- tests ---------------------------------------------------------------------------
 
     def test_run(self, prog: str, data: bytes) -> tuple[int, bytes]:

@@ -97,6 +97,7 @@ class KernelEngine(Engine):
         self._subnets: list = []
         self._strict = False
         self._closed = False
+        self._refused = False
         self._configure()
 
     # what the slow engine has and this wrapper does not change
@@ -124,7 +125,18 @@ class KernelEngine(Engine):
     def set_table(self, table) -> None:
         self.slow.set_table(table.slow)
         if self.kpath is not None:
-            self.kpath.set_routes(table.routes.values())
+            try:
+                self.kpath.set_routes(table.routes.values())
+            except RuntimeError as e:       # KernelPathError: routes the programs cannot hold
+                self._routes_refused(table, e)
+
+    def _routes_refused(self, table, e) -> None:
+        """The programs get the routes over the IPv4 underlay only (a loader without the IPv6
+        underlay): the others find no route there and go on to the engine, which has them."""
+        if not self._refused:
+            log.warning("kernel path: %s; the engine carries what the programs cannot", e)
+            self._refused = True
+        self.kpath.set_routes([r for r in table.routes.values() if r.peer_ip.version == 4])
 
     def set_local(self, own_subnets, addrs) -> None:
         own_subnets, addrs = list(own_subnets), list(addrs)
