@@ -271,7 +271,7 @@ class Daemon:
         self._ready = True
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s%s, %d queue(s)",
                  st.dataplane.tun_name, st.lease.subnet, len(st.peers[4]), st.engine.name,
-                 " behind the kernel path" if st.kernel.in_kernel else "", st.dataplane.queues)
+                 " behind the kernel path" if st.kernel and st.kernel.in_kernel else "", st.dataplane.queues)
 
     def _serve_http(self, retry: bool = False):
         """/healthz, /metrics (and the rest: daemon/http.py) and the status socket."""
@@ -327,7 +327,8 @@ class Daemon:
         o, dp, lease = st.opts, st.dataplane, st.lease
         engine = startup.new_engine(st.engine_cls, o, dp.tun_fds, dp.sockets,
                                     startup.subnets(lease), st.ext.tun_mtu,
-                                    dp.offload_flags, self.own_sources, wrap=self._wrap)
+                                    dp.offload_flags, self.own_sources)
+        engine = self._wrap(engine, startup.subnets(lease))
         st.liveness.hold_for_test(engine, self._stop)
         with st.lock:
             self.peer_routes.load(engine)
@@ -342,8 +343,20 @@ class Daemon:
                  "; and any not in the sending lease's subnet (--strict-sources)"
                  if o.strict_sources else "")
 
-    def _wrap(self, engine):
-        return self.state.kernel.wrap(engine, self.state.dataplane.tun_name)
+    def _wrap(self, engine, subnets):
+        """``engine`` (startup.new_engine's) behind the kernel path's programs, told what it
+        was told (the strict rule, this host's own sources), when the daemon runs them."""
+        st = self.state
+        if st.kernel is None or not st.kernel.wraps:
+            return engine
+        try:
+            engine = st.kernel.wrap(engine, st.dataplane.tun_name)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise StartupError(f"failed to put the kernel path in front of the {engine.name} "
+                               f"engine: {e}") from None
+        engine.set_strict_sources(st.opts.strict_sources)
+        self.own_sources.refresh(engine, subnets)
+        return engine
 
     def _start_engine(self, start) -> None:
         """``start()`` (the engine's, or the handover's switch to it); the kernel path's
@@ -352,10 +365,12 @@ class Daemon:
         try:
             start()
         except (KernelPathError, OSError) as e:
-            if not self.state.kernel.required:
+            if self.state.kernel is None or not self.state.kernel.required:
                 raise
             raise StartupError(f"--engine kernel: the kernel path's programs do not attach: "
                                f"{e}; fix that, or run with --engine c or auto") from None
+        if self.state.kernel is None:
+            return
         self.state.kernel.started(self.state.engine)
         if self.state.kernel.in_kernel:
             log.info("kernel path: the tc programs forward on %s and %s; the %s engine is the "
@@ -459,10 +474,10 @@ class Daemon:
         st = self.state
 
         def new_engine(subnets):
-            return startup.new_engine(st.engine_cls, st.opts, st.dataplane.tun_fds,
-                                      st.dataplane.sockets, subnets, st.ext.tun_mtu,
-                                      st.dataplane.offload_flags, self.own_sources,
-                                      wrap=self._wrap)
+            return self._wrap(startup.new_engine(st.engine_cls, st.opts, st.dataplane.tun_fds,
+                                                 st.dataplane.sockets, subnets, st.ext.tun_mtu,
+                                                 st.dataplane.offload_flags, self.own_sources),
+                              subnets)
 
         def swap_engine(engine):
             with st.lock:

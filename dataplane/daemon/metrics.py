@@ -245,7 +245,7 @@ DECLARED = (
            "Packets through the engine, by path (tun_rx: read from flannel0, udp_tx: sent to "
            "peers, udp_rx: received from peers, tun_tx: written to flannel0) and the inner "
            "packet's family (ipv4, ipv6); datapath kernel: the kernel path's programs' (queue "
-           "and family empty)."),
+           "none, family all)."),
     Family(f"{PREFIX}_bytes_total", "counter", ("path",) + _F + _Q + _D,
            "Bytes through the engine, by path and family (see flannel_udp_packets_total)."),
     Family(f"{PREFIX}_drops_total", "counter", ("reason",) + _F + _Q + _D,

@@ -2,8 +2,8 @@
 
 daemon/metrics.py serves them in the engines' families where they mean the same (packets sent to
 peers and written into flannel0, the source rules' drops), labelled ``datapath="kernel"`` beside
-the engines' ``datapath="engine"``, with queue and family empty (the programs run on no queue and
-count both families together): a sum over datapath is the host's total. What the programs hand
+the engines' ``datapath="engine"``, with ``queue="none"`` and ``family="all"`` (the programs run
+on no queue and count both families together): a sum over datapath is the host's total. What the programs hand
 on to the engine is a family of its own (``flannel_udp_kernel_passed_total``, by direction and
 reason): the engine then counts those packets again, as it forwards or drops them.
 """
@@ -35,7 +35,7 @@ def samples(counters) -> dict:
         family, lval = decl
         got = out.setdefault(family, {})
         got[lval] = got.get(lval, 0) + value
-    return {family: [((lval, "", "", "kernel"), v) for lval, v in got.items()]
+    return {family: [((lval, "all", "none", "kernel"), v) for lval, v in got.items()]
             for family, got in out.items()}
 
 

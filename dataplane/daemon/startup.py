@@ -473,15 +473,14 @@ def install_rules(opts, parts, enable_nftables: bool = False):
 
 
 def new_engine(cls, opts, tun_fds, sockets, subnets, mtu: int, offload_flags: int,
-               own_sources, wrap=None):
+               own_sources):
     """One engine per queue behind one MultiEngine (host/assembly.py make_engine), configured,
     not started, on ``sockets`` (host/family.py Family -> that underlay's sockets, one per
     queue); its ICMP errors come from <lease net>, flannel0's address, and with a dual-stack
     lease its ICMPv6 errors from flannel0's IPv6 address (:func:`tun_addr6`), each subnet's
     network address (Engine.set_tun_addr; IPv4's is the constructor's). It knows this
     host's own sources (own_sources: host/own_sources.py; ``subnets`` the lease's, one per
-    family) before it forwards a packet. ``wrap``: engine -> the engine behind the kernel
-    path's programs (daemon/kernel_path.py), before it is told anything."""
+    family) before it forwards a packet."""
     from ..host import sched
     from ..host.assembly import make_engine
     if opts.realtime_priority:
@@ -499,12 +498,6 @@ def new_engine(cls, opts, tun_fds, sockets, subnets, mtu: int, offload_flags: in
     except (OSError, ValueError) as e:
         hint = "; run with --offload off" if offload_flags else ""
         raise StartupError(f"failed to create the {cls.name} engine: {e}{hint}") from None
-    if wrap is not None:
-        try:
-            engine = wrap(engine)
-        except (OSError, ValueError, RuntimeError) as e:
-            raise StartupError(f"failed to put the kernel path in front of the {cls.name} "
-                               f"engine: {e}") from None
     engine.set_strict_sources(opts.strict_sources)
     for subnet in subnets:
         engine.set_tun_addr(subnet.network_address)

@@ -36,14 +36,23 @@ class EngineUnavailable(ImportError):
     """The engine asked for cannot be loaded (the C extension is not built)."""
 
 
-class EngineChoice(NamedTuple):
-    """``cls`` the engine class (the slow path's, with the kernel path), ``why`` the reason;
-    ``kernel`` the kernel path's loaded programs (a KernelPath) or None, ``kernel_why`` why
-    they do not run when auto went without them ("" otherwise)."""
+class _Choice(NamedTuple):
     cls: type
     why: str
-    kernel: object = None
-    kernel_why: str = ""
+
+
+class EngineChoice(_Choice):
+    """``cls`` the engine class (the slow path's, with the kernel path), ``why`` the reason
+    (the pair unpacks as ever: ``cls, why = choose_engine()``); ``kernel`` the kernel path's
+    loaded programs (a KernelPath) or None, ``kernel_why`` why they do not run when auto went
+    without them ("" otherwise)."""
+    kernel = None
+    kernel_why = ""
+
+    def __new__(cls, engine, why: str, kernel=None, kernel_why: str = ""):
+        self = super().__new__(cls, engine, why)
+        self.kernel, self.kernel_why = kernel, kernel_why
+        return self
 
     @property
     def forced(self) -> bool:
@@ -137,8 +146,8 @@ def choose_engine(flag: Optional[str] = None, *, flag_name: str = "--engine",
         requested, source = "auto", "default"
     requested = requested.strip().lower()
     if requested not in KINDS:
-        raise EngineChoiceError(f"{source}={requested!r}: no such engine; use kernel, c, python "
-                                "or auto")
+        raise EngineChoiceError(f"{source}={requested!r}: no such engine; use c, python or auto, "
+                                "or kernel for the kernel path")
     from_env = f" (from ${ENV_VAR})" if source == f"${ENV_VAR}" else ""
     if requested == "python":
         return EngineChoice(_load_python(), f"requested with {source} python")
