@@ -198,6 +198,44 @@ class KernelPath:
             self._delete(bc.MAP_PEERS4, self._peer_key(p))
         self._routes, self._peers = want, peers
 
+    def change_routes(self, removed=(), added=()) -> None:
+        """set_routes of the last set less the subnets ``removed``, plus the Routes ``added``,
+        in the work of the change rather than of the table (a burst of peer changes on a table
+        of thousands): new and changed routes first, the gone ones after."""
+        want = {}
+        for r in added:
+            if r.peer_ip.version != 4:
+                raise KernelPathError(f"route {r.subnet} via {r.peer_ip}: the IPv6 underlay is not "
+                                      "in the kernel path yet")
+            want[r.subnet] = (r.peer_ip, r.mtu)
+        gone = [s for s in set(removed) if s in self._routes and s not in want]
+        if len(self._routes) - len(gone) + len(want.keys() - self._routes.keys()) > bc.ROUTES_MAX:
+            raise KernelPathError(f"more than {bc.ROUTES_MAX} routes: the kernel path holds "
+                                  f"{bc.ROUTES_MAX}")
+        unused = []
+        for subnet, (peer, mtu) in want.items():
+            old = self._routes.get(subnet)
+            if old == (peer, mtu):
+                continue
+            if peer not in self._peers:
+                self._update(bc.MAP_PEERS4, self._peer_key(peer), ffi.new("__u32 *", 1))
+            self._peers[peer] = self._peers.get(peer, 0) + 1
+            hop = ffi.new("fu_hop *")
+            hop.peer_ip = struct.unpack("=I", peer.packed)[0]
+            hop.mtu = mtu
+            self._update(*self._route_key(subnet), hop)
+            self._routes[subnet] = (peer, mtu)
+            if old is not None:
+                unused.append(old[0])
+        for subnet in gone:
+            self._delete(*self._route_key(subnet))
+            unused.append(self._routes.pop(subnet)[0])
+        for peer in unused:
+            self._peers[peer] -= 1
+            if not self._peers[peer]:
+                del self._peers[peer]
+                self._delete(bc.MAP_PEERS4, self._peer_key(peer))
+
     @staticmethod
     def _peer_key(peer):
         return ffi.new("__u32 *", struct.unpack("=I", peer.packed)[0])

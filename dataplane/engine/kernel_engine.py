@@ -27,22 +27,27 @@ Everything else (queues, heartbeats, trace, offloads) is the slow engine's, by d
 """
 from __future__ import annotations
 
+import itertools
 import logging
 
 from .api import ICMP_BURST_DEFAULT, Engine
 
 log = logging.getLogger(__name__)
 _TABLE_TYPES: dict = {}
+_SERIALS = itertools.count(1)
 
 
 class KernelTable:
     """A slow engine's route table (``slow``) and the same routes by subnet (``routes``), made
-    together from one change; immutable like the tables it wraps."""
-    __slots__ = ("slow", "routes")
+    together from one change; immutable like the tables it wraps. ``serial`` numbers it,
+    ``change`` is (the serial of the table it was derived from, removed, added), or None for
+    one made whole: the programs are given the change when they hold that table."""
+    __slots__ = ("slow", "routes", "serial", "change")
     slow_type: type = None
 
-    def __init__(self, slow, routes: dict):
-        self.slow, self.routes = slow, routes
+    def __init__(self, slow, routes: dict, change=None):
+        self.slow, self.routes, self.change = slow, routes, change
+        self.serial = next(_SERIALS)
 
     @classmethod
     def over(cls, slow_type: type) -> type:
@@ -67,7 +72,7 @@ class KernelTable:
         for subnet in removed:
             routes.pop(subnet, None)
         routes.update((r.subnet, r) for r in added)
-        return type(self)(slow, routes)
+        return type(self)(slow, routes, (self.serial, removed, added))
 
     def __len__(self) -> int:
         return len(self.slow)
@@ -98,6 +103,7 @@ class KernelEngine(Engine):
         self._strict = False
         self._closed = False
         self._refused = False
+        self._written = None              # the serial of the table the programs hold
         self._configure()
 
     # what the slow engine has and this wrapper does not change
@@ -124,11 +130,17 @@ class KernelEngine(Engine):
 
     def set_table(self, table) -> None:
         self.slow.set_table(table.slow)
-        if self.kpath is not None:
-            try:
+        if self.kpath is None:
+            return
+        try:
+            if table.change is not None and table.change[0] == self._written and \
+                    not self._refused:
+                self.kpath.change_routes(table.change[1], table.change[2])
+            else:
                 self.kpath.set_routes(table.routes.values())
-            except RuntimeError as e:       # KernelPathError: routes the programs cannot hold
-                self._routes_refused(table, e)
+        except RuntimeError as e:           # KernelPathError: routes the programs cannot hold
+            self._routes_refused(table, e)
+        self._written = table.serial
 
     def _routes_refused(self, table, e) -> None:
         """The programs get the routes over the IPv4 underlay only (a loader without the IPv6
