@@ -189,8 +189,11 @@ except socket.timeout:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("accept_from", ["leases", "any"])
-def test_accept_from(engine_kind, accept_from):
-    _require(engine_kind)
+def test_accept_from(path_kind, accept_from):
+    """The source rule: refused in the kernel on the kernel path (the engine sees nothing),
+    by the engine alone otherwise; with any, delivered either way."""
+    engine_kind = path_kind
+    require_path(path_kind)
     require_root()
     from dataplane.testbed.forwarder import Forwarder
     from dataplane.testbed.hosts import Testbed
@@ -205,6 +208,14 @@ def test_accept_from(engine_kind, accept_from):
         out, _ = sink.communicate(timeout=10)
         assert f.stop() == 0, f.log()
         s = f.stats()
+        if path_kind == "kernel":       # the programs decided, the engine saw nothing
+            k = f.info()["kernel"]
+            assert s["udp_rx_packets"] == 0, s
+            assert (k["drop_bad_source"], k["tun_tx_packets"]) == \
+                ((3, 0) if accept_from == "leases" else (0, 3)), k
+            assert out.split() == (["timeout"] if accept_from == "leases"
+                                   else ["10.5.3.7", "fu-injected"]), out
+            return
         if accept_from == "leases":
             assert out.strip() == "timeout"
             assert s["drop_bad_source"] == 3 and s["tun_tx_packets"] == 0, s
