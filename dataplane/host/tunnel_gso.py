@@ -1,13 +1,18 @@
-"""The external interface's UDP tunnel segmentation, for the kernel path's super-packets.
+"""The external interface's UDP tunnel segmentation and checksums, for the kernel path.
 
 The kernel path's egress program encapsulates a pod's TCP super-packet (up to 64 KB) whole and
 marks it as a UDP tunnel packet. A NIC cuts such a packet into datagrams of the MTU, in hardware
 or, when it lacks the feature, in the kernel's software; a virtual device (a veth, as in every
 test here) that announces ``tx-udp_tnl-segmentation`` passes it on uncut, and a peer (flanneld,
 either engine, a kernel path that cannot decapsulate one whole) reads a 64 KB datagram
-truncated. So the kernel path turns the feature off (with ``tx-udp_tnl-csum-segmentation``) on
-an external interface with no bus behind it (ETHTOOL_GDRVINFO's bus_info empty: a virtual
-device), which makes the kernel cut them before they leave; docs/kernel-path.md says when it is
+truncated. The same device leaves the inner TCP or UDP checksum of a packet the host's stack
+handed over unfinished (CHECKSUM_PARTIAL: to be completed by the device) as it is, which a peer
+program's decapsulation keeps as "to be completed" but a peer that reads the datagram (flanneld,
+either engine) gets with a wrong checksum: its kernel drops every TCP segment. So the kernel path
+turns those features off (``tx-udp_tnl-csum-segmentation`` and the device's transmit checksums
+too) on an external interface with no bus behind it (ETHTOOL_GDRVINFO's bus_info empty: a
+virtual device), which makes the kernel cut the super-packets and finish the checksums before
+they leave, as it does for a NIC that lacks the features; docs/kernel-path.md says when they are
 put back. Through the ethtool ioctl (SIOCETHTOOL), in the caller's network namespace: no
 ethtool binary.
 """
@@ -24,7 +29,8 @@ ETHTOOL_GDRVINFO, ETHTOOL_GSTRINGS, ETHTOOL_GSSET_INFO = 0x03, 0x1B, 0x37
 ETHTOOL_GFEATURES, ETHTOOL_SFEATURES = 0x3A, 0x3B
 ETH_SS_FEATURES = 4
 ETH_GSTRING_LEN = 32
-FEATURES = ("tx-udp_tnl-segmentation", "tx-udp_tnl-csum-segmentation")
+FEATURES = ("tx-udp_tnl-segmentation", "tx-udp_tnl-csum-segmentation", "tx-checksum-ip-generic",
+            "tx-checksum-ipv4", "tx-checksum-ipv6")
 _DRVINFO_SIZE = 196      # struct ethtool_drvinfo
 
 
@@ -119,9 +125,10 @@ class TunnelSegmentation:
                 raise OSError(f"{self.name} kept {', '.join(still)} on")
             self.turned_off += [f for f in on if f not in self.turned_off]
         self.note = (f"{', '.join(self.turned_off)} turned off on {self.name} so that the kernel "
-                     "cuts super-packets into datagrams of the MTU" if self.turned_off else
-                     f"{self.name} has no tunnel segmentation on: the kernel cuts "
-                     "super-packets")
+                     "cuts super-packets into datagrams of the MTU and finishes their checksums"
+                     if self.turned_off else
+                     f"{self.name} has no tunnel segmentation or transmit checksums on: the kernel "
+                     "cuts super-packets and finishes their checksums")
         return self.note
 
     def restore(self) -> None:

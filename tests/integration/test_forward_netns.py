@@ -149,6 +149,30 @@ def test_forward_c_host_with_python_host(testbed):
     print(f"c<->python: {report}")
 
 
+@pytest.mark.timeout(120)
+def test_forward_kernel_host_with_engine_host(testbed, engine_kind):
+    """The kernel path against an engine alone on the other host (as against flanneld): pings
+    and TCP each way. The host's stack leaves TCP checksums to the device and TCP super-packets
+    whole: the kernel path makes its veth finish and cut them (host/tunnel_gso.py), or the
+    engine on h1 reads wrong checksums and truncated datagrams and no TCP connects."""
+    from dataplane.testbed.forwarder import start_static_overlay
+    _require(engine_kind)
+    require_path("kernel")
+    a, b = testbed["h0"], testbed["h1"]
+    fwd = start_static_overlay(testbed, ["kernel", engine_kind], network=NETWORK)
+    for src, dst in ((a, B_TUN), (b, A_TUN)):
+        r = ping(testbed, src, dst)
+        assert " 0% packet loss" in r.stdout, r.stdout + r.stderr
+    hashed_transfer(testbed, a, b, B_TUN)
+    hashed_transfer(testbed, b, a, A_TUN)
+    for f in fwd.values():
+        assert f.stop() == 0, f.log()
+    k, s = fwd["h0"].info()["kernel"], fwd["h0"].info()["stats"]
+    assert k["udp_tx_bytes"] >= HASHED_BYTES and k["tun_tx_packets"] > 0, k
+    assert s["udp_tx_packets"] <= 2, s      # h0's engine sent nothing of it
+    assert fwd["h1"].info()["stats"]["drop_truncated"] == 0
+
+
 @pytest.mark.timeout(60)
 def test_forward_bad_route_exits_nonzero_with_message(testbed):
     """A startup error surfaces: forward exits non-zero and says why."""
