@@ -35,6 +35,8 @@ class DaemonKernelPath:
         self.ext, self.port = ext, port
         self.segmentation = TunnelSegmentation(ext.name) if self.wraps else None
         self.attached = False
+        if not self.wraps:
+            self._remove_stale()
         if self.kpath is not None and ext.ext_addr != ext.iface_addr:
             self._drop(f"the PublicIP {ext.ext_addr} is not {ext.name}'s address "
                        f"{ext.iface_addr} (address translation): the programs send from and "
@@ -78,8 +80,16 @@ class DaemonKernelPath:
         log.warning("%s; the engine forwards alone", self.why)
         if kpath is not None:
             kpath.close()
+        self._remove_stale()
         if self.segmentation is not None:
             self.segmentation.restore()
+
+    def _remove_stale(self) -> None:
+        from ..engine.kernel_engine import remove_stale_filter
+        if remove_stale_filter(self.ext.index):
+            log.warning("Removed the kernel path's filter from %s's ingress, left by a daemon that "
+                        "did not stop (killed): it delivered the peers' datagrams to a flannel0 "
+                        "that is gone, so the engine alone would have seen none", self.ext.name)
 
     @property
     def in_kernel(self) -> bool:

@@ -37,6 +37,25 @@ _TABLE_TYPES: dict = {}
 _SERIALS = itertools.count(1)
 
 
+def remove_stale_filter(ext_ifindex: int) -> bool:
+    """Our ingress filter removed from the external interface (``ext_ifindex``, the caller's
+    network namespace) where a kernel path that did not detach left it (a process killed):
+    it would decapsulate the peers' datagrams into a flannel0 that is gone, and an engine
+    running alone would never see one. True when there was one; False too without libbpf
+    (then nothing of ours can be attached)."""
+    from .bpf_lib import BpfLibError, lib, sized
+    from .bpf_path import TC_HANDLE, TC_PRIORITY
+    try:
+        bpf = lib()
+    except BpfLibError:
+        return False
+    hook = sized("struct bpf_tc_hook")
+    hook.ifindex, hook.attach_point = ext_ifindex, bpf.BPF_TC_INGRESS
+    opts = sized("struct bpf_tc_opts")
+    opts.handle, opts.priority = TC_HANDLE, TC_PRIORITY
+    return bpf.bpf_tc_detach(hook, opts) == 0
+
+
 class KernelTable:
     """A slow engine's route table (``slow``) and the same routes by subnet (``routes``), made
     together from one change; immutable like the tables it wraps. ``serial`` numbers it,

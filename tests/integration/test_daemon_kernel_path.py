@@ -5,7 +5,8 @@ each says in its log that the kernel path runs, pings cross both ways in both in
 (IPv6 over the IPv4 underlay) carried by the programs (their counters move, the engines send
 and write nothing), /metrics labels the series by datapath and `flannel-udp status` names the
 path; a third host that joins later is reached through the kernel path (the maps follow the
-peer watch). Then a host where the programs cannot be built (clang made unreachable through
+peer watch), and once killed, the C engine started alone in its place removes the filter it left
+(which would swallow the peers' datagrams). Then a host where the programs cannot be built (clang made unreachable through
 $BPF_CLANG, which the build honours: engine/bpf_build.py): `--engine kernel` fails at start
 saying why, auto falls back to the C engine saying why (docs/kernel-path.md, "The choice").
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import signal
 import subprocess
 import sys
 
@@ -101,6 +103,14 @@ def test_default_daemon_forwards_through_the_kernel_path(ov):
                     interval=0.2)
     assert ping(h0.netns, ov.flannel_ip(h2))["received"] == 3
     assert carried(ov, h0)["kernel_udp_tx"] - k0 >= 4
+
+    # a daemon killed leaves its ingress filter, which would decapsulate into a flannel0 that
+    # is gone: the engine that starts alone in its place removes it, and hears its peers
+    ov.stop_daemon(h2, sig=signal.SIGKILL)
+    ov.start_daemon(h2, engine="c")
+    assert "Removed the kernel path's filter from" in ov.daemon(h2).log_text()
+    assert wait_for(lambda: ping(h1.netns, ov.flannel_ip(h2), count=1)["received"] == 1, 10,
+                    interval=0.2)
 
     # the programs are detached when the daemon stops, the segmentation put back
     ov.stop_daemon(h0)
