@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -246,7 +245,6 @@ def _write_json(path: str, obj: dict) -> None:
 def main(args: argparse.Namespace) -> int:
     from dataplane.host import netconf
     from dataplane.engine import DEFAULT_BATCH, Route, choose_engine, multi
-    from dataplane.engine.kernel_engine import remove_stale_filter
     from dataplane.host.assembly import AssemblyError, Dataplane, kernel_engine, open_sockets
     from dataplane.host.family import V4, Part
     from dataplane.host.offload import DEFAULT_MODE, Offloads
@@ -317,8 +315,6 @@ def main(args: argparse.Namespace) -> int:
                                   accept_any=args.accept_from == "any", icmp_rate=args.icmp_rate,
                                   icmp_burst=args.icmp_burst, coalesce_us=args.coalesce_usecs,
                                   realtime_priority=args.realtime_priority)
-        if kpath is None:       # ours, left by a kernel path that was killed, would eat them
-            remove_stale_filter(socket.if_nametoindex(netconf.iface_for_addr(listen_ip)))
         if kpath is not None:
             engine, kpath = kernel_engine(
                 engine, kpath, tun_name=tun_name, ext_name=netconf.iface_for_addr(listen_ip),
