@@ -95,7 +95,12 @@ def load_kernel_path(release: str | None = None, btf: str = BTF):
 
 def _kernel_reason(e: BaseException) -> str:
     """The loader's reason in one line (a verifier's log runs long: its first line says it)."""
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "Operation not permitted" in line:
+        line = (line.removesuffix("; the verifier said:") + ": this process may not load BPF "
+                "programs (CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, or CAP_SYS_ADMIN; a systemd "
+                "unit's CapabilityBoundingSet can withhold them)")
+    return line
 
 
 def _load_c():
