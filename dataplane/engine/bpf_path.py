@@ -170,15 +170,21 @@ class KernelPath:
         ffi.memmove(key.addr, subnet.network_address.packed, len(subnet.network_address.packed))
         return (bc.MAP_ROUTES4 if subnet.version == 4 else bc.MAP_ROUTES6), key
 
-    def set_routes(self, routes) -> None:
-        """The engines' routes (api.Route), replacing the last set: new and changed routes
-        written first, then the gone ones deleted, so a peer that stays never misses."""
+    @staticmethod
+    def _wanted(routes) -> dict:
+        """{subnet: (peer, mtu)} of the routes the programs can hold (set_routes, change_routes)."""
         want = {}
         for r in routes:
             if r.peer_ip.version != 4:
                 raise KernelPathError(f"route {r.subnet} via {r.peer_ip}: the IPv6 underlay is not "
                                       "in the kernel path yet")
             want[r.subnet] = (r.peer_ip, r.mtu)
+        return want
+
+    def set_routes(self, routes) -> None:
+        """The engines' routes (api.Route), replacing the last set: new and changed routes
+        written first, then the gone ones deleted, so a peer that stays never misses."""
+        want = self._wanted(routes)
         if len(want) > bc.ROUTES_MAX:
             raise KernelPathError(f"{len(want)} routes: the kernel path holds {bc.ROUTES_MAX}")
         peers: dict = {}
@@ -202,12 +208,7 @@ class KernelPath:
         """set_routes of the last set less the subnets ``removed``, plus the Routes ``added``,
         in the work of the change rather than of the table (a burst of peer changes on a table
         of thousands): new and changed routes first, the gone ones after."""
-        want = {}
-        for r in added:
-            if r.peer_ip.version != 4:
-                raise KernelPathError(f"route {r.subnet} via {r.peer_ip}: the IPv6 underlay is not "
-                                      "in the kernel path yet")
-            want[r.subnet] = (r.peer_ip, r.mtu)
+        want = self._wanted(added)
         gone = [s for s in set(removed) if s in self._routes and s not in want]
         if len(self._routes) - len(gone) + len(want.keys() - self._routes.keys()) > bc.ROUTES_MAX:
             raise KernelPathError(f"more than {bc.ROUTES_MAX} routes: the kernel path holds "
