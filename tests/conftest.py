@@ -14,6 +14,9 @@ import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ENGINES = ("c", "python")
+# What forwards: each engine alone, and the kernel path (the tc programs of csrc/bpf/ with the C
+# engine, else Python, as the slow path: `--engine kernel`)
+PATHS = ENGINES + ("kernel",)
 
 
 def require(ok: bool, reason: str) -> None:
@@ -58,6 +61,22 @@ def require_overlay() -> None:
     require_etcd()
     for kind in ENGINES:
         require_engine(kind)
+
+
+def require_path(kind: str) -> None:
+    if kind == "kernel":
+        require_bpf()
+    else:
+        require_engine(kind)
+
+
+@pytest.fixture(params=PATHS)
+def path_kind(request) -> str:
+    """Runs a forwarding test once per path: c, python (each engine alone) and kernel (the
+    kernel path in front of the C engine); the kernel run fails in CI without root, clang and
+    libbpf (require_bpf)."""
+    require_path(request.param)
+    return request.param
 
 
 @pytest.fixture(params=ENGINES)

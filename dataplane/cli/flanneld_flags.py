@@ -302,9 +302,12 @@ FLAGS: tuple[Flag, ...] = (
          "has no time of its own, so that journalctl -p filters on it (default: {default})",
          metavar="text|json", group="ours"),
     # --- ours
-    Flag("engine", _choice("c", "python", "auto"), "forwarding engine: c (the batched C "
-         "fast path), python (pure Python), auto (C if built, else Python; default: {default}, or "
-         "$DATAPLANE_ENGINE)", metavar="c|python|auto", group="ours"),
+    Flag("engine", _choice("kernel", "c", "python", "auto"), "forwarding path: kernel (the "
+         "tc programs of the kernel path, the C engine, else Python, as their slow path; fails "
+         "at start where they cannot load and attach), c (the batched C engine alone), python "
+         "(pure Python alone), auto (kernel where the programs load and attach, else C if "
+         "built, else Python; the log says which and why; default: {default}, or "
+         "$DATAPLANE_ENGINE)", metavar="kernel|c|python|auto", group="ours"),
     Flag("accept-from", _choice("leases", "any"), "which UDP sources to accept: leases "
          "(only the PublicIP of a known lease) or any (as flanneld; use it when peers "
          "reach this host through address translation; default: {default})",

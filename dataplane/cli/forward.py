@@ -38,7 +38,12 @@ example (host 192.168.77.1 with lease 10.5.1.0/24, one peer):
 --queues N runs N TUN queues, N UDP sockets on the --listen address
 (SO_REUSEPORT) and N engines, as `flannel-udp run` does.
 
---stats-file gets, every second and at exit, a JSON object:
+--engine kernel (or auto where the programs load) puts the kernel path's tc
+programs on the TUN's egress and the --listen interface's ingress, the engine
+behind them as the slow path.
+
+--stats-file gets, every second and at exit, a JSON object ("kernel": the
+programs' counters, with the kernel path):
   {"engine": "c", "tun": "flannel0", "pid": 123, "time": 1700000000.0,
    "final": false, "stats": {"tun_rx_packets": ..., ...},
    "queues": 2, "queue_stats": [{...}, {...}],
@@ -181,8 +186,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--route-file", metavar="PATH",
                    help="more routes, one SUBNET=PEER_IP[:PORT] per line (# comments); for "
                         "tables too long for the command line, e.g. 10,000 peers")
-    p.add_argument("--engine", choices=("c", "python", "auto"), default=None,
-                   help="engine to run (default: $DATAPLANE_ENGINE, else auto = C if built)")
+    p.add_argument("--engine", choices=("kernel", "c", "python", "auto"), default=None,
+                   help="kernel: the tc programs with the C engine (else Python) as the slow "
+                        "path; c, python: that engine alone; auto: the kernel path where its "
+                        "programs load and attach, else C if built, else Python (default: "
+                        "$DATAPLANE_ENGINE, else auto)")
     p.add_argument("--batch", type=int, default=None, metavar="N",
                    help=f"packets per batch, 1..{BATCH_MAX} (default: the engine's)")
     p.add_argument("--accept-from", choices=("leases", "any"), default="any",
@@ -237,7 +245,7 @@ def _write_json(path: str, obj: dict) -> None:
 def main(args: argparse.Namespace) -> int:
     from dataplane.host import netconf
     from dataplane.engine import DEFAULT_BATCH, Route, choose_engine, multi
-    from dataplane.host.assembly import AssemblyError, Dataplane, open_sockets
+    from dataplane.host.assembly import AssemblyError, Dataplane, kernel_engine, open_sockets
     from dataplane.host.family import V4, Part
     from dataplane.host.offload import DEFAULT_MODE, Offloads
     from dataplane.host.queues import default_queues
@@ -247,10 +255,13 @@ def main(args: argparse.Namespace) -> int:
     if tun_addr.network.prefixlen != 32:
         log.warning("--tun-addr %s: flanneld uses a /32 (the lease network address)", tun_addr)
     try:
-        cls, why = choose_engine(args.engine)
+        choice = choose_engine(args.engine, kernel=True)
     except (ImportError, ValueError) as e:
         log.error("%s", e)
         return 2
+    cls, why, kpath = choice.cls, choice.why, choice.kernel
+    if choice.kernel_why:
+        log.info("%s", choice.kernel_why)
     mtu = args.mtu
     if mtu is None:
         try:
@@ -304,8 +315,15 @@ def main(args: argparse.Namespace) -> int:
                                   accept_any=args.accept_from == "any", icmp_rate=args.icmp_rate,
                                   icmp_burst=args.icmp_burst, coalesce_us=args.coalesce_usecs,
                                   realtime_priority=args.realtime_priority)
+        if kpath is not None:
+            engine, kpath = kernel_engine(
+                engine, kpath, tun_name=tun_name, ext_name=netconf.iface_for_addr(listen_ip),
+                own_ip=listen_ip, port=port, required=choice.forced,
+                owns_path=True), None
         engine.set_routes(routes)
         engine.start()
+        if getattr(engine, "kernel_why", ""):
+            why += f"; {engine.kernel_why}"
         log.info("engine %s (%s), %d queue(s); %s %s mtu %d%s; udp %s:%d; %d route(s)%s",
                  engine.name, why, queues, tun_name, tun_addr, mtu,
                  "".join((f", {p.family.name} {p.tun_addr}" if p.family is not V4 else "")
@@ -318,7 +336,9 @@ def main(args: argparse.Namespace) -> int:
             if args.stats_file:
                 per_queue = engine.queue_stats()
                 total = multi.MultiEngine.sum_stats(per_queue)
+                kernel = getattr(engine, "kernel_counters", lambda: None)()
                 _write_json(args.stats_file, {"engine": engine.name, "tun": tun_name,
+                                              **({"kernel": kernel} if kernel is not None else {}),
                                               "pid": os.getpid(), "time": time.time(),
                                               "final": final, "stats": total,
                                               "queues": queues, "queue_stats": per_queue,
@@ -355,5 +375,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     finally:
         if engine is not None:
-            engine.close()
+            engine.close()      # the kernel path's programs detached, its segmentation back
+        if kpath is not None:   # loaded, never given to an engine
+            kpath.close()
         dataplane.close()   # its last TUN fd removes the (non-persistent) TUN device

@@ -179,6 +179,12 @@ def render(doc: dict, now: float | None = None) -> str:
                      f"accepting from {eng.get('accept_from')}"))
     else:
         rows.append(("engine", "not started yet"))
+    kp = doc.get("kernel_path")
+    if kp:
+        moved = {k: v for k, v in (kp.get("counters") or {}).items() if v}
+        rows.append(("path", f"{kp.get('path')} ({kp.get('why')})"
+                     + (f"; {kp['offload']}" if kp.get("offload") else "")
+                     + (f"; programs' counters: {moved}" if moved else "")))
     rows.append(("tun", f"{doc.get('tun') or '-'}, {doc.get('queues', 0)} queue(s)"))
     offloads = doc.get("offloads") or {}
     if offloads:

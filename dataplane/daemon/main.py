@@ -85,6 +85,7 @@ from .host_forwarding import HostForwarding
 from .lease_keeper import LeaseKeeper
 from .liveness import Liveness
 from .monitor import MONITOR_PERIOD_S, Monitor
+from .kernel_path import DaemonKernelPath
 from .options import Options
 from .peer_routes import PeerRoutes
 from .startup import StartupError, Stopped
@@ -253,7 +254,7 @@ class Daemon:
             self._make_engine()
             self._start_watches()
             with st.lock:
-                st.engine.start()
+                self._start_engine(st.engine.start)
         else:                           # taken over: it forwards already, with the old routes
             self._start_watches()
         if http_later:
@@ -268,9 +269,9 @@ class Daemon:
         gc.freeze()
         sd_notify(f"READY=1\nSTATUS=forwarding for {st.lease.subnet}")
         self._ready = True
-        log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s, %d queue(s)",
+        log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s%s, %d queue(s)",
                  st.dataplane.tun_name, st.lease.subnet, len(st.peers[4]), st.engine.name,
-                 st.dataplane.queues)
+                 " behind the kernel path" if st.kernel and st.kernel.in_kernel else "", st.dataplane.queues)
 
     def _serve_http(self, retry: bool = False):
         """/healthz, /metrics (and the rest: daemon/http.py) and the status socket."""
@@ -290,7 +291,14 @@ class Daemon:
         from ..host.offload import Offloads
         st = self.state
         o = st.opts
-        st.engine_cls, st.engine_why = startup.choose_engine(o)
+        choice = startup.choose_engine(o)
+        st.engine_cls, st.engine_why = choice.cls, choice.why
+        st.kernel = DaemonKernelPath(choice, st.ext, st.config.backend_port)
+        if st.kernel.check():
+            raise StartupError(f"--engine kernel: {st.kernel.check()}; fix that, or run with "
+                               "--engine c or auto")
+        if st.kernel.why:
+            log.info("%s", st.kernel.why)
         if st.engine_cls.forwards_in_python:
             sys.setswitchinterval(PY_ENGINE_SWITCH_INTERVAL_S)
             # The peer watch's process imports while we take the lease and make the devices.
@@ -320,6 +328,7 @@ class Daemon:
         engine = startup.new_engine(st.engine_cls, o, dp.tun_fds, dp.sockets,
                                     startup.subnets(lease), st.ext.tun_mtu,
                                     dp.offload_flags, self.own_sources)
+        engine = self._wrap(engine, startup.subnets(lease))
         st.liveness.hold_for_test(engine, self._stop)
         with st.lock:
             self.peer_routes.load(engine)
@@ -334,6 +343,40 @@ class Daemon:
                  "; and any not in the sending lease's subnet (--strict-sources)"
                  if o.strict_sources else "")
 
+    def _wrap(self, engine, subnets):
+        """``engine`` (startup.new_engine's) behind the kernel path's programs, told what it
+        was told (the strict rule, this host's own sources), when the daemon runs them."""
+        st = self.state
+        if st.kernel is None or not st.kernel.wraps:
+            return engine
+        try:
+            engine = st.kernel.wrap(engine, st.dataplane.tun_name)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise StartupError(f"failed to put the kernel path in front of the {engine.name} "
+                               f"engine: {e}") from None
+        engine.set_strict_sources(st.opts.strict_sources)
+        self.own_sources.refresh(engine, subnets)
+        return engine
+
+    def _start_engine(self, start) -> None:
+        """``start()`` (the engine's, or the handover's switch to it); the kernel path's
+        programs attach with it: where they cannot, --engine kernel fails the start."""
+        from ..engine.bpf_path import KernelPathError
+        try:
+            start()
+        except (KernelPathError, OSError) as e:
+            if self.state.kernel is None or not self.state.kernel.required:
+                raise
+            raise StartupError(f"--engine kernel: the kernel path's programs do not attach: "
+                               f"{e}; fix that, or run with --engine c or auto") from None
+        if self.state.kernel is None:
+            return
+        self.state.kernel.started(self.state.engine)
+        if self.state.kernel.in_kernel:
+            log.info("kernel path: the tc programs forward on %s and %s; the %s engine is the "
+                     "slow path", self.state.dataplane.tun_name, self.state.ext.name,
+                     self.state.engine.name)
+
     # ------------------------------------------------------------------ taking over
     def _take_over(self, inh):
         st = self.state
@@ -344,7 +387,12 @@ class Daemon:
                                       self._routed6())
         self._take_peers(inh.state)
         self._make_engine()
-        state = inh.switch(st.engine.start)
+        state = None
+
+        def switch():
+            nonlocal state
+            state = inh.switch(st.engine.start)
+        self._start_engine(switch)
         # what changed on the old daemon since its offer
         with st.lock:
             self._take_peers(state)
@@ -426,9 +474,10 @@ class Daemon:
         st = self.state
 
         def new_engine(subnets):
-            return startup.new_engine(st.engine_cls, st.opts, st.dataplane.tun_fds,
-                                      st.dataplane.sockets, subnets, st.ext.tun_mtu,
-                                      st.dataplane.offload_flags, self.own_sources)
+            return self._wrap(startup.new_engine(st.engine_cls, st.opts, st.dataplane.tun_fds,
+                                                 st.dataplane.sockets, subnets, st.ext.tun_mtu,
+                                                 st.dataplane.offload_flags, self.own_sources),
+                              subnets)
 
         def swap_engine(engine):
             with st.lock:
@@ -464,6 +513,9 @@ class Daemon:
             ("close the etcd client", lambda: self.registry and self.registry.close()),
             ("leave the state to the next process", succession.leave_to_next),
             ("stop the engine", self._close_engine),
+            # a successor's programs replace ours on the hooks: ours stay until then
+            ("detach the kernel path's programs", lambda: st.kernel and st.kernel.close(
+                leave_attached=succession.successor is not None)),
             # the last fd of flannel0 closed removes it
             ("close flannel0 and the UDP sockets", st.dataplane.close),
             ("say that the blackhole route stays",

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import __version__
+from . import metrics_kernel
 from ..engine.contract import V6_SHARES
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,14 @@ class MetricsSource:
         engine_stats() as queue 0's."""
         stats = self.engine_stats()
         return [stats] if stats else None
+
+    def kernel_counters(self) -> dict | None:
+        """The kernel path's programs' counters while they forward (daemon/metrics_kernel.py)."""
+        return None
+
+    def datapath(self) -> str | None:
+        """kernel while the kernel path's programs forward, else engine; None: no engine yet."""
+        return None
 
     def engine_info(self) -> dict:
         """Labels for flannel_udp_engine_info: {"engine": "c", "reason": "auto",
@@ -209,6 +218,8 @@ _Q = ("queue",)     # every engine counter is per queue: "0" .. "N-1" (docs/metr
 # The inner packet's family, on the series of packets, bytes, drops and ICMP errors sent
 # (docs/metrics.md#families): ipv4, ipv6, or other (FIXED_FAMILY).
 _F = ("family",)
+# Who counted it: engine, or kernel (the kernel path's programs: daemon/metrics_kernel.py)
+_D = ("datapath",)
 
 # Every family the daemon's collector serves: docs/metrics.md documents exactly these (a unit test
 # holds the two equal), and nothing outside this table is ever served.
@@ -230,15 +241,24 @@ DECLARED = (
            "goes to 0 if the kernel later cannot segment (EIO).",
            _by_label("offloads_enabled", lambda on: 1 if on else 0)),
     # the engine's counters (ENGINE_COUNTERS below), per queue
-    Family(f"{PREFIX}_packets_total", "counter", ("path",) + _F + _Q,
+    Family(f"{PREFIX}_packets_total", "counter", ("path",) + _F + _Q + _D,
            "Packets through the engine, by path (tun_rx: read from flannel0, udp_tx: sent to "
            "peers, udp_rx: received from peers, tun_tx: written to flannel0) and the inner "
-           "packet's family (ipv4, ipv6)."),
-    Family(f"{PREFIX}_bytes_total", "counter", ("path",) + _F + _Q,
+           "packet's family (ipv4, ipv6); datapath kernel: the kernel path's programs' (queue "
+           "none, family all)."),
+    Family(f"{PREFIX}_bytes_total", "counter", ("path",) + _F + _Q + _D,
            "Bytes through the engine, by path and family (see flannel_udp_packets_total)."),
-    Family(f"{PREFIX}_drops_total", "counter", ("reason",) + _F + _Q,
+    Family(f"{PREFIX}_drops_total", "counter", ("reason",) + _F + _Q + _D,
            "Packets dropped by the engine, by reason and the packet's family (ipv4, ipv6; "
-           "other: not_ipv4 and truncated, whose family is neither or not looked at)."),
+           "other: not_ipv4 and truncated, whose family is neither or not looked at); "
+           "datapath kernel: by the kernel path's programs."),
+    Family(f"{PREFIX}_kernel_passed_total", "counter", ("direction", "reason"),
+           "Packets the kernel path's programs handed on to the engine (the slow path), by "
+           "direction (tx: from flannel0, rx: from peers) and reason.", metrics_kernel.passed),
+    Family(f"{PREFIX}_datapath_info", "gauge", _D,
+           "Always 1: what forwards, kernel (the kernel path's programs, the engine behind "
+           "them) or engine (the engine alone).",
+           lambda ask: [((d,), 1) for d in [ask("datapath")] if d]),
     Family(f"{PREFIX}_icmp_sent_total", "counter", ("type",) + _F + _Q,
            "ICMP errors the engine generated, by type and family (net_unreachable: a subnet with "
            "no lease; time_exceeded: TTL ran out; packet_too_big: an IPv6 route's MTU or its "
@@ -503,6 +523,11 @@ class DaemonCollector:
         except Exception as e:  # a closed engine during shutdown: report what we can
             log.debug("engine stats unavailable: %s", e)
         engine = self._engine_families(per_queue) if per_queue else {}
+        try:
+            for name, samples in metrics_kernel.samples(ask("kernel_counters")).items():
+                engine.setdefault(name, []).extend(samples)
+        except Exception as e:  # the programs closed during shutdown
+            log.debug("kernel path counters unavailable: %s", e)
         for f in DECLARED:
             samples = engine.get(f.name, ()) if f.read is None else f.read(ask)
             if samples:
@@ -529,7 +554,8 @@ class DaemonCollector:
                 fname, lval = decl
                 samples = fams.setdefault(fname, [])
                 if fname in FAMILY_LABELLED:
-                    samples += [((lval, family, queue), n)
+                    dp = ("engine",) if fname in metrics_kernel.DATAPATH_LABELLED else ()
+                    samples += [((lval, family, queue) + dp, n)
                                 for family, n in self._by_family(q, name, stats)]
                     continue
                 if name == SYSCALL_REST:

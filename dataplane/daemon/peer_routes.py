@@ -183,7 +183,9 @@ class PeerRoutes:
         if self.routes is None:
             # the first listing: the whole table (nothing handed over lingers), made outside
             # state.lock so that /metrics and status answer meanwhile
-            routes = st.engine_cls.table_type.of(self._table(peers))
+            table_type = (st.engine_cls.table_type if st.kernel is None
+                          else st.kernel.table_type(st.engine_cls))
+            routes = table_type.of(self._table(peers))
         else:
             port = st.config.backend_port
             removed, added = (), ()

@@ -257,11 +257,12 @@ def acquire_lease(subnets, registry, wait):
 
 
 def choose_engine(opts):
-    """The engine class and why: --engine (or FLANNELD_ENGINE), else $DATAPLANE_ENGINE, else auto."""
+    """The engine (engine/choice.py EngineChoice: the class, why, the kernel path's programs
+    loaded or why not): --engine (or FLANNELD_ENGINE), else $DATAPLANE_ENGINE, else auto."""
     from ..engine.choice import EngineChoiceError, EngineUnavailable, choose_engine as choose
     flag = None if opts.sources.get("engine") == "default" else opts.engine
     try:
-        return choose(flag)
+        return choose(flag, kernel=True)
     except (EngineChoiceError, EngineUnavailable) as e:
         raise StartupError(str(e)) from None
 

@@ -57,6 +57,7 @@ class DaemonState:
     engine: object = None               # engine/multi.py MultiEngine
     engine_cls: object = None           # its class (engine/choice.py)
     engine_why: str = ""                # why this engine (engine/choice.py's sentence)
+    kernel: object = None               # daemon/kernel_path.py DaemonKernelPath, once chosen
     # flannel0 (its name, its queues) and the UDP sockets: none until made or taken over
     dataplane: Dataplane = field(default_factory=Dataplane)
     rules: object = None                # host/firewall_stack.py Stack, the iptables rules
@@ -92,6 +93,16 @@ class DaemonSource(MetricsSource):
                 return None
             per_queue = getattr(engine, "queue_stats", None)
             return per_queue() if per_queue is not None else [engine.stats()]
+
+    def kernel_counters(self):
+        kernel = self.daemon.kernel
+        return kernel.counters() if kernel is not None else None
+
+    def datapath(self):
+        d = self.daemon
+        if d.engine is None:
+            return None
+        return "kernel" if d.kernel is not None and d.kernel.in_kernel else "engine"
 
     def engine_info(self):
         d = self.daemon

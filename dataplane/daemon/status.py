@@ -107,6 +107,9 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
                         "write_failures": state.subnet_env.failures.total},
         "engine": (dict(src.engine_info(), why=state.engine_why)
                    if state.engine is not None else None),
+        # which path forwards and why, the programs' counters, the offload change
+        # (daemon/kernel_path.py)
+        "kernel_path": state.kernel.status() if state.kernel is not None else None,
         "queues": src.queues_count(),
         "offloads": src.offloads_enabled(),
         "peers": src.peers_count(),

@@ -194,10 +194,9 @@ class KernelPath:
         ffi.memmove(key.addr, subnet.network_address.packed, len(subnet.network_address.packed))
         return (bc.MAP_ROUTES4 if subnet.version == 4 else bc.MAP_ROUTES6), key
 
-    def set_routes(self, routes) -> None:
-        """The engines' routes (api.Route), replacing the last set: new and changed routes
-        written first, then the gone ones deleted, so a peer that stays never misses. A
-        route's peer says its underlay, as for the engines: an IPv6 peer takes the IPv6 one
+    def _wanted(self, routes) -> dict:
+        """{subnet: (peer, mtu)} of the routes the programs can hold (set_routes, change_routes).
+        A route's peer says its underlay, as for the engines: an IPv6 peer takes the IPv6 one
         (which needs configure's own_ip6), its mtu the route's (the link's less 48)."""
         want = {}
         for r in routes:
@@ -205,6 +204,12 @@ class KernelPath:
                 raise KernelPathError(f"route {r.subnet} via {r.peer_ip}: the IPv6 underlay needs "
                                       "own PublicIPv6 (configure(own_ip6=...))")
             want[r.subnet] = (r.peer_ip, r.mtu)
+        return want
+
+    def set_routes(self, routes) -> None:
+        """The engines' routes (api.Route), replacing the last set: new and changed routes
+        written first, then the gone ones deleted, so a peer that stays never misses."""
+        want = self._wanted(routes)
         if len(want) > bc.ROUTES_MAX:
             raise KernelPathError(f"{len(want)} routes: the kernel path holds {bc.ROUTES_MAX}")
         peers: dict = {}
@@ -214,18 +219,54 @@ class KernelPath:
             self._update(*self._peer_key(p), ffi.new("__u32 *", peers[p]))
         for subnet, (peer, mtu) in want.items():
             if self._routes.get(subnet) != (peer, mtu):
-                hop = ffi.new("fu_hop *")
-                if peer.version == 4:       # peer_ip 0: the IPv6 underlay, to peer_ip6
-                    hop.peer_ip = struct.unpack("=I", peer.packed)[0]
-                else:
-                    ffi.memmove(hop.peer_ip6, peer.packed, 16)
-                hop.mtu = mtu
-                self._update(*self._route_key(subnet), hop)
+                self._update(*self._route_key(subnet), self._hop(peer, mtu))
         for subnet in self._routes.keys() - want.keys():
             self._delete(*self._route_key(subnet))
         for p in self._peers.keys() - peers.keys():
             self._delete(*self._peer_key(p))
         self._routes, self._peers = want, peers
+
+    def change_routes(self, removed=(), added=()) -> None:
+        """set_routes of the last set less the subnets ``removed``, plus the Routes ``added``,
+        in the work of the change rather than of the table (a burst of peer changes on a table
+        of thousands): new and changed routes first, the gone ones after."""
+        want = self._wanted(added)
+        gone = [s for s in set(removed) if s in self._routes and s not in want]
+        if len(self._routes) - len(gone) + len(want.keys() - self._routes.keys()) > bc.ROUTES_MAX:
+            raise KernelPathError(f"more than {bc.ROUTES_MAX} routes: the kernel path holds "
+                                  f"{bc.ROUTES_MAX}")
+        unused = []
+        for subnet, (peer, mtu) in want.items():
+            old = self._routes.get(subnet)
+            if old == (peer, mtu):
+                continue
+            if peer not in self._peers:
+                self._update(*self._peer_key(peer), ffi.new("__u32 *", 1))
+            self._peers[peer] = self._peers.get(peer, 0) + 1
+            self._update(*self._route_key(subnet), self._hop(peer, mtu))
+            self._routes[subnet] = (peer, mtu)
+            if old is not None:
+                unused.append(old[0])
+        for subnet in gone:
+            self._delete(*self._route_key(subnet))
+            unused.append(self._routes.pop(subnet)[0])
+        for peer in unused:
+            self._peers[peer] -= 1
+            if not self._peers[peer]:
+                del self._peers[peer]
+                self._delete(*self._peer_key(peer))
+
+    @staticmethod
+    def _hop(peer, mtu: int):
+        """A route's value: the peer's PublicIP, or (peer_ip 0) its PublicIPv6 for the IPv6
+        underlay, and the route's MTU."""
+        hop = ffi.new("fu_hop *")
+        if peer.version == 4:
+            hop.peer_ip = struct.unpack("=I", peer.packed)[0]
+        else:
+            ffi.memmove(hop.peer_ip6, peer.packed, 16)
+        hop.mtu = mtu
+        return hop
 
     @staticmethod
     def _peer_key(peer):
@@ -376,6 +417,11 @@ class KernelPath:
         ``close`` takes the programs off their hooks."""
         self._hooks.clear()
         self.close()
+
+    def leave_attached(self) -> None:
+        """Forget our filters without removing them: after close they stay on their hooks,
+        holding the programs and maps (a successor's attach replaces them in place)."""
+        self._hooks.clear()
 
     # ---- tests ---------------------------------------------------------------------------
 

@@ -14,7 +14,11 @@ The steps, in flanneld's order (the TUN before the socket):
    it on the IPv6 address, one socket per queue kept;
 3. the offloads the kernel accepts on those fds, probed once and said in one line;
 4. engines, one per queue behind one MultiEngine (engine/multi.py), made on the fds when asked:
-   the daemon makes new ones on the same fds when its lease moves or a handover fails.
+   the daemon makes new ones on the same fds when its lease moves or a handover fails;
+5. with the kernel path, the tc programs in front of them (:func:`kernel_engine`:
+   engine/kernel_engine.py), given flannel0's and the external interface's ifindexes, attached
+   when the engine starts, the external interface's tunnel segmentation turned off first where
+   it would pass super-packets on uncut (host/tunnel_gso.py).
 
 A daemon handed the fds of the one before it (daemon/inherited.py) skips steps 1 and 2:
 :meth:`Dataplane.adopt` takes them as they are, with the same one-queue rule, and probes. A step
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 
 from ..engine import multi
 from . import netconf, sched
@@ -58,6 +63,35 @@ def open_sockets(ip: str, port: int, queues: int, *, bufsize: int = SOCKET_BUFFE
     if refused is not None:
         log.warning("%s", one_queue_warning(refused, queues))
     return socks
+
+
+def kernel_engine(slow, kpath, *, tun_name: str, ext_name: str, own_ip, port: int,
+                  required: bool, owns_path: bool, segmentation=None, kernel_why: str = ""):
+    """Step 5: ``slow`` (step 4's engine) behind ``kpath`` (engine/bpf_path.py KernelPath, loaded;
+    None: the slow engine alone behind the same interface), for flannel0 ``tun_name`` and the
+    external interface ``ext_name`` of this network namespace; ``segmentation`` (a
+    host/tunnel_gso.py TunnelSegmentation of ``ext_name``, one per run: the daemon's engines
+    share it) is cut just before the programs attach and said once in the log."""
+    from ..engine.kernel_engine import KernelEngine
+    from .tunnel_gso import TunnelSegmentation
+    seg = segmentation if segmentation is not None else TunnelSegmentation(ext_name)
+
+    def cut() -> None:
+        before = list(seg.turned_off)
+        note = seg.cut()
+        if seg.turned_off != before:
+            log.info("kernel path: %s (a peer reads a longer datagram truncated, and an "
+                     "unfinished checksum as a wrong one); put back when the programs are "
+                     "detached", note)
+    try:
+        return KernelEngine(slow, kpath, tun_ifindex=socket.if_nametoindex(tun_name),
+                            ext_ifindex=socket.if_nametoindex(ext_name), own_ip=own_ip,
+                            port=port, required=required, owns_path=owns_path,
+                            on_attach=cut, on_detach=seg.restore if owns_path else None,
+                            kernel_why=kernel_why)
+    except BaseException:
+        slow.close()
+        raise
 
 
 def make_engine(cls, tun_fds, sockets, *, realtime_priority: int = 0, **settings):
@@ -192,4 +226,4 @@ class Dataplane:
             os.close(fd)
 
 
-__all__ = ["AssemblyError", "Dataplane", "STEPS", "make_engine", "open_sockets"]
+__all__ = ["AssemblyError", "Dataplane", "STEPS", "kernel_engine", "make_engine", "open_sockets"]

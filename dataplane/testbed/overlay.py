@@ -509,9 +509,9 @@ def parse_ping(out: str, rc: int = 0) -> dict:
     return {"sent": sent, "received": received, "rtt_avg_ms": rtt, "rc": rc}
 
 
-# Labels whose samples parse_metrics also sums over: the engine's queues and the inner packet's
-# family (docs/metrics.md).
-_SUMMED = ("queue", "family")
+# Labels whose samples parse_metrics also sums over: the engine's queues, the inner packet's
+# family and the datapath, engine or kernel (docs/metrics.md).
+_SUMMED = ("queue", "family", "datapath")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 

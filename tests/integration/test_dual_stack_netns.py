@@ -31,8 +31,8 @@ NET6 = ipaddress.IPv6Network(CONFIG["IPv6Network"])
 
 
 @pytest.fixture
-def ov(engine_kind):
-    yield from overlay_of(engine_kind, ((engine_kind, {"underlay6": True}), engine_kind),
+def ov(path_kind):
+    yield from overlay_of(path_kind, ((path_kind, {"underlay6": True}), path_kind),
                           config=CONFIG, ipv6=True)
 
 
@@ -100,15 +100,22 @@ def test_icmpv6_errors_reach_the_sender(ov):
     assert wait_for(lambda: ping6(h0.netns, str(six1.network_address), count=1)["received"] == 1,
                     10, interval=0.2)
     # h1 has no PublicIPv6: h0 sends it IPv6 over IPv4 though it has an IPv6 underlay itself
-    v4, v6 = udp_out(ov, h0)
+    # (the kernel path's programs send without a socket: their own counter says it)
+    kernel = 'flannel_udp_packets_total{datapath="kernel",path="udp_tx"}'
+    v4, v6, k = *udp_out(ov, h0), ov.metrics(h0).get(kernel, 0)
     assert ping6(pod0, str(six1.network_address))["received"] == 3
-    v4_after, v6_after = udp_out(ov, h0)
-    assert v4_after - v4 >= 3 and v6_after - v6 < 3, (v4, v4_after, v6, v6_after)
+    v4_after, v6_after, k_after = *udp_out(ov, h0), ov.metrics(h0).get(kernel, 0)
+    assert (k_after - k if ov.kind == "kernel" else v4_after - v4) >= 3 and v6_after - v6 < 3, \
+        (v4, v4_after, v6, v6_after, k, k_after)
     unleased = next(n for n in NET6.subnets(new_prefix=64) if n not in (six0, six1))
     out = ping6_out(pod0, str(unleased.network_address + 5))
     assert f"From {six0.network_address} icmp_seq=1 Destination unreachable" in out, out
     out = ping6_out(h0.netns, str(six1.network_address), "-t", "1")
     assert f"From {six0.network_address} icmp_seq=1 Time exceeded" in out, out
+    if ov.kind == "kernel":     # both handed on by the programs, answered by the engine
+        m = ov.metrics(h0)
+        passed = 'flannel_udp_kernel_passed_total{direction="tx",reason="%s"}'
+        assert m[passed % "no_route"] >= 1 and m[passed % "ttl"] >= 1, m
 
 
 # -- the IPv6 underlay (docs/operating.md#dual-stack) ---------------------------------------

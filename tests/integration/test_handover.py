@@ -29,14 +29,25 @@ QUEUES = ("--queues", "2")
 TCP_STALL_BOUND_MS = 100
 
 
-@pytest.fixture
-def ov(engine_kind):
-    for overlay in overlay_of(engine_kind, ()):
+def _overlay(kind: str):
+    for overlay in overlay_of(kind, ()):
         for _ in range(2):
-            overlay.add_host(engine=engine_kind, args=QUEUES, wait=False)
+            overlay.add_host(engine=kind, args=QUEUES, wait=False)
         for h in overlay.hosts:
             overlay.wait_ready(h)
         yield overlay
+
+
+@pytest.fixture
+def ov(engine_kind):
+    yield from _overlay(engine_kind)
+
+
+@pytest.fixture
+def ov_path(path_kind):
+    """Each engine alone, and the kernel path (whose programs stay attached through the
+    handover, the successor's replacing them)."""
+    yield from _overlay(path_kind)
 
 
 def ifindex(ov, host) -> int:
@@ -57,7 +68,8 @@ def _across(ov, action):
     return restart_traffic.across(ov.tb, a, b, ov.flannel_ip(a), ov.flannel_ip(b), action)
 
 
-def test_handover_loses_nothing(ov, figure):
+def test_handover_loses_nothing(ov_path, figure):
+    ov = ov_path
     a, _b = ov.hosts
     old = ov.daemon(a)
     before = (ifindex(ov, a), ov.subnet(a), lease_revision(ov, a))
@@ -80,6 +92,13 @@ def test_handover_loses_nothing(ov, figure):
     # the same device, lease and etcd key: nothing made again, nothing written
     assert (ifindex(ov, a), ov.subnet(a), lease_revision(ov, a)) == before
     assert "nothing written to etcd" in new.log_text()
+    if ov.kind == "kernel":
+        # the successor's programs in the old ones' place, carrying the pings below
+        assert "kernel path: the tc programs forward" in new.log_text(), new.log_text()[-3000:]
+        filters = ov.exec(a, ["tc", "filter", "show", "dev", a.iface, "ingress"]).stdout
+        assert [line for line in filters.splitlines() if "fu_ingress" in line] == \
+            [line for line in filters.splitlines() if "handle 0x4655" in line] and \
+            filters.count("handle 0x4655") == 1, filters
     # and the new daemon is a complete one: it can hand over again
     again, rc = ov.handover_daemon(a)
     assert rc == 0 and ifindex(ov, a) == before[0]

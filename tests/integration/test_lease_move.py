@@ -18,7 +18,7 @@ import time
 import pytest
 
 from dataplane.control.lease import LeaseAttrs
-from tests.conftest import ENGINES, wait_until
+from tests.conftest import PATHS, require_path, wait_until
 from tests.integration.conftest import other_engine, overlay_of
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
@@ -26,9 +26,12 @@ pytestmark = [pytest.mark.root, pytest.mark.etcd]
 TAKER = "192.168.77.99"
 
 
-@pytest.fixture(scope="module", params=ENGINES)
+@pytest.fixture(scope="module", params=PATHS)
 def ov(request):
+    """Each engine alone, and the kernel path (whose programs' config and maps follow the
+    move: its new engines are put behind the same programs)."""
     engine = request.param
+    require_path(engine)
     yield from overlay_of(engine, (engine, other_engine(engine)))
 
 
@@ -58,3 +61,6 @@ def test_taken_lease_moves_the_host_to_another_subnet(ov):
     queues = int(m["flannel_udp_queues"])
     assert [m[f'flannel_udp_route_swaps_total{{queue="{q}"}}'] for q in range(queues)] == \
         [1] * queues, m
+    if ov.kind == "kernel":     # the pings above went through the programs
+        assert m['flannel_udp_packets_total{datapath="kernel",path="udp_tx"}'] > 0, m
+        assert "kernel path: the tc programs forward" in d.log_text()

@@ -41,9 +41,9 @@ except OSError as e:
 
 
 @pytest.fixture
-def ov(engine_kind):
+def ov(path_kind):
     # --ip-masq as flannel's manifests run flanneld: the error crosses its masquerade rules too
-    yield from overlay_of(engine_kind, ({"engine": engine_kind, "args": ("--ip-masq",)},),
+    yield from overlay_of(path_kind, ({"engine": path_kind, "args": ("--ip-masq",)},),
                           config=CONFIG, ipv6=True)
 
 
@@ -66,5 +66,7 @@ def test_ipv6_to_a_flanneld_host_is_unreachable_at_once(ov):
     m = ov.metrics(h0)
     assert m['flannel_udp_icmp_sent_total{family="ipv6",type="net_unreachable"}'] >= 2, m
     assert m['flannel_udp_drops_total{family="ipv6",reason="no_route"}'] >= 2, m
+    if ov.kind == "kernel":     # the programs handed both on to the engine, which answered
+        assert m['flannel_udp_kernel_passed_total{direction="tx",reason="no_route"}'] >= 2, m
     # its IPv4 subnet is a route all the same
     assert m["flannel_udp_peers"] == 1 and m["flannel_udp_peers_ipv6"] == 0, m

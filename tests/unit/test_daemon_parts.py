@@ -73,12 +73,14 @@ def test_metrics_text(server):
     assert status == 200 and ctype.startswith("text/plain")
     v = stat_value
     tx, tx6 = v("udp_tx_packets"), v("v6_udp_tx_packets")
-    assert f'flannel_udp_packets_total{{family="ipv4",path="udp_tx",queue="0"}} {tx - tx6}' in body
-    assert f'flannel_udp_packets_total{{family="ipv6",path="udp_tx",queue="0"}} {tx6}' in body
-    bad, bad6 = v("drop_bad_source"), v("v6_drop_bad_source")
-    assert f'flannel_udp_drops_total{{family="ipv4",queue="0",reason="bad_source"}} {bad - bad6}' \
+    eng = 'datapath="engine",'
+    assert f'flannel_udp_packets_total{{{eng}family="ipv4",path="udp_tx",queue="0"}} {tx - tx6}' \
         in body
-    assert f'flannel_udp_drops_total{{family="other",queue="0",reason="not_ipv4"}} ' \
+    assert f'flannel_udp_packets_total{{{eng}family="ipv6",path="udp_tx",queue="0"}} {tx6}' in body
+    bad, bad6 = v("drop_bad_source"), v("v6_drop_bad_source")
+    assert f'flannel_udp_drops_total{{{eng}family="ipv4",queue="0",reason="bad_source"}} ' \
+        f'{bad - bad6}' in body
+    assert f'flannel_udp_drops_total{{{eng}family="other",queue="0",reason="not_ipv4"}} ' \
         f'{v("drop_not_ipv4")}' in body
     assert f'flannel_udp_syscalls_total{{kind="polls",queue="0"}} {v("polls")}' in body
     if "icmp_ratelimited" in STAT_NAMES:

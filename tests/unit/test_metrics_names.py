@@ -17,7 +17,7 @@ import dataplane
 from dataplane.daemon.metrics import (DECLARED, ENGINE_COUNTERS, FAMILY_LABELLED, FIXED_FAMILY,
                                       STANDARD, MetricsSource, engine_reason, make_registry)
 from dataplane.daemon.state import DaemonSource
-from dataplane.engine import choice, engine_class, multi
+from dataplane.engine import bpf_contract, choice, engine_class, multi
 from dataplane.engine.api import STAT_NAMES, V6_SHARES
 from dataplane.host.udpsock import open_udp_sockets
 from dataplane.testbed.overlay import parse_metrics
@@ -36,6 +36,12 @@ class FullSource(MetricsSource):
 
     def engine_queue_stats(self):
         return self.per_queue
+
+    def kernel_counters(self):
+        return {name: i for i, name in enumerate(bpf_contract.COUNTER_NAMES)}
+
+    def datapath(self):
+        return "kernel"
 
     def engine_info(self):
         return {"engine": "c", "reason": engine_reason("requested with --engine c"),
@@ -114,8 +120,9 @@ def test_every_engine_counter_has_a_declared_series():
     declared = {f.name: f for f in DECLARED}
     for stat, (family, value) in ENGINE_COUNTERS.items():
         f = declared[family]
-        assert f.type == "counter" and f.labels[-1] == "queue", stat
-        assert (value is None) == (len(f.labels) == 1), stat
+        assert f.type == "counter" and "queue" in f.labels, stat
+        # datapath: engine for these, kernel for the kernel path's (daemon/metrics_kernel.py)
+        assert (value is None) == (len([x for x in f.labels if x != "datapath"]) == 1), stat
         # a series of the family label has an IPv6 share or says its one family
         assert ("family" in f.labels) == (family in FAMILY_LABELLED), stat
         if family in FAMILY_LABELLED:
@@ -192,9 +199,9 @@ def test_the_family_label_splits_a_counter_by_its_ipv6_share():
     reg = make_registry(source, standard=False)
 
     def served(name, **labels):
-        return {f: reg.get_sample_value(f"flannel_udp_{name}_total", dict(labels, family=f,
-                                                                       queue="0"))
-                for f in ("ipv4", "ipv6", "other")}
+        dp = {} if name == "icmp_sent" else {"datapath": "engine"}
+        return {f: reg.get_sample_value(f"flannel_udp_{name}_total", dict(
+            labels, family=f, queue="0", **dp)) for f in ("ipv4", "ipv6", "other")}
     assert served("packets", path="tun_rx") == {"ipv4": 7, "ipv6": 3, "other": None}
     assert served("bytes", path="udp_tx") == {"ipv4": 500, "ipv6": 400, "other": None}
     assert served("drops", reason="ttl") == {"ipv4": 0, "ipv6": 5, "other": None}
@@ -279,9 +286,11 @@ def test_a_real_two_queue_engine_is_labelled_by_queue(engine_kind):
         declared = {f.name: f.labels for f in DECLARED}
         want = {}
         for stat, (family, value) in ENGINE_COUNTERS.items():
-            other = [x for x in declared[family] if x not in ("queue", "family")]
+            other = [x for x in declared[family] if x not in ("queue", "family", "datapath")]
             for q, st in enumerate(per_queue):
-                labels = dict(zip(other, [value]), queue=str(q))
+                labels = dict(zip(other, [value]), queue=str(q),
+                              **({"datapath": "engine"} if "datapath" in declared[family]
+                                 else {}))
                 if family not in FAMILY_LABELLED:
                     want[(family, tuple(sorted(labels.items())))] = st[stat]
                     continue

@@ -1,0 +1,266 @@
+"""The kernel path (bpf_path.py KernelPath) in front of a slow-path engine, seen as one Engine.
+
+The tc programs carry what they can in the kernel; whatever they hand on reaches the engine
+behind them (a MultiEngine of C or Python queues), which answers it as it does alone. Callers
+keep talking to one Engine (api.py), and this wrapper gives each call to both:
+
+* the route table: ``table_type`` is :class:`KernelTable`, the slow engine's table beside the
+  routes as a dict by subnet, derived from a change in the same call (``updated``), so a peer
+  change builds its routes once; ``set_table`` publishes the slow engine's part and writes the
+  programs' maps (KernelPath.set_routes: only what changed is written);
+* own sources (``set_local``), the strict rule, accept_any: both, the programs through
+  KernelPath.configure, with what the engine was made with (own PublicIP, port, flannel0's MTU)
+  and the lease's subnets as set_local last gave them (a lease move gives new ones);
+* ``start``: the slow engine, then the programs attached (flannel0's egress, the external
+  interface's ingress; KernelPath.attach replaces a filter at our handle and priority, so a
+  successor's attach takes a handed-over daemon's place with no gap). Where the attach fails
+  and the path was not asked for by name (``required`` False), the slow engine forwards alone
+  and ``kernel_why`` says why; ``on_attach`` runs just before the attach (host/assembly.py:
+  the external interface's tunnel segmentation);
+* ``stop`` stops the slow engine only: the programs go on (a handover's switch);
+  ``close`` detaches them when this engine owns its KernelPath (``owns_path``; then
+  ``on_detach`` puts the segmentation back), else the owner does (the daemon's shutdown,
+  which leaves them attached for a successor);
+* ``stats`` are the slow engine's; ``kernel_counters`` the programs' (KernelPath.counters).
+
+Everything else (queues, heartbeats, trace, offloads) is the slow engine's, by delegation.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+
+from .api import ICMP_BURST_DEFAULT, Engine
+
+log = logging.getLogger(__name__)
+_TABLE_TYPES: dict = {}
+_SERIALS = itertools.count(1)
+
+
+def remove_stale_filter(ext_ifindex: int) -> bool:
+    """Our ingress filter removed from the external interface (``ext_ifindex``, the caller's
+    network namespace) where a kernel path that did not detach left it (a process killed):
+    it would decapsulate the peers' datagrams into a flannel0 that is gone, and an engine
+    running alone would never see one. True when there was one; False too without libbpf
+    (then nothing of ours can be attached)."""
+    from .bpf_lib import BpfLibError, lib, sized
+    from .bpf_path import TC_HANDLE, TC_PRIORITY
+    try:
+        bpf = lib()
+    except BpfLibError:
+        return False
+    hook = sized("struct bpf_tc_hook")
+    hook.ifindex, hook.attach_point = ext_ifindex, bpf.BPF_TC_INGRESS
+    opts = sized("struct bpf_tc_opts")
+    opts.handle, opts.priority = TC_HANDLE, TC_PRIORITY
+    return bpf.bpf_tc_detach(hook, opts) == 0
+
+
+class KernelTable:
+    """A slow engine's route table (``slow``) and the same routes by subnet (``routes``), made
+    together from one change; immutable like the tables it wraps. ``serial`` numbers it,
+    ``change`` is (the serial of the table it was derived from, removed, added), or None for
+    one made whole: the programs are given the change when they hold that table."""
+    __slots__ = ("slow", "routes", "serial", "change")
+    slow_type: type = None
+
+    def __init__(self, slow, routes: dict, change=None):
+        self.slow, self.routes, self.change = slow, routes, change
+        self.serial = next(_SERIALS)
+
+    @classmethod
+    def over(cls, slow_type: type) -> type:
+        """The table type of a KernelEngine over engines whose table type is ``slow_type``
+        (one class per slow type)."""
+        made = _TABLE_TYPES.get(slow_type)
+        if made is None:
+            made = _TABLE_TYPES[slow_type] = type(f"Kernel{slow_type.__name__}", (cls,),
+                                                  {"__slots__": (), "slow_type": slow_type})
+        return made
+
+    @classmethod
+    def of(cls, routes=()):
+        routes = list(routes)
+        slow = cls.slow_type.of(routes)         # checks them: nothing is built if refused
+        return cls(slow, {r.subnet: r for r in routes})
+
+    def updated(self, removed=(), added=()):
+        removed, added = list(removed), list(added)
+        slow = self.slow.updated(removed, added)
+        routes = dict(self.routes)
+        for subnet in removed:
+            routes.pop(subnet, None)
+        routes.update((r.subnet, r) for r in added)
+        return type(self)(slow, routes, (self.serial, removed, added))
+
+    def __len__(self) -> int:
+        return len(self.slow)
+
+
+class KernelEngine(Engine):
+    """``slow`` (an Engine, usually a MultiEngine) behind ``kpath`` (a KernelPath, loaded), for
+    flannel0 (``tun_ifindex``) and the external interface (``ext_ifindex``); ``own_ip`` and
+    ``port`` are the datagrams' outer address and port. ``kpath`` None: the slow engine alone
+    behind this interface (the table type stays)."""
+
+    def __init__(self, slow, kpath, *, tun_ifindex: int, ext_ifindex: int, own_ip, port: int,
+                 required: bool = False, owns_path: bool = True, on_attach=None,
+                 on_detach=None, kernel_why: str = ""):
+        super().__init__(slow.tun_fd, slow.udp_fds[4], slow.tun_addr, slow.mtu, slow.batch,
+                         slow.accept_any)
+        self.slow, self.kpath = slow, kpath
+        self.name = slow.name
+        self.table_type = KernelTable.over(slow.table_type)
+        self.forwards_in_python = slow.forwards_in_python
+        self.tun_ifindex, self.ext_ifindex = tun_ifindex, ext_ifindex
+        self.own_ip, self.port = own_ip, int(port)
+        self.required, self.owns_path = required, owns_path
+        self.on_attach, self.on_detach = on_attach, on_detach
+        self.kernel_why = kernel_why      # why the programs do not run, when they do not
+        self.attached = False
+        self._subnets: list = []
+        self._strict = False
+        self._closed = False
+        self._refused = False
+        self._written = None              # the serial of the table the programs hold
+        self._configure()
+
+    # what the slow engine has and this wrapper does not change
+    def __getattr__(self, name):
+        if name == "slow":                # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.slow, name)
+
+    def __len__(self) -> int:
+        return len(self.slow)
+
+    @property
+    def in_kernel(self) -> bool:
+        """Whether the programs forward (loaded, configured and attached)."""
+        return self.kpath is not None and self.attached
+
+    def _configure(self) -> None:
+        if self.kpath is not None:
+            self.kpath.configure(own_ip=self.own_ip, port=self.port, mtu=self.mtu,
+                                 own_subnets=self._subnets, strict=self._strict,
+                                 accept_any=self.accept_any)
+
+    # ---- the calls given to both -----------------------------------------------------------
+
+    def set_table(self, table) -> None:
+        self.slow.set_table(table.slow)
+        if self.kpath is None:
+            return
+        try:
+            if table.change is not None and table.change[0] == self._written and \
+                    not self._refused:
+                self.kpath.change_routes(table.change[1], table.change[2])
+            else:
+                self.kpath.set_routes(table.routes.values())
+        except RuntimeError as e:           # KernelPathError: routes the programs cannot hold
+            self._routes_refused(table, e)
+        self._written = table.serial
+
+    def _routes_refused(self, table, e) -> None:
+        """The programs get the routes over the IPv4 underlay only (a loader without the IPv6
+        underlay): the others find no route there and go on to the engine, which has them."""
+        if not self._refused:
+            log.warning("kernel path: %s; the engine carries what the programs cannot", e)
+            self._refused = True
+        self.kpath.set_routes([r for r in table.routes.values() if r.peer_ip.version == 4])
+
+    def set_local(self, own_subnets, addrs) -> None:
+        own_subnets, addrs = list(own_subnets), list(addrs)
+        self.slow.set_local(own_subnets, addrs)
+        self._subnets = own_subnets
+        if self.kpath is not None:
+            self.kpath.set_local(addrs)
+            self._configure()
+
+    def set_strict_sources(self, enable: bool) -> None:
+        self.slow.set_strict_sources(enable)
+        self._strict = bool(enable)
+        self._configure()
+
+    def start(self) -> None:
+        self.slow.start()
+        if self.kpath is None:
+            return
+        try:
+            if self.on_attach is not None:
+                self.on_attach()
+            self.kpath.attach(self.tun_ifindex, self.ext_ifindex)
+            self.attached = True
+        except (OSError, RuntimeError) as e:   # KernelPathError, BpfLibError, an ioctl's
+            if self.required:
+                self.slow.stop()
+                raise
+            self.kernel_why = f"attaching the programs failed: {e}"
+            log.warning("kernel path: not used: %s; the %s engine forwards alone",
+                        self.kernel_why, self.name)
+            self._drop_path()
+
+    def _drop_path(self) -> None:
+        kpath, self.kpath = self.kpath, None
+        if self.owns_path:
+            kpath.close()
+            if self.on_detach is not None:
+                self.on_detach()
+
+    def stop(self) -> None:
+        self.slow.stop()
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self.slow.join(timeout)
+
+    def ended(self):
+        return self.slow.ended()
+
+    def on_end(self, callback) -> None:
+        self.slow.on_end(lambda _slow: callback(self))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.slow.close()
+        finally:
+            if self.kpath is not None and self.owns_path:
+                self._drop_path()
+
+    # ---- the slow engine's -----------------------------------------------------------------
+
+    def stats(self) -> dict:
+        return self.slow.stats()
+
+    def kernel_counters(self) -> dict | None:
+        """The programs' counters (bpf_contract.COUNTER_NAMES), None when they do not run."""
+        return self.kpath.counters() if self.in_kernel else None
+
+    def heartbeat(self) -> int:
+        return self.slow.heartbeat()
+
+    def offloads_in_use(self) -> int:
+        return self.slow.offloads_in_use()
+
+    def set_icmp_limit(self, rate: int, burst: int = ICMP_BURST_DEFAULT) -> None:
+        self.slow.set_icmp_limit(rate, burst)
+
+    def set_coalesce(self, usecs: int) -> None:
+        self.slow.set_coalesce(usecs)
+
+    def set_tun_addr(self, addr) -> None:
+        self.slow.set_tun_addr(addr)
+
+    def set_udp(self, version: int, fd) -> None:
+        self.slow.set_udp(version, fd)
+
+    def set_offloads(self, flags: int) -> None:
+        self.slow.set_offloads(flags)
+
+    def trace(self, enable: bool) -> None:
+        self.slow.trace(enable)
+
+    def trace_events(self, after: int = 0) -> list:
+        return self.slow.trace_events(after)
