@@ -268,6 +268,7 @@ class Daemon:
         gc.freeze()
         sd_notify(f"READY=1\nSTATUS=forwarding for {st.lease.subnet}")
         self._ready = True
+        st.phase = "running"
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s, %d queue(s)",
                  st.dataplane.tun_name, st.lease.subnet, len(st.peers[4]), st.engine.name,
                  st.dataplane.queues)
@@ -453,6 +454,7 @@ class Daemon:
         # The engine stops last: until then it forwards, and under systemd's fd store the next
         # process reads the queues from where it stopped.
         st, succession = self.state, self.succession
+        st.phase = "stopping"
         succession.stop_reconciling()
         steps([
             ("end the peer watch's unused process",
