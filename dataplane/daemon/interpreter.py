@@ -13,8 +13,9 @@ Every report's thread shares the interpreter lock with that work. Two things hel
   a lease: possibly hours) it runs as usual: waiting costs nobody.
 * the switch interval: a thread that wants the lock waits for up to it (5 ms by default) while
   another runs bytecode, and one answer takes the lock back after each of its syscalls (accept,
-  read, the worker's queue, write...). At 0.5 ms, a report waits a tenth of that; the busy
-  thread gives the lock up more often only while another one asks for it.
+  read, the worker's queue, write...). From the start on (a burst of lease events later is the
+  same work), 0.5 ms, as the Python engine's daemon has it: a report waits a tenth of that; the
+  busy thread gives the lock up more often only while another one asks for it.
 """
 from __future__ import annotations
 
