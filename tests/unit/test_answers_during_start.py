@@ -63,3 +63,48 @@ def test_metrics_still_serve_the_process_families():
     for family in ("process_cpu_seconds_total", "process_resident_memory_bytes",
                    "process_open_fds", "python_gc_objects_collected_total"):
         assert f"\n{family}" in text or text.startswith(family), family
+
+
+class Odd:
+    """Families with what the text format escapes, and the kinds generate_latest renames."""
+
+    def __init__(self):
+        self.value = 1.0
+
+    def collect(self):
+        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                            InfoMetricFamily, StateSetMetricFamily)
+        g = GaugeMetricFamily("odd_gauge", 'help with \\ and\na newline', labels=["b", "a"])
+        g.add_metric(['quote " and \\ and\nnewline', "x"], self.value)
+        g.add_metric(["é", "y"], float("inf"))
+        yield g
+        c = CounterMetricFamily("odd_things", "a counter", labels=["queue"])
+        c.add_metric(["0"], self.value * 3)
+        yield c
+        yield InfoMetricFamily("odd_build", "an info", value={"version": "1.2"})
+        yield StateSetMetricFamily("odd_state", "a state set", value={"up": True, "down": False})
+
+
+def test_metrics_text_is_generate_latest_byte_for_byte():
+    from prometheus_client import CollectorRegistry, PlatformCollector
+
+    from dataplane.daemon.metrics_text import MetricsText
+    reg = make_registry(MetricsSource(), standard=False)
+    odd = Odd()
+    reg.register(odd)
+    PlatformCollector(registry=reg)
+    text = MetricsText()
+    for value in (1.0, 2.5, 1e21, float("nan")):        # the kept series, new values
+        odd.value = value
+        assert text.render(reg) == generate_latest(reg)
+    # what it does not format itself (a timestamp, OpenMetrics' _created) is generate_latest's
+    from prometheus_client.core import CounterMetricFamily
+    stamped = CollectorRegistry()
+
+    class Stamped:
+        def collect(self):
+            c = CounterMetricFamily("stamped", "with a time", created=1000.0)
+            c.add_metric([], 1.0, timestamp=5.0)
+            yield c
+    stamped.register(Stamped())
+    assert text.render(stamped) == generate_latest(stamped)
