@@ -52,8 +52,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, cpu_s, children, first_replies,  # noqa: E402
-                         pss_kb, rss_kb)
+from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, compiled, cpu_s, children,  # noqa: E402
+                         first_replies, pss_kb, rss_kb)
 from dataplane.testbed.answer_times import AnswerTimes, summary  # noqa: E402
 from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay, OverlayError  # noqa: E402
@@ -380,6 +380,7 @@ def main() -> int:
         print("--burst must be within 1..--peers", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupted)     # the overlays' teardown runs on the way out
+    compiled()                                      # as installed: with its byte code
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[:3]
     t_all = time.monotonic()
