@@ -92,9 +92,8 @@ class PeerWatcher:
         # subnet -> (its key, PublicIP, why): valid leases that are no route (a PublicIP claimed twice)
         self._conflicts: dict[IPv4Network, tuple[str, IPv4Address, str]] = {}
         self._bad: dict[str, str] = {}         # key -> problem, for keys that are no usable lease
-        # bad()'s answer, made under _lock whenever what it reads may have changed and replaced
-        # whole: /metrics reads it without waiting for _lock, which a listing of 16,000 leases
-        # holds for a quarter of a second (perf/README.md#answers-during-start)
+        # bad()'s answer, replaced whole under _lock: /metrics needs no _lock, which a 16,000-lease
+        # listing holds for a quarter of a second (perf/README.md#answers-during-start)
         self._bad_view: dict[str, str] = {}
         self._bad_seen = 0                     # distinct (key, problem) seen since start
         self.on_change = on_change
