@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.abspath(_TREE))
 
 from dataplane.host.child import cli_argv  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
-from perf.lease_burst import CONFIG, PRELOAD_BASE, leases, wait_file  # noqa: E402
+from perf.lease_burst import CONFIG, PRELOAD_BASE, compiled, leases, wait_file  # noqa: E402
 
 # Run in the daemon's process: cProfile from the start, dumped when READY=1 goes out.
 _PROFILED = """
@@ -83,6 +83,7 @@ def main() -> int:
     ap.add_argument("--profile", metavar="FILE", help="cProfile the daemon until READY=1")
     ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
     a = ap.parse_args()
+    compiled()                          # the daemon as installed: with its byte code
     env_s, ready_s = [], []
     with Overlay(hosts=0, engine=a.engine, config=CONFIG) as ov:
         ov.lease_writer().put(leases(PRELOAD_BASE, 0, a.peers), txn=100)

@@ -52,8 +52,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, cpu_s, children, first_replies,  # noqa: E402
-                         pss_kb, rss_kb)
+from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, compiled, cpu_s, children,  # noqa: E402
+                         first_replies, pss_kb, rss_kb)
 from dataplane.testbed.answer_times import AnswerTimes, summary  # noqa: E402
 from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay, OverlayError  # noqa: E402
@@ -66,6 +66,7 @@ NO_LEASE = "10.249.0.1"             # an address no lease covers: the sweep's co
 STREAM_INTERVAL = 0.005
 ON_LINK = "172.31.255.254/12"       # covers every fake PublicIP (lease_writer.fake_leases)
 DIRECT_CONFIG = dict(CONFIG, Backend={"Type": "udp", "DirectRouting": True})
+GIL_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gil_probe")
 IDLE_SETTLE_S, IDLE_S = 2.0, 5.0
 
 # figure: (its name, target, unit); a target None is given for information
@@ -90,6 +91,9 @@ direct_start_to_ready_s      | 1   | s  | DirectRouting: fresh start -> READY
 direct_routes_missing        | 0   |    | DirectRouting: N less the kernel's direct routes at READY
 direct_start_to_all_routes_s | 1   | s  | DirectRouting: fresh start -> every direct route in
 direct_routes_per_s          | -   | /s | DirectRouting: direct routes added per second after READY
+gil_held_max_ms              | -   | ms | --gil-probe: the longest a report waited for the interpreter (a daemon's busy thread)
+gil_held_over_10ms           | -   |    | --gil-probe: waits over 10 ms (the three daemons)
+gc_max_ms                    | -   | ms | --gil-probe: the longest garbage collection (the three daemons)
 """
 # {figure: (its name, target or None, unit)}
 TARGETS = {key: (name, None if target == "-" else float(target), unit)
@@ -117,9 +121,42 @@ def later(ts, t0):
     return round(max(ts) - t0, 3)
 
 
-def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask: bool = True) -> dict:
+def gil_probe(out_dir: str | None) -> None:
+    """The daemons started from now on count their waits for the interpreter into ``out_dir``
+    (perf/gil_probe/sitecustomize.py); None: no more."""
+    os.environ.pop("FLANNEL_UDP_GIL_PROBE", None)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != GIL_PROBE]
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        os.environ["FLANNEL_UDP_GIL_PROBE"] = out_dir
+        paths.insert(0, GIL_PROBE)
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+
+
+def gil_figures(out_dir: str, pids) -> dict:
+    """What the probes of the daemons ``pids`` counted (the waits of their whole run)."""
+    docs = []
+    for pid in pids:
+        try:
+            with open(os.path.join(out_dir, f"{pid}.json")) as f:
+                docs.append(json.load(f))
+        except (OSError, ValueError):
+            pass
+    if not docs:
+        return {}
+    return {"gil_held_max_ms": max((w[0] for d in docs for w in d["waits"]), default=0.0),
+            "gil_held_over_10ms": sum(d["counts"]["held_over_10ms"] for d in docs),
+            "gc_max_ms": max((c[0] for d in docs for c in d["gc"]), default=0.0),
+            "gil_probe": {d["pid"]: {"counts": d["counts"], "held_late_ms": d["waits"][:5],
+                                     "gc_ms": d["gc"][:5], "gc_total_ms": d["gc_total_ms"]}
+                          for d in docs}}
+
+
+def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask: bool = True,
+             probe_dir: str | None = None) -> dict:
     args = (f"-v={verbose}",) if verbose else ()
     out: dict = {}
+    gil_probe(probe_dir)
     with Overlay(hosts=0, engine=engine, config=CONFIG, daemon_args=args) as ov:
         writer = ov.lease_writer()
         writer.put(fake_leases(PRELOAD_BASE, n - burst), txn=100)
@@ -200,6 +237,10 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         errors = [line for d in ov.daemons.values() for line in d.log_text().splitlines()
                   if " ERROR " in line or "Traceback" in line]
         out["daemon_errors"] = errors[:5]
+        pids = [d.pid for d in ov.daemons.values()]
+    gil_probe(None)
+    if probe_dir is not None:               # the daemons wrote theirs as they exited
+        out.update(gil_figures(probe_dir, pids))
     return out
 
 
@@ -239,7 +280,10 @@ def one_run(engine: str, a) -> dict:
     --timeout) is noted as the run's "error" and counts as over in every figure it lacks."""
     r: dict = {}
     try:
-        r.update(run_main(engine, a.peers, a.burst, a.timeout, a.v, ask=not a.no_ask))
+        probe = (None if a.gil_probe is None
+                 else os.path.join(a.gil_probe, f"{engine}-{time.strftime('%H%M%S')}"))
+        r.update(run_main(engine, a.peers, a.burst, a.timeout, a.v, ask=not a.no_ask,
+                          probe_dir=probe))
         if not a.no_direct:
             r.update(run_direct(engine, a.peers, a.timeout, a.direct_wait, a.v))
     except (OverlayError, RuntimeError, OSError, subprocess.SubprocessError) as e:
@@ -318,6 +362,10 @@ def main() -> int:
                      help="ask no /metrics nor status (what the questions cost the start: A/B)")
     how.add_argument("--direct-wait", type=float, default=20.0,
                      help="how long after READY to wait for every direct route (default 20 s)")
+    how.add_argument("--gil-probe", default=None, metavar="DIR",
+                     help="count each daemon's waits for the interpreter and its garbage "
+                          "collections into DIR (perf/gil_probe; its thread costs ~1%% of CPU: "
+                          "the idle CPU figure is not the daemon's then)")
     ap.add_argument("--json", default=None, help="write the runs and the table's figures here")
     ap.add_argument("--table", default=None, metavar="JSON", help="only print the table of a saved run")
     a = ap.parse_args()
@@ -332,6 +380,7 @@ def main() -> int:
         print("--burst must be within 1..--peers", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupted)     # the overlays' teardown runs on the way out
+    compiled()                                      # as installed: with its byte code
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[:3]
     t_all = time.monotonic()

@@ -92,6 +92,9 @@ class PeerWatcher:
         # subnet -> (its key, PublicIP, why): valid leases that are no route (a PublicIP claimed twice)
         self._conflicts: dict[IPv4Network, tuple[str, IPv4Address, str]] = {}
         self._bad: dict[str, str] = {}         # key -> problem, for keys that are no usable lease
+        # bad()'s answer, replaced whole under _lock: /metrics needs no _lock, which a 16,000-lease
+        # listing holds for a quarter of a second (perf/README.md#answers-during-start)
+        self._bad_view: dict[str, str] = {}
         self._bad_seen = 0                     # distinct (key, problem) seen since start
         self.on_change = on_change
         self.retry_interval = retry_interval
@@ -156,9 +159,12 @@ class PeerWatcher:
     def bad(self) -> dict[str, str]:
         """{key: problem} of the keys under the subnets prefix that are skipped now: keys that
         are no lease, and leases in conflict."""
-        with self._lock:
-            return {**self._bad, **self._claims.conflicts,
-                    **{key: why for key, _, why in self._conflicts.values()}}
+        return self._bad_view
+
+    def _publish_bad(self) -> None:
+        """bad()'s answer as it is now; caller holds _lock."""
+        self._bad_view = {**self._bad, **self._claims.conflicts,
+                          **{key: why for key, _, why in self._conflicts.values()}}
 
     @property
     def bad_total(self) -> int:
@@ -246,6 +252,7 @@ class PeerWatcher:
                 change = self._publish(full=True)
                 if not stale:
                     self._set_bad(problems, replace=True, own=own)
+                self._publish_bad()
             self.snapshots += 1
             self._emit(change, always)
         self.ready.set()
@@ -311,6 +318,7 @@ class PeerWatcher:
                 self._set_bad({}, replace=False, own=own, cleared=[ev.key])
                 self._moved(self._claims.put(lease))
             self.revision = revision
+            self._publish_bad()
 
     def _moved(self, changed: dict) -> None:
         """The held subnets whose lease changed (``{subnet: the lease it had}``): the old lease
@@ -384,6 +392,7 @@ class PeerWatcher:
         after = PeerSnapshot.of(self._claims.held, self._own, skip=self._conflicts)
         change = PeerChange.between(self._current, after, None if full else touched)
         self._current = change.snapshot
+        self._publish_bad()
         if not full:
             self.batches += 1
         return change

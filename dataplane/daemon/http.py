@@ -48,10 +48,11 @@ from socket import SHUT_WR, socketpair
 from time import monotonic
 from urllib.parse import parse_qsl, urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..engine import ipv4, ipv6
 from .metrics import MetricsSource, make_registry
+from .metrics_text import MetricsText
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +224,7 @@ class HttpServer:
         self.source = source
         self.paths = set(paths)
         self.registry = make_registry(source)
+        self.metrics_text = MetricsText()     # generate_latest's text, each series' labels kept
         self.request_timeout = request_timeout
         self.max_connections = max_connections
         outer = self
@@ -257,7 +259,8 @@ class HttpServer:
                 if u.path == "/readyz" and "healthz" in outer.paths:
                     return self._readyz()
                 if u.path == "/metrics" and "metrics" in outer.paths:
-                    return self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
+                    return self._send(200, outer.metrics_text.render(outer.registry),
+                                      CONTENT_TYPE_LATEST)
                 if u.path == "/debug/trace" and "trace" in outer.paths:
                     return self._trace(u)
                 self._send(404, b"404 page not found\n")

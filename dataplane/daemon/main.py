@@ -69,7 +69,6 @@ source is not in the sending lease's subnet (drop_inner_foreign): docs/threat-mo
 """
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 import threading
@@ -82,6 +81,7 @@ from ..host.own_sources import OwnSources
 from . import handover, inherited, lease_move, preflight, signals, startup, status, takeover
 from .blackhole_route import BlackholeRoute
 from .host_forwarding import HostForwarding
+from .interpreter import StartInterpreter
 from .lease_keeper import LeaseKeeper
 from .liveness import Liveness
 from .monitor import MONITOR_PERIOD_S, Monitor
@@ -147,9 +147,12 @@ class Daemon:
         # what `flannel-udp status` reads, with the last warnings (daemon/status.py)
         self.status_server = None
         self.warnings = status.WarningRing()
+        # the collector paused and a short switch interval while starting (daemon/interpreter.py)
+        self.interpreter = StartInterpreter()
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
+        self.interpreter.begin()
         self.warnings.install()
         self._old_handlers = signals.install(stop=self.stop, reacquire=self.lease_keeper.reacquire,
                                              upgrade=self._upgrade, wake=self._wake)
@@ -164,6 +167,7 @@ class Daemon:
                 return 1
             return self._serve()
         finally:
+            self.interpreter.ready()
             self._shutdown()
             signals.restore(self._old_handlers)
 
@@ -180,13 +184,14 @@ class Daemon:
             sd_notify(f"EXTEND_TIMEOUT_USEC={int((seconds + START_WAIT_MARGIN_S) * 1e6)}\n"
                       "STATUS=waiting for etcd and the network config (the journal says what "
                       "is missing)")
-        while True:
-            self.state.liveness.tick(ping=self.succession.successor is None, serving=False)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self._stop.wait(min(left, MONITOR_PERIOD_S)):
-                raise Stopped()
+        with self.interpreter.waiting():
+            while True:
+                self.state.liveness.tick(ping=self.succession.successor is None, serving=False)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                if self._stop.wait(min(left, MONITOR_PERIOD_S)):
+                    raise Stopped()
 
     # ------------------------------------------------------------------ startup
     def _startup(self):
@@ -265,10 +270,12 @@ class Daemon:
             self.handover_server = startup.listen_for_handover(o.handover_socket, self.succession)
         # What startup made (modules, the first peer set) lives as long as the daemon: out of
         # the collector's sight, a full collection no longer walks it, and the Python engine's
-        # packets no longer wait that out (docs/design.md#fig-gc-freeze).
-        gc.freeze()
+        # packets no longer wait that out (docs/design.md#fig-gc-freeze); the collector, paused
+        # while starting, runs again (daemon/interpreter.py).
+        self.interpreter.ready()
         sd_notify(f"READY=1\nSTATUS=forwarding for {st.lease.subnet}")
         self._ready = True
+        st.phase = "running"
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s%s, %d queue(s)",
                  st.dataplane.tun_name, st.lease.subnet, len(st.peers[4]), st.engine.name,
                  " behind the kernel path" if st.kernel and st.kernel.in_kernel else "", st.dataplane.queues)
@@ -502,6 +509,7 @@ class Daemon:
         # The engine stops last: until then it forwards, and under systemd's fd store the next
         # process reads the queues from where it stopped.
         st, succession = self.state, self.succession
+        st.phase = "stopping"
         succession.stop_reconciling()
         steps([
             ("end the peer watch's unused process",

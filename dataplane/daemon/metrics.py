@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from .. import __version__
 from . import metrics_kernel
 from ..engine.contract import V6_SHARES
+from .cached_collector import CachedCollector
 
 log = logging.getLogger(__name__)
 
@@ -590,7 +591,8 @@ def make_registry(source: MetricsSource, *, standard: bool = True) -> CollectorR
     reg = CollectorRegistry(auto_describe=False)
     reg.register(DaemonCollector(source))
     if standard:
-        ProcessCollector(registry=reg)
+        # /proc read once a second at most: a scrape's syscalls wait for the interpreter lock
+        reg.register(CachedCollector(ProcessCollector(registry=None)))
         PlatformCollector(registry=reg)
         GCCollector(registry=reg)
     return reg

@@ -64,6 +64,8 @@ class DaemonState:
     offloads: object = None             # host/offload.py Offloads
     forwarding: object = None           # daemon/host_forwarding.py HostForwarding
     underlay_fallback: object = None    # daemon/underlay_fallback.py, when it probes
+    # "starting" until READY=1, "running", then "stopping" (the reports answer in every phase)
+    phase: str = "starting"
 
     def current_lease(self):
         """The lease manager's newest lease (renewed, re-acquired), else the one the host is on."""
@@ -210,11 +212,22 @@ class DaemonSource(MetricsSource):
             checks["lease"] = "no lease acquired yet"
         elif lease.expiration and lease.expiration <= time.time():
             checks["lease"] = f"lease {lease.subnet} expired at {when(lease.expiration)}"
-        ended = engine.ended() if engine is not None else {}
+        try:
+            ended = engine.ended() if engine is not None else {}
+        except RuntimeError:
+            # the main thread is starting its loop: the thread is made and not started yet,
+            # which threading cannot join(0), not even to ask (engine/api.py Engine.join)
+            ended = None
         if engine is None:
             checks["engine"] = "not started yet"
+        elif ended is None:
+            checks["engine"] = "starting"
         elif any(why.tun_gone for why in ended.values()):
             checks["engine"] = f"{d.dataplane.tun_name} was deleted"
+        elif (ended and d.phase == "starting"
+              and all(why.why == "stopped" for why in ended.values())):
+            # made, its routes going in (daemon/main.py step 9), its loops not started yet
+            checks["engine"] = "starting"
         elif ended:
             checks["engine"] = f"queue(s) {', '.join(map(str, ended))} stopped"
         if watch is None:

@@ -85,6 +85,7 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
         "pid": os.getpid(),
         "version": __version__,
         "time": time.time(),
+        "phase": state.phase,           # starting (until READY), running, stopping
         # empty checks = nothing reported yet, which /readyz takes as not ready too
         "ready": bool(checks) and all(v is None for v in checks.values()),
         "checks": checks,
@@ -133,6 +134,18 @@ def document(state, src, warnings: WarningRing | None = None) -> dict:
     }
 
 
+def partial_document(state, error: Exception) -> dict:
+    """What the status says when :func:`document` failed: the facts read without the reports'
+    source, and the error (``ready`` False: nothing checked)."""
+    lease = state.lease
+    return {"pid": os.getpid(), "version": __version__, "time": time.time(),
+            "phase": state.phase, "ready": False, "checks": {},
+            "lease": None if lease is None else {"subnet": str(lease.subnet)},
+            "tun": state.dataplane.tun_name,
+            "error": f"{type(error).__name__}: {error}",
+            "warnings": []}
+
+
 class StatusServer(UnixListener):
     """Serves :func:`document` on ``path``, one connection at a time (each is one short write)."""
     backlog = 8
@@ -142,6 +155,7 @@ class StatusServer(UnixListener):
         super().__init__(path)
         self.state, self.source = state, source
         self.warnings = warnings
+        self.failures = 0               # documents that could not be made: a bug each
 
     def start(self) -> "StatusServer":
         self.listen()
@@ -151,7 +165,7 @@ class StatusServer(UnixListener):
     def handle(self, conn) -> bool:
         try:
             self._serve(conn)
-        except Exception as e:      # one bad client must not end the server
+        except OSError as e:        # the client's: gone, or not reading
             log.debug("status client: %s", e)
         finally:
             conn.close()
@@ -163,8 +177,24 @@ class StatusServer(UnixListener):
             log.warning("status: refused uid %d (pid %d)", uid, pid)
             return
         conn.settimeout(SEND_TIMEOUT_S)
-        doc = document(self.state, self.source, self.warnings)
-        conn.sendall(json.dumps(doc, default=str).encode() + b"\n")
+        conn.sendall(self.answer())
+
+    def answer(self) -> bytes:
+        """The document as sent; whatever part of the state it could not read, an answer that
+        says so with what is known (never a closed connection without one)."""
+        try:
+            return json.dumps(document(self.state, self.source, self.warnings),
+                              default=str).encode() + b"\n"
+        except Exception as e:
+            # a bug of ours, not the client's: said once with where it is, then counted
+            self.failures += 1
+            if self.failures == 1:
+                log.warning("status: the document could not be made (%s); answering what is "
+                            "known. Please report this with the traceback", e, exc_info=True)
+            else:
+                log.debug("status: the document could not be made (%s), %d time(s)", e,
+                          self.failures)
+            return json.dumps(partial_document(self.state, e), default=str).encode() + b"\n"
 
 
 def listen(path: str, state, source,

@@ -40,6 +40,7 @@ def daemon(tmp_path):
     d.state.engine = SimpleNamespace(ended=lambda: {})
     d.state.peer_watcher = SimpleNamespace(watch_loop=watch(reconnects=2, resyncs=1))
     d.state.config_watcher = SimpleNamespace(watch_loop=watch())
+    d.state.phase = "running"           # READY=1 sent: a stopped queue is not one starting
     return d
 
 

@@ -110,3 +110,21 @@ def test_an_oversized_value_is_no_lease():
     assert str(small.public_ip) == "192.168.77.9"
     with pytest.raises(LeaseFormatError, match="oversized"):
         LeaseAttrs.from_json(b'{"PublicIP":"192.168.77.9","x":"' + b"a" * MAX_VALUE_BYTES + b'"}')
+
+
+def test_the_bad_keys_are_answered_while_a_listing_holds_the_watcher(watcher):
+    """/metrics counts them (flannel_udp_bad_leases) while the watcher applies a listing of
+    16,000 leases under its lock: the answer is the one made when they last changed."""
+    import threading
+    w, reg = watcher()
+    reg.send(put(7, OWN_IP, 12))
+    w.flush()
+    got = []
+    with w._lock:                       # the listing's parse, in the watch thread
+        asker = threading.Thread(target=lambda: got.append(w.bad()), daemon=True)
+        asker.start()
+        asker.join(2.0)
+        answered = not asker.is_alive()
+    asker.join(2.0)
+    assert answered, "bad() waited for the watcher's lock"
+    assert list(got[0]) == [f"{PREFIX}10.5.7.0-24"]
