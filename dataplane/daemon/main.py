@@ -278,7 +278,8 @@ class Daemon:
         st.phase = "running"
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s%s, %d queue(s)",
                  st.dataplane.tun_name, st.lease.subnet, len(st.peers[4]), st.engine.name,
-                 " behind the kernel path" if st.kernel and st.kernel.in_kernel else "", st.dataplane.queues)
+                 " behind the kernel path" if st.kernel and st.kernel.in_kernel else "",
+                 st.dataplane.queues)
 
     def _serve_http(self, retry: bool = False):
         """/healthz, /metrics (and the rest: daemon/http.py) and the status socket."""
