@@ -101,6 +101,14 @@ def main(args) -> int:
               file=sys.stderr)
         return 2
 
+    if args.engine == "kernel":
+        # Before any output: where the programs cannot load, the reason is all there is to say.
+        from ..demo.bringup import engine_kind
+        try:
+            engine_kind("kernel")
+        except KernelPathUnavailable as e:
+            print(f"flannel-udp demo {e}", file=sys.stderr)
+            return KERNEL_UNAVAILABLE
     if args.json:
         # stdout carries exactly one JSON object; the story's progress goes to stderr.
         err = make_console(sys.stderr)
@@ -128,7 +136,7 @@ def main(args) -> int:
         print("\ninterrupted: everything the demo started has been removed", file=sys.stderr)
         return 130
     except KernelPathUnavailable as e:
-        print(f"demo --engine kernel: not run: {e}", file=sys.stderr)
+        print(f"flannel-udp demo {e}", file=sys.stderr)
         return KERNEL_UNAVAILABLE
     except Exception as e:   # DemoError, a daemon that did not come up (OverlayError), ...
         if args.verbose or not isinstance(e, (DemoError, RuntimeError, OSError)):

@@ -82,7 +82,7 @@ def start_overlay(engine: str, direct: bool, ipv6: bool = False) -> Overlay:
     except OverlayError as e:
         # The programs loaded here, but a daemon could not attach them in its namespace: forced
         # with --engine kernel, it exits with the reason, which is this demo's reason too.
-        raise KernelPathUnavailable(f"the daemons did not start with the kernel path: {e}") \
+        raise KernelPathUnavailable(f"--engine kernel: the daemons did not start with it: {e}") \
             from None
 
 
