@@ -21,13 +21,21 @@ Ctrl-C. Needs root; about 10 seconds.
                                    the packet on the kernel route host to host instead
   flannel-udp demo --ipv6          a dual-stack config (EnableIPv6): also follow an IPv6
                                    ping between the workloads through the engines
+  flannel-udp demo --engine kernel the daemons' kernel path (tc programs, the engine behind
+                                   them): the same ping, no copy, no crossing; exits 3 with
+                                   the reason where the programs cannot load here
 """
+
+#: The exit status of --engine kernel where the kernel path cannot load (the Makefile's demo
+#: target then says why and goes on).
+KERNEL_UNAVAILABLE = 3
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--engine", choices=("c", "python", "auto"), default="auto",
+    p.add_argument("--engine", choices=("kernel", "c", "python", "auto"), default="auto",
                    help="engine of both daemons for the story (default: auto = c if built); "
-                        "the batching measurement runs both engines")
+                        "the batching measurement runs both engines; kernel: the kernel path's "
+                        "tc programs in front of the engine (exit 3 where they cannot load)")
     p.add_argument("--step", action="store_true", help="wait for Enter between steps")
     p.add_argument("--json", action="store_true",
                    help="print the trace as one JSON object on stdout (no other output there)")
@@ -73,6 +81,7 @@ def main(args) -> int:
     if missing_extra("demo", "demo", ("rich",)):
         return 2
     from ..demo.render import Renderer, make_console
+    from ..demo.bringup import KernelPathUnavailable
     from ..demo.story import Demo, DemoError
 
     if not args.verbose:
@@ -82,12 +91,24 @@ def main(args) -> int:
     if missing:
         print("flannel-udp demo needs: " + "; ".join(missing), file=sys.stderr)
         return 2
+    if args.engine == "kernel" and (args.ipv6 or args.direct_routing):
+        print("flannel-udp demo: --engine kernel follows the IPv4 ping through the tc programs: "
+              "not with --ipv6 or --direct-routing", file=sys.stderr)
+        return 2
     if args.ipv6 and args.direct_routing:
         print("flannel-udp demo: --ipv6 follows the IPv6 ping through the engines, and "
               "--direct-routing follows the IPv4 one around them: use one or the other",
               file=sys.stderr)
         return 2
 
+    if args.engine == "kernel":
+        # Before any output: where the programs cannot load, the reason is all there is to say.
+        from ..demo.bringup import engine_kind
+        try:
+            engine_kind("kernel")
+        except KernelPathUnavailable as e:
+            print(f"flannel-udp demo {e}", file=sys.stderr)
+            return KERNEL_UNAVAILABLE
     if args.json:
         # stdout carries exactly one JSON object; the story's progress goes to stderr.
         err = make_console(sys.stderr)
@@ -103,6 +124,8 @@ def main(args) -> int:
         renderer.demo = demo
         renderer.c.rule("flannel-udp demo: one packet across the overlay, DirectRouting on"
                         if args.direct_routing else
+                        "flannel-udp demo: one packet across the overlay, the kernel path"
+                        if args.engine == "kernel" else
                         "flannel-udp demo: one packet across a TUN/UDP overlay",
                         characters="=" if renderer.ascii else "─")
 
@@ -112,6 +135,9 @@ def main(args) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: everything the demo started has been removed", file=sys.stderr)
         return 130
+    except KernelPathUnavailable as e:
+        print(f"flannel-udp demo {e}", file=sys.stderr)
+        return KERNEL_UNAVAILABLE
     except Exception as e:   # DemoError, a daemon that did not come up (OverlayError), ...
         if args.verbose or not isinstance(e, (DemoError, RuntimeError, OSError)):
             import traceback
@@ -121,12 +147,14 @@ def main(args) -> int:
 
     if args.out:
         from ..host.atomicfile import write_atomic
-        from ..demo import svg
+        from ..demo import svg, svg_kernel
         os.makedirs(args.out, exist_ok=True)
         write_atomic(os.path.join(args.out, "demo.json"),
                      json.dumps(result, indent=1, default=_jsonable))
         if not args.direct_routing:      # the diagram draws the path through the engines
-            svg.write(result, os.path.join(args.out, "path.svg"))
+            # or through the programs
+            (svg_kernel if result.get("datapath") == "kernel" else svg).write(
+                result, os.path.join(args.out, "path.svg"))
     if args.json:
         json.dump(result, sys.stdout, default=_jsonable)
         sys.stdout.write("\n")
@@ -139,7 +167,8 @@ def main(args) -> int:
         c.print(f"Wrote {args.out}/demo.json" + ("" if args.direct_routing else
                                                  f" and {args.out}/path.svg"))
     c.print("Again, one step at a time: flannel-udp demo --step   |   the raw trace: "
-            "flannel-udp demo --json   |   with the Python engine: --engine python",
+            "flannel-udp demo --json   |   with the Python engine: --engine python"
+            + ("" if args.engine == "kernel" else "   |   the kernel path: --engine kernel"),
             style="dim")
     return 0
 

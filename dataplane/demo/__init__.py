@@ -12,10 +12,15 @@
 * ``readings.py``, ``trace.py``  pure functions: tool output, etcd's leases
                 (``control/lease.py``'s parser), trace events and counters ->
                 the facts the steps show (a packet's leg, a timeline, costs);
-* ``steps.py``, ``steps_direct.py``  pure: the steps' ids, titles, "why"s and
-                data, through the engines and with --direct-routing;
+* ``steps.py``, ``steps_direct.py``, ``steps_kernel.py``  pure: the steps' ids,
+                titles, "why"s and data, through the engines, with
+                --direct-routing and with --engine kernel (the tc programs);
+* ``kernel_readings.py``  pure: the programs' counters out of /metrics
+                (``datapath="kernel"``) and their datagrams out of the wire tap;
 * ``render.py`` terminal output (rich; plain text when not a terminal), one
-                entry per step id; ``diagram.py`` its picture of the path;
+                entry per step id (the kernel path's in ``render_kernel.py``);
+                ``diagram.py`` its picture of the path;
 * ``svg.py``    an SVG diagram of the path with the measured values (``--out``);
+                ``svg_kernel.py`` the kernel path's;
 * ``errors.py`` ``DemoError``.
 """

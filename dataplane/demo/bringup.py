@@ -3,7 +3,8 @@
 etcd and two ``flannel-udp run`` daemons with ``--trace`` (an :class:`Overlay`), a workload
 namespace per host (``lab.py``), the wire tap on A's underlay veth, the UDP echo service in B's
 workload; later, both daemons again with the other engine. Which engine runs is the project's one
-choice (``engine/choice.py``), as the daemon itself makes it. Reading what the overlay then holds
+choice (``engine/choice.py``), as the daemon itself makes it; ``--engine kernel`` puts the kernel
+path's programs in front of it in both daemons. Reading what the overlay then holds
 is ``facts.py``.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 from ..engine.choice import (EngineChoiceError, EngineUnavailable, c_available, c_import_error,
                              choose_engine)
-from ..testbed.overlay import DEFAULT_NETWORK, Overlay
+from ..testbed.overlay import DEFAULT_NETWORK, Overlay, OverlayError
 from . import facts, lab, readings
 from .errors import DemoError
 
@@ -23,18 +24,36 @@ log = logging.getLogger(__name__)
 ECHO_SECONDS = 50               # the echo service outlives any run of the story
 
 
+class KernelPathUnavailable(DemoError):
+    """--engine kernel where the programs cannot load here (the reason, and what to do)."""
+
+
 def engine_kind(requested: str) -> str:
-    """The engine both daemons run for ``--engine requested`` (c, python, auto)."""
+    """The engine both daemons run for ``--engine requested`` (c, python, auto; kernel: the
+    kernel path, once its programs have loaded here as the daemons will load them)."""
     try:
-        return choose_engine(requested).cls.name
-    except (EngineChoiceError, EngineUnavailable) as e:
+        choice = choose_engine(requested, kernel=requested == "kernel")
+    except EngineUnavailable as e:
+        if requested == "kernel":
+            raise KernelPathUnavailable(str(e)) from None
         raise DemoError(str(e)) from None
+    except EngineChoiceError as e:
+        raise DemoError(str(e)) from None
+    if choice.kernel is not None:
+        choice.kernel.close()          # only a probe: each daemon loads its own
+        return "kernel"
+    return choice.cls.name
+
+
+def slow_engine(engine: str) -> str:
+    """The engine that forwards what the kernel path hands on (the daemon's choice for kernel)."""
+    return choose_engine("kernel").cls.name if engine == "kernel" else engine
 
 
 def engines_to_compare(engine: str, compare: bool) -> tuple[list, dict]:
     """The engines the batching measurement runs, the story's first, and why one is left out."""
     engines, skipped = [engine], {}
-    if compare:
+    if compare and engine != "kernel":
         other = "python" if engine == "c" else "c"
         if other == "python" or c_available():
             engines.append(other)
@@ -56,7 +75,15 @@ def start_overlay(engine: str, direct: bool, ipv6: bool = False) -> Overlay:
             config["Backend"]["DirectRouting"] = True
         if ipv6:
             config.update(EnableIPv6=True, IPv6Network=IPV6_NETWORK)
-    return Overlay(hosts=2, engine=engine, daemon_args=("--trace",), config=config, ipv6=ipv6)
+    if engine != "kernel":
+        return Overlay(hosts=2, engine=engine, daemon_args=("--trace",), config=config, ipv6=ipv6)
+    try:
+        return Overlay(hosts=2, engine=engine, daemon_args=("--trace",), config=config)
+    except OverlayError as e:
+        # The programs loaded here, but a daemon could not attach them in its namespace: forced
+        # with --engine kernel, it exits with the reason, which is this demo's reason too.
+        raise KernelPathUnavailable(f"--engine kernel: the daemons did not start with it: {e}") \
+            from None
 
 
 def wait_direct_routes(ov, timeout: float = 10.0) -> None:

@@ -7,12 +7,15 @@ user/kernel boundary. ``svg.py`` draws the same path for ``--out``.
 from __future__ import annotations
 
 W = 40                  # the width of host A's column
-KIND_STYLE = {"title": "bold", "user": "green", "kernel": "blue", "boundary": "yellow"}
+KIND_STYLE = {"title": "bold", "user": "green", "kernel": "blue", "boundary": "yellow",
+              "dim": "dim"}
 
 
 def lines(r: dict) -> list[tuple[str, str]]:
     """The picture for a demo result (the dict ``--json`` prints)."""
-    return direct_path(r) if r.get("direct_routing") else engine_path(r)
+    if r.get("direct_routing"):
+        return direct_path(r)
+    return kernel_path(r) if r.get("datapath") == "kernel" else engine_path(r)
 
 
 def engine_path(r: dict) -> list[tuple[str, str]]:
@@ -23,16 +26,7 @@ def engine_path(r: dict) -> list[tuple[str, str]]:
     def row(left, right, kind):
         return (f"{left:<{W}}{right}", KIND_STYLE[kind])
     bnd = ("  " + "-" * (2 * W - 2) + "  user | kernel", KIND_STYLE["boundary"])
-    return [
-        row(f"  host A {A['name']}  {A['underlay_ip']}", f"host B {B['name']}  "
-            f"{B['underlay_ip']}", "title"),
-        row(f"  lease {A['subnet']}", f"lease {B['subnet']}", "title"),
-        row(f"  [workload {A['workload']['ip']}] ping/send",
-            f"[workload {B['workload']['ip']}] reply", "user"),
-        bnd,
-        row("     |  kernel: forward", "     ^  kernel: forward", "kernel"),
-        row(f"     v  {r['network_config'].get('Network')} dev flannel0",
-            f"     ^  {B['subnet']} dev {B['workload']['host_iface']}", "kernel"),
+    return _top(r, row, bnd) + [
         row("     |  flannel0 (TUN) queue", "     ^  flannel0 (TUN)", "kernel"),
         bnd,
         row("     v  read()          copy 1", "     ^  write()         copy 4", "user"),
@@ -43,6 +37,24 @@ def engine_path(r: dict) -> list[tuple[str, str]]:
             f"{port}", "kernel"),
         row(f"     +-- {A['iface']} ==== bridge (the wire) ====", f"== {B['iface']} --+",
             "kernel"),
+    ]
+
+
+def _top(r: dict, row, bnd, *above) -> list:
+    """Both paths' first rows: the hosts, their leases, the workloads (then ``above``, more of
+    user space), the boundary, and each kernel's route, into flannel0 and out of it."""
+    A, B = r["hosts"]["A"], r["hosts"]["B"]
+    return [
+        row(f"  host A {A['name']}  {A['underlay_ip']}", f"host B {B['name']}  "
+            f"{B['underlay_ip']}", "title"),
+        row(f"  lease {A['subnet']}", f"lease {B['subnet']}", "title"),
+        row(f"  [workload {A['workload']['ip']}] ping/send",
+            f"[workload {B['workload']['ip']}] reply", "user"),
+        *above,
+        bnd,
+        row("     |  kernel: forward", "     ^  kernel: forward", "kernel"),
+        row(f"     v  {r['network_config'].get('Network')} dev flannel0",
+            f"     ^  {B['subnet']} dev {B['workload']['host_iface']}", "kernel"),
     ]
 
 
@@ -66,3 +78,25 @@ def direct_path(r: dict) -> list[tuple[str, str]]:
          f"== {B['iface']} --+", "blue"),
     ]
     return [(text.rstrip(), style) for text, style in rows]
+
+
+def kernel_path(r: dict) -> list[tuple[str, str]]:
+    """The kernel path: tc programs on flannel0's egress and the veth's ingress; the engines
+    above the boundary, idle for this packet (the slow path)."""
+    A, B = r["hosts"]["A"], r["hosts"]["B"]
+    port, eng = r["port"], r["engine"]
+
+    def row(left, right, kind):
+        return (f"{left:<{W}}{right}".rstrip(), KIND_STYLE[kind])
+    bnd = ("  " + "-" * (2 * W - 2) + "  user | kernel", KIND_STYLE["boundary"])
+    idle = row(f"  ({eng} engine: the slow path, idle)", f"({eng} engine: the slow path, idle)",
+               "dim")
+    return _top(r, row, bnd, idle) + [
+        row("     |  flannel0: tc egress", "     ^  into flannel0 (its ingress)", "kernel"),
+        row("  [fu_egress: lookup, TTL-1, +28 B]", "  [fu_ingress: check source, TTL-1, -28 B]",
+            "kernel"),
+        row(f"     v  redirect out of {A['iface']}", f"     ^  {B['iface']}: tc ingress, "
+            f"udp :{port}", "kernel"),
+        row(f"     +-- {A['iface']} ==== bridge (the wire) ====", f"== {B['iface']} --+",
+            "kernel"),
+    ]

@@ -66,17 +66,17 @@ class Meter:
         raw_before, raw_after = {}, {}
         before = self.stats(raw_before)
         if self.direct:
-            f0_before, t0 = self.flannel0(), time.monotonic()
+            f0_before = self.flannel0()
+        t0 = time.monotonic()
         out = send()
         time.sleep(SETTLE_S)
         after = self.stats(raw_after)
         win = {"result": out, "stats_before": before, "stats_after": after,
                "metrics_before": raw_before, "metrics_after": raw_after,
                "counters": {k: tr.delta(before[k], after[k]) for k in before},
-               "events": self.events(cur), "cursor": cur}
+               "events": self.events(cur), "cursor": cur, "t0": t0, "t1": time.monotonic()}
         if self.direct:
             # The kernel's own counters of flannel0: what entered or left the TUN device.
-            win["t0"], win["t1"] = t0, time.monotonic()
             f0_after = self.flannel0()
             win["flannel0"] = {k: tr.delta(f0_before[k], f0_after[k]) for k in f0_before}
         return win
@@ -105,6 +105,18 @@ def ping6(meter: Meter, wa, wb) -> dict:
     if not win["result"].get("received"):
         raise DemoError(f"the IPv6 ping from {wa.ip6} to {wb.ip6} got no reply: {win['result']}")
     return win
+
+
+def ping_ttl(meter: Meter, wa, wb, ttl: int) -> dict:
+    """One ping with a small TTL from A's workload to B's, in a window: whoever answers it
+    (``answer``: ping's "From <address> ... Time to live exceeded" line)."""
+    def send():
+        r = wa.run(["ping", "-n", "-c", "1", "-W", "2", "-t", str(ttl), wb.ip], timeout=10)
+        res = readings.parse_ping(r.stdout, r.returncode)
+        res.update(ttl_sent=ttl, answer=next((ln.strip() for ln in r.stdout.splitlines()
+                                              if ln.startswith("From ")), None))
+        return res
+    return meter.window(send)
 
 
 def udp(meter: Meter, wa, wb, echo_log: str) -> dict:

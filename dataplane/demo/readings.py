@@ -243,6 +243,13 @@ def _burst_row(m: dict, b: dict) -> dict:
 def direct_summary(r: dict) -> dict:
     """The model's rows and the one ping on the direct path: the engines' byte and call counters
     during it, the wire tap's length."""
+    return measured_summary(r, f"this run: one ping, DirectRouting ({r['engine']} engine)",
+                            "one ping, direct", r["probes"]["ping"]["request"]["wire"]["tot_len"])
+
+
+def measured_summary(r: dict, path: str, short: str, wire_len: int) -> dict:
+    """The model's rows and a measured row for the one ping: the engines' byte and call counters
+    during it, the wire's length (``wire_len``: the request's IP bytes as the tap saw them)."""
     ping = r["probes"]["ping"]
     cA, cB = ping["counters"]["A"], ping["counters"]["B"]
     plen = ping["result"]["expected_len"]
@@ -251,8 +258,7 @@ def direct_summary(r: dict) -> dict:
                 for k in ("tun_reads", "tun_writes", "udp_sends", "udp_recvs"))
     copies = round((bytes_copied(cA) + bytes_copied(cB)) / (packets * plen), 2)
     rows = [dict(m, measured=False) for m in tr.COST_MODEL]
-    rows.append({"path": f"this run: one ping, DirectRouting ({r['engine']} engine)",
-                 "short": "one ping, direct", "crossings": copies, "copies": copies,
-                 "syscalls": round(calls / packets, 2),
-                 "bytes_added": ping["request"]["wire"]["tot_len"] - plen, "measured": True})
+    rows.append({"path": path, "short": short, "crossings": copies, "copies": copies,
+                 "syscalls": round(calls / packets, 2), "bytes_added": wire_len - plen,
+                 "measured": True})
     return {"model": tr.COST_MODEL, "rows": rows}

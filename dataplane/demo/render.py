@@ -22,7 +22,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from . import diagram
+from . import diagram, render_kernel
 
 
 SIDE_STYLE = {"user": "green", "kernel": "blue", "kernel -> user": "yellow",
@@ -325,13 +325,7 @@ class Renderer:
         w = d.get("reply_wire")
         if w:
             self.kv("reply on the wire", w["summary"], style="blue")
-        ttl = d.get("reply_ttl")
-        if ttl is not None:
-            self.kv("ping says", f"reply ttl={ttl} = 64 - {64 - ttl} (kernel hops only), "
-                    f"time={d.get('rtt_ms')} ms")
-        u = d.get("udp") or {}
-        self.kv("UDP probe", f"{u.get('sent')} bytes to port {u.get('dport')}, echo "
-                f"{'received' if u.get('received') else 'LOST'}")
+        render_kernel.reply_and_udp(self, d, "kernel hops only")
 
     def _s_udp_packet(self, step, d):
         res = d["result"]
@@ -443,7 +437,7 @@ class Renderer:
              "untouched": _s_untouched, "deliver_direct": _s_deliver_direct,
              "udp_packet": _s_udp_packet, "ping6": _s_ping6, "ping_cost": _s_ping_cost,
              "batching": _s_batching,
-             "summary": _s_summary}
+             "summary": _s_summary, **render_kernel.SHOWS}
 
     # -- pieces -----------------------------------------------------------------------------
     def header_table(self, head_hex: str, p: dict):

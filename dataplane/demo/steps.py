@@ -4,7 +4,7 @@ copies, the "why", and the data measured. No I/O here.
 Each function takes the demo's result so far (the dict ``--json`` prints: hosts, leases, probes,
 bursts, ...) and returns one step; ``story.py`` numbers it and hands it to the renderer, whose
 table (``render.py``) has one entry per step id declared here. ``steps_direct.py`` holds the steps
-only the direct path has.
+only the direct path has, ``steps_kernel.py`` those of the kernel path.
 """
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ TUN_PATH_IPV6 = TUN_PATH[:TUN_PATH.index("udp_packet") + 1] + ("ping6",) + \
 #: The story with --direct-routing.
 DIRECT_PATH = ("overlay", "workloads", "app_send", "kernel_route", "wire", "untouched",
                "deliver_direct", "summary")
-STEP_IDS = frozenset(TUN_PATH_IPV6 + DIRECT_PATH)
+#: The story with --engine kernel: the ping through the tc programs (steps_kernel.py).
+KERNEL_PATH = ("overlay", "workloads", "app_send", "kernel_route", "tc_egress", "tc_ingress",
+               "engines_idle", "slow_path", "summary")
+STEP_IDS = frozenset(TUN_PATH_IPV6 + DIRECT_PATH + KERNEL_PATH)
 
 #: The UDP calls of each engine: the C engine batches the UDP side (one sendmmsg/recvmmsg per
 #: batch); Python has neither call, so it makes one sendto()/recvfrom_into() per datagram.
@@ -33,7 +36,8 @@ def step(sid: str, title: str, *, host: str, side: str, why: str, data: dict,
          syscalls: list | None = None, copies: int | None = None) -> dict:
     """One step; a step id the story does not declare is a mistake, refused here."""
     if sid not in STEP_IDS:
-        raise ValueError(f"step {sid!r} is not one of the story's (steps.TUN_PATH, DIRECT_PATH)")
+        raise ValueError(f"step {sid!r} is not one of the story's (steps.TUN_PATH, DIRECT_PATH, "
+                         "KERNEL_PATH)")
     s = {"id": sid, "title": title, "host": host, "side": side}
     if syscalls is not None:
         s["syscalls"] = syscalls
@@ -56,6 +60,10 @@ def overlay(r: dict, underlay_mtu: int) -> dict:
         why += (" With DirectRouting each lease also says so, and each daemon routed the other's "
                 "subnet via its PublicIP on the shared link (proto 153), more specific than the "
                 "route into flannel0.")
+    if r.get("datapath") == "kernel":
+        why += (f" With --engine kernel each daemon also loaded two tc programs and attached them "
+                f"to flannel0's egress and its interface's ingress, the {r['engine']} engine "
+                "behind them as the slow path; it writes their maps from the same leases.")
     return step("overlay", "A two-host overlay: etcd, two daemons, their leases",
                 host="A+B", side="control plane", why=why,
                 data={"leases": r["leases"], "hosts": hosts, "config": r["network_config"],
@@ -95,17 +103,24 @@ def _ping(r: dict):
 
 def kernel_route(r: dict) -> dict:
     _, req, _, _ = _ping(r)
+    return route_into_flannel0(r, req["tun_read"]["packet"]["ttl"],
+                               "Handing the packet to a TUN device just queues the skb for "
+                               "whoever holds the device open: the daemon.")
+
+
+def route_into_flannel0(r: dict, ttl_after_forward: int | None, then: str) -> dict:
+    """The kernel_route step: A's kernel routes the packet into flannel0; ``then`` says what
+    happens to it there."""
     A = r["hosts"]["A"]
     return step("kernel_route", "A's kernel routes it into flannel0", host="A", side="kernel",
                 syscalls=[], copies=0,
                 why="Plain kernel forwarding: the longest prefix that matches is the "
                     f"{r['network_config'].get('Network')} route the daemon added "
-                    "'dev flannel0'. Handing the packet to a TUN device just queues the skb "
-                    "for whoever holds the device open: the daemon.",
+                    f"'dev flannel0'. {then}",
                 data={"route_get": A["route_get"],
                       "route": tr.route_for("\n".join(A["routes"]),
                                             r["hosts"]["B"]["workload"]["ip"]),
-                      "ttl_after_forward": req["tun_read"]["packet"]["ttl"]})
+                      "ttl_after_forward": ttl_after_forward})
 
 
 def tun_read(r: dict) -> dict:

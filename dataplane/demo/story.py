@@ -12,6 +12,8 @@ engine steps          the engines' trace rings (``GET /debug/trace`` on each
                       UDP_SEND, UDP_RECV, TUN_WRITE - recorded by the same loop
                       that forwards, so the demo shows what the daemon does
 syscalls, bytes       the engine counters on each daemon's ``GET /metrics``
+the programs          with ``--engine kernel``: their counters on the same
+                      ``/metrics`` (``datapath="kernel"``, kernel_readings.py)
 the outer datagram    an AF_PACKET tap on host A's underlay veth (the "wire")
 ====================  =========================================================
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import time
 
-from . import bringup, facts, probes, readings, steps, steps_direct
+from . import bringup, facts, kernel_readings, probes, readings, steps, steps_direct, steps_kernel
 from . import trace as tr
 from .errors import DemoError
 
@@ -51,6 +53,7 @@ class Demo:
         # DirectRouting in the network config: the followed packets take the kernel route
         # host to host, so the story shows that path (and its counters) instead of the engine's.
         self.direct = direct_routing
+        self.kernel = False                # --engine kernel: set once the programs load
         self.on_step = on_step or (lambda step: None)
         self.on_progress = on_progress or (lambda text: None)
         self.compare_engines = compare_engines
@@ -78,9 +81,13 @@ class Demo:
             self._probe_udp()
             if self.ipv6:
                 self._probe_ping6()
+            if self.kernel:
+                self._probe_slow()
             self._stop_tap()
             if self.direct:
                 self._follow_direct()
+            elif self.kernel:
+                self._follow_kernel()
             else:
                 self._follow()
                 self._costs()
@@ -92,22 +99,27 @@ class Demo:
     # 1. the overlay ----------------------------------------------------------------------
     def _bring_up(self):
         """etcd, the two daemons and their leases; what they hold becomes the first step."""
-        self.engine = bringup.engine_kind(self.engine_req)
+        path = bringup.engine_kind(self.engine_req)
+        # --engine kernel: the daemons run the tc programs with this engine behind them.
+        self.kernel = path == "kernel"
+        self.engine = bringup.slow_engine(path)
         self.sc = steps.SYSCALL_NAMES[self.engine]
         self.result.update(engine=self.engine, syscall_names=self.sc)
-        self.on_progress(f"starting etcd and two daemons (engine {self.engine}) ...")
+        if self.kernel:
+            self.result["datapath"] = "kernel"
+        self.on_progress(f"starting etcd and two daemons (engine {path}) ...")
         t = time.monotonic()
         if self.direct:
             self.result["direct_routing"] = True
         if self.ipv6:
             self.result["ipv6"] = True
-        self.ov = bringup.start_overlay(self.engine, self.direct, self.ipv6)
+        self.ov = bringup.start_overlay(path, self.direct, self.ipv6)
         self.a, self.b = self.ov.hosts
         if self.direct:
             bringup.wait_direct_routes(self.ov)
         startup = round(time.monotonic() - t, 2)
         config, self.port, leases = facts.etcd_contents(self.ov)
-        hosts = facts.hosts(self.ov, self.engine, self.port, leases, self.direct)
+        hosts = facts.hosts(self.ov, path, self.port, leases, self.direct)
         self.result.update(network_config=config, leases=leases, hosts=hosts, port=self.port,
                            etcd=self.ov.etcd_url, startup_s=startup)
         self.emit(steps.overlay(self.result, self.a.mtu))
@@ -143,6 +155,10 @@ class Demo:
     def _probe_udp(self):
         wa, wb = self.workloads["A"], self.workloads["B"]
         self.result["probes"]["udp"] = probes.udp(self.meter, wa, wb, self.echo_log)
+
+    def _probe_slow(self):
+        wa, wb = self.workloads["A"], self.workloads["B"]
+        self.result["probes"]["slow"] = probes.ping_ttl(self.meter, wa, wb, ttl=2)
 
     def _stop_tap(self):
         frames = self.tap.stop() if self.tap else []
@@ -220,6 +236,31 @@ class Demo:
         for build in steps_direct.FOLLOW_STEPS:
             self.emit(build(self.result))
         self._summary(steps_direct.summary(self.result))
+
+    # the kernel path (--engine kernel) -----------------------------------------------------
+    def _follow_kernel(self):
+        """The probes as the programs' counters and the wire tap saw them; the engines idle; what
+        the engine still answers; the cost."""
+        frames, port = self.result["wire_frames"], self.port
+        wa, wb = self.workloads["A"], self.workloads["B"]
+        a, b = (self.a.ip, self.b.ip)
+        for name, proto in (("ping", "icmp"), ("udp", "udp"), ("slow", "icmp")):
+            p = self.result["probes"][name]
+            p["kernel"] = kernel_readings.window_delta(p)
+            if name == "slow":
+                continue
+            p["request"] = {"wire": kernel_readings.wire_leg(frames, (a, b), (wa.ip, wb.ip),
+                                                             proto, p["t0"], p["t1"])}
+            p["reply"] = {"wire": kernel_readings.wire_leg(frames, (b, a), (wb.ip, wa.ip),
+                                                           proto, p["t0"], p["t1"])}
+        ping = self.result["probes"]["ping"]
+        if not ping["request"]["wire"]:
+            raise DemoError(f"the tap on A's veth did not see the ping's datagram to "
+                            f"{b}:{port} ({len(frames)} frame(s) in all)")
+        for build in steps_kernel.FOLLOW_STEPS:
+            self.emit(build(self.result))
+        self.emit(steps_kernel.slow_path(self.result))
+        self._summary(steps_kernel.summary(self.result))
 
     # 5. teardown ----------------------------------------------------------------------------
     def _teardown(self):

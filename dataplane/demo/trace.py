@@ -58,6 +58,10 @@ def stats_from_metrics(metrics: dict) -> dict:
         # parse_metrics' sums over the queues or the families: counted already
         if "queue" not in labels or "family" not in labels and m.group(1) in FAMILY_LABELLED:
             continue
+        # The kernel path's programs count on no queue (kernel_readings.py reads them); a sample
+        # labelled by datapath is also served summed over it, counted here once, without it.
+        if labels.get("queue") == "none" or "datapath" in labels:
+            continue
         family = labels.pop("family", None)
         others = [v for k, v in labels.items() if k != "queue"]
         stat = _COUNTER_OF.get((m.group(1), others[0] if others else None))

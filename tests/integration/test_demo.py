@@ -9,6 +9,8 @@ inner + 28 (also as tapped on the wire), the counters are the daemons'
 /metrics deltas and agree with the trace events. Also: Ctrl-C tears everything
 down, and the renderer and the SVG take a real run's data. ``demo --direct-routing`` runs once
 (C engine: no engine is on that path): the packets go host to host on the kernel route.
+``demo --engine kernel`` runs once: the ping carried by the tc programs, whose counters moved,
+while the engines' did not.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ import pytest
 
 from dataplane.control.lease import subnet_key_name
 from dataplane.host.child import cli_argv
-from tests.conftest import ENGINES, require_engine, require_etcd, require_root, wait_until
+from tests.conftest import (ENGINES, require_bpf, require_engine, require_etcd, require_root,
+                            wait_until)
 
 pytestmark = [pytest.mark.root, pytest.mark.etcd]
 
@@ -485,3 +488,78 @@ def test_ipv6_ping_followed_through_the_engines():
     rnd.demo = types.SimpleNamespace(result=r)
     rnd.on_step(step)
     assert "hop limit" in buf.getvalue() and "echo request" in buf.getvalue()
+
+
+# -- demo --engine kernel: one run (the tc programs, the C engine behind them: about 10 s) ------
+
+def test_kernel_path_ping_carried_by_the_programs():
+    """With --engine kernel both daemons run the kernel path: the story's figures are the
+    readings. The ping's request left A as a datagram the egress program counted
+    (udp_tx_packets on A, tun_tx_packets on B's ingress program) and the tap saw (inner + 28);
+    the engines moved no packet, made no call that moves one, copied no byte and traced
+    nothing (0 crossings, 0 copies in the summary's measured row); a TTL-2 ping is handed on by
+    A's program (passed_tx_ttl) and answered by A's engine (time exceeded)."""
+    require_root()
+    require_etcd()
+    require_engine("c")
+    require_bpf()
+    t0 = time.monotonic()
+    p = subprocess.run(cli_argv("demo", "--json", "--engine", "kernel"),
+                       capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, f"demo exited {p.returncode}:\n{p.stderr[-3000:]}"
+    r = json.loads(p.stdout)
+    assert elapsed < 50 and r["torn_down"] is True
+    from dataplane.demo.kernel_readings import kernel_counters
+    from dataplane.demo.steps import KERNEL_PATH
+    assert [s["id"] for s in r["steps"]] == list(KERNEL_PATH)
+    assert r["datapath"] == "kernel" and r["engine"] == "c"
+    H = r["hosts"]
+    for h in H.values():
+        assert "--engine kernel" in h["daemon_argv"]
+    ping = r["probes"]["ping"]
+    assert ping["result"]["received"] and ping["result"]["ttl"] == 64 - 4
+    # The programs' counters are the daemons' /metrics deltas, and they moved.
+    for role in ("A", "B"):
+        want = {k: v - kernel_counters(ping["metrics_before"][role]).get(k, 0)
+                for k, v in kernel_counters(ping["metrics_after"][role]).items()}
+        assert ping["kernel"][role] == want
+        assert want["udp_tx_packets"] >= 1 and want["tun_tx_packets"] >= 1, (role, want)
+    steps = {s["id"]: s for s in r["steps"]}
+    assert steps["tc_egress"]["data"]["counters_A"]["udp_tx_packets"] >= 1
+    assert steps["tc_ingress"]["data"]["counters_B"]["tun_tx_packets"] >= 1
+    # On the wire: flannel's datagram, A to B's port, the inner packet + 28, one TTL off each.
+    w = ping["request"]["wire"]
+    assert (w["outer"]["src"], w["outer"]["dst"]) == (H["A"]["underlay_ip"], H["B"]["underlay_ip"])
+    assert w["outer"]["udp"]["dport"] == r["port"]
+    assert w["outer"]["tot_len"] == ping["result"]["expected_len"] + 28
+    assert w["inner"]["ttl"] == 64 - 2 and steps["tc_egress"]["data"]["bytes_added"] == 28
+    # The engines: nothing moved, on either host, for the ping or the UDP datagram.
+    for name in ("ping", "udp"):
+        for role in ("A", "B"):
+            e = steps["engines_idle"]["data"][name][role]
+            assert e["packets"] == dict.fromkeys(e["packets"], 0), (name, role, e)
+            assert e["calls"] == 0 and e["bytes_copied"] == 0 and e["trace_events"] == 0
+            assert e["programs"] == r["probes"][name]["kernel"][role]
+    row = next(m for m in r["steps"][-1]["data"]["rows"] if m.get("measured"))
+    assert (row["crossings"], row["copies"], row["syscalls"], row["bytes_added"]) == (0, 0, 0, 28)
+    # What stays with the engine: the TTL-2 ping, handed on by A's program, answered by A's engine.
+    slow = steps["slow_path"]["data"]
+    assert "Time to live exceeded" in (slow["result"]["answer"] or ""), slow["result"]
+    assert slow["programs_A"].get("passed_tx_ttl", 0) >= 1, slow["programs_A"]
+    assert slow["engine_A"].get("icmp_ttl_sent", 0) >= 1, slow["engine_A"]
+    # The renderer takes the run, the kernel path's picture with it.
+    from rich.console import Console
+
+    from dataplane.demo.render import Renderer
+    buf = io.StringIO()
+    rnd = Renderer(Console(file=buf, width=100, no_color=True, highlight=False))
+    rnd.demo = types.SimpleNamespace(result=r)
+    for s in r["steps"]:
+        rnd.on_step(s)
+    out = buf.getvalue()
+    assert "flannel0: tc egress" in out and "udp_tx_packets +" in out and "passed_tx_ttl +" in out
+    from dataplane.demo import svg_kernel
+    svg = svg_kernel.render(r)
+    ET.fromstring(svg)
+    assert "fu_egress" in svg and f"udp_tx_packets +{ping['kernel']['A']['udp_tx_packets']}" in svg

@@ -11,7 +11,7 @@ import io
 import pytest
 from rich.console import Console
 
-from dataplane.demo import bringup, steps, steps_direct
+from dataplane.demo import bringup, steps, steps_direct, steps_kernel
 from dataplane.demo.errors import DemoError
 from dataplane.demo.render import Renderer
 from dataplane.engine import choice
@@ -23,7 +23,7 @@ def test_every_step_id_has_a_handler_and_every_handler_a_step_id():
 
 
 def test_both_stories_declare_their_steps_once_each():
-    for story in (steps.TUN_PATH, steps.DIRECT_PATH):
+    for story in (steps.TUN_PATH, steps.DIRECT_PATH, steps.KERNEL_PATH):
         assert len(set(story)) == len(story)
         assert story[:3] == ("overlay", "workloads", "app_send") and story[-1] == "summary"
 
@@ -36,6 +36,8 @@ def test_the_builders_follow_the_declared_order():
     assert ids_of(steps.PING_STEPS) + ["udp_packet", "ping_cost", "batching", "summary"] \
         == list(steps.TUN_PATH[2:])
     assert ids_of(steps_direct.FOLLOW_STEPS) + ["summary"] == list(steps.DIRECT_PATH[2:])
+    assert ids_of(steps_kernel.FOLLOW_STEPS) + ["slow_path", "summary"] \
+        == list(steps.KERNEL_PATH[2:])
 
 
 def test_an_undeclared_step_id_is_refused_where_it_is_made():
@@ -83,3 +85,17 @@ def test_demo_ipv6_is_refused_with_direct_routing():
     from dataplane.demo.story import Demo
     with pytest.raises(DemoError, match="--direct-routing"):
         Demo("auto", ipv6=True, direct_routing=True)
+
+
+def test_demo_engine_kernel_says_why_it_cannot_run(monkeypatch):
+    from dataplane.engine.bpf_path import KernelPathError
+
+    def no_clang():
+        raise KernelPathError("no clang to compile the kernel path's programs (apt-get install "
+                              "clang)")
+    monkeypatch.setattr(choice, "load_kernel_path", no_clang)
+    monkeypatch.setattr(choice.choose_engine, "__kwdefaults__",
+                        dict(choice.choose_engine.__kwdefaults__, load_kernel=no_clang))
+    with pytest.raises(bringup.KernelPathUnavailable, match="no clang"):
+        bringup.engine_kind("kernel")
+    assert bringup.slow_engine("kernel") in ("c", "python")

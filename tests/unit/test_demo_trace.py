@@ -38,6 +38,32 @@ def test_metrics_decode_back_to_every_engine_counter():
     assert tr.stats_from_metrics(parse_metrics(text)) == stats
 
 
+class _KernelSource(_Source):
+    """A daemon with the kernel path: the engine's counters and the programs'."""
+    def __init__(self, stats, counters):
+        super().__init__(stats)
+        self.counters = counters
+
+    def kernel_counters(self):
+        return self.counters
+
+    def datapath(self):
+        return "kernel"
+
+
+def test_the_programs_counters_read_apart_from_the_engines():
+    from dataplane.demo.kernel_readings import kernel_counters
+    stats = {name: 0 for name in STAT_NAMES}
+    stats.update(udp_tx_packets=5, tun_rx_packets=5)
+    programs = {"udp_tx_packets": 7, "udp_tx_bytes": 588, "tun_tx_packets": 3,
+                "drop_bad_source": 2, "tx_pass_ttl": 1, "rx_pass_gso": 4}
+    m = parse_metrics(generate_latest(make_registry(_KernelSource(stats, programs))).decode())
+    got = tr.stats_from_metrics(m)          # the engine's: none of the programs' packets
+    assert (got["udp_tx_packets"], got["tun_rx_packets"], got["tun_tx_packets"]) == (5, 5, 0)
+    assert kernel_counters(m) == {"udp_tx_packets": 7, "udp_tx_bytes": 588, "tun_tx_packets": 3,
+                                  "drop_bad_source": 2, "passed_tx_ttl": 1, "passed_rx_gso": 4}
+
+
 def test_delta():
     assert tr.delta({"a": 1, "b": 5}, {"a": 4, "b": 5, "c": 2}) == {"a": 3, "b": 0, "c": 2}
 
