@@ -21,8 +21,10 @@ def render(result: dict) -> str:
     idle = next(s for s in result["steps"] if s["id"] == "engines_idle")["data"]["ping"]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
            f'viewBox="0 0 {W} {H}">',
-           '<defs><marker id="arrow" markerWidth="10" markerHeight="10" refX="8" refY="5" '
-           'orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#c62828"/></marker></defs>',
+           # sized in the drawing's units: scaled by the 3 px stroke, the heads hid the text
+           '<defs><marker id="arrow" markerUnits="userSpaceOnUse" markerWidth="12" '
+           'markerHeight="12" refX="10" refY="6" orient="auto">'
+           '<path d="M0,0 L12,6 L0,12 z" fill="#c62828"/></marker></defs>',
            f'<rect width="{W}" height="{H}" fill="white"/>',
            _t(W / 2, 28, "flannel-udp: one ping from A's workload to B's, the kernel path "
               "(measured)", 16, "bold", "middle"),
@@ -32,16 +34,17 @@ def render(result: dict) -> str:
            _t(28, 176, "kernel", 11, fill="#666"),
            f'<line x1="20" y1="155" x2="{W - 20}" y2="155" stroke="{EDGE}" stroke-width="2" '
            'stroke-dasharray="8,5"/>',
-           _t(W - 24, 150, "user/kernel boundary", 11, anchor="end", fill="#a66b00")]
+           _t(W - 24, 172, "user/kernel boundary", 11, anchor="end", fill="#a66b00")]
     for x, role, h in ((COL_A, "A", A), (COL_B, "B", B)):
         e = idle[role]
         out += [_rect(x, 55, COL_W, 40, "white"),
                 _t(x + 10, 80, f"host {role} ({h['name']}) workload {h['workload']['ip']}", 13,
                    "bold"),
-                _rect(x, 102, COL_W, 44, "#f5f5f5", stroke="#aaa"),
-                _t(x + 10, 120, f"{eng} engine, pid {h['daemon_pid']}: the slow path", 12,
+                # beside the packet's arrow, not across it: the packet never enters the engine
+                _rect(x + 60, 102, COL_W - 60, 44, "#f5f5f5", stroke="#aaa"),
+                _t(x + 70, 120, f"{eng} engine, pid {h['daemon_pid']}: the slow path", 12,
                    fill="#777"),
-                _t(x + 10, 138, f"this ping: +{sum(e['packets'].values())} packets, "
+                _t(x + 70, 138, f"this ping: +{sum(e['packets'].values())} packets, "
                    f"+{e['calls']} calls, {e['bytes_copied']} B copied", 11, fill="#777"),
                 _rect(x, 185, COL_W, 50, "white"),
                 _t(x + 10, 205, h["route_get"].get("text", ""), 11),
