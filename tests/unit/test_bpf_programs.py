@@ -11,7 +11,11 @@ IPv6 + UDP headers (own PublicIPv6 to the peer's, hop limit 64, the UDP checksum
 requires, a flow label of the inner flow's). What
 the program drops, the engine drops for the same reason; what it passes on is unchanged,
 and the engine drops it, answers it, or forwards one of the rarities the program leaves
-alone (IPv4 options, fragments). The counters move by maps.h's names.
+alone (IPv4 options, fragments). The counters move by maps.h's names. The path MTU's check
+runs in a namespace of its own, whose device is as narrow as a path.
+
+(Over 450 lines as one piece: every test runs the one loaded object, its fixture and the same
+packet builders against the same oracle.)
 """
 from __future__ import annotations
 
