@@ -146,6 +146,7 @@ static __always_inline void pull(struct __sk_buff *skb, __u32 want)
 }
 
 #include "csum.h"
+#include "pmtu.h"
 
 /* ---- TUN -> UDP -------------------------------------------------------------------- */
 
@@ -248,16 +249,9 @@ static __always_inline int encap(struct __sk_buff *skb, const fu_config *c, __u3
     return bpf_redirect_neigh(c->ext_ifindex, NULL, 0, 0);
 }
 
-/* Over the route's MTU (or the loop's): a GSO packet by its segments. */
-static __always_inline int too_big(struct __sk_buff *skb, const fu_config *c, const fu_hop *hop,
-                                   __u32 len, __u32 hdrs)
-{
-    __u32 mtu = hop->mtu ? hop->mtu : c->mtu;
-    return skb->gso_size ? skb->gso_size + hdrs > mtu : len > mtu;
-}
-
 /* Steps 2 to 5 of either family, once its header checks passed: the route (hop), the TTL
- * or hop limit, the size, then out. */
+ * or hop limit, the size (the route's MTU, flannel0's by default, then the path's), then out.
+ * A GSO packet's size is its segments'. */
 static __always_inline int forward(struct __sk_buff *skb, const fu_config *c, __u32 l2,
                                    __u32 len, const fu_hop *hop, __u8 ttl, int v6)
 {
@@ -265,9 +259,17 @@ static __always_inline int forward(struct __sk_buff *skb, const fu_config *c, __
         return pass(FU_TX_PASS_NO_ROUTE);
     if (ttl <= 1)
         return pass(FU_TX_PASS_TTL);
-    /* a GSO packet's segments: the inner header and at least a TCP header's 20 bytes */
-    if (too_big(skb, c, hop, len, (v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)) + 20))
+    __u32 size = len, mtu = hop->mtu ? hop->mtu : c->mtu;
+    if (skb->gso_size)
+        size = skb->gso_size +
+               seg_headers(skb, l2, v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr), v6);
+    if (size > mtu)
         return pass(FU_TX_PASS_TOO_BIG);
+    /* No path MTU the kernel keeps is below IPv6's minimum, or IPv4's min_pmtu (by default):
+     * a datagram within it needs no lookup (the 64-byte packets, the ACKs). */
+    size += hop->peer_ip ? FU_OUTER4 : FU_OUTER6;
+    if (size > (hop->peer_ip ? FU_PMTU_FLOOR4 : FU_PMTU_FLOOR6) && over_path_mtu(skb, c, hop, size))
+        return pass(FU_TX_PASS_PATH_MTU);
     return encap(skb, c, l2, hop, len, v6);
 }
 

@@ -22,7 +22,10 @@ enum fu_limits {
     FU_OUTER_TTL = 64,       /* the outer TTL (IPv6: hop limit), as the kernel gives the engines'
                                 datagrams */
     FU_CSUM_CHUNK = 128,     /* the bytes a checksum over a whole packet reads at a time */
-    FU_CSUM_CHUNKS = 512     /* ... and how many at most: 128 * 512 bytes > an IPv4 packet's 65535 */
+    FU_CSUM_CHUNKS = 512,    /* ... and how many at most: 128 * 512 bytes > an IPv4 packet's 65535 */
+    FU_PMTU_FLOOR4 = 552,    /* the least path MTU the kernel keeps with DF on (IPv4: min_pmtu's
+                                default), and IPv6's least link MTU: an outer datagram no longer */
+    FU_PMTU_FLOOR6 = 1280    /* fits every path, so it is sent with no path MTU lookup (pmtu.h) */
 };
 
 /* fu_config.flags */
@@ -70,6 +73,8 @@ enum fu_counter {
                                 carry one UDP checksum: tc cannot ask the kernel for theirs) */
     FU_RX_DROP_CHECKSUM,     /* ingress: the outer UDP checksum is wrong (or 0 over IPv6): what the
                                 engines' socket never sees, the kernel dropping it first */
+    FU_TX_PASS_PATH_MTU,     /* egress: within the route's MTU, over the path MTU the kernel learnt
+                                towards the peer (pmtu.h): the engine answers it */
     FU_COUNTERS              /* how many: the array's size */
 };
 
