@@ -266,11 +266,12 @@ class Overlay:
             os.unlink(sock_path)
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(sock_path)
-        # Each host's handover and status sockets in its own directory (the defaults are one
-        # per machine).
+        # Each host's handover and status sockets in its own directory, and its kernel path's
+        # pins (the defaults are one per machine).
         full_env = dict(os.environ, NOTIFY_SOCKET=sock_path, PYTHONUNBUFFERED="1",
                         FLANNELD_HANDOVER_SOCKET=self.handover_socket(h),
-                        FLANNELD_STATUS_SOCKET=self.status_socket(h))
+                        FLANNELD_STATUS_SOCKET=self.status_socket(h),
+                        FLANNELD_BPF_PINS=self.tb.bpf_pins(h))
         full_env.update(env or {})
         logf = open(os.path.join(d_dir, "daemon.log"), "ab")
         try:
