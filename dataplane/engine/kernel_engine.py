@@ -7,7 +7,9 @@ keep talking to one Engine (api.py), and this wrapper gives each call to both:
 * the route table: ``table_type`` is :class:`KernelTable`, the slow engine's table beside the
   routes as a dict by subnet, derived from a change in the same call (``updated``), so a peer
   change builds its routes once; ``set_table`` publishes the slow engine's part and writes the
-  programs' maps (KernelPath.set_routes: only what changed is written);
+  programs' maps (KernelPath.set_routes: only what changed is written); a path adopted from
+  its pins runs already, so it gets the table the engine starts with, and the config once it
+  is whole (set_local's subnets), never a half-made one;
 * own sources (``set_local``), the strict rule, accept_any: both, the programs through
   KernelPath.configure, with what the engine was made with (own PublicIP, port, flannel0's MTU)
   and the lease's subnets as set_local last gave them (a lease move gives new ones);
@@ -157,10 +159,10 @@ class KernelEngine(Engine):
         self.slow.set_table(table.slow)
         if self.kpath is None:
             return
-        if not self._started:
-            # the maps get the table the engine starts with, not the ones before it (the
-            # daemon's first is empty until the peers are listed): a pinned path adopted by
-            # this engine forwards meanwhile from what it holds
+        if not self._started and self.kpath.adopted:
+            # an adopted path (pinned: bpf_pins.py) forwards meanwhile from what it holds: its
+            # maps get the table the engine starts with, not the ones before (the daemon's
+            # first is empty until the peers are listed)
             self._pending = table
             return
         self._write(table)
