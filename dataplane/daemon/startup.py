@@ -303,8 +303,14 @@ def open_dataplane(offloads, queues: int, parts, ext, port: int, bind6=None,
     if bind6 is not None:
         sockets[V6] = lambda n: open_sockets(ext, port, n, ip=bind6)
     try:
-        dp = Dataplane.open(offloads, tun_name=tun_name, mtu=ext.tun_mtu, queues=queues,
-                            parts=carried, sockets=sockets)
+        try:
+            dp = Dataplane.open(offloads, tun_name=tun_name, mtu=ext.tun_mtu, queues=queues,
+                                parts=carried, sockets=sockets)
+        except AssemblyError as e:
+            if not _left_other_queues(e, tun_name, queues):
+                raise
+            dp = Dataplane.open(offloads, tun_name=tun_name, mtu=ext.tun_mtu, queues=queues,
+                                parts=carried, sockets=sockets)
     except AssemblyError as e:
         v6 = "".join(f", {p.family.name} address {p.tun_addr}, route {p.network}" for p in more)
         raise _assembly_failed(e, f"{v4.tun_addr}, MTU {ext.tun_mtu}, route {v4.network}{v6}") \
@@ -317,6 +323,23 @@ def open_dataplane(offloads, queues: int, parts, ext, port: int, bind6=None,
         log.info("%s carries %s: address %s, route %s dev %s", dp.tun_name, p.family.name,
                  p.tun_addr, p.network, dp.tun_name)
     return dp
+
+
+def _left_other_queues(e, tun_name: str, queues: int) -> bool:
+    """A flannel0 a kernel path left (persistent) with another queue layout than --queues asks
+    refuses the attach (EINVAL): removed, to be made again (its routes with it), said once."""
+    from ..host.tun import remove_persistent
+    if e.step != "tun" or getattr(e.error, "errno", None) != errno.EINVAL or "%" in tun_name:
+        return False
+    try:
+        if not remove_persistent(tun_name):
+            return False
+    except OSError:
+        return False
+    log.warning("%s, left by the daemon before (the kernel path keeps it), has another queue "
+                "layout than --queues %d asks: made again, which loses what crosses it meanwhile",
+                tun_name, queues)
+    return True
 
 
 def tun_addr6(subnet6) -> str | None:

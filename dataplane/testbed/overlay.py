@@ -285,6 +285,17 @@ class Overlay:
             self.wait_ready(h)
         return d
 
+    def remove_kernel_path(self, host) -> subprocess.CompletedProcess:
+        """`flannel-udp cleanup --kernel-path` on the host (its daemon stopped): what a kernel
+        path that outlived the daemon left (filters, pins, a persistent flannel0) removed, for a
+        test that starts the host again from nothing."""
+        h = self.host(host)
+        return self.tb.exec(h, cli_argv("cleanup", "--kernel-path",
+                                        f"--bpf-pins={self.tb.bpf_pins(h)}",
+                                        f"--status-socket={self.status_socket(h)}",
+                                        f"--handover-socket={self.handover_socket(h)}",
+                                        f"--subnet-file={self.subnet_file(h)}"))
+
     def handover_socket(self, host) -> str:
         """Where the host's daemon offers a handover (``--handover`` takes it)."""
         return os.path.join(self._dir(host), "handover.sock")

@@ -88,6 +88,12 @@ def test_the_kernel_path_outlives_the_daemon(ov):
     for r in results:
         assert r["replies"] > 100 and r["lost"] == 0, results
 
+    # another queue layout than the flannel0 left: made again
+    assert ov.stop_daemon(a) == 0
+    d = ov.start_daemon(a, engine="kernel", args=("--queues", "1"))
+    assert "has another queue layout than --queues 1 asks: made again" in d.log_text()
+    assert wait_for(lambda: answers(ov, b, ov.flannel_ip(a)), 10, interval=0.2)
+
     # a stop leaves the path forwarding; status says so; the lease stays until it expires
     assert ov.stop_daemon(a) == 0
     log = d.log_text()
