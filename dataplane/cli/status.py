@@ -191,6 +191,8 @@ def render(doc: dict, now: float | None = None) -> str:
         moved = {k: v for k, v in (kp.get("counters") or {}).items() if v}
         rows.append(("path", f"{kp.get('path')} ({kp.get('why')})"
                      + (f"; {kp['offload']}" if kp.get("offload") else "")
+                     + (f"; pinned at {kp['pins']}, outlives the daemon" if kp.get("pins")
+                        else "")
                      + (f"; programs' counters: {moved}" if moved else "")))
     rows.append(("tun", f"{doc.get('tun') or '-'}, {doc.get('queues', 0)} queue(s)"))
     offloads = doc.get("offloads") or {}
