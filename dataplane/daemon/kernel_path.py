@@ -86,17 +86,25 @@ class DaemonKernelPath:
 
     def hold(self, tun_fd: int) -> None:
         """flannel0 (one queue's fd, once open or handed over) outlives the process exactly
-        while the kernel path runs: its packets cross flannel0 with no process in the way."""
-        from ..host.tun import IFF_PERSIST, set_persist, tun_info
+        while the kernel path runs (adopted, or once attached: :meth:`started`): its packets
+        cross flannel0 with no process in the way. A start that fails before leaves none."""
         self._tun_fd = tun_fd
-        want = self.kpath is not None
-        was = bool(tun_info(tun_fd)[1] & IFF_PERSIST)
-        if was != want:
-            set_persist(tun_fd, want)
-            log.info("%s %s", self.tun_name, "outlives the daemon from now on (persistent): the "
-                     "kernel path's packets cross it with no process" if want else
-                     "goes with the daemon again (no longer persistent): the engine forwards "
-                     "alone")
+        self._persist(self.kpath is not None and (self.attached or self.kpath.adopted))
+
+    def _persist(self, want: bool) -> None:
+        from ..host.tun import IFF_PERSIST, set_persist, tun_info
+        if self._tun_fd is None:
+            return
+        try:
+            if bool(tun_info(self._tun_fd)[1] & IFF_PERSIST) == want:
+                return
+            set_persist(self._tun_fd, want)
+        except OSError as e:
+            log.warning("cannot make %s %spersistent: %s", self.tun_name, "" if want else "non-", e)
+            return
+        log.info("%s %s", self.tun_name, "outlives the daemon from now on (persistent): the "
+                 "kernel path's packets cross it with no process" if want else
+                 "goes with the daemon again (no longer persistent): no kernel path runs on it")
 
     def table_type(self, cls) -> type:
         """The route table type of the engines the daemon makes of ``cls``."""
@@ -123,6 +131,7 @@ class DaemonKernelPath:
             return
         if engine.in_kernel:
             self.attached = True
+            self._persist(True)
         else:
             self._drop(engine.kernel_why)
 
@@ -135,8 +144,7 @@ class DaemonKernelPath:
         if kpath is not None:
             kpath.close()
         self._remove_stale()
-        if self._tun_fd is not None:
-            self.hold(self._tun_fd)
+        self._persist(False)
         if self.segmentation is not None:
             self.segmentation.restore()
 
@@ -193,3 +201,4 @@ class DaemonKernelPath:
             self.left = True
         else:
             kpath.close()
+            self._persist(False)
