@@ -117,3 +117,27 @@ def test_the_kernel_path_outlives_the_daemon(ov):
     ov.start_daemon(a, engine="c")
     assert wait_for(lambda: answers(ov, a, ov.flannel_ip(b)), 10, interval=0.2)
     assert ov.ping(b, ov.flannel_ip(a))["received"] == 3
+
+
+@pytest.fixture
+def ov_plain():
+    require_bpf()
+    require_engine("c")
+    yield from overlay_of("kernel", ("kernel", "kernel"))
+
+
+@pytest.mark.timeout(90)
+def test_stop_and_start_on_the_kernel_path_loses_nothing(ov_plain, figure):
+    """What test_handover's stop + start loses with an engine (flannel0 goes with the process),
+    the kernel path does not: the same device, the programs forwarding meanwhile."""
+    from tests.integration import restart_traffic
+    ov = ov_plain
+    a, b = ov.hosts
+    before = ov.exec(a, ["cat", "/sys/class/net/flannel0/ifindex"]).stdout
+    out = restart_traffic.across(ov.tb, a, b, ov.flannel_ip(a), ov.flannel_ip(b),
+                                 lambda: ov.restart_daemon(a))
+    figure("kernel: stop + start (SIGTERM, a new daemon adopts the path)", out.summary())
+    assert ov.exec(a, ["cat", "/sys/class/net/flannel0/ifindex"]).stdout == before
+    assert "kernel path: adopted the one pinned at" in ov.daemon(a).log_text()
+    assert out.tcp_problems() == [], out.details()
+    assert out.udp_lost() == {"a->b": 0, "b->a": 0}, out.details()
