@@ -35,7 +35,7 @@ overlay for good:
 
 It takes `run`'s flags (and FLANNELD_* variables), so the daemon's own command line or
 environment file works: it reads the etcd flags, the interface flags, --subnet-file,
---status-socket and --handover-socket; the others are accepted and ignored.
+--status-socket, --handover-socket and --bpf-pins; the others are accepted and ignored.
 
 --kernel-path removes the kernel path alone (its filters, pins and a persistent flannel0) and
 leaves the rest: the package's removal runs it, as nothing could adopt the path any more.
@@ -54,7 +54,6 @@ Example:
 TUN_NAME = re.compile(r"flannel\d+$")
 IFF_PERSIST = 0x800
 UNIX_LISTENING = 0x10000        # __SO_ACCEPTCON in /proc/net/unix's Flags
-DEFAULT_BPF_PINS = "/sys/fs/bpf/flannel-udp"    # engine/bpf_pins.py's DEFAULT_ROOT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,10 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kernel-path", action="store_true",
                    help="remove the kernel path only (its filters, pins and a persistent "
                         "flannel0), nothing else: what the package's removal does")
-    g.add_argument("--bpf-pins", metavar="DIR", default=None,
-                   help="where the kernel path is pinned, one directory per flannel device "
-                        "(default: /sys/fs/bpf/flannel-udp; written --bpf-pins=DIR, as run's "
-                        "flags end at the first word that is no flag)")
     flanneld_flags.add_arguments(parser)
     parser.usage = ("%(prog)s [--dry-run] [--release-lease] [--kernel-path] [--bpf-pins=DIR] "
                     "[run's flags ...]")
@@ -290,7 +285,7 @@ def main(args) -> int:
         steps.append((line, None))
     if any(a is None for _, a in steps):
         steps.append(("", lambda: firewall.remove_all()))   # one transaction for all of them
-    steps += _kernel_path_steps(args.bpf_pins or DEFAULT_BPF_PINS)
+    steps += _kernel_path_steps(opts.bpf_pins)
     for name, persistent in sorted(tun_devices().items()):
         if persistent or not args.kernel_path:
             steps.append((f"ip link del {name}", _del_link(name)))

@@ -358,6 +358,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("status-socket", _parse_str, "the unix socket (root only) on which the daemon "
          "answers `flannel-udp status` (works with --healthz-port 0), and which `flannel-udp "
          "cleanup` checks; empty: none (default: {default})", metavar="PATH", group="ours"),
+    Flag("bpf-pins", _parse_str, "where the kernel path keeps its programs and maps pinned "
+         "(on a bpffs, mounted at /sys/fs/bpf where none is), one directory per flannel device: "
+         "they outlive the daemon, which adopts them at its next start; `flannel-udp status` and "
+         "`cleanup` read the same flag (default: {default})", metavar="DIR", group="ours"),
     Flag("ipv6-underlay-fallback", _parse_bool, "with EnableIPv6 and a PublicIPv6: probe "
          "each peer whose pods' IPv6 goes over the IPv6 underlay (an ICMPv6 echo between the "
          "flannel0s, every 5 s or more), and send its pods' IPv6 over the IPv4 underlay while "

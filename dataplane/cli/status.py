@@ -33,6 +33,12 @@ def default_socket() -> str:
     return os.environ.get("FLANNELD_STATUS_SOCKET") or default("status_socket")
 
 
+def default_pins() -> str:
+    """`run`'s --bpf-pins default, or FLANNELD_BPF_PINS as `run` reads it."""
+    from ..daemon.options import default
+    return os.environ.get("FLANNELD_BPF_PINS") or default("bpf_pins")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status-socket", "-status-socket", metavar="PATH", default=None,
                         help="the daemon's status socket, as given to `run` (default: "
@@ -41,9 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the daemon's status document as JSON")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                         help="how long to wait for the answer (default: 5)")
-    parser.add_argument("--bpf-pins", metavar="DIR", default="/sys/fs/bpf/flannel-udp",
-                        help="where the kernel path is pinned, read when no daemon answers "
-                             "(default: /sys/fs/bpf/flannel-udp)")
+    parser.add_argument("--bpf-pins", "-bpf-pins", metavar="DIR", default=None,
+                        help="where the kernel path is pinned, as given to `run`, read when no "
+                             "daemon answers (default: $FLANNELD_BPF_PINS, else "
+                             "/sys/fs/bpf/flannel-udp)")
 
 
 def main(args) -> int:
@@ -58,7 +65,7 @@ def main(args) -> int:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         print(f"flannel-udp status: no daemon answers on {path} ({why}); is `flannel-udp run` "
               "running, with this --status-socket?", file=sys.stderr)
-        paths = kernel_paths(args.bpf_pins)
+        paths = kernel_paths(args.bpf_pins or default_pins())
         if paths:
             print(json.dumps({"kernel_paths": paths}, indent=2, sort_keys=True) if args.json
                   else render_kernel_paths(paths))
@@ -184,6 +191,8 @@ def render(doc: dict, now: float | None = None) -> str:
         moved = {k: v for k, v in (kp.get("counters") or {}).items() if v}
         rows.append(("path", f"{kp.get('path')} ({kp.get('why')})"
                      + (f"; {kp['offload']}" if kp.get("offload") else "")
+                     + (f"; pinned at {kp['pins']}, outlives the daemon" if kp.get("pins")
+                        else "")
                      + (f"; programs' counters: {moved}" if moved else "")))
     rows.append(("tun", f"{doc.get('tun') or '-'}, {doc.get('queues', 0)} queue(s)"))
     offloads = doc.get("offloads") or {}

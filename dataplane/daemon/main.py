@@ -85,7 +85,7 @@ from .interpreter import StartInterpreter
 from .lease_keeper import LeaseKeeper
 from .liveness import Liveness
 from .monitor import MONITOR_PERIOD_S, Monitor
-from .kernel_path import DaemonKernelPath
+from .kernel_path import LEFT_MESSAGE, DaemonKernelPath, device_name
 from .options import Options
 from .peer_routes import PeerRoutes
 from .startup import StartupError, Stopped
@@ -225,7 +225,7 @@ class Daemon:
             preflight.udp_port(st.ext, st.config.backend_port, ip=self.underlay6[1])
         st.lease_manager = self.lease_keeper.new_manager()
         # the engine decides the queues' fds (vnet headers for its offloads)
-        self._select_engine()
+        self._select_engine(inh)
         if inh is not None:
             inh, st.lease = takeover.check(
                 inh, ext=st.ext, config=st.config, lease_manager=st.lease_manager,
@@ -243,9 +243,11 @@ class Daemon:
             # sockets' steering)
             st.dataplane = startup.open_dataplane(st.offloads, self.queues,
                                                   startup.parts(st.config, st.lease), st.ext,
-                                                  st.config.backend_port, self._public6(bind=True))
+                                                  st.config.backend_port, self._public6(bind=True),
+                                                  st.kernel.tun_name)
             self.peer_routes.follow_lease(st.config.ipv6_network, st.lease.ipv6_subnet,
                                           self._routed6())
+        st.kernel.hold(st.dataplane.tun_fds[0])     # persistent exactly on the kernel path
         # the lease's blackhole route; that of the subnet subnet.env still names, if another, goes
         st.blackhole.want(st.lease.subnet, previous=st.lease_manager.subnet_file_prev.get(4))
         # 7. iptables
@@ -294,14 +296,19 @@ class Daemon:
         for s in servers:
             s.close()
 
-    def _select_engine(self):
-        """The engine class, then what it decides: the queues and the offloads to try."""
+    def _select_engine(self, inh):
+        """The engine class, then what it decides: the queues and the offloads to try; the
+        kernel path pinned for flannel0's name (a handed-over one's, else the one a kernel
+        path left, else the first free: daemon/kernel_path.py)."""
+        from ..engine.bpf_pins import pin_dir
         from ..host.offload import Offloads
         st = self.state
         o = st.opts
-        choice = startup.choose_engine(o)
+        pins = pin_dir(device_name(o.bpf_pins, inh.tun_name if inh is not None else None),
+                       o.bpf_pins)
+        choice = startup.choose_engine(o, pins)
         st.engine_cls, st.engine_why = choice.cls, choice.why
-        st.kernel = DaemonKernelPath(choice, st.ext, st.config.backend_port)
+        st.kernel = DaemonKernelPath(choice, st.ext, st.config.backend_port, pins)
         if st.kernel.check():
             raise StartupError(f"--engine kernel: {st.kernel.check()}; fix that, or run with "
                                "--engine c or auto")
@@ -358,13 +365,21 @@ class Daemon:
         if st.kernel is None or not st.kernel.wraps:
             return engine
         try:
-            engine = st.kernel.wrap(engine, st.dataplane.tun_name)
+            engine = st.kernel.wrap(engine, st.dataplane.tun_name, own_ip6=self._own_ip6())
         except (OSError, ValueError, RuntimeError) as e:
             raise StartupError(f"failed to put the kernel path in front of the {engine.name} "
                                f"engine: {e}") from None
         engine.set_strict_sources(st.opts.strict_sources)
         self.own_sources.refresh(engine, subnets)
         return engine
+
+    def _own_ip6(self):
+        """The IPv6 underlay's address for the kernel path's programs: they send from, and
+        listen on, one address, so none where PublicIPv6 is not the one the sockets bind."""
+        if self.underlay6 is None or not self.state.dataplane.sockets.get(V6):
+            return None
+        public6, bind6 = self.underlay6[0], self.underlay6[1]
+        return public6 if str(public6) == str(bind6) else None
 
     def _start_engine(self, start) -> None:
         """``start()`` (the engine's, or the handover's switch to it); the kernel path's
@@ -522,10 +537,10 @@ class Daemon:
             ("close the etcd client", lambda: self.registry and self.registry.close()),
             ("leave the state to the next process", succession.leave_to_next),
             ("stop the engine", self._close_engine),
-            # a successor's programs replace ours on the hooks: ours stay until then
-            ("detach the kernel path's programs", lambda: st.kernel and st.kernel.close(
+            # pinned, they go on forwarding until a new daemon adopts them (kernel_path.py)
+            ("leave the kernel path forwarding", lambda: st.kernel and st.kernel.close(
                 leave_attached=succession.successor is not None)),
-            # the last fd of flannel0 closed removes it
+            # the last fd of flannel0 closed removes it (persistent on the kernel path: not)
             ("close flannel0 and the UDP sockets", st.dataplane.close),
             ("say that the blackhole route stays",
              lambda: succession.successor is None and st.blackhole.leave()),
@@ -539,7 +554,10 @@ class Daemon:
             log.info("Exiting: pid %d forwards on %s now, with the lease %s",
                      succession.successor, st.dataplane.tun_name, st.lease.subnet)
         elif st.lease is not None:
-            log.info("Exiting; the lease %s stays in etcd until it expires", st.lease.subnet)
+            log.info("Exiting; %sthe lease %s stays in etcd until it expires",
+                     f"{LEFT_MESSAGE} (pinned at {st.kernel.pin_dir}, {st.dataplane.tun_name} "
+                     "persistent); " if st.kernel is not None and st.kernel.left else "",
+                     st.lease.subnet)
 
     def _close_engine(self):
         with self.state.lock:

@@ -18,6 +18,12 @@ from ..host.offload import DEFAULT_MODE as OFFLOAD_DEFAULT
 from ..host.queues import default_queues
 
 
+def _bpf_pins_root() -> str:
+    # engine/bpf_pins.py's, imported only when the default is asked for (it loads cffi)
+    from ..engine.bpf_pins import DEFAULT_ROOT
+    return DEFAULT_ROOT
+
+
 @dataclass
 class Options:
     """Resolved, validated settings (attribute names = the flags' names, dashes as underscores)."""
@@ -67,6 +73,9 @@ class Options:
     status_socket: str = "/run/flannel/flannel-udp.sock"
     # probe each peer's IPv6 underlay, its IPv6 part over IPv4 while it carries nothing back
     ipv6_underlay_fallback: bool = True
+    # the kernel path's pins (docs/kernel-path.md#restarts): one directory per flannel device
+    # under it, on a bpffs; one per network namespace
+    bpf_pins: str = field(default_factory=_bpf_pins_root)
     # where each value came from: "flag", "env" or "default"
     sources: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)

@@ -256,13 +256,17 @@ def acquire_lease(subnets, registry, wait):
         return lease
 
 
-def choose_engine(opts):
+def choose_engine(opts, pin_dir: str | None = None):
     """The engine (engine/choice.py EngineChoice: the class, why, the kernel path's programs
-    loaded or why not): --engine (or FLANNELD_ENGINE), else $DATAPLANE_ENGINE, else auto."""
+    loaded or why not): --engine (or FLANNELD_ENGINE), else $DATAPLANE_ENGINE, else auto; the
+    kernel path pinned at ``pin_dir`` (daemon/kernel_path.py), adopting what is there."""
+    import functools
     from ..engine.choice import EngineChoiceError, EngineUnavailable, choose_engine as choose
+    from ..engine.choice import load_kernel_path
     flag = None if opts.sources.get("engine") == "default" else opts.engine
     try:
-        return choose(flag, kernel=True)
+        return choose(flag, kernel=True,
+                      load_kernel=functools.partial(load_kernel_path, pin_dir=pin_dir))
     except (EngineChoiceError, EngineUnavailable) as e:
         raise StartupError(str(e)) from None
 
@@ -282,7 +286,8 @@ def subnets(lease) -> list:
     return [s for s in (lease.subnet, lease.ipv6_subnet) if s is not None]
 
 
-def open_dataplane(offloads, queues: int, parts, ext, port: int, bind6=None):
+def open_dataplane(offloads, queues: int, parts, ext, port: int, bind6=None,
+                   tun_name: str = "flannel%d"):
     """5.-6. The dataplane's assembly (host/assembly.py) in the daemon's words: flannel0 with one
     fd per queue, for each of ``parts`` the lease has a subnet of its address (<lease net>/32,
     <IPv6 lease net>/128) and the route of its network, MTU, queues long enough for a restart
@@ -298,8 +303,14 @@ def open_dataplane(offloads, queues: int, parts, ext, port: int, bind6=None):
     if bind6 is not None:
         sockets[V6] = lambda n: open_sockets(ext, port, n, ip=bind6)
     try:
-        dp = Dataplane.open(offloads, tun_name="flannel%d", mtu=ext.tun_mtu, queues=queues,
-                            parts=carried, sockets=sockets)
+        try:
+            dp = Dataplane.open(offloads, tun_name=tun_name, mtu=ext.tun_mtu, queues=queues,
+                                parts=carried, sockets=sockets)
+        except AssemblyError as e:
+            if not _left_other_queues(e, tun_name, queues):
+                raise
+            dp = Dataplane.open(offloads, tun_name=tun_name, mtu=ext.tun_mtu, queues=queues,
+                                parts=carried, sockets=sockets)
     except AssemblyError as e:
         v6 = "".join(f", {p.family.name} address {p.tun_addr}, route {p.network}" for p in more)
         raise _assembly_failed(e, f"{v4.tun_addr}, MTU {ext.tun_mtu}, route {v4.network}{v6}") \
@@ -312,6 +323,23 @@ def open_dataplane(offloads, queues: int, parts, ext, port: int, bind6=None):
         log.info("%s carries %s: address %s, route %s dev %s", dp.tun_name, p.family.name,
                  p.tun_addr, p.network, dp.tun_name)
     return dp
+
+
+def _left_other_queues(e, tun_name: str, queues: int) -> bool:
+    """A flannel0 a kernel path left (persistent) with another queue layout than --queues asks
+    refuses the attach (EINVAL): removed, to be made again (its routes with it), said once."""
+    from ..host.tun import remove_persistent
+    if e.step != "tun" or getattr(e.error, "errno", None) != errno.EINVAL or "%" in tun_name:
+        return False
+    try:
+        if not remove_persistent(tun_name):
+            return False
+    except OSError:
+        return False
+    log.warning("%s, left by the daemon before (the kernel path keeps it), has another queue "
+                "layout than --queues %d asks: made again, which loses what crosses it meanwhile",
+                tun_name, queues)
+    return True
 
 
 def tun_addr6(subnet6) -> str | None:

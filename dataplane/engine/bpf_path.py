@@ -370,6 +370,8 @@ class KernelPath:
                     self._routes[subnet] = (self._hop_peer(hop), hop.mtu)
         for key in self._keys(bc.MAP_PEERS4, "__u32"):
             self._peers[ipaddress.IPv4Address(struct.pack("=I", key[0]))] = 0
+        for key in self._keys(bc.MAP_PEERS6, "fu_addr6"):     # set_routes removes a stale one
+            self._peers[ipaddress.IPv6Address(bytes(ffi.buffer(key.addr)))] = 0
         for p in self._routes.values():
             self._peers[p[0]] = self._peers.get(p[0], 0) + 1
         self._local = {ipaddress.IPv4Address(struct.pack("=I", k[0]))

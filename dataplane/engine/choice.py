@@ -71,10 +71,13 @@ def kernel_release(release: str | None = None) -> tuple:
         return 0, 0
 
 
-def load_kernel_path(release: str | None = None, btf: str = BTF):
+def load_kernel_path(release: str | None = None, btf: str = BTF, pin_dir: str | None = None):
     """The kernel path's programs built and loaded (a KernelPath, not attached); KernelPathError
     says why not and what to do: a kernel older than KERNEL_MIN or without BTF, not root, no
-    clang or libbpf (bpf_build, bpf_lib), a verifier refusal."""
+    clang or libbpf (bpf_build, bpf_lib), a verifier refusal, no bpffs for ``pin_dir``. With
+    ``pin_dir`` (the daemon's: bpf_pins.pin_dir) the path is pinned there, and what a daemon
+    before left there is adopted (bpf_path.KernelPath)."""
+    from . import bpf_pins
     from .bpf_build import BpfBuildError
     from .bpf_lib import BpfLibError
     from .bpf_path import KernelPath, KernelPathError
@@ -88,7 +91,10 @@ def load_kernel_path(release: str | None = None, btf: str = BTF):
         raise KernelPathError(f"this kernel has no BTF ({btf}): build it with "
                               "CONFIG_DEBUG_INFO_BTF=y")
     try:
-        return KernelPath()
+        if pin_dir and bpf_pins.ensure_bpffs(os.path.dirname(pin_dir)):
+            log.info("kernel path: mounted a bpffs at %s for its pins (none was mounted)",
+                     bpf_pins.BPFFS)
+        return KernelPath(pin_dir=pin_dir)
     except (BpfBuildError, BpfLibError) as e:
         raise KernelPathError(str(e)) from None
 

@@ -7,7 +7,9 @@ keep talking to one Engine (api.py), and this wrapper gives each call to both:
 * the route table: ``table_type`` is :class:`KernelTable`, the slow engine's table beside the
   routes as a dict by subnet, derived from a change in the same call (``updated``), so a peer
   change builds its routes once; ``set_table`` publishes the slow engine's part and writes the
-  programs' maps (KernelPath.set_routes: only what changed is written);
+  programs' maps (KernelPath.set_routes: only what changed is written); a path adopted from
+  its pins runs already, so it gets the table the engine starts with, and the config once it
+  is whole (set_local's subnets), never a half-made one;
 * own sources (``set_local``), the strict rule, accept_any: both, the programs through
   KernelPath.configure, with what the engine was made with (own PublicIP, port, flannel0's MTU)
   and the lease's subnets as set_local last gave them (a lease move gives new ones);
@@ -105,7 +107,7 @@ class KernelEngine(Engine):
 
     def __init__(self, slow, kpath, *, tun_ifindex: int, ext_ifindex: int, own_ip, port: int,
                  required: bool = False, owns_path: bool = True, on_attach=None,
-                 on_detach=None, kernel_why: str = ""):
+                 on_detach=None, kernel_why: str = "", own_ip6=None):
         super().__init__(slow.tun_fd, slow.udp_fds[4], slow.tun_addr, slow.mtu, slow.batch,
                          slow.accept_any)
         self.slow, self.kpath = slow, kpath
@@ -114,6 +116,7 @@ class KernelEngine(Engine):
         self.forwards_in_python = slow.forwards_in_python
         self.tun_ifindex, self.ext_ifindex = tun_ifindex, ext_ifindex
         self.own_ip, self.port = own_ip, int(port)
+        self.own_ip6 = own_ip6            # the IPv6 underlay's (None: the programs go without)
         self.required, self.owns_path = required, owns_path
         self.on_attach, self.on_detach = on_attach, on_detach
         self.kernel_why = kernel_why      # why the programs do not run, when they do not
@@ -123,7 +126,11 @@ class KernelEngine(Engine):
         self._closed = False
         self._refused = False
         self._written = None              # the serial of the table the programs hold
-        self._configure()
+        # the config is written once it is whole (set_local's subnets, or start): a pinned
+        # path adopted by this engine runs meanwhile, and must not see it half made
+        self._config_whole = False
+        self._started = False
+        self._pending = None              # the table set before start
 
     # what the slow engine has and this wrapper does not change
     def __getattr__(self, name):
@@ -139,11 +146,12 @@ class KernelEngine(Engine):
         """Whether the programs forward (loaded, configured and attached)."""
         return self.kpath is not None and self.attached
 
-    def _configure(self) -> None:
-        if self.kpath is not None:
+    def _configure(self, whole: bool = False) -> None:
+        self._config_whole = self._config_whole or whole
+        if self.kpath is not None and self._config_whole:
             self.kpath.configure(own_ip=self.own_ip, port=self.port, mtu=self.mtu,
                                  own_subnets=self._subnets, strict=self._strict,
-                                 accept_any=self.accept_any)
+                                 accept_any=self.accept_any, own_ip6=self.own_ip6)
 
     # ---- the calls given to both -----------------------------------------------------------
 
@@ -151,6 +159,15 @@ class KernelEngine(Engine):
         self.slow.set_table(table.slow)
         if self.kpath is None:
             return
+        if not self._started and self.kpath.adopted:
+            # an adopted path (pinned: bpf_pins.py) forwards meanwhile from what it holds: its
+            # maps get the table the engine starts with, not the ones before (the daemon's
+            # first is empty until the peers are listed)
+            self._pending = table
+            return
+        self._write(table)
+
+    def _write(self, table) -> None:
         try:
             if table.change is not None and table.change[0] == self._written and \
                     not self._refused:
@@ -162,8 +179,8 @@ class KernelEngine(Engine):
         self._written = table.serial
 
     def _routes_refused(self, table, e) -> None:
-        """The programs get the routes over the IPv4 underlay only (a loader without the IPv6
-        underlay): the others find no route there and go on to the engine, which has them."""
+        """The programs get the routes over the IPv4 underlay only (no own_ip6 for the IPv6
+        underlay's): the others find no route there and go on to the engine, which has them."""
         if not self._refused:
             log.warning("kernel path: %s; the engine carries what the programs cannot", e)
             self._refused = True
@@ -175,7 +192,7 @@ class KernelEngine(Engine):
         self._subnets = own_subnets
         if self.kpath is not None:
             self.kpath.set_local(addrs)
-            self._configure()
+            self._configure(whole=True)
 
     def set_strict_sources(self, enable: bool) -> None:
         self.slow.set_strict_sources(enable)
@@ -186,7 +203,12 @@ class KernelEngine(Engine):
         self.slow.start()
         if self.kpath is None:
             return
+        self._started = True
         try:
+            self._configure(whole=True)
+            if self._pending is not None:
+                pending, self._pending = self._pending, None
+                self._write(pending)
             if self.on_attach is not None:
                 self.on_attach()
             self.kpath.attach(self.tun_ifindex, self.ext_ifindex)

@@ -66,7 +66,8 @@ def open_sockets(ip: str, port: int, queues: int, *, bufsize: int = SOCKET_BUFFE
 
 
 def kernel_engine(slow, kpath, *, tun_name: str, ext_name: str, own_ip, port: int,
-                  required: bool, owns_path: bool, segmentation=None, kernel_why: str = ""):
+                  required: bool, owns_path: bool, segmentation=None, kernel_why: str = "",
+                  own_ip6=None):
     """Step 5: ``slow`` (step 4's engine) behind ``kpath`` (engine/bpf_path.py KernelPath, loaded;
     None: the slow engine alone behind the same interface), for flannel0 ``tun_name`` and the
     external interface ``ext_name`` of this network namespace; ``segmentation`` (a
@@ -88,7 +89,7 @@ def kernel_engine(slow, kpath, *, tun_name: str, ext_name: str, own_ip, port: in
                             ext_ifindex=socket.if_nametoindex(ext_name), own_ip=own_ip,
                             port=port, required=required, owns_path=owns_path,
                             on_attach=cut, on_detach=seg.restore if owns_path else None,
-                            kernel_why=kernel_why)
+                            kernel_why=kernel_why, own_ip6=own_ip6)
     except BaseException:
         slow.close()
         raise

@@ -38,6 +38,7 @@ pid) when the next one starts.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import ipaddress
 import logging
 import os
@@ -122,6 +123,7 @@ class Testbed:
         self._closed = False
         self._namespaces: list[str] = []
         self._workdir: str | None = None
+        self._bpffs: str | None = None     # the hosts' bpffs (bpf_pins), once one is asked for
         self._etcds: list = []
         if sweep:
             ns.sweep_stale()
@@ -410,6 +412,18 @@ class Testbed:
             self._workdir = tempfile.mkdtemp(prefix=f"{ns.PREFIX}-tb-{self.run_id[0]}-")
         return self._workdir
 
+    def bpf_pins(self, where) -> str:
+        """The host's own --bpf-pins: a directory on a bpffs of this testbed's, mounted in its
+        workdir (`ip netns exec` remounts /sys, which hides /sys/fs/bpf from the hosts; one
+        mount for all of them, and every host its own directory, so that no daemon adopts
+        another host's kernel path). Unmounted by :meth:`close`, every pin with it."""
+        if self._bpffs is None:
+            path = os.path.join(self.workdir, "bpffs")
+            os.makedirs(path, exist_ok=True)
+            _mount_bpffs(path)
+            self._bpffs = path
+        return os.path.join(self._bpffs, self.host(where).name)
+
     # -- teardown ---------------------------------------------------------
 
     def _delete_ns(self, netns: str) -> None:
@@ -437,6 +451,8 @@ class Testbed:
             except Exception as e:
                 errors.append(f"{netns}: {e}")
         self.hosts.clear()
+        if self._bpffs is not None:
+            _unmount(self._bpffs)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
         _open_testbeds.discard(self)
@@ -470,4 +486,19 @@ def _sweep_stale_workdirs() -> None:
     except OSError:
         return
     for name in ns.dead_run_names(names, "tb"):
+        _unmount(os.path.join(tmp, name, "bpffs"))
         shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+
+
+def _mount_bpffs(path: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"bpffs", path.encode(), b"bpf", 0, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mounting a bpffs at {path}: {os.strerror(err)}")
+
+
+def _unmount(path: str) -> None:
+    """Unmount what is mounted at ``path`` (nothing: nothing done); lazily, as a process of a
+    killed test may still hold a pin's fd."""
+    if os.path.ismount(path):
+        ctypes.CDLL(None, use_errno=True).umount2(path.encode(), 2)      # MNT_DETACH

@@ -266,11 +266,12 @@ class Overlay:
             os.unlink(sock_path)
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(sock_path)
-        # Each host's handover and status sockets in its own directory (the defaults are one
-        # per machine).
+        # Each host's handover and status sockets in its own directory, and its kernel path's
+        # pins (the defaults are one per machine).
         full_env = dict(os.environ, NOTIFY_SOCKET=sock_path, PYTHONUNBUFFERED="1",
                         FLANNELD_HANDOVER_SOCKET=self.handover_socket(h),
-                        FLANNELD_STATUS_SOCKET=self.status_socket(h))
+                        FLANNELD_STATUS_SOCKET=self.status_socket(h),
+                        FLANNELD_BPF_PINS=self.tb.bpf_pins(h))
         full_env.update(env or {})
         logf = open(os.path.join(d_dir, "daemon.log"), "ab")
         try:
@@ -283,6 +284,17 @@ class Overlay:
         if wait:
             self.wait_ready(h)
         return d
+
+    def remove_kernel_path(self, host) -> subprocess.CompletedProcess:
+        """`flannel-udp cleanup --kernel-path` on the host (its daemon stopped): what a kernel
+        path that outlived the daemon left (filters, pins, a persistent flannel0) removed, for a
+        test that starts the host again from nothing."""
+        h = self.host(host)
+        return self.tb.exec(h, cli_argv("cleanup", "--kernel-path",
+                                        f"--bpf-pins={self.tb.bpf_pins(h)}",
+                                        f"--status-socket={self.status_socket(h)}",
+                                        f"--handover-socket={self.handover_socket(h)}",
+                                        f"--subnet-file={self.subnet_file(h)}"))
 
     def handover_socket(self, host) -> str:
         """Where the host's daemon offers a handover (``--handover`` takes it)."""

@@ -72,6 +72,8 @@ class Unit:
                     f"FLANNELD_SUBNET_FILE={self.dir}/subnet.env\n"
                     f"FLANNELD_HANDOVER_SOCKET={self.dir}/handover.sock\n"
                     f"FLANNELD_STATUS_SOCKET={self.dir}/status.sock\n"
+                    # a kernel path's pins of this box's own, never the machine's
+                    f"FLANNELD_BPF_PINS=/sys/fs/bpf/{os.path.basename(self.dir)}\n"
                     "PYTHONUNBUFFERED=1\n"
                     f"FLANNEL_UDP_OPTIONS=--engine {self.engine} {extra}\n")
 

@@ -33,6 +33,7 @@ def host(ov):
     ov.put_config(ov.config)          # each test starts from a valid config
     yield h
     ov.stop_daemon(h)
+    ov.remove_kernel_path(h)                   # auto's kernel path stays after exit too
     for cmd in REMOVAL_COMMANDS["iptables"]:   # the rules stay after exit: start each test clean
         ov.exec(h, shlex.split(cmd))
 

@@ -5,8 +5,10 @@ each says in its log that the kernel path runs, pings cross both ways in both in
 (IPv6 over the IPv4 underlay) carried by the programs (their counters move, the engines send
 and write nothing), /metrics labels the series by datapath and `flannel-udp status` names the
 path; a third host that joins later is reached through the kernel path (the maps follow the
-peer watch), and once killed, the C engine started alone in its place removes the filter it left
-(which would swallow the peers' datagrams). Then a host where the programs cannot be built (clang made unreachable through
+peer watch), and once killed, the C engine started alone in its place removes the path it left,
+pinned (its filters would swallow the peers' datagrams); a daemon that stops leaves its path
+forwarding (docs/kernel-path.md#restarts, test_daemon_kernel_restart.py). Then a host where the
+programs cannot be built (clang made unreachable through
 $BPF_CLANG, which the build honours: engine/bpf_build.py): `--engine kernel` fails at start
 saying why, auto falls back to the C engine saying why (docs/kernel-path.md, "The choice").
 """
@@ -104,22 +106,31 @@ def test_default_daemon_forwards_through_the_kernel_path(ov):
     assert ping(h0.netns, ov.flannel_ip(h2))["received"] == 3
     assert carried(ov, h0)["kernel_udp_tx"] - k0 >= 4
 
-    # a daemon killed leaves its ingress filter, which would decapsulate into a flannel0 that
-    # is gone: the engine that starts alone in its place removes it, and hears its peers
+    # a daemon killed leaves its path (pinned, on its hooks), which would take the peers'
+    # datagrams from an engine: the engine that starts alone in its place removes it, and
+    # hears its peers
     ov.stop_daemon(h2, sig=signal.SIGKILL)
     ov.start_daemon(h2, engine="c")
-    assert "Removed the kernel path's filter from" in ov.daemon(h2).log_text()
+    log = ov.daemon(h2).log_text()
+    assert "Removed the kernel path pinned at" in log, log[-3000:]
+    assert "flannel0 goes with the daemon again (no longer persistent)" in log, log[-3000:]
+    assert "fu_ingress" not in ov.exec(h2, ["tc", "filter", "show", "dev", h2.iface,
+                                            "ingress"]).stdout
     assert wait_for(lambda: ping(h1.netns, ov.flannel_ip(h2), count=1)["received"] == 1, 10,
                     interval=0.2)
 
-    # the programs are detached when the daemon stops, the segmentation put back
+    # a daemon that stops leaves the programs on their hooks (a stop and a restart look
+    # alike to it), the segmentation off as they need it
+    d0 = ov.daemon(h0)
     ov.stop_daemon(h0)
+    assert "the kernel path keeps forwarding without a daemon" in d0.log_text()
     r = ov.exec(h0, ["tc", "filter", "show", "dev", h0.iface, "ingress"])
-    assert "fu_ingress" not in r.stdout, r.stdout
+    assert "fu_ingress" in r.stdout, r.stdout
     r = ov.exec(h0, [sys.executable, "-c", "from dataplane.host.tunnel_gso import active; "
                      f"a = active({h0.iface!r}); print(a['tx-udp_tnl-segmentation'], "
                      "a['tx-checksum-ip-generic'])"])
-    assert r.stdout.split() == ["True", "True"], r.stdout + r.stderr
+    assert r.stdout.split() == ["False", "False"], r.stdout + r.stderr
+    assert ping(h1.netns, ov.flannel_ip(h0))["received"] == 3
 
 
 @pytest.mark.timeout(90)

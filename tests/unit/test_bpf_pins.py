@@ -251,3 +251,24 @@ def test_ensure_bpffs_mounts_only_where_none_holds_the_root(host, tmp_path):
         assert mount_of(str(fresh / "flannel-udp")) == (str(fresh), "bpf")
     finally:
         ctypes.CDLL(None).umount2(str(fresh).encode(), 2)
+
+
+def test_a_stale_peer_of_either_underlay_goes_with_the_first_whole_set(host):
+    """A peer entry no route names (a process killed between a route's removal and its peer's)
+    is read back at adoption and removed by the next set_routes, the IPv6 underlay's too."""
+    import ipaddress
+    from dataplane.engine.bpf_lib import ffi
+    from dataplane.engine.bpf_path import KernelPath
+    pins, tun, ext = host
+    kp = started(pins, tun, ext)
+    for stale in ("192.168.7.66", "fd00:99::66"):
+        kp._update(*kp._peer_key(ipaddress.ip_address(stale)), ffi.new("__u32 *", 1))
+    kp.leave()
+    with contextlib.closing(KernelPath(pin_dir=pins)) as again:
+        assert {str(p) for p, n in again._peers.items() if n == 0} == {"192.168.7.66",
+                                                                       "fd00:99::66"}
+        again.set_routes([Route.make("10.5.2.0/24", PEER, PORT)])
+        assert {str(p) for p in again._peers} == {PEER}
+        assert again._keys(bc.MAP_PEERS6, "fu_addr6") == []
+        assert len(again._keys(bc.MAP_PEERS4, "__u32")) == 1
+        again.leave()

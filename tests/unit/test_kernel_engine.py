@@ -16,6 +16,7 @@ import pytest
 from dataplane.engine import choice, multi
 from dataplane.engine.api import Route
 from tests.conftest import require_bpf
+from tests.unit.test_bpf_pins import host  # noqa: F401  (the fixture: pins, a veth pair)
 
 pytestmark = [pytest.mark.root]
 
@@ -105,3 +106,39 @@ def test_the_choice_of_path():
     assert choice.choose_engine("kernel").kernel is None
     with pytest.raises(RuntimeError, match="older than 6.3"):
         choice.load_kernel_path(release="6.1.0-18-amd64")
+
+
+def test_an_adopted_path_gets_the_table_the_engine_starts_with(host):
+    """A path adopted from its pins forwards while the daemon starts: the daemon's first table
+    (empty until the peers are listed) and a config not yet whole never reach its maps; the
+    table the engine starts with does, before the attach."""
+    from dataplane.engine.bpf_path import KernelPath
+    from dataplane.engine.kernel_engine import KernelEngine
+    from dataplane.engine.pyengine import PyEngine
+    from tests.unit.test_bpf_pins import MTU, OWN_IP, PEER, PORT, started
+    pins, tun, ext = host
+    started(pins, tun, ext).leave()
+    pair, udp = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM), socket.socketpair(
+        socket.AF_UNIX, socket.SOCK_DGRAM)
+    kp = KernelPath(pin_dir=pins)
+    slow = multi.create(PyEngine, [pair[0].fileno()], [udp[0].fileno()], tun_addr="10.5.1.0",
+                        mtu=MTU, accept_any=False)
+    e = KernelEngine(slow, kp, tun_ifindex=tun, ext_ifindex=ext, own_ip=OWN_IP, port=PORT)
+    try:
+        e.set_table(e.table_type.of([]))
+        e.set_strict_sources(True)
+        kept = ipaddress.ip_network("10.5.2.0/24")
+        assert kept in kp._routes and kp._cfg.own_mask != 0       # as the pins held them
+        e.set_table(e.table_type.of([Route.make("10.5.2.0/24", PEER, PORT),
+                                     Route.make("10.5.3.0/24", PEER, PORT)]))
+        assert ipaddress.ip_network("10.5.3.0/24") not in kp._routes
+        e.set_local(["10.5.1.0/24"], [OWN_IP, "10.5.1.0"])
+        e.start()
+        assert e.in_kernel and {str(s) for s in kp._routes} == {"10.5.2.0/24", "10.5.3.0/24"}
+    finally:
+        e.stop()
+        e.close()
+        kp.leave()
+        for a, b in (pair, udp):
+            a.close()
+            b.close()
