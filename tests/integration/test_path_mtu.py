@@ -69,12 +69,16 @@ def test_tcpv6_over_a_narrower_path_sends_no_fragments(ov, request, figure):
     hashed_transfer(pod0, pod1, addr1, NBYTES)
     sent4, sent6 = (b - a for a, b in zip(udp, ov.tb.udp_out(h0)))
     m = ov.metrics(h0)
-    if ov.kind == "kernel" and not v6_underlay:
-        # the programs carried the stream and handed the packets over the path MTU on (the
-        # daemon gives them no route of the IPv6 underlay yet: its engine carries those)
+    if ov.kind == "kernel":
+        # the programs carried the stream and handed the packets over the path MTU on; over
+        # the IPv6 underlay the TCP super-packets go to the engine (tx_pass_gso6, each segment
+        # needs its own checksum), the programs carry the rest (docs/kernel-path.md)
         sent = m[KERNEL_SENT] - m0.get(KERNEL_SENT, 0)
-        assert sent >= 100, sent
-        assert m.get(PASSED_PATH_MTU, 0) >= 1, {k: v for k, v in m.items() if "passed" in k}
+        passed = {k: v for k, v in m.items() if "passed" in k and v}
+        print(f"FIGURE kernel {request.node.callspec.params['ov']}: programs sent {sent}, "
+              f"passed {passed}")
+        assert sent >= (1 if v6_underlay else 100), sent
+        assert m.get(PASSED_PATH_MTU, 0) >= 1, passed
     elif ov.kind != "kernel":
         # the underlay it took: the IPv6 one where both hosts have an address on it
         assert (sent6 if v6_underlay else sent4) >= 100, (sent4, sent6)
