@@ -88,7 +88,8 @@ class KernelBenchPath(EnginePath):
     def setup(self) -> None:
         from ..engine.bpf_build import BpfBuildError
         from ..engine.bpf_lib import BpfLibError
-        from ..engine.bpf_path import KernelPathError, kernel_decaps_gso
+        from ..engine.bpf_kernel import kernel_decaps_gso
+        from ..engine.bpf_path import KernelPathError
         super().setup()
         try:
             self.cut = not kernel_decaps_gso()

@@ -18,19 +18,19 @@ set_routes and set_local write only the difference) and leaves the running
 programs on their hooks when they are the same code (bpf_pins.py says how an
 upgrade goes); ``leave`` ends the process's part and leaves the path running.
 
-Nothing here runs tc or bpftool; the daemon's wiring (which path) is not here
-yet (docs/kernel-path.md).
+Nothing here runs tc or bpftool. Which path runs is engine/choice.py's; the
+kernel path in front of an engine is engine/kernel_engine.py, and the daemon's
+hold on it daemon/kernel_path.py (docs/kernel-path.md).
 """
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import os
-import socket
 import struct
 
 from . import bpf_contract as bc
 from .bpf_build import build
+from .bpf_kernel import kernel_decaps_gso, link_is_ethernet
 from . import bpf_pins
 from .bpf_lib import BpfLibError, check, check_ptr, ffi, lib, sized
 
@@ -40,8 +40,6 @@ VERDICTS = {TC_ACT_OK: "pass", TC_ACT_SHOT: "drop", TC_ACT_REDIRECT: "redirect"}
 BPF_TC_F_REPLACE = 1
 # Our filters' place on the clsact hooks: one handle and priority of our own, replaced in place.
 TC_HANDLE, TC_PRIORITY = 0x4655, 1
-ARPHRD_ETHER = 1
-_SIOCGIFHWADDR = 0x8927
 _LOG_SIZE = 4 << 20
 # linux/bpf.h's struct __sk_buff (uapi: fields are only ever appended), for a test run's
 # context: its size as of Linux 5.16, and where its gso_size is.
@@ -50,27 +48,6 @@ _SKB_CTX_SIZE, _SKB_GSO_SIZE_AT = 192, 176
 
 class KernelPathError(RuntimeError):
     """The kernel path cannot run here, and why (the verifier's log when it refused)."""
-
-
-def link_is_ethernet(ifindex: int) -> bool:
-    """Whether the device (in the caller's network namespace) has an Ethernet header: asked of
-    the kernel, not sysfs, which shows the namespace it was mounted in."""
-    name = socket.if_indextoname(ifindex)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        ifr = fcntl.ioctl(s, _SIOCGIFHWADDR, struct.pack("16s16x", name.encode()))
-    return struct.unpack_from("H", ifr, 16)[0] == ARPHRD_ETHER
-
-
-def kernel_decaps_gso(btf: str = "/sys/kernel/btf/vmlinux") -> bool:
-    """Whether this kernel's bpf_skb_adjust_room clears the UDP tunnel GSO bits when it
-    decapsulates (BPF_F_ADJ_ROOM_DECAP_L4_UDP, after Linux 6.18): its name is in the kernel's
-    BTF. Without it a super-packet decapsulated whole would still say it is encapsulated, so
-    the ingress program hands those on to the engine (FU_F_DECAP_GSO off)."""
-    try:
-        with open(btf, "rb") as f:
-            return b"BPF_F_ADJ_ROOM_DECAP_L4_UDP\0" in f.read()
-    except OSError:
-        return False
 
 
 def _v4(addr) -> bytes:

@@ -220,7 +220,7 @@ def test_kernel_to_kernel_tcp(engine_kind):
     helper refuses them unchanged (counted), and the sender's veth must cut them as a NIC
     would (tx-udp_tnl-segmentation off): then every datagram is taken in by the program.
     Either way a TCP stream each way arrives whole with the engines carrying none of it."""
-    from dataplane.engine.bpf_path import kernel_decaps_gso
+    from dataplane.engine.bpf_kernel import kernel_decaps_gso
     in_kernel = kernel_decaps_gso()
     with two_hosts(engine_kind, both={"decap_gso": True}) as (tb, a, b, fa, fb, kpa, kpb):
         sink = tb.popen(b, [sys.executable, "-c", HASH_SINK, B_TUN, "5300"])
