@@ -11,6 +11,9 @@ down, and the renderer and the SVG take a real run's data. ``demo --direct-routi
 (C engine: no engine is on that path): the packets go host to host on the kernel route.
 ``demo --engine kernel`` runs once: the ping carried by the tc programs, whose counters moved,
 while the engines' did not.
+
+(Over 450 lines as one piece: the tests read the same few demo runs, made once per module by
+its fixtures, and split across files they would make those runs again.)
 """
 from __future__ import annotations
 
