@@ -48,6 +48,11 @@ def test_unit_is_notify_and_restarts_and_orders_before_the_runtime():
     assert "AF_NETLINK" in s["RestrictAddressFamilies"][0]
     assert "/dev/net/tun rw" in s["DeviceAllow"]
     assert "CAP_NET_ADMIN" in s["CapabilityBoundingSet"][0]
+    # the kernel path: the verifier refuses its programs without CAP_PERFMON, and they are
+    # compiled into a cache the hardening leaves writable
+    assert {"CAP_BPF", "CAP_PERFMON"} <= set(s["CapabilityBoundingSet"][0].split())
+    assert s["CacheDirectory"] == ["flannel-udp"]
+    assert "XDG_CACHE_HOME=/var/cache" in s["Environment"]
     assert "ProtectKernelTunables" not in s   # flannel0's accept_local sysctl is written at start
 
 
