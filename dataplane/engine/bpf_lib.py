@@ -68,6 +68,7 @@ uint32_t bpf_map__value_size(const struct bpf_map *map);
 uint32_t bpf_map__max_entries(const struct bpf_map *map);
 uint32_t bpf_map__map_flags(const struct bpf_map *map);
 int bpf_tc_query(const struct bpf_tc_hook *hook, struct bpf_tc_opts *opts);
+void *libbpf_set_print(void *fn);
 """)
 
 _lib = None
@@ -82,10 +83,16 @@ def lib():
     global _lib
     if _lib is None:
         try:
-            _lib = ffi.dlopen(LIBRARY)
+            lb = ffi.dlopen(LIBRARY)
         except OSError as e:
             raise BpfLibError(f"cannot open {LIBRARY} ({e}): apt-get install libbpf1 "
                               "(libbpf-dev brings it)") from None
+        # libbpf writes its own lines to stderr, which is the daemon's log (the journal's
+        # format): among them the kernel's answer to looking for a hook where none is ("Parent
+        # Qdisc doesn't exists"), an expected answer here. Every call's result is checked and
+        # said in our words, and a refused program's verifier log is kept by its own buffer.
+        lb.libbpf_set_print(ffi.NULL)
+        _lib = lb
     return _lib
 
 
