@@ -243,6 +243,9 @@ def _kernel_path_steps(root: str) -> list:
             seen = bpf_pinned.describe(d)
             on = [f"{p} on {v['attached']}" for p, v in seen["programs"].items() if v["attached"]]
             what = f"{', '.join(on) or 'no program attached'}; {len(seen['pins'])} pin(s)"
+            kept = bpf_pins.OffloadRecord(d).read()
+            if kept:
+                what += f"; {', '.join(kept[1])} on again on {kept[0]}"
         except OSError as e:
             what = f"not readable: {e}"
         steps.append((f"remove the kernel path pinned at {d} ({what})",

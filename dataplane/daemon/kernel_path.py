@@ -63,7 +63,10 @@ class DaemonKernelPath:
         self.ext, self.port = ext, port
         self.pin_dir = pin_dir
         self.tun_name = os.path.basename(pin_dir)     # flannel0's, by :func:`device_name`
-        self.segmentation = TunnelSegmentation(ext.name) if self.wraps else None
+        from ..engine.bpf_pins import OffloadRecord
+        # what it turns off is recorded beside the pins: the path's removal puts it back
+        self.segmentation = TunnelSegmentation(ext.name, OffloadRecord(pin_dir)) \
+            if self.wraps else None
         self.attached = False
         self.left = False                 # :meth:`close` left the path forwarding
         self._tun_fd = None

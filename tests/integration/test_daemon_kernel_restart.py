@@ -7,8 +7,9 @@ with no process. Meanwhile host C joins. A's daemon started again adopts the pin
 log says so; the maps are written by difference, the programs left on their hooks) and
 reaches C through it, the streams losing nothing. SIGTERM: the path stays, `flannel-udp
 status` says it runs without a daemon and pings still cross; `flannel-udp cleanup
---kernel-path` leaves nothing attached, pinned or persistent; then `--engine c` starts on the
-same host and forwards.
+--kernel-path` leaves nothing attached, pinned or persistent, and the external interface's
+offloads the first daemon turned off on again; then `--engine c` starts on the same host and
+forwards.
 """
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def filters(ov, h) -> str:
                    for dev, hook in ((h.iface, "ingress"), ("flannel0", "egress")))
 
 
+# what a veth has on and the kernel path turns off (host/tunnel_gso.py)
+TURNED_OFF = ("tx-udp_tnl-segmentation", "tx-udp_tnl-csum-segmentation", "tx-checksum-ip-generic")
+
+
+def offloads(ov, h) -> dict:
+    out = ov.exec(h, ["ethtool", "-k", h.iface]).stdout
+    return {f: v.split()[0] for f, _, v in (line.strip().partition(": ")
+                                            for line in out.splitlines()) if f in TURNED_OFF}
+
+
 @pytest.mark.timeout(150)
 def test_the_kernel_path_outlives_the_daemon(ov):
     a, b = ov.hosts
@@ -61,8 +72,9 @@ def test_the_kernel_path_outlives_the_daemon(ov):
         for addr in addrs(ov, dst):
             assert wait_for(lambda: answers(ov, src, addr), 10, interval=0.2), (src, addr)
     assert sorted(os.listdir(pins)) == ["fu_config_map", "fu_counters", "fu_egress",
-                                        "fu_ingress", "fu_local4", "fu_local6", "fu_peers4",
-                                        "fu_peers6", "fu_routes4", "fu_routes6"]
+                                        "fu_ingress", "fu_local4", "fu_local6", "fu_offload",
+                                        "fu_peers4", "fu_peers6", "fu_routes4", "fu_routes6"]
+    assert offloads(ov, a) == {f: "off" for f in TURNED_OFF}
     streams = [PingStream(ov, src, addr, 0.02, 60)
                for src, dst in ((a, b), (b, a)) for addr in addrs(ov, dst)]
     try:
@@ -112,6 +124,8 @@ def test_the_kernel_path_outlives_the_daemon(ov):
     assert "fu_" not in ov.exec(a, ["tc", "filter", "show", "dev", a.iface, "ingress"]).stdout
     assert ov.exec(a, ["ip", "link", "show", "flannel0"]).returncode != 0
     assert not os.path.exists(pins)
+    # what the first daemon turned off, three daemons before, is on again
+    assert offloads(ov, a) == {f: "on" for f in TURNED_OFF}, r.stdout
 
     # the engine alone on the same host
     ov.start_daemon(a, engine="c")
