@@ -47,6 +47,21 @@ def device_name(root: str, inherited: str | None = None) -> str:
     return f"flannel{n}"
 
 
+def remove_other_leases(tun_name: str, parts) -> None:
+    """A persistent flannel0 taken up again under another lease: the old lease's addresses
+    removed (host/netconf.py), said once."""
+    from ..host.netconf import remove_other_leases as remove
+    try:
+        gone = remove(tun_name, parts)
+    except Exception as e:              # NetlinkError is no OSError
+        log.warning("cannot remove another lease's addresses from %s: %s (ip addr del ... dev "
+                    "%s)", tun_name, e, tun_name)
+        return
+    if gone:
+        log.warning("%s, left by the daemon before (the kernel path keeps it), held the "
+                    "addresses of another lease: removed %s", tun_name, ", ".join(map(str, gone)))
+
+
 class DaemonKernelPath:
     """``choice``: engine/choice.py's EngineChoice; ``ext`` the external interface (host/iface.py
     ExternalInterface), ``port`` the config's; ``pin_dir`` where the path is pinned (the one

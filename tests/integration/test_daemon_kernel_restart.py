@@ -14,6 +14,7 @@ forwards.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import time
@@ -155,3 +156,32 @@ def test_stop_and_start_on_the_kernel_path_loses_nothing(ov_plain, figure):
     assert "kernel path: adopted the one pinned at" in ov.daemon(a).log_text()
     assert out.tcp_problems() == [], out.details()
     assert out.udp_lost() == {"a->b": 0, "b->a": 0}, out.details()
+
+
+def flannel0_addrs(ov, h) -> set:
+    out = ov.exec(h, ["ip", "-j", "addr", "show", "dev", "flannel0"]).stdout
+    return {f"{a['local']}/{a['prefixlen']}" for link in json.loads(out)
+            for a in link["addr_info"] if a.get("scope") != "link"}
+
+
+@pytest.mark.timeout(60)
+def test_flannel0_taken_up_under_another_lease_keeps_only_its_addresses(ov):
+    """The kernel path keeps flannel0 across a restart; a daemon that gets another lease takes
+    the old lease's addresses off it (an operator's stays), says so once, and forwards."""
+    a, b = ov.hosts
+    old, old6 = ov.subnet(a), addrs(ov, a)[1]
+    ov.exec(a, ["ip", "addr", "add", "10.68.250.7/32", "dev", "flannel0"], check=True)
+    assert ov.stop_daemon(a) == 0
+    ov.delete_lease(old)
+    new = next(n for n in ("10.68.77.0/24", "10.68.78.0/24") if n != str(old))
+    new6 = next(n for n in ("fc00:68:0:fe::/64", "fc00:68:0:fd::/64") if n != f"{old6}/64")
+    ov.prefer_subnet(a, new, new6)
+    d = ov.start_daemon(a)
+    assert str(ov.subnet(a)) == new
+    new6_addr = str(ipaddress.ip_network(new6).network_address)
+    assert flannel0_addrs(ov, a) == {f"{new[:-3]}/32", "10.68.250.7/32", f"{new6_addr}/128"}
+    log = d.log_text()
+    assert log.count("held the addresses of another lease: removed "
+                     f"{old.network_address}/32, {old6}/128") == 1, log[-3000:]
+    for addr in (new[:-3], new6_addr):
+        assert wait_for(lambda: answers(ov, b, addr), 10, interval=0.2), addr
