@@ -174,10 +174,12 @@ class DaemonKernelPath:
         try:
             if os.path.isdir(self.pin_dir):
                 from ..engine import bpf_pinned
-                for line in bpf_pinned.remove(self.pin_dir):
+                lines = bpf_pinned.remove(self.pin_dir)
+                for line in lines:
                     log.info("kernel path left by a daemon before: %s", line)
-                log.warning("Removed the kernel path pinned at %s: this daemon runs without it",
-                            self.pin_dir)
+                if lines:
+                    log.warning("Removed the kernel path pinned at %s: this daemon runs "
+                                "without it", self.pin_dir)
         except (OSError, BpfLibError) as e:
             log.warning("cannot remove the kernel path pinned at %s (%s): its programs may take "
                         "the peers' datagrams from the engine; `flannel-udp cleanup "
