@@ -1,0 +1,132 @@
+"""Route sets the programs' maps must hold as the engines' tables do (engine/bpf_routes.py),
+checked packet by packet through BPF_PROG_TEST_RUN against the Python engine (pypath, the
+C engine's oracle), and the batched writes against the one-at-a-time ones.
+
+* A route via 0.0.0.0: the engines keep it (their lookup finds it; the peer is one no datagram
+  reaches), the programs would read its value as the IPv6 underlay's ``::``. Its packets go
+  to the engine, and a shorter route around it never takes them, nor its inner sources.
+* Several routes of one subnet in one set: the engines route by the last one and keep every
+  one's peer as a sender (step 2); a table derived from a change knows its routes' peers only.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import pytest
+
+from dataplane.engine import bpf_contract as bc
+from dataplane.engine import pypath
+from dataplane.engine.api import Local, Route
+from dataplane.engine.bpf_lib import ffi
+from dataplane.engine.pytable import RouteTable
+from tests.conftest import require_bpf
+from tests.unit.test_bpf_programs import (EXT_IF, MTU, OK, OTHER_PEER, OWN_IP, OWN_NET, PEER,
+                                          PORT, REDIRECT, SHOT, TUN_IF, datagram, frame, run,
+                                          udp4)
+
+ANY_ROUTE = Route.make("10.5.2.0/24", "0.0.0.0", PORT)
+AROUND = Route.make("10.5.0.0/16", OTHER_PEER, PORT)        # a shorter route around it
+
+
+@pytest.fixture
+def path():
+    require_bpf()
+    from dataplane.engine.bpf_path import KernelPath
+    with KernelPath() as k:
+        k.set_devices(TUN_IF, EXT_IF, tun_l2=True, ext_l2=True)
+        k.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_subnets=[OWN_NET], strict=True)
+        yield k
+
+
+def oracle(routes, strict=True) -> pypath.Path:
+    pa = pypath.Path(ipaddress.IPv4Address("10.5.1.0").packed, accept_any=False)
+    pa.routes = routes if isinstance(routes, RouteTable) else RouteTable(routes)
+    pa.local = pypath.own_sources((
+        Local(int(ipaddress.IPv4Network(OWN_NET).network_address), 24, ()), Local(0, 0, ())))
+    pa.strict_sources = strict
+    pypath.path_set_icmp_limit(pa, 0, 0)
+    return pa
+
+
+def engine_udp(pa, payload: bytes, sender: str):
+    """pypath's UDP -> TUN: (the packet written or None, the drop reason or None)."""
+    buf = bytearray(MTU + 1)
+    buf[:len(payload)] = payload
+    out = None
+    for _ in pypath.path_udp(pa, [buf], [len(payload)], [(sender, PORT)], 1, MTU):
+        out = bytes(buf[:len(payload)])
+    dropped = [n for n, v in zip(pypath.STAT_NAMES, pa.c) if v and n.startswith("drop_")]
+    return out, (dropped[0] if dropped else None)
+
+
+def test_a_route_via_0000_goes_to_the_engine(path, caplog):
+    routes = [AROUND, ANY_ROUTE]
+    assert oracle(routes).routes.lookup(int(ipaddress.ip_address("10.5.2.3"))) is not None
+    with caplog.at_level(logging.WARNING, logger="dataplane.engine.bpf_routes"):
+        path.set_routes(routes)
+        path.set_routes(routes + [Route.make("10.5.3.0/24", "0.0.0.0", PORT)])
+    pkt = udp4(dst="10.5.2.3")
+    verdict, out, moved = run(path, bc.PROG_EGRESS, frame(pkt))
+    assert (verdict, out[14:]) == (OK, pkt)            # unchanged, to the engine
+    assert list(moved) == ["tx_pass_too_big"]
+    assert path.engine_routes == 2                     # counted, and said once
+    assert len([r for r in caplog.records if "via 0.0.0.0" in r.getMessage()]) == 1
+    # the route around it still sends
+    assert run(path, bc.PROG_EGRESS, frame(udp4(dst="10.5.9.3")))[0] == REDIRECT
+    # step 5: an inner source of that subnet is routed to no sender, as the engine has it
+    inner = udp4(src="10.5.2.3", dst="10.5.1.2")
+    assert engine_udp(oracle(routes), inner, OTHER_PEER) == (None, "drop_inner_foreign")
+    verdict, _, moved = run(path, bc.PROG_INGRESS, datagram(inner, src=OTHER_PEER))
+    assert (verdict, moved) == (SHOT, {"drop_inner_foreign": 1})
+    # read back as written (a successor adopting the pins compares with this)
+    assert path._routes[ANY_ROUTE.subnet] == (ANY_ROUTE.peer_ip, 0)
+    path.set_routes([AROUND])
+    assert path.engine_routes == 0
+    assert run(path, bc.PROG_EGRESS, frame(pkt))[0] == REDIRECT
+
+
+def test_every_peer_of_a_subnets_routes_is_a_sender(path):
+    path.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_subnets=[OWN_NET], strict=False)
+    dups = [Route.make("10.5.2.0/24", PEER, PORT), Route.make("10.5.2.0/24", OTHER_PEER, PORT)]
+    path.set_routes(dups)
+    inner = udp4(src="10.5.2.3", dst="10.5.1.2")
+    for sender in (PEER, OTHER_PEER):           # the replaced route's peer too
+        want, reason = engine_udp(oracle(dups, strict=False), inner, sender)
+        assert reason is None and want is not None
+        verdict, out, _ = run(path, bc.PROG_INGRESS, datagram(inner, src=sender))
+        assert (verdict, out[14:]) == (REDIRECT, want)
+    # the route is the last one's
+    assert path._routes[ipaddress.ip_network("10.5.2.0/24")] == (
+        ipaddress.ip_address(OTHER_PEER), 0)
+    # a change derives a table that knows its routes' peers only: so do the maps
+    extra = Route.make("10.5.4.0/24", OTHER_PEER, PORT)
+    derived = RouteTable(dups).updated((), [extra])
+    path.change_routes((), [extra])
+    assert engine_udp(oracle(derived, strict=False), inner, PEER) == (None, "drop_bad_source")
+    verdict, _, moved = run(path, bc.PROG_INGRESS, datagram(inner, src=PEER))
+    assert (verdict, moved) == (SHOT, {"drop_bad_source": 1})
+
+
+def test_batched_writes_leave_what_single_writes_do(path, monkeypatch):
+    """16,000 routes over 3,000 peers set, half replaced, a few changed: the maps read back
+    the same as through one write per element (the kernel refusing batches)."""
+    from dataplane.engine.bpf_path import KernelPath
+    big = [Route.make(f"10.{64 + i // 256}.{i % 256}.0/24", f"172.16.{i % 3000 // 256}."
+                      f"{i % 256}", PORT) for i in range(16000)]
+    other = [Route.make(str(r.subnet), OTHER_PEER, PORT) for r in big[:8000]]
+
+    def apply(kp):
+        kp.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_subnets=[OWN_NET])
+        kp.set_routes(big)
+        kp.set_routes(other + big[12000:] + [ANY_ROUTE])
+        kp.change_routes([r.subnet for r in big[12000:12100]], big[9000:9050])
+        return {m: sorted(bytes(ffi.buffer(k)) for k in kp._keys(m, ctype)) for m, ctype in (
+            (bc.MAP_ROUTES4, "fu_key4"), (bc.MAP_PEERS4, "__u32"))}, dict(kp._routes)
+
+    batched = apply(path)
+    assert all(path._batch_ok.values())
+    with KernelPath() as single:
+        single._batch_ok = dict.fromkeys(path._batch_ok, False)
+        assert apply(single) == batched
+    assert len(batched[1]) == 8000 + 3900 + 1 + 50
