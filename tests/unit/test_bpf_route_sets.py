@@ -21,6 +21,7 @@ from dataplane.engine.api import Local, Route
 from dataplane.engine.bpf_lib import ffi
 from dataplane.engine.pytable import RouteTable
 from tests.conftest import require_bpf
+from tests.unit.test_kernel_engine import engine  # noqa: F401  (the fixture)
 from tests.unit.test_bpf_programs import (EXT_IF, MTU, OK, OTHER_PEER, OWN_IP, OWN_NET, PEER,
                                           PORT, REDIRECT, SHOT, TUN_IF, datagram, frame, run,
                                           udp4)
@@ -130,3 +131,18 @@ def test_batched_writes_leave_what_single_writes_do(path, monkeypatch):
         single._batch_ok = dict.fromkeys(path._batch_ok, False)
         assert apply(single) == batched
     assert len(batched[1]) == 8000 + 3900 + 1 + 50
+
+
+def test_the_kernel_engine_gives_the_maps_a_whole_tables_duplicates(engine):
+    """KernelEngine (kernel_engine.py): a table made whole reaches the maps with the replaced
+    duplicate's peer, a table derived from it without."""
+    dups = [Route.make("10.5.2.0/24", PEER, PORT), Route.make("10.5.2.0/24", OTHER_PEER, PORT)]
+    table = engine.table_type.of(dups)
+    engine.set_table(table)
+
+    def senders():
+        return {str(ipaddress.IPv4Address(bytes(ffi.buffer(k))))
+                for k in engine.kpath._keys(bc.MAP_PEERS4, "__u32")}
+    assert senders() == {PEER, OTHER_PEER}
+    engine.set_table(table.updated((), [Route.make("10.5.3.0/24", OTHER_PEER, PORT)]))
+    assert senders() == {OTHER_PEER}
