@@ -3,7 +3,8 @@
 A KernelPath holds one loaded object (both programs and their maps) for one
 host: ``configure`` writes what the engines are given at start (own PublicIP and
 PublicIPv6, port, mtu, lease subnets, the source rules), ``set_routes``
-the same routes as the engines' tables (api.Route, either underlay), and
+the same routes as the engines' tables (api.Route, either underlay; written in
+batches by bpf_routes.py's RouteMaps, which KernelPath is), and
 ``attach`` puts fu_egress on flannel0's egress and fu_ingress on the
 external interface's ingress (clsact, through libbpf's netlink, in the
 caller's network namespace). ``counters`` sums the per-CPU counters by
