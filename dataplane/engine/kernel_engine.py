@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 
 from .api import ICMP_BURST_DEFAULT, Engine
 
@@ -233,7 +234,11 @@ class KernelEngine(Engine):
                     not self._refused:
                 self.kpath.change_routes(table.change[1], table.change[2])
             else:
-                self.kpath.set_routes(table.whole())
+                t0 = time.monotonic()
+                routes = table.whole()
+                self.kpath.set_routes(routes)
+                log.debug("kernel path: a whole set of %d routes written in %.0f ms",
+                          len(routes), (time.monotonic() - t0) * 1000)
         except RuntimeError as e:           # KernelPathError: routes the programs cannot hold
             self._routes_refused(table, e)
         self._written = table.serial
