@@ -146,3 +146,14 @@ def test_the_kernel_engine_gives_the_maps_a_whole_tables_duplicates(engine):
     assert senders() == {PEER, OTHER_PEER}
     engine.set_table(table.updated((), [Route.make("10.5.3.0/24", OTHER_PEER, PORT)]))
     assert senders() == {OTHER_PEER}
+
+
+def test_a_batched_delete_skips_a_key_that_is_gone(path):
+    """The kernel stops a batch at a key it does not find (ENOENT): the rest are deleted."""
+    from dataplane.engine.bpf_lib import delete_batch, update_batch
+    keys = [ipaddress.ip_address(f"192.168.8.{i}").packed for i in range(1, 6)]
+    fd = path.map_fd[bc.MAP_PEERS4]
+    update_batch(fd, b"".join(keys[:4]), bytes(16), 4, "writing")
+    delete_batch(fd, b"".join([keys[0], keys[4], keys[1], keys[4], keys[2]]), 5, 4, "deleting")
+    left = {bytes(ffi.buffer(k)) for k in path._keys(bc.MAP_PEERS4, "__u32")}
+    assert left == {keys[3]}
