@@ -249,7 +249,11 @@ class KernelEngine(Engine):
         if not self._refused:
             log.warning("kernel path: %s; the engine carries what the programs cannot", e)
             self._refused = True
-        self.kpath.set_routes([r for r in table.whole() if r.peer_ip.version == 4])
+        # a subnet the engine routes over the IPv6 underlay has none here, not a replaced
+        # duplicate's over IPv4
+        routes = table.whole()
+        last = {r.subnet: r.peer_ip.version for r in routes}
+        self.kpath.set_routes([r for r in routes if r.peer_ip.version == 4 == last[r.subnet]])
 
     def set_local(self, own_subnets, addrs) -> None:
         own_subnets, addrs = list(own_subnets), list(addrs)

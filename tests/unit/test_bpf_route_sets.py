@@ -157,3 +157,32 @@ def test_a_batched_delete_skips_a_key_that_is_gone(path):
     delete_batch(fd, b"".join([keys[0], keys[4], keys[1], keys[4], keys[2]]), 5, 4, "deleting")
     left = {bytes(ffi.buffer(k)) for k in path._keys(bc.MAP_PEERS4, "__u32")}
     assert left == {keys[3]}
+
+
+def test_without_an_ipv6_underlay_a_subnet_routed_over_it_has_no_route():
+    """The programs have no own PublicIPv6 here: a subnet whose route goes over the IPv6
+    underlay is left out of the maps (the engine carries it), even where a replaced duplicate
+    of it went over IPv4."""
+    import socket
+    require_bpf()
+    from dataplane.engine import multi
+    from dataplane.engine.bpf_path import KernelPath
+    from dataplane.engine.kernel_engine import KernelEngine
+    from dataplane.engine.pyengine import PyEngine
+    tun = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s4 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    slow = multi.create(PyEngine, [tun[0].fileno()], {4: [s4.fileno()], 6: [s6.fileno()]},
+                        tun_addr="10.5.1.0", mtu=MTU, accept_any=False)
+    e = KernelEngine(slow, KernelPath(), tun_ifindex=1, ext_ifindex=1, own_ip=OWN_IP,
+                     port=PORT)
+    try:
+        subnet6 = "fd00:5:2::/64"
+        e.set_table(e.table_type.of([Route.make(subnet6, PEER, PORT),
+                                     Route.make(subnet6, "fd00:99::2", PORT, mtu=1400),
+                                     Route.make("10.5.3.0/24", OTHER_PEER, PORT)]))
+        assert set(map(str, e.kpath._routes)) == {"10.5.3.0/24"}
+    finally:
+        e.close()
+        for sock in (*tun, s4, s6):
+            sock.close()
