@@ -79,7 +79,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", type=int, default=16000)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--engine", default="c", choices=("c", "python"))
+    ap.add_argument("--engine", default="c", choices=("c", "kernel", "python"))
     ap.add_argument("--profile", metavar="FILE", help="cProfile the daemon until READY=1")
     ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
     a = ap.parse_args()

@@ -69,6 +69,13 @@ uint32_t bpf_map__max_entries(const struct bpf_map *map);
 uint32_t bpf_map__map_flags(const struct bpf_map *map);
 int bpf_tc_query(const struct bpf_tc_hook *hook, struct bpf_tc_opts *opts);
 void *libbpf_set_print(void *fn);
+
+/* batched map writes (bpf_path.py's routes and peers): one syscall for many elements */
+struct bpf_map_batch_opts { size_t sz; uint64_t elem_flags; uint64_t flags; };
+int bpf_map_update_batch(int fd, const void *keys, const void *values, uint32_t *count,
+                         const struct bpf_map_batch_opts *opts);
+int bpf_map_delete_batch(int fd, const void *keys, uint32_t *count,
+                         const struct bpf_map_batch_opts *opts);
 """)
 
 _lib = None
@@ -116,3 +123,46 @@ def sized(ctype: str):
     p = ffi.new(ctype + " *")
     p.sz = ffi.sizeof(ctype)
     return p
+
+
+# The kernel's answer to a batch call on a map type without batch operations (its own
+# ENOTSUPP, which os.strerror does not know), and to a key a delete does not find.
+ENOTSUPP, ENOENT = 524, 2
+
+
+def batch_supported(fd: int, delete: bool = False) -> bool:
+    """Whether the map ``fd`` takes batched updates (``delete``: deletes): an empty batch
+    asks, the kernel refusing it before it looks at the count where the map type has none."""
+    count = ffi.new("uint32_t *", 0)
+    nothing = ffi.new("char[1]")
+    b = lib()
+    rc = b.bpf_map_delete_batch(fd, nothing, count, sized("struct bpf_map_batch_opts")) \
+        if delete else b.bpf_map_update_batch(fd, nothing, nothing, count,
+                                               sized("struct bpf_map_batch_opts"))
+    return rc not in (-ENOTSUPP, -95, -22)      # ENOTSUPP, EOPNOTSUPP, EINVAL: not here
+
+
+def update_batch(fd: int, keys: bytes, values: bytes, n: int, what: str) -> None:
+    """``n`` elements written in one call: ``keys`` and ``values`` each ``n`` of the map's
+    keys and values, packed one after the other (the kernel writes them in order)."""
+    count = ffi.new("uint32_t *", n)
+    check(lib().bpf_map_update_batch(fd, ffi.from_buffer(keys), ffi.from_buffer(values), count,
+                                     sized("struct bpf_map_batch_opts")), what)
+
+
+def delete_batch(fd: int, keys: bytes, n: int, size: int, what: str) -> None:
+    """``n`` keys of ``size`` bytes deleted in one call; a key that is not there is skipped
+    (the kernel stops at it, the rest goes on in a new call)."""
+    b = lib()
+    done = 0
+    while done < n:
+        count = ffi.new("uint32_t *", n - done)
+        rc = b.bpf_map_delete_batch(fd, ffi.from_buffer(keys[done * size:]), count,
+                                    sized("struct bpf_map_batch_opts"))
+        done += count[0]
+        if rc == -ENOENT:
+            done += 1                   # gone already
+        elif rc < 0:
+            check(rc, what)
+        elif count[0] == 0:
+            return

@@ -3,7 +3,8 @@
 A KernelPath holds one loaded object (both programs and their maps) for one
 host: ``configure`` writes what the engines are given at start (own PublicIP and
 PublicIPv6, port, mtu, lease subnets, the source rules), ``set_routes``
-the same routes as the engines' tables (api.Route, either underlay), and
+the same routes as the engines' tables (api.Route, either underlay; written in
+batches by bpf_routes.py's RouteMaps, which KernelPath is), and
 ``attach`` puts fu_egress on flannel0's egress and fu_ingress on the
 external interface's ingress (clsact, through libbpf's netlink, in the
 caller's network namespace). ``counters`` sums the per-CPU counters by
@@ -33,6 +34,7 @@ from .bpf_build import build
 from .bpf_kernel import kernel_decaps_gso, link_is_ethernet
 from . import bpf_pins
 from .bpf_lib import BpfLibError, check, check_ptr, ffi, lib, sized
+from .bpf_routes import ANY4, UNSENDABLE_MTU, RouteMaps
 
 # linux/pkt_cls.h: a tc program's verdicts
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
@@ -47,7 +49,8 @@ _SKB_CTX_SIZE, _SKB_GSO_SIZE_AT = 192, 176
 
 
 class KernelPathError(RuntimeError):
-    """The kernel path cannot run here, and why (the verifier's log when it refused)."""
+    """The kernel path cannot run here, and why (the verifier's log when it refused); or
+    routes it cannot hold (bpf_routes.py)."""
 
 
 def _v4(addr) -> bytes:
@@ -63,7 +66,9 @@ def _addr_key(a, map4: str, map6: str):
     return map6, key
 
 
-class KernelPath:
+class KernelPath(RouteMaps):
+    error = KernelPathError         # routes the programs cannot hold (RouteMaps)
+
     def __init__(self, obj_path: str | None = None, pin_dir: str | None = None):
         """``pin_dir``: keep the path on bpffs there and adopt what a process before left
         there (bpf_pins.py; the Pins section below)."""
@@ -105,8 +110,7 @@ class KernelPath:
             self.map_fd[name] = self._lib.bpf_map__fd(m)
         self._ncpus = check(self._lib.libbpf_num_possible_cpus(), "counting the CPUs")
         self._cfg = ffi.new("fu_config *")
-        self._routes: dict = {}          # subnet -> (peer_ip, mtu) as written
-        self._peers: dict = {}           # peer (either underlay) -> how many routes name it
+        self._init_route_maps()
         self._local: set = set()
         self._hooks: list = []           # (hook, opts, created) to undo
         self._adopt()
@@ -163,87 +167,6 @@ class KernelPath:
     @staticmethod
     def _local_key(a):
         return _addr_key(a, bc.MAP_LOCAL4, bc.MAP_LOCAL6)
-
-    @staticmethod
-    def _route_key(subnet):
-        key = ffi.new("fu_key4 *" if subnet.version == 4 else "fu_key6 *")
-        key.prefixlen = subnet.prefixlen
-        ffi.memmove(key.addr, subnet.network_address.packed, len(subnet.network_address.packed))
-        return (bc.MAP_ROUTES4 if subnet.version == 4 else bc.MAP_ROUTES6), key
-
-    def _wanted(self, routes) -> dict:
-        """{subnet: (peer, mtu)} of the routes the programs can hold (set_routes, change_routes).
-        A route's peer says its underlay, as for the engines: an IPv6 peer takes the IPv6 one
-        (which needs configure's own_ip6), its mtu the route's (the link's less 48)."""
-        want = {}
-        for r in routes:
-            if r.peer_ip.version == 6 and not any(self._cfg.own_ip6):
-                raise KernelPathError(f"route {r.subnet} via {r.peer_ip}: the IPv6 underlay needs "
-                                      "own PublicIPv6 (configure(own_ip6=...))")
-            want[r.subnet] = (r.peer_ip, r.mtu)
-        return want
-
-    def set_routes(self, routes) -> None:
-        """The engines' routes (api.Route), replacing the last set: new and changed routes
-        written first, then the gone ones deleted, so a peer that stays never misses."""
-        want = self._wanted(routes)
-        if len(want) > bc.ROUTES_MAX:
-            raise KernelPathError(f"{len(want)} routes: the kernel path holds {bc.ROUTES_MAX}")
-        peers: dict = {}
-        for peer, _ in want.values():
-            peers[peer] = peers.get(peer, 0) + 1
-        for p in peers.keys() - self._peers.keys():
-            self._update(*self._peer_key(p), ffi.new("__u32 *", peers[p]))
-        for subnet, (peer, mtu) in want.items():
-            if self._routes.get(subnet) != (peer, mtu):
-                self._update(*self._route_key(subnet), self._hop(peer, mtu))
-        for subnet in self._routes.keys() - want.keys():
-            self._delete(*self._route_key(subnet))
-        for p in self._peers.keys() - peers.keys():
-            self._delete(*self._peer_key(p))
-        self._routes, self._peers = want, peers
-
-    def change_routes(self, removed=(), added=()) -> None:
-        """set_routes of the last set less the subnets ``removed``, plus the Routes ``added``,
-        in the work of the change rather than of the table (a burst of peer changes on a table
-        of thousands): new and changed routes first, the gone ones after."""
-        want = self._wanted(added)
-        gone = [s for s in set(removed) if s in self._routes and s not in want]
-        if len(self._routes) - len(gone) + len(want.keys() - self._routes.keys()) > bc.ROUTES_MAX:
-            raise KernelPathError(f"more than {bc.ROUTES_MAX} routes: the kernel path holds "
-                                  f"{bc.ROUTES_MAX}")
-        unused = []
-        for subnet, (peer, mtu) in want.items():
-            old = self._routes.get(subnet)
-            if old == (peer, mtu):
-                continue
-            if peer not in self._peers:
-                self._update(*self._peer_key(peer), ffi.new("__u32 *", 1))
-            self._peers[peer] = self._peers.get(peer, 0) + 1
-            self._update(*self._route_key(subnet), self._hop(peer, mtu))
-            self._routes[subnet] = (peer, mtu)
-            if old is not None:
-                unused.append(old[0])
-        for subnet in gone:
-            self._delete(*self._route_key(subnet))
-            unused.append(self._routes.pop(subnet)[0])
-        for peer in unused:
-            self._peers[peer] -= 1
-            if not self._peers[peer]:
-                del self._peers[peer]
-                self._delete(*self._peer_key(peer))
-
-    @staticmethod
-    def _hop(peer, mtu: int):
-        """A route's value: the peer's PublicIP, or (peer_ip 0) its PublicIPv6 for the IPv6
-        underlay, and the route's MTU."""
-        hop = ffi.new("fu_hop *")
-        if peer.version == 4:
-            hop.peer_ip = struct.unpack("=I", peer.packed)[0]
-        else:
-            ffi.memmove(hop.peer_ip6, peer.packed, 16)
-        hop.mtu = mtu
-        return hop
 
     @staticmethod
     def _peer_key(peer):
@@ -344,7 +267,9 @@ class KernelPath:
                 if self._lib.bpf_map_lookup_elem(self.map_fd[m], key, hop) == 0:
                     addr = bytes(ffi.buffer(key.addr))
                     subnet = ipaddress.ip_network((addr, key.prefixlen))
-                    self._routes[subnet] = (self._hop_peer(hop), hop.mtu)
+                    peer = self._hop_peer(hop)
+                    unsendable = peer == ANY4 and hop.mtu == UNSENDABLE_MTU
+                    self._routes[subnet] = (peer, 0 if unsendable else hop.mtu)
         for key in self._keys(bc.MAP_PEERS4, "__u32"):
             self._peers[ipaddress.IPv4Address(struct.pack("=I", key[0]))] = 0
         for key in self._keys(bc.MAP_PEERS6, "fu_addr6"):     # set_routes removes a stale one
@@ -359,8 +284,8 @@ class KernelPath:
     @staticmethod
     def _hop_peer(hop):
         """A route value's peer: its PublicIP, or (peer_ip 0) its PublicIPv6 (the IPv6
-        underlay's routes, maps.h's fu_hop)."""
-        if hop.peer_ip:
+        underlay's routes, maps.h's fu_hop); both 0: 0.0.0.0 (_hop_bytes)."""
+        if hop.peer_ip or not any(hop.peer_ip6):
             return ipaddress.IPv4Address(struct.pack("=I", hop.peer_ip))
         return ipaddress.IPv6Address(bytes(ffi.buffer(hop.peer_ip6)))
 
@@ -432,3 +357,4 @@ class KernelPath:
 
     def __exit__(self, *exc) -> None:
         self.close()
+

@@ -5,8 +5,8 @@ behind them (a MultiEngine of C or Python queues), which answers it as it does a
 keep talking to one Engine (api.py), and this wrapper gives each call to both:
 
 * the route table: ``table_type`` is :class:`KernelTable`, the slow engine's table beside the
-  routes as a dict by subnet, derived from a change in the same call (``updated``), so a peer
-  change builds its routes once; ``set_table`` publishes the slow engine's part and writes the
+  routes as a dict by subnet, derived from a change in the same call (``updated``, at the
+  cost of the change, not of the table), so a peer change builds its routes once; ``set_table`` publishes the slow engine's part and writes the
   programs' maps (KernelPath.set_routes: only what changed is written); a path adopted from
   its pins runs already, so it gets the table the engine starts with, and the config once it
   is whole (set_local's subnets), never a half-made one;
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
+import time
 
 from .api import ICMP_BURST_DEFAULT, Engine
 
@@ -62,12 +64,24 @@ class KernelTable:
     """A slow engine's route table (``slow``) and the same routes by subnet (``routes``), made
     together from one change; immutable like the tables it wraps. ``serial`` numbers it,
     ``change`` is (the serial of the table it was derived from, removed, added), or None for
-    one made whole: the programs are given the change when they hold that table."""
-    __slots__ = ("slow", "routes", "serial", "change")
+    one made whole: the programs are given the change when they hold that table.
+    ``shadowed``: the routes of a table made whole that a later route of the same subnet
+    replaced (their peers are senders still, as in the engines' tables; a derived table has
+    none, as theirs).
+
+    A change costs its own size, not the table's: the tables derived from one another share
+    one dict, held by the newest, and each older one keeps how to undo the changes since
+    (``_node``: the dict, or (the next table, its undo list)). Reading an older table's
+    ``routes`` turns the dict back to it (the undo lists reversed on the way), under the lock
+    its lineage shares: the daemon derives tables on one thread and may hand one to a new
+    engine on another."""
+    __slots__ = ("slow", "serial", "change", "shadowed", "_node", "_lock")
     slow_type: type = None
 
-    def __init__(self, slow, routes: dict, change=None):
-        self.slow, self.routes, self.change = slow, routes, change
+    def __init__(self, slow, routes: dict, change=None, shadowed=(), lock=None):
+        self.slow, self.change, self.shadowed = slow, change, tuple(shadowed)
+        self._node = routes
+        self._lock = lock or threading.Lock()
         self.serial = next(_SERIALS)
 
     @classmethod
@@ -84,16 +98,63 @@ class KernelTable:
     def of(cls, routes=()):
         routes = list(routes)
         slow = cls.slow_type.of(routes)         # checks them: nothing is built if refused
-        return cls(slow, {r.subnet: r for r in routes})
+        by_subnet, shadowed = {}, []
+        for r in routes:
+            old = by_subnet.get(r.subnet)
+            if old is not None:
+                shadowed.append(old)
+            by_subnet[r.subnet] = r
+        return cls(slow, by_subnet, shadowed=shadowed)
 
     def updated(self, removed=(), added=()):
         removed, added = list(removed), list(added)
         slow = self.slow.updated(removed, added)
-        routes = dict(self.routes)
-        for subnet in removed:
-            routes.pop(subnet, None)
-        routes.update((r.subnet, r) for r in added)
-        return type(self)(slow, routes, (self.serial, removed, added))
+        with self._lock:
+            routes = self._head()
+            undo = []
+            for subnet in removed:
+                if subnet in routes:
+                    undo.append((subnet, routes.pop(subnet)))
+            for r in added:
+                undo.append((r.subnet, routes.get(r.subnet)))
+                routes[r.subnet] = r
+            undo.reverse()
+            table = type(self)(slow, routes, (self.serial, removed, added), lock=self._lock)
+            self._node = (table, undo)
+        return table
+
+    def _head(self) -> dict:
+        """The shared dict, made this table's (the caller holds the lock)."""
+        path, t = [], self
+        while not isinstance(t._node, dict):
+            path.append(t)
+            t = t._node[0]
+        routes = t._node
+        for older in reversed(path):            # from the newest back to this one
+            newer, undo = older._node
+            redo = []
+            for subnet, route in undo:
+                redo.append((subnet, routes.get(subnet)))
+                if route is None:
+                    routes.pop(subnet, None)
+                else:
+                    routes[subnet] = route
+            redo.reverse()
+            newer._node = (older, redo)
+            older._node = routes
+        return routes
+
+    @property
+    def routes(self) -> dict:
+        """{subnet: Route}: a copy (the work of the whole table: for a set made whole)."""
+        with self._lock:
+            return dict(self._head())
+
+    def whole(self) -> list:
+        """Every route as the engines' tables were given it, a replaced duplicate before the
+        route that replaced it (KernelPath.set_routes takes the last one of a subnet)."""
+        with self._lock:
+            return list(self.shadowed) + list(self._head().values())
 
     def __len__(self) -> int:
         return len(self.slow)
@@ -173,7 +234,11 @@ class KernelEngine(Engine):
                     not self._refused:
                 self.kpath.change_routes(table.change[1], table.change[2])
             else:
-                self.kpath.set_routes(table.routes.values())
+                t0 = time.monotonic()
+                routes = table.whole()
+                self.kpath.set_routes(routes)
+                log.debug("kernel path: a whole set of %d routes written in %.0f ms",
+                          len(routes), (time.monotonic() - t0) * 1000)
         except RuntimeError as e:           # KernelPathError: routes the programs cannot hold
             self._routes_refused(table, e)
         self._written = table.serial
@@ -184,7 +249,11 @@ class KernelEngine(Engine):
         if not self._refused:
             log.warning("kernel path: %s; the engine carries what the programs cannot", e)
             self._refused = True
-        self.kpath.set_routes([r for r in table.routes.values() if r.peer_ip.version == 4])
+        # a subnet the engine routes over the IPv6 underlay has none here, not a replaced
+        # duplicate's over IPv4
+        routes = table.whole()
+        last = {r.subnet: r.peer_ip.version for r in routes}
+        self.kpath.set_routes([r for r in routes if r.peer_ip.version == 4 == last[r.subnet]])
 
     def set_local(self, own_subnets, addrs) -> None:
         own_subnets, addrs = list(own_subnets), list(addrs)

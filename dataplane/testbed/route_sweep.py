@@ -32,12 +32,18 @@ for i, a in enumerate(addrs):
 
 _TUN_RX = 'flannel_udp_packets_total{path="tun_rx"}'
 _NO_ROUTE = 'flannel_udp_drops_total{reason="no_route"}'
+# the kernel path: what its programs sent themselves (never read by the engine), and what they
+# handed to the engine for want of a route in their maps (docs/metrics.md#kernel-path)
+_KERNEL_TX = 'flannel_udp_packets_total{datapath="kernel",path="udp_tx"}'
+_KERNEL_NO_ROUTE = 'flannel_udp_kernel_passed_total{direction="tx",reason="no_route"}'
 
 
 def sweep(overlay, host, subnets, control: str, timeout: float = 30.0) -> dict:
     """{"sent", "read", "no_route", "missing"}: datagrams sent (one per subnet and the control),
     read by the engine, dropped for want of a route, and how many of the subnets had none
-    (``no_route`` less the control's). ``read < sent`` means the sweep saw too little to judge."""
+    (``no_route`` less the control's). ``read < sent`` means the sweep saw too little to judge.
+    On the kernel path the programs' own sends count as read, and ``kernel_missing`` is how
+    many subnets their maps lacked (handed to the engine as ``no_route``, less the control's)."""
     addrs = [str(ipaddress.ip_network(s).network_address + 1) for s in subnets] + [control]
     before = overlay.metrics(host)
     overlay.exec(host, [sys.executable, "-c", _CHILD, str(TRAIN), str(PAUSE_S), str(PORT)],
@@ -45,12 +51,14 @@ def sweep(overlay, host, subnets, control: str, timeout: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:                 # the engine reads what flannel0 queued within a moment
         after = overlay.metrics(host)
-        read = after.get(_TUN_RX, 0) - before.get(_TUN_RX, 0)
+        read = sum(after.get(k, 0) - before.get(k, 0) for k in (_TUN_RX, _KERNEL_TX))
         if read >= len(addrs) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     time.sleep(0.2)             # other traffic may have made up the count: the last ones settle
     after = overlay.metrics(host)
     no_route = int(after.get(_NO_ROUTE, 0) - before.get(_NO_ROUTE, 0))
+    kernel = int(after.get(_KERNEL_NO_ROUTE, 0) - before.get(_KERNEL_NO_ROUTE, 0))
     return {"sent": len(addrs), "read": int(read), "no_route": no_route,
-            "missing": no_route - 1}
+            "missing": no_route - 1, "kernel_missing": kernel - 1 if _KERNEL_NO_ROUTE in after
+            else None}
