@@ -508,8 +508,6 @@ static __always_inline int datagram(struct __sk_buff *skb, const fu_config *c, _
     return pass(FU_RX_PASS_MALFORMED);
 }
 
-#include "xdp.h"
-
 SEC("tc")
 int fu_ingress(struct __sk_buff *skb)
 {
@@ -517,9 +515,6 @@ int fu_ingress(struct __sk_buff *skb)
     fu_config *c = bpf_map_lookup_elem(&fu_config_map, &z);
     if (!c || !c->own_ip)
         return TC_ACT_OK;
-    int r = from_xdp(skb, c);
-    if (r >= 0)
-        return r;
     __u32 l2 = (c->flags & FU_F_EXT_L2) ? FU_ETH_HLEN : 0;
     sender_t from = {};
     if (skb->protocol == bpf_htons(ETH_P_IP)) {

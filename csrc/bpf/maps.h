@@ -25,8 +25,7 @@ enum fu_limits {
     FU_CSUM_CHUNKS = 512,    /* ... and how many at most: 128 * 512 bytes > an IPv4 packet's 65535 */
     FU_PMTU_FLOOR4 = 552,    /* the least path MTU the kernel keeps with DF on (IPv4: min_pmtu's
                                 default), and IPv6's least link MTU: an outer datagram no longer */
-    FU_PMTU_FLOOR6 = 1280,   /* fits every path, so it is sent with no path MTU lookup (pmtu.h) */
-    FU_XDP_MAGIC = 1179998276 /* fu_xdp_mark.magic ("FUXD"): a packet fu_xdp decapsulated */
+    FU_PMTU_FLOOR6 = 1280    /* fits every path, so it is sent with no path MTU lookup (pmtu.h) */
 };
 
 /* fu_config.flags */
@@ -76,12 +75,6 @@ enum fu_counter {
                                 engines' socket never sees, the kernel dropping it first */
     FU_TX_PASS_PATH_MTU,     /* egress: within the route's MTU, over the path MTU the kernel learnt
                                 towards the peer (pmtu.h): the engine answers it */
-    FU_RX_XDP_PACKETS,       /* fu_xdp (xdp.h): datagrams decapsulated before GRO (also counted
-                                in tun_tx_packets and tun_tx_bytes) */
-    FU_RX_XDP_WRITES,        /* fu_ingress: what fu_xdp decapsulated, redirected into flannel0:
-                                one per run of segments GRO coalesced, so <= rx_xdp_packets */
-    FU_RX_XDP_PASS,          /* fu_xdp: a datagram to own_ip:port left whole for fu_ingress (any
-                                rule it refuses, a checksum it does not read, anything unusual) */
     FU_COUNTERS              /* how many: the array's size */
 };
 
@@ -124,13 +117,5 @@ typedef struct fu_hop {
 typedef struct fu_addr6 {
     __u8 addr[16];
 } fu_addr6;
-
-/* What fu_xdp leaves in the XDP metadata of a datagram it decapsulated (tc reads it as
- * skb->data_meta): GRO coalesces only packets whose metadata is equal, so a run of segments is
- * one sender's. Only an XDP program sets metadata: a remote sender cannot forge it. */
-typedef struct fu_xdp_mark {
-    __u32 magic;             /* FU_XDP_MAGIC */
-    __u32 sender;            /* the outer source (IPv4 underlay) */
-} fu_xdp_mark;
 
 #endif

@@ -74,8 +74,7 @@ class KernelBenchPath(EnginePath):
                 kp.set_routes(routes)
                 kp.set_local([side.ip, side.tun_ip, side.app_ip] +
                              ([side.tun_ip6, side.app_ip6] if self.family == 6 else []))
-                kp.attach(socket.if_nametoindex("flannel0"), socket.if_nametoindex(side.iface),
-                          xdp=os.environ.get("KXDP_SPIKE_XDP", "0") == "1")
+                kp.attach(socket.if_nametoindex("flannel0"), socket.if_nametoindex(side.iface))
             except BaseException:
                 kp.close()
                 raise
@@ -98,8 +97,6 @@ class KernelBenchPath(EnginePath):
                 self._segmentation(False)
             for side in self.topo.sides:
                 self.kps[side.name] = (side.host.netns, self._programs(side))
-                if os.environ.get("KXDP_SPIKE_XDP", "0") == "1":
-                    side.run(["ethtool", "-K", side.iface, "gro", "on"], check=False)
         except (KernelPathError, BpfBuildError, BpfLibError) as e:
             self.teardown()
             # the verifier's log can run long: its first lines say why

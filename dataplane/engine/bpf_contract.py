@@ -75,7 +75,7 @@ OUTER6 = _pick(_limits, "FU_OUTER6")
 OUTER_TTL = _pick(_limits, "FU_OUTER_TTL")
 
 # The programs and maps by the names the object file gives them.
-PROG_EGRESS, PROG_INGRESS, PROG_XDP = "fu_egress", "fu_ingress", "fu_xdp"
+PROG_EGRESS, PROG_INGRESS = "fu_egress", "fu_ingress"
 MAP_CONFIG, MAP_ROUTES4, MAP_ROUTES6 = "fu_config_map", "fu_routes4", "fu_routes6"
 MAP_PEERS4, MAP_LOCAL4, MAP_LOCAL6, MAP_COUNTERS = "fu_peers4", "fu_local4", "fu_local6", "fu_counters"
 MAP_PEERS6 = "fu_peers6"

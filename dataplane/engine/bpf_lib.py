@@ -68,12 +68,6 @@ uint32_t bpf_map__value_size(const struct bpf_map *map);
 uint32_t bpf_map__max_entries(const struct bpf_map *map);
 uint32_t bpf_map__map_flags(const struct bpf_map *map);
 int bpf_tc_query(const struct bpf_tc_hook *hook, struct bpf_tc_opts *opts);
-
-/* XDP (fu_xdp, csrc/bpf/xdp.h): attached through netlink, native (driver) mode only */
-struct bpf_xdp_attach_opts { size_t sz; int old_prog_fd; };
-int bpf_xdp_attach(int ifindex, int prog_fd, uint32_t flags, const struct bpf_xdp_attach_opts *opts);
-int bpf_xdp_detach(int ifindex, uint32_t flags, const struct bpf_xdp_attach_opts *opts);
-int bpf_xdp_query_id(int ifindex, int flags, uint32_t *prog_id);
 void *libbpf_set_print(void *fn);
 """)
 

@@ -38,7 +38,6 @@ from .bpf_lib import BpfLibError, check, check_ptr, ffi, lib, sized
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
 VERDICTS = {TC_ACT_OK: "pass", TC_ACT_SHOT: "drop", TC_ACT_REDIRECT: "redirect"}
 BPF_TC_F_REPLACE = 1
-XDP_FLAGS_DRV_MODE = 1 << 2      # linux/if_link.h: native XDP only (generic runs after GRO)
 # Our filters' place on the clsact hooks: one handle and priority of our own, replaced in place.
 TC_HANDLE, TC_PRIORITY = 0x4655, 1
 _LOG_SIZE = 4 << 20
@@ -98,9 +97,6 @@ class KernelPath:
                                   f"({os.strerror(-rc)}); the verifier said:\n{logs}")
         self._logs.clear()
         self.prog_fd = {n: self._lib.bpf_program__fd(p) for n, p in progs.items()}
-        # the spike's (not pinned, not adopted): in the object, or not
-        xdp = self._lib.bpf_object__find_program_by_name(self._obj, bc.PROG_XDP.encode())
-        self.xdp_fd = self._lib.bpf_program__fd(xdp) if xdp != ffi.NULL else -1
         self.map_fd = {}
         for name in (bc.MAP_CONFIG, bc.MAP_ROUTES4, bc.MAP_ROUTES6, bc.MAP_PEERS4, bc.MAP_PEERS6,
                      bc.MAP_LOCAL4, bc.MAP_LOCAL6, bc.MAP_COUNTERS):
@@ -113,8 +109,6 @@ class KernelPath:
         self._peers: dict = {}           # peer (either underlay) -> how many routes name it
         self._local: set = set()
         self._hooks: list = []           # (hook, opts, created) to undo
-        self.xdp_ifindex = 0             # where fu_xdp is attached (0: nowhere)
-        self.xdp_error = None            # why it is not, where it was asked for
         self._adopt()
 
     # ---- maps ----------------------------------------------------------------------------
@@ -281,7 +275,7 @@ class KernelPath:
             (bc.F_EXT_L2 if ext_l2 else 0)
         self._write_config()
 
-    def attach(self, tun_ifindex: int, ext_ifindex: int, xdp: bool = False) -> None:
+    def attach(self, tun_ifindex: int, ext_ifindex: int) -> None:
         """fu_egress on flannel0's (tun_ifindex) egress, fu_ingress on the external
         interface's ingress, in the caller's network namespace; the clsact qdisc made where
         there is none (and removed again by detach)."""
@@ -304,25 +298,12 @@ class KernelPath:
             opts.handle, opts.priority, opts.flags = TC_HANDLE, TC_PRIORITY, BPF_TC_F_REPLACE
             check(self._lib.bpf_tc_attach(hook, opts), f"attaching {prog} to ifindex {ifindex}")
             self._hooks.append((hook, rc == 0))
-        if xdp:
-            self._attach_xdp(ext_ifindex)
         if self.pin_dir:
             self._pin()
-
-    def _attach_xdp(self, ifindex: int) -> None:
-        rc = self._lib.bpf_xdp_attach(ifindex, self.xdp_fd, XDP_FLAGS_DRV_MODE,
-                                      ffi.NULL)
-        if rc < 0:
-            self.xdp_error = f"native XDP on ifindex {ifindex}: {os.strerror(-rc)}"
-            return
-        self.xdp_ifindex = ifindex
 
     def detach(self) -> None:
         """Our filters off their hooks, and the clsact qdiscs we made removed. A device gone
         already took them with it."""
-        if self.xdp_ifindex:
-            self._lib.bpf_xdp_detach(self.xdp_ifindex, XDP_FLAGS_DRV_MODE, ffi.NULL)
-            self.xdp_ifindex = 0
         while self._hooks:
             hook, created = self._hooks.pop()
             opts = sized("struct bpf_tc_opts")
