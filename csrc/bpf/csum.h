@@ -53,12 +53,12 @@ __attribute__((noinline)) int fu_copy_sum(struct __sk_buff *skb, __u32 off, __u3
 }
 
 /* Bytes in the skb's linear data (a test run's, a veth's, most small packets') are summed in
- * place by bpf_csum_diff, with no copy: FU_SUM_WIDE bytes a call (its limit before Linux
- * 6.13), the rest in pieces of 256, 128, ... 4 bytes, each of a size the verifier sees is
- * constant, after a bounds check it can hold: about three times as fast at 1400 bytes as
- * copying them out (docs/kernel-path.md, "csum-cost"). In place from offsets below 32 KB
- * only (the verifier's packet range ends at 64 KB, the widest read included): a non-GSO
- * packet's bytes lie there. */
+ * place by bpf_csum_diff, with no copy: FU_SUM_WIDE bytes a call (the most the helper takes
+ * on older kernels), the rest in pieces of 256, 128, ... 4 bytes, each of a size the
+ * verifier sees is constant, after a bounds check it can hold: about three times as fast at
+ * 1400 bytes as copying them out (docs/kernel-path.md, "csum-cost"). In place from offsets
+ * below 32 KB only (the verifier's packet range ends at 64 KB, the widest read included): a
+ * non-GSO packet's bytes lie there. */
 #define FU_SUM_WIDE 512
 #define FU_SUM_MAX_POS (0x7fff - FU_SUM_WIDE)
 /* An offset checked against FU_SUM_MAX_POS, masked in the register it is used from (a no-op
