@@ -24,6 +24,7 @@ class PingStream:
         self.replies: list[tuple[float, int, float]] = []     # (wall-clock time, seq, RTT ms)
         self.proc = overlay.tb.popen(src, ["ping", "-n", "-D", "-i", str(interval), "-W", "1",
                                            "-w", str(int(seconds + 0.999)), dst])
+        self._dropped = backlog_drops()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -34,11 +35,25 @@ class PingStream:
                 self.replies.append((float(m.group(1)), int(m.group(2)), float(m.group(3))))
 
     def stop(self) -> dict:
-        """Stop the stream; {"replies", "lost", "max_rtt_ms"} (lost -1: no reply at all)."""
+        """Stop the stream; {"replies", "lost", "max_rtt_ms"} (lost -1: no reply at all), and
+        to tell a loss's cause: "gaps", the first lost icmp_seqs with the wall-clock times of
+        the replies around each, and "backlog_drops", what every core's backlog dropped
+        meanwhile, machine-wide (another workload's flood loses this stream's packets too)."""
         self._tb.kill(self.proc, sig=signal.SIGINT)
         self._reader.join(5)
-        seqs = {seq for _, seq, _ in self.replies}
+        at = {seq: t for t, seq, _ in self.replies}
+        seqs = set(at)
+        lost = sorted(set(range(min(seqs), max(seqs) + 1)) - seqs) if seqs else []
         return {"replies": len(seqs),
                 "lost": (max(seqs) - min(seqs) + 1 - len(seqs)) if seqs else -1,
                 "first_seq": min(seqs, default=None),
-                "max_rtt_ms": max((rtt for *_, rtt in self.replies), default=None)}
+                "max_rtt_ms": max((rtt for *_, rtt in self.replies), default=None),
+                "gaps": [(q, round(at[max(s for s in seqs if s < q)], 3),
+                          round(at[min(s for s in seqs if s > q)], 3)) for q in lost[:5]],
+                "backlog_drops": backlog_drops() - self._dropped}
+
+
+def backlog_drops(path: str = "/proc/net/softnet_stat") -> int:
+    """The packets the cores' input backlogs dropped since boot (netdev_max_backlog full)."""
+    with open(path) as f:
+        return sum(int(line.split()[1], 16) for line in f)

@@ -49,16 +49,22 @@ ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
 OK, SHOT, REDIRECT = 0, 2, 7
 
 
+def loaded(obj=None):
+    """A KernelPath of ``obj`` (default: bpf_build.py's) with this module's state."""
+    from dataplane.engine.bpf_path import KernelPath
+    k = KernelPath(obj)
+    k.set_devices(TUN_IF, EXT_IF, tun_l2=True, ext_l2=True)
+    k.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_subnets=[OWN_NET, OWN_NET6],
+                strict=True, own_ip6=OWN_IP6)
+    k.set_routes(ROUTES)
+    k.set_local([OWN_ADDR, "fd00:5:1::7"])
+    return k
+
+
 @pytest.fixture(scope="module")
 def kp():
     require_bpf()
-    from dataplane.engine.bpf_path import KernelPath
-    with KernelPath() as k:
-        k.set_devices(TUN_IF, EXT_IF, tun_l2=True, ext_l2=True)
-        k.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_subnets=[OWN_NET, OWN_NET6],
-                    strict=True, own_ip6=OWN_IP6)
-        k.set_routes(ROUTES)
-        k.set_local([OWN_ADDR, "fd00:5:1::7"])
+    with loaded() as k:
         yield k
 
 
