@@ -25,6 +25,11 @@ Paths:
 * ``c-direct``: ``flannel-udp run --engine c`` on each host with ``"DirectRouting": true``: each
   daemon finds the peer on its link and routes to it with a plain kernel route, leaving flannel0
   idle; the data path is then the kernel's, as in ``direct`` (perf/README.md).
+* ``kernel-flanneld``: the overlay of a host moving from flanneld to flannel-udp: host A runs
+  ``flannel-udp run --engine kernel`` (the kernel path, the daemon's default where its programs
+  load), host B the real flanneld (``--flanneld PATH``, skipped without it). Its figures are the
+  two implementations speaking one wire, in both directions (A -> B, and B -> A in the reverse
+  trials).
 * ``flanneld``: the real flanneld, a binary the caller names (``bench --flanneld PATH``; the
   project neither ships nor needs it, and without it the path is skipped), with its udp backend:
   the packets go through its flannel0 and its C proxy. It reuses the lease naming its PublicIP
@@ -279,14 +284,43 @@ def flanneld_ready(path: DaemonsOverEtcd, side: Side) -> tuple[str, ...]:
     return ("Running backend.", "Watching for new subnet leases", f"Subnet added: {peer.subnet}")
 
 
+def mixed_run(flanneld: str):
+    """Host A's command ``flannel-udp run --engine kernel`` (pinned under the testbed's own
+    bpffs, so that nothing outside it is adopted or left), host B's flanneld's."""
+    def command(path: DaemonsOverEtcd, side: Side) -> list[str]:
+        if side is path.topo.a:
+            return flannel_udp_run("kernel")(path, side) + [
+                f"--bpf-pins={path.topo.tb.bpf_pins(side.host)}"]
+        return flanneld_run(flanneld)(path, side)
+    return command
+
+
+def mixed_ready(path: DaemonsOverEtcd, side: Side) -> tuple[str, ...]:
+    return ("Running:",) if side is path.topo.a else flanneld_ready(path, side)
+
+
+def mixed_cleanup(path: DaemonsOverEtcd, side: Side) -> list[str]:
+    """A kernel path outlives its daemon's stop (pinned): host A's cleanup removes it too."""
+    argv = flannel_udp_cleanup(path, side)
+    if side is path.topo.a:
+        argv += ["--kernel-path", f"--bpf-pins={path.topo.tb.bpf_pins(side.host)}"]
+    return argv
+
+
 def make_daemon_path(topo: BenchTopo, name: str, flanneld: str | None = None) -> DaemonsOverEtcd:
-    """``flanneld``: the binary of the ``flanneld`` path (None: that path is skipped)."""
-    if name == "flanneld":
+    """``flanneld``: the binary of the ``flanneld`` and ``kernel-flanneld`` paths (None: they
+    are skipped)."""
+    if name in ("flanneld", "kernel-flanneld"):
         if not flanneld:
             raise PathSkipped(FLANNELD_SKIP)
         problem = flanneld_problem(flanneld)
         if problem:
             raise TopoError(f"--flanneld {problem}")
+    if name == "kernel-flanneld":
+        return DaemonsOverEtcd(
+            topo, name, mixed_run(flanneld), ready_log=mixed_ready, cleanup=mixed_cleanup,
+            config={"Network": str(NETWORK), "Backend": {"Type": "udp"}})
+    if name == "flanneld":
         # flanneld leaves its FORWARD rules at exit (docs/flannel-compat.md#iptables), as
         # flannel-udp does: `flannel-udp cleanup` removes flanneld's as its own.
         return DaemonsOverEtcd(

@@ -61,8 +61,9 @@ ENGINE_VARIANTS = {
 }
 # Real daemons over an etcd on both hosts (daemon_paths.py): `c-direct`, the C engine's daemon
 # with DirectRouting on; `flanneld`, the real flanneld's udp backend (a binary the caller names,
-# `bench --flanneld PATH`: the project does not ship it, and without it the path is skipped).
-DAEMON_PATHS = ("c-direct", "flanneld")
+# `bench --flanneld PATH`: the project does not ship it, and without it the path is skipped);
+# `kernel-flanneld`, the kernel path's daemon on host A beside that flanneld on host B.
+DAEMON_PATHS = ("c-direct", "flanneld", "kernel-flanneld")
 # The kernel path (kernel_paths.py): the C engine as the slow path plus the tc programs of
 # csrc/bpf/ on each host; the value is the inner family measured.
 KERNEL_PATHS = {"kernel": 4, "kernel6": 6}

@@ -54,9 +54,10 @@ def add_arguments(p) -> None:
                         "two `flannel-udp run --engine c` daemons over an etcd with DirectRouting "
                         "on (the same flow as direct, routed by the daemons); flanneld: the real "
                         "flanneld's udp backend on both hosts over an etcd (needs --flanneld, "
-                        "skipped without it)")
+                        "skipped without it); kernel-flanneld: `flannel-udp run --engine "
+                        "kernel` on host A beside that flanneld on host B (the same --flanneld)")
     p.add_argument("--flanneld", metavar="PATH",
-                   help="the flanneld binary the flanneld path runs (not part of this project; "
+                   help="the flanneld binary the flanneld and kernel-flanneld paths run (not part of this project; "
                         "figures of that path are that flanneld's udp backend on this testbed)")
     p.add_argument("--trials", type=int, default=None,
                    help="trials per measurement (default: 5, or 1 with --quick; ratio "

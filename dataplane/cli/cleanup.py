@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -38,7 +39,8 @@ environment file works: it reads the etcd flags, the interface flags, --subnet-f
 --status-socket, --handover-socket and --bpf-pins; the others are accepted and ignored.
 
 --kernel-path removes the kernel path alone (its filters, pins and a persistent flannel0) and
-leaves the rest: the package's removal runs it, as nothing could adopt the path any more.
+leaves the rest: the package's removal runs it, as nothing could adopt the path any more, with
+--env-file=/etc/default/flannel-udp so that a --bpf-pins set only there is found.
 
 It refuses while a daemon runs on this host: its status or handover socket listens, a
 `flannel-udp run` process runs in this network namespace, or a flannel0 is held open (by a
@@ -66,10 +68,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kernel-path", action="store_true",
                    help="remove the kernel path only (its filters, pins and a persistent "
                         "flannel0), nothing else: what the package's removal does")
+    g.add_argument("--env-file", metavar="FILE",
+                   help="also read the unit's environment file (systemd's EnvironmentFile=, "
+                        "/etc/default/flannel-udp): its FLANNELD_* variables and the flags in "
+                        "its FLANNEL_UDP_OPTIONS, under this command's own; a missing file is "
+                        "none (what the package's removal passes)")
     flanneld_flags.add_arguments(parser)
-    parser.usage = ("%(prog)s [--dry-run] [--release-lease] [--kernel-path] [--bpf-pins=DIR] "
-                    "[run's flags ...]")
+    parser.usage = ("%(prog)s [--dry-run] [--release-lease] [--kernel-path] [--env-file=FILE] "
+                    "[--bpf-pins=DIR] [run's flags ...]")
     parser.set_defaults(_parser=parser)
+
+
+# ------------------------------------------------------------------ the unit's settings
+
+def read_env_file(path: str) -> dict:
+    """``KEY=VALUE`` lines as systemd's EnvironmentFile= reads them (comments, blank lines, a
+    value in matching quotes); {} when there is no file."""
+    out = {}
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if not sep or not key or key[0] in "#;":
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def with_env_file(args, environ=os.environ):
+    """(args, environment) as the unit's daemon has them: ``args.env_file``'s FLANNEL_UDP_OPTIONS
+    fill the flags this command was not given, its FLANNELD_* variables those this command's
+    environment lacks."""
+    unit = read_env_file(args.env_file)
+    options = shlex.split(unit.get("FLANNEL_UDP_OPTIONS", ""))
+    given = args._parser.parse_args(options) if options else None
+    for flag in flanneld_flags.FLAGS:
+        if given is not None and getattr(args, flag.dest, None) is None:
+            setattr(args, flag.dest, getattr(given, flag.dest, None))
+    return args, {**{k: v for k, v in unit.items() if k.startswith("FLANNELD_")}, **environ}
 
 
 # ------------------------------------------------------------------ is a daemon running?
@@ -243,6 +285,9 @@ def _kernel_path_steps(root: str) -> list:
             seen = bpf_pinned.describe(d)
             on = [f"{p} on {v['attached']}" for p, v in seen["programs"].items() if v["attached"]]
             what = f"{', '.join(on) or 'no program attached'}; {len(seen['pins'])} pin(s)"
+            kept = bpf_pins.OffloadRecord(d).read()
+            if kept:
+                what += f"; {', '.join(kept[1])} on again on {kept[0]}"
         except OSError as e:
             what = f"not readable: {e}"
         steps.append((f"remove the kernel path pinned at {d} ({what})",
@@ -271,8 +316,11 @@ def main(args) -> int:
     from ..daemon.startup import StartupError
     from ..host import firewall
     try:
-        opts = flanneld_flags.resolve(args)
-    except flanneld_flags.FlagError as e:
+        environ = os.environ
+        if args.env_file:
+            args, environ = with_env_file(args)
+        opts = flanneld_flags.resolve(args, environ)
+    except (flanneld_flags.FlagError, OSError) as e:
         print(f"flannel-udp cleanup: error: {e}", file=sys.stderr)
         return 1
     refusal = running(opts)

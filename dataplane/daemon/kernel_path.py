@@ -47,6 +47,21 @@ def device_name(root: str, inherited: str | None = None) -> str:
     return f"flannel{n}"
 
 
+def remove_other_leases(tun_name: str, parts) -> None:
+    """A persistent flannel0 taken up again under another lease: the old lease's addresses
+    removed (host/netconf.py), said once."""
+    from ..host.netconf import remove_other_leases as remove
+    try:
+        gone = remove(tun_name, parts)
+    except Exception as e:              # NetlinkError is no OSError
+        log.warning("cannot remove another lease's addresses from %s: %s (ip addr del ... dev "
+                    "%s)", tun_name, e, tun_name)
+        return
+    if gone:
+        log.warning("%s, left by the daemon before (the kernel path keeps it), held the "
+                    "addresses of another lease: removed %s", tun_name, ", ".join(map(str, gone)))
+
+
 class DaemonKernelPath:
     """``choice``: engine/choice.py's EngineChoice; ``ext`` the external interface (host/iface.py
     ExternalInterface), ``port`` the config's; ``pin_dir`` where the path is pinned (the one
@@ -63,7 +78,10 @@ class DaemonKernelPath:
         self.ext, self.port = ext, port
         self.pin_dir = pin_dir
         self.tun_name = os.path.basename(pin_dir)     # flannel0's, by :func:`device_name`
-        self.segmentation = TunnelSegmentation(ext.name) if self.wraps else None
+        from ..engine.bpf_pins import OffloadRecord
+        # what it turns off is recorded beside the pins: the path's removal puts it back
+        self.segmentation = TunnelSegmentation(ext.name, OffloadRecord(pin_dir)) \
+            if self.wraps else None
         self.attached = False
         self.left = False                 # :meth:`close` left the path forwarding
         self._tun_fd = None
@@ -156,10 +174,12 @@ class DaemonKernelPath:
         try:
             if os.path.isdir(self.pin_dir):
                 from ..engine import bpf_pinned
-                for line in bpf_pinned.remove(self.pin_dir):
+                lines = bpf_pinned.remove(self.pin_dir)
+                for line in lines:
                     log.info("kernel path left by a daemon before: %s", line)
-                log.warning("Removed the kernel path pinned at %s: this daemon runs without it",
-                            self.pin_dir)
+                if lines:
+                    log.warning("Removed the kernel path pinned at %s: this daemon runs "
+                                "without it", self.pin_dir)
         except (OSError, BpfLibError) as e:
             log.warning("cannot remove the kernel path pinned at %s (%s): its programs may take "
                         "the peers' datagrams from the engine; `flannel-udp cleanup "

@@ -316,6 +316,8 @@ def open_dataplane(offloads, queues: int, parts, ext, port: int, bind6=None,
         raise _assembly_failed(e, f"{v4.tun_addr}, MTU {ext.tun_mtu}, route {v4.network}{v6}") \
             from None
     _accept_local(dp.tun_name)
+    from .kernel_path import remove_other_leases
+    remove_other_leases(dp.tun_name, carried)       # a persistent flannel0's
     log.info("Opened %s: address %s, MTU %d (%s MTU %d - 28), route %s dev %s, %d queue(s) of "
              "%d packets", dp.tun_name, v4.tun_addr, ext.tun_mtu, ext.name, ext.mtu, v4.network,
              dp.tun_name, len(dp.tun_fds), FLANNEL0_TXQUEUELEN)

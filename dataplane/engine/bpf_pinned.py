@@ -7,6 +7,7 @@ in the caller's network namespace), the counters from the pinned per-CPU map.
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -87,9 +88,11 @@ def _filters(ifindex: int, point: str) -> list:
 def remove(directory: str) -> list[str]:
     """Take the path of ``directory`` away: our filters off the hooks the config names (where
     they still hold a program of ours), the clsact qdisc where it then holds no filter, every
-    pin. What was done, one line each."""
+    pin; then the external interface's features the path turned off on again (bpf_pins
+    OffloadRecord), once nothing of ours sends there. What was done, one line each."""
     lb, done = lib(), []
     cfg = _config(directory)
+    offload = bpf_pins.OffloadRecord(directory).read()
     ours = {p.id for p in bpf_pins.pinned_programs(
         directory, (bc.PROG_EGRESS, bc.PROG_INGRESS)).values()}
     for prog, field, point in HOOKS:
@@ -111,4 +114,15 @@ def remove(directory: str) -> list[str]:
                 done.append(f"the clsact qdisc of {_name(ifindex)} (it held nothing else)")
     for path in bpf_pins.unpin_all(directory):
         done.append(f"unpinned {path}")
+    if offload:
+        from ..host.tunnel_gso import put_back
+        device, features = offload
+        try:
+            put_back(device, features)
+            done.append(f"{', '.join(features)} on again on {device} (as before the kernel path)")
+        except OSError as e:
+            if e.errno == errno.ENODEV:     # the device went, and its settings with it
+                return done
+            done.append(f"{', '.join(features)} not turned on again on {device}: {e} (ethtool -K "
+                        f"{device} ... on)")
     return done

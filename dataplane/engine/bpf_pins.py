@@ -18,10 +18,15 @@ of each is the same (the same code). One differs (maps.h changed): the new objec
 maps, the caller fills them, and only then are its programs put on the hooks and the new maps
 pinned in place of the old ones, which go with the old programs.
 
+One thing beside the pins is no BPF object: :class:`OffloadRecord`, what the kernel path turned
+off on the external interface (host/tunnel_gso.py), so that whoever takes the path away puts it
+back, however many daemons adopted the path meanwhile.
+
 This module knows bpffs and libbpf's fds; no device, no netlink but libbpf's tc calls.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -234,3 +239,37 @@ def unpin_all(directory: str) -> list[str]:
         except OSError:                  # not empty (another device's pins) or absent
             break
     return gone
+
+
+OFFLOAD_RECORD = "fu_offload"
+
+
+class OffloadRecord:
+    """The external interface's features the kernel path turned off (host/tunnel_gso.py), kept
+    in pin directory ``directory`` for as long as the path: the daemon that turned them off
+    writes it, a successor that finds them off reads it (rather than take "off" for the
+    device's own state), and the removal of the path (bpf_pinned.remove: `flannel-udp cleanup`,
+    a daemon that runs an engine alone) turns them on again. bpffs holds no files, so it is a
+    symlink whose target is the text "<device>:<feature>,<feature>"; it goes at a reboot with
+    the pins, as the features' change does."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, OFFLOAD_RECORD)
+
+    def read(self) -> tuple[str, list[str]] | None:
+        """(device, features turned off), None when nothing is recorded."""
+        try:
+            text = os.readlink(self.path)
+        except OSError:
+            return None
+        device, _, features = text.partition(":")
+        return (device, [f for f in features.split(",") if f]) if device else None
+
+    def write(self, device: str, features) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.clear()                    # bpffs renames no symlink: no atomic replace
+        os.symlink(f"{device}:{','.join(features)}", self.path)
+
+    def clear(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)

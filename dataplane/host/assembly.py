@@ -82,8 +82,8 @@ def kernel_engine(slow, kpath, *, tun_name: str, ext_name: str, own_ip, port: in
         note = seg.cut()
         if seg.turned_off != before:
             log.info("kernel path: %s (a peer reads a longer datagram truncated, and an "
-                     "unfinished checksum as a wrong one); put back when the programs are "
-                     "detached", note)
+                     "unfinished checksum as a wrong one); put back when the path is "
+                     "removed", note)
     try:
         return KernelEngine(slow, kpath, tun_ifindex=socket.if_nametoindex(tun_name),
                             ext_ifindex=socket.if_nametoindex(ext_name), own_ip=own_ip,

@@ -99,6 +99,38 @@ def remove_address(name: str, addr) -> None:
                  prefixlen=iface.network.prefixlen)
 
 
+def remove_other_leases(name: str, parts) -> list:
+    """Take from ``name`` (flannel0) the addresses another lease gave it, and return them
+    (interfaces): a persistent flannel0 (the kernel path's) taken up again under another lease
+    keeps the old one's beside the new. Only what this scheme puts there goes: in each family
+    of ``parts`` (host/family.py Part) that has a lease subnet, a host prefix (/32, /128) that
+    starts a subnet of the lease's size and is not the lease's own address; whatever else an
+    operator put on flannel0 stays. The new address is there already (configure_tun), so the
+    kernel keeps flannel0's routes."""
+    removed = []
+    with _ipr() as ipr:
+        idx = _index(ipr, name)
+        for part in parts:
+            if part.subnet is None:
+                continue
+            want = ipaddress.ip_interface(part.tun_addr)
+            fam = socket.AF_INET6 if want.version == 6 else socket.AF_INET
+            for a in ipr.get_addr(index=idx, family=fam):
+                got = ipaddress.ip_interface(f"{a.get('IFA_LOCAL') or a.get('IFA_ADDRESS')}/"
+                                             f"{a['prefixlen']}")
+                start = ipaddress.ip_network(f"{got.ip}/{part.subnet.prefixlen}", strict=False)
+                if got == want or got.network.prefixlen != got.max_prefixlen or \
+                        start.network_address != got.ip or got.ip.is_link_local:
+                    continue
+                try:
+                    ipr.addr("del", index=idx, address=str(got.ip), prefixlen=got.max_prefixlen)
+                except NetlinkError as e:
+                    if e.code != errno.EADDRNOTAVAIL:
+                        raise
+                removed.append(got)
+    return removed
+
+
 def ipv6_unavailable() -> str | None:
     """Why this host cannot give flannel0 an IPv6 address, or None. Only a kernel without IPv6
     (booted with ipv6.disable=1, or built without it) is a hard no: a host that disables it by

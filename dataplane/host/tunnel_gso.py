@@ -103,14 +103,32 @@ def set_features(name: str, on: bool, features=FEATURES) -> None:
     _ioctl(name, buf)
 
 
+def put_back(name: str, features) -> None:
+    """``features`` on again on device ``name`` (OSError when the device refuses or is gone)."""
+    if features:
+        set_features(name, True, list(features))
+
+
 class TunnelSegmentation:
     """The external interface ``name``'s tunnel segmentation, turned off where it would pass the
-    kernel path's super-packets on uncut (:meth:`cut`) and put back (:meth:`restore`)."""
+    kernel path's super-packets on uncut (:meth:`cut`) and put back (:meth:`restore`).
 
-    def __init__(self, name: str):
+    ``record`` (engine/bpf_pins.py OffloadRecord, beside the path's pins, or None) keeps what was
+    turned off for as long as the path outlives the process: what a daemon before this one
+    recorded for this device is taken as turned off by this one (a successor finds the
+    features off and must not take that for the device's own state), and the path's removal
+    puts it back from the record alone."""
+
+    def __init__(self, name: str, record=None):
         self.name = name
+        self.record = record
         self.turned_off: list[str] = []       # what cut() turned off, to put back
         self.note = ""                        # what was done, for status
+        self._recorded: list[str] = []
+        kept = record.read() if record is not None else None
+        if kept and kept[0] == name:
+            self.turned_off = list(kept[1])
+            self._recorded = list(kept[1])
 
     def cut(self) -> str:
         """Turn the features off on a virtual device where they are on; says what it did."""
@@ -129,6 +147,13 @@ class TunnelSegmentation:
                      if self.turned_off else
                      f"{self.name} has no tunnel segmentation or transmit checksums on: the kernel "
                      "cuts super-packets and finishes their checksums")
+        if self.record is not None and self.turned_off != self._recorded:
+            try:
+                self.record.write(self.name, self.turned_off)
+                self._recorded = list(self.turned_off)
+            except OSError as e:
+                self.note += (f" (not recorded beside the pins: {e}; `flannel-udp cleanup` "
+                              f"cannot put them back: ethtool -K {self.name} ... on)")
         return self.note
 
     def restore(self) -> None:
@@ -136,6 +161,9 @@ class TunnelSegmentation:
         off, self.turned_off = self.turned_off, []
         if off:
             try:
-                set_features(self.name, True, off)
+                put_back(self.name, off)
             except OSError:
                 pass
+        if self.record is not None:
+            self.record.clear()
+            self._recorded = []

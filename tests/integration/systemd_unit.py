@@ -118,10 +118,11 @@ def flannel_ip6(subnet_env: dict) -> str:
     return str(ipaddress.IPv6Interface(subnet_env["FLANNEL_IPV6_SUBNET"]).network.network_address)
 
 
-def unit_of(engine: str, dual_stack: bool = False):
+def unit_of(engine: str, dual_stack: bool = False, service: str = ""):
     """For a fixture: yields a started Unit on h1 of a new overlay whose h0 (the peer) runs the
     testbed's daemon; both with ``engine`` and QUEUES (``dual_stack``: on DUAL_STACK, both with
-    an IPv6 underlay). Everything is removed after, also when the test fails."""
+    an IPv6 underlay; ``service``: [Service] lines of a drop-in, applied from the start).
+    Everything is removed after, also when the test fails."""
     require(systemd_box.missing() is None, f"a systemd box: {systemd_box.missing()}")
     kw = {"config": DUAL_STACK, "ipv6": True} if dual_stack else {}
     for ov in overlay_of(engine, (), **kw):
@@ -129,6 +130,8 @@ def unit_of(engine: str, dual_stack: bool = False):
         h = ov.add_host(start=False, underlay6=dual_stack)
         with systemd_box.SystemdBox() as box:
             u = Unit(ov, h, box, engine)
+            if service:
+                u.dropin("test", service.replace("{dir}", u.dir))
             try:
                 u.systemctl("start")
                 yield u

@@ -7,12 +7,14 @@ with no process. Meanwhile host C joins. A's daemon started again adopts the pin
 log says so; the maps are written by difference, the programs left on their hooks) and
 reaches C through it, the streams losing nothing. SIGTERM: the path stays, `flannel-udp
 status` says it runs without a daemon and pings still cross; `flannel-udp cleanup
---kernel-path` leaves nothing attached, pinned or persistent; then `--engine c` starts on the
-same host and forwards.
+--kernel-path` leaves nothing attached, pinned or persistent, and the external interface's
+offloads the first daemon turned off on again; then `--engine c` starts on the same host and
+forwards.
 """
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import time
@@ -52,6 +54,16 @@ def filters(ov, h) -> str:
                    for dev, hook in ((h.iface, "ingress"), ("flannel0", "egress")))
 
 
+# what a veth has on and the kernel path turns off (host/tunnel_gso.py)
+TURNED_OFF = ("tx-udp_tnl-segmentation", "tx-udp_tnl-csum-segmentation", "tx-checksum-ip-generic")
+
+
+def offloads(ov, h) -> dict:
+    out = ov.exec(h, ["ethtool", "-k", h.iface]).stdout
+    return {f: v.split()[0] for f, _, v in (line.strip().partition(": ")
+                                            for line in out.splitlines()) if f in TURNED_OFF}
+
+
 @pytest.mark.timeout(150)
 def test_the_kernel_path_outlives_the_daemon(ov):
     a, b = ov.hosts
@@ -61,8 +73,9 @@ def test_the_kernel_path_outlives_the_daemon(ov):
         for addr in addrs(ov, dst):
             assert wait_for(lambda: answers(ov, src, addr), 10, interval=0.2), (src, addr)
     assert sorted(os.listdir(pins)) == ["fu_config_map", "fu_counters", "fu_egress",
-                                        "fu_ingress", "fu_local4", "fu_local6", "fu_peers4",
-                                        "fu_peers6", "fu_routes4", "fu_routes6"]
+                                        "fu_ingress", "fu_local4", "fu_local6", "fu_offload",
+                                        "fu_peers4", "fu_peers6", "fu_routes4", "fu_routes6"]
+    assert offloads(ov, a) == {f: "off" for f in TURNED_OFF}
     streams = [PingStream(ov, src, addr, 0.02, 60)
                for src, dst in ((a, b), (b, a)) for addr in addrs(ov, dst)]
     try:
@@ -112,6 +125,8 @@ def test_the_kernel_path_outlives_the_daemon(ov):
     assert "fu_" not in ov.exec(a, ["tc", "filter", "show", "dev", a.iface, "ingress"]).stdout
     assert ov.exec(a, ["ip", "link", "show", "flannel0"]).returncode != 0
     assert not os.path.exists(pins)
+    # what the first daemon turned off, three daemons before, is on again
+    assert offloads(ov, a) == {f: "on" for f in TURNED_OFF}, r.stdout
 
     # the engine alone on the same host
     ov.start_daemon(a, engine="c")
@@ -141,3 +156,32 @@ def test_stop_and_start_on_the_kernel_path_loses_nothing(ov_plain, figure):
     assert "kernel path: adopted the one pinned at" in ov.daemon(a).log_text()
     assert out.tcp_problems() == [], out.details()
     assert out.udp_lost() == {"a->b": 0, "b->a": 0}, out.details()
+
+
+def flannel0_addrs(ov, h) -> set:
+    out = ov.exec(h, ["ip", "-j", "addr", "show", "dev", "flannel0"]).stdout
+    return {f"{a['local']}/{a['prefixlen']}" for link in json.loads(out)
+            for a in link["addr_info"] if a.get("scope") != "link"}
+
+
+@pytest.mark.timeout(60)
+def test_flannel0_taken_up_under_another_lease_keeps_only_its_addresses(ov):
+    """The kernel path keeps flannel0 across a restart; a daemon that gets another lease takes
+    the old lease's addresses off it (an operator's stays), says so once, and forwards."""
+    a, b = ov.hosts
+    old, old6 = ov.subnet(a), addrs(ov, a)[1]
+    ov.exec(a, ["ip", "addr", "add", "10.68.250.7/32", "dev", "flannel0"], check=True)
+    assert ov.stop_daemon(a) == 0
+    ov.delete_lease(old)
+    new = next(n for n in ("10.68.77.0/24", "10.68.78.0/24") if n != str(old))
+    new6 = next(n for n in ("fc00:68:0:fe::/64", "fc00:68:0:fd::/64") if n != f"{old6}/64")
+    ov.prefer_subnet(a, new, new6)
+    d = ov.start_daemon(a)
+    assert str(ov.subnet(a)) == new
+    new6_addr = str(ipaddress.ip_network(new6).network_address)
+    assert flannel0_addrs(ov, a) == {f"{new[:-3]}/32", "10.68.250.7/32", f"{new6_addr}/128"}
+    log = d.log_text()
+    assert log.count("held the addresses of another lease: removed "
+                     f"{old.network_address}/32, {old6}/128") == 1, log[-3000:]
+    for addr in (new[:-3], new6_addr):
+        assert wait_for(lambda: answers(ov, b, addr), 10, interval=0.2), addr

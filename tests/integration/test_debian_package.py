@@ -11,7 +11,10 @@ dpkg, /etc, /opt and /run change only there), run as an operator runs it:
             build on h1, then on h0: the postinst reloads each daemon (the handover): no
             datagram lost, no TCP stream reset or silent for more than the handover's bound,
             the same flannel0 and lease, the new version on /metrics
-    remove  h1: the unit is gone, flannel0 is gone; the firewall rules, the lease and
+    kernel  h1 restarted on the kernel path, pinned where only the environment file says
+            (FLANNELD_BPF_PINS): it forwards
+    remove  h1: the unit is gone, flannel0 is gone, and the kernel path (its filter, its pins
+            where the environment file put them); the firewall rules, the lease and
             subnet.env stay, as a stopped flanneld leaves them
     purge   h1: no file of the package is left, nor subnet.env
 """
@@ -27,7 +30,7 @@ import time
 import pytest
 
 from dataplane.testbed.overlay import parse_metrics
-from tests.conftest import require, wait_until
+from tests.conftest import require, require_bpf, wait_until
 from tests.integration import restart_traffic, systemd_box
 from tests.integration.conftest import overlay_of
 
@@ -165,6 +168,7 @@ def lease_revision(ph) -> int:
 def test_install_upgrade_remove_purge(debs, figure):
     old_deb, new_deb = debs
     require(systemd_box.missing() is None, f"a systemd box: {systemd_box.missing()}")
+    require_bpf()
     for ov in overlay_of("c", ()):
         hosts = [ov.add_host(start=False), ov.add_host(start=False)]
         with systemd_box.SystemdBox(host=hosts[0].netns) as box0, \
@@ -238,12 +242,28 @@ def _lifecycle(ov, phs, old_deb, new_deb, figure):
         assert int(ph.show("MainPID")["MainPID"]) not in (0, pid)
         assert "through the handover socket" in ph.journal()
 
-    # remove (h1): stopped and gone; rules, lease and subnet.env stay
+    # h1 on the kernel path, pinned where only the environment file says (a host's systemd
+    # mounts the bpffs at boot; the box's does not)
+    pins = "/sys/fs/bpf/fu-pkg-test"
+    assert h1.box.run("mount", "-t", "bpf", "bpffs", "/sys/fs/bpf").returncode == 0
+    with open(h1.box.path(ENV_FILE)) as f:
+        text = f.read().replace("--engine python", "--engine kernel")
+    with open(h1.box.path(ENV_FILE), "w") as f:
+        f.write(f"{text}FLANNELD_BPF_PINS={pins}\n")
+    h1.box.systemctl("restart", UNIT)
+    assert "fu_ingress" in h1.box.run("tc", "filter", "show", "dev", h1.host.iface,
+                                      "ingress").stdout, h1.journal()[-3000:]
+    assert os.path.exists(h1.box.path(f"{pins}/flannel0/fu_ingress"))
+    assert ov.reachable(h0.host, h1.flannel_ip())
+
+    # remove (h1): stopped and gone, the kernel path too; rules, lease and subnet.env stay
     subnet = h1.subnet_env()["FLANNEL_SUBNET"]
     files = h1.box.run("dpkg", "-L", "flannel-udp").stdout.split()
     h1.apt("remove", "flannel-udp")
     assert h1.show("LoadState")["LoadState"] == "not-found"
     assert h1.link().returncode != 0
+    assert "fu_" not in h1.box.run("tc", "filter", "show", "dev", h1.host.iface, "ingress").stdout
+    assert not os.path.exists(h1.box.path(f"{pins}/flannel0"))
     assert ov.etcdctl("get", h1.lease_key(), "--print-value-only").stdout.strip()
     assert "10.5.0.0/16" in h1.rules()
     assert h1.subnet_env()["FLANNEL_SUBNET"] == subnet

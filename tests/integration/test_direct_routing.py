@@ -1,4 +1,5 @@
-"""DirectRouting (control/direct.py, host/direct_routes.py) on simulated hosts, both engines:
+"""DirectRouting (control/direct.py, host/direct_routes.py) on simulated hosts, every path (each
+engine alone, the kernel path):
 the network config says ``"Backend": {"Type": "udp", "DirectRouting": true}``.
 
 ::
@@ -59,10 +60,10 @@ SWITCH_S = 1.0          # the issue's bound: a route follows a change within a s
 
 
 @pytest.fixture
-def ov(engine_kind):
+def ov(path_kind):
     require_overlay()
     from dataplane.testbed.overlay import Overlay
-    overlay = Overlay(hosts=0, engine=engine_kind, config=CONFIG, ipv6=True)
+    overlay = Overlay(hosts=0, engine=path_kind, config=CONFIG, ipv6=True)
     try:
         yield overlay
     finally:
@@ -132,19 +133,29 @@ def tun_packets(ov, host) -> tuple[int, int]:
     return stats["rx"]["packets"], stats["tx"]["packets"]
 
 
+# a datapath's label in the host's sums (parse_metrics), and its path label of the datagrams
+# received from peers: the kernel path's programs count those they deliver into flannel0
+RECEIVED = (("", "udp_rx"), ('datapath="engine",', "udp_rx"), ('datapath="kernel",', "tun_tx"))
+
+
 def udp_packets(ov, host) -> tuple[int, int]:
-    """The engine's packets sent to peers and received from them (flannel0's own counters
-    also see the kernel's MLD reports on it once a host forwards IPv6)."""
+    """The packets sent to peers and received from them, by the engine and the kernel path's
+    programs (flannel0's own counters also see the kernel's MLD reports on it once a host
+    forwards IPv6)."""
     m = ov.metrics(host)       # the host's sums over queues and families (parse_metrics)
-    return tuple(int(m.get(f'flannel_udp_packets_total{{path="{path}"}}', 0))
-                 for path in ("udp_tx", "udp_rx"))
+    return (int(sum(m.get(f'flannel_udp_packets_total{{{dp}path="udp_tx"}}', 0)
+                    for dp, _ in RECEIVED)),
+            int(sum(m.get(f'flannel_udp_packets_total{{{dp}path="{rx}"}}', 0)
+                    for dp, rx in RECEIVED)))
 
 
 def received_by_family(ov, host) -> dict:
-    """The engine's datagrams received from peers, by the inner packet's family."""
+    """The datagrams received from peers, by the inner packet's family (the kernel path's
+    programs count both families as one, "all")."""
     m = ov.metrics(host)
-    return {f: m.get(f'flannel_udp_packets_total{{family="{f}",path="udp_rx"}}', 0)
-            for f in ("ipv4", "ipv6")}
+    return {f: sum(m.get(f'flannel_udp_packets_total{{{dp}family="{f}",path="{rx}"}}', 0)
+                   for dp, rx in RECEIVED)
+            for f in ("ipv4", "ipv6", "all")}
 
 
 def subnet(ov, host) -> str:
@@ -168,7 +179,7 @@ def switched_within(ov, host, predicate, what: str) -> float:
     return took
 
 
-def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
+def test_direct_on_the_link_encapsulated_otherwise(ov, path_kind, figure):
     h0 = ov.add_host(wait=False)
     h1 = ov.add_host(wait=False)
     h2 = ov.add_host(start=False)
@@ -181,7 +192,7 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         ov.wait_ready(h)
     ov.put(f"subnets/{FLANNELD_LIKE_SUBNET.replace('/', '-')}", lease_json(h3.ip))
     from dataplane.testbed.forwarder import Forwarder
-    fl = Forwarder(ov.tb, h3, tun_addr="10.5.200.0/32", engine=engine_kind,
+    fl = Forwarder(ov.tb, h3, tun_addr="10.5.200.0/32", engine=path_kind,
                    routes=[f"{subnet(ov, h)}={h.ip}" for h in (h0, h1, h2)]).wait_ready()
     try:
         s0, s1, s2 = subnet(ov, h0), subnet(ov, h1), subnet(ov, h2)
@@ -202,7 +213,7 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         assert direct_routes6(ov, h0) == direct_routes6(ov, h1) == {}
         assert wait_until(lambda: pod_ping(pods0[6][0], pods1[6][1], 1), 10, 0.1,
                           "pod0 -> pod1 over IPv6 through flannel0")
-        # h0's engine sees every encapsulated packet between the two: IPv6's, none of IPv4
+        # h0 (its engine, or its programs) sees every encapsulated packet between the two: IPv6's, none of IPv4
         # (and its metrics say which family each was)
         counts, by_family = [udp_packets(ov, h0)], [received_by_family(ov, h0)]
         for family in (4, 6):
@@ -213,7 +224,8 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
             counts
         by_family.append(received_by_family(ov, h0))
         assert by_family[1]["ipv4"] == by_family[0]["ipv4"] and \
-            by_family[1]["ipv6"] - by_family[0]["ipv6"] >= 6, by_family
+            by_family[1]["ipv6"] + by_family[1]["all"] - by_family[0]["ipv6"] - \
+            by_family[0]["all"] >= 6, by_family
         assert f"its IPv6 part {s6_1} through flannel0: its lease has no PublicIPv6" \
             in ov.daemon(h0).log_text()
 
@@ -241,13 +253,14 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         assert udp_packets(ov, h0) == before
         assert f"Subnet {s1}: its IPv6 part {s6_1} now a direct route via fd77::2" \
             in ov.daemon(h0).log_text()
-        figure(f"{engine_kind}: IPv6 prefix added -> IPv6 part direct", f"{took6 * 1000:.0f} ms")
-        # h2 (behind the router) and h3 (no DirectRouting): through flannel0, both ways
+        figure(f"{path_kind}: IPv6 prefix added -> IPv6 part direct", f"{took6 * 1000:.0f} ms")
+        # h2 (behind the router) and h3 (no DirectRouting): through flannel0, both ways (sent
+        # by the engine, or by the programs on flannel0's egress, before its counters)
         for a in (h0, h1):
             for b_ip in (ov.flannel_ip(h2), "10.5.200.0"):
-                rx, tx = tun_packets(ov, a)
+                tx, _ = udp_packets(ov, a)
                 assert ov.reachable(a, b_ip), f"{a.name} -> {b_ip}"
-                assert tun_packets(ov, a)[1] > tx
+                assert udp_packets(ov, a)[0] > tx
         assert ov.reachable(h2, ov.flannel_ip(h0)) and ov.reachable(h2, ov.flannel_ip(h1))
         log0 = ov.daemon(h0).log_text()
         assert re.search(rf"Subnet added: {s1} via {h1.ip}, a direct route", log0), log0[-3000:]
@@ -279,7 +292,7 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
         ov.exec(h0, ["ip", "route", "del", f"{h1.ip}/32"], check=True)
         back = switched_within(ov, h0, lambda: direct_routes(ov, h0).get(s1) == h1.ip,
                                "h0 to route h1's subnet directly again")
-        figure(f"{engine_kind}: route change -> way switched", f"{took * 1000:.0f} ms, back "
+        figure(f"{path_kind}: route change -> way switched", f"{took * 1000:.0f} ms, back "
                                                              f"{back * 1000:.0f} ms")
 
         # h1's lease moves to another subnet
@@ -335,7 +348,7 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
                    and direct_routes(ov, h2) == {s1: h1.ip}, 10, 0.05,
                    "h1 and h2, behind the router together, to route to each other directly")
         assert ov.reachable(h0, ov.flannel_ip(h1)) and ov.reachable(h1, ov.flannel_ip(h0))
-        figure(f"{engine_kind}: lease moved -> direct route", f"in place {moved:.2f} s after "
+        figure(f"{path_kind}: lease moved -> direct route", f"in place {moved:.2f} s after "
                                                              "the lease was acquired (at most)")
 
         # IPv6 on their link too: h2 routes h1's IPv6 part directly
@@ -348,7 +361,7 @@ def test_direct_on_the_link_encapsulated_otherwise(ov, engine_kind, figure):
 
         # a stopped daemon leaves its direct routes (they carry on, as flanneld's rules do);
         # `flannel-udp cleanup` removes them
-        run_flags = ov.daemon_command(h2, engine_kind)[1:]
+        run_flags = ov.daemon_command(h2, path_kind)[1:]
         ov.stop_daemon(h2)
         assert direct_routes(ov, h2) == {s1: h1.ip}
         assert direct_routes6(ov, h2) == {s6_1: "fd78::2"}

@@ -12,7 +12,8 @@ import pytest
 
 from dataplane.bench import measure, report, runner
 from dataplane.bench.daemon_paths import (FLANNELD_SKIP, flanneld_ready, flanneld_run,
-                                          make_daemon_path)
+                                          make_daemon_path, mixed_cleanup, mixed_ready,
+                                          mixed_run)
 from dataplane.bench.path_choice import make_path
 from dataplane.bench.paths import ALL_PATHS, DAEMON_PATHS, PATHS, PathSkipped
 from dataplane.bench.topo import TopoError, subnet
@@ -142,6 +143,35 @@ def test_flanneld_runs_with_its_own_flags_and_is_ready_once_it_has_the_peer():
                     "-subnet-file=/tmp/x/h0/subnet.env"]
     assert "Subnet added: 10.5.2.0/24" in flanneld_ready(path, a)
     assert "Subnet added: 10.5.1.0/24" in flanneld_ready(path, b)
+
+
+def test_the_mixed_path_runs_the_kernel_path_beside_flanneld(tmp_path):
+    """`kernel-flanneld`: host A the daemon on the kernel path (pinned in the testbed's own
+    bpffs, removed by its cleanup), host B flanneld; skipped or refused as `flanneld` is."""
+    with pytest.raises(PathSkipped):
+        make_daemon_path(object(), "kernel-flanneld")
+    with pytest.raises(TopoError, match="no such file"):
+        make_daemon_path(object(), "kernel-flanneld", flanneld=str(tmp_path / "none"))
+    assert cli_bench.choose_paths("vxlan,kernel-flanneld", _executable(tmp_path)) == [
+        "vxlan", "kernel-flanneld"]
+    a = types.SimpleNamespace(name="h0", iface="veth0", subnet=subnet(0), host=0)
+    b = types.SimpleNamespace(name="h1", iface="veth1", subnet=subnet(1), host=1)
+    tb = types.SimpleNamespace(bpf_pins=lambda h: f"/tmp/tb/bpffs/h{h}")
+    topo = types.SimpleNamespace(a=a, b=b, tb=tb, peer=lambda s: b if s is a else a)
+    path = types.SimpleNamespace(etcd_url="http://192.168.77.254:2379",
+                                 prefix="/coreos.com/network", topo=topo,
+                                 subnet_file=lambda s: f"/tmp/x/{s.name}/subnet.env",
+                                 sockets=lambda s: (f"/tmp/x/{s.name}/st", f"/tmp/x/{s.name}/ho"))
+    run_a, run_b = mixed_run("/opt/flanneld")(path, a), mixed_run("/opt/flanneld")(path, b)
+    assert run_a[run_a.index("--engine") + 1] == "kernel"
+    assert "--bpf-pins=/tmp/tb/bpffs/h0" in run_a and "--iface" in run_a
+    assert run_b == flanneld_run("/opt/flanneld")(path, b)
+    assert mixed_ready(path, a) == ("Running:",)
+    assert mixed_ready(path, b) == flanneld_ready(path, b)
+    clean_a, clean_b = mixed_cleanup(path, a), mixed_cleanup(path, b)
+    assert "cleanup" in clean_a and "--kernel-path" in clean_a
+    assert "--bpf-pins=/tmp/tb/bpffs/h0" in clean_a
+    assert "cleanup" in clean_b and "--kernel-path" not in clean_b
 
 
 def test_cost_of_a_forwarder_without_syscall_counters():

@@ -272,3 +272,26 @@ def test_a_stale_peer_of_either_underlay_goes_with_the_first_whole_set(host):
         assert again._keys(bc.MAP_PEERS6, "fu_addr6") == []
         assert len(again._keys(bc.MAP_PEERS4, "__u32")) == 1
         again.leave()
+
+
+def test_what_the_path_turned_off_is_put_back_by_its_removal(host):
+    """The external interface's features the path turned off (host/tunnel_gso.py) are recorded
+    beside the pins: a successor that finds them off takes them as turned off, not as the
+    device's own state, and the path's removal (cleanup's) turns them on again."""
+    from dataplane.engine import bpf_pinned
+    from dataplane.engine.bpf_pins import OffloadRecord
+    from dataplane.host.tunnel_gso import TunnelSegmentation, active
+    pins, tun, ext = host
+    first = TunnelSegmentation("ext0", OffloadRecord(pins))
+    first.cut()
+    assert "tx-udp_tnl-segmentation" in first.turned_off        # a veth has them on
+    assert not any(active("ext0").values())
+    started(pins, tun, ext).leave()
+    successor = TunnelSegmentation("ext0", OffloadRecord(pins))
+    successor.cut()
+    assert successor.turned_off == first.turned_off
+    done = bpf_pinned.remove(pins)
+    assert not os.path.exists(pins), done
+    now = active("ext0")
+    assert [f for f in first.turned_off if now[f]] == first.turned_off, done
+    assert any(line.endswith("on again on ext0 (as before the kernel path)") for line in done)

@@ -160,3 +160,28 @@ def test_status_says_when_the_kernel_path_runs_without_a_daemon():
         p["attached"] = None
     assert "on no hook" in render_kernel_paths([desc], now=1130.0)
     assert "cannot read it (no libbpf)" in render_kernel_paths([{"dir": "/x", "error": "no libbpf"}])
+
+
+def test_cleanup_reads_the_units_environment_file_under_its_own_settings(tmp_path):
+    """`cleanup --env-file` (the package's removal) finds what the unit's daemon was given
+    there: FLANNELD_* variables and the flags of FLANNEL_UDP_OPTIONS; its own flags and
+    environment come first; a missing file is none."""
+    from dataplane.cli import build_parser, flanneld_flags
+    from dataplane.cli.cleanup import with_env_file
+    env_file = tmp_path / "flannel-udp"
+    env_file.write_text("# a comment\nFLANNELD_BPF_PINS='/sys/fs/bpf/mine'\n"
+                        "FLANNELD_SUBNET_FILE=/run/x/subnet.env\nOTHER=1\n"
+                        "FLANNEL_UDP_OPTIONS=--healthz-port 0 --status-socket=/run/x/s.sock\n")
+
+    def resolved(*argv, environ=None):
+        args = build_parser().parse_args(["cleanup", "--kernel-path", *argv])
+        args, env = with_env_file(args, environ or {})
+        return flanneld_flags.resolve(args, env)
+
+    opts = resolved(f"--env-file={env_file}")
+    assert (opts.bpf_pins, opts.subnet_file, opts.status_socket) == (
+        "/sys/fs/bpf/mine", "/run/x/subnet.env", "/run/x/s.sock")
+    opts = resolved(f"--env-file={env_file}", "--status-socket=/run/y.sock",
+                    environ={"FLANNELD_BPF_PINS": "/sys/fs/bpf/env"})
+    assert (opts.bpf_pins, opts.status_socket) == ("/sys/fs/bpf/env", "/run/y.sock")
+    assert resolved(f"--env-file={tmp_path / 'none'}").bpf_pins == "/sys/fs/bpf/flannel-udp"
