@@ -7,6 +7,7 @@
 * ``startup.py``     one function per start step, with the message an operator reads when it fails
                      (flannel0, the sockets and the engine: the dataplane's assembly,
                      host/assembly.py, in the daemon's words);
+* ``early_load.py``  the kernel path's programs loaded in a thread while a fresh start talks to etcd;
 * ``peer_routes.py`` peer changes -> the engine's route table and DirectRouting's kernel routes;
 * ``underlay_fallback.py`` the probes of the peers' IPv6 underlay, a failed one's IPv6 over IPv4;
 * ``preflight.py``   what the host lacks (privileges, TUN, firewall tool, subnet.env, the port),

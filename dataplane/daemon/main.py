@@ -78,7 +78,8 @@ from ..control.peerset import PeerSnapshot
 from ..host import queues
 from ..host.family import V6
 from ..host.own_sources import OwnSources
-from . import handover, inherited, lease_move, preflight, signals, startup, status, takeover
+from . import early_load, handover, inherited, lease_move, preflight, signals, startup, status
+from . import takeover
 from .blackhole_route import BlackholeRoute
 from .host_forwarding import HostForwarding
 from .interpreter import StartInterpreter
@@ -131,6 +132,7 @@ class Daemon:
         self.queues = 1                       # asked for (the dataplane may have fewer)
         self.underlay6 = None                 # (PublicIPv6, bind address, inner MTU) or None
         self._peer_child = None               # the peer watch's process, started early
+        self._early = None                    # the kernel path's load, started early
         self.own_sources = OwnSources()       # what the engine knows of this host's addresses
         self.servers = []
         self.handover_server = None
@@ -167,6 +169,7 @@ class Daemon:
                 return 1
             return self._serve()
         finally:
+            early_load.discard(self._early)
             self.interpreter.ready()
             self._shutdown()
             signals.restore(self._old_handlers)
@@ -199,6 +202,8 @@ class Daemon:
         o = st.opts
         # 0. what the previous daemon hands over
         inh = startup.receive_inherited(o)
+        # the kernel path's programs load meanwhile (daemon/early_load.py)
+        self._early = early_load.start(o, inh)
         # 1. external interface
         st.ext = startup.select_interface(o)
         # what this host lacks is said now, before etcd holds a lease for a host that cannot
@@ -306,7 +311,7 @@ class Daemon:
         o = st.opts
         pins = pin_dir(device_name(o.bpf_pins, inh.tun_name if inh is not None else None),
                        o.bpf_pins)
-        choice = startup.choose_engine(o, pins)
+        choice = startup.choose_engine(o, pins, early_load.loader(self._early, pins))
         st.engine_cls, st.engine_why = choice.cls, choice.why
         st.kernel = DaemonKernelPath(choice, st.ext, st.config.backend_port, pins)
         if st.kernel.check():

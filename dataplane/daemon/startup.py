@@ -256,17 +256,18 @@ def acquire_lease(subnets, registry, wait):
         return lease
 
 
-def choose_engine(opts, pin_dir: str | None = None):
+def choose_engine(opts, pin_dir: str | None = None, load=None):
     """The engine (engine/choice.py EngineChoice: the class, why, the kernel path's programs
     loaded or why not): --engine (or FLANNELD_ENGINE), else $DATAPLANE_ENGINE, else auto; the
-    kernel path pinned at ``pin_dir`` (daemon/kernel_path.py), adopting what is there."""
+    kernel path pinned at ``pin_dir`` (daemon/kernel_path.py), adopting what is there, or
+    ``load``'s (daemon/early_load.py)."""
     import functools
     from ..engine.choice import EngineChoiceError, EngineUnavailable, choose_engine as choose
     from ..engine.choice import load_kernel_path
     flag = None if opts.sources.get("engine") == "default" else opts.engine
     try:
         return choose(flag, kernel=True,
-                      load_kernel=functools.partial(load_kernel_path, pin_dir=pin_dir))
+                      load_kernel=load or functools.partial(load_kernel_path, pin_dir=pin_dir))
     except (EngineChoiceError, EngineUnavailable) as e:
         raise StartupError(str(e)) from None
 

@@ -137,6 +137,24 @@ def _load_python():
     return PyEngine
 
 
+def _requested(flag: Optional[str], flag_name: str = "--engine",
+               env: Optional[Mapping[str, str]] = None) -> tuple[str, str]:
+    """(the kind asked for, lowercased, maybe no engine's; where it came from)."""
+    env = os.environ if env is None else env
+    if flag:
+        requested, source = flag, flag_name
+    elif env.get(ENV_VAR, "").strip():
+        requested, source = env[ENV_VAR], f"${ENV_VAR}"
+    else:
+        requested, source = "auto", "default"
+    return requested.strip().lower(), source
+
+
+def loads_kernel(flag: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether choose_engine(flag, kernel=True) loads the kernel path's programs (kernel, auto)."""
+    return _requested(flag, env=env)[0] in ("kernel", "auto")
+
+
 def choose_engine(flag: Optional[str] = None, *, flag_name: str = "--engine",
                   env: Optional[Mapping[str, str]] = None, kernel: bool = False,
                   load_kernel=load_kernel_path) -> EngineChoice:
@@ -148,14 +166,7 @@ def choose_engine(flag: Optional[str] = None, *, flag_name: str = "--engine",
     unknown value and EngineUnavailable when the C engine or the kernel path is asked for and
     cannot run."""
     global _fallback_logged
-    env = os.environ if env is None else env
-    if flag:
-        requested, source = flag, flag_name
-    elif env.get(ENV_VAR, "").strip():
-        requested, source = env[ENV_VAR], f"${ENV_VAR}"
-    else:
-        requested, source = "auto", "default"
-    requested = requested.strip().lower()
+    requested, source = _requested(flag, flag_name, env)
     if requested not in KINDS:
         raise EngineChoiceError(f"{source}={requested!r}: no such engine; use c, python or auto, "
                                 "or kernel for the kernel path")
