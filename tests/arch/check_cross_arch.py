@@ -48,13 +48,14 @@ EMULATED_READY_S = 240.0                    # imports under emulation; no figure
 
 # Inside h1's namespace: a private mount namespace whose mounts vanish with the daemon, the
 # root's /proc, /sys (h1's devices: sysfs shows the mounter's network namespace), /dev (the
-# TUN) and the testbed's directory (the subnet file, the notify, handover and status sockets)
-# at the path the daemon is given, then the daemon itself inside the root.
+# TUN) and the testbed's directory (the subnet file, the notify, handover and status sockets,
+# and the bpffs of the hosts' pins mounted under it: --rbind) at the path the daemon is given,
+# then the daemon itself inside the root.
 _IN_ROOT = r'''
 r=$1 wd=$2; shift 2
 mkdir -p "$r$wd" &&
 mount -t proc proc "$r/proc" && mount -t sysfs sysfs "$r/sys" && mount --rbind /dev "$r/dev" &&
-mount --bind "$wd" "$r$wd" && exec chroot "$r" "$@"
+mount --rbind "$wd" "$r$wd" && exec chroot "$r" "$@"
 '''
 
 
