@@ -3,8 +3,8 @@
 # ARCH=s390x), under QEMU user-mode emulation, as a user of that architecture would install
 # flannel-udp on Debian 12.
 #
-#   tests/arch/run.sh ARCH [STEP...]      STEP: root install build test cross (the default, in
-#                                         this order; cross on arm64 only)
+#   tests/arch/run.sh ARCH [STEP...]      STEP: root install build test bpf cross (the default,
+#                                         in this order; bpf and cross on arm64 only)
 #
 #   host     only the packages this machine needs (qemu-user-static, binfmt-support, debootstrap);
 #            the root step installs them too: this lets a caller (.ci/run) take apt's lock before
@@ -24,6 +24,11 @@
 #            tests/arch/emulated.py loaded: the tests QEMU cannot run are expected failures there,
 #            each with its reason (that plugin lists them; nothing is skipped silently); the
 #            checkout's tests/ are copied again first, the code is what the install step copied
+#   bpf      (arm64 only) the kernel path as far as the emulator reaches, which has no bpf()
+#            syscall (ENOSYS): its programs compiled in the root with the root's clang and
+#            libbpf headers must be this machine's build, instruction for instruction, maps alike;
+#            and the engine choice there must fall back to the C engine saying why, or refuse
+#            --engine kernel (tests/arch/kernel_path_emulated.py)
 #   cross    (arm64 only) tests/arch/check_cross_arch.py with this machine's .venv: an arm64
 #            daemon from the root beside an amd64 one in one overlay, both engines; the Debian
 #            package's daemon too when the deb step ran in the same call
@@ -40,7 +45,7 @@
 # TESTS below), PYTEST_ARGS (more pytest arguments, e.g. -x).
 set -euo pipefail
 
-usage() { echo "usage: $0 arm64|s390x [host|root|install|build|test|cross|deb|shell]..." >&2; exit 2; }
+usage() { echo "usage: $0 arm64|s390x [host|root|install|build|test|bpf|cross|deb|shell]..." >&2; exit 2; }
 die() { echo "tests/arch/run.sh: $*" >&2; exit 1; }
 
 ARCH=${1:-}
@@ -65,9 +70,11 @@ VENV=/srv/flannel-udp/venv
 HOST_PACKAGES="qemu-user-static binfmt-support debootstrap"
 # In every root: Python and the headers for the extension; gcc builds it; clang with its sanitizer
 # runtime builds the fuzzers (tests/cbuild.py); ca-certificates for pip; iproute2 and iptables
-# for a daemon run from the root (tests/arch/check_cross_arch.py).
+# for a daemon run from the root (tests/arch/check_cross_arch.py); libbpf-dev: the kernel path's
+# programs compile with the root's clang (the bpf step), and libbpf1 with it, which the daemon's
+# probe opens. A changed list installs what it adds into the root (step_root), no new root.
 ROOT_PACKAGES="python3 python3-venv python3-dev gcc libc6-dev clang libclang-rt-14-dev \
-  ca-certificates iproute2 iptables"
+  ca-certificates iproute2 iptables libbpf-dev"
 case "$ARCH" in
   # Debian's builds of what PyPI has no s390x wheels of at the pinned versions (and what pip
   # would otherwise compile: cffi), and of the test tools that need them.
@@ -277,6 +284,17 @@ step_test() {
     -p tests.arch.emulated -o timeout=1800 -rxXfE -q -p no:cacheprovider $tests ${PYTEST_ARGS:-}"
 }
 
+step_bpf() {
+  [ "$ARCH" = arm64 ] || die "the bpf step compares with this machine's little-endian build: arm64 only"
+  need_root
+  local py=${FLANNEL_UDP_PYTHON:-$CHECKOUT/.venv/bin/python} obj=/srv/flannel-udp/flannel.bpf.o
+  [ -x "$py" ] || die "no $py: make deps sets up this machine's side"
+  copy_sources tests
+  rm -f "$ROOT$obj"
+  in_root sh -c "cd $SRC && $VENV/bin/python -m tests.arch.kernel_path_emulated build $obj"
+  (cd "$CHECKOUT" && "$py" -m tests.arch.kernel_path_emulated compare "$ROOT$obj")
+}
+
 step_cross() {
   [ "$ARCH" = arm64 ] || die "the cross-architecture overlay is an arm64 daemon's (tests/arch/check_cross_arch.py)"
   local py=${FLANNEL_UDP_PYTHON:-$CHECKOUT/.venv/bin/python} which=venv
@@ -293,7 +311,7 @@ main() {
   local steps=("$@") step
   if [ ${#steps[@]} -eq 0 ]; then
     steps=(root install build test)
-    [ "$ARCH" = arm64 ] && steps+=(cross)
+    [ "$ARCH" = arm64 ] && steps+=(bpf cross)
   fi
   for step in "${steps[@]}"; do
     case "$step" in
@@ -303,6 +321,7 @@ main() {
       build) timed "build" step_build ;;
       test) timed "test" step_test ;;
       deb) timed "deb (make deb, install)" step_deb; DEB_BUILT=1 ;;
+      bpf) timed "bpf (the programs built in the root, the choice there)" step_bpf ;;
       cross) timed "cross (an arm64 daemon beside an amd64 one)" step_cross ;;
       shell) in_root /bin/bash ;;      # a look around, by hand
       *) usage ;;
