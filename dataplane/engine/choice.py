@@ -106,6 +106,10 @@ def _kernel_reason(e: BaseException) -> str:
         line = (line.removesuffix("; the verifier said:") + ": this process may not load BPF "
                 "programs (CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, or CAP_SYS_ADMIN; a systemd "
                 "unit's CapabilityBoundingSet can withhold them)")
+    elif "Function not implemented" in line:
+        # no verifier ran: an empty "said:" would only mislead
+        line = (line.removesuffix("; the verifier said:") + ": this kernel has no bpf() system "
+                "call (built without CONFIG_BPF_SYSCALL, or an emulator such as QEMU's user mode)")
     return line
 
 

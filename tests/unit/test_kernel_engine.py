@@ -108,6 +108,17 @@ def test_the_choice_of_path():
         choice.load_kernel_path(release="6.1.0-18-amd64")
 
 
+def test_no_bpf_syscall_is_said_as_such():
+    """A kernel (or an emulator) without bpf(): no verifier ran, so none is quoted, and the
+    line says what lacks it."""
+    def enosys():
+        raise RuntimeError("bpf_object__load: Function not implemented; the verifier said:")
+    got = choice.choose_engine("auto", kernel=True, load_kernel=enosys)
+    assert got.kernel is None
+    assert "Function not implemented: this kernel has no bpf() system call" in got.kernel_why
+    assert "verifier said" not in got.kernel_why
+
+
 def test_an_adopted_path_gets_the_table_the_engine_starts_with(host):
     """A path adopted from its pins forwards while the daemon starts: the daemon's first table
     (empty until the peers are listed) and a config not yet whole never reach its maps; the
