@@ -52,6 +52,10 @@ class Unit:
             "StandardError=inherit\n"
             # the box's files live in its directory under /run, not in /run/flannel
             "RuntimeDirectory=\n"
+            # nor its cache in /var/cache/flannel-udp: the box's root is read-only, and systemd
+            # fails the start (239/CACHE_DIRECTORY) where that directory is not there yet
+            "CacheDirectory=\n"
+            f"Environment=XDG_CACHE_HOME={self.dir}/cache\n"
             # a Python or checkout under a home directory must stay readable
             + ("ProtectHome=read-only\n" if HOME_PYTHON else "")))
 
