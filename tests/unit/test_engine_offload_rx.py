@@ -548,8 +548,9 @@ def test_bad_source_in_a_train(engine_kind):
         send_train(h, h.stranger, train)
         send_train(h, p, train)
         h.engine.start()
-        st = h.wait_for(lambda s: s["udp_rx_packets"] >= 8 and len(h.tun_received) >= 4,
-                        what="both trains")
+        # the counters are published after the write: wait for them as well as the packets
+        st = h.wait_for(lambda s: s["tun_tx_packets"] + s["drop_bad_source"] >= 8
+                        and len(h.tun_received) >= 4, what="both trains")
         assert st["drop_bad_source"] == 4 and st["tun_tx_packets"] == 4, nonzero(st)
         assert h.take_tun() == [forwarded(d) for d in train]
 
@@ -567,7 +568,8 @@ def test_a_train_over_the_ipv6_underlay_is_split_too(engine_kind):
         h.set_routes([h.route("fd00:5:2::/64", p)], wait=False)
         send_train(h, p, train)
         h.engine.start()
-        st = h.wait_for(lambda s: s["udp_rx_packets"] >= 5 and len(h.tun_received) >= 5,
+        # tun_tx_packets is counted after the write the reader may already have seen
+        st = h.wait_for(lambda s: s["tun_tx_packets"] >= 5 and len(h.tun_received) >= 5,
                         what="the train")
         assert h.take_tun() == [forwarded(d) for d in train]
         assert st["tun_tx_packets"] == 5 and st["drop_bad_source"] == 0, nonzero(st)
