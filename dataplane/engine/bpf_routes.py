@@ -38,6 +38,13 @@ log = logging.getLogger(__name__)
 # A route's MTU in the map where the programs must hand every packet to the engine (a peer
 # they cannot send to: RouteMaps._hop_bytes): no packet is that short.
 UNSENDABLE_MTU = 1
+
+
+def _hop_mtu(peer_ip: int, mtu: int) -> int:
+    """The MTU written for a route via the IPv4 ``peer_ip``: 0.0.0.0 cannot be sent to."""
+    return mtu if peer_ip else UNSENDABLE_MTU
+
+
 ANY4 = ipaddress.IPv4Address(0)
 # fu_key4 and fu_hop as numpy records, for the IPv4 routes packed by columns (addresses in
 # network order, the rest native; checked against maps.h's layouts at the bottom)
@@ -190,7 +197,7 @@ class RouteMaps:
         packet of the route is then handed to the engine, which answers it as it does alone,
         and a shorter route around the subnet never takes it."""
         if peer.version == 4:
-            return cls._HOP4.pack(peer.packed, UNSENDABLE_MTU if not int(peer) else mtu)
+            return cls._HOP4.pack(peer.packed, _hop_mtu(int(peer), mtu))
         return cls._HOP6.pack(mtu, peer.packed)
 
     def _put_routes(self, items) -> None:
@@ -203,8 +210,9 @@ class RouteMaps:
             keys, hops = np.zeros(len(v4), _KEY4_NP), np.zeros(len(v4), _HOP_NP)
             keys["prefixlen"] = [s.prefixlen for s, _ in v4]
             keys["addr"] = [int(s.network_address) for s, _ in v4]
-            hops["peer_ip"] = peer = [int(p) for _, (p, _) in v4]
-            hops["mtu"] = np.where(np.array(peer) == 0, UNSENDABLE_MTU, [m for _, (_, m) in v4])
+            peers = [int(p) for _, (p, _) in v4]
+            hops["peer_ip"] = peers
+            hops["mtu"] = [_hop_mtu(p, m) for p, (_, (_, m)) in zip(peers, v4)]
             self._write_many(bc.MAP_ROUTES4, keys.tobytes(), hops.tobytes(), len(v4))
         if v6:
             self._write_many(bc.MAP_ROUTES6, b"".join(self._route_bytes(s) for s, _ in v6),
