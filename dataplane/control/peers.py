@@ -389,8 +389,13 @@ class PeerWatcher:
         if not (touched or full or ips):
             return PeerChange(self._current)
         touched |= self._resolve_claims(ips)
+        before = self._current
         after = PeerSnapshot.of(self._claims.held, self._own, skip=self._conflicts)
-        change = PeerChange.between(self._current, after, None if full else touched)
+        change = PeerChange.between(before, after, None if full else touched)
+        if not change and after.own == before.own and len(after) == len(before):
+            # the same peers (a renewal, our own key): the snapshot the daemon holds stays the
+            # one, not a second copy of the whole table for as long as nothing changes
+            change = PeerChange(before)
         self._current = change.snapshot
         self._publish_bad()
         if not full:
@@ -417,7 +422,9 @@ def hand_on(on_change: Optional[OnChange], change: PeerChange, always: bool = Fa
 def _index(leases: dict) -> dict:
     by_ip: dict = {}
     for subnet, lease in leases.items():
-        _hold(by_ip, lease.attrs.public_ip, subnet)
+        ip = lease.attrs.public_ip
+        if by_ip.setdefault(ip, subnet) is not subnet:      # held twice: rare
+            _hold(by_ip, ip, subnet)
     return by_ip
 
 
@@ -426,7 +433,7 @@ def _hold(by_ip: dict, ip: IPv4Address, subnet: IPv4Network) -> None:
     had = by_ip.setdefault(ip, subnet)
     if isinstance(had, set):
         had.add(subnet)
-    elif had != subnet:
+    elif had is not subnet and had != subnet:       # (ipaddress's == is Python's, not C's)
         by_ip[ip] = {had, subnet}
 
 
