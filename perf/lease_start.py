@@ -124,12 +124,13 @@ def main() -> int:
         elif a.tracemalloc:
             host_cmd = ov.daemon_command
             ov.daemon_argv = profiled_argv(a.tracemalloc, _TRACED)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(a.tracemalloc)
         for _ in range(a.runs):
             h = ov.add_host(start=False)
             with contextlib.suppress(FileNotFoundError):     # a fresh host: no previous subnet
                 os.unlink(ov.subnet_file(h))
+            if a.tracemalloc:                                 # this run's snapshot, not the last's
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(a.tracemalloc)
             before = etcd_counts(ov.etcd)
             d = ov.start_daemon(h, wait=False)
             t_env = wait_file(d.subnet_file, 60)
