@@ -389,13 +389,8 @@ class PeerWatcher:
         if not (touched or full or ips):
             return PeerChange(self._current)
         touched |= self._resolve_claims(ips)
-        before = self._current
         after = PeerSnapshot.of(self._claims.held, self._own, skip=self._conflicts)
-        change = PeerChange.between(before, after, None if full else touched)
-        if not change and after.own == before.own and len(after) == len(before):
-            # the same peers (a renewal, our own key): the snapshot the daemon holds stays the
-            # one, not a second copy of the whole table for as long as nothing changes
-            change = PeerChange(before)
+        change = PeerChange.between(self._current, after, None if full else touched)
         self._current = change.snapshot
         self._publish_bad()
         if not full:
@@ -422,9 +417,7 @@ def hand_on(on_change: Optional[OnChange], change: PeerChange, always: bool = Fa
 def _index(leases: dict) -> dict:
     by_ip: dict = {}
     for subnet, lease in leases.items():
-        ip = lease.attrs.public_ip
-        if by_ip.setdefault(ip, subnet) is not subnet:      # held twice: rare
-            _hold(by_ip, ip, subnet)
+        _hold(by_ip, lease.attrs.public_ip, subnet)
     return by_ip
 
 
