@@ -2,6 +2,7 @@
 
     python perf/lease_start.py --peers 16000 --runs 3 --engine c
     python perf/lease_start.py --peers 16000 --runs 1 --profile /tmp/start.prof
+    python perf/lease_start.py --peers 16000 --runs 1 --tracemalloc /tmp/start.snap
     OTHER/.venv/bin/python perf/lease_start.py --tree OTHER     # another checkout OTHER of the code
     python -c "import pstats; pstats.Stats('/tmp/start.prof').sort_stats('cumulative').print_stats(40)"
 
@@ -12,7 +13,11 @@ with its host and its lease, so that every run sees the same leases. ``--profile
 the daemon under cProfile from its first line to READY=1 and writes the stats there (the
 start's work, not its wall time: the profiler slows it down; the main thread only), and prints
 the etcd client's calls it saw. Each run says how many Range requests etcd answered until READY and how many
-bytes it sent (its /metrics): the listings a start makes. As root; the testbed is removed on exit.
+bytes it sent (its /metrics): the listings a start makes, and the daemon's resident memory
+``IDLE_SETTLE_S`` after READY (its idle RSS; the same with ``--peers 0`` is what a lease adds to).
+``--tracemalloc FILE`` traces the daemon's Python allocations from its first line and writes
+the snapshot of what is still held ``IDLE_SETTLE_S`` after READY=1 (less the tracer's own), and
+prints its largest lines and files. As root; the testbed is removed on exit.
 """
 from __future__ import annotations
 
@@ -30,7 +35,9 @@ sys.path.insert(0, os.path.abspath(_TREE))
 
 from dataplane.host.child import cli_argv  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
-from perf.lease_burst import CONFIG, PRELOAD_BASE, compiled, leases, wait_file  # noqa: E402
+from perf.lease_burst import CONFIG, PRELOAD_BASE, compiled, leases, rss_kb, wait_file  # noqa: E402
+
+IDLE_SETTLE_S = 2.0     # READY=1 to the idle RSS, as perf/scale.py
 
 # Run in the daemon's process: cProfile from the start, dumped when READY=1 goes out.
 _PROFILED = """
@@ -48,14 +55,35 @@ def _at_ready(text, *a, **kw):
 _main.sd_notify = _at_ready
 """
 
+# The same for --tracemalloc: the snapshot of what is held IDLE_SETTLE_S after READY=1.
+_TRACED = """
+import sys, threading, tracemalloc
+sys.argv[0] = 'flannel-udp'
+tracemalloc.start()
+from dataplane.daemon import systemd as _sd, main as _main
+_notify = _sd.sd_notify
+def _dump():
+    tracemalloc.take_snapshot().dump({out!r} + '.tmp')
+    import os
+    os.rename({out!r} + '.tmp', {out!r})
+def _at_ready(text, *a, **kw):
+    if text.startswith('READY=1'):
+        t = threading.Timer({settle!r}, _dump)
+        t.daemon = True
+        t.start()
+    return _notify(text, *a, **kw)
+_main.sd_notify = _at_ready
+"""
 
-def profiled_argv(out: str):
-    """Overlay.daemon_argv's command, the daemon under cProfile (imports included)."""
+
+def profiled_argv(out: str, prologue_of: str = _PROFILED):
+    """Overlay.daemon_argv's command, the daemon under cProfile (imports included), or
+    under ``prologue_of``'s code."""
     def argv(host, engine, args=()):
         plain = cli_argv("x")
         code = plain[2]
         prologue, _, _ = code.partition("sys.argv[0] = 'flannel-udp'")
-        body = (_PROFILED.format(out=out) + "import dataplane.cli as _cli\n"
+        body = (prologue_of.format(out=out, settle=IDLE_SETTLE_S) + "import dataplane.cli as _cli\n"
                 "sys.exit(_cli.main())\n")
         return [plain[0], "-c", prologue + body] + [str(a) for a in host_cmd(host, engine, args)]
     return argv
@@ -81,20 +109,28 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--engine", default="c", choices=("c", "kernel", "python"))
     ap.add_argument("--profile", metavar="FILE", help="cProfile the daemon until READY=1")
+    ap.add_argument("--tracemalloc", metavar="FILE",
+                    help="trace the daemon's allocations; the snapshot 2 s after READY=1")
     ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
     a = ap.parse_args()
+    global host_cmd
     compiled()                          # the daemon as installed: with its byte code
-    env_s, ready_s = [], []
+    env_s, ready_s, rss_mb = [], [], []
     with Overlay(hosts=0, engine=a.engine, config=CONFIG) as ov:
         ov.lease_writer().put(leases(PRELOAD_BASE, 0, a.peers), txn=100)
         if a.profile:
-            global host_cmd
             host_cmd = ov.daemon_command
             ov.daemon_argv = profiled_argv(a.profile)
+        elif a.tracemalloc:
+            host_cmd = ov.daemon_command
+            ov.daemon_argv = profiled_argv(a.tracemalloc, _TRACED)
         for _ in range(a.runs):
             h = ov.add_host(start=False)
             with contextlib.suppress(FileNotFoundError):     # a fresh host: no previous subnet
                 os.unlink(ov.subnet_file(h))
+            if a.tracemalloc:                                 # this run's snapshot, not the last's
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(a.tracemalloc)
             before = etcd_counts(ov.etcd)
             d = ov.start_daemon(h, wait=False)
             t_env = wait_file(d.subnet_file, 60)
@@ -102,14 +138,21 @@ def main() -> int:
             after = etcd_counts(ov.etcd)
             env_s.append(round(t_env - d.started, 3))
             ready_s.append(round(d.ready_at - d.started, 3))
+            time.sleep(max(0.0, d.ready_at + IDLE_SETTLE_S - time.time()))
+            rss_mb.append(round(rss_kb(d.pid) / 1024, 1))
+            if a.tracemalloc:
+                wait_file(a.tracemalloc, 60)
             print(f"start to subnet.env {env_s[-1]:.3f} s, to READY {ready_s[-1]:.3f} s; etcd "
                   f"until READY: {after[0] - before[0]} Range requests, "
-                  f"{(after[1] - before[1]) / 1e6:.2f} MB sent", flush=True)
+                  f"{(after[1] - before[1]) / 1e6:.2f} MB sent; RSS {IDLE_SETTLE_S:g} s after "
+                  f"READY {rss_mb[-1]:.1f} MB", flush=True)
             ov.remove_host(h)
             time.sleep(0.5)
     if len(env_s) > 1:
         print(f"median of {len(env_s)}: subnet.env {statistics.median(env_s):.3f} s, "
-              f"READY {statistics.median(ready_s):.3f} s")
+              f"READY {statistics.median(ready_s):.3f} s, RSS {statistics.median(rss_mb):.1f} MB")
+    if a.tracemalloc:
+        traced(a.tracemalloc)
     if a.profile:
         import pstats
         st = pstats.Stats(a.profile)
@@ -119,6 +162,21 @@ def main() -> int:
                                                                    "_call", "time_to_live")}
         print("etcd calls until READY:", calls)
     return 0
+
+
+def traced(path: str, top: int = 25) -> None:
+    """What the snapshot at ``path`` holds: in all, by file, and its largest lines."""
+    import tracemalloc
+    snap = tracemalloc.Snapshot.load(path).filter_traces(
+        (tracemalloc.Filter(False, tracemalloc.__file__),))
+    lines = snap.statistics("lineno")
+    print(f"traced, held {IDLE_SETTLE_S:g} s after READY: "
+          f"{sum(s.size for s in lines) / 1e6:.2f} MB in {sum(s.count for s in lines)} blocks")
+    for kind in ("filename", "lineno"):
+        for st in snap.statistics(kind)[:top]:
+            frame = st.traceback[0]
+            where = frame.filename if kind == "filename" else f"{frame.filename}:{frame.lineno}"
+            print(f"  {st.size / 1e6:8.3f} MB {st.count:8d}  {where}")
 
 
 host_cmd = None

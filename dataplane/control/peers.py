@@ -426,7 +426,7 @@ def _hold(by_ip: dict, ip: IPv4Address, subnet: IPv4Network) -> None:
     had = by_ip.setdefault(ip, subnet)
     if isinstance(had, set):
         had.add(subnet)
-    elif had != subnet:
+    elif had is not subnet and had != subnet:       # (ipaddress's == is Python's, not C's)
         by_ip[ip] = {had, subnet}
 
 

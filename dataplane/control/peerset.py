@@ -68,6 +68,10 @@ class PeerChange:
                 added.append(new)
             elif new is None and old is not None:
                 removed.append(old)
+        if not (added or removed) and after.own == before.own and len(after) == len(before):
+            # the same peers (a renewal, our own key's put): ``before`` stays the snapshot, which
+            # the daemon holds, not a second copy of the whole table until the next change
+            after = before
         return cls(after, tuple(added), tuple(removed))
 
     def __bool__(self) -> bool:

@@ -1,6 +1,7 @@
 """Lease keys and values exactly as flanneld writes and reads them
 (docs/flannel-compat.md#etcd-keys, docs/flannel-compat.md#lease-value)."""
 import json
+from itertools import islice
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
@@ -29,6 +30,27 @@ def test_dual_stack_key():
     s, v6 = IPv4Network("10.5.84.0/24"), IPv6Network("fc00::/64")
     assert subnet_key_name((s, v6)) == "10.5.84.0-24&fc00::-64"
     assert parse_subnet_key("/x/subnets/10.5.84.0-24&fc00::-64") == (s, v6)
+
+
+@pytest.mark.parametrize("name", ["10.5.84.0-24", "0.0.0.0-0", "10.0.0.0-8", "10.5.84.4-30",
+                                  "10.5.84.2-31", "10.5.84.1-32"])
+def test_a_parsed_key_is_the_network_ipaddress_makes(name):
+    """The common key's network is made without ipaddress's checks (16,000 in a listing): the
+    same object as its constructor's, attribute for attribute."""
+    made, built = parse_subnet_key(name)[0], IPv4Network(name.replace("-", "/"))
+    assert type(made) is IPv4Network and list(vars(made)) == list(vars(built))
+    data = lambda net: {k: v for k, v in vars(net).items() if k != "hosts"}  # (/31, /32: a method)
+    assert data(made) == data(built)
+    assert made == built and hash(made) == hash(built) and str(made) == str(built)
+    assert list(islice(made.hosts(), 2)) == list(islice(built.hosts(), 2))
+    assert made.broadcast_address == built.broadcast_address
+
+
+def test_a_read_public_ip_is_the_address_ipaddress_makes():
+    made = LeaseAttrs.from_json(b'{"PublicIP":"192.168.77.1","PublicIPv6":null}').public_ip
+    built = IPv4Address("192.168.77.1")
+    assert type(made) is IPv4Address and made == built and hash(made) == hash(built)
+    assert made.packed == built.packed and str(made) == str(built) and int(made) == int(built)
 
 
 @pytest.mark.parametrize("name", ["10.5.84.0", "10.5.84-24", "10.5.84.0-24x", "abc", "10.5.84.0-33",

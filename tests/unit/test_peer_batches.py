@@ -145,6 +145,20 @@ def test_nothing_to_report_reports_nothing(watch):
     assert len(reports.changes) == n
 
 
+def test_a_batch_that_moves_no_peer_keeps_the_snapshot(watch):
+    """A renewal, or our own key's put: the watcher keeps the snapshot it reported, which the
+    daemon holds too (not a second copy of the whole table until the next change)."""
+    w, reg, reports = watch([Lease(subnet(2), LeaseAttrs(IPv4Address("192.168.1.2")))])
+    before = w.snapshot()
+    reg.send(put(2, "192.168.1.2", 11), put(1, "192.168.1.1", 12))
+    w.flush()
+    assert w.snapshot() is before
+    reg.send(put(3, "192.168.1.3", 13))
+    w.flush()
+    assert w.snapshot() is not before and reports.changes[-1].snapshot is w.snapshot()
+    assert sorted(map(str, w.peers())) == ["10.5.2.0/24", "10.5.3.0/24"]
+
+
 def test_a_lone_event_is_reported_without_waiting_for_more(watch):
     w, reg, reports = watch(coalesce=0.005)
     n = len(reports.changes)
