@@ -33,7 +33,8 @@ from . import bpf_contract as bc
 from .bpf_build import build
 from .bpf_kernel import kernel_decaps_gso, link_is_ethernet
 from . import bpf_pins
-from .bpf_lib import BpfLibError, check, check_ptr, ffi, fix_malloc_thresholds, lib, sized
+from .bpf_lib import (BpfLibError, check, check_ptr, ffi, fix_malloc_thresholds, lib,
+                      percpu_sums, sized)
 from .bpf_routes import ANY4, UNSENDABLE_MTU, RouteMaps
 
 # linux/pkt_cls.h: a tc program's verdicts
@@ -109,7 +110,6 @@ class KernelPath(RouteMaps):
             m = check_ptr(self._lib.bpf_object__find_map_by_name(self._obj, name.encode()),
                           f"map {name} in {path}")
             self.map_fd[name] = self._lib.bpf_map__fd(m)
-        self._ncpus = check(self._lib.libbpf_num_possible_cpus(), "counting the CPUs")
         self._cfg = ffi.new("fu_config *")
         self._init_route_maps()
         self._local: set = set()
@@ -175,15 +175,8 @@ class KernelPath(RouteMaps):
 
     def counters(self) -> dict:
         """maps.h's counters by name, summed over the CPUs."""
-        vals = ffi.new("__u64[]", self._ncpus)
-        key = ffi.new("__u32 *")
-        out = {}
-        for i, name in enumerate(bc.COUNTER_NAMES):
-            key[0] = i
-            check(self._lib.bpf_map_lookup_elem(self.map_fd[bc.MAP_COUNTERS], key, vals),
-                  "reading the counters")
-            out[name] = sum(vals)
-        return out
+        return dict(zip(bc.COUNTER_NAMES, percpu_sums(self.map_fd[bc.MAP_COUNTERS],
+                                                      bc.N_COUNTERS, "reading the counters")))
 
     # ---- hooks ---------------------------------------------------------------------------
 

@@ -166,3 +166,15 @@ def test_a_large_block_is_given_back_after_the_load(kp):
         assert libc.mallinfo2().hblkhd - mapped >= 2 << 20
     finally:
         libc.free(block)
+
+
+def test_the_counters_read_in_one_call_are_those_read_one_by_one(kp, monkeypatch):
+    from dataplane.engine import bpf_lib
+    kp.configure(own_ip=OWN_IP, port=PORT, mtu=MTU)
+    lost = frame(udp4(dst="10.5.9.9"))              # no route: handed to the engine
+    for _ in range(3):
+        kp.test_run(bc.PROG_EGRESS, lost)
+    batched = kp.counters()
+    assert bpf_lib._lookup_batch is True            # this kernel (6.18) has batched lookups
+    monkeypatch.setattr(bpf_lib, "_lookup_batch", False)
+    assert kp.counters() == batched and batched["tx_pass_no_route"] == 3
