@@ -12,7 +12,6 @@ return an int and sets errno for those that return a pointer.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 
 from . import bpf_cdef
@@ -60,29 +59,6 @@ def lib():
         lb.libbpf_set_print(ffi.NULL)
         _lib = lb
     return _lib
-
-
-# glibc's malloc.h: mallopt's parameters, and the default both thresholds start from
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-MALLOC_THRESHOLD = 128 << 10
-
-
-def fix_malloc_thresholds() -> None:
-    """glibc's mmap and trim thresholds fixed at their defaults, after a libbpf call that read
-    the kernel's BTF (bpf_object__load: /sys/kernel/btf/vmlinux, ~5 MB, malloc'd and freed).
-    Freeing a block that large raises both thresholds past it for the rest of the process
-    (glibc's dynamic threshold), so that every later allocation under ~5 MB (an etcd listing's
-    buffers, numpy's route arrays) is carved from the heap and, once freed, stays resident as
-    free fragments: 8-11 MB of a kernel path daemon's idle RSS at 16,000 leases, which the C
-    path's daemon, never reading the BTF, does not hold (perf/README.md#kernel-rss). Set
-    explicitly, the thresholds stay put: a large block is mapped and given back at its free.
-    A libc without mallopt (not glibc) is left as it is."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(M_MMAP_THRESHOLD, MALLOC_THRESHOLD)
-    mallopt(M_TRIM_THRESHOLD, MALLOC_THRESHOLD)
 
 
 def check(rc: int, what: str) -> int:

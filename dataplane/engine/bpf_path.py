@@ -33,9 +33,9 @@ from . import bpf_contract as bc
 from .bpf_build import build
 from .bpf_kernel import kernel_decaps_gso, link_is_ethernet
 from . import bpf_pins
-from .bpf_lib import (BpfLibError, check, check_ptr, ffi, fix_malloc_thresholds, lib,
-                      percpu_sums, sized)
+from .bpf_lib import BpfLibError, check, check_ptr, ffi, lib, percpu_sums, sized
 from .bpf_routes import ANY4, UNSENDABLE_MTU, RouteMaps
+from ..host import malloc
 
 # linux/pkt_cls.h: a tc program's verdicts
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
@@ -94,7 +94,7 @@ class KernelPath(RouteMaps):
         self.pin_dir = pin_dir
         self.maps_state = bpf_pins.reuse_maps(self._object_maps(), pin_dir)
         rc = self._lib.bpf_object__load(self._obj)
-        fix_malloc_thresholds()         # the kernel's BTF, read and freed by the load
+        malloc.fix_thresholds()         # the kernel's BTF (5 MB), read and freed by the load
         if rc < 0:
             logs = "\n".join(f"--- {n} ---\n{ffi.string(b).decode(errors='replace')[-8000:]}"
                              for n, b in self._logs.items() if b[0] != b"\0")

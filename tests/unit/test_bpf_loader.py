@@ -3,7 +3,6 @@ underlays reach the programs, and what cannot work says why (no clang, the verif
 with its log, an IPv6 underlay route without own PublicIPv6)."""
 from __future__ import annotations
 
-import ctypes
 import ipaddress
 import subprocess
 
@@ -13,6 +12,7 @@ from dataplane.engine import bpf_contract as bc
 from dataplane.engine import ipv4
 from dataplane.engine.api import Route
 from tests.conftest import require_bpf
+from tests.unit.test_malloc import mapped_alone
 from tests.unit.test_bpf_programs import (MTU, OK, OTHER_PEER, OWN_IP, OWN_IP6, PEER, PEER6, PORT,
                                           REDIRECT, SHOT, datagram, frame, udp4, udp6)
 
@@ -146,26 +146,12 @@ def test_no_libbpf_says_what_to_install(monkeypatch):
         bpf_path.KernelPath()
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                               "usmblks", "fsmblks", "uordblks", "fordblks",
-                                               "keepcost")]
-
-
 def test_a_large_block_is_given_back_after_the_load(kp):
     """libbpf's load reads the kernel's BTF (~5 MB) and frees it, which raised glibc's mmap
     threshold past that size: every later block under it stayed resident after its free
     (a kernel path daemon's idle RSS, 8 MB more at 16,000 leases). After a load, a 2 MiB block
     is mapped on its own again, and so unmapped at its free."""
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = _MallInfo2
-    libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
-    mapped = libc.mallinfo2().hblkhd
-    block = libc.malloc(2 << 20)
-    try:
-        assert libc.mallinfo2().hblkhd - mapped >= 2 << 20
-    finally:
-        libc.free(block)
+    assert mapped_alone(2 << 20)
 
 
 def test_the_counters_read_in_one_call_are_those_read_one_by_one(kp, monkeypatch):
