@@ -39,7 +39,7 @@ $(APT_STAMP): Makefile
 	@touch $@
 
 $(PIP_STAMP): $(APT_STAMP) pyproject.toml setup.py csrc/*.c csrc/*.h csrc/build_ffi.py csrc/sources.txt \
-  $(CONSTRAINTS)
+  csrc/bpf/maps.h csrc/bpf/build_ffi.py dataplane/engine/bpf_cdef.py $(CONSTRAINTS)
 	@echo "installing flannel-udp and its extras into $(VENV)"
 	$(PY) -m pip install -q --disable-pip-version-check -c $(CONSTRAINTS) -e '.[test,demo,bench]'
 	@touch $@

@@ -81,6 +81,7 @@ def compile_bpf(directory):
 
 setup(
     packages=find_packages(include=["dataplane", "dataplane.*"]),
-    cffi_modules=["csrc/build_ffi.py:ffi"],
+    # the C engine (compiled); the kernel path's declarations, parsed (a Python module, no compiler)
+    cffi_modules=["csrc/build_ffi.py:ffi", "csrc/bpf/build_ffi.py:ffi"],
     cmdclass={"build_py": build_py_with_header},
 )

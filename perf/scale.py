@@ -100,6 +100,7 @@ direct_routes_per_s          | -   | /s | DirectRouting: direct routes added per
 gil_held_max_ms              | -   | ms | --gil-probe: the longest a report waited for the interpreter (a daemon's busy thread)
 gil_held_over_10ms           | -   |    | --gil-probe: waits over 10 ms (the three daemons)
 gc_max_ms                    | -   | ms | --gil-probe: the longest garbage collection (the three daemons)
+gil_starved_over_10ms        | -   |    | --gil-probe: waits over 10 ms with the daemon off the cores (under 1 ms of its CPU)
 """
 # {figure: (its name, target or None, unit)}
 TARGETS = {key: (name, None if target == "-" else float(target), unit)
@@ -153,6 +154,9 @@ def gil_figures(out_dir: str, pids) -> dict:
     return {"gil_held_max_ms": max((w[0] for d in docs for w in d["waits"]), default=0.0),
             "gil_held_over_10ms": sum(d["counts"]["held_over_10ms"] for d in docs),
             "gc_max_ms": max((c[0] for d in docs for c in d["gc"]), default=0.0),
+            # late while the process hardly ran: the machine's cores, not a thread of ours
+            "gil_starved_over_10ms": sum(1 for d in docs for held, late, _ in d["all_waits_over_2ms"]
+                                         if late > 10 and held < 1),
             "gil_probe": {d["pid"]: {"counts": d["counts"], "held_late_ms": d["waits"][:5],
                                      "gc_ms": d["gc"][:5], "gc_total_ms": d["gc_total_ms"]}
                           for d in docs}}

@@ -47,6 +47,10 @@ def main(args) -> int:
         logging.getLogger("pyroute2").setLevel(logging.INFO)
     for w in opts.warnings:
         logging.getLogger("dataplane.daemon").warning("%s", w)
+    # glibc's thresholds fixed before the daemon's imports (a few large blocks freed among
+    # them would raise them): freed blocks given back, not kept as heap fragments
+    from ..host import malloc
+    malloc.fix_thresholds()
     from ..daemon.main import Daemon
     rc = Daemon(opts).run()
     if not getattr(args, "_whole_process", False):

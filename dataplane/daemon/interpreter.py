@@ -23,6 +23,8 @@ import gc
 import sys
 from contextlib import contextmanager
 
+from ..host import malloc
+
 SWITCH_INTERVAL_S = 0.0005
 
 
@@ -40,6 +42,8 @@ class StartInterpreter:
         gc.disable()
         self.starting = True
         sys.setswitchinterval(min(sys.getswitchinterval(), self.switch_interval))
+        # freed blocks given back, not kept as heap fragments (host/malloc.py)
+        malloc.fix_thresholds()
 
     @contextmanager
     def waiting(self):

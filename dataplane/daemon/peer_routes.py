@@ -18,7 +18,6 @@ What the reports read (the engine's peers, the direct ones) is in the daemon's D
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 
@@ -26,7 +25,7 @@ from ..control.direct import DirectRouting, dst, via
 from ..control.peerset import PeerChange
 from ..control.routes import Ipv6Parts, route_changes, route_table
 from ..engine.api import Route
-from ..host import direct_routes
+from ..host import direct_routes, malloc
 from ..host.family import FAMILIES, V4, V6
 from . import underlay_fallback
 from .peer_log import PeerLog
@@ -243,10 +242,7 @@ def _give_back_memory() -> None:
     """The first listing's temporaries (etcd's response, the parse, the lists the table was
     built from) are freed by now, but the C allocator keeps their pages in the middle of its
     heap: malloc_trim returns them (1.5-4 MB of the idle RSS at 16,000 peers, perf/README.md)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):       # not glibc: nothing to trim
-        pass
+    malloc.give_back()
 
 
 def _engine(routes) -> tuple:

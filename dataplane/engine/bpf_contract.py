@@ -10,8 +10,8 @@ parser does not know raises at import rather than give a wrong index.
 from __future__ import annotations
 
 import os
-import re
 
+from .bpf_cdef import maps_part
 from .contract import HeaderError, parse_enum
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,9 +38,8 @@ def _read() -> str:
 
 _text = _read()
 
-# cffi's cdef: the header less its preprocessor lines, after the kernel's type names.
-CDEF = ("typedef uint8_t __u8; typedef uint16_t __u16; typedef uint32_t __u32; "
-        "typedef uint64_t __u64;\n" + re.sub(r"(?m)^\s*#.*$", "", _text))
+# cffi's cdef of the maps (bpf_cdef.py): the header less its preprocessor lines.
+CDEF = maps_part(_text)
 
 _counters = parse_enum(_text, "fu_counter")
 _flags = parse_enum(_text, "fu_flags")

@@ -2,82 +2,40 @@
 
 libbpf.so.1 (Debian's libbpf1, pulled in by libbpf-dev) is opened at first
 use, so nothing is compiled for it and a host without it still imports this
-module: ``lib()`` then raises BpfLibError saying what to install. The cdef
-is libbpf 1.x's declarations of just these calls and their option structs,
-with maps.h's (bpf_contract.CDEF) beside them, so map keys and values are
-the programs' own structs. libbpf 1.x returns -errno from calls that return
-an int and sets errno for those that return a pointer.
+module: ``lib()`` then raises BpfLibError saying what to install. The
+declarations (bpf_cdef.py) are libbpf 1.x's of just these calls and their
+option structs, with maps.h's (bpf_contract.CDEF) beside them, so map keys
+and values are the programs' own structs: parsed at build time (the module
+dataplane/engine/_bpf_ffi.py, csrc/bpf/build_ffi.py) where that build is of this
+maps.h, else here at import. libbpf 1.x returns -errno from calls that
+return an int and sets errno for those that return a pointer.
 """
 from __future__ import annotations
 
 import os
 
-from cffi import FFI
-
+from . import bpf_cdef
 from .bpf_contract import CDEF
 
 LIBRARY = "libbpf.so.1"
 
-ffi = FFI()
-ffi.cdef(CDEF)
-ffi.cdef("""
-struct bpf_object; struct bpf_program; struct bpf_map;
-struct bpf_object *bpf_object__open_file(const char *path, const void *opts);
-int bpf_object__load(struct bpf_object *obj);
-void bpf_object__close(struct bpf_object *obj);
-struct bpf_program *bpf_object__find_program_by_name(const struct bpf_object *obj, const char *name);
-struct bpf_map *bpf_object__find_map_by_name(const struct bpf_object *obj, const char *name);
-int bpf_program__fd(const struct bpf_program *prog);
-int bpf_program__set_log_buf(struct bpf_program *prog, char *log_buf, size_t log_size);
-int bpf_program__set_log_level(struct bpf_program *prog, uint32_t log_level);
-int bpf_map__fd(const struct bpf_map *map);
-int bpf_map_update_elem(int fd, const void *key, const void *value, uint64_t flags);
-int bpf_map_lookup_elem(int fd, const void *key, void *value);
-int bpf_map_delete_elem(int fd, const void *key);
-int libbpf_num_possible_cpus(void);
 
-enum bpf_tc_attach_point { BPF_TC_INGRESS = 1, BPF_TC_EGRESS = 2, BPF_TC_CUSTOM = 4 };
-struct bpf_tc_hook { size_t sz; int ifindex; enum bpf_tc_attach_point attach_point;
-                     uint32_t parent; };   /* size_t :0 in libbpf.h: the size rounds up to 8, as here */
-struct bpf_tc_opts { size_t sz; int prog_fd; uint32_t flags; uint32_t prog_id; uint32_t handle;
-                     uint32_t priority; };
-int bpf_tc_hook_create(struct bpf_tc_hook *hook);
-int bpf_tc_hook_destroy(struct bpf_tc_hook *hook);
-int bpf_tc_attach(const struct bpf_tc_hook *hook, struct bpf_tc_opts *opts);
-int bpf_tc_detach(const struct bpf_tc_hook *hook, const struct bpf_tc_opts *opts);
+def _ffi(cdef: str):
+    """The declarations ``cdef`` parsed: the build's module where it holds this very text (its
+    digest), so that neither cffi's parser is imported nor the text parsed; else parsed now."""
+    try:
+        from ._bpf_ffi import ffi as built
+        if built.integer_const(bpf_cdef.DIGEST_NAME) == bpf_cdef.digest(cdef):
+            return built
+    except (ImportError, AttributeError):    # not built (a bare checkout), or another build's
+        pass
+    from cffi import FFI
+    parsed = FFI()
+    parsed.cdef(cdef)
+    return parsed
 
-struct bpf_test_run_opts { size_t sz; const void *data_in; void *data_out; uint32_t data_size_in;
-                           uint32_t data_size_out; const void *ctx_in; void *ctx_out;
-                           uint32_t ctx_size_in; uint32_t ctx_size_out; uint32_t retval;
-                           int repeat; uint32_t duration; uint32_t flags; uint32_t cpu;
-                           uint32_t batch_size; };
-int bpf_prog_test_run_opts(int prog_fd, struct bpf_test_run_opts *opts);
 
-/* pinning (bpf_pins.py): pins on bpffs, what an fd is, a pinned map reused by a new object */
-int bpf_obj_pin(int fd, const char *pathname);
-int bpf_obj_get(const char *pathname);
-int bpf_obj_get_info_by_fd(int bpf_fd, void *info, uint32_t *info_len);
-int bpf_prog_get_fd_by_id(uint32_t id);
-int bpf_map_get_next_key(int fd, const void *key, void *next_key);
-int bpf_map__reuse_fd(struct bpf_map *map, int fd);
-struct bpf_map *bpf_object__next_map(const struct bpf_object *obj, const struct bpf_map *map);
-const char *bpf_map__name(const struct bpf_map *map);
-int bpf_map__type(const struct bpf_map *map);
-uint32_t bpf_map__key_size(const struct bpf_map *map);
-uint32_t bpf_map__value_size(const struct bpf_map *map);
-uint32_t bpf_map__max_entries(const struct bpf_map *map);
-uint32_t bpf_map__map_flags(const struct bpf_map *map);
-int bpf_tc_query(const struct bpf_tc_hook *hook, struct bpf_tc_opts *opts);
-void *libbpf_set_print(void *fn);
-
-/* batched map writes (bpf_path.py's routes and peers): one syscall for many elements */
-struct bpf_map_batch_opts { size_t sz; uint64_t elem_flags; uint64_t flags; };
-int bpf_map_update_batch(int fd, const void *keys, const void *values, uint32_t *count,
-                         const struct bpf_map_batch_opts *opts);
-int bpf_map_delete_batch(int fd, const void *keys, uint32_t *count,
-                         const struct bpf_map_batch_opts *opts);
-""")
-
+ffi = _ffi(CDEF + bpf_cdef.LIBBPF)
 _lib = None
 
 
@@ -166,3 +124,38 @@ def delete_batch(fd: int, keys: bytes, n: int, size: int, what: str) -> None:
             check(rc, what)
         elif count[0] == 0:
             return
+
+
+_lookup_batch = None            # whether the kernel reads an array in one call (asked once)
+
+
+def percpu_sums(fd: int, n: int, what: str) -> list:
+    """The first ``n`` elements of the per-CPU array of __u64 ``fd``, each summed over the CPUs:
+    read with one call where the kernel has batched lookups, else one element at a time. A
+    /metrics scrape reads the counters so, and each call gives the interpreter lock up and
+    waits to take it back behind whatever thread is busy (a burst of lease events): one
+    call, not one per counter (perf/README.md#burst-answers)."""
+    global _lookup_batch
+    b = lib()
+    ncpus = check(b.libbpf_num_possible_cpus(), "counting the CPUs")
+    vals = ffi.new("__u64[]", n * ncpus)
+    if _lookup_batch is not False:
+        keys, count = ffi.new("uint32_t[]", n), ffi.new("uint32_t *", n)
+        rc = b.bpf_map_lookup_batch(fd, ffi.NULL, ffi.new("uint32_t *"), keys, vals, count,
+                                    sized("struct bpf_map_batch_opts"))
+        if rc in (0, -ENOENT) and count[0] == n:       # ENOENT: read up to the array's end
+            _lookup_batch = True
+            sums = [0] * n
+            for i in range(n):
+                sums[keys[i]] = sum(vals[i * ncpus:(i + 1) * ncpus])
+            return sums
+        if _lookup_batch is None and rc in (-ENOTSUPP, -95, -22):
+            _lookup_batch = False       # ENOTSUPP, EOPNOTSUPP, EINVAL: not on this kernel
+        else:
+            check(rc if rc < 0 else -5, what)       # fewer than asked: EIO
+    key, sums = ffi.new("uint32_t *"), []
+    for i in range(n):
+        key[0] = i
+        check(b.bpf_map_lookup_elem(fd, key, vals), what)
+        sums.append(sum(vals[0:ncpus]))
+    return sums

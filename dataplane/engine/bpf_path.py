@@ -33,8 +33,9 @@ from . import bpf_contract as bc
 from .bpf_build import build
 from .bpf_kernel import kernel_decaps_gso, link_is_ethernet
 from . import bpf_pins
-from .bpf_lib import BpfLibError, check, check_ptr, ffi, lib, sized
+from .bpf_lib import BpfLibError, check, check_ptr, ffi, lib, percpu_sums, sized
 from .bpf_routes import ANY4, UNSENDABLE_MTU, RouteMaps
+from ..host import malloc
 
 # linux/pkt_cls.h: a tc program's verdicts
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
@@ -93,6 +94,7 @@ class KernelPath(RouteMaps):
         self.pin_dir = pin_dir
         self.maps_state = bpf_pins.reuse_maps(self._object_maps(), pin_dir)
         rc = self._lib.bpf_object__load(self._obj)
+        malloc.fix_thresholds()         # the kernel's BTF (5 MB), read and freed by the load
         if rc < 0:
             logs = "\n".join(f"--- {n} ---\n{ffi.string(b).decode(errors='replace')[-8000:]}"
                              for n, b in self._logs.items() if b[0] != b"\0")
@@ -108,7 +110,6 @@ class KernelPath(RouteMaps):
             m = check_ptr(self._lib.bpf_object__find_map_by_name(self._obj, name.encode()),
                           f"map {name} in {path}")
             self.map_fd[name] = self._lib.bpf_map__fd(m)
-        self._ncpus = check(self._lib.libbpf_num_possible_cpus(), "counting the CPUs")
         self._cfg = ffi.new("fu_config *")
         self._init_route_maps()
         self._local: set = set()
@@ -174,15 +175,8 @@ class KernelPath(RouteMaps):
 
     def counters(self) -> dict:
         """maps.h's counters by name, summed over the CPUs."""
-        vals = ffi.new("__u64[]", self._ncpus)
-        key = ffi.new("__u32 *")
-        out = {}
-        for i, name in enumerate(bc.COUNTER_NAMES):
-            key[0] = i
-            check(self._lib.bpf_map_lookup_elem(self.map_fd[bc.MAP_COUNTERS], key, vals),
-                  "reading the counters")
-            out[name] = sum(vals)
-        return out
+        return dict(zip(bc.COUNTER_NAMES, percpu_sums(self.map_fd[bc.MAP_COUNTERS],
+                                                      bc.N_COUNTERS, "reading the counters")))
 
     # ---- hooks ---------------------------------------------------------------------------
 

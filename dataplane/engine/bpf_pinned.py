@@ -14,7 +14,7 @@ import struct
 
 from . import bpf_contract as bc
 from . import bpf_pins
-from .bpf_lib import check, ffi, lib, sized
+from .bpf_lib import BpfLibError, check, ffi, lib, percpu_sums, sized
 from .bpf_path import TC_HANDLE, TC_PRIORITY
 
 # clsact's two parents (linux/pkt_sched.h TC_H_MIN_INGRESS / EGRESS under TC_H_CLSACT)
@@ -40,13 +40,9 @@ def _counters(directory: str) -> dict:
     if fd is None:
         return {}
     try:
-        vals = ffi.new("__u64[]", check(lib().libbpf_num_possible_cpus(), "counting the CPUs"))
-        key, out = ffi.new("__u32 *"), {}
-        for i, name in enumerate(bc.COUNTER_NAMES):
-            key[0] = i
-            if lib().bpf_map_lookup_elem(fd, key, vals) == 0:
-                out[name] = sum(vals)
-        return out
+        return dict(zip(bc.COUNTER_NAMES, percpu_sums(fd, bc.N_COUNTERS, "reading the counters")))
+    except BpfLibError:
+        return {}
     finally:
         os.close(fd)
 

@@ -19,6 +19,7 @@
   watch of the host's own routes and addresses that makes the daemon reconsider them;
 * ``forwarding.py`` whether the kernel forwards each family (read, never written), and the fix;
 * ``sched.py``    the engine loop threads' real-time scheduling (--realtime-priority);
+* ``malloc.py``   glibc's allocator kept from holding freed memory (its thresholds fixed);
 * ``udpsock.py``  the UDP sockets, one per queue (SO_REUSEPORT, steered by the inner flow);
 * ``underlay_probe.py`` the IPv6 underlay's probe as bytes, and the raw socket of its answers;
 * ``assembly.py`` the dataplane assembled: flannel0's queues, the sockets, the offloads and the
