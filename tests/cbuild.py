@@ -13,6 +13,8 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.conftest import require
 
@@ -42,20 +44,46 @@ def build_c(out, target: str, sources=PURE_SOURCES, fuzzer: bool = True):
     """Compiles csrc/fuzz/<target>.c with csrc/<sources> (by default every
     pure file) into out/<target>; with fuzzer=False the target has its own
     main(). Fails on any compiler error but a missing compiler or fuzzer
-    runtime."""
+    runtime. Each file is compiled on its own, as many at once as there are
+    CPUs, and a file of csrc/ once a session for each set of flags (its
+    object is the same for every program that links it)."""
     cc = _clang()
     require(cc is not None, "needs clang (apt-get install clang) for the C test programs")
     exe = out / target
     sanitize = "fuzzer,address,undefined" if fuzzer else "address,undefined"
-    cmd = [cc, "-g", "-O1", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-           "-Werror", f"-fsanitize={sanitize}", "-fno-sanitize-recover=all",
-           "-I", CSRC, os.path.join(FUZZ, f"{target}.c")] + \
-        [os.path.join(CSRC, f) for f in sources] + ["-o", str(exe)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    flags = ["-g", "-O1", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
+             f"-fsanitize={sanitize}", "-fno-sanitize-recover=all"]
+    # out is a tmp_path_factory directory: its parent lives as long as the session
+    shared = out.parent / f"cbuild-{sanitize.replace(',', '-')}"
+    shared.mkdir(exist_ok=True)
+    objects = [(os.path.join(FUZZ, f"{target}.c"), out / f"{target}.o")] + \
+        [(os.path.join(CSRC, f), shared / f"{os.path.splitext(f)[0]}.o") for f in sources]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for r in pool.map(lambda so: _compile(cc, flags, *so), objects):
+            _check(r)
+    r = subprocess.run([cc, *flags, *(str(o) for _, o in objects), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=120)
+    _check(r)
+    return exe
+
+
+def _compile(cc, flags, src, obj):
+    if obj.exists():
+        return None
+    tmp = obj.with_name(f"{obj.name}.{threading.get_ident()}.tmp")
+    r = subprocess.run([cc, *flags, "-I", CSRC, "-c", src, "-o", str(tmp)],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode == 0:
+        os.replace(tmp, obj)
+    return r
+
+
+def _check(r) -> None:
+    if r is None:
+        return
     require(r.returncode == 0 or "fuzzer" not in r.stderr,
             f"libFuzzer runtime missing (apt-get install libclang-rt-14-dev): {r.stderr[-500:]}")
     assert r.returncode == 0, r.stderr
-    return exe
 
 
 def fuzz_bounded(exe, out, corpus, seconds: int, runs: int, max_len: int, hint: str = "") -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -46,12 +47,17 @@ def calls(tmp_path_factory) -> dict[str, set[str]]:
     require(shutil.which("nm") is not None, "needs nm (apt-get install binutils)")
     out = tmp_path_factory.mktemp("layers")
     defined, undefined = {}, {}
-    for src in SOURCES:
+
+    def compile_one(src):
         obj = out / (src + ".o")
         r = subprocess.run([cc, "-O0", "-std=gnu11", "-I", CSRC, "-c", os.path.join(CSRC, src),
                             "-o", str(obj)], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
-        defined[src], undefined[src] = _symbols(obj)
+        return obj
+    # as many compilers at once as there are CPUs
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for src, obj in zip(SOURCES, pool.map(compile_one, SOURCES)):
+            defined[src], undefined[src] = _symbols(obj)
     return {src: {other for other in SOURCES if other != src and undefined[src] & defined[other]}
             for src in SOURCES}
 

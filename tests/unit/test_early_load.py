@@ -37,8 +37,10 @@ def loaded_at(where: str, result=None, error=None):
 def test_the_choice_takes_the_result_at_the_join():
     kp = Loaded()
     early, gate = loaded_at("/pins/flannel0", kp)
+    # the load ends while the choice waits for it (not at the gate's 5 s timeout)
+    threading.Timer(0.05, gate.set).start()
     take = early.loader("/pins/flannel0")
-    gate.set()
+    assert gate.is_set()
     assert take() is kp
     assert not early._thread.is_alive()
     early.discard()                       # taken: the caller's to close
