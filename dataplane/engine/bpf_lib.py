@@ -12,6 +12,7 @@ return an int and sets errno for those that return a pointer.
 """
 from __future__ import annotations
 
+import errno
 import os
 
 from . import bpf_cdef
@@ -84,8 +85,11 @@ def sized(ctype: str):
 
 
 # The kernel's answer to a batch call on a map type without batch operations (its own
-# ENOTSUPP, which os.strerror does not know), and to a key a delete does not find.
-ENOTSUPP, ENOENT = 524, 2
+# ENOTSUPP, which os.strerror and the errno module do not know), and to a key a delete does
+# not find.
+ENOTSUPP, ENOENT = 524, errno.ENOENT
+# What a kernel without a batch operation answers (ENOTSUPP, EOPNOTSUPP, EINVAL), negated
+NO_BATCH = (-ENOTSUPP, -errno.EOPNOTSUPP, -errno.EINVAL)
 
 
 def batch_supported(fd: int, delete: bool = False) -> bool:
@@ -97,7 +101,7 @@ def batch_supported(fd: int, delete: bool = False) -> bool:
     rc = b.bpf_map_delete_batch(fd, nothing, count, sized("struct bpf_map_batch_opts")) \
         if delete else b.bpf_map_update_batch(fd, nothing, nothing, count,
                                                sized("struct bpf_map_batch_opts"))
-    return rc not in (-ENOTSUPP, -95, -22)      # ENOTSUPP, EOPNOTSUPP, EINVAL: not here
+    return rc not in NO_BATCH
 
 
 def update_batch(fd: int, keys: bytes, values: bytes, n: int, what: str) -> None:
@@ -149,10 +153,10 @@ def percpu_sums(fd: int, n: int, what: str) -> list:
             for i in range(n):
                 sums[keys[i]] = sum(vals[i * ncpus:(i + 1) * ncpus])
             return sums
-        if _lookup_batch is None and rc in (-ENOTSUPP, -95, -22):
-            _lookup_batch = False       # ENOTSUPP, EOPNOTSUPP, EINVAL: not on this kernel
+        if _lookup_batch is None and rc in NO_BATCH:
+            _lookup_batch = False
         else:
-            check(rc if rc < 0 else -5, what)       # fewer than asked: EIO
+            check(rc if rc < 0 else -errno.EIO, what)      # fewer than asked
     key, sums = ffi.new("uint32_t *"), []
     for i in range(n):
         key[0] = i
