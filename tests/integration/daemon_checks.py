@@ -25,10 +25,13 @@ class Pinger:
         self._reader.start()
 
     def _read(self):
-        for line in self.proc.stdout:
-            with self._new_line:
-                self._lines.append(line)
-                self._new_line.notify_all()
+        try:
+            for line in self.proc.stdout:
+                with self._new_line:
+                    self._lines.append(line)
+                    self._new_line.notify_all()
+        except ValueError:      # kill() closed the pipe under the reader: the ping has ended
+            pass
 
     def _out(self) -> str:
         with self._new_line:
