@@ -14,6 +14,9 @@ segments must be exactly the forwarded packets, in order. The Python
 engine has no offloads: every test runs on it with offloads 0 and the same
 check (each write alone is a "segmentation" of one), so both engines are
 seen to deliver the same packets.
+
+One file over 450 lines: its packets, the kernel's segmentation and the run are what every
+test here (and test_engine_udp_gro.py's) checks against; the UDP_GRO trains went to that file.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import pytest
 from dataplane.engine import ipv4, ipv6
 from dataplane.engine import OFF_TUN_GRO, OFF_TUN_GRO_UDP, OFF_TUN_VNET, OFF_UDP_GRO
 from tests import gso_packets as gp
-from tests.engine_harness import Harness, behaviour_stats, nonzero
+from tests.engine_harness import Harness, nonzero
 
 SOL_UDP, UDP_SEGMENT, UDP_GRO = 17, 103, 104
 ACK, PSH, FIN, SYN, RST, URG = 0x10, 0x08, 0x01, 0x02, 0x04, 0x20
@@ -95,6 +98,11 @@ def flow6(n: int, size: int = 1000, seq0: int = 1000, **kw) -> list[bytes]:
 
 def udp6_flow(n: int, size: int = 700, fill0: int = 0, dst: str = DST6, **kw) -> list[bytes]:
     return [gp.udp6(SRC6, dst, bytes([(fill0 + i) & 0xFF]) * size, **kw) for i in range(n)]
+
+
+def udp_pkt(i: int, size: int, ttl: int = 64) -> bytes:
+    return ipv4.build(SRC, DST, ipv4.udp_payload(4000, 5000, bytes([i]) * (size - 28)),
+                      ttl=ttl, ident=i)
 
 
 def forwarded(p: bytes) -> bytes:
@@ -478,103 +486,6 @@ IPV6_CASES = _ipv6_cases()
 @pytest.mark.parametrize("name", sorted(IPV6_CASES))
 def test_ipv6_not_coalesced_is_written_alone_in_order(engine_kind, name):
     check_groups(engine_kind, UDP_RUNS, *IPV6_CASES[name])
-
-
-# ---- UDP GRO --------------------------------------------------------------------------
-
-def udp_pkt(i: int, size: int, ttl: int = 64) -> bytes:
-    return ipv4.build(SRC, DST, ipv4.udp_payload(4000, 5000, bytes([i]) * (size - 28)),
-                      ttl=ttl, ident=i)
-
-
-def test_train_is_split_into_its_datagrams(engine_kind):
-    train = [udp_pkt(i, 600) for i in range(9)] + [udp_pkt(9, 300)]
-    writes, st = run(engine_kind, OFF_UDP_GRO, [train, udp_pkt(10, 200)])
-    sent = train + [udp_pkt(10, 200)]
-    check_writes(engine_kind, OFF_UDP_GRO, writes, sent, [])
-    nbytes = sum(map(len, sent))
-    assert (st["udp_rx_packets"], st["udp_rx_bytes"]) == (11, nbytes)
-    assert (st["tun_tx_packets"], st["tun_tx_bytes"]) == (11, nbytes)
-    if engine_kind == "c":
-        assert st["udp_rx_gro"] == 1 and st["udp_recvs"] <= 2, nonzero(st)
-
-
-def test_train_of_tcp_segments_becomes_one_gso_write(engine_kind):
-    sent = flow(12, 1200)
-    writes, st = run(engine_kind, RX_ALL, [sent[:6], sent[6:]])
-    check_writes(engine_kind, RX_ALL, writes, sent, [12])
-    if engine_kind == "c":
-        assert (st["udp_rx_gro"], st["tun_tx_gso"], st["tun_writes"]) == (2, 1, 1), nonzero(st)
-
-
-def _mixed_traffic():
-    """Datagrams of every fate, as trains; with the same bytes sent one by
-    one, counters must come out the same whether trains are received whole
-    (UDP_GRO) or not."""
-    ok = [udp_pkt(i, 700) for i in range(5)]
-    bad = [ipv4.build(SRC, DST, bytes(680), tot_len=600),  # tot_len != len: malformed
-           udp_pkt(21, 700, ttl=1),                     # ttl
-           b"\x70" + bytes(699),                        # neither IPv4 nor IPv6
-           udp_pkt(22, 700)]
-    big = [udp_pkt(30 + i, 1300) for i in range(3)]     # > mtu 1000: truncated
-    return [ok, bad, big, udp_pkt(40, 1200), udp_pkt(41, 100), [udp_pkt(42, 500)]]
-
-
-def test_gro_counts_like_plain_receives(engine_kind):
-    msgs = _mixed_traffic()
-    flat = [d for m in msgs for d in (m if isinstance(m, list) else [m])]
-    plain_w, plain = run(engine_kind, 0, flat, mtu=1000)
-    gro_w, gro = run(engine_kind, OFF_UDP_GRO, msgs, mtu=1000)
-    assert plain_w == gro_w and len(plain_w) == 8
-    exp = {k: v for k, v in behaviour_stats(plain).items() if k not in ("route_swaps", "udp_rx_gro")}
-    got = {k: v for k, v in behaviour_stats(gro).items() if k not in ("route_swaps", "udp_rx_gro")}
-    assert got == exp
-    # a datagram over the mtu counts the mtu bytes a plain receive reports
-    assert exp["udp_rx_bytes"] == 9 * 700 + 4 * 1000 + 100 + 500
-    assert exp["drop_truncated"] == 4 and exp["drop_malformed"] == 1
-    assert exp["drop_ttl"] == 1 and exp["drop_not_ipv4"] == 1
-    if engine_kind == "c":
-        assert gro["udp_rx_gro"] == 3, nonzero(gro)
-
-
-def test_bad_source_in_a_train(engine_kind):
-    train = [udp_pkt(i, 500) for i in range(4)]
-    with Harness(engine_kind, start=False, accept_any=False) as h:
-        if engine_kind == "c":
-            h.udp.setsockopt(SOL_UDP, UDP_GRO, 1)
-            h.engine.set_offloads(OFF_UDP_GRO)
-        p = h.add_peer()
-        h.set_routes([h.route("10.5.2.0/24", p)], wait=False)
-        send_train(h, h.stranger, train)
-        send_train(h, p, train)
-        h.engine.start()
-        # the counters are published after the write: wait for them as well as the packets
-        st = h.wait_for(lambda s: s["tun_tx_packets"] + s["drop_bad_source"] >= 8
-                        and len(h.tun_received) >= 4, what="both trains")
-        assert st["drop_bad_source"] == 4 and st["tun_tx_packets"] == 4, nonzero(st)
-        assert h.take_tun() == [forwarded(d) for d in train]
-
-
-def test_a_train_over_the_ipv6_underlay_is_split_too(engine_kind):
-    """The receive slots serve both sockets: a train on the IPv6 one (UDP_GRO set on it too,
-    as the offload bits say) is cut as one on the IPv4 one, and its source checked against
-    the IPv6 peers."""
-    train = [udp_pkt(i, 500) for i in range(4)] + [udp_pkt(4, 300)]
-    with Harness(engine_kind, start=False, accept_any=False, udp6=True) as h:
-        if engine_kind == "c":
-            h.udp6.setsockopt(SOL_UDP, UDP_GRO, 1)
-            h.engine.set_offloads(OFF_UDP_GRO)
-        p = h.add_peer(family=socket.AF_INET6)
-        h.set_routes([h.route("fd00:5:2::/64", p)], wait=False)
-        send_train(h, p, train)
-        h.engine.start()
-        # tun_tx_packets is counted after the write the reader may already have seen
-        st = h.wait_for(lambda s: s["tun_tx_packets"] >= 5 and len(h.tun_received) >= 5,
-                        what="the train")
-        assert h.take_tun() == [forwarded(d) for d in train]
-        assert st["tun_tx_packets"] == 5 and st["drop_bad_source"] == 0, nonzero(st)
-        if engine_kind == "c":
-            assert st["udp_rx_gro"] == 1, nonzero(st)
 
 
 # ---- the contract ---------------------------------------------------------------------
