@@ -1,8 +1,9 @@
 /*
  * maps.h - the kernel path's contract: the layouts of its maps' keys and
  * values and the indexes of its counters, shared by the tc programs
- * (flannel.bpf.c) and Python (dataplane/engine/bpf_maps.py reads this text
- * as its cffi cdef and parses the enums with contract.py's parser).
+ * (flannel.bpf.c) and Python (dataplane/engine/bpf_contract.py parses the
+ * enums with contract.py's parser; bpf_cdef.py gives the structs to cffi as
+ * its cdef).
  *
  * So it holds what cffi's cdef reads: enums whose items are NAME = number
  * or NAME alone, and typedef structs of __u8/__u16/__u32 fields, one per
