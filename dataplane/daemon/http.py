@@ -160,6 +160,21 @@ def _plain_reply(code: int, text: str) -> bytes:
             "Connection: close\r\n\r\n").encode() + body
 
 
+# what a worker hands the loop instead of a reply: sent whole, or the client is gone
+_SENT, _GONE = object(), object()
+
+
+def _end_sending(sock) -> bool:
+    """Our side of a connection ended once its reply is sent; False if the client is gone.
+    Closing instead would reset the connection if the client sent more than we read (a body,
+    an oversized header), and its TCP could discard our reply."""
+    try:
+        sock.shutdown(SHUT_WR)
+        return True
+    except OSError:
+        return False
+
+
 class _Conn:
     """One client connection: what it sent so far, or what is left to send it."""
     __slots__ = ("sock", "addr", "buf", "out", "deadline")
@@ -455,7 +470,11 @@ class HttpServer:
             self._working.discard(conn)
             self._reply(conn, reply)
 
-    def _reply(self, conn: _Conn, reply: bytes):
+    def _reply(self, conn: _Conn, reply):
+        if reply is _GONE:
+            return conn.sock.close()
+        if reply is _SENT:                  # the worker sent it all and ended our side
+            return self._linger(conn)
         if not reply:                       # nothing to say (an empty request line)
             conn.sock.close()
             return
@@ -474,16 +493,19 @@ class HttpServer:
             return self._drop(conn)
         if conn.out:
             return
-        # Closing now would reset the connection if the client sent more than we read (a body,
-        # an oversized header) and its TCP could discard our reply: end our side, read to EOF.
         del self._sending[conn]
-        try:
-            conn.sock.shutdown(SHUT_WR)
-        except OSError:
-            return self._drop(conn)
+        self._sel.unregister(conn.sock)
+        if _end_sending(conn.sock):
+            self._linger(conn)
+        else:
+            conn.sock.close()
+
+    def _linger(self, conn: _Conn):
+        """The reply sent, our side ended: what the client still sends is read away until its
+        close (or LINGER_S)."""
         conn.deadline = monotonic() + LINGER_S
         self._draining[conn] = None
-        self._sel.modify(conn.sock, EVENT_READ, conn)
+        self._sel.register(conn.sock, EVENT_READ, conn)
 
     def _drain(self, conn: _Conn):
         try:
@@ -519,5 +541,21 @@ class HttpServer:
             except Exception:
                 log.exception("http: request from %s failed", conn.addr[0])
                 reply = _plain_reply(500, "internal error (see the daemon's log)\n")
-            self._replies.put((conn, reply))
+            self._replies.put((conn, self._send_now(conn, reply)))
             self._wake()
+
+    def _send_now(self, conn: _Conn, reply: bytes):
+        """Send the reply from the worker, where the client gets it without waiting for the
+        loop's thread to wake (behind a busy interpreter, each thread's turn can be a wait:
+        perf/README.md#answer-handoffs); what the socket did not take (or SENT) for the loop."""
+        if not reply:
+            return reply
+        try:
+            sent = conn.sock.send(reply)
+        except BlockingIOError:
+            return reply
+        except OSError:
+            return _GONE
+        if sent < len(reply):
+            return memoryview(reply)[sent:]
+        return _SENT if _end_sending(conn.sock) else _GONE
