@@ -70,7 +70,10 @@ kinds = [metrics, status] if kind == "both" else [metrics if kind == "metrics" e
 for _ in range(int(count)):
     for ask in kinds:
         t0 = time.perf_counter()
-        body = ask()
+        try:
+            body = ask()
+        except OSError:             # nothing listens yet (a daemon starting)
+            continue
         print(ask.__name__, round((time.perf_counter() - t0) * 1e3, 3), len(body), flush=True)
     time.sleep(float(period))
 """
@@ -107,6 +110,22 @@ def arenas(pid: int) -> tuple[int, float]:
     return count, rss
 
 
+def rollup_mb(pid: int) -> dict:
+    """/proc/PID/smaps_rollup's Rss, and of it the anonymous pages and the files' (the
+    libraries' pages this process has mapped, shared with every process that maps them)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        kb = {line.split(":")[0]: int(line.split()[1]) for line in f if line.endswith("kB\n")}
+    heap, in_heap = 0, False
+    with open(f"/proc/{pid}/smaps") as f:            # glibc's main heap: the brk area
+        for line in f:
+            if not line[0].isupper():
+                in_heap = line.rstrip().endswith("[heap]")
+            elif in_heap and line.startswith("Rss:"):
+                heap += int(line.split()[1])
+    return {"rss": round(kb["Rss"] / 1024, 1), "anon": round(kb["Anonymous"] / 1024, 1),
+            "heap": round(heap / 1024, 1), "file": round((kb["Rss"] - kb["Anonymous"]) / 1024, 1)}
+
+
 def ask(ov, host, kind: str, count: int, period: float) -> list[tuple[str, float, int]]:
     url = f"http://127.0.0.1:{ov.healthz_port}/metrics"
     out = ov.exec(host, [sys.executable, "-c", _ASKER, kind, url, ov.status_socket(host),
@@ -126,6 +145,8 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=200, help="of each kind, back to back")
     ap.add_argument("--ask-for", type=float, default=20.0,
                     help="seconds of the harness's pattern (both kinds every 100 ms)")
+    ap.add_argument("--ask-during-start", action="store_true",
+                    help="ask both every 100 ms from before the start until 1 s after READY")
     ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
     ap.add_argument("--profile", metavar="FILE",
                     help="cProfile the daemon's /metrics renders and status documents into FILE")
@@ -139,10 +160,22 @@ def main() -> int:
             lease_start.host_cmd = ov.daemon_command
             ov.daemon_argv = lease_start.profiled_argv(a.profile, _PROFILED)
         h = ov.add_host(start=False)
+        asker = None
+        if a.ask_during_start:          # as perf/scale.py's questions: from before the start
+            asker = ov.tb.popen(h, [sys.executable, "-c", _ASKER, "both",
+                                    f"http://127.0.0.1:{ov.healthz_port}/metrics",
+                                    ov.status_socket(h), "1000000", "0.1"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         d = ov.start_daemon(h, wait=False)
         ov.wait_ready(h, timeout=120)
+        if asker is not None:
+            time.sleep(1.0)
+            ov.tb.kill(asker)
         time.sleep(max(0.0, d.ready_at + IDLE_SETTLE_S - time.time()))
         rss0 = rss_kb(d.pid) / 1024
+        if a.ask_during_start:
+            print(f"RSS {IDLE_SETTLE_S:g} s after READY, asked every 100 ms from before the "
+                  f"start until 1 s after READY: {rss0:.1f} MB", flush=True)
         for kind in ("metrics", "status"):
             ask(ov, h, kind, 5, 0.0)                     # the first answers' one-off work
             rec = (subprocess.Popen(["perf", "record", "-q", "-g", "-p", str(d.pid), "-o",
@@ -170,6 +203,7 @@ def main() -> int:
         c1 = cpu_ns(d.pid)
         time.sleep(IDLE_SETTLE_S)
         rss2 = rss_kb(d.pid) / 1024
+        print(f"smaps_rollup: {rollup_mb(d.pid)}", flush=True)
         n_arenas, arena_kb = arenas(d.pid)
         print(f"glibc thread arenas: {n_arenas}, {arena_kb / 1024:.1f} MB resident", flush=True)
         print(f"RSS idle {rss0:.1f} MB; after {2 * a.questions + 10} answers {rss1:.1f} MB; "
