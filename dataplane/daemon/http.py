@@ -44,7 +44,7 @@ from io import BytesIO
 from ipaddress import ip_address
 from queue import Empty, SimpleQueue
 from selectors import EVENT_READ, EVENT_WRITE, DefaultSelector
-from socket import SHUT_WR, socketpair
+from socket import MSG_DONTWAIT, SHUT_WR, socketpair
 from time import monotonic
 from urllib.parse import parse_qsl, urlsplit
 
@@ -176,7 +176,9 @@ def _end_sending(sock) -> bool:
 
 
 class _Conn:
-    """One client connection: what it sent so far, or what is left to send it."""
+    """One client connection: what it sent so far, or what is left to send it. Its socket is
+    left blocking (no ioctl to change that, one syscall less) and every recv and send on it
+    says MSG_DONTWAIT."""
     __slots__ = ("sock", "addr", "buf", "out", "deadline")
 
     def __init__(self, sock, addr, deadline: float):
@@ -422,10 +424,9 @@ class HttpServer:
             if open_now >= self.max_connections and not self._shed():
                 sock.close()                # all busy with replies: this one waits no turn
                 continue
-            sock.setblocking(False)
             conn = _Conn(sock, addr, monotonic() + self.request_timeout)
             self._waiting[conn] = None
-            self._sel.register(sock, EVENT_READ, conn)
+            self._read(conn, registered=False)      # its request is often there already
 
     def _shed(self) -> bool:
         """Close the oldest connection that is still sending its request, or lingering."""
@@ -435,24 +436,32 @@ class HttpServer:
                 return True
         return False
 
-    def _read(self, conn: _Conn):
+    def _read(self, conn: _Conn, registered: bool = True):
+        """What the client sent; a complete request goes to a worker. A connection just
+        accepted is read once before it is watched: when its request is there, no epoll_ctl and
+        no wait for the next select (each syscall gives the interpreter lock up, and taking it
+        back waits behind the daemon's busy threads: perf/README.md#answer-handoffs)."""
         try:
-            data = conn.sock.recv(4096)
+            data = conn.sock.recv(4096, MSG_DONTWAIT)
         except BlockingIOError:
-            return
+            data = None
         except OSError:
             data = b""
-        if not data:                        # gone before its request was complete
+        if data == b"":                     # gone before its request was complete
             return self._drop(conn)
-        conn.buf += data
-        if b"\r\n\r\n" in conn.buf or b"\n\n" in conn.buf:
-            del self._waiting[conn]
+        conn.buf += data or b""
+        complete = b"\r\n\r\n" in conn.buf or b"\n\n" in conn.buf
+        if not complete and len(conn.buf) <= MAX_REQUEST_BYTES:
+            if not registered:
+                self._sel.register(conn.sock, EVENT_READ, conn)
+            return
+        del self._waiting[conn]
+        if registered:
             self._sel.unregister(conn.sock)
+        if complete:
             self._working.add(conn)
             self._jobs.put(conn)
-        elif len(conn.buf) > MAX_REQUEST_BYTES:
-            del self._waiting[conn]
-            self._sel.unregister(conn.sock)
+        else:
             self._reply(conn, _plain_reply(431, f"request line and headers longer than "
                                                 f"{MAX_REQUEST_BYTES} bytes\n"))
 
@@ -486,7 +495,7 @@ class HttpServer:
 
     def _write(self, conn: _Conn):
         try:
-            conn.out = conn.out[conn.sock.send(conn.out):]
+            conn.out = conn.out[conn.sock.send(conn.out, MSG_DONTWAIT):]
         except BlockingIOError:
             return
         except OSError:
@@ -509,7 +518,7 @@ class HttpServer:
 
     def _drain(self, conn: _Conn):
         try:
-            if conn.sock.recv(65536):
+            if conn.sock.recv(65536, MSG_DONTWAIT):
                 return
         except BlockingIOError:
             return
@@ -551,7 +560,7 @@ class HttpServer:
         if not reply:
             return reply
         try:
-            sent = conn.sock.send(reply)
+            sent = conn.sock.send(reply, MSG_DONTWAIT)
         except BlockingIOError:
             return reply
         except OSError:
