@@ -150,6 +150,9 @@ def main() -> int:
     ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
     ap.add_argument("--profile", metavar="FILE",
                     help="cProfile the daemon's /metrics renders and status documents into FILE")
+    ap.add_argument("--syscalls", metavar="FILE",
+                    help="count the daemon's syscalls (strace -c) while it answers each kind, "
+                         "into FILE.metrics and FILE.status")
     ap.add_argument("--perf", metavar="FILE",
                     help="`perf record -g` the daemon while it answers /metrics, into FILE")
     a = ap.parse_args()
@@ -178,9 +181,14 @@ def main() -> int:
                   f"start until 1 s after READY: {rss0:.1f} MB", flush=True)
         for kind in ("metrics", "status"):
             ask(ov, h, kind, 5, 0.0)                     # the first answers' one-off work
-            rec = (subprocess.Popen(["perf", "record", "-q", "-g", "-p", str(d.pid), "-o",
-                                     a.perf], stdout=subprocess.DEVNULL)
-                   if a.perf and kind == "metrics" else None)
+            rec = None
+            if a.perf and kind == "metrics":
+                rec = subprocess.Popen(["perf", "record", "-q", "-g", "-p", str(d.pid), "-o",
+                                        a.perf], stdout=subprocess.DEVNULL)
+            elif a.syscalls:            # every thread's syscalls while it answers this kind
+                rec = subprocess.Popen(["strace", "-f", "-c", "-p", str(d.pid), "-o",
+                                        f"{a.syscalls}.{kind}"], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
             if rec is not None:
                 time.sleep(0.5)
             c0 = cpu_ns(d.pid)
