@@ -148,13 +148,12 @@ def main() -> int:
     ap.add_argument("--ask-during-start", action="store_true",
                     help="ask both every 100 ms from before the start until 1 s after READY")
     ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
-    ap.add_argument("--profile", metavar="FILE",
-                    help="cProfile the daemon's /metrics renders and status documents into FILE")
-    ap.add_argument("--syscalls", metavar="FILE",
-                    help="count the daemon's syscalls (strace -c) while it answers each kind, "
-                         "into FILE.metrics and FILE.status")
-    ap.add_argument("--perf", metavar="FILE",
-                    help="`perf record -g` the daemon while it answers /metrics, into FILE")
+    for flag, what in (
+            ("--profile", "cProfile the daemon's /metrics renders and status documents"),
+            ("--syscalls", "count the daemon's syscalls (strace -c) while it answers each kind "
+                           "(FILE.metrics, FILE.status)"),
+            ("--perf", "`perf record -g` the daemon while it answers /metrics")):
+        ap.add_argument(flag, metavar="FILE", help=f"{what}, into FILE")
     a = ap.parse_args()
     compiled()
     with Overlay(hosts=0, engine=a.engine, config=CONFIG) as ov:

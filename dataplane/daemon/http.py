@@ -25,7 +25,8 @@ flanneld), so no client holds a thread: one thread multiplexes every
 connection, closes it when its request is not complete within
 REQUEST_TIMEOUT_S or its reply not taken within WRITE_TIMEOUT_S, and sheds
 the oldest waiting connection beyond MAX_CONNECTIONS; a small fixed pool of
-workers only turns complete requests into replies.
+workers only turns complete requests into replies, and sends what the socket
+takes at once (the loop sends the rest, never waiting on a client).
 
 (Over 450 lines as one piece: the endpoints and the one thread that guards every connection
 for them are one server, whose limits read together.)
