@@ -61,6 +61,7 @@ from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay, OverlayError  # noqa: E402
 from dataplane.testbed.ping_stream import PingStream  # noqa: E402
 from dataplane.testbed.route_sweep import sweep  # noqa: E402
+from perf.answer_cost import arenas, rollup_mb  # noqa: E402
 
 PRELOAD_BASE, BURST_BASE = "10.1.0.0", "10.128.0.0"
 BURST_FIRST_IP = 100_000            # the burst's PublicIPs after the preload's
@@ -228,6 +229,9 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         time.sleep(IDLE_S)
         out["idle_cpu_pct"] = round((cpu_s(pid) - c0) / IDLE_S * 100, 2)
         out["idle_rss_mb"] = round(rss_kb(pid) / 1024, 1)
+        out["idle_thread_arenas"], arena_kb = arenas(pid)     # glibc's, and what they hold
+        out["idle_thread_arenas_mb"] = round(arena_kb / 1024, 1)
+        out["idle_rss_parts_mb"] = rollup_mb(pid)
         out["idle_pss_children_mb"] = round(sum(pss_kb(c) for c in children(pid)) / 1024, 1)
 
         out["stream"] = stream.stop()

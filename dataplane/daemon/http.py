@@ -25,7 +25,8 @@ flanneld), so no client holds a thread: one thread multiplexes every
 connection, closes it when its request is not complete within
 REQUEST_TIMEOUT_S or its reply not taken within WRITE_TIMEOUT_S, and sheds
 the oldest waiting connection beyond MAX_CONNECTIONS; a small fixed pool of
-workers only turns complete requests into replies.
+workers only turns complete requests into replies, and sends what the socket
+takes at once (the loop sends the rest, never waiting on a client).
 
 (Over 450 lines as one piece: the endpoints and the one thread that guards every connection
 for them are one server, whose limits read together.)
@@ -44,7 +45,7 @@ from io import BytesIO
 from ipaddress import ip_address
 from queue import Empty, SimpleQueue
 from selectors import EVENT_READ, EVENT_WRITE, DefaultSelector
-from socket import SHUT_WR, socketpair
+from socket import MSG_DONTWAIT, SHUT_WR, socketpair
 from time import monotonic
 from urllib.parse import parse_qsl, urlsplit
 
@@ -160,8 +161,25 @@ def _plain_reply(code: int, text: str) -> bytes:
             "Connection: close\r\n\r\n").encode() + body
 
 
+# what a worker hands the loop instead of a reply: sent whole, or the client is gone
+_SENT, _GONE = object(), object()
+
+
+def _end_sending(sock) -> bool:
+    """Our side of a connection ended once its reply is sent; False if the client is gone.
+    Closing instead would reset the connection if the client sent more than we read (a body,
+    an oversized header), and its TCP could discard our reply."""
+    try:
+        sock.shutdown(SHUT_WR)
+        return True
+    except OSError:
+        return False
+
+
 class _Conn:
-    """One client connection: what it sent so far, or what is left to send it."""
+    """One client connection: what it sent so far, or what is left to send it. Its socket is
+    left blocking (no ioctl to change that, one syscall less) and every recv and send on it
+    says MSG_DONTWAIT."""
     __slots__ = ("sock", "addr", "buf", "out", "deadline")
 
     def __init__(self, sock, addr, deadline: float):
@@ -407,10 +425,9 @@ class HttpServer:
             if open_now >= self.max_connections and not self._shed():
                 sock.close()                # all busy with replies: this one waits no turn
                 continue
-            sock.setblocking(False)
             conn = _Conn(sock, addr, monotonic() + self.request_timeout)
             self._waiting[conn] = None
-            self._sel.register(sock, EVENT_READ, conn)
+            self._read(conn, registered=False)      # its request is often there already
 
     def _shed(self) -> bool:
         """Close the oldest connection that is still sending its request, or lingering."""
@@ -420,24 +437,32 @@ class HttpServer:
                 return True
         return False
 
-    def _read(self, conn: _Conn):
+    def _read(self, conn: _Conn, registered: bool = True):
+        """What the client sent; a complete request goes to a worker. A connection just
+        accepted is read once before it is watched: when its request is there, no epoll_ctl and
+        no wait for the next select (each syscall gives the interpreter lock up, and taking it
+        back waits behind the daemon's busy threads: perf/README.md#answer-handoffs)."""
         try:
-            data = conn.sock.recv(4096)
+            data = conn.sock.recv(4096, MSG_DONTWAIT)
         except BlockingIOError:
-            return
+            data = None
         except OSError:
             data = b""
-        if not data:                        # gone before its request was complete
+        if data == b"":                     # gone before its request was complete
             return self._drop(conn)
-        conn.buf += data
-        if b"\r\n\r\n" in conn.buf or b"\n\n" in conn.buf:
-            del self._waiting[conn]
+        conn.buf += data or b""
+        complete = b"\r\n\r\n" in conn.buf or b"\n\n" in conn.buf
+        if not complete and len(conn.buf) <= MAX_REQUEST_BYTES:
+            if not registered:
+                self._sel.register(conn.sock, EVENT_READ, conn)
+            return
+        del self._waiting[conn]
+        if registered:
             self._sel.unregister(conn.sock)
+        if complete:
             self._working.add(conn)
             self._jobs.put(conn)
-        elif len(conn.buf) > MAX_REQUEST_BYTES:
-            del self._waiting[conn]
-            self._sel.unregister(conn.sock)
+        else:
             self._reply(conn, _plain_reply(431, f"request line and headers longer than "
                                                 f"{MAX_REQUEST_BYTES} bytes\n"))
 
@@ -455,7 +480,11 @@ class HttpServer:
             self._working.discard(conn)
             self._reply(conn, reply)
 
-    def _reply(self, conn: _Conn, reply: bytes):
+    def _reply(self, conn: _Conn, reply):
+        if reply is _GONE:
+            return conn.sock.close()
+        if reply is _SENT:                  # the worker sent it all and ended our side
+            return self._linger(conn)
         if not reply:                       # nothing to say (an empty request line)
             conn.sock.close()
             return
@@ -467,27 +496,30 @@ class HttpServer:
 
     def _write(self, conn: _Conn):
         try:
-            conn.out = conn.out[conn.sock.send(conn.out):]
+            conn.out = conn.out[conn.sock.send(conn.out, MSG_DONTWAIT):]
         except BlockingIOError:
             return
         except OSError:
             return self._drop(conn)
         if conn.out:
             return
-        # Closing now would reset the connection if the client sent more than we read (a body,
-        # an oversized header) and its TCP could discard our reply: end our side, read to EOF.
         del self._sending[conn]
-        try:
-            conn.sock.shutdown(SHUT_WR)
-        except OSError:
-            return self._drop(conn)
+        self._sel.unregister(conn.sock)
+        if _end_sending(conn.sock):
+            self._linger(conn)
+        else:
+            conn.sock.close()
+
+    def _linger(self, conn: _Conn):
+        """The reply sent, our side ended: what the client still sends is read away until its
+        close (or LINGER_S)."""
         conn.deadline = monotonic() + LINGER_S
         self._draining[conn] = None
-        self._sel.modify(conn.sock, EVENT_READ, conn)
+        self._sel.register(conn.sock, EVENT_READ, conn)
 
     def _drain(self, conn: _Conn):
         try:
-            if conn.sock.recv(65536):
+            if conn.sock.recv(65536, MSG_DONTWAIT):
                 return
         except BlockingIOError:
             return
@@ -519,5 +551,21 @@ class HttpServer:
             except Exception:
                 log.exception("http: request from %s failed", conn.addr[0])
                 reply = _plain_reply(500, "internal error (see the daemon's log)\n")
-            self._replies.put((conn, reply))
+            self._replies.put((conn, self._send_now(conn, reply)))
             self._wake()
+
+    def _send_now(self, conn: _Conn, reply: bytes):
+        """Send the reply from the worker, where the client gets it without waiting for the
+        loop's thread to wake (behind a busy interpreter, each thread's turn can be a wait:
+        perf/README.md#answer-handoffs); what the socket did not take (or SENT) for the loop."""
+        if not reply:
+            return reply
+        try:
+            sent = conn.sock.send(reply, MSG_DONTWAIT)
+        except BlockingIOError:
+            return reply
+        except OSError:
+            return _GONE
+        if sent < len(reply):
+            return memoryview(reply)[sent:]
+        return _SENT if _end_sending(conn.sock) else _GONE

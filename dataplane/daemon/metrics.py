@@ -26,6 +26,7 @@ from .. import __version__
 from . import metrics_kernel
 from ..engine.contract import V6_SHARES
 from .cached_collector import CachedCollector
+from .metrics_text import KeptFamilies
 
 log = logging.getLogger(__name__)
 
@@ -515,6 +516,7 @@ class DaemonCollector:
         # round); what is served never goes down but when the total does (a new engine).
         self._rest: dict = {}
         self._rest_lock = threading.Lock()
+        self._kept = KeptFamilies(_new)     # each family made again only when its samples change
 
     def collect(self):
         ask = _Asked(self.source)
@@ -523,19 +525,16 @@ class DaemonCollector:
             per_queue = self.source.engine_queue_stats()
         except Exception as e:  # a closed engine during shutdown: report what we can
             log.debug("engine stats unavailable: %s", e)
-        engine = self._engine_families(per_queue) if per_queue else {}
+        engine = dict(self._kept.engine(per_queue, self._engine_families) if per_queue else {})
         try:
             for name, samples in metrics_kernel.samples(ask("kernel_counters")).items():
-                engine.setdefault(name, []).extend(samples)
+                engine[name] = engine.get(name, []) + samples
         except Exception as e:  # the programs closed during shutdown
             log.debug("kernel path counters unavailable: %s", e)
         for f in DECLARED:
             samples = engine.get(f.name, ()) if f.read is None else f.read(ask)
             if samples:
-                fam = _new(f.name)
-                for labels, value in samples:
-                    fam.add_metric(list(labels), value)
-                yield fam
+                yield self._kept.family(f.name, samples)
 
     def _engine_families(self, per_queue) -> dict:
         """{family name: [(label values, value)]} of the engine's counters, queue by queue."""

@@ -84,3 +84,13 @@ def test_a_document_that_cannot_be_made_is_answered_with_what_is_known(daemon, c
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].exc_info is not None, caplog.records
     assert server.failures == 3
+
+
+def test_a_document_larger_than_the_socket_takes_arrives_whole(daemon):
+    """The document goes in one send that cannot wait; what the socket did not take then
+    follows (a status carries log records: a long one is no reason to lose the rest)."""
+    d, server = daemon
+    d.warnings.emit(logging.LogRecord("x", logging.WARNING, __file__, 1, "w" * 4_000_000,
+                                      None, None))
+    doc = ask(server)
+    assert doc["warnings"][-1]["message"] == "w" * 4_000_000 and doc["pid"]
