@@ -12,11 +12,13 @@ packets they carry never passed through the daemon.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import select
 import socket
 import struct
+import sys
 import threading
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
@@ -34,6 +36,7 @@ RTN_UNICAST = 1
 # (an IPv6 prefix that comes or goes changes which PublicIPv6 is on the link)
 _GROUPS = 0x1 | 0x10 | 0x40 | 0x100 | 0x400
 _RTM_NEWROUTE, _RTM_DELROUTE = 24, 25
+_SO_ATTACH_FILTER = 26
 
 
 def _family(net) -> int:
@@ -189,6 +192,7 @@ class HostRouteWatch:
         self.quiet = quiet
         self._stop = threading.Event()
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        _not_ours(self._sock)
         self._sock.bind((0, _GROUPS))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -223,6 +227,29 @@ class HostRouteWatch:
         self._stop.set()
         self._thread.join(timeout=2)
         self._sock.close()
+
+
+def _not_ours(sock) -> None:
+    """A socket filter that drops the events of our own routes in the kernel: thousands of them
+    at once (a start, a burst) overflow the socket, and an overflow (ENOBUFS) hides whose routes
+    changed, so every peer was decided again after each large batch of ours. Each event is a
+    datagram of one message: its type (a route's) and its rtmsg's protocol (ours) decide.
+    A kernel that refuses the filter leaves the check to :func:`_counts` alone."""
+    low = 4 if sys.byteorder == "little" else 5        # nlmsg_type's low byte (types < 256)
+    prog = [(0x30, 0, 0, low),                          # ldb [nlmsg_type]
+            (0x15, 1, 0, _RTM_NEWROUTE),                # jeq NEWROUTE -> protocol
+            (0x15, 0, 2, _RTM_DELROUTE),                # jeq DELROUTE -> protocol, else accept
+            (0x30, 0, 0, nl.HDR.size + 5),              # ldb [rtm_protocol]
+            (0x15, 1, 0, PROTO),                        # jeq PROTO -> drop
+            (0x06, 0, 0, 0xFFFFFFFF),                   # ret accept
+            (0x06, 0, 0, 0)]                            # ret drop
+    code = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
+    buf = ctypes.create_string_buffer(code)
+    fprog = struct.pack("HL", len(prog), ctypes.addressof(buf))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+    except OSError as e:
+        log.debug("no socket filter on the route watch (%s): our routes' events are read", e)
 
 
 def _counts(data: bytes) -> bool:
