@@ -32,6 +32,8 @@ As root, on the project's testbed (dataplane/testbed). Each run, per engine:
    address 172.31.255.254/12 on its veth covers them all): one daemon's start to READY, and
    the kernel's direct routes (``proto 153``) then, which must be N, and until they all are
    (counted every 0.1 s for at most ``--direct-wait`` s after READY; the rate they came at).
+   Then the last ``--burst`` of those leases deleted (one revision each) until their routes are
+   gone, and put again until they are back (N - burst -> N): seconds after etcd's last answer.
 
 Every wait is bounded by --timeout (a figure that did not finish is None, and over its target; a
 run whose scene broke, a daemon that exited or was not READY in time, is noted as its "error" and
@@ -98,6 +100,8 @@ direct_start_to_ready_s      | 1   | s  | DirectRouting: fresh start -> READY
 direct_routes_missing        | 0   |    | DirectRouting: N less the kernel's direct routes at READY
 direct_start_to_all_routes_s | 1   | s  | DirectRouting: fresh start -> every direct route in
 direct_routes_per_s          | -   | /s | DirectRouting: direct routes added per second after READY
+direct_removed_s             | 1   | s  | DirectRouting: burst leases deleted -> their routes gone, after the last delete
+direct_burst_s               | 1   | s  | DirectRouting: burst leases put again -> their routes in, after the last put
 gil_held_max_ms              | -   | ms | --gil-probe: the longest a report waited for the interpreter (a daemon's busy thread)
 gil_held_over_10ms           | -   |    | --gil-probe: waits over 10 ms (the three daemons)
 gc_max_ms                    | -   | ms | --gil-probe: the longest garbage collection (the three daemons)
@@ -261,10 +265,12 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
     return out
 
 
-def run_direct(engine: str, n: int, timeout: float, wait: float, verbose: int) -> dict:
+def run_direct(engine: str, n: int, timeout: float, wait: float, verbose: int,
+               burst: int = 0) -> dict:
     args = (f"-v={verbose}",) if verbose else ()
     with Overlay(hosts=0, engine=engine, config=DIRECT_CONFIG, daemon_args=args) as ov:
-        ov.lease_writer().put(fake_leases(PRELOAD_BASE, n), txn=100, direct_routing=True)
+        leases = fake_leases(PRELOAD_BASE, n)
+        ov.lease_writer().put(leases, txn=100, direct_routing=True)
         h = ov.add_host(start=False)
         ov.exec(h, ["ip", "addr", "add", ON_LINK, "dev", h.iface], check=True)
         d = ov.start_daemon(h, wait=False)
@@ -277,13 +283,32 @@ def run_direct(engine: str, n: int, timeout: float, wait: float, verbose: int) -
         if kernel >= n:
             all_at = time.monotonic()
         m = ov.metrics(h)
-        return {"direct_start_to_ready_s": round(d.ready_at - d.started, 3),
+        out = direct_burst(ov, h, leases, burst, timeout) if burst and kernel >= n else {}
+        return {**out, "direct_start_to_ready_s": round(d.ready_at - d.started, 3),
                 "direct_kernel_routes_at_ready": at_ready,
                 "direct_start_to_all_routes_s": None if all_at is None else round(all_at - d.started, 3),
                 "direct_kernel_routes": kernel,
                 "direct_routes_per_s": round((kernel - at_ready) / max(1e-3, time.monotonic() - d.ready_at)),
                 "direct_peers_by_mode": {k: v for k, v in m.items() if k.startswith("flannel_udp_peers_by_mode")},
                 "direct_routes_missing": n - at_ready}
+
+
+def direct_burst(ov, host, leases: dict, burst: int, timeout: float) -> dict:
+    """The last ``burst`` leases deleted (one revision each), until the kernel has N - burst
+    direct routes; then put again, until it has N: seconds after etcd's last answer."""
+    n, back = len(leases), dict(list(leases.items())[-burst:])
+    writer, out = ov.lease_writer(), {}
+    for key, write, want in (("direct_removed_s", lambda: writer.delete(back), n - burst),
+                             ("direct_burst_s", lambda: writer.put(back, direct_routing=True), n)):
+        last, seen = write()["t_last"], None
+        deadline = time.monotonic() + timeout
+        while seen is None and time.monotonic() < deadline:
+            if direct_routes(ov, host) == want:
+                seen = time.time()      # after the listing that showed it (~0.05 s at 16,000)
+            else:
+                time.sleep(0.05)
+        out[key] = None if seen is None else round(seen - last, 3)
+    return out
 
 
 def direct_routes(ov, host) -> int:
@@ -302,7 +327,7 @@ def one_run(engine: str, a) -> dict:
         r.update(run_main(engine, a.peers, a.burst, a.timeout, a.v, ask=not a.no_ask,
                           probe_dir=probe))
         if not a.no_direct:
-            r.update(run_direct(engine, a.peers, a.timeout, a.direct_wait, a.v))
+            r.update(run_direct(engine, a.peers, a.timeout, a.direct_wait, a.v, a.burst))
     except (OverlayError, RuntimeError, OSError, subprocess.SubprocessError) as e:
         r["error"] = f"{type(e).__name__}: {e}"[-3000:]
         print(f"{engine}: the run broke: {r['error']}", file=sys.stderr, flush=True)

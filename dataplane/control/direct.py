@@ -62,6 +62,7 @@ class Split:
     engine: PeerChange
     route: Mapping[Family, tuple] = field(default_factory=_none)
     unroute: Mapping[Family, tuple] = field(default_factory=_none)
+    source: Optional[PeerChange] = None     # the change it divides (DirectRouting.refused)
 
 
 def dst(lease: Lease, family: Family):
@@ -189,7 +190,20 @@ class DirectRouting:
         added = [lease for lease in change.added if lease.subnet not in direct]
         order = lambda lease: (int(lease.subnet.network_address), lease.subnet.prefixlen)
         return Split(PeerChange(engine, tuple(sorted(added, key=order)),
-                                tuple(sorted(removed, key=order))), route, unroute)
+                                tuple(sorted(removed, key=order))), route, unroute, change)
+
+    def refused(self, split: Split, family: Family, subnets, engine_before: PeerSnapshot) -> Split:
+        """``split`` once the kernel refused the direct routes of ``family`` of the leases of
+        ``subnets`` (their IPv4 subnets): those leave the direct table, so that the engine
+        routes them (an IPv4 subnet joins the engine's share; the engine routes every IPv6 part
+        anyway), and they are tried again when the host's addresses or routes change
+        (:meth:`reconsider`)."""
+        table = self.direct[family]
+        for subnet in subnets:
+            table.pop(subnet, None)
+        moves = [(tuple(lease for lease in split.route[f] if f is not family
+                        or lease.subnet not in subnets), split.unroute[f]) for f in FAMILIES]
+        return self._split(split.source, engine_before, moves)
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,17 @@ What the reports read (the engine's peers, the direct ones) is in the daemon's D
 """
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import threading
 
 from ..control.direct import DirectRouting, dst, via
 from ..control.peerset import PeerChange
+from ..control.recurring import Recurring
 from ..control.routes import Ipv6Parts, route_changes, route_table
 from ..engine.api import Route
-from ..host import direct_routes, malloc
+from ..host import direct_routes, malloc, netlink_batch
 from ..host.family import FAMILIES, V4, V6
 from . import underlay_fallback
 from .peer_log import PeerLog
@@ -47,6 +50,9 @@ class PeerRoutes:
         self.peer_log = None                  # daemon/peer_log.py, from start_direct on
         self._lock = threading.RLock()        # one peer change (or re-decision) at a time
         self._changed = False                 # peers changed since tick(); state.lock
+        # direct routes the kernel refused (added or removed): counted, and said once per errno
+        self.direct_routes_refused = 0
+        self._refusals = Recurring(log, "The kernel refused DirectRouting's routes")
 
     def follow_lease(self, network6, own6, underlay6=(None, 0)) -> None:
         """The network config's IPv6Network and our lease's IPv6 part, before the first engine
@@ -174,9 +180,9 @@ class PeerRoutes:
         finds neither; the engine routes every IPv6 part, so a part's direct route may go
         first (a part that moved to another peer is routed after its old route went)."""
         st = self.state
-        self._direct(split.route[V4], V4)
-        self._direct(split.unroute[V6], V6, delete=True)
-        self._direct(split.route[V6], V6)
+        split = self._route(split, V4)
+        self._unroute(split.unroute[V6], V6)
+        split = self._route(split, V6)
         changes = {V4: split.engine, V6: whole}
         peers = {family.version: change.snapshot for family, change in changes.items()}
         if self.routes is None:
@@ -202,7 +208,7 @@ class PeerRoutes:
             # The state file is for the next process only; the serve loop rewrites it once a
             # tick (all peers: docs/design.md#fig-state-file), not once per batch of a burst.
             self._changed = True
-        self._direct(split.unroute[V4], V4, delete=True)
+        self._unroute(split.unroute[V4], V4)
         if reconcile and st.direct.enabled:
             self._reconcile_direct_routes()
 
@@ -217,20 +223,76 @@ class PeerRoutes:
             if subnet not in want:
                 log.info("Removing the direct route to %s via %s: no peer routed directly has "
                          "it now", subnet, gateway)
-        direct_routes.delete_all(subnet for subnet in have if subnet not in want)
-        direct_routes.replace_all(((subnet, gateway) for subnet, gateway in want.items()
-                                   if have.get(subnet) != gateway), st.ext.index)
+        self._remove(subnet for subnet in have if subnet not in want)
+        missing = [(subnet, gateway) for subnet, gateway in want.items()
+                   if have.get(subnet) != gateway]
+        refused = direct_routes.replace_all(missing, st.ext.index)
+        if refused:
+            self._refused(refused, len(missing), "")
 
-    def _direct(self, leases, family, delete: bool = False) -> None:
-        """The kernel's direct routes of ``family`` to ``leases``' subnets of it made (or,
-        with ``delete``, removed), over one netlink socket."""
+    def _route(self, split, family):
+        """The kernel's direct routes of ``family`` to the subnets of it of ``split.route``
+        made, over one netlink socket; returns ``split``, or, when the kernel refused some,
+        ``split`` with those peers through the engine (control/direct.py refused)."""
+        leases = split.route[family]
+        if not leases:
+            return split
+        st = self.state
+        refused = direct_routes.replace_all(((dst(lease, family), via(lease, family))
+                                             for lease in leases), st.ext.index)
+        if not refused:
+            self._refusals.ok("direct routes are added again")
+            return split
+        by_dst = {dst(lease, family): lease for lease in leases}
+        subnets = {by_dst[subnet].subnet for subnet, _, _ in refused}
+        split = st.direct.refused(split, family, subnets, st.peers[4])
+        self._refused(refused, len(leases), "; those peers go through flannel0 meanwhile")
+        return split
+
+    def _refused(self, refused, asked: int, meanwhile: str) -> None:
+        """Routes the kernel refused to add, ``(subnet, via, errno)``: counted, and said once
+        per errno (then a slow reminder) with what to do."""
+        self.direct_routes_refused += len(refused)
+        subnet, gateway, code = refused[0]
+        self._refusals.fail(
+            f"{len(refused)} of {asked} route(s), the first {subnet} via {gateway} dev "
+            f"{self.state.ext.name} proto {direct_routes.PROTO}: {os.strerror(code)} "
+            f"({netlink_batch.errno_name(code)}){meanwhile}",
+            _REFUSED_ADVICE.get(code, _REFUSED_ADVICE[None]), key=code)
+
+    def _unroute(self, leases, family) -> None:
+        """The kernel's direct routes of ``family`` to ``leases``' subnets of it removed (those
+        already gone are no error), over one netlink socket."""
         if not leases:
             return
-        if delete:
-            direct_routes.delete_all(dst(lease, family) for lease in leases)
-        else:
-            direct_routes.replace_all(((dst(lease, family), via(lease, family))
-                                       for lease in leases), self.state.ext.index)
+        self._remove(dst(lease, family) for lease in leases)
+
+    def _remove(self, subnets) -> None:
+        """Our direct routes to ``subnets`` removed; a refusal logged (a route left behind)."""
+        refused = direct_routes.delete_all(subnets)
+        if not refused:
+            return
+        self.direct_routes_refused += len(refused)
+        subnet, code = refused[0]
+        self._refusals.fail(
+            f"removing {len(refused)} route(s), the first {subnet} proto {direct_routes.PROTO}: "
+            f"{os.strerror(code)} ({netlink_batch.errno_name(code)})",
+            "remove them by hand (`ip route del <subnet> proto 153`) or with `flannel-udp "
+            "cleanup` once the daemon is stopped", key=("del", code))
+
+
+# What to do when the kernel refuses a direct route, by errno (None: any other)
+_REFUSED_ADVICE = {
+    errno.ENETUNREACH: "the PublicIP is no longer on the external interface's link (an address "
+                       "or route changed meanwhile): the peer is decided again when the host's "
+                       "addresses or routes settle",
+    errno.EEXIST: "another route of that prefix is in the main table (not ours: proto 153): "
+                  "remove it, or turn DirectRouting off",
+    errno.EPERM: "the daemon lacks CAP_NET_ADMIN",
+    errno.ENODEV: "the external interface is gone: restart the daemon once it is back",
+    None: "check the external interface's addresses and routes (`ip route get <PublicIP>`); the "
+          "peer is decided again when they change",
+}
 
 
 def _part(lease, family) -> str:

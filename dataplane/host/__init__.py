@@ -17,6 +17,10 @@
   lets a bridge's route of the subnet win);
 * ``direct_routes.py`` DirectRouting's kernel routes to peers on this link (proto 153), and the
   watch of the host's own routes and addresses that makes the daemon reconsider them;
+* ``netlink_batch.py`` rtnetlink requests in bulk on one socket, each answer mapped back to its
+  request (those routes, 16,000 at a start), and dumps;
+* ``route_lookup.py`` the kernel's route lookup for many addresses at once, in Python from one
+  dump (which peers' PublicIPs are on the link);
 * ``forwarding.py`` whether the kernel forwards each family (read, never written), and the fix;
 * ``sched.py``    the engine loop threads' real-time scheduling (--realtime-priority);
 * ``malloc.py``   glibc's allocator kept from holding freed memory (its thresholds fixed);

@@ -12,17 +12,20 @@ packets they carry never passed through the daemon.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
-import os
 import select
 import socket
 import struct
+import sys
 import threading
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
+
+from . import netlink_batch as nl, route_lookup
 
 log = logging.getLogger(__name__)
 
@@ -33,24 +36,21 @@ RTN_UNICAST = 1
 # (an IPv6 prefix that comes or goes changes which PublicIPv6 is on the link)
 _GROUPS = 0x1 | 0x10 | 0x40 | 0x100 | 0x400
 _RTM_NEWROUTE, _RTM_DELROUTE = 24, 25
-_NLMSG_HDR = struct.Struct("=IHHII")
+_SO_ATTACH_FILTER = 26
 
 
 def _family(net) -> int:
     return socket.AF_INET6 if net.version == 6 else socket.AF_INET
 
 
-# Raw rtnetlink for the batches (linux/rtnetlink.h): a header, an rtmsg, attributes.
-_RTM_GETROUTE, _NLMSG_ERROR, _NLMSG_DONE = 26, 2, 3
-_F_REQUEST, _F_ACK, _F_REPLACE, _F_CREATE = 0x1, 0x4, 0x100, 0x400
+# Raw rtnetlink in bulk (host/netlink_batch.py): an rtmsg and its attributes (linux/rtnetlink.h)
+_RTM_GETROUTE = 26
+_F_REPLACE, _F_CREATE = 0x100, 0x400
 _RTA_DST, _RTA_OIF, _RTA_GATEWAY, _RTA_TABLE = 1, 4, 5, 15
 _RT_SCOPE_NOWHERE = 255
-_RTMSG = struct.Struct("=BBBBBBBBI")
-_BATCH = 64                 # requests per send: their answers (an ack, a route) fit its buffer
-
-
-def _attr(kind: int, data: bytes) -> bytes:
-    return struct.pack("=HH", 4 + len(data), kind) + data + bytes(-len(data) % 4)
+_RTMSG = nl.RTMSG
+# From this many addresses of a family on, one dump and a lookup in Python beat a route get each
+_LOOKUP_FROM = 32
 
 
 def _route_msg(kind: int, flags: int, subnet, via=None, ifindex: int = 0) -> tuple:
@@ -59,70 +59,22 @@ def _route_msg(kind: int, flags: int, subnet, via=None, ifindex: int = 0) -> tup
     net = subnet.network_address
     body = _RTMSG.pack(_family(subnet), subnet.prefixlen, 0, 0, MAIN_TABLE, PROTO,
                        _RT_SCOPE_NOWHERE if via is None else 0, RTN_UNICAST, 0)
-    body += _attr(_RTA_DST, net.packed)
+    body += nl.attr(_RTA_DST, net.packed)
     if via is not None:
-        body += _attr(_RTA_GATEWAY, via.packed) + _attr(_RTA_OIF, struct.pack("=i", ifindex))
+        body += nl.attr(_RTA_GATEWAY, via.packed) + nl.attr(_RTA_OIF, struct.pack("=i", ifindex))
     return kind, flags, body
 
 
 def _get_msg(ip) -> tuple:
-    ip = ip_address(ip)
+    ip = ip if isinstance(ip, (IPv4Address, IPv6Address)) else ip_address(ip)
     family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    return (_RTM_GETROUTE, 0,
-            _RTMSG.pack(family, ip.max_prefixlen, 0, 0, 0, 0, 0, 0, 0) + _attr(_RTA_DST, ip.packed))
-
-
-def _batch(msgs: list, ignore=()) -> list:
-    """Send ``msgs`` ((type, flags, body)) with acks, ``_BATCH`` at a time; per message the
-    answer's attributes ({type: data} with "type": the rtm_type) or None for an ack or an
-    error. With ``ignore`` a tuple, an error not in it raises NetlinkError (the first); with
-    None, errors are answers of None."""
-    out: list = [None] * len(msgs)
-    if not msgs:
-        return out
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
-        sock.bind((0, 0))
-        failed = None
-        for start in range(0, len(msgs), _BATCH):
-            chunk = msgs[start:start + _BATCH]
-            data = b"".join(_NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), kind,
-                                            _F_REQUEST | _F_ACK | flags, start + i + 1, 0) + body
-                            for i, (kind, flags, body) in enumerate(chunk))
-            sock.sendall(data)
-            pending = len(chunk)
-            while pending:
-                data = sock.recv(1 << 20)
-                off = 0
-                while off + _NLMSG_HDR.size <= len(data):
-                    length, kind, _, seq, _ = _NLMSG_HDR.unpack_from(data, off)
-                    if length < _NLMSG_HDR.size:
-                        break
-                    i = seq - 1
-                    if kind == _NLMSG_ERROR:
-                        code = -struct.unpack_from("=i", data, off + 16)[0]
-                        pending -= 1
-                        if code and ignore is not None and code not in ignore and failed is None:
-                            failed = NetlinkError(code, f"{os.strerror(code)} "
-                                                  f"(route request {i + 1} of {len(msgs)})")
-                    elif kind != _NLMSG_DONE and 0 <= i < len(out):
-                        out[i] = _attrs(data[off + 16:off + length])
-                    off += (length + 3) & ~3
-        if failed is not None:
-            raise failed
-    return out
+    return (_RTM_GETROUTE, 0, _RTMSG.pack(family, ip.max_prefixlen, 0, 0, 0, 0, 0, 0, 0)
+            + nl.attr(_RTA_DST, ip.packed))
 
 
 def _attrs(payload: bytes) -> dict:
     """An rtmsg's attributes by type, and its rtm_type as "type"."""
-    found: dict = {"type": payload[7]}
-    off = _RTMSG.size
-    while off + 4 <= len(payload):
-        length, kind = struct.unpack_from("=HH", payload, off)
-        if length < 4:
-            break
-        found[kind] = payload[off + 4:off + length]
-        off += (length + 3) & ~3
-    return found
+    return dict(nl.attrs(payload), type=payload[7])
 
 
 def _no_gateway_on(answer: dict, ifindex: int) -> bool:
@@ -155,26 +107,42 @@ def replace(subnet: "IPv4Network | IPv6Network", via: "IPv4Address | IPv6Address
                   oif=ifindex, proto=PROTO, table=MAIN_TABLE, type=RTN_UNICAST)
 
 
-def replace_all(routes, ifindex: int) -> None:
-    """:func:`replace` for each ``(subnet, via)`` of ``routes``, the requests sent in batches
-    on one netlink socket: pyroute2 takes ~3 ms a route, so a start with 16,000 peers on the
-    link took 46 s (perf/README.md#direct-routes); NetlinkError for the first refused."""
-    _batch([_route_msg(_RTM_NEWROUTE, _F_CREATE | _F_REPLACE, subnet, via, ifindex)
-            for subnet, via in routes])
+def replace_all(routes, ifindex: int) -> list:
+    """:func:`replace` for each ``(subnet, via)`` of ``routes``, the requests sent in bulk on
+    one netlink socket (host/netlink_batch.py); returns those the kernel refused, as
+    ``(subnet, via, errno)``, in their order."""
+    routes = list(routes)
+    errors, _ = nl.request([_route_msg(_RTM_NEWROUTE, _F_CREATE | _F_REPLACE, subnet, via, ifindex)
+                            for subnet, via in routes])
+    return [(subnet, via, code) for (subnet, via), code in zip(routes, errors) if code]
 
 
-def delete_all(subnets) -> None:
-    """:func:`delete` for each of ``subnets``, in batches on one netlink socket."""
-    _batch([_route_msg(_RTM_DELROUTE, 0, subnet) for subnet in subnets],
-           ignore=(errno.ESRCH, errno.ENOENT))
+def delete_all(subnets) -> list:
+    """:func:`delete` for each of ``subnets``, in bulk on one netlink socket; returns those
+    the kernel refused other than for being gone already, as ``(subnet, errno)``."""
+    subnets = list(subnets)
+    errors, _ = nl.request([_route_msg(_RTM_DELROUTE, 0, subnet) for subnet in subnets])
+    return [(subnet, code) for subnet, code in zip(subnets, errors)
+            if code and code not in (errno.ESRCH, errno.ENOENT)]
 
 
 def on_link_all(ips, ifindex: int) -> set:
-    """Those of ``ips`` that :func:`on_link` answers yes for, asked in batches."""
-    ips = list(ips)
-    answers = _batch([_get_msg(ip) for ip in ips], ignore=None)
-    return {ip for ip, answer in zip(ips, answers)
-            if answer is not None and _no_gateway_on(answer, ifindex)}
+    """Those of ``ips`` (either family) that :func:`on_link` answers yes for. Many of one
+    family: the kernel's lookup done in Python from one dump (host/route_lookup.py), unless the
+    host has policy rules of its own; then, and for a few, the kernel asked in bulk."""
+    on: set = set()
+    ips = [ip if isinstance(ip, (IPv4Address, IPv6Address)) else ip_address(ip) for ip in ips]
+    for version in (4, 6):
+        group = [ip for ip in ips if ip.version == version]
+        answers = route_lookup.lookup(group, PROTO) if len(group) >= _LOOKUP_FROM else None
+        if answers is not None:
+            on.update(ip for ip, answer in zip(group, answers)
+                      if route_lookup.on_link(answer, ifindex))
+            continue
+        _, got = nl.request([_get_msg(ip) for ip in group])
+        on.update(ip for ip, answer in zip(group, got)
+                  if answer is not None and _no_gateway_on(_attrs(answer), ifindex))
+    return on
 
 
 def delete(subnet: "IPv4Network | IPv6Network") -> None:
@@ -196,17 +164,21 @@ def _delete(ipr, subnet) -> None:
 
 def installed() -> dict:
     """Our routes in the main table, both families: subnet -> gateway (IPv4Network ->
-    IPv4Address, IPv6Network -> IPv6Address)."""
+    IPv4Address, IPv6Network -> IPv6Address). One raw dump per family: only our routes'
+    attributes are read (pyroute2's dump took 2.4 s for 16,000)."""
     out = {}
-    with IPRoute() as ipr:
-        for family in (socket.AF_INET, socket.AF_INET6):
-            for msg in ipr.route("dump", family=family, table=MAIN_TABLE):
-                if msg["proto"] != PROTO or msg.get_attr("RTA_GATEWAY") is None:
-                    continue
-                dst = msg.get_attr("RTA_DST")
-                if dst is None:
-                    continue
-                out[ip_network(f"{dst}/{msg['dst_len']}")] = ip_address(msg.get_attr("RTA_GATEWAY"))
+    for family, net, addr in ((socket.AF_INET, IPv4Network, IPv4Address),
+                              (socket.AF_INET6, IPv6Network, IPv6Address)):
+        for body in nl.dump(_RTM_GETROUTE, _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
+            if len(body) < _RTMSG.size or body[5] != PROTO:
+                continue
+            found = nl.attrs(body)
+            table = found.get(_RTA_TABLE)
+            table = struct.unpack("=I", table)[0] if table is not None else body[4]
+            gateway, dst = found.get(_RTA_GATEWAY), found.get(_RTA_DST)
+            if table != MAIN_TABLE or gateway is None or dst is None:
+                continue
+            out[net((addr(dst), body[1]))] = addr(gateway)
     return out
 
 
@@ -220,6 +192,7 @@ class HostRouteWatch:
         self.quiet = quiet
         self._stop = threading.Event()
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        _not_ours(self._sock)
         self._sock.bind((0, _GROUPS))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -256,12 +229,35 @@ class HostRouteWatch:
         self._sock.close()
 
 
+def _not_ours(sock) -> None:
+    """A socket filter that drops the events of our own routes in the kernel: thousands of them
+    at once (a start, a burst) overflow the socket, and an overflow (ENOBUFS) hides whose routes
+    changed, so every peer was decided again after each large batch of ours. Each event is a
+    datagram of one message: its type (a route's) and its rtmsg's protocol (ours) decide.
+    A kernel that refuses the filter leaves the check to :func:`_counts` alone."""
+    low = 4 if sys.byteorder == "little" else 5        # nlmsg_type's low byte (types < 256)
+    prog = [(0x30, 0, 0, low),                          # ldb [nlmsg_type]
+            (0x15, 1, 0, _RTM_NEWROUTE),                # jeq NEWROUTE -> protocol
+            (0x15, 0, 2, _RTM_DELROUTE),                # jeq DELROUTE -> protocol, else accept
+            (0x30, 0, 0, nl.HDR.size + 5),              # ldb [rtm_protocol]
+            (0x15, 1, 0, PROTO),                        # jeq PROTO -> drop
+            (0x06, 0, 0, 0xFFFFFFFF),                   # ret accept
+            (0x06, 0, 0, 0)]                            # ret drop
+    code = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
+    buf = ctypes.create_string_buffer(code)
+    fprog = struct.pack("HL", len(prog), ctypes.addressof(buf))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+    except OSError as e:
+        log.debug("no socket filter on the route watch (%s): our routes' events are read", e)
+
+
 def _counts(data: bytes) -> bool:
     """Whether a batch of rtnetlink messages holds one that is not about our own routes."""
     off = 0
-    while off + _NLMSG_HDR.size <= len(data):
-        length, kind = _NLMSG_HDR.unpack_from(data, off)[:2]
-        if length < _NLMSG_HDR.size:
+    while off + nl.HDR.size <= len(data):
+        length, kind = nl.HDR.unpack_from(data, off)[:2]
+        if length < nl.HDR.size:
             return True
         if kind not in (_RTM_NEWROUTE, _RTM_DELROUTE) or len(data) < off + 22 \
                 or data[off + 16 + 5] != PROTO:

@@ -236,3 +236,19 @@ def test_a_change_asks_the_kernel_once_for_all_its_peers_addresses():
     assert split.route[V4] == (both,) and split.route[V6] == (both,)
     assert dr.reconsider(PeerSnapshot.of([both, far, flat], OWN), split.engine.snapshot) \
         .route[V4] == () and len(asked) == 2
+
+
+def test_a_peer_whose_route_the_kernel_refused_goes_through_the_engine_and_is_tried_again():
+    dr = routing()
+    a, b = lease(2, "192.168.77.2"), lease(3, "192.168.77.3")
+    split = first(dr, [a, b])
+    assert split.route[V4] == (a, b) and split.engine.added == ()
+    split = dr.refused(split, V4, {b.subnet}, PeerSnapshot(OWN))
+    assert split.route[V4] == (a,)
+    assert split.engine.added == (b,) and set(split.engine.snapshot.peers) == {b.subnet}
+    assert dr.mode(a.subnet) == "direct" and dr.mode(b.subnet) == "encapsulated"
+    # the host's routes change: b is decided again, and goes direct
+    again = dr.reconsider(PeerSnapshot.of([a, b], OWN),
+                          split.engine.snapshot)
+    assert again.route[V4] == (b,) and again.engine.removed == (b,)
+    assert dr.mode(b.subnet) == "direct"
