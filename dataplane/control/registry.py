@@ -22,10 +22,11 @@ from .etcd_watch import WatchLoop
 from .lease import (Lease, LeaseAttrs, LeaseFormatError, lease_from_kv, split_parts,
                     subnet_key_name)
 from .lease import leases_of_kvs
+from . import defaults
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PREFIX = "/coreos.com/network"
+DEFAULT_PREFIX = defaults.DEFAULT_PREFIX
 SUBNET_TTL = 24 * 3600
 CONFIG_NOT_FOUND = "flannel config not found in etcd store. Did you create your config using etcdv3 API?"
 
