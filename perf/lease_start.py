@@ -3,6 +3,7 @@
     python perf/lease_start.py --peers 16000 --runs 3 --engine c
     python perf/lease_start.py --peers 16000 --runs 1 --profile /tmp/start.prof
     python perf/lease_start.py --peers 16000 --runs 1 --tracemalloc /tmp/start.snap
+    python perf/lease_start.py --peers 16000 --runs 1 --timeline
     OTHER/.venv/bin/python perf/lease_start.py --tree OTHER     # another checkout OTHER of the code
     python -c "import pstats; pstats.Stats('/tmp/start.prof').sort_stats('cumulative').print_stats(40)"
 
@@ -17,7 +18,8 @@ bytes it sent (its /metrics): the listings a start makes, and the daemon's resid
 ``IDLE_SETTLE_S`` after READY (its idle RSS; the same with ``--peers 0`` is what a lease adds to).
 ``--tracemalloc FILE`` traces the daemon's Python allocations from its first line and writes
 the snapshot of what is still held ``IDLE_SETTLE_S`` after READY=1 (less the tracer's own), and
-prints its largest lines and files. As root; the testbed is removed on exit.
+prints its largest lines and files. ``--timeline`` prints when each start step began and
+ended (the daemon's own monotonic clock, from the harness's exec), the imports included. As root; the testbed is removed on exit.
 """
 from __future__ import annotations
 
@@ -75,6 +77,66 @@ def _at_ready(text, *a, **kw):
 _main.sd_notify = _at_ready
 """
 
+# The same for --timeline: each start step's (name, begin, end) on the monotonic clock, the
+# harness's own, written when READY=1 goes out.
+_TIMED = """
+import sys, time
+_t0 = time.monotonic()
+sys.argv[0] = 'flannel-udp'
+_steps = [('python up to the first line', None, _t0)]
+from dataplane.daemon import systemd as _sd, startup as _su, subnet_env as _se
+from dataplane.daemon import early_load as _el
+def _timed(owner, name, label):
+    f = getattr(owner, name)
+    def timed(*a, **kw):
+        t = time.monotonic()
+        try:
+            return f(*a, **kw)
+        finally:
+            _steps.append((label, t, time.monotonic()))
+    setattr(owner, name, timed)
+for _n in ('receive_inherited', 'select_interface', 'make_registry', 'start_http_servers',
+           'wait_for_config', 'choose_engine', 'acquire_lease', 'open_dataplane',
+           'install_rules', 'start_watches', 'wait_for_peers'):
+    _timed(_su, _n, _n)
+_timed(_se.SubnetEnv, 'want', 'subnet.env written')
+_timed(_el.EarlyLoad, '_run', 'kernel path: early load (its thread)')
+def _at_ready(text, *a, **kw):
+    if text.startswith('READY=1'):
+        import os
+        _c = os.times()
+        _steps.append(('READY=1 (process CPU %.0f ms)' % ((_c.user + _c.system) * 1e3), None,
+                       time.monotonic()))
+        with open({out!r} + '.tmp', 'w') as f:
+            f.write(repr(_steps))
+        os.rename({out!r} + '.tmp', {out!r})
+    return _sd.sd_notify(text, *a, **kw)
+_early_start = _el.start
+def _step0(*a, **kw):
+    # the daemon's imports are done (its run has begun): its methods timed from here on
+    _main = sys.modules.get('dataplane.daemon.main')
+    if _main is None or _main.sd_notify is _at_ready:     # run.py's early_load.begin()
+        return _early_start(*a, **kw)
+    _steps.append(('imports, the flags, the daemon made', _t0, time.monotonic()))
+    _timed(_main.Daemon, '_make_engine', 'make the engine')
+    _timed(_main.Daemon, '_start_engine', 'start the engine')
+    _timed(_main.Daemon, '_select_engine', 'select the engine (joins the early load)')
+    _main.sd_notify = _at_ready
+    return _early_start(*a, **kw)
+_el.start = _step0
+"""
+
+
+def timeline(path: str, started: float) -> None:
+    """The steps ``_TIMED`` wrote at ``path``, in ms from the daemon's exec."""
+    import ast
+    with open(path) as f:
+        steps = ast.literal_eval(f.read())
+    for name, begin, end in sorted(steps, key=lambda s: s[2] if s[1] is None else s[1]):
+        b = "" if begin is None else f"{(begin - started) * 1e3:7.0f}"
+        print(f"  {b:>7} -> {(end - started) * 1e3:5.0f} ms"
+              f"{'' if begin is None else f' ({(end - begin) * 1e3:5.0f})'}  {name}")
+
 
 def profiled_argv(out: str, prologue_of: str = _PROFILED):
     """Overlay.daemon_argv's command, the daemon under cProfile (imports included), or
@@ -111,6 +173,7 @@ def main() -> int:
     ap.add_argument("--profile", metavar="FILE", help="cProfile the daemon until READY=1")
     ap.add_argument("--tracemalloc", metavar="FILE",
                     help="trace the daemon's allocations; the snapshot 2 s after READY=1")
+    ap.add_argument("--timeline", action="store_true", help="each start step's times")
     ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
     a = ap.parse_args()
     global host_cmd
@@ -124,6 +187,10 @@ def main() -> int:
         elif a.tracemalloc:
             host_cmd = ov.daemon_command
             ov.daemon_argv = profiled_argv(a.tracemalloc, _TRACED)
+        elif a.timeline:
+            host_cmd = ov.daemon_command
+            steps_file = os.path.join(ov.tb.workdir, "timeline")
+            ov.daemon_argv = profiled_argv(steps_file, _TIMED)
         for _ in range(a.runs):
             h = ov.add_host(start=False)
             with contextlib.suppress(FileNotFoundError):     # a fresh host: no previous subnet
@@ -142,6 +209,9 @@ def main() -> int:
             rss_mb.append(round(rss_kb(d.pid) / 1024, 1))
             if a.tracemalloc:
                 wait_file(a.tracemalloc, 60)
+            if a.timeline:
+                timeline(steps_file, d.started)
+                os.unlink(steps_file)
             print(f"start to subnet.env {env_s[-1]:.3f} s, to READY {ready_s[-1]:.3f} s; etcd "
                   f"until READY: {after[0] - before[0]} Range requests, "
                   f"{(after[1] - before[1]) / 1e6:.2f} MB sent; RSS {IDLE_SETTLE_S:g} s after "

@@ -51,8 +51,11 @@ def main(args) -> int:
     # them would raise them): freed blocks given back, not kept as heap fragments
     from ..host import malloc
     malloc.fix_thresholds()
+    # the kernel path's programs load while the daemon's modules import (daemon/early_load.py)
+    from ..daemon import early_load
+    early = early_load.begin(opts)
     from ..daemon.main import Daemon
-    rc = Daemon(opts).run()
+    rc = Daemon(opts, early=early).run()
     if not getattr(args, "_whole_process", False):
         return rc
     # Everything is closed: skip the interpreter's teardown (its threads and atexit work take a

@@ -59,6 +59,7 @@ from pyetcd import etcdrpc
 
 from .etcd_errors import (TLS_REFUSALS, RegistryClosedError, RegistryDeniedError, RegistryError,
                           RegistryUnavailableError)
+from . import defaults
 from .recurring import Recurring
 
 # One logger for the whole etcd client (this transport, its watch, flannel's keys): the name its
@@ -66,7 +67,7 @@ from .recurring import Recurring
 LOGGER = "dataplane.control.registry"
 log = logging.getLogger(LOGGER)
 
-DEFAULT_ENDPOINTS = ("http://127.0.0.1:4001", "http://127.0.0.1:2379")
+DEFAULT_ENDPOINTS = defaults.DEFAULT_ENDPOINTS
 
 FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 MAX_RECONNECT_BACKOFF_MS = 2_000

@@ -21,10 +21,12 @@ from .etcd_errors import RegistryError
 from .etcd_watch import WatchLoop
 from .lease import (Lease, LeaseAttrs, LeaseFormatError, lease_from_kv, split_parts,
                     subnet_key_name)
+from .lease import leases_of_kvs
+from . import defaults
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PREFIX = "/coreos.com/network"
+DEFAULT_PREFIX = defaults.DEFAULT_PREFIX
 SUBNET_TTL = 24 * 3600
 CONFIG_NOT_FOUND = "flannel config not found in etcd store. Did you create your config using etcdv3 API?"
 
@@ -91,7 +93,7 @@ class Registry(EtcdClient):
         """Every key under `<prefix>/subnets/`: (parsable leases, malformed ones, revision), no logging
         (the caller decides how often to say what is wrong)."""
         kvs, rev = self.get(self.subnets_prefix, prefix=True)
-        out = [self._lease(kv, False, quiet=True) for kv in kvs]
+        out = leases_of_kvs(kvs, lambda kv: self._lease(kv, False, quiet=True))
         return ([x for x in out if isinstance(x, Lease)], [x for x in out if isinstance(x, BadLease)],
                 rev)
 
@@ -101,7 +103,8 @@ class Registry(EtcdClient):
         the keys that are no lease (BadLease) are appended to ``malformed`` when given (the
         listing is then whole: a peer watch can start from it, as scan_leases')."""
         kvs, rev = self.get(self.subnets_prefix, prefix=True)
-        out = [self._lease(kv, with_ttl) for kv in kvs]
+        out = ([self._lease(kv, True) for kv in kvs] if with_ttl
+               else leases_of_kvs(kvs, lambda kv: self._lease(kv, False)))
         if malformed is not None:
             malformed.extend(x for x in out if isinstance(x, BadLease))
         return [x for x in out if isinstance(x, Lease)], rev

@@ -8,6 +8,7 @@
                      (flannel0, the sockets and the engine: the dataplane's assembly,
                      host/assembly.py, in the daemon's words);
 * ``early_load.py``  the kernel path's programs loaded in a thread while a fresh start talks to etcd;
+* ``listing_ahead.py`` a fresh start's lease listing, made in a thread while it chooses its engine;
 * ``peer_routes.py`` peer changes -> the engine's route table and DirectRouting's kernel routes;
 * ``underlay_fallback.py`` the probes of the peers' IPv6 underlay, a failed one's IPv6 over IPv4;
 * ``preflight.py``   what the host lacks (privileges, TUN, firewall tool, subnet.env, the port),

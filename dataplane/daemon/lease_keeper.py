@@ -12,7 +12,7 @@ import logging
 import threading
 
 from ..control.recurring import Recurring
-from . import lease_move, startup
+from . import lease_move, listing_ahead, startup
 from .startup import StartupError, Stopped
 from .timefmt import when
 
@@ -35,10 +35,12 @@ class LeaseKeeper:
         self._wait, self._save_state = wait, save_state
         self._failing = Recurring(log, "Re-acquiring the lease (SIGHUP)", level=logging.ERROR)
 
-    def new_manager(self, prev=None):
-        """A lease manager for our PublicIP(s), preferring the subnet ``prev``; not started."""
+    def new_manager(self, prev=None, ahead=None):
+        """A lease manager for our PublicIP(s), preferring the subnet ``prev``; not started;
+        ``ahead``: its first listing (daemon/listing_ahead.py)."""
         st = self.state
-        return startup.make_lease_manager(st.opts, self.registry, st.ext, st.config,
+        registry = listing_ahead.registry_for(self.registry, ahead)
+        return startup.make_lease_manager(st.opts, registry, st.ext, st.config,
                                           self.on_lease_change, prev=prev,
                                           public6=self._public6())
 

@@ -78,8 +78,8 @@ from ..control.peerset import PeerSnapshot
 from ..host import queues
 from ..host.family import V6
 from ..host.own_sources import OwnSources
-from . import early_load, handover, inherited, lease_move, preflight, signals, startup, status
-from . import takeover
+from . import early_load, handover, inherited, lease_move, listing_ahead, preflight, signals
+from . import startup, status, takeover
 from .blackhole_route import BlackholeRoute
 from .host_forwarding import HostForwarding
 from .interpreter import StartInterpreter
@@ -114,7 +114,7 @@ class Daemon:
     the watchers...) is in ``self.state`` (daemon/state.py DaemonState), which the reports read;
     what a successor needs of it is ``self.succession`` (daemon/succession.py)."""
 
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, early=None):
         self._stop = threading.Event()
         self._wake = threading.Event()        # the serve loop's: a signal, or an engine loop ended
         self._upgrade = threading.Event()        # SIGUSR2: a successor takes over
@@ -132,7 +132,7 @@ class Daemon:
         self.queues = 1                       # asked for (the dataplane may have fewer)
         self.underlay6 = None                 # (PublicIPv6, bind address, inner MTU) or None
         self._peer_child = None               # the peer watch's process, started early
-        self._early = None                    # the kernel path's load, started early
+        self._early = early                   # the kernel path's load, started early
         self.own_sources = OwnSources()       # what the engine knows of this host's addresses
         self.servers = []
         self.handover_server = None
@@ -203,7 +203,7 @@ class Daemon:
         # 0. what the previous daemon hands over
         inh = startup.receive_inherited(o)
         # the kernel path's programs load meanwhile (daemon/early_load.py)
-        self._early = early_load.start(o, inh)
+        self._early = early_load.start(o, inh, begun=self._early)
         # 1. external interface
         st.ext = startup.select_interface(o)
         # what this host lacks is said now, before etcd holds a lease for a host that cannot
@@ -217,6 +217,7 @@ class Daemon:
         # 3. config (the old daemon's when etcd does not answer: it forwards meanwhile)
         st.config = startup.wait_for_config(self.registry, self.wait,
                                             fallback=inh.config_raw if inh else None)
+        ahead = listing_ahead.start(self.registry, inh)     # listed meanwhile (listing_ahead.py)
         if inh is None:                 # the config names the port: a read, still no write
             preflight.udp_port(st.ext, st.config.backend_port)
         startup.check_ipv6(st.config, st.ext)
@@ -228,7 +229,7 @@ class Daemon:
                                                 st.config.backend_port)
         elif self.underlay6 is not None:
             preflight.udp_port(st.ext, st.config.backend_port, ip=self.underlay6[1])
-        st.lease_manager = self.lease_keeper.new_manager()
+        st.lease_manager = self.lease_keeper.new_manager(ahead=ahead)
         # the engine decides the queues' fds (vnet headers for its offloads)
         self._select_engine(inh)
         if inh is not None:

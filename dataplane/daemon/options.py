@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
 
-from ..control.etcd import DEFAULT_ENDPOINTS
-from ..control.registry import DEFAULT_PREFIX
+from ..control.defaults import DEFAULT_ENDPOINTS, DEFAULT_PREFIX
 from ..engine.api import COALESCE_DEFAULT_US
 from ..engine.contract import ICMP_BURST_DEFAULT, ICMP_RATE_DEFAULT
 from ..host.offload import DEFAULT_MODE as OFFLOAD_DEFAULT

@@ -77,3 +77,26 @@ def test_only_a_fresh_start_that_loads_the_kernel_path_loads_early(monkeypatch):
     monkeypatch.setenv("DATAPLANE_ENGINE", "c")
     assert early_load.start(Options(sources={"engine": "default"}), None) is None
     assert early_load.loader(None, "/pins/flannel0") is None
+
+
+def test_begun_before_the_imports_only_where_nothing_can_be_handed_over(monkeypatch):
+    calls = []
+    monkeypatch.setattr(early_load, "start", lambda opts, inherited: calls.append(opts) or "load")
+    monkeypatch.delenv("LISTEN_FDS", raising=False)
+    fresh = Options(engine="kernel", sources={"engine": "flag"})
+    assert early_load.begin(fresh) == "load" and calls == [fresh]
+    assert early_load.begin(Options(engine="kernel", sources={"engine": "flag"},
+                                    handover=True)) is None
+    monkeypatch.setenv("LISTEN_FDS", "3")         # systemd's fd store may hand over
+    assert early_load.begin(fresh) is None
+    assert calls == [fresh]
+
+
+def test_a_begun_load_is_the_fresh_start_s_and_a_takeover_discards_it():
+    kp = Loaded()
+    early, gate = loaded_at("/pins/flannel0", kp)
+    opts = Options(engine="kernel", sources={"engine": "flag"})
+    assert early_load.start(opts, None, begun=early) is early
+    gate.set()
+    assert early_load.start(opts, inherited=object(), begun=early) is None
+    assert kp.closed and not early._thread.is_alive()

@@ -134,7 +134,7 @@ EXITS = [
 
 
 class _NoDaemon:
-    def __init__(self, opts):
+    def __init__(self, opts, early=None):
         raise AssertionError(f"the command line was accepted: {opts}")
 
 
