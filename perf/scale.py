@@ -41,6 +41,9 @@ every figure it lacks is over);
 everything is started through the testbed, tracked by PID and removed with it, also on a failure,
 Ctrl-C or SIGTERM. The issue's targets hold for the C engine and the kernel path; the Python
 engine's figures are given without one.
+
+(Over 450 lines as one piece: the scene's phases share its hosts, etcd and the questions asked
+throughout, and the table's rows are read against them.)
 """
 from __future__ import annotations
 
