@@ -21,6 +21,13 @@ Example (the same command line as flanneld's):
 """
 
 
+class _AtLeastInfo(logging.Logger):
+    """A logger whose level never goes below INFO (pyroute2's import sets it to NOTSET)."""
+
+    def setLevel(self, level) -> None:
+        super().setLevel(max(logging._checkLevel(level), logging.INFO))
+
+
 def add_arguments(parser) -> None:
     flanneld_flags.add_arguments(parser)
     parser.set_defaults(_parser=parser)
@@ -42,9 +49,11 @@ def main(args) -> int:
     if opts.v >= 2:
         root.setLevel(logging.DEBUG)
         # -v=2 is the daemon's debug, not its libraries': pyroute2 dumps every netlink
-        # message at DEBUG. Imported first: its import sets its logger's level (to NOTSET).
-        import pyroute2.config.log  # noqa: F401
-        logging.getLogger("pyroute2").setLevel(logging.INFO)
+        # message at DEBUG. Not imported for that (~0.2 s; a start no longer needs it), so its
+        # logger keeps INFO through the NOTSET its import sets, whenever that comes.
+        quiet = logging.getLogger("pyroute2")
+        quiet.__class__ = _AtLeastInfo
+        quiet.setLevel(logging.INFO)
     for w in opts.warnings:
         logging.getLogger("dataplane.daemon").warning("%s", w)
     # glibc's thresholds fixed before the daemon's imports (a few large blocks freed among

@@ -28,9 +28,7 @@ import socket
 import struct
 from ipaddress import IPv4Address, IPv4Network
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-
+from . import netlink_batch as nl, rtnl
 from .direct_routes import MAIN_TABLE, PROTO
 
 METRIC = 0xFFFFFFFF
@@ -131,30 +129,36 @@ def add(subnet: IPv4Network) -> bool:
     """Ours, unless a blackhole of ``subnet`` is there already: True when it was added."""
     if present(subnet):
         return False
-    with IPRoute() as ipr:
-        try:
-            ipr.route("add", dst=str(subnet), type="blackhole", table=MAIN_TABLE, proto=PROTO,
-                      priority=METRIC)
-        except NetlinkError as e:
-            # Another route of this prefix and metric (not a blackhole: we looked) would make
-            # this fail for ever; a blackhole added meanwhile is what we wanted.
-            if e.code == errno.EEXIST and present(subnet):
-                return False
-            raise
+    body = _route(subnet, PROTO) + nl.attr(rtnl.RTA_PRIORITY, struct.pack("=I", METRIC))
+    try:
+        rtnl.call(rtnl.RTM_NEWROUTE, rtnl.F_CREATE | rtnl.F_EXCL, body,
+                  f"add route blackhole {subnet} metric {METRIC}")
+    except OSError as e:
+        # Another route of this prefix and metric (not a blackhole: we looked) would make
+        # this fail for ever; a blackhole added meanwhile is what we wanted.
+        if e.errno == errno.EEXIST and present(subnet):
+            return False
+        raise
     return True
+
+
+def _route(subnet: IPv4Network, proto: int) -> bytes:
+    """A blackhole route message of the main table, no metric."""
+    return (_RTMSG.pack(socket.AF_INET, subnet.prefixlen, 0, 0, MAIN_TABLE, proto, 0,
+                        RTN_BLACKHOLE, 0)
+            + nl.attr(rtnl.RTA_DST, subnet.network_address.packed))
 
 
 def remove(subnet: IPv4Network) -> int:
     """Every blackhole of ``subnet`` in the main table; how many there were."""
     removed = 0
-    with IPRoute() as ipr:
-        while removed < MAX_REMOVALS:
-            try:
-                # no metric and no protocol: the kernel takes the first blackhole of the prefix
-                ipr.route("del", dst=str(subnet), type="blackhole", table=MAIN_TABLE)
-            except NetlinkError as e:
-                if e.code in (errno.ESRCH, errno.ENOENT):
-                    return removed
-                raise
-            removed += 1
+    while removed < MAX_REMOVALS:
+        try:
+            # no metric and no protocol: the kernel takes the first blackhole of the prefix
+            rtnl.call(rtnl.RTM_DELROUTE, 0, _route(subnet, 0), f"remove route blackhole {subnet}")
+        except OSError as e:
+            if e.errno in (errno.ESRCH, errno.ENOENT):
+                return removed
+            raise
+        removed += 1
     return removed

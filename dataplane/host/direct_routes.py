@@ -22,9 +22,6 @@ import sys
 import threading
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-
 from . import netlink_batch as nl, route_lookup
 
 log = logging.getLogger(__name__)
@@ -86,22 +83,17 @@ def _no_gateway_on(answer: dict, ifindex: int) -> bool:
 def on_link(ip: "IPv4Address | IPv6Address | str", ifindex: int) -> bool:
     """The kernel's own lookup: ``ip`` (either family) is reached on ``ifindex`` with no
     gateway (its route is the interface's connected network, or a host route on it)."""
-    with IPRoute() as ipr:
-        try:
-            answer = ipr.route("get", dst=str(ip))
-        except NetlinkError:            # unreachable, no route
-            return False
-    for msg in answer:
-        if msg.get_attr("RTA_GATEWAY") is None and msg.get_attr("RTA_OIF") == ifindex \
-                and msg["type"] == RTN_UNICAST:     # not local, not a blackhole
-            return True
-    return False
+    errors, answers = nl.request([_get_msg(ip)])
+    if errors[0] or answers[0] is None:             # unreachable, no route
+        return False
+    return _no_gateway_on(_attrs(answers[0]), ifindex)  # not local, not a blackhole
 
 
 def replace(subnet: "IPv4Network | IPv6Network", via: "IPv4Address | IPv6Address",
             ifindex: int) -> None:
     """``<subnet> via <via> dev <ifindex> proto 153`` in the main table, replacing any route of
     that subnet there (a PublicIP that changed); both of one family."""
+    from pyroute2 import IPRoute    # rare and off the start: its import is ~0.2 s of CPU
     with IPRoute() as ipr:
         ipr.route("replace", family=_family(subnet), dst=str(subnet), gateway=str(via),
                   oif=ifindex, proto=PROTO, table=MAIN_TABLE, type=RTN_UNICAST)
@@ -149,11 +141,13 @@ def delete(subnet: "IPv4Network | IPv6Network") -> None:
     """Our route of ``subnet``, if it is there. The type is named: --ip-blackhole-route's
     blackhole carries PROTO too (host/blackhole.py), and a delete that leaves the type open takes
     whichever of the two the kernel finds first (a lease moved into a former peer's subnet)."""
+    from pyroute2 import IPRoute    # rare and off the start: its import is ~0.2 s of CPU
     with IPRoute() as ipr:
         _delete(ipr, subnet)
 
 
 def _delete(ipr, subnet) -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
     try:
         ipr.route("del", family=_family(subnet), dst=str(subnet), proto=PROTO,
                   table=MAIN_TABLE, type=RTN_UNICAST)

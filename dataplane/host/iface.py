@@ -49,7 +49,10 @@ import ipaddress
 import logging
 import re
 import socket
+import struct
 from dataclasses import dataclass, field
+
+from . import rtnl
 
 log = logging.getLogger(__name__)
 
@@ -198,14 +201,10 @@ def underlay6(ext: ExternalInterface, public_ipv6: str = ""):
 # netlink views
 
 class NetlinkView:
-    """What the rules need from the kernel, read with pyroute2 (no root needed)."""
-
-    def __init__(self):
-        from pyroute2 import IPRoute  # sync API: never call inside a running asyncio loop
-        self._ipr = IPRoute()
+    """What the rules need from the kernel, read over rtnetlink (host/rtnl.py; no root needed)."""
 
     def close(self):
-        self._ipr.close()
+        pass
 
     def __enter__(self):
         return self
@@ -216,38 +215,32 @@ class NetlinkView:
     def links(self) -> list[Link]:
         addrs = {socket.AF_INET: {}, socket.AF_INET6: {}}
         for family, of_family in addrs.items():
-            for a in self._ipr.get_addr(family=family):
-                ip = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
+            for a in rtnl.addresses(family):
+                ip = a["local"] or a["address"]
                 if ip:
                     # the header holds only the low 8 bits; IFA_FLAGS, when the kernel sends
                     # it, holds them all and wins (as in flanneld's netlink library)
-                    flags = a.get_attr("IFA_FLAGS")
-                    flags = int(a["flags"] if flags is None else flags)
-                    of_family.setdefault(a["index"], []).append(Addr(ip, flags))
-        out = []
-        for ln in self._ipr.get_links():
-            idx = ln["index"]
-            out.append(Link(ln.get_attr("IFLA_IFNAME"), idx, int(ln.get_attr("IFLA_MTU") or 0),
-                            tuple(addrs[socket.AF_INET].get(idx, ())),
-                            tuple(addrs[socket.AF_INET6].get(idx, ()))))
+                    of_family.setdefault(a["index"], []).append(Addr(ip, a["flags"]))
+        out = [Link(name, idx, mtu, tuple(addrs[socket.AF_INET].get(idx, ())),
+                    tuple(addrs[socket.AF_INET6].get(idx, ())))
+               for idx, name, mtu in rtnl.links()]
         out.sort(key=lambda l: l.index)
         return out
 
     def default_route_ifindex(self):
-        for r in self._ipr.get_default_routes(family=socket.AF_INET, table=254):
-            oif = r.get_attr("RTA_OIF")
+        for oif in rtnl.default_route_oifs(socket.AF_INET, 254):
             if oif:
-                return int(oif)
-            mp = r.get_attr("RTA_MULTIPATH")
-            if mp:
-                return int(mp[0]["oif"])
+                return oif
         return None
 
     def route_get(self, dst: str):
         """(ifindex, preferred source or None) of `ip route get dst`."""
-        for r in self._ipr.route("get", dst=dst):
-            return int(r.get_attr("RTA_OIF")), r.get_attr("RTA_PREFSRC")
-        return None, None
+        answer = rtnl.route_get(dst)
+        if rtnl.RTA_OIF not in answer:
+            return None, None
+        src = answer.get(rtnl.RTA_PREFSRC)
+        return (struct.unpack("=i", answer[rtnl.RTA_OIF][:4])[0],
+                socket.inet_ntoa(src) if src and len(src) == 4 else None)
 
 
 @dataclass

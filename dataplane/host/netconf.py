@@ -1,5 +1,5 @@
 """Netlink configuration of the TUN device and lookups of interfaces and of this host's
-addresses (pyroute2), and the sysctls flannel0 needs (accept_local; with a dual-stack lease
+addresses (rtnetlink, host/rtnl.py), and the sysctls flannel0 needs (accept_local; with a dual-stack lease
 the per-device IPv6 ones).
 
 What flanneld does after opening the TUN (docs/flannel-compat.md#tun-device): address
@@ -8,23 +8,18 @@ route ``<Network> dev flannel0`` (EEXIST ignored). A lease with an IPv6 part add
 link is up, ``<IPv6 lease network>/128`` and, after, ``<IPv6Network> dev flannel0``
 (:func:`prepare_ipv6` says why each sysctl).
 
-All functions use pyroute2's *synchronous* ``IPRoute`` and act on the network
-namespace of the calling thread. pyroute2 0.9's sync API must not be called
-from a thread that runs an asyncio loop; from a coroutine use
-``await asyncio.to_thread(configure_tun, ...)``. We check and raise a clear
-error rather than failing somewhere inside pyroute2.
+All functions act on the network namespace of the calling thread, and fail with an OSError
+carrying the kernel's errno.
 """
 from __future__ import annotations
 
-import asyncio
 import errno
 import ipaddress
 import os
 import socket
 import threading
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+from . import netlink_batch as nl, rtnl
 
 ENCAP_OVERHEAD = 28  # outer IPv4 header (20) + UDP header (8), flanneld's encapOverhead
 IPV6_MTU_MIN = 1280  # RFC 8200 section 5: a link that carries IPv6 carries 1280 bytes at least
@@ -45,22 +40,6 @@ IPV6_SYSCTLS = (("addr_gen_mode", "1"), ("accept_dad", "0"), ("accept_ra", "0"),
                 ("router_solicitations", "0"), ("disable_ipv6", "0"))
 
 
-def _ipr() -> IPRoute:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return IPRoute()
-    raise RuntimeError("dataplane.host.netconf uses pyroute2's sync IPRoute, which must not run inside "
-                       "an asyncio loop: call it with asyncio.to_thread(...)")
-
-
-def _index(ipr: IPRoute, name: str) -> int:
-    idx = ipr.link_lookup(ifname=name)
-    if not idx:
-        raise OSError(errno.ENODEV, f"no such network interface: {name}")
-    return idx[0]
-
-
 def configure_tun(name: str, addrs, mtu: int, txqueuelen: int | None = None) -> None:
     """Give ``name`` the addresses ``addrs`` (one per family: ``"10.5.84.0/32"``,
     ``"fc00:5:0:54::/128"``, interfaces, or bare addresses meaning a host prefix; one alone
@@ -72,31 +51,35 @@ def configure_tun(name: str, addrs, mtu: int, txqueuelen: int | None = None) -> 
     ifaces = [ipaddress.ip_interface(a) for a in ([addrs] if isinstance(addrs, str) else addrs)]
     if any(i.version == 6 for i in ifaces):
         prepare_ipv6(name)
-    with _ipr() as ipr:
-        idx = _index(ipr, name)
-        for iface in ifaces:
-            _add_address(ipr, idx, iface)
-        ipr.link("set", index=idx, mtu=int(mtu))
-        if txqueuelen is not None:
-            ipr.link("set", index=idx, txqlen=int(txqueuelen))
-        ipr.link("set", index=idx, state="up")
+    idx = rtnl.index(name)
+    for iface in ifaces:
+        rtnl.addr_add(idx, name, iface)
+    rtnl.link_set(idx, name, mtu=int(mtu))
+    if txqueuelen is not None:
+        rtnl.link_set(idx, name, txqlen=int(txqueuelen))
+    rtnl.link_set(idx, name, up=True)
 
 
-def _add_address(ipr: IPRoute, idx: int, iface) -> None:
+def _del_address(idx: int, name: str, iface) -> None:
+    """Remove ``iface``; one gone already is no error."""
     try:
-        ipr.addr("add", index=idx, address=str(iface.ip), prefixlen=iface.network.prefixlen)
-    except NetlinkError as e:
-        if e.code != errno.EEXIST:
+        rtnl.addr_del(idx, name, iface)
+    except OSError as e:
+        if e.errno != errno.EADDRNOTAVAIL:
             raise
+
+
+def _interface(a: dict):
+    """An address of :func:`rtnl.addresses` as an interface; for IPv4 IFA_LOCAL first (on a
+    point-to-point link IFA_ADDRESS is the far end's)."""
+    return ipaddress.ip_interface(f"{a['local'] or a['address']}/{a['prefixlen']}")
 
 
 def remove_address(name: str, addr) -> None:
     """Remove ``addr`` (an interface of either family, ``"10.5.84.0/32"``) from ``name``:
     flannel0's old address when the lease moves to another subnet."""
     iface = ipaddress.ip_interface(addr)
-    with _ipr() as ipr:
-        ipr.addr("del", index=_index(ipr, name), address=str(iface.ip),
-                 prefixlen=iface.network.prefixlen)
+    rtnl.addr_del(rtnl.index(name), name, iface)
 
 
 def remove_other_leases(name: str, parts) -> list:
@@ -108,26 +91,20 @@ def remove_other_leases(name: str, parts) -> list:
     operator put on flannel0 stays. The new address is there already (configure_tun), so the
     kernel keeps flannel0's routes."""
     removed = []
-    with _ipr() as ipr:
-        idx = _index(ipr, name)
-        for part in parts:
-            if part.subnet is None:
+    idx = rtnl.index(name)
+    for part in parts:
+        if part.subnet is None:
+            continue
+        want = ipaddress.ip_interface(part.tun_addr)
+        fam = socket.AF_INET6 if want.version == 6 else socket.AF_INET
+        for a in rtnl.addresses(fam, idx):
+            got = _interface(a)
+            start = ipaddress.ip_network(f"{got.ip}/{part.subnet.prefixlen}", strict=False)
+            if got == want or got.network.prefixlen != got.max_prefixlen or \
+                    start.network_address != got.ip or got.ip.is_link_local:
                 continue
-            want = ipaddress.ip_interface(part.tun_addr)
-            fam = socket.AF_INET6 if want.version == 6 else socket.AF_INET
-            for a in ipr.get_addr(index=idx, family=fam):
-                got = ipaddress.ip_interface(f"{a.get('IFA_LOCAL') or a.get('IFA_ADDRESS')}/"
-                                             f"{a['prefixlen']}")
-                start = ipaddress.ip_network(f"{got.ip}/{part.subnet.prefixlen}", strict=False)
-                if got == want or got.network.prefixlen != got.max_prefixlen or \
-                        start.network_address != got.ip or got.ip.is_link_local:
-                    continue
-                try:
-                    ipr.addr("del", index=idx, address=str(got.ip), prefixlen=got.max_prefixlen)
-                except NetlinkError as e:
-                    if e.code != errno.EADDRNOTAVAIL:
-                        raise
-                removed.append(got)
+            _del_address(idx, name, got)
+            removed.append(got)
     return removed
 
 
@@ -160,29 +137,23 @@ def set_ipv6_address(name: str, addr6) -> list:
     any other address there is stale."""
     want = ipaddress.IPv6Interface(addr6)
     removed = []
-    with _ipr() as ipr:
-        idx = _index(ipr, name)
-        _add_address(ipr, idx, want)
-        for got in _ipv6_interfaces(ipr, idx):
-            if got != want and not got.ip.is_link_local:
-                try:
-                    ipr.addr("del", index=idx, address=str(got.ip), prefixlen=got.network.prefixlen)
-                except NetlinkError as e:
-                    if e.code != errno.EADDRNOTAVAIL:
-                        raise
-                removed.append(got)
+    idx = rtnl.index(name)
+    rtnl.addr_add(idx, name, want)
+    for got in _ipv6_interfaces(idx):
+        if got != want and not got.ip.is_link_local:
+            _del_address(idx, name, got)
+            removed.append(got)
     return removed
 
 
-def _ipv6_interfaces(ipr: IPRoute, idx: int) -> list:
-    return [ipaddress.IPv6Interface(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}")
-            for a in ipr.get_addr(index=idx, family=socket.AF_INET6)]
+def _ipv6_interfaces(idx: int) -> list:
+    return [ipaddress.IPv6Interface(f"{a['address']}/{a['prefixlen']}")
+            for a in rtnl.addresses(socket.AF_INET6, idx)]
 
 
 def ipv6_addresses(name: str) -> list:
     """The IPv6 addresses of ``name`` (IPv6Interface each), link-local ones included."""
-    with _ipr() as ipr:
-        return _ipv6_interfaces(ipr, _index(ipr, name))
+    return _ipv6_interfaces(rtnl.index(name))
 
 
 def set_accept_local(name: str) -> None:
@@ -199,14 +170,11 @@ def set_accept_local(name: str) -> None:
         f.write("1")
 
 
-def _host_addresses(ipr: IPRoute) -> list:
-    try:
-        v4 = [ipaddress.IPv4Address(m.get("IFA_LOCAL") or m.get("IFA_ADDRESS"))
-              for m in ipr.get_addr(family=socket.AF_INET)]
-        v6 = [ipaddress.IPv6Address(m.get("IFA_ADDRESS"))
-              for m in ipr.get_addr(family=socket.AF_INET6)]
-    except NetlinkError as e:
-        raise OSError(e.code, f"netlink: {e}") from None
+def _host_addresses(sock=None) -> list:
+    v4 = [ipaddress.IPv4Address(m["local"] or m["address"])
+          for m in rtnl.addresses(socket.AF_INET, sock=sock)]
+    v6 = [ipaddress.IPv6Address(m["address"])
+          for m in rtnl.addresses(socket.AF_INET6, sock=sock)]
     # Link-local IPv6 sources never pass the engines (drop_scope), and a host has one per
     # interface (each pod's veth): listing them would only grow the engine's set.
     return v4 + [a for a in v6 if not a.is_link_local]
@@ -217,34 +185,32 @@ def host_addresses() -> list:
     network namespace (IPv4Address or IPv6Address each): the inner sources no datagram may
     claim (host/own_sources.py). For IPv4 IFA_LOCAL first: on a point-to-point link
     IFA_ADDRESS is the far end's. OSError when netlink refuses."""
-    with _ipr() as ipr:
-        return _host_addresses(ipr)
+    return _host_addresses()
 
 
 class AddressReader:
     """``host_addresses()`` over one netlink socket kept open, for a caller that asks every
-    second: opening an IPRoute costs far more CPU than reading on an open one, and leaves memory
-    behind each time (perf/README.md#netlink-socket). A failed read drops the
-    socket; the next call opens a new one. Calls are serialised."""
+    second (no socket made and bound per read, perf/README.md#netlink-socket). A failed read
+    drops the socket; the next call opens a new one. Calls are serialised."""
 
     def __init__(self):
-        self._ipr = None
+        self._sock = None
         self._lock = threading.Lock()
 
     def __call__(self) -> list:
         with self._lock:
-            if self._ipr is None:
-                self._ipr = _ipr()
+            if self._sock is None:
+                self._sock = nl.open_socket()
             try:
-                return _host_addresses(self._ipr)
+                return _host_addresses(self._sock)
             except Exception:
                 self._close()
                 raise
 
     def _close(self) -> None:
-        ipr, self._ipr = self._ipr, None
-        if ipr is not None:
-            ipr.close()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
 
     def close(self) -> None:
         with self._lock:
@@ -252,53 +218,38 @@ class AddressReader:
 
 
 def link_exists(name: str) -> bool:
-    with _ipr() as ipr:
-        return bool(ipr.link_lookup(ifname=name))
+    try:
+        rtnl.index(name)
+    except OSError:
+        return False
+    return True
 
 
 def link_facts(name: str) -> tuple[int, list]:
     """``(MTU, IPv4 addresses as IPv4Interface)`` of ``name``: what a daemon handed an open
     flannel0 compares with what it would configure. OSError ENODEV when there is no ``name``."""
-    with _ipr() as ipr:
-        idx = _index(ipr, name)
-        link = ipr.get_links(idx)[0]
-        addrs = [ipaddress.IPv4Interface(f"{a.get('IFA_LOCAL') or a.get('IFA_ADDRESS')}/"
-                                         f"{a['prefixlen']}")
-                 for a in ipr.get_addr(index=idx, family=2)]
-        return int(link.get("mtu")), addrs
+    idx = rtnl.index(name)
+    return rtnl.link_mtu(idx), [_interface(a) for a in rtnl.addresses(socket.AF_INET, idx)]
 
 
 def add_network_route(network, dev: str) -> bool:
     """Add ``<network> dev <dev>`` (scope universe, no src, as flanneld), of either family.
     Returns False if the route already existed (EEXIST is ignored)."""
-    net = ipaddress.ip_network(network)
-    family = socket.AF_INET6 if net.version == 6 else socket.AF_INET
-    with _ipr() as ipr:
-        idx = _index(ipr, dev)
-        try:
-            # proto boot, as `ip route add` and flanneld (vishvananda/netlink) send it.
-            ipr.route("add", dst=str(net), oif=idx, proto=3, family=family)
-        except NetlinkError as e:
-            if e.code != errno.EEXIST:
-                raise
-            return False
-    return True
+    # proto boot, as `ip route add` and flanneld (vishvananda/netlink) send it.
+    return rtnl.route_add(network, rtnl.index(dev), dev)
 
 
 def iface_mtu(name: str) -> int:
     """MTU of the interface called ``name``."""
-    with _ipr() as ipr:
-        link = ipr.get_links(_index(ipr, name))[0]
-        return int(link.get("mtu"))
+    return rtnl.link_mtu(rtnl.index(name))
 
 
 def iface_for_addr(ip) -> str:
     """Name of the interface that holds the IPv4 address ``ip``."""
     ip = str(ipaddress.IPv4Address(ip))
-    with _ipr() as ipr:
-        for msg in ipr.get_addr(family=2):
-            if msg.get("IFA_LOCAL") == ip or msg.get("IFA_ADDRESS") == ip:
-                return ipr.get_links(msg["index"])[0].get("ifname")
+    for msg in rtnl.addresses(socket.AF_INET):
+        if msg["local"] == ip or msg["address"] == ip:
+            return socket.if_indextoname(msg["index"])
     raise OSError(errno.EADDRNOTAVAIL, f"no interface has the address {ip}")
 
 

@@ -6,7 +6,8 @@ Why not pyroute2 on this path: DirectRouting makes one route per peer, 16,000 of
 start, and each pyroute2 call costs milliseconds of Python (its asyncio machinery, a socket
 per IPRoute); its route dump turns every attribute of every route into objects, 2.4 s of CPU
 for 16,000 routes against ~0.1 s here (perf/README.md#direct-batch). The kernel's own work is
-what remains. pyroute2 stays for the rest of the host layer, where a call or two is all.
+what remains. host/rtnl.py sends a start's few link, address and route requests through it too
+(pyroute2's import alone is ~0.2 s); pyroute2 stays for rare calls off the start, imported there.
 """
 from __future__ import annotations
 
@@ -91,24 +92,38 @@ def request(msgs: list) -> tuple[list, list]:
     return errors, answers
 
 
-def dump(kind: int, body: bytes) -> list:
+def dump(kind: int, body: bytes, sock: socket.socket | None = None) -> list:
     """The bodies of the kernel's answer to one dump request (``kind``, e.g. RTM_GETROUTE, with
-    ``body`` its fixed part: the family); OSError with the kernel's errno if it refuses."""
+    ``body`` its fixed part: the family); OSError with the kernel's errno if it refuses. On
+    ``sock`` (:func:`open_socket`'s, kept by a caller that asks often) when given, else on a
+    socket of its own."""
+    if sock is not None:
+        return _dump(sock, kind, body)
+    with _socket() as own:
+        return _dump(own, kind, body)
+
+
+def open_socket() -> socket.socket:
+    """A bound rtnetlink socket for :func:`dump`; the caller closes it (and drops it after a
+    failed dump: the rest of that answer may still be queued)."""
+    return _socket()
+
+
+def _dump(sock: socket.socket, kind: int, body: bytes) -> list:
     out: list = []
-    with _socket() as sock:
-        sock.sendall(HDR.pack(HDR.size + len(body), kind, F_REQUEST | F_DUMP, 1, 0) + body)
-        while True:
-            for got, seq, payload in _messages(sock.recv(1 << 16)):
-                if seq != 1:
-                    continue
-                if got == NLMSG_DONE:
-                    return out
-                if got == NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", payload)[0]
-                    if code:
-                        raise OSError(code, os.strerror(code))
-                    return out
-                out.append(payload)
+    sock.sendall(HDR.pack(HDR.size + len(body), kind, F_REQUEST | F_DUMP, 1, 0) + body)
+    while True:
+        for got, seq, payload in _messages(sock.recv(1 << 16)):
+            if seq != 1:
+                continue
+            if got == NLMSG_DONE:
+                return out
+            if got == NLMSG_ERROR:
+                code = -struct.unpack_from("=i", payload)[0]
+                if code:
+                    raise OSError(code, os.strerror(code))
+                return out
+            out.append(payload)
 
 
 def errno_name(code: int) -> str:
