@@ -53,7 +53,7 @@ def remove_other_leases(tun_name: str, parts) -> None:
     from ..host.netconf import remove_other_leases as remove
     try:
         gone = remove(tun_name, parts)
-    except Exception as e:              # NetlinkError is no OSError
+    except Exception as e:              # never fatal: only said
         log.warning("cannot remove another lease's addresses from %s: %s (ip addr del ... dev "
                     "%s)", tun_name, e, tun_name)
         return

@@ -48,7 +48,8 @@ STEPS = ("tun", "configure", "sockets", "offloads")
 
 class AssemblyError(Exception):
     """A step of the assembly failed: ``step`` (one of STEPS), ``error`` what it raised (an
-    OSError, or pyroute2's NetlinkError for "configure"), ``tun_name`` the TUN once it exists."""
+    OSError; for "configure" with the kernel's errno and what was asked: host/rtnl.py),
+    ``tun_name`` the TUN once it exists."""
 
     def __init__(self, step: str, error: BaseException, tun_name: str | None = None):
         super().__init__(f"{step}: {error}")
@@ -169,7 +170,7 @@ class Dataplane:
                 for p in parts:
                     if p.network is not None:
                         netconf.add_network_route(p.network, name)
-            except Exception as e:          # NetlinkError is no OSError
+            except Exception as e:          # whatever failed, this step is the one to name
                 raise AssemblyError("configure", e, name) from None
             try:
                 for family, opener in sockets.items():
