@@ -54,6 +54,12 @@ def kvs(seed: int) -> list:
         ("11.0.0.0-24", value("192.168.60.3"), 406),                    # outside the Network
         ("10.6.9.0-24", value("10.9.9.9"), 407),                        # PublicIP in the Network
         ("10.6.10.0-24", value("127.0.0.1"), 408),                      # loopback PublicIP
+        ("10.6.13.0-24", value("224.0.0.5"), 412),                      # multicast
+        ("10.6.14.0-24", value("239.255.255.255"), 413),
+        ("10.6.15.0-24", value("255.255.255.255"), 414),                # broadcast
+        ("10.6.16.0-24", value("0.0.0.0"), 415),
+        ("10.6.17.0-24", value("240.0.0.1"), 416),                      # a peer
+        ("10.0.0.0-7", value("192.168.60.6"), 417),                     # wider than the Network
         ("10.6.11.0-24", b"not json", 409),                             # bad value
         ("10.6.12.7-24", value("192.168.60.4"), 410),                   # host bits set
         ("nonsense", value("192.168.60.5"), 411),                       # bad key
@@ -113,13 +119,13 @@ def test_a_first_listing_is_the_table_of_its_leases_one_by_one():
         listed._snapshot()
         events = one_at_a_time(seed)
         assert dict(listed.snapshot().peers) == dict(events.snapshot().peers), seed
-        assert listed.bad() == events.bad() and len(listed.bad()) == 11, seed
+        assert listed.bad() == events.bad() and len(listed.bad()) == 16, seed
         assert listed.bad_total == events.bad_total
         assert listed._by_ip == events._by_ip and listed._conflicts == events._conflicts
         assert listed._claims._claimants == events._claims._claimants
         peers = listed.snapshot().peers
         assert IPv4Network("10.6.4.0/24") not in peers and OWN not in peers
-        assert IPv4Network("10.5.2.0/24") in peers and len(peers) == 248 + 2
+        assert IPv4Network("10.5.2.0/24") in peers and len(peers) == 248 + 3
 
 
 def test_the_routes_and_arrays_are_the_constructors_and_ipaddress_own():
