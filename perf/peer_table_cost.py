@@ -102,9 +102,10 @@ def main() -> int:
         w, t, _ = first_table(listed, table_type)
         watch.append(w)
         table.append(t)
+    def ms(times):
+        return f"{min(times) * 1e3:.0f} / {sorted(times)[len(times) // 2] * 1e3:.0f}"
     print(f"{a.peers} leases, {a.engine} engine, best / median of {a.runs} (CPU ms): "
-          f"watcher's first report {min(watch) * 1e3:.0f} / {sorted(watch)[len(watch) // 2] * 1e3:.0f}, "
-          f"the engine's table {min(table) * 1e3:.0f} / {sorted(table)[len(table) // 2] * 1e3:.0f}, "
+          f"watcher's first report {ms(watch)}, the engine's table {ms(table)}, "
           f"load {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -86,7 +86,8 @@ class PeerWatcher:
         self._listing = listing
         self.network = network
         # The PublicIPs here are ints (IPv4Address's own value): an int hashes in C, an
-        # IPv4Address in Python (~0.5 us a lookup, 16,000 at a first list: perf/README.md#peer-table).
+        # IPv4Address in Python (~0.5 us a lookup, 16,000 at a first list:
+        # perf/README.md#peer-table).
         self._own_ips = frozenset(IPv4Address(ip)._ip for ip in own_ips)
         # PublicIP -> the subnet it holds, or a set of them (a conflict, rare: no set for each)
         self._by_ip: dict[int, Union[IPv4Network, set[IPv4Network]]] = {}
@@ -389,7 +390,8 @@ class PeerWatcher:
                     changed.add(subnet)
                     log.warning("Skipping subnet lease %s: %s; delete the key that is wrong "
                                 "(etcdctl del %s)", key, why, key,
-                                extra={**skipped_fields(key, subnet, why), "public_ip": str(address)})
+                                extra={**skipped_fields(key, subnet, why),
+                                       "public_ip": str(address)})
         return changed
 
     def _publish(self, full: bool = False) -> PeerChange:
