@@ -57,16 +57,17 @@ def _plain(routes: list) -> bool:
 
 
 def _routes_made(rows) -> tuple:
-    """``Route(*row)`` of each ``(subnet, peer_ip, port, mtu)`` row, its fields set in its
-    ``__dict__`` (a frozen dataclass's ``__init__`` goes through ``object.__setattr__`` per
-    field: 16,000 routes at a start)."""
+    """``Route(*row)`` of each ``(subnet, peer_ip, port, mtu)`` row, its fields set as its
+    ``__init__`` sets them (``object.__setattr__``, a frozen dataclass's way) without that
+    Python call per route: 16,000 routes at a start, in the same memory."""
     out = []
-    append, new = out.append, object.__new__
+    append, new, put = out.append, object.__new__, object.__setattr__
     for subnet, peer_ip, port, mtu in rows:
         route = new(Route)
-        fields = route.__dict__
-        fields["subnet"], fields["peer_ip"], fields["port"], fields["mtu"] = \
-            subnet, peer_ip, port, mtu
+        put(route, "subnet", subnet)
+        put(route, "peer_ip", peer_ip)
+        put(route, "port", port)
+        put(route, "mtu", mtu)
         append(route)
     return tuple(out)
 
