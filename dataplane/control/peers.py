@@ -46,6 +46,10 @@ with the Python engine, which would share the interpreter, the daemon runs this 
 process (control/peer_process.py) and the report's duration includes the daemon applying it.
 on_change runs in the publisher thread (or in the thread that listed: the watcher's, or the caller of
 `set_own_subnet`), outside `_lock`, in order.
+
+One piece at over 450 lines: the list, the events and the report change the same state (the claims,
+the PublicIP index, the conflicts, the bad keys) under one lock; split, each part would reach into
+the others' fields.
 """
 from __future__ import annotations
 
