@@ -43,8 +43,9 @@ class Claims:
         self.held: dict[IPv4Network, Lease] = {}
         self.conflicts: dict[str, str] = {}
         self.seen = 0                               # conflicts said since start
-        # part -> the key that names it, or the keys when several do (rare: no set for each)
-        self._claimants: dict[Part, Union[str, set[str]]] = {}
+        # part (its _pk) -> the key that names it, or the keys when several do (rare: no set
+        # for each)
+        self._claimants: dict[int, Union[str, set[str]]] = {}
 
     def put(self, lease: Lease) -> dict[IPv4Network, Optional[Lease]]:
         key = self.key_of(lease)
@@ -52,7 +53,7 @@ class Claims:
         self.keys[key] = lease
         if old is None:
             for part in _parts(lease):
-                named = self._claimants.setdefault(part, key)
+                named = self._claimants.setdefault(_pk(part), key)
                 if named is not key:
                     self._name(part, named, key)
         return self._settle(_parts(lease))
@@ -62,13 +63,14 @@ class Claims:
         if lease is None:
             return {}
         for part in _parts(lease):
-            named = self._claimants.get(part)
+            pk = _pk(part)
+            named = self._claimants.get(pk)
             if named == key:
-                del self._claimants[part]
+                del self._claimants[pk]
             elif isinstance(named, set):
                 named.discard(key)
                 if len(named) == 1:
-                    self._claimants[part] = named.pop()
+                    self._claimants[pk] = named.pop()
         if self.conflicts.pop(key, None) is not None:
             log.info("Subnet lease %s, in conflict, is gone", key)
         return self._settle(_parts(lease))
@@ -81,14 +83,20 @@ class Claims:
         self._claimants = claimants = {}
         contested = set()
         for key, lease in keys.items():
-            for part in _parts(lease):
-                named = claimants.setdefault(part, key)
+            part = lease.subnet          # _pk(part), inline: one call less a lease of thousands
+            named = claimants.setdefault(part.network_address._ip << 8 | part._prefixlen, key)
+            if named is not key:
+                self._name(part, named, key)
+                contested.add(part)
+            part = lease.ipv6_subnet
+            if part is not None:
+                named = claimants.setdefault(_pk(part), key)
                 if named is not key:
                     self._name(part, named, key)
                     contested.add(part)
         # Only parts named twice are decided: a list of thousands costs one pass over them.
         holders = {part: self._holder(part) for part in contested}
-        rivals = {key for part in contested for key in claimants[part]}
+        rivals = {key for part in contested for key in claimants[_pk(part)]}
         for key in rivals:
             self._stand(key, keys[key], self._why(key, keys[key], holders))
         for key in [k for k in self.conflicts if k not in rivals]:
@@ -107,16 +115,16 @@ class Claims:
     def _name(self, part: Part, named: Union[str, set], key: str) -> None:
         """``key`` names ``part`` too, which ``named`` (a key or keys) named already."""
         if isinstance(named, str):
-            self._claimants[part] = {named, key}
+            self._claimants[_pk(part)] = {named, key}
         else:
             named.add(key)
 
     def _named(self, part: Part) -> Iterable[str]:
-        named = self._claimants.get(part)
+        named = self._claimants.get(_pk(part))
         return () if named is None else (named,) if isinstance(named, str) else named
 
     def _holder(self, part: Part) -> Optional[str]:
-        named = self._claimants.get(part)
+        named = self._claimants.get(_pk(part))
         if named is None or isinstance(named, str):
             return named
         return min(named, key=lambda k: _seniority(k, self.keys[k]))
@@ -175,6 +183,14 @@ def skipped_fields(key: str, subnet: Optional[IPv4Network], reason: str) -> dict
     """A skipped key's fields for json log lines (``--log-format json``)."""
     return {"event": "lease_skipped", "key": key, "subnet": str(subnet) if subnet else None,
             "reason": reason}
+
+
+def _pk(part: Part) -> int:
+    """``part``'s key in ``_claimants``: its address and prefix length in one int, an IPv6
+    part's negative (an int hashes in C, an ipaddress network in Python: ~0.5 us a lookup,
+    perf/README.md#peer-table)."""
+    key = part.network_address._ip << 8 | part._prefixlen
+    return key if part._version == 4 else ~key
 
 
 def _parts(lease: Lease) -> tuple:

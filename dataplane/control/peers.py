@@ -46,6 +46,10 @@ with the Python engine, which would share the interpreter, the daemon runs this 
 process (control/peer_process.py) and the report's duration includes the daemon applying it.
 on_change runs in the publisher thread (or in the thread that listed: the watcher's, or the caller of
 `set_own_subnet`), outside `_lock`, in order.
+
+One piece at over 450 lines: the list, the events and the report change the same state (the claims,
+the PublicIP index, the conflicts, the bad keys) under one lock; split, each part would reach into
+the others' fields.
 """
 from __future__ import annotations
 
@@ -85,12 +89,15 @@ class PeerWatcher:
         self.registry = registry
         self._listing = listing
         self.network = network
-        self._own_ips = frozenset(IPv4Address(ip) for ip in own_ips)
+        # The PublicIPs here are ints (IPv4Address's own value): an int hashes in C, an
+        # IPv4Address in Python (~0.5 us a lookup, 16,000 at a first list:
+        # perf/README.md#peer-table).
+        self._own_ips = frozenset(IPv4Address(ip)._ip for ip in own_ips)
         # PublicIP -> the subnet it holds, or a set of them (a conflict, rare: no set for each)
-        self._by_ip: dict[IPv4Address, Union[IPv4Network, set[IPv4Network]]] = {}
-        self._touched_ips: set[IPv4Address] = set()
+        self._by_ip: dict[int, Union[IPv4Network, set[IPv4Network]]] = {}
+        self._touched_ips: set[int] = set()
         # subnet -> (its key, PublicIP, why): valid leases that are no route (a PublicIP claimed twice)
-        self._conflicts: dict[IPv4Network, tuple[str, IPv4Address, str]] = {}
+        self._conflicts: dict[IPv4Network, tuple[str, int, str]] = {}
         self._bad: dict[str, str] = {}         # key -> problem, for keys that are no usable lease
         # bad()'s answer, replaced whole under _lock: /metrics needs no _lock, which a 16,000-lease
         # listing holds for a quarter of a second (perf/README.md#answers-during-start)
@@ -237,10 +244,23 @@ class PeerWatcher:
                 before = self._claims.keys
                 fresh: dict[str, Lease] = {}
                 problems: dict[str, str] = {b.key: b.problem for b in bad}
+                network, key_of = self.network, self._claims.key_of
+                # peer_problem's tests on ipaddress's own ints, inline (thousands of leases; its
+                # int() calls were a third of this step): a lease that fails one asks it why
+                mask, net, plen = ((network.netmask._ip, network.network_address._ip,
+                                    network._prefixlen) if network is not None else (0, 1, 0))
                 for lease in leases:
-                    problem = self._problem(lease)
+                    subnet, address = lease.subnet, lease.attrs.public_ip._ip
+                    first = address >> 24
+                    if address and first != 127 and not 224 <= first < 240 \
+                            and address != 0xFFFFFFFF and address & mask != net and \
+                            (network is None or subnet._prefixlen >= plen
+                             and subnet.network_address._ip & mask == net):
+                        problem = None
+                    else:
+                        problem = peer_problem(lease, network)
                     if problem is None:
-                        fresh[self._claims.key_of(lease)] = lease
+                        fresh[lease.key or key_of(lease)] = lease
                     else:
                         problems[lease.key] = problem
                 for key in problems:              # a peer whose value turned bad keeps its last lease
@@ -326,7 +346,7 @@ class PeerWatcher:
         Caller holds _lock."""
         for subnet, old in changed.items():
             if old is not None:
-                ip = old.attrs.public_ip
+                ip = old.attrs.public_ip._ip
                 held = self._by_ip.get(ip)
                 if isinstance(held, set):
                     held.discard(subnet)
@@ -337,8 +357,8 @@ class PeerWatcher:
                 self._touched_ips.add(ip)
             new = self._claims.held.get(subnet)
             if new is not None:
-                _hold(self._by_ip, new.attrs.public_ip, subnet)
-                self._touched_ips.add(new.attrs.public_ip)
+                _hold(self._by_ip, new.attrs.public_ip._ip, subnet)
+                self._touched_ips.add(new.attrs.public_ip._ip)
             self._touched.add(subnet)
 
     def _resolve_claims(self, ips) -> set[IPv4Network]:
@@ -349,17 +369,18 @@ class PeerWatcher:
         for ip in ips:
             subnets = _held(self._by_ip, ip)
             now: dict[IPv4Network, str] = {}
+            address = IPv4Address(ip)
             if ip in self._own_ips:
                 for subnet in subnets:
                     if subnet != self._own:
-                        now[subnet] = (f"it claims this host's own PublicIP {ip} (our lease is "
-                                       f"{self._own}): never a route")
+                        now[subnet] = (f"it claims this host's own PublicIP {address} (our "
+                                       f"lease is {self._own}): never a route")
             elif len(subnets) > 1:
                 keep = min(subnets, key=lambda s: _seniority(self._claims.held[s]))
                 for subnet in subnets:
                     if subnet != keep:
-                        now[subnet] = (f"conflict: PublicIP {ip} already holds {keep}; one host "
-                                       "holds one subnet, so this key is no route")
+                        now[subnet] = (f"conflict: PublicIP {address} already holds {keep}; one "
+                                       "host holds one subnet, so this key is no route")
             before = {s for s, (_, cip, _) in self._conflicts.items() if cip == ip}
             for subnet in before - set(now):
                 key, _, _ = self._conflicts.pop(subnet)
@@ -373,7 +394,8 @@ class PeerWatcher:
                     changed.add(subnet)
                     log.warning("Skipping subnet lease %s: %s; delete the key that is wrong "
                                 "(etcdctl del %s)", key, why, key,
-                                extra={**skipped_fields(key, subnet, why), "public_ip": str(ip)})
+                                extra={**skipped_fields(key, subnet, why),
+                                       "public_ip": str(address)})
         return changed
 
     def _publish(self, full: bool = False) -> PeerChange:
@@ -417,11 +439,13 @@ def hand_on(on_change: Optional[OnChange], change: PeerChange, always: bool = Fa
 def _index(leases: dict) -> dict:
     by_ip: dict = {}
     for subnet, lease in leases.items():
-        _hold(by_ip, lease.attrs.public_ip, subnet)
+        ip = lease.attrs.public_ip._ip
+        if by_ip.setdefault(ip, subnet) is not subnet:      # (a call less for each of thousands)
+            _hold(by_ip, ip, subnet)
     return by_ip
 
 
-def _hold(by_ip: dict, ip: IPv4Address, subnet: IPv4Network) -> None:
+def _hold(by_ip: dict, ip: int, subnet: IPv4Network) -> None:
     """``ip`` holds ``subnet`` too (PeerWatcher._by_ip)."""
     had = by_ip.setdefault(ip, subnet)
     if isinstance(had, set):
@@ -430,7 +454,7 @@ def _hold(by_ip: dict, ip: IPv4Address, subnet: IPv4Network) -> None:
         by_ip[ip] = {had, subnet}
 
 
-def _held(by_ip: dict, ip: IPv4Address) -> tuple | set:
+def _held(by_ip: dict, ip: int) -> tuple | set:
     held = by_ip.get(ip)
     return () if held is None else held if isinstance(held, set) else (held,)
 

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Union
 
 from ..host.family import V4, V6, Family
 from .lease import Lease
-from .peerset import PeerChange, PeerSnapshot
+from .peerset import PeerChange, PeerSnapshot, in_subnet_order
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +158,10 @@ def route_table(snapshot: PeerSnapshot, port: int, v6: Optional[Ipv6Parts] = Non
     (V4: the subnets, V6: the IPv6 parts), so a caller that wants one builds none of the other."""
     if family is V6 and (v6 is None or v6.network6 is None):     # IPv6 off: no part routed
         return ()
-    peers = sorted(snapshot.peers.items(), key=_by_subnet)
-    routes = [PeerRoute(subnet, lease.public_ip, port) for subnet, lease in peers] \
-        if family is not V6 else []
+    peers = in_subnet_order(snapshot.peers)
+    # tuple.__new__: a NamedTuple's own __new__ is a Python call, one per peer of thousands
+    routes = [_tuple(PeerRoute, (subnet, lease.attrs.public_ip, port, 0))
+              for subnet, lease in peers] if family is not V6 else []
     if v6 is not None and family is not V4:
         for _, lease in peers:
             part = v6(lease)
@@ -172,10 +173,7 @@ def route_table(snapshot: PeerSnapshot, port: int, v6: Optional[Ipv6Parts] = Non
     return tuple(routes)
 
 
-def _by_subnet(item) -> tuple:
-    """IPv4Network's own order, without its Python-level compare (thousands of peers)."""
-    subnet = item[0]
-    return int(subnet.network_address), subnet.prefixlen
+_tuple = tuple.__new__
 
 
 def route_changes(change: PeerChange, port: int, v6: Optional[Ipv6Parts] = None,

@@ -27,7 +27,7 @@ from ..control.direct import DirectRouting, dst, via
 from ..control.peerset import PeerChange
 from ..control.recurring import Recurring
 from ..control.routes import Ipv6Parts, route_changes, route_table
-from ..engine.api import Route
+from ..engine.route_array import routes_of
 from ..host import direct_routes, malloc, netlink_batch
 from ..host.family import FAMILIES, V4, V6
 from . import underlay_fallback
@@ -310,4 +310,4 @@ def _give_back_memory() -> None:
 def _engine(routes) -> tuple:
     """The engine's routes of control's (control/routes.py PeerRoute, typed already: the
     table checks them as it is built)."""
-    return tuple(Route(*route) for route in routes)
+    return routes_of(routes)

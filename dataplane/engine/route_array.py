@@ -36,6 +36,56 @@ def _check_types(routes) -> None:
                             "int port and mtu")
 
 
+_NETS = {ipaddress.IPv4Network, ipaddress.IPv6Network}
+_PEERS = {ipaddress.IPv4Address, ipaddress.IPv6Address}
+
+
+def _plain(routes: list) -> bool:
+    """Whether _check_types and _check_family accept every route, asked of whole columns
+    (a loop in C each: a start hands over a table of 16,000 routes, perf/README.md#peer-table):
+    Routes of ipaddress's own classes (no subclass) with int ports and mtus, each IPv4 subnet's
+    to an IPv4 peer with no mtu, each mtu 0 or in range. False: ask route by route."""
+    if not ({type(r) for r in routes} <= {Route} and {type(r.subnet) for r in routes} <= _NETS
+            and {type(r.peer_ip) for r in routes} <= _PEERS
+            and {type(r.port) for r in routes} | {type(r.mtu) for r in routes} <= {int}):
+        return False
+    v4 = ipaddress.IPv4Network
+    if {type(r.peer_ip) for r in routes if type(r.subnet) is v4} - {ipaddress.IPv4Address} \
+            or any([r.mtu for r in routes if type(r.subnet) is v4]):
+        return False
+    return all(not mtu or MTU6_MIN <= mtu <= MTU_MAX for mtu in {r.mtu for r in routes})
+
+
+def _routes_made(rows) -> tuple:
+    """``Route(*row)`` of each ``(subnet, peer_ip, port, mtu)`` row, its fields set as its
+    ``__init__`` sets them (``object.__setattr__``, a frozen dataclass's way) without that
+    Python call per route: 16,000 routes at a start, in the same memory."""
+    out = []
+    append, new, put = out.append, object.__new__, object.__setattr__
+    for subnet, peer_ip, port, mtu in rows:
+        route = new(Route)
+        put(route, "subnet", subnet)
+        put(route, "peer_ip", peer_ip)
+        put(route, "port", port)
+        put(route, "mtu", mtu)
+        append(route)
+    return tuple(out)
+
+
+def _same_as_init() -> bool:
+    row = (ipaddress.IPv4Network("10.5.2.0/24"), ipaddress.IPv4Address("192.0.2.7"), 8285, 0)
+    try:
+        made, built = _routes_made([row])[0], Route(*row)
+        return vars(made) == vars(built) and made == built and hash(made) == hash(built) \
+            and not hasattr(Route, "__post_init__")
+    except Exception:               # noqa: BLE001 (another Route: its constructor then)
+        return False
+
+
+routes_of = (_routes_made if _same_as_init()
+             else lambda rows: tuple(Route(*row) for row in rows))       # pragma: no cover
+
+
 def _peer6(r: Route) -> bytes:
     """dp_route6.peer_ip of an IPv6 subnet's route, refused as dp_routes_build refuses it."""
     peer = r.peer_ip
@@ -62,21 +112,23 @@ def route_arrays(routes) -> tuple[np.ndarray, np.ndarray]:
     mtu on an IPv4 subnet, an mtu outside 0 and MTU6_MIN..MTU_MAX, an IPv6 peer that is
     ::, link-local or multicast; nothing is built then."""
     routes = list(routes)
-    _check_types(routes)
-    for r in routes:
-        _check_family(r)
+    if not _plain(routes):      # the usual table passes whole; else each route says its fault
+        _check_types(routes)
+        for r in routes:
+            _check_family(r)
     # An int too large for int64 makes this an object array, which compares
     # just as well; the check below is then still exact.
     ports = np.array([r.port for r in routes])
     bad = np.flatnonzero((ports < 1) | (ports > 0xFFFF))
     if bad.size:
         raise ValueError(f"route {routes[bad[0]]!r}: port out of range 1..65535")
-    v4 = [r for r in routes if r.subnet.version == 4]
-    v6 = [r for r in routes if r.subnet.version == 6]
+    v4 = [r for r in routes if r.subnet._version == 4]      # (.version: a Python call)
+    v6 = [r for r in routes if r.subnet._version == 6]
     arr = np.empty(len(v4), ROUTE_DTYPE)
-    arr["net"] = [int(r.subnet.network_address) for r in v4]
-    arr["prefixlen"] = [r.subnet.prefixlen for r in v4]
-    arr["peer_ip"] = [int(r.peer_ip) for r in v4]
+    # ipaddress's own fields (what int() and .prefixlen read, through a Python call each)
+    arr["net"] = [r.subnet.network_address._ip for r in v4]
+    arr["prefixlen"] = [r.subnet._prefixlen for r in v4]
+    arr["peer_ip"] = [r.peer_ip._ip for r in v4]
     arr["port"] = [r.port for r in v4]
     arr6 = np.zeros(len(v6), ROUTE6_DTYPE)
     arr6["net"] = [r.subnet.network_address.packed for r in v6]
