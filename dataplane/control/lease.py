@@ -306,13 +306,13 @@ def peer_problem(lease: Lease, network: Optional[IPv4Network]) -> Optional[str]:
     a PublicIP that is no unicast address of another host (0.0.0.0, loopback, multicast, broadcast)
     or lies inside the overlay itself (each datagram would go back into flannel0, encapsulated again)
     cannot carry the overlay."""
-    # Integer tests, each number read once: this runs for every lease of every list, thousands
-    # at a time.
+    # Integer tests on ipaddress's own ints (int() and .prefixlen are a Python call each): this
+    # runs for every lease of every list, thousands at a time (perf/README.md#peer-table).
     ip, subnet = lease.attrs.public_ip, lease.subnet
-    address = int(ip)
+    address = ip._ip
     if network is not None:
-        mask, net = int(network.netmask), int(network.network_address)
-        if subnet.prefixlen < network.prefixlen or int(subnet.network_address) & mask != net:
+        mask, net = network.netmask._ip, network.network_address._ip
+        if subnet._prefixlen < network._prefixlen or subnet.network_address._ip & mask != net:
             return f"subnet {subnet} is outside the Network {network}"
     first = address >> 24           # 0.0.0.0, loopback 127/8, multicast 224/4, broadcast
     if not address or first == 127 or 224 <= first < 240 or address == 0xFFFFFFFF:
@@ -329,7 +329,6 @@ def lease_from_kv(key: str, value: "bytes | str", lease_id: int = 0, mod_revisio
     attrs = LeaseAttrs.from_json(value)
     # by position: a frozen dataclass takes its keywords at twice the cost (16,000 a listing)
     return Lease(subnet, attrs, v6, expiration, lease_id, mod_revision, key, create_revision)
-
 
 
 # A listing's common key: its last component an IPv4 subnet (the dotted quad checked by

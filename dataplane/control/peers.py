@@ -245,20 +245,8 @@ class PeerWatcher:
                 fresh: dict[str, Lease] = {}
                 problems: dict[str, str] = {b.key: b.problem for b in bad}
                 network, key_of = self.network, self._claims.key_of
-                # peer_problem's tests on ipaddress's own ints, inline (thousands of leases; its
-                # int() calls were a third of this step): a lease that fails one asks it why
-                mask, net, plen = ((network.netmask._ip, network.network_address._ip,
-                                    network._prefixlen) if network is not None else (0, 1, 0))
                 for lease in leases:
-                    subnet, address = lease.subnet, lease.attrs.public_ip._ip
-                    first = address >> 24
-                    if address and first != 127 and not 224 <= first < 240 \
-                            and address != 0xFFFFFFFF and address & mask != net and \
-                            (network is None or subnet._prefixlen >= plen
-                             and subnet.network_address._ip & mask == net):
-                        problem = None
-                    else:
-                        problem = peer_problem(lease, network)
+                    problem = peer_problem(lease, network)
                     if problem is None:
                         fresh[lease.key or key_of(lease)] = lease
                     else:

@@ -19,9 +19,8 @@ from .config import NetworkConfig, parse_config
 from .etcd import DEFAULT_ENDPOINTS, EtcdClient
 from .etcd_errors import RegistryError
 from .etcd_watch import WatchLoop
-from .lease import (Lease, LeaseAttrs, LeaseFormatError, lease_from_kv, split_parts,
-                    subnet_key_name)
-from .lease import leases_of_kvs
+from .lease import (Lease, LeaseAttrs, LeaseFormatError, lease_from_kv, leases_of_kvs,
+                    split_parts, subnet_key_name)
 from . import defaults
 
 log = logging.getLogger(__name__)
