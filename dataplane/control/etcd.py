@@ -12,6 +12,8 @@ as the `etcd3` package) driven directly, because this module needs control that
 
 * failover: every unary call goes to the current endpoint; UNAVAILABLE / DEADLINE_EXCEEDED moves to the
   next endpoint and retries there, once per endpoint, before the call fails with RegistryError;
+  while the members that answer say their cluster has no leader yet, the round is asked again
+  (ELECTION_WAIT_S);
 * auth: `Authenticate` gives a token sent as `token` metadata; an expired token (UNAUTHENTICATED) is
   renewed once and the call retried;
 * TLS when a client key and cert are given (as flanneld) or the endpoint scheme is https (CA optional);
@@ -40,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Callable, Optional
 from urllib.parse import urlsplit
 
@@ -74,6 +77,14 @@ MAX_RECONNECT_BACKOFF_MS = 2_000
 # After etcd is back, a channel still in its reconnect backoff fails its next call at once: a
 # failure that soon after "recovered" is held back until it outlasts that backoff.
 OUTAGE_SETTLE_S = MAX_RECONNECT_BACKOFF_MS / 1000 + 1.0
+# A member that answers one of these is up but its cluster has no leader yet (the leader died or
+# stepped down): every member says so until a vote ends, 1-2 s with etcd's default election timeout
+# of 1 s. A call that meets only these and dead members waits for the vote, within ELECTION_WAIT_S,
+# rather than calling etcd unreachable (etcd's Go client retries them too).
+_ELECTING = ("etcdserver: no leader", "etcdserver: leader changed",
+             "etcdserver: request timed out, possibly due to previous leader failure")
+ELECTION_WAIT_S = 3.0
+ELECTION_RETRY_S = 0.2
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),          # never below etcd's 5 s minimum
     ("grpc.keepalive_timeout_ms", 5_000),
@@ -93,6 +104,15 @@ PERMISSION_DENIED = "permission denied"
 # A token that a new one mends: expired, or issued before a change of users or roles (etcd's Go
 # client re-authenticates on both; "revision of auth store is old" comes as INVALID_ARGUMENT).
 _STALE_TOKEN = ("invalid auth token", "revision of auth store is old")
+
+
+class _EveryEndpointFailed(Exception):
+    """A round of _call's in which no endpoint answered: (endpoint, why) of each, the TLS
+    refusals among them, and whether a member said its cluster is electing a leader."""
+
+    def __init__(self, failed: list, tls: list, electing: bool):
+        super().__init__()
+        self.failed, self.tls, self.electing = failed, tls, electing
 
 
 def range_end(prefix: bytes) -> bytes:
@@ -349,8 +369,31 @@ class EtcdClient:
 
     def _call(self, what: str, fn: Callable):
         """Run `fn(channel, metadata)` on the current endpoint, failing over on unavailability."""
-        failed: list[tuple[str, str]] = []             # (endpoint, why) of each endpoint tried
+        give_up = time.monotonic() + ELECTION_WAIT_S
+        while True:
+            try:
+                return self._round(what, fn)
+            except _EveryEndpointFailed as exc:
+                failed, tls = exc.failed, exc.tls
+                if not exc.electing or time.monotonic() + ELECTION_RETRY_S > give_up:
+                    break
+            log.debug("etcd %s: no leader yet (%s), asking again", what, failed[-1][1])
+            time.sleep(ELECTION_RETRY_S)
+        if tls and len(tls) == len(failed):
+            raise self.report_denied(what, tls[0], self.endpoint()) from None
+        if len({why for _, why in failed}) == 1:
+            detail = f" ({', '.join(url for url, _ in failed)}): {failed[0][1]}"
+        else:
+            detail = ": " + "; ".join(f"{url}: {why}" for url, why in failed)
+        self.report_unreachable(f"{what} failed on every endpoint{detail}")
+        raise RegistryUnavailableError(f"etcd {what} failed on every endpoint{detail}")
+
+    def _round(self, what: str, fn: Callable):
+        """One try of each endpoint, from the current one: the first answer, or
+        _EveryEndpointFailed."""
+        failed: list[tuple[str, str]] = []
         tls: list[RegistryDeniedError] = []
+        electing = False
         for _ in range(len(self._endpoints)):
             ep = self.endpoint()
             channel = ep.channel()
@@ -367,18 +410,12 @@ class EtcdClient:
                 failed.append((ep.url, why))
                 if refusal is not None:
                     tls.append(refusal)
+                electing = electing or any(words in why for words in _ELECTING)
                 self.failover(ep, why)
                 continue
             self.succeeded(what, ep)
             return result
-        if tls and len(tls) == len(failed):
-            raise self.report_denied(what, tls[0], self.endpoint()) from None
-        if len({why for _, why in failed}) == 1:
-            detail = f" ({', '.join(url for url, _ in failed)}): {failed[0][1]}"
-        else:
-            detail = ": " + "; ".join(f"{url}: {why}" for url, why in failed)
-        self.report_unreachable(f"{what} failed on every endpoint{detail}")
-        raise RegistryUnavailableError(f"etcd {what} failed on every endpoint{detail}")
+        raise _EveryEndpointFailed(failed, tls, electing)
 
     # -- key/value and lease calls ----------------------------------------------------------------
     def get(self, key: str, prefix: bool = False) -> tuple[list, int]:
