@@ -262,8 +262,8 @@ def _check_layouts() -> None:
     rm = RouteMaps
     for ctype, st in (("fu_key4", rm._KEY4), ("fu_key6", rm._KEY6), ("fu_hop", rm._HOP4),
                       ("fu_hop", rm._HOP6), ("fu_addr6", struct.Struct("16s")),
-                      ("fu_key4", _KEY4_NP), ("fu_hop", _HOP_NP)):
-        size = st.size if isinstance(st, struct.Struct) else st.itemsize
+                      ("fu_key4", _KEY4_WORDS * 4), ("fu_hop", _HOP_WORDS * 4)):
+        size = st.size if isinstance(st, struct.Struct) else st
         assert ffi.sizeof(ctype) == size, (ctype, ffi.sizeof(ctype), size)
     assert ffi.offsetof("fu_key4", "prefixlen") == 0
     assert ffi.offsetof("fu_key4", "addr") == ffi.offsetof("fu_key6", "addr") == 4
