@@ -132,3 +132,22 @@ def test_python_table_of_both_families():
     assert t.lookup6(int(ipaddress.IPv6Address("fc00:67::7"))) is None
     assert t.lookup_addr("10.5.2.7") == (("127.0.0.3", 9), 24)
     assert t.peers == {"127.0.0.2", "127.0.0.3", "127.0.0.4"} and len(t) == 3
+
+
+def test_a_start_imports_no_numpy():
+    """The daemon, its engines' tables and the kernel path's route maps pack without numpy, whose
+    import was ~0.1 s of every start before READY (perf/README.md#no-numpy)."""
+    import subprocess
+    import sys
+    code = ("import sys, dataplane.cli.run, dataplane.daemon.main, dataplane.engine.pytable, "
+            "dataplane.engine.route_array, dataplane.engine.bpf_routes, dataplane.engine.kernel_engine, "
+            "dataplane.daemon.early_load, dataplane.daemon.kernel_path, dataplane.engine.choice\n"
+            "from dataplane.engine import Route\n"
+            "from dataplane.engine.route_array import RouteArray\n"
+            "from dataplane.engine.pytable import RouteTable\n"
+            "r = [Route.make('10.5.2.0/24', '192.0.2.7', 8285)]\n"
+            "RouteArray.of(r).updated([], r); RouteTable.of(r).updated([], r)\n"
+            "print('numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=True)
+    assert out.stdout.strip() == "False"
