@@ -10,7 +10,9 @@
 A real etcd holds ``--peers`` leases (each its own PublicIP, as perf/lease_burst.py writes them);
 then one daemon at a time starts on a new host (a new process, no handover), is timed to its
 subnet.env and to READY=1 (sent once the routes to every listed peer are in), and goes again
-with its host and its lease, so that every run sees the same leases. ``--profile FILE`` runs
+with its host and its lease, so that every run sees the same leases. The kernel path's pins go
+with the host (a new host of the same name would adopt its maps, a restart's work), unless
+``--keep-pins``. ``--profile FILE`` runs
 the daemon under cProfile from its first line to READY=1 and writes the stats there (the
 start's work, not its wall time: the profiler slows it down; the main thread only), and prints
 the etcd client's calls it saw. Each run says how many Range requests etcd answered until READY and how many
@@ -175,6 +177,9 @@ def main() -> int:
                     help="trace the daemon's allocations; the snapshot 2 s after READY=1")
     ap.add_argument("--timeline", action="store_true", help="each start step's times")
     ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
+    ap.add_argument("--keep-pins", action="store_true",
+                    help="kernel path: leave a run's pins to the next run's daemon (which then "
+                         "adopts the maps of the one before: a restart's work, not a fresh start's)")
     a = ap.parse_args()
     global host_cmd
     compiled()                          # the daemon as installed: with its byte code
@@ -216,7 +221,12 @@ def main() -> int:
                   f"until READY: {after[0] - before[0]} Range requests, "
                   f"{(after[1] - before[1]) / 1e6:.2f} MB sent; RSS {IDLE_SETTLE_S:g} s after "
                   f"READY {rss_mb[-1]:.1f} MB", flush=True)
+            pins = ov.tb.bpf_pins(h) if a.engine == "kernel" else None
             ov.remove_host(h)
+            if pins and not a.keep_pins:        # the next run's host (the same name) is a fresh one
+                from dataplane.engine import bpf_pins
+                for d in bpf_pins.directories(pins):
+                    bpf_pins.unpin_all(d)
             time.sleep(0.5)
     if len(env_s) > 1:
         print(f"median of {len(env_s)}: subnet.env {statistics.median(env_s):.3f} s, "

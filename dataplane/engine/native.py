@@ -23,21 +23,21 @@ from dataplane._dataplane_c import ffi, lib
 
 from . import contract
 from .api import DEFAULT_BATCH, Ended, Engine, EngineClosed
-from .route_array import ROUTE6_DTYPE, ROUTE_DTYPE, RouteArray
+from .route_array import ROUTE6_LAYOUT, ROUTE_LAYOUT, RouteArray
 
 __all__ = ["CEngine"]
 log = logging.getLogger(__name__)
 
-# route_array's dtypes are dp_route's and dp_route6's layouts: the C loop
-# reads the arrays' memory as it is, so sizes and every offset must agree.
-def _same_layout(dtype, struct_name: str) -> bool:
-    return dtype.itemsize == ffi.sizeof(struct_name) and all(
-        dtype.fields[name][1] == ffi.offsetof(struct_name, name)
-        for name, _ in ffi.typeof(struct_name).fields)
+# route_array's layouts are dp_route's and dp_route6's: the C loop reads the packed
+# rows' memory as it is, so sizes, names and every offset must agree.
+def _same_layout(layout, struct_name: str) -> bool:
+    return layout.itemsize == ffi.sizeof(struct_name) and \
+        [(name, off) for name, off, _ in layout.fields] == \
+        [(name, ffi.offsetof(struct_name, name)) for name, _ in ffi.typeof(struct_name).fields]
 
 
-assert _same_layout(ROUTE_DTYPE, "dp_route")
-assert _same_layout(ROUTE6_DTYPE, "dp_route6")
+assert _same_layout(ROUTE_LAYOUT, "dp_route")
+assert _same_layout(ROUTE6_LAYOUT, "dp_route6")
 
 # The contract's facts from the library itself. One built from another
 # header than the one contract.py read (a stale build) is refused as not
@@ -116,8 +116,8 @@ class CEngine(Engine):
                 held.enter_context(e._lock)
             loops = ffi.new("dp_loop *[]", [e._live() for e in engines])
             # The arrays stay referenced until the call returns; C copies them.
-            routes = ffi.from_buffer("dp_route[]", arr) if n else ffi.NULL
-            routes6 = ffi.from_buffer("dp_route6[]", arr6) if n6 else ffi.NULL
+            routes = ffi.from_buffer("dp_route[]", arr.words) if n else ffi.NULL
+            routes6 = ffi.from_buffer("dp_route6[]", arr6.words) if n6 else ffi.NULL
             _check(lib.dp_loops_set_routes(loops, len(engines), routes, n, routes6, n6))
 
     def start(self) -> None:

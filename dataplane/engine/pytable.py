@@ -12,10 +12,10 @@ table is immutable once built; the engine publishes a new one by swapping
 one reference, which is atomic under the GIL.
 
 Flow, in the order the code appears:
-  RouteTable    build (route_arrays, then _fill and _fill6), updated (a change
+  RouteTable    build (route_columns, then _fill and _fill6), updated (a change
                 applied to copies of the dicts it touches), lookup / lookup6
                 (the engine inlines them), lookup_addr
-  _fill, _fill6 the rows of a ROUTE_DTYPE / ROUTE6_DTYPE array into the dicts
+  _fill, _fill6 the columns of the IPv4 / IPv6 routes into the dicts
   str_to_int    a peer for trace events
 """
 from __future__ import annotations
@@ -24,9 +24,7 @@ import ipaddress
 import socket
 import struct
 
-import numpy as np
-
-from .route_array import route_arrays
+from .route_array import route_columns
 
 _IP = struct.Struct("!I")
 _MAPPED = bytes(10) + b"\xff\xff"
@@ -45,7 +43,7 @@ def _mask6(prefixlen: int) -> int:
 
 class RouteTable:
     """Immutable table built from an iterable of api.Route, checked as
-    the C engine checks it (route_arrays).
+    the C engine checks it (route_columns).
 
     ``lens`` is a tuple of ``(mask, prefixlen, {net_int: (peer_str, port)})``,
     longest prefix first; the value is ready to pass to ``socket.sendto``.
@@ -70,10 +68,10 @@ class RouteTable:
         by_len: dict[int, dict[int, dict]] = {4: {}, 6: {}}    # version -> prefixlen -> nets
         refs: dict[str, int] = {}
         # As csrc/routes.c: the peer of a duplicate that a later route replaced stays a peer.
-        tables = route_arrays(routes)
+        tables = route_columns(routes)
         for fill, table, nets in zip(_FILL, tables, by_len.values()):
             fill(table, lambda plen, nets=nets: nets.setdefault(plen, {}), refs, replace=False)
-        self._set(by_len, refs, sum(map(len, tables)))
+        self._set(by_len, refs, sum(len(cols[0]) for cols in tables))
 
     @classmethod
     def of(cls, routes=()) -> "RouteTable":
@@ -103,7 +101,7 @@ class RouteTable:
         IPv6Networks; one with no route is ignored), then with the Routes ``added``
         (replacing a route of the same subnet); checked as a whole table is, nothing built
         when a route is refused."""
-        adds = route_arrays(added)
+        adds = route_columns(added)
         by_len = {version: {plen: nets for _, plen, nets in lens}    # shared until written
                   for version, lens in ((4, self.lens), (6, self.lens6))}
         routes = sum(len(nets) for _, _, nets in self.lens + self.lens6)
@@ -174,15 +172,16 @@ def _copy_on_write(by_len: dict):
     return writable
 
 
-def _fill(table: np.ndarray, nets_of, refs: dict, replace: bool) -> None:
-    """Put the rows of a route array into the dicts ``nets_of(prefixlen)`` returns, counting
-    the routes per peer in ``refs``; a later route of the same subnet replaces an earlier one,
-    whose peer loses that count when ``replace`` (else it stays, as in a whole build)."""
+def _fill(cols: tuple, nets_of, refs: dict, replace: bool) -> None:
+    """Put the IPv4 routes' columns (route_columns) into the dicts ``nets_of(prefixlen)``
+    returns, counting the routes per peer in ``refs``; a later route of the same subnet
+    replaces an earlier one, whose peer loses that count when ``replace`` (else it stays, as
+    in a whole build)."""
+    nets, plens, peers, ports = cols
     # A peer's str is made once, however many subnets it serves.
-    uniq, which = np.unique(table["peer_ip"], return_inverse=True)
-    names = [socket.inet_ntoa(_IP.pack(ip)) for ip in uniq.tolist()]
-    hops = zip([names[i] for i in which.tolist()], table["port"].tolist())
-    for plen, net, hop in zip(table["prefixlen"].tolist(), table["net"].tolist(), hops):
+    names = {ip: socket.inet_ntoa(_IP.pack(ip)) for ip in set(peers)}
+    hops = zip(map(names.__getitem__, peers), ports)
+    for plen, net, hop in zip(plens, nets, hops):
         nets = nets_of(plen)
         old = nets.get(net) if replace else None
         if old is not None:
@@ -199,13 +198,11 @@ def _name6(peer: bytes) -> str:
     return socket.inet_ntop(socket.AF_INET6, peer)
 
 
-def _fill6(table: np.ndarray, nets_of, refs: dict, replace: bool) -> None:
-    """:func:`_fill` for a ROUTE6_DTYPE array: nets as 128-bit ints, values (hop, mtu)
+def _fill6(cols: tuple, nets_of, refs: dict, replace: bool) -> None:
+    """:func:`_fill` for the IPv6 routes' columns: nets as 128-bit ints, values (hop, mtu)
     with an IPv6 peer's hop in AF_INET6's form (RouteTable says why)."""
     names: dict[bytes, str] = {}
-    for net, peer, plen, port, mtu in zip(table["net"].tolist(), table["peer_ip"].tolist(),
-                                          table["prefixlen"].tolist(), table["port"].tolist(),
-                                          table["mtu"].tolist()):
+    for net, peer, plen, port, mtu in zip(*cols):
         name = names.get(peer)
         if name is None:
             name = names[peer] = _name6(peer)

@@ -1,28 +1,117 @@
-"""A route table as numpy arrays in the layouts of csrc/dataplane.h's ``dp_route``
-(IPv4 subnets) and ``dp_route6`` (IPv6 subnets), checked once for both engines.
+"""A route table packed in the layouts of csrc/dataplane.h's ``dp_route`` (IPv4 subnets)
+and ``dp_route6`` (IPv6 subnets), checked once for both engines.
 
-The C engine hands the arrays' memory to ``dp_loops_set_routes`` as they are;
-the Python engine builds its dicts from the columns. Both therefore accept
-and refuse exactly the same input, with the same exception.
+The C engine hands the packed memory to ``dp_loops_set_routes`` as it is; the Python engine
+builds its dicts from the checked columns. Both therefore accept and refuse exactly the same
+input, with the same exception. No numpy: its import was ~0.1 s of a daemon's start, before
+READY, for what ``array`` and ``struct`` do in C loops as well (perf/README.md#no-numpy).
 """
 from __future__ import annotations
 
 import ipaddress
-
-import numpy as np
+import struct
+import sys
+from array import array
 
 from .api import Route
 from .contract import MTU6_MIN, MTU_MAX
 
-# dp_route: the addresses are uint32 holding network-order bytes, which is
-# what a big-endian uint32 of the address's integer value stores; the
-# numbers are native uint32. native.py checks size and offsets against cffi.
-ROUTE_DTYPE = np.dtype([("net", ">u4"), ("prefixlen", "=u4"), ("peer_ip", ">u4"), ("port", "=u4")])
+assert array("I").itemsize == 4     # a row is read as the C structs' uint32 words
+_LITTLE = sys.byteorder == "little"
+
+
+class Layout:
+    """A C struct's size and its fields' offsets and formats (native.py checks them against
+    cffi); an IPv4 address is a uint32 holding network-order bytes."""
+    __slots__ = ("itemsize", "fields")
+
+    def __init__(self, itemsize: int, fields: tuple):
+        self.itemsize, self.fields = itemsize, fields    # ((name, offset, struct format), ...)
+
+    @property
+    def names(self) -> tuple:
+        return tuple(name for name, _, _ in self.fields)
+
+    def offset(self, name: str) -> int:
+        return next(off for n, off, _ in self.fields if n == name)
+
+
+ROUTE_LAYOUT = Layout(16, (("net", 0, ">I"), ("prefixlen", 4, "=I"), ("peer_ip", 8, ">I"),
+                           ("port", 12, "=I")))
 # dp_route6: 16 network-order bytes per address; the peer IPv4-mapped (::ffff:a.b.c.d) for
 # the IPv4 underlay, as it is for the IPv6 one; the inner MTU towards it (0: none).
-ROUTE6_DTYPE = np.dtype([("net", "V16"), ("peer_ip", "V16"), ("prefixlen", "=u4"),
-                         ("port", "=u4"), ("mtu", "=u4"), ("reserved", "=u4")])
+ROUTE6_LAYOUT = Layout(48, (("net", 0, "16s"), ("peer_ip", 16, "16s"), ("prefixlen", 32, "=I"),
+                            ("port", 36, "=I"), ("mtu", 40, "=I"), ("reserved", 44, "=I")))
+_ROW6 = struct.Struct("=16s16sIIII")
 _MAPPED = bytes(10) + b"\xff\xff"
+
+
+class Packed:
+    """One family's rows in its Layout: ``words`` (an ``array('I')``, what cffi's from_buffer
+    hands to C), ``len`` its rows."""
+    __slots__ = ("words", "layout")
+
+    def __init__(self, words: array, layout: Layout):
+        self.words, self.layout = words, layout
+
+    @property
+    def itemsize(self) -> int:
+        return self.layout.itemsize
+
+    @property
+    def width(self) -> int:
+        return self.layout.itemsize // 4
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.words) * 4
+
+    def __len__(self) -> int:
+        return len(self.words) // self.width
+
+    def tobytes(self) -> bytes:
+        return self.words.tobytes()
+
+    def column(self, name: str) -> list:
+        """A field of every row, as its format reads it (an IPv4 address as its int)."""
+        off = self.layout.offset(name)
+        fmt = struct.Struct(next(f for n, _, f in self.layout.fields if n == name))
+        buf, size = self.words.tobytes(), self.itemsize
+        return [fmt.unpack_from(buf, i + off)[0] for i in range(0, len(buf), size)]
+
+    def rows(self) -> list:
+        """Each row as a tuple of its fields (for checks)."""
+        cols = [self.column(n) for n in self.layout.names]
+        return list(zip(*cols))
+
+
+def _words(values) -> array:
+    """The ints as native uint32 words."""
+    return array("I", values)
+
+
+def _be_words(values) -> array:
+    """The ints as uint32 words holding their network-order bytes."""
+    out = array("I", values)
+    if _LITTLE:
+        out.byteswap()
+    return out
+
+
+def pack4(nets, plens, peers, ports) -> Packed:
+    """dp_route rows of four columns of ints (the addresses' own values), by whole columns."""
+    words = array("I", bytes(16 * len(nets)))
+    words[0::4], words[1::4] = _be_words(nets), _words(plens)
+    words[2::4], words[3::4] = _be_words(peers), _words(ports)
+    return Packed(words, ROUTE_LAYOUT)
+
+
+def pack6(nets, peers, plens, ports, mtus) -> Packed:
+    """dp_route6 rows of their columns (addresses as 16 bytes)."""
+    words = array("I")
+    words.frombytes(b"".join(map(_ROW6.pack, nets, peers, plens, ports, mtus,
+                                 [0] * len(nets))))
+    return Packed(words, ROUTE6_LAYOUT)
 
 
 def _check_types(routes) -> None:
@@ -104,114 +193,132 @@ def _check_family(r: Route) -> None:
         raise ValueError(f"route {r!r}: mtu 0 or {MTU6_MIN}..{MTU_MAX}")
 
 
-def route_arrays(routes) -> tuple[np.ndarray, np.ndarray]:
-    """The routes as a ``ROUTE_DTYPE`` array of the IPv4 subnets and a ``ROUTE6_DTYPE``
-    array of the IPv6 ones, each in order (a later duplicate wins in both engines).
-    TypeError for anything but Routes with a peer address and int port and mtu,
-    ValueError for what dataplane.h forbids: a port outside 1..65535, an IPv6 peer or an
-    mtu on an IPv4 subnet, an mtu outside 0 and MTU6_MIN..MTU_MAX, an IPv6 peer that is
-    ::, link-local or multicast; nothing is built then."""
+def route_columns(routes) -> tuple[tuple, tuple]:
+    """The routes checked and split by family into columns: the IPv4 subnets' (nets, prefix
+    lengths, peers, ports; addresses as their ints) and the IPv6 ones' (nets and peers as
+    dp_route6's 16 bytes, prefix lengths, ports, mtus), each in order (a later duplicate wins
+    in both engines). TypeError for anything but Routes with a peer address and int port and
+    mtu, ValueError for what dataplane.h forbids: a port outside 1..65535, an IPv6 peer or an
+    mtu on an IPv4 subnet, an mtu outside 0 and MTU6_MIN..MTU_MAX, an IPv6 peer that is ::,
+    link-local or multicast; nothing is built then."""
     routes = list(routes)
     if not _plain(routes):      # the usual table passes whole; else each route says its fault
         _check_types(routes)
         for r in routes:
             _check_family(r)
-    # An int too large for int64 makes this an object array, which compares
-    # just as well; the check below is then still exact.
-    ports = np.array([r.port for r in routes])
-    bad = np.flatnonzero((ports < 1) | (ports > 0xFFFF))
-    if bad.size:
-        raise ValueError(f"route {routes[bad[0]]!r}: port out of range 1..65535")
+    ports = [r.port for r in routes]
+    if ports and (min(ports) < 1 or max(ports) > 0xFFFF):
+        bad = next(r for r in routes if not 1 <= r.port <= 0xFFFF)
+        raise ValueError(f"route {bad!r}: port out of range 1..65535")
     v4 = [r for r in routes if r.subnet._version == 4]      # (.version: a Python call)
     v6 = [r for r in routes if r.subnet._version == 6]
-    arr = np.empty(len(v4), ROUTE_DTYPE)
     # ipaddress's own fields (what int() and .prefixlen read, through a Python call each)
-    arr["net"] = [r.subnet.network_address._ip for r in v4]
-    arr["prefixlen"] = [r.subnet._prefixlen for r in v4]
-    arr["peer_ip"] = [r.peer_ip._ip for r in v4]
-    arr["port"] = [r.port for r in v4]
-    arr6 = np.zeros(len(v6), ROUTE6_DTYPE)
-    arr6["net"] = [r.subnet.network_address.packed for r in v6]
-    arr6["peer_ip"] = [_peer6(r) for r in v6]
-    arr6["prefixlen"] = [r.subnet.prefixlen for r in v6]
-    arr6["port"] = [r.port for r in v6]
-    arr6["mtu"] = [r.mtu for r in v6]
-    return arr, arr6
+    cols4 = ([r.subnet.network_address._ip for r in v4], [r.subnet._prefixlen for r in v4],
+             [r.peer_ip._ip for r in v4], [r.port for r in v4])
+    cols6 = ([r.subnet.network_address.packed for r in v6], [_peer6(r) for r in v6],
+             [r.subnet.prefixlen for r in v6], [r.port for r in v6], [r.mtu for r in v6])
+    return cols4, cols6
+
+
+def route_arrays(routes) -> tuple[Packed, Packed]:
+    """The routes as dp_route rows of the IPv4 subnets and dp_route6 rows of the IPv6 ones,
+    each in order, checked as :func:`route_columns` checks them."""
+    cols4, cols6 = route_columns(routes)
+    return pack4(*cols4), pack6(*cols6)
 
 
 def _key(subnet) -> tuple:
     """A subnet as the rows of its family's array are keyed: (net as stored, prefixlen)."""
     net = subnet.network_address
-    return (int(net) if net.version == 4 else net.packed), subnet.prefixlen
+    if net.version == 4:
+        return int.from_bytes(net.packed, sys.byteorder), subnet.prefixlen
+    return net.packed, subnet.prefixlen
 
 
 class _Rows:
-    """One family's array and its rows by subnet, built on first use; a table built with
-    duplicates keeps the last one, as the engines do."""
+    """One family's rows and their row numbers by subnet, indexed on first use; a table built
+    with duplicates keeps the last one, as the engines do."""
     __slots__ = ("array", "rows")
 
-    def __init__(self, array: np.ndarray, rows: dict | None = None):
+    def __init__(self, array: Packed, rows: dict | None = None):
         self.array, self.rows = array, rows
 
-    def index(self) -> tuple[np.ndarray, dict]:
+    def index(self) -> tuple[Packed, dict]:
         if self.rows is None:
             arr = self.array
             rows = {key: i for i, key in enumerate(self.keys(arr))}
             if len(rows) != len(arr):
-                arr = arr[sorted(rows.values())]
+                w, words = arr.width, arr.words
+                kept = array("I")
+                for i in sorted(rows.values()):
+                    kept.extend(words[i * w:(i + 1) * w])
+                arr = Packed(kept, arr.layout)
                 rows = {key: i for i, key in enumerate(self.keys(arr))}
             self.array, self.rows = arr, rows
         return self.array, self.rows
 
     @staticmethod
-    def keys(arr: np.ndarray):
-        return zip(arr["net"].tolist(), arr["prefixlen"].tolist())
+    def keys(arr: Packed):
+        """(net as stored, prefixlen) of each row: IPv4's net word, IPv6's 16 bytes."""
+        words, w = arr.words, arr.width
+        if arr.layout is ROUTE_LAYOUT:
+            return zip(words[0::4], words[1::4])
+        return zip([words[i:i + 4].tobytes() for i in range(0, len(words), w)], words[8::w])
 
-    def updated(self, removed_keys, add: np.ndarray) -> "_Rows":
-        """A copy of the array (a memory copy) with the change applied row by row."""
+    @staticmethod
+    def _key_at(words: array, row: int, w: int) -> tuple:
+        at = row * w
+        if w == 4:
+            return words[at], words[at + 1]
+        return words[at:at + 4].tobytes(), words[at + 8]
+
+    def updated(self, removed_keys, add: Packed) -> "_Rows":
+        """A copy of the rows (a memory copy) with the change applied row by row."""
         old, rows = self.index()
         rows = dict(rows)
-        n = len(old)
-        arr = np.empty(n + len(add), old.dtype)
-        arr[:n] = old
+        w, n = old.width, len(old)
+        arr = array("I", old.words)
+        arr.extend(add.words)               # room for the added rows; written below
         for key in removed_keys:
             row = rows.pop(key, None)
             if row is None:
                 continue
             n -= 1
             if row != n:                   # the last row fills the hole
-                arr[row] = arr[n]
-                rows[(arr["net"][row].tolist(), int(arr["prefixlen"][row]))] = row
+                arr[row * w:(row + 1) * w] = arr[n * w:(n + 1) * w]
+                rows[self._key_at(arr, row, w)] = row
+        add_words = add.words
         for i, key in enumerate(self.keys(add)):
             row = rows.setdefault(key, n)
             if row == n:
                 n += 1
-            arr[row] = add[i]
-        return _Rows(arr[:n], rows)
+            arr[row * w:(row + 1) * w] = add_words[i * w:(i + 1) * w]
+        del arr[n * w:]
+        return _Rows(Packed(arr, old.layout), rows)
 
 
 class RouteArray:
-    """A route table in ``ROUTE_DTYPE`` and ``ROUTE6_DTYPE`` layout, immutable, that derives
-    the next table from a change without visiting the routes the change leaves alone.
+    """A route table in ``dp_route`` and ``dp_route6`` layout, immutable, that derives the next
+    table from a change without visiting the routes the change leaves alone.
 
-    ``array`` and ``array6`` are what the C engine is handed. ``updated(removed, added)``
-    copies them (a memory copy) and applies the change row by row, so the Python work is the
-    size of the change, not of the table: with thousands of peers a burst of lease events
-    costs per event, not per peer. Rows are in no particular order (no two share a subnet,
-    so order cannot matter).
+    ``array`` and ``array6`` (:class:`Packed`) are what the C engine is handed.
+    ``updated(removed, added)`` copies them (a memory copy) and applies the change row by row,
+    so the Python work is the size of the change, not of the table: with thousands of peers a
+    burst of lease events costs per event, not per peer. Rows are in no particular order (no
+    two share a subnet, so order cannot matter).
     """
     __slots__ = ("_families",)
 
-    def __init__(self, arrays: tuple[np.ndarray, np.ndarray]):
-        """``arrays``: the IPv4 and the IPv6 array, as :func:`route_arrays` gives them."""
+    def __init__(self, arrays: tuple[Packed, Packed]):
+        """``arrays``: the IPv4 and the IPv6 rows, as :func:`route_arrays` gives them."""
         self._families = tuple(_Rows(a) for a in arrays)    # IPv4's, IPv6's
 
     @property
-    def array(self) -> np.ndarray:
+    def array(self) -> Packed:
         return self._families[0].array
 
     @property
-    def array6(self) -> np.ndarray:
+    def array6(self) -> Packed:
         return self._families[1].array
 
     @classmethod

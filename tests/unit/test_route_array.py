@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from dataplane.engine import Route
-from dataplane.engine.route_array import ROUTE6_DTYPE, ROUTE_DTYPE, route_arrays
+from dataplane.engine.route_array import ROUTE6_LAYOUT, ROUTE_LAYOUT, route_arrays
 from tests.conftest import require_engine
 from tests.engine_harness import Harness
 
@@ -18,9 +18,9 @@ def test_bytes_are_dp_route_layout():
                                 r.peer_ip.packed, r.port) for r in routes)
     assert route_arrays(routes)[0].tobytes() == want
     assert route_arrays(iter(routes))[0].tobytes() == want
-    assert route_arrays(routes)[1].shape == (0,)
-    for arr, dtype in zip(route_arrays([]), (ROUTE_DTYPE, ROUTE6_DTYPE)):
-        assert arr.shape == (0,) and arr.dtype == dtype
+    assert len(route_arrays(routes)[1]) == 0
+    for arr, layout in zip(route_arrays([]), (ROUTE_LAYOUT, ROUTE6_LAYOUT)):
+        assert len(arr) == 0 and arr.tobytes() == b"" and arr.layout is layout
 
 
 def test_ipv6_bytes_are_dp_route6_layout_with_the_peer_ipv4_mapped():
@@ -72,13 +72,16 @@ def test_route_make_refuses_an_ipv6_peer_or_an_mtu_for_an_ipv4_subnet():
     assert Route.make("10.5.3.0/24", "::ffff:127.0.0.2", 8285).peer_ip.version == 4
 
 
-@pytest.mark.parametrize("struct_name, dtype", [("dp_route", ROUTE_DTYPE), ("dp_route6", ROUTE6_DTYPE)])
-def test_dtype_matches_the_header(struct_name, dtype):
+@pytest.mark.parametrize("struct_name, layout", [("dp_route", ROUTE_LAYOUT),
+                                                 ("dp_route6", ROUTE6_LAYOUT)])
+def test_layout_matches_the_header(struct_name, layout):
     require_engine("c")
     from dataplane._dataplane_c import ffi
-    assert dtype.itemsize == ffi.sizeof(struct_name)
-    assert [(n, dtype.fields[n][1]) for n in dtype.names] == \
+    assert layout.itemsize == ffi.sizeof(struct_name)
+    assert [(n, layout.offset(n)) for n in layout.names] == \
         [(n, ffi.offsetof(struct_name, n)) for n, _ in ffi.typeof(struct_name).fields]
+    assert all(struct.calcsize(f) == ffi.sizeof(ffi.typeof(struct_name).fields[i][1].type)
+               for i, (_, _, f) in enumerate(layout.fields))
 
 
 @pytest.mark.parametrize("port", [0, -1, 65536, 2 ** 70, -2 ** 70])
@@ -129,3 +132,22 @@ def test_python_table_of_both_families():
     assert t.lookup6(int(ipaddress.IPv6Address("fc00:67::7"))) is None
     assert t.lookup_addr("10.5.2.7") == (("127.0.0.3", 9), 24)
     assert t.peers == {"127.0.0.2", "127.0.0.3", "127.0.0.4"} and len(t) == 3
+
+
+def test_a_start_imports_no_numpy():
+    """The daemon, its engines' tables and the kernel path's route maps pack without numpy, whose
+    import was ~0.1 s of every start before READY (perf/README.md#no-numpy)."""
+    import subprocess
+    import sys
+    code = ("import sys, dataplane.cli.run, dataplane.daemon.main, dataplane.engine.pytable, "
+            "dataplane.engine.route_array, dataplane.engine.bpf_routes, dataplane.engine.kernel_engine, "
+            "dataplane.daemon.early_load, dataplane.daemon.kernel_path, dataplane.engine.choice\n"
+            "from dataplane.engine import Route\n"
+            "from dataplane.engine.route_array import RouteArray\n"
+            "from dataplane.engine.pytable import RouteTable\n"
+            "r = [Route.make('10.5.2.0/24', '192.0.2.7', 8285)]\n"
+            "RouteArray.of(r).updated([], r); RouteTable.of(r).updated([], r)\n"
+            "print('numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=True)
+    assert out.stdout.strip() == "False"

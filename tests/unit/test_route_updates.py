@@ -13,7 +13,7 @@ from dataplane.control.peerset import PeerChange, PeerSnapshot
 from dataplane.control.routes import route_changes, route_table
 from dataplane.engine import Route, engine_class, multi
 from dataplane.engine.pytable import RouteTable
-from dataplane.engine.route_array import RouteArray, route_arrays
+from dataplane.engine.route_array import RouteArray, route_arrays, route_columns
 from tests.conftest import require_engine, wait_until
 
 TABLES = [RouteArray, RouteTable]
@@ -66,8 +66,8 @@ def test_random_changes_equal_a_whole_build(cls):
         table = table.updated(removed, added)
         same(table, current.values())
         if cls is RouteArray:                       # no stale duplicate row behind the index
-            assert len({tuple(r[:2]) for r in table.array.tolist()}) == len(table.array)
-            assert len({(bytes(r[0]), r[2]) for r in table.array6.tolist()}) == len(table.array6)
+            assert len({tuple(r[:2]) for r in table.array.rows()}) == len(table.array)
+            assert len({(r[0], r[2]) for r in table.array6.rows()}) == len(table.array6)
 
 
 @pytest.mark.parametrize("cls", TABLES)
@@ -115,9 +115,9 @@ def test_a_change_converts_its_routes_not_the_tables(cls, monkeypatch):
     def counting(routes):
         routes = list(routes)
         converted.append(len(routes))
-        return route_arrays(routes)
-    monkeypatch.setattr(route_array_module, "route_arrays", counting)
-    monkeypatch.setattr(pytable, "route_arrays", counting)
+        return route_columns(routes)
+    monkeypatch.setattr(route_array_module, "route_columns", counting)
+    monkeypatch.setattr(pytable, "route_columns", counting)
     for i in range(20):
         big = big.updated([route(i, i).subnet], [route(40000 + i, i)])
     assert converted == [1] * 20
