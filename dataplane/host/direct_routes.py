@@ -250,17 +250,25 @@ def put_all(routes, ifindex: int) -> list:
 
 def _put_nexthops(tab, routes, ifindex: int, plain: list, again: bool = True) -> list:
     """The nexthops, then the routes by them; ``plain`` gets the routes of a family the
-    kernel refused nexthop objects of (logged once)."""
-    fresh = [subnet not in tab.ids for subnet, _ in routes]
-    ids = [tab.ids.get(subnet) or tab.fresh() for subnet, _ in routes]
-    errors, _ = nl.request([nexthops.new_msg(nhid, via, ifindex, PROTO, new)
-                            for (_, via), nhid, new in zip(routes, ids, fresh)])
+    kernel refused nexthop objects of (logged once). A route whose nexthop is already ours
+    with its gateway keeps it; one whose gateway changed gets a new id, and the old nexthop
+    goes once no route uses it (host/nexthops.py new_msg says why not a replace)."""
+    old = [tab.ids.get(subnet) for subnet, _ in routes]
+    ids = [nhid if nhid and tab.via.get(nhid) == (via, ifindex) else None
+           for (_, via), nhid in zip(routes, old)]
+    ids = [nhid or tab.fresh() for nhid in ids]
+    fresh = [nhid != was for nhid, was in zip(ids, old)]
+    asked = [i for i, new in enumerate(fresh) if new]
+    errors = [0] * len(routes)
+    got, _ = nl.request([nexthops.new_msg(ids[i], routes[i][1], ifindex, PROTO) for i in asked])
+    for i, code in zip(asked, got):
+        errors[i] = code
     refused, made, retry = [], [], []
     for (subnet, via), nhid, new, code in zip(routes, ids, fresh, errors):
         if not code:
-            tab.ids[subnet] = nhid
-            made.append((subnet, via, nhid))
-        elif code == errno.EEXIST and new and again:
+            tab.via[nhid] = (via, ifindex)
+            made.append((subnet, via, nhid, new))
+        elif code == errno.EEXIST and again:
             retry.append((subnet, via))        # taken meanwhile: another id
         elif code in (errno.EOPNOTSUPP, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT):
             family = _family(subnet)
@@ -271,17 +279,27 @@ def _put_nexthops(tab, routes, ifindex: int, plain: list, again: bool = True) ->
                          nl.errno_name(code))
             plain.append((subnet, via))
         else:
-            tab.ids.pop(subnet, None)
             refused.append((subnet, via, code))
-    errors, _ = nl.request([_nh_route_msg(subnet, nhid) for subnet, _, nhid in made])
+    errors, _ = nl.request([_nh_route_msg(subnet, nhid) for subnet, _, nhid, _ in made])
     gone = []
-    for (subnet, via, nhid), code in zip(made, errors):
-        if code:
-            refused.append((subnet, via, code))
-            gone.append(nhid)
+    for (subnet, via, nhid, new), code in zip(made, errors):
+        if not code:
+            if new and tab.ids.get(subnet) not in (None, nhid):
+                gone.append(tab.ids[subnet])        # its old gateway's: no route uses it
+            tab.ids[subnet] = nhid
+        elif not new and again:       # our nexthop was gone (deleted by hand): a new one
             tab.ids.pop(subnet, None)
-    if gone:                          # no orphan of ours left behind
+            tab.via.pop(nhid, None)
+            retry.append((subnet, via))
+        else:
+            refused.append((subnet, via, code))
+            if new:
+                gone.append(nhid)             # no orphan of ours left behind
+    if gone:
         nl.request([nexthops.del_msg(nhid) for nhid in gone])
+        for nhid in gone:
+            tab.via.pop(nhid, None)
+            tab.used.discard(nhid)
     if retry:
         try:
             found = nexthops.dump()
@@ -293,21 +311,26 @@ def _put_nexthops(tab, routes, ifindex: int, plain: list, again: bool = True) ->
 
 
 def remove_all(subnets) -> list:
-    """Our routes to ``subnets`` gone, either form: each one's nexthop (it takes the route
-    along), then the route itself (a plain one, or one whose id we did not know). Returns
-    those the kernel refused other than for being gone already, ``(subnet, errno)``."""
+    """Our routes to ``subnets`` gone, either form: the routes, then the nexthops they used.
+    That order: a nexthop deleted while a route uses it makes the kernel walk every route of
+    the namespace (fib_flush), 16,000 of them for each of a burst's nexthops; once its route is
+    gone, no route holds it. Returns those the kernel refused other than for being gone
+    already, ``(subnet, errno)``."""
     subnets = list(subnets)
     if not subnets:
         return []
     tab = nexthops.table(lambda: {dst: nhid for dst, (_, nhid) in _ours().items()})
     with tab.lock:
+        refused = delete_all(subnets)
         ids = [(subnet, tab.ids.pop(subnet, None)) for subnet in subnets]
         known = [(subnet, nhid) for subnet, nhid in ids if nhid]
         errors, _ = nl.request([nexthops.del_msg(nhid) for _, nhid in known])
-        refused = [(subnet, code) for (subnet, _), code in zip(known, errors)
-                   if code and code not in (errno.ENOENT, errno.ESRCH)]
-        tab.used.difference_update(nhid for _, nhid in known)
-    return refused + delete_all(subnets)
+        refused += [(subnet, code) for (subnet, _), code in zip(known, errors)
+                    if code and code not in (errno.ENOENT, errno.ESRCH)]
+        for _, nhid in known:
+            tab.used.discard(nhid)
+            tab.via.pop(nhid, None)
+    return refused
 
 
 def delete_nexthops(ids) -> list:
