@@ -5,6 +5,10 @@ type), the question the decision asks the kernel (is an address reached without 
 that interface?), and a watch of this host's addresses and routes of both families, after which
 the answers may differ.
 
+Where the kernel has nexthop objects (host/nexthops.py) a route goes ``<subnet> nhid I`` through
+``id I via <PublicIP> dev <external interface>``, both ours (:func:`put_all`, :func:`remove_all`,
+:func:`listing`); else, and in :func:`replace_all`/:func:`delete_all`, plain.
+
 Our routes carry their own protocol number, PROTO (``ip route`` shows ``proto 153``): the
 daemon finds its own among the host's routes after a restart or a handover, and ``flannel-udp
 cleanup`` removes them. They stay when the daemon exits, as flanneld leaves its rules: the
