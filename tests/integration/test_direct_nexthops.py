@@ -197,3 +197,38 @@ print(json.dumps(out))
     assert sum(s.startswith("ip route del") for s in steps) == 202
     assert sum(s.startswith("ip nexthop del id") for s in steps) == 203
     assert routes_of(out["left"]) == [] and json.loads(out["left"]["nh"] or "[]") == []
+
+
+LOOKUP = """
+import json, socket, subprocess
+from ipaddress import IPv4Address
+from dataplane.host import direct_routes as dr
+for line in ("nexthop add id 7 via 192.168.9.7 dev e1",      # another program's, by id
+             "route add 172.22.0.0/16 nhid 7",               # inside e0's prefix, via a gateway
+             "nexthop add id 8 dev e0", "route add 10.200.0.0/16 nhid 8",   # on e0's link
+             "nexthop add id 9 dev e1", "route add 10.201.0.0/16 nhid 9",   # another link
+             "nexthop add id 10 blackhole", "route add 172.24.0.0/16 nhid 10"):
+    subprocess.run(["ip"] + line.split(), check=True)
+ifindex = socket.if_nametoindex("e0")
+ips = [IPv4Address(a) + i for a in ("172.22.0.5", "10.200.0.5", "10.201.0.5", "172.24.0.5",
+                                    "172.16.0.5") for i in range(10)]
+out = {}
+for mode in ("1", "0"):
+    subprocess.run(["sysctl", "-qw", f"net.ipv4.nexthop_compat_mode={mode}"], check=True)
+    out[mode] = [sorted(map(str, dr.on_link_all(ips, ifindex))),
+                 sorted(str(ip) for ip in ips if dr.on_link(ip, ifindex))]
+print(json.dumps(out))
+"""
+
+
+def test_on_the_link_past_other_programs_routes_by_nexthop(netns):
+    """The on-link answers done in Python (host/route_lookup.py) read another program's routes
+    by nexthop object as the kernel does, with the nexthop beside the id in the dump and without
+    (net.ipv4.nexthop_compat_mode off)."""
+    ns.run_ip(["-batch", "-"], netns=netns, input="addr add 192.168.9.1/24 dev e1\n")
+    out = run(netns, LOOKUP)
+    for mode in ("1", "0"):
+        python, kernel = out[mode]
+        assert python == kernel, (mode, python, kernel)
+        assert "10.200.0.5" in python and "172.16.0.5" in python
+        assert not {"172.22.0.5", "10.201.0.5", "172.24.0.5"} & set(python)
