@@ -48,6 +48,9 @@ out["refused"] = [[str(s), str(v), c] for s, v, c in dr.put_all(routes[:50] + [b
 out["put"] = shown()
 have, other, orphans = dr.listing()
 out["listing"] = [sorted([str(s), str(v)] for s, v in have.items()), len(other), orphans]
+subprocess.run(["sysctl", "-qw", "net.ipv4.nexthop_compat_mode=0"], check=True)
+out["listing_compat_off"] = sorted([str(s), str(v)] for s, v in dr.listing()[0].items())
+subprocess.run(["sysctl", "-qw", "net.ipv4.nexthop_compat_mode=1"], check=True)
 # a PublicIP that changed
 dr.put_all([(routes[0][0], IPv4Address("172.16.5.5"))], ifindex)
 out["moved"] = ip("-4", "route", "show", str(routes[0][0]))
@@ -138,6 +141,8 @@ def test_routes_by_nexthop_installed_listed_and_removed(netns):
     have, other, orphans = out["listing"]
     assert len(have) == 203 and ["fc00:5:0:2::/64", "fd00:1::c"] in have
     assert other == 0 and orphans == []
+    # without the gateway beside the id in the dump (nexthop_compat_mode off): the same
+    assert out["listing_compat_off"] == have
     # a new gateway, a new id (not a replace of one in use); the old one went: the only orphan
     # is the nexthop of the route deleted by hand
     assert re.match(r"10.1.0.0/24 nhid (\d+) via 172.16.5.5 dev e0", out["moved"]), out["moved"]
