@@ -78,7 +78,7 @@ class PeerRoutes:
                                   on_link_all=lambda ips: direct_routes.on_link_all(ips, ifindex))
         if st.config.direct_routing:
             log.info("DirectRouting is on: peers that have it too and whose PublicIP is on %s's "
-                     "link get a plain route via their PublicIP (proto %d), their IPv6 parts one "
+                     "link get a kernel route via their PublicIP (proto %d), their IPv6 parts one "
                      "via their PublicIPv6 when that is on the link; the others go through "
                      "flannel0", st.ext.name, direct_routes.PROTO)
             self.route_watch = direct_routes.HostRouteWatch(
