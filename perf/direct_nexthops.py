@@ -4,7 +4,8 @@
 
 Each form: N routes ``10.x.y.0/24 via 172.16.a.b dev e0`` (each peer its own gateway, as
 perf/scale.py's leases) put at once (host/direct_routes.py ``put_all``), our routes listed
-back (``listing``), all put again over themselves (a restart's first listing), the last ``--burst`` removed (``remove_all``) and put back (the burst from
+back (``listing``), all put again over themselves (a restart's first listing: by the same process, then by one
+that reads its ids back from the kernel), the last ``--burst`` removed (``remove_all``) and put back (the burst from
 N - burst to N), all removed. Wall, user and system time of this process (``getrusage``: the
 kernel's work on a netlink request is done in the sender's system time). Each form runs in a
 fresh network namespace (``unshare`` of this process's network, one form per child).
@@ -49,6 +50,8 @@ def child(n: int, burst: int, plain: bool) -> dict:
     have = _timed("listing", dr.listing, out)[0]
     # a restart's first listing: every route put again over itself (known ids replaced)
     _timed("put_again", lambda: dr.put_all(routes, ifindex), out)
+    nexthops.forget()                   # a new process: which id each route uses read back
+    _timed("put_restarted", lambda: dr.put_all(routes, ifindex), out)
     back = routes[n - burst:]
     _timed("remove_burst", lambda: dr.remove_all(s for s, _ in back), out)
     _timed("put_burst", lambda: dr.put_all(back, ifindex), out)
