@@ -4,12 +4,13 @@
 Why: each plain route's gateway is a ``fib_info`` of its own, and the kernel finds a shared one by
 walking a chain that holds all of them (the hash leaves the gateway out), so adding 16,000 routes
 each through its own gateway took ~4.5 s of the kernel's time, quadratic in their number; routes
-by nexthop id are hashed by the id: 16,000 nexthops and their routes in ~0.6 s
+by nexthop id are hashed by the id: 16,000 nexthops and their routes in ~0.2 s
 (perf/README.md#direct-batch, #direct-nexthops).
 
 Ids: our block is ``ID_FIRST``..``ID_LAST`` (153 in the top byte, as in the protocol number):
-FRR's zebra numbers its own nexthops from low ids up, and ``ip nexthop add`` without an id
-takes the lowest free one. A daemon finds its own by the protocol (153) after a restart or a
+FRR's zebra and its daemons keep their ids under 250,000,000 and its EVPN ones under 0x30000000
+(a type of 1 or 2 in the top bits), and ``ip nexthop add`` without an id takes the lowest free
+one. A daemon finds its own by the protocol (153) after a restart or a
 handover, and the route dump tells which of our routes uses which (``Table.load``); ids are not
 stable per peer. A new id is made with NLM_F_EXCL, so one taken meanwhile (another daemon of a
 handover) is refused (EEXIST) rather than overwritten.
@@ -41,9 +42,6 @@ ID_FIRST, ID_LAST = 153 << 24, (154 << 24) - 1
 F_EXCL, F_CREATE = 0x200, 0x400
 FORCE_PLAIN_ENV = "FLANNEL_UDP_DIRECT_PLAIN"
 FORCE_PLAIN = False
-# What a kernel without nexthop objects (or without them for a family) answers
-UNSUPPORTED = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOENT, errno.EAFNOSUPPORT,
-               errno.EPROTONOSUPPORT)
 
 
 def forced_plain() -> bool:
