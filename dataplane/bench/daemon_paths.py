@@ -187,9 +187,10 @@ class DaemonsOverEtcd(Path):
                 if r.returncode != 0:
                     log.warning("%s cleanup on %s (%d): %s", self.name, side.name, r.returncode,
                                 (r.stderr or r.stdout).strip()[-600:])
-            # What a daemon leaves in any case: its direct routes (as flanneld leaves its rules)
-            # and a flannel0 that outlived it.
+            # What a daemon leaves in any case: its direct routes and their nexthop objects (as
+            # flanneld leaves its rules), and a flannel0 that outlived it.
             side.run(["ip", "route", "flush", "proto", str(direct_routes.PROTO)], check=False)
+            side.run(["ip", "nexthop", "flush", "proto", str(direct_routes.PROTO)], check=False)
             side.run(["ip", "link", "del", TUN_DEV], check=False)
         if self.etcd is not None:
             try:

@@ -27,7 +27,8 @@ overlay for good:
     under --bpf-pins;
   * a flannel0 that outlived its daemon (a persistent TUN device named flannel<N>: the
     kernel path keeps one on purpose);
-  * the routes DirectRouting made to peers on this host's link (proto 153);
+  * the routes DirectRouting made to peers on this host's link (proto 153), and their
+    nexthop objects (proto 153, ids 0x99000000-0x99ffffff);
   * the blackhole route of --ip-blackhole-route, for the subnet subnet.env names;
   * subnet.env (--subnet-file) and socket files nobody listens on any more;
   * with --release-lease, this host's lease in etcd: the key whose PublicIP is this host's
@@ -297,12 +298,15 @@ def _kernel_path_steps(root: str) -> list:
 
 def _host_steps(opts) -> list:
     """[(what, action)] for the routes and files the daemon leaves."""
-    from ..host import direct_routes
+    from ..host import direct_routes, nexthops
     steps = []
     for subnet, via in sorted(direct_routes.installed().items(),     # IPv4's, then IPv6's
                               key=lambda item: (item[0].version, item[0])):
         steps.append((f"ip route del {subnet} via {via} proto {direct_routes.PROTO}    "
                       "# DirectRouting", lambda subnet=subnet: direct_routes.delete(subnet)))
+    for nhid in nexthops.ours(direct_routes.PROTO):   # each takes its routes along
+        steps.append((f"ip nexthop del id {nhid}    # DirectRouting's nexthop object",
+                      lambda nhid=nhid: _delete_nexthop(nhid)))
     steps += _blackhole_steps(opts.subnet_file)
     if os.path.exists(opts.subnet_file):
         steps.append((f"rm {opts.subnet_file}", _unlink(opts.subnet_file)))
@@ -310,6 +314,12 @@ def _host_steps(opts) -> list:
         if path and os.path.exists(path) and not listening(path):
             steps.append((f"rm {path}    # nobody listens on it", _unlink(path)))
     return steps
+
+
+def _delete_nexthop(nhid: int) -> None:
+    from ..host import direct_routes
+    for _, code in direct_routes.delete_nexthops([nhid]):
+        raise OSError(code, os.strerror(code))
 
 
 def main(args) -> int:

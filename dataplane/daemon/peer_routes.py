@@ -78,7 +78,7 @@ class PeerRoutes:
                                   on_link_all=lambda ips: direct_routes.on_link_all(ips, ifindex))
         if st.config.direct_routing:
             log.info("DirectRouting is on: peers that have it too and whose PublicIP is on %s's "
-                     "link get a plain route via their PublicIP (proto %d), their IPv6 parts one "
+                     "link get a kernel route via their PublicIP (proto %d), their IPv6 parts one "
                      "via their PublicIPv6 when that is on the link; the others go through "
                      "flannel0", st.ext.name, direct_routes.PROTO)
             self.route_watch = direct_routes.HostRouteWatch(
@@ -218,17 +218,28 @@ class PeerRoutes:
         st = self.state
         want = {dst(lease, family): via(lease, family)
                 for family in FAMILIES for lease in st.direct.direct[family].values()}
-        have = direct_routes.installed()
+        have, other_form, orphans = direct_routes.listing()
         for subnet, gateway in have.items():
             if subnet not in want:
                 log.info("Removing the direct route to %s via %s: no peer routed directly has "
                          "it now", subnet, gateway)
         self._remove(subnet for subnet in have if subnet not in want)
+        # a route in the other form (a plain one of an older daemon, where nexthop objects are
+        # used now) is replaced in place: the kernel swaps it, no packet finds none
         missing = [(subnet, gateway) for subnet, gateway in want.items()
-                   if have.get(subnet) != gateway]
-        refused = direct_routes.replace_all(missing, st.ext.index)
+                   if have.get(subnet) != gateway or subnet in other_form]
+        refused = direct_routes.put_all(missing, st.ext.index)
         if refused:
             self._refused(refused, len(missing), "")
+        # nexthops of ours no route uses (their routes replaced or deleted by hand), and those
+        # of routes just made plain
+        orphans += [nhid for subnet, nhid in other_form.items() if nhid and subnet in want]
+        if orphans:
+            log.info("Removing %d nexthop object(s) of proto %d that no direct route uses",
+                     len(orphans), direct_routes.PROTO)
+            for nhid, code in direct_routes.delete_nexthops(orphans)[:1]:
+                log.warning("Removing nexthop id %d: %s (%s)", nhid, os.strerror(code),
+                            netlink_batch.errno_name(code))
 
     def _route(self, split, family):
         """The kernel's direct routes of ``family`` to the subnets of it of ``split.route``
@@ -238,8 +249,8 @@ class PeerRoutes:
         if not leases:
             return split
         st = self.state
-        refused = direct_routes.replace_all(((dst(lease, family), via(lease, family))
-                                             for lease in leases), st.ext.index)
+        refused = direct_routes.put_all(((dst(lease, family), via(lease, family))
+                                         for lease in leases), st.ext.index)
         if not refused:
             self._refusals.ok("direct routes are added again")
             return split
@@ -269,7 +280,7 @@ class PeerRoutes:
 
     def _remove(self, subnets) -> None:
         """Our direct routes to ``subnets`` removed; a refusal logged (a route left behind)."""
-        refused = direct_routes.delete_all(subnets)
+        refused = direct_routes.remove_all(subnets)
         if not refused:
             return
         self.direct_routes_refused += len(refused)

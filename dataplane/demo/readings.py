@@ -168,8 +168,14 @@ def peers_added(log_text: str) -> list[str]:
 
 
 def has_route(route_lines: list, route: str) -> bool:
-    """Whether ``ip route`` (as squeezed_lines) holds ``route``, attributes after it allowed."""
-    return any(ln == route or ln.startswith(route + " ") for ln in route_lines)
+    """Whether ``ip route`` (as squeezed_lines) holds ``route``, attributes after it allowed,
+    and a nexthop object's id after the destination (DirectRouting's routes where the kernel
+    has them: ``<subnet> nhid I via <PublicIP> dev ...``)."""
+    lines = [_NHID.sub(" ", ln, count=1) for ln in route_lines]
+    return any(ln == route or ln.startswith(route + " ") for ln in lines)
+
+
+_NHID = re.compile(r" nhid \d+ ")
 
 
 def echo_seen(text: str) -> dict | None:

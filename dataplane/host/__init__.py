@@ -17,6 +17,8 @@
   lets a bridge's route of the subnet win);
 * ``direct_routes.py`` DirectRouting's kernel routes to peers on this link (proto 153), and the
   watch of the host's own routes and addresses that makes the daemon reconsider them;
+* ``nexthops.py``  the nexthop objects those routes go through where the kernel has them (5.3
+  on): messages, our id block, which of our routes uses which id;
 * ``netlink_batch.py`` rtnetlink requests in bulk on one socket, each answer mapped back to its
   request (those routes, 16,000 at a start), and dumps;
 * ``route_lookup.py`` the kernel's route lookup for many addresses at once, in Python from one

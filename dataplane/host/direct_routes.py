@@ -5,6 +5,10 @@ type), the question the decision asks the kernel (is an address reached without 
 that interface?), and a watch of this host's addresses and routes of both families, after which
 the answers may differ.
 
+Where the kernel has nexthop objects (host/nexthops.py) a route goes ``<subnet> nhid I`` through
+``id I via <PublicIP> dev <external interface>``, both ours (:func:`put_all`, :func:`remove_all`,
+:func:`listing`); else, and in :func:`replace_all`/:func:`delete_all`, plain.
+
 Our routes carry their own protocol number, PROTO (``ip route`` shows ``proto 153``): the
 daemon finds its own among the host's routes after a restart or a handover, and ``flannel-udp
 cleanup`` removes them. They stay when the daemon exits, as flanneld leaves its rules: the
@@ -22,7 +26,7 @@ import sys
 import threading
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
-from . import netlink_batch as nl, route_lookup
+from . import netlink_batch as nl, nexthops, route_lookup
 
 log = logging.getLogger(__name__)
 
@@ -157,23 +161,189 @@ def _delete(ipr, subnet) -> None:
 
 
 def installed() -> dict:
-    """Our routes in the main table, both families: subnet -> gateway (IPv4Network ->
-    IPv4Address, IPv6Network -> IPv6Address). One raw dump per family: only our routes'
-    attributes are read (pyroute2's dump took 2.4 s for 16,000)."""
+    """Our routes in the main table, both families, either form: subnet -> gateway
+    (IPv4Network -> IPv4Address, IPv6Network -> IPv6Address)."""
+    return listing()[0]
+
+
+def _ours() -> dict:
+    """Our unicast routes in the main table: dst -> (gateway bytes or None, nhid or 0). One raw
+    dump per family: only our routes' attributes are read (pyroute2's dump took 2.4 s for
+    16,000)."""
     out = {}
     for family, net, addr in ((socket.AF_INET, IPv4Network, IPv4Address),
                               (socket.AF_INET6, IPv6Network, IPv6Address)):
         for body in nl.dump(_RTM_GETROUTE, _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
-            if len(body) < _RTMSG.size or body[5] != PROTO:
+            if len(body) < _RTMSG.size or body[5] != PROTO or body[7] != RTN_UNICAST:
                 continue
             found = nl.attrs(body)
             table = found.get(_RTA_TABLE)
             table = struct.unpack("=I", table)[0] if table is not None else body[4]
-            gateway, dst = found.get(_RTA_GATEWAY), found.get(_RTA_DST)
-            if table != MAIN_TABLE or gateway is None or dst is None:
+            dst, nhid = found.get(_RTA_DST), found.get(nexthops.RTA_NH_ID)
+            if table != MAIN_TABLE or dst is None:
                 continue
-            out[net((addr(dst), body[1]))] = addr(gateway)
+            nhid = struct.unpack("=I", nhid)[0] if nhid is not None else 0
+            gateway = found.get(_RTA_GATEWAY)
+            if gateway is None and not nhid:
+                continue
+            out[net((addr(dst), body[1]))] = (gateway and addr(gateway), nhid)
     return out
+
+
+def listing() -> tuple[dict, dict, list]:
+    """(our routes: subnet -> gateway, both forms; those whose route is not in the form this
+    kernel gets, subnet -> its nhid (0: a plain route where nexthop objects are used); our
+    nexthops no route of ours uses, by id: orphans). Refreshes which id each route uses
+    (host/nexthops.py Table)."""
+    try:
+        found = nexthops.dump()     # before the routes: an orphan is one older than them
+    except OSError:
+        found = []
+    routes = _ours()
+    gateways = {nhid: gw for nhid, proto, _, gw, _ in found if proto == PROTO and gw}
+    have = {}
+    for dst, (gateway, nhid) in routes.items():
+        if gateway is None:         # net.ipv4.nexthop_compat_mode off: the nexthop says it
+            gateway = gateways.get(nhid)
+            gateway = gateway and ip_address(gateway)
+        if gateway is not None:
+            have[dst] = gateway
+    by_id = {dst: nhid for dst, (_, nhid) in routes.items()}
+    tab = nexthops.table(lambda: by_id)
+    with tab.lock:
+        tab.load(found, by_id)
+        other = {dst: nhid for dst, nhid in by_id.items() if bool(nhid) != _by_nexthop(tab, dst)}
+    used = set(by_id.values())
+    orphans = sorted(nhid for nhid, proto, *_ in found if proto == PROTO and nhid not in used)
+    return have, other, orphans
+
+
+def _by_nexthop(tab, dst) -> bool:
+    return tab.supported and _family(dst) not in tab.plain_families
+
+
+def _nh_route_msg(subnet, nhid: int) -> tuple:
+    """RTM_NEWROUTE ``<subnet> nhid <nhid> proto 153``, replacing a route of that subnet
+    (either form: a plain one of an older daemon too)."""
+    body = _RTMSG.pack(_family(subnet), subnet.prefixlen, 0, 0, MAIN_TABLE, PROTO, 0,
+                       RTN_UNICAST, 0)
+    body += nl.attr(_RTA_DST, subnet.network_address.packed)
+    body += nl.attr(nexthops.RTA_NH_ID, struct.pack("=I", nhid))
+    return _RTM_NEWROUTE, _F_CREATE | _F_REPLACE, body
+
+
+def put_all(routes, ifindex: int) -> list:
+    """Each ``(subnet, via)`` of ``routes`` routed in the form this kernel gets: a nexthop
+    object ``via dev ifindex proto 153`` and the route by its id where the kernel has them
+    (host/nexthops.py), else :func:`replace_all`'s plain route. Returns those the kernel
+    refused, ``(subnet, via, errno)``, in their order."""
+    routes = list(routes)
+    if not routes:
+        return []
+    tab = nexthops.table(lambda: {dst: nhid for dst, (_, nhid) in _ours().items()})
+    with tab.lock:
+        by_nh = [r for r in routes if _by_nexthop(tab, r[0])]
+        plain = [r for r in routes if not _by_nexthop(tab, r[0])]
+        for subnet, _ in plain:        # a nexthop's route replaced by a plain one: its id
+            tab.ids.pop(subnet, None)  # is an orphan (listing) the next reconcile removes
+        refused = _put_nexthops(tab, by_nh, ifindex, plain) if by_nh else []
+    refused += replace_all(plain, ifindex)
+    order = {subnet: i for i, (subnet, _) in enumerate(routes)}
+    return sorted(refused, key=lambda r: order[r[0]])
+
+
+def _put_nexthops(tab, routes, ifindex: int, plain: list, again: bool = True) -> list:
+    """The nexthops, then the routes by them; ``plain`` gets the routes of a family the
+    kernel refused nexthop objects of (logged once). A route whose nexthop is already ours
+    with its gateway keeps it; one whose gateway changed gets a new id, and the old nexthop
+    goes once no route uses it (host/nexthops.py new_msg says why not a replace)."""
+    old = [tab.ids.get(subnet) for subnet, _ in routes]
+    ids = [nhid if nhid and tab.via.get(nhid) == (via, ifindex) else None
+           for (_, via), nhid in zip(routes, old)]
+    ids = [nhid or tab.fresh() for nhid in ids]
+    fresh = [nhid != was for nhid, was in zip(ids, old)]
+    asked = [i for i, new in enumerate(fresh) if new]
+    errors = [0] * len(routes)
+    got, _ = nl.request([nexthops.new_msg(ids[i], routes[i][1], ifindex, PROTO) for i in asked])
+    for i, code in zip(asked, got):
+        errors[i] = code
+    refused, made, retry = [], [], []
+    for (subnet, via), nhid, new, code in zip(routes, ids, fresh, errors):
+        if not code:
+            tab.via[nhid] = (via, ifindex)
+            made.append((subnet, via, nhid, new))
+        elif code == errno.EEXIST and again:
+            retry.append((subnet, via))        # taken meanwhile: another id
+        elif code in (errno.EOPNOTSUPP, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT):
+            family = _family(subnet)
+            if family not in tab.plain_families:
+                tab.plain_families.add(family)
+                log.info("DirectRouting's IPv%d routes: plain routes, the kernel refuses its "
+                         "nexthop objects (%s)", 6 if family == socket.AF_INET6 else 4,
+                         nl.errno_name(code))
+            plain.append((subnet, via))
+        else:
+            refused.append((subnet, via, code))
+    errors, _ = nl.request([_nh_route_msg(subnet, nhid) for subnet, _, nhid, _ in made])
+    gone = []
+    for (subnet, via, nhid, new), code in zip(made, errors):
+        if not code:
+            if new and tab.ids.get(subnet) not in (None, nhid):
+                gone.append(tab.ids[subnet])        # its old gateway's: no route uses it
+            tab.ids[subnet] = nhid
+        elif not new and again:       # our nexthop was gone (deleted by hand): a new one
+            tab.ids.pop(subnet, None)
+            tab.via.pop(nhid, None)
+            retry.append((subnet, via))
+        else:
+            refused.append((subnet, via, code))
+            if new:
+                gone.append(nhid)             # no orphan of ours left behind
+    if gone:
+        nl.request([nexthops.del_msg(nhid) for nhid in gone])
+        for nhid in gone:
+            tab.via.pop(nhid, None)
+            tab.used.discard(nhid)
+    if retry:
+        try:
+            found = nexthops.dump()
+        except OSError:
+            found = []
+        tab.used |= {nhid for nhid, *_ in found}
+        refused += _put_nexthops(tab, retry, ifindex, plain, again=False)
+    return refused
+
+
+def remove_all(subnets) -> list:
+    """Our routes to ``subnets`` gone, either form: the routes, then the nexthops they used.
+    That order: a nexthop deleted while a route uses it makes the kernel walk every route of
+    the namespace (fib_flush), 16,000 of them for each of a burst's nexthops; once its route is
+    gone, no route holds it. Returns those the kernel refused other than for being gone
+    already, ``(subnet, errno)``."""
+    subnets = list(subnets)
+    if not subnets:
+        return []
+    tab = nexthops.table(lambda: {dst: nhid for dst, (_, nhid) in _ours().items()})
+    with tab.lock:
+        refused = delete_all(subnets)
+        ids = [(subnet, tab.ids.pop(subnet, None)) for subnet in subnets]
+        known = [(subnet, nhid) for subnet, nhid in ids if nhid]
+        errors, _ = nl.request([nexthops.del_msg(nhid) for _, nhid in known])
+        refused += [(subnet, code) for (subnet, _), code in zip(known, errors)
+                    if code and code not in (errno.ENOENT, errno.ESRCH)]
+        for _, nhid in known:
+            tab.used.discard(nhid)
+            tab.via.pop(nhid, None)
+    return refused
+
+
+def delete_nexthops(ids) -> list:
+    """Our nexthops of ``ids`` (orphans: no route uses them) removed; those refused other than
+    for being gone already, ``(id, errno)``."""
+    ids = list(ids)
+    errors, _ = nl.request([nexthops.del_msg(nhid) for nhid in ids])
+    return [(nhid, code) for nhid, code in zip(ids, errors)
+            if code and code not in (errno.ENOENT, errno.ESRCH)]
 
 
 class HostRouteWatch:

@@ -7,6 +7,9 @@ kernel one address at a time that is a netlink round trip each, ~1 s for 16,000 
 the host's policy rules are the defaults (local, main, default, nothing selected by source,
 mark or interface): :func:`lookup` returns None otherwise, and the caller asks the kernel.
 
+A route by a nexthop object is read through the gateway and device the kernel puts beside its
+id in the dump; where it puts none (net.ipv4.nexthop_compat_mode off), through the object.
+
 Our own routes (proto 153: the direct routes and --ip-blackhole-route's blackhole) are left out of
 the match: they go to pod subnets inside the flannel network, never to a host's PublicIP, and
 there are as many as peers.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from . import netlink_batch as nl
+from . import netlink_batch as nl, nexthops as nh
 
 _RTM_GETROUTE, _RTM_GETRULE = 26, 34
 _RTA_DST, _RTA_OIF, _RTA_GATEWAY, _RTA_PRIORITY, _RTA_MULTIPATH, _RTA_TABLE = 1, 4, 5, 6, 9, 15
@@ -54,6 +57,7 @@ def _routes(family: int, skip_proto: int) -> dict:
     """{table: {prefix length: {network as int: (metric, route)}}} of the routes of
     ``family``, the lowest metric of a prefix kept; route: (type, gateway or multipath, oif)."""
     out: dict = {}
+    objects = None
     for body in nl.dump(_RTM_GETROUTE, nl.RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
         if len(body) < nl.RTMSG.size or body[5] == skip_proto or body[3]:     # ours; a tos
             continue
@@ -63,9 +67,35 @@ def _routes(family: int, skip_proto: int) -> dict:
         metric = struct.unpack("=I", found[_RTA_PRIORITY])[0] if _RTA_PRIORITY in found else 0
         oif = struct.unpack("=i", found[_RTA_OIF])[0] if _RTA_OIF in found else 0
         route = (body[7], _RTA_GATEWAY in found or _RTA_MULTIPATH in found, oif)
+        if nh.RTA_NH_ID in found and _RTA_OIF not in found:
+            # by a nexthop object, dumped without its nexthop (nexthop_compat_mode off)
+            if objects is None:
+                objects = _nexthops()
+            gateway, oif = objects.get(struct.unpack("=I", found[nh.RTA_NH_ID])[0], (True, 0))
+            route = (body[7], gateway, oif)
         by_net = out.setdefault(table, {}).setdefault(body[1], {})
         if dst not in by_net or metric < by_net[dst][0]:
             by_net[dst] = (metric, route)
+    return out
+
+
+def _nexthops() -> dict:
+    """{id: (has a gateway, oif)} of the namespace's nexthop objects (a group, a blackhole:
+    as through a gateway, never on the link)."""
+    out = {}
+    try:
+        bodies = nl.dump(nh.RTM_GETNEXTHOP, nh.NHMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))
+    except OSError:
+        return out
+    for body in bodies:
+        found = nl.attrs(body, nh.NHMSG.size)
+        if nh.NHA_ID not in found:
+            continue
+        simple = nh.NHA_OIF in found and nh.NHA_GROUP not in found \
+            and nh.NHA_BLACKHOLE not in found
+        out[struct.unpack("=I", found[nh.NHA_ID])[0]] = (
+            nh.NHA_GATEWAY in found or not simple,
+            struct.unpack("=I", found[nh.NHA_OIF])[0] if simple else 0)
     return out
 
 
