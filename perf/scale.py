@@ -61,7 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, compiled, cpu_s, children,  # noqa: E402
                          first_replies, pss_kb, rss_kb)
-from dataplane.testbed.answer_times import AnswerTimes, summary  # noqa: E402
+from dataplane.testbed.answer_times import AnswerTimes, daemon_answers, daemon_over, summary  # noqa: E402
 from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay, OverlayError  # noqa: E402
 from dataplane.testbed.ping_stream import PingStream  # noqa: E402
@@ -96,6 +96,8 @@ metrics_p99_ms               | 50  | ms | /metrics answer, p99
 status_max_ms                | 50  | ms | status answer, max (start + burst)
 status_p99_ms                | 50  | ms | status answer, p99
 answers_failed               | 0   |    | questions unanswered (5 s bound)
+daemon_metrics_over_50ms     | -   |    | /metrics answers over 50 ms by the daemon's own clock (accept -> sent; the harness's peer counts too)
+daemon_status_over_50ms      | -   |    | status answers over 50 ms by the daemon's own clock
 stream_lost                  | 0   |    | ping stream h0 -> h1: replies lost
 routes_missing               | 0   |    | peers the fresh engine does not route
 kernel_routes_missing        | 0   |    | kernel path: peers the fresh daemon's maps lack
@@ -191,6 +193,8 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         stream = PingStream(ov, h0, ov.flannel_ip(h1), STREAM_INTERVAL, 4 * timeout + 120)
         time.sleep(1.0)
 
+        # the daemons' own clocks of their answers (accept -> sent), read around each window
+        clocks = {"burst": [[daemon_answers(ov, h) for h in (h0, h1)]]}
         # the burst: N - burst -> N
         res, put = burst_phase(ov, daemons, "ge", n + 1, lambda: writer.put(
             fake_leases(BURST_BASE, burst, BURST_FIRST_IP)), timeout)
@@ -205,6 +209,8 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         pingers = threading.Thread(target=lambda: reach.update(first_replies(ov, {
             "h0->h2": (h0, ip2), "h1->h2": (h1, ip2), "h2->h0": (h2, ov.flannel_ip(h0))}, timeout)))
         old_env = os.stat(ov.subnet_file(h2)).st_ino
+        clocks["burst"].append([daemon_answers(ov, h) for h in (h0, h1)])
+        clocks["start"] = [clocks["burst"][1] + [{}]]
         pingers.start()
         time.sleep(0.2)                     # the pings go before h2 starts
         t_wall = time.time()
@@ -225,6 +231,11 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         asked = {"burst": [q for h in (h0, h1) if ask for q in asks[h.name].asked(*burst_window)],
                  "start": [q for a in asks.values() for q in a.asked(*start_window)]}
         windows = {k: summary(v) for k, v in asked.items()}
+        clocks["start"].append([daemon_answers(ov, h) for h in (h0, h1, h2)])
+        out["daemon_answers"] = {w: {e: daemon_over(*clocks[w], e) for e in ("metrics", "status")}
+                                 for w in clocks}
+        for e in ("metrics", "status"):
+            out[f"daemon_{e}_over_50ms"] = sum(out["daemon_answers"][w][e]["over"] for w in clocks)
         for a in asks.values():             # the questions cost the daemons CPU: not when idle
             a.close()
         out["answers"] = windows

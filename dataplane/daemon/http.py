@@ -46,12 +46,13 @@ from ipaddress import ip_address
 from queue import Empty, SimpleQueue
 from selectors import EVENT_READ, EVENT_WRITE, DefaultSelector
 from socket import MSG_DONTWAIT, SHUT_WR, socketpair
-from time import monotonic
+from time import monotonic, thread_time
 from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..engine import ipv4, ipv6
+from . import answer_clock
 from .metrics import MetricsSource, make_registry
 from .metrics_text import MetricsText
 
@@ -68,6 +69,10 @@ WORKERS = 2                  # threads turning requests into replies
 LISTEN_BACKLOG = 128
 TRACE_AFTER_MAX = 2 ** 64 - 1    # the engines' sequence numbers are unsigned 64-bit
 
+
+# flannel_udp_answer_seconds' endpoint label: a path, else "other" (no client's text as a label)
+_ENDPOINTS = {"/healthz": "healthz", "/readyz": "readyz", "/metrics": "metrics",
+              "/debug/trace": "trace"}
 
 _L4_HEADER = {ipv4.PROTO_UDP: 8, ipv4.PROTO_ICMP: ipv4.ICMP_HEADER}
 _TCP_HEADER_MIN = 20
@@ -180,12 +185,14 @@ class _Conn:
     """One client connection: what it sent so far, or what is left to send it. Its socket is
     left blocking (no ioctl to change that, one syscall less) and every recv and send on it
     says MSG_DONTWAIT."""
-    __slots__ = ("sock", "addr", "buf", "out", "deadline")
+    __slots__ = ("sock", "addr", "buf", "out", "deadline", "since", "endpoint")
 
     def __init__(self, sock, addr, deadline: float):
         self.sock, self.addr, self.deadline = sock, addr, deadline
         self.buf = bytearray()
         self.out = memoryview(b"")
+        self.since = answer_clock.begun()       # the answer's time counts from its accept
+        self.endpoint = None                    # what it asked, once a worker read it
 
 
 def trace_event_json(ev: dict, payload: bool = False) -> dict:
@@ -505,6 +512,8 @@ class HttpServer:
             return
         del self._sending[conn]
         self._sel.unregister(conn.sock)
+        if conn.endpoint:
+            answer_clock.CLOCK.done(conn.endpoint, conn.since)
         if _end_sending(conn.sock):
             self._linger(conn)
         else:
@@ -545,13 +554,18 @@ class HttpServer:
     # -- the workers -----------------------------------------------------------------------------
     def _work(self):
         while (conn := self._jobs.get()) is not None:
+            cpu = thread_time()
             try:
                 h = self._handler(bytes(conn.buf), conn.addr, self)
                 reply = h.wfile.getvalue()
+                conn.endpoint = _ENDPOINTS.get(urlsplit(getattr(h, "path", "")).path, "other")
             except Exception:
                 log.exception("http: request from %s failed", conn.addr[0])
                 reply = _plain_reply(500, "internal error (see the daemon's log)\n")
-            self._replies.put((conn, self._send_now(conn, reply)))
+            sent = self._send_now(conn, reply)
+            if sent is _SENT and conn.endpoint:
+                answer_clock.CLOCK.done(conn.endpoint, conn.since, thread_time() - cpu)
+            self._replies.put((conn, sent))
             self._wake()
 
     def _send_now(self, conn: _Conn, reply: bytes):
