@@ -1,9 +1,11 @@
-"""How long the daemon takes to answer, counted by the daemon itself: from the connection's accept
+"""How long the daemon takes to answer, counted by the daemon itself: from a question's arrival
 to its reply's last byte handed to the kernel, by endpoint (flannel_udp_answer_seconds).
 
-A client's wall time also holds what the daemon cannot see: the wait for its listening thread to
-be woken and scheduled (the accept), and the client's own turn on the cores once the reply is
-there. On a host whose cores are shared with etcd and the askers, the two differ by tens of
+Over HTTP the clock starts when the kernel received the request (its SO_TIMESTAMPNS stamp):
+the wait for the daemon's thread to be woken, scheduled and given the interpreter before its
+accept counts too. The status socket's clients send nothing, so its answers count from the
+accept. A client's wall time also holds its connect and its own turn on the cores once the reply
+is there. On a host whose cores are shared with etcd and the askers, the two differ by tens of
 milliseconds (perf/README.md#answer-clock); this histogram says which part is the daemon's.
 
 An answer over SLOW_S is logged at debug level with where its time went: the answering thread's
@@ -14,11 +16,15 @@ ran at all (the machine's cores busy elsewhere).
 from __future__ import annotations
 
 import logging
+import socket
+import struct
 import threading
-from time import monotonic, process_time
+from time import monotonic, process_time, time
 
 log = logging.getLogger(__name__)
 
+# Linux's SO_TIMESTAMPNS (SCM_TIMESTAMPNS alike; asm-generic's value), which Python does not name
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SLOW_S = 0.05            # issue 47's bound of an answer
 
@@ -26,6 +32,28 @@ SLOW_S = 0.05            # issue 47's bound of an answer
 def begun() -> tuple[float, float]:
     """(monotonic, the process's CPU) at an accept: what :meth:`AnswerClock.done` counts from."""
     return monotonic(), process_time()
+
+
+def stamp_arrivals(listener) -> None:
+    """Have the kernel stamp the data each accepted connection receives (SO_TIMESTAMPNS, which
+    accept's sockets inherit): see :func:`arrived`. Without it, answers count from the accept."""
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        pass
+
+
+def arrived(ancillary, since: tuple[float, float]) -> tuple[float, float]:
+    """``since`` moved back to when the kernel received a request's first bytes (its
+    SCM_TIMESTAMPNS among ``ancillary``, recvmsg's), on the monotonic clock: the wait for the
+    listening thread's turn before its accept then counts too. ``since`` as it was without one."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+            sec, nsec = struct.unpack("qq", data[:16])
+            ago = time() - (sec + nsec * 1e-9)
+            if 0.0 <= ago < 60.0:           # a clock set meanwhile: keep the accept's
+                return monotonic() - ago, since[1]
+    return since
 
 
 class AnswerClock:

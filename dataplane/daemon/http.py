@@ -74,6 +74,8 @@ TRACE_AFTER_MAX = 2 ** 64 - 1    # the engines' sequence numbers are unsigned 64
 _ENDPOINTS = {"/healthz": "healthz", "/readyz": "readyz", "/metrics": "metrics",
               "/debug/trace": "trace"}
 
+_STAMP_SPACE = socket.CMSG_SPACE(16)       # one SCM_TIMESTAMPNS (struct timespec)
+
 _L4_HEADER = {ipv4.PROTO_UDP: 8, ipv4.PROTO_ICMP: ipv4.ICMP_HEADER}
 _TCP_HEADER_MIN = 20
 
@@ -332,6 +334,10 @@ class HttpServer:
         # socketserver made and bound the listening socket; the connections are served by
         # _loop (one thread for all of them) and the workers, not by its thread per request.
         self.httpd.socket.listen(LISTEN_BACKLOG)
+        # the kernel's time of each request's arrival (its accepted sockets inherit this): the
+        # answer's clock then counts the wait for our thread to be woken and take the
+        # interpreter back before the accept, which the client waits too (answer_clock.py)
+        answer_clock.stamp_arrivals(self.httpd.socket)
         self.httpd.socket.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"http-{port}", daemon=True)
         self._workers = [threading.Thread(target=self._work, name=f"http-{port}-worker{i}",
@@ -450,11 +456,13 @@ class HttpServer:
         no wait for the next select (each syscall gives the interpreter lock up, and taking it
         back waits behind the daemon's busy threads: perf/README.md#answer-handoffs)."""
         try:
-            data = conn.sock.recv(4096, MSG_DONTWAIT)
+            data, anc, _, _ = conn.sock.recvmsg(4096, _STAMP_SPACE, MSG_DONTWAIT)
         except BlockingIOError:
             data = None
         except OSError:
             data = b""
+        if data and not conn.buf:
+            conn.since = answer_clock.arrived(anc, conn.since)
         if data == b"":                     # gone before its request was complete
             return self._drop(conn)
         conn.buf += data or b""

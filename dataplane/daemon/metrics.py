@@ -349,8 +349,9 @@ DECLARED = (
            "Full re-lists after the watched revision was compacted away, by watch.",
            _by_label("etcd_watches", lambda w: w.get("resyncs", 0), sort=True)),
     Family(f"{PREFIX}_answer_seconds", "histogram", ("endpoint",),
-           "Seconds from a connection's accept to its reply's last byte handed to the kernel, by "
-           "endpoint (metrics, healthz, readyz, trace, other; status: the status socket).",
+           "Seconds from a question's arrival (HTTP: the kernel's receipt of the request; status: "
+           "the accept) to its reply's last byte handed to the kernel, by endpoint (metrics, "
+           "healthz, readyz, trace, other, status).",
            lambda ask: ask("answer_times")),
 )
 
