@@ -168,6 +168,7 @@ def gil_figures(out_dir: str, pids) -> dict:
             "gil_starved_over_10ms": sum(1 for d in docs for held, late, _ in d["all_waits_over_2ms"]
                                          if late > 10 and held < 1),
             "gil_probe": {d["pid"]: {"counts": d["counts"], "held_late_ms": d["waits"][:5],
+                                     "answers": d.get("answers", []),
                                      "gc_ms": d["gc"][:5], "gc_total_ms": d["gc_total_ms"]}
                           for d in docs}}
 
@@ -238,6 +239,9 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
             out[f"daemon_{e}_over_50ms"] = sum(out["daemon_answers"][w][e]["over"] for w in clocks)
         for a in asks.values():             # the questions cost the daemons CPU: not when idle
             a.close()
+        if probe_dir is not None:           # each question, to match with the daemons' clocks
+            out["asked_each"] = {h: a.seen for h, a in asks.items()}
+            out["windows"] = {"burst": burst_window, "start": start_window}
         out["answers"] = windows
         answers = summary(asked["burst"] + asked["start"]) if ask else {}
 
@@ -273,6 +277,7 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
                   if " ERROR " in line or "Traceback" in line]
         out["daemon_errors"] = errors[:5]
         pids = [d.pid for d in ov.daemons.values()]
+        out["daemon_pids"] = {name: d.pid for name, d in ov.daemons.items()}
     gil_probe(None)
     if probe_dir is not None:               # the daemons wrote theirs as they exited
         out.update(gil_figures(probe_dir, pids))
