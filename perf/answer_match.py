@@ -1,7 +1,8 @@
 """Where a slow answer's time went: each question perf/scale.py's askers timed, beside the
 daemon's own clock of the same answer (daemon/answer_clock.py: from the request's arrival in the
 kernel, or the status socket's accept, to the reply's last byte handed to the kernel), its
-answering thread's CPU, and the whole process's CPU meanwhile.
+answering thread's CPU, the whole process's CPU from the accept on, and (HTTP) how long the
+request waited for the accept.
 
     python perf/scale.py --engines c --peers 16000 --burst 5000 --runs 1 --no-direct \\
         --gil-probe /tmp/gil --json /tmp/scale.json
@@ -52,12 +53,13 @@ def main() -> int:
                 continue
             rows = matched(run)
             print(f"{engine} run {i}: client ms, host, window, kind | daemon ms, its thread's "
-                  f"CPU ms, the process's CPU ms")
+                  f"CPU ms, the process's CPU ms from the accept, ms from arrival to accept")
             for ms, host, window, kind, r in rows:
                 if ms < a.over:
                     break
                 print(f"  {ms:7.1f} {host} {window:5} {kind:7} | "
-                      + ("no record" if r is None else f"{r[2]:7.1f} {r[3]} {r[4]}"))
+                      + ("no record" if r is None else
+                         f"{r[2]:7.1f} {r[3]} {r[4]}" + (f" {r[5]}" if len(r) > 5 else "")))
             for kind in ("metrics", "status"):
                 for window in ("burst", "start"):
                     xs = [(ms, r) for ms, h, w, k, r in rows if k == kind and w == window]

@@ -43,16 +43,17 @@ def stamp_arrivals(listener) -> None:
         pass
 
 
-def arrived(ancillary, since: tuple[float, float]) -> tuple[float, float]:
+def arrived(ancillary, since: tuple) -> tuple:
     """``since`` moved back to when the kernel received a request's first bytes (its
     SCM_TIMESTAMPNS among ``ancillary``, recvmsg's), on the monotonic clock: the wait for the
-    listening thread's turn before its accept then counts too. ``since`` as it was without one."""
+    listening thread's turn before its accept then counts too (the accept's time kept third, the
+    process's CPU still the accept's). ``since`` as it was without one."""
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
             sec, nsec = struct.unpack("qq", data[:16])
             ago = time() - (sec + nsec * 1e-9)
             if 0.0 <= ago < 60.0:           # a clock set meanwhile: keep the accept's
-                return monotonic() - ago, since[1]
+                return monotonic() - ago, since[1], since[0]
     return since
 
 
@@ -63,8 +64,7 @@ class AnswerClock:
         self._lock = threading.Lock()
         self._hist: dict = {}           # endpoint -> [count per bucket..., +Inf], sum
 
-    def done(self, endpoint: str, since: tuple[float, float], own_cpu: float | None = None
-             ) -> float:
+    def done(self, endpoint: str, since: tuple, own_cpu: float | None = None) -> float:
         """An answer of ``endpoint`` fully handed to the kernel now, accepted at ``since``
         (:func:`begun`); ``own_cpu``: what its thread used of the CPU, when known. Its seconds."""
         took = monotonic() - since[0]

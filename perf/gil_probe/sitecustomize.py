@@ -73,7 +73,9 @@ def _probe(out_dir):
                 last = time.monotonic()
                 dump()
 
-    answers = []        # (wall time done, endpoint, daemon ms, its thread's CPU ms, process CPU ms)
+    # (wall time done, endpoint, daemon ms, its thread's CPU ms, the process's CPU ms from the
+    # accept, ms from the request's arrival to the accept or None)
+    answers = []
 
     def watch_answers():
         """Each answer the daemon's clock counts (daemon/answer_clock.py), once it is imported:
@@ -87,7 +89,8 @@ def _probe(out_dir):
             took = done(endpoint, since, own_cpu)
             answers.append((time.time(), endpoint, round(took * 1e3, 3),
                             None if own_cpu is None else round(own_cpu * 1e3, 3),
-                            round((time.process_time() - since[1]) * 1e3, 3)))
+                            round((time.process_time() - since[1]) * 1e3, 3),
+                            round((since[2] - since[0]) * 1e3, 3) if len(since) > 2 else None))
             return took
         clock.done = counted
 
