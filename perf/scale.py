@@ -25,7 +25,9 @@ As root, on the project's testbed (dataplane/testbed). Each run, per engine:
    must hold every one too (none handed to the engine for want of a route).
 4. **idle**: h2's RSS and CPU (with its children) over 5 s, 2 s after READY.
 5. answer times of /metrics and the status socket during the burst (h0, h1) and during h2's
-   start (all three; h2's own from its first answer on): max and p99; and the ping stream's
+   start (all three; h2's own from its first answer on): max and p99, and how many answers took
+   over 50 ms by the daemons' own clock (flannel_udp_answer_seconds: what was the daemon's, not
+   the asker's; with ``--gil-probe`` each one, for perf/answer_match.py); and the ping stream's
    lost replies (gaps in its sequence).
 6. **DirectRouting** (unless ``--no-direct``): a new etcd with the config's Backend
    ``"DirectRouting": true`` and N leases that say so, their PublicIPs on the daemon's link (an
@@ -96,7 +98,7 @@ metrics_p99_ms               | 50  | ms | /metrics answer, p99
 status_max_ms                | 50  | ms | status answer, max (start + burst)
 status_p99_ms                | 50  | ms | status answer, p99
 answers_failed               | 0   |    | questions unanswered (5 s bound)
-daemon_metrics_over_50ms     | -   |    | /metrics answers over 50 ms by the daemon's own clock (accept -> sent; the harness's peer counts too)
+daemon_metrics_over_50ms     | -   |    | /metrics answers over 50 ms by the daemon's own clock (arrival -> sent; the harness's peer counts too)
 daemon_status_over_50ms      | -   |    | status answers over 50 ms by the daemon's own clock
 stream_lost                  | 0   |    | ping stream h0 -> h1: replies lost
 routes_missing               | 0   |    | peers the fresh engine does not route
@@ -194,7 +196,7 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         stream = PingStream(ov, h0, ov.flannel_ip(h1), STREAM_INTERVAL, 4 * timeout + 120)
         time.sleep(1.0)
 
-        # the daemons' own clocks of their answers (accept -> sent), read around each window
+        # the daemons' own clocks of their answers (arrival -> sent), read around each window
         clocks = {"burst": [[daemon_answers(ov, h) for h in (h0, h1)]]}
         # the burst: N - burst -> N
         res, put = burst_phase(ov, daemons, "ge", n + 1, lambda: writer.put(
