@@ -25,7 +25,9 @@ As root, on the project's testbed (dataplane/testbed). Each run, per engine:
    must hold every one too (none handed to the engine for want of a route).
 4. **idle**: h2's RSS and CPU (with its children) over 5 s, 2 s after READY.
 5. answer times of /metrics and the status socket during the burst (h0, h1) and during h2's
-   start (all three; h2's own from its first answer on): max and p99; and the ping stream's
+   start (all three; h2's own from its first answer on): max and p99, and how many answers took
+   over 50 ms by the daemons' own clock (flannel_udp_answer_seconds: what was the daemon's, not
+   the asker's; with ``--gil-probe`` each one, for perf/answer_match.py); and the ping stream's
    lost replies (gaps in its sequence).
 6. **DirectRouting** (unless ``--no-direct``): a new etcd with the config's Backend
    ``"DirectRouting": true`` and N leases that say so, their PublicIPs on the daemon's link (an
@@ -61,7 +63,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, compiled, cpu_s, children,  # noqa: E402
                          first_replies, pss_kb, rss_kb)
-from dataplane.testbed.answer_times import AnswerTimes, summary  # noqa: E402
+from dataplane.testbed.answer_times import AnswerTimes, daemon_answers, daemon_over, summary  # noqa: E402
 from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay, OverlayError  # noqa: E402
 from dataplane.testbed.ping_stream import PingStream  # noqa: E402
@@ -96,6 +98,8 @@ metrics_p99_ms               | 50  | ms | /metrics answer, p99
 status_max_ms                | 50  | ms | status answer, max (start + burst)
 status_p99_ms                | 50  | ms | status answer, p99
 answers_failed               | 0   |    | questions unanswered (5 s bound)
+daemon_metrics_over_50ms     | -   |    | /metrics answers over 50 ms by the daemon's own clock (arrival -> sent; the harness's peer counts too)
+daemon_status_over_50ms      | -   |    | status answers over 50 ms by the daemon's own clock
 stream_lost                  | 0   |    | ping stream h0 -> h1: replies lost
 routes_missing               | 0   |    | peers the fresh engine does not route
 kernel_routes_missing        | 0   |    | kernel path: peers the fresh daemon's maps lack
@@ -166,6 +170,7 @@ def gil_figures(out_dir: str, pids) -> dict:
             "gil_starved_over_10ms": sum(1 for d in docs for held, late, _ in d["all_waits_over_2ms"]
                                          if late > 10 and held < 1),
             "gil_probe": {d["pid"]: {"counts": d["counts"], "held_late_ms": d["waits"][:5],
+                                     "answers": d.get("answers", []),
                                      "gc_ms": d["gc"][:5], "gc_total_ms": d["gc_total_ms"]}
                           for d in docs}}
 
@@ -191,6 +196,8 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         stream = PingStream(ov, h0, ov.flannel_ip(h1), STREAM_INTERVAL, 4 * timeout + 120)
         time.sleep(1.0)
 
+        # the daemons' own clocks of their answers (arrival -> sent), read around each window
+        clocks = {"burst": [[daemon_answers(ov, h) for h in (h0, h1)]]}
         # the burst: N - burst -> N
         res, put = burst_phase(ov, daemons, "ge", n + 1, lambda: writer.put(
             fake_leases(BURST_BASE, burst, BURST_FIRST_IP)), timeout)
@@ -205,6 +212,8 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         pingers = threading.Thread(target=lambda: reach.update(first_replies(ov, {
             "h0->h2": (h0, ip2), "h1->h2": (h1, ip2), "h2->h0": (h2, ov.flannel_ip(h0))}, timeout)))
         old_env = os.stat(ov.subnet_file(h2)).st_ino
+        clocks["burst"].append([daemon_answers(ov, h) for h in (h0, h1)])
+        clocks["start"] = [clocks["burst"][1] + [{}]]
         pingers.start()
         time.sleep(0.2)                     # the pings go before h2 starts
         t_wall = time.time()
@@ -225,8 +234,16 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         asked = {"burst": [q for h in (h0, h1) if ask for q in asks[h.name].asked(*burst_window)],
                  "start": [q for a in asks.values() for q in a.asked(*start_window)]}
         windows = {k: summary(v) for k, v in asked.items()}
+        clocks["start"].append([daemon_answers(ov, h) for h in (h0, h1, h2)])
+        out["daemon_answers"] = {w: {e: daemon_over(*clocks[w], e) for e in ("metrics", "status")}
+                                 for w in clocks}
+        for e in ("metrics", "status"):
+            out[f"daemon_{e}_over_50ms"] = sum(out["daemon_answers"][w][e]["over"] for w in clocks)
         for a in asks.values():             # the questions cost the daemons CPU: not when idle
             a.close()
+        if probe_dir is not None:           # each question, to match with the daemons' clocks
+            out["asked_each"] = {h: a.seen for h, a in asks.items()}
+            out["windows"] = {"burst": burst_window, "start": start_window}
         out["answers"] = windows
         answers = summary(asked["burst"] + asked["start"]) if ask else {}
 
@@ -262,6 +279,7 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
                   if " ERROR " in line or "Traceback" in line]
         out["daemon_errors"] = errors[:5]
         pids = [d.pid for d in ov.daemons.values()]
+        out["daemon_pids"] = {name: d.pid for name, d in ov.daemons.items()}
     gil_probe(None)
     if probe_dir is not None:               # the daemons wrote theirs as they exited
         out.update(gil_figures(probe_dir, pids))

@@ -46,12 +46,13 @@ from ipaddress import ip_address
 from queue import Empty, SimpleQueue
 from selectors import EVENT_READ, EVENT_WRITE, DefaultSelector
 from socket import MSG_DONTWAIT, SHUT_WR, socketpair
-from time import monotonic
+from time import monotonic, thread_time
 from urllib.parse import parse_qsl, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..engine import ipv4, ipv6
+from . import answer_clock
 from .metrics import MetricsSource, make_registry
 from .metrics_text import MetricsText
 
@@ -68,6 +69,12 @@ WORKERS = 2                  # threads turning requests into replies
 LISTEN_BACKLOG = 128
 TRACE_AFTER_MAX = 2 ** 64 - 1    # the engines' sequence numbers are unsigned 64-bit
 
+
+# flannel_udp_answer_seconds' endpoint label: a path, else "other" (no client's text as a label)
+_ENDPOINTS = {"/healthz": "healthz", "/readyz": "readyz", "/metrics": "metrics",
+              "/debug/trace": "trace"}
+
+_STAMP_SPACE = socket.CMSG_SPACE(16)       # one SCM_TIMESTAMPNS (struct timespec)
 
 _L4_HEADER = {ipv4.PROTO_UDP: 8, ipv4.PROTO_ICMP: ipv4.ICMP_HEADER}
 _TCP_HEADER_MIN = 20
@@ -180,12 +187,14 @@ class _Conn:
     """One client connection: what it sent so far, or what is left to send it. Its socket is
     left blocking (no ioctl to change that, one syscall less) and every recv and send on it
     says MSG_DONTWAIT."""
-    __slots__ = ("sock", "addr", "buf", "out", "deadline")
+    __slots__ = ("sock", "addr", "buf", "out", "deadline", "since", "endpoint")
 
     def __init__(self, sock, addr, deadline: float):
         self.sock, self.addr, self.deadline = sock, addr, deadline
         self.buf = bytearray()
         self.out = memoryview(b"")
+        self.since = answer_clock.begun()       # the answer's time counts from its accept
+        self.endpoint = None                    # what it asked, once a worker read it
 
 
 def trace_event_json(ev: dict, payload: bool = False) -> dict:
@@ -325,6 +334,10 @@ class HttpServer:
         # socketserver made and bound the listening socket; the connections are served by
         # _loop (one thread for all of them) and the workers, not by its thread per request.
         self.httpd.socket.listen(LISTEN_BACKLOG)
+        # the kernel's time of each request's arrival (its accepted sockets inherit this): the
+        # answer's clock then counts the wait for our thread to be woken and take the
+        # interpreter back before the accept, which the client waits too (answer_clock.py)
+        answer_clock.stamp_arrivals(self.httpd.socket)
         self.httpd.socket.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name=f"http-{port}", daemon=True)
         self._workers = [threading.Thread(target=self._work, name=f"http-{port}-worker{i}",
@@ -443,11 +456,13 @@ class HttpServer:
         no wait for the next select (each syscall gives the interpreter lock up, and taking it
         back waits behind the daemon's busy threads: perf/README.md#answer-handoffs)."""
         try:
-            data = conn.sock.recv(4096, MSG_DONTWAIT)
+            data, anc, _, _ = conn.sock.recvmsg(4096, _STAMP_SPACE, MSG_DONTWAIT)
         except BlockingIOError:
             data = None
         except OSError:
             data = b""
+        if data and not conn.buf:
+            conn.since = answer_clock.arrived(anc, conn.since)
         if data == b"":                     # gone before its request was complete
             return self._drop(conn)
         conn.buf += data or b""
@@ -505,6 +520,8 @@ class HttpServer:
             return
         del self._sending[conn]
         self._sel.unregister(conn.sock)
+        if conn.endpoint:
+            answer_clock.CLOCK.done(conn.endpoint, conn.since)
         if _end_sending(conn.sock):
             self._linger(conn)
         else:
@@ -545,13 +562,18 @@ class HttpServer:
     # -- the workers -----------------------------------------------------------------------------
     def _work(self):
         while (conn := self._jobs.get()) is not None:
+            cpu = thread_time()
             try:
                 h = self._handler(bytes(conn.buf), conn.addr, self)
                 reply = h.wfile.getvalue()
+                conn.endpoint = _ENDPOINTS.get(urlsplit(getattr(h, "path", "")).path, "other")
             except Exception:
                 log.exception("http: request from %s failed", conn.addr[0])
                 reply = _plain_reply(500, "internal error (see the daemon's log)\n")
-            self._replies.put((conn, self._send_now(conn, reply)))
+            sent = self._send_now(conn, reply)
+            if sent is _SENT and conn.endpoint:
+                answer_clock.CLOCK.done(conn.endpoint, conn.since, thread_time() - cpu)
+            self._replies.put((conn, sent))
             self._wake()
 
     def _send_now(self, conn: _Conn, reply: bytes):

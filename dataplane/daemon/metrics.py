@@ -23,9 +23,10 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import __version__
-from . import metrics_kernel
+from . import answer_clock, metrics_kernel
 from ..engine.contract import V6_SHARES
 from .cached_collector import CachedCollector
+from .carried_counters import CarriedCounters  # noqa: F401 (daemon/state.py's, kept importable here)
 from .metrics_text import KeptFamilies
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,10 @@ class MetricsSource:
     def kernel_counters(self) -> dict | None:
         """The kernel path's programs' counters while they forward (daemon/metrics_kernel.py)."""
         return None
+
+    def answer_times(self) -> list:
+        """flannel_udp_answer_seconds: the process's answers (daemon/answer_clock.py)."""
+        return answer_clock.CLOCK.samples()
 
     def datapath(self) -> str | None:
         """kernel while the kernel path's programs forward, else engine; None: no engine yet."""
@@ -142,28 +147,6 @@ class MetricsSource:
         """{"renewals": n, "renew_failures": n, "reacquisitions": n, "races_lost": n} since
         start, or None."""
         return None
-
-
-class CarriedCounters:
-    """Counters read off objects the daemon replaces while it runs (the own-lease watch after a
-    re-acquisition, the lease manager after SIGHUP): when the object under a key changes, the
-    last counts of the old one are carried over, so that exported totals never go down. Counts an
-    object made after the last read before its replacement are not seen; replacements are rare."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._last: dict = {}
-        self._base: dict = {}
-
-    def read(self, key: str, obj, names) -> dict:
-        with self._lock:
-            base = self._base.setdefault(key, dict.fromkeys(names, 0))
-            prev = self._last.get(key)
-            if prev is not None and prev is not obj:
-                for n in names:
-                    base[n] += getattr(prev, n, 0)
-            self._last[key] = obj
-            return {n: base[n] + (getattr(obj, n, 0) if obj is not None else 0) for n in names}
 
 
 class Family(NamedTuple):
@@ -365,6 +348,11 @@ DECLARED = (
     Family(f"{PREFIX}_etcd_watch_resyncs_total", "counter", ("watch",),
            "Full re-lists after the watched revision was compacted away, by watch.",
            _by_label("etcd_watches", lambda w: w.get("resyncs", 0), sort=True)),
+    Family(f"{PREFIX}_answer_seconds", "histogram", ("endpoint",),
+           "Seconds from a question's arrival (HTTP: the kernel's receipt of the request; status: "
+           "the accept) to its reply's last byte handed to the kernel, by endpoint (metrics, "
+           "healthz, readyz, trace, other, status).",
+           lambda ask: ask("answer_times")),
 )
 
 # The families prometheus_client's ProcessCollector, PlatformCollector and GCCollector serve
@@ -533,7 +521,9 @@ class DaemonCollector:
             log.debug("kernel path counters unavailable: %s", e)
         for f in DECLARED:
             samples = engine.get(f.name, ()) if f.read is None else f.read(ask)
-            if samples:
+            if samples and f.type == "histogram":
+                yield answer_clock.family(f.name, f.help, f.labels, samples)
+            elif samples:
                 yield self._kept.family(f.name, samples)
 
     def _engine_families(self, per_queue) -> dict:

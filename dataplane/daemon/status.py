@@ -24,6 +24,7 @@ import time
 from .. import __version__
 from ..host.unix_listener import UnixListener, peer_allowed, peer_credentials
 from ..engine.contract import V6_SHARES
+from . import answer_clock
 from .startup import tun_addr6
 
 log = logging.getLogger(__name__)
@@ -163,19 +164,22 @@ class StatusServer(UnixListener):
         return self
 
     def handle(self, conn) -> bool:
+        since, cpu = answer_clock.begun(), time.thread_time()    # called right after its accept
         try:
-            self._serve(conn)
+            if self._serve(conn):
+                answer_clock.CLOCK.done("status", since, time.thread_time() - cpu)
         except OSError as e:        # the client's: gone, or not reading
             log.debug("status client: %s", e)
         finally:
             conn.close()
         return False
 
-    def _serve(self, conn) -> None:
+    def _serve(self, conn) -> bool:
+        """True once the document is sent."""
         pid, uid = peer_credentials(conn)
         if not peer_allowed(uid):       # the mode says so already; a copied socket does not
             log.warning("status: refused uid %d (pid %d)", uid, pid)
-            return
+            return False
         reply = self.answer()
         # The document fits the socket's buffer: one send that cannot wait. Each syscall gives
         # the interpreter lock up and waits to take it back behind the daemon's busy threads
@@ -187,6 +191,7 @@ class StatusServer(UnixListener):
         if sent < len(reply):
             conn.settimeout(SEND_TIMEOUT_S)
             conn.sendall(memoryview(reply)[sent:])
+        return True
 
     def answer(self) -> bytes:
         """The document as sent; whatever part of the state it could not read, an answer that

@@ -100,3 +100,35 @@ def summary(asked) -> dict:
                      "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] if times else None,
                      "max_ms": times[-1] if times else None}
     return out
+
+
+def daemon_answers(ov, host) -> dict:
+    """{endpoint: {le: answers (cumulative)}} of the daemon's own clock
+    (flannel_udp_answer_seconds: accept -> its reply's last byte handed to the kernel); empty
+    when the daemon has none (a checkout from before it)."""
+    out: dict = {}
+    try:
+        samples = ov.metrics(host)
+    except Exception:                       # gone, or not answering: nothing to say
+        return out
+    for key, value in samples.items():
+        if key.startswith("flannel_udp_answer_seconds_bucket{"):
+            labels = dict(part.split("=", 1) for part in key[key.index("{") + 1:-1].split(","))
+            le = labels["le"].strip('"')
+            out.setdefault(labels["endpoint"].strip('"'), {})[float(le)] = value
+    return out
+
+
+def daemon_over(before: list, after: list, endpoint: str, bound_s: float = 0.05) -> dict:
+    """{"answers", "over"}: the daemons' answers of ``endpoint`` between two lists of
+    :func:`daemon_answers` (one a daemon, in the same order; a daemon missing before counts
+    from 0), and how many of them took over ``bound_s`` by the daemon's own clock."""
+    answers = over = 0
+    for b, a in zip(before, after):
+        hist_a, hist_b = a.get(endpoint, {}), b.get(endpoint, {})
+        if not hist_a:
+            continue
+        total = hist_a[float("inf")] - hist_b.get(float("inf"), 0)
+        within = hist_a.get(bound_s, 0) - hist_b.get(bound_s, 0)
+        answers, over = answers + total, over + total - within
+    return {"answers": int(answers), "over": int(over)}

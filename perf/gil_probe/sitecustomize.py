@@ -50,7 +50,7 @@ def _probe(out_dir):
                "all_waits_over_2ms": waits,
                "gc": sorted(collections, reverse=True)[:KEPT],
                "gc_total_ms": round(sum(c[0] for c in collections), 3),
-               "gc_count": len(collections)}
+               "gc_count": len(collections), "answers": answers}
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f)
@@ -73,9 +73,31 @@ def _probe(out_dir):
                 last = time.monotonic()
                 dump()
 
+    # (wall time done, endpoint, daemon ms, its thread's CPU ms, the process's CPU ms from the
+    # accept, ms from the request's arrival to the accept or None)
+    answers = []
+
+    def watch_answers():
+        """Each answer the daemon's clock counts (daemon/answer_clock.py), once it is imported:
+        to be matched with the askers' own times of the same questions."""
+        while "dataplane.daemon.answer_clock" not in sys.modules:
+            time.sleep(0.01)
+        clock = sys.modules["dataplane.daemon.answer_clock"].CLOCK
+        done = clock.done
+
+        def counted(endpoint, since, own_cpu=None):
+            took = done(endpoint, since, own_cpu)
+            answers.append((time.time(), endpoint, round(took * 1e3, 3),
+                            None if own_cpu is None else round(own_cpu * 1e3, 3),
+                            round((time.process_time() - since[1]) * 1e3, 3),
+                            round((since[2] - since[0]) * 1e3, 3) if len(since) > 2 else None))
+            return took
+        clock.done = counted
+
     gc.callbacks.append(on_gc)
     atexit.register(dump)
     threading.Thread(target=loop, name="gil-probe", daemon=True).start()
+    threading.Thread(target=watch_answers, name="gil-probe-answers", daemon=True).start()
 
 
 if _out:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import dataplane
+from dataplane.daemon import answer_clock
 from dataplane.daemon.metrics import (DECLARED, ENGINE_COUNTERS, FAMILY_LABELLED, FIXED_FAMILY,
                                       STANDARD, MetricsSource, engine_reason, make_registry)
 from dataplane.daemon.state import DaemonSource
@@ -25,7 +27,7 @@ from dataplane.testbed.overlay import parse_metrics
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 # A label value is a word, a number, an address or a version: this bounds what a bug that put a
 # sentence (or an exception's text) into one would have to hide under.
-LABEL_VALUE = re.compile(r"[A-Za-z0-9_.:/-]{1,32}")
+LABEL_VALUE = re.compile(r"[A-Za-z0-9_.:/-]{1,32}|\+Inf")   # +Inf: a histogram's last bucket
 
 
 class FullSource(MetricsSource):
@@ -77,6 +79,12 @@ class FullSource(MetricsSource):
 
     def lease_info(self):
         return {"subnet": "10.5.3.0/24", "expiry": 1_800_000_000.0}
+
+    def answer_times(self):
+        clock = answer_clock.AnswerClock()
+        for endpoint, seconds in (("metrics", 0.002), ("status", 0.0004), ("metrics", 0.07)):
+            clock.done(endpoint, (time.monotonic() - seconds, time.process_time()))
+        return clock.samples()
 
     def lease_move_failures(self):
         return 0
@@ -140,7 +148,8 @@ def test_a_scrape_serves_exactly_the_declared_families():
     for fam in fams:
         labels = {f.name: f.labels for f in DECLARED + STANDARD}[_sample_name(fam)]
         for s in fam.samples:
-            assert set(s.labels) == set(labels), (s.name, s.labels)
+            le = {"le"} if s.name.endswith("_bucket") else set()     # a histogram's buckets
+            assert set(s.labels) == set(labels) | le, (s.name, s.labels)
 
 
 def test_build_info_and_the_process_series():
@@ -245,7 +254,7 @@ def test_engine_info_reason_is_one_of_a_few_words(monkeypatch, flag, env, c_buil
 
 def _doc_rows():
     """(series, type, labels) of every row of docs/metrics.md's reference tables."""
-    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (counter|gauge) \|\s*([a-z_, ]*?)\s*\|", DOC.read_text(),
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (counter|gauge|histogram) \|\s*([a-z_, ]*?)\s*\|", DOC.read_text(),
                       re.M)
     return {name: (typ, tuple(x.strip() for x in labels.split(",") if x.strip()))
             for name, typ, labels in rows}
