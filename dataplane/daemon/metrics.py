@@ -19,15 +19,12 @@ import threading
 from operator import itemgetter
 from typing import Callable, NamedTuple
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from .. import __version__
 from . import answer_clock, metrics_kernel
 from ..engine.contract import V6_SHARES
-from .cached_collector import CachedCollector
 from .carried_counters import CarriedCounters  # noqa: F401 (daemon/state.py's, kept importable here)
-from .metrics_text import KeptFamilies
+from .metrics_registry import Registry, load_standard
+from .metrics_text import KeptFamilies, SimpleFamily
 
 log = logging.getLogger(__name__)
 
@@ -460,8 +457,7 @@ def engine_reason(why: str) -> str:
 def _new(name: str):
     """An empty family as DECLARED has it."""
     f = _DECLARED[name]
-    cls = CounterMetricFamily if f.type == "counter" else GaugeMetricFamily
-    return cls(name, f.help, labels=list(f.labels))
+    return SimpleFamily(name, f.help, f.type, f.labels)
 
 
 _build_engine: str | None = None
@@ -573,15 +569,14 @@ class DaemonCollector:
         return rest
 
 
-def make_registry(source: MetricsSource, *, standard: bool = True) -> CollectorRegistry:
+def make_registry(source: MetricsSource, *, standard: bool = True,
+                  standard_now: bool = True) -> Registry:
     """The daemon's families (DECLARED) and, with ``standard``, the process_* and python_* ones
     every Prometheus client serves (STANDARD), which dashboards and alerts on CPU, memory and
-    open fds expect."""
-    reg = CollectorRegistry(auto_describe=False)
+    open fds expect: loaded now, or with ``standard_now=False`` once load_standard has run
+    (the daemon's HTTP servers, made before READY)."""
+    reg = Registry(standard)
     reg.register(DaemonCollector(source))
-    if standard:
-        # /proc read once a second at most: a scrape's syscalls wait for the interpreter lock
-        reg.register(CachedCollector(ProcessCollector(registry=None)))
-        PlatformCollector(registry=reg)
-        GCCollector(registry=reg)
+    if standard and standard_now:
+        load_standard()
     return reg
