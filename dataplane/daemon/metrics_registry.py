@@ -4,8 +4,8 @@ ones once it is imported.
 prometheus_client's import is ~40 ms of the interpreter (it brings http.server, urllib.request,
 wsgiref...), which a daemon's start, CPU-bound under the interpreter lock beside 16,000 leases,
 paid before READY=1 (perf/README.md#prom-later). The daemon's own families need none of it
-(daemon/metrics_text.py SimpleFamily); the standard ones are made in a thread started as READY=1 goes
-out, and a scrape before that serves the daemon's families, without waiting for the import.
+(daemon/metrics_text.py SimpleFamily); the standard ones are made in a thread started as READY=1
+goes out, and a scrape before that serves the daemon's families, without waiting for the import.
 """
 from __future__ import annotations
 
