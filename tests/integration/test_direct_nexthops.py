@@ -15,7 +15,7 @@ import pytest
 
 from dataplane.host.child import python_argv
 from dataplane.testbed import netns as ns
-from tests.conftest import require_root
+from tests.veth_ns import veth_namespace
 
 pytestmark = [pytest.mark.root]
 
@@ -100,18 +100,9 @@ else:
 
 @pytest.fixture
 def netns():
-    require_root()
-    name = ns.ns_name(ns.new_run_id(), "nexthops")
-    ns.create(name, disable_ipv6=False)
-    try:
-        ns.run_ip(["-batch", "-"], netns=name, input="".join(line + "\n" for line in (
-            "link add e0 type veth peer name e1",
-            "link set e0 up", "link set e1 up",
-            "addr add 172.31.255.254/12 dev e0",
-            "addr add fd00:1::1/64 dev e0 nodad")))
+    with veth_namespace("nexthops", "addr add 172.31.255.254/12 dev e0",
+                        "addr add fd00:1::1/64 dev e0 nodad") as name:
         yield name
-    finally:
-        ns.delete(name)
 
 
 def run(netns, code: str, *args) -> dict:

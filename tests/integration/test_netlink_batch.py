@@ -16,7 +16,7 @@ import pytest
 
 from dataplane.host.child import python_argv
 from dataplane.testbed import netns as ns
-from tests.conftest import require_root
+from tests.veth_ns import veth_namespace
 
 pytestmark = [pytest.mark.root]
 
@@ -65,23 +65,16 @@ print(json.dumps(out))
 
 @pytest.fixture
 def netns():
-    require_root()
-    name = ns.ns_name(ns.new_run_id(), "nlbatch")
-    ns.create(name, disable_ipv6=False)
-    try:
-        ns.run_ip(["-batch", "-"], netns=name, input="".join(line + "\n" for line in (
-            "link add e0 type veth peer name e1",
-            "link set e0 up", "link set e1 up",
+    with veth_namespace(
+            "nlbatch",
             "addr add 172.31.255.254/12 dev e0",
             "addr add 192.168.9.1/24 dev e1",
             "route add default via 192.168.9.254",
             "route add 172.20.0.0/16 via 192.168.9.7",      # inside e0's prefix, via a gateway
             "route add 172.21.0.9 dev e1",                  # a host route on another link
             "addr add fd00:1::1/64 dev e0 nodad",
-            "route add fd00:2::/64 via fd00:1::9")))
+            "route add fd00:2::/64 via fd00:1::9") as name:
         yield name
-    finally:
-        ns.delete(name)
 
 
 def test_routes_in_bulk_are_the_old_ones_and_refusals_name_their_route(netns):
