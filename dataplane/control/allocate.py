@@ -44,7 +44,8 @@ def free_in_range(family: type, first, last, prefixlen: int, taken: Iterable,
     # .prefixlen are a Python call each, and the broadcast address an object it keeps: a
     # start's listing has 16,000), then joined into runs of taken addresses, in C calls (a
     # running max of the ends; a run begins where a start lies past all before it reach):
-    # the walk below then passes 16,000 adjacent leases in one step, not one each (perf/README.md#start-ints).
+    # the walk below then passes 16,000 adjacent leases in one step, not one each
+    # (perf/README.md#start-ints).
     spans = sorted([(n.network_address._ip, n._prefixlen) for n in taken])
     starts = [start for start, _ in spans]
     reach = list(accumulate([start + (1 << (width - n)) - 1 for start, n in spans], max))
