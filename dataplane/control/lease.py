@@ -15,6 +15,10 @@ from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from typing import Any, Optional
 
+from ..engine.ipobjects import address4 as _address4, network4 as _network4
+
+_new = object.__new__
+
 # flanneld's ParseSubnetKey, with the dots escaped and the match anchored to the whole name.
 _KEY_RE = re.compile(r"^(\d+\.\d+\.\d+\.\d+)-(\d+)(?:&([a-fA-F\d:]+)-(\d+))?$")
 # The value flanneld's udp backend writes, byte for byte (LeaseAttrs.to_json): read without
@@ -245,49 +249,6 @@ def parse_subnet_key(name: str) -> tuple[IPv4Network, Optional[IPv6Network]]:
     if str(subnet.network_address) != m.group(1):
         raise LeaseFormatError(f"not a subnet key: {clip(name)}: host bits set (the subnet is {subnet})")
     return subnet, v6
-
-
-# ipaddress's constructors check and convert what they are given (2.7 us a network, 1.1 us an
-# address, here): a listing of 16,000 leases has checked its numbers already. These make the
-# same objects from them, attribute for attribute; checked once against the constructors below
-# (a Python whose ipaddress keeps other attributes gets the constructors).
-_new = object.__new__
-
-
-def _address4_made(value: int) -> IPv4Address:
-    """IPv4Address(value), ``value`` an int in 0..2**32-1."""
-    address = _new(IPv4Address)
-    address._ip = value
-    return address
-
-
-def _network4_made(net: int, prefixlen: int) -> IPv4Network:
-    """IPv4Network((net, prefixlen)), ``net`` with no host bits, ``prefixlen`` in 0..32."""
-    if prefixlen >= 31:                 # its __init__ gives these a hosts() of their own
-        return IPv4Network((net, prefixlen))
-    network = _new(IPv4Network)
-    network.network_address = _address4_made(net)
-    network.netmask, network._prefixlen = IPv4Network._make_netmask(prefixlen)
-    return network
-
-
-def _same_as_constructors() -> bool:
-    try:
-        for net, prefixlen in ((0x0A050000, 24), (0, 0), (0xC0A80000, 30)):
-            made, built = _network4_made(net, prefixlen), IPv4Network((net, prefixlen))
-            if list(vars(made).items()) != list(vars(built).items()) or made != built \
-                    or hash(made) != hash(built) or str(made) != str(built):
-                return False
-        made, built = _address4_made(0x0A050001), IPv4Address(0x0A050001)
-        return made == built and hash(made) == hash(built) and str(made) == str(built)
-    except Exception:               # noqa: BLE001 (another ipaddress: its constructors then)
-        return False
-
-
-if _same_as_constructors():
-    _address4, _network4 = _address4_made, _network4_made
-else:                                                                   # pragma: no cover
-    _address4, _network4 = IPv4Address, lambda net, prefixlen: IPv4Network((net, prefixlen))
 
 
 def _packed4(text: str) -> Optional[bytes]:
