@@ -297,10 +297,44 @@ def lease_from_kv(key: str, value: "bytes | str", lease_id: int = 0, mod_revisio
 _LISTED_KEY_RE = re.compile(rb".*/([\d.]{7,15})-(3[0-2]|[12]?\d)\Z", re.DOTALL)
 
 
-def _slot_setters(cls) -> tuple:
-    """The setters of ``cls``'s slots in its fields' order: a frozen dataclass's __init__ sets
-    each through object.__setattr__, at twice their cost (16,000 leases a listing)."""
-    return tuple(cls.__dict__[name].__set__ for name in cls.__dataclass_fields__)
+def _fields_of(cls) -> type:
+    """A class of ``cls``'s slots, not frozen. An object of it whose fields are set by plain
+    attribute stores (the interpreter's quickest), then given ``cls`` as its class, is what
+    ``cls(...)`` makes; a frozen dataclass's __init__ sets each field through
+    object.__setattr__, and the slots' own setters cost twice a store: 16,000 leases a
+    listing (perf/README.md#start-ints)."""
+    return type(f"_{cls.__name__}Fields", (), {"__slots__": cls.__slots__})
+
+
+_LeaseFields, _AttrsFields = _fields_of(Lease), _fields_of(LeaseAttrs)
+
+
+def _same_as_init() -> bool:
+    """Whether a Lease made as leases_of_kvs makes it is Lease(...)'s, field for field (a
+    Python that refuses the class's change, or a Lease of other slots: the general way then)."""
+    try:
+        subnet, ip = IPv4Network("10.5.2.0/24"), IPv4Address("192.0.2.7")
+        built = Lease(subnet, LeaseAttrs(ip), None, None, 5, 6, "k", 7)
+        attrs = _AttrsFields()
+        attrs.public_ip = ip
+        attrs.public_ipv6 = attrs.backend_type = attrs.backend_data = None
+        attrs.backend_v6_data = None
+        attrs.direct_routing = attrs.forwards_ipv6 = False
+        attrs.__class__ = LeaseAttrs
+        made = _LeaseFields()
+        made.subnet, made.attrs, made.ipv6_subnet, made.expiration = subnet, attrs, None, None
+        made.lease_id, made.mod_revision, made.key, made.create_revision = 5, 6, "k", 7
+        made.__class__ = Lease
+        return (type(made) is Lease and made == built and hash(made) == hash(built)
+                and all(getattr(made, f) == getattr(built, f) for f in Lease.__slots__)
+                and all(getattr(attrs, f) == getattr(built.attrs, f)
+                        for f in LeaseAttrs.__slots__)
+                and len(Lease.__slots__) == 8 and len(LeaseAttrs.__slots__) == 7)
+    except Exception:               # noqa: BLE001 (the general way then)
+        return False
+
+
+_LISTED = _same_as_init()
 
 
 def leases_of_kvs(kvs, general) -> list:
@@ -309,10 +343,12 @@ def leases_of_kvs(kvs, general) -> list:
     ``general(kv)`` (its Lease, or what the caller makes of a malformed one). The same Leases
     as lease_from_kv's, field for field (tests/unit/test_lease_listing_parse.py); 16,000 of
     them one by one are ~0.17 s of a start's CPU (perf/README.md#listing-ahead)."""
+    if not _LISTED:                                                     # pragma: no cover
+        return [general(kv) for kv in kvs]
     key_match, value_match = _LISTED_KEY_RE.match, _UDP_VALUE_RE.match
-    network, address, pton, from_bytes, new = _network4, _address4, inet_pton, int.from_bytes, _new
-    s0, s1, s2, s3, s4, s5, s6, s7 = _slot_setters(Lease)
-    a0, a1, a2, a3, a4, a5, a6 = _slot_setters(LeaseAttrs)
+    network, address, pton, from_bytes = _network4, _address4, inet_pton, int.from_bytes
+    lease_fields, attrs_fields, lease_class, attrs_class = _LeaseFields, _AttrsFields, Lease, \
+        LeaseAttrs
     out = []
     append = out.append
     for kv in kvs:
@@ -328,26 +364,24 @@ def leases_of_kvs(kvs, general) -> list:
                 net = ip = None
             prefixlen = int(length)
             if net is not None and not net & (0xFFFFFFFF >> prefixlen):
-                # LeaseAttrs(address(ip)), unrolled
-                attrs = new(LeaseAttrs)
-                a0(attrs, address(ip))
-                a1(attrs, None)
-                a2(attrs, None)
-                a3(attrs, None)
-                a4(attrs, None)
-                a5(attrs, False)
-                a6(attrs, False)
+                # LeaseAttrs(address(ip)), as _same_as_init checks
+                attrs = attrs_fields()
+                attrs.public_ip = address(ip)
+                attrs.public_ipv6 = attrs.backend_type = attrs.backend_data = None
+                attrs.backend_v6_data = None
+                attrs.direct_routing = attrs.forwards_ipv6 = False
+                attrs.__class__ = attrs_class
                 # Lease(subnet, attrs, None, None, kv.lease, kv.mod_revision, key,
-                # kv.create_revision), unrolled
-                lease = new(Lease)
-                s0(lease, network(net, prefixlen))
-                s1(lease, attrs)
-                s2(lease, None)
-                s3(lease, None)
-                s4(lease, kv.lease)
-                s5(lease, kv.mod_revision)
-                s6(lease, key.decode())
-                s7(lease, kv.create_revision)
+                # kv.create_revision), the same
+                lease = lease_fields()
+                lease.subnet = network(net, prefixlen)
+                lease.attrs = attrs
+                lease.ipv6_subnet = lease.expiration = None
+                lease.lease_id = kv.lease
+                lease.mod_revision = kv.mod_revision
+                lease.key = key.decode()
+                lease.create_revision = kv.create_revision
+                lease.__class__ = lease_class
                 append(lease)
                 continue
         append(general(kv))

@@ -70,3 +70,22 @@ def test_keeps_the_listing_order(n):
     kvs = [kv_pb2.KeyValue(key=f"{P}10.5.{i}.0-24".encode(), value=UDP % b"1.2.3.4")
            for i in range(n)]
     assert [x.key for x in leases_of_kvs(kvs, _general)] == [kv.key.decode() for kv in kvs]
+
+
+def test_a_listed_lease_is_a_frozen_lease_that_pickles_and_replaces_as_one():
+    """The loop makes its Leases of another class's slots and then gives them Lease's class
+    (control/lease.py _fields_of): what comes out is frozen, hashes, pickles and is replaced
+    as a Lease made by its constructor."""
+    import dataclasses
+    import pickle
+    kv = kv_pb2.KeyValue(key=f"{P}10.5.1.0-24".encode(), value=UDP % b"1.2.3.4", lease=9,
+                         mod_revision=11, create_revision=10)
+    got, built = leases_of_kvs([kv], _general)[0], _general(kv)
+    assert type(got) is Lease and type(got.attrs) is type(built.attrs)
+    for obj, name in ((got, "key"), (got.attrs, "public_ip")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, None)
+    assert hash(got) == hash(built) and {got: 1}[built] == 1
+    assert _whole(pickle.loads(pickle.dumps(got))) == _whole(built)
+    assert _whole(dataclasses.replace(got, lease_id=3)) == \
+        _whole(dataclasses.replace(built, lease_id=3))
