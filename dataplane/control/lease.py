@@ -292,9 +292,12 @@ def lease_from_kv(key: str, value: "bytes | str", lease_id: int = 0, mod_revisio
     return Lease(subnet, attrs, v6, expiration, lease_id, mod_revision, key, create_revision)
 
 
-# A listing's common key: its last component an IPv4 subnet (the dotted quad checked by
-# inet_pton, as parse_subnet_key's).
-_LISTED_KEY_RE = re.compile(rb".*/([\d.]{7,15})-(3[0-2]|[12]?\d)\Z", re.DOTALL)
+# A listing's common key: its last component `<dotted quad>-<length>`, the quad checked by
+# inet_pton (as parse_subnet_key's), the length one of these; and the udp backend's value
+# around its PublicIP (LeaseAttrs.to_json). Read with bytes' methods and a dict: two regular
+# expressions were a fifth of the loop (perf/README.md#start-ints).
+_LENGTHS = {str(n).encode(): n for n in range(33)}
+_UDP_HEAD, _UDP_TAIL = b'{"PublicIP":"', b'","PublicIPv6":null}'
 
 
 def _fields_of(cls) -> type:
@@ -342,27 +345,28 @@ def leases_of_kvs(kvs, general) -> list:
     (an IPv4 subnet, the udp backend's value) read in one loop, each other one by
     ``general(kv)`` (its Lease, or what the caller makes of a malformed one). The same Leases
     as lease_from_kv's, field for field (tests/unit/test_lease_listing_parse.py); 16,000 of
-    them one by one are ~0.17 s of a start's CPU (perf/README.md#listing-ahead)."""
+    them one by one are ~0.17 s of a start's CPU (perf/README.md#listing-ahead), here ~35 ms
+    (perf/listing_cost.py)."""
     if not _LISTED:                                                     # pragma: no cover
         return [general(kv) for kv in kvs]
-    key_match, value_match = _LISTED_KEY_RE.match, _UDP_VALUE_RE.match
+    lengths, head, tail = _LENGTHS, _UDP_HEAD, _UDP_TAIL
+    start, end = len(head), -len(tail)
     network, address, pton, from_bytes = _network4, _address4, inet_pton, int.from_bytes
     lease_fields, attrs_fields, lease_class, attrs_class = _LeaseFields, _AttrsFields, Lease, \
         LeaseAttrs
     out = []
     append = out.append
     for kv in kvs:
-        key = kv.key
-        mk = key_match(key)
-        mv = None if mk is None else value_match(kv.value)
-        if mv is not None:
-            quad, length = mk.groups()
+        key, value = kv.key, kv.value
+        _, slash, name = key.rpartition(b"/")
+        quad, _, length = name.rpartition(b"-")
+        prefixlen = lengths.get(length)
+        if prefixlen is not None and slash and value.startswith(head) and value.endswith(tail):
             try:
                 net = from_bytes(pton(AF_INET, quad.decode()), "big")
-                ip = from_bytes(pton(AF_INET, mv.group(1).decode()), "big")
-            except OSError:
-                net = ip = None
-            prefixlen = int(length)
+                ip = from_bytes(pton(AF_INET, value[start:end].decode()), "big")
+            except (OSError, ValueError):       # (a bad quad, NUL, not UTF-8)
+                net = None
             if net is not None and not net & (0xFFFFFFFF >> prefixlen):
                 # LeaseAttrs(address(ip)), as _same_as_init checks
                 attrs = attrs_fields()
