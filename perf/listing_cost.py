@@ -1,7 +1,7 @@
 """A start's listing at N leases, in one process: its parse and the pick of a free subnet.
 
-    python perf/listing_cost.py --peers 16000 --runs 9              # CPU time of each, best / median
-    OTHER/.venv/bin/python perf/listing_cost.py --tree OTHER        # another checkout, in turns
+    python perf/listing_cost.py --peers 16000 --runs 9        # CPU time of each, best / median
+    OTHER/.venv/bin/python perf/listing_cost.py --tree OTHER  # another checkout, in turns
 
 The leases are perf/lease_burst.py's (each its own PublicIP, the udp backend's value, as etcd
 hands them: protobuf KeyValues), parsed as the registry's listing parses them
@@ -75,7 +75,8 @@ def main() -> int:
     pick = cpu_ms(lambda: pick_pair(config, listed, (), rng), args.runs)
     pick_in = cpu_ms(lambda: pick_pair(largest, listed, (), rng), args.runs)
     print(f"{args.peers} leases, best / median of {args.runs} (CPU ms): the listing's parse "
-          f"{cpu_ms(parse, args.runs)}, the pick {pick} (a /10's: {pick_in}), load {os.getloadavg()[0]:.1f}")
+          f"{cpu_ms(parse, args.runs)}, the pick {pick} (a /10's: {pick_in}), "
+          f"load {os.getloadavg()[0]:.1f}")
     return 0
 
 
