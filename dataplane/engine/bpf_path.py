@@ -271,7 +271,11 @@ class KernelPath(RouteMaps):
                 if lookup(fd, key, hop) != 0:
                     continue
                 if m == bc.MAP_ROUTES4:
-                    subnet = network4(int.from_bytes(ffi.buffer(key.addr), "big"), key.prefixlen)
+                    net, prefixlen = int.from_bytes(ffi.buffer(key.addr), "big"), key.prefixlen
+                    if prefixlen > 32 or net & (0xFFFFFFFF >> prefixlen):   # not ours: as
+                        subnet = ipaddress.ip_network((net, prefixlen))    # before, refused
+                    else:
+                        subnet = network4(net, prefixlen)
                 else:
                     subnet = ipaddress.ip_network((bytes(ffi.buffer(key.addr)), key.prefixlen))
                 mtu = hop.mtu
