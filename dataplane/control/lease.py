@@ -17,8 +17,6 @@ from typing import Any, Optional
 
 from ..engine.ipobjects import address4 as _address4, network4 as _network4
 
-_new = object.__new__
-
 # flanneld's ParseSubnetKey, with the dots escaped and the match anchored to the whole name.
 _KEY_RE = re.compile(r"^(\d+\.\d+\.\d+\.\d+)-(\d+)(?:&([a-fA-F\d:]+)-(\d+))?$")
 # The value flanneld's udp backend writes, byte for byte (LeaseAttrs.to_json): read without
