@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from typing import Any, Optional
 
+from ..engine.ipobjects import address4 as _address4, network4 as _network4
+
 # flanneld's ParseSubnetKey, with the dots escaped and the match anchored to the whole name.
 _KEY_RE = re.compile(r"^(\d+\.\d+\.\d+\.\d+)-(\d+)(?:&([a-fA-F\d:]+)-(\d+))?$")
 # The value flanneld's udp backend writes, byte for byte (LeaseAttrs.to_json): read without
@@ -247,49 +249,6 @@ def parse_subnet_key(name: str) -> tuple[IPv4Network, Optional[IPv6Network]]:
     return subnet, v6
 
 
-# ipaddress's constructors check and convert what they are given (2.7 us a network, 1.1 us an
-# address, here): a listing of 16,000 leases has checked its numbers already. These make the
-# same objects from them, attribute for attribute; checked once against the constructors below
-# (a Python whose ipaddress keeps other attributes gets the constructors).
-_new = object.__new__
-
-
-def _address4_made(value: int) -> IPv4Address:
-    """IPv4Address(value), ``value`` an int in 0..2**32-1."""
-    address = _new(IPv4Address)
-    address._ip = value
-    return address
-
-
-def _network4_made(net: int, prefixlen: int) -> IPv4Network:
-    """IPv4Network((net, prefixlen)), ``net`` with no host bits, ``prefixlen`` in 0..32."""
-    if prefixlen >= 31:                 # its __init__ gives these a hosts() of their own
-        return IPv4Network((net, prefixlen))
-    network = _new(IPv4Network)
-    network.network_address = _address4_made(net)
-    network.netmask, network._prefixlen = IPv4Network._make_netmask(prefixlen)
-    return network
-
-
-def _same_as_constructors() -> bool:
-    try:
-        for net, prefixlen in ((0x0A050000, 24), (0, 0), (0xC0A80000, 30)):
-            made, built = _network4_made(net, prefixlen), IPv4Network((net, prefixlen))
-            if list(vars(made).items()) != list(vars(built).items()) or made != built \
-                    or hash(made) != hash(built) or str(made) != str(built):
-                return False
-        made, built = _address4_made(0x0A050001), IPv4Address(0x0A050001)
-        return made == built and hash(made) == hash(built) and str(made) == str(built)
-    except Exception:               # noqa: BLE001 (another ipaddress: its constructors then)
-        return False
-
-
-if _same_as_constructors():
-    _address4, _network4 = _address4_made, _network4_made
-else:                                                                   # pragma: no cover
-    _address4, _network4 = IPv4Address, lambda net, prefixlen: IPv4Network((net, prefixlen))
-
-
 def _packed4(text: str) -> Optional[bytes]:
     """The 4 bytes of a dotted quad in the one form ipaddress reads and writes (inet_pton
     refuses leading zeros and short forms), or None: the caller's general way then says why."""
@@ -331,15 +290,52 @@ def lease_from_kv(key: str, value: "bytes | str", lease_id: int = 0, mod_revisio
     return Lease(subnet, attrs, v6, expiration, lease_id, mod_revision, key, create_revision)
 
 
-# A listing's common key: its last component an IPv4 subnet (the dotted quad checked by
-# inet_pton, as parse_subnet_key's).
-_LISTED_KEY_RE = re.compile(rb".*/([\d.]{7,15})-(3[0-2]|[12]?\d)\Z", re.DOTALL)
+# A listing's common key: its last component `<dotted quad>-<length>`, the quad checked by
+# inet_pton (as parse_subnet_key's), the length one of these; and the udp backend's value
+# around its PublicIP (LeaseAttrs.to_json). Read with bytes' methods and a dict: two regular
+# expressions were a fifth of the loop (perf/README.md#start-ints).
+_LENGTHS = {str(n).encode(): n for n in range(33)}
+_UDP_HEAD, _UDP_TAIL = b'{"PublicIP":"', b'","PublicIPv6":null}'
 
 
-def _slot_setters(cls) -> tuple:
-    """The setters of ``cls``'s slots in its fields' order: a frozen dataclass's __init__ sets
-    each through object.__setattr__, at twice their cost (16,000 leases a listing)."""
-    return tuple(cls.__dict__[name].__set__ for name in cls.__dataclass_fields__)
+def _fields_of(cls) -> type:
+    """A class of ``cls``'s slots, not frozen. An object of it whose fields are set by plain
+    attribute stores (the interpreter's quickest), then given ``cls`` as its class, is what
+    ``cls(...)`` makes; a frozen dataclass's __init__ sets each field through
+    object.__setattr__, and the slots' own setters cost twice a store: 16,000 leases a
+    listing (perf/README.md#start-ints)."""
+    return type(f"_{cls.__name__}Fields", (), {"__slots__": cls.__slots__})
+
+
+_LeaseFields, _AttrsFields = _fields_of(Lease), _fields_of(LeaseAttrs)
+
+
+def _same_as_init() -> bool:
+    """Whether a Lease made as leases_of_kvs makes it is Lease(...)'s, field for field (a
+    Python that refuses the class's change, or a Lease of other slots: the general way then)."""
+    try:
+        subnet, ip = IPv4Network("10.5.2.0/24"), IPv4Address("192.0.2.7")
+        built = Lease(subnet, LeaseAttrs(ip), None, None, 5, 6, "k", 7)
+        attrs = _AttrsFields()
+        attrs.public_ip = ip
+        attrs.public_ipv6 = attrs.backend_type = attrs.backend_data = None
+        attrs.backend_v6_data = None
+        attrs.direct_routing = attrs.forwards_ipv6 = False
+        attrs.__class__ = LeaseAttrs
+        made = _LeaseFields()
+        made.subnet, made.attrs, made.ipv6_subnet, made.expiration = subnet, attrs, None, None
+        made.lease_id, made.mod_revision, made.key, made.create_revision = 5, 6, "k", 7
+        made.__class__ = Lease
+        return (type(made) is Lease and made == built and hash(made) == hash(built)
+                and all(getattr(made, f) == getattr(built, f) for f in Lease.__slots__)
+                and all(getattr(attrs, f) == getattr(built.attrs, f)
+                        for f in LeaseAttrs.__slots__)
+                and len(Lease.__slots__) == 8 and len(LeaseAttrs.__slots__) == 7)
+    except Exception:               # noqa: BLE001 (the general way then)
+        return False
+
+
+_LISTED = _same_as_init()
 
 
 def leases_of_kvs(kvs, general) -> list:
@@ -347,46 +343,47 @@ def leases_of_kvs(kvs, general) -> list:
     (an IPv4 subnet, the udp backend's value) read in one loop, each other one by
     ``general(kv)`` (its Lease, or what the caller makes of a malformed one). The same Leases
     as lease_from_kv's, field for field (tests/unit/test_lease_listing_parse.py); 16,000 of
-    them one by one are ~0.17 s of a start's CPU (perf/README.md#listing-ahead)."""
-    key_match, value_match = _LISTED_KEY_RE.match, _UDP_VALUE_RE.match
-    network, address, pton, from_bytes, new = _network4, _address4, inet_pton, int.from_bytes, _new
-    s0, s1, s2, s3, s4, s5, s6, s7 = _slot_setters(Lease)
-    a0, a1, a2, a3, a4, a5, a6 = _slot_setters(LeaseAttrs)
+    them one by one are ~0.17 s of a start's CPU (perf/README.md#listing-ahead), here ~35 ms
+    (perf/listing_cost.py)."""
+    if not _LISTED:                                                     # pragma: no cover
+        return [general(kv) for kv in kvs]
+    lengths, head, tail = _LENGTHS, _UDP_HEAD, _UDP_TAIL
+    start, end = len(head), -len(tail)
+    network, address, pton, from_bytes = _network4, _address4, inet_pton, int.from_bytes
+    lease_fields, attrs_fields, lease_class, attrs_class = _LeaseFields, _AttrsFields, Lease, \
+        LeaseAttrs
     out = []
     append = out.append
     for kv in kvs:
-        key = kv.key
-        mk = key_match(key)
-        mv = None if mk is None else value_match(kv.value)
-        if mv is not None:
-            quad, length = mk.groups()
+        key, value = kv.key, kv.value
+        _, slash, name = key.rpartition(b"/")
+        quad, _, length = name.rpartition(b"-")
+        prefixlen = lengths.get(length)
+        if prefixlen is not None and slash and value.startswith(head) and value.endswith(tail):
             try:
                 net = from_bytes(pton(AF_INET, quad.decode()), "big")
-                ip = from_bytes(pton(AF_INET, mv.group(1).decode()), "big")
-            except OSError:
-                net = ip = None
-            prefixlen = int(length)
+                ip = from_bytes(pton(AF_INET, value[start:end].decode()), "big")
+            except (OSError, ValueError):       # (a bad quad, NUL, not UTF-8)
+                net = None
             if net is not None and not net & (0xFFFFFFFF >> prefixlen):
-                # LeaseAttrs(address(ip)), unrolled
-                attrs = new(LeaseAttrs)
-                a0(attrs, address(ip))
-                a1(attrs, None)
-                a2(attrs, None)
-                a3(attrs, None)
-                a4(attrs, None)
-                a5(attrs, False)
-                a6(attrs, False)
+                # LeaseAttrs(address(ip)), as _same_as_init checks
+                attrs = attrs_fields()
+                attrs.public_ip = address(ip)
+                attrs.public_ipv6 = attrs.backend_type = attrs.backend_data = None
+                attrs.backend_v6_data = None
+                attrs.direct_routing = attrs.forwards_ipv6 = False
+                attrs.__class__ = attrs_class
                 # Lease(subnet, attrs, None, None, kv.lease, kv.mod_revision, key,
-                # kv.create_revision), unrolled
-                lease = new(Lease)
-                s0(lease, network(net, prefixlen))
-                s1(lease, attrs)
-                s2(lease, None)
-                s3(lease, None)
-                s4(lease, kv.lease)
-                s5(lease, kv.mod_revision)
-                s6(lease, key.decode())
-                s7(lease, kv.create_revision)
+                # kv.create_revision), the same
+                lease = lease_fields()
+                lease.subnet = network(net, prefixlen)
+                lease.attrs = attrs
+                lease.ipv6_subnet = lease.expiration = None
+                lease.lease_id = kv.lease
+                lease.mod_revision = kv.mod_revision
+                lease.key = key.decode()
+                lease.create_revision = kv.create_revision
+                lease.__class__ = lease_class
                 append(lease)
                 continue
         append(general(kv))

@@ -28,13 +28,15 @@ from __future__ import annotations
 import ipaddress
 import os
 import struct
+from socket import ntohl
 
 from . import bpf_contract as bc
 from .bpf_build import build
 from .bpf_kernel import kernel_decaps_gso, link_is_ethernet
 from . import bpf_pins
 from .bpf_lib import BpfLibError, check, check_ptr, ffi, lib, percpu_sums, sized
-from .bpf_routes import ANY4, UNSENDABLE_MTU, RouteMaps
+from .bpf_routes import UNSENDABLE_MTU, RouteMaps
+from .ipobjects import address4, network4
 from ..host import malloc
 
 # linux/pkt_cls.h: a tc program's verdicts
@@ -255,41 +257,65 @@ class KernelPath(RouteMaps):
             return
         check(self._lib.bpf_map_lookup_elem(self.map_fd[bc.MAP_CONFIG], ffi.new("__u32 *", 0),
                                             self._cfg), "reading the pinned config")
+        # 16,000 routes and peers at a restart beside a large network, before the old daemon
+        # lets go: each key read into one buffer and made an object from its ints, without
+        # ipaddress's constructors (engine/ipobjects.py), each peer once. (An LPM trie takes no
+        # batched lookup: one call per key.)
+        peer4: dict = {}                 # int -> the IPv4Address of every route and peer
+        count4: dict = {}                # int -> how many routes name it (ints hash in C)
+        hop = ffi.new("fu_hop *")
+        lookup = self._lib.bpf_map_lookup_elem
         for m, ctype in ((bc.MAP_ROUTES4, "fu_key4"), (bc.MAP_ROUTES6, "fu_key6")):
-            hop = ffi.new("fu_hop *")
-            for key in self._keys(m, ctype):
-                if self._lib.bpf_map_lookup_elem(self.map_fd[m], key, hop) == 0:
-                    addr = bytes(ffi.buffer(key.addr))
-                    subnet = ipaddress.ip_network((addr, key.prefixlen))
-                    peer = self._hop_peer(hop)
-                    unsendable = peer == ANY4 and hop.mtu == UNSENDABLE_MTU
-                    self._routes[subnet] = (peer, 0 if unsendable else hop.mtu)
-        for key in self._keys(bc.MAP_PEERS4, "__u32"):
-            self._peers[ipaddress.IPv4Address(struct.pack("=I", key[0]))] = 0
-        for key in self._keys(bc.MAP_PEERS6, "fu_addr6"):     # set_routes removes a stale one
-            self._peers[ipaddress.IPv6Address(bytes(ffi.buffer(key.addr)))] = 0
-        for p in self._routes.values():
-            self._peers[p[0]] = self._peers.get(p[0], 0) + 1
+            fd = self.map_fd[m]
+            for key in self._each_key(m, ctype):
+                if lookup(fd, key, hop) != 0:
+                    continue
+                if m == bc.MAP_ROUTES4:
+                    net, prefixlen = int.from_bytes(ffi.buffer(key.addr), "big"), key.prefixlen
+                    if prefixlen > 32 or net & (0xFFFFFFFF >> prefixlen):   # not ours: as
+                        subnet = ipaddress.ip_network((net, prefixlen))    # before, refused
+                    else:
+                        subnet = network4(net, prefixlen)
+                else:
+                    subnet = ipaddress.ip_network((bytes(ffi.buffer(key.addr)), key.prefixlen))
+                mtu = hop.mtu
+                if hop.peer_ip or not any(hop.peer_ip6):
+                    ip = ntohl(hop.peer_ip)
+                    peer = peer4.get(ip) or peer4.setdefault(ip, address4(ip))
+                    count4[ip] = count4.get(ip, 0) + 1
+                    if not ip and mtu == UNSENDABLE_MTU:         # 0.0.0.0's (_hop_bytes)
+                        mtu = 0
+                else:                                            # the IPv6 underlay's
+                    peer = ipaddress.IPv6Address(bytes(ffi.buffer(hop.peer_ip6)))
+                    self._peers[peer] = self._peers.get(peer, 0) + 1
+                self._routes[subnet] = (peer, mtu)
+        for key in self._each_key(bc.MAP_PEERS4, "__u32"):     # set_routes removes a stale one
+            count4.setdefault(ntohl(key[0]), 0)
+        for key in self._each_key(bc.MAP_PEERS6, "fu_addr6"):
+            self._peers.setdefault(ipaddress.IPv6Address(bytes(ffi.buffer(key.addr))), 0)
+        self._peers.update({peer4.get(ip) or address4(ip): n for ip, n in count4.items()})
         self._local = {ipaddress.IPv4Address(struct.pack("=I", k[0]))
-                       for k in self._keys(bc.MAP_LOCAL4, "__u32")}
+                       for k in self._each_key(bc.MAP_LOCAL4, "__u32")}
         self._local |= {ipaddress.IPv6Address(bytes(ffi.buffer(k.addr)))
-                        for k in self._keys(bc.MAP_LOCAL6, "fu_addr6")}
-
-    @staticmethod
-    def _hop_peer(hop):
-        """A route value's peer: its PublicIP, or (peer_ip 0) its PublicIPv6 (the IPv6
-        underlay's routes, maps.h's fu_hop); both 0: 0.0.0.0 (_hop_bytes)."""
-        if hop.peer_ip or not any(hop.peer_ip6):
-            return ipaddress.IPv4Address(struct.pack("=I", hop.peer_ip))
-        return ipaddress.IPv6Address(bytes(ffi.buffer(hop.peer_ip6)))
+                        for k in self._each_key(bc.MAP_LOCAL6, "fu_addr6")}
 
     def _keys(self, m: str, ctype: str) -> list:
-        out, prev = [], ffi.NULL
+        """Each key of map ``m``, each its own cdata (what a test keeps)."""
+        out = []
+        for key in self._each_key(m, ctype):
+            out.append(ffi.new(ctype + " *", key[0]))
+        return out
+
+    def _each_key(self, m: str, ctype: str):
+        """Each key of map ``m``, in one of two buffers taken in turns (the one before is the
+        kernel's place in the walk): read it before the next."""
+        bufs, prev = (ffi.new(ctype + " *"), ffi.new(ctype + " *")), ffi.NULL
+        next_key, fd = self._lib.bpf_map_get_next_key, self.map_fd[m]
         while True:
-            key = ffi.new(ctype + " *")
-            if self._lib.bpf_map_get_next_key(self.map_fd[m], prev, key) != 0:
-                return out
-            out.append(key)
+            key = bufs[0] if prev is not bufs[0] else bufs[1]
+            if next_key(fd, prev, key) != 0:
+                return
+            yield key
             prev = key
 
     def _runs_already(self, ifindex: int, point: str, prog: str) -> bool:

@@ -274,6 +274,37 @@ def test_a_stale_peer_of_either_underlay_goes_with_the_first_whole_set(host):
         again.leave()
 
 
+def test_adoption_reads_back_what_was_written_object_for_object(host):
+    """What a new process reads back from the pins (its routes, peers and their counts) equals
+    what the one before wrote, in ipaddress's own types and hashes: routes of both families, a
+    peer named by several routes, 0.0.0.0 (written with the MTU that hands its packets to the
+    engine), a /32 and a /0, and the IPv6 underlay's peers."""
+    from dataplane.engine.bpf_path import KernelPath
+    pins, tun, ext = host
+    kp = KernelPath(pin_dir=pins)
+    kp.configure(own_ip=OWN_IP, port=PORT, mtu=MTU, own_subnets=["10.5.1.0/24"],
+                 own_ip6="fd00:77::1")
+    routes = [Route.make(f"10.5.{i}.0/24", PEER if i % 3 else f"192.168.8.{i}", PORT)
+              for i in range(2, 40)]
+    routes += [Route.make("10.6.0.0/16", "0.0.0.0", PORT), Route.make("10.7.0.9/32", PEER, PORT),
+               Route.make("0.0.0.0/0", "192.168.8.250", PORT),
+               Route.make("fd00:5:2::/64", PEER, PORT),
+               Route.make("fd00:5:3::/64", "fd00:77::2", PORT)]
+    kp.set_routes(routes)
+    kp.set_local([OWN_IP])
+    kp.attach(tun, ext)
+    wrote = dict(kp._routes), dict(kp._peers)
+    kp.leave()
+    with contextlib.closing(KernelPath(pin_dir=pins)) as again:
+        assert (again._routes, again._peers) == wrote
+        for got, want in ((again._routes, wrote[0]), (again._peers, wrote[1])):
+            assert sorted((str(k), type(k), hash(k)) for k in got) == \
+                sorted((str(k), type(k), hash(k)) for k in want)
+        assert sorted((str(p), type(p), m) for p, m in again._routes.values()) == \
+            sorted((str(p), type(p), m) for p, m in wrote[0].values())
+        again.leave()
+
+
 def test_what_the_path_turned_off_is_put_back_by_its_removal(host):
     """The external interface's features the path turned off (host/tunnel_gso.py) are recorded
     beside the pins: a successor that finds them off takes them as turned off, not as the

@@ -169,6 +169,32 @@ def test_the_jumping_walk_equals_flanneld_walk(family, bits):
                 _naive(family, first, last, plen, taken, limit)
 
 
+@pytest.mark.parametrize("family,bits", [(IPv4Network, 32), (IPv6Network, 128)])
+def test_the_walk_over_runs_of_adjacent_leases_equals_flanneld_walk(family, bits):
+    """Runs of adjacent and nested leases with gaps of one subnet or less between them: the
+    walk joins a run into one step, and must neither join across a gap nor skip a free one."""
+    rng = random.Random(7)
+    base = 0x0a050000 if bits == 32 else int(N6.network_address)
+    plen = bits - 8
+    size = 1 << (bits - plen)
+    for _ in range(40):
+        taken, cur = [], base + rng.randint(0, 3) * size
+        while cur < base + 200 * size:
+            for _ in range(rng.randint(1, 20)):              # a run of adjacent leases
+                tlen = plen + rng.choice((0, 0, 0, 1, -1))
+                net = family((cur, tlen), strict=False)
+                taken.append(net)
+                if rng.random() < 0.2:                         # one inside it
+                    taken.append(family((int(net.network_address), tlen + 1)))
+                cur = int(net.broadcast_address) + 1
+            cur += rng.choice((0, 1, size // 2, size, 2 * size))   # a gap, or none
+        rng.shuffle(taken)
+        first, last = base, base + 220 * size
+        for limit in (1, 7, 100):
+            assert free_in_range(family, first, last, plen, taken, limit) == \
+                _naive(family, first, last, plen, taken, limit)
+
+
 def test_thousands_of_leases_are_quick():
     c = parse_config('{"Network":"10.0.0.0/8","SubnetLen":24,"EnableIPv6":true,'
                      '"IPv6Network":"fc00:5::/32"}')

@@ -14,13 +14,18 @@ KEYS = [f"{P}10.5.{i}.0-24" for i in (0, 1, 99, 255)] + [
     f"{P}10.5.3.7-24",                  # host bits set: refused
     f"{P}010.5.3.0-24", f"{P}10.5.3.0-024", f"{P}10.5.3.0-33", f"{P}10.5.300.0-24",
     f"{P}10.5.3-24", f"{P}10.5.3.0-24\n", f"{P}10.5.3.0-24&fc00::-64", f"{P}10.5.3.0-24x",
-    "10.5.3.0-24", f"{P}10.5/3.0-24", f"{P}1.2.3.4.5-24", f"{P}\u00e9.5.3.0-24"]
+    "10.5.3.0-24", f"{P}10.5/3.0-24", f"{P}1.2.3.4.5-24", f"{P}\u00e9.5.3.0-24",
+    f"{P}10.5.3.0\x00-24", f"{P}-24", f"{P}10.5.3.0-", f"{P}10.5.3.0-24-24", f"{P}10.5.3.0--24",
+    f"{P}10.5.3.0-+24", f"{P}10.5.3.0-2\u0664", f"{P}10.5.3.0- 24"]
 VALUES = [UDP % ip for ip in (b"1.2.3.4", b"255.255.255.255", b"0.0.0.0", b"01.2.3.4",
                               b"1.2.3", b"1.2.3.256")] + [
     b'{"PublicIP":"1.2.3.4","PublicIPv6":null} ', b'{"PublicIP":"1.2.3.4"}',
     b'{"PublicIP":"1.2.3.4","PublicIPv6":"fc00::1","BackendType":"udp"}',
     b'{"publicip":"1.2.3.4","DirectRouting":true}', b'{"PublicIP":"1.2.3.4",', b"",
-    b"\xff\xfe"]
+    b"\xff\xfe", UDP % b"1.2.3.4\x00", UDP % b"\xff.2.3.4", UDP % b"",
+    b'{"PublicIP":","PublicIPv6":null}',
+    UDP % b"1.2.3.4" + b"\n", b" " + UDP % b"1.2.3.4", UDP % b'1.2.3.4","PublicIPv6":"fc00::1',
+    UDP % b"1.2.3.4 "]
 
 
 def _general(kv):
@@ -70,3 +75,22 @@ def test_keeps_the_listing_order(n):
     kvs = [kv_pb2.KeyValue(key=f"{P}10.5.{i}.0-24".encode(), value=UDP % b"1.2.3.4")
            for i in range(n)]
     assert [x.key for x in leases_of_kvs(kvs, _general)] == [kv.key.decode() for kv in kvs]
+
+
+def test_a_listed_lease_is_a_frozen_lease_that_pickles_and_replaces_as_one():
+    """The loop makes its Leases of another class's slots and then gives them Lease's class
+    (control/lease.py _fields_of): what comes out is frozen, hashes, pickles and is replaced
+    as a Lease made by its constructor."""
+    import dataclasses
+    import pickle
+    kv = kv_pb2.KeyValue(key=f"{P}10.5.1.0-24".encode(), value=UDP % b"1.2.3.4", lease=9,
+                         mod_revision=11, create_revision=10)
+    got, built = leases_of_kvs([kv], _general)[0], _general(kv)
+    assert type(got) is Lease and type(got.attrs) is type(built.attrs)
+    for obj, name in ((got, "key"), (got.attrs, "public_ip")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, None)
+    assert hash(got) == hash(built) and {got: 1}[built] == 1
+    assert _whole(pickle.loads(pickle.dumps(got))) == _whole(built)
+    assert _whole(dataclasses.replace(got, lease_id=3)) == \
+        _whole(dataclasses.replace(built, lease_id=3))
