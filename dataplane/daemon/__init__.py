@@ -31,10 +31,8 @@
 * ``signals.py``     SIGTERM/SIGINT, SIGHUP, SIGUSR2 to the serve loop;
 * ``http.py``        the /healthz, /readyz, /metrics and /debug/trace server;
 * ``metrics.py``     the Prometheus collector, driven by the table of every series (DECLARED);
-* ``metrics_text.py`` /metrics' text, each series' name and labels formatted once, without
-  prometheus_client; ``metrics_registry.py`` the registry, and prometheus_client's process_* and
-  python_* collectors made after READY; ``cached_collector.py`` its process_* families, read
-  from /proc once a second at most;
+* ``metrics_text.py`` /metrics' text, each series' name and labels formatted once;
+  ``cached_collector.py`` its process_* families, read from /proc once a second at most;
 * ``interpreter.py`` the garbage collector paused until READY and a short switch interval, so that
                      the reports answer while the start keeps the CPU busy;
 * ``timefmt.py``     a lease's expiry as the log and /readyz write it.

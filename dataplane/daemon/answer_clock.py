@@ -97,8 +97,8 @@ class AnswerClock:
 
 def family(name: str, help_text: str, labels, samples):
     """The histogram family of :meth:`AnswerClock.samples`."""
-    from .metrics_text import SimpleFamily
-    fam = SimpleFamily(name, help_text, "histogram", labels)
+    from prometheus_client.core import HistogramMetricFamily   # only where a scrape runs
+    fam = HistogramMetricFamily(name, help_text, labels=list(labels))
     bounds = [*(repr(b) for b in BUCKETS), "+Inf"]
     for values, (cumulative, total) in samples:
         fam.add_metric(list(values), list(zip(bounds, cumulative)), total)

@@ -49,10 +49,12 @@ from socket import MSG_DONTWAIT, SHUT_WR, socketpair
 from time import monotonic, thread_time
 from urllib.parse import parse_qsl, urlsplit
 
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from ..engine import ipv4, ipv6
 from . import answer_clock
 from .metrics import MetricsSource, make_registry
-from .metrics_text import CONTENT_TYPE, MetricsText
+from .metrics_text import MetricsText
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +250,7 @@ class HttpServer:
                  workers: int = WORKERS):
         self.source = source
         self.paths = set(paths)
-        self.registry = make_registry(source, standard_now=False)   # standard: after READY
+        self.registry = make_registry(source)
         self.metrics_text = MetricsText()     # generate_latest's text, each series' labels kept
         self.request_timeout = request_timeout
         self.max_connections = max_connections
@@ -285,7 +287,7 @@ class HttpServer:
                     return self._readyz()
                 if u.path == "/metrics" and "metrics" in outer.paths:
                     return self._send(200, outer.metrics_text.render(outer.registry),
-                                      CONTENT_TYPE)
+                                      CONTENT_TYPE_LATEST)
                 if u.path == "/debug/trace" and "trace" in outer.paths:
                     return self._trace(u)
                 self._send(404, b"404 page not found\n")

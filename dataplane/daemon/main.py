@@ -85,7 +85,6 @@ from .host_forwarding import HostForwarding
 from .interpreter import StartInterpreter
 from .lease_keeper import LeaseKeeper
 from .liveness import Liveness
-from .metrics_registry import load_standard_soon
 from .monitor import MONITOR_PERIOD_S, Monitor
 from .kernel_path import LEFT_MESSAGE, DaemonKernelPath, device_name
 from .options import Options
@@ -283,7 +282,6 @@ class Daemon:
         # while starting, runs again (daemon/interpreter.py).
         self.interpreter.ready()
         sd_notify(f"READY=1\nSTATUS=forwarding for {st.lease.subnet}")
-        load_standard_soon()        # prometheus_client's import: after READY, not before
         self._ready = True
         st.phase = "running"
         log.info("Running: flannel0=%s subnet %s, %d peer(s), engine %s%s, %d queue(s)",

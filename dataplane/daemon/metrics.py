@@ -19,12 +19,15 @@ import threading
 from operator import itemgetter
 from typing import Callable, NamedTuple
 
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from .. import __version__
 from . import answer_clock, metrics_kernel
 from ..engine.contract import V6_SHARES
+from .cached_collector import CachedCollector
 from .carried_counters import CarriedCounters  # noqa: F401 (daemon/state.py's, kept importable here)
-from .metrics_registry import Registry, load_standard
-from .metrics_text import KeptFamilies, SimpleFamily
+from .metrics_text import KeptFamilies
 
 log = logging.getLogger(__name__)
 
@@ -457,7 +460,8 @@ def engine_reason(why: str) -> str:
 def _new(name: str):
     """An empty family as DECLARED has it."""
     f = _DECLARED[name]
-    return SimpleFamily(name, f.help, f.type, f.labels)
+    cls = CounterMetricFamily if f.type == "counter" else GaugeMetricFamily
+    return cls(name, f.help, labels=list(f.labels))
 
 
 _build_engine: str | None = None
@@ -569,14 +573,15 @@ class DaemonCollector:
         return rest
 
 
-def make_registry(source: MetricsSource, *, standard: bool = True,
-                  standard_now: bool = True) -> Registry:
+def make_registry(source: MetricsSource, *, standard: bool = True) -> CollectorRegistry:
     """The daemon's families (DECLARED) and, with ``standard``, the process_* and python_* ones
     every Prometheus client serves (STANDARD), which dashboards and alerts on CPU, memory and
-    open fds expect: loaded now, or with ``standard_now=False`` once load_standard has run
-    (the daemon's HTTP servers, made before READY)."""
-    reg = Registry(standard)
+    open fds expect."""
+    reg = CollectorRegistry(auto_describe=False)
     reg.register(DaemonCollector(source))
-    if standard and standard_now:
-        load_standard()
+    if standard:
+        # /proc read once a second at most: a scrape's syscalls wait for the interpreter lock
+        reg.register(CachedCollector(ProcessCollector(registry=None)))
+        PlatformCollector(registry=reg)
+        GCCollector(registry=reg)
     return reg

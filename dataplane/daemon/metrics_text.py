@@ -7,22 +7,14 @@ Python, and a scrape shares the interpreter with the daemon's start or a burst o
 a few 0.5 ms turns at a time (perf/README.md#answers-during-start): the same label sets come back
 at each scrape (queue, reason, watch...), so their text is made once, and a scrape formats the
 values only. Anything this does not know (a sample with a timestamp, OpenMetrics' _created,
-_gsum, _gcount samples, a name outside the legacy character set) is left to generate_latest
-whole.
-
-Nothing here imports prometheus_client, whose import is ~40 ms of the interpreter (http.server,
-urllib, wsgiref...): a daemon's start has it off its path to READY (perf/README.md#prom-later),
-so the daemon's own families are :class:`SimpleFamily` objects, which it formats alike, and
-generate_latest is imported only when a family needs it.
+_gsum, _gcount samples) is left to generate_latest whole.
 """
 from __future__ import annotations
 
-import math
-import re
-from typing import NamedTuple
+from prometheus_client import generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.utils import floatToGoString
 
-# prometheus_client's CONTENT_TYPE_LATEST (tests/unit/test_metrics_later.py holds them equal)
-CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
 KEPT_MAX = 10_000           # series texts kept; beyond, the cache starts again (labels that churn)
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 _TYPES = {"counter": "counter", "gauge": "gauge", "summary": "summary", "histogram": "histogram",
@@ -30,77 +22,12 @@ _TYPES = {"counter": "counter", "gauge": "gauge", "summary": "summary", "histogr
           "unknown": "untyped"}
 
 
-_LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-class Sample(NamedTuple):
-    """prometheus_client's Sample, field for field (generate_latest reads these too)."""
-    name: str
-    labels: dict
-    value: float
-    timestamp: float | None = None
-    exemplar: object = None
-    native_histogram: object = None
-
-
-class SimpleFamily:
-    """A counter, gauge or histogram family as prometheus_client's Counter-, Gauge- and
-    HistogramMetricFamily make it (same name, type, samples), for the daemon's own families."""
-
-    def __init__(self, name: str, documentation: str, typ: str, labels=()):
-        if typ == "counter" and name.endswith("_total"):
-            name = name[:-6]
-        self.name, self.documentation, self.type, self.unit = name, documentation, typ, ""
-        self._labelnames = tuple(labels)
-        self.samples: list = []
-
-    def add_metric(self, labels, value, sum_value=None):
-        """A counter's or gauge's value; a histogram's [(le, cumulative count)] and sum."""
-        names = dict(zip(self._labelnames, labels))
-        if self.type == "counter":
-            self.samples.append(Sample(self.name + "_total", names, value))
-        elif self.type == "gauge":
-            self.samples.append(Sample(self.name, names, value))
-        else:
-            for le, count in value:
-                self.samples.append(Sample(self.name + "_bucket", dict(names, le=le), count))
-            if float(value[0][0]) >= 0 and sum_value is not None:
-                self.samples.append(Sample(self.name + "_count", names, value[-1][1]))
-                self.samples.append(Sample(self.name + "_sum", names, sum_value))
-
-
-def go_float(d) -> str:
-    """A value as the text format writes it (prometheus_client's floatToGoString)."""
-    d = float(d)
-    if d == math.inf:
-        return "+Inf"
-    if d == -math.inf:
-        return "-Inf"
-    if math.isnan(d):
-        return "NaN"
-    s = repr(d)
-    dot = s.find(".")
-    if d > 0 and dot > 6:                     # Go writes an exponent sooner than Python
-        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
-        return f"{mantissa}e+{dot - 1:02d}"
-    return s
-
-
-def generate_latest(registry) -> bytes:
-    """prometheus_client's, imported where a family needs it (never on a start's path)."""
-    from prometheus_client import generate_latest as latest
-    return latest(registry)
-
-
 class _Unusual(Exception):
     """A family this renderer leaves to generate_latest."""
 
 
 def _escaped_name(name: str) -> str:
-    if not _LEGACY_NAME.match(name):
-        raise _Unusual(name)
-    return name
+    return openmetrics.escape_metric_name(name, openmetrics.UNDERSCORES)
 
 
 class MetricsText:
@@ -151,17 +78,15 @@ class MetricsText:
         if prefix is None:
             if s.name in (metric.name + suffix for suffix in _OM_SUFFIXES):
                 raise _Unusual(s.name)
-            if not all(_LEGACY_LABEL.match(k) for k in s.labels):
-                raise _Unusual(s.name)
             labels = ",".join(
-                '{}="{}"'.format(k, v.replace("\\", r"\\").replace("\n", r"\n")
-                                 .replace('"', r'\"'))
+                '{}="{}"'.format(openmetrics.escape_label_name(k, openmetrics.UNDERSCORES),
+                                 openmetrics._escape(v, openmetrics.ALLOWUTF8, False))
                 for k, v in sorted(s.labels.items()))
             prefix = self._series[key] = (_escaped_name(s.name)
                                           + (f"{{{labels}}}" if labels else "") + " ")
         if s.timestamp is not None:
             raise _Unusual(s.name)
-        return f"{prefix}{go_float(s.value)}\n"
+        return f"{prefix}{floatToGoString(s.value)}\n"
 
 
 class KeptFamilies:
