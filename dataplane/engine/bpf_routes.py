@@ -27,12 +27,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import struct
-import sys
 from array import array
 from collections import Counter
 
 from . import bpf_contract as bc
 from .bpf_lib import batch_supported, delete_batch, ffi, update_batch
+from .route_array import be_words
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +52,6 @@ ANY4 = ipaddress.IPv4Address(0)
 # addresses in network order, the rest native (checked against maps.h's layouts at the bottom)
 _KEY4_WORDS, _HOP_WORDS = 2, 6
 assert array("I").itemsize == 4
-
-
-def _be_words(values) -> array:
-    """The ints as uint32 words holding their network-order bytes."""
-    out = array("I", values)
-    if sys.byteorder == "little":
-        out.byteswap()
-    return out
 
 
 class RouteMaps:
@@ -227,9 +219,9 @@ class RouteMaps:
             hops = array("I", bytes(4 * _HOP_WORDS * n))
             # ipaddress's own fields (what int() and .prefixlen read, through a Python call each)
             keys[0::_KEY4_WORDS] = array("I", [s._prefixlen for s, _ in v4])
-            keys[1::_KEY4_WORDS] = _be_words([s.network_address._ip for s, _ in v4])
+            keys[1::_KEY4_WORDS] = be_words([s.network_address._ip for s, _ in v4])
             peers = [p._ip for _, (p, _) in v4]
-            hops[0::_HOP_WORDS] = _be_words(peers)
+            hops[0::_HOP_WORDS] = be_words(peers)
             hops[1::_HOP_WORDS] = array("I", [m if p else UNSENDABLE_MTU   # _hop_mtu, inline
                                               for p, (_, (_, m)) in zip(peers, v4)])
             self._write_many(bc.MAP_ROUTES4, keys.tobytes(), hops.tobytes(), n)
@@ -245,7 +237,7 @@ class RouteMaps:
         """(peer, how many routes name it) written, each underlay's in one batch."""
         v4 = [(p, n) for p, n in items if p._version == 4]
         v6 = [(p, n) for p, n in items if p._version == 6]
-        self._write_many(bc.MAP_PEERS4, _be_words([p._ip for p, _ in v4]).tobytes(),
+        self._write_many(bc.MAP_PEERS4, be_words([p._ip for p, _ in v4]).tobytes(),
                          array("I", [n for _, n in v4]).tobytes(), len(v4))
         self._write_many(bc.MAP_PEERS6, b"".join(p.packed for p, _ in v6),
                          array("I", [n for _, n in v6]).tobytes(), len(v6))

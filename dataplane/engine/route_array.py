@@ -90,7 +90,7 @@ def _words(values) -> array:
     return array("I", values)
 
 
-def _be_words(values) -> array:
+def be_words(values) -> array:
     """The ints as uint32 words holding their network-order bytes."""
     out = array("I", values)
     if _LITTLE:
@@ -101,8 +101,8 @@ def _be_words(values) -> array:
 def pack4(nets, plens, peers, ports) -> Packed:
     """dp_route rows of four columns of ints (the addresses' own values), by whole columns."""
     words = array("I", bytes(16 * len(nets)))
-    words[0::4], words[1::4] = _be_words(nets), _words(plens)
-    words[2::4], words[3::4] = _be_words(peers), _words(ports)
+    words[0::4], words[1::4] = be_words(nets), _words(plens)
+    words[2::4], words[3::4] = be_words(peers), _words(ports)
     return Packed(words, ROUTE_LAYOUT)
 
 
