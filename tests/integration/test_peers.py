@@ -161,7 +161,8 @@ def test_one_by_one_and_in_one_transaction(shared_etcd, make_registry, started):
     rev = reg.txn_put_delete({key(reg, i): attrs(i) for i in range(10, 15)}, deletes=[key(reg, 2)])
     wait_until(lambda: len(rec.calls) == 5, what="txn change")
     assert rec.calls[-1] == ([f"10.5.{i}.0/24" for i in range(10, 15)], ["10.5.2.0/24"])
-    assert w.revision >= rev
+    # (the peer watch process sends its status, with the revision, after the report it covers)
+    wait_until(lambda: w.revision >= rev, timeout=5, what="the watcher's revision")
 
     # Our own lease never shows up; a renewal (same value) is not a change; a new PublicIP is.
     reg.put(key(reg, 1), attrs(1))
