@@ -63,6 +63,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, compiled, cpu_s, children,  # noqa: E402
                          first_replies, pss_kb, rss_kb)
+from dataplane.testbed import cpu_weight  # noqa: E402
 from dataplane.testbed.answer_times import AnswerTimes, daemon_answers, daemon_over, summary  # noqa: E402
 from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay, OverlayError  # noqa: E402
@@ -77,6 +78,10 @@ STREAM_INTERVAL = 0.005
 ON_LINK = "172.31.255.254/12"       # covers every fake PublicIP (lease_writer.fake_leases)
 DIRECT_CONFIG = dict(CONFIG, Backend={"Type": "udp", "DirectRouting": True})
 GIL_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gil_probe")
+# the daemons run at this unit's CPUWeight, as a host runs them (--cpu-weight)
+UNIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "packaging",
+                    "flannel-udp.service")
+ASKER_WEIGHT = 10000                # the instrument: its own turn on a core is not the answer's
 IDLE_SETTLE_S, IDLE_S = 2.0, 5.0
 # the engines the issue's targets are checked for: the C engine, and the kernel path (its maps
 # held to the same figures); the Python engine's are for information
@@ -176,11 +181,13 @@ def gil_figures(out_dir: str, pids) -> dict:
 
 
 def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask: bool = True,
-             probe_dir: str | None = None) -> dict:
+             probe_dir: str | None = None, weights: tuple = (None, None)) -> dict:
     args = (f"-v={verbose}",) if verbose else ()
     out: dict = {}
     gil_probe(probe_dir)
-    with Overlay(hosts=0, engine=engine, config=CONFIG, daemon_args=args) as ov:
+    daemon_weight, asker_weight = weights
+    with Overlay(hosts=0, engine=engine, config=CONFIG, daemon_args=args,
+                 cpu_weight=daemon_weight) as ov:
         writer = ov.lease_writer()
         writer.put(fake_leases(PRELOAD_BASE, n - burst), txn=100)
         h0, h1 = ov.add_host(wait=False), ov.add_host(wait=False)
@@ -189,7 +196,8 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         daemons = [ov.daemon(h0), ov.daemon(h1)]
         h2 = ov.add_host(start=False)
         ov.prefer_subnet(h2, NEW_HOST_SUBNET)
-        asks = {h.name: AnswerTimes(ov, h) for h in (h0, h1, h2)} if ask else {}
+        asks = ({h.name: AnswerTimes(ov, h, cpu_weight=asker_weight) for h in (h0, h1, h2)}
+                if ask else {})
         # the stream counts from its first reply: both hosts route each other first
         for src, dst in ((h0, h1), (h1, h0)):
             assert ov.first_reply(src, ov.flannel_ip(dst), timeout) is not None, (src.name, dst.name)
@@ -287,9 +295,10 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
 
 
 def run_direct(engine: str, n: int, timeout: float, wait: float, verbose: int,
-               burst: int = 0) -> dict:
+               burst: int = 0, daemon_weight: int | None = None) -> dict:
     args = (f"-v={verbose}",) if verbose else ()
-    with Overlay(hosts=0, engine=engine, config=DIRECT_CONFIG, daemon_args=args) as ov:
+    with Overlay(hosts=0, engine=engine, config=DIRECT_CONFIG, daemon_args=args,
+                 cpu_weight=daemon_weight) as ov:
         leases = fake_leases(PRELOAD_BASE, n)
         ov.lease_writer().put(leases, txn=100, direct_routing=True)
         h = ov.add_host(start=False)
@@ -345,14 +354,22 @@ def one_run(engine: str, a) -> dict:
     try:
         probe = (None if a.gil_probe is None
                  else os.path.join(a.gil_probe, f"{engine}-{time.strftime('%H%M%S')}"))
+        weights = (group_weight(a.cpu_weight), group_weight(a.asker_weight))
         r.update(run_main(engine, a.peers, a.burst, a.timeout, a.v, ask=not a.no_ask,
-                          probe_dir=probe))
+                          probe_dir=probe, weights=weights))
         if not a.no_direct:
-            r.update(run_direct(engine, a.peers, a.timeout, a.direct_wait, a.v, a.burst))
+            r.update(run_direct(engine, a.peers, a.timeout, a.direct_wait, a.v, a.burst,
+                                weights[0]))
     except (OverlayError, RuntimeError, OSError, subprocess.SubprocessError) as e:
         r["error"] = f"{type(e).__name__}: {e}"[-3000:]
         print(f"{engine}: the run broke: {r['error']}", file=sys.stderr, flush=True)
     return r
+
+
+def group_weight(weight: int) -> int | None:
+    """A cgroup's weight for the testbed; None for the default (the process's own autogroup
+    shares the cores alike: no group needed)."""
+    return None if weight == cpu_weight.DEFAULT_WEIGHT else weight
 
 
 def spread(values) -> dict | None:
@@ -431,6 +448,17 @@ def main() -> int:
                      help="count each daemon's waits for the interpreter and its garbage "
                           "collections into DIR (perf/gil_probe; its thread costs ~1%% of CPU: "
                           "the idle CPU figure is not the daemon's then)")
+    share = ap.add_argument_group("the CPU shares (perf/README.md#cpu-weight)")
+    with open(UNIT) as f:
+        unit_weight = cpu_weight.unit_weight(f.read())
+    share.add_argument("--cpu-weight", type=cpu_weight.check_weight, default=unit_weight,
+                       help="each daemon in a cgroup of its own at this CPUWeight (default "
+                            f"{unit_weight}: the shipped unit's, packaging/flannel-udp.service); "
+                            f"{cpu_weight.DEFAULT_WEIGHT}: a program like any other")
+    share.add_argument("--asker-weight", type=cpu_weight.check_weight, default=ASKER_WEIGHT,
+                       help="the askers of /metrics and status likewise (default "
+                            f"{ASKER_WEIGHT}: a measuring tool that waits for no core; "
+                            f"{cpu_weight.DEFAULT_WEIGHT}: their own waits count in the answers)")
     ap.add_argument("--json", default=None, help="write the runs and the table's figures here")
     ap.add_argument("--table", default=None, metavar="JSON", help="only print the table of a saved run")
     a = ap.parse_args()
@@ -462,12 +490,15 @@ def main() -> int:
         load_after = f.read().split()[:3]
     print()
     print(f"N={a.peers}, burst {a.burst}, {a.runs} run(s), {time.monotonic() - t_all:.0f} s; "
-          f"load average before {' '.join(load_before)}, after {' '.join(load_after)}")
+          f"load average before {' '.join(load_before)}, after {' '.join(load_after)}; "
+          f"CPU weight of the daemons {a.cpu_weight}, of the askers {a.asker_weight}")
     print(table(summaries, a.timeout))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                       "argv": sys.argv[1:], "load_before": load_before, "load_after": load_after,
+                       "argv": sys.argv[1:], "cpu_weight": a.cpu_weight,
+                       "asker_weight": a.asker_weight, "load_before": load_before,
+                       "load_after": load_after,
                        "runs": runs, "summary": summaries}, f, indent=1)
     over = [k for s in summaries.values() for k, f in s.items() if f["verdict"] == "over"]
     return 1 if over else 0

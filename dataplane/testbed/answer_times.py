@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from .cpu_weight import CpuGroup
+
 PERIOD_S = 0.1
 ASK_TIMEOUT_S = 5.0
 
@@ -57,14 +59,15 @@ class AnswerTimes:
     """Asks the daemon of ``host`` on an :class:`~dataplane.testbed.overlay.Overlay` until
     :meth:`close`; :meth:`summary` gives the answer times of a time window."""
 
-    def __init__(self, overlay, host, period: float = PERIOD_S):
+    def __init__(self, overlay, host, period: float = PERIOD_S, cpu_weight: int | None = None):
         self.seen: list[tuple[float, str, float]] = []      # (wall-clock time sent, kind, ms)
         self._lock = threading.Lock()
         self._tb = overlay.tb
         url = f"http://127.0.0.1:{overlay.healthz_port}/metrics"
-        self.proc = overlay.tb.popen(host, [sys.executable, "-c", _CHILD, url,
-                                            overlay.status_socket(host), str(period),
-                                            str(ASK_TIMEOUT_S)])
+        argv = [sys.executable, "-c", _CHILD, url, overlay.status_socket(host), str(period),
+                str(ASK_TIMEOUT_S)]
+        self._group = CpuGroup(cpu_weight) if cpu_weight is not None else None
+        self.proc = overlay.tb.popen(host, argv, wrap=self._group and self._group.wrap)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -85,6 +88,8 @@ class AnswerTimes:
     def close(self) -> None:
         """Stop asking (the child is killed by PID)."""
         self._tb.kill(self.proc)
+        if self._group is not None:
+            self._group.close()
 
 
 def summary(asked) -> dict:

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 from ..control.registry import DEFAULT_PREFIX
 from ..host.child import cli_argv
+from .cpu_weight import CpuGroup
 from .etcd import EtcdServer
 from .hosts import Host, Testbed
 from .processes import read_log
@@ -104,8 +105,12 @@ class Overlay:
     def __init__(self, hosts: int = 0, *, engine: str = "auto", network: str = DEFAULT_NETWORK,
                  config: dict | None = None, prefix: str = DEFAULT_PREFIX, mtu: int = 1500,
                  daemon_args=(), healthz_port: int = HEALTHZ_PORT, wait: bool = True,
-                 put_config: bool = True, ipv6: bool = False):
+                 put_config: bool = True, ipv6: bool = False, cpu_weight: int | None = None):
         self.engine = engine
+        # cpu_weight: each daemon in a cgroup of its own at this CPUWeight, as the shipped unit
+        # runs it (cpu_weight.py); None: in its session's autogroup, as any program
+        self.cpu_weight = cpu_weight
+        self._cpu_groups: list[CpuGroup] = []
         self.prefix = prefix
         self.daemon_args = tuple(daemon_args)
         self.healthz_port = healthz_port
@@ -273,9 +278,13 @@ class Overlay:
                         FLANNELD_STATUS_SOCKET=self.status_socket(h),
                         FLANNELD_BPF_PINS=self.tb.bpf_pins(h))
         full_env.update(env or {})
+        wrap = None
+        if self.cpu_weight is not None:
+            self._cpu_groups.append(CpuGroup(self.cpu_weight))
+            wrap = self._cpu_groups[-1].wrap
         logf = open(os.path.join(d_dir, "daemon.log"), "ab")
         try:
-            proc = self.tb.popen(h, self.daemon_argv(h, engine, args), stdout=logf,
+            proc = self.tb.popen(h, self.daemon_argv(h, engine, args), wrap=wrap, stdout=logf,
                                  stderr=subprocess.STDOUT, env=full_env, text=False)
         finally:
             logf.close()
@@ -499,6 +508,8 @@ class Overlay:
             self.tb.close()
         except Exception as e:
             errors.append(str(e))
+        for group in self._cpu_groups:      # after the processes inside are gone
+            group.close()
         if errors:
             log.warning("overlay teardown: %s", "; ".join(errors))
 

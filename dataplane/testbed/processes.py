@@ -26,9 +26,12 @@ class Processes:
         self._lock = threading.Lock()
 
     def popen(self, netns: str, argv, *, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-              env=None, text: bool = True, **kw) -> subprocess.Popen:
-        """Start ``argv`` in ``netns`` in its own session, tracked by PID."""
-        proc = subprocess.Popen(ns.exec_argv(netns, list(argv)), stdout=stdout, stderr=stderr,
+              env=None, text: bool = True, wrap=None, **kw) -> subprocess.Popen:
+        """Start ``argv`` in ``netns`` in its own session, tracked by PID. ``wrap``: a function
+        of the whole command line, entering the namespace included (cpu_weight.py's
+        ``CpuGroup.wrap``: the namespace's own /sys shows no cgroups)."""
+        argv = ns.exec_argv(netns, list(argv))
+        proc = subprocess.Popen(wrap(argv) if wrap else argv, stdout=stdout, stderr=stderr,
                                 env=env, text=text, start_new_session=True, **kw)
         with self._lock:
             self._procs[proc.pid] = (proc, netns)
