@@ -74,6 +74,12 @@ class DaemonState:
         return lease or self.lease
 
 
+def _queue_stats(engine) -> list:
+    """One read per queue, no sum: the MultiEngine the daemon runs keeps them apart."""
+    per_queue = getattr(engine, "queue_stats", None)
+    return per_queue() if per_queue is not None else [engine.stats()]
+
+
 class DaemonSource(MetricsSource):
     """The running daemon as the collector, /readyz, /debug/trace and the status read it."""
 
@@ -83,18 +89,26 @@ class DaemonSource(MetricsSource):
         self._carried = CarriedCounters()     # etcd health counts across replaced watches
 
     def engine_stats(self):
-        with self.daemon.lock:
-            engine = self.daemon.engine
-            return engine.stats() if engine is not None else None
+        return self._engine_read(lambda engine: engine.stats())
 
     def engine_queue_stats(self):
-        # One read per queue, no sum: the MultiEngine the daemon runs keeps them apart.
-        with self.daemon.lock:
-            engine = self.daemon.engine
-            if engine is None:
-                return None
-            per_queue = getattr(engine, "queue_stats", None)
-            return per_queue() if per_queue is not None else [engine.stats()]
+        return self._engine_read(_queue_stats)
+
+    def _engine_read(self, read):
+        """``read(engine)``, not under state.lock: the peers' publisher holds it while it hands
+        the engine a new table (and the kernel path writes its maps), up to tens of ms in a
+        burst of leases, and /metrics and status would wait behind it. An engine guards its own
+        close (a closed one raises); only then is the engine that replaced it read, under the
+        lock."""
+        engine = self.daemon.engine
+        if engine is None:
+            return None
+        try:
+            return read(engine)
+        except Exception:
+            with self.daemon.lock:
+                engine = self.daemon.engine
+                return read(engine) if engine is not None else None
 
     def kernel_counters(self):
         kernel = self.daemon.kernel

@@ -5,6 +5,7 @@ status document says what /readyz says.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import fields
 from ipaddress import IPv4Address, IPv4Network, IPv6Network
@@ -132,3 +133,67 @@ def test_peers_ipv6_counts_the_parts_the_engines_route_by_their_mode():
     st.config = SimpleNamespace(ipv6_network=None)                 # IPv6 off: no series
     assert src.peers_ipv6() is None and src.peers_ipv6_by_mode() == {}
     assert src.readiness()["engine"] == "not started yet"
+
+
+class _Engine:
+    """An engine's stats as the daemon reads them; closed: raises as a closed engine does."""
+
+    def __init__(self, packets):
+        self.packets, self.closed = packets, False
+
+    def stats(self):
+        if self.closed:
+            raise OSError(9, "engine is closed")
+        return {"tun_rx_packets": self.packets}
+
+
+def _bare_source():
+    st = DaemonState(Options(), subnet_env=SimpleNamespace(stale=lambda: None),
+                     move_failures=SimpleNamespace(total=0), blackhole=None)
+    return st, DaemonSource(st)
+
+
+def test_engine_stats_do_not_wait_for_a_table_being_published():
+    # the peers' publisher holds state.lock while the engine takes a burst's table (the kernel
+    # path writes its maps then): /metrics and status read the engine meanwhile
+    st, src = _bare_source()
+    st.engine = _Engine(7)
+    got, held, done = [], threading.Event(), threading.Event()
+
+    def publisher():
+        with st.lock:
+            held.set()
+            done.wait(5)
+
+    t = threading.Thread(target=publisher)
+    t.start()
+    try:
+        held.wait(5)
+        reader = threading.Thread(target=lambda: got.extend(
+            [src.engine_queue_stats(), src.engine_stats()]))
+        reader.start()
+        reader.join(2)
+        assert got == [[{"tun_rx_packets": 7}], {"tun_rx_packets": 7}]
+    finally:
+        done.set()
+        t.join()
+
+
+def test_an_engine_closed_while_read_gives_the_one_that_replaced_it():
+    st, src = _bare_source()
+    old, new = _Engine(1), _Engine(2)
+    st.engine = old
+    old.closed = True
+
+    class Replacing:
+        """state.lock as the daemon holds it while it swaps engines"""
+        def __enter__(self):
+            st.engine = new
+
+        def __exit__(self, *exc):
+            return False
+
+    st.lock = Replacing()
+    assert src.engine_queue_stats() == [{"tun_rx_packets": 2}]
+    st.engine, old.closed = old, True
+    assert src.engine_stats() == {"tun_rx_packets": 2}

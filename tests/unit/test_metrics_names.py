@@ -277,6 +277,7 @@ class _Daemon:
 class _EngineSource(MetricsSource):
     """The daemon's own per-queue read, over a daemon that has only its engine."""
     engine_queue_stats = DaemonSource.engine_queue_stats
+    _engine_read = DaemonSource._engine_read
 
     def __init__(self, engine):
         self.daemon = _Daemon(engine)
