@@ -97,6 +97,25 @@ def cpu_s(pid: int) -> float:
     return total / _TICK
 
 
+def runnable_waits_s(pid: int) -> float:
+    """Seconds the daemon's threads (and its children's) have spent runnable but not running:
+    waiting for a core (/proc/<pid>/task/<tid>/schedstat, its second field, in ns). A thread
+    that ended meanwhile is not counted."""
+    total = 0
+    for p in [pid] + children(pid):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except FileNotFoundError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return total / 1e9
+
+
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(re.search(r"^VmRSS:\s+(\d+)", f.read(), re.M).group(1))
@@ -190,16 +209,19 @@ def burst_phase(ov, daemons, cmp, target, do, timeout):
     for p in pollers:                        # their first answer: the count before
         p.wait_first()
     cpu0 = [cpu_s(d.pid) for d in daemons]
+    wait0 = [runnable_waits_s(d.pid) for d in daemons]
     logs0 = log_lines(ov, daemons[0].host)
     res = do()
     t_first = res["t_first"]
     done = [p.reached(timeout) for p in pollers]
     cpu1 = [cpu_s(d.pid) for d in daemons]
+    wait1 = [runnable_waits_s(d.pid) for d in daemons]
     time.sleep(LOG_SETTLE_S)                 # a burst's last summary comes within a second
     return res, {
         "writes_s": round(res["t_last"] - t_first, 3),
         "absorbed_s": [since(t, t_first) for t in done],
         "cpu_s": [round(b - a, 2) for a, b in zip(cpu0, cpu1)],
+        "runnable_wait_s": [round(b - a, 3) for a, b in zip(wait0, wait1)],
         "log_lines_h0": log_lines(ov, daemons[0].host) - logs0,
         "window": (t_first, max([t for t in done if t is not None], default=time.time())),
     }

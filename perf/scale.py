@@ -211,6 +211,7 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
             fake_leases(BURST_BASE, burst, BURST_FIRST_IP)), timeout)
         out["burst_writes_s"] = put["writes_s"]
         out["burst_cpu_s"] = put["cpu_s"]            # h0's and h1's, from the first put to the last peer
+        out["burst_runnable_wait_s"] = put["runnable_wait_s"]    # ... and their waits for a core
         out["burst_after_last_put_s"] = later([None if a is None else res["t_first"] + a
                                                for a in put["absorbed_s"]], res["t_last"])
         burst_window = (put["window"][0], put["window"][1] + 1.0)

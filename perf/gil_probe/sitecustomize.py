@@ -32,16 +32,19 @@ def _probe(out_dir):
     counts = {"woken": 0}
     for what in ("late", "held"):
         counts.update({f"{what}_over_{limit}ms": 0 for limit in LIMITS})
-    collections = []                        # (ms, generation, wall time)
+    # (ms, generation, wall time, the collecting thread's CPU ms, objects collected)
+    collections = []
     started = {}
     path = os.path.join(out_dir, f"{os.getpid()}.json")
 
     def on_gc(phase, info):
         if phase == "start":
-            started["t"] = time.perf_counter()
+            started["t"], started["cpu"] = time.perf_counter(), time.thread_time()
         elif "t" in started:
             collections.append((round((time.perf_counter() - started.pop("t")) * 1e3, 3),
-                                info.get("generation"), time.time()))
+                                info.get("generation"), time.time(),
+                                round((time.thread_time() - started.pop("cpu")) * 1e3, 3),
+                                info.get("collected")))
 
     def dump():
         doc = {"argv": sys.argv, "pid": os.getpid(),
