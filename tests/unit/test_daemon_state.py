@@ -197,3 +197,37 @@ def test_an_engine_closed_while_read_gives_the_one_that_replaced_it():
     assert src.engine_queue_stats() == [{"tun_rx_packets": 2}]
     st.engine, old.closed = old, True
     assert src.engine_stats() == {"tun_rx_packets": 2}
+
+
+def test_routed_ipv6_parts_are_decided_once_per_lease():
+    from dataplane.daemon.state import RoutedParts
+    net6 = IPv6Network("fc00:5::/48")
+
+    def lease(n, forwards=True):
+        return Lease(IPv4Network(f"10.5.{n}.0/24"),
+                     LeaseAttrs(IPv4Address(f"192.168.77.{n}"), forwards_ipv6=forwards),
+                     ipv6_subnet=IPv6Network(f"fc00:5:0:{n:x}::/64"))
+
+    asked = []
+
+    def why_not(l):
+        asked.append(l.subnet)
+        return None if l.attrs.forwards_ipv6 else "no ForwardsIPv6"
+
+    leases = {l.subnet: l for l in [lease(2), lease(3), lease(4, forwards=False)]}
+    first = SimpleNamespace(peers=dict(leases))
+    parts = RoutedParts()
+    assert parts.count(first, ("rule", net6), why_not) == 2 and len(asked) == 3
+    assert parts.count(first, ("rule", net6), why_not) == 2 and len(asked) == 3
+    # a change: one lease more, one gone: only the new one is decided
+    new = lease(5)
+    second = SimpleNamespace(peers={**{k: v for k, v in leases.items() if k.network_address.packed[2] != 2},
+                                    new.subnet: new})
+    assert parts.count(second, ("rule", net6), why_not) == 2
+    assert asked[3:] == [new.subnet]
+    # a lease replaced by an equal one is another object: decided again
+    again = lease(3)
+    third = SimpleNamespace(peers={**second.peers, again.subnet: again})
+    assert parts.count(third, ("rule", net6), why_not) == 2 and asked[4:] == [again.subnet]
+    # another rule (our own part moved): every lease again
+    assert parts.count(third, ("rule", None), why_not) == 2 and len(asked) == 8
