@@ -59,6 +59,8 @@ def _at_ready(text, *a, **kw):
 _main.sd_notify = _at_ready
 """
 
+ON_LINK = "172.31.255.254/12"       # --direct: covers every fake PublicIP (perf/scale.py's)
+
 # The same for --tracemalloc: the snapshot of what is held IDLE_SETTLE_S after READY=1.
 _TRACED = """
 import sys, threading, tracemalloc
@@ -177,6 +179,10 @@ def main() -> int:
                     help="trace the daemon's allocations; the snapshot 2 s after READY=1")
     ap.add_argument("--timeline", action="store_true", help="each start step's times")
     ap.add_argument("--tree", metavar="DIR", help="the checkout whose code runs (default: this one)")
+    ap.add_argument("--direct", action="store_true",
+                    help="DirectRouting: the config and every lease say so, and every PublicIP is "
+                         "on the host's link (perf/scale.py's DirectRouting scene): READY comes "
+                         "with the kernel's 16,000 direct routes")
     ap.add_argument("--keep-pins", action="store_true",
                     help="kernel path: leave a run's pins to the next run's daemon (which then "
                          "adopts the maps of the one before: a restart's work, not a fresh start's)")
@@ -184,8 +190,10 @@ def main() -> int:
     global host_cmd
     compiled()                          # the daemon as installed: with its byte code
     env_s, ready_s, rss_mb = [], [], []
-    with Overlay(hosts=0, engine=a.engine, config=CONFIG) as ov:
-        ov.lease_writer().put(leases(PRELOAD_BASE, 0, a.peers), txn=100)
+    config = dict(CONFIG, Backend={"Type": "udp", "DirectRouting": True}) if a.direct else CONFIG
+    with Overlay(hosts=0, engine=a.engine, config=config) as ov:
+        ov.lease_writer().put(leases(PRELOAD_BASE, 0, a.peers), txn=100,
+                              direct_routing=a.direct)
         if a.profile:
             host_cmd = ov.daemon_command
             ov.daemon_argv = profiled_argv(a.profile)
@@ -203,6 +211,8 @@ def main() -> int:
             if a.tracemalloc:                                 # this run's snapshot, not the last's
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(a.tracemalloc)
+            if a.direct:                        # every fake PublicIP (172.16/12) on its link
+                ov.exec(h, ["ip", "addr", "add", ON_LINK, "dev", h.iface], check=True)
             before = etcd_counts(ov.etcd)
             d = ov.start_daemon(h, wait=False)
             t_env = wait_file(d.subnet_file, 60)

@@ -295,7 +295,11 @@ def lease_from_kv(key: str, value: "bytes | str", lease_id: int = 0, mod_revisio
 # around its PublicIP (LeaseAttrs.to_json). Read with bytes' methods and a dict: two regular
 # expressions were a fifth of the loop (perf/README.md#start-ints).
 _LENGTHS = {str(n).encode(): n for n in range(33)}
-_UDP_HEAD, _UDP_TAIL = b'{"PublicIP":"', b'","PublicIPv6":null}'
+_UDP_HEAD = b'{"PublicIP":"'
+# what follows the PublicIP in the values flannel-udp's and flanneld's udp backends write
+# (LeaseAttrs.to_json), and the DirectRouting each says; a DirectRouting network's leases
+# all say it (control/direct.py)
+_UDP_TAILS = {b'","PublicIPv6":null}': False, b'","PublicIPv6":null,"DirectRouting":true}': True}
 
 
 def _fields_of(cls) -> type:
@@ -315,22 +319,24 @@ def _same_as_init() -> bool:
     Python that refuses the class's change, or a Lease of other slots: the general way then)."""
     try:
         subnet, ip = IPv4Network("10.5.2.0/24"), IPv4Address("192.0.2.7")
-        built = Lease(subnet, LeaseAttrs(ip), None, None, 5, 6, "k", 7)
-        attrs = _AttrsFields()
-        attrs.public_ip = ip
-        attrs.public_ipv6 = attrs.backend_type = attrs.backend_data = None
-        attrs.backend_v6_data = None
-        attrs.direct_routing = attrs.forwards_ipv6 = False
-        attrs.__class__ = LeaseAttrs
-        made = _LeaseFields()
-        made.subnet, made.attrs, made.ipv6_subnet, made.expiration = subnet, attrs, None, None
-        made.lease_id, made.mod_revision, made.key, made.create_revision = 5, 6, "k", 7
-        made.__class__ = Lease
-        return (type(made) is Lease and made == built and hash(made) == hash(built)
-                and all(getattr(made, f) == getattr(built, f) for f in Lease.__slots__)
-                and all(getattr(attrs, f) == getattr(built.attrs, f)
-                        for f in LeaseAttrs.__slots__)
-                and len(Lease.__slots__) == 8 and len(LeaseAttrs.__slots__) == 7)
+        for direct in (False, True):
+            built = Lease(subnet, LeaseAttrs(ip, direct_routing=direct), None, None, 5, 6, "k", 7)
+            attrs = _AttrsFields()
+            attrs.public_ip = ip
+            attrs.public_ipv6 = attrs.backend_type = attrs.backend_data = None
+            attrs.backend_v6_data = None
+            attrs.direct_routing, attrs.forwards_ipv6 = direct, False
+            attrs.__class__ = LeaseAttrs
+            made = _LeaseFields()
+            made.subnet, made.attrs, made.ipv6_subnet, made.expiration = subnet, attrs, None, None
+            made.lease_id, made.mod_revision, made.key, made.create_revision = 5, 6, "k", 7
+            made.__class__ = Lease
+            if not (type(made) is Lease and made == built and hash(made) == hash(built)
+                    and all(getattr(made, f) == getattr(built, f) for f in Lease.__slots__)
+                    and all(getattr(attrs, f) == getattr(built.attrs, f)
+                            for f in LeaseAttrs.__slots__)):
+                return False
+        return len(Lease.__slots__) == 8 and len(LeaseAttrs.__slots__) == 7
     except Exception:               # noqa: BLE001 (the general way then)
         return False
 
@@ -340,15 +346,15 @@ _LISTED = _same_as_init()
 
 def leases_of_kvs(kvs, general) -> list:
     """lease_from_kv of each etcd KeyValue of a listing, in its order: the common key and value
-    (an IPv4 subnet, the udp backend's value) read in one loop, each other one by
+    (an IPv4 subnet, the udp backend's value, with DirectRouting or without) read in one loop, each other one by
     ``general(kv)`` (its Lease, or what the caller makes of a malformed one). The same Leases
     as lease_from_kv's, field for field (tests/unit/test_lease_listing_parse.py); 16,000 of
     them one by one are ~0.17 s of a start's CPU (perf/README.md#listing-ahead), here ~35 ms
     (perf/listing_cost.py)."""
     if not _LISTED:                                                     # pragma: no cover
         return [general(kv) for kv in kvs]
-    lengths, head, tail = _LENGTHS, _UDP_HEAD, _UDP_TAIL
-    start, end = len(head), -len(tail)
+    lengths, head, tails = _LENGTHS, _UDP_HEAD, _UDP_TAILS
+    start = len(head)
     network, address, pton, from_bytes = _network4, _address4, inet_pton, int.from_bytes
     lease_fields, attrs_fields, lease_class, attrs_class = _LeaseFields, _AttrsFields, Lease, \
         LeaseAttrs
@@ -359,7 +365,9 @@ def leases_of_kvs(kvs, general) -> list:
         _, slash, name = key.rpartition(b"/")
         quad, _, length = name.rpartition(b"-")
         prefixlen = lengths.get(length)
-        if prefixlen is not None and slash and value.startswith(head) and value.endswith(tail):
+        end = value.find(b'"', start)
+        direct = tails.get(value[end:]) if end > 0 else None
+        if prefixlen is not None and slash and direct is not None and value.startswith(head):
             try:
                 net = from_bytes(pton(AF_INET, quad.decode()), "big")
                 ip = from_bytes(pton(AF_INET, value[start:end].decode()), "big")
@@ -371,7 +379,7 @@ def leases_of_kvs(kvs, general) -> list:
                 attrs.public_ip = address(ip)
                 attrs.public_ipv6 = attrs.backend_type = attrs.backend_data = None
                 attrs.backend_v6_data = None
-                attrs.direct_routing = attrs.forwards_ipv6 = False
+                attrs.direct_routing, attrs.forwards_ipv6 = direct, False
                 attrs.__class__ = attrs_class
                 # Lease(subnet, attrs, None, None, kv.lease, kv.mod_revision, key,
                 # kv.create_revision), the same

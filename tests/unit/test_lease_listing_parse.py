@@ -25,7 +25,14 @@ VALUES = [UDP % ip for ip in (b"1.2.3.4", b"255.255.255.255", b"0.0.0.0", b"01.2
     b"\xff\xfe", UDP % b"1.2.3.4\x00", UDP % b"\xff.2.3.4", UDP % b"",
     b'{"PublicIP":","PublicIPv6":null}',
     UDP % b"1.2.3.4" + b"\n", b" " + UDP % b"1.2.3.4", UDP % b'1.2.3.4","PublicIPv6":"fc00::1',
-    UDP % b"1.2.3.4 "]
+    UDP % b"1.2.3.4 "] + [
+    # a DirectRouting network's values (LeaseAttrs.to_json), read in the loop too, and others
+    b'{"PublicIP":"1.2.3.4","PublicIPv6":null,"DirectRouting":true}',
+    b'{"PublicIP":"01.2.3.4","PublicIPv6":null,"DirectRouting":true}',
+    b'{"PublicIP":"1.2.3.4","PublicIPv6":null,"DirectRouting":false}',
+    b'{"PublicIP":"1.2.3.4","PublicIPv6":null,"DirectRouting":true,"ForwardsIPv6":true}',
+    b'{"PublicIP":"1.2.3.4","PublicIPv6":null,"DirectRouting":true} ',
+    b'{"PublicIP":"1.2.3.4","PublicIPv6":null,"DirectRouting":1}']
 
 
 def _general(kv):
@@ -63,11 +70,14 @@ def test_every_key_and_value_reads_as_lease_from_kv_reads_it():
 
 def test_only_what_the_loop_cannot_read_goes_the_general_way():
     sent = []
+    direct = b'{"PublicIP":"1.2.3.6","PublicIPv6":null,"DirectRouting":true}'
     kvs = [kv_pb2.KeyValue(key=f"{P}10.5.1.0-24".encode(), value=UDP % b"1.2.3.4"),
-           kv_pb2.KeyValue(key=f"{P}10.5.2.0-24".encode(), value=b'{"PublicIP":"1.2.3.5"}')]
+           kv_pb2.KeyValue(key=f"{P}10.5.2.0-24".encode(), value=b'{"PublicIP":"1.2.3.5"}'),
+           kv_pb2.KeyValue(key=f"{P}10.5.3.0-24".encode(), value=direct)]
     got = leases_of_kvs(kvs, lambda kv: sent.append(kv.key) or "general")
     assert sent == [f"{P}10.5.2.0-24".encode()]
-    assert got[1] == "general" and got[0] == _general(kvs[0])
+    assert got[1] == "general" and got[0] == _general(kvs[0]) and got[2] == _general(kvs[2])
+    assert got[2].attrs.direct_routing and not got[0].attrs.direct_routing
 
 
 @pytest.mark.parametrize("n", [0, 1, 3])
