@@ -180,9 +180,14 @@ class PeerRoutes:
         finds neither; the engine routes every IPv6 part, so a part's direct route may go
         first (a part that moved to another peer is routed after its old route went)."""
         st = self.state
-        split = self._route(split, V4)
+        # A reconcile reads the kernel's routes first: those already there as wanted (a
+        # restart's) are not made again, and ours just made are not read back (16,000 routes
+        # and nexthops: ~0.1 s of a DirectRouting start, perf/README.md#direct-start)
+        before = direct_routes.listing() if reconcile and st.direct.enabled else None
+        made: set = set()
+        split = self._route(split, V4, before, made)
         self._unroute(split.unroute[V6], V6)
-        split = self._route(split, V6)
+        split = self._route(split, V6, before, made)
         changes = {V4: split.engine, V6: whole}
         peers = {family.version: change.snapshot for family, change in changes.items()}
         if self.routes is None:
@@ -209,16 +214,17 @@ class PeerRoutes:
             # tick (all peers: docs/design.md#fig-state-file), not once per batch of a burst.
             self._changed = True
         self._unroute(split.unroute[V4], V4)
-        if reconcile and st.direct.enabled:
-            self._reconcile_direct_routes()
+        if before is not None:
+            self._reconcile_direct_routes(before, made)
 
-    def _reconcile_direct_routes(self) -> None:
+    def _reconcile_direct_routes(self, listing, made: set) -> None:
         """Our routes in the kernel as decided, both families: a previous daemon's that no peer
-        wants go, a missing one (deleted by hand) comes back."""
+        wants go, a missing one (deleted by hand) comes back. ``listing``: direct_routes.listing()
+        before this change's routes were made; ``made``: the subnets routed since."""
         st = self.state
         want = {dst(lease, family): via(lease, family)
                 for family in FAMILIES for lease in st.direct.direct[family].values()}
-        have, other_form, orphans = direct_routes.listing()
+        have, other_form, orphans = listing
         for subnet, gateway in have.items():
             if subnet not in want:
                 log.info("Removing the direct route to %s via %s: no peer routed directly has "
@@ -227,7 +233,8 @@ class PeerRoutes:
         # a route in the other form (a plain one of an older daemon, where nexthop objects are
         # used now) is replaced in place: the kernel swaps it, no packet finds none
         missing = [(subnet, gateway) for subnet, gateway in want.items()
-                   if have.get(subnet) != gateway or subnet in other_form]
+                   if (have.get(subnet) != gateway or subnet in other_form)
+                   and subnet not in made]
         refused = direct_routes.put_all(missing, st.ext.index)
         if refused:
             self._refused(refused, len(missing), "")
@@ -241,16 +248,25 @@ class PeerRoutes:
                 log.warning("Removing nexthop id %d: %s (%s)", nhid, os.strerror(code),
                             netlink_batch.errno_name(code))
 
-    def _route(self, split, family):
+    def _route(self, split, family, before=None, made=None):
         """The kernel's direct routes of ``family`` to the subnets of it of ``split.route``
         made, over one netlink socket; returns ``split``, or, when the kernel refused some,
-        ``split`` with those peers through the engine (control/direct.py refused)."""
+        ``split`` with those peers through the engine (control/direct.py refused). With
+        ``before`` (direct_routes.listing()), a route already there in the form this kernel
+        gets is kept as it is; the subnets routed go into ``made``."""
         leases = split.route[family]
         if not leases:
             return split
         st = self.state
-        refused = direct_routes.put_all(((dst(lease, family), via(lease, family))
-                                         for lease in leases), st.ext.index)
+        routes = [(dst(lease, family), via(lease, family)) for lease in leases]
+        if before is not None:
+            have, other_form, _ = before
+            routes = [(subnet, gateway) for subnet, gateway in routes
+                      if have.get(subnet) != gateway or subnet in other_form]
+        refused = direct_routes.put_all(routes, st.ext.index)
+        if made is not None:
+            made.update(subnet for subnet, _ in routes)
+            made.difference_update(subnet for subnet, _, _ in refused)
         if not refused:
             self._refusals.ok("direct routes are added again")
             return split
