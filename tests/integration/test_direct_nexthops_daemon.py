@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -110,3 +111,31 @@ def test_both_forms_handover_restart_removal_and_cleanup(ov, path_kind):
         assert r.returncode == 0, r.stdout + r.stderr
         assert routes(ov, h) == {} and nexthops(ov, h) == {}, (h.name, r.stdout)
     assert "ip nexthop del id" in r.stdout, r.stdout
+
+
+def test_a_restart_keeps_the_direct_routes_it_finds(ov, path_kind):
+    # a daemon started beside its direct routes (a restart) lists them first and leaves those
+    # that are as it wants them: the kernel sees no route or nexthop made again
+    h0, h1 = ov.add_host(wait=False), ov.add_host(wait=False)
+    ov.wait_ready(h0)
+    ov.wait_ready(h1)
+    s0 = str(ov.subnet(h0))
+    wait_until(lambda: by_nexthop(ov, h1, s0, h0.ip), 10, 0.05,
+               lambda: f"h1's route to h0: {routes(ov, h1)} {nexthops(ov, h1)}")
+    before = (routes(ov, h1), nexthops(ov, h1))
+    ov.stop_daemon(h1)
+    assert (routes(ov, h1), nexthops(ov, h1)) == before     # a stop leaves them
+    monitor = ov.tb.popen(h1, ["ip", "-o", "monitor", "route", "nexthop"])
+    out = ""
+    try:
+        time.sleep(0.2)                                         # listening before the start
+        assert monitor.poll() is None, monitor.stderr.read()
+        ov.start_daemon(h1)
+        assert ov.ping(h1, ov.flannel_ip(h0), count=3, interval=0.05)["received"] == 3
+        monitor.terminate()
+        out = monitor.communicate(timeout=5)[0]
+    finally:
+        ov.tb.kill(monitor)
+    seen = [line for line in out.splitlines() if "proto 153" in line]
+    assert seen == [], seen
+    assert (routes(ov, h1), nexthops(ov, h1)) == before
