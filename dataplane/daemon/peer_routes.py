@@ -222,9 +222,16 @@ class PeerRoutes:
         wants go, a missing one (deleted by hand) comes back. ``listing``: direct_routes.listing()
         before this change's routes were made; ``made``: the subnets routed since."""
         st = self.state
-        want = {dst(lease, family): via(lease, family)
-                for family in FAMILIES for lease in st.direct.direct[family].values()}
         have, other_form, orphans = listing
+        wanted = [(dst(lease, family), via(lease, family))
+                  for family in FAMILIES for lease in st.direct.direct[family].values()]
+        if not have and not other_form:
+            # none there before (a fresh start): nothing to remove or replace, and each subnet
+            # hashed once (an IPv4Network's hash is a Python call: 16,000 of them a pass)
+            self._put_missing([(s, gw) for s, gw in wanted if s not in made])
+            self._remove_orphans(orphans)
+            return
+        want = dict(wanted)
         for subnet, gateway in have.items():
             if subnet not in want:
                 log.info("Removing the direct route to %s via %s: no peer routed directly has "
@@ -232,15 +239,20 @@ class PeerRoutes:
         self._remove(subnet for subnet in have if subnet not in want)
         # a route in the other form (a plain one of an older daemon, where nexthop objects are
         # used now) is replaced in place: the kernel swaps it, no packet finds none
-        missing = [(subnet, gateway) for subnet, gateway in want.items()
-                   if (have.get(subnet) != gateway or subnet in other_form)
-                   and subnet not in made]
-        refused = direct_routes.put_all(missing, st.ext.index)
-        if refused:
-            self._refused(refused, len(missing), "")
+        self._put_missing([(subnet, gateway) for subnet, gateway in want.items()
+                           if (have.get(subnet) != gateway or subnet in other_form)
+                           and subnet not in made])
         # nexthops of ours no route uses (their routes replaced or deleted by hand), and those
         # of routes just made plain
-        orphans += [nhid for subnet, nhid in other_form.items() if nhid and subnet in want]
+        self._remove_orphans(orphans + [nhid for subnet, nhid in other_form.items()
+                                        if nhid and subnet in want])
+
+    def _put_missing(self, missing) -> None:
+        refused = direct_routes.put_all(missing, self.state.ext.index)
+        if refused:
+            self._refused(refused, len(missing), "")
+
+    def _remove_orphans(self, orphans) -> None:
         if orphans:
             log.info("Removing %d nexthop object(s) of proto %d that no direct route uses",
                      len(orphans), direct_routes.PROTO)
@@ -259,7 +271,7 @@ class PeerRoutes:
             return split
         st = self.state
         routes = [(dst(lease, family), via(lease, family)) for lease in leases]
-        if before is not None:
+        if before is not None and (before[0] or before[1]):     # (none there: none to keep)
             have, other_form, _ = before
             routes = [(subnet, gateway) for subnet, gateway in routes
                       if have.get(subnet) != gateway or subnet in other_form]

@@ -248,6 +248,8 @@ def put_all(routes, ifindex: int) -> list:
             tab.ids.pop(subnet, None)  # is an orphan (listing) the next reconcile removes
         refused = _put_nexthops(tab, by_nh, ifindex, plain) if by_nh else []
     refused += replace_all(plain, ifindex)
+    if not refused:
+        return refused
     order = {subnet: i for i, (subnet, _) in enumerate(routes)}
     return sorted(refused, key=lambda r: order[r[0]])
 
