@@ -346,11 +346,11 @@ _LISTED = _same_as_init()
 
 def leases_of_kvs(kvs, general) -> list:
     """lease_from_kv of each etcd KeyValue of a listing, in its order: the common key and value
-    (an IPv4 subnet, the udp backend's value, with DirectRouting or without) read in one loop, each other one by
-    ``general(kv)`` (its Lease, or what the caller makes of a malformed one). The same Leases
-    as lease_from_kv's, field for field (tests/unit/test_lease_listing_parse.py); 16,000 of
-    them one by one are ~0.17 s of a start's CPU (perf/README.md#listing-ahead), here ~35 ms
-    (perf/listing_cost.py)."""
+    (an IPv4 subnet, the udp backend's value, with DirectRouting or without) read in one loop,
+    each other one by ``general(kv)`` (its Lease, or what the caller makes of a malformed one).
+    The same Leases as lease_from_kv's, field for field (tests/unit/test_lease_listing_parse.py);
+    16,000 of them one by one are ~0.17 s of a start's CPU (perf/README.md#listing-ahead), here
+    ~35 ms (perf/listing_cost.py)."""
     if not _LISTED:                                                     # pragma: no cover
         return [general(kv) for kv in kvs]
     lengths, head, tails = _LENGTHS, _UDP_HEAD, _UDP_TAILS

@@ -182,7 +182,7 @@ class PeerRoutes:
         st = self.state
         # A reconcile reads the kernel's routes first: those already there as wanted (a
         # restart's) are not made again, and ours just made are not read back (16,000 routes
-        # and nexthops: ~0.1 s of a DirectRouting start, perf/README.md#direct-start)
+        # and nexthops: ~0.25 s of a DirectRouting start's CPU, perf/README.md#direct-start)
         before = direct_routes.listing() if reconcile and st.direct.enabled else None
         made: set = set()
         split = self._route(split, V4, before, made)
