@@ -197,12 +197,10 @@ class DaemonSource(MetricsSource):
         d = self.daemon
         if d.offloads is None:
             return {}
-        with d.lock:
-            engine = d.engine
-            try:
-                in_use = engine.offloads_in_use() if engine is not None else None
-            except OSError:                 # closed while shutting down: as decided
-                in_use = None
+        try:                                # not under state.lock either (_engine_read)
+            in_use = self._engine_read(lambda engine: engine.offloads_in_use())
+        except OSError:                     # closed while shutting down: as decided
+            in_use = None
         return d.offloads.enabled(in_use)
 
     def bad_leases(self):

@@ -146,6 +146,10 @@ class _Engine:
             raise OSError(9, "engine is closed")
         return {"tun_rx_packets": self.packets}
 
+    def offloads_in_use(self):
+        self.stats()
+        return self.packets
+
 
 def _bare_source():
     st = DaemonState(Options(), subnet_env=SimpleNamespace(stale=lambda: None),
@@ -158,6 +162,7 @@ def test_engine_stats_do_not_wait_for_a_table_being_published():
     # path writes its maps then): /metrics and status read the engine meanwhile
     st, src = _bare_source()
     st.engine = _Engine(7)
+    st.offloads = SimpleNamespace(enabled=lambda bits: {"in_use": bits})
     got, held, done = [], threading.Event(), threading.Event()
 
     def publisher():
@@ -170,10 +175,10 @@ def test_engine_stats_do_not_wait_for_a_table_being_published():
     try:
         held.wait(5)
         reader = threading.Thread(target=lambda: got.extend(
-            [src.engine_queue_stats(), src.engine_stats()]))
+            [src.engine_queue_stats(), src.engine_stats(), src.offloads_enabled()]))
         reader.start()
         reader.join(2)
-        assert got == [[{"tun_rx_packets": 7}], {"tun_rx_packets": 7}]
+        assert got == [[{"tun_rx_packets": 7}], {"tun_rx_packets": 7}, {"in_use": 7}]
     finally:
         done.set()
         t.join()
