@@ -94,6 +94,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ("grpc.max_receive_message_length", 64 << 20),   # a big lease list in one Range response
+    # A unary-stream call (the watches', control/etcd_watch.py) receives in the thread that reads
+    # it, not through the channel's spin thread: half the handoffs an event (its why there).
+    (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
 ]
 
 # etcd's own words (server/etcdserver/api/v3rpc/rpctypes), matched in a status's details.

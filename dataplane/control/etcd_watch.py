@@ -27,6 +27,22 @@ from .recurring import Recurring
 
 log = logging.getLogger(LOGGER)
 
+# The watch is one request, then etcd's responses: called as a unary-stream call (the channel
+# reads those on the caller's own thread, control/etcd.py), which sends the request and closes
+# our half of the stream. etcd keeps such a watch until the call ends (its server stops reading
+# requests at the client's end of stream, and watches on: its HTTP gateway's watches are made
+# so). As a bidi stream, each response went from gRPC's spin thread to the reader, and a thread
+# of ours held our half open: 5,000 puts' events cost the reading process twice the CPU and three
+# times the context switches (perf/README.md#watch-one-thread), taken from the answers' share.
+_WATCH = etcdrpc.rpc_pb2.DESCRIPTOR.services_by_name["Watch"].methods_by_name["Watch"]
+_WATCH_PATH = f"/{_WATCH.containing_service.full_name}/{_WATCH.name}"
+
+
+def _watch_call(channel):
+    return channel.unary_stream(_WATCH_PATH,
+                                request_serializer=etcdrpc.WatchRequest.SerializeToString,
+                                response_deserializer=etcdrpc.WatchResponse.FromString)
+
 
 @dataclass(frozen=True)
 class WatchEvent:
@@ -176,15 +192,7 @@ class WatchLoop:
         create = etcdrpc.WatchRequest(create_request=etcdrpc.WatchCreateRequest(
             key=self._key, range_end=self._range_end, start_revision=self.next_revision,
             progress_notify=True))
-        done = threading.Event()
-
-        def requests():
-            yield create
-            # Keep our half of the stream open until the watch ends: closing it would end the watch.
-            while not done.wait(1.0) and not self._stop.is_set():
-                pass
-
-        call = etcdrpc.WatchStub(channel).Watch(requests(), metadata=metadata)
+        call = _watch_call(channel)(create, metadata=metadata)
         with self._lock:
             self._call = call
         if self._stop.is_set():
@@ -225,7 +233,6 @@ class WatchLoop:
             if not self._stop.is_set():
                 raise RegistryError("watch stream ended")
         finally:
-            done.set()
             with self._lock:
                 self._call = None
             call.cancel()
