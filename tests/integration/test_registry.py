@@ -149,6 +149,31 @@ def test_watch_resumes_after_etcd_restart_without_loss(etcd, make_registry):
     assert not t.is_alive()
 
 
+def test_a_watch_is_read_on_its_own_thread_and_outlives_its_request(shared_etcd, make_registry):
+    # One request, then etcd's responses, taken from the channel by the thread that runs the
+    # watch: no thread of gRPC's hands each over, none holds our half of the stream open (etcd
+    # watches on after it is closed). Each thread more cost a burst of 5,000 leases a handoff
+    # an event (perf/README.md#watch-one-thread).
+    reg = make_registry(shared_etcd)
+    before = set(threading.enumerate())
+    loop, t, got, _ = _collect_watch(reg, reg.current_revision() + 1)
+    try:
+        wait_until(loop.connected.is_set, what="watch connected")
+        for i in range(20):
+            reg.put(reg.subnets_prefix + f"10.5.{i}.0-24", A1.to_json())
+        wait_until(lambda: len(got) == 20, what="the 20 puts' events")
+        others = [th.name for th in threading.enumerate() if th not in before and th is not t]
+        assert others == []
+        time.sleep(1.5)                     # long after the request went and our half closed
+        reg.put(reg.subnets_prefix + "10.5.99.0-24", A2.to_json())
+        wait_until(lambda: len(got) == 21, what="an event after a pause")
+        assert loop.reconnects == 0
+    finally:
+        loop.cancel()
+        t.join(5)
+    assert not t.is_alive()
+
+
 def test_watch_from_compacted_revision_relists(etcd, make_registry):
     reg = make_registry(etcd)
     old = reg.current_revision()
