@@ -101,6 +101,16 @@ def runnable_waits_s(pid: int) -> float:
     """Seconds the daemon's threads (and its children's) have spent runnable but not running:
     waiting for a core (/proc/<pid>/task/<tid>/schedstat, its second field, in ns). A thread
     that ended meanwhile is not counted."""
+    return _schedstat(pid, 1) / 1e9
+
+
+def timeslices(pid: int) -> int:
+    """How many times the daemon's threads (and its children's) were put on a core (schedstat's
+    third field): each wake-up of a thread is one, so a handoff between threads costs two."""
+    return _schedstat(pid, 2)
+
+
+def _schedstat(pid: int, field: int) -> int:
     total = 0
     for p in [pid] + children(pid):
         try:
@@ -110,10 +120,10 @@ def runnable_waits_s(pid: int) -> float:
         for tid in tids:
             try:
                 with open(f"/proc/{p}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[1])
+                    total += int(f.read().split()[field])
             except (FileNotFoundError, ProcessLookupError):
                 pass
-    return total / 1e9
+    return total
 
 
 def rss_kb(pid: int) -> int:
@@ -210,18 +220,21 @@ def burst_phase(ov, daemons, cmp, target, do, timeout):
         p.wait_first()
     cpu0 = [cpu_s(d.pid) for d in daemons]
     wait0 = [runnable_waits_s(d.pid) for d in daemons]
+    slices0 = [timeslices(d.pid) for d in daemons]
     logs0 = log_lines(ov, daemons[0].host)
     res = do()
     t_first = res["t_first"]
     done = [p.reached(timeout) for p in pollers]
     cpu1 = [cpu_s(d.pid) for d in daemons]
     wait1 = [runnable_waits_s(d.pid) for d in daemons]
+    slices1 = [timeslices(d.pid) for d in daemons]
     time.sleep(LOG_SETTLE_S)                 # a burst's last summary comes within a second
     return res, {
         "writes_s": round(res["t_last"] - t_first, 3),
         "absorbed_s": [since(t, t_first) for t in done],
         "cpu_s": [round(b - a, 2) for a, b in zip(cpu0, cpu1)],
         "runnable_wait_s": [round(b - a, 3) for a, b in zip(wait0, wait1)],
+        "timeslices": [b - a for a, b in zip(slices0, slices1)],
         "log_lines_h0": log_lines(ov, daemons[0].host) - logs0,
         "window": (t_first, max([t for t in done if t is not None], default=time.time())),
     }

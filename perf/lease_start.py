@@ -4,6 +4,7 @@
     python perf/lease_start.py --peers 16000 --runs 1 --profile /tmp/start.prof
     python perf/lease_start.py --peers 16000 --runs 1 --tracemalloc /tmp/start.snap
     python perf/lease_start.py --peers 16000 --runs 1 --timeline
+    python perf/lease_start.py --peers 16000 --runs 4 --engine kernel --ask
     OTHER/.venv/bin/python perf/lease_start.py --tree OTHER     # another checkout OTHER of the code
     python -c "import pstats; pstats.Stats('/tmp/start.prof').sort_stats('cumulative').print_stats(40)"
 
@@ -21,7 +22,12 @@ bytes it sent (its /metrics): the listings a start makes, and the daemon's resid
 ``--tracemalloc FILE`` traces the daemon's Python allocations from its first line and writes
 the snapshot of what is still held ``IDLE_SETTLE_S`` after READY=1 (less the tracer's own), and
 prints its largest lines and files. ``--timeline`` prints when each start step began and
-ended (the daemon's own monotonic clock, from the harness's exec), the imports included. As root; the testbed is removed on exit.
+ended (the daemon's own monotonic clock, from the harness's exec), the imports included.
+``--ask`` asks the starting daemon's /metrics and status every ``ASK_PERIOD_S`` from before its
+exec to a second after READY=1 (dataplane/testbed/answer_times.py, the asker at CPU weight
+10,000 as perf/scale.py has it) and prints each answer over ``ASK_SLOW_MS``, with when it was
+asked: the start's own answers without the rest of perf/scale.py's scene. As root; the testbed
+is removed on exit.
 """
 from __future__ import annotations
 
@@ -38,10 +44,13 @@ _TREE = (sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv
 sys.path.insert(0, os.path.abspath(_TREE))
 
 from dataplane.host.child import cli_argv  # noqa: E402
+from dataplane.testbed.answer_times import AnswerTimes  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
 from perf.lease_burst import CONFIG, PRELOAD_BASE, compiled, leases, rss_kb, wait_file  # noqa: E402
 
 IDLE_SETTLE_S = 2.0     # READY=1 to the idle RSS, as perf/scale.py
+ASK_PERIOD_S = 0.05     # --ask: a question of each kind this often (perf/scale.py's askers)
+ASK_SLOW_MS = 10.0      # --ask: the answers printed
 
 # Run in the daemon's process: cProfile from the start, dumped when READY=1 goes out.
 _PROFILED = """
@@ -183,6 +192,9 @@ def main() -> int:
                     help="DirectRouting: the config and every lease say so, and every PublicIP is "
                          "on the host's link (perf/scale.py's DirectRouting scene): READY comes "
                          "with the kernel's 16,000 direct routes")
+    ap.add_argument("--ask", action="store_true",
+                    help="ask /metrics and status during the start; print the answers over "
+                         f"{ASK_SLOW_MS:g} ms")
     ap.add_argument("--keep-pins", action="store_true",
                     help="kernel path: leave a run's pins to the next run's daemon (which then "
                          "adopts the maps of the one before: a restart's work, not a fresh start's)")
@@ -214,6 +226,10 @@ def main() -> int:
             if a.direct:                        # every fake PublicIP (172.16/12) on its link
                 ov.exec(h, ["ip", "addr", "add", ON_LINK, "dev", h.iface], check=True)
             before = etcd_counts(ov.etcd)
+            asker = AnswerTimes(ov, h, period=ASK_PERIOD_S, cpu_weight=10000) if a.ask else None
+            if asker is not None:
+                time.sleep(0.3)                 # its first questions go before the exec
+            t_exec = time.time()
             d = ov.start_daemon(h, wait=False)
             t_env = wait_file(d.subnet_file, 60)
             ov.wait_ready(h, timeout=120)
@@ -221,6 +237,14 @@ def main() -> int:
             env_s.append(round(t_env - d.started, 3))
             ready_s.append(round(d.ready_at - d.started, 3))
             time.sleep(max(0.0, d.ready_at + IDLE_SETTLE_S - time.time()))
+            if asker is not None:
+                asker.close()
+                until = t_exec + (d.ready_at - d.started) + 1.0
+                seen = [(t - t_exec, kind, ms) for t, kind, ms in asker.seen if t_exec <= t <= until]
+                slow = ", ".join(f"{kind} {ms:.1f} ms at {t:.3f} s" for t, kind, ms in seen
+                                 if ms > ASK_SLOW_MS or ms < 0)
+                print(f"asked {len(seen)} questions until READY + 1 s; over {ASK_SLOW_MS:g} ms "
+                      f"(or failed: -1): {slow or 'none'}", flush=True)
             rss_mb.append(round(rss_kb(d.pid) / 1024, 1))
             if a.tracemalloc:
                 wait_file(a.tracemalloc, 60)

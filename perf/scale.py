@@ -96,6 +96,8 @@ new_host_reached_s           | 1   | s  | new host: the others reach it (slowest
 new_host_reaches_s           | 1   | s  | new host: it reaches h0
 burst_writes_s               | -   | s  | burst: etcd's puts, first to last
 burst_after_last_put_s       | 1   | s  | burst: every daemon routes every new peer, after the last put
+burst_cpu_max_s              | -   | s  | burst: a daemon's CPU, first put to its last peer (the busier)
+burst_timeslices_max         | -   |    | burst: a daemon's threads' times on a core, likewise
 idle_rss_mb                  | 100 | MB | idle RSS of a daemon with N peers
 idle_cpu_pct                 | 1   | %  | idle CPU over 5 s
 metrics_max_ms               | 50  | ms | /metrics answer, max (start + burst)
@@ -212,6 +214,9 @@ def run_main(engine: str, n: int, burst: int, timeout: float, verbose: int, ask:
         out["burst_writes_s"] = put["writes_s"]
         out["burst_cpu_s"] = put["cpu_s"]            # h0's and h1's, from the first put to the last peer
         out["burst_runnable_wait_s"] = put["runnable_wait_s"]    # ... and their waits for a core
+        out["burst_timeslices"] = put["timeslices"]                # ... and their threads' wake-ups
+        out["burst_cpu_max_s"] = max(put["cpu_s"])
+        out["burst_timeslices_max"] = max(put["timeslices"])
         out["burst_after_last_put_s"] = later([None if a is None else res["t_first"] + a
                                                for a in put["absorbed_s"]], res["t_last"])
         burst_window = (put["window"][0], put["window"][1] + 1.0)
