@@ -236,13 +236,13 @@ def main() -> int:
             after = etcd_counts(ov.etcd)
             env_s.append(round(t_env - d.started, 3))
             ready_s.append(round(d.ready_at - d.started, 3))
-            time.sleep(max(0.0, d.ready_at + IDLE_SETTLE_S - time.time()))
+            time.sleep(max(0.0, d.ready_at + IDLE_SETTLE_S - time.monotonic()))   # ready_at: monotonic
             if asker is not None:
-                asker.close()
                 until = t_exec + (d.ready_at - d.started) + 1.0
                 seen = [(t - t_exec, kind, ms) for t, kind, ms in asker.seen if t_exec <= t <= until]
                 slow = ", ".join(f"{kind} {ms:.1f} ms at {t:.3f} s" for t, kind, ms in seen
                                  if ms > ASK_SLOW_MS or ms < 0)
+                asker.close()
                 print(f"asked {len(seen)} questions until READY + 1 s; over {ASK_SLOW_MS:g} ms "
                       f"(or failed: -1): {slow or 'none'}", flush=True)
             rss_mb.append(round(rss_kb(d.pid) / 1024, 1))
