@@ -1,10 +1,11 @@
 """The etcd watch: a resumable watch of one key or prefix (WatchLoop), and what every follower of a key
 does with it, read then watch (read_then_watch).
 
-Watches are our own bidi streams over the transport's public members (control/etcd.py): all events
-of every response are delivered, the cursor is the last event's revision, a broken stream resumes from
-cursor + 1 on the next endpoint, and a compacted cursor calls back the owner to re-list and continue
-from the list's revision + 1. Its outages and refusals are the transport's to say (one line for the
+Watches are our own streams over the transport's public members (control/etcd.py): one request, then
+etcd's responses, read on the watch's own thread (_WATCH below). All events of every response are
+delivered, the cursor is the last event's revision, a broken stream resumes from cursor + 1 on the
+next endpoint, and a compacted cursor calls back the owner to re-list and continue from the list's
+revision + 1. Its outages and refusals are the transport's to say (one line for the
 whole client); a watch says only what is its own (a failing callback or re-list, a stream etcd cancels).
 """
 from __future__ import annotations
