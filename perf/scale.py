@@ -9,7 +9,7 @@ As root, on the project's testbed (dataplane/testbed). Each run, per engine:
 
 1. etcd with N - burst peer leases (written straight into it, 100 per transaction); two real
    daemons h0 and h1 start and get READY (not measured: the scene). A ping stream h0 -> h1
-   (every 5 ms) and, in every daemon's host, /metrics and the status socket asked every ~100 ms
+   (every 10 ms) and, in every daemon's host, /metrics and the status socket asked every ~100 ms
    (dataplane/testbed/answer_times.py) run from here to the end.
 2. **burst**: ``--burst`` leases put one by one (each its own revision and watch event, 32 in
    flight), from N - burst to N; until h0 and h1 count every new peer (/metrics, polled every
@@ -67,14 +67,14 @@ from dataplane.testbed import cpu_weight  # noqa: E402
 from dataplane.testbed.answer_times import AnswerTimes, daemon_answers, daemon_over, summary  # noqa: E402
 from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay, OverlayError  # noqa: E402
-from dataplane.testbed.ping_stream import PingStream  # noqa: E402
+from dataplane.testbed.ping_stream import MIN_INTERVAL_S, PingStream  # noqa: E402
 from dataplane.testbed.route_sweep import sweep  # noqa: E402
 from perf.answer_cost import arenas, rollup_mb  # noqa: E402
 
 PRELOAD_BASE, BURST_BASE = "10.1.0.0", "10.128.0.0"
 BURST_FIRST_IP = 100_000            # the burst's PublicIPs after the preload's
 NO_LEASE = "10.249.0.1"             # an address no lease covers: the sweep's control
-STREAM_INTERVAL = 0.005
+STREAM_INTERVAL = MIN_INTERVAL_S       # the densest stream ping sends without spinning a core
 ON_LINK = "172.31.255.254/12"       # covers every fake PublicIP (lease_writer.fake_leases)
 DIRECT_CONFIG = dict(CONFIG, Backend={"Type": "udp", "DirectRouting": True})
 GIL_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gil_probe")

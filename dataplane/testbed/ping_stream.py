@@ -13,6 +13,10 @@ import signal
 import threading
 
 _REPLY = re.compile(r"^\[(\d+\.\d+)\] .*icmp_seq=(\d+) .*time=([\d.]+) ms")
+# iputils ping (Debian 12's 20221126) sends faster than every 10 ms by polling without sleeping:
+# `ping -i 0.005` takes a whole core (3.0 s of CPU in 3 s; -i 0.01: 0.01 s), which the scene's
+# daemons, etcd and askers then lack (perf/README.md#ping-spin).
+MIN_INTERVAL_S = 0.01
 
 
 class PingStream:
@@ -20,6 +24,9 @@ class PingStream:
     ``interval`` s until :meth:`stop`, for at most ``seconds``."""
 
     def __init__(self, overlay, src, dst: str, interval: float, seconds: float):
+        if interval < MIN_INTERVAL_S:
+            raise ValueError(f"a ping stream every {interval:g} s: ping busy-polls a core below "
+                             f"{MIN_INTERVAL_S:g} s; use at least that")
         self._tb = overlay.tb
         self.replies: list[tuple[float, int, float]] = []     # (wall-clock time, seq, RTT ms)
         self.proc = overlay.tb.popen(src, ["ping", "-n", "-D", "-i", str(interval), "-W", "1",

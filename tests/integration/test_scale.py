@@ -44,7 +44,7 @@ def test_a_fresh_start_a_new_host_and_a_burst_at_1000_peers(path_kind, figure):
     from dataplane.testbed.lease_writer import fake_leases
     from dataplane.testbed.overlay import Overlay
     from dataplane.testbed.peer_count import PeerCount
-    from dataplane.testbed.ping_stream import PingStream
+    from dataplane.testbed.ping_stream import MIN_INTERVAL_S, PingStream
     from dataplane.testbed.route_sweep import sweep
     preload = fake_leases("10.1.0.0", PEERS - BURST)
     burst = fake_leases("10.128.0.0", BURST, first_ip=100_000)
@@ -60,7 +60,7 @@ def test_a_fresh_start_a_new_host_and_a_burst_at_1000_peers(path_kind, figure):
         # the stream counts from its first reply: both hosts route each other first
         for src, dst in ((h0, h1), (h1, h0)):
             assert ov.first_reply(src, ov.flannel_ip(dst), BOUND_S) is not None, (src.name, dst.name)
-        stream = PingStream(ov, h0, ov.flannel_ip(h1), 0.005, 4 * BOUND_S)
+        stream = PingStream(ov, h0, ov.flannel_ip(h1), MIN_INTERVAL_S, 4 * BOUND_S)
 
         counts = [PeerCount(ov, h, "ge", PEERS + 1, timeout=BOUND_S) for h in (h0, h1)]
         assert all(c.wait_first() for c in counts), "no /metrics answer"
