@@ -49,6 +49,7 @@ from dataplane.testbed.peer_count import PeerCount  # noqa: E402
 
 CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 24, "SubnetMin": "10.250.0.0",
           "SubnetMax": "10.250.255.0", "Backend": {"Type": "udp"}}
+DIRECT_CONFIG = dict(CONFIG, Backend={"Type": "udp", "DirectRouting": True})
 PRELOAD_BASE = int(ipaddress.IPv4Address("10.1.0.0"))      # N peers: 10.1.0.0/24 upwards
 BURST_BASE = int(ipaddress.IPv4Address("10.128.0.0"))      # the burst: 10.128.0.0/24 upwards
 FAKE_PEER_BASE = int(ipaddress.IPv4Address("172.16.0.1"))

@@ -46,7 +46,9 @@ sys.path.insert(0, os.path.abspath(_TREE))
 from dataplane.host.child import cli_argv  # noqa: E402
 from dataplane.testbed.answer_times import AnswerTimes  # noqa: E402
 from dataplane.testbed.overlay import Overlay  # noqa: E402
-from perf.lease_burst import CONFIG, PRELOAD_BASE, compiled, leases, rss_kb, wait_file  # noqa: E402
+from dataplane.testbed.lease_writer import FAKE_PUBLIC_IPS_ON_LINK  # noqa: E402
+from perf.lease_burst import (CONFIG, DIRECT_CONFIG, PRELOAD_BASE, compiled, leases,  # noqa: E402
+                              rss_kb, wait_file)
 
 IDLE_SETTLE_S = 2.0     # READY=1 to the idle RSS, as perf/scale.py
 ASK_PERIOD_S = 0.05     # --ask: a question of each kind this often (perf/scale.py's askers)
@@ -67,8 +69,6 @@ def _at_ready(text, *a, **kw):
     return _notify(text, *a, **kw)
 _main.sd_notify = _at_ready
 """
-
-ON_LINK = "172.31.255.254/12"       # --direct: covers every fake PublicIP (perf/scale.py's)
 
 # The same for --tracemalloc: the snapshot of what is held IDLE_SETTLE_S after READY=1.
 _TRACED = """
@@ -202,7 +202,7 @@ def main() -> int:
     global host_cmd
     compiled()                          # the daemon as installed: with its byte code
     env_s, ready_s, rss_mb = [], [], []
-    config = dict(CONFIG, Backend={"Type": "udp", "DirectRouting": True}) if a.direct else CONFIG
+    config = DIRECT_CONFIG if a.direct else CONFIG
     with Overlay(hosts=0, engine=a.engine, config=config) as ov:
         ov.lease_writer().put(leases(PRELOAD_BASE, 0, a.peers), txn=100,
                               direct_routing=a.direct)
@@ -223,8 +223,9 @@ def main() -> int:
             if a.tracemalloc:                                 # this run's snapshot, not the last's
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(a.tracemalloc)
-            if a.direct:                        # every fake PublicIP (172.16/12) on its link
-                ov.exec(h, ["ip", "addr", "add", ON_LINK, "dev", h.iface], check=True)
+            if a.direct:                        # every fake PublicIP on its link
+                ov.exec(h, ["ip", "addr", "add", FAKE_PUBLIC_IPS_ON_LINK, "dev", h.iface],
+                        check=True)
             before = etcd_counts(ov.etcd)
             asker = AnswerTimes(ov, h, period=ASK_PERIOD_S, cpu_weight=10000) if a.ask else None
             if asker is not None:

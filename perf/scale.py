@@ -61,11 +61,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lease_burst import (CONFIG, NEW_HOST_SUBNET, burst_phase, compiled, cpu_s, children,  # noqa: E402
-                         first_replies, pss_kb, rss_kb)
+from lease_burst import (CONFIG, DIRECT_CONFIG, NEW_HOST_SUBNET, burst_phase, compiled,  # noqa: E402
+                         cpu_s, children, first_replies, pss_kb, rss_kb)
 from dataplane.testbed import cpu_weight  # noqa: E402
 from dataplane.testbed.answer_times import AnswerTimes, daemon_answers, daemon_over, summary  # noqa: E402
-from dataplane.testbed.lease_writer import fake_leases  # noqa: E402
+from dataplane.testbed.lease_writer import FAKE_PUBLIC_IPS_ON_LINK, fake_leases  # noqa: E402
 from dataplane.testbed.overlay import Overlay, OverlayError  # noqa: E402
 from dataplane.testbed.ping_stream import MIN_INTERVAL_S, PingStream  # noqa: E402
 from dataplane.testbed.route_sweep import sweep  # noqa: E402
@@ -75,8 +75,6 @@ PRELOAD_BASE, BURST_BASE = "10.1.0.0", "10.128.0.0"
 BURST_FIRST_IP = 100_000            # the burst's PublicIPs after the preload's
 NO_LEASE = "10.249.0.1"             # an address no lease covers: the sweep's control
 STREAM_INTERVAL = MIN_INTERVAL_S       # the densest stream ping sends without spinning a core
-ON_LINK = "172.31.255.254/12"       # covers every fake PublicIP (lease_writer.fake_leases)
-DIRECT_CONFIG = dict(CONFIG, Backend={"Type": "udp", "DirectRouting": True})
 GIL_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gil_probe")
 # the daemons run at this unit's CPUWeight, as a host runs them (--cpu-weight)
 UNIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "packaging",
@@ -309,7 +307,7 @@ def run_direct(engine: str, n: int, timeout: float, wait: float, verbose: int,
         leases = fake_leases(PRELOAD_BASE, n)
         ov.lease_writer().put(leases, txn=100, direct_routing=True)
         h = ov.add_host(start=False)
-        ov.exec(h, ["ip", "addr", "add", ON_LINK, "dev", h.iface], check=True)
+        ov.exec(h, ["ip", "addr", "add", FAKE_PUBLIC_IPS_ON_LINK, "dev", h.iface], check=True)
         d = ov.start_daemon(h, wait=False)
         ov.wait_ready(h, timeout=timeout)
         at_ready = direct_routes(ov, h)

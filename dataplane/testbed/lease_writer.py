@@ -33,6 +33,9 @@ WINDOW = 32                 # requests in flight during a burst
 TXN_MAX_OPS = 128           # etcd's default --max-txn-ops
 CALL_TIMEOUT_S = 30.0
 FAKE_PUBLIC_IPS = "172.16.0.1"      # fake_leases' PublicIPs upwards
+# an address for a host's link whose prefix holds every fake PublicIP (172.16/12): with it,
+# a DirectRouting scene finds every peer on the link
+FAKE_PUBLIC_IPS_ON_LINK = "172.31.255.254/12"
 
 
 class LeaseWriter:
